@@ -1,0 +1,207 @@
+// Guest <-> backend control messages, carried in virtqueue buffers.
+//
+// Every message is a 16-byte header followed by a body whose size is fixed by
+// its type (kEcho alone has a bounded variable payload). All fields are
+// little-endian; layouts are documented in docs/wire-protocol.md and never
+// change within a major version. Decode() rejects anything malformed with a
+// Status naming the reason; it never reads past its input.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <variant>
+
+#include "base/status.h"
+
+namespace vsocket::proto {
+
+inline constexpr uint16_t kControlMagic = 0x5356;  // bytes "VS"
+inline constexpr uint8_t kControlVersion = 1;
+inline constexpr size_t kHeaderSize = 16;
+inline constexpr size_t kMaxEchoPayload = 4096;
+inline constexpr size_t kMaxMessageSize = kHeaderSize + 8 + kMaxEchoPayload;
+
+enum class MsgType : uint8_t {
+  kHello = 1,         // guest -> backend: open a session on this device
+  kHelloAck = 2,      // backend -> guest
+  kRegisterConn = 3,  // guest -> backend: an established kernel connection
+  kRegisterAck = 4,   // backend -> guest
+  kUpgrade = 5,       // backend -> guest: both ends paired; switch over
+  kFence = 6,         // both ways: bytes the sender wrote on the kernel path
+  kTxTail = 7,        // guest -> backend: total bytes produced into TX ring
+  kRxTail = 8,        // backend -> guest: total bytes landed in RX ring
+  kConsumed = 9,      // guest -> backend: total bytes consumed from RX ring
+  kCredit = 10,       // backend -> guest: peer consumed total (TX space freed)
+  kShutdown = 11,     // both ways: orderly shutdown of one or both directions
+  kDowngrade = 12,    // both ways: leave the accelerated path
+  kError = 13,        // backend -> guest
+  kEcho = 14,         // both ways: liveness/latency probe with a checksum
+  kUnregister = 15,   // guest -> backend: connection closed
+};
+const char* ToString(MsgType type);
+
+// Error codes on the wire (kHelloAck/kRegisterAck status, kError code).
+enum class WireError : uint16_t {
+  kOk = 0,
+  kBadMessage = 1,
+  kUnsupportedVersion = 2,
+  kSpoofedAddress = 3,
+  kTooManyConnections = 4,
+  kUnknownConnection = 5,
+  kNotPaired = 6,
+  kCreditViolation = 7,
+  kBadRing = 8,
+  kInternal = 9,
+  kPeerGone = 10,
+};
+inline constexpr uint16_t kMaxWireError = 10;
+const char* ToString(WireError error);
+
+// Why a connection is (or went back) on kernel TCP. Reported by the library
+// and by vsocketctl, in the spirit of SMC's fallback reason codes.
+enum class Reason : uint16_t {
+  kNone = 0,              // accelerated
+  kPending = 1,           // registered, peer not (yet) seen
+  kPeerNotAccelerated = 2,
+  kCrossTenant = 3,
+  kBackendUnavailable = 4,
+  kDisabledByRule = 5,
+  kUnsupportedFamily = 6,
+  kSpoofedAddress = 7,
+  kMigration = 8,
+  kFabricDown = 9,
+  kOperator = 10,
+  kPeerDowngraded = 11,
+  kResourceLimit = 12,
+  kProtocolError = 13,
+};
+inline constexpr uint16_t kMaxReason = 13;
+const char* ToString(Reason reason);
+
+enum class Role : uint8_t { kClient = 1, kServer = 2 };
+enum class Family : uint8_t { kIpv4 = 4, kIpv6 = 6 };
+enum class ShutdownHow : uint8_t { kRead = 1, kWrite = 2, kBoth = 3 };
+
+// An endpoint address. IPv4 occupies the first 4 bytes of `addr`; the rest
+// must be zero (so equal endpoints have equal bytes).
+struct Endpoint {
+  Family family = Family::kIpv4;
+  std::array<uint8_t, 16> addr{};
+  uint16_t port = 0;  // host order in memory, little-endian on the wire
+  bool operator==(const Endpoint&) const = default;
+};
+
+struct Hello {
+  uint16_t abi_major = kControlVersion;
+  uint16_t abi_minor = 0;
+  uint32_t pid = 0;
+  uint64_t features = 0;
+  bool operator==(const Hello&) const = default;
+};
+
+struct HelloAck {
+  WireError status = WireError::kOk;
+  uint32_t device_id = 0;
+  uint32_t max_conns = 0;
+  uint32_t max_outstanding = 0;  // descriptors per connection
+  uint64_t features = 0;
+  bool operator==(const HelloAck&) const = default;
+};
+
+// Byte rings live in the guest's shared region; addresses are guest-physical
+// (the device side translates and bounds-checks them).
+struct RegisterConn {
+  uint64_t conn_id = 0;  // chosen by the guest, unique per device
+  Role role = Role::kClient;
+  Endpoint local;
+  Endpoint peer;
+  uint64_t tx_ring_gpa = 0;
+  uint64_t rx_ring_gpa = 0;
+  uint32_t tx_ring_bytes = 0;  // power of two
+  uint32_t rx_ring_bytes = 0;  // power of two
+  bool operator==(const RegisterConn&) const = default;
+};
+inline constexpr uint32_t kMinRingBytes = 4096;
+inline constexpr uint32_t kMaxRingBytes = 64u << 20;
+
+struct RegisterAck {
+  uint64_t conn_id = 0;
+  WireError status = WireError::kOk;
+  Reason reason = Reason::kNone;
+  uint32_t window_bytes = 0;
+  bool operator==(const RegisterAck&) const = default;
+};
+
+struct Upgrade {
+  uint64_t conn_id = 0;
+  uint32_t peer_rx_window = 0;  // bytes the peer's RX ring can hold
+  uint32_t max_outstanding = 0;
+  bool operator==(const Upgrade&) const = default;
+};
+
+// kFence, kTxTail, kRxTail, kConsumed, kCredit: a connection and a 64-bit
+// monotonically increasing byte count. The type says which count.
+struct ConnCounter {
+  uint64_t conn_id = 0;
+  uint64_t bytes = 0;
+  bool operator==(const ConnCounter&) const = default;
+};
+
+struct Shutdown {
+  uint64_t conn_id = 0;
+  ShutdownHow how = ShutdownHow::kWrite;
+  bool operator==(const Shutdown&) const = default;
+};
+
+struct Downgrade {
+  uint64_t conn_id = 0;
+  Reason reason = Reason::kNone;
+  uint64_t bytes_received = 0;  // receiver's RESYNC point
+  bool operator==(const Downgrade&) const = default;
+};
+
+struct Error {
+  uint64_t conn_id = 0;  // 0: the device/session as a whole
+  WireError code = WireError::kOk;
+  Reason reason = Reason::kNone;
+  bool operator==(const Error&) const = default;
+};
+
+// Payload is a view into the decoded buffer (or the caller's data on encode).
+struct Echo {
+  uint32_t checksum = 0;  // Crc32c(payload)
+  std::span<const uint8_t> payload;
+  bool operator==(const Echo& o) const;
+};
+
+struct Unregister {
+  uint64_t conn_id = 0;
+  bool operator==(const Unregister&) const = default;
+};
+
+using Body = std::variant<Hello, HelloAck, RegisterConn, RegisterAck, Upgrade, ConnCounter,
+                          Shutdown, Downgrade, Error, Echo, Unregister>;
+
+struct Message {
+  MsgType type = MsgType::kHello;
+  uint64_t request_id = 0;  // echoed in responses; 0 for unsolicited events
+  Body body;
+  bool operator==(const Message&) const = default;
+};
+
+// Encodes into `out`. Returns bytes written, or a kOutOfRange/kInvalidArgument
+// status if `out` is too small or the message is inconsistent (body kind does
+// not match type, echo payload too large).
+Result<size_t> Encode(const Message& msg, std::span<uint8_t> out);
+
+// Decodes one message from the start of `in`; trailing bytes are ignored
+// (virtqueue buffers may be larger than the message). `*consumed` receives
+// the message size when non-null.
+Result<Message> Decode(std::span<const uint8_t> in, size_t* consumed = nullptr);
+
+// CRC-32C (Castagnoli), as used by echo and end-to-end checksums.
+uint32_t Crc32c(std::span<const uint8_t> data, uint32_t seed = 0);
+
+}  // namespace vsocket::proto
