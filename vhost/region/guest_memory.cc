@@ -1,0 +1,47 @@
+#include "vhost/region/guest_memory.h"
+
+#include <algorithm>
+#include <string>
+
+namespace vsocket::vhost {
+
+Result<GuestMemory> GuestMemory::Create(std::vector<MemRegion> regions) {
+  std::sort(regions.begin(), regions.end(),
+            [](const MemRegion& a, const MemRegion& b) { return a.gpa < b.gpa; });
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const MemRegion& r = regions[i];
+    if (r.size == 0 || r.local == nullptr || r.gpa + r.size < r.gpa ||
+        reinterpret_cast<uintptr_t>(r.local) + r.size < reinterpret_cast<uintptr_t>(r.local))
+      return Status(Code::kInvalidArgument, "memory region " + std::to_string(i) + " is empty or wraps");
+    if (i > 0 && regions[i - 1].gpa + regions[i - 1].size > r.gpa)
+      return Status(Code::kInvalidArgument, "memory regions overlap");
+  }
+  GuestMemory m;
+  m.regions_ = std::move(regions);
+  return m;
+}
+
+uint8_t* GuestMemory::Translate(uint64_t gpa, uint64_t len) const {
+  // Few regions (vhost-user allows at most 8): a linear scan is fastest.
+  for (const MemRegion& r : regions_) {
+    if (gpa < r.gpa) continue;
+    uint64_t off = gpa - r.gpa;
+    if (off > r.size || len > r.size - off) continue;  // overflow-free form
+    return r.local + off;
+  }
+  return nullptr;
+}
+
+bool GuestMemory::ContainsLocal(const void* p, uint64_t len) const {
+  auto a = reinterpret_cast<uintptr_t>(p);
+  for (const MemRegion& r : regions_) {
+    auto base = reinterpret_cast<uintptr_t>(r.local);
+    if (a < base) continue;
+    uint64_t off = a - base;
+    if (off > r.size || len > r.size - off) continue;
+    return true;
+  }
+  return false;
+}
+
+}  // namespace vsocket::vhost

@@ -1,0 +1,67 @@
+// A shared-memory region backed by a memfd, mapped MAP_SHARED, owned RAII.
+// Huge pages are used when asked for and available (MFD_HUGETLB), with a
+// silent fallback to normal pages. The fd is what vhost-user sends the
+// backend in SET_MEM_TABLE.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "base/status.h"
+#include "base/unique_fd.h"
+
+namespace vsocket::vhost {
+
+class ShmRegion {
+ public:
+  enum class Pages { kNormal, kHugeIfAvailable };
+
+  static Result<std::unique_ptr<ShmRegion>> Create(const char* name, size_t size,
+                                                   Pages pages = Pages::kNormal);
+  ~ShmRegion();
+  ShmRegion(const ShmRegion&) = delete;
+  ShmRegion& operator=(const ShmRegion&) = delete;
+
+  uint8_t* base() const { return base_; }
+  size_t size() const { return size_; }
+  int fd() const { return fd_.get(); }
+  bool huge_pages() const { return huge_; }
+  bool Contains(const void* p, size_t len) const {
+    auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(base_);
+    return a >= b && a - b <= size_ && len <= size_ - (a - b);
+  }
+
+ private:
+  ShmRegion(UniqueFd fd, uint8_t* base, size_t size, bool huge)
+      : fd_(std::move(fd)), base_(base), size_(size), huge_(huge) {}
+
+  UniqueFd fd_;
+  uint8_t* base_;
+  size_t size_;
+  bool huge_;
+};
+
+// Carves aligned, never-overlapping chunks out of a region (first fit, with
+// free). Not thread-safe; owners serialize.
+class RegionAllocator {
+ public:
+  RegionAllocator(uint8_t* base, size_t size) : base_(base), size_(size) {}
+  // nullptr when no chunk of that size is free. align must be a power of two.
+  uint8_t* Allocate(size_t size, size_t align = 64);
+  void Free(uint8_t* p);
+  size_t bytes_in_use() const { return in_use_; }
+
+ private:
+  struct Chunk {
+    size_t offset;
+    size_t size;
+  };
+  uint8_t* base_;
+  size_t size_;
+  size_t in_use_ = 0;
+  std::vector<Chunk> used_;  // sorted by offset
+};
+
+}  // namespace vsocket::vhost
