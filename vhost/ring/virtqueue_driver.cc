@@ -94,6 +94,13 @@ std::optional<VirtqueueDriver::Used> VirtqueueDriver::PopUsed() {
   return Used{h.cookie, e.len};
 }
 
+std::vector<uint64_t> VirtqueueDriver::InFlightCookies() const {
+  std::vector<uint64_t> out;
+  for (const HeadInfo& h : heads_)
+    if (h.in_flight) out.push_back(h.cookie);
+  return out;
+}
+
 bool VirtqueueDriver::EnableInterrupts() {
   if (event_idx_) {
     ring_.used_event().store(last_used_, std::memory_order_relaxed);

@@ -42,6 +42,9 @@ class VirtqueueDriver {
   bool EnableInterrupts();
   void DisableInterrupts();
 
+  // Cookies of chains added but not yet returned by PopUsed().
+  std::vector<uint64_t> InFlightCookies() const;
+
   uint16_t num_free() const { return num_free_; }
   uint16_t size() const { return ring_.size(); }
   bool broken() const { return broken_ != nullptr; }

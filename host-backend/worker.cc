@@ -1,0 +1,221 @@
+#include "host-backend/worker.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/log.h"
+
+namespace vsocket::backend {
+namespace {
+
+constexpr uint64_t kWakeTag = ~uint64_t{0};
+
+int64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+}  // namespace
+
+Worker::Worker(DeviceService* service, WorkerOptions options)
+    : service_(service), options_(options) {}
+
+Worker::~Worker() { Stop(); }
+
+Status Worker::Start() {
+  epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
+  wake_.reset(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!epoll_ || !wake_) return Status::FromErrno("worker epoll/eventfd");
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kWakeTag;
+  if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &ev) != 0)
+    return Status::FromErrno("epoll_ctl wake");
+  thread_ = std::thread([this] { Run(); });
+  return Status::Ok();
+}
+
+void Worker::Stop() {
+  if (!thread_.joinable()) return;
+  stop_.store(true);
+  uint64_t one = 1;
+  (void)!write(wake_.get(), &one, sizeof(one));
+  thread_.join();
+}
+
+uint64_t Worker::Post(Op op) {
+  uint64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    seq = op.seq = next_seq_++;
+    ops_.push_back(std::move(op));
+  }
+  uint64_t one = 1;
+  (void)!write(wake_.get(), &one, sizeof(one));
+  return seq;
+}
+
+void Worker::Attach(std::shared_ptr<vhost::BackendDevice> device) {
+  Post(Op{OpKind::kAttach, std::move(device), nullptr, 0});
+}
+
+void Worker::Detach(vhost::BackendDevice* device) {
+  uint64_t seq = Post(Op{OpKind::kDetach, nullptr, device, 0});
+  // Wait until the worker has passed this op: from then on it no longer
+  // touches the device's memory. The worker never blocks on rte_vhost, so
+  // this cannot deadlock with the vhost thread's queue locks.
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [&] { return done_seq_ >= seq || stop_.load(); });
+}
+
+void Worker::MigrationChanged(vhost::BackendDevice* device, bool logging) {
+  VS_LOG(kInfo, "device %lu: live migration %s", static_cast<unsigned long>(device->id()),
+         logging ? "started" : "ended");
+}
+
+bool Worker::ProcessMailbox() {
+  std::vector<Op> ops;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ops.swap(ops_);
+  }
+  if (ops.empty()) return false;
+  uint64_t last = 0;
+  for (Op& op : ops) {
+    last = op.seq;
+    if (op.kind == OpKind::kAttach) {
+      Active a{op.device, std::vector<bool>(op.device->num_queues(), false)};
+      for (size_t q = 0; q < op.device->num_queues(); ++q) {
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.u64 = op.device->id();
+        if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, op.device->kick_fd(q), &ev) != 0)
+          op.device->MarkBroken("kick fd of queue " + std::to_string(q) + " is not pollable");
+      }
+      service_->OnAttach(*op.device);
+      active_.push_back(std::move(a));
+      // Buffers may have been queued before we started listening.
+      for (size_t q = 0; q < op.device->num_queues(); ++q) op.device->queue(q).DisableNotify();
+    } else {
+      for (size_t i = 0; i < active_.size(); ++i) {
+        if (active_[i].device.get() == op.raw) {
+          Untrack(i);
+          break;
+        }
+      }
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_seq_ = last;
+  }
+  done_cv_.notify_all();
+  return true;
+}
+
+void Worker::Untrack(size_t index) {
+  Active& a = active_[index];
+  for (size_t q = 0; q < a.device->num_queues(); ++q)
+    epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, a.device->kick_fd(q), nullptr);
+  service_->OnDetach(*a.device);
+  active_.erase(active_.begin() + static_cast<ptrdiff_t>(index));
+}
+
+bool Worker::Serve(Active& a) {
+  vhost::BackendDevice& dev = *a.device;
+  if (dev.broken()) return false;
+  bool worked = false;
+  vhost::VirtqueueDevice& rq = dev.queue(0);
+  for (int n = 0; n < options_.batch; ++n) {
+    vhost::DescChain chain;
+    vhost::PopResult r = rq.Pop(&chain);
+    if (r == vhost::PopResult::kEmpty) break;
+    if (r == vhost::PopResult::kBroken) {
+      dev.MarkBroken(std::string("request queue: ") + rq.broken_reason());
+      counters_.broken_devices.fetch_add(1);
+      return worked;
+    }
+    uint32_t written = service_->HandleRequest(dev, chain);
+    rq.Push(chain.head, written);
+    dev.counters().requests.fetch_add(1, std::memory_order_relaxed);
+    worked = true;
+  }
+  if (rq.PublishUsed()) a.call_pending[0] = true;
+  for (size_t q = 0; q < a.call_pending.size(); ++q)
+    if (a.call_pending[q] && dev.Notify(static_cast<uint16_t>(q))) a.call_pending[q] = false;
+  return worked;
+}
+
+bool Worker::EnableAllNotify() {
+  bool pending = false;
+  for (Active& a : active_)
+    if (!a.device->broken()) pending |= a.device->queue(0).EnableNotify();
+  return pending;
+}
+
+void Worker::DisableAllNotify() {
+  for (Active& a : active_)
+    if (!a.device->broken()) a.device->queue(0).DisableNotify();
+}
+
+void Worker::Run() {
+  int64_t last_work = NowNs();
+  const int64_t poll_ns = int64_t{options_.poll_us} * 1000;
+  epoll_event events[64];
+  while (!stop_.load(std::memory_order_relaxed)) {
+    bool worked = ProcessMailbox();
+    bool calls_owed = false;
+    for (size_t i = 0; i < active_.size();) {
+      worked |= Serve(active_[i]);
+      if (active_[i].device->broken()) {
+        // Stop listening to a broken guest: its kicks must not cost us CPU.
+        Untrack(i);
+        continue;
+      }
+      for (bool p : active_[i].call_pending) calls_owed |= p;
+      ++i;
+    }
+    int64_t now = NowNs();
+    if (worked) {
+      last_work = now;
+      continue;
+    }
+    if (now - last_work < poll_ns) {
+      __builtin_ia32_pause();
+      continue;
+    }
+    // Idle: ask for kicks, re-check (a buffer may have raced in), sleep.
+    if (EnableAllNotify()) {
+      DisableAllNotify();
+      continue;
+    }
+    counters_.sleeps.fetch_add(1, std::memory_order_relaxed);
+    // A call the vhost library could not take yet is retried soon.
+    int n = epoll_wait(epoll_.get(), events, 64, calls_owed ? 1 : -1);
+    for (int i = 0; i < n; ++i) {
+      uint64_t v;
+      if (events[i].data.u64 == kWakeTag) {
+        (void)!read(wake_.get(), &v, sizeof(v));
+        continue;
+      }
+      for (Active& a : active_) {
+        if (a.device->id() != events[i].data.u64) continue;
+        a.device->counters().wakeups.fetch_add(1, std::memory_order_relaxed);
+        for (size_t q = 0; q < a.device->num_queues(); ++q)
+          (void)!read(a.device->kick_fd(q), &v, sizeof(v));
+      }
+    }
+    counters_.wakeups.fetch_add(1, std::memory_order_relaxed);
+    DisableAllNotify();
+    last_work = NowNs();
+  }
+  // Release anyone waiting in Detach().
+  std::lock_guard<std::mutex> lock(mu_);
+  done_seq_ = next_seq_;
+  done_cv_.notify_all();
+}
+
+}  // namespace vsocket::backend

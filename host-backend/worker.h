@@ -1,0 +1,99 @@
+// The data-path thread: serves every attached guest device's virtqueues.
+// Busy-polls while there is traffic, then re-enables notifications and
+// sleeps in epoll on the devices' kick eventfds (never spins while idle).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "base/status.h"
+#include "base/unique_fd.h"
+#include "vhost/backend/vhost_backend.h"
+
+namespace vsocket::backend {
+
+// What the worker does with a device's queues. Runs on the worker thread.
+class DeviceService {
+ public:
+  virtual ~DeviceService() = default;
+  virtual void OnAttach(vhost::BackendDevice& device) {}
+  virtual void OnDetach(vhost::BackendDevice& device) {}
+  // Handles one chain from the request queue (queue 0). Returns the number
+  // of bytes written into the chain's writable part.
+  virtual uint32_t HandleRequest(vhost::BackendDevice& device, const vhost::DescChain& chain) = 0;
+};
+
+struct WorkerOptions {
+  // How long to keep polling after the last piece of work before sleeping.
+  // 0: sleep as soon as idle (lowest CPU, highest latency).
+  int poll_us = 50;
+  // Chains taken from one queue per pass, so one busy guest cannot starve
+  // the others.
+  int batch = 64;
+};
+
+struct WorkerCounters {
+  std::atomic<uint64_t> sleeps{0};
+  std::atomic<uint64_t> wakeups{0};
+  std::atomic<uint64_t> broken_devices{0};
+};
+
+class Worker : public vhost::DeviceListener {
+ public:
+  Worker(DeviceService* service, WorkerOptions options);
+  ~Worker() override;
+
+  Status Start();
+  void Stop();
+
+  void Attach(std::shared_ptr<vhost::BackendDevice> device) override;
+  void Detach(vhost::BackendDevice* device) override;
+  void MigrationChanged(vhost::BackendDevice* device, bool logging) override;
+
+  const WorkerCounters& counters() const { return counters_; }
+
+ private:
+  enum class OpKind { kAttach, kDetach };
+  struct Op {
+    OpKind kind;
+    std::shared_ptr<vhost::BackendDevice> device;  // kAttach
+    vhost::BackendDevice* raw;                     // kDetach
+    uint64_t seq;
+  };
+  struct Active {
+    std::shared_ptr<vhost::BackendDevice> device;
+    std::vector<bool> call_pending;  // per queue: notify retry owed
+  };
+
+  void Run();
+  bool ProcessMailbox();
+  uint64_t Post(Op op);  // returns the op's sequence number
+  // Serves one device; true if any chain was processed.
+  bool Serve(Active& a);
+  void Untrack(size_t index);
+  bool EnableAllNotify();
+  void DisableAllNotify();
+  void DrainKicks();
+
+  DeviceService* const service_;
+  const WorkerOptions options_;
+  UniqueFd epoll_;
+  UniqueFd wake_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+
+  std::mutex mu_;  // guards ops_, next_seq_, done_seq_
+  std::condition_variable done_cv_;
+  std::vector<Op> ops_;
+  uint64_t next_seq_ = 1;
+  uint64_t done_seq_ = 0;
+
+  std::vector<Active> active_;  // worker thread only
+  WorkerCounters counters_;
+};
+
+}  // namespace vsocket::backend

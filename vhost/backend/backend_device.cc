@@ -1,0 +1,107 @@
+#include "vhost/backend/backend_device.h"
+
+#include <fcntl.h>
+#include <rte_vhost.h>
+
+#include <cstdlib>
+
+#include "base/log.h"
+#include "proto/virtio_ring.h"
+#include "vhost/backend/vhost_backend.h"
+
+namespace vsocket::vhost {
+namespace {
+
+bool Aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+}  // namespace
+
+Status BackendDevice::Load() {
+  if (rte_vhost_get_negotiated_features(vid_, &features_) != 0)
+    return Status(Code::kFailedPrecondition, "no negotiated features");
+  if (!(features_ & proto::kFeatureVersion1))
+    return Status(Code::kFailedPrecondition, "frontend did not negotiate VERSION_1");
+  event_idx_ = (features_ & proto::kFeatureEventIdx) != 0;
+
+  uint16_t nr = rte_vhost_get_vring_num(vid_);
+  if (nr != port_->num_queues)
+    return Status(Code::kFailedPrecondition, "frontend set up " + std::to_string(nr) +
+                                                 " vrings, device has " +
+                                                 std::to_string(port_->num_queues));
+  rte_vhost_memory* mem = nullptr;
+  if (rte_vhost_get_mem_table(vid_, &mem) != 0 || mem == nullptr)
+    return Status(Code::kFailedPrecondition, "no memory table");
+  std::vector<MemRegion> regions;
+  for (uint32_t i = 0; i < mem->nregions; ++i) {
+    const rte_vhost_mem_region& r = mem->regions[i];
+    regions.push_back({r.guest_phys_addr, r.size, reinterpret_cast<uint8_t*>(r.host_user_addr)});
+  }
+  std::free(mem);
+  auto memory = GuestMemory::Create(std::move(regions));
+  if (!memory.ok()) return memory.status();
+  memory_ = std::move(memory).value();
+
+  queues_.clear();
+  kick_fds_.clear();
+  for (uint16_t q = 0; q < nr; ++q) {
+    rte_vhost_vring vr{};
+    if (rte_vhost_get_vhost_vring(vid_, q, &vr) != 0)
+      return Status(Code::kFailedPrecondition, "vring " + std::to_string(q) + " unavailable");
+    if (!proto::IsValidQueueSize(vr.size))
+      return Status(Code::kOutOfRange, "vring " + std::to_string(q) + " has invalid size");
+    // The library translated these, but not always completely (a ring cut
+    // off at a region end can stay mapped): check every byte ourselves.
+    if (!vr.desc || !vr.avail || !vr.used ||
+        !memory_.ContainsLocal(vr.desc, proto::DescTableBytes(vr.size)) ||
+        !memory_.ContainsLocal(vr.avail, proto::AvailRingBytes(vr.size)) ||
+        !memory_.ContainsLocal(vr.used, proto::UsedRingBytes(vr.size)) ||
+        !Aligned(vr.desc, proto::kDescAlign) || !Aligned(vr.avail, proto::kAvailAlign) ||
+        !Aligned(vr.used, proto::kUsedAlign))
+      return Status(Code::kOutOfRange, "vring " + std::to_string(q) + " lies outside guest memory");
+    // Sleeping needs kicks: a frontend without a kick fd would force the
+    // backend to poll forever, which this 2-core design never does.
+    if (vr.kickfd < 0)
+      return Status(Code::kFailedPrecondition, "vring " + std::to_string(q) + " has no kick fd");
+    int kick = fcntl(vr.kickfd, F_DUPFD_CLOEXEC, 0);
+    if (kick < 0) return Status::FromErrno("dup kick fd");
+    kick_fds_.emplace_back(kick);
+    // The data path drains kicks with read(): a blocking fd from a hostile
+    // frontend must not be able to stall it.
+    int fl = fcntl(kick, F_GETFL);
+    if (fl < 0 || fcntl(kick, F_SETFL, fl | O_NONBLOCK) != 0)
+      return Status::FromErrno("set kick fd non-blocking");
+    uint16_t last_avail = 0, last_used = 0;
+    rte_vhost_get_vring_base(vid_, q, &last_avail, &last_used);
+    queues_.emplace_back(SplitRing(vr.desc, vr.avail, vr.used, vr.size), &memory_, event_idx_,
+                         last_avail, last_used);
+  }
+  return Status::Ok();
+}
+
+void BackendDevice::SyncBase() {
+  for (uint16_t q = 0; q < queues_.size(); ++q)
+    rte_vhost_set_vring_base(vid_, q, queues_[q].last_avail_idx(), queues_[q].used_idx());
+}
+
+bool BackendDevice::Notify(uint16_t q) {
+  // rte_vhost's own event-idx check reads its copy of the used index: keep
+  // it current. Non-blocking: the vhost thread may hold the queue lock while
+  // it waits for us to detach (a blocking call here could deadlock).
+  rte_vhost_set_vring_base(vid_, q, queues_[q].last_avail_idx(), queues_[q].used_idx());
+  int r = rte_vhost_vring_call_nonblock(vid_, q);
+  if (r == -EAGAIN) return false;
+  counters_.notifications.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void BackendDevice::MarkBroken(std::string reason) {
+  if (broken()) return;
+  broken_reason_ = std::move(reason);
+  broken_.store(true, std::memory_order_release);
+  VS_LOG(kWarn, "device %lu (vm %s, vid %d) broken: %s", static_cast<unsigned long>(id_),
+         port_->vm_name.c_str(), vid_, broken_reason_.c_str());
+}
+
+std::string BackendDevice::broken_reason() const { return broken() ? broken_reason_ : ""; }
+
+}  // namespace vsocket::vhost

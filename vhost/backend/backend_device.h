@@ -1,0 +1,73 @@
+// One guest (vhost-user connection) as the data path sees it: its memory
+// table and validated virtqueues, loaded from rte_vhost's state. Everything
+// here is read from a frontend we do not trust and is checked on load.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "base/unique_fd.h"
+#include "vhost/region/guest_memory.h"
+#include "vhost/ring/virtqueue_device.h"
+
+namespace vsocket::vhost {
+
+struct PortConfig;
+
+struct DeviceCounters {
+  std::atomic<uint64_t> requests{0};
+  std::atomic<uint64_t> bad_messages{0};
+  std::atomic<uint64_t> notifications{0};
+  std::atomic<uint64_t> wakeups{0};
+};
+
+class BackendDevice {
+ public:
+  BackendDevice(int vid, uint64_t id, const PortConfig* port) : vid_(vid), id_(id), port_(port) {}
+
+  // (Re)reads memory table, vrings and kick fds from rte_vhost and validates
+  // them: exactly port->num_queues vrings, every ring inside guest memory,
+  // sizes sane. Queue indices resume where rte_vhost says.
+  Status Load();
+  // Writes our ring indices back into rte_vhost (for GET_VRING_BASE and for
+  // its event-idx call suppression).
+  void SyncBase();
+  // Signals the guest on queue q if it asked for it. False if the vhost
+  // library is busy reconfiguring the queue: retry later.
+  bool Notify(uint16_t q);
+
+  int vid() const { return vid_; }
+  uint64_t id() const { return id_; }
+  const PortConfig* port() const { return port_; }
+  size_t num_queues() const { return queues_.size(); }
+  VirtqueueDevice& queue(size_t i) { return queues_[i]; }
+  int kick_fd(size_t i) const { return kick_fds_[i].get(); }
+  bool event_idx() const { return event_idx_; }
+  uint64_t features() const { return features_; }
+
+  // Latches the device broken (guest violated the ring protocol).
+  void MarkBroken(std::string reason);
+  bool broken() const { return broken_.load(std::memory_order_acquire); }
+  std::string broken_reason() const;
+
+  DeviceCounters& counters() { return counters_; }
+  const DeviceCounters& counters() const { return counters_; }
+
+ private:
+  const int vid_;
+  const uint64_t id_;
+  const PortConfig* const port_;
+  uint64_t features_ = 0;
+  bool event_idx_ = false;
+  GuestMemory memory_;
+  std::vector<VirtqueueDevice> queues_;
+  std::vector<UniqueFd> kick_fds_;  // our dups: immune to the library closing its fd
+  std::atomic<bool> broken_{false};
+  std::string broken_reason_;  // written once, before broken_ is set
+  DeviceCounters counters_;
+};
+
+}  // namespace vsocket::vhost

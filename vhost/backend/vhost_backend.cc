@@ -1,0 +1,279 @@
+#include "vhost/backend/vhost_backend.h"
+
+#include <pthread.h>
+#include <rte_eal.h>
+#include <rte_errno.h>
+#include <rte_vhost.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+
+#include "base/log.h"
+#include "proto/virtio_ring.h"
+#include "vhost/user/protocol.h"
+
+namespace vsocket::vhost {
+namespace {
+
+using user::Request;
+
+// C shims: rte_vhost calls plain functions.
+int NewConnection(int vid) { return VhostBackend::Instance().OnNewConnection(vid); }
+void DestroyConnection(int vid) { VhostBackend::Instance().OnDestroyConnection(vid); }
+int NewDevice(int vid) { return VhostBackend::Instance().OnNewDevice(vid); }
+void DestroyDevice(int vid) { VhostBackend::Instance().OnDestroyDevice(vid); }
+int FeaturesChanged(int vid, uint64_t f) { return VhostBackend::Instance().OnFeaturesChanged(vid, f); }
+int VringStateChanged(int, uint16_t, int) {
+  // Kick/call fd swaps and enable changes all arrive as messages, which the
+  // pre/post hooks bracket; nothing to do here.
+  return 0;
+}
+rte_vhost_msg_result PreMessage(int vid, void* msg) {
+  return static_cast<rte_vhost_msg_result>(VhostBackend::Instance().OnPreMessage(vid, msg));
+}
+rte_vhost_msg_result PostMessage(int vid, void* msg) {
+  return static_cast<rte_vhost_msg_result>(VhostBackend::Instance().OnPostMessage(vid, msg));
+}
+
+const rte_vhost_device_ops kDeviceOps = {
+    .new_device = NewDevice,
+    .destroy_device = DestroyDevice,
+    .vring_state_changed = VringStateChanged,
+    .features_changed = FeaturesChanged,
+    .new_connection = NewConnection,
+    .destroy_connection = DestroyConnection,
+    .guest_notified = nullptr,
+    .reserved = {nullptr},
+};
+
+const rte_vhost_user_extern_ops kExternOps = {
+    .pre_msg_handle = PreMessage,
+    .post_msg_handle = PostMessage,
+};
+
+// Messages that cannot change memory or rings: no need to detach for them.
+bool IsReadOnly(uint32_t request) {
+  switch (static_cast<Request>(request)) {
+    case Request::kGetFeatures:
+    case Request::kGetProtocolFeatures:
+    case Request::kGetQueueNum:
+    case Request::kGetStatus:
+      return true;
+    default:
+      return false;
+  }
+}
+
+constexpr uint64_t kDeviceFeatures =
+    proto::kFeatureVersion1 | proto::kFeatureVhostUserProtocol | proto::kFeatureEventIdx;
+constexpr uint64_t kProtocolFeatures =
+    user::kProtoReplyAck | user::kProtoStatus;
+
+}  // namespace
+
+Status InitEal(const EalOptions& options) {
+  static bool done = false;
+  if (done) return Status::Ok();
+  // EAL pins the main thread to its lcore's CPU set. Give lcore 0 every CPU
+  // we may run on, so neither our threads nor the vhost thread get pinned.
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  sched_getaffinity(0, sizeof(cpus), &cpus);
+  std::string set;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (!CPU_ISSET(c, &cpus)) continue;
+    if (!set.empty()) set += ",";
+    set += std::to_string(c);
+  }
+  std::string lcores = "--lcores=0@(" + set + ")";
+  std::string mem = std::to_string(options.memory_mb);
+  std::string log = "--log-level=" + options.log_level;
+  std::string log_eal = "--log-level=lib.eal:" + options.log_level;
+  std::string log_vhost = "--log-level=lib.vhost.*:" + options.log_level;
+  const char* args[] = {"vsocketd",      "--no-huge",   "--no-pci",        "--no-shconf",
+                        "--no-telemetry", "-m",         mem.c_str(),       lcores.c_str(),
+                        log.c_str(),     log_eal.c_str(), log_vhost.c_str()};
+  std::vector<char*> argv;
+  for (const char* a : args) argv.push_back(const_cast<char*>(a));
+  int r = rte_eal_init(static_cast<int>(argv.size()), argv.data());
+  if (r < 0) return Status(Code::kInternal, std::string("rte_eal_init failed: ") + strerror(rte_errno));
+  sched_setaffinity(0, sizeof(cpus), &cpus);
+  done = true;
+  return Status::Ok();
+}
+
+VhostBackend& VhostBackend::Instance() {
+  static VhostBackend* backend = new VhostBackend();  // outlives rte_vhost's thread
+  return *backend;
+}
+
+Status VhostBackend::AddPort(const PortConfig& config, DeviceListener* listener) {
+  const char* path = config.path.c_str();
+  unlink(path);  // a stale socket from a previous run
+  if (rte_vhost_driver_register(path, 0) != 0)
+    return Status(Code::kInternal, "rte_vhost_driver_register " + config.path + " failed");
+  auto fail = [&](const char* what) {
+    rte_vhost_driver_unregister(path);
+    return Status(Code::kInternal, std::string(what) + " failed for " + config.path);
+  };
+  // Setting features takes rte_vhost out of its built-in virtio-net mode.
+  if (rte_vhost_driver_set_features(path, kDeviceFeatures) != 0) return fail("set_features");
+  if (rte_vhost_driver_set_protocol_features(path, kProtocolFeatures) != 0)
+    return fail("set_protocol_features");
+  if (rte_vhost_driver_callback_register(path, &kDeviceOps) != 0) return fail("callback_register");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ports_.push_back(std::make_unique<Port>(Port{config, listener}));
+  }
+  if (rte_vhost_driver_start(path) != 0) return fail("driver_start");
+  VS_LOG(kInfo, "vhost-user port %s (vm %s, tenant %u) listening", path, config.vm_name.c_str(),
+         config.tenant_id);
+  return Status::Ok();
+}
+
+Status VhostBackend::RemovePort(const std::string& path) {
+  if (rte_vhost_driver_unregister(path.c_str()) != 0)
+    return Status(Code::kNotFound, "no vhost-user port " + path);
+  return Status::Ok();
+}
+
+std::vector<std::shared_ptr<BackendDevice>> VhostBackend::Devices() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<BackendDevice>> out;
+  for (auto& [vid, conn] : conns_)
+    if (conn.device) out.push_back(conn.device);
+  return out;
+}
+
+int VhostBackend::OnNewConnection(int vid) {
+  char ifname[256] = {};
+  rte_vhost_get_ifname(vid, ifname, sizeof(ifname));
+  std::lock_guard<std::mutex> lock(mu_);
+  Port* port = nullptr;
+  for (auto& p : ports_)
+    if (p->config.path == ifname) port = p.get();
+  if (port == nullptr) return -1;
+  conns_[vid] = Conn{port, nullptr, false, false};
+  counters_.connections.fetch_add(1);
+  rte_vhost_extern_callback_register(vid, &kExternOps, nullptr);
+  VS_LOG(kInfo, "vm %s: frontend connected (vid %d)", port->config.vm_name.c_str(), vid);
+  return 0;
+}
+
+void VhostBackend::OnDestroyConnection(int vid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  conns_.erase(vid);
+}
+
+int VhostBackend::OnNewDevice(int vid) {
+  Port* port;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = conns_.find(vid);
+    if (it == conns_.end()) return -1;
+    port = it->second.port;
+  }
+  auto device = std::make_shared<BackendDevice>(vid, next_device_id_.fetch_add(1), &port->config);
+  Status st = device->Load();
+  if (!st.ok()) {
+    counters_.devices_rejected.fetch_add(1);
+    VS_LOG(kWarn, "vm %s: rejecting device (vid %d): %s", port->config.vm_name.c_str(), vid,
+           st.ToString().c_str());
+    return -1;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conns_[vid].device = device;
+    conns_[vid].paused = false;
+  }
+  counters_.devices_started.fetch_add(1);
+  port->listener->Attach(device);
+  VS_LOG(kInfo, "vm %s: device %lu started (vid %d, event_idx %d)", port->config.vm_name.c_str(),
+         static_cast<unsigned long>(device->id()), vid, device->event_idx());
+  return 0;
+}
+
+void VhostBackend::OnDestroyDevice(int vid) {
+  std::shared_ptr<BackendDevice> device;
+  Port* port = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = conns_.find(vid);
+    if (it == conns_.end()) return;
+    device = std::move(it->second.device);
+    it->second.paused = false;
+    port = it->second.port;
+  }
+  if (!device) return;
+  port->listener->Detach(device.get());
+  // GET_VRING_BASE replies with the library's last_avail_idx: make it ours.
+  device->SyncBase();
+  counters_.devices_stopped.fetch_add(1);
+  VS_LOG(kInfo, "vm %s: device %lu stopped", port->config.vm_name.c_str(),
+         static_cast<unsigned long>(device->id()));
+}
+
+int VhostBackend::OnFeaturesChanged(int vid, uint64_t features) {
+  std::shared_ptr<BackendDevice> device;
+  Port* port = nullptr;
+  bool changed = false;
+  bool logging = (features & proto::kFeatureLogAll) != 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = conns_.find(vid);
+    if (it == conns_.end()) return 0;
+    device = it->second.device;
+    port = it->second.port;
+    changed = it->second.logging != logging;
+    it->second.logging = logging;
+  }
+  if (device && changed) port->listener->MigrationChanged(device.get(), logging);
+  return 0;
+}
+
+int VhostBackend::OnPreMessage(int vid, void* msg) {
+  uint32_t request;
+  std::memcpy(&request, msg, sizeof(request));  // VhostUserMsg starts with it
+  if (IsReadOnly(request)) return RTE_VHOST_MSG_RESULT_NOT_HANDLED;
+  std::shared_ptr<BackendDevice> device;
+  Port* port = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = conns_.find(vid);
+    if (it == conns_.end() || !it->second.device || it->second.paused)
+      return RTE_VHOST_MSG_RESULT_NOT_HANDLED;
+    it->second.paused = true;
+    device = it->second.device;
+    port = it->second.port;
+  }
+  counters_.reconfigurations.fetch_add(1);
+  port->listener->Detach(device.get());
+  device->SyncBase();
+  return RTE_VHOST_MSG_RESULT_NOT_HANDLED;
+}
+
+int VhostBackend::OnPostMessage(int vid, void*) {
+  std::shared_ptr<BackendDevice> device;
+  Port* port = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = conns_.find(vid);
+    if (it == conns_.end() || !it->second.paused || !it->second.device)
+      return RTE_VHOST_MSG_RESULT_NOT_HANDLED;
+    it->second.paused = false;
+    device = it->second.device;
+    port = it->second.port;
+  }
+  // The message may have moved rings or memory: reload and revalidate.
+  Status st = device->Load();
+  if (!st.ok()) {
+    device->MarkBroken("reconfiguration rejected: " + st.ToString());
+    return RTE_VHOST_MSG_RESULT_NOT_HANDLED;
+  }
+  port->listener->Attach(device);
+  return RTE_VHOST_MSG_RESULT_NOT_HANDLED;
+}
+
+}  // namespace vsocket::vhost

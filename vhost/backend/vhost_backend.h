@@ -1,0 +1,102 @@
+// The vhost-user backend on DPDK's rte_vhost, for vSocket's own (non-net)
+// device. One Unix socket per VM ("port"); any number of frontends per
+// socket (one per guest process in process mode, or QEMU in VM mode).
+//
+// Threads: rte_vhost runs the protocol on its own thread and calls us there.
+// The data path runs elsewhere (a DeviceListener). Device memory can change
+// under the data path only through vhost-user messages, so every message
+// that could remap memory or rings is bracketed: the data path detaches the
+// device before rte_vhost handles it and reattaches it after (see
+// docs/vhost.md, "Quiescing").
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "base/status.h"
+#include "vhost/backend/backend_device.h"
+
+namespace vsocket::vhost {
+
+struct EalOptions {
+  int memory_mb = 64;  // EAL heap (no huge pages); holds rte_vhost's vq state
+  std::string log_level = "warning";
+};
+// Starts DPDK's EAL once per process: no huge pages, no PCI, no telemetry.
+Status InitEal(const EalOptions& options);
+
+struct PortConfig {
+  std::string path;      // vhost-user socket
+  std::string vm_name;
+  uint32_t tenant_id = 0;  // from operator config, never from the guest
+  uint16_t num_queues = 2;
+};
+
+// Implemented by the data path. All calls come from the vhost-user thread.
+class DeviceListener {
+ public:
+  virtual ~DeviceListener() = default;
+  // Starts serving a loaded device.
+  virtual void Attach(std::shared_ptr<BackendDevice> device) = 0;
+  // Stops serving it; must not return while the data path may still touch
+  // its memory. Idempotent. Must never wait on rte_vhost locks.
+  virtual void Detach(BackendDevice* device) = 0;
+  // VHOST_F_LOG_ALL toggled: live migration began (true) or ended (false).
+  virtual void MigrationChanged(BackendDevice* device, bool logging) = 0;
+};
+
+struct BackendCounters {
+  std::atomic<uint64_t> connections{0};
+  std::atomic<uint64_t> devices_started{0};
+  std::atomic<uint64_t> devices_rejected{0};  // failed validation on start
+  std::atomic<uint64_t> devices_stopped{0};
+  std::atomic<uint64_t> reconfigurations{0};  // messages handled while running
+};
+
+class VhostBackend {
+ public:
+  // rte_vhost's callbacks are plain functions: one backend per process.
+  static VhostBackend& Instance();
+
+  Status AddPort(const PortConfig& config, DeviceListener* listener);
+  Status RemovePort(const std::string& path);
+
+  const BackendCounters& counters() const { return counters_; }
+  // Devices currently connected (running or not), for reporting.
+  std::vector<std::shared_ptr<BackendDevice>> Devices();
+
+  // rte_vhost entry points (public for the C callback shims only).
+  int OnNewConnection(int vid);
+  void OnDestroyConnection(int vid);
+  int OnNewDevice(int vid);
+  void OnDestroyDevice(int vid);
+  int OnFeaturesChanged(int vid, uint64_t features);
+  int OnPreMessage(int vid, void* msg);
+  int OnPostMessage(int vid, void* msg);
+
+ private:
+  struct Port {
+    PortConfig config;
+    DeviceListener* listener;
+  };
+  struct Conn {
+    Port* port = nullptr;
+    std::shared_ptr<BackendDevice> device;  // while running
+    bool paused = false;                    // detached around a message
+    bool logging = false;
+  };
+
+  VhostBackend() = default;
+
+  std::mutex mu_;  // guards ports_, conns_; never held while calling listeners
+  std::vector<std::unique_ptr<Port>> ports_;
+  std::unordered_map<int, Conn> conns_;
+  std::atomic<uint64_t> next_device_id_{1};
+  BackendCounters counters_;
+};
+
+}  // namespace vsocket::vhost

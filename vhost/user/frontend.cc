@@ -1,0 +1,300 @@
+#include "vhost/user/frontend.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "base/log.h"
+#include "proto/virtio_ring.h"
+
+namespace vsocket::vhost {
+
+using user::Message;
+using user::Payload;
+using user::Request;
+
+const char* user::ToString(Request r) {
+  switch (r) {
+    case Request::kGetFeatures: return "GET_FEATURES";
+    case Request::kSetFeatures: return "SET_FEATURES";
+    case Request::kSetOwner: return "SET_OWNER";
+    case Request::kResetOwner: return "RESET_OWNER";
+    case Request::kSetMemTable: return "SET_MEM_TABLE";
+    case Request::kSetLogBase: return "SET_LOG_BASE";
+    case Request::kSetLogFd: return "SET_LOG_FD";
+    case Request::kSetVringNum: return "SET_VRING_NUM";
+    case Request::kSetVringAddr: return "SET_VRING_ADDR";
+    case Request::kSetVringBase: return "SET_VRING_BASE";
+    case Request::kGetVringBase: return "GET_VRING_BASE";
+    case Request::kSetVringKick: return "SET_VRING_KICK";
+    case Request::kSetVringCall: return "SET_VRING_CALL";
+    case Request::kSetVringErr: return "SET_VRING_ERR";
+    case Request::kGetProtocolFeatures: return "GET_PROTOCOL_FEATURES";
+    case Request::kSetProtocolFeatures: return "SET_PROTOCOL_FEATURES";
+    case Request::kGetQueueNum: return "GET_QUEUE_NUM";
+    case Request::kSetVringEnable: return "SET_VRING_ENABLE";
+    case Request::kSetStatus: return "SET_STATUS";
+    case Request::kGetStatus: return "GET_STATUS";
+  }
+  return "UNKNOWN";
+}
+
+namespace {
+
+constexpr uint64_t kWantedProtocol = user::kProtoReplyAck | user::kProtoStatus;
+
+int64_t NowMs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1000000;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<VhostUserFrontend>> VhostUserFrontend::Create(const FrontendOptions& o) {
+  if (o.num_queues == 0 || !proto::IsValidQueueSize(o.queue_size))
+    return Status(Code::kInvalidArgument, "queue count must be > 0 and size a power of two");
+  size_t ring_bytes = SplitRing::BytesFor(o.queue_size) * o.num_queues;
+  if (o.region_bytes <= ring_bytes)
+    return Status(Code::kInvalidArgument, "region too small for the rings");
+  std::unique_ptr<VhostUserFrontend> f(new VhostUserFrontend(o));
+  auto region = ShmRegion::Create("vsocket-guest", o.region_bytes, o.pages);
+  if (!region.ok()) return region.status();
+  f->region_ = std::move(region).value();
+  uint8_t* p = f->region_->base();
+  f->queues_.resize(o.num_queues);
+  for (Queue& q : f->queues_) {
+    q.ring = SplitRing::LayOut(p, o.queue_size);
+    p += SplitRing::BytesFor(o.queue_size);
+    q.kick.reset(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    q.call.reset(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    if (!q.kick || !q.call) return Status::FromErrno("eventfd");
+  }
+  f->allocator_ = RegionAllocator(p, f->region_->size() - ring_bytes);
+  return f;
+}
+
+VhostUserFrontend::~VhostUserFrontend() = default;
+
+bool VhostUserFrontend::BackendGone() const {
+  if (!sock_) return true;
+  pollfd p{sock_.get(), POLLIN, 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLIN));
+}
+
+Status VhostUserFrontend::Connect() {
+  sock_.reset();
+  for (Queue& q : queues_) {
+    // Chains the old session never completed (or completed but were not yet
+    // popped) are abandoned, not silently reissued: their owners decide what
+    // to do (TakeAbandoned()).
+    for (uint64_t cookie : q.driver.InFlightCookies()) abandoned_.push_back(cookie);
+    q.driver = VirtqueueDriver(q.ring, options_.event_idx);
+  }
+
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::FromErrno("socket(AF_UNIX)");
+  UniqueFd s(fd);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (options_.socket_path.size() >= sizeof(addr.sun_path))
+    return Status(Code::kInvalidArgument, "vhost-user socket path too long");
+  std::memcpy(addr.sun_path, options_.socket_path.c_str(), options_.socket_path.size() + 1);
+  // The backend may be (re)starting: retry ENOENT/ECONNREFUSED until timeout.
+  int64_t deadline = NowMs() + options_.timeout_ms;
+  while (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    if ((errno != ENOENT && errno != ECONNREFUSED) || NowMs() >= deadline)
+      return Status::FromErrno("connect " + options_.socket_path);
+    usleep(20000);
+  }
+  sock_ = std::move(s);
+  Status st = Handshake();
+  if (!st.ok()) sock_.reset();
+  return st;
+}
+
+Status VhostUserFrontend::Handshake() {
+  auto features = GetU64(Request::kGetFeatures);
+  if (!features.ok()) return features.status();
+  uint64_t need = proto::kFeatureVersion1 | proto::kFeatureVhostUserProtocol;
+  if ((*features & need) != need)
+    return Status(Code::kFailedPrecondition, "backend lacks VERSION_1 or PROTOCOL_FEATURES");
+  features_ = need | options_.device_features;
+  if (options_.event_idx) {
+    if (!(*features & proto::kFeatureEventIdx))
+      return Status(Code::kFailedPrecondition, "backend does not offer EVENT_IDX");
+    features_ |= proto::kFeatureEventIdx;
+  }
+  if ((*features & options_.device_features) != options_.device_features)
+    return Status(Code::kFailedPrecondition, "backend lacks requested device features");
+
+  auto proto_features = GetU64(Request::kGetProtocolFeatures);
+  if (!proto_features.ok()) return proto_features.status();
+  protocol_features_ = 0;
+  Payload p{};
+  p.u64 = *proto_features & kWantedProtocol;
+  VS_RETURN_IF_ERROR(Set(Request::kSetProtocolFeatures, p, 8));
+  protocol_features_ = p.u64;  // acks apply from the next message on
+
+  VS_RETURN_IF_ERROR(Set(Request::kSetOwner, p, 0));
+  p.u64 = features_;
+  VS_RETURN_IF_ERROR(Set(Request::kSetFeatures, p, 8));
+
+  p = Payload{};
+  p.memory.nregions = 1;
+  auto base = reinterpret_cast<uint64_t>(region_->base());
+  p.memory.regions[0] = {base, region_->size(), base, 0};
+  int mem_fd = region_->fd();
+  VS_RETURN_IF_ERROR(Set(Request::kSetMemTable, p,
+                         8 + sizeof(user::MemoryRegionDesc), {&mem_fd, 1}));
+
+  for (uint32_t i = 0; i < queues_.size(); ++i) {
+    Queue& q = queues_[i];
+    p = Payload{};
+    p.state = {i, q.ring.size()};
+    VS_RETURN_IF_ERROR(Set(Request::kSetVringNum, p, sizeof(p.state)));
+    p.state = {i, 0};
+    VS_RETURN_IF_ERROR(Set(Request::kSetVringBase, p, sizeof(p.state)));
+    p = Payload{};
+    p.addr = {i, 0, reinterpret_cast<uint64_t>(q.ring.desc()),
+              reinterpret_cast<uint64_t>(q.ring.used_base()),
+              reinterpret_cast<uint64_t>(q.ring.avail_base()), 0};
+    VS_RETURN_IF_ERROR(Set(Request::kSetVringAddr, p, sizeof(p.addr)));
+    p.u64 = i;
+    int kfd = q.kick.get(), cfd = q.call.get();
+    VS_RETURN_IF_ERROR(Set(Request::kSetVringKick, p, 8, {&kfd, 1}));
+    VS_RETURN_IF_ERROR(Set(Request::kSetVringCall, p, 8, {&cfd, 1}));
+    p.state = {i, 1};
+    VS_RETURN_IF_ERROR(Set(Request::kSetVringEnable, p, sizeof(p.state)));
+  }
+  if (protocol_features_ & user::kProtoStatus) {
+    p.u64 = user::kStatusAcknowledge | user::kStatusDriver | user::kStatusFeaturesOk |
+            user::kStatusDriverOk;
+    VS_RETURN_IF_ERROR(Set(Request::kSetStatus, p, 8));
+  }
+  return Status::Ok();
+}
+
+Status VhostUserFrontend::Stop() {
+  if (!sock_) return Status::Ok();
+  Status result;
+  for (uint32_t i = 0; i < queues_.size() && result.ok(); ++i) {
+    Payload p{};
+    p.state = {i, 0};
+    Message m{{static_cast<uint32_t>(Request::kGetVringBase), user::kFlagVersion, sizeof(p.state)}, p};
+    result = SendMessage(m);
+    if (result.ok()) {
+      auto reply = ReceiveReply(Request::kGetVringBase);
+      if (!reply.ok()) result = reply.status();
+    }
+  }
+  sock_.reset();
+  return result;
+}
+
+void VhostUserFrontend::Kick(size_t i) {
+  uint64_t one = 1;
+  (void)!write(queues_[i].kick.get(), &one, sizeof(one));
+}
+
+bool VhostUserFrontend::WaitCall(size_t i, int timeout_ms) {
+  pollfd p{queues_[i].call.get(), POLLIN, 0};
+  if (poll(&p, 1, timeout_ms) <= 0) return false;
+  uint64_t v;
+  (void)!read(queues_[i].call.get(), &v, sizeof(v));
+  return true;
+}
+
+std::vector<uint64_t> VhostUserFrontend::TakeAbandoned() { return std::move(abandoned_); }
+
+Status VhostUserFrontend::SendMessage(const Message& msg, std::span<const int> fds) {
+  if (!sock_) return Status(Code::kUnavailable, "not connected to the vhost-user backend");
+  if (fds.size() > user::kMaxFds) return Status(Code::kInvalidArgument, "too many fds");
+  iovec iov{const_cast<Message*>(&msg), sizeof(user::Header) + msg.hdr.size};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * user::kMaxFds)] = {};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  if (!fds.empty()) {
+    mh.msg_control = control;
+    mh.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  ssize_t n;
+  do {
+    n = sendmsg(sock_.get(), &mh, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return Status::FromErrno("vhost-user sendmsg");
+  if (static_cast<size_t>(n) != iov.iov_len)
+    return Status(Code::kUnavailable, "vhost-user short write");
+  return Status::Ok();
+}
+
+Result<Message> VhostUserFrontend::ReceiveReply(Request expected) {
+  if (!sock_) return Status(Code::kUnavailable, "not connected to the vhost-user backend");
+  Message m{};
+  size_t got = 0;
+  size_t want = sizeof(user::Header);
+  int64_t deadline = NowMs() + options_.timeout_ms;
+  while (got < want) {
+    pollfd p{sock_.get(), POLLIN, 0};
+    int left = static_cast<int>(deadline - NowMs());
+    if (left <= 0 || poll(&p, 1, left) <= 0)
+      return Status(Code::kDeadlineExceeded,
+                    std::string("no vhost-user reply to ") + user::ToString(expected));
+    ssize_t n = recv(sock_.get(), reinterpret_cast<char*>(&m) + got, want - got, 0);
+    if (n == 0) return Status(Code::kUnavailable, "vhost-user backend closed the connection");
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno("vhost-user recv");
+    }
+    got += static_cast<size_t>(n);
+    if (got == sizeof(user::Header)) {
+      // Validate before reading the payload: a reply is never larger than
+      // our payload union.
+      if (m.hdr.size > sizeof(Payload))
+        return Status(Code::kDataLoss, "vhost-user reply payload too large");
+      want += m.hdr.size;
+    }
+  }
+  if (m.hdr.request != static_cast<uint32_t>(expected) || !(m.hdr.flags & user::kFlagReply) ||
+      (m.hdr.flags & user::kFlagVersionMask) != user::kFlagVersion)
+    return Status(Code::kDataLoss, std::string("unexpected vhost-user reply to ") +
+                                       user::ToString(expected));
+  return m;
+}
+
+Status VhostUserFrontend::Set(Request req, const Payload& payload, uint32_t size,
+                              std::span<const int> fds) {
+  bool ack = (protocol_features_ & user::kProtoReplyAck) != 0;
+  Message m{{static_cast<uint32_t>(req), user::kFlagVersion | (ack ? user::kFlagNeedReply : 0u), size},
+            payload};
+  VS_RETURN_IF_ERROR(SendMessage(m, fds));
+  if (!ack) return Status::Ok();
+  auto reply = ReceiveReply(req);
+  if (!reply.ok()) return reply.status();
+  if (reply->hdr.size != 8 || reply->payload.u64 != 0)
+    return Status(Code::kFailedPrecondition,
+                  std::string("vhost-user backend rejected ") + user::ToString(req));
+  return Status::Ok();
+}
+
+Result<uint64_t> VhostUserFrontend::GetU64(Request req) {
+  Message m{{static_cast<uint32_t>(req), user::kFlagVersion, 0}, {}};
+  VS_RETURN_IF_ERROR(SendMessage(m));
+  auto reply = ReceiveReply(req);
+  if (!reply.ok()) return reply.status();
+  if (reply->hdr.size != 8) return Status(Code::kDataLoss, "vhost-user reply has wrong size");
+  return reply->payload.u64;
+}
+
+}  // namespace vsocket::vhost

@@ -1,0 +1,95 @@
+// vhost-user frontend for container/process guests: what QEMU does for a VM,
+// done by the guest process itself (like DPDK's virtio-user), without DPDK.
+//
+// It owns a memfd region holding the virtqueues and the data area, connects
+// to the backend's per-VM Unix socket, and negotiates: features, protocol
+// features (REPLY_ACK, STATUS), memory table (SCM_RIGHTS), vrings, kick/call
+// eventfds, DRIVER_OK. Guest-physical addresses are this process's virtual
+// addresses (the region is registered with gpa == userspace_addr).
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "base/unique_fd.h"
+#include "vhost/region/shm_region.h"
+#include "vhost/ring/virtqueue_driver.h"
+#include "vhost/user/protocol.h"
+
+namespace vsocket::vhost {
+
+struct FrontendOptions {
+  std::string socket_path;
+  uint16_t num_queues = 2;
+  uint16_t queue_size = 256;
+  size_t region_bytes = 4u << 20;  // rings + data area
+  bool event_idx = true;
+  int timeout_ms = 5000;           // per reply, and for connect()
+  ShmRegion::Pages pages = ShmRegion::Pages::kNormal;
+  // Device feature bits to request on top of VERSION_1 and EVENT_IDX.
+  uint64_t device_features = 0;
+};
+
+class VhostUserFrontend {
+ public:
+  static Result<std::unique_ptr<VhostUserFrontend>> Create(const FrontendOptions& options);
+  ~VhostUserFrontend();
+
+  // (Re)establishes the session. Any previous session's queues are reset:
+  // chains in flight are dropped (their cookies are returned by
+  // TakeAbandoned()), and the rings restart at index 0.
+  Status Connect();
+  // Clean stop: GET_VRING_BASE on every queue (the backend stops using the
+  // rings before replying), then closes the socket.
+  Status Stop();
+  bool connected() const { return sock_.valid(); }
+  // True if the backend closed the socket (crash or restart).
+  bool BackendGone() const;
+
+  VirtqueueDriver& queue(size_t i) { return queues_[i].driver; }
+  size_t num_queues() const { return queues_.size(); }
+  void Kick(size_t i);
+  int call_fd(size_t i) const { return queues_[i].call.get(); }
+  // Waits up to timeout_ms for a call on queue i; true if one arrived.
+  bool WaitCall(size_t i, int timeout_ms);
+  std::vector<uint64_t> TakeAbandoned();
+
+  ShmRegion& region() { return *region_; }
+  RegionAllocator& allocator() { return allocator_; }
+  uint64_t features() const { return features_; }
+  uint64_t protocol_features() const { return protocol_features_; }
+
+  // Raw protocol access, for tests that play a hostile frontend.
+  Status SendMessage(const user::Message& msg, std::span<const int> fds = {});
+  Result<user::Message> ReceiveReply(user::Request expected);
+  int socket_fd() const { return sock_.get(); }
+
+ private:
+  struct Queue {
+    SplitRing ring;
+    VirtqueueDriver driver;
+    UniqueFd kick;
+    UniqueFd call;
+  };
+
+  explicit VhostUserFrontend(const FrontendOptions& options) : options_(options) {}
+  Status Handshake();
+  // Sends a SET_* message; waits for the ack when REPLY_ACK is negotiated.
+  Status Set(user::Request req, const user::Payload& payload, uint32_t size,
+             std::span<const int> fds = {});
+  Result<uint64_t> GetU64(user::Request req);
+
+  FrontendOptions options_;
+  std::unique_ptr<ShmRegion> region_;
+  RegionAllocator allocator_{nullptr, 0};
+  std::vector<Queue> queues_;
+  UniqueFd sock_;
+  uint64_t features_ = 0;
+  uint64_t protocol_features_ = 0;
+  std::vector<uint64_t> abandoned_;
+};
+
+}  // namespace vsocket::vhost
