@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 
 #include "base/log.h"
@@ -47,6 +48,12 @@ const char* user::ToString(Request r) {
 namespace {
 
 constexpr uint64_t kWantedProtocol = user::kProtoReplyAck | user::kProtoStatus;
+
+std::string ToHex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
 
 int64_t NowMs() {
   timespec ts;
@@ -123,7 +130,8 @@ Status VhostUserFrontend::Handshake() {
   if (!features.ok()) return features.status();
   uint64_t need = proto::kFeatureVersion1 | proto::kFeatureVhostUserProtocol;
   if ((*features & need) != need)
-    return Status(Code::kFailedPrecondition, "backend lacks VERSION_1 or PROTOCOL_FEATURES");
+    return Status(Code::kFailedPrecondition,
+                  "backend lacks VERSION_1 or PROTOCOL_FEATURES (offers 0x" + ToHex(*features) + ")");
   features_ = need | options_.device_features;
   if (options_.event_idx) {
     if (!(*features & proto::kFeatureEventIdx))

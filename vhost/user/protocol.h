@@ -98,9 +98,11 @@ union Payload {
   Memory memory;
 };
 
-struct Message {
+// On the wire the payload follows the 12-byte header directly.
+struct __attribute__((packed)) Message {
   Header hdr;
   Payload payload;
 };
+static_assert(offsetof(Message, payload) == 12);
 
 }  // namespace vsocket::vhost::user
