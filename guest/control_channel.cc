@@ -36,6 +36,18 @@ Result<std::unique_ptr<ControlChannel>> ControlChannel::Open(const ChannelOption
   return c;
 }
 
+Result<std::vector<uint64_t>> ControlChannel::Reconnect() {
+  pending_publish_ = false;
+  VS_RETURN_IF_ERROR(frontend_->Connect());
+  std::vector<uint64_t> failed;
+  for (uint64_t slot : frontend_->TakeAbandoned()) {
+    free_slots_.push_back(static_cast<uint32_t>(slot));
+    failed.push_back(slots_[slot].cookie);
+  }
+  if (options_.wait == WaitMode::kPoll) frontend_->queue(kRequestQueue).DisableInterrupts();
+  return failed;
+}
+
 Status ControlChannel::Submit(const proto::Message& request, uint64_t cookie) {
   if (free_slots_.empty()) return Status(Code::kResourceExhausted, "all call slots in flight");
   uint32_t s = free_slots_.back();

@@ -48,6 +48,11 @@ class ControlChannel {
   size_t in_flight() const { return slots_.size() - free_slots_.size(); }
   size_t capacity() const { return slots_.size(); }
 
+  // Re-establishes the session (e.g. after a backend restart). Calls that
+  // were in flight are failed: their slots are reclaimed and their cookies
+  // returned, so callers can retry them.
+  Result<std::vector<uint64_t>> Reconnect();
+
   vhost::VhostUserFrontend& frontend() { return *frontend_; }
 
  private:

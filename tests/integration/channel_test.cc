@@ -162,8 +162,11 @@ TEST_F(ChannelTest, ReconnectsAfterBackendRestart) {
   EXPECT_FALSE(st.ok());
   EXPECT_TRUE(ch->frontend().BackendGone());
   ASSERT_TRUE(daemon_.Start());
-  ASSERT_TRUE(ch->frontend().Connect().ok());
-  EXPECT_EQ(ch->frontend().TakeAbandoned().size(), 1u) << "the unanswered call is reported";
+  auto failed = ch->Reconnect();
+  ASSERT_TRUE(failed.ok()) << failed.status().ToString();
+  ASSERT_EQ(failed->size(), 1u) << "the unanswered call is reported";
+  EXPECT_EQ((*failed)[0], 1u);
+  EXPECT_EQ(ch->in_flight(), 0u);
   EXPECT_EQ(EchoRoundTrips(*ch, 50, 7), 50);
 }
 

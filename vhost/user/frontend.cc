@@ -103,7 +103,14 @@ Status VhostUserFrontend::Connect() {
     for (uint64_t cookie : q.driver.InFlightCookies()) abandoned_.push_back(cookie);
     q.driver = VirtqueueDriver(q.ring, options_.event_idx);
   }
+  VS_RETURN_IF_ERROR(OpenSocket());
+  Status st = Handshake();
+  if (!st.ok()) sock_.reset();
+  return st;
+}
 
+Status VhostUserFrontend::OpenSocket() {
+  sock_.reset();
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Status::FromErrno("socket(AF_UNIX)");
   UniqueFd s(fd);
@@ -120,9 +127,7 @@ Status VhostUserFrontend::Connect() {
     usleep(20000);
   }
   sock_ = std::move(s);
-  Status st = Handshake();
-  if (!st.ok()) sock_.reset();
-  return st;
+  return Status::Ok();
 }
 
 Status VhostUserFrontend::Handshake() {

@@ -42,6 +42,8 @@ class VhostUserFrontend {
   // chains in flight are dropped (their cookies are returned by
   // TakeAbandoned()), and the rings restart at index 0.
   Status Connect();
+  // Connects the socket without negotiating (tests that speak raw messages).
+  Status OpenSocket();
   // Clean stop: GET_VRING_BASE on every queue (the backend stops using the
   // rings before replying), then closes the socket.
   Status Stop();

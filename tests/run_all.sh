@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The full vSocket test suite, as CI runs it:
+#   1. every test target (unit, stress, integration against the real
+#      rte_vhost backend), optimized build;
+#   2. the unit tests again under AddressSanitizer;
+#   3. each libFuzzer target for a bounded time from its seed corpus.
+# Prints one line per step and ends with "N passed, N failed", where N counts
+# individual GoogleTest cases and fuzz runs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash deploy/install-deps.sh || exit 1
+
+FUZZ_SECONDS="${VSOCKET_FUZZ_SECONDS:-30}"
+UNIT_TARGETS=(//base/... //proto/... //vhost/...)
+FUZZ_TARGETS=(//proto/fuzz:control_fuzz:proto/fuzz/corpus/control //vhost/fuzz:vring_fuzz:vhost/fuzz/corpus/vring)
+passed=0
+failed=0
+LOGDIR=$(mktemp -d /tmp/vsocket-tests-XXXXXX)
+
+# Adds the GoogleTest case counts of every test.log under bazel-testlogs.
+count_gtest() {
+  local p f
+  while IFS= read -r log; do
+    p=$(grep -E '^\[  PASSED  \] [0-9]+ test' "$log" | tail -1 | awk '{print $4}')
+    f=$(grep -E '^\[  FAILED  \] [0-9]+ test' "$log" | tail -1 | awk '{print $4}')
+    if [ -z "$p" ] && [ -z "$f" ]; then
+      # A target that crashed before printing a summary counts as one failure.
+      if grep -q '^\[==========\]' "$log"; then :; else f=1; fi
+    fi
+    passed=$((passed + ${p:-0}))
+    failed=$((failed + ${f:-0}))
+  done < <(find -L bazel-testlogs/ -name test.log -newer "$LOGDIR/stamp" 2>/dev/null)
+}
+
+run_bazel_tests() {  # label, bazel args...
+  local label=$1
+  shift
+  touch "$LOGDIR/stamp"
+  sleep 1
+  if bazel test "$@" >"$LOGDIR/$label.log" 2>&1; then
+    echo "[$label] bazel test: ok"
+  else
+    echo "[$label] bazel test: FAILED (see below)"
+    grep -E "FAILED|NO STATUS|TIMEOUT|ERROR" "$LOGDIR/$label.log" | head -20
+    if ! grep -q "Executed" "$LOGDIR/$label.log"; then
+      tail -30 "$LOGDIR/$label.log"
+      failed=$((failed + 1))
+    fi
+  fi
+  count_gtest
+}
+
+run_bazel_tests default //...
+run_bazel_tests asan --config=asan "${UNIT_TARGETS[@]}"
+
+if bazel build --config=fuzz //proto/fuzz:control_fuzz //vhost/fuzz:vring_fuzz >"$LOGDIR/fuzz-build.log" 2>&1; then
+  for spec in "${FUZZ_TARGETS[@]}"; do
+    target=${spec%:*}
+    corpus=${spec##*:}
+    bin="bazel-bin/$(echo "${target#//}" | tr ':' '/')"
+    work=$(mktemp -d "$LOGDIR/corpus-XXXXXX")
+    if "$bin" -max_total_time="$FUZZ_SECONDS" -timeout=10 -rss_limit_mb=2048 "$work" "$corpus" \
+        >"$LOGDIR/fuzz-$(basename "$bin").log" 2>&1; then
+      echo "[fuzz] $target: ${FUZZ_SECONDS}s clean ($(grep -o 'Done [0-9]* runs' "$LOGDIR/fuzz-$(basename "$bin").log"))"
+      passed=$((passed + 1))
+    else
+      echo "[fuzz] $target: CRASH"
+      tail -30 "$LOGDIR/fuzz-$(basename "$bin").log"
+      failed=$((failed + 1))
+    fi
+  done
+else
+  echo "[fuzz] build FAILED"
+  tail -30 "$LOGDIR/fuzz-build.log"
+  failed=$((failed + 1))
+fi
+
+echo "logs: $LOGDIR"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
