@@ -2,7 +2,8 @@
 # The full vSocket test suite, as CI runs it:
 #   1. every test target (unit, stress, integration against the real
 #      rte_vhost backend), optimized build;
-#   2. the unit tests again under AddressSanitizer;
+#   2. the unit tests again under AddressSanitizer, the ring tests under
+#      ThreadSanitizer;
 #   3. each libFuzzer target for a bounded time from its seed corpus.
 # Prints one line per step and ends with "N passed, N failed", where N counts
 # individual GoogleTest cases and fuzz runs.
@@ -37,7 +38,7 @@ run_bazel_tests() {  # label, bazel args...
   shift
   touch "$LOGDIR/stamp"
   sleep 1
-  if bazel test "$@" >"$LOGDIR/$label.log" 2>&1; then
+  if bazel test --nocache_test_results "$@" >"$LOGDIR/$label.log" 2>&1; then
     echo "[$label] bazel test: ok"
   else
     echo "[$label] bazel test: FAILED (see below)"
@@ -52,6 +53,7 @@ run_bazel_tests() {  # label, bazel args...
 
 run_bazel_tests default //...
 run_bazel_tests asan --config=asan "${UNIT_TARGETS[@]}"
+run_bazel_tests tsan --config=tsan //vhost:ring_stress_test //vhost:ring_test
 
 if bazel build --config=fuzz //proto/fuzz:control_fuzz //vhost/fuzz:vring_fuzz >"$LOGDIR/fuzz-build.log" 2>&1; then
   for spec in "${FUZZ_TARGETS[@]}"; do

@@ -46,6 +46,9 @@ void RunStress(bool event_idx, uint16_t qsize) {
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> device_errors{0}, kicks{0}, calls{0};
 
+  // The driver initializes the ring before the device may look at it (as a
+  // frontend does before SET_VRING_ADDR).
+  VirtqueueDriver drv(arena.ring, event_idx);
   std::thread device([&] {
     VirtqueueDevice dev(arena.ring, &arena.guest, event_idx, 0, 0);
     int done = 0;
@@ -88,7 +91,6 @@ void RunStress(bool event_idx, uint16_t qsize) {
     }
   });
 
-  VirtqueueDriver drv(arena.ring, event_idx);
   std::mt19937 rng(event_idx ? 1 : 2);
   std::vector<uint32_t> expect(qsize);
   int sent = 0, received = 0, mismatches = 0;
