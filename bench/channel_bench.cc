@@ -23,18 +23,13 @@
 #include <thread>
 #include <vector>
 
+#include "base/clock.h"
 #include "guest/control_channel.h"
 #include "tests/integration/daemon_fixture.h"
 
 using namespace vsocket;
 
 namespace {
-
-int64_t NowNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
-}
 
 struct Percentiles {
   double p50, p99, p999;
@@ -98,19 +93,19 @@ RawResult RunRaw(int iters) {
   std::vector<int64_t> rtt;
   rtt.reserve(iters);
   for (int i = 0; i < iters + 1000; ++i) {
-    int64_t t0 = NowNs();
+    int64_t t0 = MonotonicNs();
     sh->to_server.Push(uint64_t(i));
     if (sh->to_client.Pop() != uint64_t(i)) std::abort();
-    if (i >= 1000) rtt.push_back(NowNs() - t0);  // first 1000: warm-up
+    if (i >= 1000) rtt.push_back(MonotonicNs() - t0);  // first 1000: warm-up
   }
-  int64_t t0 = NowNs();
+  int64_t t0 = MonotonicNs();
   uint64_t want = 0;
   for (int i = 0; i < stream; ++i) {
     sh->to_server.Push(uint64_t(i));
     want += uint64_t(i);
   }
   if (sh->to_client.Pop() != want) std::abort();
-  double secs = (NowNs() - t0) / 1e9;
+  double secs = (MonotonicNs() - t0) / 1e9;
   waitpid(child, nullptr, 0);
   munmap(sh, sizeof(RawShared));
   close(fd);
@@ -148,10 +143,10 @@ ChannelResult RunChannel(const std::string& sock, guest::WaitMode mode, int iter
   rtt.reserve(iters);
   int64_t single_start = 0;
   for (int i = 0; i < iters + 1000; ++i) {
-    if (i == 1000) single_start = NowNs();
-    int64_t t0 = NowNs();
+    if (i == 1000) single_start = MonotonicNs();
+    int64_t t0 = MonotonicNs();
     Status st = ch->Call({proto::MsgType::kEcho, uint64_t(i), proto::Echo{crc, payload}}, &resp, scratch);
-    int64_t t1 = NowNs();
+    int64_t t1 = MonotonicNs();
     const auto* e = std::get_if<proto::Echo>(&resp.body);
     if (!st.ok() || !e || e->checksum != crc) {
       std::fprintf(stderr, "echo failed: %s\n", st.ToString().c_str());
@@ -159,12 +154,12 @@ ChannelResult RunChannel(const std::string& sock, guest::WaitMode mode, int iter
     }
     if (i >= 1000) rtt.push_back(t1 - t0);
   }
-  double single_mps = iters / ((NowNs() - single_start) / 1e9);
+  double single_mps = iters / ((MonotonicNs() - single_start) / 1e9);
 
   // Batched: fill the queue, publish once, reap everything.
   std::vector<guest::ControlChannel::Completion> done;
   int64_t total = 0;
-  int64_t t0 = NowNs();
+  int64_t t0 = MonotonicNs();
   while (total < int64_t(iters) * 4) {
     for (size_t i = ch->in_flight(); i < ch->capacity(); ++i)
       if (!ch->Submit({proto::MsgType::kEcho, i, proto::Echo{crc, payload}}, i).ok()) std::abort();
@@ -176,7 +171,7 @@ ChannelResult RunChannel(const std::string& sock, guest::WaitMode mode, int iter
     }
   }
   while (ch->in_flight() > 0 && ch->Reap(&done, 5000).ok()) total += done.size();
-  double batched_mps = total / ((NowNs() - t0) / 1e9);
+  double batched_mps = total / ((MonotonicNs() - t0) / 1e9);
   return {Summarize(rtt), single_mps, batched_mps};
 }
 

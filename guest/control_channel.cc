@@ -4,17 +4,13 @@
 
 #include <cstring>
 
+#include "base/clock.h"
+
 namespace vsocket::guest {
 namespace {
 
 constexpr uint32_t kSlotBytes = proto::kMaxMessageSize;
 constexpr size_t kRequestQueue = 0;
-
-int64_t NowNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
-}
 
 }  // namespace
 
@@ -78,10 +74,10 @@ bool ControlChannel::WaitForUsed(int64_t deadline_ns) {
   int64_t poll_until = options_.wait == WaitMode::kPoll ? deadline_ns
                        : options_.wait == WaitMode::kEvent
                            ? 0
-                           : NowNs() + int64_t{options_.poll_us} * 1000;
+                           : MonotonicNs() + int64_t{options_.poll_us} * 1000;
   for (;;) {
     if (has_used()) return true;
-    int64_t now = NowNs();
+    int64_t now = MonotonicNs();
     if (now >= deadline_ns) return false;
     if (now < poll_until) {
       __builtin_ia32_pause();
@@ -104,7 +100,7 @@ bool ControlChannel::WaitForUsed(int64_t deadline_ns) {
 Status ControlChannel::Reap(std::vector<Completion>* out, int timeout_ms) {
   out->clear();
   vhost::VirtqueueDriver& q = frontend_->queue(kRequestQueue);
-  int64_t deadline = NowNs() + int64_t{timeout_ms} * 1000000;
+  int64_t deadline = MonotonicNs() + int64_t{timeout_ms} * 1000000;
   for (;;) {
     while (auto u = q.PopUsed()) {
       Slot& slot = slots_[u->cookie];

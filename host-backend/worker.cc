@@ -5,18 +5,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/log.h"
 
 namespace vsocket::backend {
 namespace {
 
 constexpr uint64_t kWakeTag = ~uint64_t{0};
-
-int64_t NowNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
-}
 
 }  // namespace
 
@@ -162,7 +157,7 @@ void Worker::DisableAllNotify() {
 }
 
 void Worker::Run() {
-  int64_t last_work = NowNs();
+  int64_t last_work = MonotonicNs();
   const int64_t poll_ns = int64_t{options_.poll_us} * 1000;
   epoll_event events[64];
   while (!stop_.load(std::memory_order_relaxed)) {
@@ -178,7 +173,7 @@ void Worker::Run() {
       for (bool p : active_[i].call_pending) calls_owed |= p;
       ++i;
     }
-    int64_t now = NowNs();
+    int64_t now = MonotonicNs();
     if (worked) {
       last_work = now;
       continue;
@@ -210,7 +205,7 @@ void Worker::Run() {
     }
     counters_.wakeups.fetch_add(1, std::memory_order_relaxed);
     DisableAllNotify();
-    last_work = NowNs();
+    last_work = MonotonicNs();
   }
   // Release anyone waiting in Detach().
   std::lock_guard<std::mutex> lock(mu_);

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "proto/virtio_ring.h"
 
@@ -53,12 +54,6 @@ std::string ToHex(uint64_t v) {
   char buf[24];
   std::snprintf(buf, sizeof(buf), "%llx", static_cast<unsigned long long>(v));
   return buf;
-}
-
-int64_t NowMs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1000000;
 }
 
 }  // namespace
@@ -120,9 +115,9 @@ Status VhostUserFrontend::OpenSocket() {
     return Status(Code::kInvalidArgument, "vhost-user socket path too long");
   std::memcpy(addr.sun_path, options_.socket_path.c_str(), options_.socket_path.size() + 1);
   // The backend may be (re)starting: retry ENOENT/ECONNREFUSED until timeout.
-  int64_t deadline = NowMs() + options_.timeout_ms;
+  int64_t deadline = MonotonicMs() + options_.timeout_ms;
   while (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    if ((errno != ENOENT && errno != ECONNREFUSED) || NowMs() >= deadline)
+    if ((errno != ENOENT && errno != ECONNREFUSED) || MonotonicMs() >= deadline)
       return Status::FromErrno("connect " + options_.socket_path);
     usleep(20000);
   }
@@ -257,10 +252,10 @@ Result<Message> VhostUserFrontend::ReceiveReply(Request expected) {
   Message m{};
   size_t got = 0;
   size_t want = sizeof(user::Header);
-  int64_t deadline = NowMs() + options_.timeout_ms;
+  int64_t deadline = MonotonicMs() + options_.timeout_ms;
   while (got < want) {
     pollfd p{sock_.get(), POLLIN, 0};
-    int left = static_cast<int>(deadline - NowMs());
+    int left = static_cast<int>(deadline - MonotonicMs());
     if (left <= 0 || poll(&p, 1, left) <= 0)
       return Status(Code::kDeadlineExceeded,
                     std::string("no vhost-user reply to ") + user::ToString(expected));
