@@ -58,6 +58,17 @@ uint32_t ControlService::HandleRequest(vhost::BackendDevice& device,
         resp.body = proto::Echo{crc, echo.payload};
         break;
       }
+      case MsgType::kRegisterConn:
+      case MsgType::kUnregister:
+      case MsgType::kFence:
+      case MsgType::kTxTail:
+      case MsgType::kConsumed:
+      case MsgType::kShutdown: {
+        auto r = conns_.Handle(device, *req);
+        if (!r) return 0;  // fire-and-forget message: empty used entry
+        resp = *r;
+        break;
+      }
       default:
         counters_.bad_messages.fetch_add(1, std::memory_order_relaxed);
         resp.type = MsgType::kError;

@@ -1,10 +1,10 @@
 // The guest<->backend control protocol (proto/control.h) on the request
-// queue. This first version answers HELLO and ECHO; connection messages are
-// refused with BAD_MESSAGE until the connection registry lands.
+// queue: HELLO and ECHO here, connection messages in ConnManager.
 #pragma once
 
 #include <atomic>
 
+#include "host-backend/conn_manager.h"
 #include "host-backend/worker.h"
 
 namespace vsocket::backend {
@@ -19,11 +19,18 @@ struct ServiceCounters {
 
 class ControlService : public DeviceService {
  public:
+  void OnAttach(vhost::BackendDevice& device) override { conns_.OnAttach(device); }
+  void OnDetach(vhost::BackendDevice& device) override { conns_.OnDetach(device); }
   uint32_t HandleRequest(vhost::BackendDevice& device, const vhost::DescChain& chain) override;
+  bool Poll() override { return conns_.MoveData(); }
+  bool Pump(vhost::BackendDevice& device) override { return conns_.EmitEvents(device); }
+
   const ServiceCounters& counters() const { return counters_; }
+  const ConnManager& conns() const { return conns_; }
 
  private:
   ServiceCounters counters_;
+  ConnManager conns_;
 };
 
 }  // namespace vsocket::backend

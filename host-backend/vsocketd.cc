@@ -1,16 +1,18 @@
 // vsocketd: the per-hypervisor vSocket backend.
 //
-//   vsocketd --port PATH,VM,TENANT [--port ...] [--ctl PATH] [--poll-us N]
+//   vsocketd --port PATH,VM,TENANT[,ADDR[;ADDR...]] [--port ...] [--ctl PATH] [--poll-us N]
 //            [--eal-mem MB] [--log-level error|warn|info|debug]
 //
 // Each --port is one VM's vhost-user socket with the VM's name and tenant ID
 // (tenant IDs come from the operator, never from guests).
+#include <arpa/inet.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,10 +36,51 @@ struct Flags {
 
 [[noreturn]] void Usage(const char* why) {
   std::fprintf(stderr,
-               "vsocketd: %s\nusage: vsocketd --port PATH,VM,TENANT [--port ...] [--ctl PATH]\n"
+               "vsocketd: %s\nusage: vsocketd --port PATH,VM,TENANT[,ADDR[;ADDR...]] [--port ...] [--ctl PATH]\n"
                "                [--poll-us N] [--eal-mem MB] [--log-level LEVEL]\n",
                why);
   std::exit(2);
+}
+
+// PATH,VM,TENANT[,ADDR[;ADDR...]]: ADDRs are the VM's own IPv4/IPv6 addresses,
+// the only local addresses its guests may register (anti-spoofing).
+std::optional<vhost::PortConfig> ParsePort(const std::string& v) {
+  std::vector<std::string> f;
+  size_t start = 0;
+  for (size_t i = 0; i <= v.size(); ++i) {
+    if (i == v.size() || v[i] == ',') {
+      f.push_back(v.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  if (f.size() < 3 || f.size() > 4 || f[0].empty() || f[1].empty()) return std::nullopt;
+  vhost::PortConfig p;
+  p.path = f[0];
+  p.vm_name = f[1];
+  char* end = nullptr;
+  unsigned long tenant = std::strtoul(f[2].c_str(), &end, 10);
+  if (*end != '\0' || tenant == 0 || tenant > 0xffffffffu) return std::nullopt;
+  p.tenant_id = static_cast<uint32_t>(tenant);
+  if (f.size() == 4) {
+    size_t s = 0;
+    const std::string& list = f[3];
+    for (size_t i = 0; i <= list.size(); ++i) {
+      if (i != list.size() && list[i] != ';') continue;
+      std::string text = list.substr(s, i - s);
+      s = i + 1;
+      if (text.empty()) continue;
+      vhost::VmAddress a;
+      if (inet_pton(AF_INET, text.c_str(), a.addr.data()) == 1) {
+        a.family = 4;
+      } else if (inet_pton(AF_INET6, text.c_str(), a.addr.data()) == 1) {
+        a.family = 6;
+      } else {
+        return std::nullopt;
+      }
+      p.addresses.push_back(a);
+    }
+  }
+  return p;
 }
 
 Flags ParseFlags(int argc, char** argv) {
@@ -49,17 +92,10 @@ Flags ParseFlags(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--port") {
-      std::string v = value();
-      auto c1 = v.find(','), c2 = v.rfind(',');
-      if (c1 == std::string::npos || c1 == c2) Usage("--port wants PATH,VM,TENANT");
-      vhost::PortConfig p;
-      p.path = v.substr(0, c1);
-      p.vm_name = v.substr(c1 + 1, c2 - c1 - 1);
-      char* end = nullptr;
-      unsigned long tenant = std::strtoul(v.c_str() + c2 + 1, &end, 10);
-      if (*end != '\0' || tenant == 0 || tenant > 0xffffffffu) Usage("tenant must be 1..2^32-1");
-      p.tenant_id = static_cast<uint32_t>(tenant);
-      f.ports.push_back(p);
+      auto p = ParsePort(value());
+      if (!p) Usage("--port wants PATH,VM,TENANT[,ADDR[;ADDR...]] with a tenant of 1..2^32-1");
+      p->index = static_cast<uint32_t>(f.ports.size());
+      f.ports.push_back(*p);
     } else if (a == "--ctl") {
       f.ctl_path = value();
     } else if (a == "--poll-us") {

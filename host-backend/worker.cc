@@ -138,7 +138,9 @@ bool Worker::Serve(Active& a) {
     dev.counters().requests.fetch_add(1, std::memory_order_relaxed);
     worked = true;
   }
-  if (rq.PublishUsed()) a.call_pending[0] = true;
+  worked |= service_->Pump(dev);
+  for (size_t q = 0; q < dev.num_queues(); ++q)
+    if (dev.queue(q).PublishUsed()) a.call_pending[q] = true;
   for (size_t q = 0; q < a.call_pending.size(); ++q)
     if (a.call_pending[q] && dev.Notify(static_cast<uint16_t>(q))) a.call_pending[q] = false;
   return worked;
@@ -147,13 +149,15 @@ bool Worker::Serve(Active& a) {
 bool Worker::EnableAllNotify() {
   bool pending = false;
   for (Active& a : active_)
-    if (!a.device->broken()) pending |= a.device->queue(0).EnableNotify();
+    if (!a.device->broken())
+      for (size_t q = 0; q < a.device->num_queues(); ++q) pending |= a.device->queue(q).EnableNotify();
   return pending;
 }
 
 void Worker::DisableAllNotify() {
   for (Active& a : active_)
-    if (!a.device->broken()) a.device->queue(0).DisableNotify();
+    if (!a.device->broken())
+      for (size_t q = 0; q < a.device->num_queues(); ++q) a.device->queue(q).DisableNotify();
 }
 
 void Worker::Run() {
@@ -162,6 +166,7 @@ void Worker::Run() {
   epoll_event events[64];
   while (!stop_.load(std::memory_order_relaxed)) {
     bool worked = ProcessMailbox();
+    worked |= service_->Poll();
     bool calls_owed = false;
     for (size_t i = 0; i < active_.size();) {
       worked |= Serve(active_[i]);

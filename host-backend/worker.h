@@ -25,6 +25,12 @@ class DeviceService {
   // Handles one chain from the request queue (queue 0). Returns the number
   // of bytes written into the chain's writable part.
   virtual uint32_t HandleRequest(vhost::BackendDevice& device, const vhost::DescChain& chain) = 0;
+  // Once per worker pass, before devices are served: work that spans
+  // devices (moving bytes between guests). True if anything was done.
+  virtual bool Poll() { return false; }
+  // Per device and pass, after its requests: fill its other queues (events).
+  // The worker publishes and notifies. True if anything was done.
+  virtual bool Pump(vhost::BackendDevice& device) { return false; }
 };
 
 struct WorkerOptions {

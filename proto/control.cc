@@ -303,7 +303,7 @@ const char* ToString(Reason reason) {
       "accelerated",        "pending",          "peer-not-accelerated", "cross-tenant",
       "backend-unavailable", "disabled-by-rule", "unsupported-family",   "spoofed-address",
       "migration",          "fabric-down",      "operator",             "peer-downgraded",
-      "resource-limit",     "protocol-error"};
+      "resource-limit",     "protocol-error",   "inherited",            "forked"};
   auto i = static_cast<size_t>(reason);
   return i < std::size(kNames) ? kNames[i] : "unknown";
 }

@@ -76,8 +76,10 @@ enum class Reason : uint16_t {
   kPeerDowngraded = 11,
   kResourceLimit = 12,
   kProtocolError = 13,
+  kInherited = 14,  // fd from before exec/unknown history: byte counts unknown
+  kForked = 15,     // upgraded in a parent process that then forked
 };
-inline constexpr uint16_t kMaxReason = 13;
+inline constexpr uint16_t kMaxReason = 15;
 const char* ToString(Reason reason);
 
 enum class Role : uint8_t { kClient = 1, kServer = 2 };

@@ -48,6 +48,13 @@ class BackendDevice {
   bool event_idx() const { return event_idx_; }
   uint64_t features() const { return features_; }
 
+  const GuestMemory& memory() const { return memory_; }
+
+  // Set when the guest is gone for good (not just paused for a
+  // reconfiguration): its connections must be released.
+  void set_stopping() { stopping_.store(true, std::memory_order_release); }
+  bool stopping() const { return stopping_.load(std::memory_order_acquire); }
+
   // Latches the device broken (guest violated the ring protocol).
   void MarkBroken(std::string reason);
   bool broken() const { return broken_.load(std::memory_order_acquire); }
@@ -66,6 +73,7 @@ class BackendDevice {
   std::vector<VirtqueueDevice> queues_;
   std::vector<UniqueFd> kick_fds_;  // our dups: immune to the library closing its fd
   std::atomic<bool> broken_{false};
+  std::atomic<bool> stopping_{false};
   std::string broken_reason_;  // written once, before broken_ is set
   DeviceCounters counters_;
 };

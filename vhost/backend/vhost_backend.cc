@@ -207,6 +207,7 @@ void VhostBackend::OnDestroyDevice(int vid) {
     port = it->second.port;
   }
   if (!device) return;
+  device->set_stopping();
   port->listener->Detach(device.get());
   // GET_VRING_BASE replies with the library's last_avail_idx: make it ours.
   device->SyncBase();

@@ -10,6 +10,7 @@
 // docs/vhost.md, "Quiescing").
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -29,11 +30,21 @@ struct EalOptions {
 // Starts DPDK's EAL once per process: no huge pages, no PCI, no telemetry.
 Status InitEal(const EalOptions& options);
 
+// An address a VM may use (anti-spoofing): family 4 or 6, IPv4 in the first
+// four bytes of addr.
+struct VmAddress {
+  uint8_t family = 4;
+  std::array<uint8_t, 16> addr{};
+  bool operator==(const VmAddress&) const = default;
+};
+
 struct PortConfig {
   std::string path;      // vhost-user socket
   std::string vm_name;
   uint32_t tenant_id = 0;  // from operator config, never from the guest
   uint16_t num_queues = 2;
+  std::vector<VmAddress> addresses;  // the VM's own addresses
+  uint32_t index = 0;                // position in the daemon's port list
 };
 
 // Implemented by the data path. All calls come from the vhost-user thread.

@@ -1,0 +1,76 @@
+// One TCP connection as libvsocket sees it. The application's fd is the
+// kernel socket; this object adds the upgrade state and, once upgraded, the
+// two byte rings in the shared region.
+//
+// Locking: `tx_mu` serializes senders, `rx_mu` receivers (a blocked sender
+// never blocks a receiver). Lock order: tx_mu/rx_mu, then the session lock.
+// Fields written by event dispatch (under the session lock) are atomics.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+
+#include "proto/control.h"
+
+namespace vsocket::guest {
+
+class Session;
+
+enum class Mode : uint8_t {
+  kUnprobed,  // not yet looked at (registration happens at first I/O)
+  kKernel,    // kernel TCP for good (reason says why)
+  kPending,   // registered; kernel TCP until the backend pairs it
+  kAccel,     // upgraded (each direction switches at its fence)
+};
+const char* ToString(Mode m);
+
+struct Conn {
+  // Identity (set once at registration).
+  int family = 0;
+  proto::Endpoint local, peer;
+  proto::Role role = proto::Role::kClient;
+  uint64_t id = 0;
+
+  std::mutex tx_mu;
+  std::mutex rx_mu;
+  std::mutex setup_mu;  // registration and teardown
+  std::atomic<Mode> mode{Mode::kUnprobed};
+  std::atomic<proto::Reason> reason{proto::Reason::kPending};
+  std::atomic<bool> nonblocking{false};  // cached O_NONBLOCK of the open file
+
+  bool eligible = false;  // created in this process (socket/accept): byte counts are exact
+  Session* session = nullptr;  // the session it is registered with
+
+  std::atomic<uint64_t> kernel_sent{0};      // bytes the app sent on the kernel path
+  std::atomic<uint64_t> kernel_received{0};  // bytes the app received on the kernel path
+  // Written under the side's mutex, read lock-free by poll/epoll.
+  std::atomic<bool> tx_switched{false};  // FENCE sent: writes go to the TX ring
+  std::atomic<bool> rx_switched{false};  // peer's fence reached: reads come from RX
+  std::atomic<uint64_t> tx_tail{0};      // bytes produced into TX
+  std::atomic<uint64_t> rx_head{0};      // bytes consumed from RX
+  uint64_t consumed_reported = 0;
+  std::atomic<bool> shut_wr{false};
+  std::atomic<bool> shut_rd{false};
+  uint8_t* tx = nullptr;
+  uint8_t* rx = nullptr;
+  uint32_t ring_size = 0;
+  int64_t registered_ns = 0;
+
+  // Written by event dispatch.
+  std::atomic<bool> upgraded{false};
+  std::atomic<bool> peer_fence_known{false};
+  std::atomic<uint64_t> peer_fence{0};
+  std::atomic<uint64_t> rx_tail{0};
+  std::atomic<uint64_t> credit{0};       // bytes the peer consumed
+  std::atomic<bool> peer_shut_wr{false};  // EOF after rx_tail
+  std::atomic<bool> peer_gone{false};     // peer reads no more: EPIPE
+  std::atomic<bool> reset{false};         // the accelerated path failed
+  std::atomic<uint32_t> gen{0};           // bumped on every event (epoll ET)
+
+  // Statistics.
+  std::atomic<uint64_t> accel_tx{0}, accel_rx{0};
+  std::atomic<int> fd_refs{0};  // fds in the fd table naming this conn
+};
+
+}  // namespace vsocket::guest

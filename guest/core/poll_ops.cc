@@ -1,0 +1,380 @@
+#include "guest/core/poll_ops.h"
+
+#include <errno.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "base/clock.h"
+#include "guest/core/config.h"
+#include "guest/core/session.h"
+#include "guest/core/socket_ops.h"
+#include "guest/preload/libc.h"
+
+namespace vsocket::guest {
+namespace {
+
+static_assert(POLLIN == EPOLLIN && POLLOUT == EPOLLOUT && POLLERR == EPOLLERR &&
+              POLLHUP == EPOLLHUP && POLLRDHUP == EPOLLRDHUP);
+
+int RemainingMs(int64_t deadline_ns) {
+  if (deadline_ns < 0) return -1;
+  int64_t left = deadline_ns - MonotonicNs();
+  return left <= 0 ? 0 : static_cast<int>((left + 999999) / 1000000);
+}
+
+int64_t Deadline(int timeout_ms) {
+  return timeout_ms < 0 ? -1 : MonotonicNs() + int64_t{timeout_ms} * 1000000;
+}
+
+// Sleeps on the kernel fds in `kfds` plus the session's wake-ups. Returns the
+// real poll's result (kfds' revents filled), -1 with errno on error.
+int SleepWith(Session* s, std::vector<pollfd>& kfds, int64_t deadline, const sigset_t* sigmask) {
+  int efd = ThreadWaiterFd();
+  s->AddWaiter(efd);
+  int r = 0;
+  if (s->PrepareSleep()) {
+    size_t base = kfds.size();
+    kfds.push_back({efd, POLLIN, 0});
+    kfds.push_back({s->event_fd(), POLLIN, 0});
+    kfds.push_back({s->request_fd(), POLLIN, 0});
+    int ms = RemainingMs(deadline);
+    timespec ts{ms / 1000, (ms % 1000) * 1000000L};
+    r = Libc().ppoll(kfds.data(), kfds.size(), ms < 0 ? nullptr : &ts, sigmask);
+    int saved = errno;
+    s->DoneSleeping();
+    bool events = r > 0 && (kfds[base + 1].revents || kfds[base + 2].revents);
+    uint64_t v;
+    (void)!Libc().read(efd, &v, sizeof(v));
+    kfds.resize(base);
+    if (events) s->Drain();
+    errno = saved;
+  }
+  s->RemoveWaiter(efd);
+  return r;
+}
+
+}  // namespace
+
+int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
+  std::vector<std::shared_ptr<Conn>> conns(n);
+  Session* session = nullptr;
+  for (nfds_t i = 0; i < n; ++i) {
+    auto c = Lookup(fds[i].fd);
+    if (c && Readiness(fds[i].fd, *c) != -1 && c->session) {
+      session = c->session;
+      conns[i] = std::move(c);
+    }
+  }
+  if (session == nullptr) {
+    if (sigmask == nullptr) return Libc().poll(fds, n, timeout_ms);
+    timespec ts{timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
+    return Libc().ppoll(fds, n, timeout_ms < 0 ? nullptr : &ts, sigmask);
+  }
+  int64_t deadline = Deadline(timeout_ms);
+  int64_t spin_until = MonotonicNs() + int64_t{Config().poll_us} * 1000;
+  std::vector<pollfd> kfds(fds, fds + n);
+  for (nfds_t i = 0; i < n; ++i)
+    if (conns[i]) kfds[i].fd = -1;  // the kernel ignores negative fds
+  for (;;) {
+    int count = 0;
+    for (nfds_t i = 0; i < n; ++i) {
+      if (!conns[i]) continue;
+      int r = Readiness(fds[i].fd, *conns[i]);
+      fds[i].revents = static_cast<short>(r & (fds[i].events | POLLERR | POLLHUP));
+      if (fds[i].revents) ++count;
+    }
+    bool spinning = count == 0 && timeout_ms != 0 && MonotonicNs() < spin_until;
+    if (!spinning) {
+      for (auto& k : kfds) k.revents = 0;
+      if (Libc().poll(kfds.data(), n, 0) < 0) return -1;
+      for (nfds_t i = 0; i < n; ++i) {
+        if (conns[i]) continue;
+        fds[i].revents = kfds[i].revents;
+        if (fds[i].revents) ++count;
+      }
+    }
+    if (count > 0 || timeout_ms == 0 || (deadline >= 0 && MonotonicNs() >= deadline)) return count;
+    if (spinning) {
+      session->TryDrain();
+      __builtin_ia32_pause();
+      continue;
+    }
+    int r = SleepWith(session, kfds, deadline, sigmask);
+    if (r < 0 && errno == EINTR) return -1;
+  }
+}
+
+int Select(int nfds, fd_set* rd, fd_set* wr, fd_set* ex, int timeout_ms, const sigset_t* sigmask) {
+  if (nfds < 0 || nfds > FD_SETSIZE) {
+    errno = EINVAL;
+    return -1;
+  }
+  std::vector<pollfd> p;
+  for (int fd = 0; fd < nfds; ++fd) {
+    short ev = 0;
+    if (rd && FD_ISSET(fd, rd)) ev |= POLLIN;
+    if (wr && FD_ISSET(fd, wr)) ev |= POLLOUT;
+    if (ex && FD_ISSET(fd, ex)) ev |= POLLPRI;
+    if (ev) p.push_back({fd, ev, 0});
+  }
+  int r = Poll(p.data(), p.size(), timeout_ms, sigmask);
+  if (r < 0) return r;
+  for (const pollfd& q : p) {
+    if (q.revents & POLLNVAL) {
+      errno = EBADF;
+      return -1;
+    }
+  }
+  if (rd) FD_ZERO(rd);
+  if (wr) FD_ZERO(wr);
+  if (ex) FD_ZERO(ex);
+  int count = 0;
+  for (const pollfd& q : p) {
+    // As the kernel does: errors and hang-ups make an fd readable/writable.
+    if (rd && (q.events & POLLIN) && (q.revents & (POLLIN | POLLHUP | POLLERR))) FD_SET(q.fd, rd), ++count;
+    if (wr && (q.events & POLLOUT) && (q.revents & (POLLOUT | POLLERR))) FD_SET(q.fd, wr), ++count;
+    if (ex && (q.events & POLLPRI) && (q.revents & POLLPRI)) FD_SET(q.fd, ex), ++count;
+  }
+  return count;
+}
+
+// ---- epoll ------------------------------------------------------------------
+
+namespace {
+
+// data.u64 values we use for our own fds in an application's epoll set.
+constexpr uint64_t kWakeMarker = 0x7653776b6d61726bull;     // "vSwkmark"
+constexpr uint64_t kSessionMarker = 0x7653736573736e6dull;  // "vSsessnm"
+
+struct EpEntry {
+  uint32_t events = 0;
+  epoll_data_t data{};
+  std::shared_ptr<Conn> conn;
+  bool in_kernel = true;   // registered with the real epoll set
+  uint32_t last_gen = ~0u; // edge-triggered: last change reported
+  bool disarmed = false;   // EPOLLONESHOT fired
+};
+
+struct EpSet {
+  std::mutex mu;
+  std::unordered_map<int, EpEntry> entries;
+  int wake_efd = -1;
+  Session* session = nullptr;  // once an entry has one
+};
+
+std::mutex g_ep_mu;
+std::unordered_map<int, std::shared_ptr<EpSet>> g_sets;
+
+std::shared_ptr<EpSet> FindSet(int epfd, bool create) {
+  std::lock_guard<std::mutex> lock(g_ep_mu);
+  auto it = g_sets.find(epfd);
+  if (it != g_sets.end()) return it->second;
+  if (!create) return nullptr;
+  auto set = std::make_shared<EpSet>();
+  set->wake_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kWakeMarker;
+  Libc().epoll_ctl(epfd, EPOLL_CTL_ADD, set->wake_efd, &ev);
+  g_sets[epfd] = set;
+  return set;
+}
+
+// Requires set.mu. Moves upgraded connections out of the kernel set and
+// hooks the session's wake-ups in.
+void Refresh(int epfd, EpSet& set) {
+  for (auto& [fd, e] : set.entries) {
+    if (e.in_kernel && Readiness(fd, *e.conn) != -1) {
+      Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
+      e.in_kernel = false;
+    }
+    if (set.session == nullptr && e.conn->session != nullptr && !e.in_kernel) {
+      set.session = e.conn->session;
+      set.session->AddWaiter(set.wake_efd);
+      epoll_event ev{};
+      ev.events = EPOLLIN | EPOLLET;
+      ev.data.u64 = kSessionMarker;
+      Libc().epoll_ctl(epfd, EPOLL_CTL_ADD, set.session->event_fd(), &ev);
+    }
+  }
+}
+
+// Requires set.mu. Appends ready emulated entries.
+int Collect(EpSet& set, epoll_event* out, int max) {
+  int n = 0;
+  for (auto& [fd, e] : set.entries) {
+    if (n >= max) break;
+    if (e.in_kernel || e.disarmed) continue;
+    int r = Readiness(fd, *e.conn);
+    if (r < 0) continue;
+    uint32_t mask = static_cast<uint32_t>(r) & (e.events | EPOLLERR | EPOLLHUP);
+    if (mask == 0) continue;
+    if (e.events & EPOLLET) {
+      uint32_t gen = e.conn->gen.load(std::memory_order_acquire);
+      if (gen == e.last_gen) continue;
+      e.last_gen = gen;
+    }
+    if (e.events & EPOLLONESHOT) e.disarmed = true;
+    out[n].events = mask;
+    out[n].data = e.data;
+    ++n;
+  }
+  return n;
+}
+
+// Drops our marker events from a real epoll result; returns the kept count.
+int Filter(EpSet& set, epoll_event* ev, int n, bool* session_event) {
+  int kept = 0;
+  for (int i = 0; i < n; ++i) {
+    if (ev[i].data.u64 == kWakeMarker) {
+      uint64_t v;
+      (void)!Libc().read(set.wake_efd, &v, sizeof(v));
+      continue;
+    }
+    if (ev[i].data.u64 == kSessionMarker) {
+      *session_event = true;
+      continue;
+    }
+    ev[kept++] = ev[i];
+  }
+  return kept;
+}
+
+}  // namespace
+
+int EpollCtl(int epfd, int op, int fd, epoll_event* ev) {
+  auto conn = Lookup(fd);
+  if (!conn) return Libc().epoll_ctl(epfd, op, fd, ev);
+  auto set = FindSet(epfd, true);
+  std::lock_guard<std::mutex> lock(set->mu);
+  auto it = set->entries.find(fd);
+  switch (op) {
+    case EPOLL_CTL_ADD: {
+      if (it != set->entries.end()) {
+        errno = EEXIST;
+        return -1;
+      }
+      if (ev == nullptr) {
+        errno = EFAULT;
+        return -1;
+      }
+      EpEntry e{ev->events, ev->data, conn};
+      if (Libc().epoll_ctl(epfd, EPOLL_CTL_ADD, fd, ev) != 0) return -1;
+      set->entries.emplace(fd, std::move(e));
+      Refresh(epfd, *set);
+      return 0;
+    }
+    case EPOLL_CTL_MOD: {
+      if (it == set->entries.end()) {
+        errno = ENOENT;
+        return -1;
+      }
+      if (ev == nullptr) {
+        errno = EFAULT;
+        return -1;
+      }
+      if (it->second.in_kernel && Libc().epoll_ctl(epfd, EPOLL_CTL_MOD, fd, ev) != 0) return -1;
+      it->second.events = ev->events;
+      it->second.data = ev->data;
+      it->second.disarmed = false;
+      it->second.last_gen = ~0u;
+      if (!it->second.in_kernel) {
+        // Re-arming may make the fd ready at once: wake a sleeping waiter.
+        uint64_t one = 1;
+        (void)!Libc().write(set->wake_efd, &one, sizeof(one));
+      }
+      return 0;
+    }
+    case EPOLL_CTL_DEL: {
+      if (it == set->entries.end()) {
+        errno = ENOENT;
+        return -1;
+      }
+      if (it->second.in_kernel) Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
+      set->entries.erase(it);
+      return 0;
+    }
+    default:
+      errno = EINVAL;
+      return -1;
+  }
+}
+
+int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigset_t* sigmask) {
+  auto set = FindSet(epfd, false);
+  if (!set) return Libc().epoll_pwait(epfd, events, max, timeout_ms, sigmask);
+  if (max <= 0) {
+    errno = EINVAL;
+    return -1;
+  }
+  int64_t deadline = Deadline(timeout_ms);
+  int64_t spin_until = MonotonicNs() + int64_t{Config().poll_us} * 1000;
+  for (;;) {
+    int n;
+    Session* s;
+    {
+      std::lock_guard<std::mutex> lock(set->mu);
+      Refresh(epfd, *set);
+      n = Collect(*set, events, max);
+      s = set->session;
+    }
+    bool session_event = false;
+    bool spinning = n == 0 && timeout_ms != 0 && s != nullptr && MonotonicNs() < spin_until;
+    if (n < max && !spinning) {
+      int k = Libc().epoll_pwait(epfd, events + n, max - n, 0, nullptr);
+      if (k < 0) return n > 0 ? n : -1;
+      n += Filter(*set, events + n, k, &session_event);
+    }
+    if (session_event && s) s->Drain();
+    if (n > 0 || timeout_ms == 0 || (deadline >= 0 && MonotonicNs() >= deadline)) return n;
+    if (spinning) {
+      s->TryDrain();
+      __builtin_ia32_pause();
+      continue;
+    }
+    // Sleep in the real epoll_wait: our wake eventfd and the session's event
+    // fd are in the set, so ring events wake us too.
+    bool prepared = s != nullptr && s->PrepareSleep();
+    if (s != nullptr && !prepared) continue;
+    int k = Libc().epoll_pwait(epfd, events, max, RemainingMs(deadline), sigmask);
+    int saved = errno;
+    if (prepared) s->DoneSleeping();
+    if (k < 0) {
+      errno = saved;
+      return -1;
+    }
+    k = Filter(*set, events, k, &session_event);
+    if (session_event && s) s->Drain();
+    if (k > 0) {
+      std::lock_guard<std::mutex> lock(set->mu);
+      return k + Collect(*set, events + k, max - k);
+    }
+  }
+}
+
+void EpollForget(int fd) {
+  std::vector<std::shared_ptr<EpSet>> sets;
+  {
+    std::lock_guard<std::mutex> lock(g_ep_mu);
+    auto it = g_sets.find(fd);
+    if (it != g_sets.end()) {
+      auto set = it->second;
+      g_sets.erase(it);
+      if (set->session) set->session->RemoveWaiter(set->wake_efd);
+      Libc().close(set->wake_efd);
+      return;
+    }
+    for (auto& [epfd, set] : g_sets) sets.push_back(set);
+  }
+  for (auto& set : sets) {
+    std::lock_guard<std::mutex> lock(set->mu);
+    set->entries.erase(fd);
+  }
+}
+
+}  // namespace vsocket::guest

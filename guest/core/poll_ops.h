@@ -1,0 +1,22 @@
+// poll/select/epoll for a mix of kernel fds and upgraded connections, whose
+// readiness comes from their rings rather than the kernel socket. Return
+// values and errno follow the libc calls they stand for.
+#pragma once
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
+
+namespace vsocket::guest {
+
+int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask);
+int Select(int nfds, fd_set* r, fd_set* w, fd_set* e, int timeout_ms, const sigset_t* sigmask);
+
+int EpollCtl(int epfd, int op, int fd, epoll_event* ev);
+int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigset_t* sigmask);
+// fd was closed: drop it from every emulated epoll set (and the set itself
+// if fd was an epoll fd).
+void EpollForget(int fd);
+
+}  // namespace vsocket::guest

@@ -1,0 +1,418 @@
+#include "guest/core/session.h"
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "guest/core/config.h"
+#include "guest/preload/libc.h"
+
+namespace vsocket::guest {
+
+using proto::Message;
+using proto::MsgType;
+
+namespace {
+
+constexpr size_t kRequestQueue = 0;
+constexpr size_t kEventQueue = 1;
+constexpr uint16_t kQueueSize = 256;
+constexpr uint32_t kSlotBytes = 128;      // largest request: REGISTER_CONN, 88 bytes
+constexpr uint32_t kEventBufBytes = 4096;
+constexpr size_t kEventBufs = 64;
+constexpr int64_t kRetryAfterNs = 2'000'000'000;  // backend unreachable: retry later
+
+std::mutex g_init_mu;
+Session* g_session = nullptr;
+int64_t g_last_attempt_ns = 0;
+proto::Reason g_last_failure = proto::Reason::kBackendUnavailable;
+
+}  // namespace
+
+Session* Session::Get(proto::Reason* why) {
+  Session* s = __atomic_load_n(&g_session, __ATOMIC_ACQUIRE);
+  if (s != nullptr && s->alive()) return s;
+  const GuestConfig& cfg = Config();
+  if (!cfg.enabled) {
+    *why = proto::Reason::kDisabledByRule;
+    return nullptr;
+  }
+  if (cfg.socket_path.empty()) {
+    *why = proto::Reason::kBackendUnavailable;
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(g_init_mu);
+  s = g_session;
+  if (s != nullptr && s->alive()) return s;
+  int64_t now = MonotonicNs();
+  if (g_last_attempt_ns != 0 && now - g_last_attempt_ns < kRetryAfterNs) {
+    *why = g_last_failure;
+    return nullptr;
+  }
+  g_last_attempt_ns = now;
+  auto* fresh = new Session();
+  Status st = fresh->Open();
+  if (!st.ok()) {
+    VS_LOG(kInfo, "backend unavailable (%s): connections stay on kernel TCP", st.ToString().c_str());
+    // Keep the object: a half-opened frontend may hold fds the kernel still
+    // needs to release; it is small and this happens at most every 2 s.
+    g_last_failure = proto::Reason::kBackendUnavailable;
+    *why = g_last_failure;
+    return nullptr;
+  }
+  __atomic_store_n(&g_session, fresh, __ATOMIC_RELEASE);
+  return fresh;
+}
+
+void Session::ForgetAfterFork() {
+  // The child shares the parent's rings and vhost-user socket; using them
+  // would corrupt the parent's session. Leak the object, start over lazily.
+  g_session = nullptr;
+  g_last_attempt_ns = 0;
+  new (&g_init_mu) std::mutex();
+}
+
+Status Session::Open() {
+  const GuestConfig& cfg = Config();
+  vhost::FrontendOptions o;
+  o.socket_path = cfg.socket_path;
+  o.num_queues = 2;
+  o.queue_size = kQueueSize;
+  o.region_bytes = cfg.region_bytes;
+  o.timeout_ms = 2000;
+  auto fe = vhost::VhostUserFrontend::Create(o);
+  if (!fe.ok()) return fe.status();
+  fe_ = std::move(fe).value();
+  for (uint32_t i = 0; i < kQueueSize / 2; ++i) {
+    uint8_t* m = fe_->allocator().Allocate(2 * kSlotBytes);
+    if (!m) return Status(Code::kResourceExhausted, "region too small");
+    slots_.push_back(Slot{m, m + kSlotBytes});
+    free_slots_.push_back(kQueueSize / 2 - 1 - i);
+  }
+  for (size_t i = 0; i < kEventBufs; ++i) {
+    uint8_t* m = fe_->allocator().Allocate(kEventBufBytes);
+    if (!m) return Status(Code::kResourceExhausted, "region too small");
+    event_bufs_.push_back(m);
+  }
+  VS_RETURN_IF_ERROR(fe_->Connect());
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < kEventBufs; ++i) {
+    vhost::VirtqueueDriver::Buf in{Gpa(event_bufs_[i]), kEventBufBytes};
+    if (!fe_->queue(kEventQueue).Add({}, {&in, 1}, i).ok())
+      return Status(Code::kInternal, "cannot post event buffers");
+  }
+  if (fe_->queue(kEventQueue).Publish()) fe_->Kick(kEventQueue);
+  fe_->queue(kEventQueue).DisableInterrupts();
+  fe_->queue(kRequestQueue).DisableInterrupts();
+  alive_.store(true, std::memory_order_release);
+  return Status::Ok();
+}
+
+int Session::event_fd() const { return fe_->call_fd(kEventQueue); }
+int Session::request_fd() const { return fe_->call_fd(kRequestQueue); }
+
+Status Session::SubmitLocked(const Message& m, bool want_response, uint32_t* slot_out) {
+  if (!alive()) return Status(Code::kUnavailable, "backend session lost");
+  if (free_slots_.empty()) return Status(Code::kResourceExhausted, "no request slot");
+  uint32_t s = free_slots_.back();
+  Slot& slot = slots_[s];
+  auto n = proto::Encode(m, {slot.req, kSlotBytes});
+  if (!n.ok()) return n.status();
+  vhost::VirtqueueDriver::Buf out{Gpa(slot.req), static_cast<uint32_t>(*n)};
+  vhost::VirtqueueDriver::Buf in{Gpa(slot.resp), kSlotBytes};
+  auto head = fe_->queue(kRequestQueue)
+                  .Add({&out, 1}, want_response ? std::span(&in, 1) : std::span<const vhost::VirtqueueDriver::Buf>(), s);
+  if (!head.ok()) return head.status();
+  free_slots_.pop_back();
+  slot.in_flight = true;
+  slot.want_response = want_response;
+  slot.done = false;
+  if (fe_->queue(kRequestQueue).Publish()) fe_->Kick(kRequestQueue);
+  *slot_out = s;
+  return Status::Ok();
+}
+
+Status Session::Post(const Message& msg) {
+  int64_t deadline = MonotonicNs() + 3'000'000'000;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      uint32_t slot;
+      Status st = SubmitLocked(msg, false, &slot);
+      if (st.code() != Code::kResourceExhausted) return st;
+      DrainLocked();
+      st = SubmitLocked(msg, false, &slot);
+      if (st.code() != Code::kResourceExhausted) return st;
+    }
+    if (MonotonicNs() > deadline) return Status(Code::kDeadlineExceeded, "backend not answering");
+    pollfd p{request_fd(), POLLIN, 0};
+    if (PrepareSleep()) {
+      Libc().poll(&p, 1, 10);
+      DoneSleeping();
+    }
+  }
+}
+
+Status Session::Call(const Message& request, Message* response, int timeout_ms) {
+  int64_t deadline = MonotonicNs() + int64_t{timeout_ms} * 1000000;
+  uint32_t slot = 0;
+  Message req = request;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      req.request_id = next_request_id_++;
+      Status st = SubmitLocked(req, true, &slot);
+      if (st.ok()) break;
+      if (st.code() != Code::kResourceExhausted) return st;
+      DrainLocked();
+    }
+    if (MonotonicNs() > deadline) return Status(Code::kDeadlineExceeded, "backend not answering");
+    usleep(100);
+  }
+  int64_t spin_until = MonotonicNs() + int64_t{Config().poll_us} * 1000;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      DrainLocked();
+      Slot& s = slots_[slot];
+      if (s.done) {
+        s.in_flight = false;
+        free_slots_.push_back(slot);
+        auto m = proto::Decode({s.resp, s.resp_len});
+        if (!m.ok()) return m.status();
+        if (m->request_id != req.request_id)
+          return Status(Code::kDataLoss, "response does not match the request");
+        *response = *m;
+        return Status::Ok();
+      }
+      if (!alive()) return Status(Code::kUnavailable, "backend session lost");
+      if (MonotonicNs() > deadline) {
+        s.want_response = false;  // freed when it completes
+        return Status(Code::kDeadlineExceeded, "backend did not answer in time");
+      }
+    }
+    if (MonotonicNs() < spin_until) {
+      __builtin_ia32_pause();
+      continue;
+    }
+    if (PrepareSleep()) {
+      pollfd p[2] = {{request_fd(), POLLIN, 0}, {fe_->socket_fd(), POLLIN, 0}};
+      Libc().poll(p, 2, 5);
+      DoneSleeping();
+      if (p[1].revents) {
+        std::lock_guard<std::mutex> lock(mu_);
+        BackendLost();
+      }
+    }
+  }
+}
+
+bool Session::Drain() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return DrainLocked();
+}
+
+bool Session::TryDrain() {
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  return lock.owns_lock() && DrainLocked();
+}
+
+bool Session::DrainLocked() {
+  if (!alive()) return false;
+  bool changed = false;
+  vhost::VirtqueueDriver& rq = fe_->queue(kRequestQueue);
+  while (auto u = rq.PopUsed()) {
+    Slot& s = slots_[u->cookie];
+    if (s.want_response) {
+      s.done = true;
+      s.resp_len = u->len;
+    } else {
+      s.in_flight = false;
+      free_slots_.push_back(static_cast<uint32_t>(u->cookie));
+    }
+  }
+  vhost::VirtqueueDriver& eq = fe_->queue(kEventQueue);
+  bool reposted = false;
+  while (auto u = eq.PopUsed()) {
+    const uint8_t* buf = event_bufs_[u->cookie];
+    size_t off = 0;
+    while (off < u->len) {
+      size_t consumed = 0;
+      auto m = proto::Decode({buf + off, u->len - off}, &consumed);
+      if (!m.ok()) {
+        VS_LOG(kWarn, "bad event from backend: %s", m.status().ToString().c_str());
+        break;  // rest of this buffer is untrustworthy
+      }
+      Dispatch(*m);
+      off += consumed;
+      changed = true;
+    }
+    vhost::VirtqueueDriver::Buf in{Gpa(event_bufs_[u->cookie]), kEventBufBytes};
+    (void)eq.Add({}, {&in, 1}, u->cookie);
+    reposted = true;
+  }
+  if (reposted && eq.Publish()) fe_->Kick(kEventQueue);
+  if (rq.broken() || eq.broken()) {
+    VS_LOG(kError, "backend broke the virtqueue protocol: %s%s", rq.broken_reason(), eq.broken_reason());
+    BackendLost();
+    changed = true;
+  }
+  if (changed) NotifyWaitersLocked();
+  if (sleepers_ > 0) {
+    eq.EnableInterrupts();
+    rq.EnableInterrupts();
+  }
+  return changed;
+}
+
+void Session::Dispatch(const Message& m) {
+  uint64_t conn_id = 0;
+  if (auto* c = std::get_if<proto::ConnCounter>(&m.body)) conn_id = c->conn_id;
+  else if (auto* u = std::get_if<proto::Upgrade>(&m.body)) conn_id = u->conn_id;
+  else if (auto* s = std::get_if<proto::Shutdown>(&m.body)) conn_id = s->conn_id;
+  else if (auto* d = std::get_if<proto::Downgrade>(&m.body)) conn_id = d->conn_id;
+  else if (auto* e = std::get_if<proto::Error>(&m.body)) conn_id = e->conn_id;
+  auto it = conns_.find(conn_id);
+  if (it == conns_.end()) return;  // closed meanwhile
+  Conn& c = *it->second;
+  switch (m.type) {
+    case MsgType::kUpgrade:
+      if (c.mode.load() == Mode::kPending) {
+        c.upgraded.store(true, std::memory_order_release);
+        c.reason.store(proto::Reason::kNone);
+        c.mode.store(Mode::kAccel, std::memory_order_release);
+      }
+      break;
+    case MsgType::kFence:
+      c.peer_fence.store(std::get<proto::ConnCounter>(m.body).bytes, std::memory_order_relaxed);
+      c.peer_fence_known.store(true, std::memory_order_release);
+      break;
+    case MsgType::kRxTail: {
+      uint64_t v = std::get<proto::ConnCounter>(m.body).bytes;
+      if (v > c.rx_tail.load(std::memory_order_relaxed)) c.rx_tail.store(v, std::memory_order_release);
+      break;
+    }
+    case MsgType::kCredit: {
+      uint64_t v = std::get<proto::ConnCounter>(m.body).bytes;
+      if (v > c.credit.load(std::memory_order_relaxed)) c.credit.store(v, std::memory_order_release);
+      break;
+    }
+    case MsgType::kShutdown:
+      if (std::get<proto::Shutdown>(m.body).how == proto::ShutdownHow::kWrite)
+        c.peer_shut_wr.store(true, std::memory_order_release);
+      else
+        c.peer_gone.store(true, std::memory_order_release);
+      break;
+    case MsgType::kDowngrade: {
+      auto reason = std::get<proto::Downgrade>(m.body).reason;
+      c.reason.store(reason);
+      if (c.upgraded.load()) {
+        c.reset.store(true, std::memory_order_release);  // no RESYNC yet: see docs
+      } else {
+        c.mode.store(Mode::kKernel, std::memory_order_release);
+      }
+      break;
+    }
+    case MsgType::kError:
+      c.reset.store(true, std::memory_order_release);
+      break;
+    default:
+      break;
+  }
+  c.gen.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void Session::NotifyWaitersLocked() {
+  uint64_t one = 1;
+  for (int efd : waiters_) (void)!Libc().write(efd, &one, sizeof(one));
+}
+
+void Session::AddWaiter(int efd) {
+  std::lock_guard<std::mutex> lock(mu_);
+  waiters_.push_back(efd);
+}
+
+void Session::RemoveWaiter(int efd) {
+  std::lock_guard<std::mutex> lock(mu_);
+  waiters_.erase(std::remove(waiters_.begin(), waiters_.end(), efd), waiters_.end());
+}
+
+bool Session::PrepareSleep() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!alive()) return false;
+  ++sleepers_;
+  bool pending = fe_->queue(kEventQueue).EnableInterrupts();
+  pending |= fe_->queue(kRequestQueue).EnableInterrupts();
+  if (pending) {
+    --sleepers_;
+    DrainLocked();
+    return false;
+  }
+  return true;
+}
+
+void Session::DoneSleeping() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--sleepers_ == 0 && alive()) {
+    fe_->queue(kEventQueue).DisableInterrupts();
+    fe_->queue(kRequestQueue).DisableInterrupts();
+  }
+  uint64_t v;
+  (void)!Libc().read(event_fd(), &v, sizeof(v));
+  (void)!Libc().read(request_fd(), &v, sizeof(v));
+}
+
+Status Session::AllocRings(Conn& c, uint32_t ring_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint8_t* tx = fe_->allocator().Allocate(ring_bytes, 64);
+  uint8_t* rx = tx ? fe_->allocator().Allocate(ring_bytes, 64) : nullptr;
+  if (rx == nullptr) {
+    fe_->allocator().Free(tx);
+    return Status(Code::kResourceExhausted, "shared region full");
+  }
+  c.tx = tx;
+  c.rx = rx;
+  c.ring_size = ring_bytes;
+  return Status::Ok();
+}
+
+void Session::FreeRings(Conn& c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fe_->allocator().Free(c.tx);
+  fe_->allocator().Free(c.rx);
+  c.tx = c.rx = nullptr;
+}
+
+void Session::Track(const std::shared_ptr<Conn>& c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  conns_[c->id] = c;
+}
+
+void Session::Untrack(uint64_t conn_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  conns_.erase(conn_id);
+}
+
+// Requires mu_.
+void Session::BackendLost() {
+  if (!alive_.exchange(false)) return;
+  VS_LOG(kWarn, "lost the backend session: accelerated connections are reset, others stay on kernel TCP");
+  for (auto& [id, c] : conns_) {
+    if (c->upgraded.load()) {
+      c->reset.store(true);
+    } else {
+      c->mode.store(Mode::kKernel);
+    }
+    c->reason.store(proto::Reason::kBackendUnavailable);
+    c->gen.fetch_add(1);
+  }
+  NotifyWaitersLocked();
+  std::lock_guard<std::mutex> lock(g_init_mu);
+  g_last_attempt_ns = MonotonicNs();
+}
+
+}  // namespace vsocket::guest

@@ -1,0 +1,90 @@
+// The process's session with vsocketd: a vhost-user device (our frontend)
+// with a request queue and an event queue, shared by every thread.
+//
+// Requests with responses (REGISTER_CONN, UNREGISTER) use Call(); the
+// counters of the data path (FENCE, TX_TAIL, CONSUMED, SHUTDOWN) are posted
+// fire-and-forget. Events (UPGRADE, RX_TAIL, CREDIT, ...) are drained by
+// whichever thread is in the library, and every sleeping thread is woken
+// when something changed (Waiters).
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "base/status.h"
+#include "guest/core/conn.h"
+#include "proto/control.h"
+#include "vhost/user/frontend.h"
+
+namespace vsocket::guest {
+
+class Session {
+ public:
+  // The session, connecting on first use; nullptr if acceleration is off or
+  // the backend is unreachable (then `*why` says which).
+  static Session* Get(proto::Reason* why);
+  // After fork(), in the child: the parent's session is not ours to use.
+  static void ForgetAfterFork();
+
+  Status Call(const proto::Message& request, proto::Message* response, int timeout_ms = 3000);
+  // Fire-and-forget; waits only if every request slot is in flight.
+  Status Post(const proto::Message& msg);
+
+  // Byte rings for one connection (two of ring_bytes each).
+  Status AllocRings(Conn& c, uint32_t ring_bytes);
+  void FreeRings(Conn& c);
+  uint64_t Gpa(const void* p) const { return reinterpret_cast<uint64_t>(p); }
+
+  void Track(const std::shared_ptr<Conn>& c);
+  void Untrack(uint64_t conn_id);
+
+  // Drains both queues and dispatches events. Non-blocking; returns true if
+  // anything changed.
+  bool Drain();
+  bool TryDrain();
+
+  // Sleep support: a waiter is an eventfd written whenever an event was
+  // dispatched. Prepare() enables interrupts and returns false if there is
+  // already work (drain and re-check instead of sleeping).
+  void AddWaiter(int efd);
+  void RemoveWaiter(int efd);
+  bool PrepareSleep();
+  void DoneSleeping();
+  int event_fd() const;    // call eventfd of the event queue
+  int request_fd() const;  // call eventfd of the request queue
+  bool alive() const { return alive_.load(std::memory_order_acquire); }
+
+ private:
+  Session() = default;
+  Status Open();
+  bool DrainLocked();
+  void Dispatch(const proto::Message& m);
+  void NotifyWaitersLocked();
+  void RepostEventBuffersLocked();
+  Status SubmitLocked(const proto::Message& m, bool want_response, uint32_t* slot);
+  void BackendLost();
+
+  struct Slot {
+    uint8_t* req;
+    uint8_t* resp;
+    bool in_flight = false;
+    bool want_response = false;
+    bool done = false;
+    uint32_t resp_len = 0;
+  };
+
+  std::mutex mu_;
+  std::unique_ptr<vhost::VhostUserFrontend> fe_;
+  std::vector<Slot> slots_;
+  std::vector<uint32_t> free_slots_;
+  std::vector<uint8_t*> event_bufs_;
+  std::unordered_map<uint64_t, std::shared_ptr<Conn>> conns_;
+  std::vector<int> waiters_;
+  int sleepers_ = 0;
+  std::atomic<bool> alive_{false};
+  uint64_t next_request_id_ = 1;
+};
+
+}  // namespace vsocket::guest

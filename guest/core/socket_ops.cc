@@ -1,0 +1,597 @@
+#include "guest/core/socket_ops.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "guest/core/config.h"
+#include "guest/core/session.h"
+#include "guest/preload/libc.h"
+
+namespace vsocket::guest {
+
+using proto::Message;
+using proto::MsgType;
+using proto::Reason;
+
+const char* ToString(Mode m) {
+  switch (m) {
+    case Mode::kUnprobed: return "unprobed";
+    case Mode::kKernel: return "kernel";
+    case Mode::kPending: return "kernel-pending";
+    case Mode::kAccel: return "accelerated";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr int kMaxFds = 1 << 16;
+
+std::mutex g_fd_mu;
+std::shared_ptr<Conn> g_fds[kMaxFds];
+std::atomic<bool> g_has[kMaxFds];
+std::atomic<uint64_t> g_next_conn_id{1};
+
+Status Errno(int e, const char* what) { return Status(Code::kInternal, what, e); }
+
+// ---- registration ---------------------------------------------------------
+
+bool ToEndpoint(const sockaddr_storage& ss, proto::Endpoint* e) {
+  if (ss.ss_family == AF_INET) {
+    auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    e->family = proto::Family::kIpv4;
+    e->addr = {};
+    std::memcpy(e->addr.data(), &a->sin_addr, 4);
+    e->port = ntohs(a->sin_port);
+    return true;
+  }
+  if (ss.ss_family == AF_INET6) {
+    auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    e->family = proto::Family::kIpv6;
+    std::memcpy(e->addr.data(), &a->sin6_addr, 16);
+    e->port = ntohs(a->sin6_port);
+    return true;
+  }
+  return false;
+}
+
+void SetKernelForGood(Conn& c, Reason r) {
+  c.reason.store(r);
+  c.mode.store(Mode::kKernel, std::memory_order_release);
+}
+
+// Registers an established connection with the backend, once, at its first
+// I/O (so a connection accepted by a parent and used by a forked child is
+// registered by the child). Data keeps flowing on kernel TCP meanwhile.
+void EnsureRegistered(int fd, Conn& c) {
+  if (c.mode.load(std::memory_order_acquire) != Mode::kUnprobed) return;
+  std::lock_guard<std::mutex> lock(c.setup_mu);
+  if (c.mode.load() != Mode::kUnprobed) return;
+  if (!c.eligible) return SetKernelForGood(c, Reason::kInherited);
+  sockaddr_storage local{}, peer{};
+  socklen_t ll = sizeof(local), pl = sizeof(peer);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) return;  // not connected yet
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
+      !ToEndpoint(local, &c.local) || !ToEndpoint(peer, &c.peer))
+    return SetKernelForGood(c, Reason::kUnsupportedFamily);
+  Reason why = Reason::kBackendUnavailable;
+  Session* s = Session::Get(&why);
+  if (s == nullptr) return SetKernelForGood(c, why);
+  if (!s->AllocRings(c, Config().ring_bytes).ok()) return SetKernelForGood(c, Reason::kResourceLimit);
+  c.id = g_next_conn_id.fetch_add(1);
+  c.session = s;
+  c.registered_ns = MonotonicNs();
+  std::shared_ptr<Conn> self = Lookup(fd);
+  // Tracked and pending before the request: the UPGRADE can race the ack.
+  s->Track(self);
+  c.mode.store(Mode::kPending, std::memory_order_release);
+  proto::RegisterConn r{c.id, c.role, c.local, c.peer, s->Gpa(c.tx), s->Gpa(c.rx), c.ring_size, c.ring_size};
+  Message resp;
+  Status st = s->Call({MsgType::kRegisterConn, 0, r}, &resp);
+  const auto* ack = std::get_if<proto::RegisterAck>(&resp.body);
+  if (!st.ok() || ack == nullptr || ack->status != proto::WireError::kOk) {
+    Reason reason = !st.ok() || ack == nullptr ? Reason::kBackendUnavailable : ack->reason;
+    VS_LOG(kInfo, "registration refused (%s): stays on kernel TCP",
+           st.ok() ? proto::ToString(reason) : st.ToString().c_str());
+    s->Untrack(c.id);
+    s->FreeRings(c);
+    c.session = nullptr;
+    // An UPGRADE cannot have been sent for a refused registration.
+    SetKernelForGood(c, reason);
+  }
+}
+
+// ---- waiting ----------------------------------------------------------------
+
+struct ThreadWaiter {
+  int efd = -1;
+  ThreadWaiter() { efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
+  ~ThreadWaiter() {
+    if (efd >= 0) Libc().close(efd);
+  }
+};
+
+}  // namespace
+
+int ThreadWaiterFd() {
+  thread_local ThreadWaiter w;
+  return w.efd;
+}
+
+namespace {
+
+// Blocks until ready() (checked after every change), polling briefly first.
+// kernel_fd/kernel_events: also wake when the kernel socket is ready.
+template <typename Ready>
+Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events = 0) {
+  Session* s = c.session;
+  if (s == nullptr) return Status(Code::kUnavailable, "no backend session", ECONNRESET);
+  int64_t spin_until = MonotonicNs() + int64_t{Config().poll_us} * 1000;
+  while (MonotonicNs() < spin_until) {
+    if (ready()) return Status::Ok();
+    s->TryDrain();
+    __builtin_ia32_pause();
+  }
+  int efd = ThreadWaiterFd();
+  s->AddWaiter(efd);
+  Status result;
+  for (;;) {
+    if (ready()) break;
+    if (!s->alive()) {
+      result = Status(Code::kUnavailable, "backend session lost", ECONNRESET);
+      break;
+    }
+    if (!s->PrepareSleep()) continue;  // work arrived: re-check
+    pollfd p[4] = {{efd, POLLIN, 0}, {s->event_fd(), POLLIN, 0}, {s->request_fd(), POLLIN, 0},
+                   {kernel_fd, kernel_events, 0}};
+    int r = Libc().poll(p, kernel_fd >= 0 ? 4 : 3, 1000);
+    s->DoneSleeping();
+    uint64_t v;
+    (void)!Libc().read(efd, &v, sizeof(v));
+    if (r > 0 && (p[1].revents || p[2].revents)) s->Drain();
+  }
+  s->RemoveWaiter(efd);
+  return result;
+}
+
+// ---- ring copies ------------------------------------------------------------
+
+// Copies n bytes from iov (starting `skip` bytes in) into the ring at pos.
+void IovToRing(uint8_t* ring, uint32_t size, uint64_t pos, const iovec* iov, int iovcnt,
+               size_t skip, size_t n) {
+  for (int i = 0; i < iovcnt && n > 0; ++i) {
+    if (skip >= iov[i].iov_len) {
+      skip -= iov[i].iov_len;
+      continue;
+    }
+    const uint8_t* src = static_cast<const uint8_t*>(iov[i].iov_base) + skip;
+    size_t len = std::min(iov[i].iov_len - skip, n);
+    skip = 0;
+    while (len > 0) {
+      uint32_t off = static_cast<uint32_t>(pos & (size - 1));
+      size_t chunk = std::min<size_t>(len, size - off);
+      std::memcpy(ring + off, src, chunk);
+      pos += chunk;
+      src += chunk;
+      len -= chunk;
+      n -= chunk;
+    }
+  }
+}
+
+void RingToIov(const uint8_t* ring, uint32_t size, uint64_t pos, const iovec* iov, int iovcnt,
+               size_t skip, size_t n) {
+  for (int i = 0; i < iovcnt && n > 0; ++i) {
+    if (skip >= iov[i].iov_len) {
+      skip -= iov[i].iov_len;
+      continue;
+    }
+    uint8_t* dst = static_cast<uint8_t*>(iov[i].iov_base) + skip;
+    size_t len = std::min(iov[i].iov_len - skip, n);
+    skip = 0;
+    while (len > 0) {
+      uint32_t off = static_cast<uint32_t>(pos & (size - 1));
+      size_t chunk = std::min<size_t>(len, size - off);
+      std::memcpy(dst, ring + off, chunk);
+      pos += chunk;
+      dst += chunk;
+      len -= chunk;
+      n -= chunk;
+    }
+  }
+}
+
+size_t IovLen(const iovec* iov, int iovcnt) {
+  size_t n = 0;
+  for (int i = 0; i < iovcnt; ++i) n += iov[i].iov_len;
+  return n;
+}
+
+void Reset(Conn& c, Reason r) {
+  c.reason.store(r);
+  c.reset.store(true, std::memory_order_release);
+}
+
+bool IsRegistered(const Conn& c) {
+  Mode m = c.mode.load(std::memory_order_acquire);
+  return m == Mode::kPending || m == Mode::kAccel;
+}
+
+void Teardown(Conn& c) {
+  std::lock_guard<std::mutex> lock(c.setup_mu);
+  Report(c, "close");
+  if (!IsRegistered(c) || c.session == nullptr) return;
+  Session* s = c.session;
+  if (s->alive()) {
+    Message resp;
+    // After the ack the backend no longer reads our rings (it kept any
+    // bytes not yet delivered), so they can be reused.
+    Status st = s->Call({MsgType::kUnregister, 0, proto::Unregister{c.id}}, &resp);
+    if (!st.ok()) VS_LOG(kWarn, "unregister: %s", st.ToString().c_str());
+    s->Untrack(c.id);
+    if (st.ok()) s->FreeRings(c);
+  }
+  c.session = nullptr;
+  c.mode.store(Mode::kKernel);
+}
+
+}  // namespace
+
+// ---- fd table ---------------------------------------------------------------
+
+std::shared_ptr<Conn> Lookup(int fd) {
+  if (fd < 0 || fd >= kMaxFds || !g_has[fd].load(std::memory_order_acquire)) return nullptr;
+  std::lock_guard<std::mutex> lock(g_fd_mu);
+  return g_fds[fd];
+}
+
+void Adopt(int fd, bool nonblocking, bool accepted) {
+  if (fd < 0 || fd >= kMaxFds) return;
+  auto c = std::make_shared<Conn>();
+  c->role = accepted ? proto::Role::kServer : proto::Role::kClient;
+  c->eligible = true;
+  c->nonblocking.store(nonblocking);
+  c->fd_refs.store(1);
+  std::lock_guard<std::mutex> lock(g_fd_mu);
+  g_fds[fd] = std::move(c);
+  g_has[fd].store(true, std::memory_order_release);
+}
+
+void Duplicate(int fd1, int fd2) {
+  if (fd2 < 0 || fd2 >= kMaxFds) return;
+  std::shared_ptr<Conn> c = Lookup(fd1);
+  Forget(fd2);  // dup2 onto an open fd closes it first
+  if (!c) return;
+  c->fd_refs.fetch_add(1);
+  std::lock_guard<std::mutex> lock(g_fd_mu);
+  g_fds[fd2] = std::move(c);
+  g_has[fd2].store(true, std::memory_order_release);
+}
+
+void Forget(int fd) {
+  if (fd < 0 || fd >= kMaxFds || !g_has[fd].load()) return;
+  std::shared_ptr<Conn> c;
+  {
+    std::lock_guard<std::mutex> lock(g_fd_mu);
+    c = std::move(g_fds[fd]);
+    g_has[fd].store(false, std::memory_order_release);
+  }
+  if (c && c->fd_refs.fetch_sub(1) == 1) Teardown(*c);
+}
+
+void AfterForkInChild() {
+  Session::ForgetAfterFork();
+  new (&g_fd_mu) std::mutex();
+  for (int fd = 0; fd < kMaxFds; ++fd) {
+    if (!g_has[fd].load()) continue;
+    Conn& c = *g_fds[fd];
+    if (!IsRegistered(c)) continue;
+    // The parent's session owns this registration. A connection that never
+    // upgraded is still exact on kernel TCP; an upgraded one is not.
+    c.session = nullptr;
+    if (c.upgraded.load()) {
+      Reset(c, Reason::kForked);
+    } else {
+      SetKernelForGood(c, Reason::kForked);
+    }
+  }
+}
+
+// ---- data path --------------------------------------------------------------
+
+Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
+  EnsureRegistered(fd, c);
+  std::unique_lock<std::mutex> lock(c.tx_mu);
+  if (c.reset.load()) return Errno(ECONNRESET, "connection reset");
+  if (c.mode.load(std::memory_order_acquire) == Mode::kAccel && !c.tx_switched.load()) {
+    // Switch-over: from here on this direction uses the ring; the peer reads
+    // exactly kernel_sent bytes from its kernel socket first.
+    Status st = c.session->Post({MsgType::kFence, 0, proto::ConnCounter{c.id, c.kernel_sent.load()}});
+    if (!st.ok()) {
+      Reset(c, Reason::kBackendUnavailable);
+      return Errno(ECONNRESET, "connection reset");
+    }
+    c.tx_switched.store(true, std::memory_order_release);
+  }
+  if (!c.tx_switched.load()) {
+    msghdr mh{};
+    mh.msg_iov = const_cast<iovec*>(iov);
+    mh.msg_iovlen = static_cast<size_t>(iovcnt);
+    ssize_t n = Libc().sendmsg(fd, &mh, flags);
+    if (n < 0) return Errno(errno, "sendmsg");
+    c.kernel_sent.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+    return static_cast<size_t>(n);
+  }
+  size_t total = IovLen(iov, iovcnt);
+  if (c.shut_wr.load()) {
+    if (!(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
+    return Errno(EPIPE, "shut down for writing");
+  }
+  bool nonblock = c.nonblocking.load() || (flags & MSG_DONTWAIT);
+  size_t sent = 0;
+  const uint32_t size = c.ring_size;
+  while (sent < total) {
+    if (c.reset.load()) return sent ? Result<size_t>(sent) : Errno(ECONNRESET, "connection reset");
+    if (c.peer_gone.load(std::memory_order_acquire)) {
+      if (sent) return sent;
+      if (!(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
+      return Errno(EPIPE, "peer closed");
+    }
+    uint64_t tail = c.tx_tail.load(std::memory_order_relaxed);
+    uint64_t credit = c.credit.load(std::memory_order_acquire);
+    if (credit > tail) {
+      Reset(c, Reason::kProtocolError);
+      return Errno(EPROTO, "credit beyond what was sent");
+    }
+    uint64_t space = size - (tail - credit);
+    if (space == 0) {
+      if (nonblock) return sent ? Result<size_t>(sent) : Errno(EAGAIN, "ring full");
+      Status st = WaitUntil(c, [&] {
+        return c.credit.load(std::memory_order_acquire) != credit || c.reset.load() || c.peer_gone.load();
+      });
+      if (!st.ok()) return st;
+      continue;
+    }
+    size_t n = std::min<uint64_t>(space, total - sent);
+    IovToRing(c.tx, size, tail, iov, iovcnt, sent, n);
+    // Release: the ring bytes are written before the tail is published.
+    c.tx_tail.store(tail + n, std::memory_order_release);
+    Status st = c.session->Post({MsgType::kTxTail, 0, proto::ConnCounter{c.id, tail + n}});
+    if (!st.ok()) {
+      Reset(c, Reason::kBackendUnavailable);
+      return sent ? Result<size_t>(sent) : Errno(ECONNRESET, "connection reset");
+    }
+    c.accel_tx.fetch_add(n, std::memory_order_relaxed);
+    sent += n;
+  }
+  return sent;
+}
+
+Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
+  EnsureRegistered(fd, c);
+  Mode mode = c.mode.load(std::memory_order_acquire);
+  if (mode == Mode::kKernel || mode == Mode::kUnprobed) {
+    // Not registered: the kernel socket alone, exactly as without us.
+    msghdr mh{};
+    mh.msg_iov = const_cast<iovec*>(iov);
+    mh.msg_iovlen = static_cast<size_t>(iovcnt);
+    std::lock_guard<std::mutex> lock(c.rx_mu);
+    ssize_t n = Libc().recvmsg(fd, &mh, flags);
+    if (n < 0) return Errno(errno, "recvmsg");
+    if (!(flags & MSG_PEEK)) c.kernel_received.fetch_add(static_cast<uint64_t>(n));
+    return static_cast<size_t>(n);
+  }
+  std::unique_lock<std::mutex> lock(c.rx_mu);
+  size_t want = IovLen(iov, iovcnt);
+  if (want == 0) return size_t{0};
+  bool nonblock = c.nonblocking.load() || (flags & MSG_DONTWAIT);
+  bool peek = flags & MSG_PEEK;
+  bool waitall = (flags & MSG_WAITALL) && !peek && !nonblock;
+  size_t got = 0;
+  for (;;) {
+    if (c.reset.load()) return got ? Result<size_t>(got) : Errno(ECONNRESET, "connection reset");
+    if (c.shut_rd.load()) return got;
+    if (!c.rx_switched.load()) {
+      bool upgraded = c.mode.load(std::memory_order_acquire) == Mode::kAccel;
+      bool fence_known = c.peer_fence_known.load(std::memory_order_acquire);
+      uint64_t limit = want - got;
+      if (upgraded && fence_known) {
+        uint64_t fence = c.peer_fence.load(std::memory_order_relaxed);
+        uint64_t rcvd = c.kernel_received.load();
+        if (rcvd > fence) {
+          Reset(c, Reason::kProtocolError);
+          return Errno(EPROTO, "peer fence behind bytes received");
+        }
+        if (rcvd == fence) {
+          c.rx_switched.store(true, std::memory_order_release);
+          continue;
+        }
+        limit = std::min<uint64_t>(limit, fence - rcvd);
+      }
+      // Never block inside the kernel here: the peer may switch to the ring
+      // at any moment, and only our own wait sees both.
+      iovec part[64];
+      int np = 0;
+      size_t skip = got, left = limit;
+      for (int i = 0; i < iovcnt && left > 0 && np < 64; ++i) {
+        if (skip >= iov[i].iov_len) {
+          skip -= iov[i].iov_len;
+          continue;
+        }
+        size_t len = std::min(iov[i].iov_len - skip, left);
+        part[np++] = {static_cast<uint8_t*>(iov[i].iov_base) + skip, len};
+        left -= len;
+        skip = 0;
+      }
+      msghdr mh{};
+      mh.msg_iov = part;
+      mh.msg_iovlen = static_cast<size_t>(np);
+      ssize_t n = Libc().recvmsg(fd, &mh, (flags & MSG_PEEK) | MSG_DONTWAIT);
+      if (n > 0) {
+        if (!peek) c.kernel_received.fetch_add(static_cast<uint64_t>(n));
+        got += static_cast<size_t>(n);
+        if (!waitall || got == want) return got;
+        continue;
+      }
+      bool kernel_eof = false;
+      if (n == 0) {
+        if (!upgraded) return got;  // plain kernel EOF
+        if (fence_known) {
+          Reset(c, Reason::kProtocolError);
+          return got ? Result<size_t>(got) : Errno(EPROTO, "kernel stream ended before the fence");
+        }
+        if (c.peer_shut_wr.load()) return got;  // peer closed without switching: final
+        // The peer upgraded: its FENCE or its orderly shutdown is on the way.
+        kernel_eof = true;
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        if (got) return got;
+        return Errno(errno, "recvmsg");
+      }
+      if (got && !waitall) return got;
+      if (nonblock) return got ? Result<size_t>(got) : Errno(EAGAIN, "no data");
+      uint32_t gen = c.gen.load(std::memory_order_acquire);
+      Status st = WaitUntil(c, [&] {
+        if (c.gen.load(std::memory_order_acquire) != gen || c.reset.load()) return true;
+        if (kernel_eof) return false;
+        pollfd p{fd, POLLIN, 0};
+        return Libc().poll(&p, 1, 0) > 0;
+      }, kernel_eof ? -1 : fd, POLLIN);
+      if (!st.ok()) return got ? Result<size_t>(got) : Result<size_t>(st);
+      continue;
+    }
+    // Accelerated receive.
+    const uint32_t size = c.ring_size;
+    uint64_t head = c.rx_head.load(std::memory_order_relaxed);
+    bool shut = c.peer_shut_wr.load(std::memory_order_acquire);
+    // Acquire pairs with the dispatcher's release of rx_tail, which follows
+    // the backend's copy into the ring (ordered by the event queue).
+    uint64_t tail = c.rx_tail.load(std::memory_order_acquire);
+    if (tail - head > size) {
+      Reset(c, Reason::kProtocolError);
+      return Errno(EPROTO, "peer claims more bytes than the ring holds");
+    }
+    if (tail > head) {
+      size_t n = std::min<uint64_t>(tail - head, want - got);
+      RingToIov(c.rx, size, head, iov, iovcnt, got, n);
+      if (peek) return got + n;
+      head += n;
+      c.rx_head.store(head, std::memory_order_release);
+      c.accel_rx.fetch_add(n, std::memory_order_relaxed);
+      got += n;
+      // Return credit in quarters of the ring, and whenever we caught up, so
+      // a sender waiting for space always hears of it.
+      if (head - c.consumed_reported >= size / 4 || head == tail) {
+        c.consumed_reported = head;
+        (void)c.session->Post({MsgType::kConsumed, 0, proto::ConnCounter{c.id, head}});
+      }
+      if (!waitall || got == want) return got;
+      continue;
+    }
+    if (shut) return got;  // EOF: every byte before it was delivered
+    if (got && !waitall) return got;
+    if (nonblock) return got ? Result<size_t>(got) : Errno(EAGAIN, "no data");
+    Status st = WaitUntil(c, [&] {
+      return c.rx_tail.load(std::memory_order_acquire) != tail || c.peer_shut_wr.load() ||
+             c.reset.load() || c.shut_rd.load();
+    });
+    if (!st.ok()) return got ? Result<size_t>(got) : Result<size_t>(st);
+  }
+}
+
+Status Shutdown(int fd, Conn& c, int how) {
+  if (IsRegistered(c) && c.session != nullptr && (how == SHUT_WR || how == SHUT_RDWR)) {
+    std::lock_guard<std::mutex> lock(c.tx_mu);
+    if (!c.shut_wr.exchange(true))
+      (void)c.session->Post({MsgType::kShutdown, 0, proto::Shutdown{c.id, proto::ShutdownHow::kWrite}});
+  }
+  if (how == SHUT_RD || how == SHUT_RDWR) c.shut_rd.store(true);
+  if (how == SHUT_WR || how == SHUT_RDWR) c.shut_wr.store(true);
+  if (Libc().shutdown(fd, how) != 0) return Errno(errno, "shutdown");
+  return Status::Ok();
+}
+
+Result<int> Readable(int fd, Conn& c) {
+  int kernel = 0;
+  if (Libc().ioctl(fd, FIONREAD, &kernel) != 0) return Errno(errno, "ioctl FIONREAD");
+  if (c.mode.load() != Mode::kAccel) return kernel;
+  if (!c.rx_switched.load()) {
+    if (c.peer_fence_known.load()) {
+      uint64_t left = c.peer_fence.load() - std::min(c.peer_fence.load(), c.kernel_received.load());
+      if (left > 0) return static_cast<int>(std::min<uint64_t>(left, kernel));
+    } else {
+      return kernel;
+    }
+  }
+  return static_cast<int>(c.rx_tail.load() - c.rx_head.load());
+}
+
+int Readiness(int fd, Conn& c) {
+  if (c.reset.load()) return POLLIN | POLLOUT | POLLERR | POLLHUP;
+  if (c.mode.load(std::memory_order_acquire) != Mode::kAccel) return -1;
+  int r = 0;
+  bool ring_rx = c.rx_switched.load() ||
+                 (c.peer_fence_known.load() && c.kernel_received.load() == c.peer_fence.load());
+  bool shut = c.peer_shut_wr.load(std::memory_order_acquire);
+  if (ring_rx) {
+    if (c.rx_tail.load(std::memory_order_acquire) != c.rx_head.load() || shut || c.shut_rd.load())
+      r |= POLLIN;
+  } else {
+    // Still reading the kernel stream up to the fence.
+    int queued = 0;
+    if ((Libc().ioctl(fd, FIONREAD, &queued) == 0 && queued > 0) || shut) r |= POLLIN;
+  }
+  if (shut) r |= POLLRDHUP;
+  uint64_t used = c.tx_tail.load() - c.credit.load();
+  if (!c.tx_switched.load() || used < c.ring_size || c.peer_gone.load()) r |= POLLOUT;
+  if (shut && c.shut_wr.load()) r |= POLLHUP;
+  return r;
+}
+
+void Report(const Conn& c, const char* event) {
+  const std::string& path = Config().report_path;
+  if (path.empty() || c.mode.load() == Mode::kUnprobed) return;
+  char local[INET6_ADDRSTRLEN] = "?", peer[INET6_ADDRSTRLEN] = "?";
+  int af = c.local.family == proto::Family::kIpv6 ? AF_INET6 : AF_INET;
+  inet_ntop(af, c.local.addr.data(), local, sizeof(local));
+  inet_ntop(af, c.peer.addr.data(), peer, sizeof(peer));
+  char line[640];
+  int n = std::snprintf(
+      line, sizeof(line),
+      "{\"pid\":%d,\"event\":\"%s\",\"local\":\"%s:%u\",\"peer\":\"%s:%u\",\"mode\":\"%s\","
+      "\"reason\":\"%s\",\"upgraded\":%s,\"kernel_tx\":%llu,\"kernel_rx\":%llu,"
+      "\"accel_tx\":%llu,\"accel_rx\":%llu}\n",
+      getpid(), event, local, c.local.port, peer, c.peer.port,
+      ToString(c.mode.load()), proto::ToString(c.reason.load()), c.upgraded.load() ? "true" : "false",
+      static_cast<unsigned long long>(c.kernel_sent.load()),
+      static_cast<unsigned long long>(c.kernel_received.load()),
+      static_cast<unsigned long long>(c.accel_tx.load()),
+      static_cast<unsigned long long>(c.accel_rx.load()));
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  (void)!Libc().write(fd, line, static_cast<size_t>(n));
+  Libc().close(fd);
+}
+
+void ReportAll(const char* event) {
+  for (int fd = 0; fd < kMaxFds; ++fd) {
+    if (!g_has[fd].load()) continue;
+    std::shared_ptr<Conn> c = Lookup(fd);
+    if (c) Report(*c, event);
+  }
+}
+
+}  // namespace vsocket::guest

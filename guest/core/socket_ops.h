@@ -1,0 +1,56 @@
+// The socket operations behind the libc wrappers, on typed values. They
+// return a Result/Status; guest/preload/interpose.cc turns errors into
+// errno at the boundary.
+#pragma once
+
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <memory>
+
+#include "base/status.h"
+#include "guest/core/conn.h"
+
+namespace vsocket::guest {
+
+// ---- the fd table --------------------------------------------------------
+
+// The connection an fd names, or null if the fd is not a TCP socket this
+// library follows.
+std::shared_ptr<Conn> Lookup(int fd);
+// A new AF_INET/AF_INET6 stream socket created in this process
+// (socket(), accept()); `nonblocking` is its O_NONBLOCK state, `accepted`
+// whether it came from accept() (the server side of the pair).
+void Adopt(int fd, bool nonblocking, bool accepted = false);
+// fd2 now names what fd1 names (dup family).
+void Duplicate(int fd1, int fd2);
+// Forget fd; if it was the last fd of its connection, unregister it.
+void Forget(int fd);
+// In the child after fork(): connections registered by the parent stay the
+// parent's; the child uses them on kernel TCP only if they were never
+// upgraded (see docs/socket-compatibility.md).
+void AfterForkInChild();
+
+// ---- data path ------------------------------------------------------------
+
+// flags: MSG_* as passed by the application.
+Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags);
+Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags);
+Status Shutdown(int fd, Conn& c, int how);
+// Bytes readable now (FIONREAD).
+Result<int> Readable(int fd, Conn& c);
+
+// Readiness of an upgraded connection as poll bits, or -1 when the kernel
+// socket still decides (not upgraded).
+int Readiness(int fd, Conn& c);
+
+// Writes the per-connection report line (VSOCKET_REPORT) for c, or for
+// every open connection.
+void Report(const Conn& c, const char* event);
+void ReportAll(const char* event);
+
+// This thread's wake-up eventfd (written whenever the session dispatched
+// events), for poll/epoll emulation.
+int ThreadWaiterFd();
+
+}  // namespace vsocket::guest

@@ -1,0 +1,347 @@
+// libvsocket.so's libc surface. Each wrapper is a few lines: find out whether
+// the fd is a TCP connection the library follows, dispatch to guest/core, or
+// pass through. errno is set here and only here.
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <sys/ioctl.h>
+#include <sys/sendfile.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <vector>
+
+#include "guest/core/poll_ops.h"
+#include "guest/core/socket_ops.h"
+#include "guest/preload/libc.h"
+
+using vsocket::Result;
+using vsocket::Status;
+using namespace vsocket::guest;
+
+namespace {
+
+// Set while the library's own code runs, so its internal libc calls pass
+// straight through.
+thread_local int t_depth = 0;
+struct Guard {
+  Guard() { ++t_depth; }
+  ~Guard() { --t_depth; }
+};
+
+std::shared_ptr<Conn> Ours(int fd) { return t_depth ? nullptr : Lookup(fd); }
+
+ssize_t Fail(const Status& st) {
+  errno = st.sys_errno();
+  return -1;
+}
+
+template <typename T>
+ssize_t Ret(const Result<T>& r) {
+  if (!r.ok()) return Fail(r.status());
+  return static_cast<ssize_t>(r.value());
+}
+
+bool IsTcp(int domain, int type, int protocol) {
+  return (domain == AF_INET || domain == AF_INET6) && (type & 0xf) == SOCK_STREAM &&
+         (protocol == 0 || protocol == IPPROTO_TCP);
+}
+
+ssize_t SendIov(int fd, Conn& c, const iovec* iov, int n, int flags) {
+  Guard g;
+  return Ret(Send(fd, c, iov, n, flags));
+}
+
+ssize_t RecvIov(int fd, Conn& c, const iovec* iov, int n, int flags) {
+  Guard g;
+  return Ret(Recv(fd, c, iov, n, flags));
+}
+
+int MsToTimeout(const timespec* ts) {
+  if (ts == nullptr) return -1;
+  return static_cast<int>(ts->tv_sec * 1000 + (ts->tv_nsec + 999999) / 1000000);
+}
+
+__attribute__((constructor)) void Init() {
+  Libc();
+  pthread_atfork(nullptr, nullptr, [] { AfterForkInChild(); });
+  atexit([] { ReportAll("exit"); });
+}
+
+}  // namespace
+
+extern "C" {
+
+int socket(int domain, int type, int protocol) {
+  int fd = Libc().socket(domain, type, protocol);
+  if (fd >= 0 && !t_depth && IsTcp(domain, type, protocol)) Adopt(fd, type & SOCK_NONBLOCK);
+  return fd;
+}
+
+int connect(int fd, const sockaddr* addr, socklen_t len) { return Libc().connect(fd, addr, len); }
+
+int accept4(int fd, sockaddr* addr, socklen_t* len, int flags) {
+  int c = Libc().accept4(fd, addr, len, flags);
+  if (c >= 0 && Ours(fd)) Adopt(c, flags & SOCK_NONBLOCK, true);
+  return c;
+}
+
+int accept(int fd, sockaddr* addr, socklen_t* len) {
+  int c = Libc().accept(fd, addr, len);
+  if (c >= 0 && Ours(fd)) Adopt(c, false, true);
+  return c;
+}
+
+int close(int fd) {
+  if (!t_depth) {
+    Guard g;
+    bool ours = Lookup(fd) != nullptr;
+    Forget(fd);
+    EpollForget(fd);
+    (void)ours;
+  }
+  return Libc().close(fd);
+}
+
+int shutdown(int fd, int how) {
+  auto c = Ours(fd);
+  if (!c) return Libc().shutdown(fd, how);
+  Guard g;
+  Status st = Shutdown(fd, *c, how);
+  return st.ok() ? 0 : static_cast<int>(Fail(st));
+}
+
+int dup(int fd) {
+  int n = Libc().dup(fd);
+  if (n >= 0 && !t_depth) Duplicate(fd, n);
+  return n;
+}
+
+int dup2(int fd, int fd2) {
+  if (fd == fd2) return Libc().dup2(fd, fd2);
+  if (!t_depth) Forget(fd2), EpollForget(fd2);
+  int n = Libc().dup2(fd, fd2);
+  if (n >= 0 && !t_depth) Duplicate(fd, n);
+  return n;
+}
+
+int dup3(int fd, int fd2, int flags) {
+  if (!t_depth && fd != fd2) Forget(fd2), EpollForget(fd2);
+  int n = Libc().dup3(fd, fd2, flags);
+  if (n >= 0 && !t_depth) Duplicate(fd, n);
+  return n;
+}
+
+int fcntl(int fd, int cmd, ...) {
+  va_list ap;
+  va_start(ap, cmd);
+  long arg = va_arg(ap, long);
+  va_end(ap);
+  int r = Libc().fcntl(fd, cmd, arg);
+  if (r < 0 || t_depth) return r;
+  if (cmd == F_SETFL) {
+    if (auto c = Lookup(fd)) c->nonblocking.store(arg & O_NONBLOCK);
+  } else if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) {
+    Duplicate(fd, r);
+  }
+  return r;
+}
+
+int fcntl64(int fd, int cmd, ...) {
+  va_list ap;
+  va_start(ap, cmd);
+  long arg = va_arg(ap, long);
+  va_end(ap);
+  return fcntl(fd, cmd, arg);
+}
+
+int ioctl(int fd, unsigned long req, ...) {
+  va_list ap;
+  va_start(ap, req);
+  void* arg = va_arg(ap, void*);
+  va_end(ap);
+  auto c = Ours(fd);
+  if (c && req == FIONREAD) {
+    Guard g;
+    auto r = Readable(fd, *c);
+    if (!r.ok()) return static_cast<int>(Fail(r.status()));
+    *static_cast<int*>(arg) = *r;
+    return 0;
+  }
+  int r = Libc().ioctl(fd, req, arg);
+  if (r == 0 && c && req == FIONBIO) c->nonblocking.store(*static_cast<int*>(arg) != 0);
+  return r;
+}
+
+ssize_t write(int fd, const void* buf, size_t n) {
+  auto c = Ours(fd);
+  if (!c) return Libc().write(fd, buf, n);
+  iovec v{const_cast<void*>(buf), n};
+  return SendIov(fd, *c, &v, 1, 0);
+}
+
+ssize_t read(int fd, void* buf, size_t n) {
+  auto c = Ours(fd);
+  if (!c) return Libc().read(fd, buf, n);
+  iovec v{buf, n};
+  return RecvIov(fd, *c, &v, 1, 0);
+}
+
+ssize_t writev(int fd, const iovec* iov, int n) {
+  auto c = Ours(fd);
+  return c ? SendIov(fd, *c, iov, n, 0) : Libc().writev(fd, iov, n);
+}
+
+ssize_t readv(int fd, const iovec* iov, int n) {
+  auto c = Ours(fd);
+  return c ? RecvIov(fd, *c, iov, n, 0) : Libc().readv(fd, iov, n);
+}
+
+ssize_t send(int fd, const void* buf, size_t n, int flags) {
+  auto c = Ours(fd);
+  if (!c) return Libc().send(fd, buf, n, flags);
+  iovec v{const_cast<void*>(buf), n};
+  return SendIov(fd, *c, &v, 1, flags);
+}
+
+ssize_t recv(int fd, void* buf, size_t n, int flags) {
+  auto c = Ours(fd);
+  if (!c) return Libc().recv(fd, buf, n, flags);
+  iovec v{buf, n};
+  return RecvIov(fd, *c, &v, 1, flags);
+}
+
+ssize_t sendto(int fd, const void* buf, size_t n, int flags, const sockaddr* addr, socklen_t len) {
+  auto c = Ours(fd);
+  if (!c) return Libc().sendto(fd, buf, n, flags, addr, len);
+  iovec v{const_cast<void*>(buf), n};
+  return SendIov(fd, *c, &v, 1, flags);  // a connected stream ignores the address
+}
+
+ssize_t recvfrom(int fd, void* buf, size_t n, int flags, sockaddr* addr, socklen_t* len) {
+  auto c = Ours(fd);
+  if (!c) return Libc().recvfrom(fd, buf, n, flags, addr, len);
+  if (len) *len = 0;  // as the kernel does for TCP
+  iovec v{buf, n};
+  return RecvIov(fd, *c, &v, 1, flags);
+}
+
+ssize_t sendmsg(int fd, const msghdr* m, int flags) {
+  auto c = Ours(fd);
+  if (!c) return Libc().sendmsg(fd, m, flags);
+  return SendIov(fd, *c, m->msg_iov, static_cast<int>(m->msg_iovlen), flags);
+}
+
+ssize_t recvmsg(int fd, msghdr* m, int flags) {
+  auto c = Ours(fd);
+  if (!c) return Libc().recvmsg(fd, m, flags);
+  m->msg_namelen = 0;
+  m->msg_controllen = 0;
+  m->msg_flags = 0;
+  return RecvIov(fd, *c, m->msg_iov, static_cast<int>(m->msg_iovlen), flags);
+}
+
+ssize_t sendfile(int out, int in, off_t* offset, size_t count) {
+  auto c = Ours(out);
+  if (!c) return Libc().sendfile(out, in, offset, count);
+  // Through the ring (or, not yet upgraded, through Send, which counts the
+  // kernel bytes the fence needs): read the file in chunks.
+  std::vector<char> buf(std::min<size_t>(count, 256 * 1024));
+  off_t pos = offset ? *offset : lseek(in, 0, SEEK_CUR);
+  size_t done = 0;
+  while (done < count) {
+    size_t want = std::min(buf.size(), count - done);
+    ssize_t r = pread(in, buf.data(), want, pos);
+    if (r < 0) {
+      if (done) break;
+      return -1;
+    }
+    if (r == 0) break;
+    iovec v{buf.data(), static_cast<size_t>(r)};
+    ssize_t w = SendIov(out, *c, &v, 1, 0);
+    if (w < 0) {
+      if (done) break;
+      return -1;
+    }
+    pos += w;
+    done += static_cast<size_t>(w);
+    if (w < r) break;  // non-blocking socket full
+  }
+  if (offset) *offset = pos;
+  else lseek(in, pos, SEEK_SET);
+  return static_cast<ssize_t>(done);
+}
+
+int poll(pollfd* fds, nfds_t n, int timeout) {
+  if (t_depth) return Libc().poll(fds, n, timeout);
+  Guard g;
+  return Poll(fds, n, timeout, nullptr);
+}
+
+int ppoll(pollfd* fds, nfds_t n, const timespec* ts, const sigset_t* mask) {
+  if (t_depth) return Libc().ppoll(fds, n, ts, mask);
+  Guard g;
+  return Poll(fds, n, MsToTimeout(ts), mask);
+}
+
+int select(int nfds, fd_set* r, fd_set* w, fd_set* e, timeval* tv) {
+  if (t_depth) return Libc().select(nfds, r, w, e, tv);
+  Guard g;
+  int ms = tv ? static_cast<int>(tv->tv_sec * 1000 + (tv->tv_usec + 999) / 1000) : -1;
+  return Select(nfds, r, w, e, ms, nullptr);
+}
+
+int pselect(int nfds, fd_set* r, fd_set* w, fd_set* e, const timespec* ts, const sigset_t* mask) {
+  if (t_depth) return Libc().pselect(nfds, r, w, e, ts, mask);
+  Guard g;
+  return Select(nfds, r, w, e, MsToTimeout(ts), mask);
+}
+
+int epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
+  if (t_depth) return Libc().epoll_ctl(epfd, op, fd, ev);
+  Guard g;
+  return EpollCtl(epfd, op, fd, ev);
+}
+
+int epoll_wait(int epfd, epoll_event* ev, int max, int timeout) {
+  if (t_depth) return Libc().epoll_wait(epfd, ev, max, timeout);
+  Guard g;
+  return EpollWait(epfd, ev, max, timeout, nullptr);
+}
+
+int epoll_pwait(int epfd, epoll_event* ev, int max, int timeout, const sigset_t* mask) {
+  if (t_depth) return Libc().epoll_pwait(epfd, ev, max, timeout, mask);
+  Guard g;
+  return EpollWait(epfd, ev, max, timeout, mask);
+}
+
+// Fortified variants (_FORTIFY_SOURCE): same checks as glibc, then ours.
+ssize_t __read_chk(int fd, void* buf, size_t n, size_t buflen) {
+  if (n > buflen) abort();
+  return read(fd, buf, n);
+}
+
+ssize_t __recv_chk(int fd, void* buf, size_t n, size_t buflen, int flags) {
+  if (n > buflen) abort();
+  return recv(fd, buf, n, flags);
+}
+
+ssize_t __recvfrom_chk(int fd, void* buf, size_t n, size_t buflen, int flags, sockaddr* a, socklen_t* l) {
+  if (n > buflen) abort();
+  return recvfrom(fd, buf, n, flags, a, l);
+}
+
+int __poll_chk(pollfd* fds, nfds_t n, int timeout, size_t fdslen) {
+  if (fdslen / sizeof(*fds) < n) abort();
+  return poll(fds, n, timeout);
+}
+
+int __ppoll_chk(pollfd* fds, nfds_t n, const timespec* ts, const sigset_t* mask, size_t fdslen) {
+  if (fdslen / sizeof(*fds) < n) abort();
+  return ppoll(fds, n, ts, mask);
+}
+
+}  // extern "C"

@@ -1,0 +1,68 @@
+#include "guest/preload/libc.h"
+
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+namespace vsocket::guest {
+namespace {
+
+LibcCalls g_calls;
+std::once_flag g_once;
+
+template <typename T>
+void Resolve(T& slot, const char* name) {
+  slot = reinterpret_cast<T>(dlsym(RTLD_NEXT, name));
+  if (slot == nullptr) {
+    std::fprintf(stderr, "libvsocket: cannot resolve %s: %s\n", name, dlerror());
+    std::abort();  // the process cannot do I/O without it
+  }
+}
+
+void ResolveAll() {
+#define VS_RESOLVE(name) Resolve(g_calls.name, #name)
+  VS_RESOLVE(socket);
+  VS_RESOLVE(connect);
+  VS_RESOLVE(accept);
+  VS_RESOLVE(accept4);
+  VS_RESOLVE(close);
+  VS_RESOLVE(shutdown);
+  VS_RESOLVE(dup);
+  VS_RESOLVE(dup2);
+  VS_RESOLVE(dup3);
+  VS_RESOLVE(fcntl);
+  VS_RESOLVE(ioctl);
+  VS_RESOLVE(read);
+  VS_RESOLVE(write);
+  VS_RESOLVE(readv);
+  VS_RESOLVE(writev);
+  VS_RESOLVE(send);
+  VS_RESOLVE(recv);
+  VS_RESOLVE(sendto);
+  VS_RESOLVE(recvfrom);
+  VS_RESOLVE(sendmsg);
+  VS_RESOLVE(recvmsg);
+  VS_RESOLVE(sendfile);
+  VS_RESOLVE(poll);
+  VS_RESOLVE(ppoll);
+  VS_RESOLVE(select);
+  VS_RESOLVE(pselect);
+  VS_RESOLVE(epoll_create);
+  VS_RESOLVE(epoll_create1);
+  VS_RESOLVE(epoll_ctl);
+  VS_RESOLVE(epoll_wait);
+  VS_RESOLVE(epoll_pwait);
+  VS_RESOLVE(fork);
+#undef VS_RESOLVE
+}
+
+}  // namespace
+
+const LibcCalls& Libc() {
+  std::call_once(g_once, ResolveAll);
+  return g_calls;
+}
+
+}  // namespace vsocket::guest

@@ -1,0 +1,53 @@
+// The real libc functions behind every wrapper, resolved once with
+// dlsym(RTLD_NEXT) (std::call_once). Internal code calls these, never the
+// interposed symbols, so the library cannot recurse into itself.
+#pragma once
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+namespace vsocket::guest {
+
+struct LibcCalls {
+  int (*socket)(int, int, int);
+  int (*connect)(int, const sockaddr*, socklen_t);
+  int (*accept)(int, sockaddr*, socklen_t*);
+  int (*accept4)(int, sockaddr*, socklen_t*, int);
+  int (*close)(int);
+  int (*shutdown)(int, int);
+  int (*dup)(int);
+  int (*dup2)(int, int);
+  int (*dup3)(int, int, int);
+  int (*fcntl)(int, int, ...);
+  int (*ioctl)(int, unsigned long, ...);
+  ssize_t (*read)(int, void*, size_t);
+  ssize_t (*write)(int, const void*, size_t);
+  ssize_t (*readv)(int, const iovec*, int);
+  ssize_t (*writev)(int, const iovec*, int);
+  ssize_t (*send)(int, const void*, size_t, int);
+  ssize_t (*recv)(int, void*, size_t, int);
+  ssize_t (*sendto)(int, const void*, size_t, int, const sockaddr*, socklen_t);
+  ssize_t (*recvfrom)(int, void*, size_t, int, sockaddr*, socklen_t*);
+  ssize_t (*sendmsg)(int, const msghdr*, int);
+  ssize_t (*recvmsg)(int, msghdr*, int);
+  ssize_t (*sendfile)(int, int, off_t*, size_t);
+  int (*poll)(pollfd*, nfds_t, int);
+  int (*ppoll)(pollfd*, nfds_t, const timespec*, const sigset_t*);
+  int (*select)(int, fd_set*, fd_set*, fd_set*, timeval*);
+  int (*pselect)(int, fd_set*, fd_set*, fd_set*, const timespec*, const sigset_t*);
+  int (*epoll_create)(int);
+  int (*epoll_create1)(int);
+  int (*epoll_ctl)(int, int, int, epoll_event*);
+  int (*epoll_wait)(int, epoll_event*, int, int);
+  int (*epoll_pwait)(int, epoll_event*, int, int, const sigset_t*);
+  pid_t (*fork)();
+};
+
+const LibcCalls& Libc();
+
+}  // namespace vsocket::guest

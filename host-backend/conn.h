@@ -1,0 +1,92 @@
+// A guest connection as the backend tracks it: identity (tenant + 4-tuple),
+// its two byte rings in guest memory, the peer it is paired with, and the
+// byte counters of the upgraded data path. Worker-thread state, except the
+// atomics read by the control socket.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "proto/control.h"
+
+namespace vsocket::vhost {
+class BackendDevice;
+}
+
+namespace vsocket::backend {
+
+// The pairing key. `scope` separates loopback addresses of different VMs
+// (127.0.0.1 in vm1 is not 127.0.0.1 in vm2); 0 for routable addresses.
+struct ConnKey {
+  uint32_t tenant = 0;
+  uint32_t scope = 0;
+  proto::Endpoint local;
+  proto::Endpoint peer;
+  bool operator==(const ConnKey&) const = default;
+  ConnKey Mirror() const { return ConnKey{tenant, scope, peer, local}; }
+};
+
+struct ConnKeyHash {
+  size_t operator()(const ConnKey& k) const;
+};
+
+// A byte ring in guest memory: where the guest said it is, and where it is
+// mapped here (null while the device is paused for reconfiguration).
+struct GuestRing {
+  uint64_t gpa = 0;
+  uint32_t size = 0;  // power of two
+  uint8_t* host = nullptr;
+};
+
+enum class ConnState : uint8_t { kPending, kUpgraded, kClosed };
+const char* ToString(ConnState s);
+
+// Events owed to the guest, emitted in this order (coalesced: only the
+// latest value of a counter is sent).
+enum EventBit : uint32_t {
+  kEvUpgrade = 1u << 0,
+  kEvFence = 1u << 1,       // peer's kernel-path byte count
+  kEvRxTail = 1u << 2,
+  kEvCredit = 1u << 3,
+  kEvPeerShutWr = 1u << 4,  // peer sends no more: EOF after rx_tail
+  kEvPeerGone = 1u << 5,    // peer reads no more: EPIPE on write
+  kEvDowngrade = 1u << 6,   // stay on (or go back to) kernel TCP, with reason
+};
+
+struct BackendConn {
+  uint64_t handle = 0;  // daemon-wide unique
+  vhost::BackendDevice* device = nullptr;
+  uint64_t conn_id = 0;  // the guest's name for it
+  ConnKey key;
+  proto::Role role = proto::Role::kClient;
+  GuestRing tx, rx;
+  BackendConn* peer = nullptr;
+  ConnState state = ConnState::kPending;
+  proto::Reason reason = proto::Reason::kPending;
+
+  // Upgraded data path, all totals since the upgrade.
+  bool fence_received = false;
+  uint64_t fence_bytes = 0;  // bytes this side sent on the kernel path
+  uint64_t tx_tail = 0;      // guest produced into TX
+  uint64_t tx_copied = 0;    // we moved to the peer's RX
+  uint64_t rx_tail = 0;      // we landed in RX
+  uint64_t rx_consumed = 0;  // guest consumed from RX (the peer's credit)
+  bool write_shut = false;   // guest will produce no more
+  bool shut_announced = false;
+  bool gone = false;         // guest closed or died; data may still drain
+  std::vector<uint8_t> orphan;  // TX bytes not yet moved when the guest left
+  size_t orphan_off = 0;
+
+  uint32_t pending_events = 0;
+  bool in_event_list = false;
+  bool in_move_list = false;
+
+  // Read by the control socket thread.
+  std::atomic<uint64_t> accel_bytes_out{0};
+  std::atomic<uint64_t> accel_bytes_in{0};
+  std::atomic<uint64_t> kernel_bytes_out{0};  // from the fence
+};
+
+}  // namespace vsocket::backend

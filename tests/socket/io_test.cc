@@ -1,0 +1,599 @@
+// The data path: read/write, readv/writev, send/recv, sendto/recvfrom,
+// sendmsg/recvmsg, MSG_PEEK/MSG_DONTWAIT/MSG_WAITALL, sendfile, EAGAIN on
+// non-blocking sockets, blocking calls that wait, socket timeouts, and
+// signals interrupting a blocked call.
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <sys/ioctl.h>
+#include <sys/sendfile.h>
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "tests/socket/test_util.h"
+
+namespace vsocket::socktest {
+namespace {
+
+// Reads `n` bytes with `op` (a wrapper around one receive call), polling
+// before each call so the loop is bounded; stops early on EOF or error.
+std::string ReadWith(int fd, size_t n, const std::function<ssize_t(char*, size_t)>& op) {
+  std::string out(n, '\0');
+  size_t got = 0;
+  Deadline deadline(kIoTimeoutMs);
+  while (got < n && !deadline.Expired()) {
+    if (WaitFor(fd, POLLIN, deadline.RemainingMs()) <= 0) break;
+    ssize_t r = op(out.data() + got, n - got);
+    if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (r <= 0) {
+      ADD_FAILURE() << "receive returned " << r << (r < 0 ? " " + ErrnoName(errno) : "");
+      break;
+    }
+    got += static_cast<size_t>(r);
+  }
+  out.resize(got);
+  return out;
+}
+
+// Writes all of `data` with `op` (a wrapper around one send call).
+void WriteWith(int fd, const std::string& data,
+               const std::function<ssize_t(const char*, size_t)>& op) {
+  size_t done = 0;
+  Deadline deadline(kIoTimeoutMs);
+  while (done < data.size() && !deadline.Expired()) {
+    if (WaitFor(fd, POLLOUT, deadline.RemainingMs()) <= 0) break;
+    ssize_t r = op(data.data() + done, data.size() - done);
+    if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    ASSERT_GT(r, 0) << ErrnoName(errno);
+    done += static_cast<size_t>(r);
+  }
+  ASSERT_EQ(done, data.size());
+}
+
+std::string TempDir() {
+  const char* t = std::getenv("TMPDIR");
+  return (t && *t) ? t : "/tmp";
+}
+
+// An unlinked temporary file holding `content`.
+Fd TempFileWith(const std::string& content) {
+  std::string path = TempDir() + "/vsocket-sendfile-XXXXXX";
+  Fd fd(mkstemp(path.data()));
+  if (!fd.valid()) {
+    ADD_FAILURE() << "mkstemp " << path << ": " << ErrnoName(errno);
+    return fd;
+  }
+  unlink(path.c_str());
+  if (pwrite(fd.get(), content.data(), content.size(), 0) != static_cast<ssize_t>(content.size()))
+    ADD_FAILURE() << "pwrite: " << ErrnoName(errno);
+  return fd;
+}
+
+// ---------------------------------------------------------------------------
+// read, write
+
+TEST(ReadWrite, WriteAndReadTransferBytesBothDirections) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  const std::string up = StreamBytes(11, 200'000), down = StreamBytes(12, 150'000);
+  std::thread writer([&] {
+    WriteWith(c.client.get(), up, [&](const char* p, size_t n) { return write(c.client.get(), p, n); });
+  });
+  EXPECT_EQ(ReadWith(c.server.get(), up.size(),
+                     [&](char* p, size_t n) { return read(c.server.get(), p, n); }),
+            up);
+  writer.join();
+  std::thread writer2([&] {
+    WriteWith(c.server.get(), down, [&](const char* p, size_t n) { return write(c.server.get(), p, n); });
+  });
+  EXPECT_EQ(ReadWith(c.client.get(), down.size(),
+                     [&](char* p, size_t n) { return read(c.client.get(), p, n); }),
+            down);
+  writer2.join();
+}
+
+TEST(ReadWrite, ZeroLengthReadAndWriteReturnZero) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  char b;
+  EXPECT_EQ(write(c.client.get(), &b, 0), 0) << ErrnoName(errno);
+  EXPECT_EQ(read(c.server.get(), &b, 0), 0) << ErrnoName(errno);
+  EXPECT_EQ(send(c.client.get(), &b, 0, 0), 0) << ErrnoName(errno);
+  EXPECT_EQ(recv(c.server.get(), &b, 0, MSG_DONTWAIT), 0) << ErrnoName(errno);
+  // Nothing was sent: the reader still has nothing.
+  EXPECT_EQ(WaitFor(c.server.get(), POLLIN, 50), 0);
+}
+
+TEST(ReadWrite, ReadReturnsAvailableBytesWithoutWaitingToFillBuffer) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(SendAll(c.client.get(), "ten bytes!"));
+  ASSERT_EQ(WaitForInq(c.server.get(), 10), 10);
+  char buf[1000];
+  EXPECT_EQ(read(c.server.get(), buf, sizeof buf), 10);
+  EXPECT_EQ(std::string(buf, 10), "ten bytes!");
+}
+
+// ---------------------------------------------------------------------------
+// readv, writev
+
+TEST(Vectored, WritevGathersAndReadvScattersInOrder) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  std::string a = "abc", b = StreamBytes(3, 1000), d = "tail";
+  iovec out[4] = {{a.data(), a.size()}, {nullptr, 0}, {b.data(), b.size()}, {d.data(), d.size()}};
+  const size_t total = a.size() + b.size() + d.size();
+  ssize_t n;
+  VS_ASSERT_OK(n = writev(c.client.get(), out, 4));
+  ASSERT_EQ(n, static_cast<ssize_t>(total));
+  ASSERT_EQ(WaitForInq(c.server.get(), static_cast<int>(total)), static_cast<int>(total));
+
+  char p1[10], p2[500], p3[1000];
+  iovec in[3] = {{p1, sizeof p1}, {p2, sizeof p2}, {p3, sizeof p3}};
+  VS_ASSERT_OK(n = readv(c.server.get(), in, 3));
+  ASSERT_EQ(n, static_cast<ssize_t>(total));
+  std::string got = std::string(p1, 10) + std::string(p2, 500) + std::string(p3, total - 510);
+  EXPECT_EQ(got, a + b + d);
+}
+
+TEST(Vectored, IovcntAboveIovMaxOrNegativeFailsEinval) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  std::vector<iovec> iov(IOV_MAX + 1);
+  char b = 'x';
+  for (auto& v : iov) v = {&b, 1};
+  VS_EXPECT_ERRNO(writev(c.client.get(), iov.data(), IOV_MAX + 1), EINVAL);
+  VS_EXPECT_ERRNO(readv(c.server.get(), iov.data(), IOV_MAX + 1), EINVAL);
+  VS_EXPECT_ERRNO(writev(c.client.get(), iov.data(), -1), EINVAL);
+  // Nothing leaked through: the peer has no data.
+  EXPECT_EQ(WaitFor(c.server.get(), POLLIN, 50), 0);
+}
+
+// ---------------------------------------------------------------------------
+// send/recv, sendto/recvfrom, sendmsg/recvmsg
+
+TEST(SendRecv, SendAndRecvTransferBytesBothDirections) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  const std::string up = StreamBytes(21, 100'000), down = StreamBytes(22, 70'000);
+  std::thread writer([&] {
+    WriteWith(c.client.get(), up, [&](const char* p, size_t n) { return send(c.client.get(), p, n, 0); });
+    WriteWith(c.server.get(), down, [&](const char* p, size_t n) { return send(c.server.get(), p, n, 0); });
+  });
+  EXPECT_EQ(ReadWith(c.server.get(), up.size(),
+                     [&](char* p, size_t n) { return recv(c.server.get(), p, n, 0); }),
+            up);
+  EXPECT_EQ(ReadWith(c.client.get(), down.size(),
+                     [&](char* p, size_t n) { return recv(c.client.get(), p, n, 0); }),
+            down);
+  writer.join();
+}
+
+TEST(SendRecv, SendtoWithNullAddressAndRecvfromWorkOnConnectedStream) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  const std::string data = StreamBytes(23, 50'000);
+  WriteWith(c.client.get(), data, [&](const char* p, size_t n) {
+    return sendto(c.client.get(), p, n, 0, nullptr, 0);
+  });
+  EXPECT_EQ(ReadWith(c.server.get(), data.size(),
+                     [&](char* p, size_t n) {
+                       return recvfrom(c.server.get(), p, n, 0, nullptr, nullptr);
+                     }),
+            data);
+}
+
+// Linux fills no source address for a connected stream socket: the returned
+// address length is 0 and the buffer is untouched.
+TEST(SendRecv, RecvfromOnStreamReportsZeroLengthSourceAddress) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(SendAll(c.client.get(), "hello"));
+  ASSERT_EQ(WaitForInq(c.server.get(), 5), 5);
+  char buf[16];
+  sockaddr_in from;
+  std::memset(&from, 0xee, sizeof from);
+  socklen_t len = sizeof from;
+  EXPECT_EQ(recvfrom(c.server.get(), buf, sizeof buf, 0, AsSockaddr(&from), &len), 5);
+  EXPECT_EQ(len, 0u);
+  EXPECT_EQ(reinterpret_cast<uint8_t*>(&from)[0], 0xee);
+}
+
+TEST(SendRecv, SendmsgGathersAndRecvmsgScattersWithNoFlagsSet) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  std::string a = "head-", b = StreamBytes(24, 3000), d = "-end";
+  iovec out[3] = {{a.data(), a.size()}, {b.data(), b.size()}, {d.data(), d.size()}};
+  msghdr m{};
+  m.msg_iov = out;
+  m.msg_iovlen = 3;
+  const size_t total = a.size() + b.size() + d.size();
+  ssize_t n;
+  VS_ASSERT_OK(n = sendmsg(c.client.get(), &m, 0));
+  ASSERT_EQ(n, static_cast<ssize_t>(total));
+  ASSERT_EQ(WaitForInq(c.server.get(), static_cast<int>(total)), static_cast<int>(total));
+
+  char p1[7], p2[5000];
+  iovec in[2] = {{p1, sizeof p1}, {p2, sizeof p2}};
+  sockaddr_in name;
+  char control[64];
+  msghdr r{};
+  r.msg_name = &name;
+  r.msg_namelen = sizeof name;
+  r.msg_iov = in;
+  r.msg_iovlen = 2;
+  r.msg_control = control;
+  r.msg_controllen = sizeof control;
+  r.msg_flags = -1;
+  VS_ASSERT_OK(n = recvmsg(c.server.get(), &r, 0));
+  ASSERT_EQ(n, static_cast<ssize_t>(total));
+  EXPECT_EQ(std::string(p1, 7) + std::string(p2, total - 7), a + b + d);
+  EXPECT_EQ(r.msg_flags, 0);
+  EXPECT_EQ(r.msg_namelen, 0u);
+  EXPECT_EQ(r.msg_controllen, 0u);
+}
+
+TEST(SendRecv, RecvOnUnconnectedSocketFailsEnotconn) {
+  Fd s = TcpSocket();
+  char b;
+  VS_EXPECT_ERRNO(recv(s.get(), &b, 1, 0), ENOTCONN);
+  VS_EXPECT_ERRNO(read(s.get(), &b, 1), ENOTCONN);
+}
+
+// Linux says EPIPE here (POSIX would allow ENOTCONN).
+TEST(SendRecv, SendOnUnconnectedSocketFailsEpipe) {
+  Fd s = TcpSocket();
+  VS_EXPECT_ERRNO(send(s.get(), "x", 1, MSG_NOSIGNAL), EPIPE);
+}
+
+TEST(SendRecv, SendAndRecvOnNonSocketFailEnotsock) {
+  int p[2];
+  ASSERT_EQ(pipe(p), 0);
+  Fd r(p[0]), w(p[1]);
+  char b;
+  VS_EXPECT_ERRNO(send(w.get(), "x", 1, 0), ENOTSOCK);
+  VS_EXPECT_ERRNO(recv(r.get(), &b, 1, MSG_DONTWAIT), ENOTSOCK);
+}
+
+TEST(SendRecv, CallsOnClosedFdFailEbadf) {
+  Fd s = TcpSocket();
+  int closed = s.release();
+  close(closed);
+  char b;
+  VS_EXPECT_ERRNO(read(closed, &b, 1), EBADF);
+  VS_EXPECT_ERRNO(write(closed, "x", 1), EBADF);
+  VS_EXPECT_ERRNO(recv(closed, &b, 1, 0), EBADF);
+  VS_EXPECT_ERRNO(send(closed, "x", 1, 0), EBADF);
+  VS_EXPECT_ERRNO(close(closed), EBADF);
+}
+
+// ---------------------------------------------------------------------------
+// MSG_PEEK, MSG_DONTWAIT, MSG_WAITALL
+
+TEST(MsgPeek, PeekDoesNotConsumeAndReadReturnsTheSameBytes) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(SendAll(c.client.get(), "hello world"));
+  ASSERT_EQ(WaitForInq(c.server.get(), 11), 11);
+  char buf[64];
+  ASSERT_EQ(recv(c.server.get(), buf, sizeof buf, MSG_PEEK), 11);
+  EXPECT_EQ(std::string(buf, 11), "hello world");
+  ASSERT_EQ(recv(c.server.get(), buf, 5, MSG_PEEK), 5);
+  EXPECT_EQ(std::string(buf, 5), "hello");
+  int inq = -1;
+  VS_ASSERT_OK(ioctl(c.server.get(), FIONREAD, &inq));
+  EXPECT_EQ(inq, 11);
+  ASSERT_EQ(read(c.server.get(), buf, sizeof buf), 11);
+  EXPECT_EQ(std::string(buf, 11), "hello world");
+  VS_EXPECT_ERRNO(recv(c.server.get(), buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT), EAGAIN);
+}
+
+TEST(MsgDontwait, RecvOnEmptyBlockingSocketFailsEagainAndSocketStaysBlocking) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  char b;
+  VS_EXPECT_ERRNO(recv(c.server.get(), &b, 1, MSG_DONTWAIT), EAGAIN);
+  EXPECT_EQ(StatusFlags(c.server.get()) & O_NONBLOCK, 0);
+  ASSERT_TRUE(SendAll(c.client.get(), "x"));
+  ASSERT_TRUE(WaitFor(c.server.get(), POLLIN) & POLLIN);
+  EXPECT_EQ(recv(c.server.get(), &b, 1, MSG_DONTWAIT), 1);
+}
+
+TEST(MsgWaitall, RecvReturnsFullCountWhenSenderWritesInDelayedPieces) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  constexpr size_t kPiece = 4096, kPieces = 8;
+  const std::string data = StreamBytes(31, kPiece * kPieces);
+  std::thread writer([&] {
+    for (size_t i = 0; i < kPieces; ++i) {
+      SleepMs(20);
+      SendAll(c.client.get(), data.data() + i * kPiece, kPiece);
+    }
+  });
+  std::string buf(data.size(), '\0');
+  ssize_t n;
+  VS_EXPECT_OK(n = recv(c.server.get(), buf.data(), buf.size(), MSG_WAITALL));
+  writer.join();
+  EXPECT_EQ(n, static_cast<ssize_t>(data.size()));
+  EXPECT_EQ(buf, data);
+}
+
+TEST(MsgWaitall, RecvReturnsShortCountWhenPeerClosesFirst) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  std::thread writer([&] {
+    SendAll(c.client.get(), std::string(100, 'w'));
+    SleepMs(20);
+    c.client.reset();
+  });
+  char buf[200];
+  ssize_t n;
+  VS_EXPECT_OK(n = recv(c.server.get(), buf, sizeof buf, MSG_WAITALL));
+  writer.join();
+  EXPECT_EQ(n, 100);
+  EXPECT_EQ(recv(c.server.get(), buf, sizeof buf, MSG_WAITALL), 0);
+}
+
+// ---------------------------------------------------------------------------
+// sendfile
+
+TEST(Sendfile, SendsFileBytesExactlyAndAdvancesOffsetButNotFilePosition) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  const std::string content = StreamBytes(41, (1 << 20) + 123);
+  Fd file = TempFileWith(content);
+  ASSERT_TRUE(file.valid());
+  std::string received;
+  std::thread reader([&] { received = RecvExactly(c.server.get(), content.size()); });
+  off_t off = 0;
+  Deadline deadline(kIoTimeoutMs);
+  while (off < static_cast<off_t>(content.size()) && !deadline.Expired()) {
+    ssize_t n = sendfile(c.client.get(), file.get(), &off, content.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    ASSERT_GT(n, 0) << ErrnoName(errno);
+  }
+  reader.join();
+  EXPECT_EQ(off, static_cast<off_t>(content.size()));
+  EXPECT_EQ(lseek(file.get(), 0, SEEK_CUR), 0);
+  EXPECT_TRUE(received == content) << "received " << received.size() << " bytes";
+}
+
+TEST(Sendfile, NullOffsetReadsFromAndAdvancesFilePosition) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  const std::string content = StreamBytes(42, 5000);
+  Fd file = TempFileWith(content);
+  ASSERT_TRUE(file.valid());
+  ASSERT_EQ(lseek(file.get(), 1000, SEEK_SET), 1000);
+  ssize_t n;
+  VS_ASSERT_OK(n = sendfile(c.client.get(), file.get(), nullptr, 1500));
+  ASSERT_EQ(n, 1500);
+  EXPECT_EQ(lseek(file.get(), 0, SEEK_CUR), 2500);
+  EXPECT_EQ(RecvExactly(c.server.get(), 1500), content.substr(1000, 1500));
+}
+
+// ---------------------------------------------------------------------------
+// Non-blocking: EAGAIN both ways
+
+TEST(NonBlocking, ReceiveCallsWithNoDataFailEagain) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  int fd = c.server.get();
+  VS_ASSERT_OK(fcntl(fd, F_SETFL, O_NONBLOCK));
+  char b[8];
+  iovec iov = {b, sizeof b};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  VS_EXPECT_ERRNO(read(fd, b, sizeof b), EAGAIN);
+  VS_EXPECT_ERRNO(recv(fd, b, sizeof b, 0), EAGAIN);
+  VS_EXPECT_ERRNO(recvfrom(fd, b, sizeof b, 0, nullptr, nullptr), EAGAIN);
+  VS_EXPECT_ERRNO(readv(fd, &iov, 1), EAGAIN);
+  VS_EXPECT_ERRNO(recvmsg(fd, &m, 0), EAGAIN);
+}
+
+// Fills the send side of `fd` with `send_once` (one non-blocking send of up
+// to `chunk` bytes of the stream) until EAGAIN; returns the bytes accepted.
+size_t FillUntilEagain(int fd, uint64_t seed,
+                       const std::function<ssize_t(const char*, size_t)>& send_once) {
+  constexpr size_t kChunk = 64 * 1024;
+  constexpr int kMaxChunks = 4096;  // 256 MiB: far beyond any socket buffer
+  std::string buf(kChunk, '\0');
+  size_t total = 0;
+  for (int i = 0; i < kMaxChunks; ++i) {
+    FillStream(seed, total, reinterpret_cast<uint8_t*>(buf.data()), kChunk);
+    ssize_t n = send_once(buf.data(), kChunk);
+    if (n < 0) {
+      EXPECT_EQ(errno, EAGAIN) << ErrnoName(errno);
+      return total;
+    }
+    total += static_cast<size_t>(n);
+  }
+  ADD_FAILURE() << "no EAGAIN after " << total << " bytes";
+  return total;
+}
+
+// Drains exactly `total` bytes of stream `seed` from `fd` and checks them.
+void DrainAndCheck(int fd, uint64_t seed, size_t total) {
+  std::string want(64 * 1024, '\0');
+  std::string got(want.size(), '\0');
+  for (size_t off = 0; off < total;) {
+    size_t n = std::min(want.size(), total - off);
+    ASSERT_TRUE(RecvExactly(fd, got.data(), n)) << "at offset " << off;
+    FillStream(seed, off, reinterpret_cast<uint8_t*>(want.data()), n);
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), n), 0) << "mismatch in chunk at " << off;
+    off += n;
+  }
+}
+
+TEST(NonBlocking, WriteFillsSendSideThenFailsEagainAndRecoversAfterPeerDrains) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  int fd = c.client.get();
+  VS_ASSERT_OK(fcntl(fd, F_SETFL, O_NONBLOCK));
+  size_t total = FillUntilEagain(fd, 51, [fd](const char* p, size_t n) { return write(fd, p, n); });
+  ASSERT_GT(total, 0u);
+  VS_EXPECT_ERRNO(write(fd, "x", 1), EAGAIN);
+  DrainAndCheck(c.server.get(), 51, total);
+  EXPECT_TRUE(WaitFor(fd, POLLOUT) & POLLOUT);
+  EXPECT_EQ(write(fd, "more", 4), 4) << ErrnoName(errno);
+  EXPECT_EQ(RecvExactly(c.server.get(), 4), "more");
+}
+
+TEST(NonBlocking, SendWithMsgDontwaitFillsBlockingSocketThenFailsEagain) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  int fd = c.client.get();
+  size_t total = FillUntilEagain(
+      fd, 52, [fd](const char* p, size_t n) { return send(fd, p, n, MSG_DONTWAIT); });
+  ASSERT_GT(total, 0u);
+  EXPECT_EQ(StatusFlags(fd) & O_NONBLOCK, 0);
+  DrainAndCheck(c.server.get(), 52, total);
+}
+
+// ---------------------------------------------------------------------------
+// Blocking calls wait
+
+TEST(Blocking, RecvWaitsForDataSentLater) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  std::thread sender([&] {
+    SleepMs(100);
+    SendAll(c.client.get(), "late data");
+  });
+  char buf[64];
+  ssize_t n;
+  VS_EXPECT_OK(n = recv(c.server.get(), buf, sizeof buf, 0));
+  sender.join();
+  ASSERT_GT(n, 0);
+  // A segment boundary may split it; collect the rest.
+  std::string got(buf, static_cast<size_t>(n));
+  if (got.size() < 9) got += RecvExactly(c.server.get(), 9 - got.size());
+  EXPECT_EQ(got, "late data");
+}
+
+// A blocking write larger than both socket buffers returns only when all of
+// it is queued, not with a short count.
+TEST(Blocking, WriteOfManyMegabytesReturnsFullCountWhilePeerReads) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  const std::string data = StreamBytes(61, 16 << 20);
+  std::string received;
+  std::thread reader([&] { received = RecvExactly(c.server.get(), data.size()); });
+  ssize_t n;
+  VS_EXPECT_OK(n = write(c.client.get(), data.data(), data.size()));
+  reader.join();
+  EXPECT_EQ(n, static_cast<ssize_t>(data.size()));
+  EXPECT_TRUE(received == data) << "received " << received.size() << " bytes";
+}
+
+TEST(Timeouts, SoRcvtimeoExpiresWithEagain) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  timeval tv{0, 100'000};
+  VS_ASSERT_OK(setsockopt(c.server.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv));
+  timeval got{};
+  socklen_t len = sizeof got;
+  VS_ASSERT_OK(getsockopt(c.server.get(), SOL_SOCKET, SO_RCVTIMEO, &got, &len));
+  EXPECT_EQ(got.tv_sec, 0);
+  EXPECT_GT(got.tv_usec, 0);
+  char b;
+  VS_EXPECT_ERRNO(recv(c.server.get(), &b, 1, 0), EAGAIN);
+  ASSERT_TRUE(SendAll(c.client.get(), "y"));
+  EXPECT_EQ(recv(c.server.get(), &b, 1, 0), 1) << ErrnoName(errno);
+}
+
+// With SO_SNDTIMEO a blocking write into a full pipe gives up: a short
+// count if it queued something, EAGAIN if it queued nothing.
+TEST(Timeouts, SoSndtimeoOnFullSendSideReturnsShortCountOrEagain) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  int fd = c.client.get();
+  timeval tv{0, 100'000};
+  VS_ASSERT_OK(setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv));
+  constexpr size_t kChunk = 1 << 20;
+  std::string buf(kChunk, 's');
+  bool timed_out = false;
+  for (int i = 0; i < 256 && !timed_out; ++i) {  // at most 256 MiB
+    ssize_t n = write(fd, buf.data(), kChunk);
+    if (n < 0) {
+      EXPECT_EQ(errno, EAGAIN) << ErrnoName(errno);
+      timed_out = true;
+    } else if (static_cast<size_t>(n) < kChunk) {
+      timed_out = true;
+    }
+  }
+  EXPECT_TRUE(timed_out);
+}
+
+// ---------------------------------------------------------------------------
+// Signals interrupting a blocked call
+
+std::atomic<int> g_usr1_count{0};
+void CountUsr1(int) { ++g_usr1_count; }
+
+// Signals `target` every 20 ms until stopped (bounded to ~5 s): a signal
+// sent before the target blocks is simply absorbed, so repeating is what
+// makes the interruption certain.
+class RepeatingSignaller {
+ public:
+  explicit RepeatingSignaller(pthread_t target)
+      : thread_([this, target] {
+          for (int i = 0; i < 250 && !stop_; ++i) {
+            pthread_kill(target, SIGUSR1);
+            SleepMs(20);
+          }
+        }) {}
+  ~RepeatingSignaller() { Stop(); }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+TEST(Signals, BlockingRecvInterruptedBySignalWithoutSaRestartFailsEintr) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  ScopedSignalHandler handler(SIGUSR1, CountUsr1, 0);
+  g_usr1_count = 0;
+  RepeatingSignaller signaller(pthread_self());
+  char b;
+  VS_EXPECT_ERRNO(recv(c.server.get(), &b, 1, 0), EINTR);
+  signaller.Stop();
+  SleepMs(1);  // a syscall return delivers any signal still pending before the handler goes
+  EXPECT_GE(g_usr1_count.load(), 1);
+}
+
+TEST(Signals, BlockingRecvResumesAfterSignalWithSaRestart) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  ScopedSignalHandler handler(SIGUSR1, CountUsr1, SA_RESTART);
+  g_usr1_count = 0;
+  std::thread sender([&] {
+    // Let a few signals land while the receiver is blocked, then send.
+    for (int i = 0; i < 100 && g_usr1_count.load() < 3; ++i) SleepMs(10);
+    SendAll(c.client.get(), "z");
+  });
+  RepeatingSignaller signaller(pthread_self());
+  char b = 0;
+  ssize_t n;
+  VS_EXPECT_OK(n = recv(c.server.get(), &b, 1, 0));
+  signaller.Stop();
+  sender.join();
+  SleepMs(1);  // a syscall return delivers any signal still pending before the handler goes
+  EXPECT_EQ(n, 1);
+  EXPECT_EQ(b, 'z');
+  EXPECT_GE(g_usr1_count.load(), 1);
+}
+
+}  // namespace
+}  // namespace vsocket::socktest

@@ -1,0 +1,311 @@
+// How connections end: shutdown(SHUT_RD/SHUT_WR/SHUT_RDWR), close, EOF
+// ordering, RST (ECONNRESET, then EOF/EPIPE), SIGPIPE and MSG_NOSIGNAL.
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <atomic>
+#include <string>
+#include <thread>
+
+#include "tests/socket/test_util.h"
+
+namespace vsocket::socktest {
+namespace {
+
+// Waits until `fd` reports that the connection ended (peer FIN or RST).
+void WaitForPeerGone(int fd) {
+  short ev = WaitFor(fd, POLLRDHUP);
+  ASSERT_GT(ev, 0) << "peer end not reported in time";
+}
+
+// Waits until the RST sent by the peer has been processed here.
+void WaitForReset(int fd) {
+  Deadline deadline(kIoTimeoutMs);
+  while (!deadline.Expired()) {
+    short ev = WaitFor(fd, POLLIN, deadline.RemainingMs());
+    if (ev < 0 || (ev & POLLERR)) return;
+    SleepMs(1);  // POLLIN alone: FIN seen, RST still in flight
+  }
+  ADD_FAILURE() << "no POLLERR after peer reset";
+}
+
+// ---------------------------------------------------------------------------
+// shutdown
+
+TEST(Shutdown, ShutWrGivesPeerEofWhileOtherDirectionKeepsWorking) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(SendAll(c.client.get(), "last words"));
+  VS_ASSERT_OK(shutdown(c.client.get(), SHUT_WR));
+  bool eof = false;
+  EXPECT_EQ(RecvUntilEof(c.server.get(), 1000, &eof), "last words");
+  EXPECT_TRUE(eof);
+  char b;
+  EXPECT_EQ(read(c.server.get(), &b, 1), 0) << "EOF repeats";
+  // The other direction is untouched.
+  ASSERT_TRUE(SendAll(c.server.get(), "reply after eof"));
+  EXPECT_EQ(RecvExactly(c.client.get(), 15), "reply after eof");
+  EXPECT_TRUE(SameEndpoint(PeerName(c.client.get()), SockName(c.server.get())));
+  EXPECT_TRUE(SameEndpoint(PeerName(c.server.get()), SockName(c.client.get())));
+  VS_EXPECT_ERRNO(send(c.client.get(), "x", 1, MSG_NOSIGNAL), EPIPE);
+}
+
+// Linux keeps data that arrived before SHUT_RD readable, then reports EOF
+// without blocking. (What happens to data arriving after SHUT_RD differs
+// between systems and is not checked.)
+TEST(Shutdown, ShutRdReturnsQueuedDataThenEofWithoutBlockingAndSendingStillWorks) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(SendAll(c.client.get(), "queued"));
+  ASSERT_EQ(WaitForInq(c.server.get(), 6), 6);
+  VS_ASSERT_OK(shutdown(c.server.get(), SHUT_RD));
+  short ev = WaitFor(c.server.get(), POLLIN | POLLRDHUP, 0);
+  EXPECT_TRUE(ev & POLLIN) << "revents " << ev;
+  EXPECT_TRUE(ev & POLLRDHUP) << "revents " << ev;
+  char buf[16];
+  EXPECT_EQ(recv(c.server.get(), buf, sizeof buf, 0), 6) << ErrnoName(errno);
+  EXPECT_EQ(std::string(buf, 6), "queued");
+  EXPECT_EQ(recv(c.server.get(), buf, sizeof buf, MSG_DONTWAIT), 0) << ErrnoName(errno);
+  EXPECT_EQ(recv(c.server.get(), buf, sizeof buf, 0), 0) << "blocking recv after SHUT_RD";
+  ASSERT_TRUE(SendAll(c.server.get(), "still sending"));
+  EXPECT_EQ(RecvExactly(c.client.get(), 13), "still sending");
+}
+
+TEST(Shutdown, ShutRdwrGivesPeerEofAndLocalPollhupButKeepsTheDescriptor) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  VS_ASSERT_OK(shutdown(c.client.get(), SHUT_RDWR));
+  short ev = WaitFor(c.client.get(), POLLIN, 0);
+  EXPECT_TRUE(ev & POLLHUP) << "revents " << ev;
+  ASSERT_TRUE(WaitFor(c.server.get(), POLLIN) & POLLIN);
+  char b;
+  EXPECT_EQ(read(c.server.get(), &b, 1), 0);
+  EXPECT_EQ(read(c.client.get(), &b, 1), 0);
+  // Still a valid descriptor until close().
+  EXPECT_EQ(GetIntOpt(c.client.get(), SOL_SOCKET, SO_TYPE), SOCK_STREAM);
+  VS_EXPECT_OK(shutdown(c.client.get(), SHUT_RDWR));  // repeating is harmless
+  VS_EXPECT_OK(close(c.client.release()));
+}
+
+TEST(Shutdown, OnUnconnectedSocketFailsEnotconnAndBadHowFailsEinval) {
+  Fd s = TcpSocket();
+  VS_EXPECT_ERRNO(shutdown(s.get(), SHUT_WR), ENOTCONN);
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  VS_EXPECT_ERRNO(shutdown(c.client.get(), 7), EINVAL);
+  ExpectNoFatalFailure:;
+  ASSERT_TRUE(SendAll(c.client.get(), "ok"));
+  EXPECT_EQ(RecvExactly(c.server.get(), 2), "ok");
+}
+
+TEST(Shutdown, WakesThreadBlockedInRecvWithEof) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  ssize_t n = -2;
+  int err = 0;
+  std::thread reader([&] {
+    char b;
+    n = recv(c.server.get(), &b, 1, 0);
+    err = errno;
+  });
+  SleepMs(50);  // usually lets the reader block first; either order must give EOF
+  VS_EXPECT_OK(shutdown(c.server.get(), SHUT_RDWR));
+  reader.join();
+  EXPECT_EQ(n, 0) << ErrnoName(err);
+}
+
+// ---------------------------------------------------------------------------
+// close, EOF
+
+TEST(Close, PeerSeesEofAndClosedNumberFailsEbadf) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  int fd = c.client.release();
+  VS_ASSERT_OK(close(fd));
+  ASSERT_TRUE(WaitFor(c.server.get(), POLLIN) & POLLIN);
+  char b;
+  EXPECT_EQ(read(c.server.get(), &b, 1), 0);
+  VS_EXPECT_ERRNO(send(fd, "x", 1, MSG_NOSIGNAL), EBADF);
+  VS_EXPECT_ERRNO(close(fd), EBADF);
+}
+
+TEST(Close, EofArrivesOnlyAfterAllDataWhenPeerWritesOneMebibyteThenCloses) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  const std::string data = StreamBytes(71, 1 << 20);
+  std::thread writer([&] {
+    // A blocking write queues everything; close right after it must not
+    // lose what the reader has not consumed yet.
+    ssize_t n = write(c.client.get(), data.data(), data.size());
+    EXPECT_EQ(n, static_cast<ssize_t>(data.size())) << ErrnoName(errno);
+    c.client.reset();
+  });
+  std::string got;
+  bool eof = false;
+  char buf[1000];  // small reads so EOF cannot overtake queued data
+  Deadline deadline(kIoTimeoutMs);
+  while (!deadline.Expired() && got.size() <= data.size()) {
+    if (WaitFor(c.server.get(), POLLIN, deadline.RemainingMs()) <= 0) break;
+    ssize_t n = read(c.server.get(), buf, sizeof buf);
+    if (n < 0) {
+      ADD_FAILURE() << "read: " << ErrnoName(errno);
+      break;
+    }
+    if (n == 0) {
+      eof = true;
+      break;
+    }
+    got.append(buf, static_cast<size_t>(n));
+  }
+  writer.join();
+  EXPECT_TRUE(eof);
+  EXPECT_EQ(got.size(), data.size());
+  EXPECT_TRUE(got == data);
+  EXPECT_EQ(read(c.server.get(), buf, sizeof buf), 0) << "EOF repeats";
+}
+
+// RFC 2525 behaviour: closing with unread received data aborts the
+// connection (RST) instead of a graceful FIN.
+TEST(Close, WithUnreadReceivedDataResetsConnection) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(SendAll(c.client.get(), "never read"));
+  ASSERT_EQ(WaitForInq(c.server.get(), 10), 10);
+  c.server.reset();
+  WaitForReset(c.client.get());
+  char b;
+  VS_EXPECT_ERRNO(recv(c.client.get(), &b, 1, 0), ECONNRESET);
+}
+
+// ---------------------------------------------------------------------------
+// RST from the peer
+
+TEST(Reset, ReadAfterPeerResetFailsEconnresetOnceThenReturnsEof) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  CloseWithReset(c.server);
+  WaitForReset(c.client.get());
+  short ev = WaitFor(c.client.get(), POLLIN | POLLOUT | POLLRDHUP, 0);
+  EXPECT_TRUE(ev & POLLERR) << "revents " << ev;
+  EXPECT_TRUE(ev & POLLHUP) << "revents " << ev;
+  char b;
+  VS_EXPECT_ERRNO(read(c.client.get(), &b, 1), ECONNRESET);
+  EXPECT_EQ(read(c.client.get(), &b, 1), 0) << ErrnoName(errno);
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  VS_EXPECT_ERRNO(getpeername(c.client.get(), AsSockaddr(&a), &len), ENOTCONN);
+}
+
+TEST(Reset, SoErrorReportsEconnresetOnceAndConsumesIt) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  CloseWithReset(c.server);
+  WaitForReset(c.client.get());
+  EXPECT_EQ(GetIntOpt(c.client.get(), SOL_SOCKET, SO_ERROR), ECONNRESET);
+  EXPECT_EQ(GetIntOpt(c.client.get(), SOL_SOCKET, SO_ERROR), 0);
+  char b;
+  EXPECT_EQ(recv(c.client.get(), &b, 1, 0), 0) << "error already consumed";
+}
+
+TEST(Reset, SendAfterPeerResetFailsEconnresetThenEpipe) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  CloseWithReset(c.server);
+  WaitForReset(c.client.get());
+  VS_EXPECT_ERRNO(send(c.client.get(), "x", 1, MSG_NOSIGNAL), ECONNRESET);
+  VS_EXPECT_ERRNO(send(c.client.get(), "x", 1, MSG_NOSIGNAL), EPIPE);
+}
+
+// ---------------------------------------------------------------------------
+// SIGPIPE and MSG_NOSIGNAL
+
+std::atomic<int> g_sigpipe_count{0};
+void CountSigpipe(int) { ++g_sigpipe_count; }
+
+// Writes with `send_once` to a connection whose peer has gone until EPIPE,
+// tolerating the one ECONNRESET (or successful sends) that may come first
+// depending on when the peer's RST lands. Returns true once EPIPE is seen.
+bool SendUntilEpipe(int fd, const std::function<ssize_t()>& send_once) {
+  for (int i = 0; i < 100; ++i) {
+    ssize_t n = send_once();
+    if (n >= 0 || errno == ECONNRESET) {
+      WaitFor(fd, POLLIN, 20);  // give the RST time to arrive
+      continue;
+    }
+    if (errno == EPIPE) return true;
+    ADD_FAILURE() << "unexpected " << ErrnoName(errno);
+    return false;
+  }
+  ADD_FAILURE() << "no EPIPE after 100 sends";
+  return false;
+}
+
+TEST(MsgNosignal, SendAfterPeerCloseAndResetFailsEpipeWithoutSigpipe) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  ScopedSignalHandler handler(SIGPIPE, CountSigpipe, 0);
+  g_sigpipe_count = 0;
+  CloseWithReset(c.server);
+  WaitForPeerGone(c.client.get());
+  int fd = c.client.get();
+  EXPECT_TRUE(SendUntilEpipe(fd, [fd] { return send(fd, "x", 1, MSG_NOSIGNAL); }));
+  EXPECT_EQ(g_sigpipe_count.load(), 0);
+}
+
+TEST(MsgNosignal, EverySendVariantAfterShutWrFailsEpipeWithoutSigpipe) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  ScopedSignalHandler handler(SIGPIPE, CountSigpipe, 0);
+  g_sigpipe_count = 0;
+  int fd = c.client.get();
+  VS_ASSERT_OK(shutdown(fd, SHUT_WR));
+  char b = 'x';
+  iovec iov = {&b, 1};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  VS_EXPECT_ERRNO(send(fd, &b, 1, MSG_NOSIGNAL), EPIPE);
+  VS_EXPECT_ERRNO(sendto(fd, &b, 1, MSG_NOSIGNAL, nullptr, 0), EPIPE);
+  VS_EXPECT_ERRNO(sendmsg(fd, &m, MSG_NOSIGNAL), EPIPE);
+  EXPECT_EQ(g_sigpipe_count.load(), 0);
+}
+
+TEST(Sigpipe, WriteAfterPeerCloseAndResetRaisesSigpipeWithEpipe) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  ScopedSignalHandler handler(SIGPIPE, CountSigpipe, 0);
+  g_sigpipe_count = 0;
+  CloseWithReset(c.server);
+  WaitForPeerGone(c.client.get());
+  int fd = c.client.get();
+  EXPECT_TRUE(SendUntilEpipe(fd, [fd] { return write(fd, "x", 1); }));
+  // SIGPIPE is raised synchronously in the failing call, once per EPIPE.
+  EXPECT_EQ(g_sigpipe_count.load(), 1);
+}
+
+TEST(Sigpipe, EverySendVariantAfterShutWrRaisesOneSigpipe) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  ScopedSignalHandler handler(SIGPIPE, CountSigpipe, 0);
+  g_sigpipe_count = 0;
+  int fd = c.client.get();
+  VS_ASSERT_OK(shutdown(fd, SHUT_WR));
+  char b = 'x';
+  iovec iov = {&b, 1};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  VS_EXPECT_ERRNO(write(fd, &b, 1), EPIPE);
+  EXPECT_EQ(g_sigpipe_count.load(), 1);
+  VS_EXPECT_ERRNO(writev(fd, &iov, 1), EPIPE);
+  EXPECT_EQ(g_sigpipe_count.load(), 2);
+  VS_EXPECT_ERRNO(send(fd, &b, 1, 0), EPIPE);
+  EXPECT_EQ(g_sigpipe_count.load(), 3);
+  VS_EXPECT_ERRNO(sendto(fd, &b, 1, 0, nullptr, 0), EPIPE);
+  EXPECT_EQ(g_sigpipe_count.load(), 4);
+  VS_EXPECT_ERRNO(sendmsg(fd, &m, 0), EPIPE);
+  EXPECT_EQ(g_sigpipe_count.load(), 5);
+}
+
+}  // namespace
+}  // namespace vsocket::socktest
