@@ -16,3 +16,13 @@ inline int64_t MonotonicNs() {
 inline int64_t MonotonicMs() { return MonotonicNs() / 1000000; }
 
 }  // namespace vsocket
+
+namespace vsocket {
+
+// One step of a bounded busy-wait: a CPU pause for the first iterations,
+// then sched_yield(), so that on a machine with fewer cores than spinning
+// threads (2 cores: guest, peer guest, backend) the thread we wait for gets
+// to run instead of losing a whole scheduler time slice.
+void SpinStep(uint32_t iteration);
+
+}  // namespace vsocket

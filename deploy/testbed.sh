@@ -22,10 +22,10 @@ ORIG_PWD=$PWD
 cd "$(dirname "$SELF")/.."
 REPO_ROOT=$PWD
 
-DEFAULT_VMS="vm1:1:192.0.2.11 vm2:1:192.0.2.12 vm3:2:192.0.2.13"
+DEFAULT_VMS="vm1:1:198.51.100.11 vm2:1:198.51.100.12 vm3:2:198.51.100.13"
 BRIDGE=vsbr0
-BRIDGE_ADDR=192.0.2.1
-NET_PREFIX=192.0.2
+BRIDGE_ADDR=198.51.100.1
+NET_PREFIX=198.51.100
 PREFIX_LEN=24
 NFT_TABLE=vsocket_fw
 NETNS_RUN_DIR=/run/netns
@@ -99,11 +99,11 @@ parse_vms() {
     [ -z "${VM_TENANT[$name]+x}" ] || die "VM '$name' listed twice"
     [[ $tenant =~ ^[1-9][0-9]{0,9}$ ]] && [ "$tenant" -le 4294967295 ] ||
       die "bad tenant '$tenant' for VM '$name' (want 1..4294967295)"
-    [[ $addr =~ ^192\.0\.2\.([1-9][0-9]{0,2})$ ]] ||
-      die "bad address '$addr' for VM '$name' (want 192.0.2.2 .. 192.0.2.254)"
+    [[ $addr =~ ^198\.51\.100\.([1-9][0-9]{0,2})$ ]] ||
+      die "bad address '$addr' for VM '$name' (want 198.51.100.2 .. 198.51.100.254)"
     last=${BASH_REMATCH[1]}
     [ "$last" -ge 2 ] && [ "$last" -le 254 ] ||
-      die "bad address '$addr' for VM '$name' (want 192.0.2.2 .. 192.0.2.254; .1 is the bridge)"
+      die "bad address '$addr' for VM '$name' (want 198.51.100.2 .. 198.51.100.254; .1 is the bridge)"
     [ -z "${seen_addr[$addr]+x}" ] || die "address $addr used twice"
     seen_addr[$addr]=1
     VM_NAMES+=("$name")
@@ -391,8 +391,8 @@ cmd_up() {
   do_down
   [ ! -e "$STATE" ] || die "$STATE exists and was not created by testbed.sh; remove it or set VSOCKET_TESTBED_DIR"
 
-  # The bridge gets 192.0.2.1/24 only if the root namespace does not already
-  # use 192.0.2.0/24 (e.g. as its own uplink, where .1 may be the default
+  # The bridge gets 198.51.100.1/24 only if the root namespace does not already
+  # use 198.51.100.0/24 (e.g. as its own uplink, where .1 may be the default
   # gateway): never shadow an existing network or route. Without the address
   # the bridge is L2 only; VMs still reach each other, the root namespace
   # just cannot reach them over IP (vsocketd needs only the Unix sockets).

@@ -203,11 +203,17 @@ std::optional<Message> ConnManager::Register(DeviceConns& dc, uint64_t request_i
     uint32_t other_tenant = 0;
     if (by_tuple_.find(tuple, other_tenant) && other_tenant != c.key.tenant) {
       counters_.cross_tenant.fetch_add(1, std::memory_order_relaxed);
+      ConnKey other = c.key.Mirror();
+      other.tenant = other_tenant;
+      uint64_t other_handle = 0;
+      BackendConn* o = registry_.find(other, other_handle) ? conns_.at(other_handle).get() : nullptr;
       {
         std::lock_guard<std::mutex> lock(snapshot_mu_);
         c.reason = Reason::kCrossTenant;
+        if (o) o->reason = Reason::kCrossTenant;
       }
       Raise(c, kEvDowngrade);
+      if (o) Raise(*o, kEvDowngrade);
     }
     ConnKey mine = c.key;
     mine.tenant = 0;

@@ -1,5 +1,7 @@
 #include "host-backend/stats.h"
 
+#include <arpa/inet.h>
+
 #include <cstdio>
 
 #include "vhost/backend/vhost_backend.h"
@@ -22,6 +24,12 @@ std::string JsonEscape(const std::string& s) {
     }
   }
   return out;
+}
+
+std::string EndpointText(const proto::Endpoint& e) {
+  char buf[INET6_ADDRSTRLEN] = "?";
+  inet_ntop(e.family == proto::Family::kIpv6 ? AF_INET6 : AF_INET, e.addr.data(), buf, sizeof(buf));
+  return std::string(buf) + ":" + std::to_string(e.port);
 }
 
 void Field(std::string& out, const char* name, uint64_t v, bool comma = true) {
@@ -69,6 +77,36 @@ std::string Stats(const ControlService& service, const Worker& worker) {
     Field(out, "bad_messages", d->counters().bad_messages.load());
     Field(out, "notifications", d->counters().notifications.load());
     Field(out, "wakeups", d->counters().wakeups.load(), false);
+    out += "}";
+  }
+  out += "],\"conn_counters\":{";
+  const auto& cc = service.conns().counters();
+  Field(out, "registered", cc.registered.load());
+  Field(out, "active", cc.active.load());
+  Field(out, "upgrades", cc.upgrades.load());
+  Field(out, "rejected_spoofed", cc.rejected_spoofed.load());
+  Field(out, "rejected_other", cc.rejected_other.load());
+  Field(out, "cross_tenant", cc.cross_tenant.load());
+  Field(out, "accel_bytes", cc.accel_bytes.load());
+  Field(out, "events", cc.events.load());
+  Field(out, "event_stalls", cc.event_stalls.load());
+  Field(out, "protocol_violations", cc.protocol_violations.load(), false);
+  out += "},\"connections\":[";
+  first = true;
+  for (const ConnSnapshot& c : service.conns().Snapshot()) {
+    if (!first) out += ",";
+    first = false;
+    out += "{";
+    Field(out, "handle", c.handle);
+    Field(out, "device", c.device_id);
+    out += "\"vm\":\"" + JsonEscape(c.vm) + "\",";
+    Field(out, "tenant", c.tenant);
+    out += "\"local\":\"" + EndpointText(c.local) + "\",\"peer\":\"" + EndpointText(c.peer) + "\",";
+    out += std::string("\"mode\":\"") + ToString(c.state) + "\",";
+    out += std::string("\"reason\":\"") + proto::ToString(c.reason) + "\",";
+    Field(out, "accel_bytes_out", c.accel_out);
+    Field(out, "accel_bytes_in", c.accel_in);
+    Field(out, "kernel_bytes_before_upgrade", c.kernel_out, false);
     out += "}";
   }
   out += "]}\n";

@@ -164,6 +164,7 @@ void Worker::Run() {
   int64_t last_work = MonotonicNs();
   const int64_t poll_ns = int64_t{options_.poll_us} * 1000;
   epoll_event events[64];
+  uint32_t idle_spins = 0;
   while (!stop_.load(std::memory_order_relaxed)) {
     bool worked = ProcessMailbox();
     worked |= service_->Poll();
@@ -181,10 +182,11 @@ void Worker::Run() {
     int64_t now = MonotonicNs();
     if (worked) {
       last_work = now;
+      idle_spins = 0;
       continue;
     }
     if (now - last_work < poll_ns) {
-      __builtin_ia32_pause();
+      SpinStep(idle_spins++);
       continue;
     }
     // Idle: ask for kicks, re-check (a buffer may have raced in), sleep.
@@ -211,6 +213,7 @@ void Worker::Run() {
     counters_.wakeups.fetch_add(1, std::memory_order_relaxed);
     DisableAllNotify();
     last_work = MonotonicNs();
+    idle_spins = 0;
   }
   // Release anyone waiting in Detach().
   std::lock_guard<std::mutex> lock(mu_);

@@ -80,7 +80,7 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
   std::vector<pollfd> kfds(fds, fds + n);
   for (nfds_t i = 0; i < n; ++i)
     if (conns[i]) kfds[i].fd = -1;  // the kernel ignores negative fds
-  for (;;) {
+  for (uint32_t iter = 0;; ++iter) {
     int count = 0;
     for (nfds_t i = 0; i < n; ++i) {
       if (!conns[i]) continue;
@@ -101,7 +101,7 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
     if (count > 0 || timeout_ms == 0 || (deadline >= 0 && MonotonicNs() >= deadline)) return count;
     if (spinning) {
       session->TryDrain();
-      __builtin_ia32_pause();
+      SpinStep(iter);
       continue;
     }
     int r = SleepWith(session, kfds, deadline, sigmask);
@@ -314,7 +314,7 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
   }
   int64_t deadline = Deadline(timeout_ms);
   int64_t spin_until = MonotonicNs() + int64_t{Config().poll_us} * 1000;
-  for (;;) {
+  for (uint32_t iter = 0;; ++iter) {
     int n;
     Session* s;
     {
@@ -334,7 +334,7 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
     if (n > 0 || timeout_ms == 0 || (deadline >= 0 && MonotonicNs() >= deadline)) return n;
     if (spinning) {
       s->TryDrain();
-      __builtin_ia32_pause();
+      SpinStep(iter);
       continue;
     }
     // Sleep in the real epoll_wait: our wake eventfd and the session's event

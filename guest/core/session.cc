@@ -174,7 +174,7 @@ Status Session::Call(const Message& request, Message* response, int timeout_ms) 
     usleep(100);
   }
   int64_t spin_until = MonotonicNs() + int64_t{Config().poll_us} * 1000;
-  for (;;) {
+  for (uint32_t iter = 0;; ++iter) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       DrainLocked();
@@ -196,7 +196,7 @@ Status Session::Call(const Message& request, Message* response, int timeout_ms) 
       }
     }
     if (MonotonicNs() < spin_until) {
-      __builtin_ia32_pause();
+      SpinStep(iter);
       continue;
     }
     if (PrepareSleep()) {

@@ -141,10 +141,10 @@ Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events =
   Session* s = c.session;
   if (s == nullptr) return Status(Code::kUnavailable, "no backend session", ECONNRESET);
   int64_t spin_until = MonotonicNs() + int64_t{Config().poll_us} * 1000;
-  while (MonotonicNs() < spin_until) {
+  for (uint32_t i = 0; MonotonicNs() < spin_until; ++i) {
     if (ready()) return Status::Ok();
     s->TryDrain();
-    __builtin_ia32_pause();
+    SpinStep(i);
   }
   int efd = ThreadWaiterFd();
   s->AddWaiter(efd);
@@ -575,7 +575,11 @@ void Report(const Conn& c, const char* event) {
       "\"reason\":\"%s\",\"upgraded\":%s,\"kernel_tx\":%llu,\"kernel_rx\":%llu,"
       "\"accel_tx\":%llu,\"accel_rx\":%llu}\n",
       getpid(), event, local, c.local.port, peer, c.peer.port,
-      ToString(c.mode.load()), proto::ToString(c.reason.load()), c.upgraded.load() ? "true" : "false",
+      ToString(c.mode.load()),
+      // Still pending at the end: the peer never registered (not preloaded,
+      // NAT, no backend on its side).
+      proto::ToString(c.mode.load() == Mode::kPending ? Reason::kPeerNotAccelerated : c.reason.load()),
+      c.upgraded.load() ? "true" : "false",
       static_cast<unsigned long long>(c.kernel_sent.load()),
       static_cast<unsigned long long>(c.kernel_received.load()),
       static_cast<unsigned long long>(c.accel_tx.load()),

@@ -451,4 +451,28 @@ ScopedSignalHandler::ScopedSignalHandler(int sig, void (*handler)(int), int sa_f
 
 ScopedSignalHandler::~ScopedSignalHandler() { sigaction(sig_, &old_, nullptr); }
 
+std::atomic<int>& Usr1Count() {
+  static std::atomic<int> count{0};
+  return count;
+}
+
+void CountUsr1(int) { ++Usr1Count(); }
+
+RepeatingSignaller::RepeatingSignaller(pthread_t target)
+    : thread_([this, target] {
+        for (int i = 0; i < 250 && !stop_; ++i) {
+          pthread_kill(target, SIGUSR1);
+          SleepMs(20);
+        }
+      }) {}
+
+void RepeatingSignaller::Stop() {
+  stop_ = true;
+  if (!thread_.joinable()) return;
+  thread_.join();
+  // pthread_kill returned before join did, so any signal it sent is pending
+  // here; returning from this syscall delivers it.
+  SleepMs(1);
+}
+
 }  // namespace vsocket::socktest

@@ -19,17 +19,20 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/clock.h"
@@ -216,6 +219,26 @@ class ScopedSignalHandler {
  private:
   int sig_;
   struct sigaction old_;
+};
+
+// SIGUSR1 handler that counts deliveries in Usr1Count().
+void CountUsr1(int);
+std::atomic<int>& Usr1Count();
+
+// Sends SIGUSR1 to `target` every 20 ms (for at most ~5 s) until stopped. A
+// signal sent before the target blocks is simply handled early, so repeating
+// is what makes interrupting a blocked call certain.
+class RepeatingSignaller {
+ public:
+  explicit RepeatingSignaller(pthread_t target);
+  ~RepeatingSignaller() { Stop(); }
+  // Joins the sender, then makes one syscall so that a signal still pending
+  // on this thread is delivered before the caller restores its handler.
+  void Stop();
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
 };
 
 }  // namespace vsocket::socktest

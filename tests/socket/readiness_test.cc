@@ -1,0 +1,564 @@
+// Readiness: poll/ppoll, select/pselect and epoll over connected sockets and
+// listeners, including EOF/RDHUP/HUP/ERR reporting, edge-triggered and
+// one-shot epoll, nesting, signal masks, and EINTR.
+#include <sys/epoll.h>
+#include <sys/select.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "tests/socket/test_util.h"
+
+namespace vsocket::socktest {
+namespace {
+
+// ---------------------------------------------------------------------------
+// poll, ppoll
+
+TEST(Poll, ReportsPollinOnlyOnceDataArrives) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  pollfd p{c.server.get(), POLLIN, -1};
+  EXPECT_EQ(poll(&p, 1, 0), 0);
+  EXPECT_EQ(p.revents, 0);
+  ASSERT_TRUE(SendAll(c.client.get(), "d"));
+  p.revents = -1;
+  EXPECT_EQ(poll(&p, 1, kIoTimeoutMs), 1) << ErrnoName(errno);
+  EXPECT_EQ(p.revents, POLLIN);
+}
+
+TEST(Poll, ConnectedSocketsReportPolloutAndNothingElse) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  pollfd p[2] = {{c.client.get(), POLLIN | POLLOUT | POLLRDHUP, 0},
+                 {c.server.get(), POLLIN | POLLOUT | POLLRDHUP, 0}};
+  EXPECT_EQ(poll(p, 2, kIoTimeoutMs), 2);
+  EXPECT_EQ(p[0].revents, POLLOUT);
+  EXPECT_EQ(p[1].revents, POLLOUT);
+}
+
+// A half-close is POLLIN (read returns 0) plus POLLRDHUP, but not POLLHUP:
+// POLLHUP means both directions are shut.
+TEST(Poll, PeerCloseGivesPollinAndPollrdhupThenLocalShutWrAddsPollhup) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  c.server.reset();
+  short ev = WaitFor(c.client.get(), POLLIN | POLLRDHUP);
+  EXPECT_TRUE(ev & POLLIN) << "revents " << ev;
+  EXPECT_TRUE(ev & POLLRDHUP) << "revents " << ev;
+  EXPECT_FALSE(ev & (POLLHUP | POLLERR)) << "revents " << ev;
+  char b;
+  EXPECT_EQ(read(c.client.get(), &b, 1), 0);
+  VS_ASSERT_OK(shutdown(c.client.get(), SHUT_WR));
+  ev = WaitFor(c.client.get(), POLLIN, 0);
+  EXPECT_TRUE(ev & POLLHUP) << "revents " << ev;
+}
+
+TEST(Poll, PeerShutWrGivesPollrdhupWhileStillWritable) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  VS_ASSERT_OK(shutdown(c.server.get(), SHUT_WR));
+  short ev = WaitFor(c.client.get(), POLLRDHUP);
+  ASSERT_TRUE(ev & POLLRDHUP) << "revents " << ev;
+  ev = WaitFor(c.client.get(), POLLIN | POLLOUT | POLLRDHUP, 0);
+  EXPECT_EQ(ev, POLLIN | POLLOUT | POLLRDHUP);
+}
+
+TEST(Poll, ListenerIsReadableWhenConnectionIsPending) {
+  Fd listener = Listener();
+  EXPECT_EQ(WaitFor(listener.get(), POLLIN, 0), 0);
+  Fd client = ConnectTo(SockName(listener.get()));
+  ASSERT_TRUE(client.valid());
+  EXPECT_EQ(WaitFor(listener.get(), POLLIN), POLLIN);
+}
+
+TEST(Poll, ClosedFdReportsPollnvalAndNegativeFdIsIgnored) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  Fd spare = TcpSocket();
+  int closed = spare.release();
+  close(closed);
+  pollfd p[3] = {{closed, POLLIN, 0}, {-1, POLLIN, 0}, {c.client.get(), POLLOUT, 0}};
+  EXPECT_EQ(poll(p, 3, 0), 2);
+  EXPECT_EQ(p[0].revents, POLLNVAL);
+  EXPECT_EQ(p[1].revents, 0);
+  EXPECT_EQ(p[2].revents, POLLOUT);
+}
+
+TEST(Poll, ReportsEachOfManySocketsIndependently) {
+  constexpr int kPairs = 8;
+  std::vector<Connection> pairs;
+  for (int i = 0; i < kPairs; ++i) {
+    pairs.push_back(ConnectedPair());
+    ASSERT_TRUE(pairs.back().ok());
+  }
+  for (int i = 0; i < kPairs; i += 2) ASSERT_TRUE(SendAll(pairs[i].client.get(), "x"));
+  for (int i = 0; i < kPairs; i += 2) ASSERT_TRUE(WaitFor(pairs[i].server.get(), POLLIN) & POLLIN);
+  std::vector<pollfd> p;
+  for (auto& c : pairs) p.push_back({c.server.get(), POLLIN, 0});
+  EXPECT_EQ(poll(p.data(), p.size(), 0), kPairs / 2);
+  for (int i = 0; i < kPairs; ++i) EXPECT_EQ(p[i].revents, i % 2 == 0 ? POLLIN : 0) << "pair " << i;
+}
+
+TEST(Poll, TimeoutWithNothingReadyReturnsZero) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  pollfd p{c.server.get(), POLLIN, 0};
+  EXPECT_EQ(poll(&p, 1, 30), 0);
+  EXPECT_EQ(poll(nullptr, 0, 10), 0);
+}
+
+// poll, select and epoll_wait are never restarted after a handler, even
+// with SA_RESTART (signal(7)).
+TEST(Poll, InterruptedBySignalFailsEintrEvenWithSaRestart) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  ScopedSignalHandler handler(SIGUSR1, CountUsr1, SA_RESTART);
+  RepeatingSignaller signaller(pthread_self());
+  pollfd p{c.server.get(), POLLIN, 0};
+  VS_EXPECT_ERRNO(poll(&p, 1, kIoTimeoutMs), EINTR);
+  signaller.Stop();
+}
+
+TEST(Ppoll, WaitsWithTimespecTimeoutAndReportsData) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  pollfd p{c.server.get(), POLLIN, 0};
+  timespec ts{0, 30'000'000};
+  EXPECT_EQ(ppoll(&p, 1, &ts, nullptr), 0);
+  ASSERT_TRUE(SendAll(c.client.get(), "p"));
+  ts = {kIoTimeoutMs / 1000, 0};
+  EXPECT_EQ(ppoll(&p, 1, &ts, nullptr), 1) << ErrnoName(errno);
+  EXPECT_EQ(p.revents, POLLIN);
+}
+
+// Returns the sigset to pass to ppoll/pselect/epoll_pwait so that SIGUSR1 is
+// blocked only while the call waits.
+sigset_t MaskWithUsr1Blocked() {
+  sigset_t mask;
+  pthread_sigmask(SIG_SETMASK, nullptr, &mask);
+  sigaddset(&mask, SIGUSR1);
+  return mask;
+}
+
+TEST(Ppoll, SigmaskHoldsOffSignalThatInterruptsPlainPoll) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  ScopedSignalHandler handler(SIGUSR1, CountUsr1, 0);
+  Usr1Count() = 0;
+  RepeatingSignaller signaller(pthread_self());
+  pollfd p{c.server.get(), POLLIN, 0};
+  timespec ts{0, 200'000'000};
+  sigset_t mask = MaskWithUsr1Blocked();
+  EXPECT_EQ(ppoll(&p, 1, &ts, &mask), 0) << ErrnoName(errno);
+  ts = {kIoTimeoutMs / 1000, 0};
+  VS_EXPECT_ERRNO(ppoll(&p, 1, &ts, nullptr), EINTR);
+  signaller.Stop();
+  EXPECT_GE(Usr1Count().load(), 1);
+}
+
+// ---------------------------------------------------------------------------
+// select, pselect
+
+TEST(Select, ReportsReadableAndWritableSetsAndTimesOut) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  const int a = c.client.get(), b = c.server.get();
+  const int nfds = std::max(a, b) + 1;
+  fd_set r, w;
+  FD_ZERO(&r);
+  FD_SET(b, &r);
+  timeval tv{0, 30'000};
+  EXPECT_EQ(select(nfds, &r, nullptr, nullptr, &tv), 0);
+  EXPECT_FALSE(FD_ISSET(b, &r));
+
+  ASSERT_TRUE(SendAll(a, "s"));
+  FD_ZERO(&r);
+  FD_ZERO(&w);
+  FD_SET(a, &r);
+  FD_SET(b, &r);
+  FD_SET(a, &w);
+  tv = {kIoTimeoutMs / 1000, 0};
+  EXPECT_EQ(select(nfds, &r, &w, nullptr, &tv), 2) << ErrnoName(errno);
+  EXPECT_FALSE(FD_ISSET(a, &r));
+  EXPECT_TRUE(FD_ISSET(b, &r));
+  EXPECT_TRUE(FD_ISSET(a, &w));
+}
+
+TEST(Select, ReadableAtEofAndListenerReadableWhenConnectionPending) {
+  Fd listener = Listener();
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  c.client.reset();
+  Fd pending = ConnectTo(SockName(listener.get()));
+  ASSERT_TRUE(pending.valid());
+  fd_set r;
+  FD_ZERO(&r);
+  FD_SET(c.server.get(), &r);
+  FD_SET(listener.get(), &r);
+  timeval tv{kIoTimeoutMs / 1000, 0};
+  int nfds = std::max(c.server.get(), listener.get()) + 1;
+  // Both may not be ready at the same instant; wait until both are.
+  int n = 0;
+  for (int i = 0; i < 100; ++i) {
+    fd_set rr = r;
+    n = select(nfds, &rr, nullptr, nullptr, &tv);
+    if (n == 2) break;
+    SleepMs(5);
+  }
+  EXPECT_EQ(n, 2) << ErrnoName(errno);
+  char b;
+  EXPECT_EQ(read(c.server.get(), &b, 1), 0);
+}
+
+TEST(Select, ClosedFdInSetFailsEbadf) {
+  Fd spare = TcpSocket();
+  int closed = spare.release();
+  close(closed);
+  fd_set r;
+  FD_ZERO(&r);
+  FD_SET(closed, &r);
+  timeval tv{0, 0};
+  VS_EXPECT_ERRNO(select(closed + 1, &r, nullptr, nullptr, &tv), EBADF);
+}
+
+TEST(Select, InterruptedBySignalFailsEintrEvenWithSaRestart) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  ScopedSignalHandler handler(SIGUSR1, CountUsr1, SA_RESTART);
+  RepeatingSignaller signaller(pthread_self());
+  fd_set r;
+  FD_ZERO(&r);
+  FD_SET(c.server.get(), &r);
+  timeval tv{kIoTimeoutMs / 1000, 0};
+  VS_EXPECT_ERRNO(select(c.server.get() + 1, &r, nullptr, nullptr, &tv), EINTR);
+  signaller.Stop();
+}
+
+TEST(Pselect, SigmaskHoldsOffSignalAndDataIsReported) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  ScopedSignalHandler handler(SIGUSR1, CountUsr1, 0);
+  Usr1Count() = 0;
+  const int fd = c.server.get();
+  {
+    RepeatingSignaller signaller(pthread_self());
+    fd_set r;
+    FD_ZERO(&r);
+    FD_SET(fd, &r);
+    timespec ts{0, 200'000'000};
+    sigset_t mask = MaskWithUsr1Blocked();
+    EXPECT_EQ(pselect(fd + 1, &r, nullptr, nullptr, &ts, &mask), 0) << ErrnoName(errno);
+    signaller.Stop();
+  }
+  EXPECT_GE(Usr1Count().load(), 1);
+  ASSERT_TRUE(SendAll(c.client.get(), "q"));
+  fd_set r;
+  FD_ZERO(&r);
+  FD_SET(fd, &r);
+  timespec ts{kIoTimeoutMs / 1000, 0};
+  EXPECT_EQ(pselect(fd + 1, &r, nullptr, nullptr, &ts, nullptr), 1) << ErrnoName(errno);
+  EXPECT_TRUE(FD_ISSET(fd, &r));
+}
+
+// ---------------------------------------------------------------------------
+// epoll
+
+Fd EpollFd() {
+  Fd ep(epoll_create1(0));
+  if (!ep.valid()) ADD_FAILURE() << "epoll_create1: " << ErrnoName(errno);
+  return ep;
+}
+
+void Add(int ep, int fd, uint32_t events, uint64_t cookie) {
+  epoll_event e{};
+  e.events = events;
+  e.data.u64 = cookie;
+  ASSERT_EQ(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &e), 0) << ErrnoName(errno);
+}
+
+// One epoll_wait for at most 8 events.
+std::vector<epoll_event> Wait(int ep, int timeout_ms) {
+  epoll_event ev[8];
+  int n = epoll_wait(ep, ev, 8, timeout_ms);
+  if (n < 0) {
+    ADD_FAILURE() << "epoll_wait: " << ErrnoName(errno);
+    return {};
+  }
+  return std::vector<epoll_event>(ev, ev + n);
+}
+
+TEST(Epoll, CreateRejectsNonPositiveSizeAndCreate1HonorsCloexecAndRejectsBadFlags) {
+  int fd;
+  VS_ASSERT_OK(fd = epoll_create(1));
+  Fd a(fd);
+  EXPECT_EQ(FdFlags(a.get()) & FD_CLOEXEC, 0);
+  VS_EXPECT_ERRNO(epoll_create(0), EINVAL);
+  VS_EXPECT_ERRNO(epoll_create(-1), EINVAL);
+  VS_ASSERT_OK(fd = epoll_create1(EPOLL_CLOEXEC));
+  Fd b(fd);
+  EXPECT_NE(FdFlags(b.get()) & FD_CLOEXEC, 0);
+  VS_EXPECT_ERRNO(epoll_create1(0x1), EINVAL);
+}
+
+TEST(Epoll, CtlAddModDelSucceedAndMisuseFailsWithMatchingErrno) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  Fd ep = EpollFd();
+  const int fd = c.server.get();
+  epoll_event e{};
+  e.events = EPOLLIN;
+  VS_EXPECT_OK(epoll_ctl(ep.get(), EPOLL_CTL_ADD, fd, &e));
+  VS_EXPECT_ERRNO(epoll_ctl(ep.get(), EPOLL_CTL_ADD, fd, &e), EEXIST);
+  e.events = EPOLLIN | EPOLLOUT;
+  VS_EXPECT_OK(epoll_ctl(ep.get(), EPOLL_CTL_MOD, fd, &e));
+  VS_EXPECT_OK(epoll_ctl(ep.get(), EPOLL_CTL_DEL, fd, &e));
+  VS_EXPECT_ERRNO(epoll_ctl(ep.get(), EPOLL_CTL_DEL, fd, &e), ENOENT);
+  VS_EXPECT_ERRNO(epoll_ctl(ep.get(), EPOLL_CTL_MOD, fd, &e), ENOENT);
+  VS_EXPECT_ERRNO(epoll_ctl(ep.get(), EPOLL_CTL_ADD, ep.get(), &e), EINVAL);
+  VS_EXPECT_ERRNO(epoll_ctl(fd, EPOLL_CTL_ADD, c.client.get(), &e), EINVAL);  // not an epoll fd
+  int closed = c.client.release();
+  close(closed);
+  VS_EXPECT_ERRNO(epoll_ctl(ep.get(), EPOLL_CTL_ADD, closed, &e), EBADF);
+  // Regular files are always ready; epoll refuses them.
+  char path[] = "/tmp/vsocket-epoll-XXXXXX";
+  Fd file(mkstemp(path));
+  ASSERT_TRUE(file.valid());
+  unlink(path);
+  VS_EXPECT_ERRNO(epoll_ctl(ep.get(), EPOLL_CTL_ADD, file.get(), &e), EPERM);
+}
+
+TEST(Epoll, WaitReturnsRegisteredCookieAndEventsAndTimesOut) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  Fd ep = EpollFd();
+  Add(ep.get(), c.server.get(), EPOLLIN | EPOLLOUT, 0x1234567890abcdefull);
+  auto ev = Wait(ep.get(), kIoTimeoutMs);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].events, static_cast<uint32_t>(EPOLLOUT));
+  EXPECT_EQ(ev[0].data.u64, 0x1234567890abcdefull);
+  ASSERT_TRUE(SendAll(c.client.get(), "e"));
+  ASSERT_TRUE(WaitFor(c.server.get(), POLLIN) & POLLIN);
+  ev = Wait(ep.get(), kIoTimeoutMs);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].events, static_cast<uint32_t>(EPOLLIN | EPOLLOUT));
+
+  Fd ep2 = EpollFd();
+  Add(ep2.get(), c.client.get(), EPOLLIN, 1);
+  EXPECT_EQ(Wait(ep2.get(), 30).size(), 0u);
+  epoll_event one;
+  VS_EXPECT_ERRNO(epoll_wait(ep2.get(), &one, 0, 0), EINVAL);
+  VS_EXPECT_ERRNO(epoll_wait(c.client.get(), &one, 1, 0), EINVAL);
+}
+
+TEST(Epoll, LevelTriggeredKeepsReportingUntilDrained) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  Fd ep = EpollFd();
+  Add(ep.get(), c.server.get(), EPOLLIN, 7);
+  ASSERT_TRUE(SendAll(c.client.get(), "abc"));
+  ASSERT_EQ(WaitForInq(c.server.get(), 3), 3);
+  EXPECT_EQ(Wait(ep.get(), kIoTimeoutMs).size(), 1u);
+  EXPECT_EQ(Wait(ep.get(), 0).size(), 1u);
+  char b[3];
+  ASSERT_EQ(read(c.server.get(), b, 1), 1);
+  EXPECT_EQ(Wait(ep.get(), 0).size(), 1u);
+  ASSERT_EQ(read(c.server.get(), b, 3), 2);
+  EXPECT_EQ(Wait(ep.get(), 0).size(), 0u);
+}
+
+// Linux re-arms an edge-triggered item on every arrival, drained or not;
+// with nothing new, it stays quiet.
+TEST(Epoll, EdgeTriggeredFiresOncePerNewArrival) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  Fd ep = EpollFd();
+  Add(ep.get(), c.server.get(), EPOLLIN | EPOLLET, 8);
+  EXPECT_EQ(Wait(ep.get(), 0).size(), 0u);
+  ASSERT_TRUE(SendAll(c.client.get(), "a"));
+  auto ev = Wait(ep.get(), kIoTimeoutMs);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].data.u64, 8u);
+  EXPECT_EQ(Wait(ep.get(), 0).size(), 0u) << "no new data, no new edge";
+  EXPECT_EQ(Wait(ep.get(), 30).size(), 0u);
+  ASSERT_TRUE(SendAll(c.client.get(), "b"));
+  EXPECT_EQ(Wait(ep.get(), kIoTimeoutMs).size(), 1u) << "new data while undrained";
+  EXPECT_EQ(Wait(ep.get(), 0).size(), 0u);
+  EXPECT_EQ(RecvExactly(c.server.get(), 2), "ab");
+  EXPECT_EQ(Wait(ep.get(), 0).size(), 0u);
+}
+
+TEST(Epoll, OneshotFiresOnceUntilRearmedWithMod) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  Fd ep = EpollFd();
+  Add(ep.get(), c.server.get(), EPOLLIN | EPOLLONESHOT, 9);
+  ASSERT_TRUE(SendAll(c.client.get(), "1"));
+  EXPECT_EQ(Wait(ep.get(), kIoTimeoutMs).size(), 1u);
+  EXPECT_EQ(Wait(ep.get(), 0).size(), 0u) << "disarmed although data is unread";
+  ASSERT_TRUE(SendAll(c.client.get(), "2"));
+  EXPECT_EQ(Wait(ep.get(), 30).size(), 0u) << "disarmed although new data came";
+  epoll_event e{};
+  e.events = EPOLLIN | EPOLLONESHOT;
+  e.data.u64 = 10;
+  VS_ASSERT_OK(epoll_ctl(ep.get(), EPOLL_CTL_MOD, c.server.get(), &e));
+  auto ev = Wait(ep.get(), kIoTimeoutMs);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].data.u64, 10u);
+  EXPECT_EQ(Wait(ep.get(), 0).size(), 0u);
+  // A disarmed item is still registered: ADD says EEXIST.
+  VS_EXPECT_ERRNO(epoll_ctl(ep.get(), EPOLL_CTL_ADD, c.server.get(), &e), EEXIST);
+}
+
+TEST(Epoll, RdhupReportedWhenPeerShutsDownWritingWithoutHup) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  Fd ep = EpollFd();
+  Add(ep.get(), c.server.get(), EPOLLIN | EPOLLRDHUP, 11);
+  VS_ASSERT_OK(shutdown(c.client.get(), SHUT_WR));
+  auto ev = Wait(ep.get(), kIoTimeoutMs);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].events, static_cast<uint32_t>(EPOLLIN | EPOLLRDHUP));
+}
+
+TEST(Epoll, ErrAndHupReportedAfterPeerResetEvenIfNotRequested) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  Fd ep = EpollFd();
+  Add(ep.get(), c.client.get(), EPOLLIN, 12);
+  CloseWithReset(c.server);
+  std::vector<epoll_event> ev;
+  Deadline deadline(kIoTimeoutMs);
+  // The first wakeup may come before the RST is fully processed; wait for ERR.
+  while (!deadline.Expired()) {
+    ev = Wait(ep.get(), deadline.RemainingMs());
+    if (ev.size() == 1 && (ev[0].events & EPOLLERR)) break;
+    SleepMs(1);
+  }
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_TRUE(ev[0].events & EPOLLERR) << std::hex << ev[0].events;
+  EXPECT_TRUE(ev[0].events & EPOLLHUP) << std::hex << ev[0].events;
+}
+
+TEST(Epoll, SameSocketInTwoEpollSetsIsReportedByBoth) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  Fd ep1 = EpollFd(), ep2 = EpollFd();
+  Add(ep1.get(), c.server.get(), EPOLLIN, 1);
+  Add(ep2.get(), c.server.get(), EPOLLIN | EPOLLET, 2);
+  ASSERT_TRUE(SendAll(c.client.get(), "both"));
+  auto e1 = Wait(ep1.get(), kIoTimeoutMs);
+  auto e2 = Wait(ep2.get(), kIoTimeoutMs);
+  ASSERT_EQ(e1.size(), 1u);
+  ASSERT_EQ(e2.size(), 1u);
+  EXPECT_EQ(e1[0].data.u64, 1u);
+  EXPECT_EQ(e2[0].data.u64, 2u);
+}
+
+TEST(Epoll, EpollFdNestedInAnotherEpollFdReportsInnerReadiness) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  Fd inner = EpollFd(), outer = EpollFd();
+  Add(inner.get(), c.server.get(), EPOLLIN, 21);
+  Add(outer.get(), inner.get(), EPOLLIN, 22);
+  EXPECT_EQ(Wait(outer.get(), 0).size(), 0u);
+  EXPECT_EQ(WaitFor(inner.get(), POLLIN, 0), 0);
+  ASSERT_TRUE(SendAll(c.client.get(), "nested"));
+  auto ev = Wait(outer.get(), kIoTimeoutMs);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].data.u64, 22u);
+  EXPECT_EQ(WaitFor(inner.get(), POLLIN, 0), POLLIN);
+  ev = Wait(inner.get(), 0);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].data.u64, 21u);
+  EXPECT_EQ(RecvExactly(c.server.get(), 6), "nested");
+  EXPECT_EQ(Wait(outer.get(), 0).size(), 0u);
+}
+
+TEST(Epoll, ListenerReportsEpollinForPendingConnection) {
+  Fd listener = Listener();
+  Fd ep = EpollFd();
+  Add(ep.get(), listener.get(), EPOLLIN, 31);
+  EXPECT_EQ(Wait(ep.get(), 0).size(), 0u);
+  Fd client = ConnectTo(SockName(listener.get()));
+  auto ev = Wait(ep.get(), kIoTimeoutMs);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].events, static_cast<uint32_t>(EPOLLIN));
+}
+
+// With fewer slots than ready items, level-triggered epoll hands out each
+// ready item in turn instead of starving the later ones.
+TEST(Epoll, MaxeventsBelowReadyCountReportsEachReadySocketInTurn) {
+  constexpr int kPairs = 3;
+  std::vector<Connection> pairs;
+  Fd ep = EpollFd();
+  for (int i = 0; i < kPairs; ++i) {
+    pairs.push_back(ConnectedPair());
+    ASSERT_TRUE(pairs.back().ok());
+    Add(ep.get(), pairs.back().server.get(), EPOLLIN, static_cast<uint64_t>(i));
+    ASSERT_TRUE(SendAll(pairs.back().client.get(), "r"));
+    ASSERT_TRUE(WaitFor(pairs.back().server.get(), POLLIN) & POLLIN);
+  }
+  std::set<uint64_t> seen;
+  for (int i = 0; i < kPairs; ++i) {
+    epoll_event e;
+    ASSERT_EQ(epoll_wait(ep.get(), &e, 1, kIoTimeoutMs), 1) << ErrnoName(errno);
+    seen.insert(e.data.u64);
+  }
+  EXPECT_EQ(seen.size(), static_cast<size_t>(kPairs));
+}
+
+TEST(Epoll, PwaitSigmaskHoldsOffSignalAndWaitIsInterruptedWithoutIt) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  Fd ep = EpollFd();
+  Add(ep.get(), c.server.get(), EPOLLIN, 41);
+  ScopedSignalHandler handler(SIGUSR1, CountUsr1, SA_RESTART);
+  Usr1Count() = 0;
+  RepeatingSignaller signaller(pthread_self());
+  epoll_event e;
+  sigset_t mask = MaskWithUsr1Blocked();
+  EXPECT_EQ(epoll_pwait(ep.get(), &e, 1, 200, &mask), 0) << ErrnoName(errno);
+  // Never restarted, even with SA_RESTART.
+  VS_EXPECT_ERRNO(epoll_wait(ep.get(), &e, 1, kIoTimeoutMs), EINTR);
+  signaller.Stop();
+  EXPECT_GE(Usr1Count().load(), 1);
+  ASSERT_TRUE(SendAll(c.client.get(), "w"));
+  EXPECT_EQ(epoll_pwait(ep.get(), &e, 1, kIoTimeoutMs, nullptr), 1) << ErrnoName(errno);
+  EXPECT_EQ(e.data.u64, 41u);
+}
+
+// epoll registers the open file description: closing one descriptor while
+// a dup keeps the socket open leaves the registration (and its events) in
+// place. Closing the last descriptor removes it.
+TEST(Epoll, RegistrationOutlivesClosedFdWhileDuplicateKeepsSocketOpen) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  Fd ep = EpollFd();
+  Add(ep.get(), c.server.get(), EPOLLIN, 51);
+  Fd d(dup(c.server.get()));
+  ASSERT_TRUE(d.valid());
+  c.server.reset();
+  ASSERT_TRUE(SendAll(c.client.get(), "ghost"));
+  auto ev = Wait(ep.get(), kIoTimeoutMs);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].data.u64, 51u);
+  EXPECT_EQ(RecvExactly(d.get(), 5), "ghost");
+  d.reset();
+  ASSERT_TRUE(SendAll(c.client.get(), "gone"));
+  EXPECT_EQ(Wait(ep.get(), 50).size(), 0u);
+}
+
+TEST(Epoll, ClosingTheOnlyDescriptorRemovesRegistration) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  Fd ep = EpollFd();
+  Add(ep.get(), c.server.get(), EPOLLIN | EPOLLRDHUP, 61);
+  c.server.reset();
+  c.client.reset();  // would wake the registration if it were still there
+  EXPECT_EQ(Wait(ep.get(), 50).size(), 0u);
+}
+
+}  // namespace
+}  // namespace vsocket::socktest
