@@ -68,7 +68,8 @@ struct Conn {
   std::atomic<bool> reset{false};         // the accelerated path failed
   std::atomic<uint32_t> gen{0};           // bumped on every event (epoll ET)
 
-  // Statistics.
+  // Statistics. fence_sent: kernel_sent when this side switched over.
+  std::atomic<uint64_t> fence_sent{0};
   std::atomic<uint64_t> accel_tx{0}, accel_rx{0};
   std::atomic<int> fd_refs{0};  // fds in the fd table naming this conn
 };

@@ -81,6 +81,9 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
   for (nfds_t i = 0; i < n; ++i)
     if (conns[i]) kfds[i].fd = -1;  // the kernel ignores negative fds
   for (uint32_t iter = 0;; ++iter) {
+    // Dispatch what the backend reported, even for a zero-timeout poll:
+    // an application that only ever polls with timeout 0 must see progress.
+    session->TryDrain();
     int count = 0;
     for (nfds_t i = 0; i < n; ++i) {
       if (!conns[i]) continue;
@@ -100,7 +103,6 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
     }
     if (count > 0 || timeout_ms == 0 || (deadline >= 0 && MonotonicNs() >= deadline)) return count;
     if (spinning) {
-      session->TryDrain();
       SpinStep(iter);
       continue;
     }
@@ -317,6 +319,7 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
   for (uint32_t iter = 0;; ++iter) {
     int n;
     Session* s;
+    if (set->session) set->session->TryDrain();
     {
       std::lock_guard<std::mutex> lock(set->mu);
       Refresh(epfd, *set);
@@ -333,7 +336,6 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
     if (session_event && s) s->Drain();
     if (n > 0 || timeout_ms == 0 || (deadline >= 0 && MonotonicNs() >= deadline)) return n;
     if (spinning) {
-      s->TryDrain();
       SpinStep(iter);
       continue;
     }

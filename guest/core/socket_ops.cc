@@ -325,6 +325,7 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       Reset(c, Reason::kBackendUnavailable);
       return Errno(ECONNRESET, "connection reset");
     }
+    c.fence_sent.store(c.kernel_sent.load());
     c.tx_switched.store(true, std::memory_order_release);
   }
   if (!c.tx_switched.load()) {
@@ -359,6 +360,7 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     }
     uint64_t space = size - (tail - credit);
     if (space == 0) {
+      if (c.session->TryDrain()) continue;  // a credit may be waiting
       if (nonblock) return sent ? Result<size_t>(sent) : Errno(EAGAIN, "ring full");
       Status st = WaitUntil(c, [&] {
         return c.credit.load(std::memory_order_acquire) != credit || c.reset.load() || c.peer_gone.load();
@@ -462,6 +464,8 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
         return Errno(errno, "recvmsg");
       }
       if (got && !waitall) return got;
+      // Events not yet dispatched may already have the fence or shutdown.
+      if (c.session->TryDrain()) continue;
       if (nonblock) return got ? Result<size_t>(got) : Errno(EAGAIN, "no data");
       uint32_t gen = c.gen.load(std::memory_order_acquire);
       Status st = WaitUntil(c, [&] {
@@ -503,6 +507,7 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     }
     if (shut) return got;  // EOF: every byte before it was delivered
     if (got && !waitall) return got;
+    if (c.session->TryDrain()) continue;
     if (nonblock) return got ? Result<size_t>(got) : Errno(EAGAIN, "no data");
     Status st = WaitUntil(c, [&] {
       return c.rx_tail.load(std::memory_order_acquire) != tail || c.peer_shut_wr.load() ||
@@ -528,6 +533,7 @@ Result<int> Readable(int fd, Conn& c) {
   int kernel = 0;
   if (Libc().ioctl(fd, FIONREAD, &kernel) != 0) return Errno(errno, "ioctl FIONREAD");
   if (c.mode.load() != Mode::kAccel) return kernel;
+  if (c.session) c.session->TryDrain();
   if (!c.rx_switched.load()) {
     if (c.peer_fence_known.load()) {
       uint64_t left = c.peer_fence.load() - std::min(c.peer_fence.load(), c.kernel_received.load());
@@ -568,12 +574,13 @@ void Report(const Conn& c, const char* event) {
   int af = c.local.family == proto::Family::kIpv6 ? AF_INET6 : AF_INET;
   inet_ntop(af, c.local.addr.data(), local, sizeof(local));
   inet_ntop(af, c.peer.addr.data(), peer, sizeof(peer));
-  char line[640];
+  char line[768];
   int n = std::snprintf(
       line, sizeof(line),
       "{\"pid\":%d,\"event\":\"%s\",\"local\":\"%s:%u\",\"peer\":\"%s:%u\",\"mode\":\"%s\","
       "\"reason\":\"%s\",\"upgraded\":%s,\"kernel_tx\":%llu,\"kernel_rx\":%llu,"
-      "\"accel_tx\":%llu,\"accel_rx\":%llu}\n",
+      "\"accel_tx\":%llu,\"accel_rx\":%llu,\"kernel_tx_after_upgrade\":%llu,"
+      "\"kernel_rx_after_upgrade\":%llu}\n",
       getpid(), event, local, c.local.port, peer, c.peer.port,
       ToString(c.mode.load()),
       // Still pending at the end: the peer never registered (not preloaded,
@@ -583,7 +590,11 @@ void Report(const Conn& c, const char* event) {
       static_cast<unsigned long long>(c.kernel_sent.load()),
       static_cast<unsigned long long>(c.kernel_received.load()),
       static_cast<unsigned long long>(c.accel_tx.load()),
-      static_cast<unsigned long long>(c.accel_rx.load()));
+      static_cast<unsigned long long>(c.accel_rx.load()),
+      // Both are 0 by construction once switched; reported so tests can
+      // prove it from counters rather than assume it.
+      static_cast<unsigned long long>(c.tx_switched.load() ? c.kernel_sent.load() - c.fence_sent.load() : 0),
+      static_cast<unsigned long long>(c.rx_switched.load() ? c.kernel_received.load() - c.peer_fence.load() : 0));
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return;
   (void)!Libc().write(fd, line, static_cast<size_t>(n));

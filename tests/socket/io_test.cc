@@ -82,14 +82,16 @@ TEST(ReadWrite, WriteAndReadTransferBytesBothDirections) {
   ASSERT_TRUE(c.ok());
   const std::string up = StreamBytes(11, 200'000), down = StreamBytes(12, 150'000);
   std::thread writer([&] {
-    WriteWith(c.client.get(), up, [&](const char* p, size_t n) { return write(c.client.get(), p, n); });
+    WriteWith(c.client.get(), up,
+              [&](const char* p, size_t n) { return write(c.client.get(), p, n); });
   });
   EXPECT_EQ(ReadWith(c.server.get(), up.size(),
                      [&](char* p, size_t n) { return read(c.server.get(), p, n); }),
             up);
   writer.join();
   std::thread writer2([&] {
-    WriteWith(c.server.get(), down, [&](const char* p, size_t n) { return write(c.server.get(), p, n); });
+    WriteWith(c.server.get(), down,
+              [&](const char* p, size_t n) { return write(c.server.get(), p, n); });
   });
   EXPECT_EQ(ReadWith(c.client.get(), down.size(),
                      [&](char* p, size_t n) { return read(c.client.get(), p, n); }),
@@ -162,8 +164,10 @@ TEST(SendRecv, SendAndRecvTransferBytesBothDirections) {
   ASSERT_TRUE(c.ok());
   const std::string up = StreamBytes(21, 100'000), down = StreamBytes(22, 70'000);
   std::thread writer([&] {
-    WriteWith(c.client.get(), up, [&](const char* p, size_t n) { return send(c.client.get(), p, n, 0); });
-    WriteWith(c.server.get(), down, [&](const char* p, size_t n) { return send(c.server.get(), p, n, 0); });
+    WriteWith(c.client.get(), up,
+              [&](const char* p, size_t n) { return send(c.client.get(), p, n, 0); });
+    WriteWith(c.server.get(), down,
+              [&](const char* p, size_t n) { return send(c.server.get(), p, n, 0); });
   });
   EXPECT_EQ(ReadWith(c.server.get(), up.size(),
                      [&](char* p, size_t n) { return recv(c.server.get(), p, n, 0); }),
@@ -178,9 +182,8 @@ TEST(SendRecv, SendtoWithNullAddressAndRecvfromWorkOnConnectedStream) {
   Connection c = ConnectedPair();
   ASSERT_TRUE(c.ok());
   const std::string data = StreamBytes(23, 50'000);
-  WriteWith(c.client.get(), data, [&](const char* p, size_t n) {
-    return sendto(c.client.get(), p, n, 0, nullptr, 0);
-  });
+  WriteWith(c.client.get(), data,
+            [&](const char* p, size_t n) { return sendto(c.client.get(), p, n, 0, nullptr, 0); });
   EXPECT_EQ(ReadWith(c.server.get(), data.size(),
                      [&](char* p, size_t n) {
                        return recvfrom(c.server.get(), p, n, 0, nullptr, nullptr);

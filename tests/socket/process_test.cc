@@ -23,8 +23,10 @@ bool ChildSendAll(int fd, const std::string& s) {
     pollfd p{fd, POLLOUT, 0};
     if (poll(&p, 1, deadline.RemainingMs()) <= 0) continue;
     ssize_t n = send(fd, s.data() + done, s.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) done += static_cast<size_t>(n);
-    else if (n < 0 && errno != EAGAIN && errno != EINTR) return false;
+    if (n > 0)
+      done += static_cast<size_t>(n);
+    else if (n < 0 && errno != EAGAIN && errno != EINTR)
+      return false;
   }
   return done == s.size();
 }
@@ -37,8 +39,10 @@ bool ChildRecvExactly(int fd, size_t len, std::string* out) {
     pollfd p{fd, POLLIN, 0};
     if (poll(&p, 1, deadline.RemainingMs()) <= 0) continue;
     ssize_t n = recv(fd, buf, std::min(sizeof buf, len - out->size()), MSG_DONTWAIT);
-    if (n > 0) out->append(buf, static_cast<size_t>(n));
-    else if (n == 0 || (errno != EAGAIN && errno != EINTR)) return false;
+    if (n > 0)
+      out->append(buf, static_cast<size_t>(n));
+    else if (n == 0 || (errno != EAGAIN && errno != EINTR))
+      return false;
   }
   return out->size() == len;
 }
@@ -242,9 +246,12 @@ TEST(Threads, TwoWriterThreadsSharingSocketDeliverEveryByte) {
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
     ASSERT_GT(n, 0) << ErrnoName(errno);
     for (ssize_t i = 0; i < n; ++i) {
-      if (buf[i] == 'A') ++count[0];
-      else if (buf[i] == 'B') ++count[1];
-      else ++other;
+      if (buf[i] == 'A')
+        ++count[0];
+      else if (buf[i] == 'B')
+        ++count[1];
+      else
+        ++other;
     }
     total += static_cast<size_t>(n);
   }

@@ -1,6 +1,7 @@
 // Readiness: poll/ppoll, select/pselect and epoll over connected sockets and
 // listeners, including EOF/RDHUP/HUP/ERR reporting, edge-triggered and
 // one-shot epoll, nesting, signal masks, and EINTR.
+#include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
 

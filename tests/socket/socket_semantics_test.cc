@@ -12,6 +12,7 @@
 #include <sys/ioctl.h>
 #include <sys/un.h>
 
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -150,8 +151,7 @@ TEST(Connect, BlockingConnectToClosedPortFailsEconnrefused) {
 TEST(Connect, NonblockingConnectToClosedPortReportsEconnrefusedViaSoErrorOnce) {
   ClosedPort closed = ReserveClosedPort();
   Fd client = TcpSocket(SOCK_NONBLOCK);
-  VS_ASSERT_ERRNO(connect(client.get(), AsSockaddr(&closed.addr), sizeof closed.addr),
-                  EINPROGRESS);
+  VS_ASSERT_ERRNO(connect(client.get(), AsSockaddr(&closed.addr), sizeof closed.addr), EINPROGRESS);
   short ev = WaitFor(client.get(), POLLOUT);
   EXPECT_TRUE(ev & POLLERR) << "revents " << ev;
   EXPECT_EQ(GetIntOpt(client.get(), SOL_SOCKET, SO_ERROR), ECONNREFUSED);
@@ -171,8 +171,7 @@ TEST(Connect, AddressOfWrongFamilyFailsEafnosupport) {
   a6.sin6_family = AF_INET6;
   a6.sin6_addr = in6addr_loopback;
   a6.sin6_port = htons(1);
-  VS_EXPECT_ERRNO(connect(client.get(), reinterpret_cast<sockaddr*>(&a6), sizeof a6),
-                  EAFNOSUPPORT);
+  VS_EXPECT_ERRNO(connect(client.get(), reinterpret_cast<sockaddr*>(&a6), sizeof a6), EAFNOSUPPORT);
 }
 
 // ---------------------------------------------------------------------------
@@ -652,8 +651,8 @@ TEST(PassThrough, UnixSocketpairExchangesDataBothWaysAndSeesEof) {
 TEST(PassThrough, UnixAbstractListenerConnectsAndAccepts) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  std::string name = "vsocket-test-" + std::to_string(getpid()) + "-" +
-                     std::to_string(MonotonicNs());
+  std::string name =
+      "vsocket-test-" + std::to_string(getpid()) + "-" + std::to_string(MonotonicNs());
   std::memcpy(addr.sun_path + 1, name.data(), name.size());  // sun_path[0] = 0: abstract
   socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
   Fd listener(socket(AF_UNIX, SOCK_STREAM, 0));

@@ -154,7 +154,7 @@ std::optional<sockaddr_in> PeerServerAddr() {
 }
 
 uint64_t TestSeed() {
-  static const uint64_t kSeed = [] {
+  static const uint64_t kSeed = []() -> uint64_t {
     const char* s = std::getenv("VSOCKET_TEST_SEED");
     if (s && *s) return std::strtoull(s, nullptr, 0);
     return static_cast<uint64_t>(MonotonicNs()) ^ (static_cast<uint64_t>(getpid()) << 32);
@@ -166,14 +166,16 @@ uint64_t TestSeed() {
 sockaddr_in SockName(int fd) {
   sockaddr_in a{};
   socklen_t len = sizeof a;
-  if (getsockname(fd, AsSockaddr(&a), &len) != 0) ADD_FAILURE() << "getsockname: " << ErrnoName(errno);
+  if (getsockname(fd, AsSockaddr(&a), &len) != 0)
+    ADD_FAILURE() << "getsockname: " << ErrnoName(errno);
   return a;
 }
 
 sockaddr_in PeerName(int fd) {
   sockaddr_in a{};
   socklen_t len = sizeof a;
-  if (getpeername(fd, AsSockaddr(&a), &len) != 0) ADD_FAILURE() << "getpeername: " << ErrnoName(errno);
+  if (getpeername(fd, AsSockaddr(&a), &len) != 0)
+    ADD_FAILURE() << "getpeername: " << ErrnoName(errno);
   return a;
 }
 
