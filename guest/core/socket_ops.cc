@@ -317,6 +317,8 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   EnsureRegistered(fd, c);
   std::unique_lock<std::mutex> lock(c.tx_mu);
   if (c.reset.load()) return Errno(ECONNRESET, "connection reset");
+  // A sender that never reads must still hear its UPGRADE.
+  if (c.mode.load(std::memory_order_acquire) == Mode::kPending && c.session) c.session->TryDrain();
   if (c.mode.load(std::memory_order_acquire) == Mode::kAccel && !c.tx_switched.load()) {
     // Switch-over: from here on this direction uses the ring; the peer reads
     // exactly kernel_sent bytes from its kernel socket first.

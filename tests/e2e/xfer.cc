@@ -1,0 +1,222 @@
+// xfer: byte-checked TCP transfers for end-to-end tests (plain POSIX, so it
+// runs with and without libvsocket preloaded).
+//
+//   xfer server ADDR PORT [--conns N] [--one-way]
+//   xfer client ADDR PORT [--conns N] [--bytes L] [--one-way] [--crash]
+//
+// Each connection: the client sends a 16-byte header {length, seed} and
+// `length` bytes of a deterministic stream derived from the seed, in random
+// chunk sizes; the server checks every byte, then (unless --one-way) sends
+// `length` bytes of the stream for seed^1, which the client checks. Then an
+// orderly shutdown: each side must see EOF exactly after the data.
+// --crash: the client SIGKILLs itself right after its last write (no close):
+// the server must still receive every byte, then EOF.
+// Exit status 0 only if every connection verified.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+uint8_t StreamByte(uint64_t seed, uint64_t i) {
+  uint64_t z = seed + (i / 8) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<uint8_t>(z >> (8 * (i % 8)));
+}
+
+bool WriteAll(int fd, const uint8_t* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      std::fprintf(stderr, "xfer: write: %s\n", std::strerror(errno));
+      return false;
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+// Sends `len` bytes of stream `seed` in random chunks.
+bool SendStream(int fd, uint64_t seed, uint64_t len, std::mt19937& rng) {
+  std::vector<uint8_t> buf(256 * 1024);
+  for (uint64_t off = 0; off < len;) {
+    size_t n = std::min<uint64_t>(len - off, 1 + rng() % buf.size());
+    for (size_t i = 0; i < n; ++i) buf[i] = StreamByte(seed, off + i);
+    if (!WriteAll(fd, buf.data(), n)) return false;
+    off += n;
+  }
+  return true;
+}
+
+// Receives and checks `len` bytes of stream `seed`; then expects EOF.
+bool RecvStream(int fd, uint64_t seed, uint64_t len, std::mt19937& rng, const char* who) {
+  std::vector<uint8_t> buf(256 * 1024);
+  uint64_t off = 0;
+  while (off < len) {
+    size_t want = std::min<uint64_t>(len - off, 1 + rng() % buf.size());
+    ssize_t r = read(fd, buf.data(), want);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      std::fprintf(stderr, "xfer %s: %s after %llu of %llu bytes\n", who,
+                   r == 0 ? "early EOF" : std::strerror(errno), (unsigned long long)off,
+                   (unsigned long long)len);
+      return false;
+    }
+    for (ssize_t i = 0; i < r; ++i) {
+      if (buf[i] != StreamByte(seed, off + i)) {
+        std::fprintf(stderr, "xfer %s: byte %llu corrupted\n", who, (unsigned long long)(off + i));
+        return false;
+      }
+    }
+    off += static_cast<uint64_t>(r);
+  }
+  uint8_t extra;
+  ssize_t r;
+  do {
+    r = read(fd, &extra, 1);
+  } while (r < 0 && errno == EINTR);
+  if (r != 0) {
+    std::fprintf(stderr, "xfer %s: expected EOF, got %zd (%s)\n", who, r, r < 0 ? std::strerror(errno) : "data");
+    return false;
+  }
+  return true;
+}
+
+sockaddr_in Addr(const char* ip, int port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, ip, &a.sin_addr) != 1) {
+    std::fprintf(stderr, "xfer: bad address %s\n", ip);
+    std::exit(2);
+  }
+  return a;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: xfer server|client ADDR PORT [--conns N] [--bytes L] [--one-way] [--crash]\n");
+    return 2;
+  }
+  std::string mode = argv[1];
+  sockaddr_in addr = Addr(argv[2], std::atoi(argv[3]));
+  int conns = 1;
+  uint64_t bytes = 1 << 20;
+  bool one_way = false, crash = false;
+  for (int i = 4; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--conns" && i + 1 < argc) conns = std::atoi(argv[++i]);
+    else if (a == "--bytes" && i + 1 < argc) bytes = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--one-way") one_way = true;
+    else if (a == "--crash") crash = true;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  std::atomic<int> ok{0};
+  std::atomic<uint64_t> total{0};
+  if (mode == "server") {
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(ls, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(ls, 128) != 0) {
+      std::perror("xfer server: bind/listen");
+      return 1;
+    }
+    std::vector<std::thread> threads;
+    for (int i = 0; i < conns; ++i) {
+      int c = accept(ls, nullptr, nullptr);
+      if (c < 0) {
+        std::perror("xfer server: accept");
+        return 1;
+      }
+      threads.emplace_back([&, c, i] {
+        std::mt19937 rng(1000 + i);
+        uint8_t hdr[16];
+        size_t got = 0;
+        while (got < 16) {
+          ssize_t r = read(c, hdr + got, 16 - got);
+          if (r <= 0) {
+            std::fprintf(stderr, "xfer server: no header\n");
+            close(c);
+            return;
+          }
+          got += static_cast<size_t>(r);
+        }
+        uint64_t len, seed;
+        std::memcpy(&len, hdr, 8);
+        std::memcpy(&seed, hdr + 8, 8);
+        bool good = RecvStream(c, seed, len, rng, "server");
+        if (good && !one_way) good = SendStream(c, seed ^ 1, len, rng) && shutdown(c, SHUT_WR) == 0;
+        if (good) {
+          ok++;
+          total += len;
+        }
+        close(c);
+      });
+    }
+    for (auto& t : threads) t.join();
+    close(ls);
+    std::printf("xfer server: %d/%d connections verified, %llu bytes each way\n", ok.load(), conns,
+                (unsigned long long)total.load());
+    return ok == conns ? 0 : 1;
+  }
+  std::vector<std::thread> threads;
+  for (int i = 0; i < conns; ++i) {
+    threads.emplace_back([&, i] {
+      std::mt19937 rng(2000 + i);
+      int s = socket(AF_INET, SOCK_STREAM, 0);
+      int r = -1;
+      for (int attempt = 0; attempt < 50 && r != 0; ++attempt) {
+        r = connect(s, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+        if (r != 0 && errno == ECONNREFUSED && attempt < 49) usleep(20000);
+        else if (r != 0) break;
+        if (r != 0) {
+          close(s);
+          s = socket(AF_INET, SOCK_STREAM, 0);
+        }
+      }
+      if (r != 0) {
+        std::fprintf(stderr, "xfer client: connect: %s\n", std::strerror(errno));
+        close(s);
+        return;
+      }
+      uint64_t seed = 0xC0FFEE00ull + static_cast<uint64_t>(i);
+      uint8_t hdr[16];
+      std::memcpy(hdr, &bytes, 8);
+      std::memcpy(hdr + 8, &seed, 8);
+      bool good = WriteAll(s, hdr, 16) && SendStream(s, seed, bytes, rng);
+      if (crash) {
+        kill(getpid(), SIGKILL);  // no close, no shutdown: as if the process died
+      }
+      if (good) good = shutdown(s, SHUT_WR) == 0;
+      if (good && !one_way) good = RecvStream(s, seed ^ 1, bytes, rng, "client");
+      if (good) {
+        ok++;
+        total += bytes;
+      }
+      close(s);
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::printf("xfer client: %d/%d connections verified, %llu bytes each way\n", ok.load(), conns,
+              (unsigned long long)total.load());
+  return ok == conns ? 0 : 1;
+}
