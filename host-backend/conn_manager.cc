@@ -223,6 +223,10 @@ std::optional<Message> ConnManager::Register(DeviceConns& dc, uint64_t request_i
 }
 
 void ConnManager::Pair(BackendConn& a, BackendConn& b) {
+  VS_LOG(kDebug, "pair conn %lu (dev %lu id %lu) <-> conn %lu (dev %lu id %lu)",
+         static_cast<unsigned long>(a.handle), static_cast<unsigned long>(a.device->id()),
+         static_cast<unsigned long>(a.conn_id), static_cast<unsigned long>(b.handle),
+         static_cast<unsigned long>(b.device->id()), static_cast<unsigned long>(b.conn_id));
   {
     std::lock_guard<std::mutex> lock(snapshot_mu_);
     a.peer = &b;
@@ -280,6 +284,9 @@ void ConnManager::Orphan(BackendConn& c) {
   ConnKey tuple = c.key;
   tuple.tenant = 0;
   by_tuple_.erase_fn(tuple, [&](uint32_t t) { return t == c.key.tenant; });
+  VS_LOG(kDebug, "conn %lu (guest id %lu) closed, %zu bytes orphaned, peer %lu",
+         static_cast<unsigned long>(c.handle), static_cast<unsigned long>(c.conn_id), c.orphan.size(),
+         static_cast<unsigned long>(c.peer ? c.peer->handle : 0));
   if (c.peer) {
     Raise(*c.peer, kEvPeerGone);
     MarkMovable(c);

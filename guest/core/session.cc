@@ -302,6 +302,8 @@ void Session::Dispatch(const Message& m) {
       break;
     }
     case MsgType::kShutdown:
+      VS_LOG(kDebug, "conn %lu: peer shut down %s", static_cast<unsigned long>(conn_id),
+             std::get<proto::Shutdown>(m.body).how == proto::ShutdownHow::kWrite ? "writing" : "reading");
       if (std::get<proto::Shutdown>(m.body).how == proto::ShutdownHow::kWrite)
         c.peer_shut_wr.store(true, std::memory_order_release);
       else

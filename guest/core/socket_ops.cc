@@ -335,12 +335,17 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     mh.msg_iov = const_cast<iovec*>(iov);
     mh.msg_iovlen = static_cast<size_t>(iovcnt);
     ssize_t n = Libc().sendmsg(fd, &mh, flags);
-    if (n < 0) return Errno(errno, "sendmsg");
+    if (n < 0) {
+      VS_LOG(kDebug, "fd %d conn %lu (%s): kernel send: %m", fd, static_cast<unsigned long>(c.id),
+             ToString(c.mode.load()));
+      return Errno(errno, "sendmsg");
+    }
     c.kernel_sent.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
     return static_cast<size_t>(n);
   }
   size_t total = IovLen(iov, iovcnt);
   if (c.shut_wr.load()) {
+    VS_LOG(kDebug, "conn %lu: send after shutdown(SHUT_WR)", static_cast<unsigned long>(c.id));
     if (!(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
     return Errno(EPIPE, "shut down for writing");
   }

@@ -1,7 +1,7 @@
 // xfer: byte-checked TCP transfers for end-to-end tests (plain POSIX, so it
 // runs with and without libvsocket preloaded).
 //
-//   xfer server ADDR PORT [--conns N] [--one-way]
+//   xfer server ADDR PORT [--conns N] [--one-way] [--fork]
 //   xfer client ADDR PORT [--conns N] [--bytes L] [--one-way] [--crash]
 //
 // Each connection: the client sends a 16-byte header {length, seed} and
@@ -11,12 +11,15 @@
 // orderly shutdown: each side must see EOF exactly after the data.
 // --crash: the client SIGKILLs itself right after its last write (no close):
 // the server must still receive every byte, then EOF.
+// --fork: the server accepts, then forks a child per connection that serves
+// it, and closes its own copy (as PostgreSQL and Apache do).
 // Exit status 0 only if every connection verified.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -121,13 +124,14 @@ int main(int argc, char** argv) {
   sockaddr_in addr = Addr(argv[2], std::atoi(argv[3]));
   int conns = 1;
   uint64_t bytes = 1 << 20;
-  bool one_way = false, crash = false;
+  bool one_way = false, crash = false, fork_server = false;
   for (int i = 4; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--conns" && i + 1 < argc) conns = std::atoi(argv[++i]);
     else if (a == "--bytes" && i + 1 < argc) bytes = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--one-way") one_way = true;
     else if (a == "--crash") crash = true;
+    else if (a == "--fork") fork_server = true;
   }
   signal(SIGPIPE, SIG_IGN);
   std::atomic<int> ok{0};
@@ -141,13 +145,14 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::vector<std::thread> threads;
+    std::vector<pid_t> children;
     for (int i = 0; i < conns; ++i) {
       int c = accept(ls, nullptr, nullptr);
       if (c < 0) {
         std::perror("xfer server: accept");
         return 1;
       }
-      threads.emplace_back([&, c, i] {
+      auto serve = [&, c, i] {
         std::mt19937 rng(1000 + i);
         uint8_t hdr[16];
         size_t got = 0;
@@ -170,9 +175,31 @@ int main(int argc, char** argv) {
           total += len;
         }
         close(c);
-      });
+      };
+      if (!fork_server) {
+        threads.emplace_back(serve);
+        continue;
+      }
+      pid_t pid = fork();
+      if (pid == 0) {
+        close(ls);
+        serve();
+        _exit(ok == 1 ? 0 : 1);
+      }
+      children.push_back(pid);
+      close(c);  // the child owns the connection now
     }
     for (auto& t : threads) t.join();
+    for (pid_t pid : children) {
+      int status = 0;
+      waitpid(pid, &status, 0);
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+        ok++;
+        total += bytes;  // the child verified its own length
+      } else if (WIFSIGNALED(status)) {
+        std::fprintf(stderr, "xfer server: child %d killed by signal %d\n", pid, WTERMSIG(status));
+      }
+    }
     close(ls);
     std::printf("xfer server: %d/%d connections verified, %llu bytes each way\n", ok.load(), conns,
                 (unsigned long long)total.load());

@@ -67,7 +67,10 @@ TEST(Shutdown, ShutRdReturnsQueuedDataThenEofWithoutBlockingAndSendingStillWorks
   EXPECT_EQ(recv(c.server.get(), buf, sizeof buf, 0), 6) << ErrnoName(errno);
   EXPECT_EQ(std::string(buf, 6), "queued");
   EXPECT_EQ(recv(c.server.get(), buf, sizeof buf, MSG_DONTWAIT), 0) << ErrnoName(errno);
-  EXPECT_EQ(recv(c.server.get(), buf, sizeof buf, 0), 0) << "blocking recv after SHUT_RD";
+  {
+    Backstop backstop(kIoTimeoutMs, [&] { send(c.client.get(), "!", 1, MSG_NOSIGNAL); });
+    EXPECT_EQ(recv(c.server.get(), buf, sizeof buf, 0), 0) << "blocking recv after SHUT_RD";
+  }
   ASSERT_TRUE(SendAll(c.server.get(), "still sending"));
   EXPECT_EQ(RecvExactly(c.client.get(), 13), "still sending");
 }
@@ -110,7 +113,10 @@ TEST(Shutdown, WakesThreadBlockedInRecvWithEof) {
   });
   SleepMs(50);  // usually lets the reader block first; either order must give EOF
   VS_EXPECT_OK(shutdown(c.server.get(), SHUT_RDWR));
-  reader.join();
+  {
+    Backstop backstop(kIoTimeoutMs, [&] { send(c.client.get(), "!", 1, MSG_NOSIGNAL); });
+    reader.join();
+  }
   EXPECT_EQ(n, 0) << ErrnoName(err);
 }
 
@@ -157,8 +163,9 @@ TEST(Close, EofArrivesOnlyAfterAllDataWhenPeerWritesOneMebibyteThenCloses) {
     }
     got.append(buf, static_cast<size_t>(n));
   }
+  if (!eof) c.server.reset();  // gave up: closing with data unread sends RST, freeing the writer
   writer.join();
-  EXPECT_TRUE(eof);
+  ASSERT_TRUE(eof);
   EXPECT_EQ(got.size(), data.size());
   EXPECT_TRUE(got == data);
   EXPECT_EQ(read(c.server.get(), buf, sizeof buf), 0) << "EOF repeats";

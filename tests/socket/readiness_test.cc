@@ -323,10 +323,10 @@ TEST(Epoll, CtlAddModDelSucceedAndMisuseFailsWithMatchingErrno) {
   close(closed);
   VS_EXPECT_ERRNO(epoll_ctl(ep.get(), EPOLL_CTL_ADD, closed, &e), EBADF);
   // Regular files are always ready; epoll refuses them.
-  char path[] = "/tmp/vsocket-epoll-XXXXXX";
-  Fd file(mkstemp(path));
-  ASSERT_TRUE(file.valid());
-  unlink(path);
+  std::string path = TempDir() + "/vsocket-epoll-XXXXXX";
+  Fd file(mkstemp(path.data()));
+  ASSERT_TRUE(file.valid()) << path << ": " << ErrnoName(errno);
+  unlink(path.c_str());
   VS_EXPECT_ERRNO(epoll_ctl(ep.get(), EPOLL_CTL_ADD, file.get(), &e), EPERM);
 }
 

@@ -3,7 +3,8 @@
 // family, partial writes and reads resumed. A third of the connections are
 // blocking with a reader and a writer thread per end, a third non-blocking
 // driven by one poll() loop, a third non-blocking driven by one
-// edge-triggered epoll loop. Every received byte is compared with the
+// edge-triggered epoll loop; half of them have small socket buffers so
+// that writers hit back-pressure. Every received byte is compared with the
 // expected stream and each direction's CRC-32C and count must match.
 // Bounded: fails after 120 s (sockets are then shut down to unblock threads).
 //
@@ -46,6 +47,7 @@ struct Flow {
   size_t received = 0;
   uint32_t received_crc = 0;
   bool eof = false;
+  int64_t eof_ms = 0;           // MonotonicMs() when EOF arrived
   size_t first_bad = SIZE_MAX;  // offset of the first wrong byte
   std::string error;            // first failure on either side
 };
@@ -66,6 +68,7 @@ const char* ModeName(Mode m) {
 
 struct Conn {
   Mode mode;
+  bool small_buffers;  // forces back-pressure: partial writes, EAGAIN, blocking
   Fd client, server;
   Flow up;    // client -> server
   Flow down;  // server -> client
@@ -180,6 +183,7 @@ class Endpoint {
     }
     if (r == 0) {
       in_->eof = true;
+      in_->eof_ms = MonotonicMs();
       in_done_ = true;
       return Step::kFinished;
     }
@@ -295,6 +299,16 @@ void RunEventLoop(std::vector<Endpoint*> eps, bool edge_triggered, const Deadlin
   if (!done()) *error = "event loop did not finish";
 }
 
+// Small, but not below ~2 MSS: loopback's MSS is ~64 KiB, and with a receive
+// buffer smaller than that the receiver's silly-window avoidance keeps the
+// window closed, leaving the sender to zero-window probes that back off to
+// seconds (measured: 16 KiB buffers turned 0.3 s into 6 s).
+void SetSmallBuffers(int fd) {
+  const int size = 128 * 1024;
+  EXPECT_EQ(setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size), 0) << ErrnoName(errno);
+  EXPECT_EQ(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size), 0) << ErrnoName(errno);
+}
+
 uint64_t StressBytesPerFlow() {
   const char* s = std::getenv("VSOCKET_TEST_STRESS_MIB");
   uint64_t mib = (s && *s) ? std::strtoull(s, nullptr, 10) : 64;
@@ -315,8 +329,13 @@ TEST(Stress, ThirtyTwoConnectionsRandomSizesBothWaysEveryByteChecked) {
   std::vector<Conn> conns(kConnections);
   for (int i = 0; i < kConnections; ++i) {
     conns[i].mode = static_cast<Mode>(i % 3);
-    conns[i].client = ConnectTo(SockName(listener.get()));
+    conns[i].small_buffers = i % 2 == 1;
+    conns[i].client = TcpSocket();
     ASSERT_TRUE(conns[i].client.valid());
+    if (conns[i].small_buffers) SetSmallBuffers(conns[i].client.get());
+    sockaddr_in addr = SockName(listener.get());
+    ASSERT_EQ(connect(conns[i].client.get(), AsSockaddr(&addr), sizeof addr), 0)
+        << ErrnoName(errno);
     conns[i].up.stream_seed = seed ^ (0x100000ull + 2 * i);
     conns[i].down.stream_seed = seed ^ (0x100001ull + 2 * i);
     conns[i].up.total = conns[i].down.total = per_flow;
@@ -329,6 +348,7 @@ TEST(Stress, ThirtyTwoConnectionsRandomSizesBothWaysEveryByteChecked) {
     for (auto& c : conns) {
       if (!c.server.valid() && SameEndpoint(SockName(c.client.get()), peer)) {
         c.server = std::move(s);
+        if (c.small_buffers) SetSmallBuffers(c.server.get());
         matched = true;
         break;
       }
@@ -417,6 +437,16 @@ TEST(Stress, ThirtyTwoConnectionsRandomSizesBothWaysEveryByteChecked) {
       moved += f->received;
     }
   }
+  // The slowest flow per mode shows where time goes when this gets slow.
+  int64_t slowest_ms[3] = {0, 0, 0};
+  for (auto& c : conns)
+    for (const Flow* f : {&c.up, &c.down})
+      if (f->eof)
+        slowest_ms[static_cast<int>(c.mode)] =
+            std::max(slowest_ms[static_cast<int>(c.mode)], f->eof_ms - start_ms);
+  std::printf("[ stress   ] slowest flow: blocking %lld ms, poll %lld ms, epoll-et %lld ms\n",
+              static_cast<long long>(slowest_ms[0]), static_cast<long long>(slowest_ms[1]),
+              static_cast<long long>(slowest_ms[2]));
   std::printf("[ stress   ] %zu MiB in %.1f s (%.0f MiB/s), %zu partial writes, %zu short reads\n",
               moved >> 20, seconds, (moved >> 20) / (seconds > 0 ? seconds : 1), partial_writes,
               partial_reads);

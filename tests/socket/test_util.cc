@@ -411,6 +411,11 @@ std::string StreamBytes(uint64_t seed, size_t len) {
   return s;
 }
 
+std::string TempDir() {
+  const char* t = std::getenv("TMPDIR");
+  return (t && *t) ? t : "/tmp";
+}
+
 pid_t ForkChild(const std::function<int()>& body) {
   fflush(nullptr);  // no buffered gtest output duplicated by the child
   pid_t pid = fork();
@@ -452,6 +457,24 @@ ScopedSignalHandler::ScopedSignalHandler(int sig, void (*handler)(int), int sa_f
 }
 
 ScopedSignalHandler::~ScopedSignalHandler() { sigaction(sig_, &old_, nullptr); }
+
+Backstop::Backstop(int timeout_ms, std::function<void()> action)
+    : thread_([this, timeout_ms, action = std::move(action)] {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [this] { return done_; }))
+          return;
+        fired_ = true;
+        action();
+      }) {}
+
+Backstop::~Backstop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
 
 std::atomic<int>& Usr1Count() {
   static std::atomic<int> count{0};

@@ -9,6 +9,7 @@
 //   VSOCKET_TEST_PEER_PORT  its port (default 7000).
 //   VSOCKET_TEST_SEED       seed for randomized tests (default: time-based,
 //                           always printed so a failure can be replayed).
+//   VSOCKET_TEST_STRESS_MIB volume of the stress test (default 64).
 //
 // Every wait is bounded: I/O helpers take a timeout, child processes are
 // killed when they overrun, and a watchdog (test_util.cc) ends the binary if
@@ -27,9 +28,11 @@
 
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -203,6 +206,9 @@ std::string StreamBytes(uint64_t seed, size_t len);
 // ---------------------------------------------------------------------------
 // Processes and signals.
 
+// $TMPDIR, or /tmp.
+std::string TempDir();
+
 // Forks; the child runs `body` and _exit()s with its return value. The body
 // must not use gtest assertions (report through the exit code instead).
 pid_t ForkChild(const std::function<int()>& body);
@@ -228,6 +234,26 @@ class ScopedSignalHandler {
 // SIGUSR1 handler that counts deliveries in Usr1Count().
 void CountUsr1(int);
 std::atomic<int>& Usr1Count();
+
+// Runs `action` on a helper thread unless the scope ends within
+// `timeout_ms`. Bounds a test whose subject is a blocking call: the action
+// (typically a shutdown()) makes the call return, so a library that never
+// wakes it fails that test instead of hanging the binary.
+class Backstop {
+ public:
+  Backstop(int timeout_ms, std::function<void()> action);
+  ~Backstop();  // cancels the action if it has not run, then joins
+  Backstop(const Backstop&) = delete;
+  Backstop& operator=(const Backstop&) = delete;
+  bool fired() const { return fired_; }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;  // guarded by mu_
+  std::atomic<bool> fired_{false};
+  std::thread thread_;
+};
 
 // Sends SIGUSR1 to `target` every 20 ms (for at most ~5 s) until stopped. A
 // signal sent before the target blocks is simply handled early, so repeating
