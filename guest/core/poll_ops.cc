@@ -61,11 +61,14 @@ int SleepWith(Session* s, std::vector<pollfd>& kfds, int64_t deadline, const sig
 }  // namespace
 
 int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
+  // Any registered connection (pending or upgraded) ties this call to the
+  // session: its events may upgrade a pending connection or make an
+  // upgraded one ready, so we must drain them and wake on them.
   std::vector<std::shared_ptr<Conn>> conns(n);
   Session* session = nullptr;
   for (nfds_t i = 0; i < n; ++i) {
     auto c = Lookup(fds[i].fd);
-    if (c && Readiness(fds[i].fd, *c) != -1 && c->session) {
+    if (c && c->session != nullptr) {
       session = c->session;
       conns[i] = std::move(c);
     }
@@ -78,25 +81,28 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
   int64_t deadline = Deadline(timeout_ms);
   int64_t spin_until = MonotonicNs() + int64_t{Config().poll_us} * 1000;
   std::vector<pollfd> kfds(fds, fds + n);
-  for (nfds_t i = 0; i < n; ++i)
-    if (conns[i]) kfds[i].fd = -1;  // the kernel ignores negative fds
+  std::vector<bool> emulated(n, false);
   for (uint32_t iter = 0;; ++iter) {
     // Dispatch what the backend reported, even for a zero-timeout poll:
     // an application that only ever polls with timeout 0 must see progress.
     session->TryDrain();
     int count = 0;
+    bool any_kernel = false;
     for (nfds_t i = 0; i < n; ++i) {
-      if (!conns[i]) continue;
-      int r = Readiness(fds[i].fd, *conns[i]);
+      int r = conns[i] ? Readiness(fds[i].fd, *conns[i]) : -1;
+      emulated[i] = r >= 0;
+      kfds[i].fd = emulated[i] ? -1 : fds[i].fd;  // the kernel ignores negative fds
+      any_kernel |= !emulated[i] && fds[i].fd >= 0;
+      if (!emulated[i]) continue;
       fds[i].revents = static_cast<short>(r & (fds[i].events | POLLERR | POLLHUP));
       if (fds[i].revents) ++count;
     }
     bool spinning = count == 0 && timeout_ms != 0 && MonotonicNs() < spin_until;
-    if (!spinning) {
+    if (!spinning || (any_kernel && (iter & 63) == 0)) {
       for (auto& k : kfds) k.revents = 0;
       if (Libc().poll(kfds.data(), n, 0) < 0) return -1;
       for (nfds_t i = 0; i < n; ++i) {
-        if (conns[i]) continue;
+        if (emulated[i]) continue;
         fds[i].revents = kfds[i].revents;
         if (fds[i].revents) ++count;
       }
@@ -195,7 +201,9 @@ void Refresh(int epfd, EpSet& set) {
       Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
       e.in_kernel = false;
     }
-    if (set.session == nullptr && e.conn->session != nullptr && !e.in_kernel) {
+    // Pending connections need the session's wake-ups too: their UPGRADE
+    // arrives as an event, not on the kernel socket.
+    if (set.session == nullptr && e.conn->session != nullptr) {
       set.session = e.conn->session;
       set.session->AddWaiter(set.wake_efd);
       epoll_event ev{};

@@ -406,7 +406,22 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   }
   std::unique_lock<std::mutex> lock(c.rx_mu);
   size_t want = IovLen(iov, iovcnt);
-  if (want == 0) return size_t{0};
+  if (want == 0) {
+    // As the kernel: a zero-length recv() still waits until the socket is
+    // readable (read() of 0 bytes returns at once; the wrapper handles it).
+    if (Readiness(fd, c) < 0) {
+      ssize_t n = Libc().recv(fd, nullptr, 0, flags);
+      return n < 0 ? Result<size_t>(Errno(errno, "recv")) : Result<size_t>(size_t{0});
+    }
+    if (c.nonblocking.load() || (flags & MSG_DONTWAIT)) {
+      if (Readiness(fd, c) & POLLIN) return size_t{0};
+      if (c.session->TryDrain() && (Readiness(fd, c) & POLLIN)) return size_t{0};
+      return Errno(EAGAIN, "no data");
+    }
+    Status st = WaitUntil(c, [&] { int r = Readiness(fd, c); return r < 0 || (r & POLLIN); });
+    if (!st.ok()) return st;
+    return size_t{0};
+  }
   bool nonblock = c.nonblocking.load() || (flags & MSG_DONTWAIT);
   bool peek = flags & MSG_PEEK;
   bool waitall = (flags & MSG_WAITALL) && !peek && !nonblock;

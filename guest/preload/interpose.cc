@@ -185,7 +185,7 @@ ssize_t write(int fd, const void* buf, size_t n) {
 
 ssize_t read(int fd, void* buf, size_t n) {
   auto c = Ours(fd);
-  if (!c) return Libc().read(fd, buf, n);
+  if (!c || n == 0) return Libc().read(fd, buf, n);  // read(0) returns at once
   iovec v{buf, n};
   return RecvIov(fd, *c, &v, 1, 0);
 }

@@ -1,0 +1,304 @@
+#!/usr/bin/env bash
+# End-to-end tests on the same-host test bed (deploy/testbed.sh): real
+# applications between "VMs" (network namespaces) attached to one vsocketd.
+# Every case checks the bytes (xfer's stream checks, iperf3/sockperf success)
+# and, from libvsocket's per-connection report and the daemon's counters, that
+# the data really took the accelerated path (or, for the mixed cases, that it
+# stayed on kernel TCP with the right reason).
+#
+#   tests/e2e/same_host.sh [BIN_DIR]     BIN_DIR: Bazel output (default bazel-out/k8-opt/bin)
+#
+# Prints PASS/FAIL per case and ends with "N passed, N failed".
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+BIN=$(realpath "${1:-bazel-out/k8-opt/bin}")
+LIB=$BIN/guest/libvsocket.so
+XFER=$BIN/tests/e2e/xfer
+CHECK=tests/e2e/check_report.py
+TB=deploy/testbed.sh
+WORK=$(mktemp -d /tmp/vsocket-e2e-XXXXXX)
+passed=0
+failed=0
+PIDS=()
+
+for f in "$LIB" "$XFER" "$BIN/host-backend/vsocketd"; do
+  [ -e "$f" ] || { echo "missing $f (build first)"; echo "0 passed, 1 failed"; exit 1; }
+done
+
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  bash $TB down >/dev/null 2>&1
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+pass() { echo "PASS $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+
+# vm_run VM [preload|plain] REPORT CMD...: runs CMD in VM (bounded by 60 s).
+vm_run() {
+  local vm=$1 how=$2 report=$3
+  shift 3
+  if [ "$how" = preload ]; then
+    VSOCKET_REPORT=$report LD_PRELOAD=$LIB bash $TB exec "$vm" timeout 60 "$@"
+  else
+    bash $TB exec "$vm" timeout 60 "$@"
+  fi
+}
+
+# vm_bg VM how REPORT LOG CMD...: the same in the background; PID in $BG.
+vm_bg() {
+  local vm=$1 how=$2 report=$3 log=$4
+  shift 4
+  vm_run "$vm" "$how" "$report" "$@" >"$log" 2>&1 &
+  BG=$!
+  PIDS+=("$BG")
+}
+
+stat_field() {  # stat_field KEY: a number from the daemon's stats JSON
+  python3 - "$(bash $TB status 2>/dev/null | sed -n '/^{/,$p')" "$1" <<'PY'
+import json, sys
+text = sys.argv[1]
+try:
+    d = json.loads(text[text.index("{"):])
+except Exception:
+    print(-1); sys.exit()
+for section in ("conn_counters", "backend", "worker", "service"):
+    if sys.argv[2] in d.get(section, {}):
+        print(d[section][sys.argv[2]]); break
+else:
+    print(-1)
+PY
+}
+
+VM1=$(bash $TB addr vm1 2>/dev/null || true)
+echo "== test bed up"
+if ! VSOCKETD=$BIN/host-backend/vsocketd bash $TB up >"$WORK/up.log" 2>&1; then
+  cat "$WORK/up.log"
+  fail testbed "deploy/testbed.sh up failed"
+  echo "$passed passed, $failed failed"
+  exit 1
+fi
+A1=$(bash $TB addr vm1)
+A2=$(bash $TB addr vm2)
+A3=$(bash $TB addr vm3)
+
+# ---- accelerated transfers ---------------------------------------------------
+
+case_xfer() {  # name conns bytes extra-server-args
+  local name=$1 conns=$2 bytes=$3 port=$4
+  shift 4
+  local rep=$WORK/$name.jsonl
+  local before
+  before=$(stat_field accel_bytes)
+  vm_bg vm2 preload "$rep" "$WORK/$name.srv" "$XFER" server "$A2" "$port" --conns "$conns" "$@"
+  local srv=$BG
+  if ! vm_run vm1 preload "$rep" "$XFER" client "$A2" "$port" --conns "$conns" --bytes "$bytes" >"$WORK/$name.cli" 2>&1; then
+    fail "$name" "client: $(tail -2 "$WORK/$name.cli" | tr '\n' ' ')"
+    kill "$srv" 2>/dev/null
+    return
+  fi
+  if ! wait "$srv"; then
+    fail "$name" "server: $(tail -2 "$WORK/$name.srv" | tr '\n' ' ')"
+    return
+  fi
+  local out
+  if ! out=$(python3 $CHECK "$rep" --port "$port" --expect-conns $((2 * conns)) --mode accelerated \
+      --reason accelerated --accel-min 1 --exact-total $((bytes + 16))); then
+    fail "$name" "$out"
+    return
+  fi
+  local after
+  after=$(stat_field accel_bytes)
+  if [ $((after - before)) -lt $((conns * bytes)) ]; then
+    fail "$name" "daemon moved only $((after - before)) bytes"
+    return
+  fi
+  pass "$name ($conns conns x $bytes B each way, byte-checked; $out; daemon moved $((after - before)) B)"
+}
+
+case_xfer xfer_one_connection 1 67108864 7101
+case_xfer xfer_64_connections 64 1048576 7102
+case_xfer xfer_fork_per_connection 8 1048576 7103 --fork
+
+# A client killed right after writing: the server still gets every byte.
+case_crash() {
+  local name=xfer_sender_killed rep=$WORK/crash.jsonl port=7104 bytes=33554432
+  vm_bg vm2 preload "$rep" "$WORK/crash.srv" "$XFER" server "$A2" "$port" --one-way
+  local srv=$BG
+  vm_run vm1 preload "$rep" "$XFER" client "$A2" "$port" --bytes "$bytes" --one-way --crash >/dev/null 2>&1
+  if ! wait "$srv"; then
+    fail $name "server: $(tail -2 "$WORK/crash.srv" | tr '\n' ' ')"
+    return
+  fi
+  local out
+  if ! out=$(python3 $CHECK "$rep" --port "$port" --expect-conns 1 --mode accelerated --accel-min 1 \
+      --exact-total $((bytes + 16))); then
+    fail $name "$out"
+    return
+  fi
+  pass "$name (server verified all $bytes B and EOF after the client was SIGKILLed; $out)"
+}
+case_crash
+
+case_sockperf() {
+  local name=$1 mode=$2 port=$3
+  shift 3
+  local rep=$WORK/$name.jsonl
+  vm_bg vm2 preload "$rep" "$WORK/$name.srv" sockperf sr --tcp -i "$A2" -p "$port"
+  local srv=$BG
+  sleep 0.5
+  vm_run vm1 preload "$rep" sockperf "$mode" --tcp -i "$A2" -p "$port" -t 2 "$@" >"$WORK/$name.cli" 2>&1
+  local rc=$?
+  kill "$srv" 2>/dev/null
+  wait "$srv" 2>/dev/null
+  local summary
+  summary=$(grep -E "Summary: (Latency|Message Rate)" "$WORK/$name.cli" | head -1 | sed 's/.*Summary: //')
+  if [ $rc -ne 0 ] || [ -z "$summary" ]; then
+    fail "$name" "sockperf: $(tail -3 "$WORK/$name.cli" | tr '\n' ' ')"
+    return
+  fi
+  local out
+  if ! out=$(python3 $CHECK "$rep" --port "$port" --mode accelerated --accel-min 1); then
+    fail "$name" "$out"
+    return
+  fi
+  pass "$name ($summary; $out)"
+}
+case_sockperf sockperf_pingpong_16B pp 7201 -m 16
+case_sockperf sockperf_throughput_1KiB tp 7202 -m 1024
+
+case_iperf() {
+  local name=$1 port=$2
+  shift 2
+  local rep=$WORK/$name.jsonl
+  vm_bg vm2 preload "$rep" "$WORK/$name.srv" iperf3 -s -B "$A2" -p "$port" -1
+  local srv=$BG
+  sleep 0.5
+  if ! vm_run vm1 preload "$rep" iperf3 -c "$A2" -p "$port" -t 2 "$@" >"$WORK/$name.cli" 2>&1; then
+    fail "$name" "iperf3: $(tail -3 "$WORK/$name.cli" | tr '\n' ' ')"
+    kill "$srv" 2>/dev/null
+    return
+  fi
+  wait "$srv" 2>/dev/null
+  local rate
+  rate=$(grep -E "SUM.*receiver|^\[ *[0-9]+\].*receiver" "$WORK/$name.cli" | tail -1 | grep -oE "[0-9.]+ [GM]bits/sec")
+  local out
+  if ! out=$(python3 $CHECK "$rep" --port "$port" --mode accelerated --accel-min 1); then
+    fail "$name" "$out"
+    return
+  fi
+  pass "$name ($rate; $out)"
+}
+case_iperf iperf3_4_streams 7301 -P 4
+case_iperf iperf3_reverse_4_streams 7302 -P 4 -R
+
+# ---- mixed deployments stay correct on kernel TCP ------------------------------
+
+case_mixed() {  # name client-vm client-how server-how expected-reason check-side
+  local name=$1 cvm=$2 chow=$3 show=$4 reason=$5 port=$6
+  local rep=$WORK/$name.jsonl
+  vm_bg vm2 "$show" "$rep" "$WORK/$name.srv" "$XFER" server "$A2" "$port" --conns 2
+  local srv=$BG
+  if ! vm_run "$cvm" "$chow" "$rep" "$XFER" client "$A2" "$port" --conns 2 --bytes 4194304 >"$WORK/$name.cli" 2>&1; then
+    fail "$name" "client: $(tail -2 "$WORK/$name.cli" | tr '\n' ' ')"
+    kill "$srv" 2>/dev/null
+    return
+  fi
+  if ! wait "$srv"; then
+    fail "$name" "server failed"
+    return
+  fi
+  local out
+  if ! out=$(python3 $CHECK "$rep" --port "$port" --expect-conns "$7" --reason "$reason" --exact-total $((4194304 + 16))); then
+    fail "$name" "$out"
+    return
+  fi
+  pass "$name (byte-checked on kernel TCP, reason $reason; $out)"
+}
+case_mixed preloaded_client_plain_server vm1 preload plain peer-not-accelerated 7401 2
+case_mixed plain_client_preloaded_server vm1 plain preload peer-not-accelerated 7402 2
+case_mixed cross_tenant vm3 preload preload cross-tenant 7403 4
+
+# ---- the VM's firewall still applies -------------------------------------------
+
+case_firewall() {
+  local name=firewall_reject_still_applies port=7501 rep=$WORK/fw.jsonl
+  vm_bg vm2 preload "$rep" "$WORK/fw.srv" "$XFER" server "$A2" "$port"
+  local srv=$BG
+  bash $TB fw vm2 add input tcp dport $port reject with tcp reset
+  if vm_run vm1 preload "$rep" "$XFER" client "$A2" "$port" --bytes 1024 >"$WORK/fw.cli" 2>&1; then
+    fail $name "connection succeeded through a reject rule"
+    bash $TB fw vm2 flush
+    return
+  fi
+  if ! grep -q "Connection refused" "$WORK/fw.cli"; then
+    fail $name "expected ECONNREFUSED: $(tail -1 "$WORK/fw.cli")"
+    bash $TB fw vm2 flush
+    return
+  fi
+  bash $TB fw vm2 flush
+  if ! vm_run vm1 preload "$rep" "$XFER" client "$A2" "$port" --bytes 1048576 >"$WORK/fw2.cli" 2>&1 || ! wait "$srv"; then
+    fail $name "after removing the rule the connection did not work"
+    return
+  fi
+  pass "$name (rejected with ECONNREFUSED while the rule stood, accelerated after it was removed)"
+}
+case_firewall
+
+# ---- socket semantics, black box, with and without the library ---------------
+
+case_semantics() {
+  local how=$1 name=socket_semantics_$1
+  local bin=$BIN/tests/socket/socket_semantics_test peer=$BIN/tests/socket/socket_peer
+  [ -x "$bin" ] || { fail "$name" "missing $bin"; return; }
+  vm_bg vm2 "$how" "$WORK/sem-$how.jsonl" "$WORK/sem-$how.jsonl.log" "$peer" "$A2" 7601
+  local srv=$BG
+  for _ in $(seq 50); do grep -q listening "$WORK/sem-$how.jsonl.log" 2>/dev/null && break; sleep 0.1; done
+  VSOCKET_TEST_ADDR=$A1 VSOCKET_TEST_PEER_ADDR=$A2 VSOCKET_TEST_PEER_PORT=7601 \
+    vm_run vm1 "$how" "$WORK/sem-$how.jsonl" "$bin" --gtest_brief=1 >"$WORK/sem-$how.log" 2>&1
+  local rc=$?
+  kill "$srv" 2>/dev/null
+  wait "$srv" 2>/dev/null
+  local summary
+  summary=$(grep -E "^\[  (PASSED|FAILED)  \]" "$WORK/sem-$how.log" | tr '\n' ' ')
+  if [ $rc -ne 0 ]; then
+    fail "$name" "$summary $(grep -E '^\[  FAILED  \] [A-Z]' "$WORK/sem-$how.log" | head -5 | tr '\n' ' ')"
+    return
+  fi
+  if [ "$how" = preload ]; then
+    local out
+    if ! out=$(python3 $CHECK "$WORK/sem-$how.jsonl" --accel-min 0); then
+      fail "$name" "$out"
+      return
+    fi
+    local accel
+    accel=$(grep -c '"mode":"accelerated"' "$WORK/sem-$how.jsonl")
+    pass "$name ($summary; $accel connections accelerated)"
+  else
+    pass "$name ($summary)"
+  fi
+}
+case_semantics plain
+case_semantics preload
+
+# ---- idle costs nothing -----------------------------------------------------
+
+case_idle() {
+  local pid
+  pid=$(bash $TB daemon-pid)
+  local t0 t1
+  t0=$(awk '{print $14+$15}' /proc/"$pid"/stat)
+  sleep 2
+  t1=$(awk '{print $14+$15}' /proc/"$pid"/stat)
+  if [ $((t1 - t0)) -gt 5 ]; then
+    fail daemon_idle_cpu "$((t1 - t0)) ticks in 2 s idle"
+  else
+    pass "daemon_idle_cpu ($((t1 - t0)) clock ticks in 2 s idle)"
+  fi
+}
+case_idle
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
