@@ -136,7 +136,19 @@ std::optional<Message> ConnManager::Handle(vhost::BackendDevice& device, const M
     }
     case MsgType::kShutdown: {
       auto how = std::get<proto::Shutdown>(msg.body).how;
-      if (how == proto::ShutdownHow::kWrite || how == proto::ShutdownHow::kBoth) {
+      if (how == proto::ShutdownHow::kBoth) {
+        // Abortive close (the kernel would send RST): unsent bytes are
+        // dropped and the peer's next call fails with ECONNRESET.
+        c.write_shut = c.shut_announced = true;
+        c.tx_tail = c.tx_copied;
+        if (c.peer) {
+          {
+            std::lock_guard<std::mutex> lock(snapshot_mu_);
+            c.peer->reason = Reason::kPeerDowngraded;
+          }
+          Raise(*c.peer, kEvDowngrade);
+        }
+      } else if (how == proto::ShutdownHow::kWrite) {
         c.write_shut = true;
         MaybeAnnounceShutdown(c);
       }
@@ -237,6 +249,10 @@ void ConnManager::Pair(BackendConn& a, BackendConn& b) {
   counters_.upgrades.fetch_add(1, std::memory_order_relaxed);
   Raise(a, kEvUpgrade);
   Raise(b, kEvUpgrade);
+  // A side that shut down its write direction before the pairing: its peer
+  // must still learn that no accelerated byte will ever come.
+  MaybeAnnounceShutdown(a);
+  MaybeAnnounceShutdown(b);
 }
 
 bool ConnManager::ResolveRings(BackendConn& c) {

@@ -50,6 +50,7 @@ struct Conn {
   std::atomic<uint64_t> tx_tail{0};      // bytes produced into TX
   std::atomic<uint64_t> rx_head{0};      // bytes consumed from RX
   uint64_t consumed_reported = 0;
+  bool wrote_after_peer_gone = false;  // under tx_mu
   std::atomic<bool> shut_wr{false};
   std::atomic<bool> shut_rd{false};
   uint8_t* tx = nullptr;

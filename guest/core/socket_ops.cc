@@ -136,8 +136,35 @@ namespace {
 
 // Blocks until ready() (checked after every change), polling briefly first.
 // kernel_fd/kernel_events: also wake when the kernel socket is ready.
+// True if some installed signal handler lacks SA_RESTART: then a blocking
+// socket call interrupted by a signal fails with EINTR, as the kernel's
+// would for that handler. (poll() cannot tell which signal interrupted it;
+// see docs/socket-compatibility.md.)
+bool AnyHandlerWithoutRestart() {
+  for (int sig = 1; sig < NSIG; ++sig) {
+    struct sigaction sa;
+    if (sigaction(sig, nullptr, &sa) != 0) continue;
+    bool handled = (sa.sa_flags & SA_SIGINFO) ? sa.sa_sigaction != nullptr
+                                              : (sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN);
+    if (handled && !(sa.sa_flags & SA_RESTART)) return true;
+  }
+  return false;
+}
+
+// SO_RCVTIMEO / SO_SNDTIMEO of the socket as a deadline (-1: none).
+int64_t SocketDeadline(int fd, int opt) {
+  timeval tv{};
+  socklen_t len = sizeof(tv);
+  if (getsockopt(fd, SOL_SOCKET, opt, &tv, &len) != 0 || (tv.tv_sec == 0 && tv.tv_usec == 0)) return -1;
+  return MonotonicNs() + int64_t{tv.tv_sec} * 1000000000 + int64_t{tv.tv_usec} * 1000;
+}
+
+// Blocks until ready() (checked after every change), polling briefly first.
+// kernel_fd/kernel_events: also wake when the kernel socket is ready.
+// deadline_ns (-1: none) gives EAGAIN, as an expired SO_*TIMEO does.
 template <typename Ready>
-Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events = 0) {
+Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events = 0,
+                 int64_t deadline_ns = -1) {
   Session* s = c.session;
   if (s == nullptr) return Status(Code::kUnavailable, "no backend session", ECONNRESET);
   int64_t spin_until = MonotonicNs() + int64_t{Config().poll_us} * 1000;
@@ -155,11 +182,25 @@ Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events =
       result = Status(Code::kUnavailable, "backend session lost", ECONNRESET);
       break;
     }
+    int timeout_ms = 1000;
+    if (deadline_ns >= 0) {
+      int64_t left = deadline_ns - MonotonicNs();
+      if (left <= 0) {
+        result = Status(Code::kResourceExhausted, "timed out", EAGAIN);
+        break;
+      }
+      timeout_ms = static_cast<int>(std::min<int64_t>(1000, (left + 999999) / 1000000));
+    }
     if (!s->PrepareSleep()) continue;  // work arrived: re-check
     pollfd p[4] = {{efd, POLLIN, 0}, {s->event_fd(), POLLIN, 0}, {s->request_fd(), POLLIN, 0},
                    {kernel_fd, kernel_events, 0}};
-    int r = Libc().poll(p, kernel_fd >= 0 ? 4 : 3, 1000);
+    int r = Libc().poll(p, kernel_fd >= 0 ? 4 : 3, timeout_ms);
+    int poll_errno = errno;
     s->DoneSleeping();
+    if (r < 0 && poll_errno == EINTR && AnyHandlerWithoutRestart()) {
+      result = Status(Code::kUnavailable, "interrupted", EINTR);
+      break;
+    }
     uint64_t v;
     (void)!Libc().read(efd, &v, sizeof(v));
     if (r > 0 && (p[1].revents || p[2].revents)) s->Drain();
@@ -231,11 +272,21 @@ bool IsRegistered(const Conn& c) {
   return m == Mode::kPending || m == Mode::kAccel;
 }
 
-void Teardown(Conn& c) {
+void Teardown(int fd, Conn& c) {
   std::lock_guard<std::mutex> lock(c.setup_mu);
   Report(c, "close");
   if (!IsRegistered(c) || c.session == nullptr) return;
   Session* s = c.session;
+  if (s->alive() && c.upgraded.load()) {
+    // The kernel answers close() with RST when unread data is discarded or
+    // SO_LINGER is {on, 0}: the peer then sees ECONNRESET, not EOF.
+    linger lg{};
+    socklen_t len = sizeof(lg);
+    bool abortive = (getsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 && lg.l_onoff && lg.l_linger == 0) ||
+                    c.rx_tail.load() != c.rx_head.load();
+    if (abortive)
+      (void)s->Post({MsgType::kShutdown, 0, proto::Shutdown{c.id, proto::ShutdownHow::kBoth}});
+  }
   if (s->alive()) {
     Message resp;
     // After the ack the backend no longer reads our rings (it kept any
@@ -290,7 +341,8 @@ void Forget(int fd) {
     c = std::move(g_fds[fd]);
     g_has[fd].store(false, std::memory_order_release);
   }
-  if (c && c->fd_refs.fetch_sub(1) == 1) Teardown(*c);
+  // Runs before the real close(): fd still names the socket here.
+  if (c && c->fd_refs.fetch_sub(1) == 1) Teardown(fd, *c);
 }
 
 void AfterForkInChild() {
@@ -352,10 +404,17 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   bool nonblock = c.nonblocking.load() || (flags & MSG_DONTWAIT);
   size_t sent = 0;
   const uint32_t size = c.ring_size;
+  int64_t deadline = -2;  // looked up when we first have to block
   while (sent < total) {
     if (c.reset.load()) return sent ? Result<size_t>(sent) : Errno(ECONNRESET, "connection reset");
     if (c.peer_gone.load(std::memory_order_acquire)) {
       if (sent) return sent;
+      // As over TCP: the first write after the peer closed still "succeeds"
+      // (the kernel would send it and get an RST back); later ones fail.
+      if (!c.wrote_after_peer_gone) {
+        c.wrote_after_peer_gone = true;
+        return total;
+      }
       if (!(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
       return Errno(EPIPE, "peer closed");
     }
@@ -369,9 +428,11 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     if (space == 0) {
       if (c.session->TryDrain()) continue;  // a credit may be waiting
       if (nonblock) return sent ? Result<size_t>(sent) : Errno(EAGAIN, "ring full");
+      if (deadline == -2) deadline = SocketDeadline(fd, SO_SNDTIMEO);
       Status st = WaitUntil(c, [&] {
         return c.credit.load(std::memory_order_acquire) != credit || c.reset.load() || c.peer_gone.load();
-      });
+      }, -1, 0, deadline);
+      if (!st.ok() && sent > 0) return sent;
       if (!st.ok()) return st;
       continue;
     }
@@ -426,9 +487,9 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   bool peek = flags & MSG_PEEK;
   bool waitall = (flags & MSG_WAITALL) && !peek && !nonblock;
   size_t got = 0;
+  int64_t deadline = -2;  // SO_RCVTIMEO, looked up when we first have to block
   for (;;) {
     if (c.reset.load()) return got ? Result<size_t>(got) : Errno(ECONNRESET, "connection reset");
-    if (c.shut_rd.load()) return got;
     if (!c.rx_switched.load()) {
       bool upgraded = c.mode.load(std::memory_order_acquire) == Mode::kAccel;
       bool fence_known = c.peer_fence_known.load(std::memory_order_acquire);
@@ -488,14 +549,16 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       if (got && !waitall) return got;
       // Events not yet dispatched may already have the fence or shutdown.
       if (c.session->TryDrain()) continue;
+      if (c.shut_rd.load()) return got;  // queued data first, then EOF, never block
       if (nonblock) return got ? Result<size_t>(got) : Errno(EAGAIN, "no data");
       uint32_t gen = c.gen.load(std::memory_order_acquire);
+      if (deadline == -2) deadline = SocketDeadline(fd, SO_RCVTIMEO);
       Status st = WaitUntil(c, [&] {
         if (c.gen.load(std::memory_order_acquire) != gen || c.reset.load()) return true;
         if (kernel_eof) return false;
         pollfd p{fd, POLLIN, 0};
         return Libc().poll(&p, 1, 0) > 0;
-      }, kernel_eof ? -1 : fd, POLLIN);
+      }, kernel_eof ? -1 : fd, POLLIN, deadline);
       if (!st.ok()) return got ? Result<size_t>(got) : Result<size_t>(st);
       continue;
     }
@@ -530,11 +593,13 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     if (shut) return got;  // EOF: every byte before it was delivered
     if (got && !waitall) return got;
     if (c.session->TryDrain()) continue;
+    if (c.shut_rd.load()) return got;
     if (nonblock) return got ? Result<size_t>(got) : Errno(EAGAIN, "no data");
+    if (deadline == -2) deadline = SocketDeadline(fd, SO_RCVTIMEO);
     Status st = WaitUntil(c, [&] {
       return c.rx_tail.load(std::memory_order_acquire) != tail || c.peer_shut_wr.load() ||
              c.reset.load() || c.shut_rd.load();
-    });
+    }, -1, 0, deadline);
     if (!st.ok()) return got ? Result<size_t>(got) : Result<size_t>(st);
   }
 }

@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <sys/ioctl.h>
 #include <sys/sendfile.h>
+#include <limits.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -95,13 +96,19 @@ int accept(int fd, sockaddr* addr, socklen_t* len) {
   return c;
 }
 
+// fd no longer names what it named: drop it from our tables. An epoll
+// registration lives as long as the socket does (another dup may keep it).
+void Release(int fd) {
+  auto c = Lookup(fd);
+  bool last = !c || c->fd_refs.load() == 1;
+  Forget(fd);
+  if (last) EpollForget(fd);
+}
+
 int close(int fd) {
   if (!t_depth) {
     Guard g;
-    bool ours = Lookup(fd) != nullptr;
-    Forget(fd);
-    EpollForget(fd);
-    (void)ours;
+    Release(fd);
   }
   return Libc().close(fd);
 }
@@ -121,17 +128,22 @@ int dup(int fd) {
 }
 
 int dup2(int fd, int fd2) {
-  if (fd == fd2) return Libc().dup2(fd, fd2);
-  if (!t_depth) Forget(fd2), EpollForget(fd2);
   int n = Libc().dup2(fd, fd2);
-  if (n >= 0 && !t_depth) Duplicate(fd, n);
+  if (n >= 0 && fd != fd2 && !t_depth) {
+    Guard g;
+    Release(fd2);  // the kernel closed what fd2 was
+    Duplicate(fd, n);
+  }
   return n;
 }
 
 int dup3(int fd, int fd2, int flags) {
-  if (!t_depth && fd != fd2) Forget(fd2), EpollForget(fd2);
   int n = Libc().dup3(fd, fd2, flags);
-  if (n >= 0 && !t_depth) Duplicate(fd, n);
+  if (n >= 0 && !t_depth) {
+    Guard g;
+    Release(fd2);
+    Duplicate(fd, n);
+  }
   return n;
 }
 
@@ -192,12 +204,14 @@ ssize_t read(int fd, void* buf, size_t n) {
 
 ssize_t writev(int fd, const iovec* iov, int n) {
   auto c = Ours(fd);
-  return c ? SendIov(fd, *c, iov, n, 0) : Libc().writev(fd, iov, n);
+  if (!c || n < 0 || n > IOV_MAX) return Libc().writev(fd, iov, n);  // the kernel's EINVAL
+  return SendIov(fd, *c, iov, n, 0);
 }
 
 ssize_t readv(int fd, const iovec* iov, int n) {
   auto c = Ours(fd);
-  return c ? RecvIov(fd, *c, iov, n, 0) : Libc().readv(fd, iov, n);
+  if (!c || n < 0 || n > IOV_MAX) return Libc().readv(fd, iov, n);
+  return RecvIov(fd, *c, iov, n, 0);
 }
 
 ssize_t send(int fd, const void* buf, size_t n, int flags) {
@@ -231,13 +245,13 @@ ssize_t recvfrom(int fd, void* buf, size_t n, int flags, sockaddr* addr, socklen
 
 ssize_t sendmsg(int fd, const msghdr* m, int flags) {
   auto c = Ours(fd);
-  if (!c) return Libc().sendmsg(fd, m, flags);
+  if (!c || m == nullptr || m->msg_iovlen > IOV_MAX) return Libc().sendmsg(fd, m, flags);
   return SendIov(fd, *c, m->msg_iov, static_cast<int>(m->msg_iovlen), flags);
 }
 
 ssize_t recvmsg(int fd, msghdr* m, int flags) {
   auto c = Ours(fd);
-  if (!c) return Libc().recvmsg(fd, m, flags);
+  if (!c || m == nullptr || m->msg_iovlen > IOV_MAX) return Libc().recvmsg(fd, m, flags);
   m->msg_namelen = 0;
   m->msg_controllen = 0;
   m->msg_flags = 0;
