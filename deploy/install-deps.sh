@@ -14,6 +14,8 @@ PACKAGES=(
   libssl-dev openssl
   # test beds and tools
   iproute2 nftables socat procps python3
+  # real applications in the end-to-end tests
+  sockperf iperf3
 )
 
 missing=()

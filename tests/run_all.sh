@@ -4,7 +4,8 @@
 #      rte_vhost backend), optimized build;
 #   2. the unit tests again under AddressSanitizer, the ring tests under
 #      ThreadSanitizer;
-#   3. each libFuzzer target for a bounded time from its seed corpus.
+#   3. each libFuzzer target for a bounded time from its seed corpus;
+#   4. the end-to-end suite on the same-host test bed (tests/e2e/same_host.sh).
 # Prints one line per step and ends with "N passed, N failed", where N counts
 # individual GoogleTest cases and fuzz runs.
 set -uo pipefail
@@ -74,6 +75,21 @@ if bazel build --config=fuzz //proto/fuzz:control_fuzz //vhost/fuzz:vring_fuzz >
 else
   echo "[fuzz] build FAILED"
   tail -30 "$LOGDIR/fuzz-build.log"
+  failed=$((failed + 1))
+fi
+
+# End-to-end on the same-host test bed (network namespaces, real vsocketd,
+# real applications). Needs root for the namespaces.
+if bazel build //host-backend:vsocketd //guest:libvsocket.so //tests/e2e:xfer //tests/socket:all \
+    >"$LOGDIR/e2e-build.log" 2>&1; then
+  bash tests/e2e/same_host.sh "$(bazel info bazel-bin 2>/dev/null)" >"$LOGDIR/e2e.log" 2>&1
+  grep -E "^(PASS|FAIL) " "$LOGDIR/e2e.log" | sed 's/^/[e2e] /'
+  read -r p f < <(tail -1 "$LOGDIR/e2e.log" | awk '/passed,/ {print $1, $3}')
+  passed=$((passed + ${p:-0}))
+  failed=$((failed + ${f:-1}))
+else
+  echo "[e2e] build FAILED"
+  tail -30 "$LOGDIR/e2e-build.log"
   failed=$((failed + 1))
 fi
 
