@@ -489,6 +489,11 @@ bool ConnManager::EmitEvents(vhost::BackendDevice& device) {
   return wrote;
 }
 
+bool ConnManager::HasEventsWaiting(vhost::BackendDevice& device) {
+  DeviceConns* dc = Find(device);
+  return dc != nullptr && !dc->events.empty();
+}
+
 void ConnManager::OnAttach(vhost::BackendDevice& device) {
   DeviceConns& dc = devices_[&device];
   dc.device = &device;

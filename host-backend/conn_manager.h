@@ -62,6 +62,8 @@ class ConnManager {
   bool MoveData();
   // Writes owed events into the device's event queue. True if any written.
   bool EmitEvents(vhost::BackendDevice& device);
+  // Events owed to the device that wait for it to post buffers.
+  bool HasEventsWaiting(vhost::BackendDevice& device);
 
   std::vector<ConnSnapshot> Snapshot() const;
   const ConnManagerCounters& counters() const { return counters_; }

@@ -24,6 +24,9 @@ class ControlService : public DeviceService {
   uint32_t HandleRequest(vhost::BackendDevice& device, const vhost::DescChain& chain) override;
   bool Poll() override { return conns_.MoveData(); }
   bool Pump(vhost::BackendDevice& device) override { return conns_.EmitEvents(device); }
+  bool NeedsKick(vhost::BackendDevice& device, size_t q) override {
+    return q == 0 || conns_.HasEventsWaiting(device);
+  }
 
   const ServiceCounters& counters() const { return counters_; }
   const ConnManager& conns() const { return conns_; }

@@ -148,9 +148,16 @@ bool Worker::Serve(Active& a) {
 
 bool Worker::EnableAllNotify() {
   bool pending = false;
-  for (Active& a : active_)
-    if (!a.device->broken())
-      for (size_t q = 0; q < a.device->num_queues(); ++q) pending |= a.device->queue(q).EnableNotify();
+  for (Active& a : active_) {
+    if (a.device->broken()) continue;
+    for (size_t q = 0; q < a.device->num_queues(); ++q) {
+      if (service_->NeedsKick(*a.device, q)) {
+        pending |= a.device->queue(q).EnableNotify();
+      } else {
+        a.device->queue(q).DisableNotify();
+      }
+    }
+  }
   return pending;
 }
 

@@ -31,6 +31,10 @@ class DeviceService {
   // Per device and pass, after its requests: fill its other queues (events).
   // The worker publishes and notifies. True if anything was done.
   virtual bool Pump(vhost::BackendDevice& device) { return false; }
+  // Whether the worker must be woken when the guest adds buffers to queue q
+  // (the event queue only matters while events wait for buffers; otherwise
+  // its always-available buffers would keep the worker from sleeping).
+  virtual bool NeedsKick(vhost::BackendDevice& device, size_t q) { return true; }
 };
 
 struct WorkerOptions {

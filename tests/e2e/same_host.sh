@@ -285,6 +285,261 @@ case_semantics preload
 
 # ---- idle costs nothing -----------------------------------------------------
 
+# An accelerated connection left open and idle, both ends blocked in recv():
+# neither guest process nor the daemon may burn CPU.
+case_idle() {
+  local name=idle_connection_costs_no_cpu rep=$WORK/idle.jsonl
+  vm_bg vm2 preload "$rep" "$WORK/idle.srv" "$BIN/tests/socket/socket_peer" "$A2" 7701
+  local srv=$BG
+  for _ in $(seq 50); do grep -q listening "$WORK/idle.srv" 2>/dev/null && break; sleep 0.1; done
+  vm_bg vm1 preload "$rep" "$WORK/idle.cli" python3 -c '
+import socket, sys, time
+c = socket.create_connection((sys.argv[1], 7701))
+c.sendall(b"E" + b"x" * 100)
+got = b""
+while len(got) < 100:
+    got += c.recv(100)
+print("echoed", flush=True)
+c.settimeout(4)
+try:
+    c.recv(1)
+except socket.timeout:
+    print("idle done", flush=True)
+' "$A2"
+  local cli=$BG
+  for _ in $(seq 50); do grep -q echoed "$WORK/idle.cli" 2>/dev/null && break; sleep 0.1; done
+  sleep 0.3
+  local d s c
+  d=$(bash $TB daemon-pid)
+  s=$(pgrep -f "socket_peer $A2 7701" | tail -1)
+  c=$(pgrep -f "create_connection" | tail -1)
+  local t0 t1
+  t0=$(cat /proc/"$d"/stat /proc/"$s"/stat /proc/"$c"/stat 2>/dev/null | awk '{t += $14 + $15} END {print t}')
+  sleep 2
+  t1=$(cat /proc/"$d"/stat /proc/"$s"/stat /proc/"$c"/stat 2>/dev/null | awk '{t += $14 + $15} END {print t}')
+  wait "$cli" 2>/dev/null
+  kill "$srv" 2>/dev/null
+  wait "$srv" 2>/dev/null
+  if ! grep -q "idle done" "$WORK/idle.cli"; then
+    fail $name "client: $(tr '\n' ' ' < "$WORK/idle.cli")"
+  elif ! python3 $CHECK "$rep" --port 7701 --mode accelerated --accel-min 1 >/dev/null; then
+    fail $name "the idle connection was not accelerated: $(python3 $CHECK "$rep" --port 7701 --mode accelerated)"
+  elif [ $((t1 - t0)) -gt 10 ]; then
+    fail $name "$((t1 - t0)) clock ticks in 2 s for daemon + both guests"
+  else
+    pass "$name ($((t1 - t0)) clock ticks in 2 s: vsocketd + both guest processes, connection accelerated)"
+  fi
+}
+case_idle
+
+echo "$passed passed, $failed failed"
+  exit 1
+fi
+A1=$(bash $TB addr vm1)
+A2=$(bash $TB addr vm2)
+A3=$(bash $TB addr vm3)
+
+# ---- accelerated transfers ---------------------------------------------------
+
+case_xfer() {  # name conns bytes extra-server-args
+  local name=$1 conns=$2 bytes=$3 port=$4
+  shift 4
+  local rep=$WORK/$name.jsonl
+  local before
+  before=$(stat_field accel_bytes)
+  vm_bg vm2 preload "$rep" "$WORK/$name.srv" "$XFER" server "$A2" "$port" --conns "$conns" "$@"
+  local srv=$BG
+  if ! vm_run vm1 preload "$rep" "$XFER" client "$A2" "$port" --conns "$conns" --bytes "$bytes" >"$WORK/$name.cli" 2>&1; then
+    fail "$name" "client: $(tail -2 "$WORK/$name.cli" | tr '\n' ' ')"
+    kill "$srv" 2>/dev/null
+    return
+  fi
+  if ! wait "$srv"; then
+    fail "$name" "server: $(tail -2 "$WORK/$name.srv" | tr '\n' ' ')"
+    return
+  fi
+  local out
+  if ! out=$(python3 $CHECK "$rep" --port "$port" --expect-conns $((2 * conns)) --mode accelerated \
+      --reason accelerated --accel-min 1 --exact-total $((bytes + 16))); then
+    fail "$name" "$out"
+    return
+  fi
+  local after
+  after=$(stat_field accel_bytes)
+  if [ $((after - before)) -lt $((conns * bytes)) ]; then
+    fail "$name" "daemon moved only $((after - before)) bytes"
+    return
+  fi
+  pass "$name ($conns conns x $bytes B each way, byte-checked; $out; daemon moved $((after - before)) B)"
+}
+
+case_xfer xfer_one_connection 1 67108864 7101
+case_xfer xfer_64_connections 64 1048576 7102
+case_xfer xfer_fork_per_connection 8 1048576 7103 --fork
+
+# A client killed right after writing: the server still gets every byte.
+case_crash() {
+  local name=xfer_sender_killed rep=$WORK/crash.jsonl port=7104 bytes=33554432
+  vm_bg vm2 preload "$rep" "$WORK/crash.srv" "$XFER" server "$A2" "$port" --one-way
+  local srv=$BG
+  vm_run vm1 preload "$rep" "$XFER" client "$A2" "$port" --bytes "$bytes" --one-way --crash >/dev/null 2>&1
+  if ! wait "$srv"; then
+    fail $name "server: $(tail -2 "$WORK/crash.srv" | tr '\n' ' ')"
+    return
+  fi
+  local out
+  if ! out=$(python3 $CHECK "$rep" --port "$port" --expect-conns 1 --mode accelerated --accel-min 1 \
+      --exact-total $((bytes + 16))); then
+    fail $name "$out"
+    return
+  fi
+  pass "$name (server verified all $bytes B and EOF after the client was SIGKILLed; $out)"
+}
+case_crash
+
+case_sockperf() {
+  local name=$1 mode=$2 port=$3
+  shift 3
+  local rep=$WORK/$name.jsonl
+  vm_bg vm2 preload "$rep" "$WORK/$name.srv" sockperf sr --tcp -i "$A2" -p "$port"
+  local srv=$BG
+  sleep 0.5
+  vm_run vm1 preload "$rep" sockperf "$mode" --tcp -i "$A2" -p "$port" -t 2 "$@" >"$WORK/$name.cli" 2>&1
+  local rc=$?
+  kill "$srv" 2>/dev/null
+  wait "$srv" 2>/dev/null
+  local summary
+  summary=$(grep -E "Summary: (Latency|Message Rate)" "$WORK/$name.cli" | head -1 | sed 's/.*Summary: //')
+  if [ $rc -ne 0 ] || [ -z "$summary" ]; then
+    fail "$name" "sockperf: $(tail -3 "$WORK/$name.cli" | tr '\n' ' ')"
+    return
+  fi
+  local out
+  if ! out=$(python3 $CHECK "$rep" --port "$port" --mode accelerated --accel-min 1); then
+    fail "$name" "$out"
+    return
+  fi
+  pass "$name ($summary; $out)"
+}
+case_sockperf sockperf_pingpong_16B pp 7201 -m 16
+case_sockperf sockperf_throughput_1KiB tp 7202 -m 1024
+
+case_iperf() {
+  local name=$1 port=$2
+  shift 2
+  local rep=$WORK/$name.jsonl
+  vm_bg vm2 preload "$rep" "$WORK/$name.srv" iperf3 -s -B "$A2" -p "$port" -1
+  local srv=$BG
+  sleep 0.5
+  if ! vm_run vm1 preload "$rep" iperf3 -c "$A2" -p "$port" -t 2 "$@" >"$WORK/$name.cli" 2>&1; then
+    fail "$name" "iperf3: $(tail -3 "$WORK/$name.cli" | tr '\n' ' ')"
+    kill "$srv" 2>/dev/null
+    return
+  fi
+  wait "$srv" 2>/dev/null
+  local rate
+  rate=$(grep -E "SUM.*receiver|^\[ *[0-9]+\].*receiver" "$WORK/$name.cli" | tail -1 | grep -oE "[0-9.]+ [GM]bits/sec")
+  local out
+  if ! out=$(python3 $CHECK "$rep" --port "$port" --mode accelerated --accel-min 1); then
+    fail "$name" "$out"
+    return
+  fi
+  pass "$name ($rate; $out)"
+}
+case_iperf iperf3_4_streams 7301 -P 4
+case_iperf iperf3_reverse_4_streams 7302 -P 4 -R
+
+# ---- mixed deployments stay correct on kernel TCP ------------------------------
+
+case_mixed() {  # name client-vm client-how server-how expected-reason check-side
+  local name=$1 cvm=$2 chow=$3 show=$4 reason=$5 port=$6
+  local rep=$WORK/$name.jsonl
+  vm_bg vm2 "$show" "$rep" "$WORK/$name.srv" "$XFER" server "$A2" "$port" --conns 2
+  local srv=$BG
+  if ! vm_run "$cvm" "$chow" "$rep" "$XFER" client "$A2" "$port" --conns 2 --bytes 4194304 >"$WORK/$name.cli" 2>&1; then
+    fail "$name" "client: $(tail -2 "$WORK/$name.cli" | tr '\n' ' ')"
+    kill "$srv" 2>/dev/null
+    return
+  fi
+  if ! wait "$srv"; then
+    fail "$name" "server failed"
+    return
+  fi
+  local out
+  if ! out=$(python3 $CHECK "$rep" --port "$port" --expect-conns "$7" --reason "$reason" --exact-total $((4194304 + 16))); then
+    fail "$name" "$out"
+    return
+  fi
+  pass "$name (byte-checked on kernel TCP, reason $reason; $out)"
+}
+case_mixed preloaded_client_plain_server vm1 preload plain peer-not-accelerated 7401 2
+case_mixed plain_client_preloaded_server vm1 plain preload peer-not-accelerated 7402 2
+case_mixed cross_tenant vm3 preload preload cross-tenant 7403 4
+
+# ---- the VM's firewall still applies -------------------------------------------
+
+case_firewall() {
+  local name=firewall_reject_still_applies port=7501 rep=$WORK/fw.jsonl
+  vm_bg vm2 preload "$rep" "$WORK/fw.srv" "$XFER" server "$A2" "$port"
+  local srv=$BG
+  bash $TB fw vm2 add input tcp dport $port reject with tcp reset
+  if vm_run vm1 preload "$rep" "$XFER" client "$A2" "$port" --bytes 1024 >"$WORK/fw.cli" 2>&1; then
+    fail $name "connection succeeded through a reject rule"
+    bash $TB fw vm2 flush
+    return
+  fi
+  if ! grep -q "Connection refused" "$WORK/fw.cli"; then
+    fail $name "expected ECONNREFUSED: $(tail -1 "$WORK/fw.cli")"
+    bash $TB fw vm2 flush
+    return
+  fi
+  bash $TB fw vm2 flush
+  if ! vm_run vm1 preload "$rep" "$XFER" client "$A2" "$port" --bytes 1048576 >"$WORK/fw2.cli" 2>&1 || ! wait "$srv"; then
+    fail $name "after removing the rule the connection did not work"
+    return
+  fi
+  pass "$name (rejected with ECONNREFUSED while the rule stood, accelerated after it was removed)"
+}
+case_firewall
+
+# ---- socket semantics, black box, with and without the library ---------------
+
+case_semantics() {
+  local how=$1 name=socket_semantics_$1
+  local bin=$BIN/tests/socket/socket_semantics_test peer=$BIN/tests/socket/socket_peer
+  [ -x "$bin" ] || { fail "$name" "missing $bin"; return; }
+  vm_bg vm2 "$how" "$WORK/sem-$how.jsonl" "$WORK/sem-$how.jsonl.log" "$peer" "$A2" 7601
+  local srv=$BG
+  for _ in $(seq 50); do grep -q listening "$WORK/sem-$how.jsonl.log" 2>/dev/null && break; sleep 0.1; done
+  VSOCKET_TEST_ADDR=$A1 VSOCKET_TEST_PEER_ADDR=$A2 VSOCKET_TEST_PEER_PORT=7601 \
+    vm_run vm1 "$how" "$WORK/sem-$how.jsonl" "$bin" --gtest_brief=1 >"$WORK/sem-$how.log" 2>&1
+  local rc=$?
+  kill "$srv" 2>/dev/null
+  wait "$srv" 2>/dev/null
+  local summary
+  summary=$(grep -E "^\[  (PASSED|FAILED)  \]" "$WORK/sem-$how.log" | tr '\n' ' ')
+  if [ $rc -ne 0 ]; then
+    fail "$name" "$summary $(grep -E '^\[  FAILED  \] [A-Z]' "$WORK/sem-$how.log" | head -5 | tr '\n' ' ')"
+    return
+  fi
+  if [ "$how" = preload ]; then
+    local out
+    if ! out=$(python3 $CHECK "$WORK/sem-$how.jsonl" --accel-min 0); then
+      fail "$name" "$out"
+      return
+    fi
+    local accel
+    accel=$(grep -c '"mode":"accelerated"' "$WORK/sem-$how.jsonl")
+    pass "$name ($summary; $accel connections accelerated)"
+  else
+    pass "$name ($summary)"
+  fi
+}
+case_semantics plain
+case_semantics preload
+
+# ---- idle costs nothing -----------------------------------------------------
+
 case_idle() {
   local pid
   pid=$(bash $TB daemon-pid)
