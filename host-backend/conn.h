@@ -79,6 +79,11 @@ struct BackendConn {
   std::vector<uint8_t> orphan;  // TX bytes not yet moved when the guest left
   size_t orphan_off = 0;
 
+  // Values owed with pending events, captured when raised (the peer may be
+  // gone by the time they are emitted).
+  uint64_t ev_peer_fence = 0;
+  uint64_t ev_credit = 0;
+  uint32_t ev_peer_rx_window = 0;
   uint32_t pending_events = 0;
   bool in_event_list = false;
   bool in_move_list = false;

@@ -108,7 +108,10 @@ std::optional<Message> ConnManager::Handle(vhost::BackendDevice& device, const M
       c.fence_received = true;
       c.fence_bytes = std::get<proto::ConnCounter>(msg.body).bytes;
       c.kernel_bytes_out.store(c.fence_bytes, std::memory_order_relaxed);
-      if (c.peer) Raise(*c.peer, kEvFence);
+      if (c.peer) {
+        c.peer->ev_peer_fence = c.fence_bytes;
+        Raise(*c.peer, kEvFence);
+      }
       MarkMovable(c);
       break;
     }
@@ -129,6 +132,7 @@ std::optional<Message> ConnManager::Handle(vhost::BackendDevice& device, const M
         return Violation(c, "CONSUMED beyond what was delivered"), std::nullopt;
       c.rx_consumed = consumed;
       if (c.peer) {
+        c.peer->ev_credit = consumed;
         Raise(*c.peer, kEvCredit);
         MarkMovable(*c.peer);  // room in our RX ring again
       }
@@ -247,6 +251,8 @@ void ConnManager::Pair(BackendConn& a, BackendConn& b) {
     a.reason = b.reason = Reason::kNone;
   }
   counters_.upgrades.fetch_add(1, std::memory_order_relaxed);
+  a.ev_peer_rx_window = b.rx.size;
+  b.ev_peer_rx_window = a.rx.size;
   Raise(a, kEvUpgrade);
   Raise(b, kEvUpgrade);
   // A side that shut down its write direction before the pairing: its peer
@@ -445,12 +451,12 @@ bool ConnManager::EmitEvents(vhost::BackendDevice& device) {
       size_t n = 0;
       uint32_t bits = c.pending_events;
       if (bits & kEvUpgrade)
-        out[n++] = {MsgType::kUpgrade, 0, proto::Upgrade{c.conn_id, c.peer ? c.peer->rx.size : 0, 64}};
-      if ((bits & kEvFence) && c.peer)
-        out[n++] = {MsgType::kFence, 0, proto::ConnCounter{c.conn_id, c.peer->fence_bytes}};
+        out[n++] = {MsgType::kUpgrade, 0, proto::Upgrade{c.conn_id, c.ev_peer_rx_window, 64}};
+      if (bits & kEvFence)
+        out[n++] = {MsgType::kFence, 0, proto::ConnCounter{c.conn_id, c.ev_peer_fence}};
       if (bits & kEvRxTail) out[n++] = {MsgType::kRxTail, 0, proto::ConnCounter{c.conn_id, c.rx_tail}};
-      if ((bits & kEvCredit) && c.peer)
-        out[n++] = {MsgType::kCredit, 0, proto::ConnCounter{c.conn_id, c.peer->rx_consumed}};
+      if (bits & kEvCredit)
+        out[n++] = {MsgType::kCredit, 0, proto::ConnCounter{c.conn_id, c.ev_credit}};
       if (bits & kEvPeerShutWr)
         out[n++] = {MsgType::kShutdown, 0, proto::Shutdown{c.conn_id, proto::ShutdownHow::kWrite}};
       if (bits & kEvPeerGone)

@@ -91,7 +91,11 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
     for (nfds_t i = 0; i < n; ++i) {
       int r = conns[i] ? Readiness(fds[i].fd, *conns[i]) : -1;
       emulated[i] = r >= 0;
-      kfds[i].fd = emulated[i] ? -1 : fds[i].fd;  // the kernel ignores negative fds
+      // The kernel ignores negative fds; a connection still reading the
+      // kernel stream up to its fence keeps its kernel fd for wake-ups.
+      bool feeds = emulated[i] && KernelFeedsReads(*conns[i]);
+      kfds[i].fd = emulated[i] && !feeds ? -1 : fds[i].fd;
+      kfds[i].events = feeds ? POLLIN : fds[i].events;
       any_kernel |= !emulated[i] && fds[i].fd >= 0;
       if (!emulated[i]) continue;
       fds[i].revents = static_cast<short>(r & (fds[i].events | POLLERR | POLLHUP));
@@ -158,12 +162,18 @@ namespace {
 // data.u64 values we use for our own fds in an application's epoll set.
 constexpr uint64_t kWakeMarker = 0x7653776b6d61726bull;     // "vSwkmark"
 constexpr uint64_t kSessionMarker = 0x7653736573736e6dull;  // "vSsessnm"
+// | fd: an upgraded connection still reading its kernel stream up to the
+// fence: kernel data arriving must wake the waiter and count as a change.
+constexpr uint64_t kFeedMarker = 0x7653666400000000ull;     // "vSfd"
+constexpr uint64_t kFeedMask = 0xffffffff00000000ull;
 
 struct EpEntry {
   uint32_t events = 0;
   epoll_data_t data{};
   std::shared_ptr<Conn> conn;
-  bool in_kernel = true;   // registered with the real epoll set
+  bool in_kernel = true;   // the application's registration is the kernel's
+  bool feed = false;       // kFeedMarker registration active (see above)
+  bool kicked = false;     // kernel data arrived since the last report
   uint32_t last_gen = ~0u; // edge-triggered: last change reported
   bool disarmed = false;   // EPOLLONESHOT fired
 };
@@ -197,9 +207,26 @@ std::shared_ptr<EpSet> FindSet(int epfd, bool create) {
 // hooks the session's wake-ups in.
 void Refresh(int epfd, EpSet& set) {
   for (auto& [fd, e] : set.entries) {
-    if (e.in_kernel && Readiness(fd, *e.conn) != -1) {
-      Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
-      e.in_kernel = false;
+    // An upgraded connection's readiness comes from us (its kernel socket
+    // no longer says when it is writable); while it still reads the kernel
+    // stream up to the fence, a private edge-triggered registration turns
+    // kernel data into a wake-up and a change.
+    if (Readiness(fd, *e.conn) != -1) {
+      if (e.in_kernel) {
+        Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
+        e.in_kernel = false;
+        e.kicked = true;
+      }
+      bool feeds = KernelFeedsReads(*e.conn);
+      if (feeds && !e.feed) {
+        epoll_event ev{};
+        ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+        ev.data.u64 = kFeedMarker | static_cast<uint32_t>(fd);
+        e.feed = Libc().epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) == 0;
+      } else if (!feeds && e.feed) {
+        Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
+        e.feed = false;
+      }
     }
     // Pending connections need the session's wake-ups too: their UPGRADE
     // arrives as an event, not on the kernel socket.
@@ -226,8 +253,9 @@ int Collect(EpSet& set, epoll_event* out, int max) {
     if (mask == 0) continue;
     if (e.events & EPOLLET) {
       uint32_t gen = e.conn->gen.load(std::memory_order_acquire);
-      if (gen == e.last_gen) continue;
+      if (gen == e.last_gen && !e.kicked) continue;
       e.last_gen = gen;
+      e.kicked = false;
     }
     if (e.events & EPOLLONESHOT) e.disarmed = true;
     out[n].events = mask;
@@ -248,6 +276,11 @@ int Filter(EpSet& set, epoll_event* ev, int n, bool* session_event) {
     }
     if (ev[i].data.u64 == kSessionMarker) {
       *session_event = true;
+      continue;
+    }
+    if ((ev[i].data.u64 & kFeedMask) == kFeedMarker) {
+      auto it = set.entries.find(static_cast<int>(ev[i].data.u64 & ~kFeedMask));
+      if (it != set.entries.end()) it->second.kicked = true;
       continue;
     }
     ev[kept++] = ev[i];
@@ -305,7 +338,7 @@ int EpollCtl(int epfd, int op, int fd, epoll_event* ev) {
         errno = ENOENT;
         return -1;
       }
-      if (it->second.in_kernel) Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
+      if (it->second.in_kernel || it->second.feed) Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
       set->entries.erase(it);
       return 0;
     }
@@ -324,23 +357,32 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
   }
   int64_t deadline = Deadline(timeout_ms);
   int64_t spin_until = MonotonicNs() + int64_t{Config().poll_us} * 1000;
+  std::vector<epoll_event> kernel(static_cast<size_t>(max));
   for (uint32_t iter = 0;; ++iter) {
-    int n;
+    int n = 0;
     Session* s;
     if (set->session) set->session->TryDrain();
     {
       std::lock_guard<std::mutex> lock(set->mu);
       Refresh(epfd, *set);
-      n = Collect(*set, events, max);
       s = set->session;
     }
     bool session_event = false;
-    bool spinning = n == 0 && timeout_ms != 0 && s != nullptr && MonotonicNs() < spin_until;
-    if (n < max && !spinning) {
-      int k = Libc().epoll_pwait(epfd, events + n, max - n, 0, nullptr);
-      if (k < 0) return n > 0 ? n : -1;
-      n += Filter(*set, events + n, k, &session_event);
+    // Kernel events first (they may mark connections in transition as
+    // changed), then our own, each fd reported at most once.
+    int k = 0;
+    bool spinning = timeout_ms != 0 && s != nullptr && MonotonicNs() < spin_until;
+    if (!spinning || (iter & 63) == 0) {
+      k = Libc().epoll_pwait(epfd, kernel.data(), max, 0, nullptr);
+      if (k < 0) return -1;
     }
+    {
+      std::lock_guard<std::mutex> lock(set->mu);
+      k = Filter(*set, kernel.data(), k, &session_event);
+      n = Collect(*set, events, max);
+    }
+    for (int i = 0; i < k && n < max; ++i) events[n++] = kernel[i];
+    spinning = spinning && n == 0;
     if (session_event && s) s->Drain();
     if (n > 0 || timeout_ms == 0 || (deadline >= 0 && MonotonicNs() >= deadline)) return n;
     if (spinning) {
@@ -351,18 +393,22 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
     // fd are in the set, so ring events wake us too.
     bool prepared = s != nullptr && s->PrepareSleep();
     if (s != nullptr && !prepared) continue;
-    int k = Libc().epoll_pwait(epfd, events, max, RemainingMs(deadline), sigmask);
+    int r = Libc().epoll_pwait(epfd, events, max, RemainingMs(deadline), sigmask);
     int saved = errno;
     if (prepared) s->DoneSleeping();
-    if (k < 0) {
+    if (r < 0) {
       errno = saved;
       return -1;
     }
-    k = Filter(*set, events, k, &session_event);
-    if (session_event && s) s->Drain();
-    if (k > 0) {
+    {
       std::lock_guard<std::mutex> lock(set->mu);
-      return k + Collect(*set, events + k, max - k);
+      r = Filter(*set, events, r, &session_event);
+    }
+    if (session_event && s) s->Drain();
+    if (r > 0) {
+      // Kernel events of entries the kernel owns; ours cannot repeat them.
+      std::lock_guard<std::mutex> lock(set->mu);
+      return r + Collect(*set, events + r, max - r);
     }
   }
 }

@@ -535,11 +535,18 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       bool kernel_eof = false;
       if (n == 0) {
         if (!upgraded) return got;  // plain kernel EOF
-        if (fence_known) {
-          Reset(c, Reason::kProtocolError);
-          return got ? Result<size_t>(got) : Errno(EPROTO, "kernel stream ended before the fence");
+        // Another thread may have dispatched the FENCE meanwhile: read the
+        // flags again, shutdown first (the backend sends FENCE before it,
+        // and the dispatcher's release orders them).
+        bool shut = c.peer_shut_wr.load(std::memory_order_acquire);
+        if (c.peer_fence_known.load(std::memory_order_acquire)) {
+          if (c.kernel_received.load() < c.peer_fence.load()) {
+            Reset(c, Reason::kProtocolError);
+            return got ? Result<size_t>(got) : Errno(EPROTO, "kernel stream ended before the fence");
+          }
+          continue;  // exactly at the fence: the ring follows
         }
-        if (c.peer_shut_wr.load()) return got;  // peer closed without switching: final
+        if (shut) return got;  // peer closed without switching: final
         // The peer upgraded: its FENCE or its orderly shutdown is on the way.
         kernel_eof = true;
       } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
@@ -630,6 +637,11 @@ Result<int> Readable(int fd, Conn& c) {
     }
   }
   return static_cast<int>(c.rx_tail.load() - c.rx_head.load());
+}
+
+bool KernelFeedsReads(const Conn& c) {
+  if (c.mode.load(std::memory_order_acquire) != Mode::kAccel || c.rx_switched.load()) return false;
+  return !(c.peer_fence_known.load() && c.kernel_received.load() == c.peer_fence.load());
 }
 
 int Readiness(int fd, Conn& c) {

@@ -43,6 +43,9 @@ Result<int> Readable(int fd, Conn& c);
 // Readiness of an upgraded connection as poll bits, or -1 when the kernel
 // socket still decides (not upgraded).
 int Readiness(int fd, Conn& c);
+// True while an upgraded connection still reads the kernel stream up to the
+// peer's fence: sleepers must keep the kernel socket in their wait set.
+bool KernelFeedsReads(const Conn& c);
 
 // Writes the per-connection report line (VSOCKET_REPORT) for c, or for
 // every open connection.
