@@ -172,3 +172,87 @@ TEST_F(ChannelTest, ReconnectsAfterBackendRestart) {
 
 }  // namespace
 }  // namespace vsocket
+
+namespace vsocket {
+namespace {
+
+// The connection protocol against a guest that lies: spoofed addresses,
+// rings outside its memory, duplicate ids, counters outside the window.
+// Each is refused or counted; the daemon and other guests carry on.
+class RegistrationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(daemon_.Start());
+    guest::ChannelOptions o;
+    o.frontend.socket_path = daemon_.socket_path("vm1");
+    auto ch = guest::ControlChannel::Open(o);
+    ASSERT_TRUE(ch.ok()) << ch.status().ToString();
+    ch_ = std::move(ch).value();
+    ring_ = ch_->frontend().allocator().Allocate(2 * 4096, 64);
+    ASSERT_NE(ring_, nullptr);
+  }
+  proto::RegisterAck Register(uint64_t id, proto::Endpoint local, proto::Endpoint peer,
+                              uint64_t tx_gpa, uint64_t rx_gpa) {
+    proto::RegisterConn r{id, proto::Role::kClient, local, peer, tx_gpa, rx_gpa, 4096, 4096};
+    std::vector<uint8_t> scratch(proto::kMaxMessageSize);
+    proto::Message resp;
+    Status st = ch_->Call({proto::MsgType::kRegisterConn, id, r}, &resp, scratch);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(resp.type, proto::MsgType::kRegisterAck);
+    return std::get<proto::RegisterAck>(resp.body);
+  }
+  uint64_t gpa(size_t off = 0) { return reinterpret_cast<uint64_t>(ring_) + off; }
+  static proto::Endpoint Ep(std::array<uint8_t, 4> a, uint16_t port) {
+    proto::Endpoint e;
+    std::copy(a.begin(), a.end(), e.addr.begin());
+    e.port = port;
+    return e;
+  }
+
+  Daemon daemon_{{"vm1"}};
+  std::unique_ptr<ControlChannel> ch_;
+  uint8_t* ring_ = nullptr;
+};
+
+TEST_F(RegistrationTest, ForeignLocalAddressIsRefusedAsSpoofed) {
+  // The fixture's VM has no addresses configured: only loopback is its own.
+  auto ack = Register(1, Ep({198, 51, 100, 99}, 5000), Ep({198, 51, 100, 1}, 80), gpa(), gpa(4096));
+  EXPECT_EQ(ack.status, proto::WireError::kSpoofedAddress);
+  EXPECT_EQ(ack.reason, proto::Reason::kSpoofedAddress);
+  EXPECT_EQ(Daemon::Number(daemon_.Stats(), "rejected_spoofed"), 1);
+}
+
+TEST_F(RegistrationTest, RingsOutsideGuestMemoryAreRefused) {
+  auto ack = Register(2, Ep({127, 0, 0, 1}, 5000), Ep({127, 0, 0, 1}, 6000), 0x1000, gpa());
+  EXPECT_EQ(ack.status, proto::WireError::kBadRing);
+  uint64_t end = reinterpret_cast<uint64_t>(ch_->frontend().region().base()) + ch_->frontend().region().size();
+  ack = Register(3, Ep({127, 0, 0, 1}, 5001), Ep({127, 0, 0, 1}, 6001), gpa(), end - 64);
+  EXPECT_EQ(ack.status, proto::WireError::kBadRing) << "ring straddles the region end";
+}
+
+TEST_F(RegistrationTest, DuplicateIdIsRefusedAndValidOneIsPending) {
+  auto ack = Register(4, Ep({127, 0, 0, 1}, 5002), Ep({127, 0, 0, 1}, 6002), gpa(), gpa(4096));
+  EXPECT_EQ(ack.status, proto::WireError::kOk);
+  EXPECT_EQ(ack.reason, proto::Reason::kPending);
+  ack = Register(4, Ep({127, 0, 0, 1}, 5003), Ep({127, 0, 0, 1}, 6003), gpa(), gpa(4096));
+  EXPECT_NE(ack.status, proto::WireError::kOk);
+}
+
+TEST_F(RegistrationTest, CountersOutsideTheWindowAreViolationsNotCrashes) {
+  ASSERT_EQ(Register(5, Ep({127, 0, 0, 1}, 5004), Ep({127, 0, 0, 1}, 6004), gpa(), gpa(4096)).status,
+            proto::WireError::kOk);
+  // Not upgraded: no data counters are acceptable yet.
+  ASSERT_TRUE(ch_->Submit({proto::MsgType::kTxTail, 0, proto::ConnCounter{5, 1 << 20}}, 1).ok());
+  ASSERT_TRUE(ch_->Submit({proto::MsgType::kConsumed, 0, proto::ConnCounter{5, 999}}, 2).ok());
+  ASSERT_TRUE(ch_->Submit({proto::MsgType::kFence, 0, proto::ConnCounter{5, 1}}, 3).ok());
+  ch_->Flush();
+  std::vector<ControlChannel::Completion> done;
+  while (ch_->in_flight() > 0) ASSERT_TRUE(ch_->Reap(&done, 5000).ok());
+  std::string s = daemon_.Stats();
+  EXPECT_EQ(Daemon::Number(s, "protocol_violations"), 3) << s;
+  EXPECT_TRUE(daemon_.Alive());
+  EXPECT_EQ(EchoRoundTrips(*ch_, 10, 9), 10) << "the device still works";
+}
+
+}  // namespace
+}  // namespace vsocket
