@@ -7,6 +7,8 @@
 #include <map>
 #include <mutex>
 
+#include <arpa/inet.h>
+
 #include "base/log.h"
 
 namespace vsocket::guest {
@@ -60,6 +62,15 @@ GuestConfig Load() {
   if (get("POLL_US", &v)) c.poll_us = std::max(0, std::atoi(v.c_str()));
   if (get("REPORT", &v)) c.report_path = v;
   if (get("LOG_LEVEL", &v)) c.log_level = v;
+  if (get("RULES", &v)) {
+    std::string error;
+    if (!ParseRules(v, &c.rules, &error)) {
+      // A rule we cannot read must not silently accelerate what it meant to
+      // exclude: fail safe, keep everything on kernel TCP.
+      std::fprintf(stderr, "libvsocket: VSOCKET_RULES: %s; acceleration disabled\n", error.c_str());
+      c.enabled = false;
+    }
+  }
   LogLevel level;
   if (ParseLogLevel(c.log_level.c_str(), &level)) SetLogLevel(level);
   SetLogTag("libvsocket");
@@ -67,6 +78,102 @@ GuestConfig Load() {
 }
 
 }  // namespace
+
+bool ParseRules(const std::string& text, std::vector<DestinationRule>* out, std::string* error) {
+  out->clear();
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    std::string rule = text.substr(start, end - start);
+    start = end + 1;
+    size_t b = rule.find_first_not_of(" \t");
+    if (b == std::string::npos) {
+      if (end == text.size()) break;
+      continue;
+    }
+    rule = rule.substr(b);
+    DestinationRule r;
+    size_t sp = rule.find_first_of(" \t");
+    std::string verb = rule.substr(0, sp);
+    if (verb == "accel") r.accelerate = true;
+    else if (verb == "kernel") r.accelerate = false;
+    else {
+      *error = "rule '" + rule + "' must start with accel or kernel";
+      return false;
+    }
+    std::string target = sp == std::string::npos ? "*" : rule.substr(rule.find_first_not_of(" \t", sp));
+    while (!target.empty() && (target.back() == ' ' || target.back() == '\t')) target.pop_back();
+    // [ADDR][/PREFIX][:PORT]; IPv6 in brackets: [2001:db8::1]/64:80
+    std::string addr = target, port;
+    if (!target.empty() && target[0] == '[') {
+      size_t close = target.find(']');
+      if (close == std::string::npos) {
+        *error = "unbalanced [ in '" + target + "'";
+        return false;
+      }
+      addr = target.substr(1, close - 1);
+      std::string rest = target.substr(close + 1);
+      size_t colon = rest.find(':');
+      if (colon != std::string::npos) port = rest.substr(colon + 1), rest = rest.substr(0, colon);
+      addr += rest;
+    } else if (size_t colon = target.rfind(':'); colon != std::string::npos) {
+      port = target.substr(colon + 1);
+      addr = target.substr(0, colon);
+    }
+    if (!port.empty()) {
+      char* e = nullptr;
+      long p = std::strtol(port.c_str(), &e, 10);
+      if (*e != '\0' || p < 1 || p > 65535) {
+        *error = "bad port in '" + target + "'";
+        return false;
+      }
+      r.port = static_cast<uint16_t>(p);
+    }
+    std::string prefix;
+    if (size_t slash = addr.find('/'); slash != std::string::npos) {
+      prefix = addr.substr(slash + 1);
+      addr = addr.substr(0, slash);
+    }
+    if (addr == "*" || addr.empty()) {
+      r.any_address = true;
+    } else if (inet_pton(AF_INET, addr.c_str(), r.addr.data()) == 1) {
+      r.family = proto::Family::kIpv4;
+      r.prefix = 32;
+    } else if (inet_pton(AF_INET6, addr.c_str(), r.addr.data()) == 1) {
+      r.family = proto::Family::kIpv6;
+      r.prefix = 128;
+    } else {
+      *error = "bad address in '" + target + "'";
+      return false;
+    }
+    if (!prefix.empty()) {
+      char* e = nullptr;
+      long p = std::strtol(prefix.c_str(), &e, 10);
+      if (*e != '\0' || p < 0 || p > r.prefix) {
+        *error = "bad prefix length in '" + target + "'";
+        return false;
+      }
+      r.prefix = static_cast<int>(p);
+    }
+    out->push_back(r);
+  }
+  return true;
+}
+
+bool AccelerationAllowed(const GuestConfig& config, const proto::Endpoint& peer) {
+  for (const DestinationRule& r : config.rules) {
+    if (r.port != 0 && r.port != peer.port) continue;
+    if (!r.any_address) {
+      if (r.family != peer.family) continue;
+      int full = r.prefix / 8, bits = r.prefix % 8;
+      if (std::memcmp(r.addr.data(), peer.addr.data(), full) != 0) continue;
+      if (bits && ((r.addr[full] ^ peer.addr[full]) & (0xff << (8 - bits)) & 0xff)) continue;
+    }
+    return r.accelerate;
+  }
+  return true;
+}
 
 const GuestConfig& Config() {
   static const GuestConfig kConfig = Load();

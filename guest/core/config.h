@@ -3,10 +3,25 @@
 // else defaults. Read once per process.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "proto/control.h"
 
 namespace vsocket::guest {
+
+// One per-destination rule: "accel|kernel ADDR[/PREFIX][:PORT]" ("*" for
+// any address); the first rule matching a connection's peer decides.
+struct DestinationRule {
+  bool accelerate = true;
+  proto::Family family = proto::Family::kIpv4;
+  bool any_address = false;
+  std::array<uint8_t, 16> addr{};
+  int prefix = 32;
+  uint16_t port = 0;  // 0: any
+};
 
 struct GuestConfig {
   std::string socket_path;        // VSOCKET_SOCKET: the VM's vhost-user socket; empty = off
@@ -17,8 +32,14 @@ struct GuestConfig {
   int upgrade_wait_ms = 0;        // VSOCKET_UPGRADE_WAIT_MS: reserved
   std::string report_path;        // VSOCKET_REPORT: per-connection report at close/exit
   std::string log_level = "warn"; // VSOCKET_LOG_LEVEL
+  std::vector<DestinationRule> rules;  // VSOCKET_RULES, comma-separated
 };
 
 const GuestConfig& Config();
+
+// Parses VSOCKET_RULES syntax; false (and *error set) on a bad rule.
+bool ParseRules(const std::string& text, std::vector<DestinationRule>* out, std::string* error);
+// Whether the rules allow accelerating a connection to `peer`.
+bool AccelerationAllowed(const GuestConfig& config, const proto::Endpoint& peer);
 
 }  // namespace vsocket::guest

@@ -88,6 +88,7 @@ void EnsureRegistered(int fd, Conn& c) {
   if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
       !ToEndpoint(local, &c.local) || !ToEndpoint(peer, &c.peer))
     return SetKernelForGood(c, Reason::kUnsupportedFamily);
+  if (!AccelerationAllowed(Config(), c.peer)) return SetKernelForGood(c, Reason::kDisabledByRule);
   Reason why = Reason::kBackendUnavailable;
   Session* s = Session::Get(&why);
   if (s == nullptr) return SetKernelForGood(c, why);
