@@ -58,7 +58,8 @@ enum EventBit : uint32_t {
 struct BackendConn {
   uint64_t handle = 0;  // daemon-wide unique
   vhost::BackendDevice* device = nullptr;
-  uint64_t conn_id = 0;  // the guest's name for it
+  uint32_t vm_index = 0;  // PortConfig::index of its VM
+  uint64_t conn_id = 0;   // the guest's name for it
   ConnKey key;
   proto::Role role = proto::Role::kClient;
   GuestRing tx, rx;

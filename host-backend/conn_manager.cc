@@ -181,6 +181,7 @@ std::optional<Message> ConnManager::Register(DeviceConns& dc, uint64_t request_i
   auto owned = std::make_unique<BackendConn>();
   BackendConn& c = *owned;
   c.device = dc.device;
+  c.vm_index = port.index;
   c.conn_id = r.conn_id;
   c.role = r.role;
   bool loop = IsLoopback(r.local) || IsLoopback(r.peer);
@@ -202,6 +203,7 @@ std::optional<Message> ConnManager::Register(DeviceConns& dc, uint64_t request_i
   }
   dc.by_id[c.conn_id] = &c;
   counters_.registered.fetch_add(1, std::memory_order_relaxed);
+  vm_totals_[c.vm_index % kMaxVms].registrations.fetch_add(1, std::memory_order_relaxed);
   counters_.active.fetch_add(1, std::memory_order_relaxed);
 
   Message ack = Ack(request_id, r.conn_id, WireError::kOk, Reason::kPending,
@@ -251,6 +253,8 @@ void ConnManager::Pair(BackendConn& a, BackendConn& b) {
     a.reason = b.reason = Reason::kNone;
   }
   counters_.upgrades.fetch_add(1, std::memory_order_relaxed);
+  vm_totals_[a.vm_index % kMaxVms].upgrades.fetch_add(1, std::memory_order_relaxed);
+  vm_totals_[b.vm_index % kMaxVms].upgrades.fetch_add(1, std::memory_order_relaxed);
   a.ev_peer_rx_window = b.rx.size;
   b.ev_peer_rx_window = a.rx.size;
   Raise(a, kEvUpgrade);
@@ -406,6 +410,8 @@ uint64_t ConnManager::Move(BackendConn& c) {
   p->rx_tail += n;
   c.accel_bytes_out.fetch_add(n, std::memory_order_relaxed);
   p->accel_bytes_in.fetch_add(n, std::memory_order_relaxed);
+  vm_totals_[c.vm_index % kMaxVms].accel_bytes_out.fetch_add(n, std::memory_order_relaxed);
+  vm_totals_[p->vm_index % kMaxVms].accel_bytes_in.fetch_add(n, std::memory_order_relaxed);
   counters_.accel_bytes.fetch_add(n, std::memory_order_relaxed);
   Raise(*p, kEvRxTail);
   MaybeAnnounceShutdown(c);

@@ -11,6 +11,7 @@
 
 #include <libcuckoo/cuckoohash_map.hh>
 
+#include <array>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -34,6 +35,15 @@ struct ConnManagerCounters {
   std::atomic<uint64_t> events{0};
   std::atomic<uint64_t> event_stalls{0};  // events waiting for guest buffers
   std::atomic<uint64_t> active{0};
+};
+
+// Totals per VM (indexed by PortConfig::index), kept when connections close.
+inline constexpr size_t kMaxVms = 1024;
+struct VmTotals {
+  std::atomic<uint64_t> accel_bytes_out{0};
+  std::atomic<uint64_t> accel_bytes_in{0};
+  std::atomic<uint64_t> upgrades{0};
+  std::atomic<uint64_t> registrations{0};
 };
 
 // A read-only snapshot of one connection, for reporting.
@@ -67,6 +77,7 @@ class ConnManager {
 
   std::vector<ConnSnapshot> Snapshot() const;
   const ConnManagerCounters& counters() const { return counters_; }
+  const VmTotals& vm_totals(size_t vm_index) const { return vm_totals_[vm_index % kMaxVms]; }
 
  private:
   struct DeviceConns {
@@ -98,6 +109,7 @@ class ConnManager {
   std::vector<BackendConn*> movable_;
   uint64_t next_handle_ = 1;
   ConnManagerCounters counters_;
+  std::array<VmTotals, kMaxVms> vm_totals_;
   mutable std::mutex snapshot_mu_;  // guards conns_ structure against Snapshot()
 };
 

@@ -2,7 +2,11 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "vhost/backend/vhost_backend.h"
 
@@ -40,7 +44,9 @@ void Field(std::string& out, const char* name, uint64_t v, bool comma = true) {
   if (comma) out += ",";
 }
 
-std::string Stats(const ControlService& service, const Worker& worker) {
+std::string Stats(const Reporting& r) {
+  const ControlService& service = r.service;
+  const Worker& worker = r.worker;
   auto& backend = vhost::VhostBackend::Instance();
   const auto& bc = backend.counters();
   const auto& sc = service.counters();
@@ -113,12 +119,231 @@ std::string Stats(const ControlService& service, const Worker& worker) {
   return out;
 }
 
+// ---- views -------------------------------------------------------------------
+
+// A table rendered as aligned text or as a JSON array of objects.
+struct Table {
+  std::vector<std::string> columns;
+  std::vector<std::vector<std::string>> rows;
+  std::vector<bool> numeric;  // per column: JSON number, not string
+
+  std::string Text() const {
+    std::vector<size_t> w(columns.size());
+    for (size_t i = 0; i < columns.size(); ++i) w[i] = columns[i].size();
+    for (const auto& row : rows)
+      for (size_t i = 0; i < row.size(); ++i) w[i] = std::max(w[i], row[i].size());
+    std::string out;
+    auto line = [&](const std::vector<std::string>& cells) {
+      for (size_t i = 0; i < cells.size(); ++i) {
+        out += cells[i];
+        if (i + 1 < cells.size()) out += std::string(w[i] - cells[i].size() + 2, ' ');
+      }
+      out += "\n";
+    };
+    line(columns);
+    for (const auto& row : rows) line(row);
+    if (rows.empty()) out += "(none)\n";
+    return out;
+  }
+  std::string Json() const {
+    std::string out = "[";
+    for (size_t r = 0; r < rows.size(); ++r) {
+      out += r ? ",{" : "{";
+      for (size_t i = 0; i < columns.size(); ++i) {
+        if (i) out += ",";
+        out += "\"" + columns[i] + "\":";
+        out += numeric[i] ? rows[r][i] : "\"" + JsonEscape(rows[r][i]) + "\"";
+      }
+      out += "}";
+    }
+    return out + "]\n";
+  }
+};
+
+Table Devices() {
+  Table t{{"id", "vm", "tenant", "vid", "state", "requests", "notifications", "wakeups", "broken_reason"},
+          {},
+          {true, false, true, true, false, true, true, true, false}};
+  for (const auto& d : vhost::VhostBackend::Instance().Devices()) {
+    t.rows.push_back({std::to_string(d->id()), d->port()->vm_name, std::to_string(d->port()->tenant_id),
+                      std::to_string(d->vid()), d->broken() ? "broken" : "running",
+                      std::to_string(d->counters().requests.load()),
+                      std::to_string(d->counters().notifications.load()),
+                      std::to_string(d->counters().wakeups.load()), d->broken_reason()});
+  }
+  return t;
+}
+
+Table Vms(const Reporting& r) {
+  Table t{{"vm", "tenant", "socket", "devices", "connections", "accelerated", "registrations", "upgrades",
+           "accel_bytes_out", "accel_bytes_in"},
+          {},
+          {false, true, false, true, true, true, true, true, true, true}};
+  auto devices = vhost::VhostBackend::Instance().Devices();
+  auto conns = r.service.conns().Snapshot();
+  for (const vhost::PortConfig& vm : r.vms) {
+    size_t ndev = 0, nconn = 0, naccel = 0;
+    for (const auto& d : devices) ndev += d->port()->vm_name == vm.vm_name;
+    for (const auto& c : conns) {
+      if (c.vm != vm.vm_name) continue;
+      ++nconn;
+      naccel += c.state == ConnState::kUpgraded;
+    }
+    const VmTotals& tot = r.service.conns().vm_totals(vm.index);
+    t.rows.push_back({vm.vm_name, std::to_string(vm.tenant_id), vm.path, std::to_string(ndev),
+                      std::to_string(nconn), std::to_string(naccel),
+                      std::to_string(tot.registrations.load()), std::to_string(tot.upgrades.load()),
+                      std::to_string(tot.accel_bytes_out.load()), std::to_string(tot.accel_bytes_in.load())});
+  }
+  return t;
+}
+
+Table Tenants(const Reporting& r) {
+  Table vms = Vms(r);
+  std::map<std::string, std::vector<uint64_t>> sum;  // tenant -> vms, devices, conns, accel, bytes out, in
+  for (const auto& row : vms.rows) {
+    auto& v = sum[row[1]];
+    v.resize(6);
+    v[0] += 1;
+    v[1] += std::stoull(row[3]);
+    v[2] += std::stoull(row[4]);
+    v[3] += std::stoull(row[5]);
+    v[4] += std::stoull(row[8]);
+    v[5] += std::stoull(row[9]);
+  }
+  Table t{{"tenant", "vms", "devices", "connections", "accelerated", "accel_bytes_out", "accel_bytes_in"},
+          {},
+          {true, true, true, true, true, true, true}};
+  for (const auto& [tenant, v] : sum) {
+    std::vector<std::string> row{tenant};
+    for (uint64_t x : v) row.push_back(std::to_string(x));
+    t.rows.push_back(row);
+  }
+  return t;
+}
+
+Table Connections(const Reporting& r) {
+  Table t{{"handle", "vm", "tenant", "local", "peer", "mode", "reason", "accel_bytes_out", "accel_bytes_in",
+           "kernel_bytes_before_upgrade"},
+          {},
+          {true, false, true, false, false, false, false, true, true, true}};
+  for (const ConnSnapshot& c : r.service.conns().Snapshot()) {
+    t.rows.push_back({std::to_string(c.handle), c.vm, std::to_string(c.tenant), EndpointText(c.local),
+                      EndpointText(c.peer), ToString(c.state), proto::ToString(c.reason),
+                      std::to_string(c.accel_out), std::to_string(c.accel_in), std::to_string(c.kernel_out)});
+  }
+  return t;
+}
+
+Table Counters(const Reporting& r) {
+  const auto& bc = vhost::VhostBackend::Instance().counters();
+  const auto& cc = r.service.conns().counters();
+  const auto& wc = r.worker.counters();
+  const auto& sc = r.service.counters();
+  Table t{{"counter", "value"}, {}, {false, true}};
+  auto add = [&](const char* n, uint64_t v) { t.rows.push_back({n, std::to_string(v)}); };
+  add("vhost_connections", bc.connections.load());
+  add("devices_started", bc.devices_started.load());
+  add("devices_rejected", bc.devices_rejected.load());
+  add("devices_stopped", bc.devices_stopped.load());
+  add("reconfigurations", bc.reconfigurations.load());
+  add("broken_devices", wc.broken_devices.load());
+  add("worker_sleeps", wc.sleeps.load());
+  add("worker_wakeups", wc.wakeups.load());
+  add("registrations", cc.registered.load());
+  add("active_connections", cc.active.load());
+  add("upgrades", cc.upgrades.load());
+  add("rejected_spoofed", cc.rejected_spoofed.load());
+  add("rejected_other", cc.rejected_other.load());
+  add("cross_tenant", cc.cross_tenant.load());
+  add("accel_bytes", cc.accel_bytes.load());
+  add("events", cc.events.load());
+  add("event_stalls", cc.event_stalls.load());
+  add("protocol_violations", cc.protocol_violations.load());
+  add("bad_messages", sc.bad_messages.load());
+  add("echoes", sc.echoes.load());
+  return t;
+}
+
 }  // namespace
 
-std::string HandleCtlCommand(const std::string& command, const ControlService& service,
-                             const Worker& worker) {
-  if (command == "stats") return Stats(service, worker);
-  return "{\"error\":\"unknown command: " + JsonEscape(command) + "\"}\n";
+std::string PrometheusMetrics(const Reporting& r) {
+  std::string out;
+  auto metric = [&](const char* name, const char* type, const char* help) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  };
+  auto sample = [&](const char* name, const std::string& labels, uint64_t v) {
+    out += name;
+    if (!labels.empty()) out += "{" + labels + "}";
+    out += " " + std::to_string(v) + "\n";
+  };
+  Table vms = Vms(r);
+  auto vm_labels = [](const std::vector<std::string>& row) {
+    return "vm=\"" + JsonEscape(row[0]) + "\",tenant=\"" + row[1] + "\"";
+  };
+  metric("vsocket_devices", "gauge", "Guest devices (one per attached guest process) per VM.");
+  for (const auto& row : vms.rows) sample("vsocket_devices", vm_labels(row), std::stoull(row[3]));
+  metric("vsocket_connections", "gauge", "Registered connections per VM and mode.");
+  for (const auto& row : vms.rows) {
+    uint64_t total = std::stoull(row[4]), accel = std::stoull(row[5]);
+    sample("vsocket_connections", vm_labels(row) + ",mode=\"accelerated\"", accel);
+    sample("vsocket_connections", vm_labels(row) + ",mode=\"kernel\"", total - accel);
+  }
+  metric("vsocket_registrations_total", "counter", "Connections registered by guests.");
+  for (const auto& row : vms.rows) sample("vsocket_registrations_total", vm_labels(row), std::stoull(row[6]));
+  metric("vsocket_upgrades_total", "counter", "Connections switched to the accelerated path.");
+  for (const auto& row : vms.rows) sample("vsocket_upgrades_total", vm_labels(row), std::stoull(row[7]));
+  metric("vsocket_accelerated_bytes_total", "counter", "Bytes moved on the accelerated path.");
+  for (const auto& row : vms.rows) {
+    sample("vsocket_accelerated_bytes_total", vm_labels(row) + ",direction=\"out\"", std::stoull(row[8]));
+    sample("vsocket_accelerated_bytes_total", vm_labels(row) + ",direction=\"in\"", std::stoull(row[9]));
+  }
+  const auto& cc = r.service.conns().counters();
+  const auto& bc = vhost::VhostBackend::Instance().counters();
+  const auto& wc = r.worker.counters();
+  metric("vsocket_rejected_registrations_total", "counter", "Registrations refused, by reason.");
+  sample("vsocket_rejected_registrations_total", "reason=\"spoofed-address\"", cc.rejected_spoofed.load());
+  sample("vsocket_rejected_registrations_total", "reason=\"other\"", cc.rejected_other.load());
+  metric("vsocket_cross_tenant_total", "counter", "Connections kept on kernel TCP because the peer is in another tenant.");
+  sample("vsocket_cross_tenant_total", "", cc.cross_tenant.load());
+  metric("vsocket_protocol_violations_total", "counter", "Guest messages outside the protocol (connection reset).");
+  sample("vsocket_protocol_violations_total", "", cc.protocol_violations.load());
+  metric("vsocket_broken_devices_total", "counter", "Guest devices latched broken for ring violations.");
+  sample("vsocket_broken_devices_total", "", wc.broken_devices.load());
+  metric("vsocket_devices_rejected_total", "counter", "Guest devices refused at start (invalid rings or memory).");
+  sample("vsocket_devices_rejected_total", "", bc.devices_rejected.load());
+  metric("vsocket_events_total", "counter", "Events written to guests.");
+  sample("vsocket_events_total", "", cc.events.load());
+  metric("vsocket_worker_wakeups_total", "counter", "Times the data-path worker slept and woke up.");
+  sample("vsocket_worker_wakeups_total", "", wc.wakeups.load());
+  return out;
+}
+
+std::string HandleCtlCommand(const std::string& command, const Reporting& r) {
+  std::vector<std::string> words;
+  size_t i = 0;
+  while (i < command.size()) {
+    size_t j = command.find(' ', i);
+    if (j == std::string::npos) j = command.size();
+    if (j > i) words.push_back(command.substr(i, j - i));
+    i = j + 1;
+  }
+  bool json = std::find(words.begin(), words.end(), "--json") != words.end();
+  words.erase(std::remove(words.begin(), words.end(), "--json"), words.end());
+  std::string cmd = words.empty() ? "" : words[0];
+  if (cmd == "stats") return Stats(r);
+  if (cmd == "metrics") return PrometheusMetrics(r);
+  Table t;
+  if (cmd == "devices") t = Devices();
+  else if (cmd == "vms") t = Vms(r);
+  else if (cmd == "tenants") t = Tenants(r);
+  else if (cmd == "connections") t = Connections(r);
+  else if (cmd == "counters") t = Counters(r);
+  else {
+    std::string msg = "unknown command '" + cmd + "' (stats, devices, vms, tenants, connections, counters, metrics)";
+    return json ? "{\"error\":\"" + JsonEscape(msg) + "\"}\n" : "error: " + msg + "\n";
+  }
+  return json ? t.Json() : t.Text();
 }
 
 }  // namespace vsocket::backend

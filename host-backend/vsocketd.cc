@@ -1,10 +1,10 @@
 // vsocketd: the per-hypervisor vSocket backend.
 //
-//   vsocketd --port PATH,VM,TENANT[,ADDR[;ADDR...]] [--port ...] [--ctl PATH] [--poll-us N]
-//            [--eal-mem MB] [--log-level error|warn|info|debug]
+//   vsocketd [--config FILE] [--port PATH,VM,TENANT[,ADDR[;ADDR...]]]... [--ctl PATH]
+//            [--poll-us N] [--eal-mem MB] [--log-level LEVEL] [--metrics-port N]
 //
-// Each --port is one VM's vhost-user socket with the VM's name and tenant ID
-// (tenant IDs come from the operator, never from guests).
+// Each VM ([vm NAME] in the file, or --port) is one vhost-user socket with
+// the VM's tenant ID and addresses (from the operator, never from guests).
 #include <arpa/inet.h>
 #include <signal.h>
 #include <unistd.h>
@@ -17,8 +17,10 @@
 #include <vector>
 
 #include "base/log.h"
+#include "host-backend/config.h"
 #include "host-backend/control_service.h"
 #include "host-backend/ctl_server.h"
+#include "host-backend/metrics_server.h"
 #include "host-backend/stats.h"
 #include "host-backend/worker.h"
 #include "vhost/backend/vhost_backend.h"
@@ -26,19 +28,19 @@
 namespace vsocket::backend {
 namespace {
 
-struct Flags {
-  std::vector<vhost::PortConfig> ports;
-  std::string ctl_path = "/run/vsocket/vsocketd.sock";
-  int poll_us = 50;
-  int eal_mem = 64;
-  std::string log_level = "warn";
-};
-
 [[noreturn]] void Usage(const char* why) {
   std::fprintf(stderr,
-               "vsocketd: %s\nusage: vsocketd --port PATH,VM,TENANT[,ADDR[;ADDR...]] [--port ...] [--ctl PATH]\n"
-               "                [--poll-us N] [--eal-mem MB] [--log-level LEVEL]\n",
+               "vsocketd: %s\n"
+               "usage: vsocketd [--config FILE] [--port PATH,VM,TENANT[,ADDR[;ADDR...]]]... [--ctl PATH]\n"
+               "                [--poll-us N] [--eal-mem MB] [--log-level LEVEL] [--metrics-port N]\n"
+               "Without --config and --port, /etc/vsocket/vsocketd.conf is read. Every file key\n"
+               "can be overridden by VSOCKET_* environment variables, then by flags.\n",
                why);
+  std::exit(2);
+}
+
+[[noreturn]] void ConfigError(const Status& st) {
+  std::fprintf(stderr, "vsocketd: configuration error: %s\n", st.message().c_str());
   std::exit(2);
 }
 
@@ -61,64 +63,83 @@ std::optional<vhost::PortConfig> ParsePort(const std::string& v) {
   unsigned long tenant = std::strtoul(f[2].c_str(), &end, 10);
   if (*end != '\0' || tenant == 0 || tenant > 0xffffffffu) return std::nullopt;
   p.tenant_id = static_cast<uint32_t>(tenant);
-  if (f.size() == 4) {
-    size_t s = 0;
-    const std::string& list = f[3];
-    for (size_t i = 0; i <= list.size(); ++i) {
-      if (i != list.size() && list[i] != ';') continue;
-      std::string text = list.substr(s, i - s);
-      s = i + 1;
-      if (text.empty()) continue;
-      vhost::VmAddress a;
-      if (inet_pton(AF_INET, text.c_str(), a.addr.data()) == 1) {
-        a.family = 4;
-      } else if (inet_pton(AF_INET6, text.c_str(), a.addr.data()) == 1) {
-        a.family = 6;
-      } else {
-        return std::nullopt;
-      }
-      p.addresses.push_back(a);
-    }
-  }
+  if (f.size() == 4 && !ParseAddresses(f[3], &p.addresses).ok()) return std::nullopt;
   return p;
 }
 
-Flags ParseFlags(int argc, char** argv) {
-  Flags f;
+std::string ReadFile(const std::string& path, bool* exists) {
+  std::FILE* f = std::fopen(path.c_str(), "re");
+  *exists = f != nullptr;
+  if (!f) return "";
+  std::string text;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, n);
+  std::fclose(f);
+  return text;
+}
+
+DaemonConfig LoadConfig(int argc, char** argv) {
+  std::string config_path;
+  bool have_ports = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--config" && i + 1 < argc) config_path = argv[i + 1];
+    if (std::string(argv[i]) == "--port") have_ports = true;
+  }
+  DaemonConfig c;
+  bool explicit_file = !config_path.empty();
+  if (!explicit_file && !have_ports) config_path = "/etc/vsocket/vsocketd.conf";
+  if (!config_path.empty()) {
+    bool exists = false;
+    std::string text = ReadFile(config_path, &exists);
+    if (!exists && explicit_file) ConfigError(Status::FromErrno("cannot read " + config_path));
+    if (exists) {
+      auto parsed = ParseConfig(text, config_path);
+      if (!parsed.ok()) ConfigError(parsed.status());
+      c = std::move(parsed).value();
+    }
+  }
+  Status st = ApplyEnv(environ, &c);
+  if (!st.ok()) ConfigError(st);
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
       if (i + 1 >= argc) Usage(("missing value for " + a).c_str());
       return argv[++i];
     };
-    if (a == "--port") {
+    if (a == "--config") {
+      value();
+    } else if (a == "--port") {
       auto p = ParsePort(value());
       if (!p) Usage("--port wants PATH,VM,TENANT[,ADDR[;ADDR...]] with a tenant of 1..2^32-1");
-      p->index = static_cast<uint32_t>(f.ports.size());
-      f.ports.push_back(*p);
+      c.vms.push_back(*p);
     } else if (a == "--ctl") {
-      f.ctl_path = value();
-    } else if (a == "--poll-us") {
-      f.poll_us = std::atoi(value().c_str());
-      if (f.poll_us < 0 || f.poll_us > 1000000) Usage("--poll-us must be 0..1000000");
-    } else if (a == "--eal-mem") {
-      f.eal_mem = std::atoi(value().c_str());
-      if (f.eal_mem < 8) Usage("--eal-mem must be >= 8");
-    } else if (a == "--log-level") {
-      f.log_level = value();
-      LogLevel l;
-      if (!ParseLogLevel(f.log_level.c_str(), &l)) Usage("unknown log level");
+      c.ctl_socket = value();
+    } else if (a == "--poll-us" || a == "--eal-mem" || a == "--log-level" || a == "--metrics-port") {
+      static const std::pair<const char*, const char*> kKeys[] = {
+          {"--poll-us", "poll_us"}, {"--eal-mem", "eal_mem_mb"}, {"--log-level", "log_level"},
+          {"--metrics-port", "metrics_port"}};
+      std::string key;
+      for (const auto& [flag, k] : kKeys)
+        if (a == flag) key = k;
+      auto parsed = ParseConfig(key + " = " + value(), "command line " + a);
+      if (!parsed.ok()) ConfigError(parsed.status());
+      if (key == "poll_us") c.poll_us = parsed->poll_us;
+      if (key == "eal_mem_mb") c.eal_mem_mb = parsed->eal_mem_mb;
+      if (key == "log_level") c.log_level = parsed->log_level;
+      if (key == "metrics_port") c.metrics_port = parsed->metrics_port;
     } else {
       Usage(("unknown argument " + a).c_str());
     }
   }
-  if (f.ports.empty()) Usage("at least one --port is required");
-  return f;
+  st = Validate(&c);
+  if (!st.ok()) ConfigError(st);
+  return c;
 }
 
 int Main(int argc, char** argv) {
-  Flags flags = ParseFlags(argc, argv);
   SetLogTag("vsocketd");
+  DaemonConfig flags = LoadConfig(argc, argv);
   LogLevel level;
   ParseLogLevel(flags.log_level.c_str(), &level);
   SetLogLevel(level);
@@ -133,7 +154,7 @@ int Main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   const char* dpdk_level = level >= LogLevel::kDebug ? "debug" : level >= LogLevel::kInfo ? "notice" : "warning";
-  Status st = vhost::InitEal({flags.eal_mem, dpdk_level});
+  Status st = vhost::InitEal({flags.eal_mem_mb, dpdk_level});
   if (!st.ok()) {
     VS_LOG(kError, "%s", st.ToString().c_str());
     return 1;
@@ -146,27 +167,35 @@ int Main(int argc, char** argv) {
     return 1;
   }
   CtlServer ctl;
-  st = ctl.Start(flags.ctl_path, [&](const std::string& cmd) {
-    return HandleCtlCommand(cmd, service, worker);
-  });
+  Reporting reporting{service, worker, flags.vms};
+  st = ctl.Start(flags.ctl_socket, [&](const std::string& cmd) { return HandleCtlCommand(cmd, reporting); });
   if (!st.ok()) {
     VS_LOG(kError, "control socket: %s", st.ToString().c_str());
     return 1;
   }
-  for (const vhost::PortConfig& p : flags.ports) {
+  MetricsServer metrics;
+  if (flags.metrics_port != 0) {
+    st = metrics.Start(flags.metrics_addr, flags.metrics_port, [&] { return PrometheusMetrics(reporting); });
+    if (!st.ok()) {
+      VS_LOG(kError, "metrics listener: %s", st.ToString().c_str());
+      return 1;
+    }
+  }
+  for (const vhost::PortConfig& p : flags.vms) {
     st = vhost::VhostBackend::Instance().AddPort(p, &worker);
     if (!st.ok()) {
       VS_LOG(kError, "%s", st.ToString().c_str());
       return 1;
     }
   }
-  VS_LOG(kInfo, "ready: %zu port(s), control socket %s", flags.ports.size(), flags.ctl_path.c_str());
+  VS_LOG(kInfo, "ready: %zu VM port(s), control socket %s", flags.vms.size(), flags.ctl_socket.c_str());
   std::fprintf(stderr, "vsocketd: ready\n");
 
   int sig = 0;
   sigwait(&sigs, &sig);
   VS_LOG(kInfo, "signal %d: shutting down", sig);
-  for (const vhost::PortConfig& p : flags.ports) (void)vhost::VhostBackend::Instance().RemovePort(p.path);
+  for (const vhost::PortConfig& p : flags.vms) (void)vhost::VhostBackend::Instance().RemovePort(p.path);
+  metrics.Stop();
   ctl.Stop();
   worker.Stop();
   return 0;

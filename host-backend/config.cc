@@ -1,0 +1,207 @@
+#include "host-backend/config.h"
+
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <set>
+
+#include "base/log.h"
+
+namespace vsocket::backend {
+namespace {
+
+std::string Trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r");
+  if (b == std::string::npos) return "";
+  size_t e = s.find_last_not_of(" \t\r");
+  return s.substr(b, e - b + 1);
+}
+
+Status Bad(const std::string& where, const std::string& what) {
+  return Status(Code::kInvalidArgument, where + ": " + what);
+}
+
+Result<int> ParseInt(const std::string& v, int lo, int hi, const std::string& where) {
+  char* end = nullptr;
+  long n = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || n < lo || n > hi)
+    return Bad(where, "'" + v + "' is not a number in " + std::to_string(lo) + ".." + std::to_string(hi));
+  return static_cast<int>(n);
+}
+
+Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& value,
+                    const std::string& where) {
+  if (key == "ctl_socket") {
+    c->ctl_socket = value;
+  } else if (key == "poll_us") {
+    auto n = ParseInt(value, 0, 1000000, where);
+    if (!n.ok()) return n.status();
+    c->poll_us = *n;
+  } else if (key == "eal_mem_mb") {
+    auto n = ParseInt(value, 8, 65536, where);
+    if (!n.ok()) return n.status();
+    c->eal_mem_mb = *n;
+  } else if (key == "log_level") {
+    LogLevel l;
+    if (!ParseLogLevel(value.c_str(), &l)) return Bad(where, "log_level must be error, warn, info or debug");
+    c->log_level = value;
+  } else if (key == "metrics_addr") {
+    in_addr a;
+    if (inet_pton(AF_INET, value.c_str(), &a) != 1) return Bad(where, "metrics_addr must be an IPv4 address");
+    c->metrics_addr = value;
+  } else if (key == "metrics_port") {
+    auto n = ParseInt(value, 0, 65535, where);
+    if (!n.ok()) return n.status();
+    c->metrics_port = *n;
+  } else {
+    return Bad(where, "unknown key '" + key +
+                          "' (daemon keys: ctl_socket, poll_us, eal_mem_mb, log_level, metrics_addr, metrics_port)");
+  }
+  return Status::Ok();
+}
+
+Status SetVmKey(vhost::PortConfig* vm, const std::string& key, const std::string& value,
+                const std::string& where) {
+  if (key == "socket") {
+    vm->path = value;
+  } else if (key == "tenant") {
+    char* end = nullptr;
+    unsigned long t = std::strtoul(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0' || t == 0 || t > 0xffffffffu)
+      return Bad(where, "tenant must be 1..4294967295");
+    vm->tenant_id = static_cast<uint32_t>(t);
+  } else if (key == "addresses") {
+    Status st = ParseAddresses(value, &vm->addresses);
+    if (!st.ok()) return Bad(where, st.message());
+  } else {
+    return Bad(where, "unknown key '" + key + "' (VM keys: socket, tenant, addresses)");
+  }
+  return Status::Ok();
+}
+
+std::string EnvName(const std::string& vm) {
+  std::string n;
+  for (char ch : vm) n += ch == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  return n;
+}
+
+}  // namespace
+
+Status ParseAddresses(const std::string& text, std::vector<vhost::VmAddress>* out) {
+  out->clear();
+  std::string cur;
+  for (size_t i = 0; i <= text.size(); ++i) {
+    if (i < text.size() && text[i] != ',' && text[i] != ';') {
+      cur += text[i];
+      continue;
+    }
+    std::string a = Trim(cur);
+    cur.clear();
+    if (a.empty()) continue;
+    vhost::VmAddress v;
+    if (inet_pton(AF_INET, a.c_str(), v.addr.data()) == 1) {
+      v.family = 4;
+    } else if (inet_pton(AF_INET6, a.c_str(), v.addr.data()) == 1) {
+      v.family = 6;
+    } else {
+      return Status(Code::kInvalidArgument, "'" + a + "' is not an IPv4 or IPv6 address");
+    }
+    out->push_back(v);
+  }
+  return Status::Ok();
+}
+
+Result<DaemonConfig> ParseConfig(const std::string& text, const std::string& name) {
+  DaemonConfig c;
+  vhost::PortConfig* vm = nullptr;
+  size_t line_no = 0, start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(start, end - start);
+    start = end + 1;
+    ++line_no;
+    std::string where = name + ":" + std::to_string(line_no);
+    if (size_t hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+    line = Trim(line);
+    if (line.empty()) {
+      if (end == text.size()) break;
+      continue;
+    }
+    if (line.front() == '[') {
+      if (line.back() != ']') return Bad(where, "unterminated section header");
+      std::string sec = Trim(line.substr(1, line.size() - 2));
+      if (sec == "daemon") {
+        vm = nullptr;
+      } else if (sec.rfind("vm ", 0) == 0 && !Trim(sec.substr(3)).empty()) {
+        c.vms.emplace_back();
+        vm = &c.vms.back();
+        vm->vm_name = Trim(sec.substr(3));
+      } else {
+        return Bad(where, "section must be [daemon] or [vm NAME], not [" + sec + "]");
+      }
+      continue;
+    }
+    size_t eq = line.find('=');
+    if (eq == std::string::npos) return Bad(where, "expected KEY = VALUE");
+    std::string key = Trim(line.substr(0, eq)), value = Trim(line.substr(eq + 1));
+    Status st = vm ? SetVmKey(vm, key, value, where) : SetDaemonKey(&c, key, value, where);
+    if (!st.ok()) return st;
+    if (end == text.size()) break;
+  }
+  return c;
+}
+
+Status ApplyEnv(char** env, DaemonConfig* config) {
+  static constexpr struct {
+    const char* env;
+    const char* key;
+  } kDaemon[] = {{"VSOCKET_CTL_SOCKET", "ctl_socket"}, {"VSOCKET_POLL_US", "poll_us"},
+                 {"VSOCKET_EAL_MEM_MB", "eal_mem_mb"}, {"VSOCKET_LOG_LEVEL", "log_level"},
+                 {"VSOCKET_METRICS_ADDR", "metrics_addr"}, {"VSOCKET_METRICS_PORT", "metrics_port"}};
+  for (char** e = env; e && *e; ++e) {
+    std::string kv = *e;
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos || kv.rfind("VSOCKET_", 0) != 0) continue;
+    std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
+    bool done = false;
+    for (const auto& d : kDaemon) {
+      if (k == d.env) {
+        VS_RETURN_IF_ERROR(SetDaemonKey(config, d.key, v, "environment " + k));
+        done = true;
+      }
+    }
+    if (done || k.rfind("VSOCKET_VM_", 0) != 0) continue;
+    for (vhost::PortConfig& vm : config->vms) {
+      std::string prefix = "VSOCKET_VM_" + EnvName(vm.vm_name) + "_";
+      if (k.rfind(prefix, 0) != 0) continue;
+      std::string key = k.substr(prefix.size());
+      std::transform(key.begin(), key.end(), key.begin(), [](unsigned char ch) { return std::tolower(ch); });
+      VS_RETURN_IF_ERROR(SetVmKey(&vm, key, v, "environment " + k));
+    }
+  }
+  return Status::Ok();
+}
+
+Status Validate(DaemonConfig* config) {
+  if (config->vms.empty()) return Status(Code::kInvalidArgument, "no VM configured ([vm NAME] or --port)");
+  std::set<std::string> names, sockets;
+  for (size_t i = 0; i < config->vms.size(); ++i) {
+    vhost::PortConfig& vm = config->vms[i];
+    vm.index = static_cast<uint32_t>(i);
+    std::string what = "VM '" + vm.vm_name + "'";
+    if (!names.insert(vm.vm_name).second) return Status(Code::kInvalidArgument, what + " is configured twice");
+    if (vm.path.empty()) return Status(Code::kInvalidArgument, what + " has no socket");
+    if (!sockets.insert(vm.path).second)
+      return Status(Code::kInvalidArgument, what + ": socket " + vm.path + " is used twice");
+    if (vm.tenant_id == 0) return Status(Code::kInvalidArgument, what + " has no tenant");
+    if (vm.addresses.empty())
+      VS_LOG(kWarn, "%s has no addresses: its guests can only accelerate loopback connections",
+             what.c_str());
+  }
+  return Status::Ok();
+}
+
+}  // namespace vsocket::backend

@@ -1,0 +1,37 @@
+// vsocketd's configuration: one file (default /etc/vsocket/vsocketd.conf),
+// every key overridable by a VSOCKET_* environment variable, then by
+// command-line flags. See docs/operator-guide.md for the format.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "vhost/backend/vhost_backend.h"
+
+namespace vsocket::backend {
+
+struct DaemonConfig {
+  std::string ctl_socket = "/run/vsocket/vsocketd.sock";
+  int poll_us = 50;
+  int eal_mem_mb = 64;
+  std::string log_level = "warn";
+  std::string metrics_addr = "127.0.0.1";
+  int metrics_port = 0;  // 0: no HTTP metrics listener (still on the ctl socket)
+  std::vector<vhost::PortConfig> vms;
+};
+
+// Parses the file's text. `name` is used in error messages ("FILE:LINE: ...").
+Result<DaemonConfig> ParseConfig(const std::string& text, const std::string& name);
+// Applies VSOCKET_* overrides from `env` (KEY=VALUE strings, e.g. environ):
+// VSOCKET_CTL_SOCKET, VSOCKET_POLL_US, VSOCKET_EAL_MEM_MB, VSOCKET_LOG_LEVEL,
+// VSOCKET_METRICS_ADDR, VSOCKET_METRICS_PORT, and per VM
+// VSOCKET_VM_<NAME>_{SOCKET,TENANT,ADDRESSES} (NAME upper-cased, '-' -> '_').
+Status ApplyEnv(char** env, DaemonConfig* config);
+// Checks the whole configuration (at least one VM, unique names, sockets
+// and tenants set, addresses parse). Call after all overrides.
+Status Validate(DaemonConfig* config);
+// Parses "ADDR[;ADDR...]" or "ADDR, ADDR" into VM addresses.
+Status ParseAddresses(const std::string& text, std::vector<vhost::VmAddress>* out);
+
+}  // namespace vsocket::backend

@@ -1,0 +1,89 @@
+#include "host-backend/config.h"
+
+#include <gtest/gtest.h>
+
+namespace vsocket::backend {
+namespace {
+
+constexpr char kGood[] = R"(# vsocketd.conf
+ctl_socket = /run/v/ctl.sock
+poll_us = 20
+log_level = info
+metrics_port = 9465
+
+[vm web-1]
+socket = /run/v/web.sock
+tenant = 7
+addresses = 198.51.100.11, 2001:db8::11
+
+[vm db]
+socket = /run/v/db.sock
+tenant = 7
+)";
+
+TEST(ConfigTest, ParsesDaemonAndVmSections) {
+  auto c = ParseConfig(kGood, "t.conf");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->ctl_socket, "/run/v/ctl.sock");
+  EXPECT_EQ(c->poll_us, 20);
+  EXPECT_EQ(c->metrics_port, 9465);
+  ASSERT_EQ(c->vms.size(), 2u);
+  EXPECT_EQ(c->vms[0].vm_name, "web-1");
+  EXPECT_EQ(c->vms[0].tenant_id, 7u);
+  ASSERT_EQ(c->vms[0].addresses.size(), 2u);
+  EXPECT_EQ(c->vms[0].addresses[1].family, 6);
+  EXPECT_TRUE(Validate(&*c).ok());
+  EXPECT_EQ(c->vms[1].index, 1u);
+}
+
+TEST(ConfigTest, ErrorsNameFileLineAndProblem) {
+  struct Case {
+    const char* text;
+    const char* fragment;
+  } cases[] = {
+      {"poll_us = fast\n", "t.conf:1: 'fast' is not a number"},
+      {"\ncolour = red\n", "t.conf:2: unknown key 'colour'"},
+      {"[vm a]\ntenant = 0\n", "t.conf:2: tenant must be"},
+      {"[vm a]\naddresses = 198.51.100.300\n", "not an IPv4 or IPv6 address"},
+      {"[pool]\n", "section must be"},
+      {"[vm a\n", "unterminated"},
+      {"just words\n", "expected KEY = VALUE"},
+      {"log_level = loud\n", "log_level must be"},
+  };
+  for (const Case& k : cases) {
+    auto c = ParseConfig(k.text, "t.conf");
+    ASSERT_FALSE(c.ok()) << k.text;
+    EXPECT_NE(c.status().message().find(k.fragment), std::string::npos) << c.status().message();
+  }
+}
+
+TEST(ConfigTest, ValidationCatchesIncompleteVms) {
+  auto c = ParseConfig("[vm a]\nsocket = /s\n", "t.conf");
+  ASSERT_TRUE(c.ok());
+  EXPECT_NE(Validate(&*c).message().find("no tenant"), std::string::npos);
+  c = ParseConfig("[vm a]\ntenant = 1\nsocket=/s\n[vm a]\ntenant=1\nsocket=/t\n", "t.conf");
+  ASSERT_TRUE(c.ok());
+  EXPECT_NE(Validate(&*c).message().find("twice"), std::string::npos);
+  DaemonConfig empty;
+  EXPECT_FALSE(Validate(&empty).ok());
+}
+
+TEST(ConfigTest, EnvironmentOverridesFileValues) {
+  auto c = ParseConfig(kGood, "t.conf");
+  ASSERT_TRUE(c.ok());
+  char e1[] = "VSOCKET_POLL_US=0", e2[] = "VSOCKET_VM_WEB_1_TENANT=9",
+       e3[] = "VSOCKET_VM_DB_ADDRESSES=198.51.100.20", e4[] = "PATH=/bin";
+  char* env[] = {e1, e2, e3, e4, nullptr};
+  ASSERT_TRUE(ApplyEnv(env, &*c).ok());
+  EXPECT_EQ(c->poll_us, 0);
+  EXPECT_EQ(c->vms[0].tenant_id, 9u);
+  ASSERT_EQ(c->vms[1].addresses.size(), 1u);
+  char bad[] = "VSOCKET_METRICS_PORT=99999";
+  char* env2[] = {bad, nullptr};
+  Status st = ApplyEnv(env2, &*c);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("VSOCKET_METRICS_PORT"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace vsocket::backend

@@ -1,0 +1,84 @@
+// vsocketctl: the operator's view of a running vsocketd.
+//
+//   vsocketctl [--socket PATH] [--json] COMMAND
+//     devices       guest devices (one per attached guest process)
+//     vms           per VM: tenant, devices, connections, bytes
+//     tenants       per tenant totals
+//     connections   every registered connection: mode, reason, bytes each way
+//     counters      daemon counters
+//     metrics       Prometheus text exposition
+//     stats         everything, JSON
+// The socket defaults to $VSOCKET_CTL_SOCKET, else /run/vsocket/vsocketd.sock.
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace {
+
+int Usage() {
+  std::fprintf(stderr,
+               "usage: vsocketctl [--socket PATH] [--json] devices|vms|tenants|connections|counters|metrics|stats\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* env = std::getenv("VSOCKET_CTL_SOCKET");
+  std::string path = env ? env : "/run/vsocket/vsocketd.sock";
+  std::string command;
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if ((a == "--socket" || a == "-s") && i + 1 < argc) path = argv[++i];
+    else if (a == "--json" || a == "-j") json = true;
+    else if (a == "--help" || a == "-h") return Usage() - 2;
+    else if (!a.empty() && a[0] == '-') return Usage();
+    else if (command.empty()) command = a;
+    else return Usage();
+  }
+  if (command.empty()) return Usage();
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    std::fprintf(stderr, "vsocketctl: socket path too long\n");
+    return 1;
+  }
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    std::fprintf(stderr, "vsocketctl: cannot reach vsocketd at %s: %s\n", path.c_str(), std::strerror(errno));
+    return 1;
+  }
+  std::string line = command + (json ? " --json" : "") + "\n";
+  if (write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+    std::fprintf(stderr, "vsocketctl: write: %s\n", std::strerror(errno));
+    return 1;
+  }
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 5000) <= 0) {
+      std::fprintf(stderr, "vsocketctl: no answer from vsocketd\n");
+      return 1;
+    }
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0) {
+      std::fprintf(stderr, "vsocketctl: read: %s\n", std::strerror(errno));
+      return 1;
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  bool error = out.rfind("error:", 0) == 0 || out.rfind("{\"error\"", 0) == 0;
+  return error ? 1 : 0;
+}
