@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "guest/core/config.h"
 #include "guest/core/poll_ops.h"
 #include "guest/core/socket_ops.h"
 #include "guest/preload/libc.h"
@@ -68,7 +69,16 @@ int MsToTimeout(const timespec* ts) {
 
 __attribute__((constructor)) void Init() {
   Libc();
-  pthread_atfork(nullptr, nullptr, [] { AfterForkInChild(); });
+  // Read the settings now: servers such as nginx clear the environment
+  // before their workers do any I/O.
+  Config();
+  // The child's only thread is not inside any of our wrappers, whatever the
+  // forking thread's state was (a fork from a signal handler that
+  // interrupted a wrapper would otherwise leave the guard set for good).
+  pthread_atfork(nullptr, nullptr, [] {
+    t_depth = 0;
+    AfterForkInChild();
+  });
   atexit([] { ReportAll("exit"); });
 }
 
@@ -288,6 +298,12 @@ ssize_t sendfile(int out, int in, off_t* offset, size_t count) {
   else lseek(in, pos, SEEK_SET);
   return static_cast<ssize_t>(done);
 }
+
+// On LP64, off_t is 64 bits: sendfile64 is the same call (nginx uses it).
+ssize_t sendfile64(int out, int in, off64_t* offset, size_t count) {
+  return sendfile(out, in, reinterpret_cast<off_t*>(offset), count);
+}
+static_assert(sizeof(off_t) == sizeof(off64_t));
 
 int poll(pollfd* fds, nfds_t n, int timeout) {
   if (t_depth) return Libc().poll(fds, n, timeout);
