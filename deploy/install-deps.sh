@@ -15,7 +15,7 @@ PACKAGES=(
   # test beds and tools
   iproute2 nftables socat procps python3
   # real applications in the end-to-end tests
-  sockperf iperf3
+  sockperf iperf3 redis-server redis-tools nginx curl wrk memcached libmemcached-tools
 )
 
 missing=()

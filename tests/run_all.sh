@@ -80,7 +80,7 @@ fi
 
 # End-to-end on the same-host test bed (network namespaces, real vsocketd,
 # real applications). Needs root for the namespaces.
-if bazel build //host-backend:vsocketd //guest:libvsocket.so //tests/e2e:xfer //tests/socket:all \
+if bazel build //host-backend:vsocketd //host-backend:vsocketctl //guest:libvsocket.so //tests/e2e:xfer //tests/socket:all \
     >"$LOGDIR/e2e-build.log" 2>&1; then
   bash tests/e2e/same_host.sh "$(bazel info bazel-bin 2>/dev/null)" >"$LOGDIR/e2e.log" 2>&1
   grep -E "^(PASS|FAIL) " "$LOGDIR/e2e.log" | sed 's/^/[e2e] /'

@@ -194,6 +194,167 @@ case_iperf() {
 case_iperf iperf3_4_streams 7301 -P 4
 case_iperf iperf3_reverse_4_streams 7302 -P 4 -R
 
+# ---- real servers: redis, nginx (sendfile), memcached ----------------------------
+
+case_redis() {
+  local name=redis rep=$WORK/redis.jsonl port=6379
+  vm_bg vm2 preload "$rep" "$WORK/redis.srv" redis-server --bind "$A2" --port $port --save '' \
+    --appendonly no --protected-mode no
+  local srv=$BG
+  for _ in $(seq 50); do grep -q "Ready to accept" "$WORK/redis.srv" 2>/dev/null && break; sleep 0.1; done
+  # Byte check: a 1 MiB random value through SET and GET.
+  head -c 1048576 /dev/urandom | base64 -w0 >"$WORK/redis.val"
+  local ok=1
+  vm_run vm1 preload "$rep" redis-cli -h "$A2" -p $port -x set blob <"$WORK/redis.val" >/dev/null 2>&1 || ok=0
+  vm_run vm1 preload "$rep" redis-cli -h "$A2" -p $port --raw get blob 2>/dev/null | head -c -1 >"$WORK/redis.got"
+  cmp -s "$WORK/redis.val" "$WORK/redis.got" || ok=0
+  local b1 b2
+  b1=$(vm_run vm1 preload "$rep" redis-benchmark -h "$A2" -p $port -t set,get -n 50000 -c 50 -q 2>&1 | tr '\r' '\n' | grep -E "^(SET|GET): [0-9]" | awk '{print $1 $2}' | tr '\n' ' ')
+  b2=$(vm_run vm1 preload "$rep" redis-benchmark -h "$A2" -p $port -t set,get -n 200000 -c 50 -P 16 -q 2>&1 | tr '\r' '\n' | grep -E "^(SET|GET): [0-9]" | awk '{print $1 $2}' | tr '\n' ' ')
+  kill "$srv" 2>/dev/null
+  wait "$srv" 2>/dev/null
+  if [ $ok -ne 1 ]; then
+    fail $name "1 MiB value did not come back byte-exact"
+    return
+  fi
+  if [ -z "$b1" ] || [ -z "$b2" ]; then
+    fail $name "redis-benchmark failed"
+    return
+  fi
+  local out
+  if ! out=$(python3 $CHECK "$rep" --port $port --mode accelerated --accel-min 1); then
+    fail $name "$out"
+    return
+  fi
+  pass "$name (1 MiB SET/GET byte-exact; -c 50: $b1; -c 50 -P 16: $b2; $out)"
+}
+case_redis
+
+case_nginx() {
+  local name=nginx_sendfile rep=$WORK/nginx.jsonl port=8080 www=$WORK/www
+  mkdir -p "$www" "$WORK/nginx-tmp"
+  for s in 0 1 4095 65536 1048577 16777216 268435456; do head -c $s /dev/urandom >"$www/f$s"; done
+  cat >"$WORK/nginx.conf" <<CONF
+daemon off;
+master_process on;
+user root;
+worker_processes 2;
+pid $WORK/nginx.pid;
+error_log $WORK/nginx-error.log warn;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  sendfile on;
+  tcp_nopush on;
+  client_body_temp_path $WORK/nginx-tmp;
+  proxy_temp_path $WORK/nginx-tmp;
+  fastcgi_temp_path $WORK/nginx-tmp;
+  uwsgi_temp_path $WORK/nginx-tmp;
+  scgi_temp_path $WORK/nginx-tmp;
+  server { listen $A2:$port; root $www; }
+}
+CONF
+  vm_bg vm2 preload "$rep" "$WORK/nginx.srv" nginx -c "$WORK/nginx.conf"
+  local srv=$BG
+  for _ in $(seq 50); do [ -s "$WORK/nginx.pid" ] && break; sleep 0.1; done
+  sleep 0.3
+  local bad=""
+  for s in 0 1 4095 65536 1048577 16777216 268435456; do
+    local got want
+    got=$(vm_run vm1 preload "$rep" curl -sf "http://$A2:$port/f$s" | sha256sum | cut -d' ' -f1)
+    want=$(sha256sum "$www/f$s" | cut -d' ' -f1)
+    [ "$got" = "$want" ] || bad="$bad f$s"
+  done
+  local rps
+  rps=$(vm_run vm1 preload "$rep" wrk -t 2 -c 20 -d 2 "http://$A2:$port/f4095" 2>&1 | awk '/Requests\/sec/ {print $2}')
+  kill -QUIT "$(cat "$WORK/nginx.pid" 2>/dev/null)" 2>/dev/null
+  sleep 0.5
+  kill "$srv" 2>/dev/null
+  wait "$srv" 2>/dev/null
+  if [ -n "$bad" ]; then
+    fail $name "sha256 mismatch for:$bad"
+    return
+  fi
+  # Every connection that carried real data went the accelerated way
+  # (a connection closed before both ends registered may stay pending).
+  local out
+  if ! out=$(python3 - "$rep" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+big = [l for l in lines if l["kernel_rx"] + l["accel_rx"] + l["kernel_tx"] + l["accel_tx"] > 65536]
+bad = [l for l in big if l["mode"] != "accelerated" or l["kernel_tx_after_upgrade"] or l["kernel_rx_after_upgrade"]]
+accel = sum(l["mode"] == "accelerated" for l in lines)
+if bad or accel < 20:
+    print(f"{len(bad)} data-carrying connections not accelerated, {accel} accelerated of {len(lines)}")
+    sys.exit(1)
+print(f"{accel}/{len(lines)} connections accelerated, all {len(big)} carrying >64 KiB")
+PY
+  ); then
+    fail $name "$out"
+    return
+  fi
+  pass "$name (0 B..256 MiB files sha256-verified through curl; wrk $rps req/s; $out)"
+}
+case_nginx
+
+case_memcached() {
+  local name=memcached rep=$WORK/mc.jsonl port=11211
+  vm_bg vm2 preload "$rep" "$WORK/mc.srv" memcached -u root -l "$A2" -p $port -t 2
+  local srv=$BG
+  sleep 0.5
+  head -c 100000 /dev/urandom >"$WORK/mcblob"
+  local ok=1
+  vm_run vm1 preload "$rep" memccp --servers="$A2:$port" "$WORK/mcblob" >/dev/null 2>&1 || ok=0
+  # memccat ends the value with a newline of its own.
+  vm_run vm1 preload "$rep" memccat --servers="$A2:$port" mcblob 2>/dev/null | head -c -1 >"$WORK/mcblob.got" || ok=0
+  cmp -s "$WORK/mcblob" "$WORK/mcblob.got" || ok=0
+  local tps
+  tps=$(vm_run vm1 preload "$rep" memcaslap -s "$A2:$port" -t 2s -c 16 -T 2 2>&1 | grep -oE "TPS: [0-9]+" | tail -1)
+  kill "$srv" 2>/dev/null
+  wait "$srv" 2>/dev/null
+  [ $ok -eq 1 ] || { fail $name "100 KB value did not come back byte-exact"; return; }
+  [ -n "$tps" ] || { fail $name "memcaslap failed"; return; }
+  local out
+  if ! out=$(python3 $CHECK "$rep" --port $port --mode accelerated --accel-min 1); then
+    fail $name "$out"
+    return
+  fi
+  pass "$name (100 KB value byte-exact via memccp/memccat; memcaslap $tps; $out)"
+}
+case_memcached
+
+# ---- operator views agree with what happened -------------------------------------
+
+case_operator_views() {
+  local name=vsocketctl_and_metrics ctl=$BIN/host-backend/vsocketctl sock=/run/vsocket-testbed/ctl.sock
+  local vms metrics
+  vms=$("$ctl" -s "$sock" --json vms 2>&1) || { fail $name "vsocketctl vms: $vms"; return; }
+  metrics=$("$ctl" -s "$sock" metrics 2>&1) || { fail $name "vsocketctl metrics failed"; return; }
+  local out
+  if ! out=$(python3 - "$vms" "$metrics" <<'PY'
+import json, sys
+vms = {v["vm"]: v for v in json.loads(sys.argv[1])}
+m = sys.argv[2]
+errs = []
+for name in ("vm1", "vm2"):
+    if vms[name]["accel_bytes_out"] == 0 or vms[name]["upgrades"] == 0:
+        errs.append(f"{name} shows no accelerated traffic")
+if vms["vm3"]["upgrades"] != 0:
+    errs.append("vm3 (other tenant) shows upgrades")
+for metric in ("vsocket_accelerated_bytes_total{vm=\"vm1\"", "vsocket_cross_tenant_total", "vsocket_connections{"):
+    if metric not in m:
+        errs.append(f"metric {metric} missing")
+if errs:
+    print("; ".join(errs)); sys.exit(1)
+print(f'vm1 moved {vms["vm1"]["accel_bytes_out"]} B out, vm2 {vms["vm2"]["accel_bytes_out"]} B; vm3 never upgraded')
+PY
+  ); then
+    fail $name "$out"
+    return
+  fi
+  pass "$name ($out)"
+}
+
 # ---- mixed deployments stay correct on kernel TCP ------------------------------
 
 case_mixed() {  # name client-vm client-how server-how expected-reason check-side
@@ -220,6 +381,7 @@ case_mixed() {  # name client-vm client-how server-how expected-reason check-sid
 case_mixed preloaded_client_plain_server vm1 preload plain peer-not-accelerated 7401 2
 case_mixed plain_client_preloaded_server vm1 plain preload peer-not-accelerated 7402 2
 case_mixed cross_tenant vm3 preload preload cross-tenant 7403 4
+case_operator_views
 
 # ---- the VM's firewall still applies -------------------------------------------
 
@@ -475,6 +637,7 @@ case_mixed() {  # name client-vm client-how server-how expected-reason check-sid
 case_mixed preloaded_client_plain_server vm1 preload plain peer-not-accelerated 7401 2
 case_mixed plain_client_preloaded_server vm1 plain preload peer-not-accelerated 7402 2
 case_mixed cross_tenant vm3 preload preload cross-tenant 7403 4
+case_operator_views
 
 # ---- the VM's firewall still applies -------------------------------------------
 
