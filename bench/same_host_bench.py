@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""Same-host benchmark: vSocket vs kernel TCP between the same two VMs
+(network namespaces of deploy/testbed.sh), in the same run.
+
+  bench/same_host_bench.py [--bin BAZEL_BIN] [--seconds N] [--out DIR]
+
+Measures, for each mode (kernel TCP, then vSocket with libvsocket.so
+preloaded on both ends):
+  - sockperf ping-pong RTT, 16 B (p50, p99, p99.9)
+  - sockperf message rate, 16 B and 1 KiB, one connection
+  - iperf3 bandwidth, 64 KiB writes, one stream
+  - redis-benchmark SET/GET requests/s with 1 and 50 clients
+  - CPU seconds per million messages (16 B message-rate test: client +
+    server + vsocketd)
+  - connect-to-first-byte time (connect, send 1 B, get the echo back)
+and prints a table of vSocket/kernel ratios. Raw results go to
+OUT/same-host-<time>.json and .md; plots (PNG, gnuplot) next to them.
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TB = ["bash", os.path.join(ROOT, "deploy/testbed.sh")]
+
+
+def sh(args, env=None, timeout=120, check=False):
+    r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{args}: {r.stderr[-500:]}")
+    return r
+
+
+class Bed:
+    def __init__(self, lib):
+        self.lib = lib
+        self.a1 = sh(TB + ["addr", "vm1"], check=True).stdout.strip()
+        self.a2 = sh(TB + ["addr", "vm2"], check=True).stdout.strip()
+
+    def env(self, accel):
+        e = dict(os.environ)
+        e.pop("LD_PRELOAD", None)
+        if accel:
+            e["LD_PRELOAD"] = self.lib
+        return e
+
+    def run(self, vm, accel, args, timeout=120):
+        return sh(TB + ["exec", vm] + args, env=self.env(accel), timeout=timeout)
+
+    def start(self, vm, accel, args):
+        return subprocess.Popen(TB + ["exec", vm] + args, env=self.env(accel),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def cpu_ticks(pids):
+    t = 0
+    for p in pids:
+        try:
+            f = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+            t += int(f[11]) + int(f[12])
+        except (OSError, IndexError):
+            pass
+    return t
+
+
+def pids_of(pattern):
+    r = sh(["pgrep", "-f", pattern])
+    return [int(p) for p in r.stdout.split()]
+
+
+def stop(proc):
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def sockperf(bed, accel, mode, size, seconds, port):
+    srv = bed.start("vm2", accel, ["sockperf", "sr", "--tcp", "-i", bed.a2, "-p", str(port)])
+    time.sleep(0.7)
+    daemon = [int(sh(TB + ["daemon-pid"]).stdout.strip() or 0)]
+    server = pids_of(f"sockperf sr --tcp -i {bed.a2} -p {port}")
+    client = bed.start("vm1", accel, ["sockperf", mode, "--tcp", "-i", bed.a2, "-p", str(port),
+                                      "-t", str(seconds), "-m", str(size)])
+    time.sleep(0.3)
+    client_pids = pids_of(f"sockperf {mode} --tcp -i {bed.a2} -p {port}")
+    t0 = cpu_ticks(server + client_pids + daemon)
+    out, _ = client.communicate(timeout=seconds + 60)
+    t1 = cpu_ticks(server + daemon)  # the client is gone; its time is in t1 below
+    stop(srv)
+    res = {"raw": out[-2000:]}
+    m = re.search(r"Summary: Latency is ([0-9.]+) usec", out)
+    if m:
+        res["latency_us"] = float(m.group(1))
+    for pct in ("50.000", "99.000", "99.900"):
+        m = re.search(r"percentile " + re.escape(pct) + r" =\s+([0-9.]+)", out)
+        if m:
+            res["p" + pct.rstrip("0").rstrip(".")] = float(m.group(1))
+    m = re.search(r"Summary: Message Rate is ([0-9]+)", out)
+    if m:
+        res["msg_per_s"] = int(m.group(1))
+    m = re.search(r"SentMessages=([0-9]+)", out)
+    if m:
+        res["messages"] = int(m.group(1))
+    res["cpu_ticks_server_daemon"] = t1 - t0
+    return res
+
+
+def iperf(bed, accel, seconds, port):
+    srv = bed.start("vm2", accel, ["iperf3", "-s", "-B", bed.a2, "-p", str(port), "-1"])
+    time.sleep(0.7)
+    r = bed.run("vm1", accel, ["iperf3", "-c", bed.a2, "-p", str(port), "-t", str(seconds), "-l", "64K", "-J"],
+                timeout=seconds + 60)
+    stop(srv)
+    try:
+        j = json.loads(r.stdout)
+        return {"gbit_per_s": j["end"]["sum_received"]["bits_per_second"] / 1e9}
+    except (ValueError, KeyError):
+        return {"error": r.stdout[-500:] + r.stderr[-500:]}
+
+
+def redis(bed, accel, port):
+    srv = bed.start("vm2", accel, ["redis-server", "--bind", bed.a2, "--port", str(port), "--save", "",
+                                   "--appendonly", "no", "--protected-mode", "no"])
+    time.sleep(0.8)
+    res = {}
+    for clients, n in ((1, 20000), (50, 100000)):
+        r = bed.run("vm1", accel, ["redis-benchmark", "-h", bed.a2, "-p", str(port), "-t", "set,get",
+                                   "-n", str(n), "-c", str(clients), "--csv"])
+        for line in r.stdout.splitlines():
+            m = re.match(r'"(SET|GET)","([0-9.]+)"', line)
+            if m:
+                res[f"{m.group(1).lower()}_c{clients}_rps"] = float(m.group(2))
+    stop(srv)
+    return res
+
+
+CONNECT_PROBE = r'''
+import socket, sys, time
+addr, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+ts = []
+for i in range(n):
+    t0 = time.perf_counter()
+    c = socket.create_connection((addr, port))
+    c.sendall(b"E!")
+    c.recv(1)
+    ts.append((time.perf_counter() - t0) * 1e6)
+    c.close()
+ts.sort()
+print(ts[len(ts) // 2], ts[int(len(ts) * 0.99)])
+'''
+
+
+def connect_first_byte(bed, accel, peer_bin, port):
+    srv = bed.start("vm2", accel, [peer_bin, bed.a2, str(port)])
+    time.sleep(0.5)
+    r = bed.run("vm1", accel, ["python3", "-c", CONNECT_PROBE, bed.a2, str(port), "300"])
+    stop(srv)
+    try:
+        p50, p99 = (float(x) for x in r.stdout.split())
+        return {"p50_us": p50, "p99_us": p99}
+    except ValueError:
+        return {"error": r.stdout[-300:] + r.stderr[-300:]}
+
+
+def ratio(a, b):
+    return a / b if a and b else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default=os.path.join(ROOT, "bazel-out/k8-opt/bin"))
+    ap.add_argument("--seconds", type=int, default=3)
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
+    a = ap.parse_args()
+    lib = os.path.join(a.bin, "guest/libvsocket.so")
+    env = dict(os.environ, VSOCKETD=os.path.join(a.bin, "host-backend/vsocketd"))
+    r = sh(TB + ["up"], env=env, timeout=120)
+    if r.returncode != 0:
+        sys.exit("testbed up failed: " + r.stdout[-1000:] + r.stderr[-1000:])
+    bed = Bed(lib)
+    results = {"date": datetime.datetime.utcnow().isoformat() + "Z", "cpus": os.cpu_count(),
+               "kernel": {}, "vsocket": {}}
+    try:
+        port = 12000
+        for mode, accel in (("kernel", False), ("vsocket", True)):
+            R = results[mode]
+            print(f"== {mode}", flush=True)
+            R["pingpong_16"] = sockperf(bed, accel, "pp", 16, a.seconds, port); port += 1
+            R["rate_16"] = sockperf(bed, accel, "tp", 16, a.seconds, port); port += 1
+            R["rate_1k"] = sockperf(bed, accel, "tp", 1024, a.seconds, port); port += 1
+            R["bandwidth_64k"] = iperf(bed, accel, a.seconds, port); port += 1
+            R["redis"] = redis(bed, accel, port); port += 1
+            R["connect"] = connect_first_byte(bed, accel, os.path.join(a.bin, "tests/socket/socket_peer"), port)
+            port += 1
+    finally:
+        sh(TB + ["down"])
+    K, V = results["kernel"], results["vsocket"]
+
+    def cpu_per_million(R):
+        t = R["rate_16"]
+        msgs = t.get("messages") or t.get("msg_per_s", 0) * a.seconds
+        hz = os.sysconf("SC_CLK_TCK")
+        return (t["cpu_ticks_server_daemon"] / hz) / (msgs / 1e6) if msgs else float("nan")
+
+    rows = [
+        ("RTT p50, 16 B (us)", 2 * K["pingpong_16"].get("p50", 0), 2 * V["pingpong_16"].get("p50", 0), "<= 0.1"),
+        ("RTT p99, 16 B (us)", 2 * K["pingpong_16"].get("p99", 0), 2 * V["pingpong_16"].get("p99", 0), ""),
+        ("RTT p99.9, 16 B (us)", 2 * K["pingpong_16"].get("p99.9", 0), 2 * V["pingpong_16"].get("p99.9", 0), ""),
+        ("message rate, 16 B (msg/s)", K["rate_16"].get("msg_per_s", 0), V["rate_16"].get("msg_per_s", 0), ">= 10"),
+        ("message rate, 1 KiB (msg/s)", K["rate_1k"].get("msg_per_s", 0), V["rate_1k"].get("msg_per_s", 0), ""),
+        ("bandwidth, 64 KiB writes (Gbit/s)", K["bandwidth_64k"].get("gbit_per_s", 0),
+         V["bandwidth_64k"].get("gbit_per_s", 0), ">= 1"),
+        ("redis SET, 1 client (req/s)", K["redis"].get("set_c1_rps", 0), V["redis"].get("set_c1_rps", 0), ">= 2"),
+        ("redis GET, 1 client (req/s)", K["redis"].get("get_c1_rps", 0), V["redis"].get("get_c1_rps", 0), ">= 2"),
+        ("redis SET, 50 clients (req/s)", K["redis"].get("set_c50_rps", 0), V["redis"].get("set_c50_rps", 0), ">= 2"),
+        ("redis GET, 50 clients (req/s)", K["redis"].get("get_c50_rps", 0), V["redis"].get("get_c50_rps", 0), ">= 2"),
+        ("CPU s per million 16 B msgs (server+daemon)", cpu_per_million(K), cpu_per_million(V), "lower is better"),
+        ("connect to first byte, p50 (us)", K["connect"].get("p50_us", 0), V["connect"].get("p50_us", 0), ""),
+    ]
+    results["table"] = [{"metric": m, "kernel": k, "vsocket": v, "ratio": ratio(v, k), "goal": g}
+                        for m, k, v, g in rows]
+    stamp = datetime.datetime.utcnow().strftime("%Y%m%dT%H%M%SZ")
+    os.makedirs(a.out, exist_ok=True)
+    base = os.path.join(a.out, f"same-host-{stamp}")
+    with open(base + ".json", "w") as f:
+        json.dump(results, f, indent=1)
+    md = [f"# Same-host benchmark, {results['date']} ({results['cpus']} CPUs), vSocket vs kernel TCP, same run",
+          "", "| metric | kernel TCP | vSocket | vSocket/kernel | goal (ratio) |", "|---|--:|--:|--:|---|"]
+    for row in results["table"]:
+        md.append(f"| {row['metric']} | {row['kernel']:.2f} | {row['vsocket']:.2f} | {row['ratio']:.2f} | {row['goal']} |")
+    text = "\n".join(md) + "\n"
+    with open(base + ".md", "w") as f:
+        f.write(text)
+    shutil.copy(base + ".md", os.path.join(a.out, "same-host-latest.md"))
+    shutil.copy(base + ".json", os.path.join(a.out, "same-host-latest.json"))
+    print(text)
+    plot(results, os.path.join(a.out, "same-host-latest"))
+
+
+def plot(results, base):
+    if shutil.which("gnuplot") is None:
+        print("gnuplot not installed: no plots")
+        return
+    charts = [("latency", "microseconds (lower is better)",
+               [r for r in results["table"] if r["metric"].startswith(("RTT", "connect"))]),
+              ("rates", "vSocket / kernel TCP (higher is better)",
+               [r for r in results["table"] if not r["metric"].startswith(("RTT", "connect", "CPU"))])]
+    for name, ylabel, rows in charts:
+        dat = base + f"-{name}.dat"
+        with open(dat, "w") as f:
+            for i, r in enumerate(rows):
+                label = r["metric"].replace(" ", "_")
+                if name == "latency":
+                    f.write(f'{i} "{label}" {r["kernel"]:.3f} {r["vsocket"]:.3f}\n')
+                else:
+                    f.write(f'{i} "{label}" 1 {r["ratio"]:.3f}\n')
+        script = f'''
+set terminal png size 1100,520 font ",10"
+set output "{base}-{name}.png"
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set boxwidth 0.9
+set ylabel "{ylabel}"
+set xtics rotate by -25 noenhanced
+set grid ytics
+set key top left
+set title "vSocket vs kernel TCP, same host ({'absolute' if name == 'latency' else 'ratio'})"
+{'set logscale y' if name == 'rates' else ''}
+plot "{dat}" using 3:xtic(2) title "kernel TCP", "" using 4 title "vSocket"
+'''
+        subprocess.run(["gnuplot"], input=script, text=True)
+        print(f"plot: {base}-{name}.png")
+
+
+if __name__ == "__main__":
+    main()
