@@ -264,6 +264,9 @@ def plot(results, base):
                     f.write(f'{i} "{label}" {r["kernel"]:.3f} {r["vsocket"]:.3f}\n')
                 else:
                     f.write(f'{i} "{label}" 1 {r["ratio"]:.3f}\n')
+        plot_cmd = (f'plot "{dat}" using 3:xtic(2) title "kernel TCP", "" using 4 title "vSocket"'
+                    if name == "latency" else
+                    f'plot "{dat}" using 4:xtic(2) title "vSocket / kernel TCP", 1 with lines lw 2 title "kernel TCP = 1"')
         script = f'''
 set terminal png size 1100,520 font ",10"
 set output "{base}-{name}.png"
@@ -277,7 +280,7 @@ set grid ytics
 set key top left
 set title "vSocket vs kernel TCP, same host ({'absolute' if name == 'latency' else 'ratio'})"
 {'set logscale y' if name == 'rates' else ''}
-plot "{dat}" using 3:xtic(2) title "kernel TCP", "" using 4 title "vSocket"
+{plot_cmd}
 '''
         subprocess.run(["gnuplot"], input=script, text=True)
         print(f"plot: {base}-{name}.png")
