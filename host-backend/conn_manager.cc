@@ -546,10 +546,13 @@ std::vector<ConnSnapshot> ConnManager::Snapshot() const {
   std::vector<ConnSnapshot> out;
   for (const auto& [h, c] : conns_) {
     if (c->gone) continue;
+    // Counters below are the worker's; read racily here, for display only.
+    uint64_t peer_consumed = c->peer ? c->peer->rx_consumed : c->tx_tail;
     out.push_back({c->handle, c->device ? c->device->id() : 0,
                    c->device ? c->device->port()->vm_name : "", c->key.tenant, c->key.local,
                    c->key.peer, c->state, c->reason, c->accel_bytes_out.load(),
-                   c->accel_bytes_in.load(), c->kernel_bytes_out.load()});
+                   c->accel_bytes_in.load(), c->kernel_bytes_out.load(), c->rx_tail - c->rx_consumed,
+                   c->tx_tail - std::min(c->tx_tail, peer_consumed), c->peer ? c->peer->rx.size : 0});
   }
   return out;
 }

@@ -224,13 +224,14 @@ Table Tenants(const Reporting& r) {
 
 Table Connections(const Reporting& r) {
   Table t{{"handle", "vm", "tenant", "local", "peer", "mode", "reason", "accel_bytes_out", "accel_bytes_in",
-           "kernel_bytes_before_upgrade"},
+           "kernel_bytes_before_upgrade", "credit_used", "credit_window", "rx_queued"},
           {},
-          {true, false, true, false, false, false, false, true, true, true}};
+          {true, false, true, false, false, false, false, true, true, true, true, true, true}};
   for (const ConnSnapshot& c : r.service.conns().Snapshot()) {
     t.rows.push_back({std::to_string(c.handle), c.vm, std::to_string(c.tenant), EndpointText(c.local),
                       EndpointText(c.peer), ToString(c.state), proto::ToString(c.reason),
-                      std::to_string(c.accel_out), std::to_string(c.accel_in), std::to_string(c.kernel_out)});
+                      std::to_string(c.accel_out), std::to_string(c.accel_in), std::to_string(c.kernel_out),
+                      std::to_string(c.tx_unacked), std::to_string(c.window), std::to_string(c.rx_queued)});
   }
   return t;
 }
