@@ -225,6 +225,9 @@ std::optional<Message> ConnManager::Register(DeviceConns& dc, uint64_t request_i
       other.tenant = other_tenant;
       uint64_t other_handle = 0;
       BackendConn* o = registry_.find(other, other_handle) ? conns_.at(other_handle).get() : nullptr;
+      // Only a still-pending registration of the other tenant learns why;
+      // one that is paired is none of this tenant's business.
+      if (o && (o->state != ConnState::kPending || o->peer != nullptr)) o = nullptr;
       {
         std::lock_guard<std::mutex> lock(snapshot_mu_);
         c.reason = Reason::kCrossTenant;
@@ -327,7 +330,11 @@ void ConnManager::MaybeDestroy(BackendConn* c) {
   if (!c->gone) return;
   if (c->peer && !c->peer->gone && c->orphan_off < c->orphan.size()) return;
   if (c->in_move_list) return;  // removed by MoveData's sweep
-  if (c->peer) c->peer->peer = nullptr;
+  if (c->peer) {
+    // A peer that is gone too may have been waiting only on us.
+    if (c->peer->gone) MarkMovable(*c->peer);
+    c->peer->peer = nullptr;
+  }
   if (c->in_event_list && c->device != nullptr) {
     if (DeviceConns* dc = Find(*c->device))
       dc->events.erase(std::remove(dc->events.begin(), dc->events.end(), c), dc->events.end());

@@ -95,12 +95,17 @@ bool Worker::ProcessMailbox() {
       // Buffers may have been queued before we started listening.
       for (size_t q = 0; q < op.device->num_queues(); ++q) op.device->queue(q).DisableNotify();
     } else {
+      bool found = false;
       for (size_t i = 0; i < active_.size(); ++i) {
         if (active_[i].device.get() == op.raw) {
           Untrack(i);
+          found = true;
           break;
         }
       }
+      // Already untracked (paused around a message, or broken) but now gone
+      // for good: its connections must still be released.
+      if (!found && op.raw->stopping()) service_->OnDetach(*op.raw);
     }
   }
   {

@@ -68,7 +68,7 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
   Session* session = nullptr;
   for (nfds_t i = 0; i < n; ++i) {
     auto c = Lookup(fds[i].fd);
-    if (c && c->session != nullptr) {
+    if (c && c->session != nullptr && c->session->alive()) {
       session = c->session;
       conns[i] = std::move(c);
     }
@@ -361,12 +361,13 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
   for (uint32_t iter = 0;; ++iter) {
     int n = 0;
     Session* s;
-    if (set->session) set->session->TryDrain();
+    if (set->session && set->session->alive()) set->session->TryDrain();
     {
       std::lock_guard<std::mutex> lock(set->mu);
       Refresh(epfd, *set);
       s = set->session;
     }
+    if (s != nullptr && !s->alive()) s = nullptr;  // backend gone: plain kernel sleep
     bool session_event = false;
     // Kernel events first (they may mark connections in transition as
     // changed), then our own, each fd reported at most once.
@@ -410,6 +411,14 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
       std::lock_guard<std::mutex> lock(set->mu);
       return r + Collect(*set, events + r, max - r);
     }
+  }
+}
+
+void EpollAfterForkInChild() {
+  new (&g_ep_mu) std::mutex();
+  for (auto& [epfd, set] : g_sets) {
+    new (&set->mu) std::mutex();
+    set->session = nullptr;  // re-hooked to the child's session when it has one
   }
 }
 

@@ -18,5 +18,7 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
 // fd was closed: drop it from every emulated epoll set (and the set itself
 // if fd was an epoll fd).
 void EpollForget(int fd);
+// In a forked child: epoll sets no longer follow the parent's session.
+void EpollAfterForkInChild();
 
 }  // namespace vsocket::guest

@@ -70,7 +70,9 @@ Session* Session::Get(proto::Reason* why) {
 
 void Session::ForgetAfterFork() {
   // The child shares the parent's rings and vhost-user socket; using them
-  // would corrupt the parent's session. Leak the object, start over lazily.
+  // would corrupt the parent's session. Leak the object (its memory is the
+  // parent's rings too), close our copies of its fds, start over lazily.
+  if (g_session != nullptr && g_session->fe_) g_session->fe_->CloseFdsAfterFork();
   g_session = nullptr;
   g_last_attempt_ns = 0;
   new (&g_init_mu) std::mutex();
@@ -333,6 +335,11 @@ void Session::NotifyWaitersLocked() {
   for (int efd : waiters_) (void)!Libc().write(efd, &one, sizeof(one));
 }
 
+void Session::WakeWaiters() {
+  std::lock_guard<std::mutex> lock(mu_);
+  NotifyWaitersLocked();
+}
+
 void Session::AddWaiter(int efd) {
   std::lock_guard<std::mutex> lock(mu_);
   waiters_.push_back(efd);
@@ -364,8 +371,11 @@ void Session::DoneSleeping() {
     fe_->queue(kRequestQueue).DisableInterrupts();
   }
   uint64_t v;
-  (void)!Libc().read(event_fd(), &v, sizeof(v));
-  (void)!Libc().read(request_fd(), &v, sizeof(v));
+  bool called = Libc().read(event_fd(), &v, sizeof(v)) > 0;
+  called |= Libc().read(request_fd(), &v, sizeof(v)) > 0;
+  // We consumed a call another sleeper may be waiting for: act on it (the
+  // drain wakes every waiter if anything changed).
+  if (called && alive()) DrainLocked();
 }
 
 Status Session::AllocRings(Conn& c, uint32_t ring_bytes) {

@@ -48,6 +48,8 @@ class Session {
   // Sleep support: a waiter is an eventfd written whenever an event was
   // dispatched. Prepare() enables interrupts and returns false if there is
   // already work (drain and re-check instead of sleeping).
+  // Wakes every sleeping thread so it re-checks its condition.
+  void WakeWaiters();
   void AddWaiter(int efd);
   void RemoveWaiter(int efd);
   bool PrepareSleep();

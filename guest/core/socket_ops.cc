@@ -18,6 +18,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "guest/core/config.h"
+#include "guest/core/poll_ops.h"
 #include "guest/core/session.h"
 #include "guest/preload/libc.h"
 
@@ -108,11 +109,16 @@ void EnsureRegistered(int fd, Conn& c) {
     Reason reason = !st.ok() || ack == nullptr ? Reason::kBackendUnavailable : ack->reason;
     VS_LOG(kInfo, "registration refused (%s): stays on kernel TCP",
            st.ok() ? proto::ToString(reason) : st.ToString().c_str());
-    s->Untrack(c.id);
-    s->FreeRings(c);
-    c.session = nullptr;
-    // An UPGRADE cannot have been sent for a refused registration.
     SetKernelForGood(c, reason);
+    s->Untrack(c.id);
+    if (st.ok() && ack != nullptr) {
+      // Refused: the backend never used the rings.
+      s->FreeRings(c);
+    } else {
+      // No answer: the request may still be processed. Withdraw it and
+      // never reuse the rings (a small leak, only when the backend hangs).
+      (void)s->Post({MsgType::kUnregister, 0, proto::Unregister{c.id}});
+    }
   }
 }
 
@@ -348,10 +354,16 @@ void Forget(int fd) {
 
 void AfterForkInChild() {
   Session::ForgetAfterFork();
+  EpollAfterForkInChild();
   new (&g_fd_mu) std::mutex();
   for (int fd = 0; fd < kMaxFds; ++fd) {
     if (!g_has[fd].load()) continue;
     Conn& c = *g_fds[fd];
+    // Only this thread exists in the child: locks another thread held at
+    // fork time would never be released.
+    new (&c.tx_mu) std::mutex();
+    new (&c.rx_mu) std::mutex();
+    new (&c.setup_mu) std::mutex();
     if (!IsRegistered(c)) continue;
     // The parent's session owns this registration. A connection that never
     // upgraded is still exact on kernel TCP; an upgraded one is not.
@@ -408,6 +420,11 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   int64_t deadline = -2;  // looked up when we first have to block
   while (sent < total) {
     if (c.reset.load()) return sent ? Result<size_t>(sent) : Errno(ECONNRESET, "connection reset");
+    if (c.shut_wr.load()) {
+      if (sent) return sent;
+      if (!(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
+      return Errno(EPIPE, "shut down for writing");
+    }
     if (c.peer_gone.load(std::memory_order_acquire)) {
       if (sent) return sent;
       // As over TCP: the first write after the peer closed still "succeeds"
@@ -431,7 +448,8 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       if (nonblock) return sent ? Result<size_t>(sent) : Errno(EAGAIN, "ring full");
       if (deadline == -2) deadline = SocketDeadline(fd, SO_SNDTIMEO);
       Status st = WaitUntil(c, [&] {
-        return c.credit.load(std::memory_order_acquire) != credit || c.reset.load() || c.peer_gone.load();
+        return c.credit.load(std::memory_order_acquire) != credit || c.reset.load() || c.peer_gone.load() ||
+               c.shut_wr.load();
       }, -1, 0, deadline);
       if (!st.ok() && sent > 0) return sent;
       if (!st.ok()) return st;
@@ -492,6 +510,9 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   for (;;) {
     if (c.reset.load()) return got ? Result<size_t>(got) : Errno(ECONNRESET, "connection reset");
     if (!c.rx_switched.load()) {
+      // Snapshot before looking at anything: an event dispatched by another
+      // thread after this point changes gen and ends the wait below.
+      uint32_t gen = c.gen.load(std::memory_order_acquire);
       bool upgraded = c.mode.load(std::memory_order_acquire) == Mode::kAccel;
       bool fence_known = c.peer_fence_known.load(std::memory_order_acquire);
       uint64_t limit = want - got;
@@ -559,7 +580,6 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       if (c.session->TryDrain()) continue;
       if (c.shut_rd.load()) return got;  // queued data first, then EOF, never block
       if (nonblock) return got ? Result<size_t>(got) : Errno(EAGAIN, "no data");
-      uint32_t gen = c.gen.load(std::memory_order_acquire);
       if (deadline == -2) deadline = SocketDeadline(fd, SO_RCVTIMEO);
       Status st = WaitUntil(c, [&] {
         if (c.gen.load(std::memory_order_acquire) != gen || c.reset.load()) return true;
@@ -567,6 +587,19 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
         pollfd p{fd, POLLIN, 0};
         return Libc().poll(&p, 1, 0) > 0;
       }, kernel_eof ? -1 : fd, POLLIN, deadline);
+      if (!st.ok() && !c.upgraded.load() && !c.session->alive()) {
+        // The backend went away before the upgrade: plain kernel TCP from
+        // here on, exactly as if we had never registered.
+        lock.unlock();
+        msghdr mh{};
+        mh.msg_iov = const_cast<iovec*>(iov);
+        mh.msg_iovlen = static_cast<size_t>(iovcnt);
+        if (got) return got;
+        ssize_t n = Libc().recvmsg(fd, &mh, flags);
+        if (n < 0) return Errno(errno, "recvmsg");
+        if (!peek) c.kernel_received.fetch_add(static_cast<uint64_t>(n));
+        return static_cast<size_t>(n);
+      }
       if (!st.ok()) return got ? Result<size_t>(got) : Result<size_t>(st);
       continue;
     }
@@ -613,14 +646,19 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
 }
 
 Status Shutdown(int fd, Conn& c, int how) {
-  if (IsRegistered(c) && c.session != nullptr && (how == SHUT_WR || how == SHUT_RDWR)) {
-    std::lock_guard<std::mutex> lock(c.tx_mu);
-    if (!c.shut_wr.exchange(true))
-      (void)c.session->Post({MsgType::kShutdown, 0, proto::Shutdown{c.id, proto::ShutdownHow::kWrite}});
-  }
+  bool wr = how == SHUT_WR || how == SHUT_RDWR;
+  bool first_wr = wr && !c.shut_wr.exchange(true);
   if (how == SHUT_RD || how == SHUT_RDWR) c.shut_rd.store(true);
-  if (how == SHUT_WR || how == SHUT_RDWR) c.shut_wr.store(true);
+  // The kernel shutdown first: it also ends a sender blocked in the kernel,
+  // and the flags end one waiting for ring space, so tx_mu frees up.
   if (Libc().shutdown(fd, how) != 0) return Errno(errno, "shutdown");
+  Session* s = c.session;
+  if (s != nullptr) s->WakeWaiters();
+  if (first_wr && IsRegistered(c) && s != nullptr) {
+    // Under tx_mu: after every TX_TAIL a concurrent sender may still post.
+    std::lock_guard<std::mutex> lock(c.tx_mu);
+    (void)s->Post({MsgType::kShutdown, 0, proto::Shutdown{c.id, proto::ShutdownHow::kWrite}});
+  }
   return Status::Ok();
 }
 

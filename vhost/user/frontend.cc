@@ -205,6 +205,14 @@ Status VhostUserFrontend::Stop() {
   return result;
 }
 
+void VhostUserFrontend::CloseFdsAfterFork() {
+  sock_.reset();
+  for (Queue& q : queues_) {
+    q.kick.reset();
+    q.call.reset();
+  }
+}
+
 void VhostUserFrontend::Kick(size_t i) {
   uint64_t one = 1;
   (void)!write(queues_[i].kick.get(), &one, sizeof(one));

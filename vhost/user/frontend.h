@@ -48,6 +48,9 @@ class VhostUserFrontend {
   // rings before replying), then closes the socket.
   Status Stop();
   bool connected() const { return sock_.valid(); }
+  // In a forked child: close our copies of the session's fds (the parent
+  // keeps the session; an open copy would keep its device alive).
+  void CloseFdsAfterFork();
   // True if the backend closed the socket (crash or restart).
   bool BackendGone() const;
 
