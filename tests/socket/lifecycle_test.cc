@@ -316,3 +316,41 @@ TEST(Sigpipe, EverySendVariantAfterShutWrRaisesOneSigpipe) {
 
 }  // namespace
 }  // namespace vsocket::socktest
+
+namespace vsocket::socktest {
+namespace {
+
+// Cancelling a stuck send from another thread, a common idiom: the blocked
+// send must return (EPIPE, or the bytes it managed to send), not hang.
+TEST(Shutdown, ShutWrFromAnotherThreadEndsABlockedSend) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  // Both directions carry data first (so a preloaded pair has upgraded).
+  ASSERT_TRUE(SendAll(c.client.get(), "hello"));
+  EXPECT_EQ(RecvExactly(c.server.get(), 5), "hello");
+  ASSERT_TRUE(SendAll(c.server.get(), "there"));
+  EXPECT_EQ(RecvExactly(c.client.get(), 5), "there");
+  std::atomic<bool> done{false};
+  std::atomic<ssize_t> result{0};
+  std::atomic<int> err{0};
+  std::thread sender([&] {
+    std::string big(64 << 20, 'x');  // far more than any buffer or ring
+    ssize_t n = send(c.client.get(), big.data(), big.size(), MSG_NOSIGNAL);
+    err = errno;
+    result = n;
+    done = true;
+  });
+  SleepMs(200);  // let it block (nobody reads)
+  ASSERT_FALSE(done.load()) << "send of 64 MiB should block while the peer does not read";
+  ASSERT_EQ(shutdown(c.client.get(), SHUT_WR), 0) << ErrnoName(errno);
+  for (int i = 0; i < 500 && !done.load(); ++i) SleepMs(10);
+  bool returned = done.load();
+  if (!returned) c.server.reset();  // unblock it anyway so the test ends
+  sender.join();
+  EXPECT_TRUE(returned) << "send still blocked 5 s after shutdown(SHUT_WR)";
+  EXPECT_TRUE(result.load() > 0 || (result.load() == -1 && err.load() == EPIPE))
+      << "result " << result.load() << " " << ErrnoName(err.load());
+}
+
+}  // namespace
+}  // namespace vsocket::socktest
