@@ -1,49 +1,57 @@
 #!/usr/bin/env bash
-# The vSocket demo of what exists so far: the virtio channel.
-# Installs dependencies, builds, starts vsocketd with two VM ports, attaches
-# a process-mode guest to each, round-trips checksummed echoes in polling and
-# eventfd modes, prints the backend's counters, and stops everything it
-# started (by PID).
+# The vSocket demo: two "VMs" (network namespaces) on one host, an unmodified
+# redis-server in one and redis-benchmark in the other, first over kernel
+# TCP, then with libvsocket.so preloaded (vsocket-run) — then what the
+# operator sees (vsocketctl) and what the tenant's report says.
+# Installs dependencies, builds, and removes everything it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/install-deps.sh
 echo "== building"
-bazel build //host-backend:vsocketd //tests/integration:echo_client 2>&1 | tail -1
-
-DIR=$(mktemp -d /tmp/vsocket-demo-XXXXXX)
-DAEMON_PID=""
+bazel build //host-backend:vsocketd //host-backend:vsocketctl //guest:libvsocket.so 2>&1 | tail -1
+BIN=$(bazel info bazel-bin 2>/dev/null)
+WORK=$(mktemp -d /tmp/vsocket-demo-XXXXXX)
+SERVER_PID=""
 cleanup() {
-  [ -n "$DAEMON_PID" ] && kill "$DAEMON_PID" 2>/dev/null && wait "$DAEMON_PID" 2>/dev/null
-  rm -rf "$DIR"
+  [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null && wait "$SERVER_PID" 2>/dev/null
+  bash deploy/testbed.sh down >/dev/null 2>&1 || true
+  rm -rf "$WORK"
 }
 trap cleanup EXIT
 
-echo "== starting vsocketd (ports: vm1 tenant 1, vm2 tenant 2)"
-bazel-bin/host-backend/vsocketd --ctl "$DIR/ctl.sock" --log-level info \
-  --port "$DIR/vm1.sock,vm1,1" --port "$DIR/vm2.sock,vm2,2" 2>"$DIR/vsocketd.log" &
-DAEMON_PID=$!
-for _ in $(seq 100); do [ -S "$DIR/ctl.sock" ] && break; sleep 0.05; done
+echo "== test bed: vsocketd + vm1 and vm2 (tenant 1), vm3 (tenant 2)"
+VSOCKETD=$BIN/host-backend/vsocketd bash deploy/testbed.sh up | sed 's/^/   /'
+A2=$(bash deploy/testbed.sh addr vm2)
+RUN="guest/vsocket-run --lib $BIN/guest/libvsocket.so"
 
-ctl() { python3 - "$DIR/ctl.sock" "$1" <<'PY'
-import json, socket, sys
-s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall((sys.argv[2] + "\n").encode())
-data = b""
-while True:
-    b = s.recv(65536)
-    if not b: break
-    data += b
-print(json.dumps(json.loads(data), indent=2))
-PY
+bench() {  # bench LABEL PRELOAD(yes|no)
+  local pre=()
+  [ "$2" = yes ] && pre=($RUN -r "$WORK/report.jsonl" --)
+  bash deploy/testbed.sh exec vm2 "${pre[@]}" redis-server --bind "$A2" --port 6379 --save '' \
+    --appendonly no --protected-mode no >"$WORK/redis.log" 2>&1 &
+  SERVER_PID=$!
+  for _ in $(seq 50); do grep -q "Ready to accept" "$WORK/redis.log" && break; sleep 0.1; done
+  echo "== redis-benchmark vm1 -> redis-server vm2, $1"
+  bash deploy/testbed.sh exec vm1 "${pre[@]}" redis-benchmark -h "$A2" -t set,get -n 100000 -c 50 -q 2>&1 |
+    tr '\r' '\n' | grep -E "^(SET|GET): [0-9]" | sed 's/^/   /'
+  kill "$SERVER_PID"
+  wait "$SERVER_PID" 2>/dev/null || true
+  SERVER_PID=""
 }
+bench "kernel TCP" no
+bench "vSocket (vsocket-run on both ends)" yes
 
-echo "== guest on vm1: 20000 echoes, busy-polling"
-bazel-bin/tests/integration/echo_client "$DIR/vm1.sock" 20000 poll
-echo "== guest on vm2: 2000 echoes, sleeping on eventfds"
-bazel-bin/tests/integration/echo_client "$DIR/vm2.sock" 2000 event
-echo "== vsocketd counters"
-ctl stats
-CPU0=$(awk '{print $14+$15}' /proc/$DAEMON_PID/stat)
-sleep 2
-CPU1=$(awk '{print $14+$15}' /proc/$DAEMON_PID/stat)
-echo "== vsocketd CPU while idle for 2 s: $((CPU1 - CPU0)) clock ticks (sleeps on kick eventfds)"
-echo "== done"
+echo "== vsocketctl vms (operator view)"
+"$BIN/host-backend/vsocketctl" -s /run/vsocket-testbed/ctl.sock vms | sed 's/^/   /'
+echo "== tenant report (VSOCKET_REPORT): connections by mode"
+python3 - "$WORK/report.jsonl" <<'PY'
+import collections, json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+modes = collections.Counter((l["mode"], l["reason"]) for l in lines)
+for (mode, reason), n in modes.items():
+    print(f"   {n:4d} connections  mode={mode}  reason={reason}")
+acc = sum(l["accel_tx"] + l["accel_rx"] for l in lines)
+ker = sum(l["kernel_tx_after_upgrade"] + l["kernel_rx_after_upgrade"] for l in lines)
+print(f"   {acc} bytes went through shared memory; {ker} bytes on kernel TCP after the upgrade")
+PY
+echo "== done (test bed removed)"
