@@ -176,8 +176,10 @@ bool AccelerationAllowed(const GuestConfig& config, const proto::Endpoint& peer)
 }
 
 const GuestConfig& Config() {
-  static const GuestConfig kConfig = Load();
-  return kConfig;
+  // Never destroyed: the exit report (an atexit handler) and late I/O from
+  // other exit handlers still read it after static destructors have run.
+  static const GuestConfig* const kConfig = new GuestConfig(Load());
+  return *kConfig;
 }
 
 }  // namespace vsocket::guest
