@@ -58,13 +58,15 @@ Message Ack(uint64_t request_id, uint64_t conn_id, WireError st, Reason reason, 
   return Message{MsgType::kRegisterAck, request_id, proto::RegisterAck{conn_id, st, reason, window}};
 }
 
-// Copies n bytes between two rings with independent wrap points.
+// Copies n bytes between two buffers with independent wrap points. A size
+// of 0 means a linear buffer (no wrap; pos is a plain offset).
 void RingCopy(uint8_t* dst, uint32_t dst_size, uint64_t dst_pos, const uint8_t* src,
               uint32_t src_size, uint64_t src_pos, uint64_t n) {
+  auto offset = [](uint64_t pos, uint32_t size) { return size ? pos & (size - 1) : pos; };
+  auto room = [](uint64_t off, uint32_t size) { return size ? size - off : UINT64_MAX; };
   while (n > 0) {
-    uint32_t d = static_cast<uint32_t>(dst_pos & (dst_size - 1));
-    uint32_t s = static_cast<uint32_t>(src_pos & (src_size - 1));
-    uint64_t chunk = std::min<uint64_t>({n, dst_size - d, src_size - s});
+    uint64_t d = offset(dst_pos, dst_size), s = offset(src_pos, src_size);
+    uint64_t chunk = std::min<uint64_t>({n, room(d, dst_size), room(s, src_size)});
     std::memcpy(dst + d, src + s, chunk);
     dst_pos += chunk;
     src_pos += chunk;
@@ -295,12 +297,7 @@ void ConnManager::Orphan(BackendConn& c) {
   if (c.tx.host != nullptr && c.tx_tail > c.tx_copied) {
     uint64_t n = c.tx_tail - c.tx_copied;
     c.orphan.resize(n);
-    for (uint64_t done = 0; done < n;) {
-      uint32_t s = static_cast<uint32_t>((c.tx_copied + done) & (c.tx.size - 1));
-      uint64_t chunk = std::min<uint64_t>(n - done, c.tx.size - s);
-      std::memcpy(c.orphan.data() + done, c.tx.host + s, chunk);
-      done += chunk;
-    }
+    RingCopy(c.orphan.data(), 0, 0, c.tx.host, c.tx.size, c.tx_copied, n);
     c.orphan_off = 0;
   } else {
     c.tx_tail = c.tx_copied;  // nothing recoverable (device paused or empty)
@@ -388,7 +385,7 @@ uint64_t ConnManager::Move(BackendConn& c) {
   uint64_t src_pos, avail;
   if (c.gone) {
     src = c.orphan.data();
-    src_size = 0;
+    src_size = 0;  // linear
     src_pos = c.orphan_off;
     avail = c.orphan.size() - c.orphan_off;
   } else {
@@ -401,18 +398,8 @@ uint64_t ConnManager::Move(BackendConn& c) {
   uint64_t space = p->rx.size - (p->rx_tail - p->rx_consumed);
   uint64_t n = std::min(avail, space);
   if (n == 0) return 0;
-  if (src_size == 0) {
-    // From the orphan buffer (linear).
-    for (uint64_t done = 0; done < n;) {
-      uint32_t d = static_cast<uint32_t>((p->rx_tail + done) & (p->rx.size - 1));
-      uint64_t chunk = std::min<uint64_t>(n - done, p->rx.size - d);
-      std::memcpy(p->rx.host + d, src + src_pos + done, chunk);
-      done += chunk;
-    }
-    c.orphan_off += n;
-  } else {
-    RingCopy(p->rx.host, p->rx.size, p->rx_tail, src, src_size, src_pos, n);
-  }
+  RingCopy(p->rx.host, p->rx.size, p->rx_tail, src, src_size, src_pos, n);
+  if (c.gone) c.orphan_off += n;
   c.tx_copied += n;
   p->rx_tail += n;
   c.accel_bytes_out.fetch_add(n, std::memory_order_relaxed);

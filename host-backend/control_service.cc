@@ -13,6 +13,8 @@ using proto::MsgType;
 namespace {
 
 constexpr uint32_t kMaxConns = 4096;
+
+const proto::Error kBadMessageError{0, proto::WireError::kBadMessage, proto::Reason::kProtocolError};
 constexpr uint32_t kMaxOutstanding = 64;
 
 }  // namespace
@@ -29,7 +31,7 @@ uint32_t ControlService::HandleRequest(vhost::BackendDevice& device,
     device.counters().bad_messages.fetch_add(1, std::memory_order_relaxed);
     VS_LOG(kDebug, "device %lu: %s", static_cast<unsigned long>(device.id()),
            req.status().ToString().c_str());
-    resp = {MsgType::kError, 0, proto::Error{0, proto::WireError::kBadMessage, proto::Reason::kProtocolError}};
+    resp = {MsgType::kError, 0, kBadMessageError};
   } else {
     resp.request_id = req->request_id;
     switch (req->type) {
@@ -49,7 +51,7 @@ uint32_t ControlService::HandleRequest(vhost::BackendDevice& device,
         if (crc != echo.checksum) {
           counters_.checksum_errors.fetch_add(1, std::memory_order_relaxed);
           resp.type = MsgType::kError;
-          resp.body = proto::Error{0, proto::WireError::kBadMessage, proto::Reason::kProtocolError};
+          resp.body = kBadMessageError;
           break;
         }
         counters_.echoes.fetch_add(1, std::memory_order_relaxed);
@@ -72,7 +74,7 @@ uint32_t ControlService::HandleRequest(vhost::BackendDevice& device,
       default:
         counters_.bad_messages.fetch_add(1, std::memory_order_relaxed);
         resp.type = MsgType::kError;
-        resp.body = proto::Error{0, proto::WireError::kBadMessage, proto::Reason::kProtocolError};
+        resp.body = kBadMessageError;
         break;
     }
   }

@@ -1,14 +1,12 @@
 // The daemon's local control socket (for vsocketctl and tests): one request
-// line per connection, one response, then close. Its own thread, blocking in
-// poll (no spinning).
+// line per connection, one response, then close.
 #pragma once
 
 #include <functional>
 #include <string>
-#include <thread>
 
 #include "base/status.h"
-#include "base/unique_fd.h"
+#include "host-backend/request_listener.h"
 
 namespace vsocket::backend {
 
@@ -22,13 +20,8 @@ class CtlServer {
   void Stop();
 
  private:
-  void Run();
-
   std::string path_;
-  Handler handler_;
-  UniqueFd listen_;
-  UniqueFd stop_;
-  std::thread thread_;
+  RequestListener listener_;
 };
 
 }  // namespace vsocket::backend

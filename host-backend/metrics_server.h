@@ -1,14 +1,12 @@
 // A minimal HTTP listener for Prometheus: GET /metrics returns the text
-// exposition, anything else 404. One request per connection, its own thread
-// blocking in poll (no spinning), bounded request size and time.
+// exposition, anything else 404. One request per connection.
 #pragma once
 
 #include <functional>
 #include <string>
-#include <thread>
 
 #include "base/status.h"
-#include "base/unique_fd.h"
+#include "host-backend/request_listener.h"
 
 namespace vsocket::backend {
 
@@ -19,13 +17,7 @@ class MetricsServer {
   void Stop();
 
  private:
-  void Run();
-  void Serve(int fd);
-
-  std::function<std::string()> render_;
-  UniqueFd listen_;
-  UniqueFd stop_;
-  std::thread thread_;
+  RequestListener listener_;
 };
 
 }  // namespace vsocket::backend

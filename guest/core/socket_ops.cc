@@ -221,45 +221,29 @@ Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events =
 
 // ---- ring copies ------------------------------------------------------------
 
-// Copies n bytes from iov (starting `skip` bytes in) into the ring at pos.
-void IovToRing(uint8_t* ring, uint32_t size, uint64_t pos, const iovec* iov, int iovcnt,
-               size_t skip, size_t n) {
+// Copies n bytes between iov (starting `skip` bytes in) and the ring at
+// pos, in the direction ToRing says.
+template <bool ToRing>
+void CopyIovRing(uint8_t* ring, uint32_t size, uint64_t pos, const iovec* iov, int iovcnt,
+                 size_t skip, size_t n) {
   for (int i = 0; i < iovcnt && n > 0; ++i) {
     if (skip >= iov[i].iov_len) {
       skip -= iov[i].iov_len;
       continue;
     }
-    const uint8_t* src = static_cast<const uint8_t*>(iov[i].iov_base) + skip;
+    uint8_t* buf = static_cast<uint8_t*>(iov[i].iov_base) + skip;
     size_t len = std::min(iov[i].iov_len - skip, n);
     skip = 0;
     while (len > 0) {
       uint32_t off = static_cast<uint32_t>(pos & (size - 1));
       size_t chunk = std::min<size_t>(len, size - off);
-      std::memcpy(ring + off, src, chunk);
+      if (ToRing) {
+        std::memcpy(ring + off, buf, chunk);
+      } else {
+        std::memcpy(buf, ring + off, chunk);
+      }
       pos += chunk;
-      src += chunk;
-      len -= chunk;
-      n -= chunk;
-    }
-  }
-}
-
-void RingToIov(const uint8_t* ring, uint32_t size, uint64_t pos, const iovec* iov, int iovcnt,
-               size_t skip, size_t n) {
-  for (int i = 0; i < iovcnt && n > 0; ++i) {
-    if (skip >= iov[i].iov_len) {
-      skip -= iov[i].iov_len;
-      continue;
-    }
-    uint8_t* dst = static_cast<uint8_t*>(iov[i].iov_base) + skip;
-    size_t len = std::min(iov[i].iov_len - skip, n);
-    skip = 0;
-    while (len > 0) {
-      uint32_t off = static_cast<uint32_t>(pos & (size - 1));
-      size_t chunk = std::min<size_t>(len, size - off);
-      std::memcpy(dst, ring + off, chunk);
-      pos += chunk;
-      dst += chunk;
+      buf += chunk;
       len -= chunk;
       n -= chunk;
     }
@@ -275,6 +259,12 @@ size_t IovLen(const iovec* iov, int iovcnt) {
 void Reset(Conn& c, Reason r) {
   c.reason.store(r);
   c.reset.store(true, std::memory_order_release);
+}
+
+// EPIPE, with SIGPIPE unless MSG_NOSIGNAL, as the kernel's send does.
+Status BrokenPipe(int flags, const char* why) {
+  if (!(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
+  return Errno(EPIPE, why);
 }
 
 bool IsRegistered(const Conn& c) {
@@ -412,22 +402,14 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     return static_cast<size_t>(n);
   }
   size_t total = IovLen(iov, iovcnt);
-  if (c.shut_wr.load()) {
-    VS_LOG(kDebug, "conn %lu: send after shutdown(SHUT_WR)", static_cast<unsigned long>(c.id));
-    if (!(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
-    return Errno(EPIPE, "shut down for writing");
-  }
+  if (c.shut_wr.load()) return BrokenPipe(flags, "shut down for writing");  // even for 0 bytes
   bool nonblock = c.nonblocking.load() || (flags & MSG_DONTWAIT);
   size_t sent = 0;
   const uint32_t size = c.ring_size;
   int64_t deadline = -2;  // looked up when we first have to block
   while (sent < total) {
     if (c.reset.load()) return sent ? Result<size_t>(sent) : Errno(ECONNRESET, "connection reset");
-    if (c.shut_wr.load()) {
-      if (sent) return sent;
-      if (!(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
-      return Errno(EPIPE, "shut down for writing");
-    }
+    if (c.shut_wr.load()) return sent ? Result<size_t>(sent) : BrokenPipe(flags, "shut down for writing");
     if (c.peer_gone.load(std::memory_order_acquire)) {
       if (sent) return sent;
       // As over TCP: the first write after the peer closed still "succeeds"
@@ -436,8 +418,7 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
         c.wrote_after_peer_gone = true;
         return total;
       }
-      if (!(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
-      return Errno(EPIPE, "peer closed");
+      return BrokenPipe(flags, "peer closed");
     }
     uint64_t tail = c.tx_tail.load(std::memory_order_relaxed);
     uint64_t credit = c.credit.load(std::memory_order_acquire);
@@ -459,7 +440,7 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       continue;
     }
     size_t n = std::min<uint64_t>(space, total - sent);
-    IovToRing(c.tx, size, tail, iov, iovcnt, sent, n);
+    CopyIovRing<true>(c.tx, size, tail, iov, iovcnt, sent, n);
     // Release: the ring bytes are written before the tail is published.
     c.tx_tail.store(tail + n, std::memory_order_release);
     Status st = c.session->Post({MsgType::kTxTail, 0, proto::ConnCounter{c.id, tail + n}});
@@ -619,7 +600,7 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     }
     if (tail > head) {
       size_t n = std::min<uint64_t>(tail - head, want - got);
-      RingToIov(c.rx, size, head, iov, iovcnt, got, n);
+      CopyIovRing<false>(c.rx, size, head, iov, iovcnt, got, n);
       if (peek) return got + n;
       head += n;
       c.rx_head.store(head, std::memory_order_release);
