@@ -68,9 +68,8 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
   Session* session = nullptr;
   for (nfds_t i = 0; i < n; ++i) {
     auto c = Lookup(fds[i].fd);
-    Session* cs = c ? SessionFor(*c) : nullptr;
-    if (cs != nullptr) {
-      session = cs;
+    if (c && c->session != nullptr && c->session->alive()) {
+      session = c->session;
       conns[i] = std::move(c);
     }
   }
@@ -231,14 +230,8 @@ void Refresh(int epfd, EpSet& set) {
     }
     // Pending connections need the session's wake-ups too: their UPGRADE
     // arrives as an event, not on the kernel socket.
-    // Only registered connections hook the session into an epoll set: its
-    // marker fds would otherwise make the set (and any epoll fd nesting it)
-    // readable before the application has a connection that needs them.
-    Session* es = set.session == nullptr && e.conn->session != nullptr && e.conn->session->alive()
-                      ? e.conn->session
-                      : nullptr;
-    if (es != nullptr) {
-      set.session = es;
+    if (set.session == nullptr && e.conn->session != nullptr) {
+      set.session = e.conn->session;
       set.session->AddWaiter(set.wake_efd);
       epoll_event ev{};
       ev.events = EPOLLIN | EPOLLET;

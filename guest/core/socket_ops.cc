@@ -101,9 +101,6 @@ void EnsureRegistered(int fd, Conn& c) {
   // Tracked and pending before the request: the UPGRADE can race the ack.
   s->Track(self);
   c.mode.store(Mode::kPending, std::memory_order_release);
-  // Threads already asleep on this fd re-check: from now on its events
-  // come through the session.
-  s->WakeWaiters();
   proto::RegisterConn r{c.id, c.role, c.local, c.peer, s->Gpa(c.tx), s->Gpa(c.rx), c.ring_size, c.ring_size};
   Message resp;
   Status st = s->Call({MsgType::kRegisterConn, 0, r}, &resp);
@@ -665,14 +662,6 @@ Result<int> Readable(int fd, Conn& c) {
 bool KernelFeedsReads(const Conn& c) {
   if (c.mode.load(std::memory_order_acquire) != Mode::kAccel || c.rx_switched.load()) return false;
   return !(c.peer_fence_known.load() && c.kernel_received.load() == c.peer_fence.load());
-}
-
-Session* SessionFor(Conn& c) {
-  Session* s = c.session;
-  if (s != nullptr) return s->alive() ? s : nullptr;
-  if (!c.eligible || c.mode.load(std::memory_order_acquire) != Mode::kUnprobed) return nullptr;
-  Reason why;
-  return Session::Get(&why);
 }
 
 int Readiness(int fd, Conn& c) {

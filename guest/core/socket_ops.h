@@ -13,8 +13,6 @@
 
 namespace vsocket::guest {
 
-class Session;
-
 // ---- the fd table --------------------------------------------------------
 
 // The connection an fd names, or null if the fd is not a TCP socket this
@@ -53,11 +51,6 @@ bool KernelFeedsReads(const Conn& c);
 // every open connection.
 void Report(const Conn& c, const char* event);
 void ReportAll(const char* event);
-
-// The session a waiter on this connection must hook into: its own if it is
-// registered, else the process's (an eligible connection may be registered
-// and upgraded by another thread while this one sleeps). Null if none.
-Session* SessionFor(Conn& c);
 
 // This thread's wake-up eventfd (written whenever the session dispatched
 // events), for poll/epoll emulation.
