@@ -48,10 +48,17 @@ vm_run() {
 }
 
 # vm_bg VM how REPORT LOG CMD...: the same in the background; PID in $BG.
+# Started directly (not through vm_run in a subshell) so that $BG is the
+# bounded `timeout` process itself (testbed.sh and ip netns exec exec into
+# it), and killing it stops the server.
 vm_bg() {
   local vm=$1 how=$2 report=$3 log=$4
   shift 4
-  vm_run "$vm" "$how" "$report" "$@" >"$log" 2>&1 &
+  if [ "$how" = preload ]; then
+    VSOCKET_REPORT=$report LD_PRELOAD=$LIB bash $TB exec "$vm" timeout 60 "$@" >"$log" 2>&1 &
+  else
+    bash $TB exec "$vm" timeout 60 "$@" >"$log" 2>&1 &
+  fi
   BG=$!
   PIDS+=("$BG")
 }
