@@ -55,9 +55,29 @@ Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& 
     auto n = ParseInt(value, 0, 65535, where);
     if (!n.ok()) return n.status();
     c->metrics_port = *n;
+  } else if (key == "host_name") {
+    c->host_name = value;
+  } else if (key == "peer_listen") {
+    sockaddr_storage ss;
+    unsigned len;
+    Status st = ParseHostPort(value, &ss, &len);
+    if (!st.ok()) return Bad(where, st.message());
+    c->peer_listen = value;
+  } else if (key == "tls_cert") {
+    c->tls_cert = value;
+  } else if (key == "tls_key") {
+    c->tls_key = value;
+  } else if (key == "tls_ca") {
+    c->tls_ca = value;
+  } else if (key == "locator") {
+    c->locator = value;
+  } else if (key == "fabric") {
+    if (value != "tcp" && value != "rdma") return Bad(where, "fabric must be tcp or rdma");
+    c->fabric = value;
   } else {
     return Bad(where, "unknown key '" + key +
-                          "' (daemon keys: ctl_socket, poll_us, eal_mem_mb, log_level, metrics_addr, metrics_port)");
+                          "' (daemon keys: ctl_socket, poll_us, eal_mem_mb, log_level, metrics_addr, metrics_port, "
+                          "host_name, peer_listen, tls_cert, tls_key, tls_ca, locator, fabric)");
   }
   return Status::Ok();
 }
@@ -78,6 +98,17 @@ Status SetVmKey(vhost::PortConfig* vm, const std::string& key, const std::string
   } else {
     return Bad(where, "unknown key '" + key + "' (VM keys: socket, tenant, addresses)");
   }
+  return Status::Ok();
+}
+
+Status SetPeerKey(PeerHostConfig* peer, const std::string& key, const std::string& value,
+                  const std::string& where) {
+  if (key != "address") return Bad(where, "unknown key '" + key + "' (peer keys: address)");
+  sockaddr_storage ss;
+  unsigned len;
+  Status st = ParseHostPort(value, &ss, &len);
+  if (!st.ok()) return Bad(where, st.message());
+  peer->address = value;
   return Status::Ok();
 }
 
@@ -113,9 +144,38 @@ Status ParseAddresses(const std::string& text, std::vector<vhost::VmAddress>* ou
   return Status::Ok();
 }
 
+Status ParseHostPort(const std::string& text, sockaddr_storage* out, unsigned* len) {
+  size_t colon = text.rfind(':');
+  if (colon == std::string::npos || colon + 1 == text.size())
+    return Status(Code::kInvalidArgument, "'" + text + "' is not ADDR:PORT");
+  std::string host = text.substr(0, colon);
+  char* end = nullptr;
+  unsigned long port = std::strtoul(text.c_str() + colon + 1, &end, 10);
+  if (*end != '\0' || port == 0 || port > 65535)
+    return Status(Code::kInvalidArgument, "'" + text + "': port must be 1..65535");
+  *out = {};
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    auto* a6 = reinterpret_cast<sockaddr_in6*>(out);
+    a6->sin6_family = AF_INET6;
+    a6->sin6_port = htons(static_cast<uint16_t>(port));
+    if (inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), &a6->sin6_addr) != 1)
+      return Status(Code::kInvalidArgument, "'" + text + "': bad IPv6 address");
+    *len = sizeof(sockaddr_in6);
+    return Status::Ok();
+  }
+  auto* a4 = reinterpret_cast<sockaddr_in*>(out);
+  a4->sin_family = AF_INET;
+  a4->sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, host.c_str(), &a4->sin_addr) != 1)
+    return Status(Code::kInvalidArgument, "'" + text + "': bad IPv4 address (IPv6: [ADDR]:PORT)");
+  *len = sizeof(sockaddr_in);
+  return Status::Ok();
+}
+
 Result<DaemonConfig> ParseConfig(const std::string& text, const std::string& name) {
   DaemonConfig c;
   vhost::PortConfig* vm = nullptr;
+  PeerHostConfig* peer = nullptr;
   size_t line_no = 0, start = 0;
   while (start <= text.size()) {
     size_t end = text.find('\n', start);
@@ -133,21 +193,28 @@ Result<DaemonConfig> ParseConfig(const std::string& text, const std::string& nam
     if (line.front() == '[') {
       if (line.back() != ']') return Bad(where, "unterminated section header");
       std::string sec = Trim(line.substr(1, line.size() - 2));
+      vm = nullptr;
+      peer = nullptr;
       if (sec == "daemon") {
-        vm = nullptr;
       } else if (sec.rfind("vm ", 0) == 0 && !Trim(sec.substr(3)).empty()) {
         c.vms.emplace_back();
         vm = &c.vms.back();
         vm->vm_name = Trim(sec.substr(3));
+      } else if (sec.rfind("peer ", 0) == 0 && !Trim(sec.substr(5)).empty()) {
+        c.peers.emplace_back();
+        peer = &c.peers.back();
+        peer->name = Trim(sec.substr(5));
       } else {
-        return Bad(where, "section must be [daemon] or [vm NAME], not [" + sec + "]");
+        return Bad(where, "section must be [daemon], [vm NAME] or [peer NAME], not [" + sec + "]");
       }
       continue;
     }
     size_t eq = line.find('=');
     if (eq == std::string::npos) return Bad(where, "expected KEY = VALUE");
     std::string key = Trim(line.substr(0, eq)), value = Trim(line.substr(eq + 1));
-    Status st = vm ? SetVmKey(vm, key, value, where) : SetDaemonKey(&c, key, value, where);
+    Status st = vm     ? SetVmKey(vm, key, value, where)
+                : peer ? SetPeerKey(peer, key, value, where)
+                       : SetDaemonKey(&c, key, value, where);
     if (!st.ok()) return st;
     if (end == text.size()) break;
   }
@@ -160,7 +227,11 @@ Status ApplyEnv(char** env, DaemonConfig* config) {
     const char* key;
   } kDaemon[] = {{"VSOCKET_CTL_SOCKET", "ctl_socket"}, {"VSOCKET_POLL_US", "poll_us"},
                  {"VSOCKET_EAL_MEM_MB", "eal_mem_mb"}, {"VSOCKET_LOG_LEVEL", "log_level"},
-                 {"VSOCKET_METRICS_ADDR", "metrics_addr"}, {"VSOCKET_METRICS_PORT", "metrics_port"}};
+                 {"VSOCKET_METRICS_ADDR", "metrics_addr"}, {"VSOCKET_METRICS_PORT", "metrics_port"},
+                 {"VSOCKET_HOST_NAME", "host_name"},       {"VSOCKET_PEER_LISTEN", "peer_listen"},
+                 {"VSOCKET_TLS_CERT", "tls_cert"},         {"VSOCKET_TLS_KEY", "tls_key"},
+                 {"VSOCKET_TLS_CA", "tls_ca"},             {"VSOCKET_LOCATOR", "locator"},
+                 {"VSOCKET_FABRIC", "fabric"}};
   for (char** e = env; e && *e; ++e) {
     std::string kv = *e;
     size_t eq = kv.find('=');
@@ -172,6 +243,12 @@ Status ApplyEnv(char** env, DaemonConfig* config) {
         VS_RETURN_IF_ERROR(SetDaemonKey(config, d.key, v, "environment " + k));
         done = true;
       }
+    }
+    if (!done && k.rfind("VSOCKET_PEER_", 0) == 0 && k != "VSOCKET_PEER_LISTEN") {
+      for (PeerHostConfig& p : config->peers)
+        if (k == "VSOCKET_PEER_" + EnvName(p.name) + "_ADDRESS")
+          VS_RETURN_IF_ERROR(SetPeerKey(&p, "address", v, "environment " + k));
+      continue;
     }
     if (done || k.rfind("VSOCKET_VM_", 0) != 0) continue;
     for (vhost::PortConfig& vm : config->vms) {
@@ -200,6 +277,24 @@ Status Validate(DaemonConfig* config) {
     if (vm.addresses.empty())
       VS_LOG(kWarn, "%s has no addresses: its guests can only accelerate loopback connections",
              what.c_str());
+  }
+  if (!config->peers.empty()) {
+    auto need = [](const std::string& v, const char* key) {
+      return v.empty() ? Status(Code::kInvalidArgument, std::string("peers are configured but ") + key + " is not set")
+                       : Status::Ok();
+    };
+    for (auto [v, k] : {std::pair{&config->host_name, "host_name"}, {&config->peer_listen, "peer_listen"},
+                        {&config->tls_cert, "tls_cert"}, {&config->tls_key, "tls_key"},
+                        {&config->tls_ca, "tls_ca"}, {&config->locator, "locator"}})
+      VS_RETURN_IF_ERROR(need(*v, k));
+    std::set<std::string> peer_names;
+    for (const PeerHostConfig& p : config->peers) {
+      if (p.address.empty()) return Status(Code::kInvalidArgument, "peer '" + p.name + "' has no address");
+      if (p.name == config->host_name)
+        return Status(Code::kInvalidArgument, "peer '" + p.name + "' is this host's own name");
+      if (!peer_names.insert(p.name).second)
+        return Status(Code::kInvalidArgument, "peer '" + p.name + "' is configured twice");
+    }
   }
   return Status::Ok();
 }

@@ -3,6 +3,8 @@
 // command-line flags. See docs/operator-guide.md for the format.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <string>
 #include <vector>
 
@@ -10,6 +12,12 @@
 #include "vhost/backend/vhost_backend.h"
 
 namespace vsocket::backend {
+
+// Another vsocketd this one links to (multi-host).
+struct PeerHostConfig {
+  std::string name;     // must equal the CN of its certificate
+  std::string address;  // ADDR:PORT of its peer_listen
+};
 
 struct DaemonConfig {
   std::string ctl_socket = "/run/vsocket/vsocketd.sock";
@@ -19,13 +27,22 @@ struct DaemonConfig {
   std::string metrics_addr = "127.0.0.1";
   int metrics_port = 0;  // 0: no HTTP metrics listener (still on the ctl socket)
   std::vector<vhost::PortConfig> vms;
+  // Multi-host (all empty: this host links to no other).
+  std::string host_name;    // this host's name, the CN of tls_cert
+  std::string peer_listen;  // ADDR:PORT other backends connect to
+  std::string tls_cert, tls_key, tls_ca;
+  std::string locator;      // static locator file
+  std::string fabric = "tcp";
+  std::vector<PeerHostConfig> peers;
 };
 
 // Parses the file's text. `name` is used in error messages ("FILE:LINE: ...").
 Result<DaemonConfig> ParseConfig(const std::string& text, const std::string& name);
 // Applies VSOCKET_* overrides from `env` (KEY=VALUE strings, e.g. environ):
 // VSOCKET_CTL_SOCKET, VSOCKET_POLL_US, VSOCKET_EAL_MEM_MB, VSOCKET_LOG_LEVEL,
-// VSOCKET_METRICS_ADDR, VSOCKET_METRICS_PORT, and per VM
+// VSOCKET_METRICS_ADDR, VSOCKET_METRICS_PORT, VSOCKET_HOST_NAME,
+// VSOCKET_PEER_LISTEN, VSOCKET_TLS_{CERT,KEY,CA}, VSOCKET_LOCATOR,
+// VSOCKET_FABRIC, per peer VSOCKET_PEER_<NAME>_ADDRESS, and per VM
 // VSOCKET_VM_<NAME>_{SOCKET,TENANT,ADDRESSES} (NAME upper-cased, '-' -> '_').
 Status ApplyEnv(char** env, DaemonConfig* config);
 // Checks the whole configuration (at least one VM, unique names, sockets
@@ -33,5 +50,7 @@ Status ApplyEnv(char** env, DaemonConfig* config);
 Status Validate(DaemonConfig* config);
 // Parses "ADDR[;ADDR...]" or "ADDR, ADDR" into VM addresses.
 Status ParseAddresses(const std::string& text, std::vector<vhost::VmAddress>* out);
+// Parses "IPV4:PORT" or "[IPV6]:PORT" into a sockaddr (for peer addresses).
+Status ParseHostPort(const std::string& text, sockaddr_storage* out, unsigned* len);
 
 }  // namespace vsocket::backend

@@ -55,6 +55,38 @@ enum EventBit : uint32_t {
   kEvDowngrade = 1u << 6,   // stay on (or go back to) kernel TCP, with reason
 };
 
+// Frames owed to a remote peer's backend (coalesced like events; sent in
+// this order when the link takes them).
+enum LinkOwedBit : uint32_t {
+  kOweFence = 1u << 0,
+  kOweCredit = 1u << 1,
+  kOweShutWr = 1u << 2,
+  kOweGone = 1u << 3,
+  kOweAbort = 1u << 4,
+  kOweRelease = 1u << 5,  // last: the connection is forgotten after it
+  kOweData = 1u << 6,     // not a frame: data waits for room on the link
+};
+
+// The peer of a connection whose other end runs on another host.
+struct RemotePeer {
+  enum class Stage : uint8_t {
+    kNone,
+    kRequested,  // we sent PAIR_REQUEST, wait for PAIR_ACCEPT
+    kAccepted,   // we sent PAIR_ACCEPT, wait for the peer's first link frame
+    kPaired,
+    kDetached,   // the peer released it, or the link died
+  };
+  Stage stage = Stage::kNone;
+  uint32_t host = 0;       // peer host id (fabric)
+  uint64_t handle = 0;     // the peer backend's handle for the connection
+  uint32_t window = 0;     // the peer guest's RX ring size
+  uint64_t credit = 0;     // bytes the peer guest consumed: we may send up to credit + window
+  bool gone = false;       // the peer guest reads no more
+  uint64_t rdma_addr = 0;  // rdma fabric: the peer RX ring
+  uint32_t rdma_rkey = 0;
+  bool paired() const { return stage == Stage::kPaired; }
+};
+
 struct BackendConn {
   uint64_t handle = 0;  // daemon-wide unique
   vhost::BackendDevice* device = nullptr;
@@ -88,6 +120,12 @@ struct BackendConn {
   uint32_t pending_events = 0;
   bool in_event_list = false;
   bool in_move_list = false;
+
+  // Cross-host: the remote peer (peer == nullptr then).
+  RemotePeer remote;
+  uint32_t link_owed = 0;
+  bool in_owed_list = false;
+  std::vector<uint8_t> rx_stash;  // arrived while the device was paused: lands on re-attach
 
   // Read by the control socket thread.
   std::atomic<uint64_t> accel_bytes_out{0};

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "vhost/backend/vhost_backend.h"
 
@@ -114,12 +115,13 @@ std::optional<Message> ConnManager::Handle(vhost::BackendDevice& device, const M
         c.peer->ev_peer_fence = c.fence_bytes;
         Raise(*c.peer, kEvFence);
       }
+      if (c.remote.paired()) Owe(c, kOweFence);
       MarkMovable(c);
       break;
     }
     case MsgType::kTxTail: {
       uint64_t tail = std::get<proto::ConnCounter>(msg.body).bytes;
-      uint64_t credit = c.peer ? c.peer->rx_consumed : c.tx_copied;
+      uint64_t credit = c.peer ? c.peer->rx_consumed : c.remote.paired() ? c.remote.credit : c.tx_copied;
       // The guest may fill its TX ring only up to what the peer has freed.
       if (c.state != ConnState::kUpgraded || !c.fence_received || c.write_shut ||
           tail < c.tx_tail || tail - credit > c.tx.size)
@@ -138,6 +140,7 @@ std::optional<Message> ConnManager::Handle(vhost::BackendDevice& device, const M
         Raise(*c.peer, kEvCredit);
         MarkMovable(*c.peer);  // room in our RX ring again
       }
+      if (c.remote.paired()) Owe(c, kOweCredit);
       break;
     }
     case MsgType::kShutdown: {
@@ -154,6 +157,7 @@ std::optional<Message> ConnManager::Handle(vhost::BackendDevice& device, const M
           }
           Raise(*c.peer, kEvDowngrade);
         }
+        if (c.remote.paired()) Owe(c, kOweAbort);
       } else if (how == proto::ShutdownHow::kWrite) {
         c.write_shut = true;
         MaybeAnnounceShutdown(c);
@@ -241,6 +245,18 @@ std::optional<Message> ConnManager::Register(DeviceConns& dc, uint64_t request_i
     ConnKey mine = c.key;
     mine.tenant = 0;
     by_tuple_.insert_or_assign(mine, c.key.tenant);
+    // Not on this host: a peer host may run the other end.
+    if (c.reason == Reason::kPending && c.key.scope == 0) {
+      auto pr = pending_remote_.find(c.key);
+      if (pr != pending_remote_.end()) {
+        PendingRemote r = pr->second;
+        pending_remote_.erase(pr);
+        if (r.expires_ms >= MonotonicMs()) AcceptRemote(c, r);
+      } else if (c.role == proto::Role::kClient && hosts_ != nullptr &&
+                 LocalPortFor(c.key.tenant, c.key.peer) == nullptr) {
+        if (uint32_t host = hosts_->Locate(c.key.tenant, c.key.peer)) RequestRemotePair(c, host);
+      }
+    }
   }
   return ack;
 }
@@ -318,6 +334,27 @@ void ConnManager::Orphan(BackendConn& c) {
     MarkMovable(c);
     MaybeAnnounceShutdown(c);
   }
+  switch (c.remote.stage) {
+    case RemotePeer::Stage::kPaired:
+      Owe(c, kOweGone);
+      MarkMovable(c);
+      MaybeAnnounceShutdown(c);
+      break;
+    case RemotePeer::Stage::kRequested:
+    case RemotePeer::Stage::kAccepted: {
+      // Withdraw: the peer backend forgets the request (or the acceptance).
+      proto::FrameHeader h;
+      h.type = proto::FrameType::kPairCancel;
+      h.tenant = c.key.tenant;
+      if (c.remote.stage == RemotePeer::Stage::kAccepted) h.handle = c.remote.handle;
+      h.value = c.handle;
+      if (hosts_) hosts_->SendPairing(c.remote.host, h, {});
+      c.remote.stage = RemotePeer::Stage::kNone;
+      break;
+    }
+    default:
+      break;
+  }
   counters_.active.fetch_sub(1, std::memory_order_relaxed);
 }
 
@@ -326,7 +363,13 @@ void ConnManager::MaybeDestroy(BackendConn* c) {
   // the peer is gone too).
   if (!c->gone) return;
   if (c->peer && !c->peer->gone && c->orphan_off < c->orphan.size()) return;
-  if (c->in_move_list) return;  // removed by MoveData's sweep
+  if (c->in_move_list || c->in_owed_list) return;  // removed by the sweeps
+  if (c->remote.paired()) {
+    if (!c->remote.gone && c->orphan_off < c->orphan.size()) return;
+    if (!c->shut_announced && !c->remote.gone) return;
+    Owe(*c, kOweRelease);  // the peer backend forgets it too; we follow once sent
+    return;
+  }
   if (c->peer) {
     // A peer that is gone too may have been waiting only on us.
     if (c->peer->gone) MarkMovable(*c->peer);
@@ -370,14 +413,16 @@ void ConnManager::MarkMovable(BackendConn& c) {
 
 void ConnManager::MaybeAnnounceShutdown(BackendConn& c) {
   // EOF reaches the peer only after every byte did.
-  if (!c.write_shut || c.shut_announced || !c.peer) return;
+  if (!c.write_shut || c.shut_announced || (!c.peer && !c.remote.paired())) return;
   bool drained = c.gone ? c.orphan_off == c.orphan.size() : c.tx_copied == c.tx_tail;
-  if (!drained) return;
+  if (!drained && !(c.remote.paired() && c.remote.gone)) return;
   c.shut_announced = true;
-  Raise(*c.peer, kEvPeerShutWr | kEvRxTail);
+  if (c.peer) Raise(*c.peer, kEvPeerShutWr | kEvRxTail);
+  else Owe(c, kOweShutWr);
 }
 
 uint64_t ConnManager::Move(BackendConn& c) {
+  if (c.remote.paired()) return MoveRemote(c);
   BackendConn* p = c.peer;
   if (p == nullptr || p->gone || p->rx.host == nullptr || !c.fence_received) return 0;
   const uint8_t* src;
@@ -510,6 +555,14 @@ void ConnManager::OnAttach(vhost::BackendDevice& device) {
       Violation(*c, "rings no longer inside guest memory");
       continue;
     }
+    if (!c->rx_stash.empty()) {
+      // Arrived from the fabric while the device was paused.
+      uint64_t at = c->rx_tail - c->rx_stash.size();
+      RingCopy(c->rx.host, c->rx.size, at, c->rx_stash.data(), 0, 0, c->rx_stash.size());
+      c->rx_stash.clear();
+      c->rx_stash.shrink_to_fit();
+      Raise(*c, kEvRxTail);
+    }
     MarkMovable(*c);
     if (c->peer) MarkMovable(*c->peer);
   }
@@ -541,14 +594,501 @@ std::vector<ConnSnapshot> ConnManager::Snapshot() const {
   for (const auto& [h, c] : conns_) {
     if (c->gone) continue;
     // Counters below are the worker's; read racily here, for display only.
-    uint64_t peer_consumed = c->peer ? c->peer->rx_consumed : c->tx_tail;
+    uint64_t peer_consumed = c->peer ? c->peer->rx_consumed : c->remote.paired() ? c->remote.credit : c->tx_tail;
     out.push_back({c->handle, c->device ? c->device->id() : 0,
                    c->device ? c->device->port()->vm_name : "", c->key.tenant, c->key.local,
                    c->key.peer, c->state, c->reason, c->accel_bytes_out.load(),
                    c->accel_bytes_in.load(), c->kernel_bytes_out.load(), c->rx_tail - c->rx_consumed,
-                   c->tx_tail - std::min(c->tx_tail, peer_consumed), c->peer ? c->peer->rx.size : 0});
+                   c->tx_tail - std::min(c->tx_tail, peer_consumed),
+                   c->peer ? c->peer->rx.size : c->remote.paired() ? c->remote.window : 0,
+                   c->remote.paired() ? c->remote.host : 0});
   }
   return out;
+}
+
+}  // namespace vsocket::backend
+
+// ---- cross-host ---------------------------------------------------------------
+
+namespace vsocket::backend {
+
+using proto::FrameHeader;
+using proto::FrameType;
+
+namespace {
+
+constexpr size_t kMaxPendingRemote = 65536;
+constexpr int64_t kPendingRemoteMs = 30000;
+
+FrameHeader Frame(FrameType t, uint32_t tenant, uint64_t handle, uint64_t value, uint32_t aux = 0) {
+  FrameHeader h;
+  h.type = t;
+  h.tenant = tenant;
+  h.handle = handle;
+  h.value = value;
+  h.aux = aux;
+  return h;
+}
+
+}  // namespace
+
+// Routes one link's frames into the manager, remembering between a DATA
+// header and its arrival whether the payload was accepted.
+class ConnManager::Sink : public fabric::FrameSink {
+ public:
+  Sink(ConnManager* m, uint32_t host) : m_(m), host_(host) {}
+  fabric::PayloadDest OnHeader(const FrameHeader& h) override {
+    fabric::PayloadDest d = m_->OnLinkData(host_, h);
+    data_ok_ = d.n > 0;
+    return d;
+  }
+  void OnFrame(const FrameHeader& h, std::span<const uint8_t>) override {
+    if (h.type == FrameType::kData && !data_ok_) return;
+    m_->OnLinkFrame(host_, h);
+  }
+
+ private:
+  ConnManager* m_;
+  uint32_t host_;
+  bool data_ok_ = false;
+};
+
+ConnManager::ConnManager() = default;
+ConnManager::~ConnManager() = default;
+
+fabric::FrameSink& ConnManager::LinkSink(uint32_t host) {
+  auto& s = sinks_[host];
+  if (!s) s = std::make_unique<Sink>(this, host);
+  return *s;
+}
+
+const vhost::PortConfig* ConnManager::LocalPortFor(uint32_t tenant, const proto::Endpoint& addr) const {
+  if (ports_ == nullptr) return nullptr;
+  for (const vhost::PortConfig& p : *ports_)
+    if (p.tenant_id == tenant && !IsLoopback(addr) && AddressAllowed(p, addr)) return &p;
+  return nullptr;
+}
+
+void ConnManager::RequestRemotePair(BackendConn& c, uint32_t host) {
+  proto::PairInfo info;
+  info.local = c.key.local;
+  info.peer = c.key.peer;
+  info.role = c.role;
+  std::array<uint8_t, proto::kPairInfoSize> payload;
+  proto::EncodePairInfo(info, payload.data());
+  FrameHeader h = Frame(FrameType::kPairRequest, c.key.tenant, 0, c.handle, c.rx.size);
+  h.len = proto::kPairInfoSize;
+  if (!hosts_->SendPairing(host, h, payload)) return;  // stays on kernel TCP
+  c.remote.stage = RemotePeer::Stage::kRequested;
+  c.remote.host = host;
+  counters_.pair_requests_sent.fetch_add(1, std::memory_order_relaxed);
+}
+
+void ConnManager::AcceptRemote(BackendConn& c, const PendingRemote& r) {
+  proto::PairInfo info;
+  info.local = c.key.local;
+  info.peer = c.key.peer;
+  info.role = c.role;
+  std::array<uint8_t, proto::kPairInfoSize> payload;
+  proto::EncodePairInfo(info, payload.data());
+  FrameHeader h = Frame(FrameType::kPairAccept, c.key.tenant, r.handle, c.handle, c.rx.size);
+  h.len = proto::kPairInfoSize;
+  if (!hosts_ || !hosts_->SendPairing(r.host, h, payload)) return;
+  // Our guest upgrades when the peer's first frame (its FENCE) arrives on
+  // the link: then the peer surely knows our handle.
+  c.remote = RemotePeer{};
+  c.remote.stage = RemotePeer::Stage::kAccepted;
+  c.remote.host = r.host;
+  c.remote.handle = r.handle;
+  c.remote.window = r.window;
+  c.remote.rdma_addr = r.rdma_addr;
+  c.remote.rdma_rkey = r.rdma_rkey;
+}
+
+void ConnManager::UpgradeRemote(BackendConn& c) {
+  {
+    std::lock_guard<std::mutex> lock(snapshot_mu_);
+    c.remote.stage = RemotePeer::Stage::kPaired;
+    c.state = ConnState::kUpgraded;
+    c.reason = Reason::kNone;
+  }
+  VS_LOG(kDebug, "conn %lu paired with host %u conn %lu", static_cast<unsigned long>(c.handle), c.remote.host,
+         static_cast<unsigned long>(c.remote.handle));
+  counters_.upgrades.fetch_add(1, std::memory_order_relaxed);
+  counters_.remote_upgrades.fetch_add(1, std::memory_order_relaxed);
+  vm_totals_[c.vm_index % kMaxVms].upgrades.fetch_add(1, std::memory_order_relaxed);
+  c.ev_peer_rx_window = c.remote.window;
+  Raise(c, kEvUpgrade);
+  MaybeAnnounceShutdown(c);
+}
+
+void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<const uint8_t> payload) {
+  auto conn = [&](uint64_t handle) -> BackendConn* {
+    auto it = conns_.find(handle);
+    return it == conns_.end() ? nullptr : it->second.get();
+  };
+  switch (h.type) {
+    case FrameType::kPairRequest: {
+      counters_.pair_requests_received.fetch_add(1, std::memory_order_relaxed);
+      auto info = proto::DecodePairInfo(payload);
+      auto refuse = [&](Reason why, const char* what) {
+        counters_.pair_refused.fetch_add(1, std::memory_order_relaxed);
+        VS_LOG(kWarn, "peer host %u: pairing request refused: %s", host, what);
+        hosts_->SendPairing(host, Frame(FrameType::kPairReject, h.tenant, h.value, 0, static_cast<uint32_t>(why)), {});
+      };
+      if (!info.ok()) return refuse(Reason::kProtocolError, info.status().message().c_str());
+      // The requester may only speak for addresses it runs, and only about
+      // our VMs of the same tenant.
+      if (!hosts_->Runs(host, h.tenant, info->local))
+        return refuse(Reason::kCrossTenant, "requester does not run that tenant address");
+      if (LocalPortFor(h.tenant, info->peer) == nullptr)
+        return refuse(Reason::kCrossTenant, "no VM of that tenant has that address here");
+      ConnKey key{h.tenant, 0, info->peer, info->local};
+      PendingRemote r{host, h.value, h.aux, info->rx_addr, info->rx_rkey, MonotonicMs() + kPendingRemoteMs};
+      uint64_t mine = 0;
+      if (registry_.find(key, mine)) {
+        BackendConn* c = conn(mine);
+        if (c && c->state == ConnState::kPending && c->peer == nullptr && !c->gone &&
+            c->remote.stage == RemotePeer::Stage::kNone && c->role != info->role && c->reason == Reason::kPending) {
+          AcceptRemote(*c, r);
+          return;
+        }
+        return refuse(Reason::kPeerNotAccelerated, "connection is not available for pairing");
+      }
+      // Our guest has not registered yet: keep the request for a while.
+      if (pending_remote_.size() >= kMaxPendingRemote) {
+        int64_t now = MonotonicMs();
+        std::erase_if(pending_remote_, [now](const auto& kv) { return kv.second.expires_ms < now; });
+        if (pending_remote_.size() >= kMaxPendingRemote)
+          return refuse(Reason::kResourceLimit, "too many pending pairing requests");
+      }
+      pending_remote_[key] = r;
+      return;
+    }
+    case FrameType::kPairAccept: {
+      BackendConn* c = conn(h.handle);
+      if (c == nullptr || c->gone || c->remote.stage != RemotePeer::Stage::kRequested || c->remote.host != host ||
+          c->key.tenant != h.tenant || h.value == 0) {
+        // We withdrew meanwhile (or never asked): tell the acceptor.
+        hosts_->SendPairing(host, Frame(FrameType::kPairCancel, h.tenant, h.value, h.handle), {});
+        return;
+      }
+      auto info = proto::DecodePairInfo(payload);
+      c->remote.handle = h.value;
+      c->remote.window = h.aux;
+      if (info.ok()) {
+        c->remote.rdma_addr = info->rx_addr;
+        c->remote.rdma_rkey = info->rx_rkey;
+      }
+      UpgradeRemote(*c);
+      return;
+    }
+    case FrameType::kPairReject: {
+      BackendConn* c = conn(h.handle);
+      if (c == nullptr || c->remote.stage != RemotePeer::Stage::kRequested || c->remote.host != host) return;
+      c->remote.stage = RemotePeer::Stage::kNone;
+      {
+        std::lock_guard<std::mutex> lock(snapshot_mu_);
+        c->reason = static_cast<Reason>(h.aux);
+      }
+      Raise(*c, kEvDowngrade);  // not upgraded: the guest just stays on kernel TCP
+      return;
+    }
+    case FrameType::kPairCancel: {
+      if (h.handle != 0) {
+        BackendConn* c = conn(h.handle);
+        if (c == nullptr || c->remote.host != host || c->remote.handle != h.value) return;
+        if (c->remote.stage == RemotePeer::Stage::kAccepted) {
+          c->remote.stage = RemotePeer::Stage::kNone;
+          std::lock_guard<std::mutex> lock(snapshot_mu_);
+          c->reason = Reason::kPeerNotAccelerated;
+        } else if (c->remote.paired()) {
+          DetachRemote(*c, Reason::kPeerNotAccelerated);
+        }
+        return;
+      }
+      // The requester withdrew before we answered (or before we accepted).
+      std::erase_if(pending_remote_, [&](const auto& kv) { return kv.second.host == host && kv.second.handle == h.value; });
+      for (auto& [hd, c] : conns_)
+        if (c->remote.stage == RemotePeer::Stage::kAccepted && c->remote.host == host && c->remote.handle == h.value)
+          c->remote.stage = RemotePeer::Stage::kNone;
+      return;
+    }
+    default:
+      counters_.frames_dropped.fetch_add(1, std::memory_order_relaxed);
+      return;
+  }
+}
+
+BackendConn* ConnManager::FrameTarget(uint32_t host, const FrameHeader& h) {
+  auto it = conns_.find(h.handle);
+  BackendConn* c = it == conns_.end() ? nullptr : it->second.get();
+  if (c != nullptr && c->key.tenant != h.tenant) {
+    // Never act on another tenant's connection, whatever the peer says.
+    counters_.frames_cross_tenant.fetch_add(1, std::memory_order_relaxed);
+    counters_.frames_dropped.fetch_add(1, std::memory_order_relaxed);
+    VS_LOG(kWarn, "peer host %u: %s frame for tenant %u names a connection of tenant %u: dropped", host,
+           proto::ToString(h.type), h.tenant, c->key.tenant);
+    return nullptr;
+  }
+  if (c == nullptr || c->remote.host != host ||
+      (c->remote.stage != RemotePeer::Stage::kPaired && c->remote.stage != RemotePeer::Stage::kAccepted)) {
+    // Late frames for a connection already released are expected.
+    counters_.frames_dropped.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+  }
+  return c;
+}
+
+fabric::PayloadDest ConnManager::OnLinkData(uint32_t host, const FrameHeader& h) {
+  fabric::PayloadDest d;
+  BackendConn* c = FrameTarget(host, h);
+  if (c == nullptr || c->gone) return d;  // discarded (our guest left: nobody reads it)
+  uint64_t space = c->rx.size - (c->rx_tail - c->rx_consumed);
+  if (!c->remote.paired() || h.value != c->rx_tail || h.len > space) {
+    counters_.fabric_violations.fetch_add(1, std::memory_order_relaxed);
+    VS_LOG(kWarn, "peer host %u: DATA for conn %lu at %lu+%u, expected %lu with %lu free: connection reset", host,
+           static_cast<unsigned long>(c->handle), static_cast<unsigned long>(h.value), h.len,
+           static_cast<unsigned long>(c->rx_tail), static_cast<unsigned long>(space));
+    Violation(*c, "peer host sent data outside the credit window");
+    Owe(*c, kOweAbort);
+    return d;
+  }
+  if (c->rx.host == nullptr) {
+    // Device paused for reconfiguration: hold the bytes until it is back.
+    size_t at = c->rx_stash.size();
+    c->rx_stash.resize(at + h.len);
+    d.iov[0] = {c->rx_stash.data() + at, h.len};
+    d.n = 1;
+    return d;
+  }
+  uint64_t off = c->rx_tail & (c->rx.size - 1);
+  uint64_t first = std::min<uint64_t>(h.len, c->rx.size - off);
+  d.iov[0] = {c->rx.host + off, first};
+  d.n = 1;
+  if (first < h.len) {
+    d.iov[1] = {c->rx.host, h.len - first};
+    d.n = 2;
+  }
+  return d;
+}
+
+void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
+  BackendConn* c = FrameTarget(host, h);
+  if (c == nullptr) return;
+  if (c->remote.stage == RemotePeer::Stage::kAccepted) {
+    // The requester's first frame: it has our handle, so both are paired.
+    if (c->gone) return;
+    UpgradeRemote(*c);
+  }
+  switch (h.type) {
+    case FrameType::kData:
+      c->rx_tail += h.len;
+      c->accel_bytes_in.fetch_add(h.len, std::memory_order_relaxed);
+      vm_totals_[c->vm_index % kMaxVms].accel_bytes_in.fetch_add(h.len, std::memory_order_relaxed);
+      counters_.fabric_bytes_in.fetch_add(h.len, std::memory_order_relaxed);
+      if (c->rx.host != nullptr) Raise(*c, kEvRxTail);
+      break;
+    case FrameType::kFence:
+      c->ev_peer_fence = h.value;
+      Raise(*c, kEvFence);
+      break;
+    case FrameType::kCredit:
+      if (h.value < c->remote.credit || h.value > c->tx_copied) {
+        counters_.fabric_violations.fetch_add(1, std::memory_order_relaxed);
+        Violation(*c, "peer host sent a credit for bytes never sent");
+        Owe(*c, kOweAbort);
+        break;
+      }
+      c->remote.credit = h.value;
+      c->ev_credit = h.value;
+      Raise(*c, kEvCredit);
+      MarkMovable(*c);
+      break;
+    case FrameType::kShutWr:
+      Raise(*c, kEvPeerShutWr | kEvRxTail);
+      break;
+    case FrameType::kGone:
+      c->remote.gone = true;
+      Raise(*c, kEvPeerGone);
+      MaybeAnnounceShutdown(*c);
+      MaybeDestroy(c);
+      break;
+    case FrameType::kAbort:
+    case FrameType::kDowngrade: {
+      {
+        std::lock_guard<std::mutex> lock(snapshot_mu_);
+        c->reason = h.type == FrameType::kAbort ? Reason::kPeerDowngraded : static_cast<Reason>(h.aux);
+      }
+      c->remote.gone = true;
+      Raise(*c, kEvDowngrade);
+      MaybeDestroy(c);
+      break;
+    }
+    case FrameType::kRelease:
+      c->remote.stage = RemotePeer::Stage::kDetached;
+      c->link_owed &= ~kOweData;
+      MaybeDestroy(c);
+      break;
+    default:
+      counters_.frames_dropped.fetch_add(1, std::memory_order_relaxed);
+      break;
+  }
+}
+
+void ConnManager::Owe(BackendConn& c, uint32_t bits) {
+  c.link_owed |= bits;
+  if (!c.in_owed_list) {
+    c.in_owed_list = true;
+    owed_.push_back(&c);
+  }
+}
+
+// Sends what c owes, in order; false if the link could not take it all.
+bool ConnManager::SendOwed(BackendConn& c) {
+  fabric::Link* link = hosts_ ? hosts_->LinkTo(c.remote.host) : nullptr;
+  bool live = c.remote.paired();
+  if (!live || link == nullptr) {
+    c.link_owed = 0;  // nothing to say to a peer that is gone
+    return true;
+  }
+  static const std::pair<uint32_t, FrameType> kOrder[] = {
+      {kOweFence, FrameType::kFence}, {kOweCredit, FrameType::kCredit}, {kOweShutWr, FrameType::kShutWr},
+      {kOweGone, FrameType::kGone},   {kOweAbort, FrameType::kAbort},   {kOweRelease, FrameType::kRelease}};
+  for (const auto& [bit, type] : kOrder) {
+    if (!(c.link_owed & bit)) continue;
+    uint64_t value = type == FrameType::kFence ? c.fence_bytes
+                     : type == FrameType::kCredit ? c.rx_consumed
+                     : type == FrameType::kShutWr ? c.tx_copied : 0;
+    if (!link->Send(Frame(type, c.key.tenant, c.remote.handle, value), {})) return false;
+    c.link_owed &= ~bit;
+    if (type == FrameType::kRelease) {
+      c.remote.stage = RemotePeer::Stage::kDetached;
+      c.link_owed = 0;
+      return true;
+    }
+    if (type == FrameType::kAbort) c.remote.gone = true;  // nothing more goes to it
+  }
+  if (c.link_owed & kOweData) {
+    if (!link->Writable()) return false;
+    c.link_owed &= ~kOweData;
+    MarkMovable(c);
+  }
+  return true;
+}
+
+uint64_t ConnManager::MoveRemote(BackendConn& c) {
+  if (!c.fence_received || c.remote.gone) return 0;
+  if ((c.link_owed & kOweFence) && !SendOwed(c)) return 0;  // FENCE precedes data
+  fabric::Link* link = hosts_ ? hosts_->LinkTo(c.remote.host) : nullptr;
+  if (link == nullptr) return 0;
+  uint64_t moved = 0;
+  for (;;) {
+    const uint8_t* src;
+    uint32_t src_size;
+    uint64_t src_pos, avail;
+    if (c.gone) {
+      src = c.orphan.data();
+      src_size = 0;
+      src_pos = c.orphan_off;
+      avail = c.orphan.size() - c.orphan_off;
+    } else {
+      if (c.tx.host == nullptr) break;  // paused
+      src = c.tx.host;
+      src_size = c.tx.size;
+      src_pos = c.tx_copied;
+      avail = c.tx_tail - c.tx_copied;
+    }
+    uint64_t in_flight = c.tx_copied - c.remote.credit;
+    uint64_t space = c.remote.window > in_flight ? c.remote.window - in_flight : 0;
+    uint64_t n = std::min<uint64_t>({avail, space, proto::kMaxDataFrame});
+    if (n == 0) break;
+    iovec v[2];
+    int nv = 1;
+    if (src_size == 0) {
+      v[0] = {const_cast<uint8_t*>(src) + src_pos, n};
+    } else {
+      uint64_t off = src_pos & (src_size - 1);
+      uint64_t first = std::min<uint64_t>(n, src_size - off);
+      v[0] = {const_cast<uint8_t*>(src) + off, first};
+      if (first < n) v[nv++] = {const_cast<uint8_t*>(src), n - first};
+    }
+    FrameHeader h = Frame(FrameType::kData, c.key.tenant, c.remote.handle, c.tx_copied);
+    h.len = static_cast<uint32_t>(n);
+    fabric::RemoteBuffer rb{c.remote.rdma_addr, c.remote.rdma_rkey};
+    if (!link->Send(h, {v, static_cast<size_t>(nv)}, &rb)) {
+      Owe(c, kOweData);  // retried when the link has room
+      break;
+    }
+    if (c.gone) c.orphan_off += n;
+    c.tx_copied += n;
+    moved += n;
+    c.accel_bytes_out.fetch_add(n, std::memory_order_relaxed);
+    vm_totals_[c.vm_index % kMaxVms].accel_bytes_out.fetch_add(n, std::memory_order_relaxed);
+    counters_.accel_bytes.fetch_add(n, std::memory_order_relaxed);
+    counters_.fabric_bytes_out.fetch_add(n, std::memory_order_relaxed);
+  }
+  MaybeAnnounceShutdown(c);
+  return moved;
+}
+
+bool ConnManager::PumpLinks() {
+  if (owed_.empty()) return false;
+  std::vector<BackendConn*> list;
+  list.swap(owed_);
+  bool sent = false;
+  for (size_t i = 0; i < list.size(); ++i) {
+    BackendConn* c = list[i];
+    uint32_t before = c->link_owed;
+    bool done = SendOwed(*c);
+    sent |= c->link_owed != before;
+    if (!done) {
+      owed_.push_back(c);  // keeps its place; the link is full
+      continue;
+    }
+    c->in_owed_list = false;
+    MaybeDestroy(c);
+  }
+  return sent;
+}
+
+void ConnManager::DetachRemote(BackendConn& c, Reason why) {
+  bool upgraded = c.remote.paired();
+  c.remote.stage = upgraded ? RemotePeer::Stage::kDetached : RemotePeer::Stage::kNone;
+  c.remote.gone = true;
+  c.link_owed = 0;
+  if (!c.gone) {
+    {
+      std::lock_guard<std::mutex> lock(snapshot_mu_);
+      c.reason = why;
+    }
+    Raise(c, kEvDowngrade);
+  }
+  if (upgraded) counters_.fabric_downgrades.fetch_add(1, std::memory_order_relaxed);
+  MaybeDestroy(&c);
+}
+
+void ConnManager::OnHostUp(uint32_t host) {
+  if (hosts_ == nullptr) return;
+  std::vector<BackendConn*> todo;
+  for (auto& [h, c] : conns_)
+    if (!c->gone && c->state == ConnState::kPending && c->peer == nullptr &&
+        c->remote.stage == RemotePeer::Stage::kNone && c->role == proto::Role::kClient &&
+        c->reason == Reason::kPending && c->key.scope == 0)
+      todo.push_back(c.get());
+  for (BackendConn* c : todo)
+    if (LocalPortFor(c->key.tenant, c->key.peer) == nullptr && hosts_->Locate(c->key.tenant, c->key.peer) == host)
+      RequestRemotePair(*c, host);
+}
+
+void ConnManager::OnHostDown(uint32_t host) {
+  std::erase_if(pending_remote_, [host](const auto& kv) { return kv.second.host == host; });
+  std::vector<BackendConn*> hit;
+  for (auto& [h, c] : conns_)
+    if (c->remote.host == host && c->remote.stage != RemotePeer::Stage::kNone &&
+        c->remote.stage != RemotePeer::Stage::kDetached)
+      hit.push_back(c.get());
+  for (BackendConn* c : hit) DetachRemote(*c, Reason::kFabricDown);
 }
 
 }  // namespace vsocket::backend

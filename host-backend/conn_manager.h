@@ -19,7 +19,9 @@
 #include <vector>
 
 #include "host-backend/conn.h"
+#include "host-backend/fabric/link.h"
 #include "proto/control.h"
+#include "proto/fabric.h"
 #include "vhost/backend/backend_device.h"
 
 namespace vsocket::backend {
@@ -35,6 +37,32 @@ struct ConnManagerCounters {
   std::atomic<uint64_t> events{0};
   std::atomic<uint64_t> event_stalls{0};  // events waiting for guest buffers
   std::atomic<uint64_t> active{0};
+  // Cross-host.
+  std::atomic<uint64_t> pair_requests_sent{0};
+  std::atomic<uint64_t> pair_requests_received{0};
+  std::atomic<uint64_t> pair_refused{0};      // a peer host asked for what it does not run
+  std::atomic<uint64_t> remote_upgrades{0};
+  std::atomic<uint64_t> fabric_bytes_out{0};
+  std::atomic<uint64_t> fabric_bytes_in{0};
+  std::atomic<uint64_t> frames_dropped{0};    // unknown handle, wrong tenant or wrong host
+  std::atomic<uint64_t> frames_cross_tenant{0};
+  std::atomic<uint64_t> fabric_violations{0}; // a frame outside the window: that connection is reset
+  std::atomic<uint64_t> fabric_downgrades{0}; // connections taken off the fabric (link lost)
+};
+
+// The other hosts, as the connection manager needs them (implemented by
+// Peering on the worker thread; host ids are small integers, 0 = none).
+class RemoteHosts {
+ public:
+  virtual ~RemoteHosts() = default;
+  // The peer host that runs (tenant, addr) and is reachable now, or 0.
+  virtual uint32_t Locate(uint32_t tenant, const proto::Endpoint& addr) = 0;
+  // Whether (tenant, addr) is located on `host` (checks what a peer claims).
+  virtual bool Runs(uint32_t host, uint32_t tenant, const proto::Endpoint& addr) = 0;
+  // Sends a pairing frame on the authenticated control channel.
+  virtual bool SendPairing(uint32_t host, const proto::FrameHeader& h, std::span<const uint8_t> payload) = 0;
+  // The data link to `host`, while it is up.
+  virtual fabric::Link* LinkTo(uint32_t host) = 0;
 };
 
 // Totals per VM (indexed by PortConfig::index), kept when connections close.
@@ -59,11 +87,15 @@ struct ConnSnapshot {
   uint64_t rx_queued;   // bytes landed in its RX ring, not yet consumed
   uint64_t tx_unacked;  // bytes it produced that its peer has not consumed (credit in use)
   uint32_t window;      // its TX credit window (peer's RX ring, bytes)
+  uint32_t remote_host; // peer host id when the peer is on another host, else 0
 };
 
 class ConnManager {
  public:
   static constexpr uint32_t kMaxConnsPerDevice = 4096;
+
+  ConnManager();
+  ~ConnManager();
 
   // Handles one connection message from `device`. Returns the response to
   // write back, if the message has one.
@@ -77,6 +109,20 @@ class ConnManager {
   bool EmitEvents(vhost::BackendDevice& device);
   // Events owed to the device that wait for it to post buffers.
   bool HasEventsWaiting(vhost::BackendDevice& device);
+
+  // Cross-host. All on the worker thread.
+  void SetRemoteHosts(RemoteHosts* hosts) { hosts_ = hosts; }
+  // This host's VMs (for checking what a peer host asks for).
+  void SetLocalPorts(const std::vector<vhost::PortConfig>* ports) { ports_ = ports; }
+  void OnPairingFrame(uint32_t host, const proto::FrameHeader& h, std::span<const uint8_t> payload);
+  // The sink for frames arriving on the link from `host`.
+  fabric::FrameSink& LinkSink(uint32_t host);
+  // The link to `host` is up (pending registrations may now pair) or gone
+  // (its connections leave the fabric).
+  void OnHostUp(uint32_t host);
+  void OnHostDown(uint32_t host);
+  // Sends owed frames and flushes links. True if anything was sent.
+  bool PumpLinks();
 
   std::vector<ConnSnapshot> Snapshot() const;
   const ConnManagerCounters& counters() const { return counters_; }
@@ -104,12 +150,40 @@ class ConnManager {
   void MaybeAnnounceShutdown(BackendConn& c);
   void MaybeDestroy(BackendConn* c);
   DeviceConns* Find(vhost::BackendDevice& device);
+  // Cross-host.
+  class Sink;
+  struct PendingRemote {
+    uint32_t host;
+    uint64_t handle;
+    uint32_t window;
+    uint64_t rdma_addr;
+    uint32_t rdma_rkey;
+    int64_t expires_ms;
+  };
+  void RequestRemotePair(BackendConn& c, uint32_t host);
+  void AcceptRemote(BackendConn& c, const PendingRemote& r);
+  void UpgradeRemote(BackendConn& c);
+  void Owe(BackendConn& c, uint32_t bits);
+  bool SendOwed(BackendConn& c);
+  uint64_t MoveRemote(BackendConn& c);
+  BackendConn* FrameTarget(uint32_t host, const proto::FrameHeader& h);
+  void OnLinkFrame(uint32_t host, const proto::FrameHeader& h);
+  fabric::PayloadDest OnLinkData(uint32_t host, const proto::FrameHeader& h);
+  void DetachRemote(BackendConn& c, proto::Reason why);
+  const vhost::PortConfig* LocalPortFor(uint32_t tenant, const proto::Endpoint& addr) const;
 
   std::unordered_map<vhost::BackendDevice*, DeviceConns> devices_;
   std::unordered_map<uint64_t, std::unique_ptr<BackendConn>> conns_;  // by handle
   libcuckoo::cuckoohash_map<ConnKey, uint64_t, ConnKeyHash> registry_;   // key -> handle
   libcuckoo::cuckoohash_map<ConnKey, uint32_t, ConnKeyHash> by_tuple_;  // tenant 0 -> tenant
   std::vector<BackendConn*> movable_;
+  RemoteHosts* hosts_ = nullptr;
+  const std::vector<vhost::PortConfig>* ports_ = nullptr;
+  std::unordered_map<uint32_t, std::unique_ptr<Sink>> sinks_;
+  std::vector<BackendConn*> owed_;        // conns with link frames owed
+  // PAIR_REQUESTs that arrived before our guest registered the connection,
+  // keyed as our guest will register it.
+  std::unordered_map<ConnKey, PendingRemote, ConnKeyHash> pending_remote_;
   uint64_t next_handle_ = 1;
   ConnManagerCounters counters_;
   std::array<VmTotals, kMaxVms> vm_totals_;
