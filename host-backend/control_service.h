@@ -5,6 +5,7 @@
 #include <atomic>
 
 #include "host-backend/conn_manager.h"
+#include "host-backend/peers.h"
 #include "host-backend/worker.h"
 
 namespace vsocket::backend {
@@ -22,7 +23,11 @@ class ControlService : public DeviceService {
   void OnAttach(vhost::BackendDevice& device) override { conns_.OnAttach(device); }
   void OnDetach(vhost::BackendDevice& device) override { conns_.OnDetach(device); }
   uint32_t HandleRequest(vhost::BackendDevice& device, const vhost::DescChain& chain) override;
-  bool Poll() override { return conns_.MoveData(); }
+  bool Poll() override {
+    bool worked = conns_.MoveData();
+    worked |= peering_.Poll();
+    return worked;
+  }
   bool Pump(vhost::BackendDevice& device) override { return conns_.EmitEvents(device); }
   bool NeedsKick(vhost::BackendDevice& device, size_t q) override {
     return q == 0 || conns_.HasEventsWaiting(device);
@@ -30,10 +35,14 @@ class ControlService : public DeviceService {
 
   const ServiceCounters& counters() const { return counters_; }
   const ConnManager& conns() const { return conns_; }
+  ConnManager& mutable_conns() { return conns_; }
+  Peering& peering() { return peering_; }
+  const Peering& peering() const { return peering_; }
 
  private:
   ServiceCounters counters_;
   ConnManager conns_;
+  Peering peering_{&conns_};  // after conns_: uses it
 };
 
 }  // namespace vsocket::backend

@@ -96,8 +96,36 @@ std::string Stats(const Reporting& r) {
   Field(out, "accel_bytes", cc.accel_bytes.load());
   Field(out, "events", cc.events.load());
   Field(out, "event_stalls", cc.event_stalls.load());
-  Field(out, "protocol_violations", cc.protocol_violations.load(), false);
-  out += "},\"connections\":[";
+  Field(out, "protocol_violations", cc.protocol_violations.load());
+  Field(out, "pair_requests_sent", cc.pair_requests_sent.load());
+  Field(out, "pair_requests_received", cc.pair_requests_received.load());
+  Field(out, "pair_refused", cc.pair_refused.load());
+  Field(out, "remote_upgrades", cc.remote_upgrades.load());
+  Field(out, "fabric_bytes_out", cc.fabric_bytes_out.load());
+  Field(out, "fabric_bytes_in", cc.fabric_bytes_in.load());
+  Field(out, "frames_dropped", cc.frames_dropped.load());
+  Field(out, "frames_cross_tenant", cc.frames_cross_tenant.load());
+  Field(out, "fabric_violations", cc.fabric_violations.load());
+  Field(out, "fabric_downgrades", cc.fabric_downgrades.load(), false);
+  out += "},\"links\":[";
+  first = true;
+  for (const PeerSnapshot& p : service.peering().Snapshot()) {
+    if (!first) out += ",";
+    first = false;
+    out += "{\"peer\":\"" + JsonEscape(p.name) + "\",\"address\":\"" + JsonEscape(p.address) +
+           "\",\"state\":\"" + p.state + "\",\"last_error\":\"" + JsonEscape(p.last_error) + "\",";
+    Field(out, "connects", p.connects);
+    Field(out, "losses", p.losses);
+    Field(out, "frames_out", p.frames_out);
+    Field(out, "frames_in", p.frames_in);
+    Field(out, "data_bytes_out", p.data_bytes_out);
+    Field(out, "data_bytes_in", p.data_bytes_in);
+    Field(out, "write_calls", p.write_calls);
+    Field(out, "read_calls", p.read_calls);
+    Field(out, "busy", p.busy, false);
+    out += "}";
+  }
+  out += "],\"connections\":[";
   first = true;
   for (const ConnSnapshot& c : service.conns().Snapshot()) {
     if (!first) out += ",";
@@ -236,6 +264,21 @@ Table Connections(const Reporting& r) {
   return t;
 }
 
+Table Links(const Reporting& r) {
+  Table t{{"peer", "address", "state", "connects", "losses", "frames_out", "frames_in", "data_bytes_out",
+           "data_bytes_in", "frames_per_write", "last_error"},
+          {},
+          {false, false, false, true, true, true, true, true, true, true, false}};
+  for (const PeerSnapshot& p : r.service.peering().Snapshot()) {
+    char per[32];
+    std::snprintf(per, sizeof(per), "%.2f", p.write_calls ? double(p.frames_out) / double(p.write_calls) : 0.0);
+    t.rows.push_back({p.name, p.address, p.state, std::to_string(p.connects), std::to_string(p.losses),
+                      std::to_string(p.frames_out), std::to_string(p.frames_in), std::to_string(p.data_bytes_out),
+                      std::to_string(p.data_bytes_in), per, p.last_error.empty() ? "-" : p.last_error});
+  }
+  return t;
+}
+
 Table Counters(const Reporting& r) {
   const auto& bc = vhost::VhostBackend::Instance().counters();
   const auto& cc = r.service.conns().counters();
@@ -261,6 +304,20 @@ Table Counters(const Reporting& r) {
   add("events", cc.events.load());
   add("event_stalls", cc.event_stalls.load());
   add("protocol_violations", cc.protocol_violations.load());
+  add("pair_requests_sent", cc.pair_requests_sent.load());
+  add("pair_requests_received", cc.pair_requests_received.load());
+  add("pair_refused", cc.pair_refused.load());
+  add("remote_upgrades", cc.remote_upgrades.load());
+  add("fabric_bytes_out", cc.fabric_bytes_out.load());
+  add("fabric_bytes_in", cc.fabric_bytes_in.load());
+  add("frames_dropped", cc.frames_dropped.load());
+  add("frames_cross_tenant", cc.frames_cross_tenant.load());
+  add("fabric_violations", cc.fabric_violations.load());
+  add("fabric_downgrades", cc.fabric_downgrades.load());
+  const auto& pc = r.service.peering().counters();
+  add("peers_refused_tls", pc.refused_tls.load());
+  add("peers_refused_name", pc.refused_name.load());
+  add("peers_refused_link", pc.refused_link.load());
   add("bad_messages", sc.bad_messages.load());
   add("echoes", sc.echoes.load());
   return t;
@@ -317,6 +374,31 @@ std::string PrometheusMetrics(const Reporting& r) {
   sample("vsocket_events_total", "", cc.events.load());
   metric("vsocket_worker_wakeups_total", "counter", "Times the data-path worker slept and woke up.");
   sample("vsocket_worker_wakeups_total", "", wc.wakeups.load());
+  auto peers = r.service.peering().Snapshot();
+  metric("vsocket_link_up", "gauge", "Fabric link to a peer host is up (1) or not (0).");
+  for (const auto& p : peers) sample("vsocket_link_up", "peer=\"" + JsonEscape(p.name) + "\"", p.state == "up");
+  metric("vsocket_link_losses_total", "counter", "Fabric links lost after being up.");
+  for (const auto& p : peers) sample("vsocket_link_losses_total", "peer=\"" + JsonEscape(p.name) + "\"", p.losses);
+  metric("vsocket_link_frames_total", "counter", "Fabric frames per peer and direction.");
+  for (const auto& p : peers) {
+    sample("vsocket_link_frames_total", "peer=\"" + JsonEscape(p.name) + "\",direction=\"out\"", p.frames_out);
+    sample("vsocket_link_frames_total", "peer=\"" + JsonEscape(p.name) + "\",direction=\"in\"", p.frames_in);
+  }
+  metric("vsocket_link_bytes_total", "counter", "Payload bytes on fabric links per peer and direction.");
+  for (const auto& p : peers) {
+    sample("vsocket_link_bytes_total", "peer=\"" + JsonEscape(p.name) + "\",direction=\"out\"", p.data_bytes_out);
+    sample("vsocket_link_bytes_total", "peer=\"" + JsonEscape(p.name) + "\",direction=\"in\"", p.data_bytes_in);
+  }
+  metric("vsocket_link_writes_total", "counter", "Write calls on fabric links (frames/writes = batching).");
+  for (const auto& p : peers) sample("vsocket_link_writes_total", "peer=\"" + JsonEscape(p.name) + "\"", p.write_calls);
+  metric("vsocket_fabric_frames_dropped_total", "counter", "Fabric frames dropped (unknown or foreign connection).");
+  sample("vsocket_fabric_frames_dropped_total", "reason=\"cross-tenant\"", cc.frames_cross_tenant.load());
+  sample("vsocket_fabric_frames_dropped_total", "reason=\"other\"", cc.frames_dropped.load() - cc.frames_cross_tenant.load());
+  metric("vsocket_peers_refused_total", "counter", "Peer backend connections refused, by reason.");
+  const auto& pc = r.service.peering().counters();
+  sample("vsocket_peers_refused_total", "reason=\"tls\"", pc.refused_tls.load());
+  sample("vsocket_peers_refused_total", "reason=\"unknown-peer\"", pc.refused_name.load());
+  sample("vsocket_peers_refused_total", "reason=\"bad-link-key\"", pc.refused_link.load());
   return out;
 }
 
@@ -340,8 +422,9 @@ std::string HandleCtlCommand(const std::string& command, const Reporting& r) {
   else if (cmd == "tenants") t = Tenants(r);
   else if (cmd == "connections") t = Connections(r);
   else if (cmd == "counters") t = Counters(r);
+  else if (cmd == "links") t = Links(r);
   else {
-    std::string msg = "unknown command '" + cmd + "' (stats, devices, vms, tenants, connections, counters, metrics)";
+    std::string msg = "unknown command '" + cmd + "' (stats, devices, vms, tenants, connections, links, counters, metrics)";
     return json ? "{\"error\":\"" + JsonEscape(msg) + "\"}\n" : "error: " + msg + "\n";
   }
   return json ? t.Json() : t.Text();

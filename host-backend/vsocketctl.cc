@@ -5,6 +5,7 @@
 //     vms           per VM: tenant, devices, connections, bytes
 //     tenants       per tenant totals
 //     connections   every registered connection: mode, reason, bytes each way
+//     links         per peer host: fabric link state, frames, bytes, batching
 //     counters      daemon counters
 //     metrics       Prometheus text exposition
 //     stats         everything, JSON
@@ -23,7 +24,7 @@ namespace {
 
 int Usage() {
   std::fprintf(stderr,
-               "usage: vsocketctl [--socket PATH] [--json] devices|vms|tenants|connections|counters|metrics|stats\n");
+               "usage: vsocketctl [--socket PATH] [--json] devices|vms|tenants|connections|links|counters|metrics|stats\n");
   return 2;
 }
 

@@ -160,7 +160,14 @@ int Main(int argc, char** argv) {
     return 1;
   }
   ControlService service;
+  service.mutable_conns().SetLocalPorts(&flags.vms);
+  st = service.peering().Start(flags);
+  if (!st.ok()) {
+    VS_LOG(kError, "peering: %s", st.ToString().c_str());
+    return 1;
+  }
   Worker worker(&service, WorkerOptions{flags.poll_us, 64});
+  if (service.peering().enabled()) worker.AddWakeFd(service.peering().wake_fd());
   st = worker.Start();
   if (!st.ok()) {
     VS_LOG(kError, "%s", st.ToString().c_str());

@@ -12,6 +12,7 @@ namespace vsocket::backend {
 namespace {
 
 constexpr uint64_t kWakeTag = ~uint64_t{0};
+constexpr uint64_t kExtraTag = ~uint64_t{0} - 1;  // the service polls it itself
 
 }  // namespace
 
@@ -29,6 +30,10 @@ Status Worker::Start() {
   ev.data.u64 = kWakeTag;
   if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &ev) != 0)
     return Status::FromErrno("epoll_ctl wake");
+  for (int fd : extra_fds_) {
+    ev.data.u64 = kExtraTag;
+    if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) return Status::FromErrno("epoll_ctl extra fd");
+  }
   thread_ = std::thread([this] { Run(); });
   return Status::Ok();
 }
@@ -215,6 +220,7 @@ void Worker::Run() {
         (void)!read(wake_.get(), &v, sizeof(v));
         continue;
       }
+      if (events[i].data.u64 == kExtraTag) continue;
       for (Active& a : active_) {
         if (a.device->id() != events[i].data.u64) continue;
         a.device->counters().wakeups.fetch_add(1, std::memory_order_relaxed);

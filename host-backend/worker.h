@@ -59,6 +59,9 @@ class Worker : public vhost::DeviceListener {
 
   Status Start();
   void Stop();
+  // Also wake up when `fd` is readable (e.g. the peering epoll); call before
+  // Start(). The service's Poll() does the work.
+  void AddWakeFd(int fd) { extra_fds_.push_back(fd); }
 
   void Attach(std::shared_ptr<vhost::BackendDevice> device) override;
   void Detach(vhost::BackendDevice* device) override;
@@ -103,6 +106,7 @@ class Worker : public vhost::DeviceListener {
   uint64_t done_seq_ = 0;
 
   std::vector<Active> active_;  // worker thread only
+  std::vector<int> extra_fds_;
   WorkerCounters counters_;
 };
 

@@ -51,6 +51,7 @@ const char* ToString(FrameType t) {
     case FrameType::kLinkHello: return "LINK_HELLO";
     case FrameType::kLinkClose: return "LINK_CLOSE";
     case FrameType::kKeepalive: return "KEEPALIVE";
+    case FrameType::kLinkReady: return "LINK_READY";
     case FrameType::kPairRequest: return "PAIR_REQUEST";
     case FrameType::kPairAccept: return "PAIR_ACCEPT";
     case FrameType::kPairReject: return "PAIR_REJECT";
@@ -68,7 +69,7 @@ const char* ToString(FrameType t) {
 }
 
 bool IsKnownFrameType(uint8_t t) {
-  return (t >= 1 && t <= 3) || (t >= 10 && t <= 13) || (t >= 20 && t <= 27);
+  return (t >= 1 && t <= 4) || (t >= 10 && t <= 13) || (t >= 20 && t <= 27);
 }
 
 void EncodeFrameHeader(const FrameHeader& h, uint8_t* out) {

@@ -31,6 +31,7 @@ enum class FrameType : uint8_t {
   kLinkHello = 1,    // first frame on a data link: payload = 32-byte link token
   kLinkClose = 2,    // orderly teardown, no more frames follow
   kKeepalive = 3,
+  kLinkReady = 4,    // on the TLS channel: the acceptor took the data link; pairing may start
   // Pairing (on the TLS control channel).
   kPairRequest = 10,  // handle 0; value = sender's handle; aux = sender RX window; payload = PairInfo
   kPairAccept = 11,   // handle = requester's; value = acceptor's handle; aux = acceptor RX window

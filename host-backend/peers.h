@@ -1,0 +1,133 @@
+// Peering: this vsocketd's links to the other hosts' vsocketds.
+//
+// Per peer host, one TLS 1.3 control channel with mutual certificate
+// authentication (pairing requests, link setup and teardown) and one data
+// link (the fabric) keyed by the TLS session: the link's first frame carries
+// a 32-byte key both ends export from their TLS session, so only the
+// authenticated peer can attach it. Of two hosts, the one whose name sorts
+// first connects; the other accepts. Lost links are re-established with
+// exponential backoff. Runs on the worker thread, non-blocking throughout;
+// the worker sleeps on this object's epoll fd.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "base/unique_fd.h"
+#include "host-backend/config.h"
+#include "host-backend/conn_manager.h"
+#include "host-backend/fabric/link.h"
+#include "host-backend/fabric/locator.h"
+#include "host-backend/peering/tls_channel.h"
+
+namespace vsocket::backend {
+
+struct PeerSnapshot {
+  std::string name;
+  std::string address;
+  std::string state;
+  bool initiator;
+  uint64_t connects, losses, refused;
+  std::string last_error;
+  uint64_t frames_out, frames_in, data_bytes_out, data_bytes_in, write_calls, read_calls, busy;
+};
+
+struct PeeringCounters {
+  std::atomic<uint64_t> refused_tls{0};   // handshake failed: no/wrong certificate, not TLS
+  std::atomic<uint64_t> refused_name{0};  // authenticated, but not a configured peer
+  std::atomic<uint64_t> refused_link{0};  // data link with an unknown key
+};
+
+class Peering : public RemoteHosts {
+ public:
+  explicit Peering(ConnManager* conns) : conns_(conns) {}
+  ~Peering() override;
+
+  // Loads certificates and the locator, opens the listener. No peers
+  // configured: does nothing (and the daemon links to nobody).
+  Status Start(const DaemonConfig& config);
+  bool enabled() const { return !hosts_.empty(); }
+  // The worker sleeps on this (readable when anything here needs a Poll).
+  int wake_fd() const { return epoll_.get(); }
+
+  // Worker thread: accepts, handshakes, reads control messages and link
+  // frames, sends owed frames and flushes links. True if anything happened.
+  bool Poll();
+
+  // RemoteHosts.
+  uint32_t Locate(uint32_t tenant, const proto::Endpoint& addr) override;
+  bool Runs(uint32_t host, uint32_t tenant, const proto::Endpoint& addr) override;
+  bool SendPairing(uint32_t host, const proto::FrameHeader& h, std::span<const uint8_t> payload) override;
+  fabric::Link* LinkTo(uint32_t host) override;
+
+  // Any thread (control socket).
+  std::vector<PeerSnapshot> Snapshot() const;
+  const PeeringCounters& counters() const { return counters_; }
+  const std::string& host_name() const { return host_name_; }
+
+ private:
+  enum class State { kIdle, kBackoff, kConnecting, kHandshake, kLinkConnecting, kWaitLink, kWaitReady, kUp };
+  struct Host {
+    uint32_t id;
+    std::string name;
+    std::string address;
+    sockaddr_storage addr;
+    socklen_t addr_len;
+    bool initiator;
+    std::atomic<State> state{State::kIdle};
+    std::unique_ptr<peering::TlsChannel> tls;
+    UniqueFd connecting;  // TCP connect in progress (TLS or link)
+    std::unique_ptr<fabric::Link> link;
+    std::array<uint8_t, 32> link_key{};
+    int64_t retry_at_ms = 0;
+    int backoff_ms = 0;
+    int64_t deadline_ms = 0;  // for the current setup step
+    std::atomic<uint64_t> connects{0}, losses{0};
+    std::string last_error;
+    // Totals of links that are gone (live link's stats are added on read).
+    uint64_t old_frames_out = 0, old_frames_in = 0, old_bytes_out = 0, old_bytes_in = 0, old_writes = 0,
+             old_reads = 0, old_busy = 0;
+  };
+  struct Incoming {
+    UniqueFd fd;
+    std::unique_ptr<peering::TlsChannel> tls;
+    std::string from;
+    int64_t deadline_ms;
+  };
+
+  Host* ByName(const std::string& name);
+  void Step(Host& h);
+  void StartConnect(Host& h);
+  void OnTlsUp(Host& h);
+  void StartLinkConnect(Host& h);
+  void OnLinkConnected(Host& h);
+  void HostUp(Host& h);
+  void HostDown(Host& h, const std::string& why);
+  void AcceptAll();
+  void StepIncoming(Incoming& in, bool* done);
+  bool ServiceUp(Host& h);
+  void Watch(int fd, bool out);
+  void ArmTimer();
+  static const char* ToString(State s);
+
+  ConnManager* conns_;
+  std::string host_name_;
+  std::unique_ptr<peering::TlsContext> tls_ctx_;
+  std::unique_ptr<fabric::Locator> locator_;
+  std::vector<std::unique_ptr<Host>> hosts_;  // index = id - 1; fixed after Start
+  std::vector<Incoming> incoming_;
+  UniqueFd listener_;
+  UniqueFd epoll_;
+  UniqueFd timer_;
+  std::vector<int> watched_;
+  PeeringCounters counters_;
+  mutable std::mutex mu_;  // guards Host::link/last_error/state against Snapshot()
+};
+
+}  // namespace vsocket::backend
