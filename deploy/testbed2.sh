@@ -1,0 +1,248 @@
+#!/usr/bin/env bash
+# vSocket two-host test bed: two "hypervisors" as network namespaces, each
+# with its own vsocketd and two "VM" namespaces, on one machine.
+#
+#   underlay (fabric + routed VM traffic)   203.0.113.1 (hostA) <-> 203.0.113.2 (hostB)
+#   hostA: bridge 198.51.100.1/28   vmA1 198.51.100.2 (tenant 1)  vmA2 198.51.100.3 (tenant 1)
+#   hostB: bridge 198.51.100.17/28  vmB1 198.51.100.18 (tenant 1) vmB2 198.51.100.19 (tenant 2)
+#
+# VMs on different hosts reach each other over kernel TCP routed through the
+# two host namespaces (connection setup and fallback); the two vsocketds
+# link over the underlay addresses with TLS 1.3 (certificates from
+# deploy/make-certs.sh) and the tcp fabric. See docs/testbed.md.
+#
+#   deploy/testbed2.sh up | down | status
+#   deploy/testbed2.sh exec VM CMD [ARG...]     run in VM's namespace, VSOCKET_SOCKET set
+#   deploy/testbed2.sh ctl HOST ARGS...         vsocketctl against HOST's daemon
+#   deploy/testbed2.sh addr VM | daemon-pid HOST | restart HOST | kill HOST
+#
+# Environment: VSOCKETD, VSOCKETCTL (binaries), VSOCKET_LOG_LEVEL,
+# VSOCKET_TESTBED2_DIR (state, default /run/vsocket-testbed2), VSOCKETD_ARGS.
+set -euo pipefail
+set +m
+
+SELF=$(readlink -f "${BASH_SOURCE[0]}")
+ORIG_PWD=$PWD
+cd "$(dirname "$SELF")/.."
+REPO_ROOT=$PWD
+STATE=${VSOCKET_TESTBED2_DIR:-/run/vsocket-testbed2}
+MARKER=.vsocket-testbed2
+HOSTS="hostA hostB"
+# vm:host:tenant:address
+VMS="vmA1:hostA:1:198.51.100.2 vmA2:hostA:1:198.51.100.3 vmB1:hostB:1:198.51.100.18 vmB2:hostB:2:198.51.100.19"
+PEER_PORT=7300
+
+die() { echo "testbed2: error: $*" >&2; exit 1; }
+say() { echo "testbed2: $*" >&2; }
+
+ns_of() { echo "vs2$1"; } # vs2hostA, vs2vmA1, ...
+underlay_of() { case $1 in hostA) echo 203.0.113.1 ;; hostB) echo 203.0.113.2 ;; esac; }
+bridge_addr_of() { case $1 in hostA) echo 198.51.100.1 ;; hostB) echo 198.51.100.17 ;; esac; }
+subnet_of() { case $1 in hostA) echo 198.51.100.0/28 ;; hostB) echo 198.51.100.16/28 ;; esac; }
+other_of() { case $1 in hostA) echo hostB ;; hostB) echo hostA ;; esac; }
+vm_field() { # vm_field VM N (2 host, 3 tenant, 4 address)
+  local v
+  for v in $VMS; do
+    [ "${v%%:*}" = "$1" ] && { echo "$v" | cut -d: -f"$2"; return 0; }
+  done
+  die "unknown VM '$1' (VMs: vmA1 vmA2 vmB1 vmB2)"
+}
+need_host() { case ${1:-} in hostA | hostB) ;; *) die "unknown host '${1:-}' (hostA or hostB)" ;; esac; }
+ns_exists() { ip netns list | awk '{print $1}' | grep -qx -- "$1"; }
+pid_file() { echo "$STATE/$1/vsocketd.pid"; }
+ctl_sock() { echo "$STATE/$1/ctl.sock"; }
+
+bin_path() { # bin_path VAR default
+  local b=${!1:-$2}
+  case $b in /*) ;; *) b="$REPO_ROOT/$b" ;; esac
+  [ -x "$b" ] || die "$b not found (bazel build //host-backend:vsocketd //host-backend:vsocketctl, or set $1)"
+  echo "$b"
+}
+
+pid_alive() {
+  local st
+  [ -r "/proc/$1/stat" ] || return 1
+  st=$(sed 's/^.*) //' "/proc/$1/stat" | cut -d' ' -f1)
+  [ "$st" != Z ] && [ "$st" != X ]
+}
+
+daemon_pid() { # prints the PID of HOST's vsocketd if it is ours and running
+  local pid
+  [ -f "$(pid_file "$1")" ] || return 1
+  pid=$(tr -d '[:space:]' <"$(pid_file "$1")")
+  [[ $pid =~ ^[1-9][0-9]*$ ]] && pid_alive "$pid" || return 1
+  tr '\0' '\n' <"/proc/$pid/cmdline" | grep -qxF -- "$(ctl_sock "$1")" || return 1
+  echo "$pid"
+}
+
+stop_daemon() { # stop_daemon HOST [SIGNAL]
+  local pid i
+  pid=$(daemon_pid "$1") || return 0
+  kill "-${2:-TERM}" "$pid" 2>/dev/null || true
+  for ((i = 0; i < 50; i++)); do pid_alive "$pid" || return 0; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null || true
+}
+
+write_configs() {
+  local h v name host tenant addr
+  mkdir -p "$STATE/certs"
+  bash "$REPO_ROOT/deploy/make-certs.sh" "$STATE/certs" hostA hostB >/dev/null
+  {
+    echo "# tenant address host (shared by both backends)"
+    for v in $VMS; do
+      IFS=: read -r name host tenant addr <<<"$v"
+      echo "$tenant $addr $host"
+    done
+  } >"$STATE/locator"
+  for h in $HOSTS; do
+    mkdir -p "$STATE/$h"
+    {
+      echo "ctl_socket = $(ctl_sock "$h")"
+      echo "log_level = ${VSOCKET_LOG_LEVEL:-info}"
+      echo "host_name = $h"
+      echo "peer_listen = $(underlay_of "$h"):$PEER_PORT"
+      echo "tls_cert = $STATE/certs/$h.crt"
+      echo "tls_key = $STATE/certs/$h.key"
+      echo "tls_ca = $STATE/certs/ca.crt"
+      echo "locator = $STATE/locator"
+      echo
+      echo "[peer $(other_of "$h")]"
+      echo "address = $(underlay_of "$(other_of "$h")"):$PEER_PORT"
+      for v in $VMS; do
+        IFS=: read -r name host tenant addr <<<"$v"
+        [ "$host" = "$h" ] || continue
+        echo
+        echo "[vm $name]"
+        echo "socket = $STATE/$h/$name.sock"
+        echo "tenant = $tenant"
+        echo "addresses = $addr"
+      done
+    } >"$STATE/$h/vsocketd.conf"
+  done
+}
+
+start_daemon() { # start_daemon HOST
+  local h=$1 bin i
+  bin=$(bin_path VSOCKETD bazel-out/k8-opt/bin/host-backend/vsocketd)
+  rm -f "$STATE/$h"/*.sock
+  # shellcheck disable=SC2086  # VSOCKETD_ARGS is a word list
+  ip netns exec "$(ns_of "$h")" setsid "$bin" --config "$STATE/$h/vsocketd.conf" --ctl "$(ctl_sock "$h")" \
+    ${VSOCKETD_ARGS:-} </dev/null >>"$STATE/$h/vsocketd.log" 2>&1 &
+  echo $! >"$(pid_file "$h")"
+  for ((i = 0; i < 100; i++)); do
+    grep -q "vsocketd: ready" "$STATE/$h/vsocketd.log" 2>/dev/null && [ -S "$(ctl_sock "$h")" ] && return 0
+    pid_alive "$(cat "$(pid_file "$h")")" || { tail -20 "$STATE/$h/vsocketd.log" >&2; die "vsocketd on $h exited"; }
+    sleep 0.1
+  done
+  tail -20 "$STATE/$h/vsocketd.log" >&2
+  die "vsocketd on $h not ready after 10 s"
+}
+
+wait_links_up() { # both daemons report the link up (10 s)
+  local i ctl
+  ctl=$(bin_path VSOCKETCTL bazel-out/k8-opt/bin/host-backend/vsocketctl)
+  for ((i = 0; i < 100; i++)); do
+    if "$ctl" --socket "$(ctl_sock hostA)" links 2>/dev/null | grep -q " up " &&
+      "$ctl" --socket "$(ctl_sock hostB)" links 2>/dev/null | grep -q " up "; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  "$ctl" --socket "$(ctl_sock hostA)" links >&2 || true
+  "$ctl" --socket "$(ctl_sock hostB)" links >&2 || true
+  die "fabric link between hostA and hostB did not come up in 10 s"
+}
+
+cmd_down() {
+  local h v ns
+  for h in $HOSTS; do stop_daemon "$h"; done
+  for v in $VMS $HOSTS; do
+    ns=$(ns_of "${v%%:*}")
+    ns_exists "$ns" && ip netns del "$ns"
+  done
+  if [ -f "$STATE/$MARKER" ]; then rm -rf "$STATE"; fi
+  return 0
+}
+
+cmd_up() {
+  [ "$(id -u)" -eq 0 ] || die "must run as root"
+  [ ! -e "$STATE" ] || [ -f "$STATE/$MARKER" ] || die "$STATE exists and was not made by testbed2.sh"
+  cmd_down
+  mkdir -p "$STATE"
+  touch "$STATE/$MARKER"
+  local h v name host tenant addr nsh nsv
+  for h in $HOSTS; do
+    nsh=$(ns_of "$h")
+    ip netns add "$nsh"
+    ip -n "$nsh" link set lo up
+    ip netns exec "$nsh" sysctl -qw net.ipv4.ip_forward=1
+    ip -n "$nsh" link add br0 type bridge
+    ip -n "$nsh" addr add "$(bridge_addr_of "$h")/28" dev br0
+    ip -n "$nsh" link set br0 up
+  done
+  # The underlay between the two hosts.
+  ip link add vs2ula netns "$(ns_of hostA)" type veth peer name vs2ulb netns "$(ns_of hostB)"
+  ip -n "$(ns_of hostA)" addr add 203.0.113.1/24 dev vs2ula
+  ip -n "$(ns_of hostB)" addr add 203.0.113.2/24 dev vs2ulb
+  ip -n "$(ns_of hostA)" link set vs2ula up
+  ip -n "$(ns_of hostB)" link set vs2ulb up
+  ip -n "$(ns_of hostA)" route add "$(subnet_of hostB)" via 203.0.113.2
+  ip -n "$(ns_of hostB)" route add "$(subnet_of hostA)" via 203.0.113.1
+  for v in $VMS; do
+    IFS=: read -r name host tenant addr <<<"$v"
+    nsv=$(ns_of "$name")
+    nsh=$(ns_of "$host")
+    ip netns add "$nsv"
+    ip -n "$nsv" link set lo up
+    ip link add eth0 netns "$nsv" type veth peer name "p$name" netns "$nsh"
+    ip -n "$nsh" link set "p$name" master br0 up
+    ip -n "$nsv" addr add "$addr/28" dev eth0
+    ip -n "$nsv" link set eth0 up
+    ip -n "$nsv" route add default via "$(bridge_addr_of "$host")"
+  done
+  write_configs
+  for h in $HOSTS; do start_daemon "$h"; done
+  wait_links_up
+  say "up: hostA (vmA1 vmA2) <-> hostB (vmB1 vmB2), fabric link up; state in $STATE"
+}
+
+cmd_status() {
+  local h ctl
+  ctl=$(bin_path VSOCKETCTL bazel-out/k8-opt/bin/host-backend/vsocketctl)
+  for h in $HOSTS; do
+    echo "== $h (pid $(daemon_pid "$h" || echo none))"
+    "$ctl" --socket "$(ctl_sock "$h")" links || true
+  done
+}
+
+main() {
+  local cmd=${1:-}
+  shift || true
+  case $cmd in
+    up) cmd_up ;;
+    down) cmd_down ;;
+    status) cmd_status ;;
+    exec)
+      local vm=${1:-}
+      [ "$#" -ge 2 ] || die "usage: exec VM CMD [ARG...]"
+      shift
+      export VSOCKET_SOCKET
+      VSOCKET_SOCKET="$STATE/$(vm_field "$vm" 2)/$vm.sock"
+      cd "$ORIG_PWD"
+      exec ip netns exec "$(ns_of "$vm")" "$@"
+      ;;
+    ctl)
+      need_host "${1:-}"
+      local h=$1
+      shift
+      exec "$(bin_path VSOCKETCTL bazel-out/k8-opt/bin/host-backend/vsocketctl)" --socket "$(ctl_sock "$h")" "$@"
+      ;;
+    addr) vm_field "${1:-}" 4 ;;
+    daemon-pid) need_host "${1:-}"; daemon_pid "$1" ;;
+    restart) need_host "${1:-}"; stop_daemon "$1"; start_daemon "$1"; wait_links_up ;;
+    kill) need_host "${1:-}"; stop_daemon "$1" KILL ;;
+    *) sed -n '2,22p' "$SELF" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  esac
+}
+
+main "$@"
