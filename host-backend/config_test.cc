@@ -87,3 +87,38 @@ TEST(ConfigTest, EnvironmentOverridesFileValues) {
 
 }  // namespace
 }  // namespace vsocket::backend
+
+namespace vsocket::backend {
+namespace {
+
+TEST(PeerConfig, PeersNeedTheWholeMultiHostSetup) {
+  const char* base =
+      "host_name = hostA\npeer_listen = 203.0.113.1:7300\ntls_cert = a.crt\ntls_key = a.key\n"
+      "tls_ca = ca.crt\nlocator = loc\n[vm v]\nsocket = /tmp/v.sock\ntenant = 7\n"
+      "[peer hostB]\naddress = 203.0.113.2:7300\n";
+  auto c = ParseConfig(base, "f");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(Validate(&*c).ok());
+  ASSERT_EQ(c->peers.size(), 1u);
+  EXPECT_EQ(c->peers[0].name, "hostB");
+  EXPECT_EQ(c->peers[0].address, "203.0.113.2:7300");
+  c->tls_ca.clear();
+  EXPECT_NE(Validate(&*c).message().find("tls_ca is not set"), std::string::npos);
+
+  EXPECT_NE(ParseConfig("[peer x]\naddress = 203.0.113.2\n", "f").status().message().find("f:2:"),
+            std::string::npos);
+  EXPECT_NE(ParseConfig("peer_listen = 1.2.3.4:0\n", "f").status().message().find("port"), std::string::npos);
+  EXPECT_NE(ParseConfig("fabric = ib\n", "f").status().message().find("tcp or rdma"), std::string::npos);
+  EXPECT_TRUE(ParseConfig("peer_listen = [2001:db8::1]:7300\n", "f").ok());
+
+  char env1[] = "VSOCKET_PEER_HOSTB_ADDRESS=203.0.113.9:7301";
+  char env2[] = "VSOCKET_HOST_NAME=hostZ";
+  char* env[] = {env1, env2, nullptr};
+  auto d = ParseConfig(base, "f");
+  ASSERT_TRUE(ApplyEnv(env, &*d).ok());
+  EXPECT_EQ(d->peers[0].address, "203.0.113.9:7301");
+  EXPECT_EQ(d->host_name, "hostZ");
+}
+
+}  // namespace
+}  // namespace vsocket::backend
