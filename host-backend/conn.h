@@ -58,6 +58,7 @@ enum EventBit : uint32_t {
 // Frames owed to a remote peer's backend (coalesced like events; sent in
 // this order when the link takes them).
 enum LinkOwedBit : uint32_t {
+  kOweConfirm = 1u << 7,  // first of all: PAIR_CONFIRM
   kOweFence = 1u << 0,
   kOweCredit = 1u << 1,
   kOweShutWr = 1u << 2,

@@ -106,6 +106,10 @@ std::optional<Message> ConnManager::Handle(vhost::BackendDevice& device, const M
   }
   BackendConn& c = *it->second;
   switch (msg.type) {
+    case MsgType::kPairingQuery: {
+      bool pairing = c.state == ConnState::kUpgraded || c.remote.stage == RemotePeer::Stage::kAccepted;
+      return Ack(msg.request_id, conn_id, WireError::kOk, pairing ? Reason::kNone : c.reason);
+    }
     case MsgType::kFence: {
       if (c.state != ConnState::kUpgraded || c.fence_received) return Violation(c, "unexpected FENCE"), std::nullopt;
       c.fence_received = true;
@@ -781,6 +785,9 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
         c->remote.rdma_rkey = info->rx_rkey;
       }
       UpgradeRemote(*c);
+      // Completes the handshake on the link, ahead of any data: the
+      // acceptor's guest upgrades at once, whether or not ours ever sends.
+      Owe(*c, kOweConfirm);
       return;
     }
     case FrameType::kPairReject: {
@@ -800,8 +807,11 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
         if (c == nullptr || c->remote.host != host || c->remote.handle != h.value) return;
         if (c->remote.stage == RemotePeer::Stage::kAccepted) {
           c->remote.stage = RemotePeer::Stage::kNone;
-          std::lock_guard<std::mutex> lock(snapshot_mu_);
-          c->reason = Reason::kPeerNotAccelerated;
+          {
+            std::lock_guard<std::mutex> lock(snapshot_mu_);
+            c->reason = Reason::kPeerNotAccelerated;
+          }
+          Raise(*c, kEvDowngrade);  // a guest waiting on kernel EOF learns it is final
         } else if (c->remote.paired()) {
           DetachRemote(*c, Reason::kPeerNotAccelerated);
         }
@@ -810,8 +820,10 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
       // The requester withdrew before we answered (or before we accepted).
       std::erase_if(pending_remote_, [&](const auto& kv) { return kv.second.host == host && kv.second.handle == h.value; });
       for (auto& [hd, c] : conns_)
-        if (c->remote.stage == RemotePeer::Stage::kAccepted && c->remote.host == host && c->remote.handle == h.value)
+        if (c->remote.stage == RemotePeer::Stage::kAccepted && c->remote.host == host && c->remote.handle == h.value) {
           c->remote.stage = RemotePeer::Stage::kNone;
+          Raise(*c, kEvDowngrade);
+        }
       return;
     }
     default:
@@ -925,6 +937,8 @@ void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
       MaybeDestroy(c);
       break;
     }
+    case FrameType::kPairConfirm:
+      break;  // the upgrade above was all it asked for
     case FrameType::kRelease:
       c->remote.stage = RemotePeer::Stage::kDetached;
       c->link_owed &= ~kOweData;
@@ -953,7 +967,7 @@ bool ConnManager::SendOwed(BackendConn& c) {
     return true;
   }
   static const std::pair<uint32_t, FrameType> kOrder[] = {
-      {kOweFence, FrameType::kFence}, {kOweCredit, FrameType::kCredit}, {kOweShutWr, FrameType::kShutWr},
+      {kOweConfirm, FrameType::kPairConfirm}, {kOweFence, FrameType::kFence}, {kOweCredit, FrameType::kCredit}, {kOweShutWr, FrameType::kShutWr},
       {kOweGone, FrameType::kGone},   {kOweAbort, FrameType::kAbort},   {kOweRelease, FrameType::kRelease}};
   for (const auto& [bit, type] : kOrder) {
     if (!(c.link_owed & bit)) continue;
@@ -979,7 +993,7 @@ bool ConnManager::SendOwed(BackendConn& c) {
 
 uint64_t ConnManager::MoveRemote(BackendConn& c) {
   if (!c.fence_received || c.remote.gone) return 0;
-  if ((c.link_owed & kOweFence) && !SendOwed(c)) return 0;  // FENCE precedes data
+  if ((c.link_owed & (kOweConfirm | kOweFence)) && !SendOwed(c)) return 0;  // they precede data
   fabric::Link* link = hosts_ ? hosts_->LinkTo(c.remote.host) : nullptr;
   if (link == nullptr) return 0;
   uint64_t moved = 0;

@@ -65,6 +65,7 @@ uint32_t ControlService::HandleRequest(vhost::BackendDevice& device,
       case MsgType::kFence:
       case MsgType::kTxTail:
       case MsgType::kConsumed:
+      case MsgType::kPairingQuery:
       case MsgType::kShutdown: {
         auto r = conns_.Handle(device, *req);
         if (!r) return 0;  // fire-and-forget message: empty used entry

@@ -41,6 +41,7 @@ constexpr Spec kSpecs[] = {
     {MsgType::kError, "ERROR", IndexOf<Error>(), 16},
     {MsgType::kEcho, "ECHO", IndexOf<Echo>(), kVariable},
     {MsgType::kUnregister, "UNREGISTER", IndexOf<Unregister>(), 8},
+    {MsgType::kPairingQuery, "PAIRING_QUERY", IndexOf<ConnCounter>(), 16},
 };
 
 const Spec* FindSpec(uint8_t type) {

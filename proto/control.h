@@ -39,6 +39,11 @@ enum class MsgType : uint8_t {
   kError = 13,        // backend -> guest
   kEcho = 14,         // both ways: liveness/latency probe with a checksum
   kUnregister = 15,   // guest -> backend: connection closed
+  // guest -> backend: is this connection paired or being paired? Asked on
+  // kernel EOF before the upgrade (the peer may already have switched and
+  // shut down). Answered with REGISTER_ACK: reason kNone = wait for the
+  // UPGRADE or DOWNGRADE event; anything else = the EOF is final.
+  kPairingQuery = 16,
 };
 const char* ToString(MsgType type);
 

@@ -23,6 +23,7 @@ const std::vector<Message>& SampleMessages() {
         {MsgType::kTxTail, 5, ConnCounter{11, 1ull << 40}},
         {MsgType::kRxTail, 0, ConnCounter{11, 77}},
         {MsgType::kConsumed, 6, ConnCounter{11, 64}},
+        {MsgType::kPairingQuery, 9, ConnCounter{11, 0}},
         {MsgType::kCredit, 0, ConnCounter{11, 64}},
         {MsgType::kShutdown, 7, Shutdown{11, ShutdownHow::kWrite}},
         {MsgType::kDowngrade, 8, Downgrade{11, Reason::kMigration, 999}},

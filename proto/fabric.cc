@@ -64,12 +64,13 @@ const char* ToString(FrameType t) {
     case FrameType::kAbort: return "ABORT";
     case FrameType::kRelease: return "RELEASE";
     case FrameType::kDowngrade: return "DOWNGRADE";
+    case FrameType::kPairConfirm: return "PAIR_CONFIRM";
   }
   return "?";
 }
 
 bool IsKnownFrameType(uint8_t t) {
-  return (t >= 1 && t <= 4) || (t >= 10 && t <= 13) || (t >= 20 && t <= 27);
+  return (t >= 1 && t <= 4) || (t >= 10 && t <= 13) || (t >= 20 && t <= 28);
 }
 
 void EncodeFrameHeader(const FrameHeader& h, uint8_t* out) {

@@ -46,6 +46,7 @@ enum class FrameType : uint8_t {
   kAbort = 25,     // abortive close (RST semantics)
   kRelease = 26,   // the sender forgot the connection; the handle is dead
   kDowngrade = 27, // the sender's side left the accelerated path; aux = Reason
+  kPairConfirm = 28,  // the requester took PAIR_ACCEPT: the acceptor upgrades its guest now
 };
 const char* ToString(FrameType t);
 bool IsKnownFrameType(uint8_t t);

@@ -5,7 +5,8 @@
 #   2. the unit tests again under AddressSanitizer, the ring tests under
 #      ThreadSanitizer;
 #   3. each libFuzzer target for a bounded time from its seed corpus;
-#   4. the end-to-end suite on the same-host test bed (tests/e2e/same_host.sh).
+#   4. the end-to-end suites on the same-host test bed (tests/e2e/same_host.sh)
+#      and on the two-host test bed (tests/e2e/cross_host.sh, tcp fabric).
 # Prints one line per step and ends with "N passed, N failed", where N counts
 # individual GoogleTest cases and fuzz runs.
 set -uo pipefail
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/.."
 bash deploy/install-deps.sh || exit 1
 
 FUZZ_SECONDS="${VSOCKET_FUZZ_SECONDS:-30}"
-UNIT_TARGETS=(//base/... //proto/... //vhost/...)
+UNIT_TARGETS=(//base/... //proto/... //vhost/... //host-backend/fabric/... //host-backend/peering/...)
 FUZZ_TARGETS=(//proto/fuzz:control_fuzz:proto/fuzz/corpus/control //vhost/fuzz:vring_fuzz:vhost/fuzz/corpus/vring)
 passed=0
 failed=0
@@ -85,6 +86,11 @@ if bazel build //host-backend:vsocketd //host-backend:vsocketctl //guest:libvsoc
   bash tests/e2e/same_host.sh "$(bazel info bazel-bin 2>/dev/null)" >"$LOGDIR/e2e.log" 2>&1
   grep -E "^(PASS|FAIL) " "$LOGDIR/e2e.log" | sed 's/^/[e2e] /'
   read -r p f < <(tail -1 "$LOGDIR/e2e.log" | awk '/passed,/ {print $1, $3}')
+  passed=$((passed + ${p:-0}))
+  failed=$((failed + ${f:-1}))
+  bash tests/e2e/cross_host.sh "$(bazel info bazel-bin 2>/dev/null)" >"$LOGDIR/e2e2.log" 2>&1
+  grep -E "^(PASS|FAIL) " "$LOGDIR/e2e2.log" | sed 's/^/[e2e-cross-host] /'
+  read -r p f < <(tail -1 "$LOGDIR/e2e2.log" | awk '/passed,/ {print $1, $3}')
   passed=$((passed + ${p:-0}))
   failed=$((failed + ${f:-1}))
 else

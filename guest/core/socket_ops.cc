@@ -368,6 +368,15 @@ void AfterForkInChild() {
 
 // ---- data path --------------------------------------------------------------
 
+// Whether the backend has c paired, or accepted a pairing whose peer may
+// already have switched (asked on kernel EOF before our UPGRADE).
+bool PairingInFlight(Conn& c) {
+  proto::Message resp;
+  if (!c.session->Call({MsgType::kPairingQuery, 0, proto::ConnCounter{c.id, 0}}, &resp).ok()) return false;
+  auto* ack = std::get_if<proto::RegisterAck>(&resp.body);
+  return ack != nullptr && ack->status == proto::WireError::kOk && ack->reason == Reason::kNone;
+}
+
 Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   EnsureRegistered(fd, c);
   std::unique_lock<std::mutex> lock(c.tx_mu);
@@ -537,21 +546,30 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       }
       bool kernel_eof = false;
       if (n == 0) {
-        if (!upgraded) return got;  // plain kernel EOF
-        // Another thread may have dispatched the FENCE meanwhile: read the
-        // flags again, shutdown first (the backend sends FENCE before it,
-        // and the dispatcher's release orders them).
-        bool shut = c.peer_shut_wr.load(std::memory_order_acquire);
-        if (c.peer_fence_known.load(std::memory_order_acquire)) {
-          if (c.kernel_received.load() < c.peer_fence.load()) {
-            Reset(c, Reason::kProtocolError);
-            return got ? Result<size_t>(got) : Errno(EPROTO, "kernel stream ended before the fence");
+        if (!upgraded) {
+          // Registered, not upgraded: the peer may have switched to the ring
+          // and shut down its kernel side before our UPGRADE arrived (across
+          // hosts it learns of the pairing first). The backend knows.
+          if (!IsRegistered(c) || c.session == nullptr) return got;
+          if (c.session->TryDrain()) continue;
+          if (!PairingInFlight(c)) return got;  // plain kernel EOF
+          kernel_eof = true;  // wait for the UPGRADE (or DOWNGRADE) event
+        } else {
+          // Another thread may have dispatched the FENCE meanwhile: read the
+          // flags again, shutdown first (the backend sends FENCE before it,
+          // and the dispatcher's release orders them).
+          bool shut = c.peer_shut_wr.load(std::memory_order_acquire);
+          if (c.peer_fence_known.load(std::memory_order_acquire)) {
+            if (c.kernel_received.load() < c.peer_fence.load()) {
+              Reset(c, Reason::kProtocolError);
+              return got ? Result<size_t>(got) : Errno(EPROTO, "kernel stream ended before the fence");
+            }
+            continue;  // exactly at the fence: the ring follows
           }
-          continue;  // exactly at the fence: the ring follows
+          if (shut) return got;  // peer closed without switching: final
+          // The peer upgraded: its FENCE or its orderly shutdown is on the way.
+          kernel_eof = true;
         }
-        if (shut) return got;  // peer closed without switching: final
-        // The peer upgraded: its FENCE or its orderly shutdown is on the way.
-        kernel_eof = true;
       } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
         if (got) return got;
         return Errno(errno, "recvmsg");

@@ -27,6 +27,11 @@ p.add_argument("--mode")
 p.add_argument("--reason")
 p.add_argument("--accel-min", type=int)
 p.add_argument("--exact-total", type=int)
+p.add_argument("--aggregate", action="store_true",
+               help="with --bulk-accel: judge the sum over all connections, not each one")
+p.add_argument("--bulk-accel", type=int, metavar="BYTES",
+               help="every connection that carried more than BYTES moved most of them accelerated "
+                    "(short exchanges may finish on kernel TCP before a cross-host pairing completes)")
 a = p.parse_args()
 
 try:
@@ -51,6 +56,9 @@ for l in sel:
         errors.append(f"{who}: kernel-path bytes after the upgrade")
     if a.accel_min is not None and l["accel_tx"] + l["accel_rx"] < a.accel_min:
         errors.append(f'{who}: only {l["accel_tx"] + l["accel_rx"]} bytes accelerated')
+    total = l["kernel_tx"] + l["accel_tx"] + l["kernel_rx"] + l["accel_rx"]
+    if a.bulk_accel is not None and not a.aggregate and total > a.bulk_accel and 2 * (l["accel_tx"] + l["accel_rx"]) < total:
+        errors.append(f'{who}: only {l["accel_tx"] + l["accel_rx"]} of {total} bytes accelerated')
     if a.exact_total is not None:
         tx = l["kernel_tx"] + l["accel_tx"]
         rx = l["kernel_rx"] + l["accel_rx"]
@@ -59,4 +67,14 @@ for l in sel:
 if errors:
     print("; ".join(errors[:5]) + (f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""))
     sys.exit(1)
-print(f"{len(sel)} connections ok")
+if a.bulk_accel is not None and not any(l["mode"] == "accelerated" and l["accel_tx"] + l["accel_rx"] > 0 for l in sel):
+    print("no connection moved any byte accelerated")
+    sys.exit(1)
+if a.aggregate:
+    tot = sum(l["kernel_tx"] + l["accel_tx"] + l["kernel_rx"] + l["accel_rx"] for l in sel)
+    acc = sum(l["accel_tx"] + l["accel_rx"] for l in sel)
+    if 2 * acc < tot:
+        print(f"only {acc} of {tot} bytes accelerated over all connections")
+        sys.exit(1)
+accel = sum(l["mode"] == "accelerated" for l in sel)
+print(f"{len(sel)} connections ok ({accel} accelerated)")
