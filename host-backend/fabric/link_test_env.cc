@@ -7,11 +7,50 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
+
+#include "host-backend/fabric/rdma_link.h"
 #include "host-backend/fabric/tcp_fabric.h"
 
 namespace vsocket::fabric {
 
-std::vector<std::string> TestLinkKinds() { return {"fake", "fake_small", "tcp"}; }
+namespace {
+
+// rdma: both ends on one device in this process, connected to each other.
+// VSOCKET_RDMA_DEV / VSOCKET_RDMA_GID_INDEX pick the device and GID
+// (tests/rdma/run-in-qemu.sh sets them); rnr_retry 0 proves the credits.
+std::optional<TestLinkPair> MakeRdmaPair() {
+  RdmaDevice::Options o;
+  if (const char* dev = getenv("VSOCKET_RDMA_DEV")) o.name = dev;
+  if (const char* gid = getenv("VSOCKET_RDMA_GID_INDEX")) o.gid_index = atoi(gid);
+  auto fail = [](const Status& st) -> std::optional<TestLinkPair> {
+    fprintf(stderr, "rdma test link pair: %s\n", st.ToString().c_str());
+    return std::nullopt;
+  };
+  auto dev = RdmaDevice::Open(o);
+  if (!dev.ok()) return fail(dev.status());
+  RdmaLinkOptions lo;
+  lo.rnr_retry = 0;
+  auto a = RdmaLink::Create(*dev, lo);
+  if (!a.ok()) return fail(a.status());
+  auto b = RdmaLink::Create(*dev, lo);
+  if (!b.ok()) return fail(b.status());
+  if (Status st = (*a)->Connect((*b)->LocalInfo()); !st.ok()) return fail(st);
+  if (Status st = (*b)->Connect((*a)->LocalInfo()); !st.ok()) return fail(st);
+  TestLinkPair p;
+  p.a = std::move(*a);
+  p.b = std::move(*b);
+  return p;  // no raw transport to inject into
+}
+
+}  // namespace
+
+std::vector<std::string> TestLinkKinds() {
+  std::vector<std::string> kinds = {"fake", "fake_small", "tcp"};
+  if (!RdmaDevice::List().empty()) kinds.push_back("rdma");
+  return kinds;
+}
 
 std::optional<TestLinkPair> MakeTestLinkPair(const std::string& kind) {
   TestLinkPair p;
@@ -36,6 +75,7 @@ std::optional<TestLinkPair> MakeTestLinkPair(const std::string& kind) {
     p.inject_into_b = [raw](const void* d, size_t n) { (void)!write(raw, d, n); };
     return p;
   }
+  if (kind == "rdma") return MakeRdmaPair();
   return std::nullopt;
 }
 

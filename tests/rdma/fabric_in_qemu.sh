@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Runs the fabric link tests against real verbs: the link conformance suite
+# (every link kind, rdma included) and rdma_link_test, inside the QEMU
+# Soft-RoCE guest of tests/rdma/run-in-qemu.sh, where both ends of each rdma
+# link live in one process on rxe0. Fails unless every test passed *and* the
+# rdma cases really ran (the suite skips rdma where no device exists, so a
+# silent skip would otherwise look like a pass).
+#
+# Usage: tests/rdma/fabric_in_qemu.sh [--no-build] [--timeout SECS] [-v]
+#   --no-build      use the binaries already in bazel-out/k8-opt/bin
+#   --timeout SECS  bound on the guest run, boot included (default 300)
+#   -v              show the guest console
+# Prints PASS or FAIL (exit 0 or 1). About 40 s of wall time once built.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+BUILD=1 TIMEOUT=300
+ARGS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-build) BUILD=0 ;;
+    --timeout) TIMEOUT=${2:?}; shift ;;
+    -v|--verbose) ARGS+=(-v) ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
+    *) echo "fabric_in_qemu.sh: unknown argument: $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+cd "$ROOT"
+TARGETS=(//host-backend/fabric:link_conformance_test //host-backend/fabric:rdma_link_test)
+if [ "$BUILD" = 1 ]; then
+  bazel build "${TARGETS[@]}"
+fi
+BIN=bazel-out/k8-opt/bin/host-backend/fabric
+for t in link_conformance_test rdma_link_test; do
+  [ -x "$BIN/$t" ] || { echo "fabric_in_qemu.sh: $BIN/$t not built" >&2; exit 2; }
+done
+
+# In the guest: each binary bounded on its own; both always run.
+read -r -d '' GUEST <<'GUEST_EOF' || true
+BIN=bazel-out/k8-opt/bin/host-backend/fabric
+rc=0
+for t in link_conformance_test rdma_link_test; do
+  echo "== $t"
+  timeout 240 "$BIN/$t" || { echo "== $t exit $?"; rc=1; }
+done
+exit $rc
+GUEST_EOF
+
+OUT=$(mktemp)
+trap 'rm -f "$OUT"' EXIT
+start=$(date +%s)
+set +e
+"$HERE/run-in-qemu.sh" --timeout "$TIMEOUT" ${ARGS[@]+"${ARGS[@]}"} -- bash -c "$GUEST" 2>&1 | tee "$OUT"
+rc=${PIPESTATUS[0]}
+set -e
+echo "== guest run: exit $rc after $(( $(date +%s) - start )) s"
+
+fail=0
+check() { if [ "$1" = 0 ]; then echo "ok: $2"; else echo "FAILED: $2"; fail=1; fi; }
+check "$rc" "both test binaries passed in the guest"
+! grep -q '^\[  FAILED  \]' "$OUT"; check $? "no failed test"
+# The rdma kind ran: every conformance case but the raw-injection one
+# (no raw transport under an rdma link) passed on /rdma.
+ran=$(grep -c '^\[       OK \] Links/LinkConformance\..*/rdma ' "$OUT" || true)
+total=$(grep -c '^\[ RUN      \] Links/LinkConformance\..*/rdma$' "$OUT" || true)
+[ "$total" -ge 7 ] && [ "$ran" -ge $((total - 1)) ]; check $? "conformance on /rdma: $ran of $total passed (the rest skipped)"
+skipped=$(grep -c '^\[  SKIPPED \] RdmaLinkTest\.' "$OUT" || true)
+passed=$(grep -c '^\[       OK \] RdmaLinkTest\.' "$OUT" || true)
+[ "$skipped" = 0 ] && [ "$passed" -ge 1 ]; check $? "rdma_link_test: $passed device cases passed, $skipped skipped"
+
+if [ "$fail" = 0 ]; then echo PASS; exit 0; fi
+echo FAIL
+exit 1
