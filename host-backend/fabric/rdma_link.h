@@ -11,11 +11,12 @@
 //    ordering makes the written bytes visible before the SEND completes at
 //    the receiver, which then calls sink.OnFrame(h) only: OnHeader is *not*
 //    called, the bytes are already in place.
-//  - DATA without a RemoteBuffer (the stream links' semantics, used by the
-//    conformance suite and by peers that did not exchange rkeys): the
-//    payload is RDMA-written into a staging ring the receiver registered and
-//    advertised in RdmaEndpointInfo, then the header SEND; the receiver calls
-//    OnHeader and copies the bytes to the PayloadDest, like a stream link.
+//  - DATA without a RemoteBuffer, or with addr == 0 (the stream links'
+//    semantics, used by the conformance suite and for peers that sent no
+//    rkey): the payload is RDMA-written into a staging ring the receiver
+//    registered and advertised in RdmaEndpointInfo, then the header SEND;
+//    the receiver calls OnHeader and copies the bytes to the PayloadDest,
+//    like a stream link.
 //
 // Flow control, so the receiver never runs out of receive buffers (no RNR
 // retry is relied upon; tests run with rnr_retry = 0): the sender holds one

@@ -86,6 +86,8 @@ bool RdmaLink::Send(const FrameHeader& h, std::span<const iovec> payload, const 
     return true;
   }
 
+  // RemoteBuffer{0, ...}: the peer gave no address (yet); stage instead.
+  if (remote != nullptr && remote->addr == 0) remote = nullptr;
   if (total != h.len || total == 0 || total > proto::kMaxDataFrame) {
     (void)Die(Status(Code::kInvalidArgument, "rdma link: DATA payload length differs from its header"));
     return false;

@@ -200,6 +200,20 @@ TEST_F(RdmaLinkTest, UnregisteredSourceIsBouncedAndFreeRightAfterSend) {
   EXPECT_EQ(a_->stats().backlog_bytes.load(), 30000u);
 }
 
+// A RemoteBuffer without an address (the peer sent no rkey) means "no
+// remote buffer": the payload is staged and placed through OnHeader.
+TEST_F(RdmaLinkTest, RemoteBufferWithoutAddressIsStaged) {
+  Connect();
+  std::vector<uint8_t> src = Random(20000, 5);
+  iovec v{src.data(), src.size()};
+  RemoteBuffer none{0, 0};
+  ASSERT_TRUE(a_->Send(Frame(FrameType::kData, 0, 20000), {&v, 1}, &none));
+  Sink got;
+  ASSERT_TRUE(Pump([&] { return got.frames.size() == 1; }, got)) << last_error_.ToString();
+  EXPECT_EQ(got.headers, 1);
+  EXPECT_EQ(got.stream, src);
+}
+
 // The receiver's ring wraps: the caller sends the payload as two frames,
 // one to the end of the ring and one from its start.
 TEST_F(RdmaLinkTest, WrappingPayloadGoesAsTwoSends) {
