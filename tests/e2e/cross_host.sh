@@ -125,7 +125,7 @@ out64=$(case_xfer cross_xfer_64_connections vmA1 vmB1 "$B1" 64 262144 7102)
 if grep -q "^PASS" <<<"$out64"; then
   pass "${out64#PASS }"
 else
-  out64b=$(case_xfer cross_xfer_64_connections vmA1 vmB1 "$B1" 64 262144 7105)
+  out64b=$(case_xfer cross_xfer_64_connections_retry vmA1 vmB1 "$B1" 64 262144 7105)
   if grep -q "^PASS" <<<"$out64b"; then
     pass "${out64b#PASS } [RETRIED: first attempt: ${out64#FAIL }]"
   else
