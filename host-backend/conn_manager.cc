@@ -634,6 +634,17 @@ FrameHeader Frame(FrameType t, uint32_t tenant, uint64_t handle, uint64_t value,
   return h;
 }
 
+// The connection as this side sees it, for PAIR_REQUEST and PAIR_ACCEPT.
+std::array<uint8_t, proto::kPairInfoSize> PairPayload(const BackendConn& c) {
+  proto::PairInfo info;
+  info.local = c.key.local;
+  info.peer = c.key.peer;
+  info.role = c.role;
+  std::array<uint8_t, proto::kPairInfoSize> payload;
+  proto::EncodePairInfo(info, payload.data());
+  return payload;
+}
+
 }  // namespace
 
 // Routes one link's frames into the manager, remembering between a DATA
@@ -674,12 +685,7 @@ const vhost::PortConfig* ConnManager::LocalPortFor(uint32_t tenant, const proto:
 }
 
 void ConnManager::RequestRemotePair(BackendConn& c, uint32_t host) {
-  proto::PairInfo info;
-  info.local = c.key.local;
-  info.peer = c.key.peer;
-  info.role = c.role;
-  std::array<uint8_t, proto::kPairInfoSize> payload;
-  proto::EncodePairInfo(info, payload.data());
+  std::array<uint8_t, proto::kPairInfoSize> payload = PairPayload(c);
   FrameHeader h = Frame(FrameType::kPairRequest, c.key.tenant, 0, c.handle, c.rx.size);
   h.len = proto::kPairInfoSize;
   if (!hosts_->SendPairing(host, h, payload)) return;  // stays on kernel TCP
@@ -689,12 +695,7 @@ void ConnManager::RequestRemotePair(BackendConn& c, uint32_t host) {
 }
 
 void ConnManager::AcceptRemote(BackendConn& c, const PendingRemote& r) {
-  proto::PairInfo info;
-  info.local = c.key.local;
-  info.peer = c.key.peer;
-  info.role = c.role;
-  std::array<uint8_t, proto::kPairInfoSize> payload;
-  proto::EncodePairInfo(info, payload.data());
+  std::array<uint8_t, proto::kPairInfoSize> payload = PairPayload(c);
   FrameHeader h = Frame(FrameType::kPairAccept, c.key.tenant, r.handle, c.handle, c.rx.size);
   h.len = proto::kPairInfoSize;
   if (!hosts_ || !hosts_->SendPairing(r.host, h, payload)) return;

@@ -159,25 +159,19 @@ Peering::Host* Peering::ByName(const std::string& name) {
   return nullptr;
 }
 
-void Peering::StartConnect(Host& h) {
+// Starts a non-blocking TCP connect to the peer: the TLS channel
+// (kConnecting, which also starts the setup deadline) or the data link
+// (kLinkConnecting, within the same deadline).
+void Peering::StartConnect(Host& h, State next) {
+  const char* what = next == State::kConnecting ? "connect " : "link connect ";
   UniqueFd fd(socket(h.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd) return HostDown(h, "socket: " + std::string(strerror(errno)));
   if (connect(fd.get(), reinterpret_cast<sockaddr*>(&h.addr), h.addr_len) != 0 && errno != EINPROGRESS)
-    return HostDown(h, "connect " + h.address + ": " + strerror(errno));
+    return HostDown(h, what + h.address + ": " + strerror(errno));
   Watch(fd.get(), true);
   h.connecting = std::move(fd);
-  h.state = State::kConnecting;
-  h.deadline_ms = MonotonicMs() + kSetupTimeoutMs;
-}
-
-void Peering::StartLinkConnect(Host& h) {
-  UniqueFd fd(socket(h.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!fd) return HostDown(h, "socket: " + std::string(strerror(errno)));
-  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&h.addr), h.addr_len) != 0 && errno != EINPROGRESS)
-    return HostDown(h, "link connect " + h.address + ": " + strerror(errno));
-  Watch(fd.get(), true);
-  h.connecting = std::move(fd);
-  h.state = State::kLinkConnecting;
+  h.state = next;
+  if (next == State::kConnecting) h.deadline_ms = MonotonicMs() + kSetupTimeoutMs;
 }
 
 void Peering::OnTlsUp(Host& h) {
@@ -185,7 +179,7 @@ void Peering::OnTlsUp(Host& h) {
   if (!key.ok()) return HostDown(h, key.status().message());
   h.link_key = *key;
   if (h.initiator) {
-    StartLinkConnect(h);
+    StartConnect(h, State::kLinkConnecting);
   } else {
     h.state = State::kWaitLink;
     h.deadline_ms = MonotonicMs() + kSetupTimeoutMs;
@@ -278,7 +272,7 @@ void Peering::Step(Host& h) {
     case State::kUp:
       return;
     case State::kBackoff:
-      if (now >= h.retry_at_ms) StartConnect(h);
+      if (now >= h.retry_at_ms) StartConnect(h, State::kConnecting);
       return;
     case State::kConnecting: {
       pollfd p{h.connecting.get(), POLLOUT, 0};

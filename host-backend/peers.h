@@ -103,9 +103,8 @@ class Peering : public RemoteHosts {
 
   Host* ByName(const std::string& name);
   void Step(Host& h);
-  void StartConnect(Host& h);
+  void StartConnect(Host& h, State next);
   void OnTlsUp(Host& h);
-  void StartLinkConnect(Host& h);
   void OnLinkConnected(Host& h);
   void HostUp(Host& h);
   void HostDown(Host& h, const std::string& why);

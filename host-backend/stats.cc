@@ -375,22 +375,23 @@ std::string PrometheusMetrics(const Reporting& r) {
   metric("vsocket_worker_wakeups_total", "counter", "Times the data-path worker slept and woke up.");
   sample("vsocket_worker_wakeups_total", "", wc.wakeups.load());
   auto peers = r.service.peering().Snapshot();
+  auto peer = [](const PeerSnapshot& p) { return "peer=\"" + JsonEscape(p.name) + "\""; };
   metric("vsocket_link_up", "gauge", "Fabric link to a peer host is up (1) or not (0).");
-  for (const auto& p : peers) sample("vsocket_link_up", "peer=\"" + JsonEscape(p.name) + "\"", p.state == "up");
+  for (const auto& p : peers) sample("vsocket_link_up", peer(p), p.state == "up");
   metric("vsocket_link_losses_total", "counter", "Fabric links lost after being up.");
-  for (const auto& p : peers) sample("vsocket_link_losses_total", "peer=\"" + JsonEscape(p.name) + "\"", p.losses);
+  for (const auto& p : peers) sample("vsocket_link_losses_total", peer(p), p.losses);
   metric("vsocket_link_frames_total", "counter", "Fabric frames per peer and direction.");
   for (const auto& p : peers) {
-    sample("vsocket_link_frames_total", "peer=\"" + JsonEscape(p.name) + "\",direction=\"out\"", p.frames_out);
-    sample("vsocket_link_frames_total", "peer=\"" + JsonEscape(p.name) + "\",direction=\"in\"", p.frames_in);
+    sample("vsocket_link_frames_total", peer(p) + ",direction=\"out\"", p.frames_out);
+    sample("vsocket_link_frames_total", peer(p) + ",direction=\"in\"", p.frames_in);
   }
   metric("vsocket_link_bytes_total", "counter", "Payload bytes on fabric links per peer and direction.");
   for (const auto& p : peers) {
-    sample("vsocket_link_bytes_total", "peer=\"" + JsonEscape(p.name) + "\",direction=\"out\"", p.data_bytes_out);
-    sample("vsocket_link_bytes_total", "peer=\"" + JsonEscape(p.name) + "\",direction=\"in\"", p.data_bytes_in);
+    sample("vsocket_link_bytes_total", peer(p) + ",direction=\"out\"", p.data_bytes_out);
+    sample("vsocket_link_bytes_total", peer(p) + ",direction=\"in\"", p.data_bytes_in);
   }
   metric("vsocket_link_writes_total", "counter", "Write calls on fabric links (frames/writes = batching).");
-  for (const auto& p : peers) sample("vsocket_link_writes_total", "peer=\"" + JsonEscape(p.name) + "\"", p.write_calls);
+  for (const auto& p : peers) sample("vsocket_link_writes_total", peer(p), p.write_calls);
   metric("vsocket_fabric_frames_dropped_total", "counter", "Fabric frames dropped (unknown or foreign connection).");
   sample("vsocket_fabric_frames_dropped_total", "reason=\"cross-tenant\"", cc.frames_cross_tenant.load());
   sample("vsocket_fabric_frames_dropped_total", "reason=\"other\"", cc.frames_dropped.load() - cc.frames_cross_tenant.load());

@@ -35,29 +35,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-pass() { echo "PASS $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
-
-vm_run() { # vm_run VM preload|plain REPORT CMD...   (bounded by 60 s)
-  local vm=$1 how=$2 report=$3
-  shift 3
-  if [ "$how" = preload ]; then
-    VSOCKET_REPORT=$report LD_PRELOAD=$LIB bash $TB exec "$vm" timeout 60 "$@"
-  else
-    bash $TB exec "$vm" timeout 60 "$@"
-  fi
-}
-vm_bg() { # vm_bg VM how REPORT LOG CMD...; PID of the bounded server in $BG
-  local vm=$1 how=$2 report=$3 log=$4
-  shift 4
-  if [ "$how" = preload ]; then
-    VSOCKET_REPORT=$report LD_PRELOAD=$LIB bash $TB exec "$vm" timeout 60 "$@" >"$log" 2>&1 &
-  else
-    bash $TB exec "$vm" timeout 60 "$@" >"$log" 2>&1 &
-  fi
-  BG=$!
-  PIDS+=("$BG")
-}
+. tests/e2e/lib.sh  # pass, fail, vm_run, vm_bg
 
 counter() { # counter HOST NAME: one value of `vsocketctl counters`
   bash $TB ctl "$1" counters 2>/dev/null | awk -v n="$2" '$1 == n {print $2}'
@@ -81,55 +59,66 @@ pass "testbed2_link_up (hostA <-> hostB: TLS 1.3 mutual auth, tcp fabric link ke
 
 # ---- accelerated transfers across the fabric -----------------------------------
 
-case_xfer() { # name client-vm server-vm server-addr conns bytes port [server args]
+# run_xfer NAME CLIENT-VM SERVER-VM SERVER-ADDR CONNS BYTES PORT [xfer args]:
+# a checksummed transfer each way, every connection accelerated and exact
+# (from the libraries' reports). Returns 0/1 with the summary or the reason
+# in XFER_MSG; counts nothing itself.
+run_xfer() {
   local name=$1 cvm=$2 svm=$3 saddr=$4 conns=$5 bytes=$6 port=$7
   shift 7
   local rep=$WORK/$name.jsonl
-  local a0 b0
-  a0=$(counter hostA fabric_bytes_out)
-  b0=$(counter hostB fabric_bytes_out)
   vm_bg "$svm" preload "$rep" "$WORK/$name.srv" "$XFER" server "$saddr" "$port" --conns "$conns" "$@"
   local srv=$BG
   if ! vm_run "$cvm" preload "$rep" "$XFER" client "$saddr" "$port" --conns "$conns" --bytes "$bytes" "$@" >"$WORK/$name.cli" 2>&1; then
-    fail "$name" "client: $(tail -2 "$WORK/$name.cli" | tr '\n' ' ')"
+    XFER_MSG="client: $(tail -2 "$WORK/$name.cli" | tr '\n' ' ')"
     kill "$srv" 2>/dev/null
-    return
+    return 1
   fi
   if ! wait "$srv"; then
-    fail "$name" "server: $(tail -2 "$WORK/$name.srv" | tr '\n' ' ')"
-    return
+    XFER_MSG="server: $(tail -2 "$WORK/$name.srv" | tr '\n' ' ')"
+    return 1
   fi
-  local out
-  if ! out=$(python3 $CHECK "$rep" --port "$port" --expect-conns $((2 * conns)) --mode accelerated \
+  if ! XFER_MSG=$(python3 $CHECK "$rep" --port "$port" --expect-conns $((2 * conns)) --mode accelerated \
       --reason accelerated --accel-min 1 --exact-total $((bytes + 16))); then
-    fail "$name" "$out"
-    return
+    return 1
   fi
-  local da db accel
+  XFER_MSG="$conns conns x $bytes B each way, byte-checked; $XFER_MSG"
+}
+
+# fabric_xfer: run_xfer across hosts, plus: every byte the libraries sent
+# accelerated crossed the fabric, and most of the stream did (the rest went
+# on kernel TCP before the upgrade).
+fabric_xfer() {
+  local name=$1 conns=$5 bytes=$6
+  local a0 b0 da db accel
+  a0=$(counter hostA fabric_bytes_out)
+  b0=$(counter hostB fabric_bytes_out)
+  run_xfer "$@" || return 1
   da=$(($(counter hostA fabric_bytes_out) - a0))
   db=$(($(counter hostB fabric_bytes_out) - b0))
-  # Every byte the libraries sent accelerated crossed the fabric, and most
-  # of the stream did (the rest went on kernel TCP before the upgrade).
-  accel=$(python3 -c "import json,sys; print(sum(json.loads(l)['accel_tx'] for l in open(sys.argv[1]) if l.strip()))" "$rep")
+  accel=$(python3 -c "import json,sys; print(sum(json.loads(l)['accel_tx'] for l in open(sys.argv[1]) if l.strip()))" "$WORK/$name.jsonl")
   if [ $((da + db)) -ne "$accel" ] || [ "$accel" -lt "$conns" ] || [ $((2 * accel)) -lt $((2 * conns * bytes)) ]; then
-    fail "$name" "fabric carried $da B A->B + $db B B->A, libraries sent $accel B accelerated of $((2 * conns * bytes))"
-    return
+    XFER_MSG="fabric carried $da B A->B + $db B B->A, libraries sent $accel B accelerated of $((2 * conns * bytes))"
+    return 1
   fi
-  pass "$name ($conns conns x $bytes B each way, byte-checked; $out; fabric A->B $da B, B->A $db B)"
+  XFER_MSG="$XFER_MSG; fabric A->B $da B, B->A $db B"
+}
+
+case_xfer() {
+  if fabric_xfer "$@"; then pass "$1 ($XFER_MSG)"; else fail "$1" "$XFER_MSG"; fi
 }
 
 case_xfer cross_xfer_one_connection vmA1 vmB1 "$B1" 1 33554432 7101
 # Known intermittent hang (about 1 run in 4, under investigation): one retry,
 # and the first failure stays visible in the PASS line.
-out64=$(case_xfer cross_xfer_64_connections vmA1 vmB1 "$B1" 64 262144 7102)
-if grep -q "^PASS" <<<"$out64"; then
-  pass "${out64#PASS }"
+if fabric_xfer cross_xfer_64_connections vmA1 vmB1 "$B1" 64 262144 7102; then
+  pass "cross_xfer_64_connections ($XFER_MSG)"
 else
-  out64b=$(case_xfer cross_xfer_64_connections_retry vmA1 vmB1 "$B1" 64 262144 7105)
-  if grep -q "^PASS" <<<"$out64b"; then
-    pass "${out64b#PASS } [RETRIED: first attempt: ${out64#FAIL }]"
+  first=$XFER_MSG
+  if fabric_xfer cross_xfer_64_connections_retry vmA1 vmB1 "$B1" 64 262144 7105; then
+    pass "cross_xfer_64_connections ($XFER_MSG) [RETRIED: first attempt: $first]"
   else
-    fail cross_xfer_64_connections "twice: ${out64#FAIL } / ${out64b#FAIL }"
+    fail cross_xfer_64_connections "twice: $first / $XFER_MSG"
   fi
 fi
 case_xfer cross_xfer_reverse_direction vmB1 vmA2 "$A2" 4 4194304 7103
@@ -345,19 +334,9 @@ case_mixed
 case_same_host() {
   local name=cross_bed_same_host_stays_local a0
   a0=$(counter hostA fabric_bytes_out)
-  case_xfer_local_out=$(case_xfer same_host_pair_on_hostA vmA1 vmA2 "$A2" 2 4194304 7403 2>&1)
-  if ! grep -q "^PASS" <<<"$case_xfer_local_out"; then
-    # case_xfer requires fabric bytes; here we expect none: check directly.
-    :
-  fi
-  # (case_xfer ran in a subshell: its own pass/fail count did not reach us)
-  local rep=$WORK/same_host_pair_on_hostA.jsonl out
-  if ! out=$(python3 $CHECK "$rep" --port 7403 --expect-conns 4 --mode accelerated --exact-total $((4194304 + 16))); then
-    fail $name "$out"
-    return
-  fi
+  run_xfer $name vmA1 vmA2 "$A2" 2 4194304 7403 || { fail $name "$XFER_MSG"; return; }
   [ "$(counter hostA fabric_bytes_out)" = "$a0" ] || { fail $name "same-host bytes went over the fabric"; return; }
-  pass "$name (vmA1 <-> vmA2 accelerated by hostA alone; $out)"
+  pass "$name (vmA1 <-> vmA2 accelerated by hostA alone; $XFER_MSG)"
 }
 case_same_host
 
@@ -407,9 +386,8 @@ PY
     fail $name "the real link went down"
     return
   fi
-  case_xfer_out=$(case_xfer after_rogue vmA1 vmB1 "$B1" 1 1048576 7501 2>&1)
-  # (case_xfer ran in a subshell: its own pass/fail count did not reach us)
-  grep -q "^PASS" <<<"$case_xfer_out" || { fail $name "link broken after the rogue peers: $case_xfer_out"; return; }
+  fabric_xfer after_rogue vmA1 vmB1 "$B1" 1 1048576 7501 ||
+    { fail $name "link broken after the rogue peers: $XFER_MSG"; return; }
   pass "$name (wrong CA, no certificate: TLS refused x$dt; valid cert of an unconfigured host refused; forged link key refused; $logs log lines; real link still accelerates)"
 }
 case_rogue_peers
@@ -427,9 +405,8 @@ case_peer_restart() {
   c1=$(link_field hostA connects)
   l1=$(link_field hostA losses)
   [ "$c1" -gt "$c0" ] && [ "$l1" -ge 1 ] || { fail $name "hostA saw connects $c0 -> $c1, losses $l1"; return; }
-  case_xfer_out=$(case_xfer after_restart vmA1 vmB1 "$B1" 2 2097152 7502 2>&1)
-  # (case_xfer ran in a subshell: its own pass/fail count did not reach us)
-  grep -q "^PASS" <<<"$case_xfer_out" || { fail $name "new connections not accelerated after relink: $case_xfer_out"; return; }
+  fabric_xfer after_restart vmA1 vmB1 "$B1" 2 2097152 7502 ||
+    { fail $name "new connections not accelerated after relink: $XFER_MSG"; return; }
   pass "$name (hostB's vsocketd restarted: hostA noticed the loss, relinked with backoff, new connections accelerate again)"
 }
 case_peer_restart

@@ -33,35 +33,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-pass() { echo "PASS $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
-
-# vm_run VM [preload|plain] REPORT CMD...: runs CMD in VM (bounded by 60 s).
-vm_run() {
-  local vm=$1 how=$2 report=$3
-  shift 3
-  if [ "$how" = preload ]; then
-    VSOCKET_REPORT=$report LD_PRELOAD=$LIB bash $TB exec "$vm" timeout 60 "$@"
-  else
-    bash $TB exec "$vm" timeout 60 "$@"
-  fi
-}
-
-# vm_bg VM how REPORT LOG CMD...: the same in the background; PID in $BG.
-# Started directly (not through vm_run in a subshell) so that $BG is the
-# bounded `timeout` process itself (testbed.sh and ip netns exec exec into
-# it), and killing it stops the server.
-vm_bg() {
-  local vm=$1 how=$2 report=$3 log=$4
-  shift 4
-  if [ "$how" = preload ]; then
-    VSOCKET_REPORT=$report LD_PRELOAD=$LIB bash $TB exec "$vm" timeout 60 "$@" >"$log" 2>&1 &
-  else
-    bash $TB exec "$vm" timeout 60 "$@" >"$log" 2>&1 &
-  fi
-  BG=$!
-  PIDS+=("$BG")
-}
+. tests/e2e/lib.sh  # pass, fail, vm_run, vm_bg
 
 stat_field() {  # stat_field KEY: a number from the daemon's stats JSON
   python3 - "$(bash $TB status 2>/dev/null | sed -n '/^{/,$p')" "$1" <<'PY'
