@@ -994,7 +994,13 @@ bool ConnManager::SendOwed(BackendConn& c) {
 
 uint64_t ConnManager::MoveRemote(BackendConn& c) {
   if (!c.fence_received || c.remote.gone) return 0;
-  if ((c.link_owed & (kOweConfirm | kOweFence)) && !SendOwed(c)) return 0;  // they precede data
+  if ((c.link_owed & (kOweConfirm | kOweFence)) && !SendOwed(c)) {
+    // They precede data. The link is full: PumpLinks sends them when it
+    // drains, and the data must then follow without waiting for the guest
+    // (which may have filled its whole window already and says no more).
+    Owe(c, kOweData);
+    return 0;
+  }
   fabric::Link* link = hosts_ ? hosts_->LinkTo(c.remote.host) : nullptr;
   if (link == nullptr) return 0;
   uint64_t moved = 0;
