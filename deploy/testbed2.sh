@@ -17,7 +17,9 @@
 #   deploy/testbed2.sh addr VM | daemon-pid HOST | restart HOST | kill HOST
 #
 # Environment: VSOCKETD, VSOCKETCTL (binaries), VSOCKET_LOG_LEVEL,
-# VSOCKET_TESTBED2_DIR (state, default /run/vsocket-testbed2), VSOCKETD_ARGS.
+# VSOCKET_TESTBED2_DIR (state, default /run/vsocket-testbed2), VSOCKETD_ARGS,
+# VSOCKET_TESTBED2_NS_PREFIX (namespace names, default vs2: a second bed
+# with another prefix and state directory can run alongside).
 set -euo pipefail
 set +m
 
@@ -35,7 +37,9 @@ PEER_PORT=7300
 die() { echo "testbed2: error: $*" >&2; exit 1; }
 say() { echo "testbed2: $*" >&2; }
 
-ns_of() { echo "vs2$1"; } # vs2hostA, vs2vmA1, ...
+NS_PREFIX=${VSOCKET_TESTBED2_NS_PREFIX:-vs2}
+[[ $NS_PREFIX =~ ^[a-z][a-z0-9]{0,5}$ ]] || die "VSOCKET_TESTBED2_NS_PREFIX must be 1-6 of [a-z0-9]"
+ns_of() { echo "$NS_PREFIX$1"; } # vs2hostA, vs2vmA1, ...
 underlay_of() { case $1 in hostA) echo 203.0.113.1 ;; hostB) echo 203.0.113.2 ;; esac; }
 bridge_addr_of() { case $1 in hostA) echo 198.51.100.1 ;; hostB) echo 198.51.100.17 ;; esac; }
 subnet_of() { case $1 in hostA) echo 198.51.100.0/28 ;; hostB) echo 198.51.100.16/28 ;; esac; }

@@ -340,7 +340,7 @@ case_rogue_peers() {
   local certs=$VSOCKET_TESTBED2_DIR/certs
   bash deploy/make-certs.sh --ca-name rogueca "$WORK/rogue" hostB >/dev/null 2>&1 || true
   bash deploy/make-certs.sh "$certs" intruder >/dev/null 2>&1 || true
-  local ns=vs2hostB
+  local ns=${VSOCKET_TESTBED2_NS_PREFIX:-vs2}hostB
   # 1. A certificate from another CA, claiming to be hostB.
   ip netns exec $ns timeout 5 openssl s_client -connect 203.0.113.1:7300 -tls1_3 -quiet \
     -cert "$WORK/rogue/hostB.crt" -key "$WORK/rogue/hostB.key" </dev/null >/dev/null 2>&1
