@@ -66,6 +66,7 @@ enum LinkOwedBit : uint32_t {
   kOweAbort = 1u << 4,
   kOweRelease = 1u << 5,  // last: the connection is forgotten after it
   kOweData = 1u << 6,     // not a frame: data waits for room on the link
+  kOweFenceAck = 1u << 8, // the peer's FENCE reached our guest's event queue
 };
 
 // The peer of a connection whose other end runs on another host.
@@ -83,6 +84,7 @@ struct RemotePeer {
   uint32_t window = 0;     // the peer guest's RX ring size
   uint64_t credit = 0;     // bytes the peer guest consumed: we may send up to credit + window
   bool gone = false;       // the peer guest reads no more
+  bool fence_acked = false;  // the peer backend has our FENCE (RESYNC is safe)
   uint64_t rdma_addr = 0;  // rdma fabric: the peer RX ring
   uint32_t rdma_rkey = 0;
   bool paired() const { return stage == Stage::kPaired; }

@@ -511,7 +511,9 @@ bool ConnManager::EmitEvents(vhost::BackendDevice& device) {
       if (bits & kEvPeerGone)
         out[n++] = {MsgType::kShutdown, 0, proto::Shutdown{c.conn_id, proto::ShutdownHow::kRead}};
       if (bits & kEvDowngrade)
-        out[n++] = {MsgType::kDowngrade, 0, proto::Downgrade{c.conn_id, c.reason, c.rx_consumed}};
+        out[n++] = {MsgType::kDowngrade, 0,
+                    proto::Downgrade{c.conn_id, c.reason, c.rx_tail,
+                                     c.remote.fence_acked ? proto::kDowngradeFenceAcked : uint8_t{0}}};
       // All of one connection's events go in one buffer, in order.
       size_t need = 0;
       std::array<uint8_t, 7 * 40> tmp;
@@ -905,6 +907,12 @@ void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
     case FrameType::kFence:
       c->ev_peer_fence = h.value;
       Raise(*c, kEvFence);
+      // Our guest gets the FENCE before any later DOWNGRADE (events go out
+      // in order), so the peer may RESYNC after a link loss.
+      Owe(*c, kOweFenceAck);
+      break;
+    case FrameType::kFenceAck:
+      c->remote.fence_acked = true;
       break;
     case FrameType::kCredit:
       if (h.value < c->remote.credit || h.value > c->tx_copied) {
@@ -968,7 +976,8 @@ bool ConnManager::SendOwed(BackendConn& c) {
     return true;
   }
   static const std::pair<uint32_t, FrameType> kOrder[] = {
-      {kOweConfirm, FrameType::kPairConfirm}, {kOweFence, FrameType::kFence}, {kOweCredit, FrameType::kCredit}, {kOweShutWr, FrameType::kShutWr},
+      {kOweConfirm, FrameType::kPairConfirm}, {kOweFence, FrameType::kFence}, {kOweFenceAck, FrameType::kFenceAck},
+      {kOweCredit, FrameType::kCredit}, {kOweShutWr, FrameType::kShutWr},
       {kOweGone, FrameType::kGone},   {kOweAbort, FrameType::kAbort},   {kOweRelease, FrameType::kRelease}};
   for (const auto& [bit, type] : kOrder) {
     if (!(c.link_owed & bit)) continue;

@@ -138,7 +138,8 @@ void Put(WireWriter& w, const Shutdown& b) {
 void Put(WireWriter& w, const Downgrade& b) {
   w.U64(b.conn_id);
   w.U16(static_cast<uint16_t>(b.reason));
-  w.Zeros(6);
+  w.U8(b.flags);
+  w.Zeros(5);
   w.U64(b.bytes_received);
 }
 void Put(WireWriter& w, const Error& b) {
@@ -233,9 +234,11 @@ Status Get(WireReader& r, Shutdown* b, std::span<const uint8_t>) {
 Status Get(WireReader& r, Downgrade* b, std::span<const uint8_t>) {
   b->conn_id = r.U64();
   uint16_t reason = r.U16();
-  uint64_t pad = r.U16() | uint64_t{r.U32()};
+  b->flags = r.U8();
+  uint64_t pad = r.U8() | uint64_t{r.U32()};
   b->bytes_received = r.U64();
   VS_RETURN_IF_ERROR(CheckReserved(pad));
+  if (b->flags & ~kDowngradeFenceAcked) return Bad("unknown DOWNGRADE flags");
   return CheckReason(reason, &b->reason);
 }
 Status Get(WireReader& r, Error* b, std::span<const uint8_t>) {

@@ -162,10 +162,16 @@ struct Shutdown {
   bool operator==(const Shutdown&) const = default;
 };
 
+// DOWNGRADE flags. FenceAcked: the peer's library has (or gets before its
+// own DOWNGRADE) this side's FENCE, so it expects a RESYNC header after the
+// fenced kernel bytes (docs/fabric-design.md "Link loss and RESYNC").
+inline constexpr uint8_t kDowngradeFenceAcked = 1;
+
 struct Downgrade {
   uint64_t conn_id = 0;
   Reason reason = Reason::kNone;
-  uint64_t bytes_received = 0;  // receiver's RESYNC point
+  uint64_t bytes_received = 0;  // accelerated bytes landed in the RX ring (RESYNC)
+  uint8_t flags = 0;            // kDowngradeFenceAcked
   bool operator==(const Downgrade&) const = default;
 };
 

@@ -132,6 +132,10 @@ TEST(ControlTest, EnumsOutOfRangeAreRejected) {
   b = MustEncode({MsgType::kDowngrade, 0, Downgrade{1, Reason::kMigration, 5}});
   b[kHeaderSize + 8] = kMaxReason + 1;
   EXPECT_FALSE(Decode(b).ok());
+  b = MustEncode({MsgType::kDowngrade, 0, Downgrade{1, Reason::kFabricDown, 5, kDowngradeFenceAcked}});
+  ASSERT_TRUE(Decode(b).ok());
+  b[kHeaderSize + 10] = 2;  // an unknown flag
+  EXPECT_FALSE(Decode(b).ok());
   b = MustEncode({MsgType::kShutdown, 0, Shutdown{1, ShutdownHow::kBoth}});
   b[kHeaderSize + 8] = 4;
   EXPECT_FALSE(Decode(b).ok());

@@ -65,12 +65,13 @@ const char* ToString(FrameType t) {
     case FrameType::kRelease: return "RELEASE";
     case FrameType::kDowngrade: return "DOWNGRADE";
     case FrameType::kPairConfirm: return "PAIR_CONFIRM";
+    case FrameType::kFenceAck: return "FENCE_ACK";
   }
   return "?";
 }
 
 bool IsKnownFrameType(uint8_t t) {
-  return (t >= 1 && t <= 4) || (t >= 10 && t <= 13) || (t >= 20 && t <= 28);
+  return (t >= 1 && t <= 4) || (t >= 10 && t <= 13) || (t >= 20 && t <= 29);
 }
 
 void EncodeFrameHeader(const FrameHeader& h, uint8_t* out) {

@@ -47,6 +47,7 @@ enum class FrameType : uint8_t {
   kRelease = 26,   // the sender forgot the connection; the handle is dead
   kDowngrade = 27, // the sender's side left the accelerated path; aux = Reason
   kPairConfirm = 28,  // the requester took PAIR_ACCEPT: the acceptor upgrades its guest now
+  kFenceAck = 29,  // the receiver's guest has the sender's FENCE: a RESYNC is safe (docs/fabric-design.md)
 };
 const char* ToString(FrameType t);
 bool IsKnownFrameType(uint8_t t);
