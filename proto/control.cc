@@ -409,4 +409,18 @@ uint32_t Crc32c(std::span<const uint8_t> data, uint32_t seed) {
   return ~crc;
 }
 
+void EncodeResync(uint64_t from, uint8_t out[kResyncHeaderSize]) {
+  WireWriter w({out, kResyncHeaderSize});
+  w.U32(kResyncMagic);
+  w.U32(0);
+  w.U64(from);
+}
+
+Result<uint64_t> DecodeResync(std::span<const uint8_t, kResyncHeaderSize> in) {
+  WireReader r(in);
+  if (r.U32() != kResyncMagic) return Bad("RESYNC header: bad magic");
+  if (r.U32() != 0) return Bad("RESYNC header: reserved bits set");
+  return r.U64();
+}
+
 }  // namespace vsocket::proto

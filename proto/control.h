@@ -167,6 +167,15 @@ struct Shutdown {
 // fenced kernel bytes (docs/fabric-design.md "Link loss and RESYNC").
 inline constexpr uint8_t kDowngradeFenceAcked = 1;
 
+// The RESYNC header a library writes on the kernel socket after a link
+// loss, right after the bytes it sent there before its FENCE: "the
+// accelerated stream continues here on kernel TCP, from byte `from`".
+// 16 bytes: magic "VSR1" 0:4, reserved 4:4 (zero), from 8:8.
+inline constexpr size_t kResyncHeaderSize = 16;
+inline constexpr uint32_t kResyncMagic = 0x31525356;  // "VSR1" little-endian
+void EncodeResync(uint64_t from, uint8_t out[kResyncHeaderSize]);
+Result<uint64_t> DecodeResync(std::span<const uint8_t, kResyncHeaderSize> in);
+
 struct Downgrade {
   uint64_t conn_id = 0;
   Reason reason = Reason::kNone;

@@ -141,6 +141,22 @@ TEST(ControlTest, EnumsOutOfRangeAreRejected) {
   EXPECT_FALSE(Decode(b).ok());
 }
 
+TEST(ControlTest, ResyncHeader) {
+  uint8_t b[kResyncHeaderSize];
+  EncodeResync(0x0102030405060708ull, b);
+  EXPECT_EQ(b[0], 'V');
+  EXPECT_EQ(b[3], '1');
+  auto from = DecodeResync(std::span<const uint8_t, kResyncHeaderSize>(b, kResyncHeaderSize));
+  ASSERT_TRUE(from.ok());
+  EXPECT_EQ(*from, 0x0102030405060708ull);
+  for (size_t i : {0, 3, 4, 7}) {  // magic and reserved bytes are checked
+    uint8_t bad[kResyncHeaderSize];
+    std::memcpy(bad, b, sizeof(b));
+    bad[i] ^= 0x40;
+    EXPECT_FALSE(DecodeResync(std::span<const uint8_t, kResyncHeaderSize>(bad, kResyncHeaderSize)).ok()) << i;
+  }
+}
+
 TEST(ControlTest, EchoPayloadBounds) {
   std::vector<uint8_t> payload(kMaxEchoPayload + 1, 1);
   Message big{MsgType::kEcho, 1, Echo{0, payload}};

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <vector>
 
 #include "proto/control.h"
 
@@ -68,6 +69,28 @@ struct Conn {
   std::atomic<bool> peer_gone{false};     // peer reads no more: EPIPE
   std::atomic<bool> reset{false};         // the accelerated path failed
   std::atomic<uint32_t> gen{0};           // bumped on every event (epoll ET)
+
+  // Back to kernel TCP after the fabric link was lost (RESYNC, see
+  // docs/fabric-design.md "Link loss and RESYNC"). Set by dispatch; the
+  // two directions then finish the downgrade at their own pace.
+  std::atomic<bool> resync{false};
+  std::atomic<bool> resync_fence_acked{false};  // the peer has our FENCE
+  std::atomic<uint64_t> resync_landed{0};       // accelerated bytes in our RX ring, final
+  // TX (under tx_mu): the RESYNC header and the unacknowledged TX bytes,
+  // written on the kernel socket before any new byte.
+  bool tx_resync_started = false;
+  bool shut_after_resend = false;   // shutdown(SHUT_WR) waits for the resend
+  std::atomic<int> resync_fd{-1};   // our dup of the socket while the resend is owed
+  int fd_hint = -1;                 // an fd of the app's naming it (set at registration)
+  int64_t resync_start_ns = 0;
+  std::vector<uint8_t> resend;
+  size_t resend_off = 0;
+  // RX (under rx_mu; read by poll): ring, then header, then skip, then kernel.
+  enum class RxResync : uint8_t { kRing, kHeader, kSkip, kKernel };
+  std::atomic<RxResync> rx_resync{RxResync::kRing};
+  uint8_t rx_hdr[16] = {};
+  uint32_t rx_hdr_got = 0;
+  uint64_t rx_skip = 0;
 
   // Statistics. fence_sent: kernel_sent when this side switched over.
   std::atomic<uint64_t> fence_sent{0};

@@ -227,6 +227,15 @@ void Refresh(int epfd, EpSet& set) {
         Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
         e.feed = false;
       }
+    } else if (!e.in_kernel) {
+      // Back on kernel TCP (a downgrade after a link loss): the kernel
+      // reports this fd again, with the application's registration.
+      if (e.feed) Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
+      e.feed = false;
+      epoll_event ev{};
+      ev.events = e.disarmed ? 0 : e.events;
+      ev.data = e.data;
+      e.in_kernel = Libc().epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) == 0;
     }
     // Pending connections need the session's wake-ups too: their UPGRADE
     // arrives as an event, not on the kernel socket.

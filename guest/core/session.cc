@@ -9,6 +9,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "guest/core/config.h"
+#include "guest/core/socket_ops.h"
 #include "guest/preload/libc.h"
 
 namespace vsocket::guest {
@@ -312,10 +313,24 @@ void Session::Dispatch(const Message& m) {
         c.peer_gone.store(true, std::memory_order_release);
       break;
     case MsgType::kDowngrade: {
-      auto reason = std::get<proto::Downgrade>(m.body).reason;
+      const auto& d = std::get<proto::Downgrade>(m.body);
+      auto reason = d.reason;
       c.reason.store(reason);
-      if (c.upgraded.load()) {
-        c.reset.store(true, std::memory_order_release);  // no RESYNC yet: see docs
+      if (c.upgraded.load() && reason == proto::Reason::kFabricDown && !c.resync.load()) {
+        // The link is gone, the kernel connection is not: finish on it
+        // without losing a byte (socket_ops.cc, RESYNC). Every RX_TAIL came
+        // before this event, so the landed count can only confirm ours.
+        if (d.bytes_received != c.rx_tail.load() ||
+            (!c.peer_fence_known.load() && d.bytes_received != 0)) {
+          c.reset.store(true, std::memory_order_release);
+        } else {
+          c.resync_landed.store(d.bytes_received, std::memory_order_relaxed);
+          c.resync_fence_acked.store(d.flags & proto::kDowngradeFenceAcked, std::memory_order_relaxed);
+          c.resync.store(true, std::memory_order_release);
+          StartResync(it->second);
+        }
+      } else if (c.upgraded.load()) {
+        c.reset.store(true, std::memory_order_release);  // the peer aborted, or a protocol error
       } else {
         c.mode.store(Mode::kKernel, std::memory_order_release);
       }

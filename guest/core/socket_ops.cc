@@ -13,7 +13,11 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <condition_variable>
+#include <deque>
 #include <mutex>
+#include <thread>
+#include <vector>
 
 #include "base/clock.h"
 #include "base/log.h"
@@ -96,6 +100,7 @@ void EnsureRegistered(int fd, Conn& c) {
   if (!s->AllocRings(c, Config().ring_bytes).ok()) return SetKernelForGood(c, Reason::kResourceLimit);
   c.id = g_next_conn_id.fetch_add(1);
   c.session = s;
+  c.fd_hint = fd;
   c.registered_ns = MonotonicNs();
   std::shared_ptr<Conn> self = Lookup(fd);
   // Tracked and pending before the request: the UPGRADE can race the ack.
@@ -253,6 +258,22 @@ size_t IovLen(const iovec* iov, int iovcnt) {
   return n;
 }
 
+// At most `limit` bytes of iov starting `skip` bytes in, as up to 64 parts.
+int SliceIov(const iovec* iov, int iovcnt, size_t skip, size_t limit, iovec (&part)[64]) {
+  int np = 0;
+  for (int i = 0; i < iovcnt && limit > 0 && np < 64; ++i) {
+    if (skip >= iov[i].iov_len) {
+      skip -= iov[i].iov_len;
+      continue;
+    }
+    size_t len = std::min(iov[i].iov_len - skip, limit);
+    part[np++] = {static_cast<uint8_t*>(iov[i].iov_base) + skip, len};
+    limit -= len;
+    skip = 0;
+  }
+  return np;
+}
+
 void Reset(Conn& c, Reason r) {
   c.reason.store(r);
   c.reset.store(true, std::memory_order_release);
@@ -269,9 +290,20 @@ bool IsRegistered(const Conn& c) {
   return m == Mode::kPending || m == Mode::kAccel;
 }
 
-void Teardown(int fd, Conn& c) {
+bool PrepareResendLocked(Conn& c, int fd);
+void HandToWriter(const std::shared_ptr<Conn>& c, int fd);
+
+void Teardown(int fd, const std::shared_ptr<Conn>& self) {
+  Conn& c = *self;
   std::lock_guard<std::mutex> lock(c.setup_mu);
   Report(c, "close");
+  if (c.resync.load(std::memory_order_acquire)) {
+    // Back on kernel TCP after a link loss: the bytes still owed to the
+    // peer leave the TX ring before it is freed, and the writer finishes
+    // sending them after this close (as the kernel does with its buffer).
+    std::lock_guard<std::mutex> tx(c.tx_mu);
+    if (PrepareResendLocked(c, fd) && c.resend_off < c.resend.size()) HandToWriter(self, fd);
+  }
   if (!IsRegistered(c) || c.session == nullptr) return;
   Session* s = c.session;
   if (s->alive() && c.upgraded.load()) {
@@ -339,7 +371,7 @@ void Forget(int fd) {
     g_has[fd].store(false, std::memory_order_release);
   }
   // Runs before the real close(): fd still names the socket here.
-  if (c && c->fd_refs.fetch_sub(1) == 1) Teardown(fd, *c);
+  if (c && c->fd_refs.fetch_sub(1) == 1) Teardown(fd, c);
 }
 
 void AfterForkInChild() {
@@ -377,10 +409,265 @@ bool PairingInFlight(Conn& c) {
   return ack != nullptr && ack->status == proto::WireError::kOk && ack->reason == Reason::kNone;
 }
 
+// ---- link loss: RESYNC (docs/fabric-design.md "Link loss and RESYNC") -------
+
+namespace {
+
+constexpr int64_t kResendLimitNs = 60'000'000'000;  // then the peer is presumed dead
+
+// Ends the kernel connection with an RST but keeps the fd (connect with
+// AF_UNSPEC disconnects): the peer's next call fails with ECONNRESET, so it
+// never reads anything ambiguous as data.
+void ResetKernel(int fd, Conn& c) {
+  sockaddr sa{};
+  sa.sa_family = AF_UNSPEC;
+  (void)Libc().connect(fd, &sa, sizeof(sa));
+  Reset(c, Reason::kFabricDown);
+}
+
+// Under tx_mu: decides, once, what this side owes the peer on the kernel
+// socket. False if the connection had to be reset.
+bool PrepareResendLocked(Conn& c, int fd) {
+  if (c.tx_resync_started) return !c.reset.load();
+  c.tx_resync_started = true;
+  // Never switched: the kernel stream simply goes on, and the peer (which
+  // never got our FENCE) expects no header.
+  if (!c.tx_switched.load()) return true;
+  if (!c.resync_fence_acked.load()) {
+    // The peer may not know where our kernel bytes end, so it could not
+    // tell our header from data: reset rather than guess.
+    VS_LOG(kWarn, "conn %lu: fabric link lost before the peer confirmed our fence: connection reset",
+           static_cast<unsigned long>(c.id));
+    ResetKernel(fd, c);
+    return false;
+  }
+  // After our FIN nothing more can follow; a peer that misses bytes sees
+  // ECONNRESET (it waits for a header that never comes).
+  if (c.shut_wr.load() && !c.shut_after_resend) return true;
+  // Every byte the peer has not consumed is still in our TX ring (credits
+  // are consumption-based); it skips what already landed in its RX ring.
+  uint64_t from = c.credit.load(std::memory_order_acquire);
+  uint64_t tail = c.tx_tail.load(std::memory_order_relaxed);
+  if (from > tail || tail - from > c.ring_size || c.tx == nullptr) {
+    ResetKernel(fd, c);
+    return false;
+  }
+  c.resend.resize(proto::kResyncHeaderSize + (tail - from));
+  proto::EncodeResync(from, c.resend.data());
+  iovec v{c.resend.data() + proto::kResyncHeaderSize, static_cast<size_t>(tail - from)};
+  CopyIovRing<false>(c.tx, c.ring_size, from, &v, 1, 0, tail - from);
+  c.resend_off = 0;
+  VS_LOG(kInfo, "conn %lu: fabric link lost: back on kernel TCP, resending %lu bytes from %lu",
+         static_cast<unsigned long>(c.id), static_cast<unsigned long>(tail - from), static_cast<unsigned long>(from));
+  return true;
+}
+
+// Under tx_mu: writes what is owed without blocking. Ok once it is all in
+// the kernel, EAGAIN while the socket is full.
+Status FlushResendLocked(Conn& c, int fd) {
+  if (!PrepareResendLocked(c, fd)) return Errno(ECONNRESET, "connection reset (fabric link lost)");
+  while (c.resend_off < c.resend.size()) {
+    ssize_t w = Libc().send(fd, c.resend.data() + c.resend_off, c.resend.size() - c.resend_off,
+                            MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (w > 0) {
+      c.resend_off += static_cast<size_t>(w);
+      continue;
+    }
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Errno(EAGAIN, "resend pending");
+    int e = w < 0 ? errno : EPIPE;
+    Reset(c, Reason::kFabricDown);
+    return Errno(e, "resend");
+  }
+  if (!c.resend.empty()) {
+    std::vector<uint8_t>().swap(c.resend);
+    c.resend_off = 0;
+  }
+  if (c.shut_after_resend) {
+    c.shut_after_resend = false;
+    (void)Libc().shutdown(fd, SHUT_WR);
+  }
+  return Status::Ok();
+}
+
+// Under tx_mu: send() once the link is gone: the owed resend first, then
+// plain kernel TCP.
+Result<size_t> SendResynced(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
+  bool nonblock = c.nonblocking.load() || (flags & MSG_DONTWAIT);
+  int64_t deadline = -2;
+  for (;;) {
+    Status st = FlushResendLocked(c, fd);
+    if (st.ok()) break;
+    if (st.sys_errno() != EAGAIN || nonblock) return st;
+    if (deadline == -2) deadline = SocketDeadline(fd, SO_SNDTIMEO);
+    int timeout_ms = 1000;
+    if (deadline >= 0) {
+      int64_t left = deadline - MonotonicNs();
+      if (left <= 0) return Errno(EAGAIN, "timed out");
+      timeout_ms = static_cast<int>(std::min<int64_t>(1000, (left + 999999) / 1000000));
+    }
+    pollfd p{fd, POLLOUT, 0};
+    if (Libc().poll(&p, 1, timeout_ms) < 0 && errno == EINTR && AnyHandlerWithoutRestart())
+      return Errno(EINTR, "interrupted");
+  }
+  if (c.shut_wr.load()) return BrokenPipe(flags, "shut down for writing");
+  msghdr mh{};
+  mh.msg_iov = const_cast<iovec*>(iov);
+  mh.msg_iovlen = static_cast<size_t>(iovcnt);
+  ssize_t n = Libc().sendmsg(fd, &mh, flags);
+  if (n < 0) return Errno(errno, "sendmsg");
+  c.kernel_sent.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+  return static_cast<size_t>(n);
+}
+
+// Under rx_mu: consumes the peer's RESYNC header and the bytes it resends
+// that already landed in our ring. Ok when done; EAGAIN when the kernel has
+// nothing more yet.
+Status ConsumeResyncLocked(int fd, Conn& c) {
+  using RxResync = Conn::RxResync;
+  for (;;) {
+    RxResync ph = c.rx_resync.load(std::memory_order_relaxed);
+    if (ph == RxResync::kKernel) return Status::Ok();
+    uint8_t scratch[4096];
+    uint8_t* dst = ph == RxResync::kHeader ? c.rx_hdr + c.rx_hdr_got : scratch;
+    size_t want = ph == RxResync::kHeader ? proto::kResyncHeaderSize - c.rx_hdr_got
+                                           : std::min<uint64_t>(sizeof(scratch), c.rx_skip);
+    ssize_t n = Libc().recv(fd, dst, want, MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Errno(EAGAIN, "resync pending");
+    if (n <= 0) {
+      // The peer could not resend (it had shut down, or reset): bytes are
+      // missing, so this is an error, never a short stream.
+      Reset(c, Reason::kFabricDown);
+      return Errno(n == 0 ? ECONNRESET : errno, "fabric link lost and the peer could not resend");
+    }
+    if (ph == RxResync::kHeader) {
+      c.rx_hdr_got += static_cast<uint32_t>(n);
+      if (c.rx_hdr_got < proto::kResyncHeaderSize) continue;
+      auto from = proto::DecodeResync(std::span<const uint8_t, proto::kResyncHeaderSize>(c.rx_hdr, proto::kResyncHeaderSize));
+      uint64_t landed = c.resync_landed.load();
+      if (!from.ok() || *from > landed || landed - *from > c.ring_size) {
+        ResetKernel(fd, c);
+        return Errno(EPROTO, "bad RESYNC header from the peer");
+      }
+      c.rx_skip = landed - *from;
+      c.rx_resync.store(c.rx_skip ? RxResync::kSkip : RxResync::kKernel, std::memory_order_release);
+    } else {
+      c.rx_skip -= static_cast<uint64_t>(n);
+      if (c.rx_skip == 0) c.rx_resync.store(RxResync::kKernel, std::memory_order_release);
+    }
+  }
+}
+
+// The background writer: finishes owed resends for applications that do
+// not write again (a reader waiting for a reply to bytes we must resend).
+// It works on its own dup of the socket, so it also finishes after the
+// application closed its fd, and gives up (RST) after kResendLimitNs.
+struct ResyncWriter {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::shared_ptr<Conn>> incoming;
+  bool started = false;
+};
+
+ResyncWriter& Writer() {
+  static auto* w = new ResyncWriter;  // never destroyed: the thread outlives exit handlers
+  return *w;
+}
+
+void WriterLoop() {
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, nullptr);  // the application's signals go to its own threads
+  ResyncWriter& w = Writer();
+  std::vector<std::shared_ptr<Conn>> mine;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(w.mu);
+      if (mine.empty()) w.cv.wait(lock, [&] { return !w.incoming.empty(); });
+      for (auto& c : w.incoming) mine.push_back(std::move(c));
+      w.incoming.clear();
+    }
+    std::vector<pollfd> pfds;
+    bool busy = false;
+    for (size_t i = 0; i < mine.size();) {
+      Conn& c = *mine[i];
+      int fd = c.resync_fd.load();
+      bool done = fd < 0;
+      if (!done) {
+        std::unique_lock<std::mutex> tx(c.tx_mu, std::try_to_lock);
+        if (!tx.owns_lock()) {  // the application is sending: it flushes too
+          busy = true;
+          ++i;
+          continue;
+        }
+        Status st = FlushResendLocked(c, fd);
+        if (st.ok() || st.sys_errno() != EAGAIN) {
+          done = true;
+        } else if (MonotonicNs() - c.resync_start_ns > kResendLimitNs) {
+          VS_LOG(kWarn, "conn %lu: the peer took no resent bytes for 60 s: connection reset",
+                 static_cast<unsigned long>(c.id));
+          ResetKernel(fd, c);
+          done = true;
+        } else {
+          pfds.push_back({fd, POLLOUT, 0});
+        }
+        if (done) {
+          c.resync_fd.store(-1);
+          Libc().close(fd);
+        }
+      }
+      if (done) {
+        mine[i] = std::move(mine.back());
+        mine.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    if (!mine.empty()) (void)Libc().poll(pfds.data(), pfds.size(), busy ? 10 : 200);
+  }
+}
+
+// Gives the background writer its own dup of fd (which names c's socket).
+void HandToWriter(const std::shared_ptr<Conn>& c, int fd) {
+  if (c->resync_fd.load() >= 0) return;
+  int mine = Libc().fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (mine < 0) return;
+  int expected = -1;
+  if (!c->resync_fd.compare_exchange_strong(expected, mine)) {
+    Libc().close(mine);
+    return;
+  }
+  ResyncWriter& w = Writer();
+  std::lock_guard<std::mutex> lock(w.mu);
+  w.incoming.push_back(c);
+  if (!w.started) {
+    w.started = true;
+    std::thread(WriterLoop).detach();
+  }
+  w.cv.notify_one();
+}
+
+}  // namespace
+
+void StartResync(const std::shared_ptr<Conn>& c) {
+  c->resync_start_ns = MonotonicNs();
+  // The application may close and reuse fd numbers: the fd must name c on
+  // both sides of the dup.
+  int fd = c->fd_hint;
+  if (fd < 0 || Lookup(fd).get() != c.get()) return;  // its sends (or its close) flush it
+  HandToWriter(c, fd);
+  if (Lookup(fd).get() != c.get()) {
+    int mine = c->resync_fd.exchange(-1);
+    if (mine >= 0) Libc().close(mine);  // the writer drops a conn without fd
+  }
+}
+
 Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   EnsureRegistered(fd, c);
   std::unique_lock<std::mutex> lock(c.tx_mu);
   if (c.reset.load()) return Errno(ECONNRESET, "connection reset");
+  if (c.resync.load(std::memory_order_acquire)) return SendResynced(fd, c, iov, iovcnt, flags);
   // A sender that never reads must still hear its UPGRADE.
   if (c.mode.load(std::memory_order_acquire) == Mode::kPending && c.session) c.session->TryDrain();
   if (c.mode.load(std::memory_order_acquire) == Mode::kAccel && !c.tx_switched.load()) {
@@ -415,6 +702,8 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   int64_t deadline = -2;  // looked up when we first have to block
   while (sent < total) {
     if (c.reset.load()) return sent ? Result<size_t>(sent) : Errno(ECONNRESET, "connection reset");
+    if (c.resync.load(std::memory_order_acquire))
+      return sent ? Result<size_t>(sent) : SendResynced(fd, c, iov, iovcnt, flags);
     if (c.shut_wr.load()) return sent ? Result<size_t>(sent) : BrokenPipe(flags, "shut down for writing");
     if (c.peer_gone.load(std::memory_order_acquire)) {
       if (sent) return sent;
@@ -439,7 +728,7 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       if (deadline == -2) deadline = SocketDeadline(fd, SO_SNDTIMEO);
       Status st = WaitUntil(c, [&] {
         return c.credit.load(std::memory_order_acquire) != credit || c.reset.load() || c.peer_gone.load() ||
-               c.shut_wr.load();
+               c.shut_wr.load() || c.resync.load();
       }, -1, 0, deadline);
       if (!st.ok() && sent > 0) return sent;
       if (!st.ok()) return st;
@@ -499,6 +788,46 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   int64_t deadline = -2;  // SO_RCVTIMEO, looked up when we first have to block
   for (;;) {
     if (c.reset.load()) return got ? Result<size_t>(got) : Errno(ECONNRESET, "connection reset");
+    if (c.resync.load(std::memory_order_acquire)) {
+      // The link is gone: the fenced kernel bytes and the ring come first
+      // (kRing, below), then the peer's RESYNC header, then kernel TCP.
+      using RxResync = Conn::RxResync;
+      RxResync ph = c.rx_resync.load(std::memory_order_relaxed);
+      if (ph == RxResync::kRing && !c.peer_fence_known.load(std::memory_order_acquire)) {
+        // The peer never switched (or will reset): all its bytes are on the
+        // kernel stream, no header comes.
+        c.rx_resync.store(RxResync::kKernel, std::memory_order_release);
+        continue;
+      }
+      if (ph == RxResync::kHeader || ph == RxResync::kSkip) {
+        Status st = ConsumeResyncLocked(fd, c);
+        if (st.ok()) continue;
+        if (st.sys_errno() != EAGAIN || got || nonblock) return got ? Result<size_t>(got) : Result<size_t>(st);
+        if (deadline == -2) deadline = SocketDeadline(fd, SO_RCVTIMEO);
+        int timeout_ms = 1000;
+        if (deadline >= 0) {
+          int64_t left = deadline - MonotonicNs();
+          if (left <= 0) return Errno(EAGAIN, "timed out");
+          timeout_ms = static_cast<int>(std::min<int64_t>(1000, (left + 999999) / 1000000));
+        }
+        pollfd p{fd, POLLIN, 0};
+        if (Libc().poll(&p, 1, timeout_ms) < 0 && errno == EINTR && AnyHandlerWithoutRestart())
+          return Errno(EINTR, "interrupted");
+        continue;
+      }
+      if (ph == RxResync::kKernel) {
+        if (got && !waitall) return got;
+        iovec part[64];
+        int np = SliceIov(iov, iovcnt, got, want - got, part);
+        msghdr mh{};
+        mh.msg_iov = part;
+        mh.msg_iovlen = static_cast<size_t>(np);
+        ssize_t n = Libc().recvmsg(fd, &mh, flags);
+        if (n < 0) return got ? Result<size_t>(got) : Errno(errno, "recvmsg");
+        if (!peek) c.kernel_received.fetch_add(static_cast<uint64_t>(n));
+        return got + static_cast<size_t>(n);
+      }
+    }
     if (!c.rx_switched.load()) {
       // Snapshot before looking at anything: an event dispatched by another
       // thread after this point changes gen and ends the wait below.
@@ -522,18 +851,7 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       // Never block inside the kernel here: the peer may switch to the ring
       // at any moment, and only our own wait sees both.
       iovec part[64];
-      int np = 0;
-      size_t skip = got, left = limit;
-      for (int i = 0; i < iovcnt && left > 0 && np < 64; ++i) {
-        if (skip >= iov[i].iov_len) {
-          skip -= iov[i].iov_len;
-          continue;
-        }
-        size_t len = std::min(iov[i].iov_len - skip, left);
-        part[np++] = {static_cast<uint8_t*>(iov[i].iov_base) + skip, len};
-        left -= len;
-        skip = 0;
-      }
+      int np = SliceIov(iov, iovcnt, got, limit, part);
       msghdr mh{};
       mh.msg_iov = part;
       mh.msg_iovlen = static_cast<size_t>(np);
@@ -631,6 +949,12 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       continue;
     }
     if (shut) return got;  // EOF: every byte before it was delivered
+    if (c.resync.load(std::memory_order_acquire)) {
+      // Every byte that landed before the link loss is delivered: the rest
+      // follows the peer's RESYNC header on the kernel stream.
+      c.rx_resync.store(Conn::RxResync::kHeader, std::memory_order_release);
+      continue;
+    }
     if (got && !waitall) return got;
     if (c.session->TryDrain()) continue;
     if (c.shut_rd.load()) return got;
@@ -638,7 +962,7 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     if (deadline == -2) deadline = SocketDeadline(fd, SO_RCVTIMEO);
     Status st = WaitUntil(c, [&] {
       return c.rx_tail.load(std::memory_order_acquire) != tail || c.peer_shut_wr.load() ||
-             c.reset.load() || c.shut_rd.load();
+             c.reset.load() || c.shut_rd.load() || c.resync.load();
     }, -1, 0, deadline);
     if (!st.ok()) return got ? Result<size_t>(got) : Result<size_t>(st);
   }
@@ -646,6 +970,20 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
 
 Status Shutdown(int fd, Conn& c, int how) {
   bool wr = how == SHUT_WR || how == SHUT_RDWR;
+  if (wr && c.resync.load(std::memory_order_acquire)) {
+    // Bytes still owed to the peer after a link loss go before our FIN.
+    std::lock_guard<std::mutex> lock(c.tx_mu);
+    if (!c.shut_wr.load() && PrepareResendLocked(c, fd) && c.resend_off < c.resend.size()) {
+      c.shut_after_resend = true;
+      c.shut_wr.store(true);
+      if (how == SHUT_RDWR) {
+        c.shut_rd.store(true);
+        if (Libc().shutdown(fd, SHUT_RD) != 0) return Errno(errno, "shutdown");
+      }
+      if (c.session != nullptr) c.session->WakeWaiters();
+      return Status::Ok();
+    }
+  }
   bool first_wr = wr && !c.shut_wr.exchange(true);
   if (how == SHUT_RD || how == SHUT_RDWR) c.shut_rd.store(true);
   // The kernel shutdown first: it also ends a sender blocked in the kernel,
@@ -665,6 +1003,7 @@ Result<int> Readable(int fd, Conn& c) {
   int kernel = 0;
   if (Libc().ioctl(fd, FIONREAD, &kernel) != 0) return Errno(errno, "ioctl FIONREAD");
   if (c.mode.load() != Mode::kAccel) return kernel;
+  if (c.resync.load(std::memory_order_acquire) && Readiness(fd, c) < 0) return kernel;
   if (c.session) c.session->TryDrain();
   if (!c.rx_switched.load()) {
     if (c.peer_fence_known.load()) {
@@ -685,6 +1024,18 @@ bool KernelFeedsReads(const Conn& c) {
 int Readiness(int fd, Conn& c) {
   if (c.reset.load()) return POLLIN | POLLOUT | POLLERR | POLLHUP;
   if (c.mode.load(std::memory_order_acquire) != Mode::kAccel) return -1;
+  if (c.resync.load(std::memory_order_acquire)) {
+    // Back on kernel TCP: only bytes still in the ring (or the EOF after
+    // them) are ours to report; the kernel socket says the rest.
+    bool ring_rx = c.rx_switched.load() ||
+                   (c.peer_fence_known.load() && c.kernel_received.load() == c.peer_fence.load());
+    if (c.rx_resync.load() == Conn::RxResync::kRing && c.peer_fence_known.load() && ring_rx) {
+      bool shut = c.peer_shut_wr.load(std::memory_order_acquire);
+      if (shut) return POLLIN | POLLOUT | POLLRDHUP;
+      if (c.rx_tail.load(std::memory_order_acquire) != c.rx_head.load()) return POLLIN | POLLOUT;
+    }
+    return -1;
+  }
   int r = 0;
   bool ring_rx = c.rx_switched.load() ||
                  (c.peer_fence_known.load() && c.kernel_received.load() == c.peer_fence.load());
@@ -717,9 +1068,9 @@ void Report(const Conn& c, const char* event) {
       "{\"pid\":%d,\"event\":\"%s\",\"local\":\"%s:%u\",\"peer\":\"%s:%u\",\"mode\":\"%s\","
       "\"reason\":\"%s\",\"upgraded\":%s,\"kernel_tx\":%llu,\"kernel_rx\":%llu,"
       "\"accel_tx\":%llu,\"accel_rx\":%llu,\"kernel_tx_after_upgrade\":%llu,"
-      "\"kernel_rx_after_upgrade\":%llu}\n",
+      "\"kernel_rx_after_upgrade\":%llu,\"resynced\":%s}\n",
       getpid(), event, local, c.local.port, peer, c.peer.port,
-      ToString(c.mode.load()),
+      c.resync.load() ? "kernel" : ToString(c.mode.load()),
       // Still pending at the end: the peer never registered (not preloaded,
       // NAT, no backend on its side).
       proto::ToString(c.mode.load() == Mode::kPending ? Reason::kPeerNotAccelerated : c.reason.load()),
@@ -731,7 +1082,8 @@ void Report(const Conn& c, const char* event) {
       // Both are 0 by construction once switched; reported so tests can
       // prove it from counters rather than assume it.
       static_cast<unsigned long long>(c.tx_switched.load() ? c.kernel_sent.load() - c.fence_sent.load() : 0),
-      static_cast<unsigned long long>(c.rx_switched.load() ? c.kernel_received.load() - c.peer_fence.load() : 0));
+      static_cast<unsigned long long>(c.rx_switched.load() ? c.kernel_received.load() - c.peer_fence.load() : 0),
+      c.resync.load() ? "true" : "false");
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return;
   (void)!Libc().write(fd, line, static_cast<size_t>(n));

@@ -47,6 +47,12 @@ int Readiness(int fd, Conn& c);
 // peer's fence: sleepers must keep the kernel socket in their wait set.
 bool KernelFeedsReads(const Conn& c);
 
+// The backend downgraded upgraded connection c because the fabric link was
+// lost (c.resync is set): hand its resend to the background writer, so the
+// bytes reach the peer even if the application never writes again.
+// Called by event dispatch (under the session lock).
+void StartResync(const std::shared_ptr<Conn>& c);
+
 // Writes the per-connection report line (VSOCKET_REPORT) for c, or for
 // every open connection.
 void Report(const Conn& c, const char* event);
