@@ -760,7 +760,12 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
           AcceptRemote(*c, r);
           return;
         }
-        return refuse(Reason::kPeerNotAccelerated, "connection is not available for pairing");
+        // A connection that went back to kernel TCP after a link loss
+        // (RESYNC) stays registered until its library registers it again
+        // to re-upgrade: the request waits for that, like one that comes
+        // before the registration.
+        bool resynced = c && c->state == ConnState::kUpgraded && c->remote.stage == RemotePeer::Stage::kDetached;
+        if (!resynced) return refuse(Reason::kPeerNotAccelerated, "connection is not available for pairing");
       }
       // Our guest has not registered yet: keep the request for a while.
       if (pending_remote_.size() >= kMaxPendingRemote) {

@@ -83,6 +83,7 @@ struct Conn {
   std::atomic<int> resync_fd{-1};   // our dup of the socket while the resend is owed
   int fd_hint = -1;                 // an fd of the app's naming it (set at registration)
   int64_t resync_start_ns = 0;
+  std::atomic<uint32_t> reupgrades{0};  // times it registered again after a RESYNC
   std::vector<uint8_t> resend;
   size_t resend_off = 0;
   // RX (under rx_mu; read by poll): ring, then header, then skip, then kernel.

@@ -471,6 +471,9 @@ Status FlushResendLocked(Conn& c, int fd) {
                             MSG_DONTWAIT | MSG_NOSIGNAL);
     if (w > 0) {
       c.resend_off += static_cast<size_t>(w);
+      // Every byte on the kernel stream counts: a later FENCE (after a
+      // re-upgrade) is a position in that stream.
+      c.kernel_sent.fetch_add(static_cast<uint64_t>(w), std::memory_order_relaxed);
       continue;
     }
     if (w < 0 && errno == EINTR) continue;
@@ -541,6 +544,7 @@ Status ConsumeResyncLocked(int fd, Conn& c) {
       Reset(c, Reason::kFabricDown);
       return Errno(n == 0 ? ECONNRESET : errno, "fabric link lost and the peer could not resend");
     }
+    c.kernel_received.fetch_add(static_cast<uint64_t>(n));  // stream position, as the peer counts it
     if (ph == RxResync::kHeader) {
       c.rx_hdr_got += static_cast<uint32_t>(n);
       if (c.rx_hdr_got < proto::kResyncHeaderSize) continue;
@@ -648,6 +652,61 @@ void HandToWriter(const std::shared_ptr<Conn>& c, int fd) {
   w.cv.notify_one();
 }
 
+// A connection that finished its RESYNC both ways (our resend is in the
+// kernel, the peer's header is read) leaves its old registration and
+// registers again, so it re-upgrades once the link is back (the backend
+// pairs it when the peer registers again too; until then it is an ordinary
+// pending connection on kernel TCP). Never blocks: if another thread is
+// inside a send or receive, a later call does it.
+void MaybeReregister(int fd, Conn& c) {
+  if (!c.resync.load(std::memory_order_acquire) || c.reset.load() ||
+      c.rx_resync.load(std::memory_order_acquire) != Conn::RxResync::kKernel || c.resync_fd.load() >= 0 ||
+      c.shut_wr.load() || c.shut_rd.load() || c.peer_shut_wr.load() || c.peer_gone.load())
+    return;
+  std::unique_lock<std::mutex> setup(c.setup_mu, std::try_to_lock);
+  if (!setup.owns_lock()) return;
+  std::unique_lock<std::mutex> tx(c.tx_mu, std::try_to_lock);
+  if (!tx.owns_lock()) return;
+  std::unique_lock<std::mutex> rx(c.rx_mu, std::try_to_lock);
+  if (!rx.owns_lock() || !c.resync.load() || !c.tx_resync_started || !c.resend.empty() || c.session == nullptr)
+    return;
+  Session* s = c.session;
+  Message resp;
+  Status st = s->Call({MsgType::kUnregister, 0, proto::Unregister{c.id}}, &resp);
+  s->Untrack(c.id);
+  if (!st.ok()) {
+    SetKernelForGood(c, Reason::kBackendUnavailable);
+    return;
+  }
+  s->FreeRings(c);
+  c.session = nullptr;
+  // A fresh accelerated state; the kernel byte counts go on (fences are
+  // positions in the kernel stream).
+  c.tx_switched.store(false);
+  c.rx_switched.store(false);
+  c.tx_tail.store(0);
+  c.rx_head.store(0);
+  c.consumed_reported = 0;
+  c.wrote_after_peer_gone = false;
+  c.upgraded.store(false);
+  c.peer_fence_known.store(false);
+  c.peer_fence.store(0);
+  c.rx_tail.store(0);
+  c.credit.store(0);
+  c.resync_fence_acked.store(false);
+  c.resync_landed.store(0);
+  c.tx_resync_started = false;
+  c.shut_after_resend = false;
+  c.rx_resync.store(Conn::RxResync::kRing);
+  c.rx_hdr_got = 0;
+  c.rx_skip = 0;
+  c.reason.store(Reason::kPending);
+  c.resync.store(false, std::memory_order_release);
+  c.mode.store(Mode::kUnprobed, std::memory_order_release);
+  c.reupgrades.fetch_add(1, std::memory_order_relaxed);
+  VS_LOG(kInfo, "conn %lu: resynced on kernel TCP; registering again to re-upgrade", static_cast<unsigned long>(c.id));
+}
+
 }  // namespace
 
 void StartResync(const std::shared_ptr<Conn>& c) {
@@ -664,6 +723,7 @@ void StartResync(const std::shared_ptr<Conn>& c) {
 }
 
 Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
+  MaybeReregister(fd, c);
   EnsureRegistered(fd, c);
   std::unique_lock<std::mutex> lock(c.tx_mu);
   if (c.reset.load()) return Errno(ECONNRESET, "connection reset");
@@ -750,6 +810,7 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
 }
 
 Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
+  MaybeReregister(fd, c);
   EnsureRegistered(fd, c);
   Mode mode = c.mode.load(std::memory_order_acquire);
   if (mode == Mode::kKernel || mode == Mode::kUnprobed) {
@@ -1068,7 +1129,7 @@ void Report(const Conn& c, const char* event) {
       "{\"pid\":%d,\"event\":\"%s\",\"local\":\"%s:%u\",\"peer\":\"%s:%u\",\"mode\":\"%s\","
       "\"reason\":\"%s\",\"upgraded\":%s,\"kernel_tx\":%llu,\"kernel_rx\":%llu,"
       "\"accel_tx\":%llu,\"accel_rx\":%llu,\"kernel_tx_after_upgrade\":%llu,"
-      "\"kernel_rx_after_upgrade\":%llu,\"resynced\":%s}\n",
+      "\"kernel_rx_after_upgrade\":%llu,\"resynced\":%s,\"reupgrades\":%u}\n",
       getpid(), event, local, c.local.port, peer, c.peer.port,
       c.resync.load() ? "kernel" : ToString(c.mode.load()),
       // Still pending at the end: the peer never registered (not preloaded,
@@ -1083,7 +1144,7 @@ void Report(const Conn& c, const char* event) {
       // prove it from counters rather than assume it.
       static_cast<unsigned long long>(c.tx_switched.load() ? c.kernel_sent.load() - c.fence_sent.load() : 0),
       static_cast<unsigned long long>(c.rx_switched.load() ? c.kernel_received.load() - c.peer_fence.load() : 0),
-      c.resync.load() ? "true" : "false");
+      c.resync.load() || c.reupgrades.load() ? "true" : "false", c.reupgrades.load());
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return;
   (void)!Libc().write(fd, line, static_cast<size_t>(n));

@@ -109,7 +109,7 @@ case_xfer() {
 }
 
 case_xfer cross_xfer_one_connection vmA1 vmB1 "$B1" 1 33554432 7101
-case_xfer cross_xfer_64_connections vmA1 vmB1 "$B1" 64 262144 7102
+case_xfer cross_xfer_64_connections vmA1 vmB1 "$B1" 64 1048576 7102
 case_xfer cross_xfer_reverse_direction vmB1 vmA2 "$A2" 4 4194304 7103
 
 # A client killed right after writing: the remote server still gets every byte.
@@ -382,6 +382,149 @@ PY
 case_rogue_peers
 
 # ---- link loss and re-establishment ------------------------------------------------
+
+# The fabric link is cut in the middle of transfers (both hosts' kernels
+# answer the link's packets with RST for a second): every connection on it
+# goes back to kernel TCP through RESYNC without losing or duplicating a
+# byte (xfer checks every byte and the EOF after it), both daemons count the
+# downgrades, the link comes back with backoff, and new connections
+# accelerate again.
+cut_link() { # cut_link SECONDS: RST every fabric packet (port 7300) on both hosts
+  local h ns
+  for h in hostA hostB; do
+    ns=${VSOCKET_TESTBED2_NS_PREFIX:-vs2}$h
+    ip netns exec "$ns" nft -f - <<'NFT'
+table inet vsocket_fault {
+  chain in { type filter hook input priority 0; tcp dport 7300 reject with tcp reset; tcp sport 7300 reject with tcp reset; }
+}
+NFT
+  done
+  sleep "$1"
+  for h in hostA hostB; do
+    ip netns exec "${VSOCKET_TESTBED2_NS_PREFIX:-vs2}$h" nft delete table inet vsocket_fault
+  done
+}
+
+case_link_loss() {
+  local name=cross_link_loss_resync rep=$WORK/linkloss.jsonl port=7106 conns=8 bytes=134217728
+  local a0 b0 da0 db0 a i
+  a0=$(counter hostA fabric_bytes_out)
+  da0=$(counter hostA fabric_downgrades)
+  db0=$(counter hostB fabric_downgrades)
+  vm_bg vmB1 preload "$rep" "$WORK/linkloss.srv" "$XFER" server "$B1" "$port" --conns $conns
+  local srv=$BG
+  sleep 0.2
+  vm_bg vmA1 preload "$rep" "$WORK/linkloss.cli" "$XFER" client "$B1" "$port" --conns $conns --bytes $bytes
+  local cli=$BG
+  # Cut once the fabric carries the transfer (bounded: 10 s).
+  for i in $(seq 200); do
+    a=$(counter hostA fabric_bytes_out)
+    [ $((a - a0)) -gt 16777216 ] && break
+    sleep 0.05
+  done
+  local moved=$((a - a0))
+  cut_link 1
+  local crc=0 src=0
+  wait "$cli" || crc=$?
+  wait "$srv" || src=$?
+  if [ $crc -ne 0 ] || [ $src -ne 0 ]; then
+    fail $name "client rc $crc: $(tail -2 "$WORK/linkloss.cli" | tr '\n' ' ') server rc $src: $(tail -2 "$WORK/linkloss.srv" | tr '\n' ' ')"
+    return
+  fi
+  local da db out
+  da=$(($(counter hostA fabric_downgrades) - da0))
+  db=$(($(counter hostB fabric_downgrades) - db0))
+  if ! out=$(python3 - "$rep" $((2 * conns)) <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+want = int(sys.argv[2])
+if len(rows) != want:
+    print(f"{len(rows)} connection reports, want {want}")
+    sys.exit(1)
+bad = [r for r in rows if not (r["upgraded"] or r["resynced"])]
+if bad:
+    print(f"{len(bad)} connection ends never upgraded: {bad[0]}")
+    sys.exit(1)
+res = [r for r in rows if r["resynced"]]
+if not res:
+    print("no connection end went through RESYNC")
+    sys.exit(1)
+accel = sum(r["accel_rx"] for r in rows)
+kern = sum(r["kernel_rx"] for r in rows)
+print(f"{len(res)}/{len(rows)} connection ends resynced; {accel} B received accelerated, {kern} B on kernel TCP")
+PY
+  ); then
+    fail $name "$out"
+    return
+  fi
+  if [ "$da" -lt 1 ] || [ "$db" -lt 1 ]; then
+    fail $name "fabric_downgrades +$da on hostA, +$db on hostB"
+    return
+  fi
+  # The link comes back (backoff from 0.2 s) and new connections accelerate.
+  for i in $(seq 150); do
+    bash $TB ctl hostA links 2>/dev/null | grep -q " up " && break
+    sleep 0.1
+  done
+  fabric_xfer after_link_loss vmA1 vmB1 "$B1" 4 1048576 7107 ||
+    { fail $name "no acceleration after the link came back: $XFER_MSG"; return; }
+  pass "$name (link cut after $moved B on the fabric: $conns conns x $bytes B each way all byte-exact; $out; downgrades hostA +$da hostB +$db; relinked, new connections accelerated)"
+}
+case_link_loss
+
+# Long-lived request/response connections across a link cut: each goes
+# back to kernel TCP (RESYNC), registers again, and re-upgrades once the
+# link is back; the fabric carries the rounds after the cut.
+case_link_loss_reupgrade() {
+  local name=cross_link_loss_reupgrade rep=$WORK/reup.jsonl port=7108 conns=4 bytes=67108864
+  local u0 u1 a1 a2 a3
+  u0=$(counter hostA remote_upgrades)
+  vm_bg vmB1 preload "$rep" "$WORK/reup.srv" "$XFER" server "$B1" "$port" --conns $conns --rounds 400
+  local srv=$BG
+  sleep 0.2
+  vm_bg vmA1 preload "$rep" "$WORK/reup.cli" "$XFER" client "$B1" "$port" --conns $conns --bytes $bytes \
+    --rounds 400 --gap-ms 5
+  local cli=$BG
+  sleep 0.6
+  a1=$(counter hostA fabric_bytes_out)
+  cut_link 1
+  a2=$(counter hostA fabric_bytes_out)
+  local crc=0 src=0
+  wait "$cli" || crc=$?
+  wait "$srv" || src=$?
+  a3=$(counter hostA fabric_bytes_out)
+  u1=$(($(counter hostA remote_upgrades) - u0))
+  if [ $crc -ne 0 ] || [ $src -ne 0 ]; then
+    fail $name "client rc $crc: $(tail -2 "$WORK/reup.cli" | tr '\n' ' ') server rc $src: $(tail -2 "$WORK/reup.srv" | tr '\n' ' ')"
+    return
+  fi
+  local out
+  if ! out=$(python3 - "$rep" $((2 * conns)) <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+want = int(sys.argv[2])
+if len(rows) != want:
+    print(f"{len(rows)} connection reports, want {want}")
+    sys.exit(1)
+bad = [r for r in rows if not (r["resynced"] and r["reupgrades"] >= 1 and r["mode"] == "accelerated")]
+if bad:
+    print(f"{len(bad)} connection ends did not resync and re-upgrade: {bad[0]}")
+    sys.exit(1)
+print(f"{len(rows)}/{len(rows)} connection ends resynced and re-upgraded")
+PY
+  ); then
+    fail $name "$out"
+    return
+  fi
+  # Initial upgrades plus re-upgrades on hostA, and the rounds after the
+  # cut went over the fabric again.
+  if [ "$u1" -lt $((2 * conns)) ] || [ $((a3 - a2)) -lt $((bytes / 4)) ]; then
+    fail $name "remote_upgrades +$u1 (want >= $((2 * conns))), fabric bytes after the cut $((a3 - a2))"
+    return
+  fi
+  pass "$name ($conns conns x 400 byte-checked rounds; $out; remote_upgrades +$u1; fabric A->B $a1 B total before the cut, $((a3 - a2)) B after)"
+}
+case_link_loss_reupgrade
 
 case_peer_restart() {
   local name=peer_backend_restart_relinks c0

@@ -13,6 +13,10 @@
 // the server must still receive every byte, then EOF.
 // --fork: the server accepts, then forks a child per connection that serves
 // it, and closes its own copy (as PostgreSQL and Apache do).
+// --rounds R [--gap-ms G] (both sides): request/response instead of one
+// stream each way: R rounds of length/R bytes from the client, each
+// answered by as many from the server, G ms apart, so a connection lives
+// long enough to see its path change (link loss, RESYNC, re-upgrade).
 // Exit status 0 only if every connection verified.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -102,6 +106,44 @@ bool RecvStream(int fd, uint64_t seed, uint64_t len, std::mt19937& rng, const ch
   return true;
 }
 
+// Exactly n bytes of stream `seed` from offset off, checked.
+bool RecvRange(int fd, uint64_t seed, uint64_t off, uint64_t n, const char* who) {
+  std::vector<uint8_t> buf(64 * 1024);
+  for (uint64_t done = 0; done < n;) {
+    ssize_t r = read(fd, buf.data(), std::min<uint64_t>(n - done, buf.size()));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      std::fprintf(stderr, "xfer %s: %s at byte %llu\n", who, r == 0 ? "early EOF" : std::strerror(errno),
+                   (unsigned long long)(off + done));
+      return false;
+    }
+    for (ssize_t i = 0; i < r; ++i) {
+      if (buf[i] != StreamByte(seed, off + done + i)) {
+        std::fprintf(stderr, "xfer %s: byte %llu corrupted\n", who, (unsigned long long)(off + done + i));
+        return false;
+      }
+    }
+    done += static_cast<uint64_t>(r);
+  }
+  return true;
+}
+
+bool SendRange(int fd, uint64_t seed, uint64_t off, uint64_t n) {
+  std::vector<uint8_t> buf(n);
+  for (uint64_t i = 0; i < n; ++i) buf[i] = StreamByte(seed, off + i);
+  return WriteAll(fd, buf.data(), n);
+}
+
+bool ExpectEof(int fd, const char* who) {
+  uint8_t extra;
+  ssize_t r;
+  do {
+    r = read(fd, &extra, 1);
+  } while (r < 0 && errno == EINTR);
+  if (r != 0) std::fprintf(stderr, "xfer %s: expected EOF, got %zd\n", who, r);
+  return r == 0;
+}
+
 sockaddr_in Addr(const char* ip, int port) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -125,6 +167,8 @@ int main(int argc, char** argv) {
   int conns = 1;
   uint64_t bytes = 1 << 20;
   bool one_way = false, crash = false, fork_server = false;
+  uint64_t rounds = 0;
+  int gap_ms = 0;
   for (int i = 4; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--conns" && i + 1 < argc) conns = std::atoi(argv[++i]);
@@ -132,6 +176,8 @@ int main(int argc, char** argv) {
     else if (a == "--one-way") one_way = true;
     else if (a == "--crash") crash = true;
     else if (a == "--fork") fork_server = true;
+    else if (a == "--rounds" && i + 1 < argc) rounds = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--gap-ms" && i + 1 < argc) gap_ms = std::atoi(argv[++i]);
   }
   signal(SIGPIPE, SIG_IGN);
   std::atomic<int> ok{0};
@@ -168,7 +214,21 @@ int main(int argc, char** argv) {
         uint64_t len, seed;
         std::memcpy(&len, hdr, 8);
         std::memcpy(&seed, hdr + 8, 8);
-        bool good = RecvStream(c, seed, len, rng, "server");
+        bool good;
+        if (rounds > 0) {
+          uint64_t chunk = len / rounds;
+          good = true;
+          for (uint64_t r = 0; good && r < rounds; ++r)
+            good = RecvRange(c, seed, r * chunk, chunk, "server") && SendRange(c, seed ^ 1, r * chunk, chunk);
+          good = good && ExpectEof(c, "server") && shutdown(c, SHUT_WR) == 0;
+          if (good) {
+            ok++;
+            total += chunk * rounds;
+          }
+          close(c);
+          return;
+        }
+        good = RecvStream(c, seed, len, rng, "server");
         if (good && !one_way) good = SendStream(c, seed ^ 1, len, rng) && shutdown(c, SHUT_WR) == 0;
         if (good) {
           ok++;
@@ -229,6 +289,21 @@ int main(int argc, char** argv) {
       uint8_t hdr[16];
       std::memcpy(hdr, &bytes, 8);
       std::memcpy(hdr + 8, &seed, 8);
+      if (rounds > 0) {
+        uint64_t chunk = bytes / rounds;
+        bool good = WriteAll(s, hdr, 16);
+        for (uint64_t r = 0; good && r < rounds; ++r) {
+          good = SendRange(s, seed, r * chunk, chunk) && RecvRange(s, seed ^ 1, r * chunk, chunk, "client");
+          if (gap_ms > 0) usleep(static_cast<useconds_t>(gap_ms) * 1000);
+        }
+        good = good && shutdown(s, SHUT_WR) == 0 && ExpectEof(s, "client");
+        if (good) {
+          ok++;
+          total += chunk * rounds;
+        }
+        close(s);
+        return;
+      }
       bool good = WriteAll(s, hdr, 16) && SendStream(s, seed, bytes, rng);
       if (crash) {
         kill(getpid(), SIGKILL);  // no close, no shutdown: as if the process died
