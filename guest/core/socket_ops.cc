@@ -374,7 +374,12 @@ void Forget(int fd) {
   if (c && c->fd_refs.fetch_sub(1) == 1) Teardown(fd, c);
 }
 
+namespace {
+void ForgetWriterAfterFork();
+}  // namespace
+
 void AfterForkInChild() {
+  ForgetWriterAfterFork();
   Session::ForgetAfterFork();
   EpollAfterForkInChild();
   new (&g_fd_mu) std::mutex();
@@ -574,9 +579,21 @@ struct ResyncWriter {
   bool started = false;
 };
 
+// Never destroyed (the thread outlives exit handlers); replaced in a forked
+// child, which has no writer thread (and maybe a mutex locked at the fork).
+std::atomic<ResyncWriter*> g_writer{nullptr};
+
 ResyncWriter& Writer() {
-  static auto* w = new ResyncWriter;  // never destroyed: the thread outlives exit handlers
+  ResyncWriter* w = g_writer.load(std::memory_order_acquire);
+  if (w != nullptr) return *w;
+  auto* fresh = new ResyncWriter;
+  if (g_writer.compare_exchange_strong(w, fresh)) return *fresh;
+  delete fresh;
   return *w;
+}
+
+void ForgetWriterAfterFork() {
+  if (g_writer.load() != nullptr) g_writer.store(new ResyncWriter);
 }
 
 void WriterLoop() {
