@@ -19,7 +19,10 @@
 # Environment: VSOCKETD, VSOCKETCTL (binaries), VSOCKET_LOG_LEVEL,
 # VSOCKET_TESTBED2_DIR (state, default /run/vsocket-testbed2), VSOCKETD_ARGS,
 # VSOCKET_TESTBED2_NS_PREFIX (namespace names, default vs2: a second bed
-# with another prefix and state directory can run alongside).
+# with another prefix and state directory can run alongside),
+# VSOCKET_TESTBED2_FABRIC (tcp, the default, or rdma), and for rdma
+# VSOCKET_TESTBED2_RDMA_DEVICE (default: the first device) and
+# VSOCKET_TESTBED2_RDMA_GID_INDEX_HOSTA / _HOSTB (default: automatic).
 set -euo pipefail
 set +m
 
@@ -40,6 +43,8 @@ say() { echo "testbed2: $*" >&2; }
 NS_PREFIX=${VSOCKET_TESTBED2_NS_PREFIX:-vs2}
 [[ $NS_PREFIX =~ ^[a-z][a-z0-9]{0,5}$ ]] || die "VSOCKET_TESTBED2_NS_PREFIX must be 1-6 of [a-z0-9]"
 ns_of() { echo "$NS_PREFIX$1"; } # vs2hostA, vs2vmA1, ...
+FABRIC=${VSOCKET_TESTBED2_FABRIC:-tcp}
+case $FABRIC in tcp | rdma) ;; *) die "VSOCKET_TESTBED2_FABRIC must be tcp or rdma" ;; esac
 underlay_of() { case $1 in hostA) echo 203.0.113.1 ;; hostB) echo 203.0.113.2 ;; esac; }
 bridge_addr_of() { case $1 in hostA) echo 198.51.100.1 ;; hostB) echo 198.51.100.17 ;; esac; }
 subnet_of() { case $1 in hostA) echo 198.51.100.0/28 ;; hostB) echo 198.51.100.16/28 ;; esac; }
@@ -109,6 +114,12 @@ write_configs() {
       echo "tls_key = $STATE/certs/$h.key"
       echo "tls_ca = $STATE/certs/ca.crt"
       echo "locator = $STATE/locator"
+      if [ "$FABRIC" = rdma ]; then
+        local gid_var="VSOCKET_TESTBED2_RDMA_GID_INDEX_${h^^}"
+        echo "fabric = rdma"
+        [ -z "${VSOCKET_TESTBED2_RDMA_DEVICE:-}" ] || echo "rdma_device = $VSOCKET_TESTBED2_RDMA_DEVICE"
+        [ -z "${!gid_var:-}" ] || echo "rdma_gid_index = ${!gid_var}"
+      fi
       echo
       echo "[peer $(other_of "$h")]"
       echo "address = $(underlay_of "$(other_of "$h")"):$PEER_PORT"
@@ -198,7 +209,11 @@ cmd_up() {
     nsh=$(ns_of "$host")
     ip netns add "$nsv"
     ip -n "$nsv" link set lo up
-    ip link add eth0 netns "$nsv" type veth peer name "p$name" netns "$nsh"
+    # Made under a temporary name, renamed inside the VM's namespace: some
+    # kernels refuse "eth0" while the creating namespace has one (the QEMU guest
+    # of tests/rdma/cross_host_in_qemu.sh).
+    ip link add "t$name" netns "$nsv" type veth peer name "p$name" netns "$nsh"
+    ip -n "$nsv" link set "t$name" name eth0
     ip -n "$nsh" link set "p$name" master br0 up
     ip -n "$nsv" addr add "$addr/28" dev eth0
     ip -n "$nsv" link set eth0 up
@@ -207,7 +222,7 @@ cmd_up() {
   write_configs
   for h in $HOSTS; do start_daemon "$h"; done
   wait_links_up
-  say "up: hostA (vmA1 vmA2) <-> hostB (vmB1 vmB2), fabric link up; state in $STATE"
+  say "up: hostA (vmA1 vmA2) <-> hostB (vmB1 vmB2), $FABRIC fabric link up; state in $STATE"
 }
 
 cmd_status() {
@@ -245,7 +260,7 @@ main() {
     daemon-pid) need_host "${1:-}"; daemon_pid "$1" ;;
     restart) need_host "${1:-}"; stop_daemon "$1"; start_daemon "$1"; wait_links_up ;;
     kill) need_host "${1:-}"; stop_daemon "$1" KILL ;;
-    *) sed -n '2,22p' "$SELF" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    *) sed -n '2,25p' "$SELF" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
   esac
 }
 

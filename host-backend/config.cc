@@ -74,10 +74,17 @@ Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& 
   } else if (key == "fabric") {
     if (value != "tcp" && value != "rdma") return Bad(where, "fabric must be tcp or rdma");
     c->fabric = value;
+  } else if (key == "rdma_device") {
+    c->rdma_device = value;
+  } else if (key == "rdma_gid_index") {
+    auto n = ParseInt(value, -1, 255, where);
+    if (!n.ok()) return n.status();
+    c->rdma_gid_index = *n;
   } else {
     return Bad(where, "unknown key '" + key +
                           "' (daemon keys: ctl_socket, poll_us, eal_mem_mb, log_level, metrics_addr, metrics_port, "
-                          "host_name, peer_listen, tls_cert, tls_key, tls_ca, locator, fabric)");
+                          "host_name, peer_listen, tls_cert, tls_key, tls_ca, locator, fabric, rdma_device, "
+                          "rdma_gid_index)");
   }
   return Status::Ok();
 }
@@ -231,7 +238,8 @@ Status ApplyEnv(char** env, DaemonConfig* config) {
                  {"VSOCKET_HOST_NAME", "host_name"},       {"VSOCKET_PEER_LISTEN", "peer_listen"},
                  {"VSOCKET_TLS_CERT", "tls_cert"},         {"VSOCKET_TLS_KEY", "tls_key"},
                  {"VSOCKET_TLS_CA", "tls_ca"},             {"VSOCKET_LOCATOR", "locator"},
-                 {"VSOCKET_FABRIC", "fabric"}};
+                 {"VSOCKET_FABRIC", "fabric"},             {"VSOCKET_RDMA_DEVICE", "rdma_device"},
+                 {"VSOCKET_RDMA_GID_INDEX", "rdma_gid_index"}};
   for (char** e = env; e && *e; ++e) {
     std::string kv = *e;
     size_t eq = kv.find('=');

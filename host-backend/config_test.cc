@@ -122,3 +122,32 @@ TEST(PeerConfig, PeersNeedTheWholeMultiHostSetup) {
 
 }  // namespace
 }  // namespace vsocket::backend
+
+namespace vsocket::backend {
+namespace {
+
+TEST(PeerConfig, RdmaFabricKeysAndEnvironment) {
+  auto c = ParseConfig("fabric = rdma\nrdma_device = mlx5_0\nrdma_gid_index = 3\n", "f");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->fabric, "rdma");
+  EXPECT_EQ(c->rdma_device, "mlx5_0");
+  EXPECT_EQ(c->rdma_gid_index, 3);
+  auto d = ParseConfig("", "f");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->fabric, "tcp");
+  EXPECT_EQ(d->rdma_gid_index, -1);  // automatic: the IPv4-mapped RoCEv2 GID
+  EXPECT_NE(ParseConfig("rdma_gid_index = 256\n", "f").status().message().find("f:1:"), std::string::npos);
+
+  char e1[] = "VSOCKET_FABRIC=rdma", e2[] = "VSOCKET_RDMA_DEVICE=rxe0", e3[] = "VSOCKET_RDMA_GID_INDEX=1";
+  char* env[] = {e1, e2, e3, nullptr};
+  ASSERT_TRUE(ApplyEnv(env, &*d).ok());
+  EXPECT_EQ(d->fabric, "rdma");
+  EXPECT_EQ(d->rdma_device, "rxe0");
+  EXPECT_EQ(d->rdma_gid_index, 1);
+  char bad[] = "VSOCKET_RDMA_GID_INDEX=x";
+  char* env2[] = {bad, nullptr};
+  EXPECT_NE(ApplyEnv(env2, &*d).message().find("VSOCKET_RDMA_GID_INDEX"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace vsocket::backend

@@ -67,6 +67,8 @@ enum LinkOwedBit : uint32_t {
   kOweRelease = 1u << 5,  // last: the connection is forgotten after it
   kOweData = 1u << 6,     // not a frame: data waits for room on the link
   kOweFenceAck = 1u << 8, // the peer's FENCE reached our guest's event queue
+  kOwePlacement = 1u << 9,     // rdma: our RX ring's registration changed (value/aux = addr/rkey)
+  kOwePlacementAck = 1u << 10, // rdma: we applied the peer's PLACEMENTs
 };
 
 // The peer of a connection whose other end runs on another host.
@@ -85,8 +87,9 @@ struct RemotePeer {
   uint64_t credit = 0;     // bytes the peer guest consumed: we may send up to credit + window
   bool gone = false;       // the peer guest reads no more
   bool fence_acked = false;  // the peer backend has our FENCE (RESYNC is safe)
-  uint64_t rdma_addr = 0;  // rdma fabric: the peer RX ring
+  uint64_t rdma_addr = 0;  // rdma fabric: the peer RX ring (0: its staging ring)
   uint32_t rdma_rkey = 0;
+  uint64_t placements_seen = 0;  // PLACEMENT frames applied (acknowledged with their count)
   bool paired() const { return stage == Stage::kPaired; }
 };
 
@@ -129,6 +132,16 @@ struct BackendConn {
   uint32_t link_owed = 0;
   bool in_owed_list = false;
   std::vector<uint8_t> rx_stash;  // arrived while the device was paused: lands on re-attach
+
+  // rdma fabric: our RX ring registered on its own (a memory region only
+  // this connection's peer host knows the rkey of). rx_mr == nullptr: not
+  // registered, the peer writes into the link's staging ring.
+  void* rx_mr = nullptr;
+  uint32_t rx_rkey = 0;
+  // Registrations the peer may still write into: kept until it acknowledges
+  // the PLACEMENT that withdrew them (tag = that frame's number).
+  std::vector<std::pair<uint64_t, void*>> rx_mr_retired;
+  uint64_t placements_sent = 0;
 
   // Read by the control socket thread.
   std::atomic<uint64_t> accel_bytes_out{0};

@@ -340,6 +340,7 @@ void ConnManager::Orphan(BackendConn& c) {
   }
   switch (c.remote.stage) {
     case RemotePeer::Stage::kPaired:
+      RetireRx(c);  // the guest may reuse the ring's memory after Unregister
       Owe(c, kOweGone);
       MarkMovable(c);
       MaybeAnnounceShutdown(c);
@@ -353,6 +354,9 @@ void ConnManager::Orphan(BackendConn& c) {
       if (c.remote.stage == RemotePeer::Stage::kAccepted) h.handle = c.remote.handle;
       h.value = c.handle;
       if (hosts_) hosts_->SendPairing(c.remote.host, h, {});
+      // A requester never sent a frame: its peer cannot write yet. An
+      // acceptor's peer may: its registration lives until the conn is gone.
+      if (c.remote.stage == RemotePeer::Stage::kRequested) DropRx(c);
       c.remote.stage = RemotePeer::Stage::kNone;
       break;
     }
@@ -371,6 +375,9 @@ void ConnManager::MaybeDestroy(BackendConn* c) {
   if (c->remote.paired()) {
     if (!c->remote.gone && c->orphan_off < c->orphan.size()) return;
     if (!c->shut_announced && !c->remote.gone) return;
+    // The peer may still be writing into a withdrawn registration of our RX
+    // ring: its PLACEMENT_ACK says it no longer does (a link loss detaches).
+    if (!c->rx_mr_retired.empty()) return;
     Owe(*c, kOweRelease);  // the peer backend forgets it too; we follow once sent
     return;
   }
@@ -383,6 +390,7 @@ void ConnManager::MaybeDestroy(BackendConn* c) {
     if (DeviceConns* dc = Find(*c->device))
       dc->events.erase(std::remove(dc->events.begin(), dc->events.end(), c), dc->events.end());
   }
+  DropRx(*c);
   std::lock_guard<std::mutex> lock(snapshot_mu_);
   conns_.erase(c->handle);
 }
@@ -568,6 +576,14 @@ void ConnManager::OnAttach(vhost::BackendDevice& device) {
       c->rx_stash.clear();
       c->rx_stash.shrink_to_fit();
       Raise(*c, kEvRxTail);
+    } else if (c->remote.paired()) {
+      Raise(*c, kEvRxTail);  // bytes placed one-sided while paused are in the ring already
+    }
+    if (c->remote.paired() && !c->remote.gone && c->rx_mr == nullptr) {
+      uint64_t addr;
+      uint32_t rkey;
+      RegisterRx(*c, &addr, &rkey);
+      if (addr != 0) Owe(*c, kOwePlacement);
     }
     MarkMovable(*c);
     if (c->peer) MarkMovable(*c->peer);
@@ -579,7 +595,11 @@ void ConnManager::OnDetach(vhost::BackendDevice& device) {
   if (dc == nullptr) return;
   if (!device.stopping()) {
     // Paused for reconfiguration: stop touching its memory, keep the state.
-    for (auto& [id, c] : dc->by_id) c->tx.host = c->rx.host = nullptr;
+    // Peer hosts stop writing into it: their rkeys are withdrawn.
+    for (auto& [id, c] : dc->by_id) {
+      c->tx.host = c->rx.host = nullptr;
+      RetireRx(*c);
+    }
     return;
   }
   // The guest process is gone: its connections close as if it exited.
@@ -637,11 +657,13 @@ FrameHeader Frame(FrameType t, uint32_t tenant, uint64_t handle, uint64_t value,
 }
 
 // The connection as this side sees it, for PAIR_REQUEST and PAIR_ACCEPT.
-std::array<uint8_t, proto::kPairInfoSize> PairPayload(const BackendConn& c) {
+std::array<uint8_t, proto::kPairInfoSize> PairPayload(const BackendConn& c, uint64_t rx_addr, uint32_t rx_rkey) {
   proto::PairInfo info;
   info.local = c.key.local;
   info.peer = c.key.peer;
   info.role = c.role;
+  info.rx_addr = rx_addr;
+  info.rx_rkey = rx_rkey;
   std::array<uint8_t, proto::kPairInfoSize> payload;
   proto::EncodePairInfo(info, payload.data());
   return payload;
@@ -657,10 +679,18 @@ class ConnManager::Sink : public fabric::FrameSink {
   fabric::PayloadDest OnHeader(const FrameHeader& h) override {
     fabric::PayloadDest d = m_->OnLinkData(host_, h);
     data_ok_ = d.n > 0;
+    header_seen_ = true;
     return d;
   }
   void OnFrame(const FrameHeader& h, std::span<const uint8_t>) override {
-    if (h.type == FrameType::kData && !data_ok_) return;
+    bool via_header = header_seen_;
+    header_seen_ = false;
+    if (h.type == FrameType::kData) {
+      // No OnHeader: the rdma link wrote the payload one-sided into our RX
+      // ring (its rkey was ours to give); still checked like any DATA.
+      if (!via_header) return m_->OnPlacedData(host_, h);
+      if (!data_ok_) return;
+    }
     m_->OnLinkFrame(host_, h);
   }
 
@@ -668,6 +698,7 @@ class ConnManager::Sink : public fabric::FrameSink {
   ConnManager* m_;
   uint32_t host_;
   bool data_ok_ = false;
+  bool header_seen_ = false;  // OnHeader was called for the frame now arriving
 };
 
 ConnManager::ConnManager() = default;
@@ -687,20 +718,33 @@ const vhost::PortConfig* ConnManager::LocalPortFor(uint32_t tenant, const proto:
 }
 
 void ConnManager::RequestRemotePair(BackendConn& c, uint32_t host) {
-  std::array<uint8_t, proto::kPairInfoSize> payload = PairPayload(c);
+  uint64_t rx_addr;
+  uint32_t rx_rkey;
+  RegisterRx(c, &rx_addr, &rx_rkey);
+  std::array<uint8_t, proto::kPairInfoSize> payload = PairPayload(c, rx_addr, rx_rkey);
   FrameHeader h = Frame(FrameType::kPairRequest, c.key.tenant, 0, c.handle, c.rx.size);
   h.len = proto::kPairInfoSize;
-  if (!hosts_->SendPairing(host, h, payload)) return;  // stays on kernel TCP
+  if (!hosts_->SendPairing(host, h, payload)) {
+    DropRx(c);
+    return;  // stays on kernel TCP
+  }
   c.remote.stage = RemotePeer::Stage::kRequested;
   c.remote.host = host;
   counters_.pair_requests_sent.fetch_add(1, std::memory_order_relaxed);
 }
 
 void ConnManager::AcceptRemote(BackendConn& c, const PendingRemote& r) {
-  std::array<uint8_t, proto::kPairInfoSize> payload = PairPayload(c);
+  if (!hosts_) return;
+  uint64_t rx_addr;
+  uint32_t rx_rkey;
+  RegisterRx(c, &rx_addr, &rx_rkey);
+  std::array<uint8_t, proto::kPairInfoSize> payload = PairPayload(c, rx_addr, rx_rkey);
   FrameHeader h = Frame(FrameType::kPairAccept, c.key.tenant, r.handle, c.handle, c.rx.size);
   h.len = proto::kPairInfoSize;
-  if (!hosts_ || !hosts_->SendPairing(r.host, h, payload)) return;
+  if (!hosts_->SendPairing(r.host, h, payload)) {
+    DropRx(c);
+    return;
+  }
   // Our guest upgrades when the peer's first frame (its FENCE) arrives on
   // the link: then the peer surely knows our handle.
   c.remote = RemotePeer{};
@@ -802,6 +846,7 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
       BackendConn* c = conn(h.handle);
       if (c == nullptr || c->remote.stage != RemotePeer::Stage::kRequested || c->remote.host != host) return;
       c->remote.stage = RemotePeer::Stage::kNone;
+      DropRx(*c);
       {
         std::lock_guard<std::mutex> lock(snapshot_mu_);
         c->reason = static_cast<Reason>(h.aux);
@@ -893,6 +938,78 @@ fabric::PayloadDest ConnManager::OnLinkData(uint32_t host, const FrameHeader& h)
   return d;
 }
 
+void ConnManager::OnPlacedData(uint32_t host, const FrameHeader& h) {
+  BackendConn* c = FrameTarget(host, h);
+  if (c == nullptr || c->gone) return;  // landed in a ring nobody reads any more
+  uint64_t space = c->rx.size - (c->rx_tail - c->rx_consumed);
+  // One-sided writes are only possible into a registration we handed out;
+  // the stream position and the window are checked as for a staged DATA.
+  bool registered = c->rx_mr != nullptr || !c->rx_mr_retired.empty();
+  if (!c->remote.paired() || !registered || h.value != c->rx_tail || h.len > space) {
+    counters_.fabric_violations.fetch_add(1, std::memory_order_relaxed);
+    VS_LOG(kWarn, "peer host %u: placed DATA for conn %lu at %lu+%u, expected %lu with %lu free%s: connection reset",
+           host, static_cast<unsigned long>(c->handle), static_cast<unsigned long>(h.value), h.len,
+           static_cast<unsigned long>(c->rx_tail), static_cast<unsigned long>(space),
+           registered ? "" : " (no registration)");
+    Violation(*c, "peer host placed data outside the credit window");
+    Owe(*c, kOweAbort);
+    return;
+  }
+  counters_.fabric_bytes_placed.fetch_add(h.len, std::memory_order_relaxed);
+  OnLinkFrame(host, h);
+}
+
+void ConnManager::RegisterRx(BackendConn& c, uint64_t* addr, uint32_t* rkey) {
+  *addr = 0;
+  *rkey = 0;
+  if (hosts_ == nullptr || c.rx.host == nullptr || c.gone) return;
+  if (c.rx_mr == nullptr) {
+    uint32_t k = 0;
+    Status st = hosts_->RegisterRemoteWritable(c.rx.host, c.rx.size, &k);
+    if (!st.ok()) {
+      // Another fabric, or (rarely) a ring the guest placed where another
+      // registration starts: the link's staging ring carries its bytes.
+      if (st.code() != Code::kFailedPrecondition)
+        VS_LOG(kWarn, "conn %lu: RX ring not registered (%s): staged instead", static_cast<unsigned long>(c.handle),
+               st.message().c_str());
+      return;
+    }
+    c.rx_mr = c.rx.host;
+    c.rx_rkey = k;
+    counters_.rdma_rx_regions.fetch_add(1, std::memory_order_relaxed);
+  }
+  *addr = reinterpret_cast<uint64_t>(c.rx_mr);
+  *rkey = c.rx_rkey;
+}
+
+void ConnManager::RetireRx(BackendConn& c) {
+  if (c.rx_mr == nullptr) return;
+  if (!c.remote.paired() || c.remote.gone || hosts_ == nullptr || hosts_->LinkTo(c.remote.host) == nullptr) {
+    // Not paired yet (the peer may hold the rkey from PAIR_ACCEPT): kept to
+    // the end; or the peer writes no more: dropped now.
+    if (c.remote.stage != RemotePeer::Stage::kAccepted) {
+      hosts_->UnregisterRemoteWritable(c.rx_mr);
+      c.rx_mr = nullptr;
+    }
+    return;
+  }
+  // The PLACEMENT that withdraws it is the next one sent (owed frames are
+  // coalesced: it carries whatever the registration is by then).
+  c.rx_mr_retired.emplace_back(c.placements_sent + 1, c.rx_mr);
+  c.rx_mr = nullptr;
+  c.rx_rkey = 0;
+  Owe(c, kOwePlacement);
+}
+
+void ConnManager::DropRx(BackendConn& c) {
+  if (hosts_ == nullptr) return;
+  if (c.rx_mr != nullptr) hosts_->UnregisterRemoteWritable(c.rx_mr);
+  for (const auto& [tag, addr] : c.rx_mr_retired) hosts_->UnregisterRemoteWritable(addr);
+  c.rx_mr = nullptr;
+  c.rx_rkey = 0;
+  c.rx_mr_retired.clear();
+}
+
 void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
   BackendConn* c = FrameTarget(host, h);
   if (c == nullptr) return;
@@ -953,6 +1070,27 @@ void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
     }
     case FrameType::kPairConfirm:
       break;  // the upgrade above was all it asked for
+    case FrameType::kPlacement:
+      // Only where our DATA lands in the peer's memory; its rkey guards it.
+      c->remote.rdma_addr = h.value;
+      c->remote.rdma_rkey = h.aux;
+      ++c->remote.placements_seen;
+      Owe(*c, kOwePlacementAck);
+      break;
+    case FrameType::kPlacementAck: {
+      // Every DATA placed under a withdrawn rkey has landed: drop those.
+      auto& r = c->rx_mr_retired;
+      for (auto it = r.begin(); it != r.end();) {
+        if (it->first <= h.value) {
+          if (hosts_) hosts_->UnregisterRemoteWritable(it->second);
+          it = r.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      MaybeDestroy(c);
+      break;
+    }
     case FrameType::kRelease:
       c->remote.stage = RemotePeer::Stage::kDetached;
       c->link_owed &= ~kOweData;
@@ -981,16 +1119,22 @@ bool ConnManager::SendOwed(BackendConn& c) {
     return true;
   }
   static const std::pair<uint32_t, FrameType> kOrder[] = {
-      {kOweConfirm, FrameType::kPairConfirm}, {kOweFence, FrameType::kFence}, {kOweFenceAck, FrameType::kFenceAck},
+      {kOweConfirm, FrameType::kPairConfirm}, {kOwePlacement, FrameType::kPlacement},
+      {kOwePlacementAck, FrameType::kPlacementAck},
+      {kOweFence, FrameType::kFence}, {kOweFenceAck, FrameType::kFenceAck},
       {kOweCredit, FrameType::kCredit}, {kOweShutWr, FrameType::kShutWr},
       {kOweGone, FrameType::kGone},   {kOweAbort, FrameType::kAbort},   {kOweRelease, FrameType::kRelease}};
   for (const auto& [bit, type] : kOrder) {
     if (!(c.link_owed & bit)) continue;
     uint64_t value = type == FrameType::kFence ? c.fence_bytes
                      : type == FrameType::kCredit ? c.rx_consumed
-                     : type == FrameType::kShutWr ? c.tx_copied : 0;
-    if (!link->Send(Frame(type, c.key.tenant, c.remote.handle, value), {})) return false;
+                     : type == FrameType::kShutWr ? c.tx_copied
+                     : type == FrameType::kPlacement ? reinterpret_cast<uint64_t>(c.rx_mr)
+                     : type == FrameType::kPlacementAck ? c.remote.placements_seen : 0;
+    uint32_t aux = type == FrameType::kPlacement ? c.rx_rkey : 0;
+    if (!link->Send(Frame(type, c.key.tenant, c.remote.handle, value, aux), {})) return false;
     c.link_owed &= ~bit;
+    if (type == FrameType::kPlacement) ++c.placements_sent;
     if (type == FrameType::kRelease) {
       c.remote.stage = RemotePeer::Stage::kDetached;
       c.link_owed = 0;
@@ -1037,6 +1181,15 @@ uint64_t ConnManager::MoveRemote(BackendConn& c) {
     uint64_t in_flight = c.tx_copied - c.remote.credit;
     uint64_t space = c.remote.window > in_flight ? c.remote.window - in_flight : 0;
     uint64_t n = std::min<uint64_t>({avail, space, proto::kMaxDataFrame});
+    // rdma: the payload is written straight to its final place in the
+    // peer's RX ring, which must take it contiguously: a piece that would
+    // wrap goes as two frames.
+    fabric::RemoteBuffer rb;
+    if (c.remote.rdma_addr != 0 && c.remote.window != 0) {
+      uint64_t roff = c.tx_copied & (c.remote.window - 1);
+      n = std::min<uint64_t>(n, c.remote.window - roff);
+      rb = {c.remote.rdma_addr + roff, c.remote.rdma_rkey};
+    }
     if (n == 0) break;
     iovec v[2];
     int nv = 1;
@@ -1050,8 +1203,7 @@ uint64_t ConnManager::MoveRemote(BackendConn& c) {
     }
     FrameHeader h = Frame(FrameType::kData, c.key.tenant, c.remote.handle, c.tx_copied);
     h.len = static_cast<uint32_t>(n);
-    fabric::RemoteBuffer rb{c.remote.rdma_addr, c.remote.rdma_rkey};
-    if (!link->Send(h, {v, static_cast<size_t>(nv)}, &rb)) {
+    if (!link->Send(h, {v, static_cast<size_t>(nv)}, rb.addr != 0 ? &rb : nullptr)) {
       Owe(c, kOweData);  // retried when the link has room
       break;
     }
@@ -1092,6 +1244,7 @@ void ConnManager::DetachRemote(BackendConn& c, Reason why) {
   c.remote.stage = upgraded ? RemotePeer::Stage::kDetached : RemotePeer::Stage::kNone;
   c.remote.gone = true;
   c.link_owed = 0;
+  DropRx(c);
   if (!c.gone) {
     {
       std::lock_guard<std::mutex> lock(snapshot_mu_);

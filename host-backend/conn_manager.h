@@ -44,6 +44,8 @@ struct ConnManagerCounters {
   std::atomic<uint64_t> remote_upgrades{0};
   std::atomic<uint64_t> fabric_bytes_out{0};
   std::atomic<uint64_t> fabric_bytes_in{0};
+  std::atomic<uint64_t> fabric_bytes_placed{0}; // of fabric_bytes_in: written one-sided into the RX ring (rdma)
+  std::atomic<uint64_t> rdma_rx_regions{0};     // guest RX rings registered for peer hosts (total)
   std::atomic<uint64_t> frames_dropped{0};    // unknown handle, wrong tenant or wrong host
   std::atomic<uint64_t> frames_cross_tenant{0};
   std::atomic<uint64_t> fabric_violations{0}; // a frame outside the window: that connection is reset
@@ -63,6 +65,13 @@ class RemoteHosts {
   virtual bool SendPairing(uint32_t host, const proto::FrameHeader& h, std::span<const uint8_t> payload) = 0;
   // The data link to `host`, while it is up.
   virtual fabric::Link* LinkTo(uint32_t host) = 0;
+  // rdma fabric: registers [addr, addr+len) as its own memory region that
+  // peer hosts may write one-sided (returns the rkey), and drops it again.
+  // Other fabrics: kFailedPrecondition (the link then places the bytes).
+  virtual Status RegisterRemoteWritable(void* /*addr*/, size_t /*len*/, uint32_t* /*rkey*/) {
+    return Status(Code::kFailedPrecondition, "fabric has no one-sided writes");
+  }
+  virtual void UnregisterRemoteWritable(void* /*addr*/) {}
 };
 
 // Totals per VM (indexed by PortConfig::index), kept when connections close.
@@ -169,6 +178,16 @@ class ConnManager {
   BackendConn* FrameTarget(uint32_t host, const proto::FrameHeader& h);
   void OnLinkFrame(uint32_t host, const proto::FrameHeader& h);
   fabric::PayloadDest OnLinkData(uint32_t host, const proto::FrameHeader& h);
+  // DATA the link already placed in c's RX ring (rdma): checked like
+  // OnLinkData, then handled like any frame.
+  void OnPlacedData(uint32_t host, const proto::FrameHeader& h);
+  // rdma: registers c's RX ring for the peer host (0 in *addr: not possible).
+  void RegisterRx(BackendConn& c, uint64_t* addr, uint32_t* rkey);
+  // rdma: withdraws c's RX ring registration; the peer learns it with a
+  // PLACEMENT and the region is dropped once it acknowledged.
+  void RetireRx(BackendConn& c);
+  // Drops every registration of c now (nothing can write any more).
+  void DropRx(BackendConn& c);
   void DetachRemote(BackendConn& c, proto::Reason why);
   const vhost::PortConfig* LocalPortFor(uint32_t tenant, const proto::Endpoint& addr) const;
 

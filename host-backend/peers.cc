@@ -15,6 +15,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "host-backend/fabric/rdma_link.h"
 #include "host-backend/fabric/tcp_fabric.h"
 
 namespace vsocket::backend {
@@ -82,6 +83,23 @@ Peering::~Peering() {
 Status Peering::Start(const DaemonConfig& config) {
   if (config.peers.empty()) return Status::Ok();
   host_name_ = config.host_name;
+  fabric_ = config.fabric;
+  if (fabric_ == "rdma") {
+    // Never a silent fall back to tcp: without the device the daemon stops.
+    fabric::RdmaDevice::Options o;
+    o.name = config.rdma_device;
+    o.gid_index = config.rdma_gid_index;
+    auto dev = fabric::RdmaDevice::Open(o);
+    if (!dev.ok()) {
+      std::string present;
+      for (const std::string& n : fabric::RdmaDevice::List()) present += (present.empty() ? "" : ", ") + n;
+      return Status(Code::kFailedPrecondition,
+                    "fabric = rdma, but RDMA device '" + (o.name.empty() ? std::string("(first)") : o.name) +
+                        "' cannot be used: " + dev.status().message() +
+                        " (devices present: " + (present.empty() ? "none" : present) + ")");
+    }
+    rdma_ = std::move(dev).value();
+  }
   auto ctx = peering::TlsContext::Create({config.tls_cert, config.tls_key, config.tls_ca});
   if (!ctx.ok()) return ctx.status();
   tls_ctx_ = std::move(ctx).value();
@@ -121,8 +139,12 @@ Status Peering::Start(const DaemonConfig& config) {
     hosts_.push_back(std::move(h));
   }
   conns_->SetRemoteHosts(this);
-  VS_LOG(kInfo, "peering: host %s listening on %s, %zu peer host(s), locator with %zu entries", host_name_.c_str(),
-         config.peer_listen.c_str(), hosts_.size(), static_cast<fabric::StaticLocator*>(locator_.get())->size());
+  VS_LOG(kInfo, "peering: host %s listening on %s, %zu peer host(s), locator with %zu entries, %s fabric",
+         host_name_.c_str(), config.peer_listen.c_str(), hosts_.size(),
+         static_cast<fabric::StaticLocator*>(locator_.get())->size(), fabric_.c_str());
+  if (rdma_)
+    VS_LOG(kInfo, "peering: rdma device %s port %u GID index %u", rdma_->name().c_str(), rdma_->port(),
+           rdma_->gid_index());
   ArmTimer();
   return Status::Ok();
 }
@@ -175,6 +197,7 @@ void Peering::StartConnect(Host& h, State next) {
 }
 
 void Peering::OnTlsUp(Host& h) {
+  if (rdma_) return StartRdmaLink(h);
   auto key = h.tls->ExportKey(kLinkKeyLabel);
   if (!key.ok()) return HostDown(h, key.status().message());
   h.link_key = *key;
@@ -203,6 +226,73 @@ void Peering::OnLinkConnected(Host& h) {
     h.link = std::move(link);
   }
   h.state = State::kWaitReady;  // the acceptor confirms on the TLS channel
+}
+
+// rdma fabric: creates this side's QP; the initiator offers its setup at
+// once, the acceptor waits for the initiator's (OnRdmaSetup).
+void Peering::StartRdmaLink(Host& h) {
+  auto link = fabric::RdmaLink::Create(rdma_);
+  if (!link.ok()) return HostDown(h, "rdma link: " + link.status().message());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    h.rdma = link->get();
+    h.link = std::move(link).value();
+  }
+  h.rdma_connected = false;
+  h.deadline_ms = MonotonicMs() + kSetupTimeoutMs;
+  if (!h.initiator) {
+    h.state = State::kWaitLink;
+    // The initiator's setup may have come with the end of the handshake and
+    // already sit in the TLS buffer, where no epoll event announces it.
+    (void)ServiceUp(h);
+    return;
+  }
+  auto info = h.rdma->LocalInfo().Encode();
+  FrameHeader setup;
+  setup.type = FrameType::kRdmaSetup;
+  setup.len = static_cast<uint32_t>(info.size());
+  Status st = h.tls->Send(Message(setup, info));
+  if (!st.ok()) return HostDown(h, "control channel: " + st.message());
+  h.state = State::kWaitReady;
+}
+
+// The peer's RDMA_SETUP (only ever on the TLS channel): connects our QP to
+// its. The acceptor answers with its own setup and LINK_READY and is up;
+// the initiator is up at LINK_READY. False if the host went down.
+bool Peering::OnRdmaSetup(Host& h, std::span<const uint8_t> payload) {
+  bool expected = h.rdma != nullptr && !h.rdma_connected &&
+                  (h.initiator ? h.state == State::kWaitReady : h.state == State::kWaitLink);
+  if (!expected) {
+    HostDown(h, "unexpected RDMA_SETUP on the control channel");
+    return false;
+  }
+  auto info = fabric::RdmaEndpointInfo::Decode(payload);
+  if (!info.ok()) {
+    HostDown(h, "bad RDMA_SETUP: " + info.status().message());
+    return false;
+  }
+  Status st = h.rdma->Connect(*info);
+  if (!st.ok()) {
+    HostDown(h, "rdma link: " + st.message());
+    return false;
+  }
+  h.rdma_connected = true;
+  Watch(h.link->wake_fd(), false);
+  if (h.initiator) return true;
+  auto mine = h.rdma->LocalInfo().Encode();
+  FrameHeader setup;
+  setup.type = FrameType::kRdmaSetup;
+  setup.len = static_cast<uint32_t>(mine.size());
+  FrameHeader ready;
+  ready.type = FrameType::kLinkReady;
+  st = h.tls->Send(Message(setup, mine));
+  if (st.ok()) st = h.tls->Send(Message(ready, {}));
+  if (!st.ok()) {
+    HostDown(h, "control channel: " + st.message());
+    return false;
+  }
+  HostUp(h);
+  return true;
 }
 
 void Peering::HostUp(Host& h) {
@@ -244,6 +334,8 @@ void Peering::HostDown(Host& h, const std::string& why) {
       h.old_busy += s.busy;
       old = std::move(h.link);
     }
+    h.rdma = nullptr;
+    h.rdma_connected = false;
     h.last_error = why;
     h.state = h.initiator ? State::kBackoff : State::kIdle;
   }
@@ -330,7 +422,16 @@ bool Peering::ServiceUp(Host& h) {
     std::span<const uint8_t> payload(m.data() + proto::kFrameHeaderSize, hdr->len);
     switch (hdr->type) {
       case FrameType::kLinkReady:
-        if (h.state == State::kWaitReady) HostUp(h);
+        if (h.state == State::kWaitReady) {
+          if (rdma_ && !h.rdma_connected) {
+            HostDown(h, "LINK_READY before the peer's RDMA_SETUP");
+            return true;
+          }
+          HostUp(h);
+        }
+        break;
+      case FrameType::kRdmaSetup:
+        if (!OnRdmaSetup(h, payload)) return true;
         break;
       case FrameType::kLinkClose:
         HostDown(h, "peer closed the link");
@@ -411,6 +512,7 @@ void Peering::StepIncoming(Incoming& in, bool* done) {
       if (static_cast<size_t>(n) < sizeof(buf)) return;  // more to come
       auto h = proto::DecodeFrameHeader(std::span<const uint8_t, proto::kFrameHeaderSize>(buf, proto::kFrameHeaderSize));
       if (!h.ok() || h->type != FrameType::kLinkHello) return refuse(counters_.refused_link, "neither TLS nor a link hello");
+      if (rdma_) return refuse(counters_.refused_link, "a tcp data link offered, but this host runs the rdma fabric");
       Host* owner = nullptr;
       for (auto& host : hosts_)
         if (host->state == State::kWaitLink &&
@@ -539,11 +641,21 @@ fabric::Link* Peering::LinkTo(uint32_t host) {
   return p.state == State::kUp ? p.link.get() : nullptr;
 }
 
+Status Peering::RegisterRemoteWritable(void* addr, size_t len, uint32_t* rkey) {
+  if (!rdma_) return Status(Code::kFailedPrecondition, "fabric " + fabric_ + " has no one-sided writes");
+  uint32_t lkey;
+  return rdma_->RegisterMemory(addr, len, &lkey, rkey);
+}
+
+void Peering::UnregisterRemoteWritable(void* addr) {
+  if (rdma_) (void)rdma_->UnregisterMemory(addr);
+}
+
 std::vector<PeerSnapshot> Peering::Snapshot() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<PeerSnapshot> out;
   for (const auto& h : hosts_) {
-    PeerSnapshot s{h->name, h->address, ToString(h->state), h->initiator, h->connects.load(), h->losses.load(),
+    PeerSnapshot s{h->name, h->address, fabric_, ToString(h->state), h->initiator, h->connects.load(), h->losses.load(),
                    0, h->last_error, h->old_frames_out, h->old_frames_in, h->old_bytes_out, h->old_bytes_in,
                    h->old_writes, h->old_reads, h->old_busy};
     if (h->link) {

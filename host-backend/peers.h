@@ -8,6 +8,15 @@
 // first connects; the other accepts. Lost links are re-established with
 // exponential backoff. Runs on the worker thread, non-blocking throughout;
 // the worker sleeps on this object's epoll fd.
+//
+// fabric = rdma: the data link is an RdmaLink (one RC QP per peer host)
+// instead of a TCP connection. Its setup (QPN, GID, PSN, staging ring
+// address and rkey) travels only on the authenticated TLS channel, as
+// RDMA_SETUP: the initiator sends its own, the acceptor connects its QP to
+// it and answers with its own and LINK_READY, then the initiator connects.
+// Each paired connection's guest RX ring is its own memory region
+// (RegisterRemoteWritable), its rkey given only to the peer host of that
+// connection. See docs/rdma-fabric.md.
 #pragma once
 
 #include <sys/socket.h>
@@ -26,11 +35,17 @@
 #include "host-backend/fabric/locator.h"
 #include "host-backend/peering/tls_channel.h"
 
+namespace vsocket::fabric {
+class RdmaDevice;
+class RdmaLink;
+}  // namespace vsocket::fabric
+
 namespace vsocket::backend {
 
 struct PeerSnapshot {
   std::string name;
   std::string address;
+  std::string fabric;  // tcp | rdma
   std::string state;
   bool initiator;
   uint64_t connects, losses, refused;
@@ -65,6 +80,8 @@ class Peering : public RemoteHosts {
   bool Runs(uint32_t host, uint32_t tenant, const proto::Endpoint& addr) override;
   bool SendPairing(uint32_t host, const proto::FrameHeader& h, std::span<const uint8_t> payload) override;
   fabric::Link* LinkTo(uint32_t host) override;
+  Status RegisterRemoteWritable(void* addr, size_t len, uint32_t* rkey) override;
+  void UnregisterRemoteWritable(void* addr) override;
 
   // Any thread (control socket).
   std::vector<PeerSnapshot> Snapshot() const;
@@ -84,6 +101,8 @@ class Peering : public RemoteHosts {
     std::unique_ptr<peering::TlsChannel> tls;
     UniqueFd connecting;  // TCP connect in progress (TLS or link)
     std::unique_ptr<fabric::Link> link;
+    fabric::RdmaLink* rdma = nullptr;  // rdma fabric: `link`, typed; null otherwise
+    bool rdma_connected = false;       // its QP is connected to the peer's
     std::array<uint8_t, 32> link_key{};
     int64_t retry_at_ms = 0;
     int backoff_ms = 0;
@@ -106,6 +125,8 @@ class Peering : public RemoteHosts {
   void StartConnect(Host& h, State next);
   void OnTlsUp(Host& h);
   void OnLinkConnected(Host& h);
+  void StartRdmaLink(Host& h);
+  bool OnRdmaSetup(Host& h, std::span<const uint8_t> payload);
   void HostUp(Host& h);
   void HostDown(Host& h, const std::string& why);
   void AcceptAll();
@@ -117,6 +138,8 @@ class Peering : public RemoteHosts {
 
   ConnManager* conns_;
   std::string host_name_;
+  std::string fabric_ = "tcp";
+  std::shared_ptr<fabric::RdmaDevice> rdma_;  // fabric = rdma: the device all links share
   std::unique_ptr<peering::TlsContext> tls_ctx_;
   std::unique_ptr<fabric::Locator> locator_;
   std::vector<std::unique_ptr<Host>> hosts_;  // index = id - 1; fixed after Start

@@ -103,6 +103,8 @@ std::string Stats(const Reporting& r) {
   Field(out, "remote_upgrades", cc.remote_upgrades.load());
   Field(out, "fabric_bytes_out", cc.fabric_bytes_out.load());
   Field(out, "fabric_bytes_in", cc.fabric_bytes_in.load());
+  Field(out, "fabric_bytes_placed", cc.fabric_bytes_placed.load());
+  Field(out, "rdma_rx_regions", cc.rdma_rx_regions.load());
   Field(out, "frames_dropped", cc.frames_dropped.load());
   Field(out, "frames_cross_tenant", cc.frames_cross_tenant.load());
   Field(out, "fabric_violations", cc.fabric_violations.load());
@@ -113,7 +115,7 @@ std::string Stats(const Reporting& r) {
     if (!first) out += ",";
     first = false;
     out += "{\"peer\":\"" + JsonEscape(p.name) + "\",\"address\":\"" + JsonEscape(p.address) +
-           "\",\"state\":\"" + p.state + "\",\"last_error\":\"" + JsonEscape(p.last_error) + "\",";
+           "\",\"fabric\":\"" + p.fabric + "\",\"state\":\"" + p.state + "\",\"last_error\":\"" + JsonEscape(p.last_error) + "\",";
     Field(out, "connects", p.connects);
     Field(out, "losses", p.losses);
     Field(out, "frames_out", p.frames_out);
@@ -265,14 +267,14 @@ Table Connections(const Reporting& r) {
 }
 
 Table Links(const Reporting& r) {
-  Table t{{"peer", "address", "state", "connects", "losses", "frames_out", "frames_in", "data_bytes_out",
+  Table t{{"peer", "address", "fabric", "state", "connects", "losses", "frames_out", "frames_in", "data_bytes_out",
            "data_bytes_in", "frames_per_write", "last_error"},
           {},
-          {false, false, false, true, true, true, true, true, true, true, false}};
+          {false, false, false, false, true, true, true, true, true, true, true, false}};
   for (const PeerSnapshot& p : r.service.peering().Snapshot()) {
     char per[32];
     std::snprintf(per, sizeof(per), "%.2f", p.write_calls ? double(p.frames_out) / double(p.write_calls) : 0.0);
-    t.rows.push_back({p.name, p.address, p.state, std::to_string(p.connects), std::to_string(p.losses),
+    t.rows.push_back({p.name, p.address, p.fabric, p.state, std::to_string(p.connects), std::to_string(p.losses),
                       std::to_string(p.frames_out), std::to_string(p.frames_in), std::to_string(p.data_bytes_out),
                       std::to_string(p.data_bytes_in), per, p.last_error.empty() ? "-" : p.last_error});
   }
@@ -310,6 +312,8 @@ Table Counters(const Reporting& r) {
   add("remote_upgrades", cc.remote_upgrades.load());
   add("fabric_bytes_out", cc.fabric_bytes_out.load());
   add("fabric_bytes_in", cc.fabric_bytes_in.load());
+  add("fabric_bytes_placed", cc.fabric_bytes_placed.load());
+  add("rdma_rx_regions", cc.rdma_rx_regions.load());
   add("frames_dropped", cc.frames_dropped.load());
   add("frames_cross_tenant", cc.frames_cross_tenant.load());
   add("fabric_violations", cc.fabric_violations.load());
@@ -377,7 +381,7 @@ std::string PrometheusMetrics(const Reporting& r) {
   auto peers = r.service.peering().Snapshot();
   auto peer = [](const PeerSnapshot& p) { return "peer=\"" + JsonEscape(p.name) + "\""; };
   metric("vsocket_link_up", "gauge", "Fabric link to a peer host is up (1) or not (0).");
-  for (const auto& p : peers) sample("vsocket_link_up", peer(p), p.state == "up");
+  for (const auto& p : peers) sample("vsocket_link_up", peer(p) + ",fabric=\"" + p.fabric + "\"", p.state == "up");
   metric("vsocket_link_losses_total", "counter", "Fabric links lost after being up.");
   for (const auto& p : peers) sample("vsocket_link_losses_total", peer(p), p.losses);
   metric("vsocket_link_frames_total", "counter", "Fabric frames per peer and direction.");

@@ -14,6 +14,7 @@ Status Bad(std::string why) { return Status(Code::kDataLoss, "fabric frame: " + 
 bool PayloadAllowed(FrameType t, uint32_t len) {
   switch (t) {
     case FrameType::kLinkHello: return len == 32;
+    case FrameType::kRdmaSetup: return len == kRdmaSetupSize;
     case FrameType::kPairRequest:
     case FrameType::kPairAccept: return len == kPairInfoSize;
     case FrameType::kData: return len > 0 && len <= kMaxDataFrame;
@@ -52,6 +53,7 @@ const char* ToString(FrameType t) {
     case FrameType::kLinkClose: return "LINK_CLOSE";
     case FrameType::kKeepalive: return "KEEPALIVE";
     case FrameType::kLinkReady: return "LINK_READY";
+    case FrameType::kRdmaSetup: return "RDMA_SETUP";
     case FrameType::kPairRequest: return "PAIR_REQUEST";
     case FrameType::kPairAccept: return "PAIR_ACCEPT";
     case FrameType::kPairReject: return "PAIR_REJECT";
@@ -66,12 +68,14 @@ const char* ToString(FrameType t) {
     case FrameType::kDowngrade: return "DOWNGRADE";
     case FrameType::kPairConfirm: return "PAIR_CONFIRM";
     case FrameType::kFenceAck: return "FENCE_ACK";
+    case FrameType::kPlacement: return "PLACEMENT";
+    case FrameType::kPlacementAck: return "PLACEMENT_ACK";
   }
   return "?";
 }
 
 bool IsKnownFrameType(uint8_t t) {
-  return (t >= 1 && t <= 4) || (t >= 10 && t <= 13) || (t >= 20 && t <= 29);
+  return (t >= 1 && t <= 5) || (t >= 10 && t <= 13) || (t >= 20 && t <= 31);
 }
 
 void EncodeFrameHeader(const FrameHeader& h, uint8_t* out) {

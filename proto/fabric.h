@@ -25,6 +25,8 @@ inline constexpr size_t kFrameHeaderSize = 32;
 // blocking behind one big writer).
 inline constexpr uint32_t kMaxDataFrame = 64 * 1024;
 inline constexpr uint32_t kMaxControlPayload = 256;
+// RDMA_SETUP's payload (host-backend/fabric/rdma_link.h RdmaEndpointInfo).
+inline constexpr uint32_t kRdmaSetupSize = 56;
 
 enum class FrameType : uint8_t {
   // Link-level (handle 0).
@@ -32,6 +34,7 @@ enum class FrameType : uint8_t {
   kLinkClose = 2,    // orderly teardown, no more frames follow
   kKeepalive = 3,
   kLinkReady = 4,    // on the TLS channel: the acceptor took the data link; pairing may start
+  kRdmaSetup = 5,    // on the TLS channel (rdma fabric): payload = the sender's RdmaEndpointInfo
   // Pairing (on the TLS control channel).
   kPairRequest = 10,  // handle 0; value = sender's handle; aux = sender RX window; payload = PairInfo
   kPairAccept = 11,   // handle = requester's; value = acceptor's handle; aux = acceptor RX window
@@ -48,6 +51,12 @@ enum class FrameType : uint8_t {
   kDowngrade = 27, // the sender's side left the accelerated path; aux = Reason
   kPairConfirm = 28,  // the requester took PAIR_ACCEPT: the acceptor upgrades its guest now
   kFenceAck = 29,  // the receiver's guest has the sender's FENCE: a RESYNC is safe (docs/fabric-design.md)
+  // rdma fabric: where the sender's RX ring may be written one-sided from now
+  // on; value = address (0: stop, use the staging ring), aux = rkey.
+  kPlacement = 30,
+  // The receiver of PLACEMENTs applies them: value = how many it has seen. Every
+  // DATA it placed with an older rkey precedes this frame on the link.
+  kPlacementAck = 31,
 };
 const char* ToString(FrameType t);
 bool IsKnownFrameType(uint8_t t);

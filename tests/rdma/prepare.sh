@@ -40,8 +40,9 @@ INIT_SRC="$HERE/guest-init.sh"
 #                  without the module `rdma link add` fails with ENOENT.
 #   ib_uverbs      /dev/infiniband/uverbs* for libibverbs.
 #   rdma_cm rdma_ucm  /dev/infiniband/rdma_cm for librdmacm users.
+#   veth bridge    deploy/testbed2.sh inside the guest (tests/rdma/cross_host_in_qemu.sh).
 MODULES=(virtio_pci virtio_net 9p 9pnet_virtio crc32_generic
-         ib_core ib_uverbs rdma_rxe rdma_cm rdma_ucm)
+         ib_core ib_uverbs rdma_rxe rdma_cm rdma_ucm veth bridge)
 
 die() { echo "prepare.sh: $*" >&2; exit 1; }
 for tool in apt-get apt-cache dpkg-deb depmod modprobe cpio gzip sha256sum; do

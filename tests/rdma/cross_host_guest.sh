@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# The guest half of tests/rdma/cross_host_in_qemu.sh (run inside the QEMU
+# Soft-RoCE guest by run-in-qemu.sh; not meant to be run on the host).
+#
+# Two "hypervisors" as in deploy/testbed2.sh (host and VM network
+# namespaces, TLS peering over the underlay veth), but with fabric = rdma:
+# rdma_rxe (6.1) only works in the initial network namespace, so both
+# daemons share rxe0 on the guest's eth0, each with its own RoCEv2 GID
+# (hostA ::ffff:203.0.113.10, hostB ::ffff:203.0.113.11); their QPs talk
+# through rxe0 like two hosts on one switch. Every case checks the bytes
+# (xfer's stream checks), the libraries' VSOCKET_REPORT lines, and the
+# daemons' counters: every accelerated byte crossed the rdma link, written
+# one-sided into the receiver's RX ring (fabric_bytes_placed).
+#
+# Env (from run-in-qemu.sh): VSOCKET_RDMA_DEV, VSOCKET_RDMA_GID_INDEX,
+# VSOCKET_RDMA_IP. Prints PASS/FAIL lines and "N passed, N failed".
+set -uo pipefail
+BIN=${VSOCKET_BIN:-bazel-out/k8-opt/bin}
+LIB=$(realpath "$BIN/guest/libvsocket.so")
+XFER=$(realpath "$BIN/tests/e2e/xfer")
+CHECK=tests/e2e/check_report.py
+TB=deploy/testbed2.sh
+export VSOCKETD VSOCKETCTL
+VSOCKETD=$(realpath "$BIN/host-backend/vsocketd")
+VSOCKETCTL=$(realpath "$BIN/host-backend/vsocketctl")
+export VSOCKET_TESTBED2_DIR=/run/vsocket-testbed2 VSOCKET_LOG_LEVEL=info
+export VSOCKET_TESTBED2_FABRIC=rdma VSOCKET_TESTBED2_RDMA_DEVICE=${VSOCKET_RDMA_DEV:-rxe0}
+WORK=$(mktemp -d /tmp/vsocket-rdma-e2e-XXXXXX)
+CASE_TIMEOUT=${VSOCKET_CASE_TIMEOUT:-150}
+passed=0
+failed=0
+PIDS=()
+pass() { echo "PASS $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  bash $TB down >/dev/null 2>&1
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+counter() { bash $TB ctl "$1" counters 2>/dev/null | awk -v n="$2" '$1 == n {print $2}'; }
+link_json() { # link_json HOST FIELD: from `vsocketctl --json stats` links[0]
+  bash $TB ctl "$1" --json stats 2>/dev/null | python3 -c "import json,sys; print(json.load(sys.stdin)['links'][0]['$2'])"
+}
+vm_bg() { # vm_bg VM REPORT LOG CMD...: preloaded, bounded, in the background; PID in $BG
+  local vm=$1 report=$2 log=$3
+  shift 3
+  VSOCKET_REPORT=$report LD_PRELOAD=$LIB bash $TB exec "$vm" timeout "$CASE_TIMEOUT" "$@" >"$log" 2>&1 &
+  BG=$!
+  PIDS+=("$BG")
+}
+vm_run() {
+  local vm=$1 report=$2
+  shift 2
+  VSOCKET_REPORT=$report LD_PRELOAD=$LIB bash $TB exec "$vm" timeout "$CASE_TIMEOUT" "$@"
+}
+
+# ---- setup -----------------------------------------------------------------------
+echo "== kernel $(uname -r), $(nproc) CPUs; rdma devices: $(ls /sys/class/infiniband | tr '\n' ' ')"
+GIDA=${VSOCKET_RDMA_GID_INDEX:?}
+ip addr add 203.0.113.11/24 dev eth0 || { echo "cannot add hostB's address"; exit 1; }
+WANT=0000:0000:0000:0000:0000:ffff:cb00:710b  # ::ffff:203.0.113.11
+GIDB=""
+for _ in $(seq 100); do
+  for i in $(seq 0 15); do
+    [ "$(cat "/sys/class/infiniband/$VSOCKET_TESTBED2_RDMA_DEVICE/ports/1/gids/$i" 2>/dev/null)" = "$WANT" ] && { GIDB=$i; break 2; }
+  done
+  sleep 0.1
+done
+[ -n "$GIDB" ] || { echo "no RoCEv2 GID for 203.0.113.11"; exit 1; }
+export VSOCKET_TESTBED2_RDMA_GID_INDEX_HOSTA=$GIDA VSOCKET_TESTBED2_RDMA_GID_INDEX_HOSTB=$GIDB
+# vsocketd reads VSOCKET_RDMA_DEVICE / VSOCKET_RDMA_GID_INDEX as overrides of
+# its config: the harness's variable of that name would give both daemons
+# hostA's GID.
+unset VSOCKET_RDMA_GID_INDEX VSOCKET_RDMA_DEV VSOCKET_RDMA_IP
+echo "== hostA: $VSOCKET_TESTBED2_RDMA_DEVICE GID index $GIDA (::ffff:203.0.113.10); hostB: GID index $GIDB (::ffff:203.0.113.11)"
+
+# A missing device is a clear startup error, never a fall back to tcp.
+mkdir -p "$WORK/neg"
+cat >"$WORK/neg/vsocketd.conf" <<CONF
+host_name = hostA
+peer_listen = 127.0.0.1:7399
+tls_cert = $WORK/neg/none.crt
+tls_key = $WORK/neg/none.key
+tls_ca = $WORK/neg/none.crt
+locator = $WORK/neg/none
+fabric = rdma
+rdma_device = nosuchdev0
+[peer hostB]
+address = 127.0.0.1:7398
+[vm neg]
+socket = $WORK/neg/vm.sock
+tenant = 1
+addresses = 198.51.100.99
+CONF
+timeout 30 "$VSOCKETD" --config "$WORK/neg/vsocketd.conf" --ctl "$WORK/neg/ctl.sock" >"$WORK/neg/log" 2>&1
+rc=$?
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -q "fabric = rdma, but RDMA device 'nosuchdev0'" "$WORK/neg/log"; then
+  pass "rdma_missing_device_is_fatal (exit $rc: $(grep -o "fabric = rdma.*" "$WORK/neg/log" | head -1))"
+else
+  fail rdma_missing_device_is_fatal "exit $rc: $(tail -3 "$WORK/neg/log" | tr '\n' ' ')"
+fi
+
+start=$(date +%s)
+if ! timeout 120 bash $TB up >"$WORK/up.log" 2>&1; then
+  cat "$WORK/up.log"
+  for h in hostA hostB; do echo "-- $h log"; tail -20 "$VSOCKET_TESTBED2_DIR/$h/vsocketd.log"; done
+  fail testbed2_rdma_up "deploy/testbed2.sh up failed"
+  echo "$passed passed, $failed failed"
+  exit 1
+fi
+A2=$(bash $TB addr vmA2)
+B1=$(bash $TB addr vmB1)
+kinds="$(link_json hostA fabric)/$(link_json hostB fabric)"
+states="$(link_json hostA state)/$(link_json hostB state)"
+devlog=$(grep -h "rdma device" "$VSOCKET_TESTBED2_DIR"/host{A,B}/vsocketd.log | sed 's/.*peering: //' | tr '\n' ';')
+if [ "$kinds" = rdma/rdma ] && [ "$states" = up/up ]; then
+  pass "testbed2_rdma_link_up (in $(($(date +%s) - start)) s; fabric $kinds, state $states; $devlog setup exchanged as RDMA_SETUP over TLS 1.3)"
+else
+  fail testbed2_rdma_link_up "fabric $kinds, state $states"
+fi
+echo "== rdma keys of the daemons' configs"
+grep -H "fabric\|rdma_" "$VSOCKET_TESTBED2_DIR"/host{A,B}/vsocketd.conf | sed "s|$VSOCKET_TESTBED2_DIR/||"
+echo "== vsocketctl links (hostA)"
+bash $TB ctl hostA links
+
+# ---- checksummed transfers over the rdma link -----------------------------------
+
+# rdma_xfer NAME CLIENT-VM SERVER-VM SERVER-ADDR CONNS BYTES PORT: xfer with
+# LD_PRELOAD, every byte checked each way; every connection accelerated and
+# exact (libraries' reports); the daemons' fabric counters account for every
+# accelerated byte, all of them placed one-sided; both sides upgraded.
+rdma_xfer() {
+  local name=$1 cvm=$2 svm=$3 saddr=$4 conns=$5 bytes=$6 port=$7
+  local rep=$WORK/$name.jsonl h n
+  declare -A before
+  for h in hostA hostB; do
+    for n in fabric_bytes_out fabric_bytes_in fabric_bytes_placed remote_upgrades fabric_violations rdma_rx_regions; do
+      before[$h.$n]=$(counter $h $n)
+    done
+  done
+  local t0
+  t0=$(date +%s)
+  vm_bg "$svm" "$rep" "$WORK/$name.srv" "$XFER" server "$saddr" "$port" --conns "$conns"
+  local srv=$BG
+  if ! vm_run "$cvm" "$rep" "$XFER" client "$saddr" "$port" --conns "$conns" --bytes "$bytes" >"$WORK/$name.cli" 2>&1; then
+    fail "$name" "client: $(tail -2 "$WORK/$name.cli" | tr '\n' ' ')"
+    kill "$srv" 2>/dev/null
+    return
+  fi
+  if ! wait "$srv"; then
+    fail "$name" "server: $(tail -2 "$WORK/$name.srv" | tr '\n' ' ')"
+    return
+  fi
+  local secs=$(($(date +%s) - t0)) out
+  if ! out=$(python3 $CHECK "$rep" --port "$port" --expect-conns $((2 * conns)) --mode accelerated \
+      --reason accelerated --accel-min 1 --exact-total $((bytes + 16))); then
+    fail "$name" "$out"
+    return
+  fi
+  declare -A d
+  for h in hostA hostB; do
+    for n in fabric_bytes_out fabric_bytes_in fabric_bytes_placed remote_upgrades fabric_violations rdma_rx_regions; do
+      d[$h.$n]=$(($(counter $h $n) - before[$h.$n]))
+    done
+  done
+  local accel lines
+  accel=$(python3 -c "import json,sys; print(sum(json.loads(l)['accel_tx'] for l in open(sys.argv[1]) if l.strip()))" "$rep")
+  lines=$(grep -c . "$rep")
+  local sent=$((d[hostA.fabric_bytes_out] + d[hostB.fabric_bytes_out]))
+  local got=$((d[hostA.fabric_bytes_in] + d[hostB.fabric_bytes_in]))
+  local placed=$((d[hostA.fabric_bytes_placed] + d[hostB.fabric_bytes_placed]))
+  local ups=$((d[hostA.remote_upgrades] + d[hostB.remote_upgrades]))
+  local viol=$((d[hostA.fabric_violations] + d[hostB.fabric_violations]))
+  local regs=$((d[hostA.rdma_rx_regions] + d[hostB.rdma_rx_regions]))
+  local why=""
+  [ "$sent" -eq "$accel" ] || why="$why fabric out $sent B != libraries' accelerated $accel B;"
+  [ "$got" -eq "$sent" ] || why="$why fabric in $got B != out $sent B;"
+  [ "$placed" -eq "$got" ] || why="$why only $placed of $got B placed one-sided;"
+  [ $((2 * accel)) -ge $((2 * conns * bytes)) ] || why="$why only $accel B of $((2 * conns * bytes)) accelerated;"
+  [ "$ups" -ge $((2 * conns)) ] || why="$why remote_upgrades +$ups < $((2 * conns));"
+  [ "$regs" -ge $((2 * conns)) ] || why="$why rdma_rx_regions +$regs < $((2 * conns));"
+  [ "$viol" -eq 0 ] || why="$why fabric_violations +$viol;"
+  if [ -n "$why" ]; then
+    fail "$name" "$why"
+    return
+  fi
+  pass "$name ($conns conns x $bytes B each way in ${secs} s, every byte checked; $lines VSOCKET_REPORT lines: $out; fabric A->B ${d[hostA.fabric_bytes_out]} B, B->A ${d[hostB.fabric_bytes_out]} B = libraries' accelerated $accel B, all placed one-sided ($placed B); remote_upgrades +$ups; RX rings registered +$regs; violations 0)"
+}
+
+rdma_xfer rdma_xfer_one_connection_A_to_B vmA1 vmB1 "$B1" 1 4194304 7601
+rdma_xfer rdma_xfer_64_connections_A_to_B vmA1 vmB1 "$B1" 64 65536 7602
+rdma_xfer rdma_xfer_one_connection_B_to_A vmB1 vmA2 "$A2" 1 4194304 7603
+rdma_xfer rdma_xfer_64_connections_B_to_A vmB1 vmA2 "$A2" 64 65536 7604
+
+echo "== after the transfers"
+for h in hostA hostB; do
+  echo "-- $h: vsocketctl links"
+  bash $TB ctl $h links
+  echo "-- $h: fabric counters"
+  bash $TB ctl $h counters | grep -E "^(remote_upgrades|pair_|fabric_|frames_|rdma_)"
+done
+# The link itself carried it: its payload bytes and frames, no loss.
+la=$(link_json hostA data_bytes_out)
+lb=$(link_json hostB data_bytes_out)
+losses="$(link_json hostA losses)/$(link_json hostB losses)"
+if [ "$la" -gt 0 ] && [ "$lb" -gt 0 ] && [ "$losses" = 0/0 ]; then
+  pass "rdma_link_stats (hostA link sent $la B, hostB $lb B; no link lost; fabric $(link_json hostA fabric))"
+else
+  fail rdma_link_stats "link bytes $la/$lb, losses $losses"
+fi
+warn=$(grep -hE "violation|outside the credit|link lost|RX ring not registered" "$VSOCKET_TESTBED2_DIR"/host{A,B}/vsocketd.log | head -3)
+if [ -z "$warn" ]; then pass "daemon_logs_clean (no violation, no link loss, every RX ring registered)"; else fail daemon_logs_clean "$warn"; fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# End to end over the rdma fabric, on Soft-RoCE: boots the QEMU guest of
+# tests/rdma/run-in-qemu.sh and runs tests/rdma/cross_host_guest.sh in it:
+# deploy/testbed2.sh with fabric = rdma (two vsocketd with TLS peering,
+# four "VMs"), checksummed xfer transfers between VMs on the two hosts
+# (1 and 64 connections, both directions) under LD_PRELOAD, checked against
+# the libraries' VSOCKET_REPORT lines and the daemons' counters.
+#
+# Usage: tests/rdma/cross_host_in_qemu.sh [--no-build] [--timeout SECS] [-v]
+#   --no-build      use the binaries already in bazel-out/k8-opt/bin
+#   --timeout SECS  bound on the guest run, boot included (default 900)
+#   -v              show the guest console
+# Prints the guest's PASS/FAIL lines, then PASS or FAIL (exit 0 or 1), and
+# keeps the whole output in tests/rdma/results/cross-host-<UTC date>.log.
+# Takes about 3-4 minutes of wall time once built (QEMU TCG is slow): not
+# run by CI; run it after changing the rdma link, peering or the
+# cross-host data path.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+BUILD=1 TIMEOUT=900
+ARGS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-build) BUILD=0 ;;
+    --timeout) TIMEOUT=${2:?}; shift ;;
+    -v|--verbose) ARGS+=(-v) ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
+    *) echo "cross_host_in_qemu.sh: unknown argument: $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+cd "$ROOT"
+TARGETS=(//guest:libvsocket.so //tests/e2e:xfer //host-backend:vsocketd //host-backend:vsocketctl)
+if [ "$BUILD" = 1 ]; then
+  bazel build "${TARGETS[@]}"
+fi
+BIN=bazel-out/k8-opt/bin
+for f in guest/libvsocket.so tests/e2e/xfer host-backend/vsocketd host-backend/vsocketctl; do
+  [ -e "$BIN/$f" ] || { echo "cross_host_in_qemu.sh: $BIN/$f not built" >&2; exit 2; }
+done
+
+mkdir -p "$HERE/results"
+LOG="$HERE/results/cross-host-$(date -u +%Y-%m-%d).log"
+OUT=$(mktemp)
+trap 'rm -f "$OUT"' EXIT
+start=$(date +%s)
+{
+  echo "# tests/rdma/cross_host_in_qemu.sh, $(date -u '+%Y-%m-%d %H:%M:%S UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo ?)$(git diff --quiet HEAD -- host-backend proto tests/rdma deploy 2>/dev/null || echo ' (+ uncommitted changes)')"
+  echo "# host: $(nproc) CPUs; guest: QEMU TCG, 2 vCPUs, 2048 MB"
+} | tee "$OUT"
+set +e
+# The guest needs more memory than the default: two daemons (EAL heaps),
+# four preloaded processes at a time, registered rings.
+"$HERE/run-in-qemu.sh" --timeout "$TIMEOUT" --mem 2048 ${ARGS[@]+"${ARGS[@]}"} -- \
+  bash tests/rdma/cross_host_guest.sh 2>&1 | tee -a "$OUT"
+rc=${PIPESTATUS[0]}
+set -e
+echo "== guest run: exit $rc after $(( $(date +%s) - start )) s (boot included)" | tee -a "$OUT"
+
+fail=0
+summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$OUT" | tail -1 || true)
+if [ "$rc" = 0 ] && [ -n "$summary" ] && ! grep -q '^FAIL ' "$OUT" && [ "$(grep -c '^PASS ' "$OUT")" -ge 7 ]; then
+  echo PASS | tee -a "$OUT"
+else
+  echo "FAIL${summary:+ ($summary)}" | tee -a "$OUT"
+  fail=1
+fi
+cp "$OUT" "$LOG"
+echo "cross_host_in_qemu.sh: output saved in ${LOG#"$ROOT"/}" >&2
+exit "$fail"
