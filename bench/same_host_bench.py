@@ -18,24 +18,16 @@ OUT/same-host-<time>.json and .md; plots (PNG, gnuplot) next to them.
 """
 import argparse
 import datetime
-import json
 import os
 import re
-import shutil
-import statistics
 import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchlib import (ROOT, cpu_ticks, parse_iperf, parse_sockperf, pids_of, plot_histogram, ratio,
+                      save_results, sh, stop)
+
 TB = ["bash", os.path.join(ROOT, "deploy/testbed.sh")]
-
-
-def sh(args, env=None, timeout=120, check=False):
-    r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout)
-    if check and r.returncode != 0:
-        raise RuntimeError(f"{args}: {r.stderr[-500:]}")
-    return r
 
 
 class Bed:
@@ -59,31 +51,6 @@ class Bed:
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def cpu_ticks(pids):
-    t = 0
-    for p in pids:
-        try:
-            f = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
-            t += int(f[11]) + int(f[12])
-        except (OSError, IndexError):
-            pass
-    return t
-
-
-def pids_of(pattern):
-    r = sh(["pgrep", "-f", pattern])
-    return [int(p) for p in r.stdout.split()]
-
-
-def stop(proc):
-    proc.terminate()
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def sockperf(bed, accel, mode, size, seconds, port):
     srv = bed.start("vm2", accel, ["sockperf", "sr", "--tcp", "-i", bed.a2, "-p", str(port)])
     time.sleep(0.7)
@@ -97,20 +64,7 @@ def sockperf(bed, accel, mode, size, seconds, port):
     out, _ = client.communicate(timeout=seconds + 60)
     t1 = cpu_ticks(server + daemon)  # the client is gone; its time is in t1 below
     stop(srv)
-    res = {"raw": out[-2000:]}
-    m = re.search(r"Summary: Latency is ([0-9.]+) usec", out)
-    if m:
-        res["latency_us"] = float(m.group(1))
-    for pct in ("50.000", "99.000", "99.900"):
-        m = re.search(r"percentile " + re.escape(pct) + r" =\s+([0-9.]+)", out)
-        if m:
-            res["p" + pct.rstrip("0").rstrip(".")] = float(m.group(1))
-    m = re.search(r"Summary: Message Rate is ([0-9]+)", out)
-    if m:
-        res["msg_per_s"] = int(m.group(1))
-    m = re.search(r"SentMessages=([0-9]+)", out)
-    if m:
-        res["messages"] = int(m.group(1))
+    res = parse_sockperf(out)
     res["cpu_ticks_server_daemon"] = t1 - t0
     return res
 
@@ -121,11 +75,7 @@ def iperf(bed, accel, seconds, port):
     r = bed.run("vm1", accel, ["iperf3", "-c", bed.a2, "-p", str(port), "-t", str(seconds), "-l", "64K", "-J"],
                 timeout=seconds + 60)
     stop(srv)
-    try:
-        j = json.loads(r.stdout)
-        return {"gbit_per_s": j["end"]["sum_received"]["bits_per_second"] / 1e9}
-    except (ValueError, KeyError):
-        return {"error": r.stdout[-500:] + r.stderr[-500:]}
+    return parse_iperf(r.stdout, r.stderr)
 
 
 def redis(bed, accel, port):
@@ -170,10 +120,6 @@ def connect_first_byte(bed, accel, peer_bin, port):
         return {"p50_us": p50, "p99_us": p99}
     except ValueError:
         return {"error": r.stdout[-300:] + r.stderr[-300:]}
-
-
-def ratio(a, b):
-    return a / b if a and b else float("nan")
 
 
 def main():
@@ -229,61 +175,27 @@ def main():
     ]
     results["table"] = [{"metric": m, "kernel": k, "vsocket": v, "ratio": ratio(v, k), "goal": g}
                         for m, k, v, g in rows]
-    stamp = datetime.datetime.utcnow().strftime("%Y%m%dT%H%M%SZ")
-    os.makedirs(a.out, exist_ok=True)
-    base = os.path.join(a.out, f"same-host-{stamp}")
-    with open(base + ".json", "w") as f:
-        json.dump(results, f, indent=1)
     md = [f"# Same-host benchmark, {results['date']} ({results['cpus']} CPUs), vSocket vs kernel TCP, same run",
           "", "| metric | kernel TCP | vSocket | vSocket/kernel | goal (ratio) |", "|---|--:|--:|--:|---|"]
     for row in results["table"]:
         md.append(f"| {row['metric']} | {row['kernel']:.2f} | {row['vsocket']:.2f} | {row['ratio']:.2f} | {row['goal']} |")
     text = "\n".join(md) + "\n"
-    with open(base + ".md", "w") as f:
-        f.write(text)
-    shutil.copy(base + ".md", os.path.join(a.out, "same-host-latest.md"))
-    shutil.copy(base + ".json", os.path.join(a.out, "same-host-latest.json"))
+    latest = save_results(a.out, "same-host", results, text,
+                          stamp=datetime.datetime.utcnow().strftime("%Y%m%dT%H%M%SZ"))
     print(text)
-    plot(results, os.path.join(a.out, "same-host-latest"))
+    plot(results, latest)
 
 
 def plot(results, base):
-    if shutil.which("gnuplot") is None:
-        print("gnuplot not installed: no plots")
-        return
-    charts = [("latency", "microseconds (lower is better)",
-               [r for r in results["table"] if r["metric"].startswith(("RTT", "connect"))]),
-              ("rates", "vSocket / kernel TCP (higher is better)",
-               [r for r in results["table"] if not r["metric"].startswith(("RTT", "connect", "CPU"))])]
-    for name, ylabel, rows in charts:
-        dat = base + f"-{name}.dat"
-        with open(dat, "w") as f:
-            for i, r in enumerate(rows):
-                label = r["metric"].replace(" ", "_")
-                if name == "latency":
-                    f.write(f'{i} "{label}" {r["kernel"]:.3f} {r["vsocket"]:.3f}\n')
-                else:
-                    f.write(f'{i} "{label}" 1 {r["ratio"]:.3f}\n')
-        plot_cmd = (f'plot "{dat}" using 3:xtic(2) title "kernel TCP", "" using 4 title "vSocket"'
-                    if name == "latency" else
-                    f'plot "{dat}" using 4:xtic(2) title "vSocket / kernel TCP", 1 with lines lw 2 title "kernel TCP = 1"')
-        script = f'''
-set terminal png size 1100,520 font ",10"
-set output "{base}-{name}.png"
-set style data histograms
-set style histogram clustered gap 1
-set style fill solid 0.8 border -1
-set boxwidth 0.9
-set ylabel "{ylabel}"
-set xtics rotate by -25 noenhanced
-set grid ytics
-set key top left
-set title "vSocket vs kernel TCP, same host ({'absolute' if name == 'latency' else 'ratio'})"
-{'set logscale y' if name == 'rates' else ''}
-{plot_cmd}
-'''
-        subprocess.run(["gnuplot"], input=script, text=True)
-        print(f"plot: {base}-{name}.png")
+    table = results["table"]
+    lat = [r for r in table if r["metric"].startswith(("RTT", "connect"))]
+    plot_histogram(base, "latency", "vSocket vs kernel TCP, same host (absolute)", "microseconds (lower is better)",
+                   [r["metric"] for r in lat],
+                   [("kernel TCP", [r["kernel"] for r in lat]), ("vSocket", [r["vsocket"] for r in lat])])
+    rates = [r for r in table if not r["metric"].startswith(("RTT", "connect", "CPU"))]
+    plot_histogram(base, "rates", "vSocket vs kernel TCP, same host (ratio)", "vSocket / kernel TCP (higher is better)",
+                   [r["metric"] for r in rates], [("vSocket / kernel TCP", [r["ratio"] for r in rates])],
+                   logscale=True, hline=(1, "kernel TCP = 1"))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,387 @@
+#!/usr/bin/env python3
+"""Cross-host benchmark: vSocket vs kernel TCP between VMs on the two hosts
+of deploy/testbed2.sh (client vmA1 on hostA, server vmB1 on hostB, both
+tenant 1), in the same run, over the tcp fabric.
+
+  bench/cross_host_bench.py [--bin DIR] [--seconds N] [--reps N] [--out DIR]
+
+DIR holds the binaries, as a Bazel output tree (default
+bazel-out/k8-opt/bin) or flat (libvsocket.so, vsocketd, vsocketctl,
+netload). VSOCKETD, VSOCKETCTL, VSOCKET_TESTBED2_NS_PREFIX and
+VSOCKET_TESTBED2_DIR are passed to the test bed as they are.
+
+Per mode (kernel TCP; vSocket = libvsocket.so preloaded on both ends), and
+per repetition (the order of the two modes alternates):
+  - RTT p50/p99/p99.9: sockperf ping-pong, 16 B
+  - message rate 16 B, one connection: sockperf and netload
+  - message rate 16 B, 64 connections: netload (one epoll loop, aggregate)
+  - message rate 1 KiB, one connection: sockperf
+  - bandwidth: iperf3, one stream, 64 KiB writes
+  - connect to first byte echoed: netload connect (p50, p99)
+  - CPU per million 16 B messages: client + server + both vsocketd
+    (/proc/PID/stat), over netload's measuring window
+  - adaptive batching: hostA's fabric link counters (frames, writev calls,
+    payload bytes) over the same window, at 1 and 64 connections
+Each vSocket measurement records both daemons' fabric_bytes_out and
+remote_upgrades before and after; one whose fabric carried less than half of
+the application's bytes is INVALID (excluded from the medians). Kernel
+measurements must leave the fabric untouched.
+
+Results: OUT/cross-host-<UTC time>.{json,md}, cross-host-latest.{json,md},
+cross-host-latest-{latency,rates}.png.
+"""
+import argparse
+import os
+import re
+import statistics
+import time
+
+import benchlib as bl
+
+CLIENT_VM, SERVER_VM = "vmA1", "vmB1"
+HZ = os.sysconf("SC_CLK_TCK")
+VALID_FRACTION = 0.5  # of the application's bytes that must cross the fabric
+
+
+class FabricProbe:
+    """Both daemons' fabric counters and hostA's link counters, before and
+    after one measurement."""
+    COUNTERS = ("fabric_bytes_out", "remote_upgrades", "worker_wakeups")
+    LINK = ("frames_out", "write_calls", "data_bytes_out")
+
+    def __init__(self, bed):
+        self.bed = bed
+        self.c0 = {h: bed.counters(h) for h in ("hostA", "hostB")}
+        self.m0 = bl.machine_ticks()
+
+    def delta(self):
+        m1 = bl.machine_ticks()
+        c1 = {h: self.bed.counters(h) for h in ("hostA", "hostB")}
+        d = {f"{h}_{k}": c1[h].get(k, 0) - self.c0[h].get(k, 0) for h in c1 for k in self.COUNTERS}
+        d["fabric_bytes"] = d["hostA_fabric_bytes_out"] + d["hostB_fabric_bytes_out"]
+        # How busy the whole machine was (others' tests included), in CPUs.
+        d["machine_busy_cpus"] = (m1[0] - self.m0[0]) / max(1, m1[1] - self.m0[1]) * (os.cpu_count() or 1)
+        return d
+
+
+def judge(res, accel, app_bytes, applies=True):
+    """Marks a measurement valid or INVALID from its fabric counters."""
+    f = res["fabric"]
+    res["app_bytes"] = app_bytes
+    if not accel:
+        res["valid"] = f["fabric_bytes"] == 0
+    elif not applies:
+        res["valid"] = True  # first bytes precede the pairing by design; see remote_upgrades
+    else:
+        res["valid"] = app_bytes > 0 and f["fabric_bytes"] >= VALID_FRACTION * app_bytes
+    return res
+
+
+# ---- measurements -------------------------------------------------------------------
+
+
+def sockperf(bed, accel, mode, size, seconds, port):
+    srv = bed.start(SERVER_VM, accel, ["sockperf", "sr", "--tcp", "-i", bed.server_addr, "-p", str(port)],
+                    seconds + 30)
+    try:
+        bed.wait_listening(SERVER_VM, port)
+        probe = FabricProbe(bed)
+        cli = bed.start(CLIENT_VM, accel, ["sockperf", mode, "--tcp", "-i", bed.server_addr, "-p", str(port),
+                                           "-t", str(seconds), "-m", str(size)], seconds + 20)
+        cli.finish()
+        res = bl.parse_sockperf(cli.text)
+        res["fabric"] = probe.delta()
+    finally:
+        srv.stop()
+    m = re.search(r"Total of ([0-9]+) messages sent", cli.text)
+    if m:
+        res["messages_total"] = int(m.group(1))
+    sent = res.get("messages_total") or res.get("messages", 0)
+    # A ping-pong moves each message both ways.
+    return judge(res, accel, sent * size * (2 if mode == "pp" else 1))
+
+
+def netload_rate(bed, accel, conns, size, seconds, port):
+    srv = bed.start(SERVER_VM, accel, [bed.netload, "server", bed.server_addr, str(port), "--sink",
+                                       "--conns", str(conns), "--max-seconds", str(seconds + 25)], seconds + 30)
+    try:
+        srv.expect("listening", 10)
+        probe = FabricProbe(bed)
+        cli = bed.start(CLIENT_VM, accel, [bed.netload, "rate", bed.server_addr, str(port), "--conns", str(conns),
+                                           "--size", str(size), "--seconds", str(seconds), "--warmup", "0.5",
+                                           "--linger", "10"], seconds + 20, stdin=True)
+        # The client lingers after "window end" until told, so all four
+        # processes are still there when /proc is read.
+        pids = {"client": cli.child(), "server": srv.child(), **bed.daemons}
+        cli.expect("window start", 15)
+        t0, m0, l0 = bl.ticks_per_process(pids.values()), bl.machine_ticks(), bed.link("hostA")
+        cli.expect("window end", seconds + 10)
+        t1, m1, l1 = bl.ticks_per_process(pids.values()), bl.machine_ticks(), bed.link("hostA")
+        cli.send("done")
+        cli.finish(20)
+        res = cli.json_line() or {"error": cli.text[-500:]}
+        srv.finish(20)
+        res["server"] = srv.json_line() or {"error": srv.text[-500:]}
+        res["fabric"] = probe.delta()
+    finally:
+        srv.stop()
+    res["cpu_ticks"] = {name: t1[str(pid)] - t0[str(pid)] for name, pid in pids.items()}
+    res["cpu_s"] = {n: t / HZ for n, t in res["cpu_ticks"].items()}
+    # Machine-wide irq + softirq time: mostly our packets' receive path
+    # (charged to no process), but other tests' too.
+    res["softirq_s"] = (m1[2] - m0[2]) / HZ
+    msgs = res.get("window_messages", 0)
+    res["softirq_s_per_million"] = res["softirq_s"] / (msgs / 1e6) if msgs else float("nan")
+    res["machine_busy_cpus_window"] = (m1[0] - m0[0]) / max(1, m1[1] - m0[1]) * (os.cpu_count() or 1)
+    msgs = res.get("window_messages", 0)
+    res["cpu_s_per_million"] = sum(res["cpu_s"].values()) / (msgs / 1e6) if msgs else float("nan")
+    res["link_window"] = {k: l1.get(k, 0) - l0.get(k, 0) for k in FabricProbe.LINK}
+    res["delivered"] = res["server"].get("bytes_in") == res.get("bytes_total")
+    return judge(res, accel, res.get("bytes_total", 0))
+
+
+def iperf(bed, accel, seconds, port):
+    srv = bed.start(SERVER_VM, accel, ["iperf3", "-s", "-B", bed.server_addr, "-p", str(port), "-1"], seconds + 30)
+    try:
+        bed.wait_listening(SERVER_VM, port)
+        probe = FabricProbe(bed)
+        cli = bed.start(CLIENT_VM, accel, ["iperf3", "-c", bed.server_addr, "-p", str(port), "-t", str(seconds),
+                                           "-l", "64K", "-J"], seconds + 20)
+        cli.finish()
+        res = bl.parse_iperf(cli.text)
+        res["fabric"] = probe.delta()
+    finally:
+        srv.stop()
+    return judge(res, accel, res.get("bytes", 0))
+
+
+def connect_time(bed, accel, count, port):
+    srv = bed.start(SERVER_VM, accel, [bed.netload, "server", bed.server_addr, str(port), "--conns", str(count),
+                                       "--max-seconds", "40"], 45)
+    try:
+        srv.expect("listening", 10)
+        probe = FabricProbe(bed)
+        cli = bed.start(CLIENT_VM, accel, [bed.netload, "connect", bed.server_addr, str(port), "--count", str(count),
+                                           "--max-seconds", "30"], 40)
+        cli.finish()
+        res = cli.json_line() or {"error": cli.text[-500:]}
+        srv.finish(10)
+        res["fabric"] = probe.delta()
+    finally:
+        srv.stop()
+    return judge(res, accel, count, applies=False)
+
+
+def guarded(fn, *args):
+    """One measurement; a failure is recorded (and invalid), not fatal."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - any failure of one measurement
+        print(f"   {fn.__name__}: {e}", flush=True)
+        return {"error": str(e)[-1000:], "valid": False, "app_bytes": 0,
+                "fabric": {"fabric_bytes": 0, "hostA_fabric_bytes_out": 0, "hostB_fabric_bytes_out": 0,
+                           "hostA_remote_upgrades": 0, "hostB_remote_upgrades": 0}}
+
+
+def run_mode(bed, accel, seconds, port):
+    return {
+        "pingpong_16": guarded(sockperf, bed, accel, "pp", 16, seconds, port),
+        "rate_16_sockperf": guarded(sockperf, bed, accel, "tp", 16, seconds, port + 1),
+        "rate_16_c1": guarded(netload_rate, bed, accel, 1, 16, seconds, port + 2),
+        "rate_16_c64": guarded(netload_rate, bed, accel, 64, 16, seconds, port + 3),
+        "rate_1k_sockperf": guarded(sockperf, bed, accel, "tp", 1024, seconds, port + 4),
+        "bandwidth_64k": guarded(iperf, bed, accel, seconds, port + 5),
+        "connect": guarded(connect_time, bed, accel, 200, port + 6),
+    }
+
+
+# ---- summary ------------------------------------------------------------------------
+
+# (label, measurement, value, goal (ratio), goal test, lower is better)
+METRICS = [
+    ("RTT p50, 16 B (us)", "pingpong_16", lambda r: 2 * r.get("p50", 0), "<= 1", lambda x: x <= 1),
+    ("RTT p99, 16 B (us)", "pingpong_16", lambda r: 2 * r.get("p99", 0), "<= 1", lambda x: x <= 1),
+    ("RTT p99.9, 16 B (us)", "pingpong_16", lambda r: 2 * r.get("p99.9", 0), "<= 1", lambda x: x <= 1),
+    ("msg rate 16 B, 1 conn, sockperf (msg/s)", "rate_16_sockperf", lambda r: r.get("msg_per_s", 0), "", None),
+    ("msg rate 16 B, 1 conn, netload (msg/s)", "rate_16_c1", lambda r: r.get("msg_per_s", 0), "", None),
+    ("msg rate 16 B, 64 conns, netload (msg/s)", "rate_16_c64", lambda r: r.get("msg_per_s", 0), ">= 3",
+     lambda x: x >= 3),
+    ("msg rate 1 KiB, 1 conn, sockperf (msg/s)", "rate_1k_sockperf", lambda r: r.get("msg_per_s", 0), "", None),
+    ("bandwidth, iperf3 1 stream (Gbit/s)", "bandwidth_64k", lambda r: r.get("gbit_per_s", 0), "", None),
+    ("connect to first byte echoed, p50 (us)", "connect", lambda r: r.get("p50_us", 0), "", None),
+    ("connect to first byte echoed, p99 (us)", "connect", lambda r: r.get("p99_us", 0), "", None),
+    ("CPU s / million 16 B msgs, 1 conn", "rate_16_c1", lambda r: r.get("cpu_s_per_million", 0), "", None),
+    ("CPU s / million 16 B msgs, 64 conns", "rate_16_c64", lambda r: r.get("cpu_s_per_million", 0), "", None),
+]
+
+
+def median_of(reps, mode, meas, fn):
+    vals = [fn(rep[mode][meas]) for rep in reps if rep[mode][meas].get("valid")]
+    vals = [v for v in vals if v == v and v]  # drop NaN and missing
+    return (statistics.median(vals), min(vals), max(vals)) if vals else (0.0, 0.0, 0.0)
+
+
+def summarize(results):
+    reps = results["reps"]
+    table = []
+    for label, meas, fn, goal, test in METRICS:
+        k, kmin, kmax = median_of(reps, "kernel", meas, fn)
+        v, vmin, vmax = median_of(reps, "vsocket", meas, fn)
+        valid = [rep["vsocket"][meas]["valid"] for rep in reps]
+        r = bl.ratio(v, k)
+        table.append({"metric": label, "measurement": meas, "kernel": k, "kernel_range": [kmin, kmax],
+                      "vsocket": v, "vsocket_range": [vmin, vmax], "ratio": r, "goal": goal,
+                      "met": None if test is None else bool(r == r and test(r)),
+                      "vsocket_valid_reps": sum(valid), "reps": len(valid)})
+    batching = []
+    for meas, conns in (("rate_16_c1", 1), ("rate_16_c64", 64)):
+        runs = [rep["vsocket"][meas] for rep in reps if rep["vsocket"][meas].get("valid")]
+        lw = [r["link_window"] for r in runs if r["link_window"].get("write_calls")]
+        if not lw:
+            continue
+        med = lambda f: statistics.median(f(w, r) for w, r in zip(lw, runs))
+        batching.append({"conns": conns,
+                         "frames_per_write": med(lambda w, r: w["frames_out"] / w["write_calls"]),
+                         "bytes_per_write": med(lambda w, r: w["data_bytes_out"] / w["write_calls"]),
+                         "messages_per_frame": med(lambda w, r: r["window_messages"] / max(1, w["frames_out"])),
+                         "writes_per_s": med(lambda w, r: w["write_calls"] / r["window_s"])})
+    cpu = []
+    for meas, conns in (("rate_16_c1", 1), ("rate_16_c64", 64)):
+        for mode in ("kernel", "vsocket"):
+            runs = [rep[mode][meas] for rep in reps if rep[mode][meas].get("valid") and rep[mode][meas].get("cpu_s")]
+            if runs:
+                cpu.append({"conns": conns, "mode": mode, **{
+                    who: statistics.median(r["cpu_s"][who] / (r["window_messages"] / 1e6) for r in runs)
+                    for who in ("client", "server", "hostA", "hostB")},
+                    "softirq": statistics.median(r["softirq_s_per_million"] for r in runs)})
+    # Does a round trip find the daemons' workers asleep? (epoll wake-ups per
+    # ping-pong message, each daemon; the worker polls poll_us before sleeping)
+    wake = {}
+    for mode in ("kernel", "vsocket"):
+        runs = [rep[mode]["pingpong_16"] for rep in reps if rep[mode]["pingpong_16"].get("messages")]
+        if runs:
+            wake[mode] = {h: statistics.median(r["fabric"].get(f"{h}_worker_wakeups", 0) / r["messages"] for r in runs)
+                          for h in ("hostA", "hostB")}
+    results["table"], results["batching"], results["cpu_breakdown"] = table, batching, cpu
+    results["pingpong_wakeups_per_message"] = wake
+
+
+def fmt(x):
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.2f}"
+
+
+def markdown(results):
+    t = results["table"]
+    md = [f"# Cross-host benchmark (tcp fabric), {results['date']}",
+          "",
+          f"vmA1 (hostA) -> vmB1 (hostB), tenant 1; {results['cpus']} CPUs, load average "
+          f"{results['loadavg_before']} before / {results['loadavg_after']} after; {results['reps_n']} repetitions "
+          f"of {results['seconds']} s per test, kernel TCP and vSocket alternating; medians (min-max).",
+          "", "Binaries: " + ", ".join(f"{k} {v['sha256']} ({v['mtime']})" for k, v in results["binaries"].items())
+          + f"; wall time {results['wall_s']} s.", "",
+          "| metric | kernel TCP | vSocket | vSocket/kernel | goal | fabric check (vSocket) |",
+          "|---|--:|--:|--:|---|---|"]
+    for row in t:
+        goal = ""
+        if row["goal"]:
+            goal = f"{row['goal']}: **{'met' if row['met'] else 'missed'}**"
+        check = (f"valid {row['vsocket_valid_reps']}/{row['reps']}" if row["vsocket_valid_reps"] == row["reps"]
+                 else f"**INVALID** in {row['reps'] - row['vsocket_valid_reps']}/{row['reps']} (excluded)")
+        if row["measurement"] == "connect":
+            check += " (1 B before pairing: kernel by design)"
+        md.append(f"| {row['metric']} | {fmt(row['kernel'])} ({fmt(row['kernel_range'][0])}-{fmt(row['kernel_range'][1])}) "
+                  f"| {fmt(row['vsocket'])} ({fmt(row['vsocket_range'][0])}-{fmt(row['vsocket_range'][1])}) "
+                  f"| {row['ratio']:.2f} | {goal} | {check} |")
+    md += ["", "## Adaptive batching on the fabric link (hostA -> hostB, netload 16 B, vSocket)", "",
+           "| connections | frames per writev | payload bytes per writev | 16 B messages per frame | writev/s |",
+           "|--:|--:|--:|--:|--:|"]
+    for b in results["batching"]:
+        md.append(f"| {b['conns']} | {b['frames_per_write']:.1f} | {b['bytes_per_write']:,.0f} | "
+                  f"{b['messages_per_frame']:.1f} | {b['writes_per_s']:,.0f} |")
+    w = results.get("pingpong_wakeups_per_message", {}).get("vsocket")
+    if w:
+        md += ["", f"Ping-pong, vSocket: vsocketd worker wake-ups from epoll per round trip: hostA {w['hostA']:.2f}, "
+               f"hostB {w['hostB']:.2f} (1 = the worker slept before every message)."]
+    md += ["", "## CPU seconds per million 16 B messages, by process (netload window, medians)", "",
+           "| connections | mode | client | server | vsocketd hostA | vsocketd hostB | sum (table above) "
+           "| + machine irq/softirq (not per process) |", "|--:|---|--:|--:|--:|--:|--:|--:|"]
+    for c in results["cpu_breakdown"]:
+        total = c["client"] + c["server"] + c["hostA"] + c["hostB"]
+        md.append(f"| {c['conns']} | {c['mode']} | {c['client']:.2f} | {c['server']:.2f} | {c['hostA']:.2f} | "
+                  f"{c['hostB']:.2f} | {total:.2f} | {c['softirq']:.2f} |")
+    md += ["", "## Fabric proof per vSocket measurement (every repetition)", "",
+           "| rep | measurement | app bytes | fabric bytes A->B + B->A | remote_upgrades A/B | valid |",
+           "|--:|---|--:|--:|--:|---|"]
+    for i, rep in enumerate(results["reps"]):
+        for meas, r in rep["vsocket"].items():
+            f = r["fabric"]
+            md.append(f"| {i} | {meas} | {r['app_bytes']:,} | {f['hostA_fabric_bytes_out']:,} + "
+                      f"{f['hostB_fabric_bytes_out']:,} | {f['hostA_remote_upgrades']}/{f['hostB_remote_upgrades']} "
+                      f"| {'yes' if r['valid'] else '**INVALID**'} |")
+    md += ["", "## Machine load (the machine is shared: other tests ran alongside)", "",
+           "| rep | mode | whole machine busy, mean over measurements (CPUs of "
+           f"{results['cpus']}) | whole machine busy in the 16 B windows, 1 / 64 conns | of which ours "
+           "(client + server + 2 vsocketd), 1 / 64 conns |",
+           "|--:|---|--:|--:|--:|"]
+    for i, rep in enumerate(results["reps"]):
+        for mode in ("kernel", "vsocket"):
+            busy = [r["fabric"].get("machine_busy_cpus", 0) for r in rep[mode].values()]
+            runs = [rep[mode][m] for m in ("rate_16_c1", "rate_16_c64")]
+            mb = [r.get("machine_busy_cpus_window", float("nan")) for r in runs]
+            ours = [sum(r.get("cpu_s", {}).values()) / max(1e-3, r.get("window_s", 1)) for r in runs]
+            md.append(f"| {i} | {mode} | {statistics.mean(busy):.2f} | {mb[0]:.2f} / {mb[1]:.2f} | "
+                      f"{ours[0]:.2f} / {ours[1]:.2f} |")
+    kernel_fabric = sum(r["fabric"]["fabric_bytes"] for rep in results["reps"] for r in rep["kernel"].values())
+    md += ["", f"Kernel TCP measurements moved {kernel_fabric} bytes over the fabric (must be 0)."]
+    return "\n".join(md) + "\n"
+
+
+def plot(results, base):
+    t = results["table"]
+    lat = [r for r in t if r["metric"].startswith(("RTT", "connect"))]
+    bl.plot_histogram(base, "latency", "vSocket vs kernel TCP, cross host over the tcp fabric (absolute)",
+                      "microseconds (lower is better)", [r["metric"] for r in lat],
+                      [("kernel TCP", [r["kernel"] for r in lat]), ("vSocket", [r["vsocket"] for r in lat])],
+                      logscale=True)
+    rates = [r for r in t if not r["metric"].startswith(("RTT", "connect", "CPU"))]
+    bl.plot_histogram(base, "rates", "vSocket vs kernel TCP, cross host over the tcp fabric (ratio)",
+                      "vSocket / kernel TCP (higher is better)", [r["metric"] for r in rates],
+                      [("vSocket / kernel TCP", [r["ratio"] for r in rates])], logscale=True,
+                      hline=(1, "kernel TCP = 1"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin", default=bl.DEFAULT_BIN)
+    ap.add_argument("--seconds", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--out", default=os.path.join(bl.ROOT, "bench/results"))
+    a = ap.parse_args()
+    bed = bl.Bed2(a.bin)
+    results = {"date": bl.utc_now().strftime("%Y-%m-%dT%H:%M:%SZ"), "cpus": os.cpu_count(),
+               "seconds": a.seconds, "reps_n": a.reps, "bin": os.path.abspath(a.bin),
+               "binaries": bed.binaries(), "loadavg_before": open("/proc/loadavg").read().split()[0], "reps": []}
+    started = time.monotonic()
+    bed.up(CLIENT_VM, SERVER_VM)
+    try:
+        for i in range(a.reps):
+            modes = [("kernel", False), ("vsocket", True)]
+            rep = {}
+            for mode, accel in (modes if i % 2 == 0 else modes[::-1]):
+                print(f"== rep {i} {mode}", flush=True)
+                rep[mode] = run_mode(bed, accel, a.seconds, 12000 + 100 * i + (50 if accel else 0))
+            results["reps"].append(rep)
+    finally:
+        bed.down()
+    results["loadavg_after"] = open("/proc/loadavg").read().split()[0]
+    results["wall_s"] = round(time.monotonic() - started, 1)
+    summarize(results)
+    text = markdown(results)
+    latest = bl.save_results(a.out, "cross-host", results, text)
+    print(text)
+    plot(results, latest)
+    print(f"{results['wall_s']} s")
+
+
+if __name__ == "__main__":
+    main()
