@@ -316,10 +316,15 @@ void Session::Dispatch(const Message& m) {
       const auto& d = std::get<proto::Downgrade>(m.body);
       auto reason = d.reason;
       c.reason.store(reason);
-      if (c.upgraded.load() && reason == proto::Reason::kFabricDown && !c.resync.load()) {
-        // The link is gone, the kernel connection is not: finish on it
-        // without losing a byte (socket_ops.cc, RESYNC). Every RX_TAIL came
-        // before this event, so the landed count can only confirm ours.
+      // fabric-down: the link is gone, the kernel connection is not.
+      // peer-not-accelerated: the peer withdrew before it ever upgraded
+      // (it closed while our CONFIRM was still on the way), so its whole
+      // stream is on the kernel socket. Either way: finish on the kernel
+      // connection without losing a byte (socket_ops.cc, RESYNC).
+      bool resync = reason == proto::Reason::kFabricDown || reason == proto::Reason::kPeerNotAccelerated;
+      if (c.upgraded.load() && resync && !c.resync.load()) {
+        // Every RX_TAIL came before this event, so the landed count can
+        // only confirm ours.
         if (d.bytes_received != c.rx_tail.load() ||
             (!c.peer_fence_known.load() && d.bytes_received != 0)) {
           c.reset.store(true, std::memory_order_release);
