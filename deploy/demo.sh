@@ -2,7 +2,10 @@
 # The vSocket demo: two "VMs" (network namespaces) on one host, an unmodified
 # redis-server in one and redis-benchmark in the other, first over kernel
 # TCP, then with libvsocket.so preloaded (vsocket-run) — then what the
-# operator sees (vsocketctl) and what the tenant's report says.
+# operator sees (vsocketctl) and what the tenant's report says. Then the same
+# between two "hypervisors" (deploy/testbed2.sh): each runs its own
+# vsocketd, and the two backends carry the VMs' bytes over one
+# TLS-authenticated fabric link.
 # Installs dependencies, builds, and removes everything it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +18,7 @@ SERVER_PID=""
 cleanup() {
   [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null && wait "$SERVER_PID" 2>/dev/null
   bash deploy/testbed.sh down >/dev/null 2>&1 || true
+  bash deploy/testbed2.sh down >/dev/null 2>&1 || true
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -24,15 +28,15 @@ VSOCKETD=$BIN/host-backend/vsocketd bash deploy/testbed.sh up | sed 's/^/   /'
 A2=$(bash deploy/testbed.sh addr vm2)
 RUN="guest/vsocket-run --lib $BIN/guest/libvsocket.so"
 
-bench() {  # bench LABEL PRELOAD(yes|no)
-  local pre=()
+bench() {  # bench LABEL PRELOAD(yes|no) [TESTBED CLIENT-VM SERVER-VM SERVER-ADDR]
+  local pre=() tb=${3:-deploy/testbed.sh} cvm=${4:-vm1} svm=${5:-vm2} addr=${6:-$A2}
   [ "$2" = yes ] && pre=($RUN -r "$WORK/report.jsonl" --)
-  bash deploy/testbed.sh exec vm2 "${pre[@]}" redis-server --bind "$A2" --port 6379 --save '' \
+  bash "$tb" exec "$svm" "${pre[@]}" redis-server --bind "$addr" --port 6379 --save '' \
     --appendonly no --protected-mode no >"$WORK/redis.log" 2>&1 &
   SERVER_PID=$!
   for _ in $(seq 50); do grep -q "Ready to accept" "$WORK/redis.log" && break; sleep 0.1; done
-  echo "== redis-benchmark vm1 -> redis-server vm2, $1"
-  bash deploy/testbed.sh exec vm1 "${pre[@]}" redis-benchmark -h "$A2" -t set,get -n 100000 -c 50 -q 2>&1 |
+  echo "== redis-benchmark $cvm -> redis-server $svm, $1"
+  bash "$tb" exec "$cvm" "${pre[@]}" redis-benchmark -h "$addr" -t set,get -n 100000 -c 50 -q 2>&1 |
     tr '\r' '\n' | grep -E "^(SET|GET): [0-9]" | sed 's/^/   /'
   kill "$SERVER_PID"
   wait "$SERVER_PID" 2>/dev/null || true
@@ -54,4 +58,16 @@ acc = sum(l["accel_tx"] + l["accel_rx"] for l in lines)
 ker = sum(l["kernel_tx_after_upgrade"] + l["kernel_rx_after_upgrade"] for l in lines)
 print(f"   {acc} bytes went through shared memory; {ker} bytes on kernel TCP after the upgrade")
 PY
-echo "== done (test bed removed)"
+bash deploy/testbed.sh down >/dev/null 2>&1
+
+echo "== two hypervisors: hostA (vmA1) and hostB (vmB1), one vsocketd each, tcp fabric over TLS 1.3"
+export VSOCKETD=$BIN/host-backend/vsocketd VSOCKETCTL=$BIN/host-backend/vsocketctl
+bash deploy/testbed2.sh up 2>&1 | sed 's/^/   /'
+B1=$(bash deploy/testbed2.sh addr vmB1)
+bench "across hosts, kernel TCP" no deploy/testbed2.sh vmA1 vmB1 "$B1"
+bench "across hosts, vSocket" yes deploy/testbed2.sh vmA1 vmB1 "$B1"
+echo "== vsocketctl links on hostA (the shared fabric link to hostB)"
+bash deploy/testbed2.sh ctl hostA links | sed 's/^/   /'
+echo "== hostA counters"
+bash deploy/testbed2.sh ctl hostA counters | grep -E "remote_upgrades|fabric_bytes|fabric_downgrades" | sed 's/^/   /'
+echo "== done (test beds removed)"
