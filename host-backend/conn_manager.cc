@@ -984,11 +984,13 @@ void ConnManager::RegisterRx(BackendConn& c, uint64_t* addr, uint32_t* rkey) {
 
 void ConnManager::RetireRx(BackendConn& c) {
   if (c.rx_mr == nullptr) return;
-  if (!c.remote.paired() || c.remote.gone || hosts_ == nullptr || hosts_->LinkTo(c.remote.host) == nullptr) {
+  // (remote.gone is no reason to drop it: a peer whose guest left still
+  // sends what that guest had written.)
+  if (!c.remote.paired() || hosts_ == nullptr || hosts_->LinkTo(c.remote.host) == nullptr) {
     // Not paired yet (the peer may hold the rkey from PAIR_ACCEPT): kept to
-    // the end; or the peer writes no more: dropped now.
+    // the end; or no link, so nothing writes any more: dropped now.
     if (c.remote.stage != RemotePeer::Stage::kAccepted) {
-      hosts_->UnregisterRemoteWritable(c.rx_mr);
+      UnregisterRx(c.rx_mr);
       c.rx_mr = nullptr;
     }
     return;
@@ -1001,10 +1003,16 @@ void ConnManager::RetireRx(BackendConn& c) {
   Owe(c, kOwePlacement);
 }
 
+void ConnManager::UnregisterRx(void* addr) {
+  if (hosts_ == nullptr) return;
+  hosts_->UnregisterRemoteWritable(addr);
+  counters_.rdma_rx_regions_dropped.fetch_add(1, std::memory_order_relaxed);
+}
+
 void ConnManager::DropRx(BackendConn& c) {
   if (hosts_ == nullptr) return;
-  if (c.rx_mr != nullptr) hosts_->UnregisterRemoteWritable(c.rx_mr);
-  for (const auto& [tag, addr] : c.rx_mr_retired) hosts_->UnregisterRemoteWritable(addr);
+  if (c.rx_mr != nullptr) UnregisterRx(c.rx_mr);
+  for (const auto& [tag, addr] : c.rx_mr_retired) UnregisterRx(addr);
   c.rx_mr = nullptr;
   c.rx_rkey = 0;
   c.rx_mr_retired.clear();
@@ -1082,7 +1090,8 @@ void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
       auto& r = c->rx_mr_retired;
       for (auto it = r.begin(); it != r.end();) {
         if (it->first <= h.value) {
-          if (hosts_) hosts_->UnregisterRemoteWritable(it->second);
+          UnregisterRx(it->second);
+          counters_.rdma_rx_withdrawn.fetch_add(1, std::memory_order_relaxed);
           it = r.erase(it);
         } else {
           ++it;

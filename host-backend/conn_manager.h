@@ -46,6 +46,8 @@ struct ConnManagerCounters {
   std::atomic<uint64_t> fabric_bytes_in{0};
   std::atomic<uint64_t> fabric_bytes_placed{0}; // of fabric_bytes_in: written one-sided into the RX ring (rdma)
   std::atomic<uint64_t> rdma_rx_regions{0};     // guest RX rings registered for peer hosts (total)
+  std::atomic<uint64_t> rdma_rx_regions_dropped{0};  // ... and deregistered again (total)
+  std::atomic<uint64_t> rdma_rx_withdrawn{0};  // of those: after the peer acknowledged a PLACEMENT
   std::atomic<uint64_t> frames_dropped{0};    // unknown handle, wrong tenant or wrong host
   std::atomic<uint64_t> frames_cross_tenant{0};
   std::atomic<uint64_t> fabric_violations{0}; // a frame outside the window: that connection is reset
@@ -188,6 +190,7 @@ class ConnManager {
   void RetireRx(BackendConn& c);
   // Drops every registration of c now (nothing can write any more).
   void DropRx(BackendConn& c);
+  void UnregisterRx(void* addr);
   void DetachRemote(BackendConn& c, proto::Reason why);
   const vhost::PortConfig* LocalPortFor(uint32_t tenant, const proto::Endpoint& addr) const;
 

@@ -105,6 +105,8 @@ std::string Stats(const Reporting& r) {
   Field(out, "fabric_bytes_in", cc.fabric_bytes_in.load());
   Field(out, "fabric_bytes_placed", cc.fabric_bytes_placed.load());
   Field(out, "rdma_rx_regions", cc.rdma_rx_regions.load());
+  Field(out, "rdma_rx_regions_dropped", cc.rdma_rx_regions_dropped.load());
+  Field(out, "rdma_rx_withdrawn", cc.rdma_rx_withdrawn.load());
   Field(out, "frames_dropped", cc.frames_dropped.load());
   Field(out, "frames_cross_tenant", cc.frames_cross_tenant.load());
   Field(out, "fabric_violations", cc.fabric_violations.load());
@@ -314,6 +316,8 @@ Table Counters(const Reporting& r) {
   add("fabric_bytes_in", cc.fabric_bytes_in.load());
   add("fabric_bytes_placed", cc.fabric_bytes_placed.load());
   add("rdma_rx_regions", cc.rdma_rx_regions.load());
+  add("rdma_rx_regions_dropped", cc.rdma_rx_regions_dropped.load());
+  add("rdma_rx_withdrawn", cc.rdma_rx_withdrawn.load());
   add("frames_dropped", cc.frames_dropped.load());
   add("frames_cross_tenant", cc.frames_cross_tenant.load());
   add("fabric_violations", cc.fabric_violations.load());

@@ -31,7 +31,19 @@ passed=0
 failed=0
 PIDS=()
 pass() { echo "PASS $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+fail() {
+  echo "FAIL $1: $2"
+  failed=$((failed + 1))
+  # Enough to diagnose from the saved log: the server's last words, the
+  # report lines that are not clean, the daemons' warnings.
+  [ -f "$WORK/$1.srv" ] && { echo "  -- server:"; tail -3 "$WORK/$1.srv" | sed 's/^/  /'; }
+  [ -f "$WORK/$1.jsonl" ] && { echo "  -- reports not accelerated/ok:"; grep -v '"reason":"accelerated"' "$WORK/$1.jsonl" | head -6 | sed 's/^/  /'; }
+  local h
+  for h in hostA hostB; do
+    echo "  -- $h warnings:"
+    grep -E "^[WE] " "$VSOCKET_TESTBED2_DIR/$h/vsocketd.log" 2>/dev/null | tail -8 | sed 's/^/  /'
+  done
+}
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
   wait 2>/dev/null
@@ -50,6 +62,17 @@ vm_bg() { # vm_bg VM REPORT LOG CMD...: preloaded, bounded, in the background; P
   VSOCKET_REPORT=$report LD_PRELOAD=$LIB bash $TB exec "$vm" timeout "$CASE_TIMEOUT" "$@" >"$log" 2>&1 &
   BG=$!
   PIDS+=("$BG")
+}
+wait_listen() { # wait_listen VM PORT: the server listens (TCG: starting a preloaded process takes seconds)
+  for _ in $(seq 150); do
+    bash $TB exec "$1" ss -Hltn "sport = :$2" 2>/dev/null | grep -q . && return 0
+    sleep 0.2
+  done
+  return 1
+}
+server_status() { # why the background server $1 ended (or that it still runs)
+  sleep 1
+  if kill -0 "$1" 2>/dev/null; then echo "server still running"; kill "$1" 2>/dev/null; else wait "$1"; echo "server exit $?"; fi
 }
 vm_run() {
   local vm=$1 report=$2
@@ -145,9 +168,9 @@ rdma_xfer() {
   t0=$(date +%s)
   vm_bg "$svm" "$rep" "$WORK/$name.srv" "$XFER" server "$saddr" "$port" --conns "$conns"
   local srv=$BG
+  wait_listen "$svm" "$port" || { fail "$name" "server not listening after 30 s"; kill "$srv" 2>/dev/null; return; }
   if ! vm_run "$cvm" "$rep" "$XFER" client "$saddr" "$port" --conns "$conns" --bytes "$bytes" >"$WORK/$name.cli" 2>&1; then
-    fail "$name" "client: $(tail -2 "$WORK/$name.cli" | tr '\n' ' ')"
-    kill "$srv" 2>/dev/null
+    fail "$name" "client: $(tail -2 "$WORK/$name.cli" | tr '\n' ' '); $(server_status "$srv")"
     return
   fi
   if ! wait "$srv"; then
@@ -190,17 +213,66 @@ rdma_xfer() {
   pass "$name ($conns conns x $bytes B each way in ${secs} s, every byte checked; $lines VSOCKET_REPORT lines: $out; fabric A->B ${d[hostA.fabric_bytes_out]} B, B->A ${d[hostB.fabric_bytes_out]} B = libraries' accelerated $accel B, all placed one-sided ($placed B); remote_upgrades +$ups; RX rings registered +$regs; violations 0)"
 }
 
-rdma_xfer rdma_xfer_one_connection_A_to_B vmA1 vmB1 "$B1" 1 4194304 7601
-rdma_xfer rdma_xfer_64_connections_A_to_B vmA1 vmB1 "$B1" 64 65536 7602
-rdma_xfer rdma_xfer_one_connection_B_to_A vmB1 vmA2 "$A2" 1 4194304 7603
-rdma_xfer rdma_xfer_64_connections_B_to_A vmB1 vmA2 "$A2" 64 65536 7604
+rdma_xfer rdma_xfer_one_connection_A_to_B vmA1 vmB1 "$B1" 1 16777216 7601
+rdma_xfer rdma_xfer_64_connections_A_to_B vmA1 vmB1 "$B1" 64 1048576 7602
+rdma_xfer rdma_xfer_one_connection_B_to_A vmB1 vmA2 "$A2" 1 16777216 7603
+rdma_xfer rdma_xfer_64_connections_B_to_A vmB1 vmA2 "$A2" 64 1048576 7604
+
+# A client SIGKILLed right after its last write: the remote server still gets
+# every byte, and the dead guest's RX ring registration is withdrawn through
+# PLACEMENT/PLACEMENT_ACK (the link survives).
+case_crash() {
+  local name=rdma_sender_killed rep=$WORK/crash.jsonl port=7605 bytes=4194304
+  local l0
+  l0=$(link_json hostA losses)
+  vm_bg vmB1 "$rep" "$WORK/crash.srv" "$XFER" server "$B1" "$port" --one-way
+  local srv=$BG
+  wait_listen vmB1 "$port" || { fail $name "server not listening after 30 s"; kill "$srv" 2>/dev/null; return; }
+  vm_run vmA1 "$rep" "$XFER" client "$B1" "$port" --bytes "$bytes" --one-way --crash >/dev/null 2>&1
+  if ! wait "$srv"; then
+    fail $name "server: $(tail -2 "$WORK/crash.srv" | tr '\n' ' ')"
+    return
+  fi
+  local out
+  if ! out=$(python3 $CHECK "$rep" --port "$port" --expect-conns 1 --mode accelerated --accel-min 1 \
+      --exact-total $((bytes + 16))); then
+    fail $name "$out"
+    return
+  fi
+  [ "$(link_json hostA losses)" = "$l0" ] || { fail $name "the link was lost"; return; }
+  pass "$name (remote server verified all $bytes B and EOF after the client was SIGKILLed; $out; link kept)"
+}
+case_crash
+
+# Every registration made was dropped again once its connection closed (no
+# region left behind), most of them after the peer acknowledged the
+# withdrawal. Closing is asynchronous: allow a few seconds.
+case_regions() {
+  local name=rdma_rx_regions_all_dropped h ok=0 msg
+  for _ in $(seq 50); do
+    ok=1
+    msg=""
+    for h in hostA hostB; do
+      local r d w
+      r=$(counter $h rdma_rx_regions)
+      d=$(counter $h rdma_rx_regions_dropped)
+      w=$(counter $h rdma_rx_withdrawn)
+      msg="$msg $h: $r registered, $d dropped ($w after PLACEMENT_ACK);"
+      [ "$r" -gt 0 ] && [ "$r" = "$d" ] && [ "$w" -gt 0 ] || ok=0
+    done
+    [ $ok = 1 ] && break
+    sleep 0.2
+  done
+  if [ $ok = 1 ]; then pass "$name ($msg)"; else fail $name "$msg"; fi
+}
+case_regions
 
 echo "== after the transfers"
 for h in hostA hostB; do
   echo "-- $h: vsocketctl links"
   bash $TB ctl $h links
   echo "-- $h: fabric counters"
-  bash $TB ctl $h counters | grep -E "^(remote_upgrades|pair_|fabric_|frames_|rdma_)"
+  bash $TB ctl $h counters | grep -E "^(active_connections|remote_upgrades|pair_|fabric_|frames_|rdma_)"
 done
 # The link itself carried it: its payload bytes and frames, no loss.
 la=$(link_json hostA data_bytes_out)
@@ -211,7 +283,7 @@ if [ "$la" -gt 0 ] && [ "$lb" -gt 0 ] && [ "$losses" = 0/0 ]; then
 else
   fail rdma_link_stats "link bytes $la/$lb, losses $losses"
 fi
-warn=$(grep -hE "violation|outside the credit|link lost|RX ring not registered" "$VSOCKET_TESTBED2_DIR"/host{A,B}/vsocketd.log | head -3)
+warn=$(grep -hE "violation|outside the credit|link lost|RX ring not registered|connection is reset" "$VSOCKET_TESTBED2_DIR"/host{A,B}/vsocketd.log | head -3)
 if [ -z "$warn" ]; then pass "daemon_logs_clean (no violation, no link loss, every RX ring registered)"; else fail daemon_logs_clean "$warn"; fi
 
 echo "$passed passed, $failed failed"
