@@ -286,5 +286,28 @@ fi
 warn=$(grep -hE "violation|outside the credit|link lost|RX ring not registered|connection is reset" "$VSOCKET_TESTBED2_DIR"/host{A,B}/vsocketd.log | head -3)
 if [ -z "$warn" ]; then pass "daemon_logs_clean (no violation, no link loss, every RX ring registered)"; else fail daemon_logs_clean "$warn"; fi
 
+# hostB's vsocketd restarts: hostA notices the loss, sets up a new QP over a
+# new TLS session (backoff), and new connections are placed one-sided again.
+case_restart() {
+  local name=rdma_peer_restart_relinks c0 c1 l1 i
+  c0=$(link_json hostA connects)
+  timeout 120 bash $TB restart hostB >"$WORK/restart.log" 2>&1  # its own 10 s wait may be short under TCG
+  for i in $(seq 120); do
+    [ "$(link_json hostA state 2>/dev/null)" = up ] && [ "$(link_json hostB state 2>/dev/null)" = up ] && break
+    sleep 0.5
+  done
+  c1=$(link_json hostA connects)
+  l1=$(link_json hostA losses)
+  if [ "$(link_json hostA state)" != up ] || [ "$c1" -le "$c0" ] || [ "$l1" -lt 1 ]; then
+    fail $name "hostA: state $(link_json hostA state), connects $c0 -> $c1, losses $l1; $(tail -2 "$WORK/restart.log" | tr '\n' ' ')"
+    return
+  fi
+  local before=$failed
+  rdma_xfer rdma_xfer_after_restart vmA1 vmB1 "$B1" 2 1048576 7606
+  [ "$failed" -eq "$before" ] || return
+  pass "$name (hostA saw the loss and relinked: connects $c0 -> $c1, losses $l1, fabric $(link_json hostA fabric))"
+}
+case_restart
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

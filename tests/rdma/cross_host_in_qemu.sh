@@ -62,7 +62,7 @@ echo "== guest run: exit $rc after $(( $(date +%s) - start )) s (boot included)"
 
 fail=0
 summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$OUT" | tail -1 || true)
-if [ "$rc" = 0 ] && [ -n "$summary" ] && ! grep -q '^FAIL ' "$OUT" && [ "$(grep -c '^PASS ' "$OUT")" -ge 10 ]; then
+if [ "$rc" = 0 ] && [ -n "$summary" ] && ! grep -q '^FAIL ' "$OUT" && [ "$(grep -c '^PASS ' "$OUT")" -ge 12 ]; then
   echo PASS | tee -a "$OUT"
 else
   echo "FAIL${summary:+ ($summary)}" | tee -a "$OUT"
