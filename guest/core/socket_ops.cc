@@ -498,6 +498,22 @@ Status FlushResendLocked(Conn& c, int fd) {
   return Status::Ok();
 }
 
+// Waits up to a second for the kernel socket (`events`), within the
+// SO_*TIMEO deadline `opt` (looked up on first use: *deadline == -2).
+Status WaitKernel(int fd, short events, int opt, int64_t* deadline) {
+  if (*deadline == -2) *deadline = SocketDeadline(fd, opt);
+  int timeout_ms = 1000;
+  if (*deadline >= 0) {
+    int64_t left = *deadline - MonotonicNs();
+    if (left <= 0) return Errno(EAGAIN, "timed out");
+    timeout_ms = static_cast<int>(std::min<int64_t>(1000, (left + 999999) / 1000000));
+  }
+  pollfd p{fd, events, 0};
+  if (Libc().poll(&p, 1, timeout_ms) < 0 && errno == EINTR && AnyHandlerWithoutRestart())
+    return Errno(EINTR, "interrupted");
+  return Status::Ok();
+}
+
 // Under tx_mu: send() once the link is gone: the owed resend first, then
 // plain kernel TCP.
 Result<size_t> SendResynced(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
@@ -507,16 +523,8 @@ Result<size_t> SendResynced(int fd, Conn& c, const iovec* iov, int iovcnt, int f
     Status st = FlushResendLocked(c, fd);
     if (st.ok()) break;
     if (st.sys_errno() != EAGAIN || nonblock) return st;
-    if (deadline == -2) deadline = SocketDeadline(fd, SO_SNDTIMEO);
-    int timeout_ms = 1000;
-    if (deadline >= 0) {
-      int64_t left = deadline - MonotonicNs();
-      if (left <= 0) return Errno(EAGAIN, "timed out");
-      timeout_ms = static_cast<int>(std::min<int64_t>(1000, (left + 999999) / 1000000));
-    }
-    pollfd p{fd, POLLOUT, 0};
-    if (Libc().poll(&p, 1, timeout_ms) < 0 && errno == EINTR && AnyHandlerWithoutRestart())
-      return Errno(EINTR, "interrupted");
+    Status w = WaitKernel(fd, POLLOUT, SO_SNDTIMEO, &deadline);
+    if (!w.ok()) return w;
   }
   if (c.shut_wr.load()) return BrokenPipe(flags, "shut down for writing");
   msghdr mh{};
@@ -881,16 +889,8 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
         Status st = ConsumeResyncLocked(fd, c);
         if (st.ok()) continue;
         if (st.sys_errno() != EAGAIN || got || nonblock) return got ? Result<size_t>(got) : Result<size_t>(st);
-        if (deadline == -2) deadline = SocketDeadline(fd, SO_RCVTIMEO);
-        int timeout_ms = 1000;
-        if (deadline >= 0) {
-          int64_t left = deadline - MonotonicNs();
-          if (left <= 0) return Errno(EAGAIN, "timed out");
-          timeout_ms = static_cast<int>(std::min<int64_t>(1000, (left + 999999) / 1000000));
-        }
-        pollfd p{fd, POLLIN, 0};
-        if (Libc().poll(&p, 1, timeout_ms) < 0 && errno == EINTR && AnyHandlerWithoutRestart())
-          return Errno(EINTR, "interrupted");
+        Status w = WaitKernel(fd, POLLIN, SO_RCVTIMEO, &deadline);
+        if (!w.ok()) return w;
         continue;
       }
       if (ph == RxResync::kKernel) {

@@ -14,6 +14,10 @@ and always: no line counts kernel bytes after its upgrade.
 --min-accel N: at least N lines are accelerated and moved bytes that way
 (many simultaneous connections on a loaded machine: a pairing may complete
 only after a short exchange ended; those stay on kernel TCP, still exact).
+--resynced: every line was upgraded (or went back to kernel TCP through
+RESYNC after a link loss), and at least one did go through RESYNC.
+--reupgraded: every line went through RESYNC, registered again and ended
+accelerated.
 --exact-total B: for every line, kernel_tx + accel_tx == B or
 kernel_rx + accel_rx == B (each connection carried B bytes one way,
 wherever they went).
@@ -31,6 +35,8 @@ p.add_argument("--reason")
 p.add_argument("--accel-min", type=int)
 p.add_argument("--exact-total", type=int)
 p.add_argument("--min-accel", type=int)
+p.add_argument("--resynced", action="store_true")
+p.add_argument("--reupgraded", action="store_true")
 p.add_argument("--aggregate", action="store_true",
                help="with --bulk-accel: judge the sum over all connections, not each one")
 p.add_argument("--bulk-accel", type=int, metavar="BYTES",
@@ -56,7 +62,12 @@ for l in sel:
         errors.append(f'{who}: mode {l["mode"]}, expected {a.mode}')
     if a.reason and l["reason"] != a.reason:
         errors.append(f'{who}: reason {l["reason"]}, expected {a.reason}')
-    if l.get("kernel_tx_after_upgrade", 0) or l.get("kernel_rx_after_upgrade", 0):
+    if a.resynced and not (l["upgraded"] or l.get("resynced")):
+        errors.append(f"{who}: never upgraded")
+    if a.reupgraded and not (l.get("resynced") and l.get("reupgrades", 0) >= 1 and l["mode"] == "accelerated"):
+        errors.append(f'{who}: did not resync and re-upgrade (mode {l["mode"]}, reupgrades {l.get("reupgrades")})')
+    # A RESYNC puts bytes on kernel TCP after the upgrade by design.
+    if not l.get("resynced") and (l.get("kernel_tx_after_upgrade", 0) or l.get("kernel_rx_after_upgrade", 0)):
         errors.append(f"{who}: kernel-path bytes after the upgrade")
     if a.accel_min is not None and l["accel_tx"] + l["accel_rx"] < a.accel_min:
         errors.append(f'{who}: only {l["accel_tx"] + l["accel_rx"]} bytes accelerated')
@@ -70,6 +81,9 @@ for l in sel:
             errors.append(f"{who}: carried {tx} out / {rx} in, expected {a.exact_total}")
 if errors:
     print("; ".join(errors[:5]) + (f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""))
+    sys.exit(1)
+if a.resynced and not any(l.get("resynced") for l in sel):
+    print("no connection went through RESYNC")
     sys.exit(1)
 if a.min_accel is not None:
     n = sum(l["mode"] == "accelerated" and l["accel_tx"] + l["accel_rx"] > 0 for l in sel)
@@ -86,4 +100,5 @@ if a.aggregate:
         print(f"only {acc} of {tot} bytes accelerated over all connections")
         sys.exit(1)
 accel = sum(l["mode"] == "accelerated" for l in sel)
-print(f"{len(sel)} connections ok ({accel} accelerated)")
+res = sum(bool(l.get("resynced")) for l in sel)
+print(f"{len(sel)} connections ok ({accel} accelerated" + (f", {res} went through RESYNC)" if res else ")"))

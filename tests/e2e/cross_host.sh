@@ -492,26 +492,7 @@ case_link_loss() {
   local da db out
   da=$(($(counter hostA fabric_downgrades) - da0))
   db=$(($(counter hostB fabric_downgrades) - db0))
-  if ! out=$(python3 - "$rep" $((2 * conns)) <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-want = int(sys.argv[2])
-if len(rows) != want:
-    print(f"{len(rows)} connection reports, want {want}")
-    sys.exit(1)
-bad = [r for r in rows if not (r["upgraded"] or r["resynced"])]
-if bad:
-    print(f"{len(bad)} connection ends never upgraded: {bad[0]}")
-    sys.exit(1)
-res = [r for r in rows if r["resynced"]]
-if not res:
-    print("no connection end went through RESYNC")
-    sys.exit(1)
-accel = sum(r["accel_rx"] for r in rows)
-kern = sum(r["kernel_rx"] for r in rows)
-print(f"{len(res)}/{len(rows)} connection ends resynced; {accel} B received accelerated, {kern} B on kernel TCP")
-PY
-  ); then
+  if ! out=$(python3 $CHECK "$rep" --port $port --expect-conns $((2 * conns)) --resynced); then
     fail $name "$out"
     return
   fi
@@ -557,20 +538,7 @@ case_link_loss_reupgrade() {
     return
   fi
   local out
-  if ! out=$(python3 - "$rep" $((2 * conns)) <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-want = int(sys.argv[2])
-if len(rows) != want:
-    print(f"{len(rows)} connection reports, want {want}")
-    sys.exit(1)
-bad = [r for r in rows if not (r["resynced"] and r["reupgrades"] >= 1 and r["mode"] == "accelerated")]
-if bad:
-    print(f"{len(bad)} connection ends did not resync and re-upgrade: {bad[0]}")
-    sys.exit(1)
-print(f"{len(rows)}/{len(rows)} connection ends resynced and re-upgraded")
-PY
-  ); then
+  if ! out=$(python3 $CHECK "$rep" --port $port --expect-conns $((2 * conns)) --reupgraded); then
     fail $name "$out"
     return
   fi
