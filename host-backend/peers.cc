@@ -455,12 +455,16 @@ bool Peering::ServiceUp(Host& h) {
   }
   if (h.state == State::kUp && h.link) {
     uint64_t before = h.link->stats().frames_in.load(std::memory_order_relaxed);
-    Status ls = h.link->Poll(conns_->LinkSink(h.id), 256);
+    Status ls = h.link->Poll(conns_->LinkSink(h.id), kMaxFramesPerPoll);
     if (!ls.ok()) {
       HostDown(h, "data link: " + ls.message());
       return true;
     }
-    worked |= h.link->stats().frames_in.load(std::memory_order_relaxed) != before;
+    uint64_t got = h.link->stats().frames_in.load(std::memory_order_relaxed) - before;
+    // A full batch may leave frames read but not yet delivered: they make
+    // no new epoll event, so the next Poll() must come back for them.
+    h.link_more = got >= kMaxFramesPerPoll;
+    worked |= got != 0;
   }
   return worked;
 }
@@ -560,7 +564,8 @@ bool Peering::Poll() {
   epoll_event evs[64];
   int n = epoll_wait(epoll_.get(), evs, 64, 0);
   bool any_out = false;
-  for (auto& h : hosts_) any_out |= h->state == State::kUp && h->link && h->link->WantsWritable();
+  for (auto& h : hosts_)
+    any_out |= h->state == State::kUp && h->link && (h->link->WantsWritable() || h->link_more);
   bool worked = false;
   if (n > 0 || any_out || !incoming_.empty()) {
     for (int i = 0; i < n; ++i) {

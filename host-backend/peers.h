@@ -89,6 +89,7 @@ class Peering : public RemoteHosts {
   const std::string& host_name() const { return host_name_; }
 
  private:
+  static constexpr int kMaxFramesPerPoll = 256;
   enum class State { kIdle, kBackoff, kConnecting, kHandshake, kLinkConnecting, kWaitLink, kWaitReady, kUp };
   struct Host {
     uint32_t id;
@@ -103,6 +104,7 @@ class Peering : public RemoteHosts {
     std::unique_ptr<fabric::Link> link;
     fabric::RdmaLink* rdma = nullptr;  // rdma fabric: `link`, typed; null otherwise
     bool rdma_connected = false;       // its QP is connected to the peer's
+    bool link_more = false;            // the last Poll() hit its frame limit
     std::array<uint8_t, 32> link_key{};
     int64_t retry_at_ms = 0;
     int backoff_ms = 0;
