@@ -103,6 +103,10 @@ bool Worker::ProcessMailbox() {
       bool found = false;
       for (size_t i = 0; i < active_.size(); ++i) {
         if (active_[i].device.get() == op.raw) {
+          // The guest is gone, its memory still mapped until we answer:
+          // act on what it posted last (a TX_TAIL right before it died
+          // carries bytes the peer must still get) before orphaning.
+          if (!active_[i].device->broken()) Serve(active_[i]);
           Untrack(i);
           found = true;
           break;

@@ -1,6 +1,17 @@
-# Shared by the end-to-end suites (same_host.sh, cross_host.sh). The caller
-# sets TB (its test bed script, with an `exec VM CMD...` command), LIB
-# (libvsocket.so), passed=0, failed=0 and PIDS=().
+# Shared by the end-to-end suites (same_host.sh, cross_host.sh,
+# tests/rdma/cross_host_guest.sh). The caller sets TB (its test bed script,
+# with `exec VM CMD...` and `down`), LIB (libvsocket.so), WORK (a scratch
+# directory), passed=0, failed=0 and PIDS=().
+
+# For `trap e2e_cleanup EXIT`: stops the background processes we started,
+# takes the test bed down, removes WORK.
+e2e_cleanup() {
+  local p
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  bash $TB down >/dev/null 2>&1
+  rm -rf "$WORK"
+}
 
 pass() { echo "PASS $1"; passed=$((passed + 1)); }
 fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
@@ -30,4 +41,22 @@ vm_bg() {
   fi
   BG=$!
   PIDS+=("$BG")
+}
+
+# Two-host bed (deploy/testbed2.sh): the fabric link is cut for SECONDS:
+# both hosts' kernels answer every packet of the peering port (7300, TLS
+# and tcp link) with an RST, then the rule goes away.
+cut_link() { # cut_link SECONDS
+  local h
+  for h in hostA hostB; do
+    ip netns exec "${VSOCKET_TESTBED2_NS_PREFIX:-vs2}$h" nft -f - <<'NFT'
+table inet vsocket_fault {
+  chain in { type filter hook input priority 0; tcp dport 7300 reject with tcp reset; tcp sport 7300 reject with tcp reset; }
+}
+NFT
+  done
+  sleep "$1"
+  for h in hostA hostB; do
+    ip netns exec "${VSOCKET_TESTBED2_NS_PREFIX:-vs2}$h" nft delete table inet vsocket_fault
+  done
 }

@@ -25,13 +25,7 @@ for f in "$LIB" "$XFER" "$BIN/host-backend/vsocketd"; do
   [ -e "$f" ] || { echo "missing $f (build first)"; echo "0 passed, 1 failed"; exit 1; }
 done
 
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  bash $TB down >/dev/null 2>&1
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+trap e2e_cleanup EXIT  # tests/e2e/lib.sh, sourced below
 
 . tests/e2e/lib.sh  # pass, fail, vm_run, vm_bg
 

@@ -30,7 +30,8 @@ CASE_TIMEOUT=${VSOCKET_CASE_TIMEOUT:-150}
 passed=0
 failed=0
 PIDS=()
-pass() { echo "PASS $1"; passed=$((passed + 1)); }
+# pass, e2e_cleanup (fail and vm_run are redefined below).
+. tests/e2e/lib.sh
 fail() {
   echo "FAIL $1: $2"
   failed=$((failed + 1))
@@ -44,13 +45,7 @@ fail() {
     grep -E "^[WE] " "$VSOCKET_TESTBED2_DIR/$h/vsocketd.log" 2>/dev/null | tail -8 | sed 's/^/  /'
   done
 }
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  bash $TB down >/dev/null 2>&1
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+trap e2e_cleanup EXIT
 
 counter() { bash $TB ctl "$1" counters 2>/dev/null | awk -v n="$2" '$1 == n {print $2}'; }
 link_json() { # link_json HOST FIELD: from `vsocketctl --json stats` links[0]

@@ -19,18 +19,8 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
-BUILD=1 TIMEOUT=900
-ARGS=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --no-build) BUILD=0 ;;
-    --timeout) TIMEOUT=${2:?}; shift ;;
-    -v|--verbose) ARGS+=(-v) ;;
-    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
-    *) echo "cross_host_in_qemu.sh: unknown argument: $1" >&2; exit 2 ;;
-  esac
-  shift
-done
+. "$HERE/lib.sh"  # qemu_args
+qemu_args 900 "$@"
 
 cd "$ROOT"
 TARGETS=(//guest:libvsocket.so //tests/e2e:xfer //host-backend:vsocketd //host-backend:vsocketctl)

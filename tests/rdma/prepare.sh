@@ -41,8 +41,9 @@ INIT_SRC="$HERE/guest-init.sh"
 #   ib_uverbs      /dev/infiniband/uverbs* for libibverbs.
 #   rdma_cm rdma_ucm  /dev/infiniband/rdma_cm for librdmacm users.
 #   veth bridge    deploy/testbed2.sh inside the guest (tests/rdma/cross_host_in_qemu.sh).
+#   nf_tables nft_reject_inet  nft inside the guest (fault injection on the peering port).
 MODULES=(virtio_pci virtio_net 9p 9pnet_virtio crc32_generic
-         ib_core ib_uverbs rdma_rxe rdma_cm rdma_ucm veth bridge)
+         ib_core ib_uverbs rdma_rxe rdma_cm rdma_ucm veth bridge nf_tables nft_reject_inet)
 
 die() { echo "prepare.sh: $*" >&2; exit 1; }
 for tool in apt-get apt-cache dpkg-deb depmod modprobe cpio gzip sha256sum; do

@@ -11,17 +11,8 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
-TIMEOUT=240
-ARGS=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --timeout) TIMEOUT=${2:?}; shift ;;
-    -v|--verbose) ARGS+=(-v) ;;
-    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
-    *) echo "smoke.sh: unknown argument: $1" >&2; exit 2 ;;
-  esac
-  shift
-done
+. "$HERE/lib.sh"  # qemu_args
+qemu_args 240 "$@"
 
 "$HERE/install-deps.sh"
 "$HERE/prepare.sh"
