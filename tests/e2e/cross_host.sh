@@ -483,7 +483,7 @@ case_link_loss() {
     bash $TB ctl hostA links 2>/dev/null | grep -q " up " && break
     sleep 0.1
   done
-  fabric_xfer after_link_loss vmA1 vmB1 "$B1" 4 1048576 7107 ||
+  fabric_xfer after_link_loss vmA1 vmB1 "$B1" 4 8388608 7107 ||
     { fail $name "no acceleration after the link came back: $XFER_MSG"; return; }
   pass "$name (link cut after $moved B on the fabric: $conns conns x $bytes B each way all byte-exact; $out; downgrades hostA +$da hostB +$db; relinked, new connections accelerated)"
 }
@@ -502,7 +502,13 @@ case_link_loss_reupgrade() {
   vm_bg vmA1 preload "$rep" "$WORK/reup.cli" "$XFER" client "$B1" "$port" --conns $conns --bytes $bytes \
     --rounds 400 --gap-ms 10
   local cli=$BG
-  sleep 0.6
+  # Cut once every connection is upgraded and the rounds cross the fabric.
+  local i
+  for i in $(seq 100); do
+    [ "$(counter hostA remote_upgrades)" -ge $((u0 + conns)) ] && break
+    sleep 0.05
+  done
+  sleep 0.3
   a1=$(counter hostA fabric_bytes_out)
   cut_link 1
   a2=$(counter hostA fabric_bytes_out)
@@ -547,5 +553,12 @@ case_peer_restart() {
 }
 case_peer_restart
 
+if [ "$failed" -gt 0 ]; then
+  # For the CI log: what the daemons said last.
+  for h in hostA hostB; do
+    echo "== $h: vsocketd.log, warnings and errors (last 20)"
+    grep -E "^[WE] " "$VSOCKET_TESTBED2_DIR/$h/vsocketd.log" 2>/dev/null | tail -20
+  done
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
