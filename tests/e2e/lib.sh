@@ -43,20 +43,18 @@ vm_bg() {
   PIDS+=("$BG")
 }
 
-# Two-host bed (deploy/testbed2.sh): the fabric link is cut for SECONDS:
-# both hosts' kernels answer every packet of the peering port (7300, TLS
-# and tcp link) with an RST, then the rule goes away.
+# Two-host bed (deploy/testbed2.sh): the fabric link is cut for SECONDS.
+# hostB's kernel answers every segment hostA sends to the peering port
+# (7300: TLS and tcp link; hostA is the side that connects) with an RST, so
+# hostA's sockets die at its next segment; hostB learns from its own
+# sends, or when hostA reconnects. Then the rule goes away.
 cut_link() { # cut_link SECONDS
-  local h
-  for h in hostA hostB; do
-    ip netns exec "${VSOCKET_TESTBED2_NS_PREFIX:-vs2}$h" nft -f - <<'NFT'
+  local ns=${VSOCKET_TESTBED2_NS_PREFIX:-vs2}hostB
+  ip netns exec "$ns" nft -f - <<'NFT'
 table inet vsocket_fault {
-  chain in { type filter hook input priority 0; tcp dport 7300 reject with tcp reset; tcp sport 7300 reject with tcp reset; }
+  chain in { type filter hook input priority 0; tcp dport 7300 reject with tcp reset; }
 }
 NFT
-  done
   sleep "$1"
-  for h in hostA hostB; do
-    ip netns exec "${VSOCKET_TESTBED2_NS_PREFIX:-vs2}$h" nft delete table inet vsocket_fault
-  done
+  ip netns exec "$ns" nft delete table inet vsocket_fault
 }

@@ -295,6 +295,55 @@ fi
 warn=$(grep -hE "violation|outside the credit|link lost|RX ring not registered|connection is reset" "$VSOCKET_TESTBED2_DIR"/host{A,B}/vsocketd.log | head -3)
 if [ -z "$warn" ]; then pass "daemon_logs_clean (no violation, no link loss, every RX ring registered)"; else fail daemon_logs_clean "$warn"; fi
 
+# The link is lost in the middle of request/response connections (the TLS
+# channel to hostB is cut for 8 s, so both daemons take the rdma link down):
+# every connection goes back to kernel TCP through RESYNC without losing a
+# byte, registers again, and re-upgrades onto the rdma link when it is back.
+case_link_loss() {
+  local name=rdma_link_loss_resync_reupgrade rep=$WORK/linkloss.jsonl port=7606 conns=2 bytes=4194304
+  local d0 u0 p0
+  d0=$(counter hostA fabric_downgrades)
+  u0=$(counter hostA remote_upgrades)
+  vm_bg vmB1 "$rep" "$WORK/$name.srv" "$XFER" server "$B1" "$port" --conns $conns --rounds 200
+  local srv=$BG
+  wait_listen vmB1 "$port" || { fail $name "server not listening after 30 s"; kill "$srv" 2>/dev/null; return; }
+  vm_bg vmA1 "$rep" "$WORK/$name.cli" "$XFER" client "$B1" "$port" --conns $conns --bytes $bytes --rounds 200 \
+    --gap-ms 100
+  local cli=$BG
+  for _ in $(seq 100); do
+    [ "$(counter hostA remote_upgrades)" -ge $((u0 + conns)) ] && break
+    sleep 0.1
+  done
+  sleep 1
+  cut_link 8 &
+  local cut=$!
+  # The data moves over RDMA, so the TLS channel is idle and meets no RST by
+  # itself: a new connection's PAIR_REQUEST on it does.
+  vm_run vmA1 /dev/null python3 -c "import socket; s = socket.create_connection(('$B1', $port)); s.send(b'x'); s.close()" \
+    >/dev/null 2>&1
+  wait "$cut"
+  p0=$(counter hostA fabric_bytes_placed)
+  local crc=0 src=0
+  wait "$cli" || crc=$?
+  wait "$srv" || src=$?
+  if [ $crc -ne 0 ] || [ $src -ne 0 ]; then
+    fail $name "client rc $crc: $(tail -2 "$WORK/$name.cli" | tr '\n' ' ') server rc $src"
+    return
+  fi
+  local out dd up dp
+  dd=$(($(counter hostA fabric_downgrades) - d0))
+  up=$(($(counter hostA remote_upgrades) - u0))
+  dp=$(($(counter hostA fabric_bytes_placed) - p0))
+  if ! out=$(python3 $CHECK "$rep" --port "$port" --expect-conns $((2 * conns)) --reupgraded); then
+    fail $name "$out (fabric_downgrades +$dd, remote_upgrades +$up)"
+    return
+  fi
+  [ "$dd" -ge 1 ] && [ "$up" -ge $((2 * conns)) ] && [ "$dp" -gt 0 ] ||
+    { fail $name "fabric_downgrades +$dd, remote_upgrades +$up, placed after the cut $dp B"; return; }
+  pass "$name ($conns conns x 200 byte-checked rounds across an 8 s cut: $out; downgrades +$dd, upgrades +$up, $dp B placed one-sided after the relink)"
+}
+case_link_loss
+
 # hostB's vsocketd restarts: hostA notices the loss, sets up a new QP over a
 # new TLS session (backoff), and new connections are placed one-sided again.
 case_restart() {
