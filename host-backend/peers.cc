@@ -75,6 +75,16 @@ const char* Peering::ToString(State s) {
   return "?";
 }
 
+void LinkTotals::Add(const fabric::LinkStats& s) {
+  frames_out += s.frames_out;
+  frames_in += s.frames_in;
+  bytes_out += s.data_bytes_out;
+  bytes_in += s.data_bytes_in;
+  writes += s.write_calls;
+  reads += s.read_calls;
+  busy += s.busy;
+}
+
 Peering::~Peering() {
   for (auto& h : hosts_)
     if (h->tls) h->tls->Close();
@@ -324,14 +334,7 @@ void Peering::HostDown(Host& h, const std::string& why) {
     std::lock_guard<std::mutex> lock(mu_);
     if (h.link) {
       epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, h.link->wake_fd(), nullptr);
-      const fabric::LinkStats& s = h.link->stats();
-      h.old_frames_out += s.frames_out;
-      h.old_frames_in += s.frames_in;
-      h.old_bytes_out += s.data_bytes_out;
-      h.old_bytes_in += s.data_bytes_in;
-      h.old_writes += s.write_calls;
-      h.old_reads += s.read_calls;
-      h.old_busy += s.busy;
+      h.old.Add(h.link->stats());
       old = std::move(h.link);
     }
     h.rdma = nullptr;
@@ -660,19 +663,10 @@ std::vector<PeerSnapshot> Peering::Snapshot() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<PeerSnapshot> out;
   for (const auto& h : hosts_) {
+    LinkTotals t = h->old;
+    if (h->link) t.Add(h->link->stats());
     PeerSnapshot s{h->name, h->address, fabric_, ToString(h->state), h->initiator, h->connects.load(), h->losses.load(),
-                   0, h->last_error, h->old_frames_out, h->old_frames_in, h->old_bytes_out, h->old_bytes_in,
-                   h->old_writes, h->old_reads, h->old_busy};
-    if (h->link) {
-      const fabric::LinkStats& l = h->link->stats();
-      s.frames_out += l.frames_out;
-      s.frames_in += l.frames_in;
-      s.data_bytes_out += l.data_bytes_out;
-      s.data_bytes_in += l.data_bytes_in;
-      s.write_calls += l.write_calls;
-      s.read_calls += l.read_calls;
-      s.busy += l.busy;
-    }
+                   0, h->last_error, t.frames_out, t.frames_in, t.bytes_out, t.bytes_in, t.writes, t.reads, t.busy};
     out.push_back(std::move(s));
   }
   return out;

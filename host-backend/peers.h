@@ -59,6 +59,12 @@ struct PeeringCounters {
   std::atomic<uint64_t> refused_link{0};  // data link with an unknown key
 };
 
+// A link's counters as plain totals (summed over the links a peer had).
+struct LinkTotals {
+  uint64_t frames_out = 0, frames_in = 0, bytes_out = 0, bytes_in = 0, writes = 0, reads = 0, busy = 0;
+  void Add(const fabric::LinkStats& s);
+};
+
 class Peering : public RemoteHosts {
  public:
   explicit Peering(ConnManager* conns) : conns_(conns) {}
@@ -112,8 +118,7 @@ class Peering : public RemoteHosts {
     std::atomic<uint64_t> connects{0}, losses{0};
     std::string last_error;
     // Totals of links that are gone (live link's stats are added on read).
-    uint64_t old_frames_out = 0, old_frames_in = 0, old_bytes_out = 0, old_bytes_in = 0, old_writes = 0,
-             old_reads = 0, old_busy = 0;
+    LinkTotals old;
   };
   struct Incoming {
     UniqueFd fd;
