@@ -112,78 +112,32 @@ XFER_CHECK="--min-accel 120" case_xfer cross_xfer_64_connections vmA1 vmB1 "$B1"
 case_xfer cross_xfer_reverse_direction vmB1 vmA2 "$A2" 4 4194304 7103
 
 # A client killed right after writing: the remote server still gets every byte.
-case_crash() {
-  local name=cross_sender_killed rep=$WORK/crash.jsonl port=7104 bytes=16777216
-  vm_bg vmB1 preload "$rep" "$WORK/crash.srv" "$XFER" server "$B1" "$port" --one-way
-  local srv=$BG
-  vm_run vmA1 preload "$rep" "$XFER" client "$B1" "$port" --bytes "$bytes" --one-way --crash >/dev/null 2>&1
-  if ! wait "$srv"; then
-    fail $name "server: $(tail -2 "$WORK/crash.srv" | tr '\n' ' ')"
-    return
-  fi
-  local out
-  if ! out=$(python3 $CHECK "$rep" --port "$port" --expect-conns 1 --mode accelerated --accel-min 1 \
-      --exact-total $((bytes + 16))); then
-    fail $name "$out"
-    return
-  fi
-  pass "$name (remote server verified all $bytes B and EOF after the client was SIGKILLed; $out)"
-}
-case_crash
+if run_crash cross_sender_killed vmA1 vmB1 "$B1" 7104 16777216; then
+  pass "cross_sender_killed (remote server verified all 16777216 B and EOF after the client was SIGKILLed; $E2E_MSG)"
+else
+  fail cross_sender_killed "$E2E_MSG"
+fi
 
-case_sockperf() {
-  local name=$1 mode=$2 port=$3
-  shift 3
-  local rep=$WORK/$name.jsonl a0
+case_sockperf() { # case_sockperf NAME MODE PORT [sockperf args]; the fabric carried it
+  local a0 da
   a0=$(counter hostA fabric_bytes_out)
-  vm_bg vmB1 preload "$rep" "$WORK/$name.srv" sockperf sr --tcp -i "$B1" -p "$port"
-  local srv=$BG
-  sleep 0.5
-  vm_run vmA1 preload "$rep" sockperf "$mode" --tcp -i "$B1" -p "$port" -t 2 "$@" >"$WORK/$name.cli" 2>&1
-  local rc=$?
-  kill "$srv" 2>/dev/null
-  wait "$srv" 2>/dev/null
-  local summary
-  summary=$(grep -E "Summary: (Latency|Message Rate)" "$WORK/$name.cli" | head -1 | sed 's/.*Summary: //')
-  if [ $rc -ne 0 ] || [ -z "$summary" ]; then
-    fail "$name" "sockperf: $(tail -3 "$WORK/$name.cli" | tr '\n' ' ')"
-    return
-  fi
-  local out da
-  if ! out=$(python3 $CHECK "$rep" --port "$port" --mode accelerated --accel-min 1); then
-    fail "$name" "$out"
-    return
-  fi
+  run_sockperf "$1" vmA1 vmB1 "$B1" "$3" "$2" "${@:4}" || { fail "$1" "$E2E_MSG"; return; }
   da=$(($(counter hostA fabric_bytes_out) - a0))
-  [ "$da" -gt 0 ] || { fail "$name" "no bytes on the fabric"; return; }
-  pass "$name ($summary; $out; fabric A->B $da B)"
+  [ "$da" -gt 0 ] || { fail "$1" "no bytes on the fabric"; return; }
+  pass "$1 ($E2E_MSG; fabric A->B $da B)"
 }
 case_sockperf cross_sockperf_pingpong_16B pp 7201 -m 16
 case_sockperf cross_sockperf_throughput_1KiB tp 7202 -m 1024
 
-case_iperf() {
-  local name=$1 port=$2
-  shift 2
-  local rep=$WORK/$name.jsonl
-  vm_bg vmB1 preload "$rep" "$WORK/$name.srv" iperf3 -s -B "$B1" -p "$port" -1
-  local srv=$BG
-  sleep 0.5
-  if ! vm_run vmA1 preload "$rep" iperf3 -c "$B1" -p "$port" -t 2 "$@" >"$WORK/$name.cli" 2>&1; then
-    fail "$name" "iperf3: $(tail -3 "$WORK/$name.cli" | tr '\n' ' ')"
-    kill "$srv" 2>/dev/null
-    return
+# iperf3's control connection may finish its few bytes before the pairing,
+# and a stream may start at full speed on kernel TCP before it: require
+# that most of all bytes went accelerated.
+case_iperf() { # case_iperf NAME PORT [iperf3 args]
+  if run_iperf "$1" vmA1 vmB1 "$B1" "$2" "--bulk-accel 0 --aggregate" "${@:3}"; then
+    pass "$1 ($E2E_MSG)"
+  else
+    fail "$1" "$E2E_MSG"
   fi
-  wait "$srv" 2>/dev/null
-  local rate out
-  rate=$(grep -E "SUM.*receiver|^\[ *[0-9]+\].*receiver" "$WORK/$name.cli" | tail -1 | grep -oE "[0-9.]+ [GM]bits/sec")
-  # iperf3's control connection may finish its few bytes before the pairing,
-  # and a stream may start at full speed on kernel TCP before it: require
-  # that most of all bytes went accelerated.
-  if ! out=$(python3 $CHECK "$rep" --port "$port" --bulk-accel 0 --aggregate); then
-    fail "$name" "$out"
-    return
-  fi
-  pass "$name ($rate; $out)"
 }
 case_iperf cross_iperf3_4_streams 7301 -P 4
 case_iperf cross_iperf3_reverse 7302 -R
@@ -441,17 +395,34 @@ case_rogue_peers
 # byte (xfer checks every byte and the EOF after it), both daemons count the
 # downgrades, the link comes back with backoff, and new connections
 # accelerate again.
+# xfer_bg NAME PORT CONNS BYTES [xfer args for both sides]: an xfer server in
+# vmB1 and its client in vmA1, in the background (PIDs in XSRV, XCLI).
+# xfer_wait NAME: both verified every byte (else 1, the reason in E2E_MSG).
+xfer_bg() {
+  local name=$1 port=$2 conns=$3 bytes=$4 rep=$WORK/$1.jsonl
+  shift 4
+  vm_bg vmB1 preload "$rep" "$WORK/$name.srv" "$XFER" server "$B1" "$port" --conns "$conns" "$@"
+  XSRV=$BG
+  sleep 0.2
+  vm_bg vmA1 preload "$rep" "$WORK/$name.cli" "$XFER" client "$B1" "$port" --conns "$conns" --bytes "$bytes" "$@"
+  XCLI=$BG
+}
+xfer_wait() {
+  local crc=0 src=0
+  wait "$XCLI" || crc=$?
+  wait "$XSRV" || src=$?
+  [ $crc -eq 0 ] && [ $src -eq 0 ] && return 0
+  E2E_MSG="client rc $crc: $(tail -2 "$WORK/$1.cli" | tr '\n' ' ') server rc $src: $(tail -2 "$WORK/$1.srv" | tr '\n' ' ')"
+  return 1
+}
+
 case_link_loss() {
-  local name=cross_link_loss_resync rep=$WORK/linkloss.jsonl port=7106 conns=8 bytes=134217728
-  local a0 b0 da0 db0 a i
+  local name=cross_link_loss_resync port=7106 conns=8 bytes=134217728
+  local rep=$WORK/$name.jsonl a0 da0 db0 a i
   a0=$(counter hostA fabric_bytes_out)
   da0=$(counter hostA fabric_downgrades)
   db0=$(counter hostB fabric_downgrades)
-  vm_bg vmB1 preload "$rep" "$WORK/linkloss.srv" "$XFER" server "$B1" "$port" --conns $conns
-  local srv=$BG
-  sleep 0.2
-  vm_bg vmA1 preload "$rep" "$WORK/linkloss.cli" "$XFER" client "$B1" "$port" --conns $conns --bytes $bytes
-  local cli=$BG
+  xfer_bg $name $port $conns $bytes
   # Cut once the fabric carries the transfer (bounded: 10 s).
   for i in $(seq 200); do
     a=$(counter hostA fabric_bytes_out)
@@ -460,13 +431,7 @@ case_link_loss() {
   done
   local moved=$((a - a0))
   cut_link 1
-  local crc=0 src=0
-  wait "$cli" || crc=$?
-  wait "$srv" || src=$?
-  if [ $crc -ne 0 ] || [ $src -ne 0 ]; then
-    fail $name "client rc $crc: $(tail -2 "$WORK/linkloss.cli" | tr '\n' ' ') server rc $src: $(tail -2 "$WORK/linkloss.srv" | tr '\n' ' ')"
-    return
-  fi
+  xfer_wait $name || { fail $name "$E2E_MSG"; return; }
   local da db out
   da=$(($(counter hostA fabric_downgrades) - da0))
   db=$(($(counter hostB fabric_downgrades) - db0))
@@ -493,15 +458,10 @@ case_link_loss
 # back to kernel TCP (RESYNC), registers again, and re-upgrades once the
 # link is back; the fabric carries the rounds after the cut.
 case_link_loss_reupgrade() {
-  local name=cross_link_loss_reupgrade rep=$WORK/reup.jsonl port=7108 conns=4 bytes=67108864
-  local u0 u1 a1 a2 a3
+  local name=cross_link_loss_reupgrade port=7108 conns=4 bytes=67108864
+  local rep=$WORK/$name.jsonl u0 u1 a1 a2 a3
   u0=$(counter hostA remote_upgrades)
-  vm_bg vmB1 preload "$rep" "$WORK/reup.srv" "$XFER" server "$B1" "$port" --conns $conns --rounds 400
-  local srv=$BG
-  sleep 0.2
-  vm_bg vmA1 preload "$rep" "$WORK/reup.cli" "$XFER" client "$B1" "$port" --conns $conns --bytes $bytes \
-    --rounds 400 --gap-ms 10
-  local cli=$BG
+  xfer_bg $name $port $conns $bytes --rounds 400 --gap-ms 10
   # Cut once every connection is upgraded and the rounds cross the fabric.
   local i
   for i in $(seq 100); do
@@ -512,15 +472,9 @@ case_link_loss_reupgrade() {
   a1=$(counter hostA fabric_bytes_out)
   cut_link 1
   a2=$(counter hostA fabric_bytes_out)
-  local crc=0 src=0
-  wait "$cli" || crc=$?
-  wait "$srv" || src=$?
+  xfer_wait $name || { fail $name "$E2E_MSG"; return; }
   a3=$(counter hostA fabric_bytes_out)
   u1=$(($(counter hostA remote_upgrades) - u0))
-  if [ $crc -ne 0 ] || [ $src -ne 0 ]; then
-    fail $name "client rc $crc: $(tail -2 "$WORK/reup.cli" | tr '\n' ' ') server rc $src: $(tail -2 "$WORK/reup.srv" | tr '\n' ' ')"
-    return
-  fi
   local out
   if ! out=$(python3 $CHECK "$rep" --port $port --expect-conns $((2 * conns)) --reupgraded); then
     fail $name "$out"

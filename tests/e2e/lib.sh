@@ -1,7 +1,8 @@
 # Shared by the end-to-end suites (same_host.sh, cross_host.sh,
 # tests/rdma/cross_host_guest.sh). The caller sets TB (its test bed script,
 # with `exec VM CMD...` and `down`), LIB (libvsocket.so), WORK (a scratch
-# directory), passed=0, failed=0 and PIDS=().
+# directory), passed=0, failed=0 and PIDS=(); for the run_* cases also XFER
+# (tests/e2e/xfer) and CHECK (check_report.py).
 
 # For `trap e2e_cleanup EXIT`: stops the background processes we started,
 # takes the test bed down, removes WORK.
@@ -16,14 +17,15 @@ e2e_cleanup() {
 pass() { echo "PASS $1"; passed=$((passed + 1)); }
 fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
 
-# vm_run VM preload|plain REPORT CMD...: runs CMD in VM (bounded by 60 s).
+# vm_run VM preload|plain REPORT CMD...: runs CMD in VM, bounded by
+# E2E_TIMEOUT seconds (default 60).
 vm_run() {
   local vm=$1 how=$2 report=$3
   shift 3
   if [ "$how" = preload ]; then
-    VSOCKET_REPORT=$report LD_PRELOAD=$LIB bash $TB exec "$vm" timeout 60 "$@"
+    VSOCKET_REPORT=$report LD_PRELOAD=$LIB bash $TB exec "$vm" timeout "${E2E_TIMEOUT:-60}" "$@"
   else
-    bash $TB exec "$vm" timeout 60 "$@"
+    bash $TB exec "$vm" timeout "${E2E_TIMEOUT:-60}" "$@"
   fi
 }
 
@@ -35,9 +37,9 @@ vm_bg() {
   local vm=$1 how=$2 report=$3 log=$4
   shift 4
   if [ "$how" = preload ]; then
-    VSOCKET_REPORT=$report LD_PRELOAD=$LIB bash $TB exec "$vm" timeout 60 "$@" >"$log" 2>&1 &
+    VSOCKET_REPORT=$report LD_PRELOAD=$LIB bash $TB exec "$vm" timeout "${E2E_TIMEOUT:-60}" "$@" >"$log" 2>&1 &
   else
-    bash $TB exec "$vm" timeout 60 "$@" >"$log" 2>&1 &
+    bash $TB exec "$vm" timeout "${E2E_TIMEOUT:-60}" "$@" >"$log" 2>&1 &
   fi
   BG=$!
   PIDS+=("$BG")
@@ -57,4 +59,84 @@ table inet vsocket_fault {
 NFT
   sleep "$1"
   ip netns exec "$ns" nft delete table inet vsocket_fault
+}
+
+# ---- cases shared by the same-host and cross-host suites --------------------
+# Each runs a real application between CLIENT-VM and SERVER-VM (server at
+# ADDR), both preloaded, checks what it must, and returns 0/1 with the
+# summary or the reason in E2E_MSG; it counts nothing itself.
+
+# wait_listen VM PORT: until a server listens there (bounded: 30 s; a
+# preloaded process can take seconds to start under emulation).
+wait_listen() {
+  local _
+  for _ in $(seq 150); do
+    bash $TB exec "$1" ss -Hltn "sport = :$2" 2>/dev/null | grep -q . && return 0
+    sleep 0.2
+  done
+  return 1
+}
+
+# run_crash NAME CLIENT-VM SERVER-VM ADDR PORT BYTES: a client SIGKILLed right
+# after its last write; the server must still verify every byte and EOF, on
+# one accelerated connection.
+run_crash() {
+  local name=$1 cvm=$2 svm=$3 addr=$4 port=$5 bytes=$6 rep=$WORK/$1.jsonl
+  vm_bg "$svm" preload "$rep" "$WORK/$name.srv" "$XFER" server "$addr" "$port" --one-way
+  local srv=$BG
+  if ! wait_listen "$svm" "$port"; then
+    E2E_MSG="server not listening after 30 s"
+    kill "$srv" 2>/dev/null
+    return 1
+  fi
+  vm_run "$cvm" preload "$rep" "$XFER" client "$addr" "$port" --bytes "$bytes" --one-way --crash >/dev/null 2>&1
+  if ! wait "$srv"; then
+    E2E_MSG="server: $(tail -2 "$WORK/$name.srv" | tr '\n' ' ')"
+    return 1
+  fi
+  E2E_MSG=$(python3 $CHECK "$rep" --port "$port" --expect-conns 1 --mode accelerated --accel-min 1 \
+    --exact-total $((bytes + 16)))
+}
+
+# run_sockperf NAME CLIENT-VM SERVER-VM ADDR PORT MODE [sockperf args]: sockperf
+# MODE (pp, tp) for 2 s; every connection accelerated.
+run_sockperf() {
+  local name=$1 cvm=$2 svm=$3 addr=$4 port=$5 mode=$6 rep=$WORK/$1.jsonl
+  shift 6
+  vm_bg "$svm" preload "$rep" "$WORK/$name.srv" sockperf sr --tcp -i "$addr" -p "$port"
+  local srv=$BG
+  sleep 0.5
+  vm_run "$cvm" preload "$rep" sockperf "$mode" --tcp -i "$addr" -p "$port" -t 2 "$@" >"$WORK/$name.cli" 2>&1
+  local rc=$?
+  kill "$srv" 2>/dev/null
+  wait "$srv" 2>/dev/null
+  local summary out
+  summary=$(grep -E "Summary: (Latency|Message Rate)" "$WORK/$name.cli" | head -1 | sed 's/.*Summary: //')
+  if [ $rc -ne 0 ] || [ -z "$summary" ]; then
+    E2E_MSG="sockperf: $(tail -3 "$WORK/$name.cli" | tr '\n' ' ')"
+    return 1
+  fi
+  out=$(python3 $CHECK "$rep" --port "$port" --mode accelerated --accel-min 1) || { E2E_MSG=$out; return 1; }
+  E2E_MSG="$summary; $out"
+}
+
+# run_iperf NAME CLIENT-VM SERVER-VM ADDR PORT "CHECK ARGS" [iperf3 args]:
+# iperf3 for 2 s, the report judged by check_report.py CHECK ARGS.
+run_iperf() {
+  local name=$1 cvm=$2 svm=$3 addr=$4 port=$5 check=$6 rep=$WORK/$1.jsonl
+  shift 6
+  vm_bg "$svm" preload "$rep" "$WORK/$name.srv" iperf3 -s -B "$addr" -p "$port" -1
+  local srv=$BG
+  sleep 0.5
+  if ! vm_run "$cvm" preload "$rep" iperf3 -c "$addr" -p "$port" -t 2 "$@" >"$WORK/$name.cli" 2>&1; then
+    E2E_MSG="iperf3: $(tail -3 "$WORK/$name.cli" | tr '\n' ' ')"
+    kill "$srv" 2>/dev/null
+    return 1
+  fi
+  wait "$srv" 2>/dev/null
+  local rate out
+  rate=$(grep -E "SUM.*receiver|^\[ *[0-9]+\].*receiver" "$WORK/$name.cli" | tail -1 | grep -oE "[0-9.]+ [GM]bits/sec")
+  # shellcheck disable=SC2086  # check is a word list
+  out=$(python3 $CHECK "$rep" --port "$port" $check) || { E2E_MSG=$out; return 1; }
+  E2E_MSG="$rate; $out"
 }

@@ -95,73 +95,24 @@ case_xfer xfer_64_connections 64 1048576 7102
 case_xfer xfer_fork_per_connection 8 1048576 7103 --fork
 
 # A client killed right after writing: the server still gets every byte.
-case_crash() {
-  local name=xfer_sender_killed rep=$WORK/crash.jsonl port=7104 bytes=33554432
-  vm_bg vm2 preload "$rep" "$WORK/crash.srv" "$XFER" server "$A2" "$port" --one-way
-  local srv=$BG
-  vm_run vm1 preload "$rep" "$XFER" client "$A2" "$port" --bytes "$bytes" --one-way --crash >/dev/null 2>&1
-  if ! wait "$srv"; then
-    fail $name "server: $(tail -2 "$WORK/crash.srv" | tr '\n' ' ')"
-    return
-  fi
-  local out
-  if ! out=$(python3 $CHECK "$rep" --port "$port" --expect-conns 1 --mode accelerated --accel-min 1 \
-      --exact-total $((bytes + 16))); then
-    fail $name "$out"
-    return
-  fi
-  pass "$name (server verified all $bytes B and EOF after the client was SIGKILLed; $out)"
-}
-case_crash
+if run_crash xfer_sender_killed vm1 vm2 "$A2" 7104 33554432; then
+  pass "xfer_sender_killed (server verified all 33554432 B and EOF after the client was SIGKILLed; $E2E_MSG)"
+else
+  fail xfer_sender_killed "$E2E_MSG"
+fi
 
-case_sockperf() {
-  local name=$1 mode=$2 port=$3
-  shift 3
-  local rep=$WORK/$name.jsonl
-  vm_bg vm2 preload "$rep" "$WORK/$name.srv" sockperf sr --tcp -i "$A2" -p "$port"
-  local srv=$BG
-  sleep 0.5
-  vm_run vm1 preload "$rep" sockperf "$mode" --tcp -i "$A2" -p "$port" -t 2 "$@" >"$WORK/$name.cli" 2>&1
-  local rc=$?
-  kill "$srv" 2>/dev/null
-  wait "$srv" 2>/dev/null
-  local summary
-  summary=$(grep -E "Summary: (Latency|Message Rate)" "$WORK/$name.cli" | head -1 | sed 's/.*Summary: //')
-  if [ $rc -ne 0 ] || [ -z "$summary" ]; then
-    fail "$name" "sockperf: $(tail -3 "$WORK/$name.cli" | tr '\n' ' ')"
-    return
-  fi
-  local out
-  if ! out=$(python3 $CHECK "$rep" --port "$port" --mode accelerated --accel-min 1); then
-    fail "$name" "$out"
-    return
-  fi
-  pass "$name ($summary; $out)"
+case_sockperf() { # case_sockperf NAME MODE PORT [sockperf args]
+  if run_sockperf "$1" vm1 vm2 "$A2" "$3" "$2" "${@:4}"; then pass "$1 ($E2E_MSG)"; else fail "$1" "$E2E_MSG"; fi
 }
 case_sockperf sockperf_pingpong_16B pp 7201 -m 16
 case_sockperf sockperf_throughput_1KiB tp 7202 -m 1024
 
-case_iperf() {
-  local name=$1 port=$2
-  shift 2
-  local rep=$WORK/$name.jsonl
-  vm_bg vm2 preload "$rep" "$WORK/$name.srv" iperf3 -s -B "$A2" -p "$port" -1
-  local srv=$BG
-  sleep 0.5
-  if ! vm_run vm1 preload "$rep" iperf3 -c "$A2" -p "$port" -t 2 "$@" >"$WORK/$name.cli" 2>&1; then
-    fail "$name" "iperf3: $(tail -3 "$WORK/$name.cli" | tr '\n' ' ')"
-    kill "$srv" 2>/dev/null
-    return
+case_iperf() { # case_iperf NAME PORT [iperf3 args]: every connection accelerated
+  if run_iperf "$1" vm1 vm2 "$A2" "$2" "--mode accelerated --accel-min 1" "${@:3}"; then
+    pass "$1 ($E2E_MSG)"
+  else
+    fail "$1" "$E2E_MSG"
   fi
-  wait "$srv" 2>/dev/null
-  local rate
-  rate=$(grep -E "SUM.*receiver|^\[ *[0-9]+\].*receiver" "$WORK/$name.cli" | tail -1 | grep -oE "[0-9.]+ [GM]bits/sec")
-  local out
-  if ! out=$(python3 $CHECK "$rep" --port "$port" --mode accelerated --accel-min 1); then
-    fail "$name" "$out"
-    return
-  fi
-  pass "$name ($rate; $out)"
 }
 case_iperf iperf3_4_streams 7301 -P 4
 case_iperf iperf3_reverse_4_streams 7302 -P 4 -R

@@ -27,10 +27,11 @@ export VSOCKET_TESTBED2_DIR=/run/vsocket-testbed2 VSOCKET_LOG_LEVEL=info
 export VSOCKET_TESTBED2_FABRIC=rdma VSOCKET_TESTBED2_RDMA_DEVICE=${VSOCKET_RDMA_DEV:-rxe0}
 WORK=$(mktemp -d /tmp/vsocket-rdma-e2e-XXXXXX)
 CASE_TIMEOUT=${VSOCKET_CASE_TIMEOUT:-150}
+E2E_TIMEOUT=$CASE_TIMEOUT  # bounds vm_run/vm_bg (tests/e2e/lib.sh)
 passed=0
 failed=0
 PIDS=()
-# pass, e2e_cleanup (fail and vm_run are redefined below).
+# pass, vm_run, vm_bg, wait_listen, run_crash, e2e_cleanup (fail is redefined below).
 . tests/e2e/lib.sh
 fail() {
   echo "FAIL $1: $2"
@@ -51,28 +52,9 @@ counter() { bash $TB ctl "$1" counters 2>/dev/null | awk -v n="$2" '$1 == n {pri
 link_json() { # link_json HOST FIELD: from `vsocketctl --json stats` links[0]
   bash $TB ctl "$1" --json stats 2>/dev/null | python3 -c "import json,sys; print(json.load(sys.stdin)['links'][0]['$2'])"
 }
-vm_bg() { # vm_bg VM REPORT LOG CMD...: preloaded, bounded, in the background; PID in $BG
-  local vm=$1 report=$2 log=$3
-  shift 3
-  VSOCKET_REPORT=$report LD_PRELOAD=$LIB bash $TB exec "$vm" timeout "$CASE_TIMEOUT" "$@" >"$log" 2>&1 &
-  BG=$!
-  PIDS+=("$BG")
-}
-wait_listen() { # wait_listen VM PORT: the server listens (TCG: starting a preloaded process takes seconds)
-  for _ in $(seq 150); do
-    bash $TB exec "$1" ss -Hltn "sport = :$2" 2>/dev/null | grep -q . && return 0
-    sleep 0.2
-  done
-  return 1
-}
 server_status() { # why the background server $1 ended (or that it still runs)
   sleep 1
   if kill -0 "$1" 2>/dev/null; then echo "server still running"; kill "$1" 2>/dev/null; else wait "$1"; echo "server exit $?"; fi
-}
-vm_run() {
-  local vm=$1 report=$2
-  shift 2
-  VSOCKET_REPORT=$report LD_PRELOAD=$LIB bash $TB exec "$vm" timeout "$CASE_TIMEOUT" "$@"
 }
 
 # ---- setup -----------------------------------------------------------------------
@@ -166,11 +148,11 @@ rdma_xfer() {
   local t0
   t0=$(date +%s)
   # shellcheck disable=SC2086  # XFER_ARGS is a word list
-  vm_bg "$svm" "$rep" "$WORK/$name.srv" "$XFER" server "$saddr" "$port" --conns "$conns" ${XFER_ARGS:-}
+  vm_bg "$svm" preload "$rep" "$WORK/$name.srv" "$XFER" server "$saddr" "$port" --conns "$conns" ${XFER_ARGS:-}
   local srv=$BG
   wait_listen "$svm" "$port" || { fail "$name" "server not listening after 30 s"; kill "$srv" 2>/dev/null; return; }
   # shellcheck disable=SC2086
-  if ! vm_run "$cvm" "$rep" "$XFER" client "$saddr" "$port" --conns "$conns" --bytes "$bytes" ${XFER_ARGS:-} \
+  if ! vm_run "$cvm" preload "$rep" "$XFER" client "$saddr" "$port" --conns "$conns" --bytes "$bytes" ${XFER_ARGS:-} \
       >"$WORK/$name.cli" 2>&1; then
     fail "$name" "client: $(tail -2 "$WORK/$name.cli" | tr '\n' ' '); $(server_status "$srv")"
     return
@@ -230,28 +212,14 @@ XFER_ARGS="--rounds 4 --gap-ms 250" rdma_xfer rdma_xfer_64_connections_B_to_A vm
 # A client SIGKILLed right after its last write: the remote server still gets
 # every byte, and the dead guest's RX ring registration is withdrawn through
 # PLACEMENT/PLACEMENT_ACK (the link survives).
-case_crash() {
-  local name=rdma_sender_killed rep=$WORK/crash.jsonl port=7605 bytes=4194304
-  local l0
-  l0=$(link_json hostA losses)
-  vm_bg vmB1 "$rep" "$WORK/crash.srv" "$XFER" server "$B1" "$port" --one-way
-  local srv=$BG
-  wait_listen vmB1 "$port" || { fail $name "server not listening after 30 s"; kill "$srv" 2>/dev/null; return; }
-  vm_run vmA1 "$rep" "$XFER" client "$B1" "$port" --bytes "$bytes" --one-way --crash >/dev/null 2>&1
-  if ! wait "$srv"; then
-    fail $name "server: $(tail -2 "$WORK/crash.srv" | tr '\n' ' ')"
-    return
-  fi
-  local out
-  if ! out=$(python3 $CHECK "$rep" --port "$port" --expect-conns 1 --mode accelerated --accel-min 1 \
-      --exact-total $((bytes + 16))); then
-    fail $name "$out"
-    return
-  fi
-  [ "$(link_json hostA losses)" = "$l0" ] || { fail $name "the link was lost"; return; }
-  pass "$name (remote server verified all $bytes B and EOF after the client was SIGKILLed; $out; link kept)"
-}
-case_crash
+l0=$(link_json hostA losses)
+if ! run_crash rdma_sender_killed vmA1 vmB1 "$B1" 7605 4194304; then
+  fail rdma_sender_killed "$E2E_MSG"
+elif [ "$(link_json hostA losses)" != "$l0" ]; then
+  fail rdma_sender_killed "the link was lost"
+else
+  pass "rdma_sender_killed (remote server verified all 4194304 B and EOF after the client was SIGKILLed; $E2E_MSG; link kept)"
+fi
 
 # Every registration made was dropped again once its connection closed (no
 # region left behind), most of them after the peer acknowledged the
@@ -304,10 +272,10 @@ case_link_loss() {
   local d0 u0 p0
   d0=$(counter hostA fabric_downgrades)
   u0=$(counter hostA remote_upgrades)
-  vm_bg vmB1 "$rep" "$WORK/$name.srv" "$XFER" server "$B1" "$port" --conns $conns --rounds 200
+  vm_bg vmB1 preload "$rep" "$WORK/$name.srv" "$XFER" server "$B1" "$port" --conns $conns --rounds 200
   local srv=$BG
   wait_listen vmB1 "$port" || { fail $name "server not listening after 30 s"; kill "$srv" 2>/dev/null; return; }
-  vm_bg vmA1 "$rep" "$WORK/$name.cli" "$XFER" client "$B1" "$port" --conns $conns --bytes $bytes --rounds 200 \
+  vm_bg vmA1 preload "$rep" "$WORK/$name.cli" "$XFER" client "$B1" "$port" --conns $conns --bytes $bytes --rounds 200 \
     --gap-ms 100
   local cli=$BG
   for _ in $(seq 100); do
@@ -319,7 +287,7 @@ case_link_loss() {
   local cut=$!
   # The data moves over RDMA, so the TLS channel is idle and meets no RST by
   # itself: a new connection's PAIR_REQUEST on it does.
-  vm_run vmA1 /dev/null python3 -c "import socket; s = socket.create_connection(('$B1', $port)); s.send(b'x'); s.close()" \
+  vm_run vmA1 preload /dev/null python3 -c "import socket; s = socket.create_connection(('$B1', $port)); s.send(b'x'); s.close()" \
     >/dev/null 2>&1
   wait "$cut"
   p0=$(counter hostA fabric_bytes_placed)
