@@ -20,6 +20,7 @@
 # VSOCKET_TESTBED2_DIR (state, default /run/vsocket-testbed2), VSOCKETD_ARGS,
 # VSOCKET_TESTBED2_NS_PREFIX (namespace names, default vs2: a second bed
 # with another prefix and state directory can run alongside),
+# VSOCKET_TESTBED2_LINKS (links_per_peer, default 1),
 # VSOCKET_TESTBED2_FABRIC (tcp, the default, or rdma), and for rdma
 # VSOCKET_TESTBED2_RDMA_DEVICE (default: the first device) and
 # VSOCKET_TESTBED2_RDMA_GID_INDEX_HOSTA / _HOSTB (default: automatic).
@@ -45,6 +46,8 @@ NS_PREFIX=${VSOCKET_TESTBED2_NS_PREFIX:-vs2}
 ns_of() { echo "$NS_PREFIX$1"; } # vs2hostA, vs2vmA1, ...
 FABRIC=${VSOCKET_TESTBED2_FABRIC:-tcp}
 case $FABRIC in tcp | rdma) ;; *) die "VSOCKET_TESTBED2_FABRIC must be tcp or rdma" ;; esac
+LINKS=${VSOCKET_TESTBED2_LINKS:-1}
+[[ $LINKS =~ ^([1-9]|1[0-6])$ ]] || die "VSOCKET_TESTBED2_LINKS must be 1-16"
 underlay_of() { case $1 in hostA) echo 203.0.113.1 ;; hostB) echo 203.0.113.2 ;; esac; }
 bridge_addr_of() { case $1 in hostA) echo 198.51.100.1 ;; hostB) echo 198.51.100.17 ;; esac; }
 subnet_of() { case $1 in hostA) echo 198.51.100.0/28 ;; hostB) echo 198.51.100.16/28 ;; esac; }
@@ -114,6 +117,7 @@ write_configs() {
       echo "tls_key = $STATE/certs/$h.key"
       echo "tls_ca = $STATE/certs/ca.crt"
       echo "locator = $STATE/locator"
+      echo "links_per_peer = $LINKS"
       if [ "$FABRIC" = rdma ]; then
         local gid_var="VSOCKET_TESTBED2_RDMA_GID_INDEX_${h^^}"
         echo "fabric = rdma"
@@ -222,7 +226,7 @@ cmd_up() {
   write_configs
   for h in $HOSTS; do start_daemon "$h"; done
   wait_links_up
-  say "up: hostA (vmA1 vmA2) <-> hostB (vmB1 vmB2), $FABRIC fabric link up; state in $STATE"
+  say "up: hostA (vmA1 vmA2) <-> hostB (vmB1 vmB2), $FABRIC fabric up ($LINKS link(s)); state in $STATE"
 }
 
 cmd_status() {

@@ -80,11 +80,15 @@ Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& 
     auto n = ParseInt(value, -1, 255, where);
     if (!n.ok()) return n.status();
     c->rdma_gid_index = *n;
+  } else if (key == "links_per_peer") {
+    auto n = ParseInt(value, 1, kMaxLinksPerPeer, where);
+    if (!n.ok()) return n.status();
+    c->links_per_peer = *n;
   } else {
     return Bad(where, "unknown key '" + key +
                           "' (daemon keys: ctl_socket, poll_us, eal_mem_mb, log_level, metrics_addr, metrics_port, "
                           "host_name, peer_listen, tls_cert, tls_key, tls_ca, locator, fabric, rdma_device, "
-                          "rdma_gid_index)");
+                          "rdma_gid_index, links_per_peer)");
   }
   return Status::Ok();
 }
@@ -239,7 +243,7 @@ Status ApplyEnv(char** env, DaemonConfig* config) {
                  {"VSOCKET_TLS_CERT", "tls_cert"},         {"VSOCKET_TLS_KEY", "tls_key"},
                  {"VSOCKET_TLS_CA", "tls_ca"},             {"VSOCKET_LOCATOR", "locator"},
                  {"VSOCKET_FABRIC", "fabric"},             {"VSOCKET_RDMA_DEVICE", "rdma_device"},
-                 {"VSOCKET_RDMA_GID_INDEX", "rdma_gid_index"}};
+                 {"VSOCKET_RDMA_GID_INDEX", "rdma_gid_index"}, {"VSOCKET_LINKS_PER_PEER", "links_per_peer"}};
   for (char** e = env; e && *e; ++e) {
     std::string kv = *e;
     size_t eq = kv.find('=');

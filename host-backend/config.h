@@ -13,6 +13,9 @@
 
 namespace vsocket::backend {
 
+// Upper bound of links_per_peer (also what a peer may ask for).
+inline constexpr int kMaxLinksPerPeer = 16;
+
 // Another vsocketd this one links to (multi-host).
 struct PeerHostConfig {
   std::string name;     // must equal the CN of its certificate
@@ -38,6 +41,11 @@ struct DaemonConfig {
   // startup error, never a silent fall back to tcp.
   std::string rdma_device;
   int rdma_gid_index = -1;
+  // Data links (TCP connections, or RC queue pairs) per peer host, all
+  // shared by every connection of every tenant between the two hosts; each
+  // connection sends on one of them. The host that connects (the name that
+  // sorts first) decides the count for the pair.
+  int links_per_peer = 1;
   std::vector<PeerHostConfig> peers;
 };
 
@@ -47,7 +55,7 @@ Result<DaemonConfig> ParseConfig(const std::string& text, const std::string& nam
 // VSOCKET_CTL_SOCKET, VSOCKET_POLL_US, VSOCKET_EAL_MEM_MB, VSOCKET_LOG_LEVEL,
 // VSOCKET_METRICS_ADDR, VSOCKET_METRICS_PORT, VSOCKET_HOST_NAME,
 // VSOCKET_PEER_LISTEN, VSOCKET_TLS_{CERT,KEY,CA}, VSOCKET_LOCATOR,
-// VSOCKET_FABRIC, VSOCKET_RDMA_DEVICE, VSOCKET_RDMA_GID_INDEX, per peer VSOCKET_PEER_<NAME>_ADDRESS, and per VM
+// VSOCKET_FABRIC, VSOCKET_RDMA_DEVICE, VSOCKET_RDMA_GID_INDEX, VSOCKET_LINKS_PER_PEER, per peer VSOCKET_PEER_<NAME>_ADDRESS, and per VM
 // VSOCKET_VM_<NAME>_{SOCKET,TENANT,ADDRESSES} (NAME upper-cased, '-' -> '_').
 Status ApplyEnv(char** env, DaemonConfig* config);
 // Checks the whole configuration (at least one VM, unique names, sockets

@@ -149,5 +149,20 @@ TEST(PeerConfig, RdmaFabricKeysAndEnvironment) {
   EXPECT_NE(ApplyEnv(env2, &*d).message().find("VSOCKET_RDMA_GID_INDEX"), std::string::npos);
 }
 
+TEST(PeerConfig, LinksPerPeer) {
+  auto d = ParseConfig("", "f");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->links_per_peer, 1);
+  auto c = ParseConfig("links_per_peer = 4\n", "f");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->links_per_peer, 4);
+  EXPECT_NE(ParseConfig("links_per_peer = 0\n", "f").status().message().find("f:1:"), std::string::npos);
+  EXPECT_FALSE(ParseConfig("links_per_peer = 17\n", "f").ok());
+  char e1[] = "VSOCKET_LINKS_PER_PEER=3";
+  char* env[] = {e1, nullptr};
+  ASSERT_TRUE(ApplyEnv(env, &*d).ok());
+  EXPECT_EQ(d->links_per_peer, 3);
+}
+
 }  // namespace
 }  // namespace vsocket::backend

@@ -672,7 +672,8 @@ std::array<uint8_t, proto::kPairInfoSize> PairPayload(const BackendConn& c, uint
 }  // namespace
 
 // Routes one link's frames into the manager, remembering between a DATA
-// header and its arrival whether the payload was accepted.
+// header and its arrival whether the payload was accepted (so each link of
+// a host pair has its own: their frames interleave).
 class ConnManager::Sink : public fabric::FrameSink {
  public:
   Sink(ConnManager* m, uint32_t host) : m_(m), host_(host) {}
@@ -682,6 +683,9 @@ class ConnManager::Sink : public fabric::FrameSink {
     header_seen_ = true;
     return d;
   }
+  // A new link starts with no frame half-received.
+  void Reset() { data_ok_ = header_seen_ = false; }
+  uint32_t host() const { return host_; }
   void OnFrame(const FrameHeader& h, std::span<const uint8_t>) override {
     bool via_header = header_seen_;
     header_seen_ = false;
@@ -704,8 +708,8 @@ class ConnManager::Sink : public fabric::FrameSink {
 ConnManager::ConnManager() = default;
 ConnManager::~ConnManager() = default;
 
-fabric::FrameSink& ConnManager::LinkSink(uint32_t host) {
-  auto& s = sinks_[host];
+fabric::FrameSink& ConnManager::LinkSink(uint32_t host, uint32_t link) {
+  auto& s = sinks_[(uint64_t{host} << 32) | link];
   if (!s) s = std::make_unique<Sink>(this, host);
   return *s;
 }
@@ -986,7 +990,7 @@ void ConnManager::RetireRx(BackendConn& c) {
   if (c.rx_mr == nullptr) return;
   // (remote.gone is no reason to drop it: a peer whose guest left still
   // sends what that guest had written.)
-  if (!c.remote.paired() || hosts_ == nullptr || hosts_->LinkTo(c.remote.host) == nullptr) {
+  if (!c.remote.paired() || hosts_ == nullptr || hosts_->LinkTo(c.remote.host, c.handle) == nullptr) {
     // Not paired yet (the peer may hold the rkey from PAIR_ACCEPT): kept to
     // the end; or no link, so nothing writes any more: dropped now.
     if (c.remote.stage != RemotePeer::Stage::kAccepted) {
@@ -1121,7 +1125,7 @@ void ConnManager::Owe(BackendConn& c, uint32_t bits) {
 
 // Sends what c owes, in order; false if the link could not take it all.
 bool ConnManager::SendOwed(BackendConn& c) {
-  fabric::Link* link = hosts_ ? hosts_->LinkTo(c.remote.host) : nullptr;
+  fabric::Link* link = hosts_ ? hosts_->LinkTo(c.remote.host, c.handle) : nullptr;
   bool live = c.remote.paired();
   if (!live || link == nullptr) {
     c.link_owed = 0;  // nothing to say to a peer that is gone
@@ -1168,7 +1172,7 @@ uint64_t ConnManager::MoveRemote(BackendConn& c) {
     Owe(c, kOweData);
     return 0;
   }
-  fabric::Link* link = hosts_ ? hosts_->LinkTo(c.remote.host) : nullptr;
+  fabric::Link* link = hosts_ ? hosts_->LinkTo(c.remote.host, c.handle) : nullptr;
   if (link == nullptr) return 0;
   uint64_t moved = 0;
   for (;;) {
@@ -1279,6 +1283,8 @@ void ConnManager::OnHostUp(uint32_t host) {
 }
 
 void ConnManager::OnHostDown(uint32_t host) {
+  for (auto& [k, s] : sinks_)
+    if (s->host() == host) s->Reset();
   std::erase_if(pending_remote_, [host](const auto& kv) { return kv.second.host == host; });
   std::vector<BackendConn*> hit;
   for (auto& [h, c] : conns_)

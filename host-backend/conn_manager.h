@@ -65,8 +65,11 @@ class RemoteHosts {
   virtual bool Runs(uint32_t host, uint32_t tenant, const proto::Endpoint& addr) = 0;
   // Sends a pairing frame on the authenticated control channel.
   virtual bool SendPairing(uint32_t host, const proto::FrameHeader& h, std::span<const uint8_t> payload) = 0;
-  // The data link to `host`, while it is up.
-  virtual fabric::Link* LinkTo(uint32_t host) = 0;
+  // The data link that carries connection `conn`'s frames to `host`, while
+  // the host is up. A host pair may have several links (links_per_peer);
+  // each connection sends on one of them, the same one for as long as the
+  // host stays up, so its frames stay in order. Frames arrive on any.
+  virtual fabric::Link* LinkTo(uint32_t host, uint64_t conn) = 0;
   // rdma fabric: registers [addr, addr+len) as its own memory region that
   // peer hosts may write one-sided (returns the rkey), and drops it again.
   // Other fabrics: kFailedPrecondition (the link then places the bytes).
@@ -126,8 +129,8 @@ class ConnManager {
   // This host's VMs (for checking what a peer host asks for).
   void SetLocalPorts(const std::vector<vhost::PortConfig>* ports) { ports_ = ports; }
   void OnPairingFrame(uint32_t host, const proto::FrameHeader& h, std::span<const uint8_t> payload);
-  // The sink for frames arriving on the link from `host`.
-  fabric::FrameSink& LinkSink(uint32_t host);
+  // The sink for frames arriving on link number `link` from `host`.
+  fabric::FrameSink& LinkSink(uint32_t host, uint32_t link);
   // The link to `host` is up (pending registrations may now pair) or gone
   // (its connections leave the fabric).
   void OnHostUp(uint32_t host);
@@ -201,7 +204,7 @@ class ConnManager {
   std::vector<BackendConn*> movable_;
   RemoteHosts* hosts_ = nullptr;
   const std::vector<vhost::PortConfig>* ports_ = nullptr;
-  std::unordered_map<uint32_t, std::unique_ptr<Sink>> sinks_;
+  std::unordered_map<uint64_t, std::unique_ptr<Sink>> sinks_;  // by host << 32 | link
   std::vector<BackendConn*> owed_;        // conns with link frames owed
   // PAIR_REQUESTs that arrived before our guest registered the connection,
   // keyed as our guest will register it.

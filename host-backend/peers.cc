@@ -94,6 +94,7 @@ Status Peering::Start(const DaemonConfig& config) {
   if (config.peers.empty()) return Status::Ok();
   host_name_ = config.host_name;
   fabric_ = config.fabric;
+  links_per_peer_ = std::clamp(config.links_per_peer, 1, kMaxLinksPerPeer);
   if (fabric_ == "rdma") {
     // Never a silent fall back to tcp: without the device the daemon stops.
     fabric::RdmaDevice::Options o;
@@ -149,9 +150,9 @@ Status Peering::Start(const DaemonConfig& config) {
     hosts_.push_back(std::move(h));
   }
   conns_->SetRemoteHosts(this);
-  VS_LOG(kInfo, "peering: host %s listening on %s, %zu peer host(s), locator with %zu entries, %s fabric",
+  VS_LOG(kInfo, "peering: host %s listening on %s, %zu peer host(s), locator with %zu entries, %s fabric, %d link(s) per peer",
          host_name_.c_str(), config.peer_listen.c_str(), hosts_.size(),
-         static_cast<fabric::StaticLocator*>(locator_.get())->size(), fabric_.c_str());
+         static_cast<fabric::StaticLocator*>(locator_.get())->size(), fabric_.c_str(), links_per_peer_);
   if (rdma_)
     VS_LOG(kInfo, "peering: rdma device %s port %u GID index %u", rdma_->name().c_str(), rdma_->port(),
            rdma_->gid_index());
@@ -191,19 +192,30 @@ Peering::Host* Peering::ByName(const std::string& name) {
   return nullptr;
 }
 
-// Starts a non-blocking TCP connect to the peer: the TLS channel
-// (kConnecting, which also starts the setup deadline) or the data link
-// (kLinkConnecting, within the same deadline).
-void Peering::StartConnect(Host& h, State next) {
-  const char* what = next == State::kConnecting ? "connect " : "link connect ";
+// A non-blocking TCP connect to the peer's peer_listen address (null, with
+// *error set, if it failed at once).
+UniqueFd Peering::ConnectTo(Host& h, std::string* error) {
   UniqueFd fd(socket(h.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!fd) return HostDown(h, "socket: " + std::string(strerror(errno)));
-  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&h.addr), h.addr_len) != 0 && errno != EINPROGRESS)
-    return HostDown(h, what + h.address + ": " + strerror(errno));
+  if (!fd) {
+    *error = "socket: " + std::string(strerror(errno));
+    return fd;
+  }
+  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&h.addr), h.addr_len) != 0 && errno != EINPROGRESS) {
+    *error = h.address + ": " + strerror(errno);
+    return UniqueFd();
+  }
   Watch(fd.get(), true);
+  return fd;
+}
+
+// Starts the TLS channel's TCP connect (and the setup deadline).
+void Peering::StartConnect(Host& h) {
+  std::string error;
+  UniqueFd fd = ConnectTo(h, &error);
+  if (!fd) return HostDown(h, "connect " + error);
   h.connecting = std::move(fd);
-  h.state = next;
-  if (next == State::kConnecting) h.deadline_ms = MonotonicMs() + kSetupTimeoutMs;
+  h.state = State::kConnecting;
+  h.deadline_ms = MonotonicMs() + kSetupTimeoutMs;
 }
 
 void Peering::OnTlsUp(Host& h) {
@@ -211,45 +223,83 @@ void Peering::OnTlsUp(Host& h) {
   auto key = h.tls->ExportKey(kLinkKeyLabel);
   if (!key.ok()) return HostDown(h, key.status().message());
   h.link_key = *key;
-  if (h.initiator) {
-    StartConnect(h, State::kLinkConnecting);
-  } else {
-    h.state = State::kWaitLink;
+  if (!h.initiator) {
+    h.state = State::kWaitLink;  // the links arrive on the listener
     h.deadline_ms = MonotonicMs() + kSetupTimeoutMs;
+    return;
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    h.lanes.clear();
+    h.lanes.resize(static_cast<size_t>(links_per_peer_));
+  }
+  for (Lane& l : h.lanes) {
+    std::string error;
+    l.connecting = ConnectTo(h, &error);
+    if (!l.connecting) return HostDown(h, "link connect " + error);
+  }
+  h.state = State::kLinkConnecting;  // within the deadline the TLS connect started
 }
 
-void Peering::OnLinkConnected(Host& h) {
-  int fd = h.connecting.get();
+bool Peering::AllLanes(const Host& h, bool rdma_connected) const {
+  if (h.lanes.empty()) return false;
+  for (const Lane& l : h.lanes)
+    if (!l.link || (rdma_connected && !l.rdma_connected)) return false;
+  return true;
+}
+
+bool Peering::LaneOf(Host& h, const FrameHeader& hdr, size_t* lane, std::string* why) {
+  uint64_t count = hdr.aux == 0 ? 1 : hdr.aux;
+  if (count > static_cast<uint64_t>(kMaxLinksPerPeer) || hdr.value >= count) {
+    *why = "link " + std::to_string(hdr.value) + " of " + std::to_string(count) + " (at most " +
+           std::to_string(kMaxLinksPerPeer) + " links per peer)";
+    return false;
+  }
+  if (h.lanes.empty()) {
+    if (count != static_cast<uint64_t>(links_per_peer_))
+      VS_LOG(kInfo, "peer %s: runs %lu link(s) per host pair, this host's links_per_peer is %d: %lu it is",
+             h.name.c_str(), static_cast<unsigned long>(count), links_per_peer_, static_cast<unsigned long>(count));
+    std::lock_guard<std::mutex> lock(mu_);
+    h.lanes.resize(count);
+  } else if (count != h.lanes.size()) {
+    *why = "link count changed from " + std::to_string(h.lanes.size()) + " to " + std::to_string(count);
+    return false;
+  }
+  *lane = hdr.value;
+  return true;
+}
+
+void Peering::OnLinkConnected(Host& h, size_t lane) {
+  Lane& l = h.lanes[lane];
+  int fd = l.connecting.get();
   Status st = fabric::ConfigureLinkSocket(fd);
   if (!st.ok()) return HostDown(h, st.message());
   epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
-  auto link = fabric::MakeStreamLink(fabric::MakeFdTransport(h.connecting.release()));
+  auto link = fabric::MakeStreamLink(fabric::MakeFdTransport(l.connecting.release()));
   FrameHeader hello;
   hello.type = FrameType::kLinkHello;
   hello.len = 32;
+  hello.value = lane;
+  hello.aux = static_cast<uint32_t>(h.lanes.size());
   iovec v{h.link_key.data(), 32};
   if (!link->Send(hello, {&v, 1}) || !link->Flush().ok()) return HostDown(h, "link hello not sent");
   Watch(link->wake_fd(), false);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    h.link = std::move(link);
+    l.link = std::move(link);
   }
-  h.state = State::kWaitReady;  // the acceptor confirms on the TLS channel
+  if (AllLanes(h, false)) h.state = State::kWaitReady;  // the acceptor confirms on the TLS channel
 }
 
-// rdma fabric: creates this side's QP; the initiator offers its setup at
-// once, the acceptor waits for the initiator's (OnRdmaSetup).
+// rdma fabric: the initiator creates its QPs and offers their setups at
+// once; the acceptor creates each QP when the initiator's setup for it
+// arrives (OnRdmaSetup).
 void Peering::StartRdmaLink(Host& h) {
-  auto link = fabric::RdmaLink::Create(rdma_);
-  if (!link.ok()) return HostDown(h, "rdma link: " + link.status().message());
+  h.deadline_ms = MonotonicMs() + kSetupTimeoutMs;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    h.rdma = link->get();
-    h.link = std::move(link).value();
+    h.lanes.clear();
   }
-  h.rdma_connected = false;
-  h.deadline_ms = MonotonicMs() + kSetupTimeoutMs;
   if (!h.initiator) {
     h.state = State::kWaitLink;
     // The initiator's setup may have come with the end of the handshake and
@@ -257,23 +307,48 @@ void Peering::StartRdmaLink(Host& h) {
     (void)ServiceUp(h);
     return;
   }
-  auto info = h.rdma->LocalInfo().Encode();
-  FrameHeader setup;
-  setup.type = FrameType::kRdmaSetup;
-  setup.len = static_cast<uint32_t>(info.size());
-  Status st = h.tls->Send(Message(setup, info));
-  if (!st.ok()) return HostDown(h, "control channel: " + st.message());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    h.lanes.resize(static_cast<size_t>(links_per_peer_));
+  }
+  for (size_t i = 0; i < h.lanes.size(); ++i) {
+    auto link = fabric::RdmaLink::Create(rdma_);
+    if (!link.ok()) return HostDown(h, "rdma link: " + link.status().message());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      h.lanes[i].rdma = link->get();
+      h.lanes[i].link = std::move(link).value();
+    }
+    if (!SendRdmaSetup(h, i)) return;
+  }
   h.state = State::kWaitReady;
 }
 
-// The peer's RDMA_SETUP (only ever on the TLS channel): connects our QP to
-// its. The acceptor answers with its own setup and LINK_READY and is up;
+bool Peering::SendRdmaSetup(Host& h, size_t lane) {
+  auto info = h.lanes[lane].rdma->LocalInfo().Encode();
+  FrameHeader setup;
+  setup.type = FrameType::kRdmaSetup;
+  setup.len = static_cast<uint32_t>(info.size());
+  setup.value = lane;
+  setup.aux = static_cast<uint32_t>(h.lanes.size());
+  Status st = h.tls->Send(Message(setup, info));
+  if (!st.ok()) {
+    HostDown(h, "control channel: " + st.message());
+    return false;
+  }
+  return true;
+}
+
+// The peer's RDMA_SETUP for one lane (only ever on the TLS channel):
+// connects our QP to its. The acceptor creates that QP, answers with its
+// own setup, and once every lane is connected sends LINK_READY and is up;
 // the initiator is up at LINK_READY. False if the host went down.
-bool Peering::OnRdmaSetup(Host& h, std::span<const uint8_t> payload) {
-  bool expected = h.rdma != nullptr && !h.rdma_connected &&
-                  (h.initiator ? h.state == State::kWaitReady : h.state == State::kWaitLink);
-  if (!expected) {
-    HostDown(h, "unexpected RDMA_SETUP on the control channel");
+bool Peering::OnRdmaSetup(Host& h, const FrameHeader& hdr, std::span<const uint8_t> payload) {
+  bool expected = h.initiator ? h.state == State::kWaitReady : h.state == State::kWaitLink;
+  size_t i = 0;
+  std::string why;
+  if (!expected || !LaneOf(h, hdr, &i, &why) || (h.initiator && !h.lanes[i].rdma) || h.lanes[i].rdma_connected) {
+    HostDown(h, "unexpected RDMA_SETUP on the control channel" + (why.empty() ? "" : ": " + why));
     return false;
   }
   auto info = fabric::RdmaEndpointInfo::Decode(payload);
@@ -281,22 +356,30 @@ bool Peering::OnRdmaSetup(Host& h, std::span<const uint8_t> payload) {
     HostDown(h, "bad RDMA_SETUP: " + info.status().message());
     return false;
   }
-  Status st = h.rdma->Connect(*info);
+  Lane& l = h.lanes[i];
+  if (!l.rdma) {
+    auto link = fabric::RdmaLink::Create(rdma_);
+    if (!link.ok()) {
+      HostDown(h, "rdma link: " + link.status().message());
+      return false;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    l.rdma = link->get();
+    l.link = std::move(link).value();
+  }
+  Status st = l.rdma->Connect(*info);
   if (!st.ok()) {
     HostDown(h, "rdma link: " + st.message());
     return false;
   }
-  h.rdma_connected = true;
-  Watch(h.link->wake_fd(), false);
+  l.rdma_connected = true;
+  Watch(l.link->wake_fd(), false);
   if (h.initiator) return true;
-  auto mine = h.rdma->LocalInfo().Encode();
-  FrameHeader setup;
-  setup.type = FrameType::kRdmaSetup;
-  setup.len = static_cast<uint32_t>(mine.size());
+  if (!SendRdmaSetup(h, i)) return false;
+  if (!AllLanes(h, true)) return true;
   FrameHeader ready;
   ready.type = FrameType::kLinkReady;
-  st = h.tls->Send(Message(setup, mine));
-  if (st.ok()) st = h.tls->Send(Message(ready, {}));
+  st = h.tls->Send(Message(ready, {}));
   if (!st.ok()) {
     HostDown(h, "control channel: " + st.message());
     return false;
@@ -314,7 +397,7 @@ void Peering::HostUp(Host& h) {
   h.backoff_ms = 0;
   h.deadline_ms = 0;
   h.connects.fetch_add(1, std::memory_order_relaxed);
-  VS_LOG(kInfo, "peer %s (%s): link up", h.name.c_str(), h.address.c_str());
+  VS_LOG(kInfo, "peer %s (%s): up with %zu link(s)", h.name.c_str(), h.address.c_str(), h.lanes.size());
   conns_->OnHostUp(h.id);
 }
 
@@ -329,25 +412,26 @@ void Peering::HostDown(Host& h, const std::string& why) {
     h.tls->Close();
   }
   if (h.connecting) epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, h.connecting.get(), nullptr);
-  std::unique_ptr<fabric::Link> old;
+  std::vector<Lane> old;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (h.link) {
-      epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, h.link->wake_fd(), nullptr);
-      h.old.Add(h.link->stats());
-      old = std::move(h.link);
+    for (Lane& l : h.lanes) {
+      if (l.connecting) epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, l.connecting.get(), nullptr);
+      if (l.link) {
+        epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, l.link->wake_fd(), nullptr);
+        h.old.Add(l.link->stats());
+      }
     }
-    h.rdma = nullptr;
-    h.rdma_connected = false;
+    old.swap(h.lanes);
     h.last_error = why;
     h.state = h.initiator ? State::kBackoff : State::kIdle;
   }
   h.tls.reset();
   h.connecting.reset();
   if (was_up) h.losses.fetch_add(1, std::memory_order_relaxed);
-  // Connections on it leave the fabric (before the link object goes away).
+  // Connections on it leave the fabric (before the link objects go away).
   conns_->OnHostDown(h.id);
-  old.reset();
+  old.clear();
   if (h.initiator) {
     h.backoff_ms = h.backoff_ms == 0 ? kBackoffMinMs : std::min(kBackoffMaxMs, h.backoff_ms * 2);
     static thread_local std::minstd_rand rng(static_cast<unsigned>(MonotonicNs()));
@@ -367,16 +451,14 @@ void Peering::Step(Host& h) {
     case State::kUp:
       return;
     case State::kBackoff:
-      if (now >= h.retry_at_ms) StartConnect(h, State::kConnecting);
+      if (now >= h.retry_at_ms) StartConnect(h);
       return;
     case State::kConnecting: {
       pollfd p{h.connecting.get(), POLLOUT, 0};
       if (poll(&p, 1, 0) <= 0) return;
       if (int err = SocketError(h.connecting.get()))
         return HostDown(h, "connect " + h.address + ": " + strerror(err));
-      int fd = h.connecting.get();
       h.tls = peering::TlsChannel::Client(*tls_ctx_, std::move(h.connecting), h.name);
-      (void)fd;
       h.state = State::kHandshake;
       [[fallthrough]];
     }
@@ -391,11 +473,16 @@ void Peering::Step(Host& h) {
       return;
     }
     case State::kLinkConnecting: {
-      pollfd p{h.connecting.get(), POLLOUT, 0};
-      if (poll(&p, 1, 0) <= 0) return;
-      if (int err = SocketError(h.connecting.get()))
-        return HostDown(h, "link connect " + h.address + ": " + strerror(err));
-      OnLinkConnected(h);
+      for (size_t i = 0; i < h.lanes.size(); ++i) {
+        Lane& l = h.lanes[i];
+        if (!l.connecting) continue;
+        pollfd p{l.connecting.get(), POLLOUT, 0};
+        if (poll(&p, 1, 0) <= 0) continue;
+        if (int err = SocketError(l.connecting.get()))
+          return HostDown(h, "link connect " + h.address + ": " + strerror(err));
+        OnLinkConnected(h, i);
+        if (h.state != State::kLinkConnecting) return;  // all connected, or down
+      }
       return;
     }
     case State::kWaitLink:
@@ -426,15 +513,16 @@ bool Peering::ServiceUp(Host& h) {
     switch (hdr->type) {
       case FrameType::kLinkReady:
         if (h.state == State::kWaitReady) {
-          if (rdma_ && !h.rdma_connected) {
-            HostDown(h, "LINK_READY before the peer's RDMA_SETUP");
+          if (!AllLanes(h, rdma_ != nullptr)) {
+            HostDown(h, rdma_ ? "LINK_READY before the peer's RDMA_SETUP for every link"
+                              : "LINK_READY before every link was connected");
             return true;
           }
           HostUp(h);
         }
         break;
       case FrameType::kRdmaSetup:
-        if (!OnRdmaSetup(h, payload)) return true;
+        if (!OnRdmaSetup(h, *hdr, payload)) return true;
         break;
       case FrameType::kLinkClose:
         HostDown(h, "peer closed the link");
@@ -456,17 +544,19 @@ bool Peering::ServiceUp(Host& h) {
     HostDown(h, "control channel: " + st.message());
     return true;
   }
-  if (h.state == State::kUp && h.link) {
-    uint64_t before = h.link->stats().frames_in.load(std::memory_order_relaxed);
-    Status ls = h.link->Poll(conns_->LinkSink(h.id), kMaxFramesPerPoll);
+  if (h.state != State::kUp) return worked;
+  for (size_t i = 0; i < h.lanes.size(); ++i) {
+    Lane& l = h.lanes[i];
+    uint64_t before = l.link->stats().frames_in.load(std::memory_order_relaxed);
+    Status ls = l.link->Poll(conns_->LinkSink(h.id, static_cast<uint32_t>(i)), kMaxFramesPerPoll);
     if (!ls.ok()) {
-      HostDown(h, "data link: " + ls.message());
+      HostDown(h, "data link " + std::to_string(i) + ": " + ls.message());
       return true;
     }
-    uint64_t got = h.link->stats().frames_in.load(std::memory_order_relaxed) - before;
+    uint64_t got = l.link->stats().frames_in.load(std::memory_order_relaxed) - before;
     // A full batch may leave frames read but not yet delivered: they make
     // no new epoll event, so the next Poll() must come back for them.
-    h.link_more = got >= kMaxFramesPerPoll;
+    l.link_more = got >= kMaxFramesPerPoll;
     worked |= got != 0;
   }
   return worked;
@@ -489,7 +579,8 @@ void Peering::AcceptAll() {
 }
 
 // An accepted connection: a TLS control channel (first byte 0x16, a TLS
-// handshake record) or a data link (LINK_HELLO with a session key).
+// handshake record) or one of a session's data links (LINK_HELLO with the
+// session key, the link's index and the count).
 void Peering::StepIncoming(Incoming& in, bool* done) {
   *done = false;
   auto refuse = [&](std::atomic<uint64_t>& counter, const std::string& why) {
@@ -526,14 +617,22 @@ void Peering::StepIncoming(Incoming& in, bool* done) {
             CRYPTO_memcmp(host->link_key.data(), buf + proto::kFrameHeaderSize, 32) == 0)
           owner = host.get();
       if (owner == nullptr) return refuse(counters_.refused_link, "data link with an unknown session key");
+      size_t lane = 0;
+      std::string why;
+      if (!LaneOf(*owner, *h, &lane, &why) || owner->lanes[lane].link)
+        return refuse(counters_.refused_link, "data link for peer " + owner->name + ": " +
+                                                  (why.empty() ? "link " + std::to_string(lane) + " twice" : why));
       (void)!recv(in.fd.get(), buf, sizeof(buf), 0);  // consume the hello
       Status st = fabric::ConfigureLinkSocket(in.fd.get());
       if (!st.ok()) return refuse(counters_.refused_link, st.message());
+      Lane& l = owner->lanes[lane];
       {
         std::lock_guard<std::mutex> lock(mu_);
-        owner->link = fabric::MakeStreamLink(fabric::MakeFdTransport(in.fd.release()));
+        l.link = fabric::MakeStreamLink(fabric::MakeFdTransport(in.fd.release()));
       }
-      Watch(owner->link->wake_fd(), false);
+      Watch(l.link->wake_fd(), false);
+      *done = true;
+      if (!AllLanes(*owner, false)) return;  // more to come
       FrameHeader ready;
       ready.type = FrameType::kLinkReady;
       Status sent = owner->tls->Send(Message(ready, {}));
@@ -542,7 +641,6 @@ void Peering::StepIncoming(Incoming& in, bool* done) {
       } else {
         HostUp(*owner);
       }
-      *done = true;
       return;
     }
   }
@@ -568,7 +666,8 @@ bool Peering::Poll() {
   int n = epoll_wait(epoll_.get(), evs, 64, 0);
   bool any_out = false;
   for (auto& h : hosts_)
-    any_out |= h->state == State::kUp && h->link && (h->link->WantsWritable() || h->link_more);
+    if (h->state == State::kUp)
+      for (const Lane& l : h->lanes) any_out |= l.link->WantsWritable() || l.link_more;
   bool worked = false;
   if (n > 0 || any_out || !incoming_.empty()) {
     for (int i = 0; i < n; ++i) {
@@ -596,16 +695,20 @@ bool Peering::Poll() {
   worked |= conns_->PumpLinks();
   for (auto& h : hosts_) {
     if (h->state != State::kUp) continue;
-    if (h->link) {
-      uint64_t w = h->link->stats().write_calls.load(std::memory_order_relaxed);
-      Status st = h->link->Flush();
+    bool down = false;
+    for (size_t i = 0; i < h->lanes.size() && !down; ++i) {
+      fabric::Link& link = *h->lanes[i].link;
+      uint64_t w = link.stats().write_calls.load(std::memory_order_relaxed);
+      Status st = link.Flush();
       if (!st.ok()) {
-        HostDown(*h, "data link: " + st.message());
-        continue;
+        HostDown(*h, "data link " + std::to_string(i) + ": " + st.message());
+        down = true;
+        break;
       }
-      worked |= h->link->stats().write_calls.load(std::memory_order_relaxed) != w;
-      Watch(h->link->wake_fd(), h->link->WantsWritable());
+      worked |= link.stats().write_calls.load(std::memory_order_relaxed) != w;
+      Watch(link.wake_fd(), link.WantsWritable());
     }
+    if (down) continue;
     if (h->tls) {
       Status st = h->tls->Flush();
       if (!st.ok()) {
@@ -643,10 +746,13 @@ bool Peering::SendPairing(uint32_t host, const FrameHeader& h, std::span<const u
   return true;
 }
 
-fabric::Link* Peering::LinkTo(uint32_t host) {
+fabric::Link* Peering::LinkTo(uint32_t host, uint64_t conn) {
   if (host == 0 || host > hosts_.size()) return nullptr;
   Host& p = *hosts_[host - 1];
-  return p.state == State::kUp ? p.link.get() : nullptr;
+  if (p.state != State::kUp || p.lanes.empty()) return nullptr;
+  // Handles are handed out in sequence: consecutive connections spread
+  // round-robin over the links.
+  return p.lanes[conn % p.lanes.size()].link.get();
 }
 
 Status Peering::RegisterRemoteWritable(void* addr, size_t len, uint32_t* rkey) {
@@ -664,9 +770,15 @@ std::vector<PeerSnapshot> Peering::Snapshot() const {
   std::vector<PeerSnapshot> out;
   for (const auto& h : hosts_) {
     LinkTotals t = h->old;
-    if (h->link) t.Add(h->link->stats());
+    std::vector<uint64_t> per_link;
+    for (const Lane& l : h->lanes)
+      if (l.link) {
+        t.Add(l.link->stats());
+        if (h->state == State::kUp) per_link.push_back(l.link->stats().frames_out.load());
+      }
     PeerSnapshot s{h->name, h->address, fabric_, ToString(h->state), h->initiator, h->connects.load(), h->losses.load(),
-                   0, h->last_error, t.frames_out, t.frames_in, t.bytes_out, t.bytes_in, t.writes, t.reads, t.busy};
+                   0, h->last_error, t.frames_out, t.frames_in, t.bytes_out, t.bytes_in, t.writes, t.reads, t.busy,
+                   std::move(per_link)};
     out.push_back(std::move(s));
   }
   return out;

@@ -1,16 +1,19 @@
 // Peering: this vsocketd's links to the other hosts' vsocketds.
 //
 // Per peer host, one TLS 1.3 control channel with mutual certificate
-// authentication (pairing requests, link setup and teardown) and one data
-// link (the fabric) keyed by the TLS session: the link's first frame carries
-// a 32-byte key both ends export from their TLS session, so only the
-// authenticated peer can attach it. Of two hosts, the one whose name sorts
+// authentication (pairing requests, link setup and teardown) and
+// links_per_peer data links (the fabric) keyed by the TLS session: each
+// link's first frame carries a 32-byte key both ends export from their TLS
+// session, so only the authenticated peer can attach it, and the link's
+// index and the count. The host is up once all its links are; the loss of
+// any one (or of the TLS channel) takes the whole session down, and every
+// connection on it RESYNCs to kernel TCP. Of two hosts, the one whose name sorts
 // first connects; the other accepts. Lost links are re-established with
 // exponential backoff. Runs on the worker thread, non-blocking throughout;
 // the worker sleeps on this object's epoll fd.
 //
-// fabric = rdma: the data link is an RdmaLink (one RC QP per peer host)
-// instead of a TCP connection. Its setup (QPN, GID, PSN, staging ring
+// fabric = rdma: each data link is an RdmaLink (an RC QP) instead of a TCP
+// connection. Its setup (QPN, GID, PSN, staging ring
 // address and rkey) travels only on the authenticated TLS channel, as
 // RDMA_SETUP: the initiator sends its own, the acceptor connects its QP to
 // it and answers with its own and LINK_READY, then the initiator connects.
@@ -51,6 +54,7 @@ struct PeerSnapshot {
   uint64_t connects, losses, refused;
   std::string last_error;
   uint64_t frames_out, frames_in, data_bytes_out, data_bytes_in, write_calls, read_calls, busy;
+  std::vector<uint64_t> link_frames_out;  // per live link (empty while down)
 };
 
 struct PeeringCounters {
@@ -85,7 +89,7 @@ class Peering : public RemoteHosts {
   uint32_t Locate(uint32_t tenant, const proto::Endpoint& addr) override;
   bool Runs(uint32_t host, uint32_t tenant, const proto::Endpoint& addr) override;
   bool SendPairing(uint32_t host, const proto::FrameHeader& h, std::span<const uint8_t> payload) override;
-  fabric::Link* LinkTo(uint32_t host) override;
+  fabric::Link* LinkTo(uint32_t host, uint64_t conn) override;
   Status RegisterRemoteWritable(void* addr, size_t len, uint32_t* rkey) override;
   void UnregisterRemoteWritable(void* addr) override;
 
@@ -97,6 +101,14 @@ class Peering : public RemoteHosts {
  private:
   static constexpr int kMaxFramesPerPoll = 256;
   enum class State { kIdle, kBackoff, kConnecting, kHandshake, kLinkConnecting, kWaitLink, kWaitReady, kUp };
+  // One data link of a host pair (a TCP connection or an RC QP).
+  struct Lane {
+    std::unique_ptr<fabric::Link> link;
+    fabric::RdmaLink* rdma = nullptr;  // rdma fabric: `link`, typed; null otherwise
+    bool rdma_connected = false;       // its QP is connected to the peer's
+    bool link_more = false;            // the last Poll() hit its frame limit
+    UniqueFd connecting;               // tcp, initiator: its TCP connect in progress
+  };
   struct Host {
     uint32_t id;
     std::string name;
@@ -106,18 +118,18 @@ class Peering : public RemoteHosts {
     bool initiator;
     std::atomic<State> state{State::kIdle};
     std::unique_ptr<peering::TlsChannel> tls;
-    UniqueFd connecting;  // TCP connect in progress (TLS or link)
-    std::unique_ptr<fabric::Link> link;
-    fabric::RdmaLink* rdma = nullptr;  // rdma fabric: `link`, typed; null otherwise
-    bool rdma_connected = false;       // its QP is connected to the peer's
-    bool link_more = false;            // the last Poll() hit its frame limit
+    UniqueFd connecting;  // TCP connect of the TLS channel in progress
+    // The session's links: as many as the initiator asked for (its
+    // links_per_peer); empty while down, and at the acceptor until the
+    // first link (tcp) or RDMA_SETUP (rdma) names the count.
+    std::vector<Lane> lanes;
     std::array<uint8_t, 32> link_key{};
     int64_t retry_at_ms = 0;
     int backoff_ms = 0;
     int64_t deadline_ms = 0;  // for the current setup step
     std::atomic<uint64_t> connects{0}, losses{0};
     std::string last_error;
-    // Totals of links that are gone (live link's stats are added on read).
+    // Totals of links that are gone (live links' stats are added on read).
     LinkTotals old;
   };
   struct Incoming {
@@ -129,11 +141,18 @@ class Peering : public RemoteHosts {
 
   Host* ByName(const std::string& name);
   void Step(Host& h);
-  void StartConnect(Host& h, State next);
+  void StartConnect(Host& h);
+  UniqueFd ConnectTo(Host& h, std::string* error);
   void OnTlsUp(Host& h);
-  void OnLinkConnected(Host& h);
+  void OnLinkConnected(Host& h, size_t lane);
+  bool AllLanes(const Host& h, bool rdma_connected) const;
   void StartRdmaLink(Host& h);
-  bool OnRdmaSetup(Host& h, std::span<const uint8_t> payload);
+  bool OnRdmaSetup(Host& h, const proto::FrameHeader& hdr, std::span<const uint8_t> payload);
+  bool SendRdmaSetup(Host& h, size_t lane);
+  // A count and index a peer gave for a lane (LINK_HELLO, RDMA_SETUP:
+  // value = index, aux = count, 0 meaning 1); false if out of range or
+  // inconsistent with the lanes already set up.
+  bool LaneOf(Host& h, const proto::FrameHeader& hdr, size_t* lane, std::string* why);
   void HostUp(Host& h);
   void HostDown(Host& h, const std::string& why);
   void AcceptAll();
@@ -146,6 +165,7 @@ class Peering : public RemoteHosts {
   ConnManager* conns_;
   std::string host_name_;
   std::string fabric_ = "tcp";
+  int links_per_peer_ = 1;
   std::shared_ptr<fabric::RdmaDevice> rdma_;  // fabric = rdma: the device all links share
   std::unique_ptr<peering::TlsContext> tls_ctx_;
   std::unique_ptr<fabric::Locator> locator_;

@@ -126,8 +126,11 @@ std::string Stats(const Reporting& r) {
     Field(out, "data_bytes_in", p.data_bytes_in);
     Field(out, "write_calls", p.write_calls);
     Field(out, "read_calls", p.read_calls);
-    Field(out, "busy", p.busy, false);
-    out += "}";
+    Field(out, "busy", p.busy);
+    out += "\"links\":" + std::to_string(p.link_frames_out.size()) + ",\"link_frames_out\":[";
+    for (size_t i = 0; i < p.link_frames_out.size(); ++i)
+      out += (i ? "," : "") + std::to_string(p.link_frames_out[i]);
+    out += "]}";
   }
   out += "],\"connections\":[";
   first = true;
@@ -269,14 +272,15 @@ Table Connections(const Reporting& r) {
 }
 
 Table Links(const Reporting& r) {
-  Table t{{"peer", "address", "fabric", "state", "connects", "losses", "frames_out", "frames_in", "data_bytes_out",
-           "data_bytes_in", "frames_per_write", "last_error"},
+  Table t{{"peer", "address", "fabric", "state", "links", "connects", "losses", "frames_out", "frames_in",
+           "data_bytes_out", "data_bytes_in", "frames_per_write", "last_error"},
           {},
-          {false, false, false, false, true, true, true, true, true, true, true, false}};
+          {false, false, false, false, true, true, true, true, true, true, true, true, false}};
   for (const PeerSnapshot& p : r.service.peering().Snapshot()) {
     char per[32];
     std::snprintf(per, sizeof(per), "%.2f", p.write_calls ? double(p.frames_out) / double(p.write_calls) : 0.0);
-    t.rows.push_back({p.name, p.address, p.fabric, p.state, std::to_string(p.connects), std::to_string(p.losses),
+    t.rows.push_back({p.name, p.address, p.fabric, p.state, std::to_string(p.link_frames_out.size()),
+                      std::to_string(p.connects), std::to_string(p.losses),
                       std::to_string(p.frames_out), std::to_string(p.frames_in), std::to_string(p.data_bytes_out),
                       std::to_string(p.data_bytes_in), per, p.last_error.empty() ? "-" : p.last_error});
   }
@@ -386,6 +390,8 @@ std::string PrometheusMetrics(const Reporting& r) {
   auto peer = [](const PeerSnapshot& p) { return "peer=\"" + JsonEscape(p.name) + "\""; };
   metric("vsocket_link_up", "gauge", "Fabric link to a peer host is up (1) or not (0).");
   for (const auto& p : peers) sample("vsocket_link_up", peer(p) + ",fabric=\"" + p.fabric + "\"", p.state == "up");
+  metric("vsocket_links", "gauge", "Data links (TCP connections or RC QPs) up to a peer host.");
+  for (const auto& p : peers) sample("vsocket_links", peer(p), p.link_frames_out.size());
   metric("vsocket_link_losses_total", "counter", "Fabric links lost after being up.");
   for (const auto& p : peers) sample("vsocket_link_losses_total", peer(p), p.losses);
   metric("vsocket_link_frames_total", "counter", "Fabric frames per peer and direction.");

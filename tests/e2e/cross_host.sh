@@ -18,6 +18,9 @@ CHECK=tests/e2e/check_report.py
 TB=deploy/testbed2.sh
 export VSOCKETD=$BIN/host-backend/vsocketd VSOCKETCTL=$BIN/host-backend/vsocketctl
 export VSOCKET_TESTBED2_DIR=${VSOCKET_TESTBED2_DIR:-/run/vsocket-testbed2}
+# Two data links per host pair (links_per_peer): connections spread over
+# them; the link-loss cases lose both.
+export VSOCKET_TESTBED2_LINKS=${VSOCKET_TESTBED2_LINKS:-2}
 WORK=$(mktemp -d /tmp/vsocket-e2e2-XXXXXX)
 passed=0
 failed=0
@@ -49,7 +52,7 @@ A1=$(bash $TB addr vmA1)
 A2=$(bash $TB addr vmA2)
 B1=$(bash $TB addr vmB1)
 B2=$(bash $TB addr vmB2)
-pass "testbed2_link_up (hostA <-> hostB: TLS 1.3 mutual auth, tcp fabric link keyed by the TLS exporter)"
+pass "testbed2_link_up (hostA <-> hostB: TLS 1.3 mutual auth, $VSOCKET_TESTBED2_LINKS tcp fabric link(s) keyed by the TLS exporter)"
 
 # ---- accelerated transfers across the fabric -----------------------------------
 
@@ -110,6 +113,27 @@ case_xfer cross_xfer_one_connection vmA1 vmB1 "$B1" 1 33554432 7101
 # still byte-exact); nearly all must be accelerated.
 XFER_CHECK="--min-accel 120" case_xfer cross_xfer_64_connections vmA1 vmB1 "$B1" 64 1048576 7102
 case_xfer cross_xfer_reverse_direction vmB1 vmA2 "$A2" 4 4194304 7103
+
+# Every link of the host pair carried frames both ways (each connection
+# sends on one link, consecutive connections on different ones).
+case_links_spread() {
+  local name=cross_links_spread out h
+  for h in hostA hostB; do
+    if ! out=$(bash $TB ctl $h --json stats 2>/dev/null | python3 -c "
+import json, sys
+l = json.load(sys.stdin)['links'][0]
+want = $VSOCKET_TESTBED2_LINKS
+per = l['link_frames_out']
+ok = l['links'] == want and len(per) == want and all(n > 0 for n in per)
+print(('' if ok else 'want %d links all used: ' % want) + 'links %d, frames out per link %s' % (l['links'], per))
+sys.exit(0 if ok else 1)"); then
+      fail $name "$h: $out"
+      return
+    fi
+  done
+  pass "$name (hostB $out)"
+}
+case_links_spread
 
 # A client killed right after writing: the remote server still gets every byte.
 if run_crash cross_sender_killed vmA1 vmB1 "$B1" 7104 16777216; then
@@ -506,6 +530,26 @@ case_peer_restart() {
   pass "$name (hostB's vsocketd restarted: hostA noticed the loss, relinked with backoff, new connections accelerate again)"
 }
 case_peer_restart
+
+# The host that connects (hostA: its name sorts first) decides how many
+# links the pair runs; hostB, configured for another count, follows it.
+case_link_count_follows_initiator() {
+  local name=link_count_follows_initiator n
+  if ! VSOCKET_LINKS_PER_PEER=3 bash $TB restart hostA >"$WORK/restart3.log" 2>&1; then
+    fail $name "restart: $(tail -3 "$WORK/restart3.log" | tr '\n' ' ')"
+    return
+  fi
+  for h in hostA hostB; do
+    n=$(link_field $h links)
+    [ "$n" = 3 ] || { fail $name "$h runs $n links, want 3 (hostA's links_per_peer)"; return; }
+  done
+  grep -q "runs 3 link(s) per host pair, this host's links_per_peer is $VSOCKET_TESTBED2_LINKS" \
+    "$VSOCKET_TESTBED2_DIR/hostB/vsocketd.log" || { fail $name "hostB did not log the count it follows"; return; }
+  fabric_xfer three_links vmA1 vmB1 "$B1" 6 2097152 7503 ||
+    { fail $name "not accelerated over 3 links: $XFER_MSG"; return; }
+  pass "$name (hostA restarted with links_per_peer = 3, hostB configured for $VSOCKET_TESTBED2_LINKS: both run 3; $XFER_MSG)"
+}
+case_link_count_follows_initiator
 
 if [ "$failed" -gt 0 ]; then
   # For the CI log: what the daemons said last.
