@@ -25,6 +25,8 @@ VSOCKETD=$(realpath "$BIN/host-backend/vsocketd")
 VSOCKETCTL=$(realpath "$BIN/host-backend/vsocketctl")
 export VSOCKET_TESTBED2_DIR=/run/vsocket-testbed2 VSOCKET_LOG_LEVEL=info
 export VSOCKET_TESTBED2_FABRIC=rdma VSOCKET_TESTBED2_RDMA_DEVICE=${VSOCKET_RDMA_DEV:-rxe0}
+# Two RC QPs per host pair (links_per_peer): connections spread over them.
+export VSOCKET_TESTBED2_LINKS=${VSOCKET_TESTBED2_LINKS:-2}
 WORK=$(mktemp -d /tmp/vsocket-rdma-e2e-XXXXXX)
 CASE_TIMEOUT=${VSOCKET_CASE_TIMEOUT:-150}
 E2E_TIMEOUT=$CASE_TIMEOUT  # bounds vm_run/vm_bg (tests/e2e/lib.sh)
@@ -255,10 +257,14 @@ done
 la=$(link_json hostA data_bytes_out)
 lb=$(link_json hostB data_bytes_out)
 losses="$(link_json hostA losses)/$(link_json hostB losses)"
-if [ "$la" -gt 0 ] && [ "$lb" -gt 0 ] && [ "$losses" = 0/0 ]; then
-  pass "rdma_link_stats (hostA link sent $la B, hostB $lb B; no link lost; fabric $(link_json hostA fabric))"
+qps="$(link_json hostA links)/$(link_json hostB links)"
+perqp="$(link_json hostA link_frames_out | tr -d ' ')/$(link_json hostB link_frames_out | tr -d ' ')"
+used=$(echo "$perqp" | tr '/,[]' '    ' | awk '{for (i = 1; i <= NF; i++) if ($i == 0) z = 1; print (z ? 0 : NF)}')
+want=$VSOCKET_TESTBED2_LINKS
+if [ "$la" -gt 0 ] && [ "$lb" -gt 0 ] && [ "$losses" = 0/0 ] && [ "$qps" = "$want/$want" ] && [ "$used" = $((2 * want)) ]; then
+  pass "rdma_link_stats (hostA links sent $la B, hostB $lb B; $want QPs each, frames per QP $perqp; no link lost; fabric $(link_json hostA fabric))"
 else
-  fail rdma_link_stats "link bytes $la/$lb, losses $losses"
+  fail rdma_link_stats "link bytes $la/$lb, losses $losses, QPs $qps (want $want each), frames per QP $perqp (want all used)"
 fi
 warn=$(grep -hE "violation|outside the credit|link lost|RX ring not registered|connection is reset" "$VSOCKET_TESTBED2_DIR"/host{A,B}/vsocketd.log | head -3)
 if [ -z "$warn" ]; then pass "daemon_logs_clean (no violation, no link loss, every RX ring registered)"; else fail daemon_logs_clean "$warn"; fi
