@@ -128,6 +128,13 @@ struct BackendConn {
   bool in_move_list = false;
 
   // Cross-host: the remote peer (peer == nullptr then).
+  // kFeatureDoorbell: the DoorbellBlock after the TX ring (see
+  // proto/control.h); while in its device's doorbell set, the worker reads
+  // the counts there every pass instead of waiting for messages.
+  bool doorbell = false;
+  bool in_doorbell_set = false;
+  uint32_t doorbell_idle = 0;  // passes in the set without progress
+
   RemotePeer remote;
   uint32_t link_owed = 0;
   bool in_owed_list = false;

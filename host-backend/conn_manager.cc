@@ -1,6 +1,7 @@
 #include "host-backend/conn_manager.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "base/clock.h"
@@ -105,6 +106,9 @@ std::optional<Message> ConnManager::Handle(vhost::BackendDevice& device, const M
     return std::nullopt;  // a race with our own teardown, or a confused guest
   }
   BackendConn& c = *it->second;
+  // The block may hold counts the guest published before posting this
+  // message (a send() right before shutdown()): take them first.
+  if (c.doorbell && ReadDoorbell(c) < 0) return std::nullopt;
   switch (msg.type) {
     case MsgType::kPairingQuery: {
       bool pairing = c.state == ConnState::kUpgraded || c.remote.stage == RemotePeer::Stage::kAccepted;
@@ -124,27 +128,26 @@ std::optional<Message> ConnManager::Handle(vhost::BackendDevice& device, const M
       break;
     }
     case MsgType::kTxTail: {
-      uint64_t tail = std::get<proto::ConnCounter>(msg.body).bytes;
-      uint64_t credit = c.peer ? c.peer->rx_consumed : c.remote.paired() ? c.remote.credit : c.tx_copied;
-      // The guest may fill its TX ring only up to what the peer has freed.
-      if (c.state != ConnState::kUpgraded || !c.fence_received || c.write_shut ||
-          tail < c.tx_tail || tail - credit > c.tx.size)
-        return Violation(c, "TX tail outside the credit window"), std::nullopt;
-      c.tx_tail = tail;
-      MarkMovable(c);
+      if (c.doorbell) {
+        // The count was read from the block above; the message says the
+        // guest saw want_tx: poll the block again.
+        if (c.state != ConnState::kUpgraded || !c.fence_received)
+          return Violation(c, "TX_TAIL before FENCE"), std::nullopt;
+        counters_.doorbell_messages.fetch_add(1, std::memory_order_relaxed);
+        AddDoorbell(*dc, c);
+        break;
+      }
+      if (!ApplyTxTail(c, std::get<proto::ConnCounter>(msg.body).bytes)) return std::nullopt;
       break;
     }
     case MsgType::kConsumed: {
-      uint64_t consumed = std::get<proto::ConnCounter>(msg.body).bytes;
-      if (c.state != ConnState::kUpgraded || consumed < c.rx_consumed || consumed > c.rx_tail)
-        return Violation(c, "CONSUMED beyond what was delivered"), std::nullopt;
-      c.rx_consumed = consumed;
-      if (c.peer) {
-        c.peer->ev_credit = consumed;
-        Raise(*c.peer, kEvCredit);
-        MarkMovable(*c.peer);  // room in our RX ring again
+      if (c.doorbell) {
+        if (c.state != ConnState::kUpgraded) return Violation(c, "CONSUMED before the upgrade"), std::nullopt;
+        counters_.doorbell_messages.fetch_add(1, std::memory_order_relaxed);
+        AddDoorbell(*dc, c);
+        break;
       }
-      if (c.remote.paired()) Owe(c, kOweCredit);
+      if (!ApplyConsumed(c, std::get<proto::ConnCounter>(msg.body).bytes)) return std::nullopt;
       break;
     }
     case MsgType::kShutdown: {
@@ -198,7 +201,10 @@ std::optional<Message> ConnManager::Register(DeviceConns& dc, uint64_t request_i
   c.key = ConnKey{port.tenant_id, loop ? port.index + 1 : 0, r.local, r.peer};
   c.tx = GuestRing{r.tx_ring_gpa, r.tx_ring_bytes, nullptr};
   c.rx = GuestRing{r.rx_ring_gpa, r.rx_ring_bytes, nullptr};
-  if (!ResolveRings(c)) {
+  c.doorbell = dc.doorbell;
+  // A doorbell block must be 64-byte aligned (its counts are atomics).
+  if ((c.doorbell && r.tx_ring_gpa % proto::kDoorbellBytes != 0) || !ResolveRings(c) ||
+      (c.doorbell && reinterpret_cast<uintptr_t>(c.tx.host) % proto::kDoorbellBytes != 0)) {
     counters_.rejected_other.fetch_add(1, std::memory_order_relaxed);
     return Ack(request_id, r.conn_id, WireError::kBadRing, Reason::kProtocolError);
   }
@@ -290,9 +296,164 @@ void ConnManager::Pair(BackendConn& a, BackendConn& b) {
   MaybeAnnounceShutdown(b);
 }
 
+bool ConnManager::ApplyTxTail(BackendConn& c, uint64_t tail) {
+  uint64_t credit = c.peer ? c.peer->rx_consumed : c.remote.paired() ? c.remote.credit : c.tx_copied;
+  // The guest may fill its TX ring only up to what the peer has freed.
+  if (c.state != ConnState::kUpgraded || !c.fence_received || c.write_shut || tail < c.tx_tail ||
+      tail - credit > c.tx.size) {
+    Violation(c, "TX tail outside the credit window");
+    return false;
+  }
+  c.tx_tail = tail;
+  MarkMovable(c);
+  return true;
+}
+
+bool ConnManager::ApplyConsumed(BackendConn& c, uint64_t consumed) {
+  if (c.state != ConnState::kUpgraded || consumed < c.rx_consumed || consumed > c.rx_tail) {
+    Violation(c, "CONSUMED beyond what was delivered");
+    return false;
+  }
+  c.rx_consumed = consumed;
+  if (c.peer) {
+    c.peer->ev_credit = consumed;
+    Raise(*c.peer, kEvCredit);
+    MarkMovable(*c.peer);  // room in our RX ring again
+  }
+  if (c.remote.paired()) Owe(c, kOweCredit);
+  return true;
+}
+
+proto::DoorbellBlock* ConnManager::DoorbellOf(BackendConn& c) {
+  if (!c.doorbell || c.tx.host == nullptr) return nullptr;
+  return reinterpret_cast<proto::DoorbellBlock*>(c.tx.host + c.tx.size);
+}
+
+void ConnManager::AddDoorbell(DeviceConns& dc, BackendConn& c) {
+  c.doorbell_idle = 0;
+  if (c.in_doorbell_set) return;
+  c.in_doorbell_set = true;
+  dc.doorbells.push_back(&c);
+}
+
+void ConnManager::RemoveDoorbell(BackendConn& c) {
+  if (!c.in_doorbell_set) return;
+  c.in_doorbell_set = false;
+  if (DeviceConns* dc = c.device ? Find(*c.device) : nullptr) std::erase(dc->doorbells, &c);
+}
+
+// The block is guest memory: every count is checked like a message's, and
+// one that goes backwards is ignored (counts only grow; a message may
+// carry an older one than the block already showed).
+int ConnManager::ReadDoorbell(BackendConn& c) {
+  proto::DoorbellBlock* db = DoorbellOf(c);
+  if (db == nullptr || c.state != ConnState::kUpgraded) return 0;
+  int progress = 0;
+  // Before the FENCE is in, tails wait (the guest's TX_TAIL follows it);
+  // after a shutdown of the write side nothing more is taken.
+  if (c.fence_received && !c.write_shut) {
+    uint64_t tail = std::atomic_ref<uint64_t>(db->tx_tail).load(std::memory_order_acquire);
+    if (tail > c.tx_tail) {
+      if (!ApplyTxTail(c, tail)) return -1;
+      progress = 1;
+      counters_.doorbell_counts.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  uint64_t consumed = std::atomic_ref<uint64_t>(db->consumed).load(std::memory_order_acquire);
+  if (consumed > c.rx_consumed) {
+    if (!ApplyConsumed(c, consumed)) return -1;
+    progress = 1;
+    counters_.doorbell_counts.fetch_add(1, std::memory_order_relaxed);
+  }
+  return progress;
+}
+
+namespace {
+// Passes a polled block may go without news before it is armed (the
+// worker passes every few microseconds while busy).
+constexpr uint32_t kDoorbellIdlePasses = 64;
+
+// Asks the guest for messages again, then takes one last look: a count the
+// guest published before it could see the flags is found here (both sides
+// fence between their store and their load).
+void ArmBlock(proto::DoorbellBlock* db) {
+  std::atomic_ref<uint32_t>(db->want_tx).store(1, std::memory_order_relaxed);
+  std::atomic_ref<uint32_t>(db->want_consumed).store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+}  // namespace
+
+bool ConnManager::PollDoorbells(vhost::BackendDevice& device) {
+  DeviceConns* dc = Find(device);
+  if (dc == nullptr || dc->doorbells.empty()) return false;
+  bool worked = false;
+  for (size_t i = 0; i < dc->doorbells.size();) {
+    BackendConn& c = *dc->doorbells[i];
+    int r = ReadDoorbell(c);
+    bool keep = r > 0;
+    if (r > 0) {
+      c.doorbell_idle = 0;
+      worked = true;
+    } else if (r == 0 && ++c.doorbell_idle < kDoorbellIdlePasses && DoorbellOf(c) != nullptr) {
+      keep = true;
+    } else if (r == 0 && DoorbellOf(c) != nullptr) {
+      ArmBlock(DoorbellOf(c));
+      counters_.doorbell_arms.fetch_add(1, std::memory_order_relaxed);
+      r = ReadDoorbell(c);
+      keep = r > 0;
+      worked |= r > 0;
+      c.doorbell_idle = 0;
+    }
+    if (keep) {
+      ++i;
+      continue;
+    }
+    c.in_doorbell_set = false;
+    dc->doorbells[i] = dc->doorbells.back();
+    dc->doorbells.pop_back();
+  }
+  return worked;
+}
+
+bool ConnManager::ArmDoorbells() {
+  bool moved = false;
+  for (auto& [dev, dc] : devices_) {
+    for (size_t i = 0; i < dc.doorbells.size();) {
+      BackendConn& c = *dc.doorbells[i];
+      int r = 0;
+      if (proto::DoorbellBlock* db = DoorbellOf(c)) {
+        ArmBlock(db);
+        counters_.doorbell_arms.fetch_add(1, std::memory_order_relaxed);
+        r = ReadDoorbell(c);
+      }
+      if (r > 0) {
+        moved = true;
+        c.doorbell_idle = 0;
+        ++i;
+        continue;
+      }
+      c.in_doorbell_set = false;
+      dc.doorbells[i] = dc.doorbells.back();
+      dc.doorbells.pop_back();
+    }
+  }
+  return moved;
+}
+
+uint64_t ConnManager::OnHello(vhost::BackendDevice& device, uint64_t features) {
+  DeviceConns* dc = Find(device);
+  if (dc == nullptr) return 0;
+  uint64_t taken = features & proto::kKnownFeatures;
+  if (!dc->by_id.empty()) taken = 0;  // a second HELLO changes nothing for live connections
+  dc->doorbell = (taken & proto::kFeatureDoorbell) != 0;
+  if (dc->doorbell) counters_.doorbell_sessions.fetch_add(1, std::memory_order_relaxed);
+  return taken;
+}
+
 bool ConnManager::ResolveRings(BackendConn& c) {
   const vhost::GuestMemory& mem = c.device->memory();
-  c.tx.host = mem.Translate(c.tx.gpa, c.tx.size);
+  // With a doorbell, its block follows the TX ring.
+  c.tx.host = mem.Translate(c.tx.gpa, c.tx.size + (c.doorbell ? proto::kDoorbellBytes : 0));
   c.rx.host = mem.Translate(c.rx.gpa, c.rx.size);
   return c.tx.host != nullptr && c.rx.host != nullptr;
 }
@@ -312,6 +473,8 @@ std::optional<Message> ConnManager::Unregister(DeviceConns& dc, uint64_t request
 
 void ConnManager::Orphan(BackendConn& c) {
   if (c.gone) return;
+  // Counts published without a message (doorbell) are the guest's last word too.
+  if (c.doorbell) (void)ReadDoorbell(c);
   // Bytes the application already wrote are delivered, as the kernel would
   // after close() or exit: keep the ones not yet moved.
   if (c.tx.host != nullptr && c.tx_tail > c.tx_copied) {
@@ -390,6 +553,7 @@ void ConnManager::MaybeDestroy(BackendConn* c) {
     if (DeviceConns* dc = Find(*c->device))
       dc->events.erase(std::remove(dc->events.begin(), dc->events.end(), c), dc->events.end());
   }
+  RemoveDoorbell(*c);
   DropRx(*c);
   std::lock_guard<std::mutex> lock(snapshot_mu_);
   conns_.erase(c->handle);
@@ -587,6 +751,8 @@ void ConnManager::OnAttach(vhost::BackendDevice& device) {
     }
     MarkMovable(*c);
     if (c->peer) MarkMovable(*c->peer);
+    // Counts published while paused: look (and arm) again.
+    if (c->doorbell) AddDoorbell(dc, *c);
   }
 }
 
@@ -606,6 +772,7 @@ void ConnManager::OnDetach(vhost::BackendDevice& device) {
   std::vector<BackendConn*> conns;
   for (auto& [id, c] : dc->by_id) conns.push_back(c);
   for (BackendConn* c : dc->events) c->in_event_list = false;
+  for (BackendConn* c : dc->doorbells) c->in_doorbell_set = false;
   devices_.erase(&device);
   for (BackendConn* c : conns) {
     c->device = nullptr;

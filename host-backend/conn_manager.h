@@ -37,6 +37,11 @@ struct ConnManagerCounters {
   std::atomic<uint64_t> events{0};
   std::atomic<uint64_t> event_stalls{0};  // events waiting for guest buffers
   std::atomic<uint64_t> active{0};
+  // Doorbells (kFeatureDoorbell).
+  std::atomic<uint64_t> doorbell_sessions{0};  // HELLOs that took the doorbell
+  std::atomic<uint64_t> doorbell_counts{0};    // counts read from blocks (polled, or just before a message)
+  std::atomic<uint64_t> doorbell_messages{0};  // TX_TAIL/CONSUMED of doorbell conns (backend had armed)
+  std::atomic<uint64_t> doorbell_arms{0};      // blocks armed (then left the polled set)
   // Cross-host.
   std::atomic<uint64_t> pair_requests_sent{0};
   std::atomic<uint64_t> pair_requests_received{0};
@@ -123,6 +128,15 @@ class ConnManager {
   bool EmitEvents(vhost::BackendDevice& device);
   // Events owed to the device that wait for it to post buffers.
   bool HasEventsWaiting(vhost::BackendDevice& device);
+  // The session on `device` said HELLO with these features; returns the
+  // ones it gets (proto::kFeatureDoorbell or nothing).
+  uint64_t OnHello(vhost::BackendDevice& device, uint64_t features);
+  // Reads the doorbell blocks of the device's polled connections; a block
+  // idle for a while is armed and leaves the set. True if any count moved.
+  bool PollDoorbells(vhost::BackendDevice& device);
+  // Before the worker sleeps: arms every polled block. True if one moved
+  // meanwhile (then do not sleep).
+  bool ArmDoorbells();
 
   // Cross-host. All on the worker thread.
   void SetRemoteHosts(RemoteHosts* hosts) { hosts_ = hosts; }
@@ -147,7 +161,21 @@ class ConnManager {
     vhost::BackendDevice* device = nullptr;
     std::unordered_map<uint64_t, BackendConn*> by_id;  // guest conn_id -> conn
     std::deque<BackendConn*> events;                   // conns with events owed
+    bool doorbell = false;                             // session took kFeatureDoorbell
+    std::vector<BackendConn*> doorbells;               // conns whose blocks are polled
   };
+  // Doorbells (kFeatureDoorbell). Polling a connection's block means the
+  // guest posts nothing; arming it (want flags set, then a last look)
+  // means the guest posts at its next count.
+  proto::DoorbellBlock* DoorbellOf(BackendConn& c);
+  void AddDoorbell(DeviceConns& dc, BackendConn& c);
+  void RemoveDoorbell(BackendConn& c);
+  // Reads c's block and applies new counts: 1 progress, 0 none, -1 the
+  // connection was reset (a bad count).
+  int ReadDoorbell(BackendConn& c);
+  // A TX tail or consumed count from the guest (message or block), checked.
+  bool ApplyTxTail(BackendConn& c, uint64_t tail);
+  bool ApplyConsumed(BackendConn& c, uint64_t consumed);
 
   std::optional<proto::Message> Register(DeviceConns& dc, uint64_t request_id,
                                          const proto::RegisterConn& r);

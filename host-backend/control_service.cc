@@ -41,6 +41,7 @@ uint32_t ControlService::HandleRequest(vhost::BackendDevice& device,
         proto::HelloAck ack{proto::WireError::kOk, static_cast<uint32_t>(device.id()), kMaxConns,
                             kMaxOutstanding, 0};
         if (hello.abi_major != proto::kControlVersion) ack.status = proto::WireError::kUnsupportedVersion;
+        else ack.features = conns_.OnHello(device, hello.features);
         resp.type = MsgType::kHelloAck;
         resp.body = ack;
         break;

@@ -28,7 +28,11 @@ class ControlService : public DeviceService {
     worked |= peering_.Poll();
     return worked;
   }
-  bool Pump(vhost::BackendDevice& device) override { return conns_.EmitEvents(device); }
+  bool Pump(vhost::BackendDevice& device) override {
+    bool worked = conns_.PollDoorbells(device);
+    return conns_.EmitEvents(device) || worked;
+  }
+  bool BeforeSleep() override { return conns_.ArmDoorbells(); }
   bool NeedsKick(vhost::BackendDevice& device, size_t q) override {
     return q == 0 || conns_.HasEventsWaiting(device);
   }

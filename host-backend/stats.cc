@@ -97,6 +97,10 @@ std::string Stats(const Reporting& r) {
   Field(out, "events", cc.events.load());
   Field(out, "event_stalls", cc.event_stalls.load());
   Field(out, "protocol_violations", cc.protocol_violations.load());
+  Field(out, "doorbell_sessions", cc.doorbell_sessions.load());
+  Field(out, "doorbell_counts", cc.doorbell_counts.load());
+  Field(out, "doorbell_messages", cc.doorbell_messages.load());
+  Field(out, "doorbell_arms", cc.doorbell_arms.load());
   Field(out, "pair_requests_sent", cc.pair_requests_sent.load());
   Field(out, "pair_requests_received", cc.pair_requests_received.load());
   Field(out, "pair_refused", cc.pair_refused.load());
@@ -312,6 +316,10 @@ Table Counters(const Reporting& r) {
   add("events", cc.events.load());
   add("event_stalls", cc.event_stalls.load());
   add("protocol_violations", cc.protocol_violations.load());
+  add("doorbell_sessions", cc.doorbell_sessions.load());
+  add("doorbell_counts", cc.doorbell_counts.load());
+  add("doorbell_messages", cc.doorbell_messages.load());
+  add("doorbell_arms", cc.doorbell_arms.load());
   add("pair_requests_sent", cc.pair_requests_sent.load());
   add("pair_requests_received", cc.pair_requests_received.load());
   add("pair_refused", cc.pair_refused.load());

@@ -211,6 +211,10 @@ void Worker::Run() {
       continue;
     }
     // Idle: ask for kicks, re-check (a buffer may have raced in), sleep.
+    if (service_->BeforeSleep()) {
+      last_work = MonotonicNs();
+      continue;
+    }
     if (EnableAllNotify()) {
       DisableAllNotify();
       continue;

@@ -35,6 +35,10 @@ class DeviceService {
   // (the event queue only matters while events wait for buffers; otherwise
   // its always-available buffers would keep the worker from sleeping).
   virtual bool NeedsKick(vhost::BackendDevice& device, size_t q) { return true; }
+  // Right before the worker sleeps: re-enable whatever stands in for kicks
+  // (connections' doorbells). True if work turned up meanwhile (then it
+  // does not sleep).
+  virtual bool BeforeSleep() { return false; }
 };
 
 struct WorkerOptions {

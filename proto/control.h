@@ -100,6 +100,29 @@ struct Endpoint {
   bool operator==(const Endpoint&) const = default;
 };
 
+// HELLO/HELLO_ACK feature bits: the guest offers, the backend answers with
+// the ones it takes (the session uses exactly those).
+//
+// kFeatureDoorbell: every connection's TX ring allocation is followed by a
+// DoorbellBlock (the 64 bytes at tx_ring_gpa + tx_ring_bytes; tx_ring_gpa
+// 64-byte aligned). The guest publishes its TX tail and RX consumed counts
+// there and posts TX_TAIL / CONSUMED only when the backend asked for one
+// (want_tx / want_consumed set): while the backend polls, a send() costs
+// no request. The messages' counts are then hints; the block is read.
+// Both sides order their store and the other's flag/count load with a full
+// fence (docs/wire-protocol.md, "Doorbell").
+inline constexpr uint64_t kFeatureDoorbell = 1ull << 0;
+inline constexpr uint64_t kKnownFeatures = kFeatureDoorbell;
+struct DoorbellBlock {
+  uint64_t tx_tail;         // guest writes: bytes produced into the TX ring (total)
+  uint64_t consumed;        // guest writes: bytes consumed from the RX ring (total)
+  uint32_t want_tx;         // backend sets 1: post TX_TAIL after the next tail; guest clears
+  uint32_t want_consumed;   // backend sets 1: post CONSUMED after the next count; guest clears
+  uint8_t reserved[40];
+};
+static_assert(sizeof(DoorbellBlock) == 64);
+inline constexpr uint32_t kDoorbellBytes = sizeof(DoorbellBlock);
+
 struct Hello {
   uint16_t abi_major = kControlVersion;
   uint16_t abi_minor = 0;

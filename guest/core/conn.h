@@ -56,6 +56,7 @@ struct Conn {
   std::atomic<bool> shut_rd{false};
   uint8_t* tx = nullptr;
   uint8_t* rx = nullptr;
+  proto::DoorbellBlock* db = nullptr;  // after tx, when the session has the doorbell
   uint32_t ring_size = 0;
   int64_t registered_ns = 0;
 

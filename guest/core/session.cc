@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 
 #include "base/clock.h"
 #include "base/log.h"
@@ -57,6 +58,7 @@ Session* Session::Get(proto::Reason* why) {
   g_last_attempt_ns = now;
   auto* fresh = new Session();
   Status st = fresh->Open();
+  if (st.ok()) st = fresh->Negotiate();
   if (!st.ok()) {
     VS_LOG(kInfo, "backend unavailable (%s): connections stay on kernel TCP", st.ToString().c_str());
     // Keep the object: a half-opened frontend may hold fds the kernel still
@@ -112,6 +114,23 @@ Status Session::Open() {
   fe_->queue(kEventQueue).DisableInterrupts();
   fe_->queue(kRequestQueue).DisableInterrupts();
   alive_.store(true, std::memory_order_release);
+  return Status::Ok();
+}
+
+// Offers the features this library can use; the backend answers with the
+// ones the session gets (an older backend: none).
+Status Session::Negotiate() {
+  proto::Hello hello;
+  hello.pid = static_cast<uint32_t>(getpid());
+  hello.features = Config().doorbell ? proto::kFeatureDoorbell : 0;
+  proto::Message resp;
+  VS_RETURN_IF_ERROR(Call({MsgType::kHello, 0, hello}, &resp));
+  const auto* ack = std::get_if<proto::HelloAck>(&resp.body);
+  if (resp.type != MsgType::kHelloAck || ack == nullptr)
+    return Status(Code::kInternal, std::string("HELLO answered with ") + proto::ToString(resp.type));
+  if (ack->status != proto::WireError::kOk)
+    return Status(Code::kFailedPrecondition, std::string("HELLO refused: ") + proto::ToString(ack->status));
+  doorbell_ = (ack->features & hello.features & proto::kFeatureDoorbell) != 0;
   return Status::Ok();
 }
 
@@ -400,7 +419,9 @@ void Session::DoneSleeping() {
 
 Status Session::AllocRings(Conn& c, uint32_t ring_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  uint8_t* tx = fe_->allocator().Allocate(ring_bytes, 64);
+  // With the doorbell, its block follows the TX ring (proto/control.h).
+  uint32_t extra = doorbell_ ? proto::kDoorbellBytes : 0;
+  uint8_t* tx = fe_->allocator().Allocate(ring_bytes + extra, 64);
   uint8_t* rx = tx ? fe_->allocator().Allocate(ring_bytes, 64) : nullptr;
   if (rx == nullptr) {
     fe_->allocator().Free(tx);
@@ -409,6 +430,13 @@ Status Session::AllocRings(Conn& c, uint32_t ring_bytes) {
   c.tx = tx;
   c.rx = rx;
   c.ring_size = ring_bytes;
+  c.db = nullptr;
+  if (doorbell_) {
+    auto* db = new (tx + ring_bytes) proto::DoorbellBlock{};
+    // Until the backend polls it, every count is announced.
+    db->want_tx = db->want_consumed = 1;
+    c.db = db;
+  }
   return Status::Ok();
 }
 
@@ -417,6 +445,7 @@ void Session::FreeRings(Conn& c) {
   fe_->allocator().Free(c.tx);
   fe_->allocator().Free(c.rx);
   c.tx = c.rx = nullptr;
+  c.db = nullptr;
 }
 
 void Session::Track(const std::shared_ptr<Conn>& c) {

@@ -57,10 +57,13 @@ class Session {
   int event_fd() const;    // call eventfd of the event queue
   int request_fd() const;  // call eventfd of the request queue
   bool alive() const { return alive_.load(std::memory_order_acquire); }
+  // The backend polls connections' doorbell blocks (kFeatureDoorbell).
+  bool doorbell() const { return doorbell_; }
 
  private:
   Session() = default;
   Status Open();
+  Status Negotiate();
   bool DrainLocked();
   void Dispatch(const proto::Message& m);
   void NotifyWaitersLocked();
@@ -86,6 +89,7 @@ class Session {
   std::vector<int> waiters_;
   int sleepers_ = 0;
   std::atomic<bool> alive_{false};
+  bool doorbell_ = false;  // set once, before the session is handed out
   uint64_t next_request_id_ = 1;
 };
 

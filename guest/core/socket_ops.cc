@@ -146,6 +146,23 @@ int ThreadWaiterFd() {
 
 namespace {
 
+// Tells the backend a new count (TX tail or RX consumed). Without the
+// doorbell: one message per count. With it: the count goes to the block,
+// and a message only if the backend asked for one (it stopped polling the
+// block). The fence orders our store before our look at the flag, as the
+// backend's orders its flag store before its look at the count: one of
+// the two always sees the other's (proto/control.h).
+Status Announce(Conn& c, uint64_t proto::DoorbellBlock::*count, uint32_t proto::DoorbellBlock::*want, MsgType type,
+                uint64_t value) {
+  if (c.db == nullptr) return c.session->Post({type, 0, proto::ConnCounter{c.id, value}});
+  std::atomic_ref<uint64_t>(c.db->*count).store(value, std::memory_order_release);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  std::atomic_ref<uint32_t> flag(c.db->*want);
+  if (flag.load(std::memory_order_relaxed) == 0 || flag.exchange(0, std::memory_order_acq_rel) == 0)
+    return Status::Ok();
+  return c.session->Post({type, 0, proto::ConnCounter{c.id, value}});
+}
+
 // Blocks until ready() (checked after every change), polling briefly first.
 // kernel_fd/kernel_events: also wake when the kernel socket is ready.
 // True if some installed signal handler lacks SA_RESTART: then a blocking
@@ -823,7 +840,7 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     CopyIovRing<true>(c.tx, size, tail, iov, iovcnt, sent, n);
     // Release: the ring bytes are written before the tail is published.
     c.tx_tail.store(tail + n, std::memory_order_release);
-    Status st = c.session->Post({MsgType::kTxTail, 0, proto::ConnCounter{c.id, tail + n}});
+    Status st = Announce(c, &proto::DoorbellBlock::tx_tail, &proto::DoorbellBlock::want_tx, MsgType::kTxTail, tail + n);
     if (!st.ok()) {
       Reset(c, Reason::kBackendUnavailable);
       return sent ? Result<size_t>(sent) : Errno(ECONNRESET, "connection reset");
@@ -1018,8 +1035,12 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       c.accel_rx.fetch_add(n, std::memory_order_relaxed);
       got += n;
       // Return credit in quarters of the ring, and whenever we caught up, so
-      // a sender waiting for space always hears of it.
-      if (head - c.consumed_reported >= size / 4 || head == tail) {
+      // a sender waiting for space always hears of it. With the doorbell,
+      // every count goes to the block (free while the backend polls).
+      if (c.db != nullptr) {
+        (void)Announce(c, &proto::DoorbellBlock::consumed, &proto::DoorbellBlock::want_consumed, MsgType::kConsumed,
+                       head);
+      } else if (head - c.consumed_reported >= size / 4 || head == tail) {
         c.consumed_reported = head;
         (void)c.session->Post({MsgType::kConsumed, 0, proto::ConnCounter{c.id, head}});
       }
