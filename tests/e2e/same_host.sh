@@ -90,9 +90,20 @@ case_xfer() {  # name conns bytes extra-server-args
   pass "$name ($conns conns x $bytes B each way, byte-checked; $out; daemon moved $((after - before)) B)"
 }
 
+d0=$(stat_field doorbell_sessions)
 case_xfer xfer_one_connection 1 67108864 7101
 case_xfer xfer_64_connections 64 1048576 7102
 case_xfer xfer_fork_per_connection 8 1048576 7103 --fork
+d1=$(stat_field doorbell_sessions)
+# The same with the doorbell turned off in the library: one TX_TAIL and
+# CONSUMED message per count, as an older library would send them.
+VSOCKET_DOORBELL=0 case_xfer xfer_without_doorbell 4 8388608 7109
+d2=$(stat_field doorbell_sessions)
+if [ "$d1" -ge $((d0 + 2)) ] && [ "$d2" = "$d1" ]; then
+  pass "doorbell_negotiation (doorbell sessions: +$((d1 - d0)) with the default library, +0 with VSOCKET_DOORBELL=0; counts read from blocks: $(stat_field doorbell_counts))"
+else
+  fail doorbell_negotiation "doorbell sessions $d0 -> $d1 (default, want +2 at least) -> $d2 (VSOCKET_DOORBELL=0, want +0)"
+fi
 
 # A client killed right after writing: the server still gets every byte.
 if run_crash xfer_sender_killed vm1 vm2 "$A2" 7104 33554432; then
