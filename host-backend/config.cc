@@ -39,6 +39,10 @@ Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& 
     auto n = ParseInt(value, 0, 1000000, where);
     if (!n.ok()) return n.status();
     c->poll_us = *n;
+  } else if (key == "poll_max_us") {
+    auto n = ParseInt(value, 0, 1000000, where);
+    if (!n.ok()) return n.status();
+    c->poll_max_us = *n;
   } else if (key == "eal_mem_mb") {
     auto n = ParseInt(value, 8, 65536, where);
     if (!n.ok()) return n.status();
@@ -86,7 +90,7 @@ Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& 
     c->links_per_peer = *n;
   } else {
     return Bad(where, "unknown key '" + key +
-                          "' (daemon keys: ctl_socket, poll_us, eal_mem_mb, log_level, metrics_addr, metrics_port, "
+                          "' (daemon keys: ctl_socket, poll_us, poll_max_us, eal_mem_mb, log_level, metrics_addr, metrics_port, "
                           "host_name, peer_listen, tls_cert, tls_key, tls_ca, locator, fabric, rdma_device, "
                           "rdma_gid_index, links_per_peer)");
   }
@@ -236,7 +240,7 @@ Status ApplyEnv(char** env, DaemonConfig* config) {
   static constexpr struct {
     const char* env;
     const char* key;
-  } kDaemon[] = {{"VSOCKET_CTL_SOCKET", "ctl_socket"}, {"VSOCKET_POLL_US", "poll_us"},
+  } kDaemon[] = {{"VSOCKET_CTL_SOCKET", "ctl_socket"}, {"VSOCKET_POLL_US", "poll_us"}, {"VSOCKET_POLL_MAX_US", "poll_max_us"},
                  {"VSOCKET_EAL_MEM_MB", "eal_mem_mb"}, {"VSOCKET_LOG_LEVEL", "log_level"},
                  {"VSOCKET_METRICS_ADDR", "metrics_addr"}, {"VSOCKET_METRICS_PORT", "metrics_port"},
                  {"VSOCKET_HOST_NAME", "host_name"},       {"VSOCKET_PEER_LISTEN", "peer_listen"},

@@ -24,7 +24,8 @@ struct PeerHostConfig {
 
 struct DaemonConfig {
   std::string ctl_socket = "/run/vsocket/vsocketd.sock";
-  int poll_us = 50;
+  int poll_us = 50;       // the worker polls at least this long after work before sleeping
+  int poll_max_us = 400;  // and up to this, when work usually comes back sooner (0: fixed poll_us)
   int eal_mem_mb = 64;
   std::string log_level = "warn";
   std::string metrics_addr = "127.0.0.1";

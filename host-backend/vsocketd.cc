@@ -166,7 +166,7 @@ int Main(int argc, char** argv) {
     VS_LOG(kError, "peering: %s", st.ToString().c_str());
     return 1;
   }
-  Worker worker(&service, WorkerOptions{flags.poll_us, 64});
+  Worker worker(&service, WorkerOptions{flags.poll_us, flags.poll_max_us, 64});
   if (service.peering().enabled()) worker.AddWakeFd(service.peering().wake_fd());
   st = worker.Start();
   if (!st.ok()) {

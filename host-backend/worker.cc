@@ -5,6 +5,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/adaptive_poll.h"
 #include "base/clock.h"
 #include "base/log.h"
 
@@ -183,7 +184,8 @@ void Worker::DisableAllNotify() {
 
 void Worker::Run() {
   int64_t last_work = MonotonicNs();
-  const int64_t poll_ns = int64_t{options_.poll_us} * 1000;
+  int64_t idle_since = 0;  // the last work before the current idle stretch
+  AdaptivePoll adapt(int64_t{options_.poll_us} * 1000, int64_t{options_.poll_max_us} * 1000);
   epoll_event events[64];
   uint32_t idle_spins = 0;
   while (!stop_.load(std::memory_order_relaxed)) {
@@ -202,11 +204,14 @@ void Worker::Run() {
     }
     int64_t now = MonotonicNs();
     if (worked) {
+      if (idle_since != 0) adapt.Record(now - idle_since);  // how long the lull lasted
+      idle_since = 0;
       last_work = now;
       idle_spins = 0;
       continue;
     }
-    if (now - last_work < poll_ns) {
+    if (idle_since == 0) idle_since = last_work;
+    if (now - last_work < adapt.budget_ns()) {
       SpinStep(idle_spins++);
       continue;
     }

@@ -45,6 +45,9 @@ struct WorkerOptions {
   // How long to keep polling after the last piece of work before sleeping.
   // 0: sleep as soon as idle (lowest CPU, highest latency).
   int poll_us = 50;
+  // Up to this much, adapted to how soon work usually comes back after an
+  // idle moment (base/adaptive_poll.h); <= poll_us: fixed poll_us.
+  int poll_max_us = 400;
   // Chains taken from one queue per pass, so one busy guest cannot starve
   // the others.
   int batch = 64;

@@ -28,7 +28,8 @@ struct GuestConfig {
   bool enabled = true;            // VSOCKET_ENABLE=0 turns acceleration off
   uint32_t ring_bytes = 256 * 1024;  // VSOCKET_RING_KB: per direction and connection
   size_t region_bytes = 64u << 20;   // VSOCKET_REGION_MB: shared region per process
-  int poll_us = 50;               // VSOCKET_POLL_US: spin before sleeping
+  int poll_us = 50;               // VSOCKET_POLL_US: spin at least this long before sleeping
+  int poll_max_us = 400;          // VSOCKET_POLL_MAX_US: at most this, for waits that usually end sooner (0: fixed poll_us)
   bool doorbell = true;           // VSOCKET_DOORBELL=0: one TX_TAIL/CONSUMED message per count (A/B runs)
   int upgrade_wait_ms = 0;        // VSOCKET_UPGRADE_WAIT_MS: reserved
   std::string report_path;        // VSOCKET_REPORT: per-connection report at close/exit

@@ -79,7 +79,8 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
     return Libc().ppoll(fds, n, timeout_ms < 0 ? nullptr : &ts, sigmask);
   }
   int64_t deadline = Deadline(timeout_ms);
-  int64_t spin_until = MonotonicNs() + int64_t{Config().poll_us} * 1000;
+  WaitRecorder wait;  // started once nothing was ready
+  int64_t spin_until = MonotonicNs() + ThreadPoll().budget_ns();
   std::vector<pollfd> kfds(fds, fds + n);
   std::vector<bool> emulated(n, false);
   for (uint32_t iter = 0;; ++iter) {
@@ -112,6 +113,7 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
       }
     }
     if (count > 0 || timeout_ms == 0 || (deadline >= 0 && MonotonicNs() >= deadline)) return count;
+    (void)wait.Waiting();
     if (spinning) {
       SpinStep(iter);
       continue;
@@ -365,7 +367,8 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
     return -1;
   }
   int64_t deadline = Deadline(timeout_ms);
-  int64_t spin_until = MonotonicNs() + int64_t{Config().poll_us} * 1000;
+  WaitRecorder wait;  // started once nothing was ready
+  int64_t spin_until = MonotonicNs() + ThreadPoll().budget_ns();
   std::vector<epoll_event> kernel(static_cast<size_t>(max));
   for (uint32_t iter = 0;; ++iter) {
     int n = 0;
@@ -395,6 +398,7 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
     spinning = spinning && n == 0;
     if (session_event && s) s->Drain();
     if (n > 0 || timeout_ms == 0 || (deadline >= 0 && MonotonicNs() >= deadline)) return n;
+    (void)wait.Waiting();
     if (spinning) {
       SpinStep(iter);
       continue;

@@ -144,6 +144,20 @@ int ThreadWaiterFd() {
   return w.efd;
 }
 
+AdaptivePoll& ThreadPoll() {
+  thread_local AdaptivePoll p(int64_t{Config().poll_us} * 1000, int64_t{Config().poll_max_us} * 1000);
+  return p;
+}
+
+WaitRecorder::~WaitRecorder() {
+  if (start_ != 0) ThreadPoll().Record(MonotonicNs() - start_);
+}
+
+int64_t WaitRecorder::Waiting() {
+  if (start_ == 0) start_ = MonotonicNs();
+  return start_ + ThreadPoll().budget_ns();
+}
+
 namespace {
 
 // Tells the backend a new count (TX tail or RX consumed). Without the
@@ -196,7 +210,9 @@ Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events =
                  int64_t deadline_ns = -1) {
   Session* s = c.session;
   if (s == nullptr) return Status(Code::kUnavailable, "no backend session", ECONNRESET);
-  int64_t spin_until = MonotonicNs() + int64_t{Config().poll_us} * 1000;
+  if (ready()) return Status::Ok();
+  WaitRecorder wait;
+  int64_t spin_until = wait.Waiting();
   for (uint32_t i = 0; MonotonicNs() < spin_until; ++i) {
     if (ready()) return Status::Ok();
     s->TryDrain();

@@ -8,6 +8,7 @@
 
 #include <memory>
 
+#include "base/adaptive_poll.h"
 #include "base/status.h"
 #include "guest/core/conn.h"
 
@@ -61,5 +62,23 @@ void ReportAll(const char* event);
 // This thread's wake-up eventfd (written whenever the session dispatched
 // events), for poll/epoll emulation.
 int ThreadWaiterFd();
+
+// This thread's poll budget (VSOCKET_POLL_US .. VSOCKET_POLL_MAX_US, learned
+// from its waits: base/adaptive_poll.h).
+AdaptivePoll& ThreadPoll();
+// Times one wait for ThreadPoll(): from Waiting() (nothing was ready) to
+// the end of the scope.
+class WaitRecorder {
+ public:
+  WaitRecorder() = default;
+  WaitRecorder(const WaitRecorder&) = delete;
+  WaitRecorder& operator=(const WaitRecorder&) = delete;
+  ~WaitRecorder();
+  // Starts the clock (once) and returns the time to poll until.
+  int64_t Waiting();
+
+ private:
+  int64_t start_ = 0;
+};
 
 }  // namespace vsocket::guest
