@@ -300,6 +300,7 @@ void Peering::StartRdmaLink(Host& h) {
     std::lock_guard<std::mutex> lock(mu_);
     h.lanes.clear();
   }
+  h.rdma_cq.reset();
   if (!h.initiator) {
     h.state = State::kWaitLink;
     // The initiator's setup may have come with the end of the handshake and
@@ -311,8 +312,11 @@ void Peering::StartRdmaLink(Host& h) {
     std::lock_guard<std::mutex> lock(mu_);
     h.lanes.resize(static_cast<size_t>(links_per_peer_));
   }
+  auto cq = fabric::RdmaCompletionQueue::Create(rdma_, links_per_peer_);
+  if (!cq.ok()) return HostDown(h, "rdma completion queue: " + cq.status().message());
+  h.rdma_cq = std::move(cq).value();
   for (size_t i = 0; i < h.lanes.size(); ++i) {
-    auto link = fabric::RdmaLink::Create(rdma_);
+    auto link = fabric::RdmaLink::Create(rdma_, {}, h.rdma_cq);
     if (!link.ok()) return HostDown(h, "rdma link: " + link.status().message());
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -358,7 +362,15 @@ bool Peering::OnRdmaSetup(Host& h, const FrameHeader& hdr, std::span<const uint8
   }
   Lane& l = h.lanes[i];
   if (!l.rdma) {
-    auto link = fabric::RdmaLink::Create(rdma_);
+    if (!h.rdma_cq) {
+      auto cq = fabric::RdmaCompletionQueue::Create(rdma_, static_cast<int>(h.lanes.size()));
+      if (!cq.ok()) {
+        HostDown(h, "rdma completion queue: " + cq.status().message());
+        return false;
+      }
+      h.rdma_cq = std::move(cq).value();
+    }
+    auto link = fabric::RdmaLink::Create(rdma_, {}, h.rdma_cq);
     if (!link.ok()) {
       HostDown(h, "rdma link: " + link.status().message());
       return false;
@@ -423,6 +435,7 @@ void Peering::HostDown(Host& h, const std::string& why) {
       }
     }
     old.swap(h.lanes);
+    h.rdma_cq.reset();  // goes with the last of the old lanes
     h.last_error = why;
     h.state = h.initiator ? State::kBackoff : State::kIdle;
   }

@@ -17,6 +17,7 @@
 // address and rkey) travels only on the authenticated TLS channel, as
 // RDMA_SETUP: the initiator sends its own, the acceptor connects its QP to
 // it and answers with its own and LINK_READY, then the initiator connects.
+// A session's QPs share one completion queue (and so one channel fd).
 // Each paired connection's guest RX ring is its own memory region
 // (RegisterRemoteWritable), its rkey given only to the peer host of that
 // connection. See docs/rdma-fabric.md.
@@ -39,6 +40,7 @@
 #include "host-backend/peering/tls_channel.h"
 
 namespace vsocket::fabric {
+class RdmaCompletionQueue;
 class RdmaDevice;
 class RdmaLink;
 }  // namespace vsocket::fabric
@@ -123,6 +125,8 @@ class Peering : public RemoteHosts {
     // links_per_peer); empty while down, and at the acceptor until the
     // first link (tcp) or RDMA_SETUP (rdma) names the count.
     std::vector<Lane> lanes;
+    // rdma: the completion queue the session's QPs share.
+    std::shared_ptr<fabric::RdmaCompletionQueue> rdma_cq;
     std::array<uint8_t, 32> link_key{};
     int64_t retry_at_ms = 0;
     int backoff_ms = 0;

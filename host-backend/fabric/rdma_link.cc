@@ -203,7 +203,43 @@ std::optional<uint32_t> RdmaDevice::FindLkey(const void* p, size_t len) const {
 
 // ---- link setup ---------------------------------------------------------------
 
-Result<std::unique_ptr<RdmaLink>> RdmaLink::Create(std::shared_ptr<RdmaDevice> dev, const RdmaLinkOptions& opt) {
+namespace {
+// Completion queue entries one link can need at once: signaled SENDs
+// (WRITEs are unsignaled) of its in-flight entries, and its receives.
+int CqEntriesPerLink(const RdmaLinkOptions& opt) {
+  return static_cast<int>(2 * (opt.max_in_flight + kControlReserve) + opt.recv_depth + 16);
+}
+}  // namespace
+
+Result<std::shared_ptr<RdmaCompletionQueue>> RdmaCompletionQueue::Create(std::shared_ptr<RdmaDevice> dev, int links,
+                                                                         const RdmaLinkOptions& opt) {
+  if (links < 1 || links > 64) return Status(Code::kInvalidArgument, "rdma cq: 1..64 links");
+  std::shared_ptr<RdmaCompletionQueue> q(new RdmaCompletionQueue());
+  q->dev_ = std::move(dev);
+  q->capacity_ = links;
+  q->channel_.reset(ibv_create_comp_channel(q->dev_->context()));
+  if (!q->channel_) return Verbs("ibv_create_comp_channel", errno);
+  int fl = fcntl(q->channel_->fd, F_GETFL);
+  if (fl < 0 || fcntl(q->channel_->fd, F_SETFL, fl | O_NONBLOCK) != 0) return Status::FromErrno("rdma cq: fcntl");
+  int cqe = links * CqEntriesPerLink(opt);
+  q->cq_.reset(ibv_create_cq(q->dev_->context(), cqe, nullptr, q->channel_.get(), 0));
+  if (!q->cq_) return Verbs("ibv_create_cq", errno);
+  if (int err = ibv_req_notify_cq(q->cq_.get(), 0)) return Verbs("ibv_req_notify_cq", err);
+  q->armed_ = true;
+  return q;
+}
+
+RdmaCompletionQueue::~RdmaCompletionQueue() {
+  // Events taken but not acknowledged would make ibv_destroy_cq wait.
+  ibv_cq* cq;
+  void* ctx;
+  unsigned n = 0;
+  while (channel_ && ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0) ++n;
+  if (n > 0) ibv_ack_cq_events(cq_.get(), n);
+}
+
+Result<std::unique_ptr<RdmaLink>> RdmaLink::Create(std::shared_ptr<RdmaDevice> dev, const RdmaLinkOptions& opt,
+                                                   std::shared_ptr<RdmaCompletionQueue> cq) {
   if (opt.recv_depth < kMinRecvDepth || opt.recv_depth > kMaxRecvDepth || opt.max_in_flight == 0 ||
       opt.max_in_flight > kMaxInFlight || opt.staging_bytes < kMinStaging || opt.staging_bytes > UINT32_MAX ||
       opt.bounce_bytes < proto::kMaxDataFrame)
@@ -232,17 +268,17 @@ Result<std::unique_ptr<RdmaLink>> RdmaLink::Create(std::shared_ptr<RdmaDevice> d
   l->staging_mr_.reset(ibv_reg_mr(d.pd(), l->staging_base_, opt.staging_bytes, kRemoteAccess));
   if (!l->staging_mr_) return Verbs("ibv_reg_mr", errno);
 
-  l->channel_.reset(ibv_create_comp_channel(d.context()));
-  if (!l->channel_) return Verbs("ibv_create_comp_channel", errno);
-  int fl = fcntl(l->channel_->fd, F_GETFL);
-  if (fl < 0 || fcntl(l->channel_->fd, F_SETFL, fl | O_NONBLOCK) != 0) return Status::FromErrno("rdma link: fcntl");
-  int cqe = static_cast<int>(2 * l->entries_ + opt.recv_depth + 16);
-  l->cq_.reset(ibv_create_cq(d.context(), cqe, nullptr, l->channel_.get(), 0));
-  if (!l->cq_) return Verbs("ibv_create_cq", errno);
+  if (!cq) {
+    auto own = RdmaCompletionQueue::Create(l->dev_, 1, opt);
+    if (!own.ok()) return own.status();
+    cq = std::move(own).value();
+  }
+  if (cq->links() >= cq->capacity_) return Status(Code::kResourceExhausted, "rdma link: its shared CQ is full");
+  l->cq_ = std::move(cq);
 
   ibv_qp_init_attr qa{};
-  qa.send_cq = l->cq_.get();
-  qa.recv_cq = l->cq_.get();
+  qa.send_cq = l->cq_->cq_.get();
+  qa.recv_cq = l->cq_->cq_.get();
   qa.qp_type = IBV_QPT_RC;
   qa.sq_sig_all = 0;
   qa.cap.max_send_wr = 2 * l->entries_;
@@ -251,6 +287,8 @@ Result<std::unique_ptr<RdmaLink>> RdmaLink::Create(std::shared_ptr<RdmaDevice> d
   qa.cap.max_recv_sge = 1;
   l->qp_.reset(ibv_create_qp(d.pd(), &qa));
   if (!l->qp_) return Verbs("ibv_create_qp", errno);
+  l->qpn_ = l->qp_->qp_num;
+  l->cq_->links_[l->qpn_] = l.get();
 
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;
@@ -273,14 +311,12 @@ Result<std::unique_ptr<RdmaLink>> RdmaLink::Create(std::shared_ptr<RdmaDevice> d
   l->pending_event_.reset(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   l->wake_.reset(epoll_create1(EPOLL_CLOEXEC));
   if (!l->pending_event_ || !l->wake_) return Status::FromErrno("rdma link: wake fd");
-  for (int fd : {l->channel_->fd, l->pending_event_.get()}) {
+  for (int fd : {l->cq_->fd(), l->pending_event_.get()}) {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
     if (epoll_ctl(l->wake_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) return Status::FromErrno("rdma link: epoll_ctl");
   }
-  if (int err = ibv_req_notify_cq(l->cq_.get(), 0)) return Verbs("ibv_req_notify_cq", err);
-  l->armed_ = true;
 
   RdmaEndpointInfo& me = l->local_;
   me.qpn = l->qp_->qp_num;
@@ -340,9 +376,19 @@ Status RdmaLink::Connect(const RdmaEndpointInfo& remote) {
 }
 
 RdmaLink::~RdmaLink() {
+  CloseQuietly();
+  if (!cq_) return;
+  // The QP goes first; then its completions still in the shared CQ are
+  // drained (ours are dropped, having no link any more) before another QP
+  // can get its number.
+  cq_->links_.erase(qpn_);
+  qp_.reset();
+  (void)cq_->PollAll();
+}
+
+void RdmaLink::CloseQuietly() {
   if (!connected_ || !dead_.ok()) return;
   // A peer that already closed (or a dead QP) needs no close message.
-  ConsumeEvents();
   if (!DrainCq().ok()) return;
   for (const RecvDone& r : pending_)
     if (r.status != IBV_WC_SUCCESS || (r.has_imm && ImmKind(r.imm) == static_cast<uint8_t>(MsgKind::kClose))) return;
@@ -355,11 +401,9 @@ RdmaLink::~RdmaLink() {
   }
   int64_t deadline = MonotonicMs() + kCloseWaitMs;
   while (done_seq_ != posted_seq_ && dead_.ok() && MonotonicMs() < deadline) {
-    ConsumeEvents();
     if (!DrainCq().ok()) break;
-    if (!armed_ && ibv_req_notify_cq(cq_.get(), 0) == 0) armed_ = true;
     if (done_seq_ == posted_seq_) break;
-    pollfd p{channel_->fd, POLLIN, 0};
+    pollfd p{cq_->fd(), POLLIN, 0};
     poll(&p, 1, 10);
   }
 }

@@ -46,7 +46,9 @@
 //
 // Wakeups: wake_fd() is an epoll fd over the CQ's completion channel (armed
 // with ibv_req_notify_cq before the caller sleeps) and an eventfd that stays
-// readable while Poll() left completions undispatched. No busy polling:
+// readable while completions wait to be dispatched. The CQ may be shared by
+// the links of a host pair (RdmaCompletionQueue): a completion drained by
+// one link's Poll() is handed to its own link, whose eventfd then wakes it. No busy polling:
 // WantsWritable() is always false, completions (credits, finished sends)
 // arrive through wake_fd().
 //
@@ -188,11 +190,47 @@ struct RdmaLinkOptions {
   uint8_t retry_cnt = 7;
 };
 
+class RdmaLink;
+
+// A completion queue and its completion channel, shared by several links
+// (the QPs of one host pair): every completion is handed to the link whose
+// QP it belongs to (by QP number), whichever link's Poll() drained it. One
+// channel fd wakes them all. Not thread-safe: the links' thread drives it.
+class RdmaCompletionQueue {
+ public:
+  // Room for `links` links made with `opt` (the CQ never overflows: each
+  // link bounds its posted work requests).
+  static Result<std::shared_ptr<RdmaCompletionQueue>> Create(std::shared_ptr<RdmaDevice> dev, int links,
+                                                             const RdmaLinkOptions& opt = {});
+  ~RdmaCompletionQueue();
+  int fd() const { return channel_->fd; }
+  int links() const { return static_cast<int>(links_.size()); }
+
+ private:
+  friend class RdmaLink;
+  RdmaCompletionQueue() = default;
+  // Takes the channel's events, polls the CQ dry and dispatches; then arms
+  // it and looks once more (a completion before arming raised no event).
+  // An error means the CQ itself failed (every link on it is dead).
+  Status Drain();
+  Status PollAll();
+
+  std::shared_ptr<RdmaDevice> dev_;
+  std::unique_ptr<ibv_comp_channel, rdma_internal::DestroyChannel> channel_;
+  std::unique_ptr<ibv_cq, rdma_internal::DestroyCq> cq_;
+  bool armed_ = false;
+  int capacity_ = 0;                           // links it was sized for
+  std::map<uint32_t, RdmaLink*> links_;        // by QP number
+};
+
 class RdmaLink : public Link {
  public:
   // Creates the QP (in RESET) and its buffers. Connect() makes it usable.
+  // `cq`: the completion queue it shares with its host pair's other links
+  // (null: one of its own).
   static Result<std::unique_ptr<RdmaLink>> Create(std::shared_ptr<RdmaDevice> dev,
-                                                  const RdmaLinkOptions& opt = {});
+                                                  const RdmaLinkOptions& opt = {},
+                                                  std::shared_ptr<RdmaCompletionQueue> cq = nullptr);
   // Sends a close message (bounded wait for it to go out) and tears down.
   ~RdmaLink() override;
 
@@ -234,9 +272,13 @@ class RdmaLink : public Link {
     bool has_imm;
   };
 
+  friend class RdmaCompletionQueue;
+  void CloseQuietly();  // the destructor's orderly close message
   Status Die(Status st);
-  void ConsumeEvents();
+  // The shared CQ's Drain(), kept as this link's error if it fails.
   Status DrainCq();
+  // One completion of this link's QP (from whichever link drained the CQ).
+  void OnCompletion(const ibv_wc& wc);
   Status OnSendDone(const ibv_wc& wc);
   // Dispatches one received message; *frames counts delivered frames.
   Status Dispatch(const RecvDone& r, FrameSink& sink, int* frames);
@@ -256,19 +298,19 @@ class RdmaLink : public Link {
   bool connected_ = false;
   Status dead_;
 
-  // Verbs objects; member order is destruction order reversed: QP, CQ,
-  // channel, MRs, memory, then the device (PD) last.
+  // Verbs objects; member order is destruction order reversed: QP, CQ
+  // (shared: destroyed with its last link), MRs, memory, then the device
+  // (PD) last.
   std::shared_ptr<RdmaDevice> dev_;
   std::unique_ptr<uint8_t, rdma_internal::Unmap> mem_;
   std::unique_ptr<ibv_mr, rdma_internal::DeregMr> local_mr_;    // slots + bounce
   std::unique_ptr<ibv_mr, rdma_internal::DeregMr> staging_mr_;  // remote-writable
-  std::unique_ptr<ibv_comp_channel, rdma_internal::DestroyChannel> channel_;
-  std::unique_ptr<ibv_cq, rdma_internal::DestroyCq> cq_;
+  std::shared_ptr<RdmaCompletionQueue> cq_;
   std::unique_ptr<ibv_qp, rdma_internal::DestroyQp> qp_;
-  UniqueFd wake_;        // epoll over channel_->fd and pending_event_
+  uint32_t qpn_ = 0;     // qp_'s number, our key in cq_
+  UniqueFd wake_;        // epoll over the CQ's channel fd and pending_event_
   UniqueFd pending_event_;
   bool pending_signaled_ = false;
-  bool armed_ = false;   // ibv_req_notify_cq requested, no event consumed since
 
   // Memory layout inside mem_.
   uint8_t* recv_base_ = nullptr;     // recv_depth slots of kSlotSize

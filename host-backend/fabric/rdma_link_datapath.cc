@@ -241,38 +241,56 @@ Status RdmaLink::MaybeSendCredits() {
 
 // ---- completions -------------------------------------------------------------------
 
-// Takes every completion event off the channel (acking them), so the channel
-// fd is quiet until the CQ is armed again and a new completion arrives.
-void RdmaLink::ConsumeEvents() {
-  ibv_cq* cq;
-  void* ctx;
-  unsigned n = 0;
-  while (ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0) ++n;
-  if (n > 0) {
-    ibv_ack_cq_events(cq_.get(), n);
-    armed_ = false;
-  }
-}
-
-Status RdmaLink::DrainCq() {
+Status RdmaCompletionQueue::PollAll() {
   ibv_wc wc[kCqBatch];
   for (;;) {
     int n = ibv_poll_cq(cq_.get(), kCqBatch, wc);
-    stats_.read_calls.fetch_add(1, std::memory_order_relaxed);
-    if (n < 0) return Die(Status(Code::kUnavailable, "rdma link: ibv_poll_cq failed"));
+    if (n < 0) return Status(Code::kUnavailable, "rdma link: ibv_poll_cq failed");
     for (int i = 0; i < n; ++i) {
-      const ibv_wc& c = wc[i];
-      if (c.wr_id & kRecvTag) {
-        // Status, then fields valid only on success.
-        bool ok = c.status == IBV_WC_SUCCESS;
-        pending_.push_back({static_cast<uint32_t>(c.wr_id & ~kRecvTag), ok ? c.byte_len : 0,
-                            ok ? ntohl(c.imm_data) : 0, c.status, c.vendor_err,
-                            ok && c.opcode == IBV_WC_RECV && (c.wc_flags & IBV_WC_WITH_IMM)});
-      } else {
-        VS_RETURN_IF_ERROR(OnSendDone(c));
-      }
+      auto it = links_.find(wc[i].qp_num);
+      // A link already gone (its QP destroyed): nothing waits for it.
+      if (it != links_.end()) it->second->OnCompletion(wc[i]);
     }
     if (n < kCqBatch) return Status::Ok();
+  }
+}
+
+Status RdmaCompletionQueue::Drain() {
+  // Every completion event off the channel (acked), so its fd is quiet
+  // until the CQ is armed again and a new completion arrives.
+  ibv_cq* cq;
+  void* ctx;
+  unsigned events = 0;
+  while (ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0) ++events;
+  if (events > 0) {
+    ibv_ack_cq_events(cq_.get(), events);
+    armed_ = false;
+  }
+  VS_RETURN_IF_ERROR(PollAll());
+  if (!armed_) {
+    if (int err = ibv_req_notify_cq(cq_.get(), 0)) return Status::FromErrno("rdma link: ibv_req_notify_cq", err);
+    armed_ = true;
+    VS_RETURN_IF_ERROR(PollAll());
+  }
+  return Status::Ok();
+}
+
+Status RdmaLink::DrainCq() {
+  stats_.read_calls.fetch_add(1, std::memory_order_relaxed);
+  Status st = cq_->Drain();
+  if (!st.ok()) return Die(st);
+  return dead_;  // a completion may have reported this link's failure
+}
+
+void RdmaLink::OnCompletion(const ibv_wc& c) {
+  if (c.wr_id & kRecvTag) {
+    // Status, then fields valid only on success.
+    bool ok = c.status == IBV_WC_SUCCESS;
+    pending_.push_back({static_cast<uint32_t>(c.wr_id & ~kRecvTag), ok ? c.byte_len : 0, ok ? ntohl(c.imm_data) : 0,
+                        c.status, c.vendor_err, ok && c.opcode == IBV_WC_RECV && (c.wc_flags & IBV_WC_WITH_IMM)});
+    SetPendingWake(true);  // dispatched by this link's next Poll()
+  } else if (dead_.ok()) {
+    (void)OnSendDone(c);  // a failure is kept in dead_
   }
 }
 
@@ -299,15 +317,7 @@ void RdmaLink::SetPendingWake(bool on) {
 Status RdmaLink::Poll(FrameSink& sink, int max_frames) {
   if (!dead_.ok()) return dead_;
   if (!connected_) return Status::Ok();
-  ConsumeEvents();
   VS_RETURN_IF_ERROR(DrainCq());
-  if (!armed_) {
-    // Arm, then look again: a completion that arrived before arming raised
-    // no event.
-    if (int err = ibv_req_notify_cq(cq_.get(), 0)) return Die(Status::FromErrno("rdma link: ibv_req_notify_cq", err));
-    armed_ = true;
-    VS_RETURN_IF_ERROR(DrainCq());
-  }
   int frames = 0;
   while (frames < max_frames && !pending_.empty()) {
     RecvDone r = pending_.front();

@@ -340,5 +340,77 @@ TEST_F(RdmaLinkTest, LinkCloseFrameIsDeliveredThenTheLinkIsClosed) {
   EXPECT_NE(last_error_.message().find("closed by the peer"), std::string::npos) << last_error_.ToString();
 }
 
+// Two QPs per side on one shared completion queue per side (a host pair
+// with links_per_peer = 2): each link gets exactly its own frames, in
+// order, although one link's Poll() drains the other's completions too;
+// a third link does not fit the CQ; a link in error leaves its sibling
+// working.
+TEST_F(RdmaLinkTest, LinksSharingACompletionQueueEachGetTheirOwnFrames) {
+  RdmaLinkOptions opt;
+  opt.rnr_retry = 0;
+  opt.recv_depth = 16;  // credits run out and come back many times
+  auto cqa = RdmaCompletionQueue::Create(dev_, 2, opt);
+  auto cqb = RdmaCompletionQueue::Create(dev_, 2, opt);
+  ASSERT_TRUE(cqa.ok() && cqb.ok()) << cqa.status().ToString() << cqb.status().ToString();
+  std::unique_ptr<RdmaLink> a[2], b[2];
+  for (int i = 0; i < 2; ++i) {
+    auto x = RdmaLink::Create(dev_, opt, *cqa);
+    auto y = RdmaLink::Create(dev_, opt, *cqb);
+    ASSERT_TRUE(x.ok() && y.ok()) << x.status().ToString() << y.status().ToString();
+    a[i] = std::move(*x);
+    b[i] = std::move(*y);
+    ASSERT_TRUE(a[i]->Connect(b[i]->LocalInfo()).ok());
+    ASSERT_TRUE(b[i]->Connect(a[i]->LocalInfo()).ok());
+  }
+  EXPECT_EQ((*cqa)->links(), 2);
+  auto third = RdmaLink::Create(dev_, opt, *cqa);
+  EXPECT_EQ(third.status().code(), Code::kResourceExhausted);
+  EXPECT_EQ(a[0]->wake_fd() == a[1]->wake_fd(), false);
+
+  constexpr int kFrames = 300;
+  Sink got[2], ignore;
+  int sent[2] = {0, 0};
+  int64_t deadline = MonotonicMs() + 20000;
+  while ((got[0].frames.size() < kFrames || got[1].frames.size() < kFrames) && MonotonicMs() < deadline) {
+    for (int i = 0; i < 2; ++i) {
+      while (sent[i] < kFrames && a[i]->Send(Frame(FrameType::kCredit, uint64_t(i) * 1000000 + sent[i] + 1), {}))
+        ++sent[i];
+      ASSERT_TRUE(a[i]->Flush().ok());
+    }
+    // Only b[1] polls first: it drains b[0]'s receive completions too,
+    // which must reach b[0] (and wake it), not b[1].
+    for (int i : {1, 0}) ASSERT_TRUE(b[i]->Poll(got[i], 64).ok());
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE(a[i]->Poll(ignore, 64).ok());
+    pollfd p[4] = {{a[0]->wake_fd(), POLLIN, 0}, {a[1]->wake_fd(), POLLIN, 0}, {b[0]->wake_fd(), POLLIN, 0},
+                   {b[1]->wake_fd(), POLLIN, 0}};
+    poll(p, 4, 5);
+  }
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(got[i].frames.size(), size_t{kFrames}) << "link " << i;
+    for (int k = 0; k < kFrames; ++k) ASSERT_EQ(got[i].frames[k].value, uint64_t(i) * 1000000 + k + 1);
+  }
+  // One QP fails: its link dies, the other keeps carrying frames.
+  ASSERT_TRUE(b[0]->ForceErrorForTest().ok());
+  Status st0;
+  deadline = MonotonicMs() + 5000;
+  while (st0.ok() && MonotonicMs() < deadline) {
+    st0 = b[0]->Poll(ignore, 64);
+    pollfd p{b[0]->wake_fd(), POLLIN, 0};
+    poll(&p, 1, 5);
+  }
+  EXPECT_FALSE(st0.ok());
+  ASSERT_TRUE(a[1]->Send(Frame(FrameType::kCredit, 42), {}));
+  ASSERT_TRUE(a[1]->Flush().ok());
+  got[1].frames.clear();
+  deadline = MonotonicMs() + 5000;
+  while (got[1].frames.empty() && MonotonicMs() < deadline) {
+    ASSERT_TRUE(b[1]->Poll(got[1], 64).ok());
+    pollfd p{b[1]->wake_fd(), POLLIN, 0};
+    poll(&p, 1, 5);
+  }
+  ASSERT_EQ(got[1].frames.size(), 1u);
+  EXPECT_EQ(got[1].frames[0].value, 42u);
+}
+
 }  // namespace
 }  // namespace vsocket::fabric
