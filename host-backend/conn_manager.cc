@@ -219,6 +219,8 @@ std::optional<Message> ConnManager::Register(DeviceConns& dc, uint64_t request_i
   }
   dc.by_id[c.conn_id] = &c;
   counters_.registered.fetch_add(1, std::memory_order_relaxed);
+  VS_LOG(kDebug, "conn %lu registered: %s, port %u -> %u", static_cast<unsigned long>(c.handle),
+         c.role == proto::Role::kClient ? "client" : "server", c.key.local.port, c.key.peer.port);
   vm_totals_[c.vm_index % kMaxVms].registrations.fetch_add(1, std::memory_order_relaxed);
   counters_.active.fetch_add(1, std::memory_order_relaxed);
 
@@ -638,10 +640,25 @@ bool ConnManager::MoveData() {
   bool moved = false;
   std::vector<BackendConn*> list;
   list.swap(movable_);
-  for (BackendConn* c : list) {
+  // A pass moves about kMovePassBudget bytes, then the worker comes back
+  // for the rest: requests, events and pairing messages are served between
+  // passes, so a burst of bulk data cannot hold them up for long.
+  uint64_t budget = kMovePassBudget;
+  size_t i = 0;
+  for (; i < list.size() && budget > 0; ++i) {
+    BackendConn* c = list[i];
     c->in_move_list = false;
-    moved |= Move(*c) > 0;
+    uint64_t n = Move(*c);
+    moved |= n > 0;
+    budget -= std::min(budget, n);
     MaybeDestroy(c);
+  }
+  // The rest keep their place, ahead of connections marked since.
+  if (i < list.size()) {
+    std::vector<BackendConn*> rest(list.begin() + static_cast<ptrdiff_t>(i), list.end());
+    for (BackendConn* c : movable_)
+      if (c->in_move_list) rest.push_back(c);
+    movable_.swap(rest);
   }
   return moved;
 }
@@ -902,6 +919,8 @@ void ConnManager::RequestRemotePair(BackendConn& c, uint32_t host) {
   c.remote.stage = RemotePeer::Stage::kRequested;
   c.remote.host = host;
   counters_.pair_requests_sent.fetch_add(1, std::memory_order_relaxed);
+  VS_LOG(kDebug, "conn %lu (port %u -> %u): PAIR_REQUEST to host %u", static_cast<unsigned long>(c.handle),
+         c.key.local.port, c.key.peer.port, host);
 }
 
 void ConnManager::AcceptRemote(BackendConn& c, const PendingRemote& r) {
@@ -925,6 +944,9 @@ void ConnManager::AcceptRemote(BackendConn& c, const PendingRemote& r) {
   c.remote.window = r.window;
   c.remote.rdma_addr = r.rdma_addr;
   c.remote.rdma_rkey = r.rdma_rkey;
+  VS_LOG(kDebug, "conn %lu (port %u -> %u): PAIR_ACCEPT to host %u for its conn %lu",
+         static_cast<unsigned long>(c.handle), c.key.local.port, c.key.peer.port, r.host,
+         static_cast<unsigned long>(r.handle));
 }
 
 void ConnManager::UpgradeRemote(BackendConn& c) {
@@ -983,6 +1005,8 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
         if (!resynced) return refuse(Reason::kPeerNotAccelerated, "connection is not available for pairing");
       }
       // Our guest has not registered yet: keep the request for a while.
+      VS_LOG(kDebug, "host %u conn %lu (port %u -> %u): PAIR_REQUEST kept until our guest registers", host,
+             static_cast<unsigned long>(h.value), info->local.port, info->peer.port);
       if (pending_remote_.size() >= kMaxPendingRemote) {
         int64_t now = MonotonicMs();
         std::erase_if(pending_remote_, [now](const auto& kv) { return kv.second.expires_ms < now; });
@@ -997,6 +1021,8 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
       if (c == nullptr || c->gone || c->remote.stage != RemotePeer::Stage::kRequested || c->remote.host != host ||
           c->key.tenant != h.tenant || h.value == 0) {
         // We withdrew meanwhile (or never asked): tell the acceptor.
+        VS_LOG(kDebug, "PAIR_ACCEPT from host %u for conn %lu not wanted (stage %d): PAIR_CANCEL", host,
+               static_cast<unsigned long>(h.handle), c ? static_cast<int>(c->remote.stage) : -1);
         hosts_->SendPairing(host, Frame(FrameType::kPairCancel, h.tenant, h.value, h.handle), {});
         return;
       }

@@ -112,6 +112,9 @@ struct ConnSnapshot {
 class ConnManager {
  public:
   static constexpr uint32_t kMaxConnsPerDevice = 4096;
+  // Bytes one MoveData() pass moves before it yields to the rest of the
+  // worker's pass (at least one connection's worth).
+  static constexpr uint64_t kMovePassBudget = 2u << 20;
 
   ConnManager();
   ~ConnManager();

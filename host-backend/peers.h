@@ -101,7 +101,9 @@ class Peering : public RemoteHosts {
   const std::string& host_name() const { return host_name_; }
 
  private:
-  static constexpr int kMaxFramesPerPoll = 256;
+  // Frames read per link and pass (DATA frames carry up to 64 KiB: a pass
+  // reads at most a few MiB per link, then pairing and guests get a turn).
+  static constexpr int kMaxFramesPerPoll = 64;
   enum class State { kIdle, kBackoff, kConnecting, kHandshake, kLinkConnecting, kWaitLink, kWaitReady, kUp };
   // One data link of a host pair (a TCP connection or an RC QP).
   struct Lane {
