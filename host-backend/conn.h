@@ -133,6 +133,7 @@ struct BackendConn {
   // the counts there every pass instead of waiting for messages.
   bool doorbell = false;
   bool in_doorbell_set = false;
+  bool fence_ack_pending = false;  // the peer's FENCE: acked once its event is emitted
   uint32_t doorbell_idle = 0;  // passes in the set without progress
 
   RemotePeer remote;

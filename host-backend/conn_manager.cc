@@ -718,6 +718,11 @@ bool ConnManager::EmitEvents(vhost::BackendDevice& device) {
       if (!fits || used + need > cap) break;
       std::memcpy(buf.data() + used, tmp.data(), need);
       used += need;
+      if ((bits & kEvFence) && c.fence_ack_pending) {
+        // Goes out on the link after this buffer is published (next pass).
+        c.fence_ack_pending = false;
+        if (c.remote.paired()) Owe(c, kOweFenceAck);
+      }
       c.pending_events = 0;
       c.in_event_list = false;
       dc->events.pop_front();
@@ -1234,9 +1239,11 @@ void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
     case FrameType::kFence:
       c->ev_peer_fence = h.value;
       Raise(*c, kEvFence);
-      // Our guest gets the FENCE before any later DOWNGRADE (events go out
-      // in order), so the peer may RESYNC after a link loss.
-      Owe(*c, kOweFenceAck);
+      // Acknowledged once the FENCE event is in our guest's event queue
+      // (EmitEvents): only then may the peer put a RESYNC header on the
+      // kernel stream after a link loss, because only then does our guest
+      // know where the peer's kernel bytes end before it reads past them.
+      c->fence_ack_pending = true;
       break;
     case FrameType::kFenceAck:
       c->remote.fence_acked = true;

@@ -81,6 +81,7 @@ struct Conn {
   // written on the kernel socket before any new byte.
   bool tx_resync_started = false;
   bool shut_after_resend = false;   // shutdown(SHUT_WR) waits for the resend
+  std::atomic<bool> fin_deferred{false};  // shutdown(SHUT_WR) kept the kernel FIN back (reported)
   std::atomic<int> resync_fd{-1};   // our dup of the socket while the resend is owed
   int fd_hint = -1;                 // an fd of the app's naming it (set at registration)
   int64_t resync_start_ns = 0;

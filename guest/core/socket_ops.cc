@@ -945,6 +945,17 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       uint32_t gen = c.gen.load(std::memory_order_acquire);
       bool upgraded = c.mode.load(std::memory_order_acquire) == Mode::kAccel;
       bool fence_known = c.peer_fence_known.load(std::memory_order_acquire);
+      // Pending, or upgraded with the fence not known: the UPGRADE, FENCE
+      // or DOWNGRADE event may be waiting in the event queue, and past the
+      // peer's fence the kernel stream can hold a RESYNC header, never data.
+      // Look before reading the kernel.
+      if (!fence_known && IsRegistered(c) && c.session != nullptr) {
+        Mode before = c.mode.load(std::memory_order_acquire);
+        c.session->Drain();  // waits for a drain another thread is doing, too
+        if (c.mode.load(std::memory_order_acquire) != before || c.peer_fence_known.load(std::memory_order_acquire) ||
+            c.resync.load(std::memory_order_acquire) || c.reset.load())
+          continue;
+      }
       uint64_t limit = want - got;
       if (upgraded && fence_known) {
         uint64_t fence = c.peer_fence.load(std::memory_order_relaxed);
@@ -1101,15 +1112,35 @@ Status Shutdown(int fd, Conn& c, int how) {
   }
   bool first_wr = wr && !c.shut_wr.exchange(true);
   if (how == SHUT_RD || how == SHUT_RDWR) c.shut_rd.store(true);
+  // Writing accelerated: the kernel FIN may wait. Until the peer has
+  // consumed what we wrote, a link loss makes us resend it on the kernel
+  // socket (RESYNC), which a FIN already sent would forbid; the peer
+  // learns our EOF on the accelerated path meanwhile.
+  bool defer_fin = first_wr && c.tx_switched.load() && c.mode.load() == Mode::kAccel && !c.resync.load();
+  int kernel_how = defer_fin ? (how == SHUT_RDWR ? SHUT_RD : -1) : how;
   // The kernel shutdown first: it also ends a sender blocked in the kernel,
   // and the flags end one waiting for ring space, so tx_mu frees up.
-  if (Libc().shutdown(fd, how) != 0) return Errno(errno, "shutdown");
+  if (kernel_how >= 0 && Libc().shutdown(fd, kernel_how) != 0) return Errno(errno, "shutdown");
   Session* s = c.session;
   if (s != nullptr) s->WakeWaiters();
   if (first_wr && IsRegistered(c) && s != nullptr) {
     // Under tx_mu: after every TX_TAIL a concurrent sender may still post.
     std::lock_guard<std::mutex> lock(c.tx_mu);
+    if (defer_fin) {
+      if (c.tx_resync_started) {
+        // A link loss came first: the FIN follows its resend, if any is owed.
+        if (c.resend_off < c.resend.size()) c.shut_after_resend = true;
+        else (void)Libc().shutdown(fd, SHUT_WR);
+      } else if (c.credit.load(std::memory_order_acquire) >= c.tx_tail.load(std::memory_order_relaxed)) {
+        (void)Libc().shutdown(fd, SHUT_WR);  // all consumed: nothing could need a resend
+      } else {
+        c.shut_after_resend = true;  // FIN after a RESYNC's resend, or at close()
+        c.fin_deferred.store(true, std::memory_order_relaxed);
+      }
+    }
     (void)s->Post({MsgType::kShutdown, 0, proto::Shutdown{c.id, proto::ShutdownHow::kWrite}});
+  } else if (defer_fin) {
+    (void)Libc().shutdown(fd, SHUT_WR);
   }
   return Status::Ok();
 }
@@ -1183,7 +1214,7 @@ void Report(const Conn& c, const char* event) {
       "{\"pid\":%d,\"event\":\"%s\",\"local\":\"%s:%u\",\"peer\":\"%s:%u\",\"mode\":\"%s\","
       "\"reason\":\"%s\",\"upgraded\":%s,\"kernel_tx\":%llu,\"kernel_rx\":%llu,"
       "\"accel_tx\":%llu,\"accel_rx\":%llu,\"kernel_tx_after_upgrade\":%llu,"
-      "\"kernel_rx_after_upgrade\":%llu,\"resynced\":%s,\"reupgrades\":%u}\n",
+      "\"kernel_rx_after_upgrade\":%llu,\"resynced\":%s,\"reupgrades\":%u,\"fin_deferred\":%s}\n",
       getpid(), event, local, c.local.port, peer, c.peer.port,
       c.resync.load() ? "kernel" : ToString(c.mode.load()),
       // Still pending at the end: the peer never registered (not preloaded,
@@ -1198,7 +1229,8 @@ void Report(const Conn& c, const char* event) {
       // prove it from counters rather than assume it.
       static_cast<unsigned long long>(c.tx_switched.load() ? c.kernel_sent.load() - c.fence_sent.load() : 0),
       static_cast<unsigned long long>(c.rx_switched.load() ? c.kernel_received.load() - c.peer_fence.load() : 0),
-      c.resync.load() || c.reupgrades.load() ? "true" : "false", c.reupgrades.load());
+      c.resync.load() || c.reupgrades.load() ? "true" : "false", c.reupgrades.load(),
+      c.fin_deferred.load() ? "true" : "false");
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return;
   (void)!Libc().write(fd, line, static_cast<size_t>(n));

@@ -517,6 +517,58 @@ case_link_loss_reupgrade() {
 }
 case_link_loss_reupgrade
 
+# A client writes half its stream accelerated, then the other half and
+# shuts down its write side while hostB silently drops the link (those
+# bytes are in flight, never to arrive), then the link dies (RST). The
+# server has read nothing yet. The library kept its kernel FIN back (the
+# peer had not consumed the bytes), so RESYNC resends the unconsumed bytes
+# on kernel TCP and only then sends the FIN: the server reads every byte,
+# then EOF (not ECONNRESET), and answers.
+case_link_loss_after_shutdown() {
+  local name=cross_link_loss_after_shutdown port=7110 conns=2 bytes=131072
+  local rep=$WORK/$name.jsonl i out
+  # Wait for the link to be up again after the previous cut.
+  for i in $(seq 150); do
+    bash $TB ctl hostA links 2>/dev/null | grep -q " up " && break
+    sleep 0.1
+  done
+  # An idle link would outlive the cut (no segment meets the RST): a
+  # request/response pair from vmA2 keeps it busy meanwhile.
+  local lrep=$WORK/$name.load.jsonl
+  vm_bg vmB1 preload "$lrep" "$WORK/$name.load.srv" "$XFER" server "$B1" 7111 --rounds 300 --gap-ms 10
+  local lsrv=$BG
+  sleep 0.2
+  vm_bg vmA2 preload "$lrep" "$WORK/$name.load.cli" "$XFER" client "$B1" 7111 --bytes 19660800 --rounds 300 --gap-ms 10
+  local lcli=$BG
+  xfer_bg $name $port $conns $bytes --pause-ms 800 --split-pause-ms 1500 --stall-ms 5000
+  # Once the first halves crossed the fabric (and the FENCEs were
+  # acknowledged): drop, while the second halves and the shutdowns go out.
+  local moved=0
+  for i in $(seq 160); do
+    moved=$(bash $TB ctl hostA --json stats 2>/dev/null | python3 -c "
+import json, sys
+print(sum(c['accel_bytes_out'] for c in json.load(sys.stdin)['connections'] if c['peer'].endswith(':$port')))" 2>/dev/null || echo 0)
+    [ "$moved" -ge $((conns * bytes / 2)) ] && break
+    sleep 0.05
+  done
+  sleep 0.3
+  stall_link 2 1
+  local lrc=0
+  wait "$lcli" || lrc=$?
+  wait "$lsrv" || lrc=$?
+  xfer_wait $name || { fail $name "$E2E_MSG"; return; }
+  [ $lrc -eq 0 ] || { fail $name "the background pair failed: $(tail -2 "$WORK/$name.load.cli" | tr '\n' ' ')"; return; }
+  if ! out=$(python3 $CHECK "$rep" --port $port --expect-conns $((2 * conns)) --resynced); then
+    fail $name "$out"
+    return
+  fi
+  local deferred
+  deferred=$(python3 -c "import json,sys; print(sum(1 for l in open(sys.argv[1]) if l.strip() and json.loads(l).get('fin_deferred')))" "$rep")
+  [ "$deferred" -ge "$conns" ] || { fail $name "only $deferred of $conns clients kept their FIN back"; return; }
+  pass "$name ($conns clients: half of $bytes B accelerated, the rest and the shutdown lost in flight with the link; FIN kept back by $deferred, resent, server got every byte then EOF; $out)"
+}
+case_link_loss_after_shutdown
+
 case_peer_restart() {
   local name=peer_backend_restart_relinks c0
   c0=$(link_field hostA connects)

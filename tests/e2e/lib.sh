@@ -50,6 +50,25 @@ vm_bg() {
 # (7300: TLS and tcp link; hostA is the side that connects) with an RST, so
 # hostA's sockets die at its next segment; hostB learns from its own
 # sends, or when hostA reconnects. Then the rule goes away.
+# stall_link DROP_SECONDS RST_SECONDS: hostB first drops hostA's link
+# segments silently (what hostA sends meanwhile is in flight, unacked),
+# then answers them with RST (hostA's links die with those bytes lost).
+stall_link() {
+  local ns=${VSOCKET_TESTBED2_NS_PREFIX:-vs2}hostB
+  ip netns exec "$ns" nft -f - <<'NFT'
+table inet vsocket_fault {
+  chain in { type filter hook input priority 0; tcp dport 7300 drop; }
+}
+NFT
+  sleep "$1"
+  ip netns exec "$ns" nft -f - <<'NFT'
+flush chain inet vsocket_fault in
+add rule inet vsocket_fault in tcp dport 7300 reject with tcp reset
+NFT
+  sleep "$2"
+  ip netns exec "$ns" nft delete table inet vsocket_fault
+}
+
 cut_link() { # cut_link SECONDS
   local ns=${VSOCKET_TESTBED2_NS_PREFIX:-vs2}hostB
   ip netns exec "$ns" nft -f - <<'NFT'

@@ -1,8 +1,8 @@
 // xfer: byte-checked TCP transfers for end-to-end tests (plain POSIX, so it
 // runs with and without libvsocket preloaded).
 //
-//   xfer server ADDR PORT [--conns N] [--one-way] [--fork]
-//   xfer client ADDR PORT [--conns N] [--bytes L] [--one-way] [--crash]
+//   xfer server ADDR PORT [--conns N] [--one-way] [--fork] [--stall-ms S]
+//   xfer client ADDR PORT [--conns N] [--bytes L] [--one-way] [--crash] [--pause-ms P]
 //
 // Each connection: the client sends a 16-byte header {length, seed} and
 // `length` bytes of a deterministic stream derived from the seed, in random
@@ -17,6 +17,11 @@
 // stream each way: R rounds of length/R bytes from the client, each
 // answered by as many from the server, G ms apart, so a connection lives
 // long enough to see its path change (link loss, RESYNC, re-upgrade).
+// --pause-ms P (client): sleep P ms between the header and the stream (so
+// the stream goes accelerated); --split-pause-ms Q (client): and Q ms
+// between the stream's two halves; --stall-ms S (server): sleep S ms between
+// the header and reading the stream (so the client's bytes and its
+// shutdown wait, unconsumed, e.g. across a link loss).
 // Exit status 0 only if every connection verified.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -168,7 +173,7 @@ int main(int argc, char** argv) {
   uint64_t bytes = 1 << 20;
   bool one_way = false, crash = false, fork_server = false;
   uint64_t rounds = 0;
-  int gap_ms = 0;
+  int gap_ms = 0, pause_ms = 0, stall_ms = 0, split_pause_ms = 0;
   for (int i = 4; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--conns" && i + 1 < argc) conns = std::atoi(argv[++i]);
@@ -178,6 +183,9 @@ int main(int argc, char** argv) {
     else if (a == "--fork") fork_server = true;
     else if (a == "--rounds" && i + 1 < argc) rounds = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--gap-ms" && i + 1 < argc) gap_ms = std::atoi(argv[++i]);
+    else if (a == "--pause-ms" && i + 1 < argc) pause_ms = std::atoi(argv[++i]);
+    else if (a == "--stall-ms" && i + 1 < argc) stall_ms = std::atoi(argv[++i]);
+    else if (a == "--split-pause-ms" && i + 1 < argc) split_pause_ms = std::atoi(argv[++i]);
   }
   signal(SIGPIPE, SIG_IGN);
   std::atomic<int> ok{0};
@@ -228,6 +236,7 @@ int main(int argc, char** argv) {
           close(c);
           return;
         }
+        if (stall_ms > 0) usleep(static_cast<useconds_t>(stall_ms) * 1000);
         good = RecvStream(c, seed, len, rng, "server");
         if (good && !one_way) good = SendStream(c, seed ^ 1, len, rng) && shutdown(c, SHUT_WR) == 0;
         if (good) {
@@ -304,7 +313,15 @@ int main(int argc, char** argv) {
         close(s);
         return;
       }
-      bool good = WriteAll(s, hdr, 16) && SendStream(s, seed, bytes, rng);
+      bool good = WriteAll(s, hdr, 16);
+      if (good && pause_ms > 0) usleep(static_cast<useconds_t>(pause_ms) * 1000);
+      if (split_pause_ms > 0) {
+        good = good && SendRange(s, seed, 0, bytes / 2);
+        usleep(static_cast<useconds_t>(split_pause_ms) * 1000);
+        good = good && SendRange(s, seed, bytes / 2, bytes - bytes / 2);
+      } else {
+        good = good && SendStream(s, seed, bytes, rng);
+      }
       if (crash) {
         kill(getpid(), SIGKILL);  // no close, no shutdown: as if the process died
       }
