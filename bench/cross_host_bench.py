@@ -34,6 +34,7 @@ import argparse
 import os
 import re
 import statistics
+import subprocess
 import time
 
 import benchlib as bl
@@ -195,6 +196,31 @@ def run_mode(bed, accel, seconds, port):
     }
 
 
+def pinned_rtt(bed, reps, seconds):
+    """Ping-pong again with both daemons pinned to the last CPU (taskset, as
+    systemd's CPUAffinity= would): with four polling processes on two CPUs
+    the RTT depends on which processes share a CPU; pinning the daemons
+    makes it repeatable (and is what an operator does with a spare core)."""
+    out = {"cpu": None, "kernel": [], "vsocket": []}
+    ncpu = os.cpu_count() or 1
+    if reps <= 0 or ncpu < 2:
+        return out
+    cpu = ncpu - 1
+    out["cpu"] = cpu
+    pids = list(bed.daemons.values())
+    for pid in pids:
+        subprocess.run(["taskset", "-a", "-p", "-c", str(cpu), str(pid)], check=True, capture_output=True)
+    try:
+        for i in range(reps):
+            for mode, accel in (("kernel", False), ("vsocket", True)):
+                print(f"== pinned rep {i} {mode}", flush=True)
+                out[mode].append(guarded(sockperf, bed, accel, "pp", 16, seconds, 13000 + 10 * i + (5 if accel else 0)))
+    finally:
+        for pid in pids:
+            subprocess.run(["taskset", "-a", "-p", "-c", f"0-{ncpu - 1}", str(pid)], capture_output=True)
+    return out
+
+
 # ---- summary ------------------------------------------------------------------------
 
 # (label, measurement, value, goal (ratio), goal test, lower is better)
@@ -262,6 +288,19 @@ def summarize(results):
         if runs:
             wake[mode] = {h: statistics.median(r["fabric"].get(f"{h}_worker_wakeups", 0) / r["messages"] for r in runs)
                           for h in ("hostA", "hostB")}
+    pinned = results.get("pinned") or {}
+    prow = []
+    if pinned.get("cpu") is not None:
+        for label, q in (("RTT p50, 16 B (us)", "p50"), ("RTT p99, 16 B (us)", "p99"), ("RTT p99.9, 16 B (us)", "p99.9")):
+            vals = {}
+            for mode in ("kernel", "vsocket"):
+                xs = [2 * r.get(q, 0) for r in pinned[mode] if r.get("valid") and r.get(q)]
+                vals[mode] = (statistics.median(xs), min(xs), max(xs)) if xs else (0.0, 0.0, 0.0)
+            r = bl.ratio(vals["vsocket"][0], vals["kernel"][0])
+            prow.append({"metric": label, "kernel": vals["kernel"], "vsocket": vals["vsocket"], "ratio": r,
+                         "met": bool(r == r and r <= 1), "valid": sum(1 for x in pinned["vsocket"] if x.get("valid")),
+                         "reps": len(pinned["vsocket"])})
+    results["pinned_table"] = prow
     results["table"], results["batching"], results["cpu_breakdown"] = table, batching, cpu
     results["pingpong_wakeups_per_message"] = wake
 
@@ -292,6 +331,17 @@ def markdown(results):
         md.append(f"| {row['metric']} | {fmt(row['kernel'])} ({fmt(row['kernel_range'][0])}-{fmt(row['kernel_range'][1])}) "
                   f"| {fmt(row['vsocket'])} ({fmt(row['vsocket_range'][0])}-{fmt(row['vsocket_range'][1])}) "
                   f"| {row['ratio']:.2f} | {goal} | {check} |")
+    if results.get("pinned_table"):
+        md += ["", f"## RTT with both vsocketds pinned to CPU {results['pinned']['cpu']} (the guests float)", "",
+               "Four polling processes share two CPUs above, so the RTT depends on which of them the scheduler "
+               "puts together (measured: 68-106 us per repetition). Pinned, as an operator would give vsocketd "
+               "a core (systemd CPUAffinity=), it is repeatable. Same run, ping-pong only.", "",
+               "| metric | kernel TCP | vSocket | vSocket/kernel | goal | fabric check (vSocket) |",
+               "|---|--:|--:|--:|---|---|"]
+        for row in results["pinned_table"]:
+            k, v = row["kernel"], row["vsocket"]
+            md.append(f"| {row['metric']} | {fmt(k[0])} ({fmt(k[1])}-{fmt(k[2])}) | {fmt(v[0])} ({fmt(v[1])}-{fmt(v[2])}) "
+                      f"| {row['ratio']:.2f} | <= 1: **{'met' if row['met'] else 'missed'}** | valid {row['valid']}/{row['reps']} |")
     md += ["", "## Adaptive batching on the fabric link (hostA -> hostB, netload 16 B, vSocket)", "",
            "| connections | frames per writev | payload bytes per writev | 16 B messages per frame | writev/s |",
            "|--:|--:|--:|--:|--:|"]
@@ -355,6 +405,8 @@ def main():
     ap.add_argument("--bin", default=bl.DEFAULT_BIN)
     ap.add_argument("--seconds", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--pinned-reps", type=int, default=3,
+                    help="extra ping-pong repetitions with both vsocketds pinned to the last CPU (0: none)")
     ap.add_argument("--out", default=os.path.join(bl.ROOT, "bench/results"))
     a = ap.parse_args()
     bed = bl.Bed2(a.bin)
@@ -371,6 +423,7 @@ def main():
                 print(f"== rep {i} {mode}", flush=True)
                 rep[mode] = run_mode(bed, accel, a.seconds, 12000 + 100 * i + (50 if accel else 0))
             results["reps"].append(rep)
+        results["pinned"] = pinned_rtt(bed, a.pinned_reps, a.seconds)
     finally:
         bed.down()
     results["loadavg_after"] = open("/proc/loadavg").read().split()[0]
