@@ -771,7 +771,7 @@ fabric::Link* Peering::LinkTo(uint32_t host, uint64_t conn) {
 Status Peering::RegisterRemoteWritable(void* addr, size_t len, uint32_t* rkey) {
   if (!rdma_) return Status(Code::kFailedPrecondition, "fabric " + fabric_ + " has no one-sided writes");
   uint32_t lkey;
-  return rdma_->RegisterMemory(addr, len, &lkey, rkey);
+  return rdma_->RegisterMemory(addr, len, fabric::RdmaDevice::Use::kRemoteWrite, &lkey, rkey);
 }
 
 void Peering::UnregisterRemoteWritable(void* addr) {

@@ -169,17 +169,18 @@ RdmaDevice::~RdmaDevice() {
   regions_.clear();
 }
 
-Status RdmaDevice::RegisterMemory(void* addr, size_t len, uint32_t* lkey, uint32_t* rkey) {
+Status RdmaDevice::RegisterMemory(void* addr, size_t len, Use use, uint32_t* lkey, uint32_t* rkey) {
   if (addr == nullptr || len == 0) return Status(Code::kInvalidArgument, "rdma: empty memory region");
+  // Sends only read: no write access at all for kLocalRead.
   std::unique_ptr<ibv_mr, DeregMr> mr(
-      ibv_reg_mr(pd_.get(), addr, len, kRemoteAccess));
+      ibv_reg_mr(pd_.get(), addr, len, use == Use::kRemoteWrite ? kRemoteAccess : 0));
   if (!mr) return Verbs("ibv_reg_mr", errno);
   *lkey = mr->lkey;
-  *rkey = mr->rkey;
+  *rkey = use == Use::kRemoteWrite ? mr->rkey : 0;
   std::unique_lock lock(mu_);
-  auto [it, fresh] = regions_.try_emplace(reinterpret_cast<uintptr_t>(addr), nullptr);
+  auto [it, fresh] = regions_.try_emplace(reinterpret_cast<uintptr_t>(addr), Region{nullptr, use});
   if (!fresh) return Status(Code::kAlreadyExists, "rdma: memory already registered at this address");
-  it->second = std::move(mr);
+  it->second.mr = std::move(mr);
   return Status::Ok();
 }
 
@@ -196,7 +197,8 @@ std::optional<uint32_t> RdmaDevice::FindLkey(const void* p, size_t len) const {
   auto it = regions_.upper_bound(a);
   if (it == regions_.begin()) return std::nullopt;
   --it;
-  const ibv_mr* mr = it->second.get();
+  if (it->second.use != Use::kLocalRead) return std::nullopt;
+  const ibv_mr* mr = it->second.mr.get();
   if (a + len > it->first + mr->length) return std::nullopt;
   return mr->lkey;
 }

@@ -149,11 +149,17 @@ class RdmaDevice {
   static Result<std::shared_ptr<RdmaDevice>> Open(const Options& opt);
   ~RdmaDevice();
 
-  // Registers [addr, addr+len) for local reads (zero-copy sends) and remote
-  // writes by peers (their RemoteBuffer). Returns the keys to hand out.
-  Status RegisterMemory(void* addr, size_t len, uint32_t* lkey, uint32_t* rkey);
+  // What a registration is for. kRemoteWrite: peers write into it (their
+  // RemoteBuffer; a guest RX ring). kLocalRead: our sends read from it
+  // without a copy (FindLkey). The two never mix: a region peers may write
+  // is never read for a send, so a stale one (kept registered until the
+  // peer stops writing, e.g. across a guest memory remap that put other
+  // memory at the same address) can never leak into a frame.
+  enum class Use { kRemoteWrite, kLocalRead };
+  // Registers [addr, addr+len). Returns the keys to hand out.
+  Status RegisterMemory(void* addr, size_t len, Use use, uint32_t* lkey, uint32_t* rkey);
   Status UnregisterMemory(void* addr);
-  // The lkey covering [p, p+len), if one registration does.
+  // The lkey of the kLocalRead registration covering [p, p+len), if any.
   std::optional<uint32_t> FindLkey(const void* p, size_t len) const;
 
   ibv_context* context() const { return ctx_.get(); }
@@ -171,8 +177,12 @@ class RdmaDevice {
   std::unique_ptr<ibv_context, rdma_internal::CloseDevice> ctx_;
   std::unique_ptr<ibv_pd, rdma_internal::DeallocPd> pd_;
   mutable std::shared_mutex mu_;
+  struct Region {
+    std::unique_ptr<ibv_mr, rdma_internal::DeregMr> mr;
+    Use use;
+  };
   // Keyed by start address. Guarded by mu_.
-  std::map<uintptr_t, std::unique_ptr<ibv_mr, rdma_internal::DeregMr>> regions_;
+  std::map<uintptr_t, Region> regions_;
   std::string name_;
   uint8_t port_ = 1;
   uint8_t gid_index_ = 0;

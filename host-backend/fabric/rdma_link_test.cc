@@ -162,10 +162,13 @@ TEST_F(RdmaLinkTest, RegisteredSourceLandsInRegisteredDestinationZeroCopy) {
   Connect();
   std::vector<uint8_t> ring(64 * 1024, 0), src = Random(40000, 1);
   uint32_t ring_lkey, ring_rkey, src_lkey, src_rkey;
-  ASSERT_TRUE(dev_->RegisterMemory(ring.data(), ring.size(), &ring_lkey, &ring_rkey).ok());
-  ASSERT_TRUE(dev_->RegisterMemory(src.data(), src.size(), &src_lkey, &src_rkey).ok());
+  ASSERT_TRUE(dev_->RegisterMemory(ring.data(), ring.size(), RdmaDevice::Use::kRemoteWrite, &ring_lkey, &ring_rkey).ok());
+  ASSERT_TRUE(dev_->RegisterMemory(src.data(), src.size(), RdmaDevice::Use::kLocalRead, &src_lkey, &src_rkey).ok());
   EXPECT_EQ(dev_->FindLkey(src.data() + 100, 1000), src_lkey);
   EXPECT_FALSE(dev_->FindLkey(src.data() + 100, src.size()).has_value());  // runs past the end
+  // A region peers write into is never read for a send.
+  EXPECT_FALSE(dev_->FindLkey(ring.data(), 100).has_value());
+  EXPECT_EQ(src_rkey, 0u) << "a send-only region has no remote key";
 
   iovec v[2] = {{src.data(), 15000}, {src.data() + 15000, 25000}};
   RemoteBuffer rb{reinterpret_cast<uintptr_t>(ring.data()) + 1000, ring_rkey};
@@ -188,7 +191,7 @@ TEST_F(RdmaLinkTest, UnregisteredSourceIsBouncedAndFreeRightAfterSend) {
   Connect();
   std::vector<uint8_t> ring(64 * 1024, 0);
   uint32_t lkey, rkey;
-  ASSERT_TRUE(dev_->RegisterMemory(ring.data(), ring.size(), &lkey, &rkey).ok());
+  ASSERT_TRUE(dev_->RegisterMemory(ring.data(), ring.size(), RdmaDevice::Use::kRemoteWrite, &lkey, &rkey).ok());
   std::vector<uint8_t> src = Random(30000, 2), want = src;
   iovec v{src.data(), src.size()};
   RemoteBuffer rb{reinterpret_cast<uintptr_t>(ring.data()), rkey};
@@ -221,7 +224,7 @@ TEST_F(RdmaLinkTest, WrappingPayloadGoesAsTwoSends) {
   constexpr size_t kRing = 64 * 1024, kAt = 60000, kLen = 10000;
   std::vector<uint8_t> ring(kRing, 0);
   uint32_t lkey, rkey;
-  ASSERT_TRUE(dev_->RegisterMemory(ring.data(), ring.size(), &lkey, &rkey).ok());
+  ASSERT_TRUE(dev_->RegisterMemory(ring.data(), ring.size(), RdmaDevice::Use::kRemoteWrite, &lkey, &rkey).ok());
   std::vector<uint8_t> src = Random(kLen, 3);
   uint64_t base = reinterpret_cast<uintptr_t>(ring.data());
   size_t first = kRing - kAt;
