@@ -445,8 +445,10 @@ bool ConnManager::ArmDoorbells() {
 uint64_t ConnManager::OnHello(vhost::BackendDevice& device, uint64_t features) {
   DeviceConns* dc = Find(device);
   if (dc == nullptr) return 0;
+  // A second HELLO while connections live changes nothing: the session
+  // keeps what it was given (its library allocates rings by it).
+  if (!dc->by_id.empty()) return dc->doorbell ? proto::kFeatureDoorbell : 0;
   uint64_t taken = features & proto::kKnownFeatures;
-  if (!dc->by_id.empty()) taken = 0;  // a second HELLO changes nothing for live connections
   dc->doorbell = (taken & proto::kFeatureDoorbell) != 0;
   if (dc->doorbell) counters_.doorbell_sessions.fetch_add(1, std::memory_order_relaxed);
   return taken;

@@ -118,6 +118,11 @@ TEST_F(DoorbellTest, NegotiatedOnlyWhenOffered) {
   EXPECT_EQ(Hello(0), 0u);
   EXPECT_EQ(Hello(proto::kFeatureDoorbell | (1ull << 40)), proto::kFeatureDoorbell) << "unknown bits are not taken";
   EXPECT_EQ(Stat("doorbell_sessions"), 1);
+  // Once connections live, another HELLO keeps what the session has.
+  End a = Alloc(1);
+  ASSERT_EQ(Register(a, proto::Role::kClient, 5100, 5200).status, proto::WireError::kOk);
+  EXPECT_EQ(Hello(0), proto::kFeatureDoorbell);
+  EXPECT_EQ(Stat("doorbell_sessions"), 1);
 }
 
 // The block's counts are atomics: a ring (so a block) off 64-byte alignment
