@@ -392,6 +392,14 @@ std::string PrometheusMetrics(const Reporting& r) {
   sample("vsocket_devices_rejected_total", "", bc.devices_rejected.load());
   metric("vsocket_events_total", "counter", "Events written to guests.");
   sample("vsocket_events_total", "", cc.events.load());
+  metric("vsocket_doorbell_counts_total", "counter",
+         "Send/consume counts read from connections' doorbell blocks (no guest message needed while polled).");
+  sample("vsocket_doorbell_counts_total", "", cc.doorbell_counts.load());
+  metric("vsocket_doorbell_messages_total", "counter",
+         "TX_TAIL/CONSUMED messages of doorbell connections (the block was armed).");
+  sample("vsocket_doorbell_messages_total", "", cc.doorbell_messages.load());
+  metric("vsocket_doorbell_arms_total", "counter", "Doorbell blocks armed (polling stopped, messages asked for).");
+  sample("vsocket_doorbell_arms_total", "", cc.doorbell_arms.load());
   metric("vsocket_worker_wakeups_total", "counter", "Times the data-path worker slept and woke up.");
   sample("vsocket_worker_wakeups_total", "", wc.wakeups.load());
   auto peers = r.service.peering().Snapshot();

@@ -275,9 +275,13 @@ for name in ("vm1", "vm2"):
         errs.append(f"{name} shows no accelerated traffic")
 if vms["vm3"]["upgrades"] != 0:
     errs.append("vm3 (other tenant) shows upgrades")
-for metric in ("vsocket_accelerated_bytes_total{vm=\"vm1\"", "vsocket_cross_tenant_total", "vsocket_connections{"):
+for metric in ("vsocket_accelerated_bytes_total{vm=\"vm1\"", "vsocket_cross_tenant_total", "vsocket_connections{",
+               "vsocket_doorbell_counts_total"):
     if metric not in m:
         errs.append(f"metric {metric} missing")
+counts = [l for l in m.splitlines() if l.startswith("vsocket_doorbell_counts_total ")]
+if not counts or int(counts[0].split()[1]) == 0:
+    errs.append("no count was read from a doorbell block")
 if errs:
     print("; ".join(errs)); sys.exit(1)
 print(f'vm1 moved {vms["vm1"]["accel_bytes_out"]} B out, vm2 {vms["vm2"]["accel_bytes_out"]} B; vm3 never upgraded')
