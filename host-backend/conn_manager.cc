@@ -385,6 +385,24 @@ void ArmBlock(proto::DoorbellBlock* db) {
 }
 }  // namespace
 
+// Arms c's block and takes one last look: > 0 if a count moved meanwhile
+// (the block stays polled), else 0 (or -1: reset) and it may leave the set.
+int ConnManager::ArmDoorbell(BackendConn& c) {
+  proto::DoorbellBlock* db = DoorbellOf(c);
+  if (db == nullptr) return 0;
+  ArmBlock(db);
+  counters_.doorbell_arms.fetch_add(1, std::memory_order_relaxed);
+  c.doorbell_idle = 0;
+  return ReadDoorbell(c);
+}
+
+// Takes dc.doorbells[i] out of the polled set (the last one takes its place).
+void ConnManager::DropDoorbellAt(DeviceConns& dc, size_t i) {
+  dc.doorbells[i]->in_doorbell_set = false;
+  dc.doorbells[i] = dc.doorbells.back();
+  dc.doorbells.pop_back();
+}
+
 bool ConnManager::PollDoorbells(vhost::BackendDevice& device) {
   DeviceConns* dc = Find(device);
   if (dc == nullptr || dc->doorbells.empty()) return false;
@@ -392,27 +410,18 @@ bool ConnManager::PollDoorbells(vhost::BackendDevice& device) {
   for (size_t i = 0; i < dc->doorbells.size();) {
     BackendConn& c = *dc->doorbells[i];
     int r = ReadDoorbell(c);
-    bool keep = r > 0;
     if (r > 0) {
       c.doorbell_idle = 0;
-      worked = true;
-    } else if (r == 0 && ++c.doorbell_idle < kDoorbellIdlePasses && DoorbellOf(c) != nullptr) {
-      keep = true;
     } else if (r == 0 && DoorbellOf(c) != nullptr) {
-      ArmBlock(DoorbellOf(c));
-      counters_.doorbell_arms.fetch_add(1, std::memory_order_relaxed);
-      r = ReadDoorbell(c);
-      keep = r > 0;
-      worked |= r > 0;
-      c.doorbell_idle = 0;
+      if (++c.doorbell_idle < kDoorbellIdlePasses) {
+        ++i;
+        continue;
+      }
+      r = ArmDoorbell(c);
     }
-    if (keep) {
-      ++i;
-      continue;
-    }
-    c.in_doorbell_set = false;
-    dc->doorbells[i] = dc->doorbells.back();
-    dc->doorbells.pop_back();
+    worked |= r > 0;
+    if (r > 0) ++i;
+    else DropDoorbellAt(*dc, i);
   }
   return worked;
 }
@@ -421,22 +430,12 @@ bool ConnManager::ArmDoorbells() {
   bool moved = false;
   for (auto& [dev, dc] : devices_) {
     for (size_t i = 0; i < dc.doorbells.size();) {
-      BackendConn& c = *dc.doorbells[i];
-      int r = 0;
-      if (proto::DoorbellBlock* db = DoorbellOf(c)) {
-        ArmBlock(db);
-        counters_.doorbell_arms.fetch_add(1, std::memory_order_relaxed);
-        r = ReadDoorbell(c);
-      }
-      if (r > 0) {
+      if (ArmDoorbell(*dc.doorbells[i]) > 0) {
         moved = true;
-        c.doorbell_idle = 0;
         ++i;
-        continue;
+      } else {
+        DropDoorbellAt(dc, i);
       }
-      c.in_doorbell_set = false;
-      dc.doorbells[i] = dc.doorbells.back();
-      dc.doorbells.pop_back();
     }
   }
   return moved;
@@ -657,10 +656,9 @@ bool ConnManager::MoveData() {
   }
   // The rest keep their place, ahead of connections marked since.
   if (i < list.size()) {
-    std::vector<BackendConn*> rest(list.begin() + static_cast<ptrdiff_t>(i), list.end());
-    for (BackendConn* c : movable_)
-      if (c->in_move_list) rest.push_back(c);
-    movable_.swap(rest);
+    list.erase(list.begin(), list.begin() + static_cast<ptrdiff_t>(i));
+    list.insert(list.end(), movable_.begin(), movable_.end());
+    movable_.swap(list);
   }
   return moved;
 }

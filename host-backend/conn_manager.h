@@ -176,6 +176,8 @@ class ConnManager {
   // Reads c's block and applies new counts: 1 progress, 0 none, -1 the
   // connection was reset (a bad count).
   int ReadDoorbell(BackendConn& c);
+  int ArmDoorbell(BackendConn& c);
+  void DropDoorbellAt(DeviceConns& dc, size_t i);
   // A TX tail or consumed count from the guest (message or block), checked.
   bool ApplyTxTail(BackendConn& c, uint64_t tail);
   bool ApplyConsumed(BackendConn& c, uint64_t consumed);

@@ -312,20 +312,28 @@ void Peering::StartRdmaLink(Host& h) {
     std::lock_guard<std::mutex> lock(mu_);
     h.lanes.resize(static_cast<size_t>(links_per_peer_));
   }
-  auto cq = fabric::RdmaCompletionQueue::Create(rdma_, links_per_peer_);
-  if (!cq.ok()) return HostDown(h, "rdma completion queue: " + cq.status().message());
-  h.rdma_cq = std::move(cq).value();
   for (size_t i = 0; i < h.lanes.size(); ++i) {
-    auto link = fabric::RdmaLink::Create(rdma_, {}, h.rdma_cq);
-    if (!link.ok()) return HostDown(h, "rdma link: " + link.status().message());
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      h.lanes[i].rdma = link->get();
-      h.lanes[i].link = std::move(link).value();
-    }
+    Status st = CreateRdmaLane(h, i);
+    if (!st.ok()) return HostDown(h, st.message());
     if (!SendRdmaSetup(h, i)) return;
   }
   h.state = State::kWaitReady;
+}
+
+// The QP of lane i, on the session's completion queue (made for all its
+// lanes with the first one).
+Status Peering::CreateRdmaLane(Host& h, size_t i) {
+  if (!h.rdma_cq) {
+    auto cq = fabric::RdmaCompletionQueue::Create(rdma_, static_cast<int>(h.lanes.size()));
+    if (!cq.ok()) return Status(cq.status().code(), "rdma completion queue: " + cq.status().message());
+    h.rdma_cq = std::move(cq).value();
+  }
+  auto link = fabric::RdmaLink::Create(rdma_, {}, h.rdma_cq);
+  if (!link.ok()) return Status(link.status().code(), "rdma link: " + link.status().message());
+  std::lock_guard<std::mutex> lock(mu_);
+  h.lanes[i].rdma = link->get();
+  h.lanes[i].link = std::move(link).value();
+  return Status::Ok();
 }
 
 bool Peering::SendRdmaSetup(Host& h, size_t lane) {
@@ -362,22 +370,11 @@ bool Peering::OnRdmaSetup(Host& h, const FrameHeader& hdr, std::span<const uint8
   }
   Lane& l = h.lanes[i];
   if (!l.rdma) {
-    if (!h.rdma_cq) {
-      auto cq = fabric::RdmaCompletionQueue::Create(rdma_, static_cast<int>(h.lanes.size()));
-      if (!cq.ok()) {
-        HostDown(h, "rdma completion queue: " + cq.status().message());
-        return false;
-      }
-      h.rdma_cq = std::move(cq).value();
-    }
-    auto link = fabric::RdmaLink::Create(rdma_, {}, h.rdma_cq);
-    if (!link.ok()) {
-      HostDown(h, "rdma link: " + link.status().message());
+    Status created = CreateRdmaLane(h, i);
+    if (!created.ok()) {
+      HostDown(h, created.message());
       return false;
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    l.rdma = link->get();
-    l.link = std::move(link).value();
   }
   Status st = l.rdma->Connect(*info);
   if (!st.ok()) {

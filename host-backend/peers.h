@@ -153,6 +153,7 @@ class Peering : public RemoteHosts {
   void OnLinkConnected(Host& h, size_t lane);
   bool AllLanes(const Host& h, bool rdma_connected) const;
   void StartRdmaLink(Host& h);
+  Status CreateRdmaLane(Host& h, size_t i);
   bool OnRdmaSetup(Host& h, const proto::FrameHeader& hdr, std::span<const uint8_t> payload);
   bool SendRdmaSetup(Host& h, size_t lane);
   // A count and index a peer gave for a lane (LINK_HELLO, RDMA_SETUP:
