@@ -423,15 +423,18 @@ case_rogue_peers
 # downgrades, the link comes back with backoff, and new connections
 # accelerate again.
 # xfer_bg NAME PORT CONNS BYTES [xfer args for both sides]: an xfer server in
-# vmB1 and its client in vmA1, in the background (PIDs in XSRV, XCLI).
+# vmB1 and its client in vmA1 (or XFER_CVM), in the background (PIDs in
+# XSRV, XCLI).
 # xfer_wait NAME: both verified every byte (else 1, the reason in E2E_MSG).
+# wait_link_up: until hostA reports its link to hostB up (bounded: 15 s).
 xfer_bg() {
   local name=$1 port=$2 conns=$3 bytes=$4 rep=$WORK/$1.jsonl
   shift 4
   vm_bg vmB1 preload "$rep" "$WORK/$name.srv" "$XFER" server "$B1" "$port" --conns "$conns" "$@"
   XSRV=$BG
   sleep 0.2
-  vm_bg vmA1 preload "$rep" "$WORK/$name.cli" "$XFER" client "$B1" "$port" --conns "$conns" --bytes "$bytes" "$@"
+  vm_bg "${XFER_CVM:-vmA1}" preload "$rep" "$WORK/$name.cli" "$XFER" client "$B1" "$port" --conns "$conns" \
+    --bytes "$bytes" "$@"
   XCLI=$BG
 }
 xfer_wait() {
@@ -440,6 +443,14 @@ xfer_wait() {
   wait "$XSRV" || src=$?
   [ $crc -eq 0 ] && [ $src -eq 0 ] && return 0
   E2E_MSG="client rc $crc: $(tail -2 "$WORK/$1.cli" | tr '\n' ' ') server rc $src: $(tail -2 "$WORK/$1.srv" | tr '\n' ' ')"
+  return 1
+}
+wait_link_up() {
+  local _
+  for _ in $(seq 150); do
+    bash $TB ctl hostA links 2>/dev/null | grep -q " up " && return 0
+    sleep 0.1
+  done
   return 1
 }
 
@@ -471,10 +482,7 @@ case_link_loss() {
     return
   fi
   # The link comes back (backoff from 0.2 s) and new connections accelerate.
-  for i in $(seq 150); do
-    bash $TB ctl hostA links 2>/dev/null | grep -q " up " && break
-    sleep 0.1
-  done
+  wait_link_up
   fabric_xfer after_link_loss vmA1 vmB1 "$B1" 4 8388608 7107 ||
     { fail $name "no acceleration after the link came back: $XFER_MSG"; return; }
   pass "$name (link cut after $moved B on the fabric: $conns conns x $bytes B each way all byte-exact; $out; downgrades hostA +$da hostB +$db; relinked, new connections accelerated)"
@@ -527,19 +535,11 @@ case_link_loss_reupgrade
 case_link_loss_after_shutdown() {
   local name=cross_link_loss_after_shutdown port=7110 conns=2 bytes=131072
   local rep=$WORK/$name.jsonl i out
-  # Wait for the link to be up again after the previous cut.
-  for i in $(seq 150); do
-    bash $TB ctl hostA links 2>/dev/null | grep -q " up " && break
-    sleep 0.1
-  done
+  wait_link_up  # after the previous cut
   # An idle link would outlive the cut (no segment meets the RST): a
   # request/response pair from vmA2 keeps it busy meanwhile.
-  local lrep=$WORK/$name.load.jsonl
-  vm_bg vmB1 preload "$lrep" "$WORK/$name.load.srv" "$XFER" server "$B1" 7111 --rounds 300 --gap-ms 10
-  local lsrv=$BG
-  sleep 0.2
-  vm_bg vmA2 preload "$lrep" "$WORK/$name.load.cli" "$XFER" client "$B1" 7111 --bytes 19660800 --rounds 300 --gap-ms 10
-  local lcli=$BG
+  XFER_CVM=vmA2 xfer_bg $name.load 7111 1 19660800 --rounds 300 --gap-ms 10
+  local lsrv=$XSRV lcli=$XCLI
   xfer_bg $name $port $conns $bytes --pause-ms 800 --split-pause-ms 1500 --stall-ms 5000
   # Once the first halves crossed the fabric (and the FENCEs were
   # acknowledged): drop, while the second halves and the shutdowns go out.
@@ -553,11 +553,9 @@ print(sum(c['accel_bytes_out'] for c in json.load(sys.stdin)['connections'] if c
   done
   sleep 0.3
   stall_link 2 1
-  local lrc=0
-  wait "$lcli" || lrc=$?
-  wait "$lsrv" || lrc=$?
   xfer_wait $name || { fail $name "$E2E_MSG"; return; }
-  [ $lrc -eq 0 ] || { fail $name "the background pair failed: $(tail -2 "$WORK/$name.load.cli" | tr '\n' ' ')"; return; }
+  XSRV=$lsrv XCLI=$lcli
+  xfer_wait $name.load || { fail $name "the background pair failed: $E2E_MSG"; return; }
   if ! out=$(python3 $CHECK "$rep" --port $port --expect-conns $((2 * conns)) --resynced); then
     fail $name "$out"
     return
