@@ -7,8 +7,10 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
+#include "host-backend/tx_hold.h"
 #include "proto/control.h"
 
 namespace vsocket::vhost {
@@ -150,6 +152,19 @@ struct BackendConn {
   // the PLACEMENT that withdrew them (tag = that frame's number).
   std::vector<std::pair<uint64_t, void*>> rx_mr_retired;
   uint64_t placements_sent = 0;
+
+  // Sessions with kFeatureRingHold (ring_hold): one-sided access to the
+  // rings. rdma fabric: the TX ring registered for sends to read in place
+  // (tx_mr; null: sends copy), and what of it the link may still read
+  // (txh, made with the first registration). The guest's credit stays below
+  // the first byte a send may still read; a closed connection whose rings
+  // are still read or written was answered rings-held (rings_held) and is
+  // told RINGS_RELEASED when neither happens any more.
+  bool ring_hold = false;
+  void* tx_mr = nullptr;
+  std::unique_ptr<TxHold> txh;
+  bool rings_held = false;
+  bool in_reap_list = false;
 
   // Read by the control socket thread.
   std::atomic<uint64_t> accel_bytes_out{0};

@@ -202,6 +202,7 @@ std::optional<Message> ConnManager::Register(DeviceConns& dc, uint64_t request_i
   c.tx = GuestRing{r.tx_ring_gpa, r.tx_ring_bytes, nullptr};
   c.rx = GuestRing{r.rx_ring_gpa, r.rx_ring_bytes, nullptr};
   c.doorbell = dc.doorbell;
+  c.ring_hold = dc.ring_hold;
   // A doorbell block must be 64-byte aligned (its counts are atomics).
   if ((c.doorbell && r.tx_ring_gpa % proto::kDoorbellBytes != 0) || !ResolveRings(c) ||
       (c.doorbell && reinterpret_cast<uintptr_t>(c.tx.host) % proto::kDoorbellBytes != 0)) {
@@ -446,9 +447,11 @@ uint64_t ConnManager::OnHello(vhost::BackendDevice& device, uint64_t features) {
   if (dc == nullptr) return 0;
   // A second HELLO while connections live changes nothing: the session
   // keeps what it was given (its library allocates rings by it).
-  if (!dc->by_id.empty()) return dc->doorbell ? proto::kFeatureDoorbell : 0;
+  if (!dc->by_id.empty())
+    return (dc->doorbell ? proto::kFeatureDoorbell : 0) | (dc->ring_hold ? proto::kFeatureRingHold : 0);
   uint64_t taken = features & proto::kKnownFeatures;
   dc->doorbell = (taken & proto::kFeatureDoorbell) != 0;
+  dc->ring_hold = (taken & proto::kFeatureRingHold) != 0;
   if (dc->doorbell) counters_.doorbell_sessions.fetch_add(1, std::memory_order_relaxed);
   return taken;
 }
@@ -469,8 +472,18 @@ std::optional<Message> ConnManager::Unregister(DeviceConns& dc, uint64_t request
   BackendConn* c = it->second;
   dc.by_id.erase(it);
   Orphan(*c);
+  uint64_t handle = c->handle;
   MaybeDestroy(c);
-  // After this reply the guest may reuse the rings' memory.
+  // After a plain reply the guest may reuse the rings' memory. One that
+  // the fabric still reads (sends in flight) or a peer host may still write
+  // (a withdrawn registration) is held until RINGS_RELEASED. Decided after
+  // MaybeDestroy: a destroyed connection dropped every registration.
+  auto left = conns_.find(handle);
+  if (left != conns_.end() && left->second->ring_hold && HoldsRings(*left->second)) {
+    left->second->rings_held = true;
+    counters_.rings_held.fetch_add(1, std::memory_order_relaxed);
+    return Ack(request_id, conn_id, WireError::kOk, Reason::kRingsHeld);
+  }
   return Ack(request_id, conn_id, WireError::kOk, Reason::kNone);
 }
 
@@ -488,6 +501,7 @@ void ConnManager::Orphan(BackendConn& c) {
   } else {
     c.tx_tail = c.tx_copied;  // nothing recoverable (device paused or empty)
   }
+  WithdrawTx(c);  // the rest goes from the copy; frames in flight still read the ring
   c.gone = true;
   c.write_shut = true;
   c.tx.host = c.rx.host = nullptr;
@@ -537,7 +551,11 @@ void ConnManager::MaybeDestroy(BackendConn* c) {
   // the peer is gone too).
   if (!c->gone) return;
   if (c->peer && !c->peer->gone && c->orphan_off < c->orphan.size()) return;
-  if (c->in_move_list || c->in_owed_list) return;  // removed by the sweeps
+  if (c->in_move_list || c->in_owed_list || c->in_reap_list) return;  // removed by the sweeps
+  if (c->txh && c->txh->Busy()) {
+    AddReap(*c);  // sends in flight still read its TX ring: back when they completed
+    return;
+  }
   if (c->remote.paired()) {
     if (!c->remote.gone && c->orphan_off < c->orphan.size()) return;
     if (!c->shut_announced && !c->remote.gone) return;
@@ -558,6 +576,7 @@ void ConnManager::MaybeDestroy(BackendConn* c) {
   }
   RemoveDoorbell(*c);
   DropRx(*c);
+  WithdrawTx(*c);  // nothing in flight reads it (Busy above): dropped at once
   std::lock_guard<std::mutex> lock(snapshot_mu_);
   conns_.erase(c->handle);
 }
@@ -665,10 +684,10 @@ bool ConnManager::MoveData() {
 
 bool ConnManager::EmitEvents(vhost::BackendDevice& device) {
   DeviceConns* dc = Find(device);
-  if (dc == nullptr || dc->events.empty() || device.broken()) return false;
+  if (dc == nullptr || (dc->events.empty() && dc->released.empty()) || device.broken()) return false;
   vhost::VirtqueueDevice& q = device.queue(1);
   bool wrote = false;
-  while (!dc->events.empty()) {
+  while (!dc->events.empty() || !dc->released.empty()) {
     vhost::DescChain chain;
     vhost::PopResult r = q.Pop(&chain);
     if (r == vhost::PopResult::kBroken) {
@@ -683,6 +702,15 @@ bool ConnManager::EmitEvents(vhost::BackendDevice& device) {
     std::array<uint8_t, 4096> buf;
     size_t cap = std::min<uint64_t>(chain.writable_bytes, buf.size());
     size_t used = 0;
+    // Rings of closed connections first (no ordering with any other event).
+    while (!dc->released.empty()) {
+      Message m{MsgType::kRingsReleased, 0, proto::ConnCounter{dc->released.front(), 0}};
+      auto len = proto::Encode(m, {buf.data() + used, cap - used});
+      if (!len.ok()) break;
+      used += *len;
+      dc->released.pop_front();
+      counters_.events.fetch_add(1, std::memory_order_relaxed);
+    }
     while (!dc->events.empty()) {
       BackendConn& c = *dc->events.front();
       std::array<Message, 7> out;
@@ -728,7 +756,7 @@ bool ConnManager::EmitEvents(vhost::BackendDevice& device) {
       dc->events.pop_front();
       counters_.events.fetch_add(n, std::memory_order_relaxed);
     }
-    if (used == 0 && !dc->events.empty() && cap < 7 * 40) {
+    if (used == 0 && (!dc->events.empty() || !dc->released.empty()) && cap < 7 * 40) {
       // A buffer too small for any event set is a guest bug: skip it.
       q.Push(chain.head, 0);
       continue;
@@ -742,7 +770,7 @@ bool ConnManager::EmitEvents(vhost::BackendDevice& device) {
 
 bool ConnManager::HasEventsWaiting(vhost::BackendDevice& device) {
   DeviceConns* dc = Find(device);
-  return dc != nullptr && !dc->events.empty();
+  return dc != nullptr && (!dc->events.empty() || !dc->released.empty());
 }
 
 void ConnManager::OnAttach(vhost::BackendDevice& device) {
@@ -771,6 +799,7 @@ void ConnManager::OnAttach(vhost::BackendDevice& device) {
       RegisterRx(*c, &addr, &rkey);
       if (addr != 0) Owe(*c, kOwePlacement);
     }
+    if (c->remote.paired() && !c->remote.gone) RegisterTx(*c);
     MarkMovable(*c);
     if (c->peer) MarkMovable(*c->peer);
     // Counts published while paused: look (and arm) again.
@@ -784,9 +813,12 @@ void ConnManager::OnDetach(vhost::BackendDevice& device) {
   if (!device.stopping()) {
     // Paused for reconfiguration: stop touching its memory, keep the state.
     // Peer hosts stop writing into it: their rkeys are withdrawn.
+    // Sends stop reading its TX rings (withdrawn from use at once, dropped
+    // when the frames in flight completed).
     for (auto& [id, c] : dc->by_id) {
       c->tx.host = c->rx.host = nullptr;
       RetireRx(*c);
+      WithdrawTx(*c);
     }
     return;
   }
@@ -801,6 +833,9 @@ void ConnManager::OnDetach(vhost::BackendDevice& device) {
     Orphan(*c);
     MaybeDestroy(c);
   }
+  // Closed earlier, rings still held: nobody to tell any more.
+  for (auto& [h, c] : conns_)
+    if (c->device == &device) c->device = nullptr;
 }
 
 std::vector<ConnSnapshot> ConnManager::Snapshot() const {
@@ -968,6 +1003,7 @@ void ConnManager::UpgradeRemote(BackendConn& c) {
   vm_totals_[c.vm_index % kMaxVms].upgrades.fetch_add(1, std::memory_order_relaxed);
   c.ev_peer_rx_window = c.remote.window;
   Raise(c, kEvUpgrade);
+  RegisterTx(c);
   MaybeAnnounceShutdown(c);
 }
 
@@ -1164,7 +1200,10 @@ void ConnManager::OnPlacedData(uint32_t host, const FrameHeader& h) {
 void ConnManager::RegisterRx(BackendConn& c, uint64_t* addr, uint32_t* rkey) {
   *addr = 0;
   *rkey = 0;
-  if (hosts_ == nullptr || c.rx.host == nullptr || c.gone) return;
+  // A library that would reuse the ring right after UNREGISTER's answer
+  // (no kFeatureRingHold) could have a late one-sided write land in
+  // whatever it puts there next: its bytes are staged instead.
+  if (hosts_ == nullptr || c.rx.host == nullptr || c.gone || !c.ring_hold) return;
   if (c.rx_mr == nullptr) {
     uint32_t k = 0;
     Status st = hosts_->RegisterRemoteWritable(c.rx.host, c.rx.size, &k);
@@ -1218,6 +1257,94 @@ void ConnManager::DropRx(BackendConn& c) {
   c.rx_mr = nullptr;
   c.rx_rkey = 0;
   c.rx_mr_retired.clear();
+  MaybeReleaseRings(c);
+}
+
+void ConnManager::RegisterTx(BackendConn& c) {
+  if (hosts_ == nullptr || !c.ring_hold || c.tx_mr != nullptr || c.tx.host == nullptr || c.gone) return;
+  Status st = hosts_->RegisterSendable(c.tx.host, c.tx.size);
+  if (!st.ok()) {
+    if (st.code() != Code::kFailedPrecondition)
+      VS_LOG(kWarn, "conn %lu: TX ring not registered (%s): its sends are copied",
+             static_cast<unsigned long>(c.handle), st.message().c_str());
+    return;
+  }
+  c.tx_mr = c.tx.host;
+  if (!c.txh) c.txh = std::make_unique<TxHold>();
+  counters_.rdma_tx_regions.fetch_add(1, std::memory_order_relaxed);
+}
+
+void ConnManager::WithdrawTx(BackendConn& c) {
+  if (c.tx_mr == nullptr) return;
+  uint64_t token = hosts_ ? hosts_->WithdrawSendable(c.tx_mr) : 0;
+  c.tx_mr = nullptr;
+  counters_.rdma_tx_regions_dropped.fetch_add(1, std::memory_order_relaxed);
+  if (token == 0) return;
+  if (c.txh->Withdrawn(token)) AddReap(c);
+  else ReleaseTxToken(token);
+}
+
+void ConnManager::ReleaseTxToken(uint64_t token) {
+  if (hosts_) hosts_->ReleaseSendable(token);
+}
+
+bool ConnManager::HoldsRings(const BackendConn& c) const {
+  return c.rx_mr != nullptr || !c.rx_mr_retired.empty() || (c.txh && c.txh->Busy());
+}
+
+void ConnManager::MaybeReleaseRings(BackendConn& c) {
+  if (!c.rings_held || HoldsRings(c)) return;
+  c.rings_held = false;
+  counters_.rings_released.fetch_add(1, std::memory_order_relaxed);
+  if (c.device == nullptr) return;
+  if (DeviceConns* dc = Find(*c.device)) dc->released.push_back(c.conn_id);
+}
+
+void ConnManager::UpdateCredit(BackendConn& c) {
+  uint64_t credit = c.remote.credit;
+  if (c.txh) {
+    std::vector<uint64_t> tokens;
+    c.txh->Reap(&tokens);
+    for (uint64_t t : tokens) ReleaseTxToken(t);
+    credit = std::min(credit, c.txh->Released(c.tx_copied));
+  }
+  if (credit > c.ev_credit) {
+    c.ev_credit = credit;
+    Raise(c, kEvCredit);
+  }
+  if (credit < c.remote.credit && !c.gone) {
+    // The peer consumed bytes a send may still read (its completion is not
+    // in yet): the guest must not overwrite them before it is.
+    counters_.credit_held.fetch_add(1, std::memory_order_relaxed);
+    AddReap(c);
+  }
+}
+
+void ConnManager::AddReap(BackendConn& c) {
+  if (c.in_reap_list) return;
+  c.in_reap_list = true;
+  reap_.push_back(&c);
+}
+
+bool ConnManager::ReapTx() {
+  std::vector<BackendConn*> list;
+  list.swap(reap_);
+  bool progress = false;
+  for (BackendConn* c : list) {
+    c->in_reap_list = false;
+    uint64_t before = c->ev_credit;
+    if (c->txh) {
+      std::vector<uint64_t> tokens;
+      c->txh->Reap(&tokens);
+      for (uint64_t t : tokens) ReleaseTxToken(t);
+    }
+    if (!c->gone && c->ev_credit < c->remote.credit) UpdateCredit(*c);  // back on the list while held
+    progress |= c->ev_credit != before;
+    MaybeReleaseRings(*c);
+    if (c->txh && c->txh->HasWithdrawn()) AddReap(*c);
+    else if (c->gone) MaybeDestroy(c);  // (back on the list while sends read its ring)
+  }
+  return progress;
 }
 
 void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
@@ -1256,8 +1383,7 @@ void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
         break;
       }
       c->remote.credit = h.value;
-      c->ev_credit = h.value;
-      Raise(*c, kEvCredit);
+      UpdateCredit(*c);
       MarkMovable(*c);
       break;
     case FrameType::kShutWr:
@@ -1301,6 +1427,7 @@ void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
           ++it;
         }
       }
+      MaybeReleaseRings(*c);
       MaybeDestroy(c);
       break;
     }
@@ -1416,10 +1543,13 @@ uint64_t ConnManager::MoveRemote(BackendConn& c) {
     }
     FrameHeader h = Frame(FrameType::kData, c.key.tenant, c.remote.handle, c.tx_copied);
     h.len = static_cast<uint32_t>(n);
+    uint64_t frame = link->NextFrameNumber();
     if (!link->Send(h, {v, static_cast<size_t>(nv)}, rb.addr != 0 ? &rb : nullptr)) {
       Owe(c, kOweData);  // retried when the link has room
       break;
     }
+    // Read in place from the registered ring: the bytes stay until released.
+    if (!c.gone && c.tx_mr != nullptr) c.txh->Sent(link, c.remote.host, frame, c.tx_copied, c.tx_copied + n);
     if (c.gone) c.orphan_off += n;
     c.tx_copied += n;
     moved += n;
@@ -1433,7 +1563,8 @@ uint64_t ConnManager::MoveRemote(BackendConn& c) {
 }
 
 bool ConnManager::PumpLinks() {
-  if (owed_.empty()) return false;
+  bool reaped = !reap_.empty() && ReapTx();
+  if (owed_.empty()) return reaped;
   std::vector<BackendConn*> list;
   list.swap(owed_);
   bool sent = false;
@@ -1458,6 +1589,7 @@ void ConnManager::DetachRemote(BackendConn& c, Reason why) {
   c.remote.gone = true;
   c.link_owed = 0;
   DropRx(c);
+  WithdrawTx(c);  // frames in flight on a live link still read it (OnHostDown: the link goes)
   if (!c.gone) {
     {
       std::lock_guard<std::mutex> lock(snapshot_mu_);
@@ -1492,6 +1624,18 @@ void ConnManager::OnHostDown(uint32_t host) {
         c->remote.stage != RemotePeer::Stage::kDetached)
       hit.push_back(c.get());
   for (BackendConn* c : hit) DetachRemote(*c, Reason::kFabricDown);
+  // The host's links are destroyed right after this: no frame on them
+  // reads a TX ring any more (including connections detached earlier).
+  std::vector<BackendConn*> held;
+  for (auto& [h, c] : conns_)
+    if (c->txh && c->txh->host() == host && c->txh->Busy()) held.push_back(c.get());
+  for (BackendConn* c : held) {
+    std::vector<uint64_t> tokens;
+    c->txh->Forget(&tokens);
+    for (uint64_t t : tokens) ReleaseTxToken(t);
+    UpdateCredit(*c);
+    MaybeReleaseRings(*c);
+  }
 }
 
 }  // namespace vsocket::backend

@@ -53,6 +53,11 @@ struct ConnManagerCounters {
   std::atomic<uint64_t> rdma_rx_regions{0};     // guest RX rings registered for peer hosts (total)
   std::atomic<uint64_t> rdma_rx_regions_dropped{0};  // ... and deregistered again (total)
   std::atomic<uint64_t> rdma_rx_withdrawn{0};  // of those: after the peer acknowledged a PLACEMENT
+  std::atomic<uint64_t> rdma_tx_regions{0};    // guest TX rings registered for sends to read in place (total)
+  std::atomic<uint64_t> rdma_tx_regions_dropped{0};  // ... and withdrawn again (total)
+  std::atomic<uint64_t> credit_held{0};        // credits held back: the peer consumed bytes a send still read
+  std::atomic<uint64_t> rings_held{0};         // UNREGISTERs answered rings-held (kFeatureRingHold)
+  std::atomic<uint64_t> rings_released{0};     // ... and RINGS_RELEASED owed afterwards
   std::atomic<uint64_t> frames_dropped{0};    // unknown handle, wrong tenant or wrong host
   std::atomic<uint64_t> frames_cross_tenant{0};
   std::atomic<uint64_t> fabric_violations{0}; // a frame outside the window: that connection is reset
@@ -82,6 +87,15 @@ class RemoteHosts {
     return Status(Code::kFailedPrecondition, "fabric has no one-sided writes");
   }
   virtual void UnregisterRemoteWritable(void* /*addr*/) {}
+  // rdma fabric: registers [addr, addr+len) for sends to read in place (a
+  // guest TX ring: no copy on the sending host). Withdraw takes it out of
+  // use at once and returns a token; Release drops it once no posted send
+  // can read it any more. Other fabrics: kFailedPrecondition (sends copy).
+  virtual Status RegisterSendable(void* /*addr*/, size_t /*len*/) {
+    return Status(Code::kFailedPrecondition, "fabric reads no memory in place");
+  }
+  virtual uint64_t WithdrawSendable(void* /*addr*/) { return 0; }
+  virtual void ReleaseSendable(uint64_t /*token*/) {}
 };
 
 // Totals per VM (indexed by PortConfig::index), kept when connections close.
@@ -166,6 +180,8 @@ class ConnManager {
     std::deque<BackendConn*> events;                   // conns with events owed
     bool doorbell = false;                             // session took kFeatureDoorbell
     std::vector<BackendConn*> doorbells;               // conns whose blocks are polled
+    bool ring_hold = false;                            // session took kFeatureRingHold
+    std::deque<uint64_t> released;                     // conn ids owed RINGS_RELEASED
   };
   // Doorbells (kFeatureDoorbell). Polling a connection's block means the
   // guest posts nothing; arming it (want flags set, then a last look)
@@ -227,6 +243,23 @@ class ConnManager {
   // Drops every registration of c now (nothing can write any more).
   void DropRx(BackendConn& c);
   void UnregisterRx(void* addr);
+  // rdma, kFeatureRingHold: registers c's TX ring for sends to read in
+  // place (else they copy), and withdraws it (dropped once no frame in
+  // flight reads it).
+  void RegisterTx(BackendConn& c);
+  void WithdrawTx(BackendConn& c);
+  void ReleaseTxToken(uint64_t token);
+  // Whether the fabric may still read c's TX ring or a peer write its RX ring.
+  bool HoldsRings(const BackendConn& c) const;
+  // A closed connection answered rings-held that no longer holds them:
+  // RINGS_RELEASED is owed to its guest.
+  void MaybeReleaseRings(BackendConn& c);
+  // The guest's credit: what the peer consumed, but not past the first byte
+  // a send in flight still reads.
+  void UpdateCredit(BackendConn& c);
+  void AddReap(BackendConn& c);
+  // Looks at connections waiting for sends to complete. True if a credit moved.
+  bool ReapTx();
   void DetachRemote(BackendConn& c, proto::Reason why);
   const vhost::PortConfig* LocalPortFor(uint32_t tenant, const proto::Endpoint& addr) const;
 
@@ -239,6 +272,7 @@ class ConnManager {
   const std::vector<vhost::PortConfig>* ports_ = nullptr;
   std::unordered_map<uint64_t, std::unique_ptr<Sink>> sinks_;  // by host << 32 | link
   std::vector<BackendConn*> owed_;        // conns with link frames owed
+  std::vector<BackendConn*> reap_;        // conns waiting for sends that read their TX ring
   // PAIR_REQUESTs that arrived before our guest registered the connection,
   // keyed as our guest will register it.
   std::unordered_map<ConnKey, PendingRemote, ConnKeyHash> pending_remote_;

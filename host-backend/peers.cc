@@ -83,6 +83,8 @@ void LinkTotals::Add(const fabric::LinkStats& s) {
   writes += s.write_calls;
   reads += s.read_calls;
   busy += s.busy;
+  copied += s.backlog_bytes;
+  inplace += s.inplace_bytes;
 }
 
 Peering::~Peering() {
@@ -775,6 +777,18 @@ void Peering::UnregisterRemoteWritable(void* addr) {
   if (rdma_) (void)rdma_->UnregisterMemory(addr);
 }
 
+Status Peering::RegisterSendable(void* addr, size_t len) {
+  if (!rdma_) return Status(Code::kFailedPrecondition, "fabric " + fabric_ + " reads no memory in place");
+  uint32_t lkey, rkey;
+  return rdma_->RegisterMemory(addr, len, fabric::RdmaDevice::Use::kLocalRead, &lkey, &rkey);
+}
+
+uint64_t Peering::WithdrawSendable(void* addr) { return rdma_ ? rdma_->WithdrawMemory(addr) : 0; }
+
+void Peering::ReleaseSendable(uint64_t token) {
+  if (rdma_) rdma_->ReleaseWithdrawn(token);
+}
+
 std::vector<PeerSnapshot> Peering::Snapshot() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<PeerSnapshot> out;
@@ -788,7 +802,7 @@ std::vector<PeerSnapshot> Peering::Snapshot() const {
       }
     PeerSnapshot s{h->name, h->address, fabric_, ToString(h->state), h->initiator, h->connects.load(), h->losses.load(),
                    0, h->last_error, t.frames_out, t.frames_in, t.bytes_out, t.bytes_in, t.writes, t.reads, t.busy,
-                   std::move(per_link)};
+                   t.copied, t.inplace, std::move(per_link)};
     out.push_back(std::move(s));
   }
   return out;

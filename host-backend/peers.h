@@ -56,6 +56,8 @@ struct PeerSnapshot {
   uint64_t connects, losses, refused;
   std::string last_error;
   uint64_t frames_out, frames_in, data_bytes_out, data_bytes_in, write_calls, read_calls, busy;
+  uint64_t copied_bytes;   // DATA payload the links copied (bounce ring, stream backlog)
+  uint64_t inplace_bytes;  // DATA payload read where it was (rdma: registered TX rings)
   std::vector<uint64_t> link_frames_out;  // per live link (empty while down)
 };
 
@@ -68,6 +70,7 @@ struct PeeringCounters {
 // A link's counters as plain totals (summed over the links a peer had).
 struct LinkTotals {
   uint64_t frames_out = 0, frames_in = 0, bytes_out = 0, bytes_in = 0, writes = 0, reads = 0, busy = 0;
+  uint64_t copied = 0, inplace = 0;
   void Add(const fabric::LinkStats& s);
 };
 
@@ -94,6 +97,9 @@ class Peering : public RemoteHosts {
   fabric::Link* LinkTo(uint32_t host, uint64_t conn) override;
   Status RegisterRemoteWritable(void* addr, size_t len, uint32_t* rkey) override;
   void UnregisterRemoteWritable(void* addr) override;
+  Status RegisterSendable(void* addr, size_t len) override;
+  uint64_t WithdrawSendable(void* addr) override;
+  void ReleaseSendable(uint64_t token) override;
 
   // Any thread (control socket).
   std::vector<PeerSnapshot> Snapshot() const;

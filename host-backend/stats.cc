@@ -111,6 +111,11 @@ std::string Stats(const Reporting& r) {
   Field(out, "rdma_rx_regions", cc.rdma_rx_regions.load());
   Field(out, "rdma_rx_regions_dropped", cc.rdma_rx_regions_dropped.load());
   Field(out, "rdma_rx_withdrawn", cc.rdma_rx_withdrawn.load());
+  Field(out, "rdma_tx_regions", cc.rdma_tx_regions.load());
+  Field(out, "rdma_tx_regions_dropped", cc.rdma_tx_regions_dropped.load());
+  Field(out, "credit_held", cc.credit_held.load());
+  Field(out, "rings_held", cc.rings_held.load());
+  Field(out, "rings_released", cc.rings_released.load());
   Field(out, "frames_dropped", cc.frames_dropped.load());
   Field(out, "frames_cross_tenant", cc.frames_cross_tenant.load());
   Field(out, "fabric_violations", cc.fabric_violations.load());
@@ -131,6 +136,8 @@ std::string Stats(const Reporting& r) {
     Field(out, "write_calls", p.write_calls);
     Field(out, "read_calls", p.read_calls);
     Field(out, "busy", p.busy);
+    Field(out, "copied_bytes", p.copied_bytes);
+    Field(out, "inplace_bytes", p.inplace_bytes);
     out += "\"links\":" + std::to_string(p.link_frames_out.size()) + ",\"link_frames_out\":[";
     for (size_t i = 0; i < p.link_frames_out.size(); ++i)
       out += (i ? "," : "") + std::to_string(p.link_frames_out[i]);
@@ -330,6 +337,11 @@ Table Counters(const Reporting& r) {
   add("rdma_rx_regions", cc.rdma_rx_regions.load());
   add("rdma_rx_regions_dropped", cc.rdma_rx_regions_dropped.load());
   add("rdma_rx_withdrawn", cc.rdma_rx_withdrawn.load());
+  add("rdma_tx_regions", cc.rdma_tx_regions.load());
+  add("rdma_tx_regions_dropped", cc.rdma_tx_regions_dropped.load());
+  add("credit_held", cc.credit_held.load());
+  add("rings_held", cc.rings_held.load());
+  add("rings_released", cc.rings_released.load());
   add("frames_dropped", cc.frames_dropped.load());
   add("frames_cross_tenant", cc.frames_cross_tenant.load());
   add("fabric_violations", cc.fabric_violations.load());
@@ -420,6 +432,15 @@ std::string PrometheusMetrics(const Reporting& r) {
     sample("vsocket_link_bytes_total", peer(p) + ",direction=\"out\"", p.data_bytes_out);
     sample("vsocket_link_bytes_total", peer(p) + ",direction=\"in\"", p.data_bytes_in);
   }
+  metric("vsocket_link_payload_bytes_total", "counter",
+         "DATA payload sent per peer: read in place from registered guest TX rings (rdma) or copied first.");
+  for (const auto& p : peers) {
+    sample("vsocket_link_payload_bytes_total", peer(p) + ",how=\"in-place\"", p.inplace_bytes);
+    sample("vsocket_link_payload_bytes_total", peer(p) + ",how=\"copied\"", p.copied_bytes);
+  }
+  metric("vsocket_rings_held_total", "counter",
+         "Closed connections whose rings the guest had to keep until sends or peer writes finished.");
+  sample("vsocket_rings_held_total", "", cc.rings_held.load());
   metric("vsocket_link_writes_total", "counter", "Write calls on fabric links (frames/writes = batching).");
   for (const auto& p : peers) sample("vsocket_link_writes_total", peer(p), p.write_calls);
   metric("vsocket_fabric_frames_dropped_total", "counter", "Fabric frames dropped (unknown or foreign connection).");

@@ -42,6 +42,7 @@ constexpr Spec kSpecs[] = {
     {MsgType::kEcho, "ECHO", IndexOf<Echo>(), kVariable},
     {MsgType::kUnregister, "UNREGISTER", IndexOf<Unregister>(), 8},
     {MsgType::kPairingQuery, "PAIRING_QUERY", IndexOf<ConnCounter>(), 16},
+    {MsgType::kRingsReleased, "RINGS_RELEASED", IndexOf<ConnCounter>(), 16},
 };
 
 const Spec* FindSpec(uint8_t type) {
@@ -307,7 +308,8 @@ const char* ToString(Reason reason) {
       "accelerated",        "pending",          "peer-not-accelerated", "cross-tenant",
       "backend-unavailable", "disabled-by-rule", "unsupported-family",   "spoofed-address",
       "migration",          "fabric-down",      "operator",             "peer-downgraded",
-      "resource-limit",     "protocol-error",   "inherited",            "forked"};
+      "resource-limit",     "protocol-error",   "inherited",            "forked",
+      "rings-held"};
   auto i = static_cast<size_t>(reason);
   return i < std::size(kNames) ? kNames[i] : "unknown";
 }

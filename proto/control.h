@@ -44,6 +44,10 @@ enum class MsgType : uint8_t {
   // shut down). Answered with REGISTER_ACK: reason kNone = wait for the
   // UPGRADE or DOWNGRADE event; anything else = the EOF is final.
   kPairingQuery = 16,
+  // backend -> guest (kFeatureRingHold): the rings of a connection whose
+  // UNREGISTER was answered with reason rings-held are free to reuse now.
+  // Body ConnCounter{conn_id, 0}.
+  kRingsReleased = 17,
 };
 const char* ToString(MsgType type);
 
@@ -83,8 +87,12 @@ enum class Reason : uint16_t {
   kProtocolError = 13,
   kInherited = 14,  // fd from before exec/unknown history: byte counts unknown
   kForked = 15,     // upgraded in a parent process that then forked
+  // UNREGISTER's answer (kFeatureRingHold only): the connection is gone, but
+  // the fabric still reads its TX ring or a peer host may still write into
+  // its RX ring; reuse neither before RINGS_RELEASED names it.
+  kRingsHeld = 16,
 };
-inline constexpr uint16_t kMaxReason = 15;
+inline constexpr uint16_t kMaxReason = 16;
 const char* ToString(Reason reason);
 
 enum class Role : uint8_t { kClient = 1, kServer = 2 };
@@ -112,7 +120,14 @@ struct Endpoint {
 // Both sides order their store and the other's flag/count load with a full
 // fence (docs/wire-protocol.md, "Doorbell").
 inline constexpr uint64_t kFeatureDoorbell = 1ull << 0;
-inline constexpr uint64_t kKnownFeatures = kFeatureDoorbell;
+// kFeatureRingHold: the library keeps a closed connection's rings unused
+// while UNREGISTER's answer says rings-held, until RINGS_RELEASED. Only
+// such sessions get one-sided fabric access to their rings (an rdma peer
+// writing straight into the RX ring, sends read straight from the TX ring):
+// both can outlive the connection by a work request's flight, so without
+// the feature the backend stages and copies instead.
+inline constexpr uint64_t kFeatureRingHold = 1ull << 1;
+inline constexpr uint64_t kKnownFeatures = kFeatureDoorbell | kFeatureRingHold;
 struct DoorbellBlock {
   uint64_t tx_tail;         // guest writes: bytes produced into the TX ring (total)
   uint64_t consumed;        // guest writes: bytes consumed from the RX ring (total)

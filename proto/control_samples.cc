@@ -31,6 +31,8 @@ const std::vector<Message>& SampleMessages() {
         {MsgType::kError, 0, Error{11, WireError::kCreditViolation, Reason::kProtocolError}},
         {MsgType::kEcho, 9, Echo{Crc32c(kPayload), kPayload}},
         {MsgType::kUnregister, 10, Unregister{11}},
+        {MsgType::kRegisterAck, 10, RegisterAck{11, WireError::kOk, Reason::kRingsHeld, 0}},
+        {MsgType::kRingsReleased, 0, ConnCounter{11, 0}},
     };
   }();
   return kSamples;

@@ -62,6 +62,7 @@ GuestConfig Load() {
   if (get("POLL_US", &v)) c.poll_us = std::max(0, std::atoi(v.c_str()));
   if (get("POLL_MAX_US", &v)) c.poll_max_us = std::max(0, std::atoi(v.c_str()));
   if (get("DOORBELL", &v)) c.doorbell = v != "0" && v != "false" && v != "no";
+  if (get("RING_HOLD", &v)) c.ring_hold = v != "0" && v != "false" && v != "no";
   if (get("REPORT", &v)) c.report_path = v;
   if (get("LOG_LEVEL", &v)) c.log_level = v;
   if (get("RULES", &v)) {

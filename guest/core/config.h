@@ -31,6 +31,7 @@ struct GuestConfig {
   int poll_us = 50;               // VSOCKET_POLL_US: spin at least this long before sleeping
   int poll_max_us = 400;          // VSOCKET_POLL_MAX_US: at most this, for waits that usually end sooner (0: fixed poll_us)
   bool doorbell = true;           // VSOCKET_DOORBELL=0: one TX_TAIL/CONSUMED message per count (A/B runs)
+  bool ring_hold = true;          // VSOCKET_RING_HOLD=0: do not offer kFeatureRingHold (the fabric then copies)
   int upgrade_wait_ms = 0;        // VSOCKET_UPGRADE_WAIT_MS: reserved
   std::string report_path;        // VSOCKET_REPORT: per-connection report at close/exit
   std::string log_level = "warn"; // VSOCKET_LOG_LEVEL

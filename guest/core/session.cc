@@ -122,7 +122,8 @@ Status Session::Open() {
 Status Session::Negotiate() {
   proto::Hello hello;
   hello.pid = static_cast<uint32_t>(getpid());
-  hello.features = Config().doorbell ? proto::kFeatureDoorbell : 0;
+  hello.features = (Config().doorbell ? proto::kFeatureDoorbell : 0) |
+                   (Config().ring_hold ? proto::kFeatureRingHold : 0);
   proto::Message resp;
   VS_RETURN_IF_ERROR(Call({MsgType::kHello, 0, hello}, &resp));
   const auto* ack = std::get_if<proto::HelloAck>(&resp.body);
@@ -131,6 +132,7 @@ Status Session::Negotiate() {
   if (ack->status != proto::WireError::kOk)
     return Status(Code::kFailedPrecondition, std::string("HELLO refused: ") + proto::ToString(ack->status));
   doorbell_ = (ack->features & hello.features & proto::kFeatureDoorbell) != 0;
+  ring_hold_ = (ack->features & hello.features & proto::kFeatureRingHold) != 0;
   return Status::Ok();
 }
 
@@ -292,6 +294,19 @@ bool Session::DrainLocked() {
 }
 
 void Session::Dispatch(const Message& m) {
+  if (m.type == MsgType::kRingsReleased) {
+    auto it = closing_.find(std::get<proto::ConnCounter>(m.body).conn_id);
+    if (it == closing_.end()) return;  // not ours to free (a confused backend)
+    if (!it->second.answered_held) {
+      it->second.released = true;  // the UNREGISTER answer is still on its way
+      return;
+    }
+    fe_->allocator().Free(it->second.tx);
+    fe_->allocator().Free(it->second.rx);
+    closing_.erase(it);
+    --held_;
+    return;
+  }
   uint64_t conn_id = 0;
   if (auto* c = std::get_if<proto::ConnCounter>(&m.body)) conn_id = c->conn_id;
   else if (auto* u = std::get_if<proto::Upgrade>(&m.body)) conn_id = u->conn_id;
@@ -446,6 +461,39 @@ void Session::FreeRings(Conn& c) {
   fe_->allocator().Free(c.rx);
   c.tx = c.rx = nullptr;
   c.db = nullptr;
+}
+
+Status Session::Unregister(Conn& c) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closing_[c.id] = Closing{c.tx, c.rx};
+  }
+  Message resp;
+  Status st = Call({MsgType::kUnregister, 0, proto::Unregister{c.id}}, &resp);
+  Untrack(c.id);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = closing_.find(c.id);
+  const auto* ack = std::get_if<proto::RegisterAck>(&resp.body);
+  if (!st.ok()) {
+    closing_.erase(it);  // no answer: the backend may still use them; never reused
+  } else if (ring_hold_ && ack != nullptr && ack->reason == proto::Reason::kRingsHeld && !it->second.released) {
+    it->second.answered_held = true;
+    ++held_;
+    VS_LOG(kDebug, "conn %lu: rings held until the backend's sends and peer writes are done",
+           static_cast<unsigned long>(c.id));
+  } else {
+    fe_->allocator().Free(c.tx);
+    fe_->allocator().Free(c.rx);
+    closing_.erase(it);
+  }
+  c.tx = c.rx = nullptr;
+  c.db = nullptr;
+  return st;
+}
+
+size_t Session::held_rings() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return held_;
 }
 
 void Session::Track(const std::shared_ptr<Conn>& c) {

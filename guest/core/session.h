@@ -35,6 +35,13 @@ class Session {
   // Byte rings for one connection (two of ring_bytes each).
   Status AllocRings(Conn& c, uint32_t ring_bytes);
   void FreeRings(Conn& c);
+  // UNREGISTER for a registered connection, untracks it and gives up its
+  // rings: freed at once, or (kFeatureRingHold, answer rings-held) once
+  // RINGS_RELEASED names it, because the backend's fabric still reads or
+  // writes them. Not answered: an error, and the rings are never reused.
+  Status Unregister(Conn& c);
+  // Closed connections whose rings wait for RINGS_RELEASED.
+  size_t held_rings() const;
   uint64_t Gpa(const void* p) const { return reinterpret_cast<uint64_t>(p); }
 
   void Track(const std::shared_ptr<Conn>& c);
@@ -59,6 +66,7 @@ class Session {
   bool alive() const { return alive_.load(std::memory_order_acquire); }
   // The backend polls connections' doorbell blocks (kFeatureDoorbell).
   bool doorbell() const { return doorbell_; }
+  bool ring_hold() const { return ring_hold_; }
 
  private:
   Session() = default;
@@ -80,7 +88,7 @@ class Session {
     uint32_t resp_len = 0;
   };
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::unique_ptr<vhost::VhostUserFrontend> fe_;
   std::vector<Slot> slots_;
   std::vector<uint32_t> free_slots_;
@@ -90,6 +98,17 @@ class Session {
   int sleepers_ = 0;
   std::atomic<bool> alive_{false};
   bool doorbell_ = false;  // set once, before the session is handed out
+  bool ring_hold_ = false;  // likewise: kFeatureRingHold
+  // Rings of connections being unregistered or held (by conn id); guarded
+  // by mu_. RINGS_RELEASED may come before UNREGISTER's answer is seen.
+  struct Closing {
+    uint8_t* tx;
+    uint8_t* rx;
+    bool answered_held = false;  // the answer said rings-held: freed at RINGS_RELEASED
+    bool released = false;       // RINGS_RELEASED already came
+  };
+  std::unordered_map<uint64_t, Closing> closing_;
+  size_t held_ = 0;
   uint64_t next_request_id_ = 1;
 };
 

@@ -350,13 +350,10 @@ void Teardown(int fd, const std::shared_ptr<Conn>& self) {
       (void)s->Post({MsgType::kShutdown, 0, proto::Shutdown{c.id, proto::ShutdownHow::kBoth}});
   }
   if (s->alive()) {
-    Message resp;
-    // After the ack the backend no longer reads our rings (it kept any
-    // bytes not yet delivered), so they can be reused.
-    Status st = s->Call({MsgType::kUnregister, 0, proto::Unregister{c.id}}, &resp);
+    // The backend keeps any bytes not yet delivered; the rings are reused
+    // once it no longer reads or lets peers write them.
+    Status st = s->Unregister(c);
     if (!st.ok()) VS_LOG(kWarn, "unregister: %s", st.ToString().c_str());
-    s->Untrack(c.id);
-    if (st.ok()) s->FreeRings(c);
   }
   c.session = nullptr;
   c.mode.store(Mode::kKernel);
@@ -729,14 +726,10 @@ void MaybeReregister(int fd, Conn& c) {
   if (!rx.owns_lock() || !c.resync.load() || !c.tx_resync_started || !c.resend.empty() || c.session == nullptr)
     return;
   Session* s = c.session;
-  Message resp;
-  Status st = s->Call({MsgType::kUnregister, 0, proto::Unregister{c.id}}, &resp);
-  s->Untrack(c.id);
-  if (!st.ok()) {
+  if (!s->Unregister(c).ok()) {
     SetKernelForGood(c, Reason::kBackendUnavailable);
     return;
   }
-  s->FreeRings(c);
   c.session = nullptr;
   // A fresh accelerated state; the kernel byte counts go on (fences are
   // positions in the kernel stream).

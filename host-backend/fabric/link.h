@@ -55,6 +55,7 @@ struct LinkStats {
   std::atomic<uint64_t> write_calls{0};  // syscalls (or work requests) that sent frames
   std::atomic<uint64_t> read_calls{0};
   std::atomic<uint64_t> backlog_bytes{0};  // payload copied because the transport was full
+  std::atomic<uint64_t> inplace_bytes{0};  // DATA payload the transport read where the caller had it (rdma)
   std::atomic<uint64_t> busy{0};           // Send refused: link full, caller retries later
 };
 
@@ -75,6 +76,16 @@ class Link {
   virtual Status Flush() = 0;
   // Whether Send() would take a frame now.
   virtual bool Writable() const = 0;
+  // When the caller's payload memory is its own again. Every frame Send()
+  // took is numbered: it got the value NextFrameNumber() had before the
+  // call. The link no longer reads the payload memory of frames numbered
+  // below ReleasedThrough(). A stream link reads or copies every payload in
+  // the Flush() that follows; an rdma link reads payloads in registered
+  // memory in place until the frame's work requests complete (an RC
+  // retransmission reads them again). Only destroying a link ends every
+  // read for certain (a dead rdma link's queue pair lives until then).
+  virtual uint64_t NextFrameNumber() const = 0;
+  virtual uint64_t ReleasedThrough() const = 0;
   // Reads and dispatches up to `max_frames` frames, without blocking. An
   // error means the link is dead (peer closed, transport error, or a frame
   // that breaks the protocol).

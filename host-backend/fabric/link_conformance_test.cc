@@ -185,6 +185,34 @@ TEST_P(LinkConformance, BusyLinkCoalescesIdleLinkSendsAtOnce) {
   EXPECT_LT(a_->stats().write_calls.load() - writes1, 30u);
 }
 
+// Every frame a link took is numbered in order; once delivered and the
+// sender has looked at its completions, every number is released (the
+// caller's payload memory is its own again).
+TEST_P(LinkConformance, FrameNumbersCountSendsAndAreAllReleased) {
+  Collector got;
+  uint64_t first = a_->NextFrameNumber();
+  std::vector<uint8_t> p(30000, 9);
+  int sent = 0;
+  for (int i = 0; i < 10; ++i) {
+    iovec v{p.data(), p.size()};
+    FrameHeader h = Ctl(FrameType::kData, 4, uint64_t(i) * p.size());
+    h.len = static_cast<uint32_t>(p.size());
+    uint64_t before = a_->NextFrameNumber();
+    if (!a_->Send(h, {&v, 1})) {
+      EXPECT_EQ(a_->NextFrameNumber(), before) << "a refused frame gets no number";
+      break;
+    }
+    EXPECT_GT(a_->NextFrameNumber(), before);
+    ++sent;
+  }
+  ASSERT_GT(sent, 0);
+  EXPECT_LE(a_->ReleasedThrough(), a_->NextFrameNumber());
+  ASSERT_TRUE(Pump([&] {
+    return got.frames.size() == static_cast<size_t>(sent) && a_->ReleasedThrough() == a_->NextFrameNumber();
+  }, got)) << last_error_.ToString();
+  EXPECT_GE(a_->NextFrameNumber() - first, static_cast<uint64_t>(sent));
+}
+
 TEST_P(LinkConformance, DiscardedPayloadKeepsTheStreamInSync) {
   Collector got;
   got.discard = true;

@@ -167,6 +167,7 @@ Result<std::shared_ptr<RdmaDevice>> RdmaDevice::Open(const Options& opt) {
 RdmaDevice::~RdmaDevice() {
   std::unique_lock lock(mu_);
   regions_.clear();
+  withdrawn_.clear();
 }
 
 Status RdmaDevice::RegisterMemory(void* addr, size_t len, Use use, uint32_t* lkey, uint32_t* rkey) {
@@ -189,6 +190,21 @@ Status RdmaDevice::UnregisterMemory(void* addr) {
   if (regions_.erase(reinterpret_cast<uintptr_t>(addr)) == 0)
     return Status(Code::kNotFound, "rdma: no memory registered at this address");
   return Status::Ok();
+}
+
+uint64_t RdmaDevice::WithdrawMemory(void* addr) {
+  std::unique_lock lock(mu_);
+  auto it = regions_.find(reinterpret_cast<uintptr_t>(addr));
+  if (it == regions_.end()) return 0;
+  uint64_t token = next_token_++;
+  withdrawn_.emplace(token, std::move(it->second));
+  regions_.erase(it);
+  return token;
+}
+
+void RdmaDevice::ReleaseWithdrawn(uint64_t token) {
+  std::unique_lock lock(mu_);
+  withdrawn_.erase(token);
 }
 
 std::optional<uint32_t> RdmaDevice::FindLkey(const void* p, size_t len) const {

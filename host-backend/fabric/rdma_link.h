@@ -159,6 +159,12 @@ class RdmaDevice {
   // Registers [addr, addr+len). Returns the keys to hand out.
   Status RegisterMemory(void* addr, size_t len, Use use, uint32_t* lkey, uint32_t* rkey);
   Status UnregisterMemory(void* addr);
+  // Takes the registration at `addr` out of use at once (FindLkey no longer
+  // finds it; the address may be registered again) but keeps it alive, for
+  // work requests posted before that may still read it: ReleaseWithdrawn()
+  // drops it once they completed. Returns its token, 0 if none.
+  uint64_t WithdrawMemory(void* addr);
+  void ReleaseWithdrawn(uint64_t token);
   // The lkey of the kLocalRead registration covering [p, p+len), if any.
   std::optional<uint32_t> FindLkey(const void* p, size_t len) const;
 
@@ -183,6 +189,8 @@ class RdmaDevice {
   };
   // Keyed by start address. Guarded by mu_.
   std::map<uintptr_t, Region> regions_;
+  std::map<uint64_t, Region> withdrawn_;  // by token
+  uint64_t next_token_ = 1;
   std::string name_;
   uint8_t port_ = 1;
   uint8_t gid_index_ = 0;
@@ -253,6 +261,10 @@ class RdmaLink : public Link {
             const RemoteBuffer* remote = nullptr) override;
   Status Flush() override;
   bool Writable() const override;
+  // Frame numbers are send sequence numbers (control and credit messages
+  // take some too); a frame is released when its SEND completed.
+  uint64_t NextFrameNumber() const override { return next_seq_; }
+  uint64_t ReleasedThrough() const override { return done_seq_; }
   Status Poll(FrameSink& sink, int max_frames) override;
   int wake_fd() const override { return wake_.get(); }
   bool WantsWritable() const override { return false; }

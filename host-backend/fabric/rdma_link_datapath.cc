@@ -130,6 +130,8 @@ bool RdmaLink::Send(const FrameHeader& h, std::span<const iovec> payload, const 
     sge[0] = {reinterpret_cast<uintptr_t>(bounce_base_ + off), static_cast<uint32_t>(total), local_mr_->lkey};
     nsge = 1;
     stats_.backlog_bytes.fetch_add(total, std::memory_order_relaxed);
+  } else {
+    stats_.inplace_bytes.fetch_add(total, std::memory_order_relaxed);
   }
   if (remote == nullptr) {
     tx_staging_head_ = stage_off + total;

@@ -172,19 +172,55 @@ TEST_F(RdmaLinkTest, RegisteredSourceLandsInRegisteredDestinationZeroCopy) {
 
   iovec v[2] = {{src.data(), 15000}, {src.data() + 15000, 25000}};
   RemoteBuffer rb{reinterpret_cast<uintptr_t>(ring.data()) + 1000, ring_rkey};
+  uint64_t frame = a_->NextFrameNumber();
   ASSERT_TRUE(a_->Send(Frame(FrameType::kData, 1000, 40000), v, &rb));
+  EXPECT_LE(a_->ReleasedThrough(), frame) << "read in place: not released before it completed";
   Sink got;
-  ASSERT_TRUE(Pump([&] { return got.frames.size() == 1; }, got)) << last_error_.ToString();
+  ASSERT_TRUE(Pump([&] { return got.frames.size() == 1 && a_->ReleasedThrough() > frame; }, got))
+      << last_error_.ToString();
   EXPECT_EQ(got.headers, 0);  // placed one-sided: no OnHeader
   EXPECT_EQ(got.frames[0].len, 40000u);
   EXPECT_EQ(std::memcmp(ring.data() + 1000, src.data(), src.size()), 0);
   EXPECT_EQ(a_->stats().backlog_bytes.load(), 0u);  // nothing bounced
+  EXPECT_EQ(a_->stats().inplace_bytes.load(), 40000u);
   EXPECT_EQ(b_->stats().data_bytes_in.load(), 40000u);
   b_.reset();
   a_.reset();
   EXPECT_TRUE(dev_->UnregisterMemory(ring.data()).ok());
   EXPECT_TRUE(dev_->UnregisterMemory(src.data()).ok());
   EXPECT_FALSE(dev_->UnregisterMemory(src.data()).ok());
+}
+
+// A withdrawn registration is out of use at once (its address may be
+// registered again, e.g. guest memory remapped there) but lives until
+// released, for sends posted before.
+TEST_F(RdmaLinkTest, WithdrawnRegistrationIsNotFoundButKeptUntilReleased) {
+  Connect();
+  std::vector<uint8_t> ring(64 * 1024, 0), src = Random(20000, 3);
+  uint32_t ring_lkey, ring_rkey, lkey, rkey;
+  ASSERT_TRUE(dev_->RegisterMemory(ring.data(), ring.size(), RdmaDevice::Use::kRemoteWrite, &ring_lkey, &ring_rkey).ok());
+  ASSERT_TRUE(dev_->RegisterMemory(src.data(), src.size(), RdmaDevice::Use::kLocalRead, &lkey, &rkey).ok());
+  iovec v{src.data(), src.size()};
+  RemoteBuffer rb{reinterpret_cast<uintptr_t>(ring.data()), ring_rkey};
+  ASSERT_TRUE(a_->Send(Frame(FrameType::kData, 0, 20000), {&v, 1}, &rb));
+  ASSERT_TRUE(a_->Flush().ok());  // posted: reads src in place
+  uint64_t token = dev_->WithdrawMemory(src.data());
+  ASSERT_NE(token, 0u);
+  EXPECT_EQ(dev_->WithdrawMemory(src.data()), 0u);
+  EXPECT_FALSE(dev_->FindLkey(src.data(), 100).has_value());
+  uint32_t lkey2, rkey2;
+  ASSERT_TRUE(dev_->RegisterMemory(src.data(), src.size(), RdmaDevice::Use::kLocalRead, &lkey2, &rkey2).ok());
+  Sink got;
+  ASSERT_TRUE(Pump([&] { return got.frames.size() == 1 && a_->ReleasedThrough() == a_->NextFrameNumber(); }, got))
+      << last_error_.ToString();  // the posted send still had its registration
+  EXPECT_EQ(std::memcmp(ring.data(), src.data(), src.size()), 0);
+  dev_->ReleaseWithdrawn(token);
+  dev_->ReleaseWithdrawn(token);  // twice is harmless
+  EXPECT_EQ(dev_->FindLkey(src.data(), 100), lkey2);
+  b_.reset();
+  a_.reset();
+  EXPECT_TRUE(dev_->UnregisterMemory(src.data()).ok());
+  EXPECT_TRUE(dev_->UnregisterMemory(ring.data()).ok());
 }
 
 TEST_F(RdmaLinkTest, UnregisteredSourceIsBouncedAndFreeRightAfterSend) {

@@ -143,6 +143,7 @@ class StreamLink : public Link {
       batch_bytes_ += v.iov_len;
     }
     ++batch_frames_;
+    ++queued_;
     stats_.frames_out.fetch_add(1, std::memory_order_relaxed);
     if (h.type == FrameType::kData) stats_.data_bytes_out.fetch_add(h.len, std::memory_order_relaxed);
     return true;
@@ -183,8 +184,12 @@ class StreamLink : public Link {
     headers_.clear();
     batch_bytes_ = 0;
     batch_frames_ = 0;
+    released_ = queued_;  // written or copied: nothing is read from the callers' memory
     return Status::Ok();
   }
+
+  uint64_t NextFrameNumber() const override { return queued_; }
+  uint64_t ReleasedThrough() const override { return dead_.ok() ? released_ : queued_; }
 
   bool Writable() const override {
     return dead_.ok() && backlog_.empty() && iov_.size() + 3 <= kMaxBatchIov && batch_bytes_ < kMaxBatchBytes;
@@ -358,6 +363,8 @@ class StreamLink : public Link {
   std::vector<iovec> iov_;
   size_t batch_bytes_ = 0;
   size_t batch_frames_ = 0;
+  uint64_t queued_ = 0;    // frames Send() took (NextFrameNumber)
+  uint64_t released_ = 0;  // of those, flushed (written or copied)
   std::vector<uint8_t> backlog_;
   size_t backlog_off_ = 0;
   // Receiving.
