@@ -136,16 +136,21 @@ bash $TB ctl hostA links
 # ends, as tests/e2e/cross_host.sh allows for 64 simultaneous connections: a
 # pairing may complete only after a connection's exchange ended); the
 # daemons' fabric counters account for every accelerated byte, all of them
-# placed one-sided; the ends upgraded and their RX rings registered.
+# placed one-sided; the ends upgraded and their RX rings registered; the
+# links read the payload in place from the senders' registered TX rings
+# (copied only: what a closing guest had not handed over yet, at most a
+# ring per connection).
 # XFER_ARGS: more xfer arguments for both sides (e.g. --rounds).
 rdma_xfer() {
   local name=$1 cvm=$2 svm=$3 saddr=$4 conns=$5 bytes=$6 port=$7 min=${8:-$((2 * $5))}
   local rep=$WORK/$name.jsonl h n
   declare -A before
   for h in hostA hostB; do
-    for n in fabric_bytes_out fabric_bytes_in fabric_bytes_placed remote_upgrades fabric_violations rdma_rx_regions; do
+    for n in fabric_bytes_out fabric_bytes_in fabric_bytes_placed remote_upgrades fabric_violations rdma_rx_regions rdma_tx_regions; do
       before[$h.$n]=$(counter $h $n)
     done
+    before[$h.inplace]=$(link_json $h inplace_bytes)
+    before[$h.copied]=$(link_json $h copied_bytes)
   done
   local t0
   t0=$(date +%s)
@@ -174,9 +179,11 @@ rdma_xfer() {
   fi
   declare -A d
   for h in hostA hostB; do
-    for n in fabric_bytes_out fabric_bytes_in fabric_bytes_placed remote_upgrades fabric_violations rdma_rx_regions; do
+    for n in fabric_bytes_out fabric_bytes_in fabric_bytes_placed remote_upgrades fabric_violations rdma_rx_regions rdma_tx_regions; do
       d[$h.$n]=$(($(counter $h $n) - before[$h.$n]))
     done
+    d[$h.inplace]=$(($(link_json $h inplace_bytes) - before[$h.inplace]))
+    d[$h.copied]=$(($(link_json $h copied_bytes) - before[$h.copied]))
   done
   local accel lines
   accel=$(python3 -c "import json,sys; print(sum(json.loads(l)['accel_tx'] for l in open(sys.argv[1]) if l.strip()))" "$rep")
@@ -187,7 +194,13 @@ rdma_xfer() {
   local ups=$((d[hostA.remote_upgrades] + d[hostB.remote_upgrades]))
   local viol=$((d[hostA.fabric_violations] + d[hostB.fabric_violations]))
   local regs=$((d[hostA.rdma_rx_regions] + d[hostB.rdma_rx_regions]))
+  local txregs=$((d[hostA.rdma_tx_regions] + d[hostB.rdma_tx_regions]))
+  local inplace=$((d[hostA.inplace] + d[hostB.inplace]))
+  local copied=$((d[hostA.copied] + d[hostB.copied]))
   local why=""
+  [ $((inplace + copied)) -eq "$sent" ] || why="$why links read $inplace B in place + copied $copied B != $sent B sent;"
+  [ "$copied" -le $((2 * conns * 262144)) ] || why="$why $copied B copied (more than a ring per connection end);"
+  [ "$txregs" -ge "$min" ] || why="$why rdma_tx_regions +$txregs < $min;"
   [ "$sent" -eq "$accel" ] || why="$why fabric out $sent B != libraries' accelerated $accel B;"
   [ "$got" -eq "$sent" ] || why="$why fabric in $got B != out $sent B;"
   [ "$placed" -eq "$got" ] || why="$why only $placed of $got B placed one-sided;"
@@ -199,7 +212,7 @@ rdma_xfer() {
     fail "$name" "$why"
     return
   fi
-  pass "$name ($conns conns x $bytes B each way in ${secs} s, every byte checked; $lines VSOCKET_REPORT lines: $out; fabric A->B ${d[hostA.fabric_bytes_out]} B, B->A ${d[hostB.fabric_bytes_out]} B = libraries' accelerated $accel B, all placed one-sided ($placed B); remote_upgrades +$ups; RX rings registered +$regs; violations 0)"
+  pass "$name ($conns conns x $bytes B each way in ${secs} s, every byte checked; $lines VSOCKET_REPORT lines: $out; fabric A->B ${d[hostA.fabric_bytes_out]} B, B->A ${d[hostB.fabric_bytes_out]} B = libraries' accelerated $accel B, all placed one-sided ($placed B), $inplace B read in place from TX rings, $copied B copied; remote_upgrades +$ups; RX rings registered +$regs, TX rings +$txregs; violations 0)"
 }
 
 rdma_xfer rdma_xfer_one_connection_A_to_B vmA1 vmB1 "$B1" 1 16777216 7601
@@ -224,20 +237,27 @@ else
 fi
 
 # Every registration made was dropped again once its connection closed (no
-# region left behind), most of them after the peer acknowledged the
-# withdrawal. Closing is asynchronous: allow a few seconds.
+# region left behind), most RX ones after the peer acknowledged the
+# withdrawal; guests that closed while their rings were still in use were
+# told to keep them (rings-held) and every one of them was released.
+# Closing is asynchronous: allow a few seconds.
 case_regions() {
-  local name=rdma_rx_regions_all_dropped h ok=0 msg
+  local name=rdma_regions_all_dropped_rings_released h ok=0 msg
   for _ in $(seq 50); do
     ok=1
     msg=""
     for h in hostA hostB; do
-      local r d w
+      local r d w t td rh rr
       r=$(counter $h rdma_rx_regions)
       d=$(counter $h rdma_rx_regions_dropped)
       w=$(counter $h rdma_rx_withdrawn)
-      msg="$msg $h: $r registered, $d dropped ($w after PLACEMENT_ACK);"
-      [ "$r" -gt 0 ] && [ "$r" = "$d" ] && [ "$w" -gt 0 ] || ok=0
+      t=$(counter $h rdma_tx_regions)
+      td=$(counter $h rdma_tx_regions_dropped)
+      rh=$(counter $h rings_held)
+      rr=$(counter $h rings_released)
+      msg="$msg $h: RX $r registered, $d dropped ($w after PLACEMENT_ACK), TX $t registered, $td dropped, rings held $rh, released $rr;"
+      [ "$r" -gt 0 ] && [ "$r" = "$d" ] && [ "$w" -gt 0 ] && [ "$t" -gt 0 ] && [ "$t" = "$td" ] &&
+        [ "$rh" -gt 0 ] && [ "$rh" = "$rr" ] || ok=0
     done
     [ $ok = 1 ] && break
     sleep 0.2
@@ -251,7 +271,7 @@ for h in hostA hostB; do
   echo "-- $h: vsocketctl links"
   bash $TB ctl $h links
   echo "-- $h: fabric counters"
-  bash $TB ctl $h counters | grep -E "^(active_connections|remote_upgrades|pair_|fabric_|frames_|rdma_)"
+  bash $TB ctl $h counters | grep -E "^(active_connections|remote_upgrades|pair_|fabric_|frames_|rdma_|rings_|credit_)"
 done
 # The link itself carried it: its payload bytes and frames, no loss.
 la=$(link_json hostA data_bytes_out)
