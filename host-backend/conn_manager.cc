@@ -799,7 +799,7 @@ void ConnManager::OnAttach(vhost::BackendDevice& device) {
       RegisterRx(*c, &addr, &rkey);
       if (addr != 0) Owe(*c, kOwePlacement);
     }
-    if (c->remote.paired() && !c->remote.gone) RegisterTx(*c);
+    if (c->remote.paired() && !c->remote.gone) QueueTx(*c);
     MarkMovable(*c);
     if (c->peer) MarkMovable(*c->peer);
     // Counts published while paused: look (and arm) again.
@@ -1003,7 +1003,7 @@ void ConnManager::UpgradeRemote(BackendConn& c) {
   vm_totals_[c.vm_index % kMaxVms].upgrades.fetch_add(1, std::memory_order_relaxed);
   c.ev_peer_rx_window = c.remote.window;
   Raise(c, kEvUpgrade);
-  RegisterTx(c);
+  QueueTx(c);
   MaybeAnnounceShutdown(c);
 }
 
@@ -1206,7 +1206,9 @@ void ConnManager::RegisterRx(BackendConn& c, uint64_t* addr, uint32_t* rkey) {
   if (hosts_ == nullptr || c.rx.host == nullptr || c.gone || !c.ring_hold) return;
   if (c.rx_mr == nullptr) {
     uint32_t k = 0;
+    int64_t t0 = MonotonicNs();
     Status st = hosts_->RegisterRemoteWritable(c.rx.host, c.rx.size, &k);
+    counters_.rdma_reg_us.fetch_add((MonotonicNs() - t0) / 1000, std::memory_order_relaxed);
     if (!st.ok()) {
       // Another fabric, or (rarely) a ring the guest placed where another
       // registration starts: the link's staging ring carries its bytes.
@@ -1260,9 +1262,31 @@ void ConnManager::DropRx(BackendConn& c) {
   MaybeReleaseRings(c);
 }
 
+void ConnManager::QueueTx(BackendConn& c) {
+  if (hosts_ == nullptr || !c.ring_hold || c.tx_mr != nullptr || c.tx.host == nullptr || c.gone) return;
+  tx_queue_.push_back(c.handle);
+}
+
+bool ConnManager::RegisterQueuedTx() {
+  if (tx_queue_.empty()) return false;
+  // At least one per pass, then as many as fit in about a millisecond:
+  // pairing requests and guest messages are served in between.
+  int64_t until = MonotonicNs() + 1'000'000;
+  do {
+    uint64_t handle = tx_queue_.front();
+    tx_queue_.pop_front();
+    auto it = conns_.find(handle);
+    // (Still paired and mapped: not detached, paused or closed meanwhile.)
+    if (it != conns_.end() && it->second->remote.paired() && !it->second->remote.gone) RegisterTx(*it->second);
+  } while (!tx_queue_.empty() && MonotonicNs() < until);
+  return true;
+}
+
 void ConnManager::RegisterTx(BackendConn& c) {
   if (hosts_ == nullptr || !c.ring_hold || c.tx_mr != nullptr || c.tx.host == nullptr || c.gone) return;
+  int64_t t0 = MonotonicNs();
   Status st = hosts_->RegisterSendable(c.tx.host, c.tx.size);
+  counters_.rdma_reg_us.fetch_add((MonotonicNs() - t0) / 1000, std::memory_order_relaxed);
   if (!st.ok()) {
     if (st.code() != Code::kFailedPrecondition)
       VS_LOG(kWarn, "conn %lu: TX ring not registered (%s): its sends are copied",
@@ -1564,6 +1588,7 @@ uint64_t ConnManager::MoveRemote(BackendConn& c) {
 
 bool ConnManager::PumpLinks() {
   bool reaped = !reap_.empty() && ReapTx();
+  reaped |= RegisterQueuedTx();
   if (owed_.empty()) return reaped;
   std::vector<BackendConn*> list;
   list.swap(owed_);

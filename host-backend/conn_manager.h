@@ -55,6 +55,7 @@ struct ConnManagerCounters {
   std::atomic<uint64_t> rdma_rx_withdrawn{0};  // of those: after the peer acknowledged a PLACEMENT
   std::atomic<uint64_t> rdma_tx_regions{0};    // guest TX rings registered for sends to read in place (total)
   std::atomic<uint64_t> rdma_tx_regions_dropped{0};  // ... and withdrawn again (total)
+  std::atomic<uint64_t> rdma_reg_us{0};  // time spent registering guest rings (RX and TX, microseconds, total)
   std::atomic<uint64_t> credit_held{0};        // credits held back: the peer consumed bytes a send still read
   std::atomic<uint64_t> rings_held{0};         // UNREGISTERs answered rings-held (kFeatureRingHold)
   std::atomic<uint64_t> rings_released{0};     // ... and RINGS_RELEASED owed afterwards
@@ -245,7 +246,12 @@ class ConnManager {
   void UnregisterRx(void* addr);
   // rdma, kFeatureRingHold: registers c's TX ring for sends to read in
   // place (else they copy), and withdraws it (dropped once no frame in
-  // flight reads it).
+  // flight reads it). Registration pins memory and can take milliseconds
+  // (tens under load): QueueTx defers it off the pairing path, and
+  // RegisterQueuedTx makes some each pass (true if any was made or some
+  // wait); until then c's sends are copied.
+  void QueueTx(BackendConn& c);
+  bool RegisterQueuedTx();
   void RegisterTx(BackendConn& c);
   void WithdrawTx(BackendConn& c);
   void ReleaseTxToken(uint64_t token);
@@ -273,6 +279,7 @@ class ConnManager {
   std::unordered_map<uint64_t, std::unique_ptr<Sink>> sinks_;  // by host << 32 | link
   std::vector<BackendConn*> owed_;        // conns with link frames owed
   std::vector<BackendConn*> reap_;        // conns waiting for sends that read their TX ring
+  std::deque<uint64_t> tx_queue_;         // handles of conns whose TX ring waits to be registered
   // PAIR_REQUESTs that arrived before our guest registered the connection,
   // keyed as our guest will register it.
   std::unordered_map<ConnKey, PendingRemote, ConnKeyHash> pending_remote_;

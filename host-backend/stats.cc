@@ -113,6 +113,7 @@ std::string Stats(const Reporting& r) {
   Field(out, "rdma_rx_withdrawn", cc.rdma_rx_withdrawn.load());
   Field(out, "rdma_tx_regions", cc.rdma_tx_regions.load());
   Field(out, "rdma_tx_regions_dropped", cc.rdma_tx_regions_dropped.load());
+  Field(out, "rdma_reg_us", cc.rdma_reg_us.load());
   Field(out, "credit_held", cc.credit_held.load());
   Field(out, "rings_held", cc.rings_held.load());
   Field(out, "rings_released", cc.rings_released.load());
@@ -339,6 +340,7 @@ Table Counters(const Reporting& r) {
   add("rdma_rx_withdrawn", cc.rdma_rx_withdrawn.load());
   add("rdma_tx_regions", cc.rdma_tx_regions.load());
   add("rdma_tx_regions_dropped", cc.rdma_tx_regions_dropped.load());
+  add("rdma_reg_us", cc.rdma_reg_us.load());
   add("credit_held", cc.credit_held.load());
   add("rings_held", cc.rings_held.load());
   add("rings_released", cc.rings_released.load());
