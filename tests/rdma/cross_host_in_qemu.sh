@@ -19,18 +19,11 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
-. "$HERE/lib.sh"  # qemu_args
+. "$HERE/lib.sh"  # qemu_args, qemu_build
 qemu_args 900 "$@"
 
 cd "$ROOT"
-TARGETS=(//guest:libvsocket.so //tests/e2e:xfer //host-backend:vsocketd //host-backend:vsocketctl)
-if [ "$BUILD" = 1 ]; then
-  bazel build "${TARGETS[@]}"
-fi
-BIN=bazel-out/k8-opt/bin
-for f in guest/libvsocket.so tests/e2e/xfer host-backend/vsocketd host-backend/vsocketctl; do
-  [ -e "$BIN/$f" ] || { echo "cross_host_in_qemu.sh: $BIN/$f not built" >&2; exit 2; }
-done
+qemu_build //guest:libvsocket.so //tests/e2e:xfer //host-backend:vsocketd //host-backend:vsocketctl
 
 mkdir -p "$HERE/results"
 LOG="$HERE/results/cross-host-$(date -u +%Y-%m-%d).log"

@@ -15,18 +15,11 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
-. "$HERE/lib.sh"  # qemu_args
+. "$HERE/lib.sh"  # qemu_args, qemu_build
 qemu_args 300 "$@"
 
 cd "$ROOT"
-TARGETS=(//host-backend/fabric:link_conformance_test //host-backend/fabric:rdma_link_test)
-if [ "$BUILD" = 1 ]; then
-  bazel build "${TARGETS[@]}"
-fi
-BIN=bazel-out/k8-opt/bin/host-backend/fabric
-for t in link_conformance_test rdma_link_test; do
-  [ -x "$BIN/$t" ] || { echo "fabric_in_qemu.sh: $BIN/$t not built" >&2; exit 2; }
-done
+qemu_build //host-backend/fabric:link_conformance_test //host-backend/fabric:rdma_link_test
 
 # In the guest: each binary bounded on its own; both always run.
 read -r -d '' GUEST <<'GUEST_EOF' || true
