@@ -83,6 +83,12 @@ struct Conn {
   bool shut_after_resend = false;   // shutdown(SHUT_WR) waits for the resend
   std::atomic<bool> fin_deferred{false};  // shutdown(SHUT_WR) kept the kernel FIN back (reported)
   std::atomic<int> resync_fd{-1};   // our dup of the socket while the resend is owed
+  // close() before the peer consumed our accelerated bytes: the background
+  // writer keeps this dup of the socket (no FIN yet) and the registration,
+  // so a link loss can still be repaired by a resend (see Linger()).
+  std::atomic<int> linger_fd{-1};
+  std::atomic<bool> lingered{false};  // (reported)
+  int64_t linger_start_ns = 0;
   int fd_hint = -1;                 // an fd of the app's naming it (set at registration)
   int64_t resync_start_ns = 0;
   std::atomic<uint32_t> reupgrades{0};  // times it registered again after a RESYNC

@@ -436,7 +436,7 @@ void EpollAfterForkInChild() {
 }
 
 void EpollForget(int fd) {
-  std::vector<std::shared_ptr<EpSet>> sets;
+  std::vector<std::pair<int, std::shared_ptr<EpSet>>> sets;
   {
     std::lock_guard<std::mutex> lock(g_ep_mu);
     auto it = g_sets.find(fd);
@@ -447,11 +447,17 @@ void EpollForget(int fd) {
       Libc().close(set->wake_efd);
       return;
     }
-    for (auto& [epfd, set] : g_sets) sets.push_back(set);
+    for (auto& [epfd, set] : g_sets) sets.emplace_back(epfd, set);
   }
-  for (auto& set : sets) {
+  for (auto& [epfd, set] : sets) {
     std::lock_guard<std::mutex> lock(set->mu);
-    set->entries.erase(fd);
+    auto it = set->entries.find(fd);
+    if (it == set->entries.end()) continue;
+    // The socket may outlive this fd (a lingering close keeps a dup of it),
+    // and the kernel keeps an epoll registration as long as the socket: it
+    // would go on reporting a closed, maybe reused, fd number.
+    if (it->second.in_kernel || it->second.feed) Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
+    set->entries.erase(it);
   }
 }
 

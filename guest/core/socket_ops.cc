@@ -325,31 +325,13 @@ bool IsRegistered(const Conn& c) {
 
 bool PrepareResendLocked(Conn& c, int fd);
 void HandToWriter(const std::shared_ptr<Conn>& c, int fd);
+bool Linger(int fd, const std::shared_ptr<Conn>& self);
 
-void Teardown(int fd, const std::shared_ptr<Conn>& self) {
-  Conn& c = *self;
-  std::lock_guard<std::mutex> lock(c.setup_mu);
-  Report(c, "close");
-  if (c.resync.load(std::memory_order_acquire)) {
-    // Back on kernel TCP after a link loss: the bytes still owed to the
-    // peer leave the TX ring before it is freed, and the writer finishes
-    // sending them after this close (as the kernel does with its buffer).
-    std::lock_guard<std::mutex> tx(c.tx_mu);
-    if (PrepareResendLocked(c, fd) && c.resend_off < c.resend.size()) HandToWriter(self, fd);
-  }
-  if (!IsRegistered(c) || c.session == nullptr) return;
+// The end of a closed connection's registration (at close(), or when its
+// linger ends): UNREGISTER.
+void Unregistered(Conn& c) {
   Session* s = c.session;
-  if (s->alive() && c.upgraded.load()) {
-    // The kernel answers close() with RST when unread data is discarded or
-    // SO_LINGER is {on, 0}: the peer then sees ECONNRESET, not EOF.
-    linger lg{};
-    socklen_t len = sizeof(lg);
-    bool abortive = (getsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 && lg.l_onoff && lg.l_linger == 0) ||
-                    c.rx_tail.load() != c.rx_head.load();
-    if (abortive)
-      (void)s->Post({MsgType::kShutdown, 0, proto::Shutdown{c.id, proto::ShutdownHow::kBoth}});
-  }
-  if (s->alive()) {
+  if (s != nullptr && s->alive() && IsRegistered(c)) {
     // The backend keeps any bytes not yet delivered; the rings are reused
     // once it no longer reads or lets peers write them.
     Status st = s->Unregister(c);
@@ -357,6 +339,35 @@ void Teardown(int fd, const std::shared_ptr<Conn>& self) {
   }
   c.session = nullptr;
   c.mode.store(Mode::kKernel);
+}
+
+void Teardown(int fd, const std::shared_ptr<Conn>& self) {
+  Conn& c = *self;
+  std::lock_guard<std::mutex> lock(c.setup_mu);
+  Session* s = c.session;
+  bool registered = IsRegistered(c) && s != nullptr;
+  bool abortive = false, lingering = false;
+  if (registered && s->alive() && c.upgraded.load()) {
+    // The kernel answers close() with RST when unread data is discarded or
+    // SO_LINGER is {on, 0}: the peer then sees ECONNRESET, not EOF.
+    linger lg{};
+    socklen_t len = sizeof(lg);
+    abortive = (getsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 && lg.l_onoff && lg.l_linger == 0) ||
+               c.rx_tail.load() != c.rx_head.load();
+    if (!abortive) lingering = Linger(fd, self);
+  }
+  // Now, even for a connection that lingers: the process may exit first.
+  Report(c, "close");
+  if (!lingering && c.resync.load(std::memory_order_acquire)) {
+    // Back on kernel TCP after a link loss: the bytes still owed to the
+    // peer leave the TX ring before it is freed, and the writer finishes
+    // sending them after this close (as the kernel does with its buffer).
+    std::lock_guard<std::mutex> tx(c.tx_mu);
+    if (PrepareResendLocked(c, fd) && c.resend_off < c.resend.size()) HandToWriter(self, fd);
+  }
+  if (!registered || lingering) return;  // (a linger unregisters when it ends)
+  if (abortive) (void)s->Post({MsgType::kShutdown, 0, proto::Shutdown{c.id, proto::ShutdownHow::kBoth}});
+  Unregistered(c);
 }
 
 }  // namespace
@@ -630,8 +641,72 @@ ResyncWriter& Writer() {
   return *w;
 }
 
+// The writer's dups of sockets: a forked child must not keep them open
+// (the parent's FIN would wait for the child).
+std::mutex g_writer_fds_mu;
+std::vector<int> g_writer_fds;
+
+void RememberWriterFd(int fd) {
+  std::lock_guard<std::mutex> lock(g_writer_fds_mu);
+  g_writer_fds.push_back(fd);
+}
+
+void CloseWriterFd(int fd) {
+  {
+    std::lock_guard<std::mutex> lock(g_writer_fds_mu);
+    std::erase(g_writer_fds, fd);
+  }
+  Libc().close(fd);
+}
+
 void ForgetWriterAfterFork() {
   if (g_writer.load() != nullptr) g_writer.store(new ResyncWriter);
+  new (&g_writer_fds_mu) std::mutex();
+  for (int fd : g_writer_fds) Libc().close(fd);
+  g_writer_fds.clear();
+}
+
+void WriterLoop();
+
+void Enqueue(const std::shared_ptr<Conn>& c) {
+  ResyncWriter& w = Writer();
+  std::lock_guard<std::mutex> lock(w.mu);
+  w.incoming.push_back(c);
+  if (!w.started) {
+    w.started = true;
+    std::thread(WriterLoop).detach();
+  }
+  w.cv.notify_one();
+}
+
+enum class LingerState { kWaiting, kOver, kResync };
+
+// One look at a lingering connection (see Linger()). kResync: the link was
+// lost, resync_fd now holds the dup and the resend path takes over.
+LingerState StepLinger(Conn& c, int lfd) {
+  Session* s = c.session;
+  if (s != nullptr && s->alive()) s->TryDrain();  // the application may no longer call us
+  if (c.resync.load(std::memory_order_acquire)) {
+    c.linger_fd.store(-1);
+    c.resync_start_ns = MonotonicNs();
+    int expected = -1;
+    if (!c.resync_fd.compare_exchange_strong(expected, lfd)) CloseWriterFd(lfd);
+    return LingerState::kResync;
+  }
+  bool consumed = c.credit.load(std::memory_order_acquire) >= c.tx_tail.load(std::memory_order_relaxed);
+  if (!consumed && s != nullptr && s->alive() && !c.reset.load() && !c.peer_gone.load() &&
+      MonotonicNs() - c.linger_start_ns < kResendLimitNs)
+    return LingerState::kWaiting;
+  c.linger_fd.store(-1);
+  // Bytes the peer sent after our close (e.g. its RESYNC header) would turn
+  // our FIN into an RST, which may cost it data it has not read yet: the
+  // kernel would have reset on them anyway, the FIN matters more.
+  char sink[4096];
+  for (int i = 0; i < 256 && Libc().recv(lfd, sink, sizeof(sink), MSG_DONTWAIT) > 0; ++i) {
+  }
+  Unregistered(c);
+  CloseWriterFd(lfd);  // the FIN
+  return LingerState::kOver;
 }
 
 void WriterLoop() {
@@ -648,9 +723,23 @@ void WriterLoop() {
       w.incoming.clear();
     }
     std::vector<pollfd> pfds;
-    bool busy = false;
+    bool busy = false, lingering = false;
     for (size_t i = 0; i < mine.size();) {
       Conn& c = *mine[i];
+      int lfd = c.linger_fd.load();
+      if (lfd >= 0) {
+        LingerState st = StepLinger(c, lfd);
+        if (st == LingerState::kWaiting) {
+          lingering = true;
+          ++i;
+          continue;
+        }
+        if (st == LingerState::kOver) {
+          mine[i] = std::move(mine.back());
+          mine.pop_back();
+          continue;
+        }
+      }
       int fd = c.resync_fd.load();
       bool done = fd < 0;
       if (!done) {
@@ -673,7 +762,9 @@ void WriterLoop() {
         }
         if (done) {
           c.resync_fd.store(-1);
-          Libc().close(fd);
+          CloseWriterFd(fd);
+          // A lingering connection's close ends here: resent, FIN sent.
+          if (c.lingered.load()) Unregistered(c);
         }
       }
       if (done) {
@@ -683,7 +774,7 @@ void WriterLoop() {
         ++i;
       }
     }
-    if (!mine.empty()) (void)Libc().poll(pfds.data(), pfds.size(), busy ? 10 : 200);
+    if (!mine.empty()) (void)Libc().poll(pfds.data(), pfds.size(), busy ? 10 : lingering ? 20 : 200);
   }
 }
 
@@ -697,14 +788,43 @@ void HandToWriter(const std::shared_ptr<Conn>& c, int fd) {
     Libc().close(mine);
     return;
   }
-  ResyncWriter& w = Writer();
-  std::lock_guard<std::mutex> lock(w.mu);
-  w.incoming.push_back(c);
-  if (!w.started) {
-    w.started = true;
-    std::thread(WriterLoop).detach();
+  RememberWriterFd(mine);
+  Enqueue(c);
+}
+
+// close() of a connection whose peer has not consumed all we wrote
+// accelerated. The kernel goes on sending its buffer after close(); here
+// the backend delivers those bytes, and a link loss before they are
+// consumed needs a resend on the kernel socket (RESYNC), which the FIN of
+// a plain close() would forbid. So the connection lingers: the EOF goes
+// the accelerated way (SHUTDOWN), the registration stays, and the
+// background writer keeps a dup of the socket (no FIN yet) until the peer
+// consumed everything; then UNREGISTER and the FIN. If the link dies
+// first, the writer resends through the dup, FIN after it. Bounded by
+// kResendLimitNs; ends at once if the peer is gone or the session lost.
+// A process that exits meanwhile closes the dup (as before: the backend
+// still delivers over a live link).
+bool Linger(int fd, const std::shared_ptr<Conn>& self) {
+  Conn& c = *self;
+  if (c.reset.load() || c.resync.load() || c.peer_gone.load() || c.mode.load() != Mode::kAccel ||
+      !c.tx_switched.load())
+    return false;
+  if (c.credit.load(std::memory_order_acquire) >= c.tx_tail.load(std::memory_order_relaxed)) return false;
+  if (!c.shut_wr.load() && !Shutdown(fd, c, SHUT_WR).ok()) return false;
+  {
+    std::lock_guard<std::mutex> tx(c.tx_mu);
+    // The FIN went out already (everything consumed meanwhile), or follows
+    // a resend already under way: nothing to wait for.
+    if (!c.shut_after_resend || c.tx_resync_started) return false;
   }
-  w.cv.notify_one();
+  int mine = Libc().fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (mine < 0) return false;
+  RememberWriterFd(mine);
+  c.linger_start_ns = MonotonicNs();
+  c.lingered.store(true);
+  c.linger_fd.store(mine);
+  Enqueue(self);
+  return true;
 }
 
 // A connection that finished its RESYNC both ways (our resend is in the
@@ -769,7 +889,7 @@ void StartResync(const std::shared_ptr<Conn>& c) {
   HandToWriter(c, fd);
   if (Lookup(fd).get() != c.get()) {
     int mine = c->resync_fd.exchange(-1);
-    if (mine >= 0) Libc().close(mine);  // the writer drops a conn without fd
+    if (mine >= 0) CloseWriterFd(mine);  // the writer drops a conn without fd
   }
 }
 
@@ -1207,7 +1327,7 @@ void Report(const Conn& c, const char* event) {
       "{\"pid\":%d,\"event\":\"%s\",\"local\":\"%s:%u\",\"peer\":\"%s:%u\",\"mode\":\"%s\","
       "\"reason\":\"%s\",\"upgraded\":%s,\"kernel_tx\":%llu,\"kernel_rx\":%llu,"
       "\"accel_tx\":%llu,\"accel_rx\":%llu,\"kernel_tx_after_upgrade\":%llu,"
-      "\"kernel_rx_after_upgrade\":%llu,\"resynced\":%s,\"reupgrades\":%u,\"fin_deferred\":%s}\n",
+      "\"kernel_rx_after_upgrade\":%llu,\"resynced\":%s,\"reupgrades\":%u,\"fin_deferred\":%s,\"lingered\":%s}\n",
       getpid(), event, local, c.local.port, peer, c.peer.port,
       c.resync.load() ? "kernel" : ToString(c.mode.load()),
       // Still pending at the end: the peer never registered (not preloaded,
@@ -1223,7 +1343,7 @@ void Report(const Conn& c, const char* event) {
       static_cast<unsigned long long>(c.tx_switched.load() ? c.kernel_sent.load() - c.fence_sent.load() : 0),
       static_cast<unsigned long long>(c.rx_switched.load() ? c.kernel_received.load() - c.peer_fence.load() : 0),
       c.resync.load() || c.reupgrades.load() ? "true" : "false", c.reupgrades.load(),
-      c.fin_deferred.load() ? "true" : "false");
+      c.fin_deferred.load() ? "true" : "false", c.lingered.load() ? "true" : "false");
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return;
   (void)!Libc().write(fd, line, static_cast<size_t>(n));

@@ -532,15 +532,20 @@ case_link_loss_reupgrade
 # peer had not consumed the bytes), so RESYNC resends the unconsumed bytes
 # on kernel TCP and only then sends the FIN: the server reads every byte,
 # then EOF (not ECONNRESET), and answers.
-case_link_loss_after_shutdown() {
-  local name=cross_link_loss_after_shutdown port=7110 conns=2 bytes=131072
-  local rep=$WORK/$name.jsonl i out
+# With "close" the client closes right after its last write instead (no
+# shutdown, one-way) and stays alive (a long-lived process): its library
+# lingers on a dup of the socket, resends after the loss, then sends the
+# FIN, although the application has no socket any more.
+case_link_loss_after_end() {
+  local how=$1 name=cross_link_loss_after_$1 port=$2 conns=2 bytes=131072
+  local rep=$WORK/$name.jsonl i out extra=()
+  [ "$how" = close ] && extra=(--one-way --close-after-write --exit-delay-ms 8000)
   wait_link_up  # after the previous cut
   # An idle link would outlive the cut (no segment meets the RST): a
   # request/response pair from vmA2 keeps it busy meanwhile.
-  XFER_CVM=vmA2 xfer_bg $name.load 7111 1 19660800 --rounds 300 --gap-ms 10
+  XFER_CVM=vmA2 xfer_bg $name.load $((port + 1)) 1 19660800 --rounds 300 --gap-ms 10
   local lsrv=$XSRV lcli=$XCLI
-  xfer_bg $name $port $conns $bytes --pause-ms 800 --split-pause-ms 1500 --stall-ms 5000
+  xfer_bg $name $port $conns $bytes --pause-ms 800 --split-pause-ms 1500 --stall-ms 5000 "${extra[@]}"
   # Once the first halves crossed the fabric (and the FENCEs were
   # acknowledged): drop, while the second halves and the shutdowns go out.
   local moved=0
@@ -560,12 +565,19 @@ print(sum(c['accel_bytes_out'] for c in json.load(sys.stdin)['connections'] if c
     fail $name "$out"
     return
   fi
-  local deferred
+  local deferred lingered
   deferred=$(python3 -c "import json,sys; print(sum(1 for l in open(sys.argv[1]) if l.strip() and json.loads(l).get('fin_deferred')))" "$rep")
+  lingered=$(python3 -c "import json,sys; print(sum(1 for l in open(sys.argv[1]) if l.strip() and json.loads(l).get('lingered')))" "$rep")
   [ "$deferred" -ge "$conns" ] || { fail $name "only $deferred of $conns clients kept their FIN back"; return; }
-  pass "$name ($conns clients: half of $bytes B accelerated, the rest and the shutdown lost in flight with the link; FIN kept back by $deferred, resent, server got every byte then EOF; $out)"
+  if [ "$how" = close ]; then
+    [ "$lingered" -ge "$conns" ] || { fail $name "only $lingered of $conns clients lingered after close()"; return; }
+    pass "$name ($conns clients: half of $bytes B accelerated, the rest written and the socket closed while the link dropped it; $lingered lingered on a dup, resent after the loss, FIN after; server got every byte then EOF; $out)"
+  else
+    pass "$name ($conns clients: half of $bytes B accelerated, the rest and the shutdown lost in flight with the link; FIN kept back by $deferred, resent, server got every byte then EOF; $out)"
+  fi
 }
-case_link_loss_after_shutdown
+case_link_loss_after_end shutdown 7110
+case_link_loss_after_end close 7112
 
 case_peer_restart() {
   local name=peer_backend_restart_relinks c0

@@ -11,6 +11,9 @@
 // orderly shutdown: each side must see EOF exactly after the data.
 // --crash: the client SIGKILLs itself right after its last write (no close):
 // the server must still receive every byte, then EOF.
+// --close-after-write (client, with --one-way): close() right after the
+// last write, no shutdown; --exit-delay-ms D (client): stay D ms after the
+// last connection before exiting (a long-lived process).
 // --fork: the server accepts, then forks a child per connection that serves
 // it, and closes its own copy (as PostgreSQL and Apache do).
 // --rounds R [--gap-ms G] (both sides): request/response instead of one
@@ -171,7 +174,8 @@ int main(int argc, char** argv) {
   sockaddr_in addr = Addr(argv[2], std::atoi(argv[3]));
   int conns = 1;
   uint64_t bytes = 1 << 20;
-  bool one_way = false, crash = false, fork_server = false;
+  bool one_way = false, crash = false, fork_server = false, close_after_write = false;
+  int exit_delay_ms = 0;
   uint64_t rounds = 0;
   int gap_ms = 0, pause_ms = 0, stall_ms = 0, split_pause_ms = 0;
   for (int i = 4; i < argc; ++i) {
@@ -180,6 +184,8 @@ int main(int argc, char** argv) {
     else if (a == "--bytes" && i + 1 < argc) bytes = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--one-way") one_way = true;
     else if (a == "--crash") crash = true;
+    else if (a == "--close-after-write") close_after_write = true;
+    else if (a == "--exit-delay-ms" && i + 1 < argc) exit_delay_ms = std::atoi(argv[++i]);
     else if (a == "--fork") fork_server = true;
     else if (a == "--rounds" && i + 1 < argc) rounds = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--gap-ms" && i + 1 < argc) gap_ms = std::atoi(argv[++i]);
@@ -325,6 +331,14 @@ int main(int argc, char** argv) {
       if (crash) {
         kill(getpid(), SIGKILL);  // no close, no shutdown: as if the process died
       }
+      if (close_after_write) {
+        close(s);  // no shutdown, no reading: the bytes may still be in flight
+        if (good) {
+          ok++;
+          total += bytes;
+        }
+        return;
+      }
       if (good) good = shutdown(s, SHUT_WR) == 0;
       if (good && !one_way) good = RecvStream(s, seed ^ 1, bytes, rng, "client");
       if (good) {
@@ -337,5 +351,9 @@ int main(int argc, char** argv) {
   for (auto& t : threads) t.join();
   std::printf("xfer client: %d/%d connections verified, %llu bytes each way\n", ok.load(), conns,
               (unsigned long long)total.load());
+  std::fflush(stdout);
+  // A long-lived process (a server that closed a connection and goes on):
+  // what the library does after close() in the background gets its time.
+  if (exit_delay_ms > 0) usleep(static_cast<useconds_t>(exit_delay_ms) * 1000);
   return ok == conns ? 0 : 1;
 }
