@@ -681,6 +681,16 @@ void Enqueue(const std::shared_ptr<Conn>& c) {
 
 enum class LingerState { kWaiting, kOver, kResync };
 
+// Before a lingering connection's dup is closed: bytes the peer sent after
+// our close() (e.g. its RESYNC header) would turn our FIN into an RST,
+// which may cost it data it has not read yet. The kernel would have reset
+// on them too; the FIN matters more.
+void DropKernelInput(int fd) {
+  char sink[4096];
+  for (int i = 0; i < 256 && Libc().recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0; ++i) {
+  }
+}
+
 // One look at a lingering connection (see Linger()). kResync: the link was
 // lost, resync_fd now holds the dup and the resend path takes over.
 LingerState StepLinger(Conn& c, int lfd) {
@@ -698,12 +708,7 @@ LingerState StepLinger(Conn& c, int lfd) {
       MonotonicNs() - c.linger_start_ns < kResendLimitNs)
     return LingerState::kWaiting;
   c.linger_fd.store(-1);
-  // Bytes the peer sent after our close (e.g. its RESYNC header) would turn
-  // our FIN into an RST, which may cost it data it has not read yet: the
-  // kernel would have reset on them anyway, the FIN matters more.
-  char sink[4096];
-  for (int i = 0; i < 256 && Libc().recv(lfd, sink, sizeof(sink), MSG_DONTWAIT) > 0; ++i) {
-  }
+  DropKernelInput(lfd);
   Unregistered(c);
   CloseWriterFd(lfd);  // the FIN
   return LingerState::kOver;
@@ -762,8 +767,9 @@ void WriterLoop() {
         }
         if (done) {
           c.resync_fd.store(-1);
-          CloseWriterFd(fd);
           // A lingering connection's close ends here: resent, FIN sent.
+          if (c.lingered.load()) DropKernelInput(fd);
+          CloseWriterFd(fd);
           if (c.lingered.load()) Unregistered(c);
         }
       }
