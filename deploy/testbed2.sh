@@ -157,10 +157,12 @@ start_daemon() { # start_daemon HOST
   die "vsocketd on $h not ready after 10 s"
 }
 
-wait_links_up() { # both daemons report the link up (10 s)
+wait_links_up() { # both daemons report the link up (20 s: the initiator's
+  # reconnect backoff reaches 10 s after repeated losses, and a restart can
+  # fall just after an attempt)
   local i ctl
   ctl=$(bin_path VSOCKETCTL bazel-out/k8-opt/bin/host-backend/vsocketctl)
-  for ((i = 0; i < 100; i++)); do
+  for ((i = 0; i < 200; i++)); do
     if "$ctl" --socket "$(ctl_sock hostA)" links 2>/dev/null | grep -q " up " &&
       "$ctl" --socket "$(ctl_sock hostB)" links 2>/dev/null | grep -q " up "; then
       return 0
@@ -169,7 +171,7 @@ wait_links_up() { # both daemons report the link up (10 s)
   done
   "$ctl" --socket "$(ctl_sock hostA)" links >&2 || true
   "$ctl" --socket "$(ctl_sock hostB)" links >&2 || true
-  die "fabric link between hostA and hostB did not come up in 10 s"
+  die "fabric link between hostA and hostB did not come up in 20 s"
 }
 
 cmd_down() {

@@ -581,6 +581,7 @@ case_link_loss_after_end close 7112
 
 case_peer_restart() {
   local name=peer_backend_restart_relinks c0
+  wait_link_up  # after the previous cut (else the restart meets a backoff)
   c0=$(link_field hostA connects)
   if ! bash $TB restart hostB >"$WORK/restart.log" 2>&1; then
     fail $name "restart: $(tail -3 "$WORK/restart.log" | tr '\n' ' ')"
