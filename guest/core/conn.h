@@ -90,7 +90,7 @@ struct Conn {
   std::atomic<bool> lingered{false};  // (reported)
   int64_t linger_start_ns = 0;
   int fd_hint = -1;                 // an fd of the app's naming it (set at registration)
-  int64_t resync_start_ns = 0;
+  std::atomic<int64_t> resync_start_ns{0};  // (writer and event dispatch)
   std::atomic<uint32_t> reupgrades{0};  // times it registered again after a RESYNC
   std::vector<uint8_t> resend;
   size_t resend_off = 0;

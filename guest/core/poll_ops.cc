@@ -435,7 +435,7 @@ void EpollAfterForkInChild() {
   }
 }
 
-void EpollForget(int fd) {
+void EpollForget(int fd, bool lingering) {
   std::vector<std::pair<int, std::shared_ptr<EpSet>>> sets;
   {
     std::lock_guard<std::mutex> lock(g_ep_mu);
@@ -453,10 +453,9 @@ void EpollForget(int fd) {
     std::lock_guard<std::mutex> lock(set->mu);
     auto it = set->entries.find(fd);
     if (it == set->entries.end()) continue;
-    // The socket may outlive this fd (a lingering close keeps a dup of it),
-    // and the kernel keeps an epoll registration as long as the socket: it
-    // would go on reporting a closed, maybe reused, fd number.
-    if (it->second.in_kernel || it->second.feed) Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
+    // The kernel keeps an epoll registration as long as the socket: one
+    // that lingers would go on reporting a closed, maybe reused, fd number.
+    if (lingering && (it->second.in_kernel || it->second.feed)) Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
     set->entries.erase(it);
   }
 }

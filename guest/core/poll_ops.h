@@ -17,7 +17,11 @@ int EpollCtl(int epfd, int op, int fd, epoll_event* ev);
 int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigset_t* sigmask);
 // fd was closed: drop it from every emulated epoll set (and the set itself
 // if fd was an epoll fd).
-void EpollForget(int fd);
+// lingering: the socket outlives fd (a lingering close keeps a dup of it),
+// so its kernel epoll registrations are deleted explicitly; otherwise the
+// kernel drops them with the socket (and a forked child sharing the epoll
+// object must not delete the parent's).
+void EpollForget(int fd, bool lingering = false);
 // In a forked child: epoll sets no longer follow the parent's session.
 void EpollAfterForkInChild();
 

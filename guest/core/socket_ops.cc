@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -341,7 +342,7 @@ void Unregistered(Conn& c) {
   c.mode.store(Mode::kKernel);
 }
 
-void Teardown(int fd, const std::shared_ptr<Conn>& self) {
+void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open) {
   Conn& c = *self;
   std::lock_guard<std::mutex> lock(c.setup_mu);
   Session* s = c.session;
@@ -352,13 +353,15 @@ void Teardown(int fd, const std::shared_ptr<Conn>& self) {
     // SO_LINGER is {on, 0}: the peer then sees ECONNRESET, not EOF.
     linger lg{};
     socklen_t len = sizeof(lg);
-    abortive = (getsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 && lg.l_onoff && lg.l_linger == 0) ||
+    abortive = (still_open && getsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 && lg.l_onoff &&
+                lg.l_linger == 0) ||
                c.rx_tail.load() != c.rx_head.load();
-    if (!abortive) lingering = Linger(fd, self);
+    // (After dup2/dup3 onto it the socket is gone already: no linger.)
+    if (!abortive && still_open) lingering = Linger(fd, self);
   }
   // Now, even for a connection that lingers: the process may exit first.
   Report(c, "close");
-  if (!lingering && c.resync.load(std::memory_order_acquire)) {
+  if (still_open && !lingering && c.resync.load(std::memory_order_acquire)) {
     // Back on kernel TCP after a link loss: the bytes still owed to the
     // peer leave the TX ring before it is freed, and the writer finishes
     // sending them after this close (as the kernel does with its buffer).
@@ -395,7 +398,7 @@ void Adopt(int fd, bool nonblocking, bool accepted) {
 void Duplicate(int fd1, int fd2) {
   if (fd2 < 0 || fd2 >= kMaxFds) return;
   std::shared_ptr<Conn> c = Lookup(fd1);
-  Forget(fd2);  // dup2 onto an open fd closes it first
+  Forget(fd2, false);  // dup2 onto an open fd closes it first
   if (!c) return;
   c->fd_refs.fetch_add(1);
   std::lock_guard<std::mutex> lock(g_fd_mu);
@@ -403,7 +406,7 @@ void Duplicate(int fd1, int fd2) {
   g_has[fd2].store(true, std::memory_order_release);
 }
 
-void Forget(int fd) {
+void Forget(int fd, bool still_open) {
   if (fd < 0 || fd >= kMaxFds || !g_has[fd].load()) return;
   std::shared_ptr<Conn> c;
   {
@@ -412,7 +415,7 @@ void Forget(int fd) {
     g_has[fd].store(false, std::memory_order_release);
   }
   // Runs before the real close(): fd still names the socket here.
-  if (c && c->fd_refs.fetch_sub(1) == 1) Teardown(fd, c);
+  if (c && c->fd_refs.fetch_sub(1) == 1) Teardown(fd, c, still_open);
 }
 
 namespace {
@@ -668,6 +671,18 @@ void ForgetWriterAfterFork() {
 
 void WriterLoop();
 
+// Our own dup of an application's socket, numbered high: out of the way of
+// the application's low fd numbers (select()'s FD_SETSIZE, close-all loops
+// that start low).
+int DupHigh(int fd) {
+  rlimit rl{};
+  int lo = 3;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur > 64)
+    lo = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > 2048 ? 1024 : static_cast<int>(rl.rlim_cur / 2);
+  int d = Libc().fcntl(fd, F_DUPFD_CLOEXEC, lo);
+  return d >= 0 ? d : Libc().fcntl(fd, F_DUPFD_CLOEXEC, 3);
+}
+
 void Enqueue(const std::shared_ptr<Conn>& c) {
   ResyncWriter& w = Writer();
   std::lock_guard<std::mutex> lock(w.mu);
@@ -702,6 +717,19 @@ LingerState StepLinger(Conn& c, int lfd) {
     int expected = -1;
     if (!c.resync_fd.compare_exchange_strong(expected, lfd)) CloseWriterFd(lfd);
     return LingerState::kResync;
+  }
+  if (c.rx_tail.load() != c.rx_head.load()) {
+    // The peer sent more after our close(), which nobody will read: as the
+    // kernel answers data for a closed socket, reset (else the peer, its
+    // sends blocked on our full ring, might never consume ours).
+    c.linger_fd.store(-1);
+    if (s != nullptr && s->alive())
+      (void)s->Post({MsgType::kShutdown, 0, proto::Shutdown{c.id, proto::ShutdownHow::kBoth}});
+    Unregistered(c);
+    linger lg{1, 0};
+    (void)setsockopt(lfd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+    CloseWriterFd(lfd);  // RST
+    return LingerState::kOver;
   }
   bool consumed = c.credit.load(std::memory_order_acquire) >= c.tx_tail.load(std::memory_order_relaxed);
   if (!consumed && s != nullptr && s->alive() && !c.reset.load() && !c.peer_gone.load() &&
@@ -766,10 +794,13 @@ void WriterLoop() {
           pfds.push_back({fd, POLLOUT, 0});
         }
         if (done) {
-          c.resync_fd.store(-1);
-          // A lingering connection's close ends here: resent, FIN sent.
-          if (c.lingered.load()) DropKernelInput(fd);
-          CloseWriterFd(fd);
+          // Ours to close unless StartResync took it back meanwhile.
+          int owned = fd;
+          if (c.resync_fd.compare_exchange_strong(owned, -1)) {
+            // A lingering connection's close ends here: resent, FIN sent.
+            if (c.lingered.load()) DropKernelInput(fd);
+            CloseWriterFd(fd);
+          }
           if (c.lingered.load()) Unregistered(c);
         }
       }
@@ -787,7 +818,7 @@ void WriterLoop() {
 // Gives the background writer its own dup of fd (which names c's socket).
 void HandToWriter(const std::shared_ptr<Conn>& c, int fd) {
   if (c->resync_fd.load() >= 0) return;
-  int mine = Libc().fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  int mine = DupHigh(fd);
   if (mine < 0) return;
   int expected = -1;
   if (!c->resync_fd.compare_exchange_strong(expected, mine)) {
@@ -823,7 +854,7 @@ bool Linger(int fd, const std::shared_ptr<Conn>& self) {
     // a resend already under way: nothing to wait for.
     if (!c.shut_after_resend || c.tx_resync_started) return false;
   }
-  int mine = Libc().fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  int mine = DupHigh(fd);
   if (mine < 0) return false;
   RememberWriterFd(mine);
   c.linger_start_ns = MonotonicNs();

@@ -26,7 +26,9 @@ void Adopt(int fd, bool nonblocking, bool accepted = false);
 // fd2 now names what fd1 names (dup family).
 void Duplicate(int fd1, int fd2);
 // Forget fd; if it was the last fd of its connection, unregister it.
-void Forget(int fd);
+// still_open: fd still names the socket (close(), before the real one);
+// false after dup2/dup3 put another file there (nothing may use fd then).
+void Forget(int fd, bool still_open = true);
 // In the child after fork(): connections registered by the parent stay the
 // parent's; the child uses them on kernel TCP only if they were never
 // upgraded (see docs/socket-compatibility.md).

@@ -106,13 +106,14 @@ int accept(int fd, sockaddr* addr, socklen_t* len) {
   return c;
 }
 
-// fd no longer names what it named: drop it from our tables. An epoll
-// registration lives as long as the socket does (another dup may keep it).
-void Release(int fd) {
+// fd no longer names what it named (still_open: not yet, close() is about
+// to): drop it from our tables. An epoll registration lives as long as the
+// socket does (another dup may keep it, or a lingering close).
+void Release(int fd, bool still_open = true) {
   auto c = Lookup(fd);
   bool last = !c || c->fd_refs.load() == 1;
-  Forget(fd);
-  if (last) EpollForget(fd);
+  Forget(fd, still_open);
+  if (last) EpollForget(fd, c && c->linger_fd.load() >= 0);
 }
 
 int close(int fd) {
@@ -141,7 +142,7 @@ int dup2(int fd, int fd2) {
   int n = Libc().dup2(fd, fd2);
   if (n >= 0 && fd != fd2 && !t_depth) {
     Guard g;
-    Release(fd2);  // the kernel closed what fd2 was
+    Release(fd2, false);  // the kernel closed what fd2 was
     Duplicate(fd, n);
   }
   return n;
@@ -151,7 +152,7 @@ int dup3(int fd, int fd2, int flags) {
   int n = Libc().dup3(fd, fd2, flags);
   if (n >= 0 && !t_depth) {
     Guard g;
-    Release(fd2);
+    Release(fd2, false);
     Duplicate(fd, n);
   }
   return n;

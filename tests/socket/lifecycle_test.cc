@@ -184,6 +184,36 @@ TEST(Close, WithUnreadReceivedDataResetsConnection) {
   VS_EXPECT_ERRNO(recv(c.client.get(), &b, 1, 0), ECONNRESET);
 }
 
+// Data sent to a socket that was closed (here while its own bytes were not
+// yet read, which vSocket answers with a lingering close) resets the
+// connection: the sender's sends fail (EPIPE or ECONNRESET) instead of
+// blocking forever on a peer that will never read.
+TEST(Close, SendingToAClosedPeerEventuallyFails) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  // A few round trips first (preloaded: the connection pairs and switches).
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(SendAll(c.client.get(), "?"));
+    ASSERT_EQ(RecvExactly(c.server.get(), 1), "?");
+    ASSERT_TRUE(SendAll(c.server.get(), "!"));
+    ASSERT_EQ(RecvExactly(c.client.get(), 1), "!");
+    SleepMs(20);
+  }
+  ASSERT_TRUE(SendAll(c.client.get(), StreamBytes(5, 4096)));  // not read by the server yet
+  ASSERT_TRUE(WaitFor(c.server.get(), POLLIN) & POLLIN);
+  c.client.reset();
+  const std::string chunk = StreamBytes(6, 64 << 10);
+  int err = 0;
+  Deadline deadline(kIoTimeoutMs);
+  while (err == 0 && !deadline.Expired()) {
+    if (!(WaitFor(c.server.get(), POLLOUT, deadline.RemainingMs()) & (POLLOUT | POLLERR | POLLHUP))) break;
+    ssize_t n = send(c.server.get(), chunk.data(), chunk.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) err = errno;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) SleepMs(5);
+  }
+  EXPECT_TRUE(err == EPIPE || err == ECONNRESET) << "last send: " << ErrnoName(err);
+}
+
 // ---------------------------------------------------------------------------
 // RST from the peer
 
