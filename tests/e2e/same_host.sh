@@ -219,7 +219,8 @@ big = [l for l in lines if l["kernel_rx"] + l["accel_rx"] + l["kernel_tx"] + l["
 bad = [l for l in big if l["mode"] != "accelerated" or l["kernel_tx_after_upgrade"] or l["kernel_rx_after_upgrade"]]
 accel = sum(l["mode"] == "accelerated" for l in lines)
 if bad or accel < 20:
-    print(f"{len(bad)} data-carrying connections not accelerated, {accel} accelerated of {len(lines)}")
+    print(f"{len(bad)} data-carrying connections not accelerated, {accel} accelerated of {len(lines)}; "
+          + " ".join(json.dumps(l) for l in bad[:2]))
     sys.exit(1)
 print(f"{accel}/{len(lines)} connections accelerated, all {len(big)} carrying >64 KiB")
 PY
