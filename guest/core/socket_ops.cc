@@ -649,9 +649,15 @@ ResyncWriter& Writer() {
 std::mutex g_writer_fds_mu;
 std::vector<int> g_writer_fds;
 
-void RememberWriterFd(int fd) {
+int DupHigh(int fd);
+
+// A dup of fd for the writer, recorded at once: fork() holds the same lock
+// (BeforeFork), so no child gets a dup it does not know of.
+int DupForWriter(int fd) {
   std::lock_guard<std::mutex> lock(g_writer_fds_mu);
-  g_writer_fds.push_back(fd);
+  int d = DupHigh(fd);
+  if (d >= 0) g_writer_fds.push_back(d);
+  return d;
 }
 
 void CloseWriterFd(int fd) {
@@ -818,14 +824,13 @@ void WriterLoop() {
 // Gives the background writer its own dup of fd (which names c's socket).
 void HandToWriter(const std::shared_ptr<Conn>& c, int fd) {
   if (c->resync_fd.load() >= 0) return;
-  int mine = DupHigh(fd);
+  int mine = DupForWriter(fd);
   if (mine < 0) return;
   int expected = -1;
   if (!c->resync_fd.compare_exchange_strong(expected, mine)) {
-    Libc().close(mine);
+    CloseWriterFd(mine);
     return;
   }
-  RememberWriterFd(mine);
   Enqueue(c);
 }
 
@@ -854,9 +859,8 @@ bool Linger(int fd, const std::shared_ptr<Conn>& self) {
     // a resend already under way: nothing to wait for.
     if (!c.shut_after_resend || c.tx_resync_started) return false;
   }
-  int mine = DupHigh(fd);
+  int mine = DupForWriter(fd);
   if (mine < 0) return false;
-  RememberWriterFd(mine);
   c.linger_start_ns = MonotonicNs();
   c.lingered.store(true);
   c.linger_fd.store(mine);
@@ -1394,5 +1398,8 @@ void ReportAll(const char* event) {
     if (c) Report(*c, event);
   }
 }
+
+void BeforeFork() { g_writer_fds_mu.lock(); }
+void AfterForkInParent() { g_writer_fds_mu.unlock(); }
 
 }  // namespace vsocket::guest

@@ -33,6 +33,10 @@ void Forget(int fd, bool still_open = true);
 // parent's; the child uses them on kernel TCP only if they were never
 // upgraded (see docs/socket-compatibility.md).
 void AfterForkInChild();
+// pthread_atfork prepare/parent: the background writer's fd list is
+// consistent in the child (AfterForkInChild closes those fds there).
+void BeforeFork();
+void AfterForkInParent();
 
 // ---- data path ------------------------------------------------------------
 

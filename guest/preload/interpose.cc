@@ -75,7 +75,7 @@ __attribute__((constructor)) void Init() {
   // The child's only thread is not inside any of our wrappers, whatever the
   // forking thread's state was (a fork from a signal handler that
   // interrupted a wrapper would otherwise leave the guard set for good).
-  pthread_atfork(nullptr, nullptr, [] {
+  pthread_atfork(BeforeFork, AfterForkInParent, [] {
     t_depth = 0;
     AfterForkInChild();
   });
