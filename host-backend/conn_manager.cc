@@ -1262,9 +1262,12 @@ void ConnManager::DropRx(BackendConn& c) {
   MaybeReleaseRings(c);
 }
 
+bool ConnManager::TxRegistrable(const BackendConn& c) const {
+  return hosts_ != nullptr && c.ring_hold && c.tx_mr == nullptr && c.tx.host != nullptr && !c.gone;
+}
+
 void ConnManager::QueueTx(BackendConn& c) {
-  if (hosts_ == nullptr || !c.ring_hold || c.tx_mr != nullptr || c.tx.host == nullptr || c.gone) return;
-  tx_queue_.push_back(c.handle);
+  if (TxRegistrable(c)) tx_queue_.push_back(c.handle);
 }
 
 bool ConnManager::RegisterQueuedTx() {
@@ -1283,7 +1286,7 @@ bool ConnManager::RegisterQueuedTx() {
 }
 
 void ConnManager::RegisterTx(BackendConn& c) {
-  if (hosts_ == nullptr || !c.ring_hold || c.tx_mr != nullptr || c.tx.host == nullptr || c.gone) return;
+  if (!TxRegistrable(c)) return;
   int64_t t0 = MonotonicNs();
   Status st = hosts_->RegisterSendable(c.tx.host, c.tx.size);
   counters_.rdma_reg_us.fetch_add((MonotonicNs() - t0) / 1000, std::memory_order_relaxed);

@@ -250,6 +250,7 @@ class ConnManager {
   // (tens under load): QueueTx defers it off the pairing path, and
   // RegisterQueuedTx makes some each pass (true if any was made or some
   // wait); until then c's sends are copied.
+  bool TxRegistrable(const BackendConn& c) const;  // rdma, ring hold, mapped, not registered yet
   void QueueTx(BackendConn& c);
   bool RegisterQueuedTx();
   void RegisterTx(BackendConn& c);

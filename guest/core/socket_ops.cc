@@ -712,11 +712,11 @@ void DropKernelInput(int fd) {
   }
 }
 
-// One look at a lingering connection (see Linger()). kResync: the link was
-// lost, resync_fd now holds the dup and the resend path takes over.
+// One look at a lingering connection (see Linger()), its session drained
+// just before. kResync: the link was lost, resync_fd now holds the dup and
+// the resend path takes over.
 LingerState StepLinger(Conn& c, int lfd) {
   Session* s = c.session;
-  if (s != nullptr && s->alive()) s->TryDrain();  // the application may no longer call us
   if (c.resync.load(std::memory_order_acquire)) {
     c.linger_fd.store(-1);
     c.resync_start_ns = MonotonicNs();
@@ -763,10 +763,16 @@ void WriterLoop() {
     }
     std::vector<pollfd> pfds;
     bool busy = false, lingering = false;
+    Session* drained = nullptr;  // once per pass: lingering connections share their process's session
     for (size_t i = 0; i < mine.size();) {
       Conn& c = *mine[i];
       int lfd = c.linger_fd.load();
       if (lfd >= 0) {
+        // The application may no longer call us: its events are ours to take.
+        if (Session* s = c.session; s != nullptr && s != drained && s->alive()) {
+          s->TryDrain();
+          drained = s;
+        }
         LingerState st = StepLinger(c, lfd);
         if (st == LingerState::kWaiting) {
           lingering = true;

@@ -536,6 +536,10 @@ case_link_loss_reupgrade
 # shutdown, one-way) and stays alive (a long-lived process): its library
 # lingers on a dup of the socket, resends after the loss, then sends the
 # FIN, although the application has no socket any more.
+# reports_with REPORT FIELD: how many report lines have FIELD true.
+reports_with() {
+  python3 -c "import json,sys; print(sum(1 for l in open(sys.argv[1]) if l.strip() and json.loads(l).get(sys.argv[2])))" "$1" "$2"
+}
 case_link_loss_after_end() {
   local how=$1 name=cross_link_loss_after_$1 port=$2 conns=2 bytes=131072
   local rep=$WORK/$name.jsonl i out extra=()
@@ -566,8 +570,8 @@ print(sum(c['accel_bytes_out'] for c in json.load(sys.stdin)['connections'] if c
     return
   fi
   local deferred lingered
-  deferred=$(python3 -c "import json,sys; print(sum(1 for l in open(sys.argv[1]) if l.strip() and json.loads(l).get('fin_deferred')))" "$rep")
-  lingered=$(python3 -c "import json,sys; print(sum(1 for l in open(sys.argv[1]) if l.strip() and json.loads(l).get('lingered')))" "$rep")
+  deferred=$(reports_with "$rep" fin_deferred)
+  lingered=$(reports_with "$rep" lingered)
   [ "$deferred" -ge "$conns" ] || { fail $name "only $deferred of $conns clients kept their FIN back"; return; }
   if [ "$how" = close ]; then
     [ "$lingered" -ge "$conns" ] || { fail $name "only $lingered of $conns clients lingered after close()"; return; }
