@@ -326,7 +326,8 @@ bool IsRegistered(const Conn& c) {
 
 bool PrepareResendLocked(Conn& c, int fd);
 void HandToWriter(const std::shared_ptr<Conn>& c, int fd);
-bool Linger(int fd, const std::shared_ptr<Conn>& self);
+bool Linger(int fd, Conn& c);
+void Enqueue(const std::shared_ptr<Conn>& c);
 
 // The end of a closed connection's registration (at close(), or when its
 // linger ends): UNREGISTER.
@@ -357,10 +358,12 @@ void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open) {
                 lg.l_linger == 0) ||
                c.rx_tail.load() != c.rx_head.load();
     // (After dup2/dup3 onto it the socket is gone already: no linger.)
-    if (!abortive && still_open) lingering = Linger(fd, self);
+    if (!abortive && still_open) lingering = Linger(fd, c);
   }
-  // Now, even for a connection that lingers: the process may exit first.
+  // Now, even for a connection that lingers (the process may exit first),
+  // and before its linger starts: the writer changes what it reports.
   Report(c, "close");
+  if (lingering) Enqueue(self);
   if (still_open && !lingering && c.resync.load(std::memory_order_acquire)) {
     // Back on kernel TCP after a link loss: the bytes still owed to the
     // peer leave the TX ring before it is freed, and the writer finishes
@@ -852,8 +855,7 @@ void HandToWriter(const std::shared_ptr<Conn>& c, int fd) {
 // kResendLimitNs; ends at once if the peer is gone or the session lost.
 // A process that exits meanwhile closes the dup (as before: the backend
 // still delivers over a live link).
-bool Linger(int fd, const std::shared_ptr<Conn>& self) {
-  Conn& c = *self;
+bool Linger(int fd, Conn& c) {
   if (c.reset.load() || c.resync.load() || c.peer_gone.load() || c.mode.load() != Mode::kAccel ||
       !c.tx_switched.load())
     return false;
@@ -870,8 +872,7 @@ bool Linger(int fd, const std::shared_ptr<Conn>& self) {
   c.linger_start_ns = MonotonicNs();
   c.lingered.store(true);
   c.linger_fd.store(mine);
-  Enqueue(self);
-  return true;
+  return true;  // the caller hands it to the writer
 }
 
 // A connection that finished its RESYNC both ways (our resend is in the
