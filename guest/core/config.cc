@@ -61,6 +61,7 @@ GuestConfig Load() {
   if (get("REGION_MB", &v)) c.region_bytes = size_t(std::max(4L, std::strtol(v.c_str(), nullptr, 10))) << 20;
   if (get("POLL_US", &v)) c.poll_us = std::max(0, std::atoi(v.c_str()));
   if (get("POLL_MAX_US", &v)) c.poll_max_us = std::max(0, std::atoi(v.c_str()));
+  if (get("POLL_AUTO", &v)) c.poll_auto = v != "0" && v != "false" && v != "no";
   if (get("DOORBELL", &v)) c.doorbell = v != "0" && v != "false" && v != "no";
   if (get("RING_HOLD", &v)) c.ring_hold = v != "0" && v != "false" && v != "no";
   if (get("REPORT", &v)) c.report_path = v;

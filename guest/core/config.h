@@ -30,6 +30,7 @@ struct GuestConfig {
   size_t region_bytes = 64u << 20;   // VSOCKET_REGION_MB: shared region per process
   int poll_us = 50;               // VSOCKET_POLL_US: spin at least this long before sleeping
   int poll_max_us = 400;          // VSOCKET_POLL_MAX_US: at most this, for waits that usually end sooner (0: fixed poll_us)
+  bool poll_auto = true;          // VSOCKET_POLL_AUTO=0: poll even where vsocketd shares our few CPUs (cpu_share.h)
   bool doorbell = true;           // VSOCKET_DOORBELL=0: one TX_TAIL/CONSUMED message per count (A/B runs)
   bool ring_hold = true;          // VSOCKET_RING_HOLD=0: do not offer kFeatureRingHold (the fabric then copies)
   int upgrade_wait_ms = 0;        // VSOCKET_UPGRADE_WAIT_MS: reserved

@@ -80,7 +80,7 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
   }
   int64_t deadline = Deadline(timeout_ms);
   WaitRecorder wait;  // started once nothing was ready
-  int64_t spin_until = MonotonicNs() + ThreadPoll().budget_ns();
+  int64_t spin_until = MonotonicNs() + PollBudgetNs();
   std::vector<pollfd> kfds(fds, fds + n);
   std::vector<bool> emulated(n, false);
   for (uint32_t iter = 0;; ++iter) {
@@ -368,7 +368,7 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
   }
   int64_t deadline = Deadline(timeout_ms);
   WaitRecorder wait;  // started once nothing was ready
-  int64_t spin_until = MonotonicNs() + ThreadPoll().budget_ns();
+  int64_t spin_until = MonotonicNs() + PollBudgetNs();
   std::vector<epoll_event> kernel(static_cast<size_t>(max));
   for (uint32_t iter = 0;; ++iter) {
     int n = 0;

@@ -10,6 +10,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "guest/core/config.h"
+#include "guest/core/cpu_share.h"
 #include "guest/core/socket_ops.h"
 #include "guest/preload/libc.h"
 
@@ -32,6 +33,7 @@ std::mutex g_init_mu;
 Session* g_session = nullptr;
 int64_t g_last_attempt_ns = 0;
 proto::Reason g_last_failure = proto::Reason::kBackendUnavailable;
+std::atomic<bool> g_sleep_at_once{false};
 
 }  // namespace
 
@@ -67,9 +69,18 @@ Session* Session::Get(proto::Reason* why) {
     *why = g_last_failure;
     return nullptr;
   }
+  // Polling or not is decided per backend: a restarted vsocketd may run
+  // on other CPUs.
+  CpuShare share = cfg.poll_auto ? BackendCpuShare(fresh->fe_->socket_fd()) : CpuShare{};
+  g_sleep_at_once.store(share.sleep_at_once, std::memory_order_relaxed);
+  if (share.sleep_at_once)
+    VS_LOG(kInfo, "vsocketd runs on all %d CPUs this process can use: blocked calls sleep at once "
+           "(VSOCKET_POLL_AUTO=0 polls anyway)", share.mine);
   __atomic_store_n(&g_session, fresh, __ATOMIC_RELEASE);
   return fresh;
 }
+
+bool Session::SleepAtOnce() { return g_sleep_at_once.load(std::memory_order_relaxed); }
 
 void Session::ForgetAfterFork() {
   // The child shares the parent's rings and vhost-user socket; using them

@@ -150,13 +150,15 @@ AdaptivePoll& ThreadPoll() {
   return p;
 }
 
+int64_t PollBudgetNs() { return Session::SleepAtOnce() ? 0 : ThreadPoll().budget_ns(); }
+
 WaitRecorder::~WaitRecorder() {
   if (start_ != 0) ThreadPoll().Record(MonotonicNs() - start_);
 }
 
 int64_t WaitRecorder::Waiting() {
   if (start_ == 0) start_ = MonotonicNs();
-  return start_ + ThreadPoll().budget_ns();
+  return start_ + PollBudgetNs();
 }
 
 namespace {

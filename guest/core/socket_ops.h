@@ -72,6 +72,9 @@ int ThreadWaiterFd();
 // This thread's poll budget (VSOCKET_POLL_US .. VSOCKET_POLL_MAX_US, learned
 // from its waits: base/adaptive_poll.h).
 AdaptivePoll& ThreadPoll();
+// How long this thread polls before sleeping now: ThreadPoll()'s budget, or
+// 0 where the backend shares this process's few CPUs (cpu_share.h).
+int64_t PollBudgetNs();
 // Times one wait for ThreadPoll(): from Waiting() (nothing was ready) to
 // the end of the scope.
 class WaitRecorder {

@@ -1,0 +1,71 @@
+#include "guest/core/cpu_share.h"
+
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <initializer_list>
+
+namespace vsocket::guest {
+namespace {
+
+cpu_set_t Cpus(std::initializer_list<int> cpus) {
+  cpu_set_t s;
+  CPU_ZERO(&s);
+  for (int c : cpus) CPU_SET(c, &s);
+  return s;
+}
+
+TEST(CpuShare, FewSharedCpusSleepAtOnce) {
+  CpuShare r = DecideCpuShare(Cpus({0, 1}), Cpus({0, 1}));
+  EXPECT_TRUE(r.sleep_at_once);
+  EXPECT_EQ(r.mine, 2);
+  EXPECT_EQ(r.shared, 2);
+  EXPECT_TRUE(DecideCpuShare(Cpus({1}), Cpus({0, 1})).sleep_at_once);
+}
+
+TEST(CpuShare, ACpuWithoutTheBackendLetsWaitersPoll) {
+  // The operator gave vsocketd its own core.
+  CpuShare r = DecideCpuShare(Cpus({0, 1}), Cpus({2}));
+  EXPECT_FALSE(r.sleep_at_once);
+  EXPECT_EQ(r.shared, 0);
+  // vsocketd pinned to one of our CPUs: the other is free for polling.
+  r = DecideCpuShare(Cpus({0, 1}), Cpus({1}));
+  EXPECT_FALSE(r.sleep_at_once);
+  EXPECT_EQ(r.shared, 1);
+}
+
+TEST(CpuShare, ManyCpusLetWaitersPoll) {
+  EXPECT_FALSE(DecideCpuShare(Cpus({0, 1, 2, 3}), Cpus({0, 1, 2, 3})).sleep_at_once);
+  EXPECT_FALSE(DecideCpuShare(Cpus({0, 1, 2, 3, 4, 5, 6, 7}), Cpus({3})).sleep_at_once);
+}
+
+TEST(CpuShare, ThisProcessIsVisible) {
+  cpu_set_t s, own;
+  ASSERT_TRUE(ProcessCpus(getpid(), &s));
+  ASSERT_EQ(sched_getaffinity(0, sizeof(own), &own), 0);
+  // The union over threads covers this thread's CPUs.
+  cpu_set_t both;
+  CPU_AND(&both, &s, &own);
+  EXPECT_TRUE(CPU_EQUAL(&both, &own));
+  EXPECT_FALSE(ProcessCpus(0, &s));
+}
+
+TEST(CpuShare, PeerOfAUnixSocket) {
+  // The peer of a socketpair is this process: every CPU is shared.
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  CpuShare r = BackendCpuShare(sv[0]);
+  cpu_set_t own;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(own), &own), 0);
+  EXPECT_EQ(r.mine, CPU_COUNT(&own));
+  EXPECT_EQ(r.shared, r.mine);
+  EXPECT_EQ(r.sleep_at_once, r.mine < kFewCpus);
+  close(sv[0]);
+  close(sv[1]);
+  // Not a unix socket: no peer, no decision.
+  EXPECT_FALSE(BackendCpuShare(-1).sleep_at_once);
+}
+
+}  // namespace
+}  // namespace vsocket::guest
