@@ -64,8 +64,8 @@ class Session {
   int event_fd() const;    // call eventfd of the event queue
   int request_fd() const;  // call eventfd of the request queue
   bool alive() const { return alive_.load(std::memory_order_acquire); }
-  // Blocked calls sleep at once: the current backend shares this process's
-  // few CPUs (cpu_share.h; VSOCKET_POLL_AUTO=0 turns the check off).
+  // Blocked calls sleep at once: the current backend runs on every one of
+  // this process's few CPUs (cpu_share.h; VSOCKET_POLL_AUTO=0: never).
   static bool SleepAtOnce();
   // The backend polls connections' doorbell blocks (kFeatureDoorbell).
   bool doorbell() const { return doorbell_; }
