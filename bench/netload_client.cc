@@ -136,24 +136,37 @@ int RunConnect(const sockaddr_in& addr, const Options& o) {
   const int count = static_cast<int>(o.Int("count", 200));
   const int64_t deadline = NowNs() + SecondsToNs(o.Real("max-seconds", 20));
   std::signal(SIGPIPE, SIG_IGN);
-  std::vector<double> us;
+  std::vector<double> us, connect_us, write_us, echo_us;  // total and its three parts
   int failed = 0;
   for (int i = 0; i < count && NowNs() < deadline; ++i) {
     const int64_t t0 = NowNs();
     UniqueFd fd = ConnectBefore(addr, deadline);
+    const int64_t t1 = NowNs();
     uint8_t b = static_cast<uint8_t>(i);
     uint8_t echo = 0;
-    if (!fd || !WriteFull(fd.get(), &b, 1, deadline) || !ReadFull(fd.get(), &echo, 1, deadline) || echo != b) {
+    if (!fd || !WriteFull(fd.get(), &b, 1, deadline)) {
       ++failed;
       continue;
     }
-    us.push_back(static_cast<double>(NowNs() - t0) / 1e3);
+    const int64_t t2 = NowNs();
+    if (!ReadFull(fd.get(), &echo, 1, deadline) || echo != b) {
+      ++failed;
+      continue;
+    }
+    const int64_t t3 = NowNs();
+    us.push_back(static_cast<double>(t3 - t0) / 1e3);
+    connect_us.push_back(static_cast<double>(t1 - t0) / 1e3);
+    write_us.push_back(static_cast<double>(t2 - t1) / 1e3);
+    echo_us.push_back(static_cast<double>(t3 - t2) / 1e3);
   }
   const size_t done = us.size();
   const double p50 = Percentile(us, 0.5), p90 = Percentile(us, 0.9), p99 = Percentile(us, 0.99);
   Say("{\"role\":\"connect\",\"count\":%zu,\"failed\":%d,\"p50_us\":%.1f,\"p90_us\":%.1f,\"p99_us\":%.1f,"
-      "\"max_us\":%.1f}",
-      done, failed, p50, p90, p99, us.empty() ? 0.0 : us.back());
+      "\"max_us\":%.1f,\"connect_p50_us\":%.1f,\"connect_p99_us\":%.1f,\"write_p50_us\":%.1f,"
+      "\"write_p99_us\":%.1f,\"echo_p50_us\":%.1f,\"echo_p99_us\":%.1f}",
+      done, failed, p50, p90, p99, us.empty() ? 0.0 : us.back(), Percentile(connect_us, 0.5),
+      Percentile(connect_us, 0.99), Percentile(write_us, 0.5), Percentile(write_us, 0.99),
+      Percentile(echo_us, 0.5), Percentile(echo_us, 0.99));
   return failed == 0 && done == static_cast<size_t>(count) ? 0 : 1;
 }
 
