@@ -58,6 +58,7 @@ Session* Session::Get(proto::Reason* why) {
     return nullptr;
   }
   g_last_attempt_ns = now;
+  VS_LOG(kDebug, "connecting to vsocketd at %s", cfg.socket_path.c_str());
   auto* fresh = new Session();
   Status st = fresh->Open();
   if (st.ok()) st = fresh->Negotiate();
@@ -73,6 +74,7 @@ Session* Session::Get(proto::Reason* why) {
   // on other CPUs.
   CpuShare share = cfg.poll_auto ? BackendCpuShare(fresh->fe_->socket_fd()) : CpuShare{};
   g_sleep_at_once.store(share.sleep_at_once, std::memory_order_relaxed);
+  VS_LOG(kDebug, "session up in %.1f ms", (MonotonicNs() - now) / 1e6);
   if (share.sleep_at_once)
     VS_LOG(kInfo, "vsocketd runs on all %d CPUs this process can use: blocked calls sleep at once "
            "(VSOCKET_POLL_AUTO=0 polls anyway)", share.mine);
