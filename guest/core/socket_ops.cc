@@ -345,6 +345,16 @@ void Unregistered(Conn& c) {
   c.mode.store(Mode::kKernel);
 }
 
+// The end of a closed connection that resets its peer, as the kernel's RST
+// after close() does (unread data, SO_LINGER {on, 0}, data arriving after
+// close): SHUTDOWN both ways on the accelerated path, then UNREGISTER.
+void Aborted(Conn& c) {
+  Session* s = c.session;
+  if (s != nullptr && s->alive())
+    (void)s->Post({MsgType::kShutdown, 0, proto::Shutdown{c.id, proto::ShutdownHow::kBoth}});
+  Unregistered(c);
+}
+
 void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open) {
   Conn& c = *self;
   std::lock_guard<std::mutex> lock(c.setup_mu);
@@ -374,8 +384,10 @@ void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open) {
     if (PrepareResendLocked(c, fd) && c.resend_off < c.resend.size()) HandToWriter(self, fd);
   }
   if (!registered || lingering) return;  // (a linger unregisters when it ends)
-  if (abortive) (void)s->Post({MsgType::kShutdown, 0, proto::Shutdown{c.id, proto::ShutdownHow::kBoth}});
-  Unregistered(c);
+  if (abortive)
+    Aborted(c);
+  else
+    Unregistered(c);
 }
 
 }  // namespace
@@ -734,9 +746,7 @@ LingerState StepLinger(Conn& c, int lfd) {
     // kernel answers data for a closed socket, reset (else the peer, its
     // sends blocked on our full ring, might never consume ours).
     c.linger_fd.store(-1);
-    if (s != nullptr && s->alive())
-      (void)s->Post({MsgType::kShutdown, 0, proto::Shutdown{c.id, proto::ShutdownHow::kBoth}});
-    Unregistered(c);
+    Aborted(c);
     linger lg{1, 0};
     (void)setsockopt(lfd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
     CloseWriterFd(lfd);  // RST
