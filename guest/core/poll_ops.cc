@@ -12,8 +12,10 @@
 #include "base/clock.h"
 #include "guest/core/config.h"
 #include "guest/core/session.h"
+#include "guest/core/fd_table.h"
 #include "guest/core/socket_ops.h"
-#include "guest/preload/libc.h"
+#include "guest/core/wait.h"
+#include "guest/sys/libc.h"
 
 namespace vsocket::guest {
 namespace {

@@ -11,8 +11,8 @@
 #include "base/log.h"
 #include "guest/core/config.h"
 #include "guest/core/cpu_share.h"
-#include "guest/core/socket_ops.h"
-#include "guest/preload/libc.h"
+#include "guest/core/resync.h"
+#include "guest/sys/libc.h"
 
 namespace vsocket::guest {
 

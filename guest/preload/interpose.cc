@@ -17,8 +17,11 @@
 
 #include "guest/core/config.h"
 #include "guest/core/poll_ops.h"
+#include "guest/core/fd_table.h"
+#include "guest/core/report.h"
 #include "guest/core/socket_ops.h"
-#include "guest/preload/libc.h"
+#include "guest/core/writer.h"
+#include "guest/sys/libc.h"
 
 using vsocket::Result;
 using vsocket::Status;

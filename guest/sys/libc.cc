@@ -1,4 +1,4 @@
-#include "guest/preload/libc.h"
+#include "guest/sys/libc.h"
 
 #include <dlfcn.h>
 

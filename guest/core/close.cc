@@ -1,0 +1,142 @@
+#include "guest/core/close.h"
+
+#include <sys/socket.h>
+
+#include <mutex>
+
+#include "base/clock.h"
+#include "guest/core/conn_state.h"
+#include "guest/core/errors.h"
+#include "guest/core/registration.h"
+#include "guest/core/report.h"
+#include "guest/core/resync.h"
+#include "guest/core/session.h"
+#include "guest/core/socket_ops.h"
+#include "guest/core/writer.h"
+#include "guest/sys/libc.h"
+
+namespace vsocket::guest {
+
+using proto::Message;
+using proto::MsgType;
+using proto::Reason;
+
+void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open) {
+  Conn& c = *self;
+  std::lock_guard<std::mutex> lock(c.setup_mu);
+  Session* s = c.session;
+  bool registered = IsRegistered(c) && s != nullptr;
+  bool abortive = false, lingering = false;
+  if (registered && s->alive() && c.upgraded.load()) {
+    // The kernel answers close() with RST when unread data is discarded or
+    // SO_LINGER is {on, 0}: the peer then sees ECONNRESET, not EOF.
+    linger lg{};
+    socklen_t len = sizeof(lg);
+    abortive = (still_open && getsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 && lg.l_onoff &&
+                lg.l_linger == 0) ||
+               c.rx_tail.load() != c.rx_head.load();
+    // (After dup2/dup3 onto it the socket is gone already: no linger.)
+    if (!abortive && still_open) lingering = Linger(fd, c);
+  }
+  // Now, even for a connection that lingers (the process may exit first),
+  // and before its linger starts: the writer changes what it reports.
+  Report(c, "close");
+  if (lingering) Enqueue(self);
+  if (still_open && !lingering && c.resync.load(std::memory_order_acquire)) {
+    // Back on kernel TCP after a link loss: the bytes still owed to the
+    // peer leave the TX ring before it is freed, and the writer finishes
+    // sending them after this close (as the kernel does with its buffer).
+    std::lock_guard<std::mutex> tx(c.tx_mu);
+    if (PrepareResendLocked(c, fd) && c.resend_off < c.resend.size()) HandToWriter(self, fd);
+  }
+  if (!registered || lingering) return;  // (a linger unregisters when it ends)
+  if (abortive)
+    Aborted(c);
+  else
+    Unregistered(c);
+}
+
+// close() of a connection whose peer has not consumed all we wrote
+// accelerated. The kernel goes on sending its buffer after close(); here
+// the backend delivers those bytes, and a link loss before they are
+// consumed needs a resend on the kernel socket (RESYNC), which the FIN of
+// a plain close() would forbid. So the connection lingers: the EOF goes
+// the accelerated way (SHUTDOWN), the registration stays, and the
+// background writer keeps a dup of the socket (no FIN yet) until the peer
+// consumed everything; then UNREGISTER and the FIN. If the link dies
+// first, the writer resends through the dup, FIN after it. Bounded by
+// kResendLimitNs; ends at once if the peer is gone or the session lost.
+// A process that exits meanwhile closes the dup (as before: the backend
+// still delivers over a live link).
+bool Linger(int fd, Conn& c) {
+  if (c.reset.load() || c.resync.load() || c.peer_gone.load() || c.mode.load() != Mode::kAccel ||
+      !c.tx_switched.load())
+    return false;
+  if (c.credit.load(std::memory_order_acquire) >= c.tx_tail.load(std::memory_order_relaxed)) return false;
+  if (!c.shut_wr.load() && !Shutdown(fd, c, SHUT_WR).ok()) return false;
+  {
+    std::lock_guard<std::mutex> tx(c.tx_mu);
+    // The FIN went out already (everything consumed meanwhile), or follows
+    // a resend already under way: nothing to wait for.
+    if (!c.shut_after_resend || c.tx_resync_started) return false;
+  }
+  int mine = DupForWriter(fd);
+  if (mine < 0) return false;
+  c.linger_start_ns = MonotonicNs();
+  c.lingered.store(true);
+  c.linger_fd.store(mine);
+  return true;  // the caller hands it to the writer
+}
+
+Status Shutdown(int fd, Conn& c, int how) {
+  bool wr = how == SHUT_WR || how == SHUT_RDWR;
+  if (wr && c.resync.load(std::memory_order_acquire)) {
+    // Bytes still owed to the peer after a link loss go before our FIN.
+    std::lock_guard<std::mutex> lock(c.tx_mu);
+    if (!c.shut_wr.load() && PrepareResendLocked(c, fd) && c.resend_off < c.resend.size()) {
+      c.shut_after_resend = true;
+      c.shut_wr.store(true);
+      if (how == SHUT_RDWR) {
+        c.shut_rd.store(true);
+        if (Libc().shutdown(fd, SHUT_RD) != 0) return Errno(errno, "shutdown");
+      }
+      if (c.session != nullptr) c.session->WakeWaiters();
+      return Status::Ok();
+    }
+  }
+  bool first_wr = wr && !c.shut_wr.exchange(true);
+  if (how == SHUT_RD || how == SHUT_RDWR) c.shut_rd.store(true);
+  // Writing accelerated: the kernel FIN may wait. Until the peer has
+  // consumed what we wrote, a link loss makes us resend it on the kernel
+  // socket (RESYNC), which a FIN already sent would forbid; the peer
+  // learns our EOF on the accelerated path meanwhile.
+  bool defer_fin = first_wr && c.tx_switched.load() && c.mode.load() == Mode::kAccel && !c.resync.load();
+  int kernel_how = defer_fin ? (how == SHUT_RDWR ? SHUT_RD : -1) : how;
+  // The kernel shutdown first: it also ends a sender blocked in the kernel,
+  // and the flags end one waiting for ring space, so tx_mu frees up.
+  if (kernel_how >= 0 && Libc().shutdown(fd, kernel_how) != 0) return Errno(errno, "shutdown");
+  Session* s = c.session;
+  if (s != nullptr) s->WakeWaiters();
+  if (first_wr && IsRegistered(c) && s != nullptr) {
+    // Under tx_mu: after every TX_TAIL a concurrent sender may still post.
+    std::lock_guard<std::mutex> lock(c.tx_mu);
+    if (defer_fin) {
+      if (c.tx_resync_started) {
+        // A link loss came first: the FIN follows its resend, if any is owed.
+        if (c.resend_off < c.resend.size()) c.shut_after_resend = true;
+        else (void)Libc().shutdown(fd, SHUT_WR);
+      } else if (c.credit.load(std::memory_order_acquire) >= c.tx_tail.load(std::memory_order_relaxed)) {
+        (void)Libc().shutdown(fd, SHUT_WR);  // all consumed: nothing could need a resend
+      } else {
+        c.shut_after_resend = true;  // FIN after a RESYNC's resend, or at close()
+        c.fin_deferred.store(true, std::memory_order_relaxed);
+      }
+    }
+    (void)s->Post({MsgType::kShutdown, 0, proto::Shutdown{c.id, proto::ShutdownHow::kWrite}});
+  } else if (defer_fin) {
+    (void)Libc().shutdown(fd, SHUT_WR);
+  }
+  return Status::Ok();
+}
+
+}  // namespace vsocket::guest

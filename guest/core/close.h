@@ -1,0 +1,18 @@
+// The end of a connection: close() (lingering while the peer has not
+// consumed our accelerated bytes) and shutdown().
+#pragma once
+
+#include <memory>
+
+#include "guest/core/conn.h"
+
+namespace vsocket::guest {
+
+// The last fd of a connection is closed (still_open: fd still names the
+// socket; false after dup2/dup3 replaced it).
+void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open);
+// close() before the peer consumed our accelerated bytes: true if the
+// connection lingers (the caller hands it to the background writer).
+bool Linger(int fd, Conn& c);
+
+}  // namespace vsocket::guest

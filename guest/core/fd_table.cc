@@ -1,0 +1,101 @@
+#include "guest/core/fd_table.h"
+
+#include <atomic>
+#include <mutex>
+#include <new>
+
+#include "guest/core/close.h"
+#include "guest/core/conn_state.h"
+#include "guest/core/poll_ops.h"
+#include "guest/core/session.h"
+#include "guest/core/writer.h"
+
+namespace vsocket::guest {
+
+using proto::Reason;
+
+namespace {
+
+constexpr int kMaxFds = 1 << 16;
+
+std::mutex g_fd_mu;
+std::shared_ptr<Conn> g_fds[kMaxFds];
+std::atomic<bool> g_has[kMaxFds];
+
+}  // namespace
+
+std::shared_ptr<Conn> Lookup(int fd) {
+  if (fd < 0 || fd >= kMaxFds || !g_has[fd].load(std::memory_order_acquire)) return nullptr;
+  std::lock_guard<std::mutex> lock(g_fd_mu);
+  return g_fds[fd];
+}
+
+void Adopt(int fd, bool nonblocking, bool accepted) {
+  if (fd < 0 || fd >= kMaxFds) return;
+  auto c = std::make_shared<Conn>();
+  c->role = accepted ? proto::Role::kServer : proto::Role::kClient;
+  c->eligible = true;
+  c->nonblocking.store(nonblocking);
+  c->fd_refs.store(1);
+  std::lock_guard<std::mutex> lock(g_fd_mu);
+  g_fds[fd] = std::move(c);
+  g_has[fd].store(true, std::memory_order_release);
+}
+
+void Duplicate(int fd1, int fd2) {
+  if (fd2 < 0 || fd2 >= kMaxFds) return;
+  std::shared_ptr<Conn> c = Lookup(fd1);
+  Forget(fd2, false);  // dup2 onto an open fd closes it first
+  if (!c) return;
+  c->fd_refs.fetch_add(1);
+  std::lock_guard<std::mutex> lock(g_fd_mu);
+  g_fds[fd2] = std::move(c);
+  g_has[fd2].store(true, std::memory_order_release);
+}
+
+void Forget(int fd, bool still_open) {
+  if (fd < 0 || fd >= kMaxFds || !g_has[fd].load()) return;
+  std::shared_ptr<Conn> c;
+  {
+    std::lock_guard<std::mutex> lock(g_fd_mu);
+    c = std::move(g_fds[fd]);
+    g_has[fd].store(false, std::memory_order_release);
+  }
+  // Runs before the real close(): fd still names the socket here.
+  if (c && c->fd_refs.fetch_sub(1) == 1) Teardown(fd, c, still_open);
+}
+
+void AfterForkInChild() {
+  ForgetWriterAfterFork();
+  Session::ForgetAfterFork();
+  EpollAfterForkInChild();
+  new (&g_fd_mu) std::mutex();
+  for (int fd = 0; fd < kMaxFds; ++fd) {
+    if (!g_has[fd].load()) continue;
+    Conn& c = *g_fds[fd];
+    // Only this thread exists in the child: locks another thread held at
+    // fork time would never be released.
+    new (&c.tx_mu) std::mutex();
+    new (&c.rx_mu) std::mutex();
+    new (&c.setup_mu) std::mutex();
+    if (!IsRegistered(c)) continue;
+    // The parent's session owns this registration. A connection that never
+    // upgraded is still exact on kernel TCP; an upgraded one is not.
+    c.session = nullptr;
+    if (c.upgraded.load()) {
+      Reset(c, Reason::kForked);
+    } else {
+      SetKernelForGood(c, Reason::kForked);
+    }
+  }
+}
+
+void ForEachConn(const std::function<void(const Conn&)>& fn) {
+  for (int fd = 0; fd < kMaxFds; ++fd) {
+    if (!g_has[fd].load()) continue;
+    std::shared_ptr<Conn> c = Lookup(fd);
+    if (c) fn(*c);
+  }
+}
+
+}  // namespace vsocket::guest

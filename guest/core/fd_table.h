@@ -1,0 +1,31 @@
+// The fd table: which fds name a TCP connection this library follows.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "guest/core/conn.h"
+
+namespace vsocket::guest {
+
+// The connection an fd names, or null if the fd is not a TCP socket this
+// library follows.
+std::shared_ptr<Conn> Lookup(int fd);
+// A new AF_INET/AF_INET6 stream socket created in this process
+// (socket(), accept()); `nonblocking` is its O_NONBLOCK state, `accepted`
+// whether it came from accept() (the server side of the pair).
+void Adopt(int fd, bool nonblocking, bool accepted = false);
+// fd2 now names what fd1 names (dup family).
+void Duplicate(int fd1, int fd2);
+// Forget fd; if it was the last fd of its connection, unregister it.
+// still_open: fd still names the socket (close(), before the real one);
+// false after dup2/dup3 put another file there (nothing may use fd then).
+void Forget(int fd, bool still_open = true);
+// In the child after fork(): connections registered by the parent stay the
+// parent's; the child uses them on kernel TCP only if they were never
+// upgraded (see docs/socket-compatibility.md).
+void AfterForkInChild();
+// Calls fn for the connection of every fd in the table (once per fd).
+void ForEachConn(const std::function<void(const Conn&)>& fn);
+
+}  // namespace vsocket::guest

@@ -1,0 +1,129 @@
+#include "guest/core/registration.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "guest/core/config.h"
+#include "guest/core/conn_state.h"
+#include "guest/core/fd_table.h"
+#include "guest/core/session.h"
+
+namespace vsocket::guest {
+
+using proto::Message;
+using proto::MsgType;
+using proto::Reason;
+
+namespace {
+
+std::atomic<uint64_t> g_next_conn_id{1};
+
+bool ToEndpoint(const sockaddr_storage& ss, proto::Endpoint* e) {
+  if (ss.ss_family == AF_INET) {
+    auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    e->family = proto::Family::kIpv4;
+    e->addr = {};
+    std::memcpy(e->addr.data(), &a->sin_addr, 4);
+    e->port = ntohs(a->sin_port);
+    return true;
+  }
+  if (ss.ss_family == AF_INET6) {
+    auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    e->family = proto::Family::kIpv6;
+    std::memcpy(e->addr.data(), &a->sin6_addr, 16);
+    e->port = ntohs(a->sin6_port);
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+// Registers an established connection with the backend, once, at its first
+// I/O (so a connection accepted by a parent and used by a forked child is
+// registered by the child). Data keeps flowing on kernel TCP meanwhile.
+void EnsureRegistered(int fd, Conn& c) {
+  if (c.mode.load(std::memory_order_acquire) != Mode::kUnprobed) return;
+  std::lock_guard<std::mutex> lock(c.setup_mu);
+  if (c.mode.load() != Mode::kUnprobed) return;
+  if (!c.eligible) return SetKernelForGood(c, Reason::kInherited);
+  sockaddr_storage local{}, peer{};
+  socklen_t ll = sizeof(local), pl = sizeof(peer);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) return;  // not connected yet
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
+      !ToEndpoint(local, &c.local) || !ToEndpoint(peer, &c.peer))
+    return SetKernelForGood(c, Reason::kUnsupportedFamily);
+  if (!AccelerationAllowed(Config(), c.peer)) return SetKernelForGood(c, Reason::kDisabledByRule);
+  Reason why = Reason::kBackendUnavailable;
+  Session* s = Session::Get(&why);
+  if (s == nullptr) return SetKernelForGood(c, why);
+  if (!s->AllocRings(c, Config().ring_bytes).ok()) return SetKernelForGood(c, Reason::kResourceLimit);
+  c.id = g_next_conn_id.fetch_add(1);
+  c.session = s;
+  c.fd_hint = fd;
+  c.registered_ns = MonotonicNs();
+  std::shared_ptr<Conn> self = Lookup(fd);
+  // Tracked and pending before the request: the UPGRADE can race the ack.
+  s->Track(self);
+  c.mode.store(Mode::kPending, std::memory_order_release);
+  proto::RegisterConn r{c.id, c.role, c.local, c.peer, s->Gpa(c.tx), s->Gpa(c.rx), c.ring_size, c.ring_size};
+  Message resp;
+  Status st = s->Call({MsgType::kRegisterConn, 0, r}, &resp);
+  const auto* ack = std::get_if<proto::RegisterAck>(&resp.body);
+  if (!st.ok() || ack == nullptr || ack->status != proto::WireError::kOk) {
+    Reason reason = !st.ok() || ack == nullptr ? Reason::kBackendUnavailable : ack->reason;
+    VS_LOG(kInfo, "registration refused (%s): stays on kernel TCP",
+           st.ok() ? proto::ToString(reason) : st.ToString().c_str());
+    SetKernelForGood(c, reason);
+    s->Untrack(c.id);
+    if (st.ok() && ack != nullptr) {
+      // Refused: the backend never used the rings.
+      s->FreeRings(c);
+    } else {
+      // No answer: the request may still be processed. Withdraw it and
+      // never reuse the rings (a small leak, only when the backend hangs).
+      (void)s->Post({MsgType::kUnregister, 0, proto::Unregister{c.id}});
+    }
+  }
+}
+
+// The end of a closed connection's registration (at close(), or when its
+// linger ends): UNREGISTER.
+void Unregistered(Conn& c) {
+  Session* s = c.session;
+  if (s != nullptr && s->alive() && IsRegistered(c)) {
+    // The backend keeps any bytes not yet delivered; the rings are reused
+    // once it no longer reads or lets peers write them.
+    Status st = s->Unregister(c);
+    if (!st.ok()) VS_LOG(kWarn, "unregister: %s", st.ToString().c_str());
+  }
+  c.session = nullptr;
+  c.mode.store(Mode::kKernel);
+}
+
+// The end of a closed connection that resets its peer, as the kernel's RST
+// after close() does (unread data, SO_LINGER {on, 0}, data arriving after
+// close): SHUTDOWN both ways on the accelerated path, then UNREGISTER.
+void Aborted(Conn& c) {
+  Session* s = c.session;
+  if (s != nullptr && s->alive())
+    (void)s->Post({MsgType::kShutdown, 0, proto::Shutdown{c.id, proto::ShutdownHow::kBoth}});
+  Unregistered(c);
+}
+
+// Whether the backend has c paired, or accepted a pairing whose peer may
+// already have switched (asked on kernel EOF before our UPGRADE).
+bool PairingInFlight(Conn& c) {
+  proto::Message resp;
+  if (!c.session->Call({MsgType::kPairingQuery, 0, proto::ConnCounter{c.id, 0}}, &resp).ok()) return false;
+  auto* ack = std::get_if<proto::RegisterAck>(&resp.body);
+  return ack != nullptr && ack->status == proto::WireError::kOk && ack->reason == Reason::kNone;
+}
+
+}  // namespace vsocket::guest

@@ -1,0 +1,21 @@
+// Registration with vsocketd: REGISTER_CONN at a connection's first I/O,
+// UNREGISTER at its end.
+#pragma once
+
+#include "guest/core/conn.h"
+
+namespace vsocket::guest {
+
+// Registers an established connection with the backend, once, at its first
+// I/O. Data keeps flowing on kernel TCP meanwhile.
+void EnsureRegistered(int fd, Conn& c);
+// The end of a closed connection's registration: UNREGISTER.
+void Unregistered(Conn& c);
+// The end of a closed connection that resets its peer: SHUTDOWN both ways,
+// then UNREGISTER.
+void Aborted(Conn& c);
+// Whether the backend has c paired, or accepted a pairing whose peer may
+// already have switched (asked on kernel EOF before our UPGRADE).
+bool PairingInFlight(Conn& c);
+
+}  // namespace vsocket::guest

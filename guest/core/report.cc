@@ -1,0 +1,59 @@
+#include "guest/core/report.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+#include "guest/core/config.h"
+#include "guest/core/conn_state.h"
+#include "guest/core/fd_table.h"
+#include "guest/sys/libc.h"
+
+namespace vsocket::guest {
+
+using proto::Reason;
+
+void Report(const Conn& c, const char* event) {
+  const std::string& path = Config().report_path;
+  if (path.empty() || c.mode.load() == Mode::kUnprobed) return;
+  char local[INET6_ADDRSTRLEN] = "?", peer[INET6_ADDRSTRLEN] = "?";
+  int af = c.local.family == proto::Family::kIpv6 ? AF_INET6 : AF_INET;
+  inet_ntop(af, c.local.addr.data(), local, sizeof(local));
+  inet_ntop(af, c.peer.addr.data(), peer, sizeof(peer));
+  char line[768];
+  int n = std::snprintf(
+      line, sizeof(line),
+      "{\"pid\":%d,\"event\":\"%s\",\"local\":\"%s:%u\",\"peer\":\"%s:%u\",\"mode\":\"%s\","
+      "\"reason\":\"%s\",\"upgraded\":%s,\"kernel_tx\":%llu,\"kernel_rx\":%llu,"
+      "\"accel_tx\":%llu,\"accel_rx\":%llu,\"kernel_tx_after_upgrade\":%llu,"
+      "\"kernel_rx_after_upgrade\":%llu,\"resynced\":%s,\"reupgrades\":%u,\"fin_deferred\":%s,\"lingered\":%s}\n",
+      getpid(), event, local, c.local.port, peer, c.peer.port,
+      c.resync.load() ? "kernel" : ToString(c.mode.load()),
+      // Still pending at the end: the peer never registered (not preloaded,
+      // NAT, no backend on its side).
+      proto::ToString(c.mode.load() == Mode::kPending ? Reason::kPeerNotAccelerated : c.reason.load()),
+      c.upgraded.load() ? "true" : "false",
+      static_cast<unsigned long long>(c.kernel_sent.load()),
+      static_cast<unsigned long long>(c.kernel_received.load()),
+      static_cast<unsigned long long>(c.accel_tx.load()),
+      static_cast<unsigned long long>(c.accel_rx.load()),
+      // Both are 0 by construction once switched; reported so tests can
+      // prove it from counters rather than assume it.
+      static_cast<unsigned long long>(c.tx_switched.load() ? c.kernel_sent.load() - c.fence_sent.load() : 0),
+      static_cast<unsigned long long>(c.rx_switched.load() ? c.kernel_received.load() - c.peer_fence.load() : 0),
+      c.resync.load() || c.reupgrades.load() ? "true" : "false", c.reupgrades.load(),
+      c.fin_deferred.load() ? "true" : "false", c.lingered.load() ? "true" : "false");
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  (void)!Libc().write(fd, line, static_cast<size_t>(n));
+  Libc().close(fd);
+}
+
+void ReportAll(const char* event) {
+  ForEachConn([event](const Conn& c) { Report(c, event); });
+}
+
+}  // namespace vsocket::guest

@@ -1,0 +1,231 @@
+#include "guest/core/resync.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "guest/core/conn_state.h"
+#include "guest/core/errors.h"
+#include "guest/core/fd_table.h"
+#include "guest/core/iov.h"
+#include "guest/core/session.h"
+#include "guest/core/wait.h"
+#include "guest/core/writer.h"
+#include "guest/sys/libc.h"
+
+namespace vsocket::guest {
+
+using proto::Message;
+using proto::MsgType;
+using proto::Reason;
+
+// Ends the kernel connection with an RST but keeps the fd (connect with
+// AF_UNSPEC disconnects): the peer's next call fails with ECONNRESET, so it
+// never reads anything ambiguous as data.
+void ResetKernel(int fd, Conn& c) {
+  sockaddr sa{};
+  sa.sa_family = AF_UNSPEC;
+  (void)Libc().connect(fd, &sa, sizeof(sa));
+  Reset(c, Reason::kFabricDown);
+}
+
+// Under tx_mu: decides, once, what this side owes the peer on the kernel
+// socket. False if the connection had to be reset.
+bool PrepareResendLocked(Conn& c, int fd) {
+  if (c.tx_resync_started) return !c.reset.load();
+  c.tx_resync_started = true;
+  // Never switched: the kernel stream simply goes on, and the peer (which
+  // never got our FENCE) expects no header.
+  if (!c.tx_switched.load()) return true;
+  if (!c.resync_fence_acked.load()) {
+    // The peer may not know where our kernel bytes end, so it could not
+    // tell our header from data: reset rather than guess.
+    VS_LOG(kWarn, "conn %lu: fabric link lost before the peer confirmed our fence: connection reset",
+           static_cast<unsigned long>(c.id));
+    ResetKernel(fd, c);
+    return false;
+  }
+  // After our FIN nothing more can follow; a peer that misses bytes sees
+  // ECONNRESET (it waits for a header that never comes).
+  if (c.shut_wr.load() && !c.shut_after_resend) return true;
+  // Every byte the peer has not consumed is still in our TX ring (credits
+  // are consumption-based); it skips what already landed in its RX ring.
+  uint64_t from = c.credit.load(std::memory_order_acquire);
+  uint64_t tail = c.tx_tail.load(std::memory_order_relaxed);
+  if (from > tail || tail - from > c.ring_size || c.tx == nullptr) {
+    ResetKernel(fd, c);
+    return false;
+  }
+  c.resend.resize(proto::kResyncHeaderSize + (tail - from));
+  proto::EncodeResync(from, c.resend.data());
+  iovec v{c.resend.data() + proto::kResyncHeaderSize, static_cast<size_t>(tail - from)};
+  CopyIovRing<false>(c.tx, c.ring_size, from, &v, 1, 0, tail - from);
+  c.resend_off = 0;
+  VS_LOG(kInfo, "conn %lu: fabric link lost: back on kernel TCP, resending %lu bytes from %lu",
+         static_cast<unsigned long>(c.id), static_cast<unsigned long>(tail - from), static_cast<unsigned long>(from));
+  return true;
+}
+
+// Under tx_mu: writes what is owed without blocking. Ok once it is all in
+// the kernel, EAGAIN while the socket is full.
+Status FlushResendLocked(Conn& c, int fd) {
+  if (!PrepareResendLocked(c, fd)) return Errno(ECONNRESET, "connection reset (fabric link lost)");
+  while (c.resend_off < c.resend.size()) {
+    ssize_t w = Libc().send(fd, c.resend.data() + c.resend_off, c.resend.size() - c.resend_off,
+                            MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (w > 0) {
+      c.resend_off += static_cast<size_t>(w);
+      // Every byte on the kernel stream counts: a later FENCE (after a
+      // re-upgrade) is a position in that stream.
+      c.kernel_sent.fetch_add(static_cast<uint64_t>(w), std::memory_order_relaxed);
+      continue;
+    }
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Errno(EAGAIN, "resend pending");
+    int e = w < 0 ? errno : EPIPE;
+    Reset(c, Reason::kFabricDown);
+    return Errno(e, "resend");
+  }
+  if (!c.resend.empty()) {
+    std::vector<uint8_t>().swap(c.resend);
+    c.resend_off = 0;
+  }
+  if (c.shut_after_resend) {
+    c.shut_after_resend = false;
+    (void)Libc().shutdown(fd, SHUT_WR);
+  }
+  return Status::Ok();
+}
+
+// Under tx_mu: send() once the link is gone: the owed resend first, then
+// plain kernel TCP.
+Result<size_t> SendResynced(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
+  bool nonblock = c.nonblocking.load() || (flags & MSG_DONTWAIT);
+  int64_t deadline = -2;
+  for (;;) {
+    Status st = FlushResendLocked(c, fd);
+    if (st.ok()) break;
+    if (st.sys_errno() != EAGAIN || nonblock) return st;
+    Status w = WaitKernel(fd, POLLOUT, SO_SNDTIMEO, &deadline);
+    if (!w.ok()) return w;
+  }
+  if (c.shut_wr.load()) return BrokenPipe(flags, "shut down for writing");
+  msghdr mh{};
+  mh.msg_iov = const_cast<iovec*>(iov);
+  mh.msg_iovlen = static_cast<size_t>(iovcnt);
+  ssize_t n = Libc().sendmsg(fd, &mh, flags);
+  if (n < 0) return Errno(errno, "sendmsg");
+  c.kernel_sent.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+  return static_cast<size_t>(n);
+}
+
+// Under rx_mu: consumes the peer's RESYNC header and the bytes it resends
+// that already landed in our ring. Ok when done; EAGAIN when the kernel has
+// nothing more yet.
+Status ConsumeResyncLocked(int fd, Conn& c) {
+  using RxResync = Conn::RxResync;
+  for (;;) {
+    RxResync ph = c.rx_resync.load(std::memory_order_relaxed);
+    if (ph == RxResync::kKernel) return Status::Ok();
+    uint8_t scratch[4096];
+    uint8_t* dst = ph == RxResync::kHeader ? c.rx_hdr + c.rx_hdr_got : scratch;
+    size_t want = ph == RxResync::kHeader ? proto::kResyncHeaderSize - c.rx_hdr_got
+                                           : std::min<uint64_t>(sizeof(scratch), c.rx_skip);
+    ssize_t n = Libc().recv(fd, dst, want, MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Errno(EAGAIN, "resync pending");
+    if (n <= 0) {
+      // The peer could not resend (it had shut down, or reset): bytes are
+      // missing, so this is an error, never a short stream.
+      Reset(c, Reason::kFabricDown);
+      return Errno(n == 0 ? ECONNRESET : errno, "fabric link lost and the peer could not resend");
+    }
+    c.kernel_received.fetch_add(static_cast<uint64_t>(n));  // stream position, as the peer counts it
+    if (ph == RxResync::kHeader) {
+      c.rx_hdr_got += static_cast<uint32_t>(n);
+      if (c.rx_hdr_got < proto::kResyncHeaderSize) continue;
+      auto from = proto::DecodeResync(std::span<const uint8_t, proto::kResyncHeaderSize>(c.rx_hdr, proto::kResyncHeaderSize));
+      uint64_t landed = c.resync_landed.load();
+      if (!from.ok() || *from > landed || landed - *from > c.ring_size) {
+        ResetKernel(fd, c);
+        return Errno(EPROTO, "bad RESYNC header from the peer");
+      }
+      c.rx_skip = landed - *from;
+      c.rx_resync.store(c.rx_skip ? RxResync::kSkip : RxResync::kKernel, std::memory_order_release);
+    } else {
+      c.rx_skip -= static_cast<uint64_t>(n);
+      if (c.rx_skip == 0) c.rx_resync.store(RxResync::kKernel, std::memory_order_release);
+    }
+  }
+}
+
+// A connection that finished its RESYNC both ways (our resend is in the
+// kernel, the peer's header is read) leaves its old registration and
+// registers again, so it re-upgrades once the link is back (the backend
+// pairs it when the peer registers again too; until then it is an ordinary
+// pending connection on kernel TCP). Never blocks: if another thread is
+// inside a send or receive, a later call does it.
+void MaybeReregister(int fd, Conn& c) {
+  if (!c.resync.load(std::memory_order_acquire) || c.reset.load() ||
+      c.rx_resync.load(std::memory_order_acquire) != Conn::RxResync::kKernel || c.resync_fd.load() >= 0 ||
+      c.shut_wr.load() || c.shut_rd.load() || c.peer_shut_wr.load() || c.peer_gone.load())
+    return;
+  std::unique_lock<std::mutex> setup(c.setup_mu, std::try_to_lock);
+  if (!setup.owns_lock()) return;
+  std::unique_lock<std::mutex> tx(c.tx_mu, std::try_to_lock);
+  if (!tx.owns_lock()) return;
+  std::unique_lock<std::mutex> rx(c.rx_mu, std::try_to_lock);
+  if (!rx.owns_lock() || !c.resync.load() || !c.tx_resync_started || !c.resend.empty() || c.session == nullptr)
+    return;
+  Session* s = c.session;
+  if (!s->Unregister(c).ok()) {
+    SetKernelForGood(c, Reason::kBackendUnavailable);
+    return;
+  }
+  c.session = nullptr;
+  // A fresh accelerated state; the kernel byte counts go on (fences are
+  // positions in the kernel stream).
+  c.tx_switched.store(false);
+  c.rx_switched.store(false);
+  c.tx_tail.store(0);
+  c.rx_head.store(0);
+  c.consumed_reported = 0;
+  c.wrote_after_peer_gone = false;
+  c.upgraded.store(false);
+  c.peer_fence_known.store(false);
+  c.peer_fence.store(0);
+  c.rx_tail.store(0);
+  c.credit.store(0);
+  c.resync_fence_acked.store(false);
+  c.resync_landed.store(0);
+  c.tx_resync_started = false;
+  c.shut_after_resend = false;
+  c.rx_resync.store(Conn::RxResync::kRing);
+  c.rx_hdr_got = 0;
+  c.rx_skip = 0;
+  c.reason.store(Reason::kPending);
+  c.resync.store(false, std::memory_order_release);
+  c.mode.store(Mode::kUnprobed, std::memory_order_release);
+  c.reupgrades.fetch_add(1, std::memory_order_relaxed);
+  VS_LOG(kInfo, "conn %lu: resynced on kernel TCP; registering again to re-upgrade", static_cast<unsigned long>(c.id));
+}
+
+void StartResync(const std::shared_ptr<Conn>& c) {
+  c->resync_start_ns = MonotonicNs();
+  // The application may close and reuse fd numbers: the fd must name c on
+  // both sides of the dup.
+  int fd = c->fd_hint;
+  if (fd < 0 || Lookup(fd).get() != c.get()) return;  // its sends (or its close) flush it
+  HandToWriter(c, fd);
+  if (Lookup(fd).get() != c.get()) {
+    int mine = c->resync_fd.exchange(-1);
+    if (mine >= 0) CloseWriterFd(mine);  // the writer drops a conn without fd
+  }
+}
+
+}  // namespace vsocket::guest

@@ -1,0 +1,110 @@
+#include <sys/socket.h>
+
+#include <mutex>
+
+#include "base/log.h"
+#include "guest/core/conn_state.h"
+#include "guest/core/doorbell.h"
+#include "guest/core/errors.h"
+#include "guest/core/iov.h"
+#include "guest/core/registration.h"
+#include "guest/core/resync.h"
+#include "guest/core/session.h"
+#include "guest/core/socket_ops.h"
+#include "guest/core/wait.h"
+#include "guest/sys/libc.h"
+
+namespace vsocket::guest {
+
+using proto::Message;
+using proto::MsgType;
+using proto::Reason;
+
+Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
+  MaybeReregister(fd, c);
+  EnsureRegistered(fd, c);
+  std::unique_lock<std::mutex> lock(c.tx_mu);
+  if (c.reset.load()) return Errno(ECONNRESET, "connection reset");
+  if (c.resync.load(std::memory_order_acquire)) return SendResynced(fd, c, iov, iovcnt, flags);
+  // A sender that never reads must still hear its UPGRADE.
+  if (c.mode.load(std::memory_order_acquire) == Mode::kPending && c.session) c.session->TryDrain();
+  if (c.mode.load(std::memory_order_acquire) == Mode::kAccel && !c.tx_switched.load()) {
+    // Switch-over: from here on this direction uses the ring; the peer reads
+    // exactly kernel_sent bytes from its kernel socket first.
+    Status st = c.session->Post({MsgType::kFence, 0, proto::ConnCounter{c.id, c.kernel_sent.load()}});
+    if (!st.ok()) {
+      Reset(c, Reason::kBackendUnavailable);
+      return Errno(ECONNRESET, "connection reset");
+    }
+    c.fence_sent.store(c.kernel_sent.load());
+    c.tx_switched.store(true, std::memory_order_release);
+  }
+  if (!c.tx_switched.load()) {
+    msghdr mh{};
+    mh.msg_iov = const_cast<iovec*>(iov);
+    mh.msg_iovlen = static_cast<size_t>(iovcnt);
+    ssize_t n = Libc().sendmsg(fd, &mh, flags);
+    if (n < 0) {
+      VS_LOG(kDebug, "fd %d conn %lu (%s): kernel send: %m", fd, static_cast<unsigned long>(c.id),
+             ToString(c.mode.load()));
+      return Errno(errno, "sendmsg");
+    }
+    c.kernel_sent.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+    return static_cast<size_t>(n);
+  }
+  size_t total = IovLen(iov, iovcnt);
+  if (c.shut_wr.load()) return BrokenPipe(flags, "shut down for writing");  // even for 0 bytes
+  bool nonblock = c.nonblocking.load() || (flags & MSG_DONTWAIT);
+  size_t sent = 0;
+  const uint32_t size = c.ring_size;
+  int64_t deadline = -2;  // looked up when we first have to block
+  while (sent < total) {
+    if (c.reset.load()) return sent ? Result<size_t>(sent) : Errno(ECONNRESET, "connection reset");
+    if (c.resync.load(std::memory_order_acquire))
+      return sent ? Result<size_t>(sent) : SendResynced(fd, c, iov, iovcnt, flags);
+    if (c.shut_wr.load()) return sent ? Result<size_t>(sent) : BrokenPipe(flags, "shut down for writing");
+    if (c.peer_gone.load(std::memory_order_acquire)) {
+      if (sent) return sent;
+      // As over TCP: the first write after the peer closed still "succeeds"
+      // (the kernel would send it and get an RST back); later ones fail.
+      if (!c.wrote_after_peer_gone) {
+        c.wrote_after_peer_gone = true;
+        return total;
+      }
+      return BrokenPipe(flags, "peer closed");
+    }
+    uint64_t tail = c.tx_tail.load(std::memory_order_relaxed);
+    uint64_t credit = c.credit.load(std::memory_order_acquire);
+    if (credit > tail) {
+      Reset(c, Reason::kProtocolError);
+      return Errno(EPROTO, "credit beyond what was sent");
+    }
+    uint64_t space = size - (tail - credit);
+    if (space == 0) {
+      if (c.session->TryDrain()) continue;  // a credit may be waiting
+      if (nonblock) return sent ? Result<size_t>(sent) : Errno(EAGAIN, "ring full");
+      if (deadline == -2) deadline = SocketDeadline(fd, SO_SNDTIMEO);
+      Status st = WaitUntil(c, [&] {
+        return c.credit.load(std::memory_order_acquire) != credit || c.reset.load() || c.peer_gone.load() ||
+               c.shut_wr.load() || c.resync.load();
+      }, -1, 0, deadline);
+      if (!st.ok() && sent > 0) return sent;
+      if (!st.ok()) return st;
+      continue;
+    }
+    size_t n = std::min<uint64_t>(space, total - sent);
+    CopyIovRing<true>(c.tx, size, tail, iov, iovcnt, sent, n);
+    // Release: the ring bytes are written before the tail is published.
+    c.tx_tail.store(tail + n, std::memory_order_release);
+    Status st = Announce(c, &proto::DoorbellBlock::tx_tail, &proto::DoorbellBlock::want_tx, MsgType::kTxTail, tail + n);
+    if (!st.ok()) {
+      Reset(c, Reason::kBackendUnavailable);
+      return sent ? Result<size_t>(sent) : Errno(ECONNRESET, "connection reset");
+    }
+    c.accel_tx.fetch_add(n, std::memory_order_relaxed);
+    sent += n;
+  }
+  return sent;
+}
+
+}  // namespace vsocket::guest

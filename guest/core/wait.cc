@@ -1,0 +1,93 @@
+#include "guest/core/wait.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+
+#include "base/clock.h"
+#include "guest/core/config.h"
+#include "guest/core/errors.h"
+#include "guest/core/session.h"
+#include "guest/sys/libc.h"
+
+namespace vsocket::guest {
+
+namespace {
+
+struct ThreadWaiter {
+  int efd = -1;
+  ThreadWaiter() { efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
+  ~ThreadWaiter() {
+    if (efd >= 0) Libc().close(efd);
+  }
+};
+
+}  // namespace
+
+int ThreadWaiterFd() {
+  thread_local ThreadWaiter w;
+  return w.efd;
+}
+
+AdaptivePoll& ThreadPoll() {
+  thread_local AdaptivePoll p(int64_t{Config().poll_us} * 1000, int64_t{Config().poll_max_us} * 1000);
+  return p;
+}
+
+int64_t PollBudgetNs() { return Session::SleepAtOnce() ? 0 : ThreadPoll().budget_ns(); }
+
+WaitRecorder::~WaitRecorder() {
+  if (start_ != 0) ThreadPoll().Record(MonotonicNs() - start_);
+}
+
+int64_t WaitRecorder::Waiting() {
+  if (start_ == 0) start_ = MonotonicNs();
+  return start_ + PollBudgetNs();
+}
+
+// Blocks until ready() (checked after every change), polling briefly first.
+// kernel_fd/kernel_events: also wake when the kernel socket is ready.
+// True if some installed signal handler lacks SA_RESTART: then a blocking
+// socket call interrupted by a signal fails with EINTR, as the kernel's
+// would for that handler. (poll() cannot tell which signal interrupted it;
+// see docs/socket-compatibility.md.)
+bool AnyHandlerWithoutRestart() {
+  for (int sig = 1; sig < NSIG; ++sig) {
+    struct sigaction sa;
+    if (sigaction(sig, nullptr, &sa) != 0) continue;
+    bool handled = (sa.sa_flags & SA_SIGINFO) ? sa.sa_sigaction != nullptr
+                                              : (sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN);
+    if (handled && !(sa.sa_flags & SA_RESTART)) return true;
+  }
+  return false;
+}
+
+// SO_RCVTIMEO / SO_SNDTIMEO of the socket as a deadline (-1: none).
+int64_t SocketDeadline(int fd, int opt) {
+  timeval tv{};
+  socklen_t len = sizeof(tv);
+  if (getsockopt(fd, SOL_SOCKET, opt, &tv, &len) != 0 || (tv.tv_sec == 0 && tv.tv_usec == 0)) return -1;
+  return MonotonicNs() + int64_t{tv.tv_sec} * 1000000000 + int64_t{tv.tv_usec} * 1000;
+}
+
+
+// Waits up to a second for the kernel socket (`events`), within the
+// SO_*TIMEO deadline `opt` (looked up on first use: *deadline == -2).
+Status WaitKernel(int fd, short events, int opt, int64_t* deadline) {
+  if (*deadline == -2) *deadline = SocketDeadline(fd, opt);
+  int timeout_ms = 1000;
+  if (*deadline >= 0) {
+    int64_t left = *deadline - MonotonicNs();
+    if (left <= 0) return Errno(EAGAIN, "timed out");
+    timeout_ms = static_cast<int>(std::min<int64_t>(1000, (left + 999999) / 1000000));
+  }
+  pollfd p{fd, events, 0};
+  if (Libc().poll(&p, 1, timeout_ms) < 0 && errno == EINTR && AnyHandlerWithoutRestart())
+    return Errno(EINTR, "interrupted");
+  return Status::Ok();
+}
+
+}  // namespace vsocket::guest

@@ -1,0 +1,107 @@
+// Waiting in the library: poll briefly, then sleep on eventfds (the
+// session's calls, this thread's wake-up eventfd and, where it matters, the
+// kernel socket), never spin for long.
+#pragma once
+
+#include <poll.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "base/adaptive_poll.h"
+#include "base/clock.h"
+#include "base/status.h"
+#include "guest/core/conn.h"
+#include "guest/core/session.h"
+#include "guest/sys/libc.h"
+
+namespace vsocket::guest {
+
+// This thread's wake-up eventfd (written whenever the session dispatched
+// events), for poll/epoll emulation.
+int ThreadWaiterFd();
+
+// This thread's poll budget (VSOCKET_POLL_US .. VSOCKET_POLL_MAX_US, learned
+// from its waits: base/adaptive_poll.h).
+AdaptivePoll& ThreadPoll();
+// How long this thread polls before sleeping now: ThreadPoll()'s budget, or
+// 0 where the backend shares this process's few CPUs (cpu_share.h).
+int64_t PollBudgetNs();
+// Times one wait for ThreadPoll(): from Waiting() (nothing was ready) to
+// the end of the scope.
+class WaitRecorder {
+ public:
+  WaitRecorder() = default;
+  WaitRecorder(const WaitRecorder&) = delete;
+  WaitRecorder& operator=(const WaitRecorder&) = delete;
+  ~WaitRecorder();
+  // Starts the clock (once) and returns the time to poll until.
+  int64_t Waiting();
+
+ private:
+  int64_t start_ = 0;
+};
+
+// True if some installed signal handler lacks SA_RESTART: then a blocking
+// socket call interrupted by a signal fails with EINTR, as the kernel's
+// would for that handler.
+bool AnyHandlerWithoutRestart();
+// SO_RCVTIMEO / SO_SNDTIMEO of the socket as a deadline (-1: none).
+int64_t SocketDeadline(int fd, int opt);
+// Waits up to a second for the kernel socket (`events`), within the
+// SO_*TIMEO deadline `opt` (looked up on first use: *deadline == -2).
+Status WaitKernel(int fd, short events, int opt, int64_t* deadline);
+
+// Blocks until ready() (checked after every change), polling briefly first.
+// kernel_fd/kernel_events: also wake when the kernel socket is ready.
+// deadline_ns (-1: none) gives EAGAIN, as an expired SO_*TIMEO does.
+template <typename Ready>
+Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events = 0,
+                 int64_t deadline_ns = -1) {
+  Session* s = c.session;
+  if (s == nullptr) return Status(Code::kUnavailable, "no backend session", ECONNRESET);
+  if (ready()) return Status::Ok();
+  WaitRecorder wait;
+  int64_t spin_until = wait.Waiting();
+  for (uint32_t i = 0; MonotonicNs() < spin_until; ++i) {
+    if (ready()) return Status::Ok();
+    s->TryDrain();
+    SpinStep(i);
+  }
+  int efd = ThreadWaiterFd();
+  s->AddWaiter(efd);
+  Status result;
+  for (;;) {
+    if (ready()) break;
+    if (!s->alive()) {
+      result = Status(Code::kUnavailable, "backend session lost", ECONNRESET);
+      break;
+    }
+    int timeout_ms = 1000;
+    if (deadline_ns >= 0) {
+      int64_t left = deadline_ns - MonotonicNs();
+      if (left <= 0) {
+        result = Status(Code::kResourceExhausted, "timed out", EAGAIN);
+        break;
+      }
+      timeout_ms = static_cast<int>(std::min<int64_t>(1000, (left + 999999) / 1000000));
+    }
+    if (!s->PrepareSleep()) continue;  // work arrived: re-check
+    pollfd p[4] = {{efd, POLLIN, 0}, {s->event_fd(), POLLIN, 0}, {s->request_fd(), POLLIN, 0},
+                   {kernel_fd, kernel_events, 0}};
+    int r = Libc().poll(p, kernel_fd >= 0 ? 4 : 3, timeout_ms);
+    int poll_errno = errno;
+    s->DoneSleeping();
+    if (r < 0 && poll_errno == EINTR && AnyHandlerWithoutRestart()) {
+      result = Status(Code::kUnavailable, "interrupted", EINTR);
+      break;
+    }
+    uint64_t v;
+    (void)!Libc().read(efd, &v, sizeof(v));
+    if (r > 0 && (p[1].revents || p[2].revents)) s->Drain();
+  }
+  s->RemoveWaiter(efd);
+  return result;
+}
+
+}  // namespace vsocket::guest

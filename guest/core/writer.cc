@@ -1,0 +1,255 @@
+#include "guest/core/writer.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "guest/core/registration.h"
+#include "guest/core/resync.h"
+#include "guest/core/session.h"
+#include "guest/sys/libc.h"
+
+namespace vsocket::guest {
+
+namespace {
+
+// The background writer: finishes owed resends for applications that do
+// not write again (a reader waiting for a reply to bytes we must resend).
+// It works on its own dup of the socket, so it also finishes after the
+// application closed its fd, and gives up (RST) after kResendLimitNs.
+struct ResyncWriter {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::shared_ptr<Conn>> incoming;
+  bool started = false;
+};
+
+// Never destroyed (the thread outlives exit handlers); replaced in a forked
+// child, which has no writer thread (and maybe a mutex locked at the fork).
+std::atomic<ResyncWriter*> g_writer{nullptr};
+
+ResyncWriter& Writer() {
+  ResyncWriter* w = g_writer.load(std::memory_order_acquire);
+  if (w != nullptr) return *w;
+  auto* fresh = new ResyncWriter;
+  if (g_writer.compare_exchange_strong(w, fresh)) return *fresh;
+  delete fresh;
+  return *w;
+}
+
+// The writer's dups of sockets: a forked child must not keep them open
+// (the parent's FIN would wait for the child).
+std::mutex g_writer_fds_mu;
+std::vector<int> g_writer_fds;
+
+int DupHigh(int fd);
+
+void WriterLoop();
+
+// Our own dup of an application's socket, numbered high: out of the way of
+// the application's low fd numbers (select()'s FD_SETSIZE, close-all loops
+// that start low).
+int DupHigh(int fd) {
+  rlimit rl{};
+  int lo = 3;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur > 64)
+    lo = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > 2048 ? 1024 : static_cast<int>(rl.rlim_cur / 2);
+  int d = Libc().fcntl(fd, F_DUPFD_CLOEXEC, lo);
+  return d >= 0 ? d : Libc().fcntl(fd, F_DUPFD_CLOEXEC, 3);
+}
+
+}  // namespace
+
+// A dup of fd for the writer, recorded at once: fork() holds the same lock
+// (BeforeFork), so no child gets a dup it does not know of.
+int DupForWriter(int fd) {
+  std::lock_guard<std::mutex> lock(g_writer_fds_mu);
+  int d = DupHigh(fd);
+  if (d >= 0) g_writer_fds.push_back(d);
+  return d;
+}
+
+void CloseWriterFd(int fd) {
+  {
+    std::lock_guard<std::mutex> lock(g_writer_fds_mu);
+    std::erase(g_writer_fds, fd);
+  }
+  Libc().close(fd);
+}
+
+void ForgetWriterAfterFork() {
+  if (g_writer.load() != nullptr) g_writer.store(new ResyncWriter);
+  new (&g_writer_fds_mu) std::mutex();
+  for (int fd : g_writer_fds) Libc().close(fd);
+  g_writer_fds.clear();
+}
+
+void Enqueue(const std::shared_ptr<Conn>& c) {
+  ResyncWriter& w = Writer();
+  std::lock_guard<std::mutex> lock(w.mu);
+  w.incoming.push_back(c);
+  if (!w.started) {
+    w.started = true;
+    std::thread(WriterLoop).detach();
+  }
+  w.cv.notify_one();
+}
+
+namespace {
+
+enum class LingerState { kWaiting, kOver, kResync };
+
+// Before a lingering connection's dup is closed: bytes the peer sent after
+// our close() (e.g. its RESYNC header) would turn our FIN into an RST,
+// which may cost it data it has not read yet. The kernel would have reset
+// on them too; the FIN matters more.
+void DropKernelInput(int fd) {
+  char sink[4096];
+  for (int i = 0; i < 256 && Libc().recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0; ++i) {
+  }
+}
+
+// One look at a lingering connection (see Linger()), its session drained
+// just before. kResync: the link was lost, resync_fd now holds the dup and
+// the resend path takes over.
+LingerState StepLinger(Conn& c, int lfd) {
+  Session* s = c.session;
+  if (c.resync.load(std::memory_order_acquire)) {
+    c.linger_fd.store(-1);
+    c.resync_start_ns = MonotonicNs();
+    int expected = -1;
+    if (!c.resync_fd.compare_exchange_strong(expected, lfd)) CloseWriterFd(lfd);
+    return LingerState::kResync;
+  }
+  if (c.rx_tail.load() != c.rx_head.load()) {
+    // The peer sent more after our close(), which nobody will read: as the
+    // kernel answers data for a closed socket, reset (else the peer, its
+    // sends blocked on our full ring, might never consume ours).
+    c.linger_fd.store(-1);
+    Aborted(c);
+    linger lg{1, 0};
+    (void)setsockopt(lfd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+    CloseWriterFd(lfd);  // RST
+    return LingerState::kOver;
+  }
+  bool consumed = c.credit.load(std::memory_order_acquire) >= c.tx_tail.load(std::memory_order_relaxed);
+  if (!consumed && s != nullptr && s->alive() && !c.reset.load() && !c.peer_gone.load() &&
+      MonotonicNs() - c.linger_start_ns < kResendLimitNs)
+    return LingerState::kWaiting;
+  c.linger_fd.store(-1);
+  DropKernelInput(lfd);
+  Unregistered(c);
+  CloseWriterFd(lfd);  // the FIN
+  return LingerState::kOver;
+}
+
+void WriterLoop() {
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, nullptr);  // the application's signals go to its own threads
+  ResyncWriter& w = Writer();
+  std::vector<std::shared_ptr<Conn>> mine;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(w.mu);
+      if (mine.empty()) w.cv.wait(lock, [&] { return !w.incoming.empty(); });
+      for (auto& c : w.incoming) mine.push_back(std::move(c));
+      w.incoming.clear();
+    }
+    std::vector<pollfd> pfds;
+    bool busy = false, lingering = false;
+    Session* drained = nullptr;  // once per pass: lingering connections share their process's session
+    for (size_t i = 0; i < mine.size();) {
+      Conn& c = *mine[i];
+      int lfd = c.linger_fd.load();
+      if (lfd >= 0) {
+        // The application may no longer call us: its events are ours to take.
+        if (Session* s = c.session; s != nullptr && s != drained && s->alive()) {
+          s->TryDrain();
+          drained = s;
+        }
+        LingerState st = StepLinger(c, lfd);
+        if (st == LingerState::kWaiting) {
+          lingering = true;
+          ++i;
+          continue;
+        }
+        if (st == LingerState::kOver) {
+          mine[i] = std::move(mine.back());
+          mine.pop_back();
+          continue;
+        }
+      }
+      int fd = c.resync_fd.load();
+      bool done = fd < 0;
+      if (!done) {
+        std::unique_lock<std::mutex> tx(c.tx_mu, std::try_to_lock);
+        if (!tx.owns_lock()) {  // the application is sending: it flushes too
+          busy = true;
+          ++i;
+          continue;
+        }
+        Status st = FlushResendLocked(c, fd);
+        if (st.ok() || st.sys_errno() != EAGAIN) {
+          done = true;
+        } else if (MonotonicNs() - c.resync_start_ns > kResendLimitNs) {
+          VS_LOG(kWarn, "conn %lu: the peer took no resent bytes for 60 s: connection reset",
+                 static_cast<unsigned long>(c.id));
+          ResetKernel(fd, c);
+          done = true;
+        } else {
+          pfds.push_back({fd, POLLOUT, 0});
+        }
+        if (done) {
+          // Ours to close unless StartResync took it back meanwhile.
+          int owned = fd;
+          if (c.resync_fd.compare_exchange_strong(owned, -1)) {
+            // A lingering connection's close ends here: resent, FIN sent.
+            if (c.lingered.load()) DropKernelInput(fd);
+            CloseWriterFd(fd);
+          }
+          if (c.lingered.load()) Unregistered(c);
+        }
+      }
+      if (done) {
+        mine[i] = std::move(mine.back());
+        mine.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    if (!mine.empty()) (void)Libc().poll(pfds.data(), pfds.size(), busy ? 10 : lingering ? 20 : 200);
+  }
+}
+
+}  // namespace
+
+// Gives the background writer its own dup of fd (which names c's socket).
+void HandToWriter(const std::shared_ptr<Conn>& c, int fd) {
+  if (c->resync_fd.load() >= 0) return;
+  int mine = DupForWriter(fd);
+  if (mine < 0) return;
+  int expected = -1;
+  if (!c->resync_fd.compare_exchange_strong(expected, mine)) {
+    CloseWriterFd(mine);
+    return;
+  }
+  Enqueue(c);
+}
+
+void BeforeFork() { g_writer_fds_mu.lock(); }
+void AfterForkInParent() { g_writer_fds_mu.unlock(); }
+
+}  // namespace vsocket::guest
