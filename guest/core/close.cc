@@ -25,9 +25,9 @@ void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open) {
   Conn& c = *self;
   std::lock_guard<std::mutex> lock(c.setup_mu);
   Session* s = c.session;
-  bool registered = IsRegistered(c) && s != nullptr;
+  bool registered = c.state.registered() && s != nullptr;
   bool abortive = false, lingering = false;
-  if (registered && s->alive() && c.upgraded.load()) {
+  if (registered && s->alive() && c.state.upgraded()) {
     // The kernel answers close() with RST when unread data is discarded or
     // SO_LINGER is {on, 0}: the peer then sees ECONNRESET, not EOF.
     linger lg{};
@@ -42,7 +42,7 @@ void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open) {
   // and before its linger starts: the writer changes what it reports.
   Report(c, "close");
   if (lingering) Enqueue(self);
-  if (still_open && !lingering && c.resync.load(std::memory_order_acquire)) {
+  if (still_open && !lingering && c.state.resynced()) {
     // Back on kernel TCP after a link loss: the bytes still owed to the
     // peer leave the TX ring before it is freed, and the writer finishes
     // sending them after this close (as the kernel does with its buffer).
@@ -69,8 +69,8 @@ void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open) {
 // A process that exits meanwhile closes the dup (as before: the backend
 // still delivers over a live link).
 bool Linger(int fd, Conn& c) {
-  if (c.reset.load() || c.resync.load() || c.peer_gone.load() || c.mode.load() != Mode::kAccel ||
-      !c.tx_switched.load())
+  if (c.state.reset() || c.state.resynced() || c.peer_gone.load() || !c.state.accelerated() ||
+      !c.state.tx_on_ring())
     return false;
   if (c.credit.load(std::memory_order_acquire) >= c.tx_tail.load(std::memory_order_relaxed)) return false;
   if (!c.shut_wr.load() && !Shutdown(fd, c, SHUT_WR).ok()) return false;
@@ -83,14 +83,17 @@ bool Linger(int fd, Conn& c) {
   int mine = DupForWriter(fd);
   if (mine < 0) return false;
   c.linger_start_ns = MonotonicNs();
-  c.lingered.store(true);
+  if (!c.state.Apply(ConnEvent::kLinger)) {
+    CloseWriterFd(mine);  // the link was lost meanwhile: the resend path takes it
+    return false;
+  }
   c.linger_fd.store(mine);
   return true;  // the caller hands it to the writer
 }
 
 Status Shutdown(int fd, Conn& c, int how) {
   bool wr = how == SHUT_WR || how == SHUT_RDWR;
-  if (wr && c.resync.load(std::memory_order_acquire)) {
+  if (wr && c.state.resynced()) {
     // Bytes still owed to the peer after a link loss go before our FIN.
     std::lock_guard<std::mutex> lock(c.tx_mu);
     if (!c.shut_wr.load() && PrepareResendLocked(c, fd) && c.resend_off < c.resend.size()) {
@@ -110,14 +113,14 @@ Status Shutdown(int fd, Conn& c, int how) {
   // consumed what we wrote, a link loss makes us resend it on the kernel
   // socket (RESYNC), which a FIN already sent would forbid; the peer
   // learns our EOF on the accelerated path meanwhile.
-  bool defer_fin = first_wr && c.tx_switched.load() && c.mode.load() == Mode::kAccel && !c.resync.load();
+  bool defer_fin = first_wr && c.state.tx_on_ring() && c.state.accelerated() && !c.state.resynced();
   int kernel_how = defer_fin ? (how == SHUT_RDWR ? SHUT_RD : -1) : how;
   // The kernel shutdown first: it also ends a sender blocked in the kernel,
   // and the flags end one waiting for ring space, so tx_mu frees up.
   if (kernel_how >= 0 && Libc().shutdown(fd, kernel_how) != 0) return Errno(errno, "shutdown");
   Session* s = c.session;
   if (s != nullptr) s->WakeWaiters();
-  if (first_wr && IsRegistered(c) && s != nullptr) {
+  if (first_wr && c.state.registered() && s != nullptr) {
     // Under tx_mu: after every TX_TAIL a concurrent sender may still post.
     std::lock_guard<std::mutex> lock(c.tx_mu);
     if (defer_fin) {

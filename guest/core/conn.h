@@ -12,19 +12,12 @@
 #include <mutex>
 #include <vector>
 
+#include "guest/core/conn_state.h"
 #include "proto/control.h"
 
 namespace vsocket::guest {
 
 class Session;
-
-enum class Mode : uint8_t {
-  kUnprobed,  // not yet looked at (registration happens at first I/O)
-  kKernel,    // kernel TCP for good (reason says why)
-  kPending,   // registered; kernel TCP until the backend pairs it
-  kAccel,     // upgraded (each direction switches at its fence)
-};
-const char* ToString(Mode m);
 
 struct Conn {
   // Identity (set once at registration).
@@ -36,8 +29,9 @@ struct Conn {
   std::mutex tx_mu;
   std::mutex rx_mu;
   std::mutex setup_mu;  // registration and teardown
-  std::atomic<Mode> mode{Mode::kUnprobed};
-  std::atomic<proto::Reason> reason{proto::Reason::kPending};
+  // Phase, reason, history and each direction's switch: every change of
+  // them goes through this state machine (conn_state.h).
+  ConnState state;
   std::atomic<bool> nonblocking{false};  // cached O_NONBLOCK of the open file
 
   bool eligible = false;  // created in this process (socket/accept): byte counts are exact
@@ -46,8 +40,6 @@ struct Conn {
   std::atomic<uint64_t> kernel_sent{0};      // bytes the app sent on the kernel path
   std::atomic<uint64_t> kernel_received{0};  // bytes the app received on the kernel path
   // Written under the side's mutex, read lock-free by poll/epoll.
-  std::atomic<bool> tx_switched{false};  // FENCE sent: writes go to the TX ring
-  std::atomic<bool> rx_switched{false};  // peer's fence reached: reads come from RX
   std::atomic<uint64_t> tx_tail{0};      // bytes produced into TX
   std::atomic<uint64_t> rx_head{0};      // bytes consumed from RX
   uint64_t consumed_reported = 0;
@@ -61,20 +53,17 @@ struct Conn {
   int64_t registered_ns = 0;
 
   // Written by event dispatch.
-  std::atomic<bool> upgraded{false};
   std::atomic<bool> peer_fence_known{false};
   std::atomic<uint64_t> peer_fence{0};
   std::atomic<uint64_t> rx_tail{0};
   std::atomic<uint64_t> credit{0};       // bytes the peer consumed
   std::atomic<bool> peer_shut_wr{false};  // EOF after rx_tail
   std::atomic<bool> peer_gone{false};     // peer reads no more: EPIPE
-  std::atomic<bool> reset{false};         // the accelerated path failed
   std::atomic<uint32_t> gen{0};           // bumped on every event (epoll ET)
 
   // Back to kernel TCP after the fabric link was lost (RESYNC, see
-  // docs/fabric-design.md "Link loss and RESYNC"). Set by dispatch; the
-  // two directions then finish the downgrade at their own pace.
-  std::atomic<bool> resync{false};
+  // docs/fabric-design.md "Link loss and RESYNC"; state.resynced()). Set by
+  // dispatch; the two directions then finish the downgrade at their own pace.
   std::atomic<bool> resync_fence_acked{false};  // the peer has our FENCE
   std::atomic<uint64_t> resync_landed{0};       // accelerated bytes in our RX ring, final
   // TX (under tx_mu): the RESYNC header and the unacknowledged TX bytes,
@@ -87,16 +76,14 @@ struct Conn {
   // writer keeps this dup of the socket (no FIN yet) and the registration,
   // so a link loss can still be repaired by a resend (see Linger()).
   std::atomic<int> linger_fd{-1};
-  std::atomic<bool> lingered{false};  // (reported)
   int64_t linger_start_ns = 0;
   int fd_hint = -1;                 // an fd of the app's naming it (set at registration)
   std::atomic<int64_t> resync_start_ns{0};  // (writer and event dispatch)
   std::atomic<uint32_t> reupgrades{0};  // times it registered again after a RESYNC
   std::vector<uint8_t> resend;
   size_t resend_off = 0;
-  // RX (under rx_mu; read by poll): ring, then header, then skip, then kernel.
-  enum class RxResync : uint8_t { kRing, kHeader, kSkip, kKernel };
-  std::atomic<RxResync> rx_resync{RxResync::kRing};
+  // RX (under rx_mu; state.rx_resync() says the step): the header read so
+  // far, and the resent bytes still to skip.
   uint8_t rx_hdr[16] = {};
   uint32_t rx_hdr_got = 0;
   uint64_t rx_skip = 0;

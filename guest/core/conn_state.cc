@@ -1,8 +1,110 @@
 #include "guest/core/conn_state.h"
 
+#include <new>
+
+#include "base/log.h"
+
 namespace vsocket::guest {
 
 using proto::Reason;
+
+namespace {
+
+struct Transition {
+  Phase from;
+  ConnEvent event;
+  Phase to;
+};
+
+// Every allowed change of phase; anything else is refused. Read it by
+// phase: what can happen to a connection in it.
+constexpr Transition kTransitions[] = {
+    // First I/O: registered, or kernel TCP for good.
+    {Phase::kUnprobed, ConnEvent::kRegistered, Phase::kPending},
+    {Phase::kUnprobed, ConnEvent::kKernelForGood, Phase::kKernel},
+    // Registered, waiting for the peer. Whatever goes wrong here leaves the
+    // kernel stream exact: back to kernel TCP, never a reset.
+    {Phase::kPending, ConnEvent::kUpgrade, Phase::kUpgraded},
+    {Phase::kPending, ConnEvent::kKernelForGood, Phase::kKernel},  // the registration was refused
+    {Phase::kPending, ConnEvent::kPeerWithdrew, Phase::kKernel},
+    {Phase::kPending, ConnEvent::kBackendLost, Phase::kKernel},
+    {Phase::kPending, ConnEvent::kForked, Phase::kKernel},
+    {Phase::kPending, ConnEvent::kClose, Phase::kClosed},
+    // Upgraded: bytes may be in the rings. A lost link is repaired on
+    // kernel TCP (RESYNC); anything that loses track of bytes resets.
+    {Phase::kUpgraded, ConnEvent::kLinkLost, Phase::kResyncing},
+    {Phase::kUpgraded, ConnEvent::kPeerWithdrew, Phase::kReset},  // the peer aborted
+    {Phase::kUpgraded, ConnEvent::kFail, Phase::kReset},
+    {Phase::kUpgraded, ConnEvent::kBackendLost, Phase::kReset},
+    {Phase::kUpgraded, ConnEvent::kForked, Phase::kReset},
+    {Phase::kUpgraded, ConnEvent::kLinger, Phase::kLingering},
+    {Phase::kUpgraded, ConnEvent::kClose, Phase::kClosed},
+    // Closed by the application, our bytes not yet consumed (close.cc).
+    {Phase::kLingering, ConnEvent::kLinkLost, Phase::kResyncing},
+    {Phase::kLingering, ConnEvent::kPeerWithdrew, Phase::kReset},
+    {Phase::kLingering, ConnEvent::kFail, Phase::kReset},
+    {Phase::kLingering, ConnEvent::kBackendLost, Phase::kReset},
+    {Phase::kLingering, ConnEvent::kClose, Phase::kClosed},
+    // Back on kernel TCP after a link loss (resync.cc).
+    {Phase::kResyncing, ConnEvent::kResynced, Phase::kUnprobed},
+    {Phase::kResyncing, ConnEvent::kKernelForGood, Phase::kKernel},  // could not register again
+    {Phase::kResyncing, ConnEvent::kPeerWithdrew, Phase::kReset},
+    {Phase::kResyncing, ConnEvent::kFail, Phase::kReset},
+    {Phase::kResyncing, ConnEvent::kBackendLost, Phase::kReset},
+    {Phase::kResyncing, ConnEvent::kForked, Phase::kReset},
+    {Phase::kResyncing, ConnEvent::kClose, Phase::kClosed},
+    // Reset: only its registration is left to end (the reason may change:
+    // a later failure names itself).
+    {Phase::kReset, ConnEvent::kFail, Phase::kReset},
+    {Phase::kReset, ConnEvent::kBackendLost, Phase::kReset},
+    {Phase::kReset, ConnEvent::kForked, Phase::kReset},
+    {Phase::kReset, ConnEvent::kClose, Phase::kClosed},
+};
+
+std::atomic<uint64_t> g_refused{0};
+
+}  // namespace
+
+const char* ToString(Phase p) {
+  switch (p) {
+    case Phase::kUnprobed: return "unprobed";
+    case Phase::kKernel: return "kernel";
+    case Phase::kPending: return "pending";
+    case Phase::kUpgraded: return "upgraded";
+    case Phase::kResyncing: return "resyncing";
+    case Phase::kLingering: return "lingering";
+    case Phase::kReset: return "reset";
+    case Phase::kClosed: return "closed";
+  }
+  return "?";
+}
+
+const char* ToString(ConnEvent e) {
+  switch (e) {
+    case ConnEvent::kRegistered: return "registered";
+    case ConnEvent::kKernelForGood: return "kernel-for-good";
+    case ConnEvent::kUpgrade: return "upgrade";
+    case ConnEvent::kPeerWithdrew: return "peer-withdrew";
+    case ConnEvent::kLinkLost: return "link-lost";
+    case ConnEvent::kFail: return "fail";
+    case ConnEvent::kBackendLost: return "backend-lost";
+    case ConnEvent::kForked: return "forked";
+    case ConnEvent::kResynced: return "resynced";
+    case ConnEvent::kLinger: return "linger";
+    case ConnEvent::kClose: return "close";
+  }
+  return "?";
+}
+
+const char* ToString(RxResync r) {
+  switch (r) {
+    case RxResync::kRing: return "ring";
+    case RxResync::kHeader: return "header";
+    case RxResync::kSkip: return "skip";
+    case RxResync::kKernel: return "kernel";
+  }
+  return "?";
+}
 
 const char* ToString(Mode m) {
   switch (m) {
@@ -14,19 +116,116 @@ const char* ToString(Mode m) {
   return "?";
 }
 
-void SetKernelForGood(Conn& c, Reason r) {
-  c.reason.store(r);
-  c.mode.store(Mode::kKernel, std::memory_order_release);
+std::optional<Phase> ConnState::Next(Phase from, ConnEvent e) {
+  for (const Transition& t : kTransitions)
+    if (t.from == from && t.event == e) return t.to;
+  return std::nullopt;
 }
 
-void Reset(Conn& c, Reason r) {
-  c.reason.store(r);
-  c.reset.store(true, std::memory_order_release);
+bool ConnState::Apply(ConnEvent e, std::optional<Reason> why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Phase from = phase_.load(std::memory_order_relaxed);
+  std::optional<Phase> to = Next(from, e);
+  if (!to) {
+    g_refused.fetch_add(1, std::memory_order_relaxed);
+    VS_LOG(kDebug, "connection %s: event %s refused", ToString(from), ToString(e));
+    return false;
+  }
+  if (e == ConnEvent::kUpgrade) reason_.store(Reason::kNone, std::memory_order_relaxed);
+  else if (why) reason_.store(*why, std::memory_order_relaxed);
+  switch (e) {
+    case ConnEvent::kUpgrade: upgraded_.store(true, std::memory_order_relaxed); break;
+    case ConnEvent::kLinkLost: resynced_.store(true, std::memory_order_relaxed); break;
+    case ConnEvent::kLinger: lingered_.store(true, std::memory_order_relaxed); break;
+    case ConnEvent::kResynced:
+      // A fresh registration: the history of the old one is gone (the
+      // kernel byte counts go on, in Conn).
+      upgraded_.store(false, std::memory_order_relaxed);
+      resynced_.store(false, std::memory_order_relaxed);
+      tx_ring_.store(false, std::memory_order_relaxed);
+      rx_ring_.store(false, std::memory_order_relaxed);
+      rx_resync_.store(RxResync::kRing, std::memory_order_relaxed);
+      reason_.store(Reason::kPending, std::memory_order_relaxed);
+      break;
+    default:
+      break;
+  }
+  // Release: pairs with the acquire in phase(); whoever sees the new phase
+  // sees the reason and history stored above.
+  phase_.store(*to, std::memory_order_release);
+  return true;
 }
 
-bool IsRegistered(const Conn& c) {
-  Mode m = c.mode.load(std::memory_order_acquire);
-  return m == Mode::kPending || m == Mode::kAccel;
+void ConnState::AfterForkInChild() { new (&mu_) std::mutex(); }
+
+bool ConnState::registered() const {
+  switch (phase()) {
+    case Phase::kPending:
+    case Phase::kUpgraded:
+    case Phase::kResyncing:
+    case Phase::kLingering:
+    case Phase::kReset:
+      return true;
+    default:
+      return false;
+  }
 }
+
+bool ConnState::accelerated() const {
+  switch (phase()) {
+    case Phase::kUpgraded:
+    case Phase::kResyncing:
+    case Phase::kLingering:
+      return true;
+    case Phase::kReset:
+      return upgraded();
+    default:
+      return false;
+  }
+}
+
+Mode ConnState::mode() const {
+  if (accelerated()) return Mode::kAccel;
+  switch (phase()) {
+    case Phase::kUnprobed: return Mode::kUnprobed;
+    case Phase::kPending: return Mode::kPending;
+    default: return Mode::kKernel;
+  }
+}
+
+const char* ConnState::ReportedMode() const { return resynced() ? "kernel" : ToString(mode()); }
+
+bool ConnState::SwitchTx() {
+  if (!upgraded() || tx_ring_.load(std::memory_order_relaxed)) {
+    g_refused.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  tx_ring_.store(true, std::memory_order_release);
+  return true;
+}
+
+bool ConnState::SwitchRx() {
+  if (!upgraded() || rx_ring_.load(std::memory_order_relaxed)) {
+    g_refused.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  rx_ring_.store(true, std::memory_order_release);
+  return true;
+}
+
+bool ConnState::AdvanceRxResync(RxResync to) {
+  RxResync from = rx_resync_.load(std::memory_order_relaxed);
+  bool ok = resynced() && ((from == RxResync::kRing && (to == RxResync::kHeader || to == RxResync::kKernel)) ||
+                           (from == RxResync::kHeader && (to == RxResync::kSkip || to == RxResync::kKernel)) ||
+                           (from == RxResync::kSkip && to == RxResync::kKernel));
+  if (!ok) {
+    g_refused.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  rx_resync_.store(to, std::memory_order_release);
+  return true;
+}
+
+uint64_t ConnState::refused_total() { return g_refused.load(std::memory_order_relaxed); }
 
 }  // namespace vsocket::guest

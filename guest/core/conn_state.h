@@ -1,16 +1,134 @@
-// The mode of a connection and the changes of it shared by the socket
-// layer and event dispatch.
+// Where a connection is in its life, and every way it can move on.
+//
+// One connection has one ConnState. Its phase changes only through
+// Apply(event), whose whole table is kTransitions in conn_state.cc (and the
+// diagram in docs/connection-lifecycle.md, generated from the same table by
+// conn_state_test). An event the table does not allow in the current phase
+// is refused: Apply returns false and nothing changes.
+//
+// Besides the phase, the state keeps what the report and the data path
+// need to know about the current registration: whether it was upgraded,
+// whether the link was lost (resynced), whether close() lingered; and each
+// direction's own progress: TX switched to the ring (our FENCE sent), RX
+// switched (the peer's fence reached), and after a link loss the RX steps
+// through the peer's RESYNC (ring, header, skip, kernel).
+//
+// Thread safety: event dispatch (under the session lock) and socket calls
+// (under the connection's locks) both apply events; Apply serializes them
+// on a lock of its own (transitions are rare: never per byte), and readers
+// load lock-free (acquire pairs with the release of the transition). The
+// direction flags are written under tx_mu / rx_mu.
 #pragma once
 
-#include "guest/core/conn.h"
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+
+#include "proto/control.h"
 
 namespace vsocket::guest {
 
-// Kernel TCP for good, for reason r.
-void SetKernelForGood(Conn& c, proto::Reason r);
-// The accelerated path failed: the application sees ECONNRESET.
-void Reset(Conn& c, proto::Reason r);
-// Registered with the backend (pending or upgraded).
-bool IsRegistered(const Conn& c);
+enum class Phase : uint8_t {
+  kUnprobed,   // not looked at yet: registered at its first I/O
+  kKernel,     // kernel TCP for good (reason() says why)
+  kPending,    // registered; kernel TCP until the backend pairs it
+  kUpgraded,   // paired: each direction switches to the rings at its fence
+  kResyncing,  // the accelerated path was lost: finishing on kernel TCP (RESYNC)
+  kLingering,  // closed by the application; the peer has not consumed our bytes yet
+  kReset,      // the accelerated path failed: the application sees ECONNRESET
+  kClosed,     // unregistered: nothing more happens on the accelerated path
+};
+inline constexpr int kPhaseCount = 8;
+const char* ToString(Phase p);
+
+enum class ConnEvent : uint8_t {
+  kRegistered,     // REGISTER_CONN sent: kernel TCP until UPGRADE
+  kKernelForGood,  // not eligible, refused, no backend, or a rule: stays on kernel TCP
+  kUpgrade,        // the backend's UPGRADE: paired
+  kPeerWithdrew,   // DOWNGRADE: before the upgrade the peer is not there; after it, an abort
+  kLinkLost,       // DOWNGRADE for a lost link, with byte counts that agree: RESYNC
+  kFail,           // the accelerated path failed (protocol error, bytes unaccounted for)
+  kBackendLost,    // the session with vsocketd is gone
+  kForked,         // in a forked child: the registration is the parent's
+  kResynced,       // both directions finished the RESYNC: register again to re-upgrade
+  kLinger,         // close() while the peer has not consumed our accelerated bytes
+  kClose,          // UNREGISTER: the end of the registration
+};
+inline constexpr int kEventCount = 11;
+const char* ToString(ConnEvent e);
+
+// RX after a link loss: the bytes already in the ring, then the peer's
+// RESYNC header on the kernel stream, then the resent bytes we already had
+// (skipped), then plain kernel TCP.
+enum class RxResync : uint8_t { kRing, kHeader, kSkip, kKernel };
+const char* ToString(RxResync r);
+
+// The mode a report shows (docs/tenant-guide.md): "kernel", "kernel-pending"
+// or "accelerated" ("unprobed" is never reported).
+enum class Mode : uint8_t { kUnprobed, kKernel, kPending, kAccel };
+const char* ToString(Mode m);
+
+class ConnState {
+ public:
+  // The table: the phase `e` leads to from `from`, or nullopt (refused).
+  static std::optional<Phase> Next(Phase from, ConnEvent e);
+
+  // Moves to Next(phase(), e), recording `why` as the reason (events that
+  // carry none keep the current one; kUpgrade clears it). False if the
+  // table refuses e in the current phase: then nothing changes.
+  bool Apply(ConnEvent e, std::optional<proto::Reason> why = std::nullopt);
+
+  Phase phase() const { return phase_.load(std::memory_order_acquire); }
+  proto::Reason reason() const { return reason_.load(std::memory_order_acquire); }
+
+  // Derived views of the phase.
+  // Registered with the backend: UNREGISTER is owed at the end.
+  bool registered() const;
+  // The old "accelerated mode": upgraded in this registration and not
+  // closed or back on kernel TCP for good (includes a reset or resyncing
+  // connection, whose own checks come first).
+  bool accelerated() const;
+  bool reset() const { return phase() == Phase::kReset; }
+  Mode mode() const;
+  // The mode a report shows: after a link loss "kernel".
+  const char* ReportedMode() const;
+
+  // History of the current registration (cleared by kResynced).
+  bool upgraded() const { return upgraded_.load(std::memory_order_acquire); }
+  // The link was lost after the upgrade (kLinkLost): the RESYNC rules apply
+  // from then on, whatever the phase is now.
+  bool resynced() const { return resynced_.load(std::memory_order_acquire); }
+  // (Not cleared: a report says whether close() ever lingered.)
+  bool lingered() const { return lingered_.load(std::memory_order_acquire); }
+
+  // Directions. Each switches once per registration and only after the
+  // upgrade (false: refused).
+  bool tx_on_ring() const { return tx_ring_.load(std::memory_order_acquire); }
+  bool rx_on_ring() const { return rx_ring_.load(std::memory_order_acquire); }
+  bool SwitchTx();  // under tx_mu: our FENCE is posted, writes go to the TX ring
+  bool SwitchRx();  // under rx_mu: the peer's fence is reached, reads come from RX
+
+  RxResync rx_resync() const { return rx_resync_.load(std::memory_order_acquire); }
+  // Under rx_mu, only while resynced(): kRing -> kHeader | kKernel,
+  // kHeader -> kSkip | kKernel, kSkip -> kKernel. False: refused.
+  bool AdvanceRxResync(RxResync to);
+
+  // Refused events since the process started (for tests and the debug log).
+  static uint64_t refused_total();
+  // In a forked child: the lock another thread may have held is released.
+  void AfterForkInChild();
+
+ private:
+  std::mutex mu_;  // serializes Apply
+  std::atomic<Phase> phase_{Phase::kUnprobed};
+  std::atomic<proto::Reason> reason_{proto::Reason::kPending};
+  std::atomic<bool> upgraded_{false};
+  std::atomic<bool> resynced_{false};
+  std::atomic<bool> lingered_{false};
+  std::atomic<bool> tx_ring_{false};
+  std::atomic<bool> rx_ring_{false};
+  std::atomic<RxResync> rx_resync_{RxResync::kRing};
+};
 
 }  // namespace vsocket::guest

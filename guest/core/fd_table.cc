@@ -78,15 +78,12 @@ void AfterForkInChild() {
     new (&c.tx_mu) std::mutex();
     new (&c.rx_mu) std::mutex();
     new (&c.setup_mu) std::mutex();
-    if (!IsRegistered(c)) continue;
+    c.state.AfterForkInChild();
+    if (!c.state.registered()) continue;
     // The parent's session owns this registration. A connection that never
-    // upgraded is still exact on kernel TCP; an upgraded one is not.
+    // upgraded is still exact on kernel TCP; an upgraded one is not (reset).
     c.session = nullptr;
-    if (c.upgraded.load()) {
-      Reset(c, Reason::kForked);
-    } else {
-      SetKernelForGood(c, Reason::kForked);
-    }
+    c.state.Apply(ConnEvent::kForked, Reason::kForked);
   }
 }
 

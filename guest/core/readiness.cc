@@ -7,19 +7,19 @@
 namespace vsocket::guest {
 
 bool KernelFeedsReads(const Conn& c) {
-  if (c.mode.load(std::memory_order_acquire) != Mode::kAccel || c.rx_switched.load()) return false;
+  if (!c.state.accelerated() || c.state.rx_on_ring()) return false;
   return !(c.peer_fence_known.load() && c.kernel_received.load() == c.peer_fence.load());
 }
 
 int Readiness(int fd, Conn& c) {
-  if (c.reset.load()) return POLLIN | POLLOUT | POLLERR | POLLHUP;
-  if (c.mode.load(std::memory_order_acquire) != Mode::kAccel) return -1;
-  if (c.resync.load(std::memory_order_acquire)) {
+  if (c.state.reset()) return POLLIN | POLLOUT | POLLERR | POLLHUP;
+  if (!c.state.accelerated()) return -1;
+  if (c.state.resynced()) {
     // Back on kernel TCP: only bytes still in the ring (or the EOF after
     // them) are ours to report; the kernel socket says the rest.
-    bool ring_rx = c.rx_switched.load() ||
+    bool ring_rx = c.state.rx_on_ring() ||
                    (c.peer_fence_known.load() && c.kernel_received.load() == c.peer_fence.load());
-    if (c.rx_resync.load() == Conn::RxResync::kRing && c.peer_fence_known.load() && ring_rx) {
+    if (c.state.rx_resync() == RxResync::kRing && c.peer_fence_known.load() && ring_rx) {
       bool shut = c.peer_shut_wr.load(std::memory_order_acquire);
       if (shut) return POLLIN | POLLOUT | POLLRDHUP;
       if (c.rx_tail.load(std::memory_order_acquire) != c.rx_head.load()) return POLLIN | POLLOUT;
@@ -27,7 +27,7 @@ int Readiness(int fd, Conn& c) {
     return -1;
   }
   int r = 0;
-  bool ring_rx = c.rx_switched.load() ||
+  bool ring_rx = c.state.rx_on_ring() ||
                  (c.peer_fence_known.load() && c.kernel_received.load() == c.peer_fence.load());
   bool shut = c.peer_shut_wr.load(std::memory_order_acquire);
   if (ring_rx) {
@@ -40,7 +40,7 @@ int Readiness(int fd, Conn& c) {
   }
   if (shut) r |= POLLRDHUP;
   uint64_t used = c.tx_tail.load() - c.credit.load();
-  if (!c.tx_switched.load() || used < c.ring_size || c.peer_gone.load()) r |= POLLOUT;
+  if (!c.state.tx_on_ring() || used < c.ring_size || c.peer_gone.load()) r |= POLLOUT;
   if (shut && c.shut_wr.load()) r |= POLLHUP;
   return r;
 }

@@ -25,8 +25,7 @@ using proto::Reason;
 Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   MaybeReregister(fd, c);
   EnsureRegistered(fd, c);
-  Mode mode = c.mode.load(std::memory_order_acquire);
-  if (mode == Mode::kKernel || mode == Mode::kUnprobed) {
+  if (!c.state.registered()) {
     // Not registered: the kernel socket alone, exactly as without us.
     msghdr mh{};
     mh.msg_iov = const_cast<iovec*>(iov);
@@ -61,16 +60,15 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   size_t got = 0;
   int64_t deadline = -2;  // SO_RCVTIMEO, looked up when we first have to block
   for (;;) {
-    if (c.reset.load()) return got ? Result<size_t>(got) : Errno(ECONNRESET, "connection reset");
-    if (c.resync.load(std::memory_order_acquire)) {
+    if (c.state.reset()) return got ? Result<size_t>(got) : Errno(ECONNRESET, "connection reset");
+    if (c.state.resynced()) {
       // The link is gone: the fenced kernel bytes and the ring come first
       // (kRing, below), then the peer's RESYNC header, then kernel TCP.
-      using RxResync = Conn::RxResync;
-      RxResync ph = c.rx_resync.load(std::memory_order_relaxed);
+      RxResync ph = c.state.rx_resync();
       if (ph == RxResync::kRing && !c.peer_fence_known.load(std::memory_order_acquire)) {
         // The peer never switched (or will reset): all its bytes are on the
         // kernel stream, no header comes.
-        c.rx_resync.store(RxResync::kKernel, std::memory_order_release);
+        c.state.AdvanceRxResync(RxResync::kKernel);
         continue;
       }
       if (ph == RxResync::kHeader || ph == RxResync::kSkip) {
@@ -94,21 +92,21 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
         return got + static_cast<size_t>(n);
       }
     }
-    if (!c.rx_switched.load()) {
+    if (!c.state.rx_on_ring()) {
       // Snapshot before looking at anything: an event dispatched by another
       // thread after this point changes gen and ends the wait below.
       uint32_t gen = c.gen.load(std::memory_order_acquire);
-      bool upgraded = c.mode.load(std::memory_order_acquire) == Mode::kAccel;
+      bool upgraded = c.state.accelerated();
       bool fence_known = c.peer_fence_known.load(std::memory_order_acquire);
       // Pending, or upgraded with the fence not known: the UPGRADE, FENCE
       // or DOWNGRADE event may be waiting in the event queue, and past the
       // peer's fence the kernel stream can hold a RESYNC header, never data.
       // Look before reading the kernel.
-      if (!fence_known && IsRegistered(c) && c.session != nullptr) {
-        Mode before = c.mode.load(std::memory_order_acquire);
+      if (!fence_known && c.state.registered() && c.session != nullptr) {
+        Mode before = c.state.mode();
         c.session->Drain();  // waits for a drain another thread is doing, too
-        if (c.mode.load(std::memory_order_acquire) != before || c.peer_fence_known.load(std::memory_order_acquire) ||
-            c.resync.load(std::memory_order_acquire) || c.reset.load())
+        if (c.state.mode() != before || c.peer_fence_known.load(std::memory_order_acquire) ||
+            c.state.resynced() || c.state.reset())
           continue;
       }
       uint64_t limit = want - got;
@@ -116,11 +114,11 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
         uint64_t fence = c.peer_fence.load(std::memory_order_relaxed);
         uint64_t rcvd = c.kernel_received.load();
         if (rcvd > fence) {
-          Reset(c, Reason::kProtocolError);
+          c.state.Apply(ConnEvent::kFail, Reason::kProtocolError);
           return Errno(EPROTO, "peer fence behind bytes received");
         }
         if (rcvd == fence) {
-          c.rx_switched.store(true, std::memory_order_release);
+          c.state.SwitchRx();
           continue;
         }
         limit = std::min<uint64_t>(limit, fence - rcvd);
@@ -145,7 +143,7 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
           // Registered, not upgraded: the peer may have switched to the ring
           // and shut down its kernel side before our UPGRADE arrived (across
           // hosts it learns of the pairing first). The backend knows.
-          if (!IsRegistered(c) || c.session == nullptr) return got;
+          if (!c.state.registered() || c.session == nullptr) return got;
           if (c.session->TryDrain()) continue;
           if (!PairingInFlight(c)) return got;  // plain kernel EOF
           kernel_eof = true;  // wait for the UPGRADE (or DOWNGRADE) event
@@ -156,7 +154,7 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
           bool shut = c.peer_shut_wr.load(std::memory_order_acquire);
           if (c.peer_fence_known.load(std::memory_order_acquire)) {
             if (c.kernel_received.load() < c.peer_fence.load()) {
-              Reset(c, Reason::kProtocolError);
+              c.state.Apply(ConnEvent::kFail, Reason::kProtocolError);
               return got ? Result<size_t>(got) : Errno(EPROTO, "kernel stream ended before the fence");
             }
             continue;  // exactly at the fence: the ring follows
@@ -176,12 +174,12 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       if (nonblock) return got ? Result<size_t>(got) : Errno(EAGAIN, "no data");
       if (deadline == -2) deadline = SocketDeadline(fd, SO_RCVTIMEO);
       Status st = WaitUntil(c, [&] {
-        if (c.gen.load(std::memory_order_acquire) != gen || c.reset.load()) return true;
+        if (c.gen.load(std::memory_order_acquire) != gen || c.state.reset()) return true;
         if (kernel_eof) return false;
         pollfd p{fd, POLLIN, 0};
         return Libc().poll(&p, 1, 0) > 0;
       }, kernel_eof ? -1 : fd, POLLIN, deadline);
-      if (!st.ok() && !c.upgraded.load() && !c.session->alive()) {
+      if (!st.ok() && !c.state.upgraded() && !c.session->alive()) {
         // The backend went away before the upgrade: plain kernel TCP from
         // here on, exactly as if we had never registered.
         lock.unlock();
@@ -205,7 +203,7 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     // the backend's copy into the ring (ordered by the event queue).
     uint64_t tail = c.rx_tail.load(std::memory_order_acquire);
     if (tail - head > size) {
-      Reset(c, Reason::kProtocolError);
+      c.state.Apply(ConnEvent::kFail, Reason::kProtocolError);
       return Errno(EPROTO, "peer claims more bytes than the ring holds");
     }
     if (tail > head) {
@@ -230,10 +228,10 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       continue;
     }
     if (shut) return got;  // EOF: every byte before it was delivered
-    if (c.resync.load(std::memory_order_acquire)) {
+    if (c.state.resynced()) {
       // Every byte that landed before the link loss is delivered: the rest
       // follows the peer's RESYNC header on the kernel stream.
-      c.rx_resync.store(Conn::RxResync::kHeader, std::memory_order_release);
+      c.state.AdvanceRxResync(RxResync::kHeader);
       continue;
     }
     if (got && !waitall) return got;
@@ -243,7 +241,7 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     if (deadline == -2) deadline = SocketDeadline(fd, SO_RCVTIMEO);
     Status st = WaitUntil(c, [&] {
       return c.rx_tail.load(std::memory_order_acquire) != tail || c.peer_shut_wr.load() ||
-             c.reset.load() || c.shut_rd.load() || c.resync.load();
+             c.state.reset() || c.shut_rd.load() || c.state.resynced();
     }, -1, 0, deadline);
     if (!st.ok()) return got ? Result<size_t>(got) : Result<size_t>(st);
   }
@@ -252,10 +250,10 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
 Result<int> Readable(int fd, Conn& c) {
   int kernel = 0;
   if (Libc().ioctl(fd, FIONREAD, &kernel) != 0) return Errno(errno, "ioctl FIONREAD");
-  if (c.mode.load() != Mode::kAccel) return kernel;
-  if (c.resync.load(std::memory_order_acquire) && Readiness(fd, c) < 0) return kernel;
+  if (!c.state.accelerated()) return kernel;
+  if (c.state.resynced() && Readiness(fd, c) < 0) return kernel;
   if (c.session) c.session->TryDrain();
-  if (!c.rx_switched.load()) {
+  if (!c.state.rx_on_ring()) {
     if (c.peer_fence_known.load()) {
       uint64_t left = c.peer_fence.load() - std::min(c.peer_fence.load(), c.kernel_received.load());
       if (left > 0) return static_cast<int>(std::min<uint64_t>(left, kernel));

@@ -43,27 +43,29 @@ bool ToEndpoint(const sockaddr_storage& ss, proto::Endpoint* e) {
   return false;
 }
 
+void KernelForGood(Conn& c, Reason why) { c.state.Apply(ConnEvent::kKernelForGood, why); }
+
 }  // namespace
 
 // Registers an established connection with the backend, once, at its first
 // I/O (so a connection accepted by a parent and used by a forked child is
 // registered by the child). Data keeps flowing on kernel TCP meanwhile.
 void EnsureRegistered(int fd, Conn& c) {
-  if (c.mode.load(std::memory_order_acquire) != Mode::kUnprobed) return;
+  if (c.state.phase() != Phase::kUnprobed) return;
   std::lock_guard<std::mutex> lock(c.setup_mu);
-  if (c.mode.load() != Mode::kUnprobed) return;
-  if (!c.eligible) return SetKernelForGood(c, Reason::kInherited);
+  if (c.state.phase() != Phase::kUnprobed) return;
+  if (!c.eligible) return KernelForGood(c, Reason::kInherited);
   sockaddr_storage local{}, peer{};
   socklen_t ll = sizeof(local), pl = sizeof(peer);
   if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) return;  // not connected yet
   if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
       !ToEndpoint(local, &c.local) || !ToEndpoint(peer, &c.peer))
-    return SetKernelForGood(c, Reason::kUnsupportedFamily);
-  if (!AccelerationAllowed(Config(), c.peer)) return SetKernelForGood(c, Reason::kDisabledByRule);
+    return KernelForGood(c, Reason::kUnsupportedFamily);
+  if (!AccelerationAllowed(Config(), c.peer)) return KernelForGood(c, Reason::kDisabledByRule);
   Reason why = Reason::kBackendUnavailable;
   Session* s = Session::Get(&why);
-  if (s == nullptr) return SetKernelForGood(c, why);
-  if (!s->AllocRings(c, Config().ring_bytes).ok()) return SetKernelForGood(c, Reason::kResourceLimit);
+  if (s == nullptr) return KernelForGood(c, why);
+  if (!s->AllocRings(c, Config().ring_bytes).ok()) return KernelForGood(c, Reason::kResourceLimit);
   c.id = g_next_conn_id.fetch_add(1);
   c.session = s;
   c.fd_hint = fd;
@@ -71,7 +73,7 @@ void EnsureRegistered(int fd, Conn& c) {
   std::shared_ptr<Conn> self = Lookup(fd);
   // Tracked and pending before the request: the UPGRADE can race the ack.
   s->Track(self);
-  c.mode.store(Mode::kPending, std::memory_order_release);
+  c.state.Apply(ConnEvent::kRegistered);
   proto::RegisterConn r{c.id, c.role, c.local, c.peer, s->Gpa(c.tx), s->Gpa(c.rx), c.ring_size, c.ring_size};
   Message resp;
   Status st = s->Call({MsgType::kRegisterConn, 0, r}, &resp);
@@ -80,7 +82,7 @@ void EnsureRegistered(int fd, Conn& c) {
     Reason reason = !st.ok() || ack == nullptr ? Reason::kBackendUnavailable : ack->reason;
     VS_LOG(kInfo, "registration refused (%s): stays on kernel TCP",
            st.ok() ? proto::ToString(reason) : st.ToString().c_str());
-    SetKernelForGood(c, reason);
+    c.state.Apply(ConnEvent::kKernelForGood, reason);
     s->Untrack(c.id);
     if (st.ok() && ack != nullptr) {
       // Refused: the backend never used the rings.
@@ -97,14 +99,14 @@ void EnsureRegistered(int fd, Conn& c) {
 // linger ends): UNREGISTER.
 void Unregistered(Conn& c) {
   Session* s = c.session;
-  if (s != nullptr && s->alive() && IsRegistered(c)) {
+  if (s != nullptr && s->alive() && c.state.registered()) {
     // The backend keeps any bytes not yet delivered; the rings are reused
     // once it no longer reads or lets peers write them.
     Status st = s->Unregister(c);
     if (!st.ok()) VS_LOG(kWarn, "unregister: %s", st.ToString().c_str());
   }
   c.session = nullptr;
-  c.mode.store(Mode::kKernel);
+  if (c.state.registered()) c.state.Apply(ConnEvent::kClose);
 }
 
 // The end of a closed connection that resets its peer, as the kernel's RST

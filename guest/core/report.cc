@@ -18,7 +18,7 @@ using proto::Reason;
 
 void Report(const Conn& c, const char* event) {
   const std::string& path = Config().report_path;
-  if (path.empty() || c.mode.load() == Mode::kUnprobed) return;
+  if (path.empty() || c.state.phase() == Phase::kUnprobed) return;
   char local[INET6_ADDRSTRLEN] = "?", peer[INET6_ADDRSTRLEN] = "?";
   int af = c.local.family == proto::Family::kIpv6 ? AF_INET6 : AF_INET;
   inet_ntop(af, c.local.addr.data(), local, sizeof(local));
@@ -31,21 +31,21 @@ void Report(const Conn& c, const char* event) {
       "\"accel_tx\":%llu,\"accel_rx\":%llu,\"kernel_tx_after_upgrade\":%llu,"
       "\"kernel_rx_after_upgrade\":%llu,\"resynced\":%s,\"reupgrades\":%u,\"fin_deferred\":%s,\"lingered\":%s}\n",
       getpid(), event, local, c.local.port, peer, c.peer.port,
-      c.resync.load() ? "kernel" : ToString(c.mode.load()),
+      c.state.ReportedMode(),
       // Still pending at the end: the peer never registered (not preloaded,
       // NAT, no backend on its side).
-      proto::ToString(c.mode.load() == Mode::kPending ? Reason::kPeerNotAccelerated : c.reason.load()),
-      c.upgraded.load() ? "true" : "false",
+      proto::ToString(c.state.phase() == Phase::kPending ? Reason::kPeerNotAccelerated : c.state.reason()),
+      c.state.upgraded() ? "true" : "false",
       static_cast<unsigned long long>(c.kernel_sent.load()),
       static_cast<unsigned long long>(c.kernel_received.load()),
       static_cast<unsigned long long>(c.accel_tx.load()),
       static_cast<unsigned long long>(c.accel_rx.load()),
       // Both are 0 by construction once switched; reported so tests can
       // prove it from counters rather than assume it.
-      static_cast<unsigned long long>(c.tx_switched.load() ? c.kernel_sent.load() - c.fence_sent.load() : 0),
-      static_cast<unsigned long long>(c.rx_switched.load() ? c.kernel_received.load() - c.peer_fence.load() : 0),
-      c.resync.load() || c.reupgrades.load() ? "true" : "false", c.reupgrades.load(),
-      c.fin_deferred.load() ? "true" : "false", c.lingered.load() ? "true" : "false");
+      static_cast<unsigned long long>(c.state.tx_on_ring() ? c.kernel_sent.load() - c.fence_sent.load() : 0),
+      static_cast<unsigned long long>(c.state.rx_on_ring() ? c.kernel_received.load() - c.peer_fence.load() : 0),
+      c.state.resynced() || c.reupgrades.load() ? "true" : "false", c.reupgrades.load(),
+      c.fin_deferred.load() ? "true" : "false", c.state.lingered() ? "true" : "false");
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return;
   (void)!Libc().write(fd, line, static_cast<size_t>(n));

@@ -31,17 +31,17 @@ void ResetKernel(int fd, Conn& c) {
   sockaddr sa{};
   sa.sa_family = AF_UNSPEC;
   (void)Libc().connect(fd, &sa, sizeof(sa));
-  Reset(c, Reason::kFabricDown);
+  c.state.Apply(ConnEvent::kFail, Reason::kFabricDown);
 }
 
 // Under tx_mu: decides, once, what this side owes the peer on the kernel
 // socket. False if the connection had to be reset.
 bool PrepareResendLocked(Conn& c, int fd) {
-  if (c.tx_resync_started) return !c.reset.load();
+  if (c.tx_resync_started) return !c.state.reset();
   c.tx_resync_started = true;
   // Never switched: the kernel stream simply goes on, and the peer (which
   // never got our FENCE) expects no header.
-  if (!c.tx_switched.load()) return true;
+  if (!c.state.tx_on_ring()) return true;
   if (!c.resync_fence_acked.load()) {
     // The peer may not know where our kernel bytes end, so it could not
     // tell our header from data: reset rather than guess.
@@ -88,7 +88,7 @@ Status FlushResendLocked(Conn& c, int fd) {
     if (w < 0 && errno == EINTR) continue;
     if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Errno(EAGAIN, "resend pending");
     int e = w < 0 ? errno : EPIPE;
-    Reset(c, Reason::kFabricDown);
+    c.state.Apply(ConnEvent::kFail, Reason::kFabricDown);
     return Errno(e, "resend");
   }
   if (!c.resend.empty()) {
@@ -128,9 +128,9 @@ Result<size_t> SendResynced(int fd, Conn& c, const iovec* iov, int iovcnt, int f
 // that already landed in our ring. Ok when done; EAGAIN when the kernel has
 // nothing more yet.
 Status ConsumeResyncLocked(int fd, Conn& c) {
-  using RxResync = Conn::RxResync;
+  using RxResync = RxResync;
   for (;;) {
-    RxResync ph = c.rx_resync.load(std::memory_order_relaxed);
+    RxResync ph = c.state.rx_resync();
     if (ph == RxResync::kKernel) return Status::Ok();
     uint8_t scratch[4096];
     uint8_t* dst = ph == RxResync::kHeader ? c.rx_hdr + c.rx_hdr_got : scratch;
@@ -142,7 +142,7 @@ Status ConsumeResyncLocked(int fd, Conn& c) {
     if (n <= 0) {
       // The peer could not resend (it had shut down, or reset): bytes are
       // missing, so this is an error, never a short stream.
-      Reset(c, Reason::kFabricDown);
+      c.state.Apply(ConnEvent::kFail, Reason::kFabricDown);
       return Errno(n == 0 ? ECONNRESET : errno, "fabric link lost and the peer could not resend");
     }
     c.kernel_received.fetch_add(static_cast<uint64_t>(n));  // stream position, as the peer counts it
@@ -156,10 +156,10 @@ Status ConsumeResyncLocked(int fd, Conn& c) {
         return Errno(EPROTO, "bad RESYNC header from the peer");
       }
       c.rx_skip = landed - *from;
-      c.rx_resync.store(c.rx_skip ? RxResync::kSkip : RxResync::kKernel, std::memory_order_release);
+      c.state.AdvanceRxResync(c.rx_skip ? RxResync::kSkip : RxResync::kKernel);
     } else {
       c.rx_skip -= static_cast<uint64_t>(n);
-      if (c.rx_skip == 0) c.rx_resync.store(RxResync::kKernel, std::memory_order_release);
+      if (c.rx_skip == 0) c.state.AdvanceRxResync(RxResync::kKernel);
     }
   }
 }
@@ -171,8 +171,8 @@ Status ConsumeResyncLocked(int fd, Conn& c) {
 // pending connection on kernel TCP). Never blocks: if another thread is
 // inside a send or receive, a later call does it.
 void MaybeReregister(int fd, Conn& c) {
-  if (!c.resync.load(std::memory_order_acquire) || c.reset.load() ||
-      c.rx_resync.load(std::memory_order_acquire) != Conn::RxResync::kKernel || c.resync_fd.load() >= 0 ||
+  if (c.state.phase() != Phase::kResyncing ||
+      c.state.rx_resync() != RxResync::kKernel || c.resync_fd.load() >= 0 ||
       c.shut_wr.load() || c.shut_rd.load() || c.peer_shut_wr.load() || c.peer_gone.load())
     return;
   std::unique_lock<std::mutex> setup(c.setup_mu, std::try_to_lock);
@@ -180,23 +180,21 @@ void MaybeReregister(int fd, Conn& c) {
   std::unique_lock<std::mutex> tx(c.tx_mu, std::try_to_lock);
   if (!tx.owns_lock()) return;
   std::unique_lock<std::mutex> rx(c.rx_mu, std::try_to_lock);
-  if (!rx.owns_lock() || !c.resync.load() || !c.tx_resync_started || !c.resend.empty() || c.session == nullptr)
+  if (!rx.owns_lock() || c.state.phase() != Phase::kResyncing || !c.tx_resync_started || !c.resend.empty() || c.session == nullptr)
     return;
   Session* s = c.session;
   if (!s->Unregister(c).ok()) {
-    SetKernelForGood(c, Reason::kBackendUnavailable);
+    c.state.Apply(ConnEvent::kKernelForGood, Reason::kBackendUnavailable);
     return;
   }
   c.session = nullptr;
   // A fresh accelerated state; the kernel byte counts go on (fences are
-  // positions in the kernel stream).
-  c.tx_switched.store(false);
-  c.rx_switched.store(false);
+  // positions in the kernel stream). The phase changes last: a thread that
+  // sees it unprobed registers the connection again.
   c.tx_tail.store(0);
   c.rx_head.store(0);
   c.consumed_reported = 0;
   c.wrote_after_peer_gone = false;
-  c.upgraded.store(false);
   c.peer_fence_known.store(false);
   c.peer_fence.store(0);
   c.rx_tail.store(0);
@@ -205,12 +203,9 @@ void MaybeReregister(int fd, Conn& c) {
   c.resync_landed.store(0);
   c.tx_resync_started = false;
   c.shut_after_resend = false;
-  c.rx_resync.store(Conn::RxResync::kRing);
   c.rx_hdr_got = 0;
   c.rx_skip = 0;
-  c.reason.store(Reason::kPending);
-  c.resync.store(false, std::memory_order_release);
-  c.mode.store(Mode::kUnprobed, std::memory_order_release);
+  c.state.Apply(ConnEvent::kResynced);
   c.reupgrades.fetch_add(1, std::memory_order_relaxed);
   VS_LOG(kInfo, "conn %lu: resynced on kernel TCP; registering again to re-upgrade", static_cast<unsigned long>(c.id));
 }

@@ -24,29 +24,29 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   MaybeReregister(fd, c);
   EnsureRegistered(fd, c);
   std::unique_lock<std::mutex> lock(c.tx_mu);
-  if (c.reset.load()) return Errno(ECONNRESET, "connection reset");
-  if (c.resync.load(std::memory_order_acquire)) return SendResynced(fd, c, iov, iovcnt, flags);
+  if (c.state.reset()) return Errno(ECONNRESET, "connection reset");
+  if (c.state.resynced()) return SendResynced(fd, c, iov, iovcnt, flags);
   // A sender that never reads must still hear its UPGRADE.
-  if (c.mode.load(std::memory_order_acquire) == Mode::kPending && c.session) c.session->TryDrain();
-  if (c.mode.load(std::memory_order_acquire) == Mode::kAccel && !c.tx_switched.load()) {
+  if (c.state.phase() == Phase::kPending && c.session) c.session->TryDrain();
+  if (c.state.accelerated() && !c.state.tx_on_ring()) {
     // Switch-over: from here on this direction uses the ring; the peer reads
     // exactly kernel_sent bytes from its kernel socket first.
     Status st = c.session->Post({MsgType::kFence, 0, proto::ConnCounter{c.id, c.kernel_sent.load()}});
     if (!st.ok()) {
-      Reset(c, Reason::kBackendUnavailable);
+      c.state.Apply(ConnEvent::kFail, Reason::kBackendUnavailable);
       return Errno(ECONNRESET, "connection reset");
     }
     c.fence_sent.store(c.kernel_sent.load());
-    c.tx_switched.store(true, std::memory_order_release);
+    c.state.SwitchTx();
   }
-  if (!c.tx_switched.load()) {
+  if (!c.state.tx_on_ring()) {
     msghdr mh{};
     mh.msg_iov = const_cast<iovec*>(iov);
     mh.msg_iovlen = static_cast<size_t>(iovcnt);
     ssize_t n = Libc().sendmsg(fd, &mh, flags);
     if (n < 0) {
       VS_LOG(kDebug, "fd %d conn %lu (%s): kernel send: %m", fd, static_cast<unsigned long>(c.id),
-             ToString(c.mode.load()));
+             ToString(c.state.phase()));
       return Errno(errno, "sendmsg");
     }
     c.kernel_sent.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
@@ -59,8 +59,8 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   const uint32_t size = c.ring_size;
   int64_t deadline = -2;  // looked up when we first have to block
   while (sent < total) {
-    if (c.reset.load()) return sent ? Result<size_t>(sent) : Errno(ECONNRESET, "connection reset");
-    if (c.resync.load(std::memory_order_acquire))
+    if (c.state.reset()) return sent ? Result<size_t>(sent) : Errno(ECONNRESET, "connection reset");
+    if (c.state.resynced())
       return sent ? Result<size_t>(sent) : SendResynced(fd, c, iov, iovcnt, flags);
     if (c.shut_wr.load()) return sent ? Result<size_t>(sent) : BrokenPipe(flags, "shut down for writing");
     if (c.peer_gone.load(std::memory_order_acquire)) {
@@ -76,7 +76,7 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     uint64_t tail = c.tx_tail.load(std::memory_order_relaxed);
     uint64_t credit = c.credit.load(std::memory_order_acquire);
     if (credit > tail) {
-      Reset(c, Reason::kProtocolError);
+      c.state.Apply(ConnEvent::kFail, Reason::kProtocolError);
       return Errno(EPROTO, "credit beyond what was sent");
     }
     uint64_t space = size - (tail - credit);
@@ -85,8 +85,8 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       if (nonblock) return sent ? Result<size_t>(sent) : Errno(EAGAIN, "ring full");
       if (deadline == -2) deadline = SocketDeadline(fd, SO_SNDTIMEO);
       Status st = WaitUntil(c, [&] {
-        return c.credit.load(std::memory_order_acquire) != credit || c.reset.load() || c.peer_gone.load() ||
-               c.shut_wr.load() || c.resync.load();
+        return c.credit.load(std::memory_order_acquire) != credit || c.state.reset() || c.peer_gone.load() ||
+               c.shut_wr.load() || c.state.resynced();
       }, -1, 0, deadline);
       if (!st.ok() && sent > 0) return sent;
       if (!st.ok()) return st;
@@ -98,7 +98,7 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     c.tx_tail.store(tail + n, std::memory_order_release);
     Status st = Announce(c, &proto::DoorbellBlock::tx_tail, &proto::DoorbellBlock::want_tx, MsgType::kTxTail, tail + n);
     if (!st.ok()) {
-      Reset(c, Reason::kBackendUnavailable);
+      c.state.Apply(ConnEvent::kFail, Reason::kBackendUnavailable);
       return sent ? Result<size_t>(sent) : Errno(ECONNRESET, "connection reset");
     }
     c.accel_tx.fetch_add(n, std::memory_order_relaxed);

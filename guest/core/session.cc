@@ -11,7 +11,6 @@
 #include "base/log.h"
 #include "guest/core/config.h"
 #include "guest/core/cpu_share.h"
-#include "guest/core/resync.h"
 #include "guest/sys/libc.h"
 
 namespace vsocket::guest {
@@ -34,6 +33,7 @@ Session* g_session = nullptr;
 int64_t g_last_attempt_ns = 0;
 proto::Reason g_last_failure = proto::Reason::kBackendUnavailable;
 std::atomic<bool> g_sleep_at_once{false};
+std::atomic<Session::LinkLostHandler> g_link_lost{nullptr};
 
 }  // namespace
 
@@ -81,6 +81,8 @@ Session* Session::Get(proto::Reason* why) {
   __atomic_store_n(&g_session, fresh, __ATOMIC_RELEASE);
   return fresh;
 }
+
+void Session::SetLinkLostHandler(LinkLostHandler h) { g_link_lost.store(h, std::memory_order_release); }
 
 bool Session::SleepAtOnce() { return g_sleep_at_once.load(std::memory_order_relaxed); }
 
@@ -331,11 +333,7 @@ void Session::Dispatch(const Message& m) {
   Conn& c = *it->second;
   switch (m.type) {
     case MsgType::kUpgrade:
-      if (c.mode.load() == Mode::kPending) {
-        c.upgraded.store(true, std::memory_order_release);
-        c.reason.store(proto::Reason::kNone);
-        c.mode.store(Mode::kAccel, std::memory_order_release);
-      }
+      c.state.Apply(ConnEvent::kUpgrade);  // (refused unless pending)
       break;
     case MsgType::kFence:
       c.peer_fence.store(std::get<proto::ConnCounter>(m.body).bytes, std::memory_order_relaxed);
@@ -362,34 +360,36 @@ void Session::Dispatch(const Message& m) {
     case MsgType::kDowngrade: {
       const auto& d = std::get<proto::Downgrade>(m.body);
       auto reason = d.reason;
-      c.reason.store(reason);
       // fabric-down: the link is gone, the kernel connection is not.
       // peer-not-accelerated: the peer withdrew before it ever upgraded
       // (it closed while our CONFIRM was still on the way), so its whole
       // stream is on the kernel socket. Either way: finish on the kernel
-      // connection without losing a byte (socket_ops.cc, RESYNC).
+      // connection without losing a byte (resync.cc, RESYNC).
       bool resync = reason == proto::Reason::kFabricDown || reason == proto::Reason::kPeerNotAccelerated;
-      if (c.upgraded.load() && resync && !c.resync.load()) {
+      if (c.state.upgraded() && resync && !c.state.resynced()) {
         // Every RX_TAIL came before this event, so the landed count can
         // only confirm ours.
         if (d.bytes_received != c.rx_tail.load() ||
             (!c.peer_fence_known.load() && d.bytes_received != 0)) {
-          c.reset.store(true, std::memory_order_release);
+          c.state.Apply(ConnEvent::kFail, reason);
         } else {
+          // Stored before the phase changes (its release publishes them).
           c.resync_landed.store(d.bytes_received, std::memory_order_relaxed);
           c.resync_fence_acked.store(d.flags & proto::kDowngradeFenceAcked, std::memory_order_relaxed);
-          c.resync.store(true, std::memory_order_release);
-          StartResync(it->second);
+          if (c.state.Apply(ConnEvent::kLinkLost, reason))
+            if (LinkLostHandler h = g_link_lost.load(std::memory_order_acquire)) h(it->second);
         }
-      } else if (c.upgraded.load()) {
-        c.reset.store(true, std::memory_order_release);  // the peer aborted, or a protocol error
       } else {
-        c.mode.store(Mode::kKernel, std::memory_order_release);
+        // Pending: the peer is not coming (kernel TCP for good); upgraded:
+        // the peer aborted, or a protocol error (reset).
+        c.state.Apply(ConnEvent::kPeerWithdrew, reason);
       }
       break;
     }
     case MsgType::kError:
-      c.reset.store(true, std::memory_order_release);
+      // (vsocketd sends ERROR only as a response today.) Upgraded: reset;
+      // before that the kernel stream is still exact.
+      c.state.Apply(c.state.upgraded() ? ConnEvent::kFail : ConnEvent::kPeerWithdrew, proto::Reason::kProtocolError);
       break;
     default:
       break;
@@ -524,12 +524,8 @@ void Session::BackendLost() {
   if (!alive_.exchange(false)) return;
   VS_LOG(kWarn, "lost the backend session: accelerated connections are reset, others stay on kernel TCP");
   for (auto& [id, c] : conns_) {
-    if (c->upgraded.load()) {
-      c->reset.store(true);
-    } else {
-      c->mode.store(Mode::kKernel);
-    }
-    c->reason.store(proto::Reason::kBackendUnavailable);
+    // Pending: kernel TCP for good; upgraded: reset.
+    c->state.Apply(ConnEvent::kBackendLost, proto::Reason::kBackendUnavailable);
     c->gen.fetch_add(1);
   }
   NotifyWaitersLocked();

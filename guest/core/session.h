@@ -67,6 +67,13 @@ class Session {
   // Blocked calls sleep at once: the current backend runs on every one of
   // this process's few CPUs (cpu_share.h; VSOCKET_POLL_AUTO=0: never).
   static bool SleepAtOnce();
+  // What to do (under the session lock) with an upgraded connection whose
+  // accelerated path was lost (its state just went resyncing): the socket
+  // layer hands its resend to the background writer (resync.cc). Set once
+  // at start-up; the session itself knows nothing of sockets.
+  using LinkLostHandler = void (*)(const std::shared_ptr<Conn>& c);
+  static void SetLinkLostHandler(LinkLostHandler h);
+
   // The backend polls connections' doorbell blocks (kFeatureDoorbell).
   bool doorbell() const { return doorbell_; }
   bool ring_hold() const { return ring_hold_; }

@@ -126,7 +126,7 @@ void DropKernelInput(int fd) {
 // the resend path takes over.
 LingerState StepLinger(Conn& c, int lfd) {
   Session* s = c.session;
-  if (c.resync.load(std::memory_order_acquire)) {
+  if (c.state.resynced()) {
     c.linger_fd.store(-1);
     c.resync_start_ns = MonotonicNs();
     int expected = -1;
@@ -145,7 +145,7 @@ LingerState StepLinger(Conn& c, int lfd) {
     return LingerState::kOver;
   }
   bool consumed = c.credit.load(std::memory_order_acquire) >= c.tx_tail.load(std::memory_order_relaxed);
-  if (!consumed && s != nullptr && s->alive() && !c.reset.load() && !c.peer_gone.load() &&
+  if (!consumed && s != nullptr && s->alive() && !c.state.reset() && !c.peer_gone.load() &&
       MonotonicNs() - c.linger_start_ns < kResendLimitNs)
     return LingerState::kWaiting;
   c.linger_fd.store(-1);
@@ -217,10 +217,10 @@ void WriterLoop() {
           int owned = fd;
           if (c.resync_fd.compare_exchange_strong(owned, -1)) {
             // A lingering connection's close ends here: resent, FIN sent.
-            if (c.lingered.load()) DropKernelInput(fd);
+            if (c.state.lingered()) DropKernelInput(fd);
             CloseWriterFd(fd);
           }
-          if (c.lingered.load()) Unregistered(c);
+          if (c.state.lingered()) Unregistered(c);
         }
       }
       if (done) {

@@ -19,6 +19,8 @@
 #include "guest/core/poll_ops.h"
 #include "guest/core/fd_table.h"
 #include "guest/core/report.h"
+#include "guest/core/resync.h"
+#include "guest/core/session.h"
 #include "guest/core/socket_ops.h"
 #include "guest/core/writer.h"
 #include "guest/sys/libc.h"
@@ -75,6 +77,7 @@ __attribute__((constructor)) void Init() {
   // Read the settings now: servers such as nginx clear the environment
   // before their workers do any I/O.
   Config();
+  Session::SetLinkLostHandler(StartResync);
   // The child's only thread is not inside any of our wrappers, whatever the
   // forking thread's state was (a fork from a signal handler that
   // interrupted a wrapper would otherwise leave the guard set for good).
