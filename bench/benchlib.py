@@ -15,7 +15,6 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_BIN = os.path.join(ROOT, "bazel-out/k8-opt/bin")
-TESTBED2 = os.path.join(ROOT, "deploy/testbed2.sh")
 
 
 def sh(args, env=None, timeout=120, check=False):
@@ -85,20 +84,6 @@ def mem_status(pid):
         m = re.search(rf"^{key}:\s+(\d+) kB", text, re.M)
         out[key] = int(m.group(1)) if m else 0
     return out
-
-
-def pids_of(pattern):
-    r = sh(["pgrep", "-f", pattern])
-    return [int(p) for p in r.stdout.split()]
-
-
-def stop(proc):
-    proc.terminate()
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 class VmProcess:
@@ -229,53 +214,47 @@ class VmProcess:
             self.p.stdin.close()
 
 
-# ---- the two-host test bed ----------------------------------------------------------
+# ---- the test beds -----------------------------------------------------------------
 
 
-class Bed2:
-    """deploy/testbed2.sh (two hosts): processes in its VMs, its daemons'
-    counters. VSOCKETD and VSOCKETCTL default to the binaries in bin_dir;
-    VSOCKET_TESTBED2_NS_PREFIX and VSOCKET_TESTBED2_DIR pass through."""
+class Bed:
+    """A test bed script (deploy/testbed.sh, one host; deploy/testbed2.sh, two
+    hosts: TwoHostBed): processes in its VMs, started through the script's
+    `exec` with libvsocket.so preloaded or not. VSOCKETD (and for two hosts
+    VSOCKETCTL) default to the binaries in bin_dir; the bed scripts' other
+    VSOCKET_* variables pass through."""
+
+    SCRIPT = os.path.join(ROOT, "deploy/testbed.sh")
+    NAME = "testbed"
 
     def __init__(self, bin_dir):
         self.lib = find_bin(bin_dir, "guest/libvsocket.so")
-        self.netload = find_bin(bin_dir, "bench/netload")
         self.base_env = dict(os.environ)
         self.base_env.pop("LD_PRELOAD", None)
         self.base_env.setdefault("VSOCKETD", find_bin(bin_dir, "host-backend/vsocketd"))
-        self.base_env.setdefault("VSOCKETCTL", find_bin(bin_dir, "host-backend/vsocketctl"))
-        self.cmd = ["bash", TESTBED2]
+        self.cmd = ["bash", self.SCRIPT]
 
     def binaries(self):
-        return binary_info([self.lib, self.netload, self.base_env["VSOCKETD"], self.base_env["VSOCKETCTL"]])
-
-    def state_dir(self):
-        return self.base_env.get("VSOCKET_TESTBED2_DIR", "/run/vsocket-testbed2")
+        return binary_info([self.lib, self.base_env["VSOCKETD"]])
 
     def tb(self, *args, timeout=60, check=False):
         return sh(self.cmd + list(args), env=self.base_env, timeout=timeout, check=check)
 
+    def _daemon_pids(self):
+        return {"vsocketd": int(self.tb("daemon-pid", check=True).stdout)}
+
     def up(self, client_vm, server_vm):
+        """Builds the bed; sets client_addr, server_addr and daemons (name -> PID)."""
         r = self.tb("up", timeout=120)
         if r.returncode != 0:
             self.down()
-            raise SystemExit("testbed2 up failed: " + r.stdout[-1000:] + r.stderr[-1000:])
+            raise SystemExit(f"{self.NAME} up failed: " + r.stdout[-1000:] + r.stderr[-1000:])
         self.client_addr = self.tb("addr", client_vm, check=True).stdout.strip()
         self.server_addr = self.tb("addr", server_vm, check=True).stdout.strip()
-        self.daemons = {h: int(self.tb("daemon-pid", h, check=True).stdout) for h in ("hostA", "hostB")}
+        self.daemons = self._daemon_pids()
 
     def down(self):
         self.tb("down", timeout=120)
-
-    def counters(self, host):
-        out = self.tb("ctl", host, "counters", timeout=20).stdout
-        return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", out, re.M)}
-
-    def link(self, host):
-        try:
-            return json.loads(self.tb("ctl", host, "--json", "stats", timeout=20).stdout)["links"][0]
-        except (ValueError, KeyError, IndexError):
-            return {}
 
     def env(self, accel, report=None, extra=None):
         e = dict(self.base_env)
@@ -286,7 +265,12 @@ class Bed2:
         e.update(extra or {})
         return e
 
+    def run(self, vm, accel, argv, timeout=120):
+        """Runs argv in vm to its end; stdout and stderr apart."""
+        return sh(self.cmd + ["exec", vm] + argv, env=self.env(accel), timeout=timeout)
+
     def start(self, vm, accel, argv, limit_s, stdin=False, report=None, extra_env=None):
+        """Starts argv in vm, bounded by limit_s (VmProcess)."""
         return VmProcess(self.cmd, vm, argv, self.env(accel, report, extra_env), limit_s, stdin=stdin)
 
     def wait_listening(self, vm, port, timeout_s=5.0):
@@ -297,6 +281,43 @@ class Bed2:
                 return True
             time.sleep(0.05)
         return False
+
+
+class TwoHostBed(Bed):
+    """deploy/testbed2.sh: a vsocketd per host (hostA, hostB) and their
+    counters; VSOCKET_TESTBED2_NS_PREFIX and VSOCKET_TESTBED2_DIR pass
+    through. Needs vsocketctl and the netload load generator."""
+
+    SCRIPT = os.path.join(ROOT, "deploy/testbed2.sh")
+    NAME = "testbed2"
+    HOSTS = ("hostA", "hostB")
+
+    def __init__(self, bin_dir):
+        super().__init__(bin_dir)
+        self.netload = find_bin(bin_dir, "bench/netload")
+        self.base_env.setdefault("VSOCKETCTL", find_bin(bin_dir, "host-backend/vsocketctl"))
+
+    def binaries(self):
+        return binary_info([self.lib, self.netload, self.base_env["VSOCKETD"], self.base_env["VSOCKETCTL"]])
+
+    def _daemon_pids(self):
+        return {h: int(self.tb("daemon-pid", h, check=True).stdout) for h in self.HOSTS}
+
+    def state_dir(self):
+        return self.base_env.get("VSOCKET_TESTBED2_DIR", "/run/vsocket-testbed2")
+
+    def host_ns(self, host):
+        return self.base_env.get("VSOCKET_TESTBED2_NS_PREFIX", "vs2") + host
+
+    def counters(self, host):
+        out = self.tb("ctl", host, "counters", timeout=20).stdout
+        return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", out, re.M)}
+
+    def link(self, host):
+        try:
+            return json.loads(self.tb("ctl", host, "--json", "stats", timeout=20).stdout)["links"][0]
+        except (ValueError, KeyError, IndexError):
+            return {}
 
 
 # ---- tool output ------------------------------------------------------------------
@@ -342,43 +363,58 @@ def utc_now():
     return datetime.datetime.now(datetime.timezone.utc)
 
 
-def save_results(out_dir, name, results, markdown, stamp=None):
-    """Writes OUT/NAME-<UTC stamp>.json and .md (when results / markdown are
-    given) and copies them to NAME-latest.*; returns the latest base path."""
-    stamp = stamp or utc_now().strftime("%Y%m%dT%H%M%SZ")
+def machine():
+    """What a result was measured on: host name, CPU model and count, kernel."""
+    model = ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    u = os.uname()
+    return {"hostname": u.nodename, "cpu_model": model, "cpus": os.cpu_count(), "kernel": u.release}
+
+
+def save_results(out_dir, name, results, markdown):
+    """Writes OUT/NAME-latest.json and .md (when results / markdown are
+    given), replacing the previous result (older ones live in git history);
+    returns the base path OUT/NAME-latest."""
     os.makedirs(out_dir, exist_ok=True)
-    base = os.path.join(out_dir, f"{name}-{stamp}")
     latest = os.path.join(out_dir, f"{name}-latest")
     if results is not None:
-        with open(base + ".json", "w") as f:
+        with open(latest + ".json", "w") as f:
             json.dump(results, f, indent=1)
-        shutil.copy(base + ".json", latest + ".json")
     if markdown is not None:
-        with open(base + ".md", "w") as f:
+        with open(latest + ".md", "w") as f:
             f.write(markdown)
-        shutil.copy(base + ".md", latest + ".md")
     return latest
 
 
 def plot_histogram(base, name, title, ylabel, labels, series, logscale=False, hline=None):
-    """Clustered bar chart BASE-NAME.png (and its .dat) with gnuplot:
-    `series` is [(title, [value per label])]; `hline` = (y, title) draws a
-    reference line. Returns the PNG path, or None without gnuplot."""
-    if shutil.which("gnuplot") is None:
-        print("gnuplot not installed: no plots")
-        return None
+    """Clustered bar chart BASE-NAME.png with gnuplot, from BASE-NAME.dat
+    (written in any case): `series` is [(title, [value per label])]; `hline`
+    = (y, title) draws a reference line. Returns the PNG path, or None
+    without gnuplot (then an older BASE-NAME.png is removed: it would show
+    another run)."""
     dat = f"{base}-{name}.dat"
+    png = f"{base}-{name}.png"
     with open(dat, "w") as f:
         for i, label in enumerate(labels):
             values = " ".join(f"{s[1][i]:.3f}" for s in series)
             f.write(f'{i} "{label.replace(" ", "_")}" {values}\n')
+    if shutil.which("gnuplot") is None:
+        print(f"gnuplot not installed: no {png}")
+        if os.path.exists(png):
+            os.unlink(png)
+        return None
     parts = []
     for k, (stitle, _) in enumerate(series):
         using = f"{3 + k}:xtic(2)" if k == 0 else f"{3 + k}"
         parts.append(f'"{dat}" using {using} title "{stitle}"' if k == 0 else f'"" using {using} title "{stitle}"')
     if hline is not None:
         parts.append(f'{hline[0]} with lines lw 2 title "{hline[1]}"')
-    png = f"{base}-{name}.png"
     script = f'''
 set terminal png size 1100,520 font ",10"
 set output "{png}"

@@ -20,7 +20,8 @@ preloaded with libvsocket.so. Steps, all bounded in time:
      after the upgrade; and the daemons' active_connections back to 0.
 If a run fails, the failure is recorded and the run repeated with half the
 connections (at most twice), so the result shows the largest count that
-worked. Results: OUT/conn-scale-<UTC time>.md (and .json), conn-scale-latest.*.
+worked. Results: OUT/conn-scale-latest.md (and .json), replacing the previous
+run's (older runs are in git history).
 """
 import argparse
 import json
@@ -92,7 +93,7 @@ def link_diagnosis(bed):
     out = {}
     for h in HOSTS:
         l = bed.link(h)
-        ns = bed.base_env.get("VSOCKET_TESTBED2_NS_PREFIX", "vs2") + h
+        ns = bed.host_ns(h)
         text = bl.sh(["ip", "netns", "exec", ns, "ss", "-tniH", "( sport = :7300 or dport = :7300 )"], timeout=10).stdout
         socks = []
         for line in text.splitlines():
@@ -397,10 +398,11 @@ def main():
     if math.ceil(a.conns / a.procs) > MAX_CONNS_PER_PROCESS:
         raise SystemExit(f"--procs {a.procs}: more than {MAX_CONNS_PER_PROCESS} connections per process")
     nofile = raise_fd_limit(math.ceil(a.conns / a.procs) + 4096)
-    bed = bl.Bed2(a.bin)
+    bed = bl.TwoHostBed(a.bin)
     workdir = os.path.join("/tmp", f"vsocket-conn-scale-{os.getpid()}")
     os.makedirs(workdir, exist_ok=True)
-    results = {"date": bl.utc_now().strftime("%Y-%m-%dT%H:%M:%SZ"), "cpus": os.cpu_count(), "nofile": list(nofile),
+    results = {"date": bl.utc_now().strftime("%Y-%m-%dT%H:%M:%SZ"), "cpus": os.cpu_count(), "machine": bl.machine(),
+               "nofile": list(nofile),
                "bin": os.path.abspath(a.bin), "binaries": bed.binaries(), "args": vars(a), "runs": []}
     started = time.monotonic()
     try:

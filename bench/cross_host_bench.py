@@ -27,8 +27,8 @@ remote_upgrades before and after; one whose fabric carried less than half of
 the application's bytes is INVALID (excluded from the medians). Kernel
 measurements must leave the fabric untouched.
 
-Results: OUT/cross-host-<UTC time>.{json,md}, cross-host-latest.{json,md},
-cross-host-latest-{latency,rates}.png.
+Results: OUT/cross-host-latest.{json,md} (replacing the previous run's; older
+runs are in git history) and cross-host-latest-{latency,rates}.{dat,png}.
 """
 import argparse
 import os
@@ -446,8 +446,8 @@ def main():
                     help="extra ping-pong repetitions with one CPU per host (0: none)")
     ap.add_argument("--out", default=os.path.join(bl.ROOT, "bench/results"))
     a = ap.parse_args()
-    bed = bl.Bed2(a.bin)
-    results = {"date": bl.utc_now().strftime("%Y-%m-%dT%H:%M:%SZ"), "cpus": os.cpu_count(),
+    bed = bl.TwoHostBed(a.bin)
+    results = {"date": bl.utc_now().strftime("%Y-%m-%dT%H:%M:%SZ"), "cpus": os.cpu_count(), "machine": bl.machine(),
                "seconds": a.seconds, "reps_n": a.reps, "bin": os.path.abspath(a.bin),
                "binaries": bed.binaries(), "loadavg_before": open("/proc/loadavg").read().split()[0], "reps": []}
     started = time.monotonic()

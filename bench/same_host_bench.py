@@ -13,84 +13,69 @@ preloaded on both ends):
   - CPU seconds per million messages (16 B message-rate test: client +
     server + vsocketd)
   - connect-to-first-byte time (connect, send 1 B, get the echo back)
-and prints a table of vSocket/kernel ratios. Raw results go to
-OUT/same-host-<time>.json and .md; plots (PNG, gnuplot) next to them.
+and prints a table of vSocket/kernel ratios. Results go to
+OUT/same-host-latest.json and .md (replacing the previous run's; older runs
+are in git history), plots (.dat and, with gnuplot, .png) next to them.
 """
 import argparse
 import datetime
 import os
 import re
-import subprocess
-import sys
 import time
 
-from benchlib import (ROOT, cpu_ticks, parse_iperf, parse_sockperf, pids_of, plot_histogram, ratio,
-                      save_results, sh, stop)
+from benchlib import (DEFAULT_BIN, ROOT, Bed, cpu_ticks, find_bin, machine, parse_iperf, parse_sockperf,
+                      plot_histogram, ratio, save_results)
 
-TB = ["bash", os.path.join(ROOT, "deploy/testbed.sh")]
-
-
-class Bed:
-    def __init__(self, lib):
-        self.lib = lib
-        self.a1 = sh(TB + ["addr", "vm1"], check=True).stdout.strip()
-        self.a2 = sh(TB + ["addr", "vm2"], check=True).stdout.strip()
-
-    def env(self, accel):
-        e = dict(os.environ)
-        e.pop("LD_PRELOAD", None)
-        if accel:
-            e["LD_PRELOAD"] = self.lib
-        return e
-
-    def run(self, vm, accel, args, timeout=120):
-        return sh(TB + ["exec", vm] + args, env=self.env(accel), timeout=timeout)
-
-    def start(self, vm, accel, args):
-        return subprocess.Popen(TB + ["exec", vm] + args, env=self.env(accel),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+CLIENT_VM, SERVER_VM = "vm1", "vm2"
 
 
 def sockperf(bed, accel, mode, size, seconds, port):
-    srv = bed.start("vm2", accel, ["sockperf", "sr", "--tcp", "-i", bed.a2, "-p", str(port)])
-    time.sleep(0.7)
-    daemon = [int(sh(TB + ["daemon-pid"]).stdout.strip() or 0)]
-    server = pids_of(f"sockperf sr --tcp -i {bed.a2} -p {port}")
-    client = bed.start("vm1", accel, ["sockperf", mode, "--tcp", "-i", bed.a2, "-p", str(port),
-                                      "-t", str(seconds), "-m", str(size)])
-    time.sleep(0.3)
-    client_pids = pids_of(f"sockperf {mode} --tcp -i {bed.a2} -p {port}")
-    t0 = cpu_ticks(server + client_pids + daemon)
-    out, _ = client.communicate(timeout=seconds + 60)
-    t1 = cpu_ticks(server + daemon)  # the client is gone; its time is in t1 below
-    stop(srv)
-    res = parse_sockperf(out)
+    srv = bed.start(SERVER_VM, accel, ["sockperf", "sr", "--tcp", "-i", bed.server_addr, "-p", str(port)],
+                    seconds + 90)
+    try:
+        bed.wait_listening(SERVER_VM, port)
+        server = [srv.child()]
+        client = bed.start(CLIENT_VM, accel, ["sockperf", mode, "--tcp", "-i", bed.server_addr, "-p", str(port),
+                                              "-t", str(seconds), "-m", str(size)], seconds + 60)
+        time.sleep(0.3)
+        client_pids = [client.child()]
+        daemon = list(bed.daemons.values())
+        t0 = cpu_ticks(server + client_pids + daemon)
+        client.finish()
+        t1 = cpu_ticks(server + daemon)  # the client is gone; its time is in t1 below
+    finally:
+        srv.stop()
+    res = parse_sockperf(client.text)
     res["cpu_ticks_server_daemon"] = t1 - t0
     return res
 
 
 def iperf(bed, accel, seconds, port):
-    srv = bed.start("vm2", accel, ["iperf3", "-s", "-B", bed.a2, "-p", str(port), "-1"])
-    time.sleep(0.7)
-    r = bed.run("vm1", accel, ["iperf3", "-c", bed.a2, "-p", str(port), "-t", str(seconds), "-l", "64K", "-J"],
-                timeout=seconds + 60)
-    stop(srv)
+    srv = bed.start(SERVER_VM, accel, ["iperf3", "-s", "-B", bed.server_addr, "-p", str(port), "-1"], seconds + 90)
+    try:
+        bed.wait_listening(SERVER_VM, port)
+        r = bed.run(CLIENT_VM, accel, ["iperf3", "-c", bed.server_addr, "-p", str(port), "-t", str(seconds),
+                                       "-l", "64K", "-J"], timeout=seconds + 60)
+    finally:
+        srv.stop()
     return parse_iperf(r.stdout, r.stderr)
 
 
 def redis(bed, accel, port):
-    srv = bed.start("vm2", accel, ["redis-server", "--bind", bed.a2, "--port", str(port), "--save", "",
-                                   "--appendonly", "no", "--protected-mode", "no"])
-    time.sleep(0.8)
+    srv = bed.start(SERVER_VM, accel, ["redis-server", "--bind", bed.server_addr, "--port", str(port),
+                                       "--save", "", "--appendonly", "no", "--protected-mode", "no"], 600)
     res = {}
-    for clients, n in ((1, 20000), (50, 100000)):
-        r = bed.run("vm1", accel, ["redis-benchmark", "-h", bed.a2, "-p", str(port), "-t", "set,get",
-                                   "-n", str(n), "-c", str(clients), "--csv"])
-        for line in r.stdout.splitlines():
-            m = re.match(r'"(SET|GET)","([0-9.]+)"', line)
-            if m:
-                res[f"{m.group(1).lower()}_c{clients}_rps"] = float(m.group(2))
-    stop(srv)
+    try:
+        bed.wait_listening(SERVER_VM, port)
+        for clients, n in ((1, 20000), (50, 100000)):
+            r = bed.run(CLIENT_VM, accel, ["redis-benchmark", "-h", bed.server_addr, "-p", str(port),
+                                           "-t", "set,get", "-n", str(n), "-c", str(clients), "--csv"])
+            for line in r.stdout.splitlines():
+                m = re.match(r'"(SET|GET)","([0-9.]+)"', line)
+                if m:
+                    res[f"{m.group(1).lower()}_c{clients}_rps"] = float(m.group(2))
+    finally:
+        srv.stop()
     return res
 
 
@@ -111,10 +96,12 @@ print(ts[len(ts) // 2], ts[int(len(ts) * 0.99)])
 
 
 def connect_first_byte(bed, accel, peer_bin, port):
-    srv = bed.start("vm2", accel, [peer_bin, bed.a2, str(port)])
-    time.sleep(0.5)
-    r = bed.run("vm1", accel, ["python3", "-c", CONNECT_PROBE, bed.a2, str(port), "300"])
-    stop(srv)
+    srv = bed.start(SERVER_VM, accel, [peer_bin, bed.server_addr, str(port)], 300)
+    try:
+        bed.wait_listening(SERVER_VM, port)
+        r = bed.run(CLIENT_VM, accel, ["python3", "-c", CONNECT_PROBE, bed.server_addr, str(port), "300"])
+    finally:
+        srv.stop()
     try:
         p50, p99 = (float(x) for x in r.stdout.split())
         return {"p50_us": p50, "p99_us": p99}
@@ -124,18 +111,15 @@ def connect_first_byte(bed, accel, peer_bin, port):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", default=os.path.join(ROOT, "bazel-out/k8-opt/bin"))
+    ap.add_argument("--bin", default=DEFAULT_BIN)
     ap.add_argument("--seconds", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
     a = ap.parse_args()
-    lib = os.path.join(a.bin, "guest/libvsocket.so")
-    env = dict(os.environ, VSOCKETD=os.path.join(a.bin, "host-backend/vsocketd"))
-    r = sh(TB + ["up"], env=env, timeout=120)
-    if r.returncode != 0:
-        sys.exit("testbed up failed: " + r.stdout[-1000:] + r.stderr[-1000:])
-    bed = Bed(lib)
+    bed = Bed(a.bin)
+    peer = find_bin(a.bin, "tests/socket/socket_peer")
+    bed.up(CLIENT_VM, SERVER_VM)
     results = {"date": datetime.datetime.utcnow().isoformat() + "Z", "cpus": os.cpu_count(),
-               "kernel": {}, "vsocket": {}}
+               "machine": machine(), "binaries": bed.binaries(), "kernel": {}, "vsocket": {}}
     try:
         port = 12000
         for mode, accel in (("kernel", False), ("vsocket", True)):
@@ -146,10 +130,10 @@ def main():
             R["rate_1k"] = sockperf(bed, accel, "tp", 1024, a.seconds, port); port += 1
             R["bandwidth_64k"] = iperf(bed, accel, a.seconds, port); port += 1
             R["redis"] = redis(bed, accel, port); port += 1
-            R["connect"] = connect_first_byte(bed, accel, os.path.join(a.bin, "tests/socket/socket_peer"), port)
+            R["connect"] = connect_first_byte(bed, accel, peer, port)
             port += 1
     finally:
-        sh(TB + ["down"])
+        bed.down()
     K, V = results["kernel"], results["vsocket"]
 
     def cpu_per_million(R):
@@ -180,8 +164,7 @@ def main():
     for row in results["table"]:
         md.append(f"| {row['metric']} | {row['kernel']:.2f} | {row['vsocket']:.2f} | {row['ratio']:.2f} | {row['goal']} |")
     text = "\n".join(md) + "\n"
-    latest = save_results(a.out, "same-host", results, text,
-                          stamp=datetime.datetime.utcnow().strftime("%Y%m%dT%H%M%SZ"))
+    latest = save_results(a.out, "same-host", results, text)
     print(text)
     plot(results, latest)
 

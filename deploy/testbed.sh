@@ -21,6 +21,9 @@ SELF=$(readlink -f "${BASH_SOURCE[0]}")
 ORIG_PWD=$PWD
 cd "$(dirname "$SELF")/.."
 REPO_ROOT=$PWD
+BED_NAME=testbed
+# shellcheck source=deploy/lib/bed.sh
+. deploy/lib/bed.sh # die/warn/say, pid_alive, stop_daemon, ns_exists, ...
 
 DEFAULT_VMS="vm1:1:198.51.100.11 vm2:1:198.51.100.12 vm3:2:198.51.100.13"
 BRIDGE=vsbr0
@@ -28,19 +31,11 @@ BRIDGE_ADDR=198.51.100.1
 NET_PREFIX=198.51.100
 PREFIX_LEN=24
 NFT_TABLE=vsocket_fw
-NETNS_RUN_DIR=/run/netns
 MARKER=.vsocket-testbed # in the state dir: "created by testbed.sh, safe to remove"
 CONF_NAME=testbed.conf  # in the state dir: the VM list the bed was built with
 START_TIMEOUT_S=10
 STOP_TIMEOUT_S=5
 LOCK_TIMEOUT_S=60
-
-die() {
-  echo "testbed: error: $*" >&2
-  exit 1
-}
-warn() { echo "testbed: warning: $*" >&2; }
-say() { echo "testbed: $*" >&2; }
 
 usage() {
   cat <<'EOF'
@@ -149,9 +144,6 @@ ns_of() { echo "vs$1"; }
 hostveth_of() { echo "vs$1h"; }
 sock_of() { echo "$STATE/$1.sock"; }
 
-ns_exists() { [ -e "$NETNS_RUN_DIR/$1" ] && ip netns list | awk '{print $1}' | grep -qx -- "$1"; }
-link_exists() { ip link show dev "$1" >/dev/null 2>&1; }
-
 # --- preflight --------------------------------------------------------------
 
 preflight() {
@@ -168,56 +160,7 @@ take_lock() { # serialise up/down (also across state dirs: bridge and netns name
 
 # --- daemon -----------------------------------------------------------------
 
-pid_alive() { # running and not a zombie
-  local st
-  [ -r "/proc/$1/stat" ] || return 1
-  st=$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
-  [ -n "$st" ] && [ "$st" != Z ] && [ "$st" != X ]
-}
-
-# Is PID the vsocketd of this bed? Its argv must name vsocketd and carry our --ctl path.
-pid_is_our_daemon() {
-  local pid=$1 args
-  pid_alive "$pid" || return 1
-  args=$(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
-  grep -q vsocketd <<<"$args" && grep -qxF -- "$CTL_SOCK" <<<"$args"
-}
-
-recorded_pid() {
-  local pid
-  [ -f "$PID_FILE" ] || return 1
-  pid=$(head -n 1 "$PID_FILE" 2>/dev/null | tr -d '[:space:]')
-  [[ $pid =~ ^[1-9][0-9]*$ ]] || return 1
-  echo "$pid"
-}
-
-wait_dead() { # wait_dead PID SECONDS
-  local pid=$1 i
-  for ((i = 0; i < $2 * 10; i++)); do
-    pid_alive "$pid" || return 0
-    sleep 0.1
-  done
-  ! pid_alive "$pid"
-}
-
-stop_daemon() {
-  local pid
-  pid=$(recorded_pid) || return 0
-  pid_alive "$pid" || return 0
-  if ! pid_is_our_daemon "$pid"; then
-    warn "PID $pid from $PID_FILE is not this bed's vsocketd; not killing it"
-    return 0
-  fi
-  kill -TERM "$pid" 2>/dev/null || true
-  if ! wait_dead "$pid" "$STOP_TIMEOUT_S"; then
-    warn "vsocketd (PID $pid) still running ${STOP_TIMEOUT_S}s after SIGTERM; sending SIGKILL"
-    kill -KILL "$pid" 2>/dev/null || true
-    wait_dead "$pid" 2 || warn "vsocketd (PID $pid) did not exit after SIGKILL"
-  fi
-  # Reap it if it is our own child (only when 'up' fails in this shell).
-  wait "$pid" 2>/dev/null || true
-  DID_SOMETHING=1
-}
+recorded_pid() { read_pid_file "$PID_FILE"; }
 
 # --- down -------------------------------------------------------------------
 
@@ -226,7 +169,7 @@ DID_SOMETHING=0
 do_down() {
   local specs name ns hv pids mounted_by_us
   mounted_by_us=$(recorded_flag created_netns_dir)
-  stop_daemon
+  if stop_daemon "$PID_FILE" "$CTL_SOCK" TERM "$STOP_TIMEOUT_S"; then DID_SOMETHING=1; fi
 
   # Namespaces and veths of the recorded list and the configured one.
   specs="$(recorded_spec) $(configured_spec)"
@@ -304,12 +247,6 @@ on_up_exit() {
   exit $((rc == 0 ? 1 : rc))
 }
 
-log_tail() {
-  echo "---- last lines of $LOG_FILE ----" >&2
-  tail -n 40 "$LOG_FILE" >&2 2>/dev/null || true
-  echo "----" >&2
-}
-
 # tcp_probe FROM_NS ADDR: "reachable" = the peer kernel answers (RST or SYN-ACK).
 tcp_probe() {
   local out rc=0
@@ -367,9 +304,8 @@ cmd_up() {
   take_lock
   parse_vms "$(configured_spec)"
 
-  local bin=${VSOCKETD:-bazel-bin/host-backend/vsocketd}
-  case $bin in /*) ;; *) bin="$REPO_ROOT/$bin" ;; esac
-  [ -x "$bin" ] && [ -f "$bin" ] || die "vsocketd binary not found or not executable: $bin (bazel build //host-backend:vsocketd, or set VSOCKETD)"
+  local bin
+  bin=$(bin_path VSOCKETD bazel-bin/host-backend/vsocketd "bazel build //host-backend:vsocketd")
   [[ $(basename "$bin") == *vsocketd* ]] || die "VSOCKETD must name a vsocketd binary (down identifies the daemon by name): $bin"
   local level=${VSOCKET_LOG_LEVEL:-info}
   local bridge_mode=${VSOCKET_TESTBED_BRIDGE_ADDR:-auto}
@@ -493,7 +429,7 @@ cmd_up() {
   local i ready
   for ((i = 0; i < START_TIMEOUT_S * 10; i++)); do
     if ! pid_alive "$pid"; then
-      log_tail
+      log_tail "$LOG_FILE"
       die "vsocketd exited during startup (see log above)"
     fi
     ready=1
@@ -503,10 +439,10 @@ cmd_up() {
     sleep 0.1
   done
   if [ "$ready" = 0 ]; then
-    log_tail
+    log_tail "$LOG_FILE"
     die "vsocketd did not create $CTL_SOCK and every VM socket within ${START_TIMEOUT_S}s"
   fi
-  pid_is_our_daemon "$pid" || die "PID $pid is not the vsocketd just started (setsid forked?)"
+  pid_is_our_daemon "$pid" "$CTL_SOCK" || die "PID $pid is not the vsocketd just started (setsid forked?)"
 
   UP_OK=1
   trap - EXIT
@@ -592,7 +528,7 @@ cmd_status() {
   done
   local pid
   if pid=$(recorded_pid); then
-    if pid_is_our_daemon "$pid"; then
+    if pid_is_our_daemon "$pid" "$CTL_SOCK"; then
       echo "daemon: vsocketd PID $pid alive"
       if [ -S "$CTL_SOCK" ]; then
         echo "stats ($CTL_SOCK):"
@@ -674,7 +610,7 @@ cmd_daemon_pid() {
   preflight
   local pid
   pid=$(recorded_pid) || die "daemon not running (no $PID_FILE)"
-  pid_is_our_daemon "$pid" || die "daemon not running (PID $pid is gone or not this bed's vsocketd)"
+  pid_is_our_daemon "$pid" "$CTL_SOCK" || die "daemon not running (PID $pid is gone or not this bed's vsocketd)"
   echo "$pid"
 }
 

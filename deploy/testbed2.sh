@@ -31,15 +31,15 @@ SELF=$(readlink -f "${BASH_SOURCE[0]}")
 ORIG_PWD=$PWD
 cd "$(dirname "$SELF")/.."
 REPO_ROOT=$PWD
+BED_NAME=testbed2
+# shellcheck source=deploy/lib/bed.sh
+. deploy/lib/bed.sh # die/warn/say, pid_alive, stop_daemon, ns_exists, ...
 STATE=${VSOCKET_TESTBED2_DIR:-/run/vsocket-testbed2}
 MARKER=.vsocket-testbed2
 HOSTS="hostA hostB"
 # vm:host:tenant:address
 VMS="vmA1:hostA:1:198.51.100.2 vmA2:hostA:1:198.51.100.3 vmB1:hostB:1:198.51.100.18 vmB2:hostB:2:198.51.100.19"
 PEER_PORT=7300
-
-die() { echo "testbed2: error: $*" >&2; exit 1; }
-say() { echo "testbed2: $*" >&2; }
 
 NS_PREFIX=${VSOCKET_TESTBED2_NS_PREFIX:-vs2}
 [[ $NS_PREFIX =~ ^[a-z][a-z0-9]{0,5}$ ]] || die "VSOCKET_TESTBED2_NS_PREFIX must be 1-6 of [a-z0-9]"
@@ -60,40 +60,14 @@ vm_field() { # vm_field VM N (2 host, 3 tenant, 4 address)
   die "unknown VM '$1' (VMs: vmA1 vmA2 vmB1 vmB2)"
 }
 need_host() { case ${1:-} in hostA | hostB) ;; *) die "unknown host '${1:-}' (hostA or hostB)" ;; esac; }
-ns_exists() { ip netns list | awk '{print $1}' | grep -qx -- "$1"; }
 pid_file() { echo "$STATE/$1/vsocketd.pid"; }
 ctl_sock() { echo "$STATE/$1/ctl.sock"; }
 
-bin_path() { # bin_path VAR default
-  local b=${!1:-$2}
-  case $b in /*) ;; *) b="$REPO_ROOT/$b" ;; esac
-  [ -x "$b" ] || die "$b not found (bazel build //host-backend:vsocketd //host-backend:vsocketctl, or set $1)"
-  echo "$b"
-}
-
-pid_alive() {
-  local st
-  [ -r "/proc/$1/stat" ] || return 1
-  st=$(sed 's/^.*) //' "/proc/$1/stat" | cut -d' ' -f1)
-  [ "$st" != Z ] && [ "$st" != X ]
-}
-
-daemon_pid() { # prints the PID of HOST's vsocketd if it is ours and running
-  local pid
-  [ -f "$(pid_file "$1")" ] || return 1
-  pid=$(tr -d '[:space:]' <"$(pid_file "$1")")
-  [[ $pid =~ ^[1-9][0-9]*$ ]] && pid_alive "$pid" || return 1
-  tr '\0' '\n' <"/proc/$pid/cmdline" | grep -qxF -- "$(ctl_sock "$1")" || return 1
-  echo "$pid"
-}
-
-stop_daemon() { # stop_daemon HOST [SIGNAL]
-  local pid i
-  pid=$(daemon_pid "$1") || return 0
-  kill "-${2:-TERM}" "$pid" 2>/dev/null || true
-  for ((i = 0; i < 50; i++)); do pid_alive "$pid" || return 0; sleep 0.1; done
-  kill -KILL "$pid" 2>/dev/null || true
-}
+BUILD_HINT="bazel build //host-backend:vsocketd //host-backend:vsocketctl"
+vsocketd_bin() { bin_path VSOCKETD bazel-out/k8-opt/bin/host-backend/vsocketd "$BUILD_HINT"; }
+vsocketctl_bin() { bin_path VSOCKETCTL bazel-out/k8-opt/bin/host-backend/vsocketctl "$BUILD_HINT"; }
+host_daemon_pid() { daemon_pid "$(pid_file "$1")" "$(ctl_sock "$1")"; } # HOST
+stop_host_daemon() { stop_daemon "$(pid_file "$1")" "$(ctl_sock "$1")" "${2:-TERM}" || true; } # HOST [SIGNAL]
 
 write_configs() {
   local h v name host tenant addr
@@ -142,7 +116,7 @@ write_configs() {
 
 start_daemon() { # start_daemon HOST
   local h=$1 bin i
-  bin=$(bin_path VSOCKETD bazel-out/k8-opt/bin/host-backend/vsocketd)
+  bin=$(vsocketd_bin)
   rm -f "$STATE/$h"/*.sock
   # shellcheck disable=SC2086  # VSOCKETD_ARGS is a word list
   ip netns exec "$(ns_of "$h")" setsid "$bin" --config "$STATE/$h/vsocketd.conf" --ctl "$(ctl_sock "$h")" \
@@ -150,10 +124,10 @@ start_daemon() { # start_daemon HOST
   echo $! >"$(pid_file "$h")"
   for ((i = 0; i < 100; i++)); do
     grep -q "vsocketd: ready" "$STATE/$h/vsocketd.log" 2>/dev/null && [ -S "$(ctl_sock "$h")" ] && return 0
-    pid_alive "$(cat "$(pid_file "$h")")" || { tail -20 "$STATE/$h/vsocketd.log" >&2; die "vsocketd on $h exited"; }
+    pid_alive "$(cat "$(pid_file "$h")")" || { log_tail "$STATE/$h/vsocketd.log" 20; die "vsocketd on $h exited"; }
     sleep 0.1
   done
-  tail -20 "$STATE/$h/vsocketd.log" >&2
+  log_tail "$STATE/$h/vsocketd.log" 20
   die "vsocketd on $h not ready after 10 s"
 }
 
@@ -161,7 +135,7 @@ wait_links_up() { # both daemons report the link up (20 s: the initiator's
   # reconnect backoff reaches 10 s after repeated losses, and a restart can
   # fall just after an attempt)
   local i ctl
-  ctl=$(bin_path VSOCKETCTL bazel-out/k8-opt/bin/host-backend/vsocketctl)
+  ctl=$(vsocketctl_bin)
   for ((i = 0; i < 200; i++)); do
     if "$ctl" --socket "$(ctl_sock hostA)" links 2>/dev/null | grep -q " up " &&
       "$ctl" --socket "$(ctl_sock hostB)" links 2>/dev/null | grep -q " up "; then
@@ -176,7 +150,7 @@ wait_links_up() { # both daemons report the link up (20 s: the initiator's
 
 cmd_down() {
   local h v ns
-  for h in $HOSTS; do stop_daemon "$h"; done
+  for h in $HOSTS; do stop_host_daemon "$h"; done
   for v in $VMS $HOSTS; do
     ns=$(ns_of "${v%%:*}")
     ns_exists "$ns" && ip netns del "$ns"
@@ -233,9 +207,9 @@ cmd_up() {
 
 cmd_status() {
   local h ctl
-  ctl=$(bin_path VSOCKETCTL bazel-out/k8-opt/bin/host-backend/vsocketctl)
+  ctl=$(vsocketctl_bin)
   for h in $HOSTS; do
-    echo "== $h (pid $(daemon_pid "$h" || echo none))"
+    echo "== $h (pid $(host_daemon_pid "$h" || echo none))"
     "$ctl" --socket "$(ctl_sock "$h")" links || true
   done
 }
@@ -260,13 +234,15 @@ main() {
       need_host "${1:-}"
       local h=$1
       shift
-      exec "$(bin_path VSOCKETCTL bazel-out/k8-opt/bin/host-backend/vsocketctl)" --socket "$(ctl_sock "$h")" "$@"
+      local ctl
+      ctl=$(vsocketctl_bin)
+      exec "$ctl" --socket "$(ctl_sock "$h")" "$@"
       ;;
     addr) vm_field "${1:-}" 4 ;;
-    daemon-pid) need_host "${1:-}"; daemon_pid "$1" ;;
-    restart) need_host "${1:-}"; stop_daemon "$1"; start_daemon "$1"; wait_links_up ;;
-    kill) need_host "${1:-}"; stop_daemon "$1" KILL ;;
-    *) sed -n '2,25p' "$SELF" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    daemon-pid) need_host "${1:-}"; host_daemon_pid "$1" ;;
+    restart) need_host "${1:-}"; stop_host_daemon "$1"; start_daemon "$1"; wait_links_up ;;
+    kill) need_host "${1:-}"; stop_host_daemon "$1" KILL ;;
+    *) sed -n '2,/^[^#]/p' "$SELF" | sed -n 's/^# \{0,1\}//p' >&2; exit 2 ;; # the header comment
   esac
 }
 

@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""Generates the headline tables of docs/benchmarks.md from the latest
+results in bench/results/, so that no table in the docs is typed by hand.
+
+  bench/render_docs.py            rewrite docs/benchmarks.md in place
+  bench/render_docs.py --check    exit 1 (with a diff) if it is not what the
+                                  results give; //bench:benchmarks_doc_test
+
+Each generated block sits between `<!-- generated: NAME -->` and
+`<!-- end generated -->` and starts with the date and the machine of the
+run, as the result file records them. Everything outside the markers is
+left alone. Blocks: channel (channel-latest.md), same-host, cross-host and
+conn-scale (NAME-latest.json).
+"""
+import argparse
+import difflib
+import json
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "bench/results")
+DOC = os.path.join(ROOT, "docs/benchmarks.md")
+BLOCK = re.compile(r"(<!-- generated: ([\w-]+) -->\n)(.*?)(<!-- end generated -->)", re.S)
+
+
+# ---- formatting ---------------------------------------------------------------------
+
+
+def num(x):
+    """1,234,567 / 123.4 / 1.23: thousands as integers, else 3-4 figures."""
+    if x != x:  # NaN
+        return "–"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    if abs(x) >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}"
+
+
+def label(metric):
+    return metric.replace("(us)", "(µs)")
+
+
+def goal(text):
+    return text.replace("<=", "≤").replace(">=", "≥")
+
+
+def spread(median, lo, hi):
+    """median, and (min–max) when the repetitions differ."""
+    if lo == hi:
+        return num(median)
+    return f"{num(median)} ({num(lo)}–{num(hi)})"
+
+
+def when_where(res, source):
+    """The first line of every block: when, on what, from which file. A date
+    may carry a note in parentheses (where it came from)."""
+    date = res.get("date", "?")
+    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)[.0-9]*Z?(.*)", date)
+    if m:
+        date = m.group(1) + "Z" + m.group(2)
+    mach = res.get("machine")
+    if isinstance(mach, str):
+        where = mach
+    elif mach:
+        where = f"{mach['hostname']} ({mach['cpu_model'] or 'CPU model unknown'}, {mach['cpus']} CPUs, " \
+                f"Linux {mach['kernel']})"
+    else:
+        where = f"a {res.get('cpus', '?')}-CPU machine (host name, CPU model and kernel not recorded by this run)"
+    return f"Measured {date} on {where}; from `bench/results/{source}`."
+
+
+def load(name):
+    with open(os.path.join(RESULTS, name)) as f:
+        return json.load(f)
+
+
+# ---- the blocks ---------------------------------------------------------------------
+
+
+def channel():
+    """channel-latest.md: channel_bench's table, then `date:` and `machine:`
+    lines that bench/run_channel_bench.sh appends."""
+    text = open(os.path.join(RESULTS, "channel-latest.md")).read()
+    lines = text.splitlines()
+    res = dict(re.findall(r"^(date|machine): (.*)$", text, re.M))
+    m = re.search(r"(\d+) CPUs", lines[0])
+    res["cpus"] = m.group(1) if m else "?"
+    out = [when_where(res, "channel-latest.md"), "",
+           "| measurement | raw SPSC ring | channel, polling | channel, eventfd |", "|---|--:|--:|--:|"]
+    for line in [l for l in lines if l.startswith("|")][2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        vals = [num(float(c)) if re.fullmatch(r"[0-9.]+", c) else c for c in cells[1:]]
+        out.append(f"| {label(cells[0])} | " + " | ".join(vals) + " |")
+    out.append("")
+    out += [f"- {l.strip()}" for l in lines if l.startswith(("channel/raw", "vsocketd CPU"))]
+    return out
+
+
+def same_host():
+    res = load("same-host-latest.json")
+    out = [when_where(res, "same-host-latest.json") + " Kernel TCP and vSocket in the same run.", "",
+           "| metric | kernel TCP | vSocket | vSocket/kernel | goal (ratio) |", "|---|--:|--:|--:|---|"]
+    for r in res["table"]:
+        out.append(f"| {label(r['metric'])} | {num(r['kernel'])} | {num(r['vsocket'])} | {r['ratio']:.2f} "
+                   f"| {goal(r['goal'])} |")
+    return out
+
+
+def cross_host():
+    res = load("cross-host-latest.json")
+    out = [when_where(res, "cross-host-latest.json"),
+           f"{res['reps_n']} repetitions of {res['seconds']} s per test, kernel TCP and vSocket alternating, "
+           f"medians (min–max); load average {res['loadavg_before']} before, {res['loadavg_after']} after.", ""]
+    out += ["| metric | kernel TCP | vSocket | vSocket/kernel | goal | vSocket runs valid (fabric check) |",
+            "|---|--:|--:|--:|---|--:|"]
+    for r in res.get("pinned_table") or []:
+        k, v = r["kernel"], r["vsocket"]
+        met = "met" if r["met"] else "missed"
+        out.append(f"| {label(r['metric']).replace(' (µs)', ', one CPU per host (µs)')} | {spread(*k)} "
+                   f"| {spread(*v)} | {r['ratio']:.2f} | ≤ 1: **{met}** | {r['valid']}/{r['reps']} |")
+    for r in res["table"]:
+        g = ""
+        if r["goal"]:
+            g = f"{goal(r['goal'])}: **{'met' if r['met'] else 'missed'}**"
+        name = label(r["metric"])
+        if r["measurement"] == "pingpong_16":
+            name = name.replace(" (µs)", ", all floating (µs)")
+        out.append(f"| {name} | {spread(r['kernel'], *r['kernel_range'])} "
+                   f"| {spread(r['vsocket'], *r['vsocket_range'])} | {r['ratio']:.2f} | {g} "
+                   f"| {r['vsocket_valid_reps']}/{r['reps']} |")
+    if res.get("batching"):
+        out += ["", "Adaptive batching on the fabric link (hostA → hostB, netload 16 B, vSocket):", "",
+                "| connections | frames per writev | payload bytes per writev | 16 B messages per frame | writev/s |",
+                "|--:|--:|--:|--:|--:|"]
+        for b in res["batching"]:
+            out.append(f"| {b['conns']} | {b['frames_per_write']:.1f} | {b['bytes_per_write']:,.0f} "
+                       f"| {b['messages_per_frame']:.1f} | {b['writes_per_s']:,.0f} |")
+    return out
+
+
+# Rows of the memory table: (label, memory key prefix).
+MEMORY_ROWS = [("vsocketd, hostA", "vsocketd hostA"), ("vsocketd, hostB", "vsocketd hostB"),
+               ("guest clients (vmA1)", "guest clients (vmA1)"), ("guest servers (vmB1)", "guest servers (vmB1)")]
+
+
+def conn_scale():
+    res = load("conn-scale-latest.json")
+    out = [when_where(res, "conn-scale-latest.json"), "",
+           "| run | connections | result | wall time (s) |", "|---|--:|---|--:|"]
+    for r in res["runs"]:
+        what = f"ring {r['ring_kb']} KiB" if r["accel"] else "kernel TCP, no preload"
+        t = r["steps"][-1]["t_s"] if r.get("steps") else float("nan")
+        out.append(f"| {what} | {r['conns']:,} | {'OK' if r['ok'] else '**FAILED**'} | {num(t)} |")
+    # The last successful run of each configuration.
+    last = {}
+    for r in res["runs"]:
+        if r["ok"] and r.get("memory"):
+            last[r["ring_kb"] if r["accel"] else None] = r
+    rings = sorted(k for k in last if k is not None)
+    if not rings:
+        return out
+    cols = [f"ring {k} KiB" for k in rings] + (["kernel TCP"] if None in last else [])
+    out += ["", "Memory per connection, bytes (RSS delta / connections): private (RssAnon) / guest ring pages "
+            "touched (RssShmem); kernel TCP: VmRSS.", "",
+            "| process | when | " + " | ".join(cols) + " |", "|---|---|" + "--:|" * len(cols)]
+    for name, key in MEMORY_ROWS:
+        for when in ("idle", "after the message"):
+            cells = []
+            for k in rings:
+                m = last[k]["memory"].get(f"{key}, {when}", {})
+                cells.append(f"{m.get('RssAnon', 0):,.0f} / {m.get('RssShmem', 0):,.0f}")
+            if None in last:
+                m = last[None]["memory"].get(f"{key}, {when}", {})
+                cells.append(f"{m.get('VmRSS', 0):,.0f}")
+            out.append(f"| {name} | {when} | " + " | ".join(cells) + " |")
+    return out
+
+
+BLOCKS = {"channel": channel, "same-host": same_host, "cross-host": cross_host, "conn-scale": conn_scale}
+
+
+def render(doc):
+    seen = set()
+
+    def block(m):
+        name = m.group(2)
+        if name not in BLOCKS:
+            raise SystemExit(f"docs/benchmarks.md: unknown generated block '{name}' (known: {', '.join(BLOCKS)})")
+        seen.add(name)
+        return m.group(1) + "\n".join(BLOCKS[name]()) + "\n" + m.group(4)
+
+    out = BLOCK.sub(block, doc)
+    missing = set(BLOCKS) - seen
+    if missing:
+        raise SystemExit(f"docs/benchmarks.md: no generated block for {', '.join(sorted(missing))}")
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="compare instead of writing; exit 1 if different")
+    a = ap.parse_args()
+    doc = open(DOC).read()
+    new = render(doc)
+    if not a.check:
+        if new != doc:
+            with open(DOC, "w") as f:
+                f.write(new)
+            print("docs/benchmarks.md: tables regenerated")
+        return 0
+    if new == doc:
+        print("docs/benchmarks.md: tables match bench/results/")
+        return 0
+    sys.stdout.writelines(difflib.unified_diff(doc.splitlines(True), new.splitlines(True),
+                                               "docs/benchmarks.md (committed)", "docs/benchmarks.md (rendered)"))
+    print("docs/benchmarks.md differs from what bench/results/ give: run bench/render_docs.py")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
