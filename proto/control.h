@@ -48,6 +48,12 @@ enum class MsgType : uint8_t {
   // UNREGISTER was answered with reason rings-held are free to reuse now.
   // Body ConnCounter{conn_id, 0}.
   kRingsReleased = 17,
+  // backend -> guest (kFeatureFenceDelivered): the connection's FENCE has
+  // reached its peer's library (the FENCE event is in the peer guest's
+  // event queue). Body ConnCounter{conn_id, fence bytes}. From then on, if
+  // the backend disappears, a RESYNC header on the kernel stream is safe:
+  // the peer knows where our kernel bytes end.
+  kFenceDelivered = 18,
 };
 const char* ToString(MsgType type);
 
@@ -127,6 +133,11 @@ inline constexpr uint64_t kFeatureDoorbell = 1ull << 0;
 // both can outlive the connection by a work request's flight, so without
 // the feature the backend stages and copies instead.
 inline constexpr uint64_t kFeatureRingHold = 1ull << 1;
+// kFeatureFenceDelivered: the backend tells the library when its FENCE has
+// reached the peer's library (FENCE_DELIVERED), so that the library can
+// finish on kernel TCP without losing a byte if the backend itself goes
+// away (docs/connection-lifecycle.md §8).
+inline constexpr uint64_t kFeatureFenceDelivered = 1ull << 2;
 inline constexpr uint64_t kKnownFeatures = kFeatureDoorbell | kFeatureRingHold;
 struct DoorbellBlock {
   uint64_t tx_tail;         // guest writes: bytes produced into the TX ring (total)

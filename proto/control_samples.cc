@@ -33,6 +33,7 @@ const std::vector<Message>& SampleMessages() {
         {MsgType::kUnregister, 10, Unregister{11}},
         {MsgType::kRegisterAck, 10, RegisterAck{11, WireError::kOk, Reason::kRingsHeld, 0}},
         {MsgType::kRingsReleased, 0, ConnCounter{11, 0}},
+        {MsgType::kFenceDelivered, 0, ConnCounter{11, 4096}},
     };
   }();
   return kSamples;

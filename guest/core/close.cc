@@ -25,6 +25,9 @@ void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open) {
   Conn& c = *self;
   std::lock_guard<std::mutex> lock(c.setup_mu);
   Session* s = c.session;
+  // A backend that went away unnoticed: its connections resync first (the
+  // FIN must not overtake bytes only the backend had).
+  if (s != nullptr && c.state.registered()) s->CheckBackend();
   bool registered = c.state.registered() && s != nullptr;
   bool abortive = false, lingering = false;
   if (registered && s->alive() && c.state.upgraded()) {

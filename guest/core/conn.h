@@ -65,6 +65,11 @@ struct Conn {
   // docs/fabric-design.md "Link loss and RESYNC"; state.resynced()). Set by
   // dispatch; the two directions then finish the downgrade at their own pace.
   std::atomic<bool> resync_fence_acked{false};  // the peer has our FENCE
+  std::atomic<bool> fence_delivered{false};     // FENCE_DELIVERED came (the backend may go)
+  // The backend went away while this connection was registered: it
+  // registers again when one is back, trying no sooner than retry_at_ns.
+  std::atomic<bool> lost_backend{false};
+  std::atomic<int64_t> retry_at_ns{0};
   std::atomic<uint64_t> resync_landed{0};       // accelerated bytes in our RX ring, final
   // TX (under tx_mu): the RESYNC header and the unacknowledged TX bytes,
   // written on the kernel socket before any new byte.

@@ -22,20 +22,23 @@ constexpr Transition kTransitions[] = {
     // First I/O: registered, or kernel TCP for good.
     {Phase::kUnprobed, ConnEvent::kRegistered, Phase::kPending},
     {Phase::kUnprobed, ConnEvent::kKernelForGood, Phase::kKernel},
+    // No backend now, for a connection that had one: registered later.
+    {Phase::kUnprobed, ConnEvent::kBackendLost, Phase::kUnprobed},
     // Registered, waiting for the peer. Whatever goes wrong here leaves the
     // kernel stream exact: back to kernel TCP, never a reset.
     {Phase::kPending, ConnEvent::kUpgrade, Phase::kUpgraded},
     {Phase::kPending, ConnEvent::kKernelForGood, Phase::kKernel},  // the registration was refused
     {Phase::kPending, ConnEvent::kPeerWithdrew, Phase::kKernel},
-    {Phase::kPending, ConnEvent::kBackendLost, Phase::kKernel},
+    {Phase::kPending, ConnEvent::kBackendLost, Phase::kUnprobed},  // registers again with the next backend
     {Phase::kPending, ConnEvent::kForked, Phase::kKernel},
     {Phase::kPending, ConnEvent::kClose, Phase::kClosed},
-    // Upgraded: bytes may be in the rings. A lost link is repaired on
-    // kernel TCP (RESYNC); anything that loses track of bytes resets.
+    // Upgraded: bytes may be in the rings. A lost link or a lost backend is
+    // repaired on kernel TCP (RESYNC); anything that loses track of bytes
+    // resets.
     {Phase::kUpgraded, ConnEvent::kLinkLost, Phase::kResyncing},
+    {Phase::kUpgraded, ConnEvent::kBackendLost, Phase::kResyncing},
     {Phase::kUpgraded, ConnEvent::kPeerWithdrew, Phase::kReset},  // the peer aborted
     {Phase::kUpgraded, ConnEvent::kFail, Phase::kReset},
-    {Phase::kUpgraded, ConnEvent::kBackendLost, Phase::kReset},
     {Phase::kUpgraded, ConnEvent::kForked, Phase::kReset},
     {Phase::kUpgraded, ConnEvent::kLinger, Phase::kLingering},
     {Phase::kUpgraded, ConnEvent::kClose, Phase::kClosed},
@@ -43,14 +46,14 @@ constexpr Transition kTransitions[] = {
     {Phase::kLingering, ConnEvent::kLinkLost, Phase::kResyncing},
     {Phase::kLingering, ConnEvent::kPeerWithdrew, Phase::kReset},
     {Phase::kLingering, ConnEvent::kFail, Phase::kReset},
-    {Phase::kLingering, ConnEvent::kBackendLost, Phase::kReset},
+    {Phase::kLingering, ConnEvent::kBackendLost, Phase::kResyncing},
     {Phase::kLingering, ConnEvent::kClose, Phase::kClosed},
     // Back on kernel TCP after a link loss (resync.cc).
     {Phase::kResyncing, ConnEvent::kResynced, Phase::kUnprobed},
     {Phase::kResyncing, ConnEvent::kKernelForGood, Phase::kKernel},  // could not register again
     {Phase::kResyncing, ConnEvent::kPeerWithdrew, Phase::kReset},
     {Phase::kResyncing, ConnEvent::kFail, Phase::kReset},
-    {Phase::kResyncing, ConnEvent::kBackendLost, Phase::kReset},
+    {Phase::kResyncing, ConnEvent::kBackendLost, Phase::kResyncing},  // it needs no backend
     {Phase::kResyncing, ConnEvent::kForked, Phase::kReset},
     {Phase::kResyncing, ConnEvent::kClose, Phase::kClosed},
     // Reset: only its registration is left to end (the reason may change:
@@ -135,7 +138,6 @@ bool ConnState::Apply(ConnEvent e, std::optional<Reason> why) {
   else if (why) reason_.store(*why, std::memory_order_relaxed);
   switch (e) {
     case ConnEvent::kUpgrade: upgraded_.store(true, std::memory_order_relaxed); break;
-    case ConnEvent::kLinkLost: resynced_.store(true, std::memory_order_relaxed); break;
     case ConnEvent::kLinger: lingered_.store(true, std::memory_order_relaxed); break;
     case ConnEvent::kResynced:
       // A fresh registration: the history of the old one is gone (the
@@ -150,6 +152,7 @@ bool ConnState::Apply(ConnEvent e, std::optional<Reason> why) {
     default:
       break;
   }
+  if (*to == Phase::kResyncing) resynced_.store(true, std::memory_order_relaxed);
   // Release: pairs with the acquire in phase(); whoever sees the new phase
   // sees the reason and history stored above.
   phase_.store(*to, std::memory_order_release);

@@ -49,7 +49,7 @@ enum class ConnEvent : uint8_t {
   kPeerWithdrew,   // DOWNGRADE: before the upgrade the peer is not there; after it, an abort
   kLinkLost,       // DOWNGRADE for a lost link, with byte counts that agree: RESYNC
   kFail,           // the accelerated path failed (protocol error, bytes unaccounted for)
-  kBackendLost,    // the session with vsocketd is gone
+  kBackendLost,    // the session with vsocketd is gone: RESYNC, or register with the next one
   kForked,         // in a forked child: the registration is the parent's
   kResynced,       // both directions finished the RESYNC: register again to re-upgrade
   kLinger,         // close() while the peer has not consumed our accelerated bytes
@@ -96,8 +96,9 @@ class ConnState {
 
   // History of the current registration (cleared by kResynced).
   bool upgraded() const { return upgraded_.load(std::memory_order_acquire); }
-  // The link was lost after the upgrade (kLinkLost): the RESYNC rules apply
-  // from then on, whatever the phase is now.
+  // The accelerated path was lost after the upgrade (the phase went
+  // resyncing): the RESYNC rules apply from then on, whatever the phase is
+  // now.
   bool resynced() const { return resynced_.load(std::memory_order_acquire); }
   // (Not cleared: a report says whether close() ever lingered.)
   bool lingered() const { return lingered_.load(std::memory_order_acquire); }

@@ -35,29 +35,30 @@ const std::map<std::pair<P, E>, P>& Expected() {
   static const std::map<std::pair<P, E>, P> m = {
       {{P::kUnprobed, E::kRegistered}, P::kPending},
       {{P::kUnprobed, E::kKernelForGood}, P::kKernel},
+      {{P::kUnprobed, E::kBackendLost}, P::kUnprobed},
       {{P::kPending, E::kUpgrade}, P::kUpgraded},
       {{P::kPending, E::kKernelForGood}, P::kKernel},
       {{P::kPending, E::kPeerWithdrew}, P::kKernel},
-      {{P::kPending, E::kBackendLost}, P::kKernel},
+      {{P::kPending, E::kBackendLost}, P::kUnprobed},
       {{P::kPending, E::kForked}, P::kKernel},
       {{P::kPending, E::kClose}, P::kClosed},
       {{P::kUpgraded, E::kLinkLost}, P::kResyncing},
       {{P::kUpgraded, E::kPeerWithdrew}, P::kReset},
       {{P::kUpgraded, E::kFail}, P::kReset},
-      {{P::kUpgraded, E::kBackendLost}, P::kReset},
+      {{P::kUpgraded, E::kBackendLost}, P::kResyncing},
       {{P::kUpgraded, E::kForked}, P::kReset},
       {{P::kUpgraded, E::kLinger}, P::kLingering},
       {{P::kUpgraded, E::kClose}, P::kClosed},
       {{P::kLingering, E::kLinkLost}, P::kResyncing},
       {{P::kLingering, E::kPeerWithdrew}, P::kReset},
       {{P::kLingering, E::kFail}, P::kReset},
-      {{P::kLingering, E::kBackendLost}, P::kReset},
+      {{P::kLingering, E::kBackendLost}, P::kResyncing},
       {{P::kLingering, E::kClose}, P::kClosed},
       {{P::kResyncing, E::kResynced}, P::kUnprobed},
       {{P::kResyncing, E::kKernelForGood}, P::kKernel},
       {{P::kResyncing, E::kPeerWithdrew}, P::kReset},
       {{P::kResyncing, E::kFail}, P::kReset},
-      {{P::kResyncing, E::kBackendLost}, P::kReset},
+      {{P::kResyncing, E::kBackendLost}, P::kResyncing},
       {{P::kResyncing, E::kForked}, P::kReset},
       {{P::kResyncing, E::kClose}, P::kClosed},
       {{P::kReset, E::kFail}, P::kReset},
@@ -121,6 +122,21 @@ TEST(ConnStateTest, ReasonFollowsTheEvent) {
   EXPECT_EQ(s.reason(), Reason::kProtocolError);
   EXPECT_FALSE(s.Apply(E::kUpgrade, Reason::kFabricDown));
   EXPECT_EQ(s.reason(), Reason::kProtocolError) << "a refused event leaves the reason alone";
+}
+
+TEST(ConnStateTest, LosingTheBackendResyncsLikeLosingTheLink) {
+  ConnState s;
+  DriveTo(s, P::kUpgraded);
+  ASSERT_TRUE(s.Apply(E::kBackendLost, Reason::kBackendUnavailable));
+  EXPECT_EQ(s.phase(), P::kResyncing);
+  EXPECT_TRUE(s.resynced()) << "the RESYNC rules apply";
+  EXPECT_EQ(s.reason(), Reason::kBackendUnavailable);
+  EXPECT_STREQ(s.ReportedMode(), "kernel");
+  ConnState pending;
+  DriveTo(pending, P::kPending);
+  ASSERT_TRUE(pending.Apply(E::kBackendLost, Reason::kBackendUnavailable));
+  EXPECT_EQ(pending.phase(), P::kUnprobed) << "registers again with the next backend";
+  EXPECT_FALSE(pending.resynced()) << "nothing to resend: it never switched";
 }
 
 TEST(ConnStateTest, HistoryOfTheRegistration) {
@@ -226,11 +242,12 @@ TEST(ConnStateTest, ConcurrentEventsEndInALegalPhase) {
     std::thread b([&] { s.Apply(E::kBackendLost, Reason::kBackendUnavailable); });
     a.join();
     b.join();
-    // Upgrade then BackendLost: reset. BackendLost first: kernel (the
-    // upgrade is then refused).
+    // Upgrade then BackendLost: resyncing. BackendLost first: unprobed
+    // again (the upgrade is then refused).
     P p = s.phase();
-    ASSERT_TRUE(p == P::kReset || p == P::kKernel) << ToString(p);
-    EXPECT_EQ(s.upgraded(), p == P::kReset) << "history matches the phase";
+    ASSERT_TRUE(p == P::kResyncing || p == P::kUnprobed) << ToString(p);
+    EXPECT_EQ(s.upgraded(), p == P::kResyncing) << "history matches the phase";
+    EXPECT_EQ(s.resynced(), p == P::kResyncing);
   }
 }
 

@@ -36,6 +36,12 @@ int64_t Deadline(int timeout_ms) {
 // Sleeps on the kernel fds in `kfds` plus the session's wake-ups. Returns the
 // real poll's result (kfds' revents filled), -1 with errno on error.
 int SleepWith(Session* s, std::vector<pollfd>& kfds, int64_t deadline, const sigset_t* sigmask) {
+  if (!s->alive()) {
+    // The backend is gone: the connections are the kernel's again.
+    int ms = RemainingMs(deadline);
+    timespec ts{ms / 1000, (ms % 1000) * 1000000L};
+    return Libc().ppoll(kfds.data(), kfds.size(), ms < 0 ? nullptr : &ts, sigmask);
+  }
   int efd = ThreadWaiterFd();
   s->AddWaiter(efd);
   int r = 0;
@@ -44,15 +50,18 @@ int SleepWith(Session* s, std::vector<pollfd>& kfds, int64_t deadline, const sig
     kfds.push_back({efd, POLLIN, 0});
     kfds.push_back({s->event_fd(), POLLIN, 0});
     kfds.push_back({s->request_fd(), POLLIN, 0});
+    kfds.push_back({s->backend_fd(), POLLIN, 0});  // hangs up if the backend dies
     int ms = RemainingMs(deadline);
     timespec ts{ms / 1000, (ms % 1000) * 1000000L};
     r = Libc().ppoll(kfds.data(), kfds.size(), ms < 0 ? nullptr : &ts, sigmask);
     int saved = errno;
     s->DoneSleeping();
     bool events = r > 0 && (kfds[base + 1].revents || kfds[base + 2].revents);
+    bool backend = r > 0 && kfds[base + 3].revents;
     uint64_t v;
     (void)!Libc().read(efd, &v, sizeof(v));
     kfds.resize(base);
+    if (backend) s->CheckBackend();
     if (events) s->Drain();
     errno = saved;
   }
@@ -95,8 +104,10 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
       int r = conns[i] ? Readiness(fds[i].fd, *conns[i]) : -1;
       emulated[i] = r >= 0;
       // The kernel ignores negative fds; a connection still reading the
-      // kernel stream up to its fence keeps its kernel fd for wake-ups.
-      bool feeds = emulated[i] && KernelFeedsReads(*conns[i]);
+      // kernel stream up to its fence keeps its kernel fd for wake-ups, if
+      // the caller waits for reads at all (else its EOF would wake us again
+      // and again for nothing we report).
+      bool feeds = emulated[i] && (fds[i].events & POLLIN) && KernelFeedsReads(*conns[i]);
       kfds[i].fd = emulated[i] && !feeds ? -1 : fds[i].fd;
       kfds[i].events = feeds ? POLLIN : fds[i].events;
       any_kernel |= !emulated[i] && fds[i].fd >= 0;
@@ -166,6 +177,7 @@ namespace {
 // data.u64 values we use for our own fds in an application's epoll set.
 constexpr uint64_t kWakeMarker = 0x7653776b6d61726bull;     // "vSwkmark"
 constexpr uint64_t kSessionMarker = 0x7653736573736e6dull;  // "vSsessnm"
+constexpr uint64_t kBackendMarker = 0x7653626b656e6420ull;  // "vSbkend ": the vhost-user socket hung up
 // | fd: an upgraded connection still reading its kernel stream up to the
 // fence: kernel data arriving must wake the waiter and count as a change.
 constexpr uint64_t kFeedMarker = 0x7653666400000000ull;     // "vSfd"
@@ -241,6 +253,15 @@ void Refresh(int epfd, EpSet& set) {
       ev.data = e.data;
       e.in_kernel = Libc().epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) == 0;
     }
+    // A backend that went away and came back: the connections registered
+    // again with a new session, whose wake-ups replace the dead one's.
+    if (set.session != nullptr && !set.session->alive() && e.conn->session != nullptr &&
+        e.conn->session != set.session && e.conn->session->alive()) {
+      Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, set.session->event_fd(), nullptr);
+      Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, set.session->backend_fd(), nullptr);
+      set.session->RemoveWaiter(set.wake_efd);
+      set.session = nullptr;
+    }
     // Pending connections need the session's wake-ups too: their UPGRADE
     // arrives as an event, not on the kernel socket.
     if (set.session == nullptr && e.conn->session != nullptr) {
@@ -250,6 +271,9 @@ void Refresh(int epfd, EpSet& set) {
       ev.events = EPOLLIN | EPOLLET;
       ev.data.u64 = kSessionMarker;
       Libc().epoll_ctl(epfd, EPOLL_CTL_ADD, set.session->event_fd(), &ev);
+      ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+      ev.data.u64 = kBackendMarker;
+      Libc().epoll_ctl(epfd, EPOLL_CTL_ADD, set.session->backend_fd(), &ev);
     }
   }
 }
@@ -282,6 +306,11 @@ int Collect(EpSet& set, epoll_event* out, int max) {
 int Filter(EpSet& set, epoll_event* ev, int n, bool* session_event) {
   int kept = 0;
   for (int i = 0; i < n; ++i) {
+    if (ev[i].data.u64 == kBackendMarker) {
+      if (set.session != nullptr) set.session->CheckBackend();
+      *session_event = true;
+      continue;
+    }
     if (ev[i].data.u64 == kWakeMarker) {
       uint64_t v;
       (void)!Libc().read(set.wake_efd, &v, sizeof(v));

@@ -43,6 +43,9 @@ bool ToEndpoint(const sockaddr_storage& ss, proto::Endpoint* e) {
   return false;
 }
 
+// How often a connection that lost its backend tries to register again.
+constexpr int64_t kRegisterRetryNs = 1'000'000'000;
+
 void KernelForGood(Conn& c, Reason why) { c.state.Apply(ConnEvent::kKernelForGood, why); }
 
 }  // namespace
@@ -52,6 +55,8 @@ void KernelForGood(Conn& c, Reason why) { c.state.Apply(ConnEvent::kKernelForGoo
 // registered by the child). Data keeps flowing on kernel TCP meanwhile.
 void EnsureRegistered(int fd, Conn& c) {
   if (c.state.phase() != Phase::kUnprobed) return;
+  if (c.lost_backend.load(std::memory_order_relaxed) && MonotonicNs() < c.retry_at_ns.load(std::memory_order_relaxed))
+    return;  // waiting for a backend to come back
   std::lock_guard<std::mutex> lock(c.setup_mu);
   if (c.state.phase() != Phase::kUnprobed) return;
   if (!c.eligible) return KernelForGood(c, Reason::kInherited);
@@ -64,7 +69,16 @@ void EnsureRegistered(int fd, Conn& c) {
   if (!AccelerationAllowed(Config(), c.peer)) return KernelForGood(c, Reason::kDisabledByRule);
   Reason why = Reason::kBackendUnavailable;
   Session* s = Session::Get(&why);
-  if (s == nullptr) return KernelForGood(c, why);
+  if (s == nullptr) {
+    if (c.lost_backend.load(std::memory_order_relaxed) && why == Reason::kBackendUnavailable) {
+      // It was accelerated (or about to be) when its backend went away:
+      // kernel TCP meanwhile, and another try when one may be back.
+      c.retry_at_ns.store(MonotonicNs() + kRegisterRetryNs, std::memory_order_relaxed);
+      c.state.Apply(ConnEvent::kBackendLost, why);
+      return;
+    }
+    return KernelForGood(c, why);
+  }
   if (!s->AllocRings(c, Config().ring_bytes).ok()) return KernelForGood(c, Reason::kResourceLimit);
   c.id = g_next_conn_id.fetch_add(1);
   c.session = s;

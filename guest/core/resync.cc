@@ -183,7 +183,8 @@ void MaybeReregister(int fd, Conn& c) {
   if (!rx.owns_lock() || c.state.phase() != Phase::kResyncing || !c.tx_resync_started || !c.resend.empty() || c.session == nullptr)
     return;
   Session* s = c.session;
-  if (!s->Unregister(c).ok()) {
+  // A backend that went away forgot the registration with everything else.
+  if (s->alive() && !s->Unregister(c).ok()) {
     c.state.Apply(ConnEvent::kKernelForGood, Reason::kBackendUnavailable);
     return;
   }
@@ -200,6 +201,7 @@ void MaybeReregister(int fd, Conn& c) {
   c.rx_tail.store(0);
   c.credit.store(0);
   c.resync_fence_acked.store(false);
+  c.fence_delivered.store(false);
   c.resync_landed.store(0);
   c.tx_resync_started = false;
   c.shut_after_resend = false;

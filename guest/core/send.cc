@@ -33,6 +33,8 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     // exactly kernel_sent bytes from its kernel socket first.
     Status st = c.session->Post({MsgType::kFence, 0, proto::ConnCounter{c.id, c.kernel_sent.load()}});
     if (!st.ok()) {
+      // Not switched: if the backend is gone, the kernel stream just goes on.
+      if (!c.session->CheckBackend() && c.state.resynced()) return SendResynced(fd, c, iov, iovcnt, flags);
       c.state.Apply(ConnEvent::kFail, Reason::kBackendUnavailable);
       return Errno(ECONNRESET, "connection reset");
     }
@@ -98,6 +100,9 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     c.tx_tail.store(tail + n, std::memory_order_release);
     Status st = Announce(c, &proto::DoorbellBlock::tx_tail, &proto::DoorbellBlock::want_tx, MsgType::kTxTail, tail + n);
     if (!st.ok()) {
+      // The bytes are in the TX ring: if the backend is gone they are
+      // resent from there (RESYNC), so they count as sent.
+      if (!c.session->CheckBackend() && c.state.resynced()) return sent + n;
       c.state.Apply(ConnEvent::kFail, Reason::kBackendUnavailable);
       return sent ? Result<size_t>(sent) : Errno(ECONNRESET, "connection reset");
     }

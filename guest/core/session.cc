@@ -138,7 +138,7 @@ Status Session::Negotiate() {
   proto::Hello hello;
   hello.pid = static_cast<uint32_t>(getpid());
   hello.features = (Config().doorbell ? proto::kFeatureDoorbell : 0) |
-                   (Config().ring_hold ? proto::kFeatureRingHold : 0);
+                   (Config().ring_hold ? proto::kFeatureRingHold : 0) | proto::kFeatureFenceDelivered;
   proto::Message resp;
   VS_RETURN_IF_ERROR(Call({MsgType::kHello, 0, hello}, &resp));
   const auto* ack = std::get_if<proto::HelloAck>(&resp.body);
@@ -152,6 +152,16 @@ Status Session::Negotiate() {
 }
 
 int Session::event_fd() const { return fe_->call_fd(kEventQueue); }
+int Session::backend_fd() const { return fe_->socket_fd(); }
+
+bool Session::CheckBackend() {
+  if (!alive()) return false;
+  // The backend never writes to this socket unasked: readable means gone.
+  if (!fe_->BackendGone()) return true;
+  std::lock_guard<std::mutex> lock(mu_);
+  BackendLost();
+  return false;
+}
 int Session::request_fd() const { return fe_->call_fd(kRequestQueue); }
 
 Status Session::SubmitLocked(const Message& m, bool want_response, uint32_t* slot_out) {
@@ -188,9 +198,10 @@ Status Session::Post(const Message& msg) {
       if (st.code() != Code::kResourceExhausted) return st;
     }
     if (MonotonicNs() > deadline) return Status(Code::kDeadlineExceeded, "backend not answering");
-    pollfd p{request_fd(), POLLIN, 0};
+    if (!CheckBackend()) return Status(Code::kUnavailable, "backend session lost");
+    pollfd p[2] = {{request_fd(), POLLIN, 0}, {backend_fd(), POLLIN, 0}};
     if (PrepareSleep()) {
-      Libc().poll(&p, 1, 10);
+      Libc().poll(p, 2, 10);
       DoneSleeping();
     }
   }
@@ -344,6 +355,9 @@ void Session::Dispatch(const Message& m) {
       if (v > c.rx_tail.load(std::memory_order_relaxed)) c.rx_tail.store(v, std::memory_order_release);
       break;
     }
+    case MsgType::kFenceDelivered:
+      if (c.state.tx_on_ring()) c.fence_delivered.store(true, std::memory_order_release);
+      break;
     case MsgType::kCredit: {
       uint64_t v = std::get<proto::ConnCounter>(m.body).bytes;
       if (v > c.credit.load(std::memory_order_relaxed)) c.credit.store(v, std::memory_order_release);
@@ -519,13 +533,32 @@ void Session::Untrack(uint64_t conn_id) {
   conns_.erase(conn_id);
 }
 
-// Requires mu_.
+// Requires mu_. Every connection finishes on kernel TCP without losing a
+// byte, as after a fabric link loss (RESYNC): the kernel connection is
+// still there, and each side still holds every byte the other has not
+// consumed. What landed in our RX ring is what we were told of (the rest is
+// resent); our FENCE reached the peer's library if the backend said so
+// (FENCE_DELIVERED), or if the peer consumed any byte of our ring (it reads
+// the ring only past our fence). Without either, the peer may not know
+// where our kernel bytes end: that connection is reset rather than guessed
+// (resync.cc). Pending connections stay exact on kernel TCP and register
+// again once a backend is back.
 void Session::BackendLost() {
   if (!alive_.exchange(false)) return;
-  VS_LOG(kWarn, "lost the backend session: accelerated connections are reset, others stay on kernel TCP");
+  VS_LOG(kWarn, "lost the backend session: connections finish on kernel TCP (RESYNC) and register again later");
+  LinkLostHandler handler = g_link_lost.load(std::memory_order_acquire);
   for (auto& [id, c] : conns_) {
-    // Pending: kernel TCP for good; upgraded: reset.
-    c->state.Apply(ConnEvent::kBackendLost, proto::Reason::kBackendUnavailable);
+    Phase before = c->state.phase();
+    if (before == Phase::kUpgraded || before == Phase::kLingering) {
+      c->resync_landed.store(c->rx_tail.load(std::memory_order_acquire), std::memory_order_relaxed);
+      c->resync_fence_acked.store(c->fence_delivered.load(std::memory_order_acquire) ||
+                                      c->credit.load(std::memory_order_acquire) > 0,
+                                  std::memory_order_relaxed);
+    }
+    c->lost_backend.store(true, std::memory_order_relaxed);
+    if (c->state.Apply(ConnEvent::kBackendLost, proto::Reason::kBackendUnavailable) &&
+        c->state.phase() == Phase::kResyncing && before != Phase::kResyncing && handler != nullptr)
+      handler(c);
     c->gen.fetch_add(1);
   }
   NotifyWaitersLocked();

@@ -64,6 +64,13 @@ class Session {
   int event_fd() const;    // call eventfd of the event queue
   int request_fd() const;  // call eventfd of the request queue
   bool alive() const { return alive_.load(std::memory_order_acquire); }
+  // Notices a backend that went away (its vhost-user socket hung up: a
+  // crash, kill -9, a restart) and then does what losing it means
+  // (BackendLost). One poll of the socket; true while the backend is there.
+  bool CheckBackend();
+  // The vhost-user socket: every sleeper watches it, so that a backend that
+  // goes away wakes it (then CheckBackend()).
+  int backend_fd() const;
   // Blocked calls sleep at once: the current backend runs on every one of
   // this process's few CPUs (cpu_share.h; VSOCKET_POLL_AUTO=0: never).
   static bool SleepAtOnce();

@@ -87,9 +87,11 @@ Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events =
       timeout_ms = static_cast<int>(std::min<int64_t>(1000, (left + 999999) / 1000000));
     }
     if (!s->PrepareSleep()) continue;  // work arrived: re-check
-    pollfd p[4] = {{efd, POLLIN, 0}, {s->event_fd(), POLLIN, 0}, {s->request_fd(), POLLIN, 0},
-                   {kernel_fd, kernel_events, 0}};
-    int r = Libc().poll(p, kernel_fd >= 0 ? 4 : 3, timeout_ms);
+    // The vhost-user socket too: a backend that dies sends no event, it
+    // hangs up (then the connection goes on without it, Session::BackendLost).
+    pollfd p[5] = {{efd, POLLIN, 0}, {s->event_fd(), POLLIN, 0}, {s->request_fd(), POLLIN, 0},
+                   {s->backend_fd(), POLLIN, 0}, {kernel_fd, kernel_events, 0}};
+    int r = Libc().poll(p, kernel_fd >= 0 ? 5 : 4, timeout_ms);
     int poll_errno = errno;
     s->DoneSleeping();
     if (r < 0 && poll_errno == EINTR && AnyHandlerWithoutRestart()) {
@@ -98,6 +100,7 @@ Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events =
     }
     uint64_t v;
     (void)!Libc().read(efd, &v, sizeof(v));
+    if (r > 0 && p[3].revents) s->CheckBackend();
     if (r > 0 && (p[1].revents || p[2].revents)) s->Drain();
   }
   s->RemoveWaiter(efd);

@@ -176,7 +176,9 @@ void WriterLoop() {
       int lfd = c.linger_fd.load();
       if (lfd >= 0) {
         // The application may no longer call us: its events are ours to take.
-        if (Session* s = c.session; s != nullptr && s != drained && s->alive()) {
+        // CheckBackend: a backend that went away turns the linger into a
+        // resend (StepLinger), never into a FIN with bytes in flight.
+        if (Session* s = c.session; s != nullptr && s != drained && s->CheckBackend()) {
           s->TryDrain();
           drained = s;
         }
