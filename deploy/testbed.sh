@@ -8,7 +8,7 @@
 #   deploy/testbed.sh up | down | status
 #   deploy/testbed.sh exec VM CMD [ARG...]
 #   deploy/testbed.sh fw VM add input|output RULE...  |  fw VM flush  |  fw VM list
-#   deploy/testbed.sh addr VM | socket VM | daemon-pid
+#   deploy/testbed.sh addr VM | socket VM | daemon-pid | restart [TERM|KILL|INT]
 #
 # Environment: VSOCKET_TESTBED_VMS, VSOCKET_TESTBED_DIR, VSOCKETD,
 # VSOCKETD_ARGS, VSOCKET_LOG_LEVEL, VSOCKET_TESTBED_PORT_ADDRS,
@@ -50,6 +50,8 @@ usage: deploy/testbed.sh COMMAND
   addr VM                     print VM's IPv4 address
   socket VM                   print VM's vhost-user socket path
   daemon-pid                  print the daemon's PID (fails if not running)
+  restart [TERM|KILL|INT]     stop vsocketd with that signal (default TERM) and start it
+                              again with the same arguments; VMs and their processes stay
 See docs/testbed.md.
 EOF
 }
@@ -414,7 +416,25 @@ cmd_up() {
   [ -z "${VSOCKETD_ARGS:-}" ] || read -r -a extra <<<"$VSOCKETD_ARGS"
   args+=("${extra[@]}")
   printf '%s\n' "$bin" "${args[@]}" >"$ARGS_FILE"
+  start_daemon
 
+  UP_OK=1
+  trap - EXIT
+  say "up: vsocketd PID $(cat "$PID_FILE"), state in $STATE"
+  for name in "${VM_NAMES[@]}"; do
+    printf '  %-12s ns %-14s tenant %-10s %-15s %s\n' "$name" "$(ns_of "$name")" \
+      "${VM_TENANT[$name]}" "${VM_ADDR[$name]}" "$(sock_of "$name")" >&2
+  done
+}
+
+# start_daemon: starts vsocketd as $ARGS_FILE says (binary, then one
+# argument a line) and waits until its control socket and every VM socket
+# exist.
+start_daemon() {
+  local args=() bin
+  mapfile -t args <"$ARGS_FILE"
+  bin=${args[0]}
+  args=("${args[@]:1}")
   say "starting $bin"
   # Own session (no terminal signals); fd 9 is the up/down lock and must not be inherited.
   local pid
@@ -426,7 +446,7 @@ cmd_up() {
   pid=$!
   echo "$pid" >"$PID_FILE"
 
-  local i ready
+  local i ready name
   for ((i = 0; i < START_TIMEOUT_S * 10; i++)); do
     if ! pid_alive "$pid"; then
       log_tail "$LOG_FILE"
@@ -443,14 +463,23 @@ cmd_up() {
     die "vsocketd did not create $CTL_SOCK and every VM socket within ${START_TIMEOUT_S}s"
   fi
   pid_is_our_daemon "$pid" "$CTL_SOCK" || die "PID $pid is not the vsocketd just started (setsid forked?)"
+}
 
-  UP_OK=1
-  trap - EXIT
-  say "up: vsocketd PID $pid, state in $STATE"
-  for name in "${VM_NAMES[@]}"; do
-    printf '  %-12s ns %-14s tenant %-10s %-15s %s\n' "$name" "$(ns_of "$name")" \
-      "${VM_TENANT[$name]}" "${VM_ADDR[$name]}" "$(sock_of "$name")" >&2
-  done
+# restart [SIGNAL]: stops the bed's vsocketd with SIGNAL (TERM: what
+# systemd sends; KILL: a crash) and starts it again with the same
+# arguments, leaving the VMs and their processes alone.
+cmd_restart() {
+  local sig=${1:-TERM} name
+  case $sig in TERM | KILL | INT) ;; *) die "restart: signal must be TERM, KILL or INT" ;; esac
+  take_lock
+  [ -f "$STATE/$MARKER" ] && [ -f "$ARGS_FILE" ] || die "no test bed in $STATE (run: deploy/testbed.sh up)"
+  load_vms
+  stop_daemon "$PID_FILE" "$CTL_SOCK" "$sig" "$STOP_TIMEOUT_S" || die "vsocketd is not running"
+  # A killed daemon leaves its sockets behind; the new one creates them again.
+  rm -f -- "$CTL_SOCK"
+  for name in "${VM_NAMES[@]}"; do rm -f -- "$(sock_of "$name")"; done
+  start_daemon
+  say "restarted: vsocketd PID $(cat "$PID_FILE") (the old one got SIG$sig)"
 }
 
 # --- status -----------------------------------------------------------------
@@ -636,6 +665,7 @@ main() {
       sock_of "$1"
       ;;
     daemon-pid) cmd_daemon_pid ;;
+    restart) [ "$#" -le 1 ] || die "usage: restart [TERM|KILL|INT]"; cmd_restart "$@" ;;
     -h | --help | help) usage ;;
     "") usage >&2; exit 2 ;;
     *) echo "testbed: unknown command '$cmd'" >&2; usage >&2; exit 2 ;;

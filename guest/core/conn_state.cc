@@ -196,7 +196,11 @@ Mode ConnState::mode() const {
   }
 }
 
-const char* ConnState::ReportedMode() const { return resynced() ? "kernel" : ToString(mode()); }
+const char* ConnState::ReportedMode() const {
+  // (An unprobed connection is reported only while it waits to register
+  // again: on kernel TCP.)
+  return resynced() || phase() == Phase::kUnprobed ? "kernel" : ToString(mode());
+}
 
 bool ConnState::SwitchTx() {
   if (!upgraded() || tx_ring_.load(std::memory_order_relaxed)) {

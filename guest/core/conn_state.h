@@ -91,7 +91,8 @@ class ConnState {
   bool accelerated() const;
   bool reset() const { return phase() == Phase::kReset; }
   Mode mode() const;
-  // The mode a report shows: after a link loss "kernel".
+  // The mode a report shows: after a link loss, or while waiting to
+  // register again, "kernel".
   const char* ReportedMode() const;
 
   // History of the current registration (cleared by kResynced).

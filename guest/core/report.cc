@@ -18,7 +18,10 @@ using proto::Reason;
 
 void Report(const Conn& c, const char* event) {
   const std::string& path = Config().report_path;
-  if (path.empty() || c.state.phase() == Phase::kUnprobed) return;
+  // A connection never looked at says nothing; one waiting to register
+  // again (its backend went away) is on kernel TCP and says so.
+  if (path.empty() || (c.state.phase() == Phase::kUnprobed && !c.lost_backend.load() && c.reupgrades.load() == 0))
+    return;
   char local[INET6_ADDRSTRLEN] = "?", peer[INET6_ADDRSTRLEN] = "?";
   int af = c.local.family == proto::Family::kIpv6 ? AF_INET6 : AF_INET;
   inet_ntop(af, c.local.addr.data(), local, sizeof(local));

@@ -26,7 +26,7 @@ constexpr uint16_t kQueueSize = 256;
 constexpr uint32_t kSlotBytes = 128;      // largest request: REGISTER_CONN, 88 bytes
 constexpr uint32_t kEventBufBytes = 4096;
 constexpr size_t kEventBufs = 64;
-constexpr int64_t kRetryAfterNs = 2'000'000'000;  // backend unreachable: retry later
+constexpr int64_t kRetryAfterNs = 1'000'000'000;  // backend unreachable: retry later
 
 std::mutex g_init_mu;
 Session* g_session = nullptr;
@@ -64,8 +64,10 @@ Session* Session::Get(proto::Reason* why) {
   if (st.ok()) st = fresh->Negotiate();
   if (!st.ok()) {
     VS_LOG(kInfo, "backend unavailable (%s): connections stay on kernel TCP", st.ToString().c_str());
-    // Keep the object: a half-opened frontend may hold fds the kernel still
-    // needs to release; it is small and this happens at most every 2 s.
+    // Never handed out: nothing else refers to it. Its region and fds go
+    // (the backend, if it got that far, keeps its own mapping and fds).
+    // Retried at most once a second, for as long as the backend is away.
+    delete fresh;
     g_last_failure = proto::Reason::kBackendUnavailable;
     *why = g_last_failure;
     return nullptr;

@@ -446,5 +446,85 @@ except socket.timeout:
 }
 case_idle
 
+# ---- vsocketd dies or restarts under load (issue 16) -------------------------
+
+# wait_accelerated N PORT...: until the daemon has N accelerated
+# connections to or from those ports (bounded: 10 s).
+wait_accelerated() {
+  local n=$1 i
+  shift
+  for i in $(seq 100); do
+    [ "$(bash $TB status 2>/dev/null | sed -n '/^{/,$p' | python3 -c "
+import json, sys
+ports = {int(p) for p in sys.argv[1:]}
+try:
+    d = json.loads(sys.stdin.read())
+except Exception:
+    print(0); sys.exit()
+print(sum(1 for c in d.get('connections', []) if c.get('mode') == 'accelerated' and
+          (int(c['local'].rsplit(':', 1)[1]) in ports or int(c['peer'].rsplit(':', 1)[1]) in ports)))" "$@")" -ge "$n" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# A bulk stream and request/response connections, both byte-checked, while
+# the daemon is stopped with SIG (KILL: a crash; TERM: what systemd sends)
+# and started again at a random point of the transfer. Every connection must
+# finish byte-exact with no error (RESYNC on kernel TCP: both ends report
+# resynced), no process may hang or spin (bounded by E2E_TIMEOUT), and the
+# request/response connections must register again with the new daemon and
+# end accelerated (report: re-upgraded; the new daemon's counters: bytes
+# moved after the restart).
+case_daemon_restart() {  # case_daemon_restart SIG REP PORT
+  local sig=$1 rep_no=$2 port=$3 name=daemon_restart_${1,,}_$2
+  local rep=$WORK/$name.jsonl bulk_bytes=4294967296 conns=4
+  vm_bg vm2 preload "$rep" "$WORK/$name.bsrv" "$XFER" server "$A2" "$port" --conns 1 --one-way
+  local bsrv=$BG
+  vm_bg vm2 preload "$rep" "$WORK/$name.rsrv" "$XFER" server "$A2" $((port + 1)) --conns $conns --rounds 300 --gap-ms 20
+  local rsrv=$BG
+  sleep 0.3
+  vm_bg vm1 preload "$rep" "$WORK/$name.bcli" "$XFER" client "$A2" "$port" --conns 1 --bytes $bulk_bytes --one-way
+  local bcli=$BG
+  vm_bg vm1 preload "$rep" "$WORK/$name.rcli" "$XFER" client "$A2" $((port + 1)) --conns $conns --bytes 3072000 \
+    --rounds 300 --gap-ms 20
+  local rcli=$BG
+  # A random kill point once every connection is accelerated, while the
+  # bulk stream (about a second accelerated here) still runs.
+  if ! wait_accelerated $((2 + 2 * conns)) "$port" $((port + 1)); then
+    fail $name "not every connection was accelerated before the restart"
+    kill $bsrv $rsrv $bcli $rcli 2>/dev/null
+    return
+  fi
+  sleep "0.$((RANDOM % 4))$((RANDOM % 10))"
+  local old new
+  old=$(bash $TB daemon-pid)
+  if ! bash $TB restart "$sig" >"$WORK/$name.restart" 2>&1; then
+    fail $name "restart: $(tail -2 "$WORK/$name.restart" | tr '\n' ' ')"
+    kill $bsrv $rsrv $bcli $rcli 2>/dev/null
+    return
+  fi
+  new=$(bash $TB daemon-pid)
+  local p what bad=""
+  for p in "bulk client:$bcli" "bulk server:$bsrv" "rounds client:$rcli" "rounds server:$rsrv"; do
+    what=${p%%:*}
+    wait "${p##*:}" || bad+="$what failed; "
+  done
+  if [ -n "$bad" ]; then
+    fail $name "$bad$(tail -1 "$WORK/$name.bcli" "$WORK/$name.bsrv" "$WORK/$name.rcli" "$WORK/$name.rsrv" 2>/dev/null | tr '\n' ' ')"
+    return
+  fi
+  local out out2 after
+  out=$(python3 $CHECK "$rep" --port "$port" --expect-conns 2 --resynced) || bad+="bulk: $out; "
+  out2=$(python3 $CHECK "$rep" --port $((port + 1)) --expect-conns $((2 * conns)) --reupgraded) ||
+    bad+="request/response: $out2; "
+  [ -z "$bad" ] || { fail $name "$bad"; return; }
+  after=$(stat_field accel_bytes)
+  [ "$after" -gt 0 ] || { fail $name "the new vsocketd moved no bytes"; return; }
+  pass "$name (vsocketd $old SIG$sig mid-transfer, $new started: 4 GiB bulk byte-exact ($out); $conns request/response connections byte-exact and re-upgraded ($out2); new daemon moved $after B)"
+}
+for r in 1 2 3; do case_daemon_restart KILL $r $((7800 + 2 * r)); done
+for r in 1 2; do case_daemon_restart TERM $r $((7810 + 2 * r)); done
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
