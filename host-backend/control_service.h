@@ -4,8 +4,8 @@
 
 #include <atomic>
 
-#include "host-backend/conn_manager.h"
-#include "host-backend/peers.h"
+#include "host-backend/conn/conn_manager.h"
+#include "host-backend/peering/peers.h"
 #include "host-backend/worker.h"
 
 namespace vsocket::backend {

@@ -34,7 +34,7 @@
 #include "base/status.h"
 #include "base/unique_fd.h"
 #include "host-backend/config.h"
-#include "host-backend/conn_manager.h"
+#include "host-backend/conn/conn_manager.h"
 #include "host-backend/fabric/link.h"
 #include "host-backend/fabric/locator.h"
 #include "host-backend/peering/tls_channel.h"

@@ -1,4 +1,4 @@
-#include "host-backend/peers.h"
+#include "host-backend/peering/peers.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -1,0 +1,265 @@
+// What each guest connection request does (ConnManager::Handle).
+#include "host-backend/conn/conn_manager.h"
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "host-backend/conn/address.h"
+
+namespace vsocket::backend {
+
+using proto::Message;
+using proto::MsgType;
+using proto::Reason;
+using proto::WireError;
+
+namespace {
+
+Message Ack(uint64_t request_id, uint64_t conn_id, WireError st, Reason reason, uint32_t window = 0) {
+  return Message{MsgType::kRegisterAck, request_id, proto::RegisterAck{conn_id, st, reason, window}};
+}
+
+}  // namespace
+
+std::optional<Message> ConnManager::Handle(vhost::BackendDevice& device, const Message& msg) {
+  DeviceConns* dc = Find(device);
+  if (dc == nullptr) return std::nullopt;
+  switch (msg.type) {
+    case MsgType::kRegisterConn:
+      return Register(*dc, msg.request_id, std::get<proto::RegisterConn>(msg.body));
+    case MsgType::kUnregister:
+      return Unregister(*dc, msg.request_id, std::get<proto::Unregister>(msg.body).conn_id);
+    default:
+      break;
+  }
+  // The rest name an existing connection and have no response.
+  uint64_t conn_id = 0;
+  if (auto* c = std::get_if<proto::ConnCounter>(&msg.body)) conn_id = c->conn_id;
+  else if (auto* s = std::get_if<proto::Shutdown>(&msg.body)) conn_id = s->conn_id;
+  else return Message{MsgType::kError, msg.request_id,
+                      proto::Error{0, WireError::kBadMessage, Reason::kProtocolError}};
+  auto it = dc->by_id.find(conn_id);
+  if (it == dc->by_id.end()) {
+    counters_.protocol_violations.fetch_add(1, std::memory_order_relaxed);
+    return std::nullopt;  // a race with our own teardown, or a confused guest
+  }
+  BackendConn& c = *it->second;
+  // The block may hold counts the guest published before posting this
+  // message (a send() right before shutdown()): take them first.
+  if (c.doorbell && ReadDoorbell(c) < 0) return std::nullopt;
+  switch (msg.type) {
+    case MsgType::kPairingQuery: {
+      bool pairing = c.state == ConnState::kUpgraded || c.remote.stage == RemotePeer::Stage::kAccepted;
+      return Ack(msg.request_id, conn_id, WireError::kOk, pairing ? Reason::kNone : c.reason);
+    }
+    case MsgType::kFence: {
+      if (c.state != ConnState::kUpgraded || c.fence_received) return Violation(c, "unexpected FENCE"), std::nullopt;
+      c.fence_received = true;
+      c.fence_bytes = std::get<proto::ConnCounter>(msg.body).bytes;
+      c.kernel_bytes_out.store(c.fence_bytes, std::memory_order_relaxed);
+      if (c.peer) {
+        c.peer->ev_peer_fence = c.fence_bytes;
+        Raise(*c.peer, kEvFence);
+      }
+      if (c.remote.paired()) Owe(c, kOweFence);
+      MarkMovable(c);
+      break;
+    }
+    case MsgType::kTxTail: {
+      if (c.doorbell) {
+        // The count was read from the block above; the message says the
+        // guest saw want_tx: poll the block again.
+        if (c.state != ConnState::kUpgraded || !c.fence_received)
+          return Violation(c, "TX_TAIL before FENCE"), std::nullopt;
+        counters_.doorbell_messages.fetch_add(1, std::memory_order_relaxed);
+        AddDoorbell(*dc, c);
+        break;
+      }
+      if (!ApplyTxTail(c, std::get<proto::ConnCounter>(msg.body).bytes)) return std::nullopt;
+      break;
+    }
+    case MsgType::kConsumed: {
+      if (c.doorbell) {
+        if (c.state != ConnState::kUpgraded) return Violation(c, "CONSUMED before the upgrade"), std::nullopt;
+        counters_.doorbell_messages.fetch_add(1, std::memory_order_relaxed);
+        AddDoorbell(*dc, c);
+        break;
+      }
+      if (!ApplyConsumed(c, std::get<proto::ConnCounter>(msg.body).bytes)) return std::nullopt;
+      break;
+    }
+    case MsgType::kShutdown: {
+      auto how = std::get<proto::Shutdown>(msg.body).how;
+      if (how == proto::ShutdownHow::kBoth) {
+        // Abortive close (the kernel would send RST): unsent bytes are
+        // dropped and the peer's next call fails with ECONNRESET.
+        c.write_shut = c.shut_announced = true;
+        c.tx_tail = c.tx_copied;
+        if (c.peer) {
+          {
+            std::lock_guard<std::mutex> lock(snapshot_mu_);
+            c.peer->reason = Reason::kPeerDowngraded;
+          }
+          Raise(*c.peer, kEvDowngrade);
+        }
+        if (c.remote.paired()) Owe(c, kOweAbort);
+      } else if (how == proto::ShutdownHow::kWrite) {
+        c.write_shut = true;
+        MaybeAnnounceShutdown(c);
+      }
+      break;
+    }
+    default:
+      return Message{MsgType::kError, msg.request_id,
+                     proto::Error{conn_id, WireError::kBadMessage, Reason::kProtocolError}};
+  }
+  return std::nullopt;
+}
+
+std::optional<Message> ConnManager::Register(DeviceConns& dc, uint64_t request_id,
+                                             const proto::RegisterConn& r) {
+  const vhost::PortConfig& port = *dc.device->port();
+  if (!AddressAllowed(port, r.local)) {
+    counters_.rejected_spoofed.fetch_add(1, std::memory_order_relaxed);
+    VS_LOG(kWarn, "vm %s: registration for a foreign local address refused (anti-spoofing)",
+           port.vm_name.c_str());
+    return Ack(request_id, r.conn_id, WireError::kSpoofedAddress, Reason::kSpoofedAddress);
+  }
+  if (dc.by_id.count(r.conn_id) || dc.by_id.size() >= kMaxConnsPerDevice) {
+    counters_.rejected_other.fetch_add(1, std::memory_order_relaxed);
+    return Ack(request_id, r.conn_id, WireError::kTooManyConnections, Reason::kResourceLimit);
+  }
+  auto owned = std::make_unique<BackendConn>();
+  BackendConn& c = *owned;
+  c.device = dc.device;
+  c.vm_index = port.index;
+  c.conn_id = r.conn_id;
+  c.role = r.role;
+  bool loop = IsLoopback(r.local) || IsLoopback(r.peer);
+  c.key = ConnKey{port.tenant_id, loop ? port.index + 1 : 0, r.local, r.peer};
+  c.tx = GuestRing{r.tx_ring_gpa, r.tx_ring_bytes, nullptr};
+  c.rx = GuestRing{r.rx_ring_gpa, r.rx_ring_bytes, nullptr};
+  c.doorbell = dc.doorbell;
+  c.ring_hold = dc.ring_hold;
+  // A doorbell block must be 64-byte aligned (its counts are atomics).
+  if ((c.doorbell && r.tx_ring_gpa % proto::kDoorbellBytes != 0) || !ResolveRings(c) ||
+      (c.doorbell && reinterpret_cast<uintptr_t>(c.tx.host) % proto::kDoorbellBytes != 0)) {
+    counters_.rejected_other.fetch_add(1, std::memory_order_relaxed);
+    return Ack(request_id, r.conn_id, WireError::kBadRing, Reason::kProtocolError);
+  }
+  {
+    std::lock_guard<std::mutex> lock(snapshot_mu_);
+    c.handle = next_handle_++;
+    if (!registry_.insert(c.key, c.handle)) {
+      counters_.rejected_other.fetch_add(1, std::memory_order_relaxed);
+      return Ack(request_id, r.conn_id, WireError::kInternal, Reason::kResourceLimit);
+    }
+    conns_.emplace(c.handle, std::move(owned));
+  }
+  dc.by_id[c.conn_id] = &c;
+  counters_.registered.fetch_add(1, std::memory_order_relaxed);
+  VS_LOG(kDebug, "conn %lu registered: %s, port %u -> %u", static_cast<unsigned long>(c.handle),
+         c.role == proto::Role::kClient ? "client" : "server", c.key.local.port, c.key.peer.port);
+  vm_totals_[c.vm_index % kMaxVms].registrations.fetch_add(1, std::memory_order_relaxed);
+  counters_.active.fetch_add(1, std::memory_order_relaxed);
+
+  Message ack = Ack(request_id, r.conn_id, WireError::kOk, Reason::kPending,
+                    std::min(r.tx_ring_bytes, r.rx_ring_bytes));
+  // Pair with the mirrored registration of the same tenant, if it is there.
+  uint64_t peer_handle = 0;
+  if (registry_.find(c.key.Mirror(), peer_handle)) {
+    BackendConn* p = conns_.at(peer_handle).get();
+    if (p->state == ConnState::kPending && p->peer == nullptr && !p->gone && p->role != c.role)
+      Pair(c, *p);
+  } else {
+    // The same 4-tuple registered by another tenant: never paired, but say why.
+    ConnKey tuple = c.key.Mirror();
+    tuple.tenant = 0;
+    uint32_t other_tenant = 0;
+    if (by_tuple_.find(tuple, other_tenant) && other_tenant != c.key.tenant) {
+      counters_.cross_tenant.fetch_add(1, std::memory_order_relaxed);
+      ConnKey other = c.key.Mirror();
+      other.tenant = other_tenant;
+      uint64_t other_handle = 0;
+      BackendConn* o = registry_.find(other, other_handle) ? conns_.at(other_handle).get() : nullptr;
+      // Only a still-pending registration of the other tenant learns why;
+      // one that is paired is none of this tenant's business.
+      if (o && (o->state != ConnState::kPending || o->peer != nullptr)) o = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(snapshot_mu_);
+        c.reason = Reason::kCrossTenant;
+        if (o) o->reason = Reason::kCrossTenant;
+      }
+      Raise(c, kEvDowngrade);
+      if (o) Raise(*o, kEvDowngrade);
+    }
+    ConnKey mine = c.key;
+    mine.tenant = 0;
+    by_tuple_.insert_or_assign(mine, c.key.tenant);
+    // Not on this host: a peer host may run the other end.
+    if (c.reason == Reason::kPending && c.key.scope == 0) {
+      auto pr = pending_remote_.find(c.key);
+      if (pr != pending_remote_.end()) {
+        PendingRemote r = pr->second;
+        pending_remote_.erase(pr);
+        if (r.expires_ms >= MonotonicMs()) AcceptRemote(c, r);
+      } else if (c.role == proto::Role::kClient && hosts_ != nullptr &&
+                 LocalPortFor(c.key.tenant, c.key.peer) == nullptr) {
+        if (uint32_t host = hosts_->Locate(c.key.tenant, c.key.peer)) RequestRemotePair(c, host);
+      }
+    }
+  }
+  return ack;
+}
+
+std::optional<Message> ConnManager::Unregister(DeviceConns& dc, uint64_t request_id,
+                                               uint64_t conn_id) {
+  auto it = dc.by_id.find(conn_id);
+  if (it == dc.by_id.end())
+    return Ack(request_id, conn_id, WireError::kUnknownConnection, Reason::kNone);
+  BackendConn* c = it->second;
+  dc.by_id.erase(it);
+  Orphan(*c);
+  uint64_t handle = c->handle;
+  MaybeDestroy(c);
+  // After a plain reply the guest may reuse the rings' memory. One that
+  // the fabric still reads (sends in flight) or a peer host may still write
+  // (a withdrawn registration) is held until RINGS_RELEASED. Decided after
+  // MaybeDestroy: a destroyed connection dropped every registration.
+  auto left = conns_.find(handle);
+  if (left != conns_.end() && left->second->ring_hold && HoldsRings(*left->second)) {
+    left->second->rings_held = true;
+    counters_.rings_held.fetch_add(1, std::memory_order_relaxed);
+    return Ack(request_id, conn_id, WireError::kOk, Reason::kRingsHeld);
+  }
+  return Ack(request_id, conn_id, WireError::kOk, Reason::kNone);
+}
+
+bool ConnManager::ApplyTxTail(BackendConn& c, uint64_t tail) {
+  uint64_t credit = c.peer ? c.peer->rx_consumed : c.remote.paired() ? c.remote.credit : c.tx_copied;
+  // The guest may fill its TX ring only up to what the peer has freed.
+  if (c.state != ConnState::kUpgraded || !c.fence_received || c.write_shut || tail < c.tx_tail ||
+      tail - credit > c.tx.size) {
+    Violation(c, "TX tail outside the credit window");
+    return false;
+  }
+  c.tx_tail = tail;
+  MarkMovable(c);
+  return true;
+}
+
+bool ConnManager::ApplyConsumed(BackendConn& c, uint64_t consumed) {
+  if (c.state != ConnState::kUpgraded || consumed < c.rx_consumed || consumed > c.rx_tail) {
+    Violation(c, "CONSUMED beyond what was delivered");
+    return false;
+  }
+  c.rx_consumed = consumed;
+  if (c.peer) {
+    c.peer->ev_credit = consumed;
+    Raise(*c.peer, kEvCredit);
+    MarkMovable(*c.peer);  // room in our RX ring again
+  }
+  if (c.remote.paired()) Owe(c, kOweCredit);
+  return true;
+}
+
+}  // namespace vsocket::backend
