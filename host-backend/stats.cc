@@ -45,12 +45,10 @@ void Field(std::string& out, const char* name, uint64_t v, bool comma = true) {
 }
 
 std::string Stats(const Reporting& r) {
-  const ControlService& service = r.service;
-  const Worker& worker = r.worker;
   auto& backend = vhost::VhostBackend::Instance();
   const auto& bc = backend.counters();
-  const auto& sc = service.counters();
-  const auto& wc = worker.counters();
+  const auto& sc = r.service;
+  const auto& wc = r.worker;
   std::string out = "{\"backend\":{";
   Field(out, "connections", bc.connections.load());
   Field(out, "devices_started", bc.devices_started.load());
@@ -86,7 +84,7 @@ std::string Stats(const Reporting& r) {
     out += "}";
   }
   out += "],\"conn_counters\":{";
-  const auto& cc = service.conns().counters();
+  const auto& cc = r.conns.counters();
   Field(out, "registered", cc.registered.load());
   Field(out, "active", cc.active.load());
   Field(out, "upgrades", cc.upgrades.load());
@@ -123,7 +121,7 @@ std::string Stats(const Reporting& r) {
   Field(out, "fabric_downgrades", cc.fabric_downgrades.load(), false);
   out += "},\"links\":[";
   first = true;
-  for (const PeerSnapshot& p : service.peering().Snapshot()) {
+  for (const PeerSnapshot& p : r.peering.Snapshot()) {
     if (!first) out += ",";
     first = false;
     out += "{\"peer\":\"" + JsonEscape(p.name) + "\",\"address\":\"" + JsonEscape(p.address) +
@@ -146,7 +144,7 @@ std::string Stats(const Reporting& r) {
   }
   out += "],\"connections\":[";
   first = true;
-  for (const ConnSnapshot& c : service.conns().Snapshot()) {
+  for (const ConnSnapshot& c : r.conns.Snapshot()) {
     if (!first) out += ",";
     first = false;
     out += "{";
@@ -227,7 +225,7 @@ Table Vms(const Reporting& r) {
           {},
           {false, true, false, true, true, true, true, true, true, true}};
   auto devices = vhost::VhostBackend::Instance().Devices();
-  auto conns = r.service.conns().Snapshot();
+  auto conns = r.conns.Snapshot();
   for (const vhost::PortConfig& vm : r.vms) {
     size_t ndev = 0, nconn = 0, naccel = 0;
     for (const auto& d : devices) ndev += d->port()->vm_name == vm.vm_name;
@@ -236,7 +234,7 @@ Table Vms(const Reporting& r) {
       ++nconn;
       naccel += c.state == ConnState::kUpgraded;
     }
-    const VmTotals& tot = r.service.conns().vm_totals(vm.index);
+    const VmTotals& tot = r.conns.vm_totals(vm.index);
     t.rows.push_back({vm.vm_name, std::to_string(vm.tenant_id), vm.path, std::to_string(ndev),
                       std::to_string(nconn), std::to_string(naccel),
                       std::to_string(tot.registrations.load()), std::to_string(tot.upgrades.load()),
@@ -274,7 +272,7 @@ Table Connections(const Reporting& r) {
            "kernel_bytes_before_upgrade", "credit_used", "credit_window", "rx_queued"},
           {},
           {true, false, true, false, false, false, false, true, true, true, true, true, true}};
-  for (const ConnSnapshot& c : r.service.conns().Snapshot()) {
+  for (const ConnSnapshot& c : r.conns.Snapshot()) {
     t.rows.push_back({std::to_string(c.handle), c.vm, std::to_string(c.tenant), EndpointText(c.local),
                       EndpointText(c.peer), ToString(c.state), proto::ToString(c.reason),
                       std::to_string(c.accel_out), std::to_string(c.accel_in), std::to_string(c.kernel_out),
@@ -288,7 +286,7 @@ Table Links(const Reporting& r) {
            "data_bytes_out", "data_bytes_in", "frames_per_write", "last_error"},
           {},
           {false, false, false, false, true, true, true, true, true, true, true, true, false}};
-  for (const PeerSnapshot& p : r.service.peering().Snapshot()) {
+  for (const PeerSnapshot& p : r.peering.Snapshot()) {
     char per[32];
     std::snprintf(per, sizeof(per), "%.2f", p.write_calls ? double(p.frames_out) / double(p.write_calls) : 0.0);
     t.rows.push_back({p.name, p.address, p.fabric, p.state, std::to_string(p.link_frames_out.size()),
@@ -301,9 +299,9 @@ Table Links(const Reporting& r) {
 
 Table Counters(const Reporting& r) {
   const auto& bc = vhost::VhostBackend::Instance().counters();
-  const auto& cc = r.service.conns().counters();
-  const auto& wc = r.worker.counters();
-  const auto& sc = r.service.counters();
+  const auto& cc = r.conns.counters();
+  const auto& wc = r.worker;
+  const auto& sc = r.service;
   Table t{{"counter", "value"}, {}, {false, true}};
   auto add = [&](const char* n, uint64_t v) { t.rows.push_back({n, std::to_string(v)}); };
   add("vhost_connections", bc.connections.load());
@@ -348,7 +346,7 @@ Table Counters(const Reporting& r) {
   add("frames_cross_tenant", cc.frames_cross_tenant.load());
   add("fabric_violations", cc.fabric_violations.load());
   add("fabric_downgrades", cc.fabric_downgrades.load());
-  const auto& pc = r.service.peering().counters();
+  const auto& pc = r.peering.counters();
   add("peers_refused_tls", pc.refused_tls.load());
   add("peers_refused_name", pc.refused_name.load());
   add("peers_refused_link", pc.refused_link.load());
@@ -390,9 +388,9 @@ std::string PrometheusMetrics(const Reporting& r) {
     sample("vsocket_accelerated_bytes_total", vm_labels(row) + ",direction=\"out\"", std::stoull(row[8]));
     sample("vsocket_accelerated_bytes_total", vm_labels(row) + ",direction=\"in\"", std::stoull(row[9]));
   }
-  const auto& cc = r.service.conns().counters();
+  const auto& cc = r.conns.counters();
   const auto& bc = vhost::VhostBackend::Instance().counters();
-  const auto& wc = r.worker.counters();
+  const auto& wc = r.worker;
   metric("vsocket_rejected_registrations_total", "counter", "Registrations refused, by reason.");
   sample("vsocket_rejected_registrations_total", "reason=\"spoofed-address\"", cc.rejected_spoofed.load());
   sample("vsocket_rejected_registrations_total", "reason=\"other\"", cc.rejected_other.load());
@@ -416,7 +414,7 @@ std::string PrometheusMetrics(const Reporting& r) {
   sample("vsocket_doorbell_arms_total", "", cc.doorbell_arms.load());
   metric("vsocket_worker_wakeups_total", "counter", "Times the data-path worker slept and woke up.");
   sample("vsocket_worker_wakeups_total", "", wc.wakeups.load());
-  auto peers = r.service.peering().Snapshot();
+  auto peers = r.peering.Snapshot();
   auto peer = [](const PeerSnapshot& p) { return "peer=\"" + JsonEscape(p.name) + "\""; };
   metric("vsocket_link_up", "gauge", "Fabric link to a peer host is up (1) or not (0).");
   for (const auto& p : peers) sample("vsocket_link_up", peer(p) + ",fabric=\"" + p.fabric + "\"", p.state == "up");
@@ -449,7 +447,7 @@ std::string PrometheusMetrics(const Reporting& r) {
   sample("vsocket_fabric_frames_dropped_total", "reason=\"cross-tenant\"", cc.frames_cross_tenant.load());
   sample("vsocket_fabric_frames_dropped_total", "reason=\"other\"", cc.frames_dropped.load() - cc.frames_cross_tenant.load());
   metric("vsocket_peers_refused_total", "counter", "Peer backend connections refused, by reason.");
-  const auto& pc = r.service.peering().counters();
+  const auto& pc = r.peering.counters();
   sample("vsocket_peers_refused_total", "reason=\"tls\"", pc.refused_tls.load());
   sample("vsocket_peers_refused_total", "reason=\"unknown-peer\"", pc.refused_name.load());
   sample("vsocket_peers_refused_total", "reason=\"bad-link-key\"", pc.refused_link.load());

@@ -5,15 +5,20 @@
 #include <string>
 #include <vector>
 
-#include "host-backend/control_service.h"
+#include "host-backend/conn/conn_manager.h"
+#include "host-backend/peering/peers.h"
+#include "host-backend/request_service.h"
 #include "host-backend/worker.h"
 #include "vhost/backend/vhost_backend.h"
 
 namespace vsocket::backend {
 
+// What the reports read (any thread).
 struct Reporting {
-  const ControlService& service;
-  const Worker& worker;
+  const ConnManager& conns;
+  const Peering& peering;
+  const ServiceCounters& service;
+  const WorkerCounters& worker;
   const std::vector<vhost::PortConfig>& vms;
 };
 

@@ -21,6 +21,7 @@
 
 #include "host-backend/conn/conn.h"
 #include "host-backend/conn/counters.h"
+#include "host-backend/conn/request_result.h"
 #include "host-backend/conn/snapshot.h"
 #include "host-backend/fabric/link.h"
 #include "host-backend/remote/remote_hosts.h"
@@ -40,9 +41,11 @@ class ConnManager {
   ConnManager();
   ~ConnManager();
 
-  // Handles one connection message from `device`. Returns the response to
-  // write back, if the message has one.
-  std::optional<proto::Message> Handle(vhost::BackendDevice& device, const proto::Message& msg);
+  // Whether Handle serves messages of this type.
+  static bool Serves(proto::MsgType type);
+  // Handles one connection message from `device` (see kRequestHandlers);
+  // kReply: *reply is the response to write back.
+  RequestResult Handle(vhost::BackendDevice& device, const proto::Message& msg, proto::Message* reply);
 
   void OnAttach(vhost::BackendDevice& device);
   void OnDetach(vhost::BackendDevice& device);
@@ -105,9 +108,25 @@ class ConnManager {
   bool ApplyTxTail(BackendConn& c, uint64_t tail);
   bool ApplyConsumed(BackendConn& c, uint64_t consumed);
 
-  std::optional<proto::Message> Register(DeviceConns& dc, uint64_t request_id,
-                                         const proto::RegisterConn& r);
-  std::optional<proto::Message> Unregister(DeviceConns& dc, uint64_t request_id, uint64_t conn_id);
+  // Guest requests (conn/requests.cc): one handler per message type, in
+  // kRequestHandlers. `c` is the connection the message names (null for
+  // those that name none).
+  struct RequestHandler {
+    proto::MsgType type;
+    RequestResult (ConnManager::*handle)(DeviceConns& dc, BackendConn* c, const proto::Message& msg,
+                                         proto::Message* reply);
+    bool names_conn;
+  };
+  static const RequestHandler kRequestHandlers[];
+  RequestResult OnRegister(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
+  RequestResult OnUnregister(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
+  RequestResult OnPairingQuery(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
+  RequestResult OnFence(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
+  RequestResult OnTxTail(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
+  RequestResult OnConsumed(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
+  RequestResult OnShutdown(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
+  proto::Message Register(DeviceConns& dc, uint64_t request_id, const proto::RegisterConn& r);
+  proto::Message Unregister(DeviceConns& dc, uint64_t request_id, uint64_t conn_id);
   void Violation(BackendConn& c, const char* what);
   void Pair(BackendConn& a, BackendConn& b);
   bool ResolveRings(BackendConn& c);

@@ -18,104 +18,154 @@ Message Ack(uint64_t request_id, uint64_t conn_id, WireError st, Reason reason, 
   return Message{MsgType::kRegisterAck, request_id, proto::RegisterAck{conn_id, st, reason, window}};
 }
 
+Message BadMessage(uint64_t request_id) {
+  return Message{MsgType::kError, request_id, proto::Error{0, WireError::kBadMessage, Reason::kProtocolError}};
+}
+
 }  // namespace
 
-std::optional<Message> ConnManager::Handle(vhost::BackendDevice& device, const Message& msg) {
+// Every guest request the connection manager serves, with its handler (made
+// at compile time, like DPDK vhost-user's VHOST_MESSAGE_HANDLER table).
+// `names_conn`: the message names a registered connection (ConnCounter or
+// Shutdown body); Handle looks it up first and takes the counts its
+// doorbell block holds, so the handler gets it in `c`.
+constinit const ConnManager::RequestHandler ConnManager::kRequestHandlers[] = {
+    {MsgType::kRegisterConn, &ConnManager::OnRegister, false},
+    {MsgType::kUnregister, &ConnManager::OnUnregister, false},
+    {MsgType::kPairingQuery, &ConnManager::OnPairingQuery, true},
+    {MsgType::kFence, &ConnManager::OnFence, true},
+    {MsgType::kTxTail, &ConnManager::OnTxTail, true},
+    {MsgType::kConsumed, &ConnManager::OnConsumed, true},
+    {MsgType::kShutdown, &ConnManager::OnShutdown, true},
+};
+
+bool ConnManager::Serves(MsgType type) {
+  for (const RequestHandler& h : kRequestHandlers)
+    if (h.type == type) return true;
+  return false;
+}
+
+RequestResult ConnManager::Handle(vhost::BackendDevice& device, const Message& msg, Message* reply) {
   DeviceConns* dc = Find(device);
-  if (dc == nullptr) return std::nullopt;
-  switch (msg.type) {
-    case MsgType::kRegisterConn:
-      return Register(*dc, msg.request_id, std::get<proto::RegisterConn>(msg.body));
-    case MsgType::kUnregister:
-      return Unregister(*dc, msg.request_id, std::get<proto::Unregister>(msg.body).conn_id);
-    default:
-      break;
+  if (dc == nullptr) return RequestResult::kNoReply;
+  const RequestHandler* handler = nullptr;
+  for (const RequestHandler& h : kRequestHandlers)
+    if (h.type == msg.type) handler = &h;
+  if (handler == nullptr) {
+    *reply = BadMessage(msg.request_id);
+    return RequestResult::kReply;
   }
-  // The rest name an existing connection and have no response.
+  if (!handler->names_conn) return (this->*handler->handle)(*dc, nullptr, msg, reply);
   uint64_t conn_id = 0;
   if (auto* c = std::get_if<proto::ConnCounter>(&msg.body)) conn_id = c->conn_id;
   else if (auto* s = std::get_if<proto::Shutdown>(&msg.body)) conn_id = s->conn_id;
-  else return Message{MsgType::kError, msg.request_id,
-                      proto::Error{0, WireError::kBadMessage, Reason::kProtocolError}};
+  else {
+    *reply = BadMessage(msg.request_id);
+    return RequestResult::kReply;
+  }
   auto it = dc->by_id.find(conn_id);
   if (it == dc->by_id.end()) {
     counters_.protocol_violations.fetch_add(1, std::memory_order_relaxed);
-    return std::nullopt;  // a race with our own teardown, or a confused guest
+    return RequestResult::kNoReply;  // a race with our own teardown, or a confused guest
   }
   BackendConn& c = *it->second;
   // The block may hold counts the guest published before posting this
   // message (a send() right before shutdown()): take them first.
-  if (c.doorbell && ReadDoorbell(c) < 0) return std::nullopt;
-  switch (msg.type) {
-    case MsgType::kPairingQuery: {
-      bool pairing = c.state == ConnState::kUpgraded || c.remote.stage == RemotePeer::Stage::kAccepted;
-      return Ack(msg.request_id, conn_id, WireError::kOk, pairing ? Reason::kNone : c.reason);
-    }
-    case MsgType::kFence: {
-      if (c.state != ConnState::kUpgraded || c.fence_received) return Violation(c, "unexpected FENCE"), std::nullopt;
-      c.fence_received = true;
-      c.fence_bytes = std::get<proto::ConnCounter>(msg.body).bytes;
-      c.kernel_bytes_out.store(c.fence_bytes, std::memory_order_relaxed);
-      if (c.peer) {
-        c.peer->ev_peer_fence = c.fence_bytes;
-        Raise(*c.peer, kEvFence);
-      }
-      if (c.remote.paired()) Owe(c, kOweFence);
-      MarkMovable(c);
-      break;
-    }
-    case MsgType::kTxTail: {
-      if (c.doorbell) {
-        // The count was read from the block above; the message says the
-        // guest saw want_tx: poll the block again.
-        if (c.state != ConnState::kUpgraded || !c.fence_received)
-          return Violation(c, "TX_TAIL before FENCE"), std::nullopt;
-        counters_.doorbell_messages.fetch_add(1, std::memory_order_relaxed);
-        AddDoorbell(*dc, c);
-        break;
-      }
-      if (!ApplyTxTail(c, std::get<proto::ConnCounter>(msg.body).bytes)) return std::nullopt;
-      break;
-    }
-    case MsgType::kConsumed: {
-      if (c.doorbell) {
-        if (c.state != ConnState::kUpgraded) return Violation(c, "CONSUMED before the upgrade"), std::nullopt;
-        counters_.doorbell_messages.fetch_add(1, std::memory_order_relaxed);
-        AddDoorbell(*dc, c);
-        break;
-      }
-      if (!ApplyConsumed(c, std::get<proto::ConnCounter>(msg.body).bytes)) return std::nullopt;
-      break;
-    }
-    case MsgType::kShutdown: {
-      auto how = std::get<proto::Shutdown>(msg.body).how;
-      if (how == proto::ShutdownHow::kBoth) {
-        // Abortive close (the kernel would send RST): unsent bytes are
-        // dropped and the peer's next call fails with ECONNRESET.
-        c.write_shut = c.shut_announced = true;
-        c.tx_tail = c.tx_copied;
-        if (c.peer) {
-          {
-            std::lock_guard<std::mutex> lock(snapshot_mu_);
-            c.peer->reason = Reason::kPeerDowngraded;
-          }
-          Raise(*c.peer, kEvDowngrade);
-        }
-        if (c.remote.paired()) Owe(c, kOweAbort);
-      } else if (how == proto::ShutdownHow::kWrite) {
-        c.write_shut = true;
-        MaybeAnnounceShutdown(c);
-      }
-      break;
-    }
-    default:
-      return Message{MsgType::kError, msg.request_id,
-                     proto::Error{conn_id, WireError::kBadMessage, Reason::kProtocolError}};
-  }
-  return std::nullopt;
+  if (c.doorbell && ReadDoorbell(c) < 0) return RequestResult::kNoReply;
+  return (this->*handler->handle)(*dc, &c, msg, reply);
 }
 
-std::optional<Message> ConnManager::Register(DeviceConns& dc, uint64_t request_id,
+RequestResult ConnManager::OnRegister(DeviceConns& dc, BackendConn*, const Message& msg, Message* reply) {
+  *reply = Register(dc, msg.request_id, std::get<proto::RegisterConn>(msg.body));
+  return RequestResult::kReply;
+}
+
+RequestResult ConnManager::OnUnregister(DeviceConns& dc, BackendConn*, const Message& msg, Message* reply) {
+  *reply = Unregister(dc, msg.request_id, std::get<proto::Unregister>(msg.body).conn_id);
+  return RequestResult::kReply;
+}
+
+RequestResult ConnManager::OnPairingQuery(DeviceConns&, BackendConn* conn, const Message& msg, Message* reply) {
+  BackendConn& c = *conn;
+  bool pairing = c.state == ConnState::kUpgraded || c.remote.stage == RemotePeer::Stage::kAccepted;
+  *reply = Ack(msg.request_id, c.conn_id, WireError::kOk, pairing ? Reason::kNone : c.reason);
+  return RequestResult::kReply;
+}
+
+RequestResult ConnManager::OnFence(DeviceConns&, BackendConn* conn, const Message& msg, Message*) {
+  BackendConn& c = *conn;
+  if (c.state != ConnState::kUpgraded || c.fence_received) {
+    Violation(c, "unexpected FENCE");
+    return RequestResult::kNoReply;
+  }
+  c.fence_received = true;
+  c.fence_bytes = std::get<proto::ConnCounter>(msg.body).bytes;
+  c.kernel_bytes_out.store(c.fence_bytes, std::memory_order_relaxed);
+  if (c.peer) {
+    c.peer->ev_peer_fence = c.fence_bytes;
+    Raise(*c.peer, kEvFence);
+  }
+  if (c.remote.paired()) Owe(c, kOweFence);
+  MarkMovable(c);
+  return RequestResult::kNoReply;
+}
+
+RequestResult ConnManager::OnTxTail(DeviceConns& dc, BackendConn* conn, const Message& msg, Message*) {
+  BackendConn& c = *conn;
+  if (c.doorbell) {
+    // The count was read from the block above; the message says the
+    // guest saw want_tx: poll the block again.
+    if (c.state != ConnState::kUpgraded || !c.fence_received) {
+      Violation(c, "TX_TAIL before FENCE");
+      return RequestResult::kNoReply;
+    }
+    counters_.doorbell_messages.fetch_add(1, std::memory_order_relaxed);
+    AddDoorbell(dc, c);
+    return RequestResult::kNoReply;
+  }
+  (void)ApplyTxTail(c, std::get<proto::ConnCounter>(msg.body).bytes);
+  return RequestResult::kNoReply;
+}
+
+RequestResult ConnManager::OnConsumed(DeviceConns& dc, BackendConn* conn, const Message& msg, Message*) {
+  BackendConn& c = *conn;
+  if (c.doorbell) {
+    if (c.state != ConnState::kUpgraded) {
+      Violation(c, "CONSUMED before the upgrade");
+      return RequestResult::kNoReply;
+    }
+    counters_.doorbell_messages.fetch_add(1, std::memory_order_relaxed);
+    AddDoorbell(dc, c);
+    return RequestResult::kNoReply;
+  }
+  (void)ApplyConsumed(c, std::get<proto::ConnCounter>(msg.body).bytes);
+  return RequestResult::kNoReply;
+}
+
+RequestResult ConnManager::OnShutdown(DeviceConns&, BackendConn* conn, const Message& msg, Message*) {
+  BackendConn& c = *conn;
+  auto how = std::get<proto::Shutdown>(msg.body).how;
+  if (how == proto::ShutdownHow::kBoth) {
+    // Abortive close (the kernel would send RST): unsent bytes are
+    // dropped and the peer's next call fails with ECONNRESET.
+    c.write_shut = c.shut_announced = true;
+    c.tx_tail = c.tx_copied;
+    if (c.peer) {
+      {
+        std::lock_guard<std::mutex> lock(snapshot_mu_);
+        c.peer->reason = Reason::kPeerDowngraded;
+      }
+      Raise(*c.peer, kEvDowngrade);
+    }
+    if (c.remote.paired()) Owe(c, kOweAbort);
+  } else if (how == proto::ShutdownHow::kWrite) {
+    c.write_shut = true;
+    MaybeAnnounceShutdown(c);
+  }
+  return RequestResult::kNoReply;
+}
+
+Message ConnManager::Register(DeviceConns& dc, uint64_t request_id,
                                              const proto::RegisterConn& r) {
   const vhost::PortConfig& port = *dc.device->port();
   if (!AddressAllowed(port, r.local)) {
@@ -211,7 +261,7 @@ std::optional<Message> ConnManager::Register(DeviceConns& dc, uint64_t request_i
   return ack;
 }
 
-std::optional<Message> ConnManager::Unregister(DeviceConns& dc, uint64_t request_id,
+Message ConnManager::Unregister(DeviceConns& dc, uint64_t request_id,
                                                uint64_t conn_id) {
   auto it = dc.by_id.find(conn_id);
   if (it == dc.by_id.end())

@@ -1,10 +1,13 @@
-// The guest<->backend control protocol (proto/control.h) on the request
-// queue: HELLO and ECHO here, connection messages in ConnManager.
+// The worker's service: the guest<->backend control protocol
+// (proto/control.h) on each device's request queue, and the per-pass work
+// of the connection manager and peering. HELLO and ECHO are answered here;
+// connection messages go to ConnManager.
 #pragma once
 
 #include <atomic>
 
 #include "host-backend/conn/conn_manager.h"
+#include "host-backend/conn/request_result.h"
 #include "host-backend/peering/peers.h"
 #include "host-backend/worker.h"
 
@@ -18,8 +21,10 @@ struct ServiceCounters {
   std::atomic<uint64_t> checksum_errors{0};
 };
 
-class ControlService : public DeviceService {
+class RequestService : public DeviceService {
  public:
+  RequestService(ConnManager* conns, Peering* peering) : conns_(*conns), peering_(*peering) {}
+
   void OnAttach(vhost::BackendDevice& device) override { conns_.OnAttach(device); }
   void OnDetach(vhost::BackendDevice& device) override { conns_.OnDetach(device); }
   uint32_t HandleRequest(vhost::BackendDevice& device, const vhost::DescChain& chain) override;
@@ -38,15 +43,23 @@ class ControlService : public DeviceService {
   }
 
   const ServiceCounters& counters() const { return counters_; }
-  const ConnManager& conns() const { return conns_; }
-  ConnManager& mutable_conns() { return conns_; }
-  Peering& peering() { return peering_; }
-  const Peering& peering() const { return peering_; }
 
  private:
+  // The requests answered here (request_service.cc); the rest go to
+  // ConnManager if it serves them, else they are bad messages.
+  struct RequestHandler {
+    proto::MsgType type;
+    RequestResult (RequestService::*handle)(vhost::BackendDevice& device, const proto::Message& req,
+                                            proto::Message* reply);
+  };
+  static const RequestHandler kRequestHandlers[];
+  RequestResult Dispatch(vhost::BackendDevice& device, const proto::Message& req, proto::Message* reply);
+  RequestResult OnHello(vhost::BackendDevice& device, const proto::Message& req, proto::Message* reply);
+  RequestResult OnEcho(vhost::BackendDevice& device, const proto::Message& req, proto::Message* reply);
+
   ServiceCounters counters_;
-  ConnManager conns_;
-  Peering peering_{&conns_};  // after conns_: uses it
+  ConnManager& conns_;
+  Peering& peering_;
 };
 
 }  // namespace vsocket::backend
