@@ -7,6 +7,18 @@
 // has freed (credits), and reports progress with coalesced events on each
 // guest's event queue. Runs on the worker thread; the registry is a libcuckoo
 // map so the control socket can read it concurrently.
+//
+// One class, its member functions defined by job (like eRPC's rpc_impl/):
+//   conn/requests.cc     the guest request table (Handle) and each request
+//   conn/registry.cc     pairing on this host, devices attaching/detaching,
+//                        closing and forgetting connections, snapshots
+//   conn/doorbell.cc     doorbell blocks (kFeatureDoorbell)
+//   conn/events.cc       events owed to guests, written to event queues
+//   conn/mover.cc        the same-host data path
+//   remote/pairing.cc    cross-host pairing, peer hosts coming and going
+//   remote/frames_in.cc  fabric frames from peer hosts (with link_sink.h)
+//   remote/frames_out.cc owed frames and DATA to peer hosts
+//   remote/regions.cc    rdma memory regions of guest rings, held credits
 #pragma once
 
 #include <libcuckoo/cuckoohash_map.hh>
@@ -15,7 +27,6 @@
 #include <deque>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -125,6 +136,7 @@ class ConnManager {
   RequestResult OnTxTail(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
   RequestResult OnConsumed(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
   RequestResult OnShutdown(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
+  RequestResult RepollDoorbell(DeviceConns& dc, BackendConn& c, bool allowed, const char* violation);
   proto::Message Register(DeviceConns& dc, uint64_t request_id, const proto::RegisterConn& r);
   proto::Message Unregister(DeviceConns& dc, uint64_t request_id, uint64_t conn_id);
   void Violation(BackendConn& c, const char* what);

@@ -110,34 +110,30 @@ RequestResult ConnManager::OnFence(DeviceConns&, BackendConn* conn, const Messag
   return RequestResult::kNoReply;
 }
 
-RequestResult ConnManager::OnTxTail(DeviceConns& dc, BackendConn* conn, const Message& msg, Message*) {
-  BackendConn& c = *conn;
-  if (c.doorbell) {
-    // The count was read from the block above; the message says the
-    // guest saw want_tx: poll the block again.
-    if (c.state != ConnState::kUpgraded || !c.fence_received) {
-      Violation(c, "TX_TAIL before FENCE");
-      return RequestResult::kNoReply;
-    }
-    counters_.doorbell_messages.fetch_add(1, std::memory_order_relaxed);
-    AddDoorbell(dc, c);
+// TX_TAIL or CONSUMED of a doorbell connection: the count was read from
+// the block (Handle); the message says the guest saw the want flag, so the
+// block is polled again. `allowed`: the message may come in this state.
+RequestResult ConnManager::RepollDoorbell(DeviceConns& dc, BackendConn& c, bool allowed, const char* violation) {
+  if (!allowed) {
+    Violation(c, violation);
     return RequestResult::kNoReply;
   }
+  counters_.doorbell_messages.fetch_add(1, std::memory_order_relaxed);
+  AddDoorbell(dc, c);
+  return RequestResult::kNoReply;
+}
+
+RequestResult ConnManager::OnTxTail(DeviceConns& dc, BackendConn* conn, const Message& msg, Message*) {
+  BackendConn& c = *conn;
+  if (c.doorbell) return RepollDoorbell(dc, c, c.state == ConnState::kUpgraded && c.fence_received,
+                                        "TX_TAIL before FENCE");
   (void)ApplyTxTail(c, std::get<proto::ConnCounter>(msg.body).bytes);
   return RequestResult::kNoReply;
 }
 
 RequestResult ConnManager::OnConsumed(DeviceConns& dc, BackendConn* conn, const Message& msg, Message*) {
   BackendConn& c = *conn;
-  if (c.doorbell) {
-    if (c.state != ConnState::kUpgraded) {
-      Violation(c, "CONSUMED before the upgrade");
-      return RequestResult::kNoReply;
-    }
-    counters_.doorbell_messages.fetch_add(1, std::memory_order_relaxed);
-    AddDoorbell(dc, c);
-    return RequestResult::kNoReply;
-  }
+  if (c.doorbell) return RepollDoorbell(dc, c, c.state == ConnState::kUpgraded, "CONSUMED before the upgrade");
   (void)ApplyConsumed(c, std::get<proto::ConnCounter>(msg.body).bytes);
   return RequestResult::kNoReply;
 }
