@@ -225,7 +225,9 @@ std::vector<Metric<P>> Peers() {
        .prom = {"vsocket_link_payload_bytes_total", "how=\"in-place\""}},
       {.name = "links", .type = kGauge, .help = "Data links (TCP connections or RC QPs) up to a peer host.",
        .read = [](const P& p) -> uint64_t { return p.link_frames_out.size(); }, .prom = {"vsocket_links"}},
-      {.name = "up", .type = kGauge, .help = "Fabric link to a peer host is up (1) or not (0).",
+      // Not "up": deploy/testbed2.sh and tests/e2e/cross_host.sh take " up " in
+      // the `links` text for the state column.
+      {.name = "link_up", .type = kGauge, .help = "Fabric link to a peer host is up (1) or not (0).",
        .read = [](const P& p) -> uint64_t { return p.state == "up"; }, .prom = {"vsocket_link_up"},
        .row_labels = [](const P& p) { return "fabric=\"" + JsonEscape(p.fabric) + "\""; }},
   };

@@ -211,6 +211,12 @@ TEST_F(RegistryTest, NamesScriptsReadAreKept) {
                           "rdma_rx_regions_dropped", "rdma_rx_withdrawn", "rdma_tx_regions",
                           "rdma_tx_regions_dropped", "rings_held", "rings_released"})
     EXPECT_TRUE(std::regex_search(text, std::regex(std::string("(^|\n)") + row + " +[0-9]+\n"))) << row;
+  // Scripts wait for a link with `vsocketctl links | grep -q " up "`: only
+  // the state column of a peer that is up may say it.
+  report_.peers[0].state = "backoff";
+  EXPECT_EQ(RenderCommand("links", report_).find(" up "), std::string::npos) << RenderCommand("links", report_);
+  report_.peers[0].state = "up";
+  EXPECT_NE(RenderCommand("links", report_).find(" up "), std::string::npos);
   std::string prom = RenderPrometheus(report_);
   for (const char* m : {"vsocket_accelerated_bytes_total{vm=\"vm1\"", "vsocket_cross_tenant_total ",
                         "vsocket_connections{", "vsocket_doorbell_counts_total ", "vsocket_link_up{peer=\"hostB\",fabric=\"rdma\"} 1"})
