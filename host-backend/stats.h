@@ -2,18 +2,25 @@
 // Prometheus metrics.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "host-backend/control_service.h"
+#include "host-backend/conn/conn_manager.h"
+#include "host-backend/metrics/registry.h"
+#include "host-backend/peering/peers.h"
+#include "host-backend/request_service.h"
 #include "host-backend/worker.h"
 #include "vhost/backend/vhost_backend.h"
 
 namespace vsocket::backend {
 
+// What the reports read (any thread).
 struct Reporting {
-  const ControlService& service;
-  const Worker& worker;
+  const ConnManager& conns;
+  const Peering& peering;
+  const ServiceCounters& service;
+  const WorkerCounters& worker;
   const std::vector<vhost::PortConfig>& vms;
 };
 
@@ -25,5 +32,18 @@ struct Reporting {
 std::string HandleCtlCommand(const std::string& command, const Reporting& r);
 
 std::string PrometheusMetrics(const Reporting& r);
+
+// What one report shows, read once; rendered without reading anything else.
+struct Report {
+  metrics::DaemonCounters counters;
+  std::vector<std::shared_ptr<vhost::BackendDevice>> devices;
+  std::vector<metrics::VmRow> vms;
+  std::vector<PeerSnapshot> peers;
+  std::vector<ConnSnapshot> conns;
+};
+
+// HandleCtlCommand and PrometheusMetrics on a report (tests).
+std::string RenderCommand(const std::string& command, const Report& report);
+std::string RenderPrometheus(const Report& report);
 
 }  // namespace vsocket::backend

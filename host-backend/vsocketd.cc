@@ -18,11 +18,7 @@
 
 #include "base/log.h"
 #include "host-backend/config.h"
-#include "host-backend/control_service.h"
-#include "host-backend/ctl_server.h"
-#include "host-backend/metrics_server.h"
-#include "host-backend/stats.h"
-#include "host-backend/worker.h"
+#include "host-backend/daemon.h"
 #include "vhost/backend/vhost_backend.h"
 
 namespace vsocket::backend {
@@ -159,52 +155,15 @@ int Main(int argc, char** argv) {
     VS_LOG(kError, "%s", st.ToString().c_str());
     return 1;
   }
-  ControlService service;
-  service.mutable_conns().SetLocalPorts(&flags.vms);
-  st = service.peering().Start(flags);
-  if (!st.ok()) {
-    VS_LOG(kError, "peering: %s", st.ToString().c_str());
-    return 1;
-  }
-  Worker worker(&service, WorkerOptions{flags.poll_us, flags.poll_max_us, 64});
-  if (service.peering().enabled()) worker.AddWakeFd(service.peering().wake_fd());
-  st = worker.Start();
-  if (!st.ok()) {
-    VS_LOG(kError, "%s", st.ToString().c_str());
-    return 1;
-  }
-  CtlServer ctl;
-  Reporting reporting{service, worker, flags.vms};
-  st = ctl.Start(flags.ctl_socket, [&](const std::string& cmd) { return HandleCtlCommand(cmd, reporting); });
-  if (!st.ok()) {
-    VS_LOG(kError, "control socket: %s", st.ToString().c_str());
-    return 1;
-  }
-  MetricsServer metrics;
-  if (flags.metrics_port != 0) {
-    st = metrics.Start(flags.metrics_addr, flags.metrics_port, [&] { return PrometheusMetrics(reporting); });
-    if (!st.ok()) {
-      VS_LOG(kError, "metrics listener: %s", st.ToString().c_str());
-      return 1;
-    }
-  }
-  for (const vhost::PortConfig& p : flags.vms) {
-    st = vhost::VhostBackend::Instance().AddPort(p, &worker);
-    if (!st.ok()) {
-      VS_LOG(kError, "%s", st.ToString().c_str());
-      return 1;
-    }
-  }
+  Daemon daemon(flags);
+  if (!daemon.Start().ok()) return 1;
   VS_LOG(kInfo, "ready: %zu VM port(s), control socket %s", flags.vms.size(), flags.ctl_socket.c_str());
   std::fprintf(stderr, "vsocketd: ready\n");
 
   int sig = 0;
   sigwait(&sigs, &sig);
   VS_LOG(kInfo, "signal %d: shutting down", sig);
-  for (const vhost::PortConfig& p : flags.vms) (void)vhost::VhostBackend::Instance().RemovePort(p.path);
-  metrics.Stop();
-  ctl.Stop();
-  worker.Stop();
+  daemon.Stop();
   return 0;
 }
 

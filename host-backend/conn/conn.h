@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "host-backend/tx_hold.h"
+#include "host-backend/conn/tx_hold.h"
 #include "proto/control.h"
 
 namespace vsocket::vhost {

@@ -34,7 +34,7 @@
 #include "base/status.h"
 #include "base/unique_fd.h"
 #include "host-backend/config.h"
-#include "host-backend/conn_manager.h"
+#include "host-backend/conn/conn_manager.h"
 #include "host-backend/fabric/link.h"
 #include "host-backend/fabric/locator.h"
 #include "host-backend/peering/tls_channel.h"
@@ -110,6 +110,8 @@ class Peering : public RemoteHosts {
   // Frames read per link and pass (DATA frames carry up to 64 KiB: a pass
   // reads at most a few MiB per link, then pairing and guests get a turn).
   static constexpr int kMaxFramesPerPoll = 64;
+  // Time a setup step (connect, handshake, links) may take.
+  static constexpr int kSetupTimeoutMs = 5000;
   enum class State { kIdle, kBackoff, kConnecting, kHandshake, kLinkConnecting, kWaitLink, kWaitReady, kUp };
   // One data link of a host pair (a TCP connection or an RC QP).
   struct Lane {

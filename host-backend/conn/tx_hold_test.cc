@@ -1,4 +1,4 @@
-#include "host-backend/tx_hold.h"
+#include "host-backend/conn/tx_hold.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "host-backend/peers.h"
+#include "host-backend/peering/peers.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -17,6 +17,7 @@
 #include "base/log.h"
 #include "host-backend/fabric/rdma_link.h"
 #include "host-backend/fabric/tcp_fabric.h"
+#include "host-backend/peering/control_message.h"
 
 namespace vsocket::backend {
 
@@ -25,32 +26,9 @@ using proto::FrameType;
 
 namespace {
 
-constexpr int kSetupTimeoutMs = 5000;
 constexpr int kBackoffMinMs = 200;
 constexpr int kBackoffMaxMs = 10000;
 constexpr const char* kLinkKeyLabel = "vsocket fabric link v1";
-
-std::string AddrString(const sockaddr_storage& ss) {
-  char buf[INET6_ADDRSTRLEN] = "?";
-  uint16_t port = 0;
-  if (ss.ss_family == AF_INET) {
-    auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
-    inet_ntop(AF_INET, &a->sin_addr, buf, sizeof(buf));
-    port = ntohs(a->sin_port);
-  } else if (ss.ss_family == AF_INET6) {
-    auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
-    inet_ntop(AF_INET6, &a->sin6_addr, buf, sizeof(buf));
-    port = ntohs(a->sin6_port);
-  }
-  return std::string(buf) + ":" + std::to_string(port);
-}
-
-std::vector<uint8_t> Message(const FrameHeader& h, std::span<const uint8_t> payload) {
-  std::vector<uint8_t> m(proto::kFrameHeaderSize + payload.size());
-  proto::EncodeFrameHeader(h, m.data());
-  if (!payload.empty()) std::memcpy(m.data() + proto::kFrameHeaderSize, payload.data(), payload.size());
-  return m;
-}
 
 int SocketError(int fd) {
   int err = 0;
@@ -293,112 +271,6 @@ void Peering::OnLinkConnected(Host& h, size_t lane) {
   if (AllLanes(h, false)) h.state = State::kWaitReady;  // the acceptor confirms on the TLS channel
 }
 
-// rdma fabric: the initiator creates its QPs and offers their setups at
-// once; the acceptor creates each QP when the initiator's setup for it
-// arrives (OnRdmaSetup).
-void Peering::StartRdmaLink(Host& h) {
-  h.deadline_ms = MonotonicMs() + kSetupTimeoutMs;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    h.lanes.clear();
-  }
-  h.rdma_cq.reset();
-  if (!h.initiator) {
-    h.state = State::kWaitLink;
-    // The initiator's setup may have come with the end of the handshake and
-    // already sit in the TLS buffer, where no epoll event announces it.
-    (void)ServiceUp(h);
-    return;
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    h.lanes.resize(static_cast<size_t>(links_per_peer_));
-  }
-  for (size_t i = 0; i < h.lanes.size(); ++i) {
-    Status st = CreateRdmaLane(h, i);
-    if (!st.ok()) return HostDown(h, st.message());
-    if (!SendRdmaSetup(h, i)) return;
-  }
-  h.state = State::kWaitReady;
-}
-
-// The QP of lane i, on the session's completion queue (made for all its
-// lanes with the first one).
-Status Peering::CreateRdmaLane(Host& h, size_t i) {
-  if (!h.rdma_cq) {
-    auto cq = fabric::RdmaCompletionQueue::Create(rdma_, static_cast<int>(h.lanes.size()));
-    if (!cq.ok()) return Status(cq.status().code(), "rdma completion queue: " + cq.status().message());
-    h.rdma_cq = std::move(cq).value();
-  }
-  auto link = fabric::RdmaLink::Create(rdma_, {}, h.rdma_cq);
-  if (!link.ok()) return Status(link.status().code(), "rdma link: " + link.status().message());
-  std::lock_guard<std::mutex> lock(mu_);
-  h.lanes[i].rdma = link->get();
-  h.lanes[i].link = std::move(link).value();
-  return Status::Ok();
-}
-
-bool Peering::SendRdmaSetup(Host& h, size_t lane) {
-  auto info = h.lanes[lane].rdma->LocalInfo().Encode();
-  FrameHeader setup;
-  setup.type = FrameType::kRdmaSetup;
-  setup.len = static_cast<uint32_t>(info.size());
-  setup.value = lane;
-  setup.aux = static_cast<uint32_t>(h.lanes.size());
-  Status st = h.tls->Send(Message(setup, info));
-  if (!st.ok()) {
-    HostDown(h, "control channel: " + st.message());
-    return false;
-  }
-  return true;
-}
-
-// The peer's RDMA_SETUP for one lane (only ever on the TLS channel):
-// connects our QP to its. The acceptor creates that QP, answers with its
-// own setup, and once every lane is connected sends LINK_READY and is up;
-// the initiator is up at LINK_READY. False if the host went down.
-bool Peering::OnRdmaSetup(Host& h, const FrameHeader& hdr, std::span<const uint8_t> payload) {
-  bool expected = h.initiator ? h.state == State::kWaitReady : h.state == State::kWaitLink;
-  size_t i = 0;
-  std::string why;
-  if (!expected || !LaneOf(h, hdr, &i, &why) || (h.initiator && !h.lanes[i].rdma) || h.lanes[i].rdma_connected) {
-    HostDown(h, "unexpected RDMA_SETUP on the control channel" + (why.empty() ? "" : ": " + why));
-    return false;
-  }
-  auto info = fabric::RdmaEndpointInfo::Decode(payload);
-  if (!info.ok()) {
-    HostDown(h, "bad RDMA_SETUP: " + info.status().message());
-    return false;
-  }
-  Lane& l = h.lanes[i];
-  if (!l.rdma) {
-    Status created = CreateRdmaLane(h, i);
-    if (!created.ok()) {
-      HostDown(h, created.message());
-      return false;
-    }
-  }
-  Status st = l.rdma->Connect(*info);
-  if (!st.ok()) {
-    HostDown(h, "rdma link: " + st.message());
-    return false;
-  }
-  l.rdma_connected = true;
-  Watch(l.link->wake_fd(), false);
-  if (h.initiator) return true;
-  if (!SendRdmaSetup(h, i)) return false;
-  if (!AllLanes(h, true)) return true;
-  FrameHeader ready;
-  ready.type = FrameType::kLinkReady;
-  st = h.tls->Send(Message(ready, {}));
-  if (!st.ok()) {
-    HostDown(h, "control channel: " + st.message());
-    return false;
-  }
-  HostUp(h);
-  return true;
-}
-
 void Peering::HostUp(Host& h) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -574,104 +446,6 @@ bool Peering::ServiceUp(Host& h) {
   return worked;
 }
 
-void Peering::AcceptAll() {
-  for (;;) {
-    sockaddr_storage ss;
-    socklen_t len = sizeof(ss);
-    int fd = accept4(listener_.get(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;
-    if (incoming_.size() >= 64) {  // a flood of half-open peers: shed it
-      close(fd);
-      continue;
-    }
-    Incoming in{UniqueFd(fd), nullptr, AddrString(ss), MonotonicMs() + kSetupTimeoutMs};
-    Watch(fd, false);
-    incoming_.push_back(std::move(in));
-  }
-}
-
-// An accepted connection: a TLS control channel (first byte 0x16, a TLS
-// handshake record) or one of a session's data links (LINK_HELLO with the
-// session key, the link's index and the count).
-void Peering::StepIncoming(Incoming& in, bool* done) {
-  *done = false;
-  auto refuse = [&](std::atomic<uint64_t>& counter, const std::string& why) {
-    counter.fetch_add(1, std::memory_order_relaxed);
-    VS_LOG(kWarn, "peering: refused connection from %s: %s", in.from.c_str(), why.c_str());
-    int fd = in.tls ? in.tls->fd() : in.fd.get();
-    epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
-    *done = true;
-  };
-  if (MonotonicMs() > in.deadline_ms) return refuse(counters_.refused_tls, "setup timed out");
-  if (!in.tls) {
-    uint8_t first;
-    ssize_t n = recv(in.fd.get(), &first, 1, MSG_PEEK);
-    if (n == 0) return refuse(counters_.refused_tls, "closed before saying anything");
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      return refuse(counters_.refused_tls, strerror(errno));
-    }
-    if (first == 0x16) {
-      in.tls = peering::TlsChannel::Server(*tls_ctx_, std::move(in.fd));
-    } else {
-      // A data link: exactly the LINK_HELLO frame, nothing of what follows.
-      uint8_t buf[proto::kFrameHeaderSize + 32];
-      n = recv(in.fd.get(), buf, sizeof(buf), MSG_PEEK);
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-      if (n <= 0) return refuse(counters_.refused_link, "closed during link hello");
-      if (static_cast<size_t>(n) < sizeof(buf)) return;  // more to come
-      auto h = proto::DecodeFrameHeader(std::span<const uint8_t, proto::kFrameHeaderSize>(buf, proto::kFrameHeaderSize));
-      if (!h.ok() || h->type != FrameType::kLinkHello) return refuse(counters_.refused_link, "neither TLS nor a link hello");
-      if (rdma_) return refuse(counters_.refused_link, "a tcp data link offered, but this host runs the rdma fabric");
-      Host* owner = nullptr;
-      for (auto& host : hosts_)
-        if (host->state == State::kWaitLink &&
-            CRYPTO_memcmp(host->link_key.data(), buf + proto::kFrameHeaderSize, 32) == 0)
-          owner = host.get();
-      if (owner == nullptr) return refuse(counters_.refused_link, "data link with an unknown session key");
-      size_t lane = 0;
-      std::string why;
-      if (!LaneOf(*owner, *h, &lane, &why) || owner->lanes[lane].link)
-        return refuse(counters_.refused_link, "data link for peer " + owner->name + ": " +
-                                                  (why.empty() ? "link " + std::to_string(lane) + " twice" : why));
-      (void)!recv(in.fd.get(), buf, sizeof(buf), 0);  // consume the hello
-      Status st = fabric::ConfigureLinkSocket(in.fd.get());
-      if (!st.ok()) return refuse(counters_.refused_link, st.message());
-      Lane& l = owner->lanes[lane];
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        l.link = fabric::MakeStreamLink(fabric::MakeFdTransport(in.fd.release()));
-      }
-      Watch(l.link->wake_fd(), false);
-      *done = true;
-      if (!AllLanes(*owner, false)) return;  // more to come
-      FrameHeader ready;
-      ready.type = FrameType::kLinkReady;
-      Status sent = owner->tls->Send(Message(ready, {}));
-      if (!sent.ok()) {
-        HostDown(*owner, "control channel: " + sent.message());
-      } else {
-        HostUp(*owner);
-      }
-      return;
-    }
-  }
-  auto p = in.tls->Handshake();
-  if (p == peering::TlsChannel::Progress::kFailed) return refuse(counters_.refused_tls, "TLS: " + in.tls->error().message());
-  Watch(in.tls->fd(), p == peering::TlsChannel::Progress::kWantWrite);
-  if (p != peering::TlsChannel::Progress::kDone) return;
-  Host* h = ByName(in.tls->peer_name());
-  if (h == nullptr)
-    return refuse(counters_.refused_name, "authenticated as '" + in.tls->peer_name() + "', which is not a configured peer");
-  if (h->initiator)
-    return refuse(counters_.refused_name, "'" + h->name + "' connected, but this host is the one that connects to it");
-  if (h->state != State::kIdle) HostDown(*h, "peer reconnected");
-  h->tls = std::move(in.tls);
-  h->state = State::kHandshake;
-  OnTlsUp(*h);
-  *done = true;
-}
-
 bool Peering::Poll() {
   if (hosts_.empty()) return false;
   epoll_event evs[64];
@@ -732,61 +506,6 @@ bool Peering::Poll() {
   }
   if (n > 0) ArmTimer();
   return worked;
-}
-
-uint32_t Peering::Locate(uint32_t tenant, const proto::Endpoint& addr) {
-  std::string name = locator_->Find(tenant, addr);
-  if (name.empty() || name == host_name_) return 0;
-  Host* h = ByName(name);
-  return h != nullptr && h->state == State::kUp ? h->id : 0;
-}
-
-bool Peering::Runs(uint32_t host, uint32_t tenant, const proto::Endpoint& addr) {
-  if (host == 0 || host > hosts_.size()) return false;
-  return locator_->Find(tenant, addr) == hosts_[host - 1]->name;
-}
-
-bool Peering::SendPairing(uint32_t host, const FrameHeader& h, std::span<const uint8_t> payload) {
-  if (host == 0 || host > hosts_.size()) return false;
-  Host& p = *hosts_[host - 1];
-  if (p.state != State::kUp || !p.tls) return false;
-  Status st = p.tls->Send(Message(h, payload));
-  if (!st.ok()) {
-    VS_LOG(kWarn, "peer %s: pairing message not sent: %s", p.name.c_str(), st.message().c_str());
-    return false;
-  }
-  return true;
-}
-
-fabric::Link* Peering::LinkTo(uint32_t host, uint64_t conn) {
-  if (host == 0 || host > hosts_.size()) return nullptr;
-  Host& p = *hosts_[host - 1];
-  if (p.state != State::kUp || p.lanes.empty()) return nullptr;
-  // Handles are handed out in sequence: consecutive connections spread
-  // round-robin over the links.
-  return p.lanes[conn % p.lanes.size()].link.get();
-}
-
-Status Peering::RegisterRemoteWritable(void* addr, size_t len, uint32_t* rkey) {
-  if (!rdma_) return Status(Code::kFailedPrecondition, "fabric " + fabric_ + " has no one-sided writes");
-  uint32_t lkey;
-  return rdma_->RegisterMemory(addr, len, fabric::RdmaDevice::Use::kRemoteWrite, &lkey, rkey);
-}
-
-void Peering::UnregisterRemoteWritable(void* addr) {
-  if (rdma_) (void)rdma_->UnregisterMemory(addr);
-}
-
-Status Peering::RegisterSendable(void* addr, size_t len) {
-  if (!rdma_) return Status(Code::kFailedPrecondition, "fabric " + fabric_ + " reads no memory in place");
-  uint32_t lkey, rkey;
-  return rdma_->RegisterMemory(addr, len, fabric::RdmaDevice::Use::kLocalRead, &lkey, &rkey);
-}
-
-uint64_t Peering::WithdrawSendable(void* addr) { return rdma_ ? rdma_->WithdrawMemory(addr) : 0; }
-
-void Peering::ReleaseSendable(uint64_t token) {
-  if (rdma_) rdma_->ReleaseWithdrawn(token);
 }
 
 std::vector<PeerSnapshot> Peering::Snapshot() const {

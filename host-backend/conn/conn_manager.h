@@ -7,6 +7,18 @@
 // has freed (credits), and reports progress with coalesced events on each
 // guest's event queue. Runs on the worker thread; the registry is a libcuckoo
 // map so the control socket can read it concurrently.
+//
+// One class, its member functions defined by job (like eRPC's rpc_impl/):
+//   conn/requests.cc     the guest request table (Handle) and each request
+//   conn/registry.cc     pairing on this host, devices attaching/detaching,
+//                        closing and forgetting connections, snapshots
+//   conn/doorbell.cc     doorbell blocks (kFeatureDoorbell)
+//   conn/events.cc       events owed to guests, written to event queues
+//   conn/mover.cc        the same-host data path
+//   remote/pairing.cc    cross-host pairing, peer hosts coming and going
+//   remote/frames_in.cc  fabric frames from peer hosts (with link_sink.h)
+//   remote/frames_out.cc owed frames and DATA to peer hosts
+//   remote/regions.cc    rdma memory regions of guest rings, held credits
 #pragma once
 
 #include <libcuckoo/cuckoohash_map.hh>
@@ -14,115 +26,21 @@
 #include <array>
 #include <deque>
 #include <memory>
-#include <optional>
+#include <mutex>
 #include <unordered_map>
 #include <vector>
 
-#include "host-backend/conn.h"
+#include "host-backend/conn/conn.h"
+#include "host-backend/conn/counters.h"
+#include "host-backend/conn/request_result.h"
+#include "host-backend/conn/snapshot.h"
 #include "host-backend/fabric/link.h"
+#include "host-backend/remote/remote_hosts.h"
 #include "proto/control.h"
 #include "proto/fabric.h"
 #include "vhost/backend/backend_device.h"
 
 namespace vsocket::backend {
-
-struct ConnManagerCounters {
-  std::atomic<uint64_t> registered{0};
-  std::atomic<uint64_t> rejected_spoofed{0};
-  std::atomic<uint64_t> rejected_other{0};
-  std::atomic<uint64_t> upgrades{0};
-  std::atomic<uint64_t> cross_tenant{0};
-  std::atomic<uint64_t> accel_bytes{0};
-  std::atomic<uint64_t> protocol_violations{0};
-  std::atomic<uint64_t> events{0};
-  std::atomic<uint64_t> event_stalls{0};  // events waiting for guest buffers
-  std::atomic<uint64_t> active{0};
-  // Doorbells (kFeatureDoorbell).
-  std::atomic<uint64_t> doorbell_sessions{0};  // HELLOs that took the doorbell
-  std::atomic<uint64_t> doorbell_counts{0};    // counts read from blocks (polled, or just before a message)
-  std::atomic<uint64_t> doorbell_messages{0};  // TX_TAIL/CONSUMED of doorbell conns (backend had armed)
-  std::atomic<uint64_t> doorbell_arms{0};      // blocks armed (then left the polled set)
-  // Cross-host.
-  std::atomic<uint64_t> pair_requests_sent{0};
-  std::atomic<uint64_t> pair_requests_received{0};
-  std::atomic<uint64_t> pair_refused{0};      // a peer host asked for what it does not run
-  std::atomic<uint64_t> remote_upgrades{0};
-  std::atomic<uint64_t> fabric_bytes_out{0};
-  std::atomic<uint64_t> fabric_bytes_in{0};
-  std::atomic<uint64_t> fabric_bytes_placed{0}; // of fabric_bytes_in: written one-sided into the RX ring (rdma)
-  std::atomic<uint64_t> rdma_rx_regions{0};     // guest RX rings registered for peer hosts (total)
-  std::atomic<uint64_t> rdma_rx_regions_dropped{0};  // ... and deregistered again (total)
-  std::atomic<uint64_t> rdma_rx_withdrawn{0};  // of those: after the peer acknowledged a PLACEMENT
-  std::atomic<uint64_t> rdma_tx_regions{0};    // guest TX rings registered for sends to read in place (total)
-  std::atomic<uint64_t> rdma_tx_regions_dropped{0};  // ... and withdrawn again (total)
-  std::atomic<uint64_t> rdma_reg_us{0};  // time spent registering guest rings (RX and TX, microseconds, total)
-  std::atomic<uint64_t> credit_held{0};        // credits held back: the peer consumed bytes a send still read
-  std::atomic<uint64_t> rings_held{0};         // UNREGISTERs answered rings-held (kFeatureRingHold)
-  std::atomic<uint64_t> rings_released{0};     // ... and RINGS_RELEASED owed afterwards
-  std::atomic<uint64_t> frames_dropped{0};    // unknown handle, wrong tenant or wrong host
-  std::atomic<uint64_t> frames_cross_tenant{0};
-  std::atomic<uint64_t> fabric_violations{0}; // a frame outside the window: that connection is reset
-  std::atomic<uint64_t> fabric_downgrades{0}; // connections taken off the fabric (link lost)
-};
-
-// The other hosts, as the connection manager needs them (implemented by
-// Peering on the worker thread; host ids are small integers, 0 = none).
-class RemoteHosts {
- public:
-  virtual ~RemoteHosts() = default;
-  // The peer host that runs (tenant, addr) and is reachable now, or 0.
-  virtual uint32_t Locate(uint32_t tenant, const proto::Endpoint& addr) = 0;
-  // Whether (tenant, addr) is located on `host` (checks what a peer claims).
-  virtual bool Runs(uint32_t host, uint32_t tenant, const proto::Endpoint& addr) = 0;
-  // Sends a pairing frame on the authenticated control channel.
-  virtual bool SendPairing(uint32_t host, const proto::FrameHeader& h, std::span<const uint8_t> payload) = 0;
-  // The data link that carries connection `conn`'s frames to `host`, while
-  // the host is up. A host pair may have several links (links_per_peer);
-  // each connection sends on one of them, the same one for as long as the
-  // host stays up, so its frames stay in order. Frames arrive on any.
-  virtual fabric::Link* LinkTo(uint32_t host, uint64_t conn) = 0;
-  // rdma fabric: registers [addr, addr+len) as its own memory region that
-  // peer hosts may write one-sided (returns the rkey), and drops it again.
-  // Other fabrics: kFailedPrecondition (the link then places the bytes).
-  virtual Status RegisterRemoteWritable(void* /*addr*/, size_t /*len*/, uint32_t* /*rkey*/) {
-    return Status(Code::kFailedPrecondition, "fabric has no one-sided writes");
-  }
-  virtual void UnregisterRemoteWritable(void* /*addr*/) {}
-  // rdma fabric: registers [addr, addr+len) for sends to read in place (a
-  // guest TX ring: no copy on the sending host). Withdraw takes it out of
-  // use at once and returns a token; Release drops it once no posted send
-  // can read it any more. Other fabrics: kFailedPrecondition (sends copy).
-  virtual Status RegisterSendable(void* /*addr*/, size_t /*len*/) {
-    return Status(Code::kFailedPrecondition, "fabric reads no memory in place");
-  }
-  virtual uint64_t WithdrawSendable(void* /*addr*/) { return 0; }
-  virtual void ReleaseSendable(uint64_t /*token*/) {}
-};
-
-// Totals per VM (indexed by PortConfig::index), kept when connections close.
-inline constexpr size_t kMaxVms = 1024;
-struct VmTotals {
-  std::atomic<uint64_t> accel_bytes_out{0};
-  std::atomic<uint64_t> accel_bytes_in{0};
-  std::atomic<uint64_t> upgrades{0};
-  std::atomic<uint64_t> registrations{0};
-};
-
-// A read-only snapshot of one connection, for reporting.
-struct ConnSnapshot {
-  uint64_t handle;
-  uint64_t device_id;
-  std::string vm;
-  uint32_t tenant;
-  proto::Endpoint local, peer;
-  ConnState state;
-  proto::Reason reason;
-  uint64_t accel_out, accel_in, kernel_out;
-  uint64_t rx_queued;   // bytes landed in its RX ring, not yet consumed
-  uint64_t tx_unacked;  // bytes it produced that its peer has not consumed (credit in use)
-  uint32_t window;      // its TX credit window (peer's RX ring, bytes)
-  uint32_t remote_host; // peer host id when the peer is on another host, else 0
-};
 
 class ConnManager {
  public:
@@ -134,9 +52,11 @@ class ConnManager {
   ConnManager();
   ~ConnManager();
 
-  // Handles one connection message from `device`. Returns the response to
-  // write back, if the message has one.
-  std::optional<proto::Message> Handle(vhost::BackendDevice& device, const proto::Message& msg);
+  // Whether Handle serves messages of this type.
+  static bool Serves(proto::MsgType type);
+  // Handles one connection message from `device` (see kRequestHandlers);
+  // kReply: *reply is the response to write back.
+  RequestResult Handle(vhost::BackendDevice& device, const proto::Message& msg, proto::Message* reply);
 
   void OnAttach(vhost::BackendDevice& device);
   void OnDetach(vhost::BackendDevice& device);
@@ -199,9 +119,26 @@ class ConnManager {
   bool ApplyTxTail(BackendConn& c, uint64_t tail);
   bool ApplyConsumed(BackendConn& c, uint64_t consumed);
 
-  std::optional<proto::Message> Register(DeviceConns& dc, uint64_t request_id,
-                                         const proto::RegisterConn& r);
-  std::optional<proto::Message> Unregister(DeviceConns& dc, uint64_t request_id, uint64_t conn_id);
+  // Guest requests (conn/requests.cc): one handler per message type, in
+  // kRequestHandlers. `c` is the connection the message names (null for
+  // those that name none).
+  struct RequestHandler {
+    proto::MsgType type;
+    RequestResult (ConnManager::*handle)(DeviceConns& dc, BackendConn* c, const proto::Message& msg,
+                                         proto::Message* reply);
+    bool names_conn;
+  };
+  static const RequestHandler kRequestHandlers[];
+  RequestResult OnRegister(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
+  RequestResult OnUnregister(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
+  RequestResult OnPairingQuery(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
+  RequestResult OnFence(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
+  RequestResult OnTxTail(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
+  RequestResult OnConsumed(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
+  RequestResult OnShutdown(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
+  RequestResult RepollDoorbell(DeviceConns& dc, BackendConn& c, bool allowed, const char* violation);
+  proto::Message Register(DeviceConns& dc, uint64_t request_id, const proto::RegisterConn& r);
+  proto::Message Unregister(DeviceConns& dc, uint64_t request_id, uint64_t conn_id);
   void Violation(BackendConn& c, const char* what);
   void Pair(BackendConn& a, BackendConn& b);
   bool ResolveRings(BackendConn& c);

@@ -1,0 +1,59 @@
+// The connection manager's counters: daemon-wide totals and totals per VM.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace vsocket::backend {
+
+struct ConnManagerCounters {
+  std::atomic<uint64_t> registered{0};
+  std::atomic<uint64_t> rejected_spoofed{0};
+  std::atomic<uint64_t> rejected_other{0};
+  std::atomic<uint64_t> upgrades{0};
+  std::atomic<uint64_t> cross_tenant{0};
+  std::atomic<uint64_t> accel_bytes{0};
+  std::atomic<uint64_t> protocol_violations{0};
+  std::atomic<uint64_t> events{0};
+  std::atomic<uint64_t> event_stalls{0};  // events waiting for guest buffers
+  std::atomic<uint64_t> active{0};
+  // Doorbells (kFeatureDoorbell).
+  std::atomic<uint64_t> doorbell_sessions{0};  // HELLOs that took the doorbell
+  std::atomic<uint64_t> doorbell_counts{0};    // counts read from blocks (polled, or just before a message)
+  std::atomic<uint64_t> doorbell_messages{0};  // TX_TAIL/CONSUMED of doorbell conns (backend had armed)
+  std::atomic<uint64_t> doorbell_arms{0};      // blocks armed (then left the polled set)
+  // Cross-host.
+  std::atomic<uint64_t> pair_requests_sent{0};
+  std::atomic<uint64_t> pair_requests_received{0};
+  std::atomic<uint64_t> pair_refused{0};      // a peer host asked for what it does not run
+  std::atomic<uint64_t> remote_upgrades{0};
+  std::atomic<uint64_t> fabric_bytes_out{0};
+  std::atomic<uint64_t> fabric_bytes_in{0};
+  std::atomic<uint64_t> fabric_bytes_placed{0}; // of fabric_bytes_in: written one-sided into the RX ring (rdma)
+  std::atomic<uint64_t> rdma_rx_regions{0};     // guest RX rings registered for peer hosts (total)
+  std::atomic<uint64_t> rdma_rx_regions_dropped{0};  // ... and deregistered again (total)
+  std::atomic<uint64_t> rdma_rx_withdrawn{0};  // of those: after the peer acknowledged a PLACEMENT
+  std::atomic<uint64_t> rdma_tx_regions{0};    // guest TX rings registered for sends to read in place (total)
+  std::atomic<uint64_t> rdma_tx_regions_dropped{0};  // ... and withdrawn again (total)
+  std::atomic<uint64_t> rdma_reg_us{0};  // time spent registering guest rings (RX and TX, microseconds, total)
+  std::atomic<uint64_t> credit_held{0};        // credits held back: the peer consumed bytes a send still read
+  std::atomic<uint64_t> rings_held{0};         // UNREGISTERs answered rings-held (kFeatureRingHold)
+  std::atomic<uint64_t> rings_released{0};     // ... and RINGS_RELEASED owed afterwards
+  std::atomic<uint64_t> frames_dropped{0};    // unknown handle, wrong tenant or wrong host
+  std::atomic<uint64_t> frames_cross_tenant{0};
+  std::atomic<uint64_t> fabric_violations{0}; // a frame outside the window: that connection is reset
+  std::atomic<uint64_t> fabric_downgrades{0}; // connections taken off the fabric (link lost)
+};
+
+// Totals per VM (indexed by PortConfig::index), kept when connections close.
+inline constexpr size_t kMaxVms = 1024;
+struct VmTotals {
+  std::atomic<uint64_t> accel_bytes_out{0};
+  std::atomic<uint64_t> accel_bytes_in{0};
+  std::atomic<uint64_t> upgrades{0};
+  std::atomic<uint64_t> registrations{0};
+};
+
+}  // namespace vsocket::backend

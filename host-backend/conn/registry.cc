@@ -1,0 +1,255 @@
+// The connection registry: pairing on this host, devices coming and going,
+// closing and forgetting connections, snapshots.
+#include "host-backend/conn/conn_manager.h"
+
+#include <algorithm>
+
+#include "base/log.h"
+#include "host-backend/conn/ring_copy.h"
+#include "vhost/backend/vhost_backend.h"
+
+namespace vsocket::backend {
+
+using proto::Reason;
+
+ConnManager::DeviceConns* ConnManager::Find(vhost::BackendDevice& device) {
+  auto it = devices_.find(&device);
+  return it == devices_.end() ? nullptr : &it->second;
+}
+
+uint64_t ConnManager::OnHello(vhost::BackendDevice& device, uint64_t features) {
+  DeviceConns* dc = Find(device);
+  if (dc == nullptr) return 0;
+  // A second HELLO while connections live changes nothing: the session
+  // keeps what it was given (its library allocates rings by it).
+  if (!dc->by_id.empty())
+    return (dc->doorbell ? proto::kFeatureDoorbell : 0) | (dc->ring_hold ? proto::kFeatureRingHold : 0);
+  uint64_t taken = features & proto::kKnownFeatures;
+  dc->doorbell = (taken & proto::kFeatureDoorbell) != 0;
+  dc->ring_hold = (taken & proto::kFeatureRingHold) != 0;
+  if (dc->doorbell) counters_.doorbell_sessions.fetch_add(1, std::memory_order_relaxed);
+  return taken;
+}
+
+bool ConnManager::ResolveRings(BackendConn& c) {
+  const vhost::GuestMemory& mem = c.device->memory();
+  // With a doorbell, its block follows the TX ring.
+  c.tx.host = mem.Translate(c.tx.gpa, c.tx.size + (c.doorbell ? proto::kDoorbellBytes : 0));
+  c.rx.host = mem.Translate(c.rx.gpa, c.rx.size);
+  return c.tx.host != nullptr && c.rx.host != nullptr;
+}
+
+void ConnManager::Pair(BackendConn& a, BackendConn& b) {
+  VS_LOG(kDebug, "pair conn %lu (dev %lu id %lu) <-> conn %lu (dev %lu id %lu)",
+         static_cast<unsigned long>(a.handle), static_cast<unsigned long>(a.device->id()),
+         static_cast<unsigned long>(a.conn_id), static_cast<unsigned long>(b.handle),
+         static_cast<unsigned long>(b.device->id()), static_cast<unsigned long>(b.conn_id));
+  {
+    std::lock_guard<std::mutex> lock(snapshot_mu_);
+    a.peer = &b;
+    b.peer = &a;
+    a.state = b.state = ConnState::kUpgraded;
+    a.reason = b.reason = Reason::kNone;
+  }
+  counters_.upgrades.fetch_add(1, std::memory_order_relaxed);
+  vm_totals_[a.vm_index % kMaxVms].upgrades.fetch_add(1, std::memory_order_relaxed);
+  vm_totals_[b.vm_index % kMaxVms].upgrades.fetch_add(1, std::memory_order_relaxed);
+  a.ev_peer_rx_window = b.rx.size;
+  b.ev_peer_rx_window = a.rx.size;
+  Raise(a, kEvUpgrade);
+  Raise(b, kEvUpgrade);
+  // A side that shut down its write direction before the pairing: its peer
+  // must still learn that no accelerated byte will ever come.
+  MaybeAnnounceShutdown(a);
+  MaybeAnnounceShutdown(b);
+}
+
+void ConnManager::Orphan(BackendConn& c) {
+  if (c.gone) return;
+  // Counts published without a message (doorbell) are the guest's last word too.
+  if (c.doorbell) (void)ReadDoorbell(c);
+  // Bytes the application already wrote are delivered, as the kernel would
+  // after close() or exit: keep the ones not yet moved.
+  if (c.tx.host != nullptr && c.tx_tail > c.tx_copied) {
+    uint64_t n = c.tx_tail - c.tx_copied;
+    c.orphan.resize(n);
+    RingCopy(c.orphan.data(), 0, 0, c.tx.host, c.tx.size, c.tx_copied, n);
+    c.orphan_off = 0;
+  } else {
+    c.tx_tail = c.tx_copied;  // nothing recoverable (device paused or empty)
+  }
+  WithdrawTx(c);  // the rest goes from the copy; frames in flight still read the ring
+  c.gone = true;
+  c.write_shut = true;
+  c.tx.host = c.rx.host = nullptr;
+  c.pending_events = 0;
+  registry_.erase(c.key);
+  ConnKey tuple = c.key;
+  tuple.tenant = 0;
+  by_tuple_.erase_fn(tuple, [&](uint32_t t) { return t == c.key.tenant; });
+  VS_LOG(kDebug, "conn %lu (guest id %lu) closed, %zu bytes orphaned, peer %lu",
+         static_cast<unsigned long>(c.handle), static_cast<unsigned long>(c.conn_id), c.orphan.size(),
+         static_cast<unsigned long>(c.peer ? c.peer->handle : 0));
+  if (c.peer) {
+    Raise(*c.peer, kEvPeerGone);
+    MarkMovable(c);
+    MaybeAnnounceShutdown(c);
+  }
+  switch (c.remote.stage) {
+    case RemotePeer::Stage::kPaired:
+      RetireRx(c);  // the guest may reuse the ring's memory after Unregister
+      Owe(c, kOweGone);
+      MarkMovable(c);
+      MaybeAnnounceShutdown(c);
+      break;
+    case RemotePeer::Stage::kRequested:
+    case RemotePeer::Stage::kAccepted: {
+      // Withdraw: the peer backend forgets the request (or the acceptance).
+      proto::FrameHeader h;
+      h.type = proto::FrameType::kPairCancel;
+      h.tenant = c.key.tenant;
+      if (c.remote.stage == RemotePeer::Stage::kAccepted) h.handle = c.remote.handle;
+      h.value = c.handle;
+      if (hosts_) hosts_->SendPairing(c.remote.host, h, {});
+      // A requester never sent a frame: its peer cannot write yet. An
+      // acceptor's peer may: its registration lives until the conn is gone.
+      if (c.remote.stage == RemotePeer::Stage::kRequested) DropRx(c);
+      c.remote.stage = RemotePeer::Stage::kNone;
+      break;
+    }
+    default:
+      break;
+  }
+  counters_.active.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void ConnManager::MaybeDestroy(BackendConn* c) {
+  // A gone connection lives until its orphaned bytes reached the peer (or
+  // the peer is gone too).
+  if (!c->gone) return;
+  if (c->peer && !c->peer->gone && c->orphan_off < c->orphan.size()) return;
+  if (c->in_move_list || c->in_owed_list || c->in_reap_list) return;  // removed by the sweeps
+  if (c->txh && c->txh->Busy()) {
+    AddReap(*c);  // sends in flight still read its TX ring: back when they completed
+    return;
+  }
+  if (c->remote.paired()) {
+    if (!c->remote.gone && c->orphan_off < c->orphan.size()) return;
+    if (!c->shut_announced && !c->remote.gone) return;
+    // The peer may still be writing into a withdrawn registration of our RX
+    // ring: its PLACEMENT_ACK says it no longer does (a link loss detaches).
+    if (!c->rx_mr_retired.empty()) return;
+    Owe(*c, kOweRelease);  // the peer backend forgets it too; we follow once sent
+    return;
+  }
+  if (c->peer) {
+    // A peer that is gone too may have been waiting only on us.
+    if (c->peer->gone) MarkMovable(*c->peer);
+    c->peer->peer = nullptr;
+  }
+  if (c->in_event_list && c->device != nullptr) {
+    if (DeviceConns* dc = Find(*c->device))
+      dc->events.erase(std::remove(dc->events.begin(), dc->events.end(), c), dc->events.end());
+  }
+  RemoveDoorbell(*c);
+  DropRx(*c);
+  WithdrawTx(*c);  // nothing in flight reads it (Busy above): dropped at once
+  std::lock_guard<std::mutex> lock(snapshot_mu_);
+  conns_.erase(c->handle);
+}
+
+void ConnManager::Violation(BackendConn& c, const char* what) {
+  counters_.protocol_violations.fetch_add(1, std::memory_order_relaxed);
+  VS_LOG(kWarn, "vm %s conn %lu: %s; connection is reset",
+         c.device ? c.device->port()->vm_name.c_str() : "?", static_cast<unsigned long>(c.conn_id), what);
+  {
+    std::lock_guard<std::mutex> lock(snapshot_mu_);
+    c.reason = Reason::kProtocolError;
+  }
+  Raise(c, kEvDowngrade);
+}
+
+void ConnManager::OnAttach(vhost::BackendDevice& device) {
+  DeviceConns& dc = devices_[&device];
+  dc.device = &device;
+  // Memory may have moved while the device was paused: translate again.
+  for (auto& [id, c] : dc.by_id) {
+    if (!ResolveRings(*c)) {
+      c->tx.host = c->rx.host = nullptr;
+      Violation(*c, "rings no longer inside guest memory");
+      continue;
+    }
+    if (!c->rx_stash.empty()) {
+      // Arrived from the fabric while the device was paused.
+      uint64_t at = c->rx_tail - c->rx_stash.size();
+      RingCopy(c->rx.host, c->rx.size, at, c->rx_stash.data(), 0, 0, c->rx_stash.size());
+      c->rx_stash.clear();
+      c->rx_stash.shrink_to_fit();
+      Raise(*c, kEvRxTail);
+    } else if (c->remote.paired()) {
+      Raise(*c, kEvRxTail);  // bytes placed one-sided while paused are in the ring already
+    }
+    if (c->remote.paired() && !c->remote.gone && c->rx_mr == nullptr) {
+      uint64_t addr;
+      uint32_t rkey;
+      RegisterRx(*c, &addr, &rkey);
+      if (addr != 0) Owe(*c, kOwePlacement);
+    }
+    if (c->remote.paired() && !c->remote.gone) QueueTx(*c);
+    MarkMovable(*c);
+    if (c->peer) MarkMovable(*c->peer);
+    // Counts published while paused: look (and arm) again.
+    if (c->doorbell) AddDoorbell(dc, *c);
+  }
+}
+
+void ConnManager::OnDetach(vhost::BackendDevice& device) {
+  DeviceConns* dc = Find(device);
+  if (dc == nullptr) return;
+  if (!device.stopping()) {
+    // Paused for reconfiguration: stop touching its memory, keep the state.
+    // Peer hosts stop writing into it: their rkeys are withdrawn.
+    // Sends stop reading its TX rings (withdrawn from use at once, dropped
+    // when the frames in flight completed).
+    for (auto& [id, c] : dc->by_id) {
+      c->tx.host = c->rx.host = nullptr;
+      RetireRx(*c);
+      WithdrawTx(*c);
+    }
+    return;
+  }
+  // The guest process is gone: its connections close as if it exited.
+  std::vector<BackendConn*> conns;
+  for (auto& [id, c] : dc->by_id) conns.push_back(c);
+  for (BackendConn* c : dc->events) c->in_event_list = false;
+  for (BackendConn* c : dc->doorbells) c->in_doorbell_set = false;
+  devices_.erase(&device);
+  for (BackendConn* c : conns) {
+    c->device = nullptr;
+    Orphan(*c);
+    MaybeDestroy(c);
+  }
+  // Closed earlier, rings still held: nobody to tell any more.
+  for (auto& [h, c] : conns_)
+    if (c->device == &device) c->device = nullptr;
+}
+
+std::vector<ConnSnapshot> ConnManager::Snapshot() const {
+  std::lock_guard<std::mutex> lock(snapshot_mu_);
+  std::vector<ConnSnapshot> out;
+  for (const auto& [h, c] : conns_) {
+    if (c->gone) continue;
+    // Counters below are the worker's; read racily here, for display only.
+    uint64_t peer_consumed = c->peer ? c->peer->rx_consumed : c->remote.paired() ? c->remote.credit : c->tx_tail;
+    out.push_back({c->handle, c->device ? c->device->id() : 0,
+                   c->device ? c->device->port()->vm_name : "", c->key.tenant, c->key.local,
+                   c->key.peer, c->state, c->reason, c->accel_bytes_out.load(),
+                   c->accel_bytes_in.load(), c->kernel_bytes_out.load(), c->rx_tail - c->rx_consumed,
+                   c->tx_tail - std::min(c->tx_tail, peer_consumed),
+                   c->peer ? c->peer->rx.size : c->remote.paired() ? c->remote.window : 0,
+                   c->remote.paired() ? c->remote.host : 0});
+  }
+  return out;
+}
+
+}  // namespace vsocket::backend

@@ -1,0 +1,311 @@
+// What each guest connection request does (ConnManager::Handle).
+#include "host-backend/conn/conn_manager.h"
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "host-backend/conn/address.h"
+
+namespace vsocket::backend {
+
+using proto::Message;
+using proto::MsgType;
+using proto::Reason;
+using proto::WireError;
+
+namespace {
+
+Message Ack(uint64_t request_id, uint64_t conn_id, WireError st, Reason reason, uint32_t window = 0) {
+  return Message{MsgType::kRegisterAck, request_id, proto::RegisterAck{conn_id, st, reason, window}};
+}
+
+Message BadMessage(uint64_t request_id) {
+  return Message{MsgType::kError, request_id, proto::Error{0, WireError::kBadMessage, Reason::kProtocolError}};
+}
+
+}  // namespace
+
+// Every guest request the connection manager serves, with its handler (made
+// at compile time, like DPDK vhost-user's VHOST_MESSAGE_HANDLER table).
+// `names_conn`: the message names a registered connection (ConnCounter or
+// Shutdown body); Handle looks it up first and takes the counts its
+// doorbell block holds, so the handler gets it in `c`.
+constinit const ConnManager::RequestHandler ConnManager::kRequestHandlers[] = {
+    {MsgType::kRegisterConn, &ConnManager::OnRegister, false},
+    {MsgType::kUnregister, &ConnManager::OnUnregister, false},
+    {MsgType::kPairingQuery, &ConnManager::OnPairingQuery, true},
+    {MsgType::kFence, &ConnManager::OnFence, true},
+    {MsgType::kTxTail, &ConnManager::OnTxTail, true},
+    {MsgType::kConsumed, &ConnManager::OnConsumed, true},
+    {MsgType::kShutdown, &ConnManager::OnShutdown, true},
+};
+
+bool ConnManager::Serves(MsgType type) {
+  for (const RequestHandler& h : kRequestHandlers)
+    if (h.type == type) return true;
+  return false;
+}
+
+RequestResult ConnManager::Handle(vhost::BackendDevice& device, const Message& msg, Message* reply) {
+  DeviceConns* dc = Find(device);
+  if (dc == nullptr) return RequestResult::kNoReply;
+  const RequestHandler* handler = nullptr;
+  for (const RequestHandler& h : kRequestHandlers)
+    if (h.type == msg.type) handler = &h;
+  if (handler == nullptr) {
+    *reply = BadMessage(msg.request_id);
+    return RequestResult::kReply;
+  }
+  if (!handler->names_conn) return (this->*handler->handle)(*dc, nullptr, msg, reply);
+  uint64_t conn_id = 0;
+  if (auto* c = std::get_if<proto::ConnCounter>(&msg.body)) conn_id = c->conn_id;
+  else if (auto* s = std::get_if<proto::Shutdown>(&msg.body)) conn_id = s->conn_id;
+  else {
+    *reply = BadMessage(msg.request_id);
+    return RequestResult::kReply;
+  }
+  auto it = dc->by_id.find(conn_id);
+  if (it == dc->by_id.end()) {
+    counters_.protocol_violations.fetch_add(1, std::memory_order_relaxed);
+    return RequestResult::kNoReply;  // a race with our own teardown, or a confused guest
+  }
+  BackendConn& c = *it->second;
+  // The block may hold counts the guest published before posting this
+  // message (a send() right before shutdown()): take them first.
+  if (c.doorbell && ReadDoorbell(c) < 0) return RequestResult::kNoReply;
+  return (this->*handler->handle)(*dc, &c, msg, reply);
+}
+
+RequestResult ConnManager::OnRegister(DeviceConns& dc, BackendConn*, const Message& msg, Message* reply) {
+  *reply = Register(dc, msg.request_id, std::get<proto::RegisterConn>(msg.body));
+  return RequestResult::kReply;
+}
+
+RequestResult ConnManager::OnUnregister(DeviceConns& dc, BackendConn*, const Message& msg, Message* reply) {
+  *reply = Unregister(dc, msg.request_id, std::get<proto::Unregister>(msg.body).conn_id);
+  return RequestResult::kReply;
+}
+
+RequestResult ConnManager::OnPairingQuery(DeviceConns&, BackendConn* conn, const Message& msg, Message* reply) {
+  BackendConn& c = *conn;
+  bool pairing = c.state == ConnState::kUpgraded || c.remote.stage == RemotePeer::Stage::kAccepted;
+  *reply = Ack(msg.request_id, c.conn_id, WireError::kOk, pairing ? Reason::kNone : c.reason);
+  return RequestResult::kReply;
+}
+
+RequestResult ConnManager::OnFence(DeviceConns&, BackendConn* conn, const Message& msg, Message*) {
+  BackendConn& c = *conn;
+  if (c.state != ConnState::kUpgraded || c.fence_received) {
+    Violation(c, "unexpected FENCE");
+    return RequestResult::kNoReply;
+  }
+  c.fence_received = true;
+  c.fence_bytes = std::get<proto::ConnCounter>(msg.body).bytes;
+  c.kernel_bytes_out.store(c.fence_bytes, std::memory_order_relaxed);
+  if (c.peer) {
+    c.peer->ev_peer_fence = c.fence_bytes;
+    Raise(*c.peer, kEvFence);
+  }
+  if (c.remote.paired()) Owe(c, kOweFence);
+  MarkMovable(c);
+  return RequestResult::kNoReply;
+}
+
+// TX_TAIL or CONSUMED of a doorbell connection: the count was read from
+// the block (Handle); the message says the guest saw the want flag, so the
+// block is polled again. `allowed`: the message may come in this state.
+RequestResult ConnManager::RepollDoorbell(DeviceConns& dc, BackendConn& c, bool allowed, const char* violation) {
+  if (!allowed) {
+    Violation(c, violation);
+    return RequestResult::kNoReply;
+  }
+  counters_.doorbell_messages.fetch_add(1, std::memory_order_relaxed);
+  AddDoorbell(dc, c);
+  return RequestResult::kNoReply;
+}
+
+RequestResult ConnManager::OnTxTail(DeviceConns& dc, BackendConn* conn, const Message& msg, Message*) {
+  BackendConn& c = *conn;
+  if (c.doorbell) return RepollDoorbell(dc, c, c.state == ConnState::kUpgraded && c.fence_received,
+                                        "TX_TAIL before FENCE");
+  (void)ApplyTxTail(c, std::get<proto::ConnCounter>(msg.body).bytes);
+  return RequestResult::kNoReply;
+}
+
+RequestResult ConnManager::OnConsumed(DeviceConns& dc, BackendConn* conn, const Message& msg, Message*) {
+  BackendConn& c = *conn;
+  if (c.doorbell) return RepollDoorbell(dc, c, c.state == ConnState::kUpgraded, "CONSUMED before the upgrade");
+  (void)ApplyConsumed(c, std::get<proto::ConnCounter>(msg.body).bytes);
+  return RequestResult::kNoReply;
+}
+
+RequestResult ConnManager::OnShutdown(DeviceConns&, BackendConn* conn, const Message& msg, Message*) {
+  BackendConn& c = *conn;
+  auto how = std::get<proto::Shutdown>(msg.body).how;
+  if (how == proto::ShutdownHow::kBoth) {
+    // Abortive close (the kernel would send RST): unsent bytes are
+    // dropped and the peer's next call fails with ECONNRESET.
+    c.write_shut = c.shut_announced = true;
+    c.tx_tail = c.tx_copied;
+    if (c.peer) {
+      {
+        std::lock_guard<std::mutex> lock(snapshot_mu_);
+        c.peer->reason = Reason::kPeerDowngraded;
+      }
+      Raise(*c.peer, kEvDowngrade);
+    }
+    if (c.remote.paired()) Owe(c, kOweAbort);
+  } else if (how == proto::ShutdownHow::kWrite) {
+    c.write_shut = true;
+    MaybeAnnounceShutdown(c);
+  }
+  return RequestResult::kNoReply;
+}
+
+Message ConnManager::Register(DeviceConns& dc, uint64_t request_id,
+                                             const proto::RegisterConn& r) {
+  const vhost::PortConfig& port = *dc.device->port();
+  if (!AddressAllowed(port, r.local)) {
+    counters_.rejected_spoofed.fetch_add(1, std::memory_order_relaxed);
+    VS_LOG(kWarn, "vm %s: registration for a foreign local address refused (anti-spoofing)",
+           port.vm_name.c_str());
+    return Ack(request_id, r.conn_id, WireError::kSpoofedAddress, Reason::kSpoofedAddress);
+  }
+  if (dc.by_id.count(r.conn_id) || dc.by_id.size() >= kMaxConnsPerDevice) {
+    counters_.rejected_other.fetch_add(1, std::memory_order_relaxed);
+    return Ack(request_id, r.conn_id, WireError::kTooManyConnections, Reason::kResourceLimit);
+  }
+  auto owned = std::make_unique<BackendConn>();
+  BackendConn& c = *owned;
+  c.device = dc.device;
+  c.vm_index = port.index;
+  c.conn_id = r.conn_id;
+  c.role = r.role;
+  bool loop = IsLoopback(r.local) || IsLoopback(r.peer);
+  c.key = ConnKey{port.tenant_id, loop ? port.index + 1 : 0, r.local, r.peer};
+  c.tx = GuestRing{r.tx_ring_gpa, r.tx_ring_bytes, nullptr};
+  c.rx = GuestRing{r.rx_ring_gpa, r.rx_ring_bytes, nullptr};
+  c.doorbell = dc.doorbell;
+  c.ring_hold = dc.ring_hold;
+  // A doorbell block must be 64-byte aligned (its counts are atomics).
+  if ((c.doorbell && r.tx_ring_gpa % proto::kDoorbellBytes != 0) || !ResolveRings(c) ||
+      (c.doorbell && reinterpret_cast<uintptr_t>(c.tx.host) % proto::kDoorbellBytes != 0)) {
+    counters_.rejected_other.fetch_add(1, std::memory_order_relaxed);
+    return Ack(request_id, r.conn_id, WireError::kBadRing, Reason::kProtocolError);
+  }
+  {
+    std::lock_guard<std::mutex> lock(snapshot_mu_);
+    c.handle = next_handle_++;
+    if (!registry_.insert(c.key, c.handle)) {
+      counters_.rejected_other.fetch_add(1, std::memory_order_relaxed);
+      return Ack(request_id, r.conn_id, WireError::kInternal, Reason::kResourceLimit);
+    }
+    conns_.emplace(c.handle, std::move(owned));
+  }
+  dc.by_id[c.conn_id] = &c;
+  counters_.registered.fetch_add(1, std::memory_order_relaxed);
+  VS_LOG(kDebug, "conn %lu registered: %s, port %u -> %u", static_cast<unsigned long>(c.handle),
+         c.role == proto::Role::kClient ? "client" : "server", c.key.local.port, c.key.peer.port);
+  vm_totals_[c.vm_index % kMaxVms].registrations.fetch_add(1, std::memory_order_relaxed);
+  counters_.active.fetch_add(1, std::memory_order_relaxed);
+
+  Message ack = Ack(request_id, r.conn_id, WireError::kOk, Reason::kPending,
+                    std::min(r.tx_ring_bytes, r.rx_ring_bytes));
+  // Pair with the mirrored registration of the same tenant, if it is there.
+  uint64_t peer_handle = 0;
+  if (registry_.find(c.key.Mirror(), peer_handle)) {
+    BackendConn* p = conns_.at(peer_handle).get();
+    if (p->state == ConnState::kPending && p->peer == nullptr && !p->gone && p->role != c.role)
+      Pair(c, *p);
+  } else {
+    // The same 4-tuple registered by another tenant: never paired, but say why.
+    ConnKey tuple = c.key.Mirror();
+    tuple.tenant = 0;
+    uint32_t other_tenant = 0;
+    if (by_tuple_.find(tuple, other_tenant) && other_tenant != c.key.tenant) {
+      counters_.cross_tenant.fetch_add(1, std::memory_order_relaxed);
+      ConnKey other = c.key.Mirror();
+      other.tenant = other_tenant;
+      uint64_t other_handle = 0;
+      BackendConn* o = registry_.find(other, other_handle) ? conns_.at(other_handle).get() : nullptr;
+      // Only a still-pending registration of the other tenant learns why;
+      // one that is paired is none of this tenant's business.
+      if (o && (o->state != ConnState::kPending || o->peer != nullptr)) o = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(snapshot_mu_);
+        c.reason = Reason::kCrossTenant;
+        if (o) o->reason = Reason::kCrossTenant;
+      }
+      Raise(c, kEvDowngrade);
+      if (o) Raise(*o, kEvDowngrade);
+    }
+    ConnKey mine = c.key;
+    mine.tenant = 0;
+    by_tuple_.insert_or_assign(mine, c.key.tenant);
+    // Not on this host: a peer host may run the other end.
+    if (c.reason == Reason::kPending && c.key.scope == 0) {
+      auto pr = pending_remote_.find(c.key);
+      if (pr != pending_remote_.end()) {
+        PendingRemote r = pr->second;
+        pending_remote_.erase(pr);
+        if (r.expires_ms >= MonotonicMs()) AcceptRemote(c, r);
+      } else if (c.role == proto::Role::kClient && hosts_ != nullptr &&
+                 LocalPortFor(c.key.tenant, c.key.peer) == nullptr) {
+        if (uint32_t host = hosts_->Locate(c.key.tenant, c.key.peer)) RequestRemotePair(c, host);
+      }
+    }
+  }
+  return ack;
+}
+
+Message ConnManager::Unregister(DeviceConns& dc, uint64_t request_id,
+                                               uint64_t conn_id) {
+  auto it = dc.by_id.find(conn_id);
+  if (it == dc.by_id.end())
+    return Ack(request_id, conn_id, WireError::kUnknownConnection, Reason::kNone);
+  BackendConn* c = it->second;
+  dc.by_id.erase(it);
+  Orphan(*c);
+  uint64_t handle = c->handle;
+  MaybeDestroy(c);
+  // After a plain reply the guest may reuse the rings' memory. One that
+  // the fabric still reads (sends in flight) or a peer host may still write
+  // (a withdrawn registration) is held until RINGS_RELEASED. Decided after
+  // MaybeDestroy: a destroyed connection dropped every registration.
+  auto left = conns_.find(handle);
+  if (left != conns_.end() && left->second->ring_hold && HoldsRings(*left->second)) {
+    left->second->rings_held = true;
+    counters_.rings_held.fetch_add(1, std::memory_order_relaxed);
+    return Ack(request_id, conn_id, WireError::kOk, Reason::kRingsHeld);
+  }
+  return Ack(request_id, conn_id, WireError::kOk, Reason::kNone);
+}
+
+bool ConnManager::ApplyTxTail(BackendConn& c, uint64_t tail) {
+  uint64_t credit = c.peer ? c.peer->rx_consumed : c.remote.paired() ? c.remote.credit : c.tx_copied;
+  // The guest may fill its TX ring only up to what the peer has freed.
+  if (c.state != ConnState::kUpgraded || !c.fence_received || c.write_shut || tail < c.tx_tail ||
+      tail - credit > c.tx.size) {
+    Violation(c, "TX tail outside the credit window");
+    return false;
+  }
+  c.tx_tail = tail;
+  MarkMovable(c);
+  return true;
+}
+
+bool ConnManager::ApplyConsumed(BackendConn& c, uint64_t consumed) {
+  if (c.state != ConnState::kUpgraded || consumed < c.rx_consumed || consumed > c.rx_tail) {
+    Violation(c, "CONSUMED beyond what was delivered");
+    return false;
+  }
+  c.rx_consumed = consumed;
+  if (c.peer) {
+    c.peer->ev_credit = consumed;
+    Raise(*c.peer, kEvCredit);
+    MarkMovable(*c.peer);  // room in our RX ring again
+  }
+  if (c.remote.paired()) Owe(c, kOweCredit);
+  return true;
+}
+
+}  // namespace vsocket::backend

@@ -1,0 +1,56 @@
+#include "host-backend/daemon.h"
+
+#include <utility>
+
+#include "base/log.h"
+#include "vhost/backend/vhost_backend.h"
+
+namespace vsocket::backend {
+
+Daemon::Daemon(DaemonConfig config)
+    : config_(std::move(config)),
+      worker_(&service_, WorkerOptions{config_.poll_us, config_.poll_max_us, 64}) {}
+
+Status Daemon::Start() {
+  conns_.SetLocalPorts(&config_.vms);
+  Status st = peering_.Start(config_);
+  if (!st.ok()) {
+    VS_LOG(kError, "peering: %s", st.ToString().c_str());
+    return st;
+  }
+  if (peering_.enabled()) worker_.AddWakeFd(peering_.wake_fd());
+  st = worker_.Start();
+  if (!st.ok()) {
+    VS_LOG(kError, "%s", st.ToString().c_str());
+    return st;
+  }
+  st = ctl_.Start(config_.ctl_socket, [this](const std::string& cmd) { return HandleCtlCommand(cmd, reporting_); });
+  if (!st.ok()) {
+    VS_LOG(kError, "control socket: %s", st.ToString().c_str());
+    return st;
+  }
+  if (config_.metrics_port != 0) {
+    st = metrics_.Start(config_.metrics_addr, config_.metrics_port, [this] { return PrometheusMetrics(reporting_); });
+    if (!st.ok()) {
+      VS_LOG(kError, "metrics listener: %s", st.ToString().c_str());
+      return st;
+    }
+  }
+  for (const vhost::PortConfig& p : config_.vms) {
+    st = vhost::VhostBackend::Instance().AddPort(p, &worker_);
+    if (!st.ok()) {
+      VS_LOG(kError, "%s", st.ToString().c_str());
+      return st;
+    }
+  }
+  return Status::Ok();
+}
+
+void Daemon::Stop() {
+  for (const vhost::PortConfig& p : config_.vms) (void)vhost::VhostBackend::Instance().RemovePort(p.path);
+  metrics_.Stop();
+  ctl_.Stop();
+  worker_.Stop();
+}
+
+}  // namespace vsocket::backend

@@ -1,0 +1,48 @@
+// vsocketd as one object: the parts it owns, and the order in which they
+// start and stop.
+//
+//   ConnManager     guest connections: registry, pairing, data movers (conn/, remote/)
+//   Peering         sessions with the other hosts' vsocketds (peering/)
+//   RequestService  what the worker does with each device's queues
+//   Worker          the data-path thread that runs RequestService
+//   CtlServer       the control socket (vsocketctl), MetricsServer (Prometheus)
+#pragma once
+
+#include "base/status.h"
+#include "host-backend/config.h"
+#include "host-backend/conn/conn_manager.h"
+#include "host-backend/ctl_server.h"
+#include "host-backend/metrics_server.h"
+#include "host-backend/peering/peers.h"
+#include "host-backend/request_service.h"
+#include "host-backend/stats.h"
+#include "host-backend/worker.h"
+
+namespace vsocket::backend {
+
+class Daemon {
+ public:
+  explicit Daemon(DaemonConfig config);
+
+  // Starts peering, the worker, the control socket, the metrics listener
+  // (metrics_port != 0) and the VMs' vhost-user ports, in that order. On an
+  // error, logs which part failed and returns it.
+  Status Start();
+  // Removes the ports, then stops the metrics listener, the control socket
+  // and the worker.
+  void Stop();
+
+ private:
+  // Members are constructed in this order (each after the parts it uses)
+  // and destroyed in reverse.
+  const DaemonConfig config_;
+  ConnManager conns_;
+  Peering peering_{&conns_};
+  RequestService service_{&conns_, &peering_};
+  Worker worker_;
+  const Reporting reporting_{conns_, peering_, service_.counters(), worker_.counters(), config_.vms};
+  CtlServer ctl_;
+  MetricsServer metrics_;
+};
+
+}  // namespace vsocket::backend

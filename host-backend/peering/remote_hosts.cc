@@ -1,0 +1,69 @@
+// Peering as the connection manager's RemoteHosts: locating addresses,
+// pairing messages, links and memory registration on the fabric.
+#include "host-backend/peering/peers.h"
+
+#include "base/log.h"
+#include "host-backend/fabric/rdma_link.h"
+#include "host-backend/peering/control_message.h"
+
+namespace vsocket::backend {
+
+using proto::FrameHeader;
+using proto::FrameType;
+
+uint32_t Peering::Locate(uint32_t tenant, const proto::Endpoint& addr) {
+  std::string name = locator_->Find(tenant, addr);
+  if (name.empty() || name == host_name_) return 0;
+  Host* h = ByName(name);
+  return h != nullptr && h->state == State::kUp ? h->id : 0;
+}
+
+bool Peering::Runs(uint32_t host, uint32_t tenant, const proto::Endpoint& addr) {
+  if (host == 0 || host > hosts_.size()) return false;
+  return locator_->Find(tenant, addr) == hosts_[host - 1]->name;
+}
+
+bool Peering::SendPairing(uint32_t host, const FrameHeader& h, std::span<const uint8_t> payload) {
+  if (host == 0 || host > hosts_.size()) return false;
+  Host& p = *hosts_[host - 1];
+  if (p.state != State::kUp || !p.tls) return false;
+  Status st = p.tls->Send(Message(h, payload));
+  if (!st.ok()) {
+    VS_LOG(kWarn, "peer %s: pairing message not sent: %s", p.name.c_str(), st.message().c_str());
+    return false;
+  }
+  return true;
+}
+
+fabric::Link* Peering::LinkTo(uint32_t host, uint64_t conn) {
+  if (host == 0 || host > hosts_.size()) return nullptr;
+  Host& p = *hosts_[host - 1];
+  if (p.state != State::kUp || p.lanes.empty()) return nullptr;
+  // Handles are handed out in sequence: consecutive connections spread
+  // round-robin over the links.
+  return p.lanes[conn % p.lanes.size()].link.get();
+}
+
+Status Peering::RegisterRemoteWritable(void* addr, size_t len, uint32_t* rkey) {
+  if (!rdma_) return Status(Code::kFailedPrecondition, "fabric " + fabric_ + " has no one-sided writes");
+  uint32_t lkey;
+  return rdma_->RegisterMemory(addr, len, fabric::RdmaDevice::Use::kRemoteWrite, &lkey, rkey);
+}
+
+void Peering::UnregisterRemoteWritable(void* addr) {
+  if (rdma_) (void)rdma_->UnregisterMemory(addr);
+}
+
+Status Peering::RegisterSendable(void* addr, size_t len) {
+  if (!rdma_) return Status(Code::kFailedPrecondition, "fabric " + fabric_ + " reads no memory in place");
+  uint32_t lkey, rkey;
+  return rdma_->RegisterMemory(addr, len, fabric::RdmaDevice::Use::kLocalRead, &lkey, &rkey);
+}
+
+uint64_t Peering::WithdrawSendable(void* addr) { return rdma_ ? rdma_->WithdrawMemory(addr) : 0; }
+
+void Peering::ReleaseSendable(uint64_t token) {
+  if (rdma_) rdma_->ReleaseWithdrawn(token);
+}
+
+}  // namespace vsocket::backend

@@ -1,0 +1,277 @@
+// Cross-host pairing: PAIR_REQUEST/ACCEPT/REJECT/CANCEL on the TLS control
+// channel, and what happens to connections when a peer host comes or goes.
+#include "host-backend/conn/conn_manager.h"
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "host-backend/conn/address.h"
+#include "host-backend/remote/frame.h"
+#include "host-backend/remote/link_sink.h"
+
+namespace vsocket::backend {
+
+using proto::FrameHeader;
+using proto::FrameType;
+using proto::Reason;
+
+namespace {
+
+constexpr size_t kMaxPendingRemote = 65536;
+constexpr int64_t kPendingRemoteMs = 30000;
+
+// The connection as this side sees it, for PAIR_REQUEST and PAIR_ACCEPT.
+std::array<uint8_t, proto::kPairInfoSize> PairPayload(const BackendConn& c, uint64_t rx_addr, uint32_t rx_rkey) {
+  proto::PairInfo info;
+  info.local = c.key.local;
+  info.peer = c.key.peer;
+  info.role = c.role;
+  info.rx_addr = rx_addr;
+  info.rx_rkey = rx_rkey;
+  std::array<uint8_t, proto::kPairInfoSize> payload;
+  proto::EncodePairInfo(info, payload.data());
+  return payload;
+}
+
+}  // namespace
+
+const vhost::PortConfig* ConnManager::LocalPortFor(uint32_t tenant, const proto::Endpoint& addr) const {
+  if (ports_ == nullptr) return nullptr;
+  for (const vhost::PortConfig& p : *ports_)
+    if (p.tenant_id == tenant && !IsLoopback(addr) && AddressAllowed(p, addr)) return &p;
+  return nullptr;
+}
+
+void ConnManager::RequestRemotePair(BackendConn& c, uint32_t host) {
+  uint64_t rx_addr;
+  uint32_t rx_rkey;
+  RegisterRx(c, &rx_addr, &rx_rkey);
+  std::array<uint8_t, proto::kPairInfoSize> payload = PairPayload(c, rx_addr, rx_rkey);
+  FrameHeader h = Frame(FrameType::kPairRequest, c.key.tenant, 0, c.handle, c.rx.size);
+  h.len = proto::kPairInfoSize;
+  if (!hosts_->SendPairing(host, h, payload)) {
+    DropRx(c);
+    return;  // stays on kernel TCP
+  }
+  c.remote.stage = RemotePeer::Stage::kRequested;
+  c.remote.host = host;
+  counters_.pair_requests_sent.fetch_add(1, std::memory_order_relaxed);
+  VS_LOG(kDebug, "conn %lu (port %u -> %u): PAIR_REQUEST to host %u", static_cast<unsigned long>(c.handle),
+         c.key.local.port, c.key.peer.port, host);
+}
+
+void ConnManager::AcceptRemote(BackendConn& c, const PendingRemote& r) {
+  if (!hosts_) return;
+  uint64_t rx_addr;
+  uint32_t rx_rkey;
+  RegisterRx(c, &rx_addr, &rx_rkey);
+  std::array<uint8_t, proto::kPairInfoSize> payload = PairPayload(c, rx_addr, rx_rkey);
+  FrameHeader h = Frame(FrameType::kPairAccept, c.key.tenant, r.handle, c.handle, c.rx.size);
+  h.len = proto::kPairInfoSize;
+  if (!hosts_->SendPairing(r.host, h, payload)) {
+    DropRx(c);
+    return;
+  }
+  // Our guest upgrades when the peer's first frame (its FENCE) arrives on
+  // the link: then the peer surely knows our handle.
+  c.remote = RemotePeer{};
+  c.remote.stage = RemotePeer::Stage::kAccepted;
+  c.remote.host = r.host;
+  c.remote.handle = r.handle;
+  c.remote.window = r.window;
+  c.remote.rdma_addr = r.rdma_addr;
+  c.remote.rdma_rkey = r.rdma_rkey;
+  VS_LOG(kDebug, "conn %lu (port %u -> %u): PAIR_ACCEPT to host %u for its conn %lu",
+         static_cast<unsigned long>(c.handle), c.key.local.port, c.key.peer.port, r.host,
+         static_cast<unsigned long>(r.handle));
+}
+
+void ConnManager::UpgradeRemote(BackendConn& c) {
+  {
+    std::lock_guard<std::mutex> lock(snapshot_mu_);
+    c.remote.stage = RemotePeer::Stage::kPaired;
+    c.state = ConnState::kUpgraded;
+    c.reason = Reason::kNone;
+  }
+  VS_LOG(kDebug, "conn %lu paired with host %u conn %lu", static_cast<unsigned long>(c.handle), c.remote.host,
+         static_cast<unsigned long>(c.remote.handle));
+  counters_.upgrades.fetch_add(1, std::memory_order_relaxed);
+  counters_.remote_upgrades.fetch_add(1, std::memory_order_relaxed);
+  vm_totals_[c.vm_index % kMaxVms].upgrades.fetch_add(1, std::memory_order_relaxed);
+  c.ev_peer_rx_window = c.remote.window;
+  Raise(c, kEvUpgrade);
+  QueueTx(c);
+  MaybeAnnounceShutdown(c);
+}
+
+void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<const uint8_t> payload) {
+  auto conn = [&](uint64_t handle) -> BackendConn* {
+    auto it = conns_.find(handle);
+    return it == conns_.end() ? nullptr : it->second.get();
+  };
+  switch (h.type) {
+    case FrameType::kPairRequest: {
+      counters_.pair_requests_received.fetch_add(1, std::memory_order_relaxed);
+      auto info = proto::DecodePairInfo(payload);
+      auto refuse = [&](Reason why, const char* what) {
+        counters_.pair_refused.fetch_add(1, std::memory_order_relaxed);
+        VS_LOG(kWarn, "peer host %u: pairing request refused: %s", host, what);
+        hosts_->SendPairing(host, Frame(FrameType::kPairReject, h.tenant, h.value, 0, static_cast<uint32_t>(why)), {});
+      };
+      if (!info.ok()) return refuse(Reason::kProtocolError, info.status().message().c_str());
+      // The requester may only speak for addresses it runs, and only about
+      // our VMs of the same tenant.
+      if (!hosts_->Runs(host, h.tenant, info->local))
+        return refuse(Reason::kCrossTenant, "requester does not run that tenant address");
+      if (LocalPortFor(h.tenant, info->peer) == nullptr)
+        return refuse(Reason::kCrossTenant, "no VM of that tenant has that address here");
+      ConnKey key{h.tenant, 0, info->peer, info->local};
+      PendingRemote r{host, h.value, h.aux, info->rx_addr, info->rx_rkey, MonotonicMs() + kPendingRemoteMs};
+      uint64_t mine = 0;
+      if (registry_.find(key, mine)) {
+        BackendConn* c = conn(mine);
+        if (c && c->state == ConnState::kPending && c->peer == nullptr && !c->gone &&
+            c->remote.stage == RemotePeer::Stage::kNone && c->role != info->role && c->reason == Reason::kPending) {
+          AcceptRemote(*c, r);
+          return;
+        }
+        // A connection that went back to kernel TCP after a link loss
+        // (RESYNC) stays registered until its library registers it again
+        // to re-upgrade: the request waits for that, like one that comes
+        // before the registration.
+        bool resynced = c && c->state == ConnState::kUpgraded && c->remote.stage == RemotePeer::Stage::kDetached;
+        if (!resynced) return refuse(Reason::kPeerNotAccelerated, "connection is not available for pairing");
+      }
+      // Our guest has not registered yet: keep the request for a while.
+      VS_LOG(kDebug, "host %u conn %lu (port %u -> %u): PAIR_REQUEST kept until our guest registers", host,
+             static_cast<unsigned long>(h.value), info->local.port, info->peer.port);
+      if (pending_remote_.size() >= kMaxPendingRemote) {
+        int64_t now = MonotonicMs();
+        std::erase_if(pending_remote_, [now](const auto& kv) { return kv.second.expires_ms < now; });
+        if (pending_remote_.size() >= kMaxPendingRemote)
+          return refuse(Reason::kResourceLimit, "too many pending pairing requests");
+      }
+      pending_remote_[key] = r;
+      return;
+    }
+    case FrameType::kPairAccept: {
+      BackendConn* c = conn(h.handle);
+      if (c == nullptr || c->gone || c->remote.stage != RemotePeer::Stage::kRequested || c->remote.host != host ||
+          c->key.tenant != h.tenant || h.value == 0) {
+        // We withdrew meanwhile (or never asked): tell the acceptor.
+        VS_LOG(kDebug, "PAIR_ACCEPT from host %u for conn %lu not wanted (stage %d): PAIR_CANCEL", host,
+               static_cast<unsigned long>(h.handle), c ? static_cast<int>(c->remote.stage) : -1);
+        hosts_->SendPairing(host, Frame(FrameType::kPairCancel, h.tenant, h.value, h.handle), {});
+        return;
+      }
+      auto info = proto::DecodePairInfo(payload);
+      c->remote.handle = h.value;
+      c->remote.window = h.aux;
+      if (info.ok()) {
+        c->remote.rdma_addr = info->rx_addr;
+        c->remote.rdma_rkey = info->rx_rkey;
+      }
+      UpgradeRemote(*c);
+      // Completes the handshake on the link, ahead of any data: the
+      // acceptor's guest upgrades at once, whether or not ours ever sends.
+      Owe(*c, kOweConfirm);
+      return;
+    }
+    case FrameType::kPairReject: {
+      BackendConn* c = conn(h.handle);
+      if (c == nullptr || c->remote.stage != RemotePeer::Stage::kRequested || c->remote.host != host) return;
+      c->remote.stage = RemotePeer::Stage::kNone;
+      DropRx(*c);
+      {
+        std::lock_guard<std::mutex> lock(snapshot_mu_);
+        c->reason = static_cast<Reason>(h.aux);
+      }
+      Raise(*c, kEvDowngrade);  // not upgraded: the guest just stays on kernel TCP
+      return;
+    }
+    case FrameType::kPairCancel: {
+      if (h.handle != 0) {
+        BackendConn* c = conn(h.handle);
+        if (c == nullptr || c->remote.host != host || c->remote.handle != h.value) return;
+        if (c->remote.stage == RemotePeer::Stage::kAccepted) {
+          c->remote.stage = RemotePeer::Stage::kNone;
+          {
+            std::lock_guard<std::mutex> lock(snapshot_mu_);
+            c->reason = Reason::kPeerNotAccelerated;
+          }
+          Raise(*c, kEvDowngrade);  // a guest waiting on kernel EOF learns it is final
+        } else if (c->remote.paired()) {
+          DetachRemote(*c, Reason::kPeerNotAccelerated);
+        }
+        return;
+      }
+      // The requester withdrew before we answered (or before we accepted).
+      std::erase_if(pending_remote_, [&](const auto& kv) { return kv.second.host == host && kv.second.handle == h.value; });
+      for (auto& [hd, c] : conns_)
+        if (c->remote.stage == RemotePeer::Stage::kAccepted && c->remote.host == host && c->remote.handle == h.value) {
+          c->remote.stage = RemotePeer::Stage::kNone;
+          Raise(*c, kEvDowngrade);
+        }
+      return;
+    }
+    default:
+      counters_.frames_dropped.fetch_add(1, std::memory_order_relaxed);
+      return;
+  }
+}
+
+void ConnManager::DetachRemote(BackendConn& c, Reason why) {
+  bool upgraded = c.remote.paired();
+  c.remote.stage = upgraded ? RemotePeer::Stage::kDetached : RemotePeer::Stage::kNone;
+  c.remote.gone = true;
+  c.link_owed = 0;
+  DropRx(c);
+  WithdrawTx(c);  // frames in flight on a live link still read it (OnHostDown: the link goes)
+  if (!c.gone) {
+    {
+      std::lock_guard<std::mutex> lock(snapshot_mu_);
+      c.reason = why;
+    }
+    Raise(c, kEvDowngrade);
+  }
+  if (upgraded) counters_.fabric_downgrades.fetch_add(1, std::memory_order_relaxed);
+  MaybeDestroy(&c);
+}
+
+void ConnManager::OnHostUp(uint32_t host) {
+  if (hosts_ == nullptr) return;
+  std::vector<BackendConn*> todo;
+  for (auto& [h, c] : conns_)
+    if (!c->gone && c->state == ConnState::kPending && c->peer == nullptr &&
+        c->remote.stage == RemotePeer::Stage::kNone && c->role == proto::Role::kClient &&
+        c->reason == Reason::kPending && c->key.scope == 0)
+      todo.push_back(c.get());
+  for (BackendConn* c : todo)
+    if (LocalPortFor(c->key.tenant, c->key.peer) == nullptr && hosts_->Locate(c->key.tenant, c->key.peer) == host)
+      RequestRemotePair(*c, host);
+}
+
+void ConnManager::OnHostDown(uint32_t host) {
+  for (auto& [k, s] : sinks_)
+    if (s->host() == host) s->Reset();
+  std::erase_if(pending_remote_, [host](const auto& kv) { return kv.second.host == host; });
+  std::vector<BackendConn*> hit;
+  for (auto& [h, c] : conns_)
+    if (c->remote.host == host && c->remote.stage != RemotePeer::Stage::kNone &&
+        c->remote.stage != RemotePeer::Stage::kDetached)
+      hit.push_back(c.get());
+  for (BackendConn* c : hit) DetachRemote(*c, Reason::kFabricDown);
+  // The host's links are destroyed right after this: no frame on them
+  // reads a TX ring any more (including connections detached earlier).
+  std::vector<BackendConn*> held;
+  for (auto& [h, c] : conns_)
+    if (c->txh && c->txh->host() == host && c->txh->Busy()) held.push_back(c.get());
+  for (BackendConn* c : held) {
+    std::vector<uint64_t> tokens;
+    c->txh->Forget(&tokens);
+    for (uint64_t t : tokens) ReleaseTxToken(t);
+    UpdateCredit(*c);
+    MaybeReleaseRings(*c);
+  }
+}
+
+}  // namespace vsocket::backend

@@ -1,0 +1,81 @@
+#include "host-backend/request_service.h"
+
+#include <array>
+
+#include "base/log.h"
+#include "proto/control.h"
+
+namespace vsocket::backend {
+
+using proto::Message;
+using proto::MsgType;
+
+namespace {
+
+constexpr uint32_t kMaxConns = 4096;
+
+const proto::Error kBadMessageError{0, proto::WireError::kBadMessage, proto::Reason::kProtocolError};
+constexpr uint32_t kMaxOutstanding = 64;
+
+}  // namespace
+
+constinit const RequestService::RequestHandler RequestService::kRequestHandlers[] = {
+    {MsgType::kHello, &RequestService::OnHello},
+    {MsgType::kEcho, &RequestService::OnEcho},
+};
+
+uint32_t RequestService::HandleRequest(vhost::BackendDevice& device, const vhost::DescChain& chain) {
+  std::array<uint8_t, proto::kMaxMessageSize> in;
+  size_t n = chain.CopyOut(in);
+  auto req = proto::Decode({in.data(), n});
+
+  Message resp;
+  if (!req.ok()) {
+    counters_.bad_messages.fetch_add(1, std::memory_order_relaxed);
+    device.counters().bad_messages.fetch_add(1, std::memory_order_relaxed);
+    VS_LOG(kDebug, "device %lu: %s", static_cast<unsigned long>(device.id()),
+           req.status().ToString().c_str());
+    resp = {MsgType::kError, 0, kBadMessageError};
+  } else if (Dispatch(device, *req, &resp) == RequestResult::kNoReply) {
+    return 0;  // fire-and-forget message: empty used entry
+  }
+  std::array<uint8_t, proto::kMaxMessageSize> out;
+  auto len = proto::Encode(resp, out);
+  if (!len.ok() || *len > chain.writable_bytes) return 0;  // no room: empty reply
+  return static_cast<uint32_t>(chain.CopyIn({out.data(), *len}));
+}
+
+RequestResult RequestService::Dispatch(vhost::BackendDevice& device, const Message& req, Message* reply) {
+  for (const RequestHandler& h : kRequestHandlers)
+    if (h.type == req.type) return (this->*h.handle)(device, req, reply);
+  if (ConnManager::Serves(req.type)) return conns_.Handle(device, req, reply);
+  counters_.bad_messages.fetch_add(1, std::memory_order_relaxed);
+  *reply = {MsgType::kError, req.request_id, kBadMessageError};
+  return RequestResult::kReply;
+}
+
+RequestResult RequestService::OnHello(vhost::BackendDevice& device, const Message& req, Message* reply) {
+  counters_.hellos.fetch_add(1, std::memory_order_relaxed);
+  const auto& hello = std::get<proto::Hello>(req.body);
+  proto::HelloAck ack{proto::WireError::kOk, static_cast<uint32_t>(device.id()), kMaxConns, kMaxOutstanding, 0};
+  if (hello.abi_major != proto::kControlVersion) ack.status = proto::WireError::kUnsupportedVersion;
+  else ack.features = conns_.OnHello(device, hello.features);
+  *reply = {MsgType::kHelloAck, req.request_id, ack};
+  return RequestResult::kReply;
+}
+
+RequestResult RequestService::OnEcho(vhost::BackendDevice&, const Message& req, Message* reply) {
+  const auto& echo = std::get<proto::Echo>(req.body);
+  uint32_t crc = proto::Crc32c(echo.payload);
+  if (crc != echo.checksum) {
+    counters_.checksum_errors.fetch_add(1, std::memory_order_relaxed);
+    *reply = {MsgType::kError, req.request_id, kBadMessageError};
+    return RequestResult::kReply;
+  }
+  counters_.echoes.fetch_add(1, std::memory_order_relaxed);
+  counters_.echo_bytes.fetch_add(echo.payload.size(), std::memory_order_relaxed);
+  *reply = {MsgType::kEcho, req.request_id, proto::Echo{crc, echo.payload}};
+  return RequestResult::kReply;
+}
+
+}  // namespace vsocket::backend

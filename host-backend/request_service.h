@@ -1,0 +1,65 @@
+// The worker's service: the guest<->backend control protocol
+// (proto/control.h) on each device's request queue, and the per-pass work
+// of the connection manager and peering. HELLO and ECHO are answered here;
+// connection messages go to ConnManager.
+#pragma once
+
+#include <atomic>
+
+#include "host-backend/conn/conn_manager.h"
+#include "host-backend/conn/request_result.h"
+#include "host-backend/peering/peers.h"
+#include "host-backend/worker.h"
+
+namespace vsocket::backend {
+
+struct ServiceCounters {
+  std::atomic<uint64_t> hellos{0};
+  std::atomic<uint64_t> echoes{0};
+  std::atomic<uint64_t> echo_bytes{0};
+  std::atomic<uint64_t> bad_messages{0};
+  std::atomic<uint64_t> checksum_errors{0};
+};
+
+class RequestService : public DeviceService {
+ public:
+  RequestService(ConnManager* conns, Peering* peering) : conns_(*conns), peering_(*peering) {}
+
+  void OnAttach(vhost::BackendDevice& device) override { conns_.OnAttach(device); }
+  void OnDetach(vhost::BackendDevice& device) override { conns_.OnDetach(device); }
+  uint32_t HandleRequest(vhost::BackendDevice& device, const vhost::DescChain& chain) override;
+  bool Poll() override {
+    bool worked = conns_.MoveData();
+    worked |= peering_.Poll();
+    return worked;
+  }
+  bool Pump(vhost::BackendDevice& device) override {
+    bool worked = conns_.PollDoorbells(device);
+    return conns_.EmitEvents(device) || worked;
+  }
+  bool BeforeSleep() override { return conns_.ArmDoorbells(); }
+  bool NeedsKick(vhost::BackendDevice& device, size_t q) override {
+    return q == 0 || conns_.HasEventsWaiting(device);
+  }
+
+  const ServiceCounters& counters() const { return counters_; }
+
+ private:
+  // The requests answered here (request_service.cc); the rest go to
+  // ConnManager if it serves them, else they are bad messages.
+  struct RequestHandler {
+    proto::MsgType type;
+    RequestResult (RequestService::*handle)(vhost::BackendDevice& device, const proto::Message& req,
+                                            proto::Message* reply);
+  };
+  static const RequestHandler kRequestHandlers[];
+  RequestResult Dispatch(vhost::BackendDevice& device, const proto::Message& req, proto::Message* reply);
+  RequestResult OnHello(vhost::BackendDevice& device, const proto::Message& req, proto::Message* reply);
+  RequestResult OnEcho(vhost::BackendDevice& device, const proto::Message& req, proto::Message* reply);
+
+  ServiceCounters counters_;
+  ConnManager& conns_;
+  Peering& peering_;
+};
+
+}  // namespace vsocket::backend
