@@ -47,10 +47,17 @@ Status Daemon::Start() {
 }
 
 void Daemon::Stop() {
+  // The worker first: removing a port detaches its devices, and a running
+  // worker would treat each as a guest that exited (its connections
+  // closed, their peers told "shutdown" once the bytes the daemon holds are
+  // gone with it: a silent short stream). Stopped, it says nothing more;
+  // every guest sees its vhost-user socket hang up and finishes its
+  // connections on kernel TCP (RESYNC), and the peer hosts see their links
+  // drop and do the same.
+  worker_.Stop();
   for (const vhost::PortConfig& p : config_.vms) (void)vhost::VhostBackend::Instance().RemovePort(p.path);
   metrics_.Stop();
   ctl_.Stop();
-  worker_.Stop();
 }
 
 }  // namespace vsocket::backend

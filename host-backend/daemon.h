@@ -28,8 +28,8 @@ class Daemon {
   // (metrics_port != 0) and the VMs' vhost-user ports, in that order. On an
   // error, logs which part failed and returns it.
   Status Start();
-  // Removes the ports, then stops the metrics listener, the control socket
-  // and the worker.
+  // Stops the worker (nothing more reaches any guest), then removes the
+  // ports and stops the metrics listener and the control socket.
   void Stop();
 
  private:

@@ -138,7 +138,7 @@ inline constexpr uint64_t kFeatureRingHold = 1ull << 1;
 // finish on kernel TCP without losing a byte if the backend itself goes
 // away (docs/connection-lifecycle.md §8).
 inline constexpr uint64_t kFeatureFenceDelivered = 1ull << 2;
-inline constexpr uint64_t kKnownFeatures = kFeatureDoorbell | kFeatureRingHold;
+inline constexpr uint64_t kKnownFeatures = kFeatureDoorbell | kFeatureRingHold | kFeatureFenceDelivered;
 struct DoorbellBlock {
   uint64_t tx_tail;         // guest writes: bytes produced into the TX ring (total)
   uint64_t consumed;        // guest writes: bytes consumed from the RX ring (total)

@@ -546,6 +546,13 @@ void Session::Untrack(uint64_t conn_id) {
 // (resync.cc). Pending connections stay exact on kernel TCP and register
 // again once a backend is back.
 void Session::BackendLost() {
+  if (!alive()) return;
+  // What the backend published before it went is in our memory still: a
+  // FENCE there says where the peer's kernel bytes end, an RX_TAIL how many
+  // landed, a CREDIT how many the peer consumed. Take them all before
+  // deciding (the peer's library decides from the same events). A queue the
+  // backend broke is not read again.
+  if (!fe_->queue(kRequestQueue).broken() && !fe_->queue(kEventQueue).broken()) DrainLocked();
   if (!alive_.exchange(false)) return;
   VS_LOG(kWarn, "lost the backend session: connections finish on kernel TCP (RESYNC) and register again later");
   LinkLostHandler handler = g_link_lost.load(std::memory_order_acquire);

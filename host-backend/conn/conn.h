@@ -55,6 +55,7 @@ enum EventBit : uint32_t {
   kEvPeerShutWr = 1u << 4,  // peer sends no more: EOF after rx_tail
   kEvPeerGone = 1u << 5,    // peer reads no more: EPIPE on write
   kEvDowngrade = 1u << 6,   // stay on (or go back to) kernel TCP, with reason
+  kEvFenceDelivered = 1u << 7,  // our FENCE is in the peer guest's event queue (kFeatureFenceDelivered)
 };
 
 // Frames owed to a remote peer's backend (coalesced like events; sent in
@@ -161,6 +162,7 @@ struct BackendConn {
   // are still read or written was answered rings-held (rings_held) and is
   // told RINGS_RELEASED when neither happens any more.
   bool ring_hold = false;
+  bool fence_delivered = false;  // session took kFeatureFenceDelivered
   void* tx_mr = nullptr;
   std::unique_ptr<TxHold> txh;
   bool rings_held = false;

@@ -102,6 +102,7 @@ class ConnManager {
     bool doorbell = false;                             // session took kFeatureDoorbell
     std::vector<BackendConn*> doorbells;               // conns whose blocks are polled
     bool ring_hold = false;                            // session took kFeatureRingHold
+    bool fence_delivered = false;                      // session took kFeatureFenceDelivered
     std::deque<uint64_t> released;                     // conn ids owed RINGS_RELEASED
   };
   // Doorbells (kFeatureDoorbell). Polling a connection's block means the

@@ -9,6 +9,11 @@ namespace vsocket::backend {
 using proto::Message;
 using proto::MsgType;
 
+namespace {
+// One connection's events at most: eight messages of up to 40 bytes.
+constexpr size_t kMaxEventBytes = 8 * 40;
+}  // namespace
+
 void ConnManager::Raise(BackendConn& c, uint32_t bits) {
   if (c.gone || c.device == nullptr) return;
   c.pending_events |= bits;
@@ -51,7 +56,7 @@ bool ConnManager::EmitEvents(vhost::BackendDevice& device) {
     }
     while (!dc->events.empty()) {
       BackendConn& c = *dc->events.front();
-      std::array<Message, 7> out;
+      std::array<Message, 8> out;
       size_t n = 0;
       uint32_t bits = c.pending_events;
       if (bits & kEvUpgrade)
@@ -65,13 +70,15 @@ bool ConnManager::EmitEvents(vhost::BackendDevice& device) {
         out[n++] = {MsgType::kShutdown, 0, proto::Shutdown{c.conn_id, proto::ShutdownHow::kWrite}};
       if (bits & kEvPeerGone)
         out[n++] = {MsgType::kShutdown, 0, proto::Shutdown{c.conn_id, proto::ShutdownHow::kRead}};
+      if (bits & kEvFenceDelivered)
+        out[n++] = {MsgType::kFenceDelivered, 0, proto::ConnCounter{c.conn_id, c.fence_bytes}};
       if (bits & kEvDowngrade)
         out[n++] = {MsgType::kDowngrade, 0,
                     proto::Downgrade{c.conn_id, c.reason, c.rx_tail,
                                      c.remote.fence_acked ? proto::kDowngradeFenceAcked : uint8_t{0}}};
       // All of one connection's events go in one buffer, in order.
       size_t need = 0;
-      std::array<uint8_t, 7 * 40> tmp;
+      std::array<uint8_t, kMaxEventBytes> tmp;
       bool fits = true;
       for (size_t i = 0; i < n; ++i) {
         auto len = proto::Encode(out[i], {tmp.data() + need, tmp.size() - need});
@@ -89,12 +96,15 @@ bool ConnManager::EmitEvents(vhost::BackendDevice& device) {
         c.fence_ack_pending = false;
         if (c.remote.paired()) Owe(c, kOweFenceAck);
       }
+      // The peer's FENCE is in this buffer, published below: its sender may
+      // now resend on kernel TCP with a RESYNC header if this daemon dies.
+      if ((bits & kEvFence) && c.peer != nullptr && c.peer->fence_delivered) Raise(*c.peer, kEvFenceDelivered);
       c.pending_events = 0;
       c.in_event_list = false;
       dc->events.pop_front();
       counters_.events.fetch_add(n, std::memory_order_relaxed);
     }
-    if (used == 0 && (!dc->events.empty() || !dc->released.empty()) && cap < 7 * 40) {
+    if (used == 0 && (!dc->events.empty() || !dc->released.empty()) && cap < kMaxEventBytes) {
       // A buffer too small for any event set is a guest bug: skip it.
       q.Push(chain.head, 0);
       continue;

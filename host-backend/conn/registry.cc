@@ -23,10 +23,12 @@ uint64_t ConnManager::OnHello(vhost::BackendDevice& device, uint64_t features) {
   // A second HELLO while connections live changes nothing: the session
   // keeps what it was given (its library allocates rings by it).
   if (!dc->by_id.empty())
-    return (dc->doorbell ? proto::kFeatureDoorbell : 0) | (dc->ring_hold ? proto::kFeatureRingHold : 0);
+    return (dc->doorbell ? proto::kFeatureDoorbell : 0) | (dc->ring_hold ? proto::kFeatureRingHold : 0) |
+           (dc->fence_delivered ? proto::kFeatureFenceDelivered : 0);
   uint64_t taken = features & proto::kKnownFeatures;
   dc->doorbell = (taken & proto::kFeatureDoorbell) != 0;
   dc->ring_hold = (taken & proto::kFeatureRingHold) != 0;
+  dc->fence_delivered = (taken & proto::kFeatureFenceDelivered) != 0;
   if (dc->doorbell) counters_.doorbell_sessions.fetch_add(1, std::memory_order_relaxed);
   return taken;
 }

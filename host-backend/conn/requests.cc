@@ -186,6 +186,7 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id,
   c.rx = GuestRing{r.rx_ring_gpa, r.rx_ring_bytes, nullptr};
   c.doorbell = dc.doorbell;
   c.ring_hold = dc.ring_hold;
+  c.fence_delivered = dc.fence_delivered;
   // A doorbell block must be 64-byte aligned (its counts are atomics).
   if ((c.doorbell && r.tx_ring_gpa % proto::kDoorbellBytes != 0) || !ResolveRings(c) ||
       (c.doorbell && reinterpret_cast<uintptr_t>(c.tx.host) % proto::kDoorbellBytes != 0)) {

@@ -121,6 +121,7 @@ void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
       break;
     case FrameType::kFenceAck:
       c->remote.fence_acked = true;
+      if (c->fence_delivered) Raise(*c, kEvFenceDelivered);
       break;
     case FrameType::kCredit:
       if (h.value < c->remote.credit || h.value > c->tx_copied) {

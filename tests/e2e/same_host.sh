@@ -523,7 +523,47 @@ case_daemon_restart() {  # case_daemon_restart SIG REP PORT
   [ "$after" -gt 0 ] || { fail $name "the new vsocketd moved no bytes"; return; }
   pass "$name (vsocketd $old SIG$sig mid-transfer, $new started: 4 GiB bulk byte-exact ($out); $conns request/response connections byte-exact and re-upgraded ($out2); new daemon moved $after B)"
 }
+# redis-benchmark's 20 clients while vsocketd is killed and started again:
+# no request may fail, and a 1 MiB value set before the kill must come back
+# byte-exact after it.
+case_daemon_restart_redis() {  # case_daemon_restart_redis SIG
+  local sig=$1 name=daemon_restart_redis_${1,,} rep=$WORK/restart-redis-$1.jsonl port=6390
+  vm_bg vm2 preload "$rep" "$WORK/$name.srv" redis-server --bind "$A2" --port $port --save '' \
+    --appendonly no --protected-mode no
+  local srv=$BG
+  for _ in $(seq 50); do grep -q "Ready to accept" "$WORK/$name.srv" 2>/dev/null && break; sleep 0.1; done
+  head -c 1048576 /dev/urandom | base64 -w0 >"$WORK/$name.val"
+  vm_run vm1 preload "$rep" redis-cli -h "$A2" -p $port -x set blob <"$WORK/$name.val" >/dev/null 2>&1
+  vm_bg vm1 preload "$rep" "$WORK/$name.bench" redis-benchmark -h "$A2" -p $port -t set,get -n 300000 -c 20 -q
+  local bench=$BG
+  if ! wait_accelerated 20 $port; then
+    fail $name "redis-benchmark's connections were not accelerated before the restart"
+    kill $bench $srv 2>/dev/null
+    return
+  fi
+  sleep "0.$((RANDOM % 5))"
+  bash $TB restart "$sig" >"$WORK/$name.restart" 2>&1 || { fail $name "restart failed"; kill $bench $srv 2>/dev/null; return; }
+  local bench_ok=1 lines
+  wait $bench || bench_ok=0
+  vm_run vm1 preload "$rep" redis-cli -h "$A2" -p $port --raw get blob 2>/dev/null | head -c -1 >"$WORK/$name.got"
+  kill $srv 2>/dev/null
+  wait $srv 2>/dev/null
+  lines=$(tr '\r' '\n' <"$WORK/$name.bench" | grep -E "^(SET|GET): [0-9]" | awk '{print $1 $2}' | tr '\n' ' ')
+  if [ $bench_ok -ne 1 ] || grep -qi "error" "$WORK/$name.bench" || [ "$(echo $lines | wc -w)" -ne 2 ]; then
+    fail $name "redis-benchmark: $(tr '\r' '\n' <"$WORK/$name.bench" | grep -v '^$' | tail -3 | tr '\n' ' ')"
+    return
+  fi
+  cmp -s "$WORK/$name.val" "$WORK/$name.got" || { fail $name "the 1 MiB value did not come back byte-exact"; return; }
+  local out resynced
+  out=$(python3 $CHECK "$rep" --port $port) || { fail $name "$out"; return; }
+  resynced=$(python3 -c "import json,sys; print(sum(1 for l in open(sys.argv[1]) if l.strip() and json.loads(l).get('resynced')))" "$rep")
+  [ "$resynced" -gt 0 ] || { fail $name "no connection was live across the restart"; return; }
+  pass "$name (SIG$sig during redis-benchmark -c 20: no error ($lines); 1 MiB value byte-exact after the restart; $resynced connection ends went through RESYNC; $out)"
+}
+
 for r in 1 2 3; do case_daemon_restart KILL $r $((7800 + 2 * r)); done
+case_daemon_restart_redis KILL
+case_daemon_restart_redis TERM
 for r in 1 2; do case_daemon_restart TERM $r $((7810 + 2 * r)); done
 
 echo "$passed passed, $failed failed"
