@@ -36,7 +36,7 @@ import benchlib as bl
 CLIENT_VM, SERVER_VM = "vmA1", "vmB1"
 HOSTS = ("hostA", "hostB")
 BASE_PORT = 15000
-# Per-process limit of the backend (host-backend/conn_manager.h).
+# Per-process limit of the backend (host-backend/conn/conn_manager.h).
 MAX_CONNS_PER_PROCESS = 4096
 
 

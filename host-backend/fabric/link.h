@@ -6,7 +6,7 @@
 //
 // Implementations: StreamLink over kernel TCP (tcp fabric) or over an
 // in-memory pipe (the fake, for unit tests), and RdmaLink (rdma fabric).
-// tests/fabric/link_conformance_test.cc runs one suite against each.
+// host-backend/fabric/link_conformance_test.cc runs one suite against each.
 #pragma once
 
 #include <sys/uio.h>
