@@ -14,7 +14,7 @@
 #   deploy/testbed2.sh up | down | status
 #   deploy/testbed2.sh exec VM CMD [ARG...]     run in VM's namespace, VSOCKET_SOCKET set
 #   deploy/testbed2.sh ctl HOST ARGS...         vsocketctl against HOST's daemon
-#   deploy/testbed2.sh addr VM | daemon-pid HOST | restart HOST | kill HOST
+#   deploy/testbed2.sh addr VM | daemon-pid HOST | restart HOST [TERM|KILL] | kill HOST
 #
 # Environment: VSOCKETD, VSOCKETCTL (binaries), VSOCKET_LOG_LEVEL,
 # VSOCKET_TESTBED2_DIR (state, default /run/vsocket-testbed2), VSOCKETD_ARGS,
@@ -115,15 +115,18 @@ write_configs() {
 }
 
 start_daemon() { # start_daemon HOST
-  local h=$1 bin i
+  local h=$1 bin i ready0
   bin=$(vsocketd_bin)
+  # (The log is appended to: a restarted daemon is ready at its own line.)
+  ready0=$(grep -c "vsocketd: ready" "$STATE/$h/vsocketd.log" 2>/dev/null || true)
   rm -f "$STATE/$h"/*.sock
   # shellcheck disable=SC2086  # VSOCKETD_ARGS is a word list
   ip netns exec "$(ns_of "$h")" setsid "$bin" --config "$STATE/$h/vsocketd.conf" --ctl "$(ctl_sock "$h")" \
     ${VSOCKETD_ARGS:-} </dev/null >>"$STATE/$h/vsocketd.log" 2>&1 &
   echo $! >"$(pid_file "$h")"
   for ((i = 0; i < 100; i++)); do
-    grep -q "vsocketd: ready" "$STATE/$h/vsocketd.log" 2>/dev/null && [ -S "$(ctl_sock "$h")" ] && return 0
+    [ "$(grep -c "vsocketd: ready" "$STATE/$h/vsocketd.log" 2>/dev/null || true)" -gt "${ready0:-0}" ] &&
+      [ -S "$(ctl_sock "$h")" ] && return 0
     pid_alive "$(cat "$(pid_file "$h")")" || { log_tail "$STATE/$h/vsocketd.log" 20; die "vsocketd on $h exited"; }
     sleep 0.1
   done
@@ -240,7 +243,7 @@ main() {
       ;;
     addr) vm_field "${1:-}" 4 ;;
     daemon-pid) need_host "${1:-}"; host_daemon_pid "$1" ;;
-    restart) need_host "${1:-}"; stop_host_daemon "$1"; start_daemon "$1"; wait_links_up ;;
+    restart) need_host "${1:-}"; stop_host_daemon "$1" "${2:-TERM}"; start_daemon "$1"; wait_links_up ;;
     kill) need_host "${1:-}"; stop_host_daemon "$1" KILL ;;
     *) sed -n '2,/^[^#]/p' "$SELF" | sed -n 's/^# \{0,1\}//p' >&2; exit 2 ;; # the header comment
   esac

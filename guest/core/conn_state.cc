@@ -24,6 +24,8 @@ constexpr Transition kTransitions[] = {
     {Phase::kUnprobed, ConnEvent::kKernelForGood, Phase::kKernel},
     // No backend now, for a connection that had one: registered later.
     {Phase::kUnprobed, ConnEvent::kBackendLost, Phase::kUnprobed},
+    // Waiting to register again when the process forks: the parent's.
+    {Phase::kUnprobed, ConnEvent::kForked, Phase::kKernel},
     // Registered, waiting for the peer. Whatever goes wrong here leaves the
     // kernel stream exact: back to kernel TCP, never a reset.
     {Phase::kPending, ConnEvent::kUpgrade, Phase::kUpgraded},
@@ -137,8 +139,8 @@ bool ConnState::Apply(ConnEvent e, std::optional<Reason> why) {
   if (e == ConnEvent::kUpgrade) reason_.store(Reason::kNone, std::memory_order_relaxed);
   else if (why) reason_.store(*why, std::memory_order_relaxed);
   switch (e) {
-    case ConnEvent::kUpgrade: upgraded_.store(true, std::memory_order_relaxed); break;
-    case ConnEvent::kLinger: lingered_.store(true, std::memory_order_relaxed); break;
+    case ConnEvent::kUpgrade: upgraded_.store(true, std::memory_order_release); break;
+    case ConnEvent::kLinger: lingered_.store(true, std::memory_order_release); break;
     case ConnEvent::kResynced:
       // A fresh registration: the history of the old one is gone (the
       // kernel byte counts go on, in Conn).
@@ -152,7 +154,9 @@ bool ConnState::Apply(ConnEvent e, std::optional<Reason> why) {
     default:
       break;
   }
-  if (*to == Phase::kResyncing) resynced_.store(true, std::memory_order_relaxed);
+  // Release: resynced() is read on its own (before the phase), and what the
+  // caller stored for the RESYNC (landed, fence acked) must be seen with it.
+  if (*to == Phase::kResyncing) resynced_.store(true, std::memory_order_release);
   // Release: pairs with the acquire in phase(); whoever sees the new phase
   // sees the reason and history stored above.
   phase_.store(*to, std::memory_order_release);

@@ -36,6 +36,7 @@ const std::map<std::pair<P, E>, P>& Expected() {
       {{P::kUnprobed, E::kRegistered}, P::kPending},
       {{P::kUnprobed, E::kKernelForGood}, P::kKernel},
       {{P::kUnprobed, E::kBackendLost}, P::kUnprobed},
+      {{P::kUnprobed, E::kForked}, P::kKernel},
       {{P::kPending, E::kUpgrade}, P::kUpgraded},
       {{P::kPending, E::kKernelForGood}, P::kKernel},
       {{P::kPending, E::kPeerWithdrew}, P::kKernel},

@@ -79,7 +79,9 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
   Session* session = nullptr;
   for (nfds_t i = 0; i < n; ++i) {
     auto c = Lookup(fds[i].fd);
-    if (c && c->session != nullptr && c->session->alive()) {
+    // (A connection that lost its backend still reports what is left in
+    // its ring: SleepWith then sleeps in the kernel alone.)
+    if (c && c->session != nullptr && (c->session->alive() || c->state.resynced())) {
       session = c->session;
       conns[i] = std::move(c);
     }

@@ -145,7 +145,12 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
           // hosts it learns of the pairing first). The backend knows.
           if (!c.state.registered() || c.session == nullptr) return got;
           if (c.session->TryDrain()) continue;
-          if (!PairingInFlight(c)) return got;  // plain kernel EOF
+          if (!PairingInFlight(c)) {
+            // The backend may have gone while we asked, its last events
+            // upgrading (and resyncing) the connection: look again.
+            if (c.state.phase() != Phase::kPending || !c.session->alive()) continue;
+            return got;  // plain kernel EOF
+          }
           kernel_eof = true;  // wait for the UPGRADE (or DOWNGRADE) event
         } else {
           // Another thread may have dispatched the FENCE meanwhile: read the

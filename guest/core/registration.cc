@@ -94,9 +94,19 @@ void EnsureRegistered(int fd, Conn& c) {
   const auto* ack = std::get_if<proto::RegisterAck>(&resp.body);
   if (!st.ok() || ack == nullptr || ack->status != proto::WireError::kOk) {
     Reason reason = !st.ok() || ack == nullptr ? Reason::kBackendUnavailable : ack->reason;
+    if (!st.ok() && !s->alive()) {
+      // The backend went away while we asked (BackendLost moved the
+      // connection on already: back to probing, or resyncing if its last
+      // events upgraded it). Registered again with the next backend.
+      c.retry_at_ns.store(MonotonicNs() + kRegisterRetryNs, std::memory_order_relaxed);
+      s->Untrack(c.id);
+      return;
+    }
     VS_LOG(kInfo, "registration refused (%s): stays on kernel TCP",
            st.ok() ? proto::ToString(reason) : st.ToString().c_str());
-    c.state.Apply(ConnEvent::kKernelForGood, reason);
+    // (An UPGRADE that raced a timed-out answer: the connection is untracked
+    // and withdrawn below, so it fails rather than stays upgraded.)
+    if (!c.state.Apply(ConnEvent::kKernelForGood, reason)) c.state.Apply(ConnEvent::kFail, reason);
     s->Untrack(c.id);
     if (st.ok() && ack != nullptr) {
       // Refused: the backend never used the rings.

@@ -30,7 +30,9 @@ constexpr int64_t kRetryAfterNs = 1'000'000'000;  // backend unreachable: retry 
 
 std::mutex g_init_mu;
 Session* g_session = nullptr;
-int64_t g_last_attempt_ns = 0;
+// Written under g_init_mu by Get; BackendLost (which may run inside Get,
+// under g_init_mu already) stores it without the lock.
+std::atomic<int64_t> g_last_attempt_ns{0};
 proto::Reason g_last_failure = proto::Reason::kBackendUnavailable;
 std::atomic<bool> g_sleep_at_once{false};
 std::atomic<Session::LinkLostHandler> g_link_lost{nullptr};
@@ -53,11 +55,12 @@ Session* Session::Get(proto::Reason* why) {
   s = g_session;
   if (s != nullptr && s->alive()) return s;
   int64_t now = MonotonicNs();
-  if (g_last_attempt_ns != 0 && now - g_last_attempt_ns < kRetryAfterNs) {
+  int64_t last = g_last_attempt_ns.load(std::memory_order_relaxed);
+  if (last != 0 && now - last < kRetryAfterNs) {
     *why = g_last_failure;
     return nullptr;
   }
-  g_last_attempt_ns = now;
+  g_last_attempt_ns.store(now, std::memory_order_relaxed);
   VS_LOG(kDebug, "connecting to vsocketd at %s", cfg.socket_path.c_str());
   auto* fresh = new Session();
   Status st = fresh->Open();
@@ -94,7 +97,7 @@ void Session::ForgetAfterFork() {
   // parent's rings too), close our copies of its fds, start over lazily.
   if (g_session != nullptr && g_session->fe_) g_session->fe_->CloseFdsAfterFork();
   g_session = nullptr;
-  g_last_attempt_ns = 0;
+  g_last_attempt_ns.store(0, std::memory_order_relaxed);
   new (&g_init_mu) std::mutex();
 }
 
@@ -140,7 +143,7 @@ Status Session::Negotiate() {
   proto::Hello hello;
   hello.pid = static_cast<uint32_t>(getpid());
   hello.features = (Config().doorbell ? proto::kFeatureDoorbell : 0) |
-                   (Config().ring_hold ? proto::kFeatureRingHold : 0) | proto::kFeatureFenceDelivered;
+                   (Config().ring_hold ? proto::kFeatureRingHold : 0);
   proto::Message resp;
   VS_RETURN_IF_ERROR(Call({MsgType::kHello, 0, hello}, &resp));
   const auto* ack = std::get_if<proto::HelloAck>(&resp.body);
@@ -157,9 +160,10 @@ int Session::event_fd() const { return fe_->call_fd(kEventQueue); }
 int Session::backend_fd() const { return fe_->socket_fd(); }
 
 bool Session::CheckBackend() {
-  if (!alive()) return false;
   // The backend never writes to this socket unasked: readable means gone.
-  if (!fe_->BackendGone()) return true;
+  if (alive() && !fe_->BackendGone()) return true;
+  // (Under mu_: a BackendLost under way in another thread finishes first,
+  // so the caller sees its connections moved on.)
   std::lock_guard<std::mutex> lock(mu_);
   BackendLost();
   return false;
@@ -358,7 +362,7 @@ void Session::Dispatch(const Message& m) {
       break;
     }
     case MsgType::kFenceDelivered:
-      if (c.state.tx_on_ring()) c.fence_delivered.store(true, std::memory_order_release);
+      c.fence_delivered.store(true, std::memory_order_release);  // (may come before our SwitchTx)
       break;
     case MsgType::kCredit: {
       uint64_t v = std::get<proto::ConnCounter>(m.body).bytes;
@@ -546,18 +550,28 @@ void Session::Untrack(uint64_t conn_id) {
 // (resync.cc). Pending connections stay exact on kernel TCP and register
 // again once a backend is back.
 void Session::BackendLost() {
-  if (!alive()) return;
+  if (!alive() || lost_) return;
+  lost_ = true;
+  // A queue the backend broke: it may still be running (a bug, or a
+  // hostile peer of ours), so nothing here proves where bytes are: reset
+  // what was upgraded, as the ring protocol's violation demands.
+  bool broken = fe_->queue(kRequestQueue).broken() || fe_->queue(kEventQueue).broken();
   // What the backend published before it went is in our memory still: a
   // FENCE there says where the peer's kernel bytes end, an RX_TAIL how many
   // landed, a CREDIT how many the peer consumed. Take them all before
-  // deciding (the peer's library decides from the same events). A queue the
-  // backend broke is not read again.
-  if (!fe_->queue(kRequestQueue).broken() && !fe_->queue(kEventQueue).broken()) DrainLocked();
-  if (!alive_.exchange(false)) return;
-  VS_LOG(kWarn, "lost the backend session: connections finish on kernel TCP (RESYNC) and register again later");
+  // deciding (the peer's library decides from the same events).
+  if (!broken) DrainLocked();
+  VS_LOG(kWarn, "%s", broken ? "the backend broke the session: upgraded connections are reset"
+                             : "lost the backend session: connections finish on kernel TCP (RESYNC) and register again later");
   LinkLostHandler handler = g_link_lost.load(std::memory_order_acquire);
   for (auto& [id, c] : conns_) {
     Phase before = c->state.phase();
+    if (broken) {
+      c->state.Apply(c->state.upgraded() ? ConnEvent::kFail : ConnEvent::kKernelForGood,
+                     proto::Reason::kProtocolError);
+      c->gen.fetch_add(1);
+      continue;
+    }
     if (before == Phase::kUpgraded || before == Phase::kLingering) {
       c->resync_landed.store(c->rx_tail.load(std::memory_order_acquire), std::memory_order_relaxed);
       c->resync_fence_acked.store(c->fence_delivered.load(std::memory_order_acquire) ||
@@ -570,9 +584,10 @@ void Session::BackendLost() {
       handler(c);
     c->gen.fetch_add(1);
   }
+  // Last: whoever sees the session dead sees its connections moved on.
+  alive_.store(false, std::memory_order_release);
   NotifyWaitersLocked();
-  std::lock_guard<std::mutex> lock(g_init_mu);
-  g_last_attempt_ns = MonotonicNs();
+  g_last_attempt_ns.store(MonotonicNs(), std::memory_order_relaxed);
 }
 
 }  // namespace vsocket::guest

@@ -73,10 +73,6 @@ Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events =
   Status result;
   for (;;) {
     if (ready()) break;
-    if (!s->alive()) {
-      result = Status(Code::kUnavailable, "backend session lost", ECONNRESET);
-      break;
-    }
     int timeout_ms = 1000;
     if (deadline_ns >= 0) {
       int64_t left = deadline_ns - MonotonicNs();
@@ -85,6 +81,20 @@ Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events =
         break;
       }
       timeout_ms = static_cast<int>(std::min<int64_t>(1000, (left + 999999) / 1000000));
+    }
+    if (!s->alive()) {
+      // The backend is gone (its connections moved on: resyncing or back to
+      // probing). Only the kernel socket can still bring what we wait for.
+      if (kernel_fd < 0) {
+        result = Status(Code::kUnavailable, "backend session lost", ECONNRESET);
+        break;
+      }
+      pollfd k{kernel_fd, kernel_events, 0};
+      if (Libc().poll(&k, 1, timeout_ms) < 0 && errno == EINTR && AnyHandlerWithoutRestart()) {
+        result = Status(Code::kUnavailable, "interrupted", EINTR);
+        break;
+      }
+      continue;
     }
     if (!s->PrepareSleep()) continue;  // work arrived: re-check
     // The vhost-user socket too: a backend that dies sends no event, it

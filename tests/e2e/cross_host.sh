@@ -601,6 +601,39 @@ case_peer_restart() {
 }
 case_peer_restart
 
+# hostB's vsocketd dies (KILL) or is stopped (TERM) in the middle of a
+# byte-checked stream and request/response connections from vmA1 to vmB1,
+# then starts again. hostB's guests lose their backend, hostA's lose the
+# link: both sides finish on kernel TCP (RESYNC) without an error, and the
+# request/response connections re-upgrade over the new link.
+case_remote_daemon_restart() {  # case_remote_daemon_restart SIG PORT
+  local sig=$1 port=$2 name=cross_daemon_restart_${1,,} conns=4
+  local rep=$WORK/$name.jsonl
+  wait_link_up
+  xfer_bg $name.bulk $port 1 1073741824 --one-way
+  local bsrv=$XSRV bcli=$XCLI
+  xfer_bg $name.rr $((port + 1)) $conns 6144000 --rounds 600 --gap-ms 20
+  local rsrv=$XSRV rcli=$XCLI
+  sleep "0.$((5 + RANDOM % 5))"
+  if ! bash $TB restart hostB "$sig" >"$WORK/$name.restart" 2>&1; then
+    fail $name "restart: $(tail -3 "$WORK/$name.restart" | tr '\n' ' ')"
+    kill $bsrv $bcli $rsrv $rcli 2>/dev/null
+    return
+  fi
+  XSRV=$bsrv XCLI=$bcli
+  xfer_wait $name.bulk || { fail $name "bulk: $E2E_MSG"; kill $rsrv $rcli 2>/dev/null; return; }
+  XSRV=$rsrv XCLI=$rcli
+  xfer_wait $name.rr || { fail $name "request/response: $E2E_MSG"; return; }
+  local out out2
+  out=$(python3 $CHECK "$WORK/$name.bulk.jsonl" --port $port --expect-conns 2 --resynced) ||
+    { fail $name "bulk: $out"; return; }
+  out2=$(python3 $CHECK "$WORK/$name.rr.jsonl" --port $((port + 1)) --expect-conns $((2 * conns)) --reupgraded) ||
+    { fail $name "request/response: $out2"; return; }
+  pass "$name (hostB's vsocketd SIG$sig mid-transfer and restarted: 1 GiB stream byte-exact ($out); $conns request/response connections byte-exact and re-upgraded over the new link ($out2))"
+}
+case_remote_daemon_restart KILL 7520
+case_remote_daemon_restart TERM 7530
+
 # The host that connects (hostA: its name sorts first) decides how many
 # links the pair runs; hostB, configured for another count, follows it.
 case_link_count_follows_initiator() {
