@@ -143,7 +143,7 @@ Status Session::Negotiate() {
   proto::Hello hello;
   hello.pid = static_cast<uint32_t>(getpid());
   hello.features = (Config().doorbell ? proto::kFeatureDoorbell : 0) |
-                   (Config().ring_hold ? proto::kFeatureRingHold : 0);
+                   (Config().ring_hold ? proto::kFeatureRingHold : 0) | proto::kFeatureFenceDelivered;
   proto::Message resp;
   VS_RETURN_IF_ERROR(Call({MsgType::kHello, 0, hello}, &resp));
   const auto* ack = std::get_if<proto::HelloAck>(&resp.body);

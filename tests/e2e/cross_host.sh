@@ -542,16 +542,18 @@ reports_with() {
 }
 case_link_loss_after_end() {
   local how=$1 name=cross_link_loss_after_$1 port=$2 conns=2 bytes=131072
-  local rep=$WORK/$name.jsonl i out extra=()
+  local rep=$WORK/$name.jsonl i out extra=() go=$WORK/$name.go
+  rm -f "$go"
   [ "$how" = close ] && extra=(--one-way --close-after-write --exit-delay-ms 8000)
   wait_link_up  # after the previous cut
   # An idle link would outlive the cut (no segment meets the RST): a
   # request/response pair from vmA2 keeps it busy meanwhile.
   XFER_CVM=vmA2 xfer_bg $name.load $((port + 1)) 1 19660800 --rounds 300 --gap-ms 10
   local lsrv=$XSRV lcli=$XCLI
-  xfer_bg $name $port $conns $bytes --pause-ms 800 --split-pause-ms 1500 --stall-ms 5000 "${extra[@]}"
+  xfer_bg $name $port $conns $bytes --pause-ms 800 --split-wait-file "$go" --stall-ms 7000 "${extra[@]}"
   # Once the first halves crossed the fabric (and the FENCEs were
-  # acknowledged): drop, while the second halves and the shutdowns go out.
+  # acknowledged): drop, and only then let the clients write the second
+  # halves and shut down (a fixed pause raced a slow poll of the counters).
   local moved=0
   for i in $(seq 160); do
     moved=$(bash $TB ctl hostA --json stats 2>/dev/null | python3 -c "
@@ -561,7 +563,10 @@ print(sum(c['accel_bytes_out'] for c in json.load(sys.stdin)['connections'] if c
     sleep 0.05
   done
   sleep 0.3
-  stall_link 2 1
+  # The RST phase must meet a retransmission: with the 200 ms minimum RTO
+  # the lost segments are sent again 0.2, 0.6, 1.4 and 3.0 s after the
+  # first loss, and 3.0 s falls inside [1.5 s, 5.5 s].
+  stall_link 1.5 4 "$go"
   xfer_wait $name || { fail $name "$E2E_MSG"; return; }
   XSRV=$lsrv XCLI=$lcli
   xfer_wait $name.load || { fail $name "the background pair failed: $E2E_MSG"; return; }

@@ -11,7 +11,7 @@ e2e_cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
   wait 2>/dev/null
   bash $TB down >/dev/null 2>&1
-  rm -rf "$WORK"
+  if [ -n "${E2E_KEEP:-}" ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
 }
 
 pass() { echo "PASS $1"; passed=$((passed + 1)); }
@@ -53,6 +53,8 @@ vm_bg() {
 # stall_link DROP_SECONDS RST_SECONDS: hostB first drops hostA's link
 # segments silently (what hostA sends meanwhile is in flight, unacked),
 # then answers them with RST (hostA's links die with those bytes lost).
+# A third argument names a file to create once the drop is in place (the
+# client under test waits for it before it writes what must be lost).
 stall_link() {
   local ns=${VSOCKET_TESTBED2_NS_PREFIX:-vs2}hostB
   ip netns exec "$ns" nft -f - <<'NFT'
@@ -60,6 +62,7 @@ table inet vsocket_fault {
   chain in { type filter hook input priority 0; tcp dport 7300 drop; }
 }
 NFT
+  [ -n "${3:-}" ] && touch "$3"
   sleep "$1"
   ip netns exec "$ns" nft -f - <<'NFT'
 flush chain inet vsocket_fault in

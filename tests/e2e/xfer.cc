@@ -22,7 +22,10 @@
 // long enough to see its path change (link loss, RESYNC, re-upgrade).
 // --pause-ms P (client): sleep P ms between the header and the stream (so
 // the stream goes accelerated); --split-pause-ms Q (client): and Q ms
-// between the stream's two halves; --stall-ms S (server): sleep S ms between
+// between the stream's two halves; --split-wait-file F (client): instead
+// of a fixed pause, wait (at most 60 s) until file F exists before the
+// second half (the test creates it once its fault is in place);
+// --stall-ms S (server): sleep S ms between
 // the header and reading the stream (so the client's bytes and its
 // shutdown wait, unconsumed, e.g. across a link loss).
 // Exit status 0 only if every connection verified.
@@ -178,6 +181,7 @@ int main(int argc, char** argv) {
   int exit_delay_ms = 0;
   uint64_t rounds = 0;
   int gap_ms = 0, pause_ms = 0, stall_ms = 0, split_pause_ms = 0;
+  std::string split_wait_file;
   for (int i = 4; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--conns" && i + 1 < argc) conns = std::atoi(argv[++i]);
@@ -192,6 +196,7 @@ int main(int argc, char** argv) {
     else if (a == "--pause-ms" && i + 1 < argc) pause_ms = std::atoi(argv[++i]);
     else if (a == "--stall-ms" && i + 1 < argc) stall_ms = std::atoi(argv[++i]);
     else if (a == "--split-pause-ms" && i + 1 < argc) split_pause_ms = std::atoi(argv[++i]);
+    else if (a == "--split-wait-file" && i + 1 < argc) split_wait_file = argv[++i];
   }
   signal(SIGPIPE, SIG_IGN);
   std::atomic<int> ok{0};
@@ -321,9 +326,12 @@ int main(int argc, char** argv) {
       }
       bool good = WriteAll(s, hdr, 16);
       if (good && pause_ms > 0) usleep(static_cast<useconds_t>(pause_ms) * 1000);
-      if (split_pause_ms > 0) {
+      if (split_pause_ms > 0 || !split_wait_file.empty()) {
         good = good && SendRange(s, seed, 0, bytes / 2);
         usleep(static_cast<useconds_t>(split_pause_ms) * 1000);
+        for (int t = 0; !split_wait_file.empty() && access(split_wait_file.c_str(), F_OK) != 0 && t < 6000; ++t) {
+          usleep(10000);
+        }
         good = good && SendRange(s, seed, bytes / 2, bytes - bytes / 2);
       } else {
         good = good && SendStream(s, seed, bytes, rng);
