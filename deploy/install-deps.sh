@@ -16,6 +16,7 @@ PACKAGES=(
   iproute2 nftables socat procps python3
   # real applications in the end-to-end tests
   sockperf iperf3 redis-server redis-tools nginx curl wrk memcached libmemcached-tools
+  postgresql-15 postgresql-client-15
 )
 
 missing=()

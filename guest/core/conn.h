@@ -60,6 +60,11 @@ struct Conn {
   std::atomic<bool> peer_shut_wr{false};  // EOF after rx_tail
   std::atomic<bool> peer_gone{false};     // peer reads no more: EPIPE
   std::atomic<uint32_t> gen{0};           // bumped on every event (epoll ET)
+  // When the last RX_TAIL that brought bytes, or the peer's EOF, was
+  // dispatched; and how many sleeps began after it yet ended long after
+  // with those bytes found (a missed wake-up: NoteLateWakeup, wait.h).
+  std::atomic<int64_t> rx_event_ns{0};
+  std::atomic<uint32_t> late_wakeups{0};
 
   // Back to kernel TCP after the fabric link was lost (RESYNC, see
   // docs/fabric-design.md "Link loss and RESYNC"; state.resynced()). Set by

@@ -33,17 +33,35 @@ int64_t Deadline(int timeout_ms) {
   return timeout_ms < 0 ? -1 : MonotonicNs() + int64_t{timeout_ms} * 1000000;
 }
 
-// Sleeps on the kernel fds in `kfds` plus the session's wake-ups. Returns the
-// real poll's result (kfds' revents filled), -1 with errno on error.
-int SleepWith(Session* s, std::vector<pollfd>& kfds, int64_t deadline, const sigset_t* sigmask) {
+// This thread's wake-up eventfd, registered with the session for as long as
+// the object lives. A poll registers before its first look at its
+// connections: a drain by another thread after that look (which takes the
+// events meant for ours, and consumes the queue's kick) writes our eventfd;
+// registered only once asleep, we slept through it (pgbench, two threads on
+// one session, stalled for good).
+class ThreadWaiterScope {
+ public:
+  explicit ThreadWaiterScope(Session* s) : s_(s), efd_(ThreadWaiterFd()) { s_->AddWaiter(efd_); }
+  ~ThreadWaiterScope() { s_->RemoveWaiter(efd_); }
+  ThreadWaiterScope(const ThreadWaiterScope&) = delete;
+  ThreadWaiterScope& operator=(const ThreadWaiterScope&) = delete;
+  int efd() const { return efd_; }
+
+ private:
+  Session* s_;
+  int efd_;
+};
+
+// Sleeps on the kernel fds in `kfds` plus the session's wake-ups (efd: this
+// thread's waiter, registered by the caller). Returns the real poll's
+// result (kfds' revents filled), -1 with errno on error.
+int SleepWith(Session* s, int efd, std::vector<pollfd>& kfds, int64_t deadline, const sigset_t* sigmask) {
   if (!s->alive()) {
     // The backend is gone: the connections are the kernel's again.
     int ms = RemainingMs(deadline);
     timespec ts{ms / 1000, (ms % 1000) * 1000000L};
     return Libc().ppoll(kfds.data(), kfds.size(), ms < 0 ? nullptr : &ts, sigmask);
   }
-  int efd = ThreadWaiterFd();
-  s->AddWaiter(efd);
   int r = 0;
   if (s->PrepareSleep()) {
     size_t base = kfds.size();
@@ -65,7 +83,6 @@ int SleepWith(Session* s, std::vector<pollfd>& kfds, int64_t deadline, const sig
     if (events) s->Drain();
     errno = saved;
   }
-  s->RemoveWaiter(efd);
   return r;
 }
 
@@ -93,9 +110,11 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
   }
   int64_t deadline = Deadline(timeout_ms);
   WaitRecorder wait;  // started once nothing was ready
+  ThreadWaiterScope waiter(session);
   int64_t spin_until = MonotonicNs() + PollBudgetNs();
   std::vector<pollfd> kfds(fds, fds + n);
   std::vector<bool> emulated(n, false);
+  int64_t slept_from = 0, slept_until = 0;  // the last sleep (NoteLateWakeup)
   for (uint32_t iter = 0;; ++iter) {
     // Dispatch what the backend reported, even for a zero-timeout poll:
     // an application that only ever polls with timeout 0 must see progress.
@@ -116,6 +135,7 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
       if (!emulated[i]) continue;
       fds[i].revents = static_cast<short>(r & (fds[i].events | POLLERR | POLLHUP));
       if (fds[i].revents) ++count;
+      if ((fds[i].revents & POLLIN) && slept_from != 0) NoteLateWakeup(*conns[i], slept_from, slept_until);
     }
     bool spinning = count == 0 && timeout_ms != 0 && MonotonicNs() < spin_until;
     if (!spinning || (any_kernel && (iter & 63) == 0)) {
@@ -133,7 +153,9 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
       SpinStep(iter);
       continue;
     }
-    int r = SleepWith(session, kfds, deadline, sigmask);
+    slept_from = MonotonicNs();
+    int r = SleepWith(session, waiter.efd(), kfds, deadline, sigmask);
+    slept_until = MonotonicNs();
     if (r < 0 && errno == EINTR) return -1;
   }
 }
@@ -280,8 +302,9 @@ void Refresh(int epfd, EpSet& set) {
   }
 }
 
-// Requires set.mu. Appends ready emulated entries.
-int Collect(EpSet& set, epoll_event* out, int max) {
+// Requires set.mu. Appends ready emulated entries. slept_from/until: the
+// sleep just ended, if any (NoteLateWakeup).
+int Collect(EpSet& set, epoll_event* out, int max, int64_t slept_from = 0, int64_t slept_until = 0) {
   int n = 0;
   for (auto& [fd, e] : set.entries) {
     if (n >= max) break;
@@ -297,6 +320,7 @@ int Collect(EpSet& set, epoll_event* out, int max) {
       e.kicked = false;
     }
     if (e.events & EPOLLONESHOT) e.disarmed = true;
+    if ((mask & EPOLLIN) && slept_from != 0) NoteLateWakeup(*e.conn, slept_from, slept_until);
     out[n].events = mask;
     out[n].data = e.data;
     ++n;
@@ -403,6 +427,7 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
   WaitRecorder wait;  // started once nothing was ready
   int64_t spin_until = MonotonicNs() + PollBudgetNs();
   std::vector<epoll_event> kernel(static_cast<size_t>(max));
+  int64_t slept_from = 0, slept_until = 0;  // the last sleep (NoteLateWakeup)
   for (uint32_t iter = 0;; ++iter) {
     int n = 0;
     Session* s;
@@ -425,7 +450,7 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
     {
       std::lock_guard<std::mutex> lock(set->mu);
       k = Filter(*set, kernel.data(), k, &session_event);
-      n = Collect(*set, events, max);
+      n = Collect(*set, events, max, slept_from, slept_until);
     }
     for (int i = 0; i < k && n < max; ++i) events[n++] = kernel[i];
     spinning = spinning && n == 0;
@@ -440,8 +465,10 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
     // fd are in the set, so ring events wake us too.
     bool prepared = s != nullptr && s->PrepareSleep();
     if (s != nullptr && !prepared) continue;
+    slept_from = MonotonicNs();
     int r = Libc().epoll_pwait(epfd, events, max, RemainingMs(deadline), sigmask);
     int saved = errno;
+    slept_until = MonotonicNs();
     if (prepared) s->DoneSleeping();
     if (r < 0) {
       errno = saved;
@@ -455,7 +482,7 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
     if (r > 0) {
       // Kernel events of entries the kernel owns; ours cannot repeat them.
       std::lock_guard<std::mutex> lock(set->mu);
-      return r + Collect(*set, events + r, max - r);
+      return r + Collect(*set, events + r, max - r, slept_from, slept_until);
     }
   }
 }

@@ -50,7 +50,7 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       if (c.session->TryDrain() && (Readiness(fd, c) & POLLIN)) return size_t{0};
       return Errno(EAGAIN, "no data");
     }
-    Status st = WaitUntil(c, [&] { int r = Readiness(fd, c); return r < 0 || (r & POLLIN); });
+    Status st = WaitUntil(c, [&] { int r = Readiness(fd, c); return r < 0 || (r & POLLIN); }, -1, 0, -1, true);
     if (!st.ok()) return st;
     return size_t{0};
   }
@@ -247,7 +247,7 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     Status st = WaitUntil(c, [&] {
       return c.rx_tail.load(std::memory_order_acquire) != tail || c.peer_shut_wr.load() ||
              c.state.reset() || c.shut_rd.load() || c.state.resynced();
-    }, -1, 0, deadline);
+    }, -1, 0, deadline, true);
     if (!st.ok()) return got ? Result<size_t>(got) : Result<size_t>(st);
   }
 }

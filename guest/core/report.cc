@@ -32,7 +32,7 @@ void Report(const Conn& c, const char* event) {
       "{\"pid\":%d,\"event\":\"%s\",\"local\":\"%s:%u\",\"peer\":\"%s:%u\",\"mode\":\"%s\","
       "\"reason\":\"%s\",\"upgraded\":%s,\"kernel_tx\":%llu,\"kernel_rx\":%llu,"
       "\"accel_tx\":%llu,\"accel_rx\":%llu,\"kernel_tx_after_upgrade\":%llu,"
-      "\"kernel_rx_after_upgrade\":%llu,\"resynced\":%s,\"reupgrades\":%u,\"fin_deferred\":%s,\"lingered\":%s}\n",
+      "\"kernel_rx_after_upgrade\":%llu,\"resynced\":%s,\"reupgrades\":%u,\"fin_deferred\":%s,\"lingered\":%s,\"late_wakeups\":%u}\n",
       getpid(), event, local, c.local.port, peer, c.peer.port,
       c.state.ReportedMode(),
       // Still pending at the end: the peer never registered (not preloaded,
@@ -48,7 +48,7 @@ void Report(const Conn& c, const char* event) {
       static_cast<unsigned long long>(c.state.tx_on_ring() ? c.kernel_sent.load() - c.fence_sent.load() : 0),
       static_cast<unsigned long long>(c.state.rx_on_ring() ? c.kernel_received.load() - c.peer_fence.load() : 0),
       c.state.resynced() || c.reupgrades.load() ? "true" : "false", c.reupgrades.load(),
-      c.fin_deferred.load() ? "true" : "false", c.state.lingered() ? "true" : "false");
+      c.fin_deferred.load() ? "true" : "false", c.state.lingered() ? "true" : "false", c.late_wakeups.load());
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return;
   (void)!Libc().write(fd, line, static_cast<size_t>(n));

@@ -358,7 +358,10 @@ void Session::Dispatch(const Message& m) {
       break;
     case MsgType::kRxTail: {
       uint64_t v = std::get<proto::ConnCounter>(m.body).bytes;
-      if (v > c.rx_tail.load(std::memory_order_relaxed)) c.rx_tail.store(v, std::memory_order_release);
+      if (v > c.rx_tail.load(std::memory_order_relaxed)) {
+        c.rx_event_ns.store(MonotonicNs(), std::memory_order_relaxed);
+        c.rx_tail.store(v, std::memory_order_release);
+      }
       break;
     }
     case MsgType::kFenceDelivered:
@@ -372,9 +375,10 @@ void Session::Dispatch(const Message& m) {
     case MsgType::kShutdown:
       VS_LOG(kDebug, "conn %lu: peer shut down %s", static_cast<unsigned long>(conn_id),
              std::get<proto::Shutdown>(m.body).how == proto::ShutdownHow::kWrite ? "writing" : "reading");
-      if (std::get<proto::Shutdown>(m.body).how == proto::ShutdownHow::kWrite)
+      if (std::get<proto::Shutdown>(m.body).how == proto::ShutdownHow::kWrite) {
+        c.rx_event_ns.store(MonotonicNs(), std::memory_order_relaxed);
         c.peer_shut_wr.store(true, std::memory_order_release);
-      else
+      } else
         c.peer_gone.store(true, std::memory_order_release);
       break;
     case MsgType::kDowngrade: {

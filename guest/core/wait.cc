@@ -6,8 +6,10 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "base/clock.h"
+#include "base/log.h"
 #include "guest/core/config.h"
 #include "guest/core/errors.h"
 #include "guest/core/session.h"
@@ -48,8 +50,26 @@ int64_t WaitRecorder::Waiting() {
   return start_ + PollBudgetNs();
 }
 
-// Blocks until ready() (checked after every change), polling briefly first.
-// kernel_fd/kernel_events: also wake when the kernel socket is ready.
+namespace {
+std::atomic<uint64_t> g_late_wakeups{0};
+}  // namespace
+
+void NoteLateWakeup(Conn& c, int64_t slept_from_ns, int64_t slept_until_ns) {
+  if (slept_until_ns - slept_from_ns < kLateWakeupNs) return;
+  int64_t ev = c.rx_event_ns.load(std::memory_order_relaxed);
+  if (ev == 0 || ev >= slept_from_ns) return;
+  if (c.rx_tail.load(std::memory_order_acquire) == c.rx_head.load(std::memory_order_relaxed) &&
+      !c.peer_shut_wr.load())
+    return;
+  c.late_wakeups.fetch_add(1, std::memory_order_relaxed);
+  if (g_late_wakeups.fetch_add(1, std::memory_order_relaxed) == 0)
+    VS_LOG(kWarn, "conn %lu: a wait slept %lld ms on data that had arrived %lld ms before it began (a missed wake-up)",
+           static_cast<unsigned long>(c.id), static_cast<long long>((slept_until_ns - slept_from_ns) / 1000000),
+           static_cast<long long>((slept_from_ns - ev) / 1000000));
+}
+
+uint64_t LateWakeups() { return g_late_wakeups.load(std::memory_order_relaxed); }
+
 // True if some installed signal handler lacks SA_RESTART: then a blocking
 // socket call interrupted by a signal fails with EINTR, as the kernel's
 // would for that handler. (poll() cannot tell which signal interrupted it;

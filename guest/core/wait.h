@@ -52,12 +52,25 @@ int64_t SocketDeadline(int fd, int opt);
 // SO_*TIMEO deadline `opt` (looked up on first use: *deadline == -2).
 Status WaitKernel(int fd, short events, int opt, int64_t* deadline);
 
+// A missed wake-up, noticed after the fact: a sleep that began after the
+// event that brought c's ring data (or EOF) had been dispatched, and still
+// lasted kLateWakeupNs or more, then found that data. Every dispatch after
+// a waiter's last look wakes it at once, so a correct wait never does this
+// (however slow the machine: the bound is long); one that does waited on a
+// timeout or an unrelated event for data that had arrived. Counted per
+// connection (report: late_wakeups) and per process; logged once.
+inline constexpr int64_t kLateWakeupNs = 200'000'000;
+void NoteLateWakeup(Conn& c, int64_t slept_from_ns, int64_t slept_until_ns);
+uint64_t LateWakeups();
+
 // Blocks until ready() (checked after every change), polling briefly first.
 // kernel_fd/kernel_events: also wake when the kernel socket is ready.
 // deadline_ns (-1: none) gives EAGAIN, as an expired SO_*TIMEO does.
+// for_ring_data: ready() means data (or EOF) in c's RX ring (for
+// NoteLateWakeup).
 template <typename Ready>
 Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events = 0,
-                 int64_t deadline_ns = -1) {
+                 int64_t deadline_ns = -1, bool for_ring_data = false) {
   Session* s = c.session;
   if (s == nullptr) return Status(Code::kUnavailable, "no backend session", ECONNRESET);
   if (ready()) return Status::Ok();
@@ -71,8 +84,12 @@ Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events =
   int efd = ThreadWaiterFd();
   s->AddWaiter(efd);
   Status result;
+  int64_t slept_from = 0, slept_until = 0;
   for (;;) {
-    if (ready()) break;
+    if (ready()) {
+      if (for_ring_data && slept_from != 0) NoteLateWakeup(c, slept_from, slept_until);
+      break;
+    }
     int timeout_ms = 1000;
     if (deadline_ns >= 0) {
       int64_t left = deadline_ns - MonotonicNs();
@@ -101,8 +118,10 @@ Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events =
     // hangs up (then the connection goes on without it, Session::BackendLost).
     pollfd p[5] = {{efd, POLLIN, 0}, {s->event_fd(), POLLIN, 0}, {s->request_fd(), POLLIN, 0},
                    {s->backend_fd(), POLLIN, 0}, {kernel_fd, kernel_events, 0}};
+    slept_from = MonotonicNs();
     int r = Libc().poll(p, kernel_fd >= 0 ? 5 : 4, timeout_ms);
     int poll_errno = errno;
+    slept_until = MonotonicNs();
     s->DoneSleeping();
     if (r < 0 && poll_errno == EINTR && AnyHandlerWithoutRestart()) {
       result = Status(Code::kUnavailable, "interrupted", EINTR);

@@ -10,7 +10,9 @@ no --port), and fails (exit 1, with the reason) unless:
   --mode M           every line has mode M (accelerated, kernel, kernel-pending),
   --reason R         every line has reason R,
   --accel-min B      every line moved at least B bytes accelerated (tx+rx),
-and always: no line counts kernel bytes after its upgrade.
+and always: no line counts kernel bytes after its upgrade, and no line
+counts a missed wake-up (late_wakeups: a wait that slept on data that had
+arrived, guest/core/wait.h NoteLateWakeup).
 --min-accel N: at least N lines are accelerated and moved bytes that way
 (many simultaneous connections on a loaded machine: a pairing may complete
 only after a short exchange ended; those stay on kernel TCP, still exact).
@@ -69,6 +71,8 @@ for l in sel:
     # A RESYNC puts bytes on kernel TCP after the upgrade by design.
     if not l.get("resynced") and (l.get("kernel_tx_after_upgrade", 0) or l.get("kernel_rx_after_upgrade", 0)):
         errors.append(f"{who}: kernel-path bytes after the upgrade")
+    if l.get("late_wakeups", 0):
+        errors.append(f'{who}: {l["late_wakeups"]} missed wake-up(s): slept on data that had arrived')
     if a.accel_min is not None and l["accel_tx"] + l["accel_rx"] < a.accel_min:
         errors.append(f'{who}: only {l["accel_tx"] + l["accel_rx"]} bytes accelerated')
     total = l["kernel_tx"] + l["accel_tx"] + l["kernel_rx"] + l["accel_rx"]
