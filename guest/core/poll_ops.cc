@@ -93,7 +93,12 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
   // session: its events may upgrade a pending connection or make an
   // upgraded one ready, so we must drain them and wake on them.
   std::vector<std::shared_ptr<Conn>> conns(n);
+  // Connections not registered yet: another thread may register and
+  // upgrade one while we sleep (its bytes then come by the ring, not the
+  // kernel socket we watch), so we watch the process's session too.
+  std::vector<std::shared_ptr<Conn>> unprobed(n);
   Session* session = nullptr;
+  bool registered = false, any_unprobed = false;
   for (nfds_t i = 0; i < n; ++i) {
     auto c = Lookup(fds[i].fd);
     // (A connection that lost its backend still reports what is left in
@@ -101,8 +106,13 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
     if (c && c->session != nullptr && (c->session->alive() || c->state.resynced())) {
       session = c->session;
       conns[i] = std::move(c);
+      registered = true;
+    } else if (c && c->state.phase() == Phase::kUnprobed) {
+      unprobed[i] = std::move(c);
+      any_unprobed = true;
     }
   }
+  if (session == nullptr && any_unprobed) session = Session::Existing();
   if (session == nullptr) {
     if (sigmask == nullptr) return Libc().poll(fds, n, timeout_ms);
     timespec ts{timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
@@ -119,6 +129,11 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
     // Dispatch what the backend reported, even for a zero-timeout poll:
     // an application that only ever polls with timeout 0 must see progress.
     session->TryDrain();
+    for (nfds_t i = 0; any_unprobed && i < n; ++i) {
+      if (!unprobed[i] || unprobed[i]->session != session) continue;
+      conns[i] = std::move(unprobed[i]);  // registered meanwhile (by another thread)
+      registered = true;
+    }
     int count = 0;
     bool any_kernel = false;
     for (nfds_t i = 0; i < n; ++i) {
@@ -137,7 +152,7 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
       if (fds[i].revents) ++count;
       if ((fds[i].revents & POLLIN) && slept_from != 0) NoteLateWakeup(*conns[i], slept_from, slept_until);
     }
-    bool spinning = count == 0 && timeout_ms != 0 && MonotonicNs() < spin_until;
+    bool spinning = registered && count == 0 && timeout_ms != 0 && MonotonicNs() < spin_until;
     if (!spinning || (any_kernel && (iter & 63) == 0)) {
       for (auto& k : kfds) k.revents = 0;
       if (Libc().poll(kfds.data(), n, 0) < 0) return -1;
@@ -287,9 +302,12 @@ void Refresh(int epfd, EpSet& set) {
       set.session = nullptr;
     }
     // Pending connections need the session's wake-ups too: their UPGRADE
-    // arrives as an event, not on the kernel socket.
-    if (set.session == nullptr && e.conn->session != nullptr) {
-      set.session = e.conn->session;
+    // arrives as an event, not on the kernel socket; and so do connections
+    // not registered yet, which another thread may register and upgrade.
+    Session* wakes = e.conn->session;
+    if (wakes == nullptr && e.conn->state.phase() == Phase::kUnprobed) wakes = Session::Existing();
+    if (set.session == nullptr && wakes != nullptr && wakes->alive()) {
+      set.session = wakes;
       set.session->AddWaiter(set.wake_efd);
       epoll_event ev{};
       ev.events = EPOLLIN | EPOLLET;

@@ -39,6 +39,11 @@ std::atomic<Session::LinkLostHandler> g_link_lost{nullptr};
 
 }  // namespace
 
+Session* Session::Existing() {
+  Session* s = __atomic_load_n(&g_session, __ATOMIC_ACQUIRE);
+  return s != nullptr && s->alive() ? s : nullptr;
+}
+
 Session* Session::Get(proto::Reason* why) {
   Session* s = __atomic_load_n(&g_session, __ATOMIC_ACQUIRE);
   if (s != nullptr && s->alive()) return s;

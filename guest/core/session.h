@@ -25,6 +25,8 @@ class Session {
   // The session, connecting on first use; nullptr if acceleration is off or
   // the backend is unreachable (then `*why` says which).
   static Session* Get(proto::Reason* why);
+  // The process's session if it is up; never connects.
+  static Session* Existing();
   // After fork(), in the child: the parent's session is not ours to use.
   static void ForgetAfterFork();
 

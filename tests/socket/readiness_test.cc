@@ -102,6 +102,44 @@ TEST(Poll, ReportsEachOfManySocketsIndependently) {
   for (int i = 0; i < kPairs; ++i) EXPECT_EQ(p[i].revents, i % 2 == 0 ? POLLIN : 0) << "pair " << i;
 }
 
+// A connection nobody has used yet, a thread asleep waiting for its reply,
+// and another thread whose first write (which, preloaded, registers the
+// connection; it upgrades while the server pauses) sends the request: the
+// reply may then come by the ring, not the kernel socket the sleeper went
+// to sleep on. `wait` must still see it, long before its timeout.
+template <typename WaitFn>
+void SleeperSeesReplyAfterAnotherThreadsFirstWrite(WaitFn wait) {
+  {  // Another connection first, so that the process is attached (preloaded).
+    Connection w = ConnectedPair();
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE(SendAll(w.client.get(), "w"));
+    ASSERT_EQ(RecvExactly(w.server.get(), 1), "w");
+  }
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  std::thread server([&] {
+    if (RecvExactly(c.server.get(), 1) != "q") return;
+    SleepMs(300);
+    (void)SendAll(c.server.get(), "r");
+  });
+  std::thread writer([&] {
+    SleepMs(200);
+    (void)SendAll(c.client.get(), "q");
+  });
+  bool woke = wait(c.client.get());
+  writer.join();
+  server.join();
+  EXPECT_TRUE(woke) << "the wait timed out: the reply was not noticed";
+  EXPECT_EQ(RecvExactly(c.client.get(), 1), "r");
+}
+
+TEST(Poll, SleeperSeesReplyAfterAnotherThreadsFirstWriteUpgradedTheConnection) {
+  SleeperSeesReplyAfterAnotherThreadsFirstWrite([](int fd) {
+    pollfd p{fd, POLLIN, 0};
+    return poll(&p, 1, kIoTimeoutMs) == 1 && p.revents == POLLIN;
+  });
+}
+
 TEST(Poll, TimeoutWithNothingReadyReturnsZero) {
   Connection c = ConnectedPair();
   ASSERT_TRUE(c.ok());
@@ -351,6 +389,15 @@ TEST(Epoll, WaitReturnsRegisteredCookieAndEventsAndTimesOut) {
   epoll_event one;
   VS_EXPECT_ERRNO(epoll_wait(ep2.get(), &one, 0, 0), EINVAL);
   VS_EXPECT_ERRNO(epoll_wait(c.client.get(), &one, 1, 0), EINVAL);
+}
+
+TEST(Epoll, SleeperSeesReplyAfterAnotherThreadsFirstWriteUpgradedTheConnection) {
+  SleeperSeesReplyAfterAnotherThreadsFirstWrite([](int fd) {
+    Fd ep = EpollFd();
+    Add(ep.get(), fd, EPOLLIN, 7);
+    auto ev = Wait(ep.get(), kIoTimeoutMs);
+    return ev.size() == 1 && ev[0].events == EPOLLIN;
+  });
 }
 
 TEST(Epoll, LevelTriggeredKeepsReportingUntilDrained) {
