@@ -1,5 +1,6 @@
 #include "guest/core/close.h"
 
+#include <errno.h>
 #include <sys/socket.h>
 
 #include <mutex>
@@ -29,7 +30,7 @@ void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open) {
   // FIN must not overtake bytes only the backend had).
   if (s != nullptr && c.state.registered()) s->CheckBackend();
   bool registered = c.state.registered() && s != nullptr;
-  bool abortive = false, lingering = false;
+  bool abortive = false, lingering = false, awaiting_fin = false;
   if (registered && s->alive() && c.state.upgraded()) {
     // The kernel answers close() with RST when unread data is discarded or
     // SO_LINGER is {on, 0}: the peer then sees ECONNRESET, not EOF.
@@ -40,11 +41,12 @@ void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open) {
                c.rx_tail.load() != c.rx_head.load();
     // (After dup2/dup3 onto it the socket is gone already: no linger.)
     if (!abortive && still_open) lingering = Linger(fd, c);
+    if (!abortive && !lingering && still_open) awaiting_fin = AwaitPeerFin(fd, c);
   }
   // Now, even for a connection that lingers (the process may exit first),
   // and before its linger starts: the writer changes what it reports.
   Report(c, "close");
-  if (lingering) Enqueue(self);
+  if (lingering || awaiting_fin) Enqueue(self);
   if (still_open && !lingering && c.state.resynced()) {
     // Back on kernel TCP after a link loss: the bytes still owed to the
     // peer leave the TX ring before it is freed, and the writer finishes
@@ -92,6 +94,25 @@ bool Linger(int fd, Conn& c) {
   }
   c.linger_fd.store(mine);
   return true;  // the caller hands it to the writer
+}
+
+// close() of a connection whose peer closed first: its EOF came by the ring,
+// its kernel FIN is on its way (a peer library sends it once we consumed
+// its bytes, or at once when we unregister). Closing the socket now would
+// send our FIN first and leave TIME_WAIT here instead of at the peer (a
+// client of short connections runs out of ephemeral ports): the writer
+// keeps a dup until the peer's FIN arrives, at most kAwaitFinNs, and
+// closes it then.
+bool AwaitPeerFin(int fd, Conn& c) {
+  if (!c.peer_shut_wr.load() || c.shut_wr.load() || c.state.resynced() || !c.state.rx_on_ring()) return false;
+  char b;
+  ssize_t r = Libc().recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (r >= 0 || errno != EAGAIN) return false;  // the FIN (or data, or an error) is here: nothing to wait for
+  int mine = DupForWriter(fd);
+  if (mine < 0) return false;
+  c.await_fin_start_ns = MonotonicNs();
+  c.await_fin_fd.store(mine);
+  return true;
 }
 
 Status Shutdown(int fd, Conn& c, int how) {

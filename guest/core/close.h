@@ -14,5 +14,11 @@ void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open);
 // close() before the peer consumed our accelerated bytes: true if the
 // connection lingers (the caller hands it to the background writer).
 bool Linger(int fd, Conn& c);
+// close() after the peer's EOF came by the ring, before its kernel FIN: true
+// if the background writer keeps a dup until that FIN (the caller hands c
+// to it), so that our FIN does not go first.
+bool AwaitPeerFin(int fd, Conn& c);
+// How long the writer waits for that FIN at most.
+inline constexpr int64_t kAwaitFinNs = 2'000'000'000;
 
 }  // namespace vsocket::guest

@@ -87,6 +87,13 @@ struct Conn {
   // so a link loss can still be repaired by a resend (see Linger()).
   std::atomic<int> linger_fd{-1};
   int64_t linger_start_ns = 0;
+  // close() after the peer's EOF came by the ring but before its kernel
+  // FIN did (it sends it once we consumed its bytes): the writer keeps this
+  // dup until that FIN arrives (AwaitPeerFin), so the side that closed
+  // first is the one whose FIN goes first and which keeps TIME_WAIT, as
+  // with kernel TCP.
+  std::atomic<int> await_fin_fd{-1};
+  int64_t await_fin_start_ns = 0;
   int fd_hint = -1;                 // an fd of the app's naming it (set at registration)
   std::atomic<int64_t> resync_start_ns{0};  // (writer and event dispatch)
   std::atomic<uint32_t> reupgrades{0};  // times it registered again after a RESYNC

@@ -16,6 +16,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "guest/core/close.h"
 #include "guest/core/registration.h"
 #include "guest/core/resync.h"
 #include "guest/core/session.h"
@@ -155,6 +156,19 @@ LingerState StepLinger(Conn& c, int lfd) {
   return LingerState::kOver;
 }
 
+// A closed connection waiting for its peer's FIN (AwaitPeerFin): true once
+// it came (or the connection failed); what arrives before it is dropped,
+// nobody will read it.
+bool PeerFinArrived(int fd) {
+  char sink[4096];
+  for (int i = 0; i < 256; ++i) {
+    ssize_t r = Libc().recv(fd, sink, sizeof(sink), MSG_DONTWAIT);
+    if (r == 0) return true;
+    if (r < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+  }
+  return false;
+}
+
 void WriterLoop() {
   sigset_t all;
   sigfillset(&all);
@@ -173,6 +187,18 @@ void WriterLoop() {
     Session* drained = nullptr;  // once per pass: lingering connections share their process's session
     for (size_t i = 0; i < mine.size();) {
       Conn& c = *mine[i];
+      if (int afd = c.await_fin_fd.load(); afd >= 0) {
+        if (!PeerFinArrived(afd) && MonotonicNs() - c.await_fin_start_ns < kAwaitFinNs) {
+          pfds.push_back({afd, POLLIN | POLLRDHUP, 0});
+          ++i;
+          continue;
+        }
+        c.await_fin_fd.store(-1);
+        CloseWriterFd(afd);  // our FIN after the peer's: TIME_WAIT stays with it
+        mine[i] = std::move(mine.back());
+        mine.pop_back();
+        continue;
+      }
       int lfd = c.linger_fd.load();
       if (lfd >= 0) {
         // The application may no longer call us: its events are ours to take.

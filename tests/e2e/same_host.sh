@@ -232,6 +232,86 @@ PY
 }
 case_nginx
 
+# One connection per request (HTTP "Connection: close", as many clients
+# and proxies do): nginx closes first, so its side keeps TIME_WAIT, as with
+# kernel TCP; a client that sent its FIN first would hold thousands of
+# TIME_WAIT sockets and run out of ephemeral ports. Also: every response
+# byte-exact, no connection left on kernel TCP for want of resources, and
+# the connections that carried a response ended accelerated.
+case_nginx_close() {
+  local name=nginx_connection_close rep=$WORK/nginx-close.jsonl port=8081 www=$WORK/www-close
+  mkdir -p "$www" "$WORK/nginx-close-tmp"
+  head -c 4095 /dev/urandom >"$www/f4095"
+  head -c 300000 /dev/urandom >"$www/f300000"
+  cat >"$WORK/nginx-close.conf" <<CONF
+daemon off;
+master_process on;
+user root;
+worker_processes 2;
+pid $WORK/nginx-close.pid;
+error_log $WORK/nginx-close-error.log warn;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  sendfile on;
+  client_body_temp_path $WORK/nginx-close-tmp;
+  proxy_temp_path $WORK/nginx-close-tmp;
+  fastcgi_temp_path $WORK/nginx-close-tmp;
+  uwsgi_temp_path $WORK/nginx-close-tmp;
+  scgi_temp_path $WORK/nginx-close-tmp;
+  server { listen $A2:$port; root $www; }
+}
+CONF
+  vm_bg vm2 preload "$rep" "$WORK/nginx-close.srv" nginx -c "$WORK/nginx-close.conf"
+  local srv=$BG
+  wait_listen vm2 $port
+  local bad=0 i want
+  want=$(sha256sum "$www/f300000" | cut -d' ' -f1)
+  for i in $(seq 20); do
+    [ "$(vm_run vm1 preload "$rep" curl -sf -H "Connection: close" "http://$A2:$port/f300000" | sha256sum | cut -d' ' -f1)" = "$want" ] ||
+      bad=$((bad + 1))
+  done
+  local tw0c tw0s out rps errs twc tws
+  tw0c=$(bash $TB exec vm1 ss -Htan state time-wait | wc -l)
+  tw0s=$(bash $TB exec vm2 ss -Htan state time-wait | wc -l)
+  out=$(vm_run vm1 preload "$rep" wrk -t 2 -c 16 -d 3 -H "Connection: close" "http://$A2:$port/f4095" 2>&1)
+  rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+  errs=$(grep -E "Socket errors|Non-2xx" <<<"$out" | tr '\n' ' ')
+  twc=$(($(bash $TB exec vm1 ss -Htan state time-wait | wc -l) - tw0c))
+  tws=$(($(bash $TB exec vm2 ss -Htan state time-wait | wc -l) - tw0s))
+  kill -QUIT "$(cat "$WORK/nginx-close.pid" 2>/dev/null)" 2>/dev/null
+  sleep 0.5
+  kill "$srv" 2>/dev/null
+  wait "$srv" 2>/dev/null
+  [ $bad -eq 0 ] || { fail $name "$bad of 20 responses not byte-exact"; return; }
+  [ -n "$rps" ] && [ -z "$errs" ] || { fail $name "wrk: ${errs:-no result}"; return; }
+  # As with kernel TCP, the server (which closed first) holds the TIME_WAITs.
+  if [ "$tws" -lt 100 ] || [ $((twc * 10)) -gt "$tws" ]; then
+    fail $name "TIME_WAIT: client +$twc, server +$tws (the server closed first: it should hold them)"
+    return
+  fi
+  if ! out=$(python3 - "$rep" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+short = [l for l in lines if l["reason"] == "resource-limit"]
+late = sum(l.get("late_wakeups", 0) for l in lines)
+big = [l for l in lines if l["kernel_rx"] + l["accel_rx"] + l["kernel_tx"] + l["accel_tx"] > 65536]
+slow = [l for l in big if l["mode"] != "accelerated"]
+accel = sum(l["mode"] == "accelerated" for l in lines)
+if short or late or slow or accel < 40:
+    print(f"{len(short)} connections on kernel TCP for want of resources, {late} missed wake-ups, "
+          f"{len(slow)} of {len(big)} 300 kB responses not accelerated, {accel} accelerated of {len(lines)}")
+    sys.exit(1)
+print(f"{accel}/{len(lines)} connection ends accelerated, none short of resources")
+PY
+  ); then
+    fail $name "$out"
+    return
+  fi
+  pass "$name (20 x 300 kB byte-exact; wrk -c 16 Connection: close $rps req/s; TIME_WAIT client +$twc, server +$tws; $out)"
+}
+case_nginx_close
+
 case_memcached() {
   local name=memcached rep=$WORK/mc.jsonl port=11211
   vm_bg vm2 preload "$rep" "$WORK/mc.srv" memcached -u root -l "$A2" -p $port -t 2
