@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""The do-no-harm guard: a quick same-host comparison of vSocket with kernel
+TCP, in the same run, on what a user meets first. Builds nothing; about a
+minute on a 2-CPU machine. A benchmark, not a test: it never fails a build,
+but it is run, and its table committed, with every change to the data path
+or the wait policy.
+
+  bench/quick.sh [--bin BAZEL_BIN] [--reps N] [--out DIR]
+
+Measures (kernel TCP and vSocket alternating, REPS times each; the median
+of the repetitions is compared):
+  - sockperf ping-pong RTT, 16 B: p50 and p99
+  - redis-benchmark SET and GET, 1 client
+  - nginx, 4 KiB file, wrk -c 16 with "Connection: close" (a connection
+    per request)
+  - connect to first byte (connect, send, echo back), p50
+Prints one table of vSocket/kernel ratios against the do-no-harm goals of
+issue 15 (RTT p50 <= 1.0, p99 <= 1.2, connect p50 <= 1.5, every
+throughput >= 1.0) and a last line `quick-bench: OK` or
+`quick-bench: REGRESSION <metric>, ...`. Results: OUT/quick-latest.json and
+.md (replacing the previous run's).
+"""
+import argparse
+import os
+import re
+import statistics
+import tempfile
+import time
+
+from benchlib import DEFAULT_BIN, ROOT, Bed, find_bin, machine, ratio, save_results, utc_now
+from same_host_bench import CLIENT_VM, SERVER_VM, connect_first_byte, sockperf
+
+
+def redis_c1(bed, accel, port):
+    srv = bed.start(SERVER_VM, accel, ["redis-server", "--bind", bed.server_addr, "--port", str(port),
+                                       "--save", "", "--appendonly", "no", "--protected-mode", "no"], 120)
+    res = {}
+    try:
+        bed.wait_listening(SERVER_VM, port)
+        r = bed.run(CLIENT_VM, accel, ["redis-benchmark", "-h", bed.server_addr, "-p", str(port),
+                                       "-t", "set,get", "-n", "8000", "-c", "1", "--csv"], timeout=60)
+        for line in r.stdout.splitlines():
+            m = re.match(r'"(SET|GET)","([0-9.]+)"', line)
+            if m:
+                res[m.group(1).lower() + "_rps"] = float(m.group(2))
+    finally:
+        srv.stop()
+    return res
+
+
+NGINX_CONF = """daemon off;
+master_process on;
+user root;
+worker_processes 1;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  sendfile on;
+  client_body_temp_path {d}/tmp;
+  proxy_temp_path {d}/tmp;
+  fastcgi_temp_path {d}/tmp;
+  uwsgi_temp_path {d}/tmp;
+  scgi_temp_path {d}/tmp;
+  server {{ listen {addr}:{port}; root {d}/www; }}
+}}
+"""
+
+
+def nginx_close(bed, accel, port, seconds=2):
+    d = tempfile.mkdtemp(prefix="vsocket-quick-")
+    os.makedirs(f"{d}/www")
+    os.makedirs(f"{d}/tmp")
+    with open(f"{d}/www/f4096", "wb") as f:
+        f.write(os.urandom(4096))
+    with open(f"{d}/nginx.conf", "w") as f:
+        f.write(NGINX_CONF.format(d=d, addr=bed.server_addr, port=port))
+    srv = bed.start(SERVER_VM, accel, ["nginx", "-c", f"{d}/nginx.conf"], 120)
+    try:
+        bed.wait_listening(SERVER_VM, port)
+        r = bed.run(CLIENT_VM, accel, ["wrk", "-t", "2", "-c", "16", "-d", str(seconds), "-H", "Connection: close",
+                                       f"http://{bed.server_addr}:{port}/f4096"], timeout=seconds + 60)
+    finally:
+        srv.stop()
+    m = re.search(r"Requests/sec:\s+([0-9.]+)", r.stdout)
+    res = {"rps": float(m.group(1)) if m else 0.0}
+    if "Socket errors" in r.stdout:
+        res["errors"] = re.search(r"Socket errors:.*", r.stdout).group(0)
+    return res
+
+
+# (name, key in one repetition's results, higher is better, goal ratio)
+METRICS = [
+    ("RTT p50, 16 B (us)", lambda R: 2 * R["pingpong"].get("p50", 0), False, 1.0),
+    ("RTT p99, 16 B (us)", lambda R: 2 * R["pingpong"].get("p99", 0), False, 1.2),
+    ("redis SET, 1 client (req/s)", lambda R: R["redis"].get("set_rps", 0), True, 1.0),
+    ("redis GET, 1 client (req/s)", lambda R: R["redis"].get("get_rps", 0), True, 1.0),
+    ("nginx Connection: close (req/s)", lambda R: R["nginx"].get("rps", 0), True, 1.0),
+    ("connect to first byte, p50 (us)", lambda R: R["connect"].get("p50_us", 0), False, 1.5),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default=DEFAULT_BIN)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
+    a = ap.parse_args()
+    t_start = time.monotonic()
+    bed = Bed(a.bin)
+    peer = find_bin(a.bin, "tests/socket/socket_peer")
+    bed.up(CLIENT_VM, SERVER_VM)
+    results = {"date": utc_now().strftime("%Y-%m-%dT%H:%M:%SZ"), "machine": machine(),
+               "binaries": bed.binaries(), "reps": a.reps, "kernel": [], "vsocket": []}
+    try:
+        port = 13000
+        for _ in range(a.reps):
+            for mode, accel in (("kernel", False), ("vsocket", True)):
+                R = {"pingpong": sockperf(bed, accel, "pp", 16, 2, port)}
+                R["pingpong"].pop("raw", None)
+                R["redis"] = redis_c1(bed, accel, port + 1)
+                R["nginx"] = nginx_close(bed, accel, port + 2)
+                R["connect"] = connect_first_byte(bed, accel, peer, port + 3)
+                results[mode].append(R)
+                port += 4
+    finally:
+        bed.down()
+    rows, bad = [], []
+    for name, get, higher, goal in METRICS:
+        k = statistics.median(get(R) for R in results["kernel"])
+        v = statistics.median(get(R) for R in results["vsocket"])
+        r = ratio(v, k)
+        ok = r == r and (r >= goal if higher else r <= goal)
+        rows.append({"metric": name, "kernel": k, "vsocket": v, "ratio": r,
+                     "goal": (">= " if higher else "<= ") + f"{goal:g}", "ok": ok})
+        if not ok:
+            bad.append(name)
+    results["table"] = rows
+    results["seconds"] = round(time.monotonic() - t_start, 1)
+    md = [f"# Quick benchmark, {results['date']}, {results['machine']['cpus']} CPUs "
+          f"({results['machine']['cpu_model']}), median of {a.reps} repetitions, same run",
+          "", "| metric | kernel TCP | vSocket | vSocket/kernel | goal | |", "|---|--:|--:|--:|---|---|"]
+    for row in rows:
+        md.append(f"| {row['metric']} | {row['kernel']:.1f} | {row['vsocket']:.1f} | {row['ratio']:.2f} | "
+                  f"{row['goal']} | {'ok' if row['ok'] else 'REGRESSION'} |")
+    verdict = "quick-bench: OK" if not bad else "quick-bench: REGRESSION " + ", ".join(bad)
+    md += ["", f"({results['seconds']} s)", "", verdict]
+    text = "\n".join(md) + "\n"
+    save_results(a.out, "quick", results, text)
+    print(text, end="")
+
+
+if __name__ == "__main__":
+    main()
