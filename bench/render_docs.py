@@ -9,8 +9,8 @@ results in bench/results/, so that no table in the docs is typed by hand.
 Each generated block sits between `<!-- generated: NAME -->` and
 `<!-- end generated -->` and starts with the date and the machine of the
 run, as the result file records them. Everything outside the markers is
-left alone. Blocks: channel (channel-latest.md), same-host, cross-host and
-conn-scale (NAME-latest.json).
+left alone. Blocks: channel (channel-latest.md), same-host, cross-host,
+conn-scale and quick (NAME-latest.json).
 """
 import argparse
 import difflib
@@ -179,7 +179,18 @@ def conn_scale():
     return out
 
 
-BLOCKS = {"channel": channel, "same-host": same_host, "cross-host": cross_host, "conn-scale": conn_scale}
+def quick():
+    res = load("quick-latest.json")
+    out = [when_where(res, "quick-latest.json") + f" Kernel TCP and vSocket alternating, median of {res['reps']}.", "",
+           "| metric | kernel TCP | vSocket | vSocket/kernel | do-no-harm goal |", "|---|--:|--:|--:|---|"]
+    for r in res["table"]:
+        out.append(f"| {label(r['metric'])} | {num(r['kernel'])} | {num(r['vsocket'])} | {r['ratio']:.2f} "
+                   f"| {goal(r['goal'])}: **{'met' if r['ok'] else 'missed'}** |")
+    return out
+
+
+BLOCKS = {"channel": channel, "same-host": same_host, "cross-host": cross_host, "conn-scale": conn_scale,
+          "quick": quick}
 
 
 def render(doc):
