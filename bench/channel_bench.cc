@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "base/clock.h"
-#include "guest/control_channel.h"
+#include "tests/integration/control_channel.h"
 #include "tests/integration/daemon_fixture.h"
 
 using namespace vsocket;

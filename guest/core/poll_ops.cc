@@ -302,12 +302,10 @@ void Refresh(int epfd, EpSet& set) {
       set.session = nullptr;
     }
     // Pending connections need the session's wake-ups too: their UPGRADE
-    // arrives as an event, not on the kernel socket; and so do connections
-    // not registered yet, which another thread may register and upgrade.
-    Session* wakes = e.conn->session;
-    if (wakes == nullptr && e.conn->state.phase() == Phase::kUnprobed) wakes = Session::Existing();
-    if (set.session == nullptr && wakes != nullptr && wakes->alive()) {
-      set.session = wakes;
+    // arrives as an event, not on the kernel socket. (Connections not
+    // registered yet get them only while a wait sleeps: EpollWait.)
+    if (set.session == nullptr && e.conn->session != nullptr) {
+      set.session = e.conn->session;
       set.session->AddWaiter(set.wake_efd);
       epoll_event ev{};
       ev.events = EPOLLIN | EPOLLET;
@@ -345,6 +343,47 @@ int Collect(EpSet& set, epoll_event* out, int max, int64_t slept_from = 0, int64
   }
   return n;
 }
+
+// Requires set.mu. Whether a connection in the set is not registered yet
+// (another thread may register and upgrade it while we sleep).
+bool HasUnprobed(const EpSet& set) {
+  for (const auto& [fd, e] : set.entries)
+    if (e.conn->session == nullptr && e.conn->state.phase() == Phase::kUnprobed) return true;
+  return false;
+}
+
+// While a wait on a set with no session of its own sleeps, and a connection
+// in it is not registered yet: the process's session wakes it too (its
+// events, its backend's hang-up, and every drain by another thread). Only
+// for the sleep: an epoll set nested in another must not look readable for
+// wake-ups meant for our emulation.
+class SleepHooks {
+ public:
+  SleepHooks(int epfd, EpSet& set, Session* s) : epfd_(epfd), set_(set), s_(s) {
+    if (s_ == nullptr) return;
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLET;
+    ev.data.u64 = kSessionMarker;
+    Libc().epoll_ctl(epfd_, EPOLL_CTL_ADD, s_->event_fd(), &ev);
+    ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+    ev.data.u64 = kBackendMarker;
+    Libc().epoll_ctl(epfd_, EPOLL_CTL_ADD, s_->backend_fd(), &ev);
+    s_->AddWaiter(set_.wake_efd);
+  }
+  ~SleepHooks() {
+    if (s_ == nullptr) return;
+    s_->RemoveWaiter(set_.wake_efd);
+    Libc().epoll_ctl(epfd_, EPOLL_CTL_DEL, s_->event_fd(), nullptr);
+    Libc().epoll_ctl(epfd_, EPOLL_CTL_DEL, s_->backend_fd(), nullptr);
+  }
+  SleepHooks(const SleepHooks&) = delete;
+  SleepHooks& operator=(const SleepHooks&) = delete;
+
+ private:
+  int epfd_;
+  EpSet& set_;
+  Session* s_;
+};
 
 // Drops our marker events from a real epoll result; returns the kept count.
 int Filter(EpSet& set, epoll_event* ev, int n, bool* session_event) {
@@ -481,13 +520,25 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
     }
     // Sleep in the real epoll_wait: our wake eventfd and the session's event
     // fd are in the set, so ring events wake us too.
-    bool prepared = s != nullptr && s->PrepareSleep();
-    if (s != nullptr && !prepared) continue;
+    Session* borrowed = nullptr;
+    if (s == nullptr) {
+      std::lock_guard<std::mutex> lock(set->mu);
+      if (set->session == nullptr && HasUnprobed(*set)) borrowed = Session::Existing();
+    }
+    SleepHooks hooks(epfd, *set, borrowed);
+    if (borrowed != nullptr) {
+      // Registered (and maybe upgraded) between our look and the hooks?
+      std::lock_guard<std::mutex> lock(set->mu);
+      if (!HasUnprobed(*set)) continue;
+    }
+    Session* sleeper = s != nullptr ? s : borrowed;
+    bool prepared = sleeper != nullptr && sleeper->PrepareSleep();
+    if (sleeper != nullptr && !prepared) continue;
     slept_from = MonotonicNs();
     int r = Libc().epoll_pwait(epfd, events, max, RemainingMs(deadline), sigmask);
     int saved = errno;
     slept_until = MonotonicNs();
-    if (prepared) s->DoneSleeping();
+    if (prepared) sleeper->DoneSleeping();
     if (r < 0) {
       errno = saved;
       return -1;
@@ -496,7 +547,8 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
       std::lock_guard<std::mutex> lock(set->mu);
       r = Filter(*set, events, r, &session_event);
     }
-    if (session_event && s) s->Drain();
+    if (session_event && borrowed) borrowed->CheckBackend();  // (Filter checks the set's own)
+    if (session_event && sleeper) sleeper->Drain();
     if (r > 0) {
       // Kernel events of entries the kernel owns; ours cannot repeat them.
       std::lock_guard<std::mutex> lock(set->mu);

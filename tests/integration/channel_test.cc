@@ -5,7 +5,7 @@
 #include <random>
 #include <thread>
 
-#include "guest/control_channel.h"
+#include "tests/integration/control_channel.h"
 #include "tests/integration/daemon_fixture.h"
 
 namespace vsocket {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "guest/control_channel.h"
+#include "tests/integration/control_channel.h"
 
 using namespace vsocket;
 

@@ -11,7 +11,7 @@
 #include <random>
 #include <thread>
 
-#include "guest/control_channel.h"
+#include "tests/integration/control_channel.h"
 #include "proto/virtio_ring.h"
 #include "tests/integration/daemon_fixture.h"
 

@@ -1,4 +1,4 @@
-#include "guest/control_channel.h"
+#include "tests/integration/control_channel.h"
 
 #include <time.h>
 
