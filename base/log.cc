@@ -1,10 +1,10 @@
 #include "base/log.h"
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <atomic>
 
 namespace vsocket {
 namespace {
@@ -28,9 +28,11 @@ void SetLogLevel(LogLevel level) { g_level.store(static_cast<int>(level)); }
 LogLevel GetLogLevel() { return static_cast<LogLevel>(g_level.load(std::memory_order_relaxed)); }
 
 bool ParseLogLevel(const char* text, LogLevel* out) {
-  static constexpr struct { const char* name; LogLevel level; } kNames[] = {
-      {"error", LogLevel::kError}, {"warn", LogLevel::kWarn},
-      {"info", LogLevel::kInfo},   {"debug", LogLevel::kDebug}};
+  static constexpr struct {
+    const char* name;
+    LogLevel level;
+  } kNames[] = {
+      {"error", LogLevel::kError}, {"warn", LogLevel::kWarn}, {"info", LogLevel::kInfo}, {"debug", LogLevel::kDebug}};
   for (const auto& n : kNames) {
     if (std::strcmp(text, n.name) == 0) {
       *out = n.level;
@@ -40,21 +42,18 @@ bool ParseLogLevel(const char* text, LogLevel* out) {
   return false;
 }
 
-void SetLogTag(const char* tag) {
-  std::snprintf(g_tag, sizeof(g_tag), "%s", tag);
-}
+void SetLogTag(const char* tag) { std::snprintf(g_tag, sizeof(g_tag), "%s", tag); }
 
 void Log(LogLevel level, const char* fmt, ...) {
   int saved_errno = errno;
   char line[1024];
   timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  int n = std::snprintf(line, sizeof(line), "%s %ld.%06ld %s: ", LevelName(level),
-                        static_cast<long>(ts.tv_sec), ts.tv_nsec / 1000, g_tag);
+  int n = std::snprintf(line, sizeof(line), "%s %ld.%06ld %s: ", LevelName(level), static_cast<long>(ts.tv_sec),
+                        ts.tv_nsec / 1000, g_tag);
   va_list ap;
   va_start(ap, fmt);
-  if (n > 0 && static_cast<size_t>(n) < sizeof(line))
-    n += std::vsnprintf(line + n, sizeof(line) - n, fmt, ap);
+  if (n > 0 && static_cast<size_t>(n) < sizeof(line)) n += std::vsnprintf(line + n, sizeof(line) - n, fmt, ap);
   va_end(ap);
   if (n < 0) n = 0;
   if (static_cast<size_t>(n) >= sizeof(line) - 1) n = sizeof(line) - 2;

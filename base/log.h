@@ -19,9 +19,8 @@ void Log(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 
 
 }  // namespace vsocket
 
-#define VS_LOG(level, ...)                                                   \
-  do {                                                                       \
-    if (static_cast<int>(::vsocket::LogLevel::level) <=                      \
-        static_cast<int>(::vsocket::GetLogLevel()))                          \
-      ::vsocket::Log(::vsocket::LogLevel::level, __VA_ARGS__);               \
+#define VS_LOG(level, ...)                                                                          \
+  do {                                                                                              \
+    if (static_cast<int>(::vsocket::LogLevel::level) <= static_cast<int>(::vsocket::GetLogLevel())) \
+      ::vsocket::Log(::vsocket::LogLevel::level, __VA_ARGS__);                                      \
   } while (0)

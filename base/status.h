@@ -18,10 +18,10 @@ enum class Code : unsigned char {
   kNotFound,
   kAlreadyExists,
   kPermissionDenied,
-  kResourceExhausted,   // no credits, no ring space, no memory
-  kUnavailable,         // peer/backend gone or not reachable (retry may help)
+  kResourceExhausted,  // no credits, no ring space, no memory
+  kUnavailable,        // peer/backend gone or not reachable (retry may help)
   kDeadlineExceeded,
-  kDataLoss,            // peer violated the protocol; data cannot be trusted
+  kDataLoss,  // peer violated the protocol; data cannot be trusted
   kInternal,
 };
 
@@ -54,8 +54,8 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}              // NOLINT: implicit by design
-  Result(Status status) : v_(std::move(status)) {}       // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}         // NOLINT: implicit by design
+  Result(Status status) : v_(std::move(status)) {}  // NOLINT: implicit by design
 
   bool ok() const { return std::holds_alternative<T>(v_); }
   const Status& status() const {
@@ -76,8 +76,8 @@ class [[nodiscard]] Result {
 }  // namespace vsocket
 
 // Propagates a non-OK Status out of the enclosing function.
-#define VS_RETURN_IF_ERROR(expr)            \
-  do {                                      \
-    ::vsocket::Status vs_status_ = (expr);  \
+#define VS_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::vsocket::Status vs_status_ = (expr);   \
     if (!vs_status_.ok()) return vs_status_; \
   } while (0)

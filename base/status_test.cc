@@ -30,9 +30,7 @@ Status Propagates() {
   return Status::Ok();
 }
 
-TEST(StatusTest, ReturnIfErrorPropagates) {
-  EXPECT_EQ(Propagates().code(), Code::kOutOfRange);
-}
+TEST(StatusTest, ReturnIfErrorPropagates) { EXPECT_EQ(Propagates().code(), Code::kOutOfRange); }
 
 TEST(ResultTest, HoldsValueOrStatus) {
   Result<int> a = 5;

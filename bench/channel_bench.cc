@@ -78,8 +78,7 @@ struct RawResult {
 RawResult RunRaw(int iters) {
   int fd = memfd_create("raw-ring", MFD_CLOEXEC);
   if (fd < 0 || ftruncate(fd, sizeof(RawShared)) != 0) std::abort();
-  auto* sh = static_cast<RawShared*>(
-      mmap(nullptr, sizeof(RawShared), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  auto* sh = static_cast<RawShared*>(mmap(nullptr, sizeof(RawShared), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
   new (sh) RawShared();
   const int stream = iters * 10;
   pid_t child = fork();
@@ -227,23 +226,22 @@ int main(int argc, char** argv) {
   }
 
   char buf[4096];
-  int n = std::snprintf(
-      buf, sizeof(buf),
-      "# vSocket channel benchmark (%d round trips, 8-byte payloads, %ld CPUs)\n"
-      "| measurement                     | raw SPSC ring | channel, polling | channel, eventfd |\n"
-      "|---------------------------------|--------------:|-----------------:|-----------------:|\n"
-      "| RTT p50 (us)                    | %13.2f | %16.2f | %16.2f |\n"
-      "| RTT p99 (us)                    | %13.2f | %16.2f | %16.2f |\n"
-      "| RTT p99.9 (us)                  | %13.2f | %16.2f | %16.2f |\n"
-      "| msgs/s, one in flight           | %13.0f | %16.0f | %16.0f |\n"
-      "| msgs/s, batched / streaming     | %13.0f | %16.0f | %16.0f |\n"
-      "\n"
-      "channel/raw RTT p50 ratio (polling): %.2fx  (goal: <= 2x)\n"
-      "vsocketd CPU while idle for 3 s: %.3f s (%.1f%% of one core)\n",
-      iters, sysconf(_SC_NPROCESSORS_ONLN), raw.rtt.p50, poll.rtt.p50, event.rtt.p50, raw.rtt.p99,
-      poll.rtt.p99, event.rtt.p99, raw.rtt.p999, poll.rtt.p999, event.rtt.p999,
-      1e6 / raw.rtt.p50, poll.single_mps, event.single_mps, raw.stream_mps, poll.batched_mps,
-      event.batched_mps, poll.rtt.p50 / raw.rtt.p50, idle_cpu, idle_cpu / 3 * 100);
+  int n = std::snprintf(buf, sizeof(buf),
+                        "# vSocket channel benchmark (%d round trips, 8-byte payloads, %ld CPUs)\n"
+                        "| measurement                     | raw SPSC ring | channel, polling | channel, eventfd |\n"
+                        "|---------------------------------|--------------:|-----------------:|-----------------:|\n"
+                        "| RTT p50 (us)                    | %13.2f | %16.2f | %16.2f |\n"
+                        "| RTT p99 (us)                    | %13.2f | %16.2f | %16.2f |\n"
+                        "| RTT p99.9 (us)                  | %13.2f | %16.2f | %16.2f |\n"
+                        "| msgs/s, one in flight           | %13.0f | %16.0f | %16.0f |\n"
+                        "| msgs/s, batched / streaming     | %13.0f | %16.0f | %16.0f |\n"
+                        "\n"
+                        "channel/raw RTT p50 ratio (polling): %.2fx  (goal: <= 2x)\n"
+                        "vsocketd CPU while idle for 3 s: %.3f s (%.1f%% of one core)\n",
+                        iters, sysconf(_SC_NPROCESSORS_ONLN), raw.rtt.p50, poll.rtt.p50, event.rtt.p50, raw.rtt.p99,
+                        poll.rtt.p99, event.rtt.p99, raw.rtt.p999, poll.rtt.p999, event.rtt.p999, 1e6 / raw.rtt.p50,
+                        poll.single_mps, event.single_mps, raw.stream_mps, poll.batched_mps, event.batched_mps,
+                        poll.rtt.p50 / raw.rtt.p50, idle_cpu, idle_cpu / 3 * 100);
   std::fwrite(buf, 1, n, stdout);
   if (!out_path.empty()) {
     FILE* f = std::fopen(out_path.c_str(), "w");

@@ -22,7 +22,7 @@ constexpr int kBurst = 32;
 
 struct Sender {
   UniqueFd fd;
-  size_t partial = 0;   // bytes of the current message already written
+  size_t partial = 0;    // bytes of the current message already written
   bool blocked = false;  // waiting for EPOLLOUT (one-shot)
 };
 
@@ -68,8 +68,7 @@ int RunRate(const sockaddr_in& addr, const Options& o) {
   for (size_t i = 0; i < size; ++i) msg[i] = PatternByte(size, i);
   std::vector<epoll_event> ready(static_cast<size_t>(conns));
   uint64_t messages = 0, window_messages = 0;
-  const int64_t start = NowNs(), window_start = start + SecondsToNs(warmup),
-                end = window_start + SecondsToNs(seconds);
+  const int64_t start = NowNs(), window_start = start + SecondsToNs(warmup), end = window_start + SecondsToNs(seconds);
   int64_t now = start, window_t0 = 0;
   double cpu0 = 0;
   bool in_window = false;
@@ -125,8 +124,8 @@ int RunRate(const sockaddr_in& addr, const Options& o) {
   Say("{\"role\":\"rate\",\"conns\":%d,\"size\":%zu,\"window_s\":%.4f,\"window_messages\":%llu,"
       "\"msg_per_s\":%.0f,\"messages_total\":%llu,\"bytes_total\":%llu,\"cpu_s_window\":%.3f}",
       conns, size, window_s, static_cast<unsigned long long>(window_messages),
-      window_s > 0 ? static_cast<double>(window_messages) / window_s : 0.0,
-      static_cast<unsigned long long>(messages), static_cast<unsigned long long>(messages * size), cpu_s);
+      window_s > 0 ? static_cast<double>(window_messages) / window_s : 0.0, static_cast<unsigned long long>(messages),
+      static_cast<unsigned long long>(messages * size), cpu_s);
   return 0;
 }
 
@@ -165,8 +164,8 @@ int RunConnect(const sockaddr_in& addr, const Options& o) {
       "\"max_us\":%.1f,\"connect_p50_us\":%.1f,\"connect_p99_us\":%.1f,\"write_p50_us\":%.1f,"
       "\"write_p99_us\":%.1f,\"echo_p50_us\":%.1f,\"echo_p99_us\":%.1f}",
       done, failed, p50, p90, p99, us.empty() ? 0.0 : us.back(), Percentile(connect_us, 0.5),
-      Percentile(connect_us, 0.99), Percentile(write_us, 0.5), Percentile(write_us, 0.99),
-      Percentile(echo_us, 0.5), Percentile(echo_us, 0.99));
+      Percentile(connect_us, 0.99), Percentile(write_us, 0.5), Percentile(write_us, 0.99), Percentile(echo_us, 0.5),
+      Percentile(echo_us, 0.99));
   return failed == 0 && done == static_cast<size_t>(count) ? 0 : 1;
 }
 

@@ -31,8 +31,7 @@ Result<int> ParseInt(const std::string& v, int lo, int hi, const std::string& wh
   return static_cast<int>(n);
 }
 
-Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& value,
-                    const std::string& where) {
+Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& value, const std::string& where) {
   if (key == "ctl_socket") {
     c->ctl_socket = value;
   } else if (key == "poll_us") {
@@ -89,23 +88,23 @@ Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& 
     if (!n.ok()) return n.status();
     c->links_per_peer = *n;
   } else {
-    return Bad(where, "unknown key '" + key +
-                          "' (daemon keys: ctl_socket, poll_us, poll_max_us, eal_mem_mb, log_level, metrics_addr, metrics_port, "
-                          "host_name, peer_listen, tls_cert, tls_key, tls_ca, locator, fabric, rdma_device, "
-                          "rdma_gid_index, links_per_peer)");
+    return Bad(
+        where,
+        "unknown key '" + key +
+            "' (daemon keys: ctl_socket, poll_us, poll_max_us, eal_mem_mb, log_level, metrics_addr, metrics_port, "
+            "host_name, peer_listen, tls_cert, tls_key, tls_ca, locator, fabric, rdma_device, "
+            "rdma_gid_index, links_per_peer)");
   }
   return Status::Ok();
 }
 
-Status SetVmKey(vhost::PortConfig* vm, const std::string& key, const std::string& value,
-                const std::string& where) {
+Status SetVmKey(vhost::PortConfig* vm, const std::string& key, const std::string& value, const std::string& where) {
   if (key == "socket") {
     vm->path = value;
   } else if (key == "tenant") {
     char* end = nullptr;
     unsigned long t = std::strtoul(value.c_str(), &end, 10);
-    if (value.empty() || *end != '\0' || t == 0 || t > 0xffffffffu)
-      return Bad(where, "tenant must be 1..4294967295");
+    if (value.empty() || *end != '\0' || t == 0 || t > 0xffffffffu) return Bad(where, "tenant must be 1..4294967295");
     vm->tenant_id = static_cast<uint32_t>(t);
   } else if (key == "addresses") {
     Status st = ParseAddresses(value, &vm->addresses);
@@ -116,8 +115,7 @@ Status SetVmKey(vhost::PortConfig* vm, const std::string& key, const std::string
   return Status::Ok();
 }
 
-Status SetPeerKey(PeerHostConfig* peer, const std::string& key, const std::string& value,
-                  const std::string& where) {
+Status SetPeerKey(PeerHostConfig* peer, const std::string& key, const std::string& value, const std::string& where) {
   if (key != "address") return Bad(where, "unknown key '" + key + "' (peer keys: address)");
   sockaddr_storage ss;
   unsigned len;
@@ -240,14 +238,23 @@ Status ApplyEnv(char** env, DaemonConfig* config) {
   static constexpr struct {
     const char* env;
     const char* key;
-  } kDaemon[] = {{"VSOCKET_CTL_SOCKET", "ctl_socket"}, {"VSOCKET_POLL_US", "poll_us"}, {"VSOCKET_POLL_MAX_US", "poll_max_us"},
-                 {"VSOCKET_EAL_MEM_MB", "eal_mem_mb"}, {"VSOCKET_LOG_LEVEL", "log_level"},
-                 {"VSOCKET_METRICS_ADDR", "metrics_addr"}, {"VSOCKET_METRICS_PORT", "metrics_port"},
-                 {"VSOCKET_HOST_NAME", "host_name"},       {"VSOCKET_PEER_LISTEN", "peer_listen"},
-                 {"VSOCKET_TLS_CERT", "tls_cert"},         {"VSOCKET_TLS_KEY", "tls_key"},
-                 {"VSOCKET_TLS_CA", "tls_ca"},             {"VSOCKET_LOCATOR", "locator"},
-                 {"VSOCKET_FABRIC", "fabric"},             {"VSOCKET_RDMA_DEVICE", "rdma_device"},
-                 {"VSOCKET_RDMA_GID_INDEX", "rdma_gid_index"}, {"VSOCKET_LINKS_PER_PEER", "links_per_peer"}};
+  } kDaemon[] = {{"VSOCKET_CTL_SOCKET", "ctl_socket"},
+                 {"VSOCKET_POLL_US", "poll_us"},
+                 {"VSOCKET_POLL_MAX_US", "poll_max_us"},
+                 {"VSOCKET_EAL_MEM_MB", "eal_mem_mb"},
+                 {"VSOCKET_LOG_LEVEL", "log_level"},
+                 {"VSOCKET_METRICS_ADDR", "metrics_addr"},
+                 {"VSOCKET_METRICS_PORT", "metrics_port"},
+                 {"VSOCKET_HOST_NAME", "host_name"},
+                 {"VSOCKET_PEER_LISTEN", "peer_listen"},
+                 {"VSOCKET_TLS_CERT", "tls_cert"},
+                 {"VSOCKET_TLS_KEY", "tls_key"},
+                 {"VSOCKET_TLS_CA", "tls_ca"},
+                 {"VSOCKET_LOCATOR", "locator"},
+                 {"VSOCKET_FABRIC", "fabric"},
+                 {"VSOCKET_RDMA_DEVICE", "rdma_device"},
+                 {"VSOCKET_RDMA_GID_INDEX", "rdma_gid_index"},
+                 {"VSOCKET_LINKS_PER_PEER", "links_per_peer"}};
   for (char** e = env; e && *e; ++e) {
     std::string kv = *e;
     size_t eq = kv.find('=');
@@ -291,17 +298,19 @@ Status Validate(DaemonConfig* config) {
       return Status(Code::kInvalidArgument, what + ": socket " + vm.path + " is used twice");
     if (vm.tenant_id == 0) return Status(Code::kInvalidArgument, what + " has no tenant");
     if (vm.addresses.empty())
-      VS_LOG(kWarn, "%s has no addresses: its guests can only accelerate loopback connections",
-             what.c_str());
+      VS_LOG(kWarn, "%s has no addresses: its guests can only accelerate loopback connections", what.c_str());
   }
   if (!config->peers.empty()) {
     auto need = [](const std::string& v, const char* key) {
       return v.empty() ? Status(Code::kInvalidArgument, std::string("peers are configured but ") + key + " is not set")
                        : Status::Ok();
     };
-    for (auto [v, k] : {std::pair{&config->host_name, "host_name"}, {&config->peer_listen, "peer_listen"},
-                        {&config->tls_cert, "tls_cert"}, {&config->tls_key, "tls_key"},
-                        {&config->tls_ca, "tls_ca"}, {&config->locator, "locator"}})
+    for (auto [v, k] : {std::pair{&config->host_name, "host_name"},
+                        {&config->peer_listen, "peer_listen"},
+                        {&config->tls_cert, "tls_cert"},
+                        {&config->tls_key, "tls_key"},
+                        {&config->tls_ca, "tls_ca"},
+                        {&config->locator, "locator"}})
       VS_RETURN_IF_ERROR(need(*v, k));
     std::set<std::string> peer_names;
     for (const PeerHostConfig& p : config->peers) {

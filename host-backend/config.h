@@ -35,8 +35,8 @@ struct DaemonConfig {
   std::string host_name;    // this host's name, the CN of tls_cert
   std::string peer_listen;  // ADDR:PORT other backends connect to
   std::string tls_cert, tls_key, tls_ca;
-  std::string locator;      // static locator file
-  std::string fabric = "tcp";   // tcp | rdma
+  std::string locator;         // static locator file
+  std::string fabric = "tcp";  // tcp | rdma
   // fabric = rdma: the RDMA device (empty: the first one) and the GID index
   // of its port 1 (-1: the IPv4-mapped RoCEv2 GID). A missing device is a
   // startup error, never a silent fall back to tcp.
@@ -56,8 +56,8 @@ Result<DaemonConfig> ParseConfig(const std::string& text, const std::string& nam
 // VSOCKET_CTL_SOCKET, VSOCKET_POLL_US, VSOCKET_EAL_MEM_MB, VSOCKET_LOG_LEVEL,
 // VSOCKET_METRICS_ADDR, VSOCKET_METRICS_PORT, VSOCKET_HOST_NAME,
 // VSOCKET_PEER_LISTEN, VSOCKET_TLS_{CERT,KEY,CA}, VSOCKET_LOCATOR,
-// VSOCKET_FABRIC, VSOCKET_RDMA_DEVICE, VSOCKET_RDMA_GID_INDEX, VSOCKET_LINKS_PER_PEER, per peer VSOCKET_PEER_<NAME>_ADDRESS, and per VM
-// VSOCKET_VM_<NAME>_{SOCKET,TENANT,ADDRESSES} (NAME upper-cased, '-' -> '_').
+// VSOCKET_FABRIC, VSOCKET_RDMA_DEVICE, VSOCKET_RDMA_GID_INDEX, VSOCKET_LINKS_PER_PEER, per peer
+// VSOCKET_PEER_<NAME>_ADDRESS, and per VM VSOCKET_VM_<NAME>_{SOCKET,TENANT,ADDRESSES} (NAME upper-cased, '-' -> '_').
 Status ApplyEnv(char** env, DaemonConfig* config);
 // Checks the whole configuration (at least one VM, unique names, sockets
 // and tenants set, addresses parse). Call after all overrides.

@@ -71,8 +71,8 @@ TEST(ConfigTest, ValidationCatchesIncompleteVms) {
 TEST(ConfigTest, EnvironmentOverridesFileValues) {
   auto c = ParseConfig(kGood, "t.conf");
   ASSERT_TRUE(c.ok());
-  char e1[] = "VSOCKET_POLL_US=0", e2[] = "VSOCKET_VM_WEB_1_TENANT=9",
-       e3[] = "VSOCKET_VM_DB_ADDRESSES=198.51.100.20", e4[] = "PATH=/bin";
+  char e1[] = "VSOCKET_POLL_US=0", e2[] = "VSOCKET_VM_WEB_1_TENANT=9", e3[] = "VSOCKET_VM_DB_ADDRESSES=198.51.100.20",
+       e4[] = "PATH=/bin";
   char* env[] = {e1, e2, e3, e4, nullptr};
   ASSERT_TRUE(ApplyEnv(env, &*c).ok());
   EXPECT_EQ(c->poll_us, 0);
@@ -105,8 +105,7 @@ TEST(PeerConfig, PeersNeedTheWholeMultiHostSetup) {
   c->tls_ca.clear();
   EXPECT_NE(Validate(&*c).message().find("tls_ca is not set"), std::string::npos);
 
-  EXPECT_NE(ParseConfig("[peer x]\naddress = 203.0.113.2\n", "f").status().message().find("f:2:"),
-            std::string::npos);
+  EXPECT_NE(ParseConfig("[peer x]\naddress = 203.0.113.2\n", "f").status().message().find("f:2:"), std::string::npos);
   EXPECT_NE(ParseConfig("peer_listen = 1.2.3.4:0\n", "f").status().message().find("port"), std::string::npos);
   EXPECT_NE(ParseConfig("fabric = ib\n", "f").status().message().find("tcp or rdma"), std::string::npos);
   EXPECT_TRUE(ParseConfig("peer_listen = [2001:db8::1]:7300\n", "f").ok());

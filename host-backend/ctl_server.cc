@@ -20,14 +20,12 @@ Status CtlServer::Start(const std::string& path, Handler handler) {
   if (path.size() >= sizeof(addr.sun_path)) return Status(Code::kInvalidArgument, "ctl path too long");
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   unlink(path.c_str());
-  if (bind(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
-    return Status::FromErrno("bind " + path);
+  if (bind(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return Status::FromErrno("bind " + path);
   chmod(path.c_str(), 0660);  // operators only (root and the vsocket group)
   if (listen(s.get(), 16) != 0) return Status::FromErrno("listen " + path);
   // One short command line; a client that stalls gets dropped after 1 s.
-  return listener_.Start(std::move(s), {"\n", 4096, 1000}, [handler](const std::string& req) {
-    return handler(req.substr(0, req.find('\n')));
-  });
+  return listener_.Start(std::move(s), {"\n", 4096, 1000},
+                         [handler](const std::string& req) { return handler(req.substr(0, req.find('\n'))); });
 }
 
 void CtlServer::Stop() {

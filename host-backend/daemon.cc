@@ -8,8 +8,7 @@
 namespace vsocket::backend {
 
 Daemon::Daemon(DaemonConfig config)
-    : config_(std::move(config)),
-      worker_(&service_, WorkerOptions{config_.poll_us, config_.poll_max_us, 64}) {}
+    : config_(std::move(config)), worker_(&service_, WorkerOptions{config_.poll_us, config_.poll_max_us, 64}) {}
 
 Status Daemon::Start() {
   conns_.SetLocalPorts(&config_.vms);

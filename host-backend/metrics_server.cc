@@ -25,8 +25,8 @@ Status MetricsServer::Start(const std::string& addr, int port, std::function<std
     bool ok = req.rfind("GET /metrics ", 0) == 0 || req.rfind("GET /metrics?", 0) == 0;
     std::string body = ok ? render() : "not found: try /metrics\n";
     return std::string("HTTP/1.1 ") + (ok ? "200 OK" : "404 Not Found") +
-           "\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: " +
-           std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+           "\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: " + std::to_string(body.size()) +
+           "\r\nConnection: close\r\n\r\n" + body;
   });
 }
 

@@ -33,8 +33,7 @@ uint32_t RequestService::HandleRequest(vhost::BackendDevice& device, const vhost
   if (!req.ok()) {
     counters_.bad_messages.fetch_add(1, std::memory_order_relaxed);
     device.counters().bad_messages.fetch_add(1, std::memory_order_relaxed);
-    VS_LOG(kDebug, "device %lu: %s", static_cast<unsigned long>(device.id()),
-           req.status().ToString().c_str());
+    VS_LOG(kDebug, "device %lu: %s", static_cast<unsigned long>(device.id()), req.status().ToString().c_str());
     resp = {MsgType::kError, 0, kBadMessageError};
   } else if (Dispatch(device, *req, &resp) == RequestResult::kNoReply) {
     return 0;  // fire-and-forget message: empty used entry

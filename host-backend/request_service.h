@@ -38,9 +38,7 @@ class RequestService : public DeviceService {
     return conns_.EmitEvents(device) || worked;
   }
   bool BeforeSleep() override { return conns_.ArmDoorbells(); }
-  bool NeedsKick(vhost::BackendDevice& device, size_t q) override {
-    return q == 0 || conns_.HasEventsWaiting(device);
-  }
+  bool NeedsKick(vhost::BackendDevice& device, size_t q) override { return q == 0 || conns_.HasEventsWaiting(device); }
 
   const ServiceCounters& counters() const { return counters_; }
 

@@ -95,14 +95,13 @@ std::string Stats(const Report& rep) {
   for (const PeerSnapshot& p : rep.peers) {
     if (!first) out += ",";
     first = false;
-    out += "{\"peer\":\"" + JsonEscape(p.name) + "\",\"address\":\"" + JsonEscape(p.address) +
-           "\",\"fabric\":\"" + p.fabric + "\",\"state\":\"" + p.state + "\",\"last_error\":\"" + JsonEscape(p.last_error) + "\",";
+    out += "{\"peer\":\"" + JsonEscape(p.name) + "\",\"address\":\"" + JsonEscape(p.address) + "\",\"fabric\":\"" +
+           p.fabric + "\",\"state\":\"" + p.state + "\",\"last_error\":\"" + JsonEscape(p.last_error) + "\",";
     bool first_field = true;
     for (const Metric<PeerSnapshot>& m : metrics::DaemonMetrics().peers)
       AppendJsonField(out, m.name, m.read(p), &first_field);
     out += ",\"link_frames_out\":[";
-    for (size_t i = 0; i < p.link_frames_out.size(); ++i)
-      out += (i ? "," : "") + std::to_string(p.link_frames_out[i]);
+    for (size_t i = 0; i < p.link_frames_out.size(); ++i) out += (i ? "," : "") + std::to_string(p.link_frames_out[i]);
     out += "]}";
   }
   out += "],\"connections\":[";
@@ -189,8 +188,7 @@ Table Devices(const Report& rep) {
   for (const auto& d : rep.devices) {
     t.rows.push_back({std::to_string(d->id()), d->port()->vm_name, std::to_string(d->port()->tenant_id),
                       std::to_string(d->vid()), d->broken() ? "broken" : "running",
-                      std::to_string(d->counters().requests.load()),
-                      std::to_string(d->counters().notifications.load()),
+                      std::to_string(d->counters().requests.load()), std::to_string(d->counters().notifications.load()),
                       std::to_string(d->counters().wakeups.load()), d->broken_reason()});
   }
   return t;
@@ -234,9 +232,9 @@ Table Connections(const Report& rep) {
           {true, false, true, false, false, false, false, true, true, true, true, true, true}};
   for (const ConnSnapshot& c : rep.conns) {
     t.rows.push_back({std::to_string(c.handle), c.vm, std::to_string(c.tenant), EndpointText(c.local),
-                      EndpointText(c.peer), ToString(c.state), proto::ToString(c.reason),
-                      std::to_string(c.accel_out), std::to_string(c.accel_in), std::to_string(c.kernel_out),
-                      std::to_string(c.tx_unacked), std::to_string(c.window), std::to_string(c.rx_queued)});
+                      EndpointText(c.peer), ToString(c.state), proto::ToString(c.reason), std::to_string(c.accel_out),
+                      std::to_string(c.accel_in), std::to_string(c.kernel_out), std::to_string(c.tx_unacked),
+                      std::to_string(c.window), std::to_string(c.rx_queued)});
   }
   return t;
 }

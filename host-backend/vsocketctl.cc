@@ -23,8 +23,9 @@
 namespace {
 
 int Usage() {
-  std::fprintf(stderr,
-               "usage: vsocketctl [--socket PATH] [--json] devices|vms|tenants|connections|links|counters|metrics|stats\n");
+  std::fprintf(
+      stderr,
+      "usage: vsocketctl [--socket PATH] [--json] devices|vms|tenants|connections|links|counters|metrics|stats\n");
   return 2;
 }
 

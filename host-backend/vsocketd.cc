@@ -112,9 +112,10 @@ DaemonConfig LoadConfig(int argc, char** argv) {
     } else if (a == "--ctl") {
       c.ctl_socket = value();
     } else if (a == "--poll-us" || a == "--eal-mem" || a == "--log-level" || a == "--metrics-port") {
-      static const std::pair<const char*, const char*> kKeys[] = {
-          {"--poll-us", "poll_us"}, {"--eal-mem", "eal_mem_mb"}, {"--log-level", "log_level"},
-          {"--metrics-port", "metrics_port"}};
+      static const std::pair<const char*, const char*> kKeys[] = {{"--poll-us", "poll_us"},
+                                                                  {"--eal-mem", "eal_mem_mb"},
+                                                                  {"--log-level", "log_level"},
+                                                                  {"--metrics-port", "metrics_port"}};
       std::string key;
       for (const auto& [flag, k] : kKeys)
         if (a == flag) key = k;

@@ -17,8 +17,7 @@ constexpr uint64_t kExtraTag = ~uint64_t{0} - 1;  // the service polls it itself
 
 }  // namespace
 
-Worker::Worker(DeviceService* service, WorkerOptions options)
-    : service_(service), options_(options) {}
+Worker::Worker(DeviceService* service, WorkerOptions options) : service_(service), options_(options) {}
 
 Worker::~Worker() { Stop(); }
 
@@ -29,8 +28,7 @@ Status Worker::Start() {
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = kWakeTag;
-  if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &ev) != 0)
-    return Status::FromErrno("epoll_ctl wake");
+  if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &ev) != 0) return Status::FromErrno("epoll_ctl wake");
   for (int fd : extra_fds_) {
     ev.data.u64 = kExtraTag;
     if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) return Status::FromErrno("epoll_ctl extra fd");
@@ -237,8 +235,7 @@ void Worker::Run() {
       for (Active& a : active_) {
         if (a.device->id() != events[i].data.u64) continue;
         a.device->counters().wakeups.fetch_add(1, std::memory_order_relaxed);
-        for (size_t q = 0; q < a.device->num_queues(); ++q)
-          (void)!read(a.device->kick_fd(q), &v, sizeof(v));
+        for (size_t q = 0; q < a.device->num_queues(); ++q) (void)!read(a.device->kick_fd(q), &v, sizeof(v));
       }
     }
     counters_.wakeups.fetch_add(1, std::memory_order_relaxed);

@@ -63,16 +63,13 @@ void PutEndpointAddr(WireWriter& w, const Endpoint& e) { w.Bytes(e.addr.data(), 
 Status CheckEndpoint(const Endpoint& e, const char* which) {
   if (e.family != Family::kIpv4 && e.family != Family::kIpv6)
     return Bad(std::string(which) + " address family is neither 4 nor 6");
-  if (e.family == Family::kIpv4 &&
-      std::any_of(e.addr.begin() + 4, e.addr.end(), [](uint8_t b) { return b != 0; }))
+  if (e.family == Family::kIpv4 && std::any_of(e.addr.begin() + 4, e.addr.end(), [](uint8_t b) { return b != 0; }))
     return Bad(std::string(which) + " IPv4 address has non-zero padding");
   if (e.port == 0) return Bad(std::string(which) + " port is 0");
   return Status::Ok();
 }
 
-Status CheckReserved(uint64_t v) {
-  return v == 0 ? Status::Ok() : Bad("reserved field is not zero");
-}
+Status CheckReserved(uint64_t v) { return v == 0 ? Status::Ok() : Bad("reserved field is not zero"); }
 
 Status CheckReason(uint16_t r, Reason* out) {
   if (r > kMaxReason) return Bad("unknown reason code " + std::to_string(r));
@@ -199,8 +196,7 @@ Status Get(WireReader& r, RegisterConn* b, std::span<const uint8_t>) {
     if (!IsPowerOfTwo(size) || size < kMinRingBytes || size > kMaxRingBytes)
       return Bad("ring size " + std::to_string(size) + " is not a power of two in [4 KiB, 64 MiB]");
   }
-  if (b->tx_ring_gpa % 64 != 0 || b->rx_ring_gpa % 64 != 0)
-    return Bad("ring address is not 64-byte aligned");
+  if (b->tx_ring_gpa % 64 != 0 || b->rx_ring_gpa % 64 != 0) return Bad("ring address is not 64-byte aligned");
   return Status::Ok();
 }
 Status Get(WireReader& r, RegisterAck* b, std::span<const uint8_t>) {
@@ -276,10 +272,9 @@ Status DecodeInto(WireReader& r, std::span<const uint8_t> body, Body* out) {
 // Indexed by Body's alternative index.
 using DecodeFn = Status (*)(WireReader&, std::span<const uint8_t>, Body*);
 constexpr DecodeFn kDecoders[] = {
-    &DecodeInto<Hello>,    &DecodeInto<HelloAck>,  &DecodeInto<RegisterConn>,
-    &DecodeInto<RegisterAck>, &DecodeInto<Upgrade>, &DecodeInto<ConnCounter>,
-    &DecodeInto<Shutdown>, &DecodeInto<Downgrade>, &DecodeInto<Error>,
-    &DecodeInto<Echo>,     &DecodeInto<Unregister>,
+    &DecodeInto<Hello>,   &DecodeInto<HelloAck>,    &DecodeInto<RegisterConn>, &DecodeInto<RegisterAck>,
+    &DecodeInto<Upgrade>, &DecodeInto<ConnCounter>, &DecodeInto<Shutdown>,     &DecodeInto<Downgrade>,
+    &DecodeInto<Error>,   &DecodeInto<Echo>,        &DecodeInto<Unregister>,
 };
 static_assert(std::size(kDecoders) == std::variant_size_v<Body>);
 
@@ -296,21 +291,39 @@ const char* ToString(MsgType type) {
 }
 
 const char* ToString(WireError error) {
-  static constexpr const char* kNames[] = {
-      "OK",         "BAD_MESSAGE",      "UNSUPPORTED_VERSION", "SPOOFED_ADDRESS",
-      "TOO_MANY_CONNECTIONS", "UNKNOWN_CONNECTION", "NOT_PAIRED", "CREDIT_VIOLATION",
-      "BAD_RING",   "INTERNAL",         "PEER_GONE"};
+  static constexpr const char* kNames[] = {"OK",
+                                           "BAD_MESSAGE",
+                                           "UNSUPPORTED_VERSION",
+                                           "SPOOFED_ADDRESS",
+                                           "TOO_MANY_CONNECTIONS",
+                                           "UNKNOWN_CONNECTION",
+                                           "NOT_PAIRED",
+                                           "CREDIT_VIOLATION",
+                                           "BAD_RING",
+                                           "INTERNAL",
+                                           "PEER_GONE"};
   auto i = static_cast<size_t>(error);
   return i < std::size(kNames) ? kNames[i] : "UNKNOWN";
 }
 
 const char* ToString(Reason reason) {
-  static constexpr const char* kNames[] = {
-      "accelerated",        "pending",          "peer-not-accelerated", "cross-tenant",
-      "backend-unavailable", "disabled-by-rule", "unsupported-family",   "spoofed-address",
-      "migration",          "fabric-down",      "operator",             "peer-downgraded",
-      "resource-limit",     "protocol-error",   "inherited",            "forked",
-      "rings-held"};
+  static constexpr const char* kNames[] = {"accelerated",
+                                           "pending",
+                                           "peer-not-accelerated",
+                                           "cross-tenant",
+                                           "backend-unavailable",
+                                           "disabled-by-rule",
+                                           "unsupported-family",
+                                           "spoofed-address",
+                                           "migration",
+                                           "fabric-down",
+                                           "operator",
+                                           "peer-downgraded",
+                                           "resource-limit",
+                                           "protocol-error",
+                                           "inherited",
+                                           "forked",
+                                           "rings-held"};
   auto i = static_cast<size_t>(reason);
   return i < std::size(kNames) ? kNames[i] : "unknown";
 }
@@ -336,8 +349,7 @@ Result<size_t> Encode(const Message& msg, std::span<uint8_t> out) {
 }
 
 Result<Message> Decode(std::span<const uint8_t> in, size_t* consumed) {
-  if (in.size() < kHeaderSize)
-    return Bad("truncated header (" + std::to_string(in.size()) + " bytes)");
+  if (in.size() < kHeaderSize) return Bad("truncated header (" + std::to_string(in.size()) + " bytes)");
   WireReader h(in.first(kHeaderSize));
   uint16_t magic = h.U16();
   uint8_t version = h.U8();
@@ -354,8 +366,8 @@ Result<Message> Decode(std::span<const uint8_t> in, size_t* consumed) {
     if (body_len < 8 || body_len > 8 + kMaxEchoPayload)
       return Bad(std::string(spec->name) + " body length " + std::to_string(body_len));
   } else if (body_len != spec->body_size) {
-    return Bad(std::string(spec->name) + " body length " + std::to_string(body_len) +
-               ", expected " + std::to_string(spec->body_size));
+    return Bad(std::string(spec->name) + " body length " + std::to_string(body_len) + ", expected " +
+               std::to_string(spec->body_size));
   }
   if (in.size() - kHeaderSize < body_len) return Bad("truncated body");
   std::span<const uint8_t> body = in.subspan(kHeaderSize, body_len);
@@ -387,8 +399,7 @@ uint32_t Crc32cSoftware(const uint8_t* p, size_t n, uint32_t crc) {
   return crc;
 }
 
-__attribute__((target("sse4.2"))) uint32_t Crc32cHardware(const uint8_t* p, size_t n,
-                                                          uint32_t crc) {
+__attribute__((target("sse4.2"))) uint32_t Crc32cHardware(const uint8_t* p, size_t n, uint32_t crc) {
   uint64_t c = crc;
   while (n >= 8) {
     uint64_t v;
@@ -407,8 +418,7 @@ __attribute__((target("sse4.2"))) uint32_t Crc32cHardware(const uint8_t* p, size
 uint32_t Crc32c(std::span<const uint8_t> data, uint32_t seed) {
   static const bool kHasSse42 = __builtin_cpu_supports("sse4.2");
   uint32_t crc = ~seed;
-  crc = kHasSse42 ? Crc32cHardware(data.data(), data.size(), crc)
-                  : Crc32cSoftware(data.data(), data.size(), crc);
+  crc = kHasSse42 ? Crc32cHardware(data.data(), data.size(), crc) : Crc32cSoftware(data.data(), data.size(), crc);
   return ~crc;
 }
 

@@ -77,8 +77,8 @@ const char* ToString(WireError error);
 // Why a connection is (or went back) on kernel TCP. Reported by the library
 // and by vsocketctl, in the spirit of SMC's fallback reason codes.
 enum class Reason : uint16_t {
-  kNone = 0,              // accelerated
-  kPending = 1,           // registered, peer not (yet) seen
+  kNone = 0,     // accelerated
+  kPending = 1,  // registered, peer not (yet) seen
   kPeerNotAccelerated = 2,
   kCrossTenant = 3,
   kBackendUnavailable = 4,
@@ -140,10 +140,10 @@ inline constexpr uint64_t kFeatureRingHold = 1ull << 1;
 inline constexpr uint64_t kFeatureFenceDelivered = 1ull << 2;
 inline constexpr uint64_t kKnownFeatures = kFeatureDoorbell | kFeatureRingHold | kFeatureFenceDelivered;
 struct DoorbellBlock {
-  uint64_t tx_tail;         // guest writes: bytes produced into the TX ring (total)
-  uint64_t consumed;        // guest writes: bytes consumed from the RX ring (total)
-  uint32_t want_tx;         // backend sets 1: post TX_TAIL after the next tail; guest clears
-  uint32_t want_consumed;   // backend sets 1: post CONSUMED after the next count; guest clears
+  uint64_t tx_tail;        // guest writes: bytes produced into the TX ring (total)
+  uint64_t consumed;       // guest writes: bytes consumed from the RX ring (total)
+  uint32_t want_tx;        // backend sets 1: post TX_TAIL after the next tail; guest clears
+  uint32_t want_consumed;  // backend sets 1: post CONSUMED after the next count; guest clears
   uint8_t reserved[40];
 };
 static_assert(sizeof(DoorbellBlock) == 64);
@@ -252,8 +252,8 @@ struct Unregister {
   bool operator==(const Unregister&) const = default;
 };
 
-using Body = std::variant<Hello, HelloAck, RegisterConn, RegisterAck, Upgrade, ConnCounter,
-                          Shutdown, Downgrade, Error, Echo, Unregister>;
+using Body = std::variant<Hello, HelloAck, RegisterConn, RegisterAck, Upgrade, ConnCounter, Shutdown, Downgrade, Error,
+                          Echo, Unregister>;
 
 struct Message {
   MsgType type = MsgType::kHello;

@@ -13,10 +13,8 @@ const std::vector<Message>& SampleMessages() {
     return std::vector<Message>{
         {MsgType::kHello, 1, Hello{1, 0, 4242, 0x3}},
         {MsgType::kHelloAck, 1, HelloAck{WireError::kOk, 7, 4096, 64, 0x3}},
-        {MsgType::kRegisterConn, 2,
-         RegisterConn{11, Role::kClient, local, peer, 0x10000, 0x20000, 65536, 65536}},
-        {MsgType::kRegisterConn, 3,
-         RegisterConn{12, Role::kServer, local6, peer6, 0x40000, 0x80000, 4096, 1u << 20}},
+        {MsgType::kRegisterConn, 2, RegisterConn{11, Role::kClient, local, peer, 0x10000, 0x20000, 65536, 65536}},
+        {MsgType::kRegisterConn, 3, RegisterConn{12, Role::kServer, local6, peer6, 0x40000, 0x80000, 4096, 1u << 20}},
         {MsgType::kRegisterAck, 2, RegisterAck{11, WireError::kOk, Reason::kPending, 65536}},
         {MsgType::kUpgrade, 0, Upgrade{11, 65536, 64}},
         {MsgType::kFence, 4, ConnCounter{11, 12345}},

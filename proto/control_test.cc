@@ -40,10 +40,10 @@ TEST(ControlTest, HeaderIsLittleEndianWithFixedLayout) {
   EXPECT_EQ(b[1], 0x53);
   EXPECT_EQ(b[2], kControlVersion);
   EXPECT_EQ(b[3], static_cast<uint8_t>(MsgType::kTxTail));
-  EXPECT_EQ(b[4], 16);  // body length
+  EXPECT_EQ(b[4], 16);    // body length
   EXPECT_EQ(b[8], 0x88);  // request id, LE
   EXPECT_EQ(b[15], 0x11);
-  EXPECT_EQ(b[16], 7);    // conn id
+  EXPECT_EQ(b[16], 7);     // conn id
   EXPECT_EQ(b[24], 0x02);  // bytes
   EXPECT_EQ(b[25], 0x01);
 }
@@ -77,12 +77,9 @@ struct Corruption {
 TEST(ControlTest, MalformedHeadersAreRejectedWithReason) {
   std::vector<uint8_t> good = MustEncode({MsgType::kFence, 3, ConnCounter{1, 2}});
   const Corruption kCases[] = {
-      {"magic", 0, 0x00, "magic"},
-      {"version", 2, 9, "version"},
-      {"type zero", 3, 0, "unknown type"},
-      {"type too big", 3, 200, "unknown type"},
-      {"body length", 4, 15, "body length"},
-      {"huge body length", 7, 0x80, "body length"},
+      {"magic", 0, 0x00, "magic"},           {"version", 2, 9, "version"},
+      {"type zero", 3, 0, "unknown type"},   {"type too big", 3, 200, "unknown type"},
+      {"body length", 4, 15, "body length"}, {"huge body length", 7, 0x80, "body length"},
   };
   for (const Corruption& c : kCases) {
     std::vector<uint8_t> b = good;

@@ -38,8 +38,7 @@ Status GetEndpoint(WireReader& r, Endpoint* e, const char* which) {
   if (fam != 4 && fam != 6) return Bad(std::string(which) + " address family is neither 4 nor 6");
   e->family = static_cast<Family>(fam);
   if (pad != 0) return Bad("reserved byte is not zero");
-  if (e->family == Family::kIpv4 &&
-      std::any_of(e->addr.begin() + 4, e->addr.end(), [](uint8_t b) { return b != 0; }))
+  if (e->family == Family::kIpv4 && std::any_of(e->addr.begin() + 4, e->addr.end(), [](uint8_t b) { return b != 0; }))
     return Bad(std::string(which) + " IPv4 address has non-zero padding");
   if (e->port == 0) return Bad(std::string(which) + " port is 0");
   return Status::Ok();
@@ -74,9 +73,7 @@ const char* ToString(FrameType t) {
   return "?";
 }
 
-bool IsKnownFrameType(uint8_t t) {
-  return (t >= 1 && t <= 5) || (t >= 10 && t <= 13) || (t >= 20 && t <= 31);
-}
+bool IsKnownFrameType(uint8_t t) { return (t >= 1 && t <= 5) || (t >= 10 && t <= 13) || (t >= 20 && t <= 31); }
 
 void EncodeFrameHeader(const FrameHeader& h, uint8_t* out) {
   WireWriter w({out, kFrameHeaderSize});

@@ -30,27 +30,27 @@ inline constexpr uint32_t kRdmaSetupSize = 56;
 
 enum class FrameType : uint8_t {
   // Link-level (handle 0).
-  kLinkHello = 1,    // first frame on a data link: payload = 32-byte link token
-  kLinkClose = 2,    // orderly teardown, no more frames follow
+  kLinkHello = 1,  // first frame on a data link: payload = 32-byte link token
+  kLinkClose = 2,  // orderly teardown, no more frames follow
   kKeepalive = 3,
-  kLinkReady = 4,    // on the TLS channel: the acceptor took the data link; pairing may start
-  kRdmaSetup = 5,    // on the TLS channel (rdma fabric): payload = the sender's RdmaEndpointInfo
+  kLinkReady = 4,  // on the TLS channel: the acceptor took the data link; pairing may start
+  kRdmaSetup = 5,  // on the TLS channel (rdma fabric): payload = the sender's RdmaEndpointInfo
   // Pairing (on the TLS control channel).
   kPairRequest = 10,  // handle 0; value = sender's handle; aux = sender RX window; payload = PairInfo
   kPairAccept = 11,   // handle = requester's; value = acceptor's handle; aux = acceptor RX window
   kPairReject = 12,   // handle = requester's; aux = Reason
   kPairCancel = 13,   // handle = acceptor's (or 0 + value = requester's); the requester left
   // Per connection, after pairing (on the data link, ordered with DATA).
-  kData = 20,      // value = receiver RX stream offset; len payload bytes follow
-  kCredit = 21,    // value = receiver has consumed this many bytes (total)
-  kFence = 22,     // value = sender's kernel-path byte count
-  kShutWr = 23,    // sender sends no more; value = total bytes sent
-  kGone = 24,      // sender's guest closed: it reads no more (EPIPE on the peer's writes)
-  kAbort = 25,     // abortive close (RST semantics)
-  kRelease = 26,   // the sender forgot the connection; the handle is dead
-  kDowngrade = 27, // the sender's side left the accelerated path; aux = Reason
+  kData = 20,         // value = receiver RX stream offset; len payload bytes follow
+  kCredit = 21,       // value = receiver has consumed this many bytes (total)
+  kFence = 22,        // value = sender's kernel-path byte count
+  kShutWr = 23,       // sender sends no more; value = total bytes sent
+  kGone = 24,         // sender's guest closed: it reads no more (EPIPE on the peer's writes)
+  kAbort = 25,        // abortive close (RST semantics)
+  kRelease = 26,      // the sender forgot the connection; the handle is dead
+  kDowngrade = 27,    // the sender's side left the accelerated path; aux = Reason
   kPairConfirm = 28,  // the requester took PAIR_ACCEPT: the acceptor upgrades its guest now
-  kFenceAck = 29,  // the receiver's guest has the sender's FENCE: a RESYNC is safe (docs/fabric-design.md)
+  kFenceAck = 29,     // the receiver's guest has the sender's FENCE: a RESYNC is safe (docs/fabric-design.md)
   // rdma fabric: where the sender's RX ring may be written one-sided from now
   // on; value = address (0: stop, use the staging ring), aux = rkey.
   kPlacement = 30,

@@ -27,7 +27,10 @@ TEST(FabricFrame, RoundTrip) {
 }
 
 TEST(FabricFrame, RejectsWhatTheTypeDoesNotAllow) {
-  auto bad = [](FrameHeader h) { auto b = Encoded(h); return !DecodeFrameHeader(b).ok(); };
+  auto bad = [](FrameHeader h) {
+    auto b = Encoded(h);
+    return !DecodeFrameHeader(b).ok();
+  };
   EXPECT_TRUE(bad({FrameType::kData, 7, 1, 0, 0, 0}));                  // empty DATA
   EXPECT_TRUE(bad({FrameType::kData, 7, 1, 0, kMaxDataFrame + 1, 0}));  // oversize
   EXPECT_TRUE(bad({FrameType::kCredit, 7, 1, 0, 8, 0}));                // credit with payload

@@ -53,9 +53,7 @@ inline constexpr size_t kDescAlign = 16;
 inline constexpr size_t kAvailAlign = 2;
 inline constexpr size_t kUsedAlign = 4;
 
-constexpr bool IsValidQueueSize(uint32_t n) {
-  return n != 0 && n <= kMaxQueueSize && (n & (n - 1)) == 0;
-}
+constexpr bool IsValidQueueSize(uint32_t n) { return n != 0 && n <= kMaxQueueSize && (n & (n - 1)) == 0; }
 
 // vring_need_event() from the spec (2.7.10.2): true if `event_idx` lies in
 // the window (old_idx, new_idx], i.e. the other side asked to be notified

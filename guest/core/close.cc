@@ -36,9 +36,9 @@ void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open) {
     // SO_LINGER is {on, 0}: the peer then sees ECONNRESET, not EOF.
     linger lg{};
     socklen_t len = sizeof(lg);
-    abortive = (still_open && getsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 && lg.l_onoff &&
-                lg.l_linger == 0) ||
-               c.rx_tail.load() != c.rx_head.load();
+    abortive =
+        (still_open && getsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 && lg.l_onoff && lg.l_linger == 0) ||
+        c.rx_tail.load() != c.rx_head.load();
     // (After dup2/dup3 onto it the socket is gone already: no linger.)
     if (!abortive && still_open) lingering = Linger(fd, c);
     if (!abortive && !lingering && still_open) awaiting_fin = AwaitPeerFin(fd, c);
@@ -55,10 +55,8 @@ void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open) {
     if (PrepareResendLocked(c, fd) && c.resend_off < c.resend.size()) HandToWriter(self, fd);
   }
   if (!registered || lingering) return;  // (a linger unregisters when it ends)
-  if (abortive)
-    Aborted(c);
-  else
-    Unregistered(c);
+  if (abortive) Aborted(c);
+  else Unregistered(c);
 }
 
 // close() of a connection whose peer has not consumed all we wrote
@@ -74,8 +72,7 @@ void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open) {
 // A process that exits meanwhile closes the dup (as before: the backend
 // still delivers over a live link).
 bool Linger(int fd, Conn& c) {
-  if (c.state.reset() || c.state.resynced() || c.peer_gone.load() || !c.state.accelerated() ||
-      !c.state.tx_on_ring())
+  if (c.state.reset() || c.state.resynced() || c.peer_gone.load() || !c.state.accelerated() || !c.state.tx_on_ring())
     return false;
   if (c.credit.load(std::memory_order_acquire) >= c.tx_tail.load(std::memory_order_relaxed)) return false;
   if (!c.shut_wr.load() && !Shutdown(fd, c, SHUT_WR).ok()) return false;

@@ -24,18 +24,18 @@ struct DestinationRule {
 };
 
 struct GuestConfig {
-  std::string socket_path;        // VSOCKET_SOCKET: the VM's vhost-user socket; empty = off
-  bool enabled = true;            // VSOCKET_ENABLE=0 turns acceleration off
+  std::string socket_path;           // VSOCKET_SOCKET: the VM's vhost-user socket; empty = off
+  bool enabled = true;               // VSOCKET_ENABLE=0 turns acceleration off
   uint32_t ring_bytes = 256 * 1024;  // VSOCKET_RING_KB: per direction and connection
   size_t region_bytes = 64u << 20;   // VSOCKET_REGION_MB: shared region per process
-  int poll_us = 50;               // VSOCKET_POLL_US: spin at least this long before sleeping
-  int poll_max_us = 400;          // VSOCKET_POLL_MAX_US: at most this, for waits that usually end sooner (0: fixed poll_us)
-  bool poll_auto = true;          // VSOCKET_POLL_AUTO=0: poll even where vsocketd shares our few CPUs (cpu_share.h)
-  bool doorbell = true;           // VSOCKET_DOORBELL=0: one TX_TAIL/CONSUMED message per count (A/B runs)
-  bool ring_hold = true;          // VSOCKET_RING_HOLD=0: do not offer kFeatureRingHold (the fabric then copies)
-  int upgrade_wait_ms = 0;        // VSOCKET_UPGRADE_WAIT_MS: reserved
-  std::string report_path;        // VSOCKET_REPORT: per-connection report at close/exit
-  std::string log_level = "warn"; // VSOCKET_LOG_LEVEL
+  int poll_us = 50;                  // VSOCKET_POLL_US: spin at least this long before sleeping
+  int poll_max_us = 400;    // VSOCKET_POLL_MAX_US: at most this, for waits that usually end sooner (0: fixed poll_us)
+  bool poll_auto = true;    // VSOCKET_POLL_AUTO=0: poll even where vsocketd shares our few CPUs (cpu_share.h)
+  bool doorbell = true;     // VSOCKET_DOORBELL=0: one TX_TAIL/CONSUMED message per count (A/B runs)
+  bool ring_hold = true;    // VSOCKET_RING_HOLD=0: do not offer kFeatureRingHold (the fabric then copies)
+  int upgrade_wait_ms = 0;  // VSOCKET_UPGRADE_WAIT_MS: reserved
+  std::string report_path;  // VSOCKET_REPORT: per-connection report at close/exit
+  std::string log_level = "warn";      // VSOCKET_LOG_LEVEL
   std::vector<DestinationRule> rules;  // VSOCKET_RULES, comma-separated
 };
 

@@ -34,14 +34,14 @@ struct Conn {
   ConnState state;
   std::atomic<bool> nonblocking{false};  // cached O_NONBLOCK of the open file
 
-  bool eligible = false;  // created in this process (socket/accept): byte counts are exact
+  bool eligible = false;       // created in this process (socket/accept): byte counts are exact
   Session* session = nullptr;  // the session it is registered with
 
   std::atomic<uint64_t> kernel_sent{0};      // bytes the app sent on the kernel path
   std::atomic<uint64_t> kernel_received{0};  // bytes the app received on the kernel path
   // Written under the side's mutex, read lock-free by poll/epoll.
-  std::atomic<uint64_t> tx_tail{0};      // bytes produced into TX
-  std::atomic<uint64_t> rx_head{0};      // bytes consumed from RX
+  std::atomic<uint64_t> tx_tail{0};  // bytes produced into TX
+  std::atomic<uint64_t> rx_head{0};  // bytes consumed from RX
   uint64_t consumed_reported = 0;
   bool wrote_after_peer_gone = false;  // under tx_mu
   std::atomic<bool> shut_wr{false};
@@ -56,7 +56,7 @@ struct Conn {
   std::atomic<bool> peer_fence_known{false};
   std::atomic<uint64_t> peer_fence{0};
   std::atomic<uint64_t> rx_tail{0};
-  std::atomic<uint64_t> credit{0};       // bytes the peer consumed
+  std::atomic<uint64_t> credit{0};        // bytes the peer consumed
   std::atomic<bool> peer_shut_wr{false};  // EOF after rx_tail
   std::atomic<bool> peer_gone{false};     // peer reads no more: EPIPE
   std::atomic<uint32_t> gen{0};           // bumped on every event (epoll ET)
@@ -75,13 +75,13 @@ struct Conn {
   // registers again when one is back, trying no sooner than retry_at_ns.
   std::atomic<bool> lost_backend{false};
   std::atomic<int64_t> retry_at_ns{0};
-  std::atomic<uint64_t> resync_landed{0};       // accelerated bytes in our RX ring, final
+  std::atomic<uint64_t> resync_landed{0};  // accelerated bytes in our RX ring, final
   // TX (under tx_mu): the RESYNC header and the unacknowledged TX bytes,
   // written on the kernel socket before any new byte.
   bool tx_resync_started = false;
-  bool shut_after_resend = false;   // shutdown(SHUT_WR) waits for the resend
+  bool shut_after_resend = false;         // shutdown(SHUT_WR) waits for the resend
   std::atomic<bool> fin_deferred{false};  // shutdown(SHUT_WR) kept the kernel FIN back (reported)
-  std::atomic<int> resync_fd{-1};   // our dup of the socket while the resend is owed
+  std::atomic<int> resync_fd{-1};         // our dup of the socket while the resend is owed
   // close() before the peer consumed our accelerated bytes: the background
   // writer keeps this dup of the socket (no FIN yet) and the registration,
   // so a link loss can still be repaired by a resend (see Linger()).
@@ -94,9 +94,9 @@ struct Conn {
   // with kernel TCP.
   std::atomic<int> await_fin_fd{-1};
   int64_t await_fin_start_ns = 0;
-  int fd_hint = -1;                 // an fd of the app's naming it (set at registration)
+  int fd_hint = -1;                         // an fd of the app's naming it (set at registration)
   std::atomic<int64_t> resync_start_ns{0};  // (writer and event dispatch)
-  std::atomic<uint32_t> reupgrades{0};  // times it registered again after a RESYNC
+  std::atomic<uint32_t> reupgrades{0};      // times it registered again after a RESYNC
   std::vector<uint8_t> resend;
   size_t resend_off = 0;
   // RX (under rx_mu; state.rx_resync() says the step): the header read so

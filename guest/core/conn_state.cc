@@ -151,8 +151,7 @@ bool ConnState::Apply(ConnEvent e, std::optional<Reason> why) {
       rx_resync_.store(RxResync::kRing, std::memory_order_relaxed);
       reason_.store(Reason::kPending, std::memory_order_relaxed);
       break;
-    default:
-      break;
+    default: break;
   }
   // Release: resynced() is read on its own (before the phase), and what the
   // caller stored for the RESYNC (landed, fence acked) must be seen with it.
@@ -171,10 +170,8 @@ bool ConnState::registered() const {
     case Phase::kUpgraded:
     case Phase::kResyncing:
     case Phase::kLingering:
-    case Phase::kReset:
-      return true;
-    default:
-      return false;
+    case Phase::kReset: return true;
+    default: return false;
   }
 }
 
@@ -182,12 +179,9 @@ bool ConnState::accelerated() const {
   switch (phase()) {
     case Phase::kUpgraded:
     case Phase::kResyncing:
-    case Phase::kLingering:
-      return true;
-    case Phase::kReset:
-      return upgraded();
-    default:
-      return false;
+    case Phase::kLingering: return true;
+    case Phase::kReset: return upgraded();
+    default: return false;
   }
 }
 

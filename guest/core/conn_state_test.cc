@@ -22,11 +22,10 @@ using E = ConnEvent;
 using P = Phase;
 using proto::Reason;
 
-const P kPhases[] = {P::kUnprobed, P::kKernel,    P::kPending, P::kUpgraded,
+const P kPhases[] = {P::kUnprobed,  P::kKernel,    P::kPending, P::kUpgraded,
                      P::kResyncing, P::kLingering, P::kReset,   P::kClosed};
-const E kEvents[] = {E::kRegistered, E::kKernelForGood, E::kUpgrade, E::kPeerWithdrew,
-                     E::kLinkLost,   E::kFail,          E::kBackendLost, E::kForked,
-                     E::kResynced,   E::kLinger,        E::kClose};
+const E kEvents[] = {E::kRegistered,  E::kKernelForGood, E::kUpgrade,  E::kPeerWithdrew, E::kLinkLost, E::kFail,
+                     E::kBackendLost, E::kForked,        E::kResynced, E::kLinger,       E::kClose};
 static_assert(std::size(kPhases) == kPhaseCount && std::size(kEvents) == kEventCount);
 
 // What each phase allows, written down from docs/connection-lifecycle.md's
@@ -77,11 +76,26 @@ void DriveTo(ConnState& s, P p) {
     case P::kUnprobed: break;
     case P::kKernel: apply(E::kKernelForGood); break;
     case P::kPending: apply(E::kRegistered); break;
-    case P::kUpgraded: apply(E::kRegistered); apply(E::kUpgrade); break;
-    case P::kResyncing: DriveTo(s, P::kUpgraded); apply(E::kLinkLost); break;
-    case P::kLingering: DriveTo(s, P::kUpgraded); apply(E::kLinger); break;
-    case P::kReset: DriveTo(s, P::kUpgraded); apply(E::kFail); break;
-    case P::kClosed: apply(E::kRegistered); apply(E::kClose); break;
+    case P::kUpgraded:
+      apply(E::kRegistered);
+      apply(E::kUpgrade);
+      break;
+    case P::kResyncing:
+      DriveTo(s, P::kUpgraded);
+      apply(E::kLinkLost);
+      break;
+    case P::kLingering:
+      DriveTo(s, P::kUpgraded);
+      apply(E::kLinger);
+      break;
+    case P::kReset:
+      DriveTo(s, P::kUpgraded);
+      apply(E::kFail);
+      break;
+    case P::kClosed:
+      apply(E::kRegistered);
+      apply(E::kClose);
+      break;
   }
   ASSERT_EQ(s.phase(), p);
 }
@@ -170,9 +184,9 @@ TEST(ConnStateTest, DerivedViews) {
   };
   const Row rows[] = {
       {P::kUnprobed, false, false, Mode::kUnprobed}, {P::kKernel, false, false, Mode::kKernel},
-      {P::kPending, true, false, Mode::kPending},     {P::kUpgraded, true, true, Mode::kAccel},
-      {P::kResyncing, true, true, Mode::kAccel},      {P::kLingering, true, true, Mode::kAccel},
-      {P::kReset, true, true, Mode::kAccel},          {P::kClosed, false, false, Mode::kKernel},
+      {P::kPending, true, false, Mode::kPending},    {P::kUpgraded, true, true, Mode::kAccel},
+      {P::kResyncing, true, true, Mode::kAccel},     {P::kLingering, true, true, Mode::kAccel},
+      {P::kReset, true, true, Mode::kAccel},         {P::kClosed, false, false, Mode::kKernel},
   };
   for (const Row& r : rows) {
     SCOPED_TRACE(ToString(r.phase));

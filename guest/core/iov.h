@@ -12,8 +12,8 @@ namespace vsocket::guest {
 // Copies n bytes between iov (starting `skip` bytes in) and the ring at
 // pos, in the direction ToRing says.
 template <bool ToRing>
-inline void CopyIovRing(uint8_t* ring, uint32_t size, uint64_t pos, const iovec* iov, int iovcnt,
-                 size_t skip, size_t n) {
+inline void CopyIovRing(uint8_t* ring, uint32_t size, uint64_t pos, const iovec* iov, int iovcnt, size_t skip,
+                        size_t n) {
   for (int i = 0; i < iovcnt && n > 0; ++i) {
     if (skip >= iov[i].iov_len) {
       skip -= iov[i].iov_len;

@@ -11,8 +11,8 @@
 
 #include "base/clock.h"
 #include "guest/core/config.h"
-#include "guest/core/session.h"
 #include "guest/core/fd_table.h"
+#include "guest/core/session.h"
 #include "guest/core/socket_ops.h"
 #include "guest/core/wait.h"
 #include "guest/sys/libc.h"
@@ -20,8 +20,8 @@
 namespace vsocket::guest {
 namespace {
 
-static_assert(POLLIN == EPOLLIN && POLLOUT == EPOLLOUT && POLLERR == EPOLLERR &&
-              POLLHUP == EPOLLHUP && POLLRDHUP == EPOLLRDHUP);
+static_assert(POLLIN == EPOLLIN && POLLOUT == EPOLLOUT && POLLERR == EPOLLERR && POLLHUP == EPOLLHUP &&
+              POLLRDHUP == EPOLLRDHUP);
 
 int RemainingMs(int64_t deadline_ns) {
   if (deadline_ns < 0) return -1;
@@ -29,9 +29,7 @@ int RemainingMs(int64_t deadline_ns) {
   return left <= 0 ? 0 : static_cast<int>((left + 999999) / 1000000);
 }
 
-int64_t Deadline(int timeout_ms) {
-  return timeout_ms < 0 ? -1 : MonotonicNs() + int64_t{timeout_ms} * 1000000;
-}
+int64_t Deadline(int timeout_ms) { return timeout_ms < 0 ? -1 : MonotonicNs() + int64_t{timeout_ms} * 1000000; }
 
 // This thread's wake-up eventfd, registered with the session for as long as
 // the object lives. A poll registers before its first look at its
@@ -219,18 +217,18 @@ constexpr uint64_t kSessionMarker = 0x7653736573736e6dull;  // "vSsessnm"
 constexpr uint64_t kBackendMarker = 0x7653626b656e6420ull;  // "vSbkend ": the vhost-user socket hung up
 // | fd: an upgraded connection still reading its kernel stream up to the
 // fence: kernel data arriving must wake the waiter and count as a change.
-constexpr uint64_t kFeedMarker = 0x7653666400000000ull;     // "vSfd"
+constexpr uint64_t kFeedMarker = 0x7653666400000000ull;  // "vSfd"
 constexpr uint64_t kFeedMask = 0xffffffff00000000ull;
 
 struct EpEntry {
   uint32_t events = 0;
   epoll_data_t data{};
   std::shared_ptr<Conn> conn;
-  bool in_kernel = true;   // the application's registration is the kernel's
-  bool feed = false;       // kFeedMarker registration active (see above)
-  bool kicked = false;     // kernel data arrived since the last report
-  uint32_t last_gen = ~0u; // edge-triggered: last change reported
-  bool disarmed = false;   // EPOLLONESHOT fired
+  bool in_kernel = true;    // the application's registration is the kernel's
+  bool feed = false;        // kFeedMarker registration active (see above)
+  bool kicked = false;      // kernel data arrived since the last report
+  uint32_t last_gen = ~0u;  // edge-triggered: last change reported
+  bool disarmed = false;    // EPOLLONESHOT fired
 };
 
 struct EpSet {
@@ -467,9 +465,7 @@ int EpollCtl(int epfd, int op, int fd, epoll_event* ev) {
       set->entries.erase(it);
       return 0;
     }
-    default:
-      errno = EINVAL;
-      return -1;
+    default: errno = EINVAL; return -1;
   }
 }
 

@@ -17,8 +17,8 @@ int Readiness(int fd, Conn& c) {
   if (c.state.resynced()) {
     // Back on kernel TCP: only bytes still in the ring (or the EOF after
     // them) are ours to report; the kernel socket says the rest.
-    bool ring_rx = c.state.rx_on_ring() ||
-                   (c.peer_fence_known.load() && c.kernel_received.load() == c.peer_fence.load());
+    bool ring_rx =
+        c.state.rx_on_ring() || (c.peer_fence_known.load() && c.kernel_received.load() == c.peer_fence.load());
     if (c.state.rx_resync() == RxResync::kRing && c.peer_fence_known.load() && ring_rx) {
       bool shut = c.peer_shut_wr.load(std::memory_order_acquire);
       if (shut) return POLLIN | POLLOUT | POLLRDHUP;
@@ -27,12 +27,10 @@ int Readiness(int fd, Conn& c) {
     return -1;
   }
   int r = 0;
-  bool ring_rx = c.state.rx_on_ring() ||
-                 (c.peer_fence_known.load() && c.kernel_received.load() == c.peer_fence.load());
+  bool ring_rx = c.state.rx_on_ring() || (c.peer_fence_known.load() && c.kernel_received.load() == c.peer_fence.load());
   bool shut = c.peer_shut_wr.load(std::memory_order_acquire);
   if (ring_rx) {
-    if (c.rx_tail.load(std::memory_order_acquire) != c.rx_head.load() || shut || c.shut_rd.load())
-      r |= POLLIN;
+    if (c.rx_tail.load(std::memory_order_acquire) != c.rx_head.load() || shut || c.shut_rd.load()) r |= POLLIN;
   } else {
     // Still reading the kernel stream up to the fence.
     int queued = 0;

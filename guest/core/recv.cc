@@ -50,7 +50,13 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       if (c.session->TryDrain() && (Readiness(fd, c) & POLLIN)) return size_t{0};
       return Errno(EAGAIN, "no data");
     }
-    Status st = WaitUntil(c, [&] { int r = Readiness(fd, c); return r < 0 || (r & POLLIN); }, -1, 0, -1, true);
+    Status st = WaitUntil(
+        c,
+        [&] {
+          int r = Readiness(fd, c);
+          return r < 0 || (r & POLLIN);
+        },
+        -1, 0, -1, true);
     if (!st.ok()) return st;
     return size_t{0};
   }
@@ -105,8 +111,8 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       if (!fence_known && c.state.registered() && c.session != nullptr) {
         Mode before = c.state.mode();
         c.session->Drain();  // waits for a drain another thread is doing, too
-        if (c.state.mode() != before || c.peer_fence_known.load(std::memory_order_acquire) ||
-            c.state.resynced() || c.state.reset())
+        if (c.state.mode() != before || c.peer_fence_known.load(std::memory_order_acquire) || c.state.resynced() ||
+            c.state.reset())
           continue;
       }
       uint64_t limit = want - got;
@@ -178,12 +184,15 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       if (c.shut_rd.load()) return got;  // queued data first, then EOF, never block
       if (nonblock) return got ? Result<size_t>(got) : Errno(EAGAIN, "no data");
       if (deadline == -2) deadline = SocketDeadline(fd, SO_RCVTIMEO);
-      Status st = WaitUntil(c, [&] {
-        if (c.gen.load(std::memory_order_acquire) != gen || c.state.reset()) return true;
-        if (kernel_eof) return false;
-        pollfd p{fd, POLLIN, 0};
-        return Libc().poll(&p, 1, 0) > 0;
-      }, kernel_eof ? -1 : fd, POLLIN, deadline);
+      Status st = WaitUntil(
+          c,
+          [&] {
+            if (c.gen.load(std::memory_order_acquire) != gen || c.state.reset()) return true;
+            if (kernel_eof) return false;
+            pollfd p{fd, POLLIN, 0};
+            return Libc().poll(&p, 1, 0) > 0;
+          },
+          kernel_eof ? -1 : fd, POLLIN, deadline);
       if (!st.ok() && !c.state.upgraded() && !c.session->alive()) {
         // The backend went away before the upgrade: plain kernel TCP from
         // here on, exactly as if we had never registered.
@@ -244,10 +253,13 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     if (c.shut_rd.load()) return got;
     if (nonblock) return got ? Result<size_t>(got) : Errno(EAGAIN, "no data");
     if (deadline == -2) deadline = SocketDeadline(fd, SO_RCVTIMEO);
-    Status st = WaitUntil(c, [&] {
-      return c.rx_tail.load(std::memory_order_acquire) != tail || c.peer_shut_wr.load() ||
-             c.state.reset() || c.shut_rd.load() || c.state.resynced();
-    }, -1, 0, deadline, true);
+    Status st = WaitUntil(
+        c,
+        [&] {
+          return c.rx_tail.load(std::memory_order_acquire) != tail || c.peer_shut_wr.load() || c.state.reset() ||
+                 c.shut_rd.load() || c.state.resynced();
+        },
+        -1, 0, deadline, true);
     if (!st.ok()) return got ? Result<size_t>(got) : Result<size_t>(st);
   }
 }

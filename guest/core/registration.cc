@@ -63,8 +63,8 @@ void EnsureRegistered(int fd, Conn& c) {
   sockaddr_storage local{}, peer{};
   socklen_t ll = sizeof(local), pl = sizeof(peer);
   if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) return;  // not connected yet
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
-      !ToEndpoint(local, &c.local) || !ToEndpoint(peer, &c.peer))
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 || !ToEndpoint(local, &c.local) ||
+      !ToEndpoint(peer, &c.peer))
     return KernelForGood(c, Reason::kUnsupportedFamily);
   if (!AccelerationAllowed(Config(), c.peer)) return KernelForGood(c, Reason::kDisabledByRule);
   Reason why = Reason::kBackendUnavailable;

@@ -32,16 +32,14 @@ void Report(const Conn& c, const char* event) {
       "{\"pid\":%d,\"event\":\"%s\",\"local\":\"%s:%u\",\"peer\":\"%s:%u\",\"mode\":\"%s\","
       "\"reason\":\"%s\",\"upgraded\":%s,\"kernel_tx\":%llu,\"kernel_rx\":%llu,"
       "\"accel_tx\":%llu,\"accel_rx\":%llu,\"kernel_tx_after_upgrade\":%llu,"
-      "\"kernel_rx_after_upgrade\":%llu,\"resynced\":%s,\"reupgrades\":%u,\"fin_deferred\":%s,\"lingered\":%s,\"late_wakeups\":%u}\n",
-      getpid(), event, local, c.local.port, peer, c.peer.port,
-      c.state.ReportedMode(),
+      "\"kernel_rx_after_upgrade\":%llu,\"resynced\":%s,\"reupgrades\":%u,\"fin_deferred\":%s,\"lingered\":%s,\"late_"
+      "wakeups\":%u}\n",
+      getpid(), event, local, c.local.port, peer, c.peer.port, c.state.ReportedMode(),
       // Still pending at the end: the peer never registered (not preloaded,
       // NAT, no backend on its side).
       proto::ToString(c.state.phase() == Phase::kPending ? Reason::kPeerNotAccelerated : c.state.reason()),
-      c.state.upgraded() ? "true" : "false",
-      static_cast<unsigned long long>(c.kernel_sent.load()),
-      static_cast<unsigned long long>(c.kernel_received.load()),
-      static_cast<unsigned long long>(c.accel_tx.load()),
+      c.state.upgraded() ? "true" : "false", static_cast<unsigned long long>(c.kernel_sent.load()),
+      static_cast<unsigned long long>(c.kernel_received.load()), static_cast<unsigned long long>(c.accel_tx.load()),
       static_cast<unsigned long long>(c.accel_rx.load()),
       // Both are 0 by construction once switched; reported so tests can
       // prove it from counters rather than assume it.

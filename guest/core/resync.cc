@@ -76,8 +76,8 @@ bool PrepareResendLocked(Conn& c, int fd) {
 Status FlushResendLocked(Conn& c, int fd) {
   if (!PrepareResendLocked(c, fd)) return Errno(ECONNRESET, "connection reset (fabric link lost)");
   while (c.resend_off < c.resend.size()) {
-    ssize_t w = Libc().send(fd, c.resend.data() + c.resend_off, c.resend.size() - c.resend_off,
-                            MSG_DONTWAIT | MSG_NOSIGNAL);
+    ssize_t w =
+        Libc().send(fd, c.resend.data() + c.resend_off, c.resend.size() - c.resend_off, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (w > 0) {
       c.resend_off += static_cast<size_t>(w);
       // Every byte on the kernel stream counts: a later FENCE (after a
@@ -135,7 +135,7 @@ Status ConsumeResyncLocked(int fd, Conn& c) {
     uint8_t scratch[4096];
     uint8_t* dst = ph == RxResync::kHeader ? c.rx_hdr + c.rx_hdr_got : scratch;
     size_t want = ph == RxResync::kHeader ? proto::kResyncHeaderSize - c.rx_hdr_got
-                                           : std::min<uint64_t>(sizeof(scratch), c.rx_skip);
+                                          : std::min<uint64_t>(sizeof(scratch), c.rx_skip);
     ssize_t n = Libc().recv(fd, dst, want, MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Errno(EAGAIN, "resync pending");
@@ -149,7 +149,8 @@ Status ConsumeResyncLocked(int fd, Conn& c) {
     if (ph == RxResync::kHeader) {
       c.rx_hdr_got += static_cast<uint32_t>(n);
       if (c.rx_hdr_got < proto::kResyncHeaderSize) continue;
-      auto from = proto::DecodeResync(std::span<const uint8_t, proto::kResyncHeaderSize>(c.rx_hdr, proto::kResyncHeaderSize));
+      auto from =
+          proto::DecodeResync(std::span<const uint8_t, proto::kResyncHeaderSize>(c.rx_hdr, proto::kResyncHeaderSize));
       uint64_t landed = c.resync_landed.load();
       if (!from.ok() || *from > landed || landed - *from > c.ring_size) {
         ResetKernel(fd, c);
@@ -171,8 +172,7 @@ Status ConsumeResyncLocked(int fd, Conn& c) {
 // pending connection on kernel TCP). Never blocks: if another thread is
 // inside a send or receive, a later call does it.
 void MaybeReregister(int fd, Conn& c) {
-  if (c.state.phase() != Phase::kResyncing ||
-      c.state.rx_resync() != RxResync::kKernel || c.resync_fd.load() >= 0 ||
+  if (c.state.phase() != Phase::kResyncing || c.state.rx_resync() != RxResync::kKernel || c.resync_fd.load() >= 0 ||
       c.shut_wr.load() || c.shut_rd.load() || c.peer_shut_wr.load() || c.peer_gone.load())
     return;
   std::unique_lock<std::mutex> setup(c.setup_mu, std::try_to_lock);
@@ -180,7 +180,8 @@ void MaybeReregister(int fd, Conn& c) {
   std::unique_lock<std::mutex> tx(c.tx_mu, std::try_to_lock);
   if (!tx.owns_lock()) return;
   std::unique_lock<std::mutex> rx(c.rx_mu, std::try_to_lock);
-  if (!rx.owns_lock() || c.state.phase() != Phase::kResyncing || !c.tx_resync_started || !c.resend.empty() || c.session == nullptr)
+  if (!rx.owns_lock() || c.state.phase() != Phase::kResyncing || !c.tx_resync_started || !c.resend.empty() ||
+      c.session == nullptr)
     return;
   Session* s = c.session;
   // A backend that went away forgot the registration with everything else.

@@ -62,8 +62,7 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   int64_t deadline = -2;  // looked up when we first have to block
   while (sent < total) {
     if (c.state.reset()) return sent ? Result<size_t>(sent) : Errno(ECONNRESET, "connection reset");
-    if (c.state.resynced())
-      return sent ? Result<size_t>(sent) : SendResynced(fd, c, iov, iovcnt, flags);
+    if (c.state.resynced()) return sent ? Result<size_t>(sent) : SendResynced(fd, c, iov, iovcnt, flags);
     if (c.shut_wr.load()) return sent ? Result<size_t>(sent) : BrokenPipe(flags, "shut down for writing");
     if (c.peer_gone.load(std::memory_order_acquire)) {
       if (sent) return sent;
@@ -86,10 +85,13 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       if (c.session->TryDrain()) continue;  // a credit may be waiting
       if (nonblock) return sent ? Result<size_t>(sent) : Errno(EAGAIN, "ring full");
       if (deadline == -2) deadline = SocketDeadline(fd, SO_SNDTIMEO);
-      Status st = WaitUntil(c, [&] {
-        return c.credit.load(std::memory_order_acquire) != credit || c.state.reset() || c.peer_gone.load() ||
-               c.shut_wr.load() || c.state.resynced();
-      }, -1, 0, deadline);
+      Status st = WaitUntil(
+          c,
+          [&] {
+            return c.credit.load(std::memory_order_acquire) != credit || c.state.reset() || c.peer_gone.load() ||
+                   c.shut_wr.load() || c.state.resynced();
+          },
+          -1, 0, deadline);
       if (!st.ok() && sent > 0) return sent;
       if (!st.ok()) return st;
       continue;

@@ -23,7 +23,7 @@ namespace {
 constexpr size_t kRequestQueue = 0;
 constexpr size_t kEventQueue = 1;
 constexpr uint16_t kQueueSize = 256;
-constexpr uint32_t kSlotBytes = 128;      // largest request: REGISTER_CONN, 88 bytes
+constexpr uint32_t kSlotBytes = 128;  // largest request: REGISTER_CONN, 88 bytes
 constexpr uint32_t kEventBufBytes = 4096;
 constexpr size_t kEventBufs = 64;
 constexpr int64_t kRetryAfterNs = 1'000'000'000;  // backend unreachable: retry later
@@ -86,8 +86,10 @@ Session* Session::Get(proto::Reason* why) {
   g_sleep_at_once.store(share.sleep_at_once, std::memory_order_relaxed);
   VS_LOG(kDebug, "session up in %.1f ms", (MonotonicNs() - now) / 1e6);
   if (share.sleep_at_once)
-    VS_LOG(kInfo, "vsocketd runs on all %d CPUs this process can use: blocked calls sleep at once "
-           "(VSOCKET_POLL_AUTO=0 polls anyway)", share.mine);
+    VS_LOG(kInfo,
+           "vsocketd runs on all %d CPUs this process can use: blocked calls sleep at once "
+           "(VSOCKET_POLL_AUTO=0 polls anyway)",
+           share.mine);
   __atomic_store_n(&g_session, fresh, __ATOMIC_RELEASE);
   return fresh;
 }
@@ -132,8 +134,7 @@ Status Session::Open() {
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < kEventBufs; ++i) {
     vhost::VirtqueueDriver::Buf in{Gpa(event_bufs_[i]), kEventBufBytes};
-    if (!fe_->queue(kEventQueue).Add({}, {&in, 1}, i).ok())
-      return Status(Code::kInternal, "cannot post event buffers");
+    if (!fe_->queue(kEventQueue).Add({}, {&in, 1}, i).ok()) return Status(Code::kInternal, "cannot post event buffers");
   }
   if (fe_->queue(kEventQueue).Publish()) fe_->Kick(kEventQueue);
   fe_->queue(kEventQueue).DisableInterrupts();
@@ -184,8 +185,9 @@ Status Session::SubmitLocked(const Message& m, bool want_response, uint32_t* slo
   if (!n.ok()) return n.status();
   vhost::VirtqueueDriver::Buf out{Gpa(slot.req), static_cast<uint32_t>(*n)};
   vhost::VirtqueueDriver::Buf in{Gpa(slot.resp), kSlotBytes};
-  auto head = fe_->queue(kRequestQueue)
-                  .Add({&out, 1}, want_response ? std::span(&in, 1) : std::span<const vhost::VirtqueueDriver::Buf>(), s);
+  auto head =
+      fe_->queue(kRequestQueue)
+          .Add({&out, 1}, want_response ? std::span(&in, 1) : std::span<const vhost::VirtqueueDriver::Buf>(), s);
   if (!head.ok()) return head.status();
   free_slots_.pop_back();
   slot.in_flight = true;
@@ -245,8 +247,7 @@ Status Session::Call(const Message& request, Message* response, int timeout_ms) 
         free_slots_.push_back(slot);
         auto m = proto::Decode({s.resp, s.resp_len});
         if (!m.ok()) return m.status();
-        if (m->request_id != req.request_id)
-          return Status(Code::kDataLoss, "response does not match the request");
+        if (m->request_id != req.request_id) return Status(Code::kDataLoss, "response does not match the request");
         *response = *m;
         return Status::Ok();
       }
@@ -383,8 +384,7 @@ void Session::Dispatch(const Message& m) {
       if (std::get<proto::Shutdown>(m.body).how == proto::ShutdownHow::kWrite) {
         c.rx_event_ns.store(MonotonicNs(), std::memory_order_relaxed);
         c.peer_shut_wr.store(true, std::memory_order_release);
-      } else
-        c.peer_gone.store(true, std::memory_order_release);
+      } else c.peer_gone.store(true, std::memory_order_release);
       break;
     case MsgType::kDowngrade: {
       const auto& d = std::get<proto::Downgrade>(m.body);
@@ -398,8 +398,7 @@ void Session::Dispatch(const Message& m) {
       if (c.state.upgraded() && resync && !c.state.resynced()) {
         // Every RX_TAIL came before this event, so the landed count can
         // only confirm ours.
-        if (d.bytes_received != c.rx_tail.load() ||
-            (!c.peer_fence_known.load() && d.bytes_received != 0)) {
+        if (d.bytes_received != c.rx_tail.load() || (!c.peer_fence_known.load() && d.bytes_received != 0)) {
           c.state.Apply(ConnEvent::kFail, reason);
         } else {
           // Stored before the phase changes (its release publishes them).
@@ -420,8 +419,7 @@ void Session::Dispatch(const Message& m) {
       // before that the kernel stream is still exact.
       c.state.Apply(c.state.upgraded() ? ConnEvent::kFail : ConnEvent::kPeerWithdrew, proto::Reason::kProtocolError);
       break;
-    default:
-      break;
+    default: break;
   }
   c.gen.fetch_add(1, std::memory_order_acq_rel);
 }
@@ -570,22 +568,22 @@ void Session::BackendLost() {
   // landed, a CREDIT how many the peer consumed. Take them all before
   // deciding (the peer's library decides from the same events).
   if (!broken) DrainLocked();
-  VS_LOG(kWarn, "%s", broken ? "the backend broke the session: upgraded connections are reset"
-                             : "lost the backend session: connections finish on kernel TCP (RESYNC) and register again later");
+  VS_LOG(kWarn, "%s",
+         broken ? "the backend broke the session: upgraded connections are reset"
+                : "lost the backend session: connections finish on kernel TCP (RESYNC) and register again later");
   LinkLostHandler handler = g_link_lost.load(std::memory_order_acquire);
   for (auto& [id, c] : conns_) {
     Phase before = c->state.phase();
     if (broken) {
-      c->state.Apply(c->state.upgraded() ? ConnEvent::kFail : ConnEvent::kKernelForGood,
-                     proto::Reason::kProtocolError);
+      c->state.Apply(c->state.upgraded() ? ConnEvent::kFail : ConnEvent::kKernelForGood, proto::Reason::kProtocolError);
       c->gen.fetch_add(1);
       continue;
     }
     if (before == Phase::kUpgraded || before == Phase::kLingering) {
       c->resync_landed.store(c->rx_tail.load(std::memory_order_acquire), std::memory_order_relaxed);
-      c->resync_fence_acked.store(c->fence_delivered.load(std::memory_order_acquire) ||
-                                      c->credit.load(std::memory_order_acquire) > 0,
-                                  std::memory_order_relaxed);
+      c->resync_fence_acked.store(
+          c->fence_delivered.load(std::memory_order_acquire) || c->credit.load(std::memory_order_acquire) > 0,
+          std::memory_order_relaxed);
     }
     c->lost_backend.store(true, std::memory_order_relaxed);
     if (c->state.Apply(ConnEvent::kBackendLost, proto::Reason::kBackendUnavailable) &&

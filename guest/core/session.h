@@ -116,8 +116,8 @@ class Session {
   std::vector<int> waiters_;
   int sleepers_ = 0;
   std::atomic<bool> alive_{false};
-  bool lost_ = false;  // BackendLost ran (guarded by mu_)
-  bool doorbell_ = false;  // set once, before the session is handed out
+  bool lost_ = false;       // BackendLost ran (guarded by mu_)
+  bool doorbell_ = false;   // set once, before the session is handed out
   bool ring_hold_ = false;  // likewise: kFeatureRingHold
   // Rings of connections being unregistered or held (by conn id); guarded
   // by mu_. RINGS_RELEASED may come before UNREGISTER's answer is seen.

@@ -58,8 +58,7 @@ void NoteLateWakeup(Conn& c, int64_t slept_from_ns, int64_t slept_until_ns) {
   if (slept_until_ns - slept_from_ns < kLateWakeupNs) return;
   int64_t ev = c.rx_event_ns.load(std::memory_order_relaxed);
   if (ev == 0 || ev >= slept_from_ns) return;
-  if (c.rx_tail.load(std::memory_order_acquire) == c.rx_head.load(std::memory_order_relaxed) &&
-      !c.peer_shut_wr.load())
+  if (c.rx_tail.load(std::memory_order_acquire) == c.rx_head.load(std::memory_order_relaxed) && !c.peer_shut_wr.load())
     return;
   c.late_wakeups.fetch_add(1, std::memory_order_relaxed);
   if (g_late_wakeups.fetch_add(1, std::memory_order_relaxed) == 0)
@@ -92,7 +91,6 @@ int64_t SocketDeadline(int fd, int opt) {
   if (getsockopt(fd, SOL_SOCKET, opt, &tv, &len) != 0 || (tv.tv_sec == 0 && tv.tv_usec == 0)) return -1;
   return MonotonicNs() + int64_t{tv.tv_sec} * 1000000000 + int64_t{tv.tv_usec} * 1000;
 }
-
 
 // Waits up to a second for the kernel socket (`events`), within the
 // SO_*TIMEO deadline `opt` (looked up on first use: *deadline == -2).

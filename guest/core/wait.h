@@ -69,8 +69,8 @@ uint64_t LateWakeups();
 // for_ring_data: ready() means data (or EOF) in c's RX ring (for
 // NoteLateWakeup).
 template <typename Ready>
-Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events = 0,
-                 int64_t deadline_ns = -1, bool for_ring_data = false) {
+Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events = 0, int64_t deadline_ns = -1,
+                 bool for_ring_data = false) {
   Session* s = c.session;
   if (s == nullptr) return Status(Code::kUnavailable, "no backend session", ECONNRESET);
   if (ready()) return Status::Ok();
@@ -116,8 +116,11 @@ Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events =
     if (!s->PrepareSleep()) continue;  // work arrived: re-check
     // The vhost-user socket too: a backend that dies sends no event, it
     // hangs up (then the connection goes on without it, Session::BackendLost).
-    pollfd p[5] = {{efd, POLLIN, 0}, {s->event_fd(), POLLIN, 0}, {s->request_fd(), POLLIN, 0},
-                   {s->backend_fd(), POLLIN, 0}, {kernel_fd, kernel_events, 0}};
+    pollfd p[5] = {{efd, POLLIN, 0},
+                   {s->event_fd(), POLLIN, 0},
+                   {s->request_fd(), POLLIN, 0},
+                   {s->backend_fd(), POLLIN, 0},
+                   {kernel_fd, kernel_events, 0}};
     slept_from = MonotonicNs();
     int r = Libc().poll(p, kernel_fd >= 0 ? 5 : 4, timeout_ms);
     int poll_errno = errno;

@@ -118,8 +118,7 @@ enum class LingerState { kWaiting, kOver, kResync };
 // on them too; the FIN matters more.
 void DropKernelInput(int fd) {
   char sink[4096];
-  for (int i = 0; i < 256 && Libc().recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0; ++i) {
-  }
+  for (int i = 0; i < 256 && Libc().recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0; ++i) {}
 }
 
 // One look at a lingering connection (see Linger()), its session drained

@@ -3,12 +3,12 @@
 // pass through. errno is set here and only here.
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <sys/ioctl.h>
 #include <sys/sendfile.h>
-#include <limits.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "guest/core/config.h"
-#include "guest/core/poll_ops.h"
 #include "guest/core/fd_table.h"
+#include "guest/core/poll_ops.h"
 #include "guest/core/report.h"
 #include "guest/core/resync.h"
 #include "guest/core/session.h"

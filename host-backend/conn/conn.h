@@ -49,12 +49,12 @@ const char* ToString(ConnState s);
 // latest value of a counter is sent).
 enum EventBit : uint32_t {
   kEvUpgrade = 1u << 0,
-  kEvFence = 1u << 1,       // peer's kernel-path byte count
+  kEvFence = 1u << 1,  // peer's kernel-path byte count
   kEvRxTail = 1u << 2,
   kEvCredit = 1u << 3,
-  kEvPeerShutWr = 1u << 4,  // peer sends no more: EOF after rx_tail
-  kEvPeerGone = 1u << 5,    // peer reads no more: EPIPE on write
-  kEvDowngrade = 1u << 6,   // stay on (or go back to) kernel TCP, with reason
+  kEvPeerShutWr = 1u << 4,      // peer sends no more: EOF after rx_tail
+  kEvPeerGone = 1u << 5,        // peer reads no more: EPIPE on write
+  kEvDowngrade = 1u << 6,       // stay on (or go back to) kernel TCP, with reason
   kEvFenceDelivered = 1u << 7,  // our FENCE is in the peer guest's event queue (kFeatureFenceDelivered)
 };
 
@@ -67,11 +67,11 @@ enum LinkOwedBit : uint32_t {
   kOweShutWr = 1u << 2,
   kOweGone = 1u << 3,
   kOweAbort = 1u << 4,
-  kOweRelease = 1u << 5,  // last: the connection is forgotten after it
-  kOweData = 1u << 6,     // not a frame: data waits for room on the link
-  kOweFenceAck = 1u << 8, // the peer's FENCE reached our guest's event queue
-  kOwePlacement = 1u << 9,     // rdma: our RX ring's registration changed (value/aux = addr/rkey)
-  kOwePlacementAck = 1u << 10, // rdma: we applied the peer's PLACEMENTs
+  kOweRelease = 1u << 5,        // last: the connection is forgotten after it
+  kOweData = 1u << 6,           // not a frame: data waits for room on the link
+  kOweFenceAck = 1u << 8,       // the peer's FENCE reached our guest's event queue
+  kOwePlacement = 1u << 9,      // rdma: our RX ring's registration changed (value/aux = addr/rkey)
+  kOwePlacementAck = 1u << 10,  // rdma: we applied the peer's PLACEMENTs
 };
 
 // The peer of a connection whose other end runs on another host.
@@ -81,16 +81,16 @@ struct RemotePeer {
     kRequested,  // we sent PAIR_REQUEST, wait for PAIR_ACCEPT
     kAccepted,   // we sent PAIR_ACCEPT, wait for the peer's first link frame
     kPaired,
-    kDetached,   // the peer released it, or the link died
+    kDetached,  // the peer released it, or the link died
   };
   Stage stage = Stage::kNone;
-  uint32_t host = 0;       // peer host id (fabric)
-  uint64_t handle = 0;     // the peer backend's handle for the connection
-  uint32_t window = 0;     // the peer guest's RX ring size
-  uint64_t credit = 0;     // bytes the peer guest consumed: we may send up to credit + window
-  bool gone = false;       // the peer guest reads no more
+  uint32_t host = 0;         // peer host id (fabric)
+  uint64_t handle = 0;       // the peer backend's handle for the connection
+  uint32_t window = 0;       // the peer guest's RX ring size
+  uint64_t credit = 0;       // bytes the peer guest consumed: we may send up to credit + window
+  bool gone = false;         // the peer guest reads no more
   bool fence_acked = false;  // the peer backend has our FENCE (RESYNC is safe)
-  uint64_t rdma_addr = 0;  // rdma fabric: the peer RX ring (0: its staging ring)
+  uint64_t rdma_addr = 0;    // rdma fabric: the peer RX ring (0: its staging ring)
   uint32_t rdma_rkey = 0;
   uint64_t placements_seen = 0;  // PLACEMENT frames applied (acknowledged with their count)
   bool paired() const { return stage == Stage::kPaired; }
@@ -117,7 +117,7 @@ struct BackendConn {
   uint64_t rx_consumed = 0;  // guest consumed from RX (the peer's credit)
   bool write_shut = false;   // guest will produce no more
   bool shut_announced = false;
-  bool gone = false;         // guest closed or died; data may still drain
+  bool gone = false;            // guest closed or died; data may still drain
   std::vector<uint8_t> orphan;  // TX bytes not yet moved when the guest left
   size_t orphan_off = 0;
 
@@ -137,7 +137,7 @@ struct BackendConn {
   bool doorbell = false;
   bool in_doorbell_set = false;
   bool fence_ack_pending = false;  // the peer's FENCE: acked once its event is emitted
-  uint32_t doorbell_idle = 0;  // passes in the set without progress
+  uint32_t doorbell_idle = 0;      // passes in the set without progress
 
   RemotePeer remote;
   uint32_t link_owed = 0;

@@ -209,16 +209,16 @@ class ConnManager {
   const vhost::PortConfig* LocalPortFor(uint32_t tenant, const proto::Endpoint& addr) const;
 
   std::unordered_map<vhost::BackendDevice*, DeviceConns> devices_;
-  std::unordered_map<uint64_t, std::unique_ptr<BackendConn>> conns_;  // by handle
-  libcuckoo::cuckoohash_map<ConnKey, uint64_t, ConnKeyHash> registry_;   // key -> handle
+  std::unordered_map<uint64_t, std::unique_ptr<BackendConn>> conns_;    // by handle
+  libcuckoo::cuckoohash_map<ConnKey, uint64_t, ConnKeyHash> registry_;  // key -> handle
   libcuckoo::cuckoohash_map<ConnKey, uint32_t, ConnKeyHash> by_tuple_;  // tenant 0 -> tenant
   std::vector<BackendConn*> movable_;
   RemoteHosts* hosts_ = nullptr;
   const std::vector<vhost::PortConfig>* ports_ = nullptr;
   std::unordered_map<uint64_t, std::unique_ptr<Sink>> sinks_;  // by host << 32 | link
-  std::vector<BackendConn*> owed_;        // conns with link frames owed
-  std::vector<BackendConn*> reap_;        // conns waiting for sends that read their TX ring
-  std::deque<uint64_t> tx_queue_;         // handles of conns whose TX ring waits to be registered
+  std::vector<BackendConn*> owed_;                             // conns with link frames owed
+  std::vector<BackendConn*> reap_;                             // conns waiting for sends that read their TX ring
+  std::deque<uint64_t> tx_queue_;                              // handles of conns whose TX ring waits to be registered
   // PAIR_REQUESTs that arrived before our guest registered the connection,
   // keyed as our guest will register it.
   std::unordered_map<ConnKey, PendingRemote, ConnKeyHash> pending_remote_;

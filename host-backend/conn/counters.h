@@ -27,24 +27,24 @@ struct ConnManagerCounters {
   // Cross-host.
   std::atomic<uint64_t> pair_requests_sent{0};
   std::atomic<uint64_t> pair_requests_received{0};
-  std::atomic<uint64_t> pair_refused{0};      // a peer host asked for what it does not run
+  std::atomic<uint64_t> pair_refused{0};  // a peer host asked for what it does not run
   std::atomic<uint64_t> remote_upgrades{0};
   std::atomic<uint64_t> fabric_bytes_out{0};
   std::atomic<uint64_t> fabric_bytes_in{0};
-  std::atomic<uint64_t> fabric_bytes_placed{0}; // of fabric_bytes_in: written one-sided into the RX ring (rdma)
-  std::atomic<uint64_t> rdma_rx_regions{0};     // guest RX rings registered for peer hosts (total)
+  std::atomic<uint64_t> fabric_bytes_placed{0};      // of fabric_bytes_in: written one-sided into the RX ring (rdma)
+  std::atomic<uint64_t> rdma_rx_regions{0};          // guest RX rings registered for peer hosts (total)
   std::atomic<uint64_t> rdma_rx_regions_dropped{0};  // ... and deregistered again (total)
-  std::atomic<uint64_t> rdma_rx_withdrawn{0};  // of those: after the peer acknowledged a PLACEMENT
-  std::atomic<uint64_t> rdma_tx_regions{0};    // guest TX rings registered for sends to read in place (total)
+  std::atomic<uint64_t> rdma_rx_withdrawn{0};        // of those: after the peer acknowledged a PLACEMENT
+  std::atomic<uint64_t> rdma_tx_regions{0};          // guest TX rings registered for sends to read in place (total)
   std::atomic<uint64_t> rdma_tx_regions_dropped{0};  // ... and withdrawn again (total)
-  std::atomic<uint64_t> rdma_reg_us{0};  // time spent registering guest rings (RX and TX, microseconds, total)
-  std::atomic<uint64_t> credit_held{0};        // credits held back: the peer consumed bytes a send still read
-  std::atomic<uint64_t> rings_held{0};         // UNREGISTERs answered rings-held (kFeatureRingHold)
-  std::atomic<uint64_t> rings_released{0};     // ... and RINGS_RELEASED owed afterwards
-  std::atomic<uint64_t> frames_dropped{0};    // unknown handle, wrong tenant or wrong host
+  std::atomic<uint64_t> rdma_reg_us{0};     // time spent registering guest rings (RX and TX, microseconds, total)
+  std::atomic<uint64_t> credit_held{0};     // credits held back: the peer consumed bytes a send still read
+  std::atomic<uint64_t> rings_held{0};      // UNREGISTERs answered rings-held (kFeatureRingHold)
+  std::atomic<uint64_t> rings_released{0};  // ... and RINGS_RELEASED owed afterwards
+  std::atomic<uint64_t> frames_dropped{0};  // unknown handle, wrong tenant or wrong host
   std::atomic<uint64_t> frames_cross_tenant{0};
-  std::atomic<uint64_t> fabric_violations{0}; // a frame outside the window: that connection is reset
-  std::atomic<uint64_t> fabric_downgrades{0}; // connections taken off the fabric (link lost)
+  std::atomic<uint64_t> fabric_violations{0};  // a frame outside the window: that connection is reset
+  std::atomic<uint64_t> fabric_downgrades{0};  // connections taken off the fabric (link lost)
 };
 
 // Totals per VM (indexed by PortConfig::index), kept when connections close.

@@ -59,17 +59,13 @@ bool ConnManager::EmitEvents(vhost::BackendDevice& device) {
       std::array<Message, 8> out;
       size_t n = 0;
       uint32_t bits = c.pending_events;
-      if (bits & kEvUpgrade)
-        out[n++] = {MsgType::kUpgrade, 0, proto::Upgrade{c.conn_id, c.ev_peer_rx_window, 64}};
-      if (bits & kEvFence)
-        out[n++] = {MsgType::kFence, 0, proto::ConnCounter{c.conn_id, c.ev_peer_fence}};
+      if (bits & kEvUpgrade) out[n++] = {MsgType::kUpgrade, 0, proto::Upgrade{c.conn_id, c.ev_peer_rx_window, 64}};
+      if (bits & kEvFence) out[n++] = {MsgType::kFence, 0, proto::ConnCounter{c.conn_id, c.ev_peer_fence}};
       if (bits & kEvRxTail) out[n++] = {MsgType::kRxTail, 0, proto::ConnCounter{c.conn_id, c.rx_tail}};
-      if (bits & kEvCredit)
-        out[n++] = {MsgType::kCredit, 0, proto::ConnCounter{c.conn_id, c.ev_credit}};
+      if (bits & kEvCredit) out[n++] = {MsgType::kCredit, 0, proto::ConnCounter{c.conn_id, c.ev_credit}};
       if (bits & kEvPeerShutWr)
         out[n++] = {MsgType::kShutdown, 0, proto::Shutdown{c.conn_id, proto::ShutdownHow::kWrite}};
-      if (bits & kEvPeerGone)
-        out[n++] = {MsgType::kShutdown, 0, proto::Shutdown{c.conn_id, proto::ShutdownHow::kRead}};
+      if (bits & kEvPeerGone) out[n++] = {MsgType::kShutdown, 0, proto::Shutdown{c.conn_id, proto::ShutdownHow::kRead}};
       if (bits & kEvFenceDelivered)
         out[n++] = {MsgType::kFenceDelivered, 0, proto::ConnCounter{c.conn_id, c.fence_bytes}};
       if (bits & kEvDowngrade)

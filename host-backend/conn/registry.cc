@@ -42,10 +42,10 @@ bool ConnManager::ResolveRings(BackendConn& c) {
 }
 
 void ConnManager::Pair(BackendConn& a, BackendConn& b) {
-  VS_LOG(kDebug, "pair conn %lu (dev %lu id %lu) <-> conn %lu (dev %lu id %lu)",
-         static_cast<unsigned long>(a.handle), static_cast<unsigned long>(a.device->id()),
-         static_cast<unsigned long>(a.conn_id), static_cast<unsigned long>(b.handle),
-         static_cast<unsigned long>(b.device->id()), static_cast<unsigned long>(b.conn_id));
+  VS_LOG(kDebug, "pair conn %lu (dev %lu id %lu) <-> conn %lu (dev %lu id %lu)", static_cast<unsigned long>(a.handle),
+         static_cast<unsigned long>(a.device->id()), static_cast<unsigned long>(a.conn_id),
+         static_cast<unsigned long>(b.handle), static_cast<unsigned long>(b.device->id()),
+         static_cast<unsigned long>(b.conn_id));
   {
     std::lock_guard<std::mutex> lock(snapshot_mu_);
     a.peer = &b;
@@ -89,8 +89,8 @@ void ConnManager::Orphan(BackendConn& c) {
   ConnKey tuple = c.key;
   tuple.tenant = 0;
   by_tuple_.erase_fn(tuple, [&](uint32_t t) { return t == c.key.tenant; });
-  VS_LOG(kDebug, "conn %lu (guest id %lu) closed, %zu bytes orphaned, peer %lu",
-         static_cast<unsigned long>(c.handle), static_cast<unsigned long>(c.conn_id), c.orphan.size(),
+  VS_LOG(kDebug, "conn %lu (guest id %lu) closed, %zu bytes orphaned, peer %lu", static_cast<unsigned long>(c.handle),
+         static_cast<unsigned long>(c.conn_id), c.orphan.size(),
          static_cast<unsigned long>(c.peer ? c.peer->handle : 0));
   if (c.peer) {
     Raise(*c.peer, kEvPeerGone);
@@ -119,8 +119,7 @@ void ConnManager::Orphan(BackendConn& c) {
       c.remote.stage = RemotePeer::Stage::kNone;
       break;
     }
-    default:
-      break;
+    default: break;
   }
   counters_.active.fetch_sub(1, std::memory_order_relaxed);
 }
@@ -162,8 +161,8 @@ void ConnManager::MaybeDestroy(BackendConn* c) {
 
 void ConnManager::Violation(BackendConn& c, const char* what) {
   counters_.protocol_violations.fetch_add(1, std::memory_order_relaxed);
-  VS_LOG(kWarn, "vm %s conn %lu: %s; connection is reset",
-         c.device ? c.device->port()->vm_name.c_str() : "?", static_cast<unsigned long>(c.conn_id), what);
+  VS_LOG(kWarn, "vm %s conn %lu: %s; connection is reset", c.device ? c.device->port()->vm_name.c_str() : "?",
+         static_cast<unsigned long>(c.conn_id), what);
   {
     std::lock_guard<std::mutex> lock(snapshot_mu_);
     c.reason = Reason::kProtocolError;
@@ -243,12 +242,13 @@ std::vector<ConnSnapshot> ConnManager::Snapshot() const {
     if (c->gone) continue;
     // Counters below are the worker's; read racily here, for display only.
     uint64_t peer_consumed = c->peer ? c->peer->rx_consumed : c->remote.paired() ? c->remote.credit : c->tx_tail;
-    out.push_back({c->handle, c->device ? c->device->id() : 0,
-                   c->device ? c->device->port()->vm_name : "", c->key.tenant, c->key.local,
-                   c->key.peer, c->state, c->reason, c->accel_bytes_out.load(),
+    out.push_back({c->handle, c->device ? c->device->id() : 0, c->device ? c->device->port()->vm_name : "",
+                   c->key.tenant, c->key.local, c->key.peer, c->state, c->reason, c->accel_bytes_out.load(),
                    c->accel_bytes_in.load(), c->kernel_bytes_out.load(), c->rx_tail - c->rx_consumed,
                    c->tx_tail - std::min(c->tx_tail, peer_consumed),
-                   c->peer ? c->peer->rx.size : c->remote.paired() ? c->remote.window : 0,
+                   c->peer              ? c->peer->rx.size
+                   : c->remote.paired() ? c->remote.window
+                                        : 0,
                    c->remote.paired() ? c->remote.host : 0});
   }
   return out;

@@ -125,8 +125,8 @@ RequestResult ConnManager::RepollDoorbell(DeviceConns& dc, BackendConn& c, bool 
 
 RequestResult ConnManager::OnTxTail(DeviceConns& dc, BackendConn* conn, const Message& msg, Message*) {
   BackendConn& c = *conn;
-  if (c.doorbell) return RepollDoorbell(dc, c, c.state == ConnState::kUpgraded && c.fence_received,
-                                        "TX_TAIL before FENCE");
+  if (c.doorbell)
+    return RepollDoorbell(dc, c, c.state == ConnState::kUpgraded && c.fence_received, "TX_TAIL before FENCE");
   (void)ApplyTxTail(c, std::get<proto::ConnCounter>(msg.body).bytes);
   return RequestResult::kNoReply;
 }
@@ -161,13 +161,11 @@ RequestResult ConnManager::OnShutdown(DeviceConns&, BackendConn* conn, const Mes
   return RequestResult::kNoReply;
 }
 
-Message ConnManager::Register(DeviceConns& dc, uint64_t request_id,
-                                             const proto::RegisterConn& r) {
+Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto::RegisterConn& r) {
   const vhost::PortConfig& port = *dc.device->port();
   if (!AddressAllowed(port, r.local)) {
     counters_.rejected_spoofed.fetch_add(1, std::memory_order_relaxed);
-    VS_LOG(kWarn, "vm %s: registration for a foreign local address refused (anti-spoofing)",
-           port.vm_name.c_str());
+    VS_LOG(kWarn, "vm %s: registration for a foreign local address refused (anti-spoofing)", port.vm_name.c_str());
     return Ack(request_id, r.conn_id, WireError::kSpoofedAddress, Reason::kSpoofedAddress);
   }
   if (dc.by_id.count(r.conn_id) || dc.by_id.size() >= kMaxConnsPerDevice) {
@@ -209,14 +207,13 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id,
   vm_totals_[c.vm_index % kMaxVms].registrations.fetch_add(1, std::memory_order_relaxed);
   counters_.active.fetch_add(1, std::memory_order_relaxed);
 
-  Message ack = Ack(request_id, r.conn_id, WireError::kOk, Reason::kPending,
-                    std::min(r.tx_ring_bytes, r.rx_ring_bytes));
+  Message ack =
+      Ack(request_id, r.conn_id, WireError::kOk, Reason::kPending, std::min(r.tx_ring_bytes, r.rx_ring_bytes));
   // Pair with the mirrored registration of the same tenant, if it is there.
   uint64_t peer_handle = 0;
   if (registry_.find(c.key.Mirror(), peer_handle)) {
     BackendConn* p = conns_.at(peer_handle).get();
-    if (p->state == ConnState::kPending && p->peer == nullptr && !p->gone && p->role != c.role)
-      Pair(c, *p);
+    if (p->state == ConnState::kPending && p->peer == nullptr && !p->gone && p->role != c.role) Pair(c, *p);
   } else {
     // The same 4-tuple registered by another tenant: never paired, but say why.
     ConnKey tuple = c.key.Mirror();
@@ -258,11 +255,9 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id,
   return ack;
 }
 
-Message ConnManager::Unregister(DeviceConns& dc, uint64_t request_id,
-                                               uint64_t conn_id) {
+Message ConnManager::Unregister(DeviceConns& dc, uint64_t request_id, uint64_t conn_id) {
   auto it = dc.by_id.find(conn_id);
-  if (it == dc.by_id.end())
-    return Ack(request_id, conn_id, WireError::kUnknownConnection, Reason::kNone);
+  if (it == dc.by_id.end()) return Ack(request_id, conn_id, WireError::kUnknownConnection, Reason::kNone);
   BackendConn* c = it->second;
   dc.by_id.erase(it);
   Orphan(*c);

@@ -6,8 +6,8 @@
 
 namespace vsocket::backend {
 
-void RingCopy(uint8_t* dst, uint32_t dst_size, uint64_t dst_pos, const uint8_t* src,
-              uint32_t src_size, uint64_t src_pos, uint64_t n) {
+void RingCopy(uint8_t* dst, uint32_t dst_size, uint64_t dst_pos, const uint8_t* src, uint32_t src_size,
+              uint64_t src_pos, uint64_t n) {
   auto offset = [](uint64_t pos, uint32_t size) { return size ? pos & (size - 1) : pos; };
   auto room = [](uint64_t off, uint32_t size) { return size ? size - off : UINT64_MAX; };
   while (n > 0) {

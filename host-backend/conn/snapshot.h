@@ -19,10 +19,10 @@ struct ConnSnapshot {
   ConnState state;
   proto::Reason reason;
   uint64_t accel_out, accel_in, kernel_out;
-  uint64_t rx_queued;   // bytes landed in its RX ring, not yet consumed
-  uint64_t tx_unacked;  // bytes it produced that its peer has not consumed (credit in use)
-  uint32_t window;      // its TX credit window (peer's RX ring, bytes)
-  uint32_t remote_host; // peer host id when the peer is on another host, else 0
+  uint64_t rx_queued;    // bytes landed in its RX ring, not yet consumed
+  uint64_t tx_unacked;   // bytes it produced that its peer has not consumed (credit in use)
+  uint32_t window;       // its TX credit window (peer's RX ring, bytes)
+  uint32_t remote_host;  // peer host id when the peer is on another host, else 0
 };
 
 }  // namespace vsocket::backend

@@ -59,9 +59,9 @@ class TxHold {
   };
   fabric::Link* link_ = nullptr;
   uint32_t host_ = 0;
-  std::vector<Mark> marks_;                             // oldest first
+  std::vector<Mark> marks_;                               // oldest first
   std::vector<std::pair<uint64_t, uint64_t>> withdrawn_;  // (frames before this number, token)
-  uint64_t released_ = 0;                               // end of the last released mark
+  uint64_t released_ = 0;                                 // end of the last released mark
 };
 
 }  // namespace vsocket::backend

@@ -49,7 +49,7 @@ TEST(TxHold, ReleasedFollowsCompletionsInOrder) {
   h.Reap(&drop);
   EXPECT_TRUE(h.Busy());
   EXPECT_EQ(h.Released(300), 0u);  // nothing completed: the credit stays at 0
-  link.released = 11;               // the first frame completed
+  link.released = 11;              // the first frame completed
   h.Reap(&drop);
   EXPECT_EQ(h.Released(300), 100u);
   link.released = 13;  // through the other connection's frame

@@ -99,13 +99,16 @@ TEST_P(LinkConformance, ControlFramesArriveInOrder) {
   Collector got;
   const int kN = 2000;
   int sent = 0;
-  ASSERT_TRUE(Pump([&] {
-    while (sent < kN && a_->Writable()) {
-      if (!a_->Send(Ctl(FrameType::kCredit, 1 + sent % 5, sent), {})) break;
-      ++sent;
-    }
-    return got.frames.size() == kN;
-  }, got)) << last_error_.ToString();
+  ASSERT_TRUE(Pump(
+      [&] {
+        while (sent < kN && a_->Writable()) {
+          if (!a_->Send(Ctl(FrameType::kCredit, 1 + sent % 5, sent), {})) break;
+          ++sent;
+        }
+        return got.frames.size() == kN;
+      },
+      got))
+      << last_error_.ToString();
   for (int i = 0; i < kN; ++i) {
     EXPECT_EQ(got.frames[i].type, FrameType::kCredit);
     EXPECT_EQ(got.frames[i].value, static_cast<uint64_t>(i));
@@ -141,27 +144,30 @@ TEST_P(LinkConformance, InterleavedDataStreamsAreExact) {
     for (auto& f : got.frames) n += f.len;
     return n;
   };
-  ASSERT_TRUE(Pump([&] {
-    std::vector<uint8_t> staged;
-    size_t src_used = 0;
-    for (int c = 0; c < kConns && a_->Writable(); ++c) {
-      if (off[c] >= kPerConn) continue;
-      size_t len = std::min<size_t>({kPerConn - off[c], 1 + rng() % proto::kMaxDataFrame});
-      if (src_used + len > src.size()) break;
-      std::memcpy(src.data() + src_used, want[c].data() + off[c], len);
-      size_t cut = len / 2;
-      iovec v[2] = {{src.data() + src_used, cut}, {src.data() + src_used + cut, len - cut}};
-      FrameHeader h = Ctl(FrameType::kData, 100 + c, off[c]);
-      h.len = static_cast<uint32_t>(len);
-      if (!a_->Send(h, v)) break;
-      src_used += len;
-      off[c] += len;
-      ++frames_total;
-    }
-    EXPECT_TRUE(a_->Flush().ok());
-    std::fill(src.begin(), src.end(), 0xEE);  // the link copied what it still needs
-    return all_sent() && delivered() == kConns * kPerConn;
-  }, got)) << last_error_.ToString();
+  ASSERT_TRUE(Pump(
+      [&] {
+        std::vector<uint8_t> staged;
+        size_t src_used = 0;
+        for (int c = 0; c < kConns && a_->Writable(); ++c) {
+          if (off[c] >= kPerConn) continue;
+          size_t len = std::min<size_t>({kPerConn - off[c], 1 + rng() % proto::kMaxDataFrame});
+          if (src_used + len > src.size()) break;
+          std::memcpy(src.data() + src_used, want[c].data() + off[c], len);
+          size_t cut = len / 2;
+          iovec v[2] = {{src.data() + src_used, cut}, {src.data() + src_used + cut, len - cut}};
+          FrameHeader h = Ctl(FrameType::kData, 100 + c, off[c]);
+          h.len = static_cast<uint32_t>(len);
+          if (!a_->Send(h, v)) break;
+          src_used += len;
+          off[c] += len;
+          ++frames_total;
+        }
+        EXPECT_TRUE(a_->Flush().ok());
+        std::fill(src.begin(), src.end(), 0xEE);  // the link copied what it still needs
+        return all_sent() && delivered() == kConns * kPerConn;
+      },
+      got))
+      << last_error_.ToString();
   for (int c = 0; c < kConns; ++c) {
     ASSERT_EQ(got.streams[100 + c].size(), kPerConn);
     EXPECT_EQ(proto::Crc32c(got.streams[100 + c]), proto::Crc32c(want[c])) << "conn " << c;
@@ -207,9 +213,10 @@ TEST_P(LinkConformance, FrameNumbersCountSendsAndAreAllReleased) {
   }
   ASSERT_GT(sent, 0);
   EXPECT_LE(a_->ReleasedThrough(), a_->NextFrameNumber());
-  ASSERT_TRUE(Pump([&] {
-    return got.frames.size() == static_cast<size_t>(sent) && a_->ReleasedThrough() == a_->NextFrameNumber();
-  }, got)) << last_error_.ToString();
+  ASSERT_TRUE(Pump(
+      [&] { return got.frames.size() == static_cast<size_t>(sent) && a_->ReleasedThrough() == a_->NextFrameNumber(); },
+      got))
+      << last_error_.ToString();
   EXPECT_GE(a_->NextFrameNumber() - first, static_cast<uint64_t>(sent));
 }
 

@@ -173,8 +173,7 @@ RdmaDevice::~RdmaDevice() {
 Status RdmaDevice::RegisterMemory(void* addr, size_t len, Use use, uint32_t* lkey, uint32_t* rkey) {
   if (addr == nullptr || len == 0) return Status(Code::kInvalidArgument, "rdma: empty memory region");
   // Sends only read: no write access at all for kLocalRead.
-  std::unique_ptr<ibv_mr, DeregMr> mr(
-      ibv_reg_mr(pd_.get(), addr, len, use == Use::kRemoteWrite ? kRemoteAccess : 0));
+  std::unique_ptr<ibv_mr, DeregMr> mr(ibv_reg_mr(pd_.get(), addr, len, use == Use::kRemoteWrite ? kRemoteAccess : 0));
   if (!mr) return Verbs("ibv_reg_mr", errno);
   *lkey = mr->lkey;
   *rkey = use == Use::kRemoteWrite ? mr->rkey : 0;

@@ -85,9 +85,9 @@ namespace rdma_internal {
 inline constexpr size_t kSlotSize = 320;  // >= 32 + kMaxControlPayload, 64-aligned
 inline constexpr int kMaxSge = 4;         // payload pieces one RDMA WRITE gathers
 inline constexpr uint32_t kMinRecvDepth = 4;
-inline constexpr uint32_t kMaxRecvDepth = 16383;    // 14-bit credit field
+inline constexpr uint32_t kMaxRecvDepth = 16383;  // 14-bit credit field
 inline constexpr uint32_t kMaxInFlight = 16383;
-inline constexpr uint32_t kControlReserve = 8;      // credit/close messages
+inline constexpr uint32_t kControlReserve = 8;  // credit/close messages
 inline constexpr size_t kMinStaging = 4 * proto::kMaxDataFrame;
 inline constexpr int64_t kCloseWaitMs = 500;  // destructor: close message on its way
 // The immediate of every SEND: kind (4 bits), staged frames consumed
@@ -100,12 +100,24 @@ inline constexpr uint32_t ImmStaged(uint32_t imm) { return (imm >> 14) & 0x3fff;
 inline constexpr uint32_t ImmCredits(uint32_t imm) { return imm & 0x3fff; }
 
 // unique_ptr deleters for verbs objects (each calls the matching destroy).
-struct CloseDevice { void operator()(ibv_context* c) const; };
-struct DeallocPd { void operator()(ibv_pd* p) const; };
-struct DeregMr { void operator()(ibv_mr* m) const; };
-struct DestroyChannel { void operator()(ibv_comp_channel* c) const; };
-struct DestroyCq { void operator()(ibv_cq* c) const; };
-struct DestroyQp { void operator()(ibv_qp* q) const; };
+struct CloseDevice {
+  void operator()(ibv_context* c) const;
+};
+struct DeallocPd {
+  void operator()(ibv_pd* p) const;
+};
+struct DeregMr {
+  void operator()(ibv_mr* m) const;
+};
+struct DestroyChannel {
+  void operator()(ibv_comp_channel* c) const;
+};
+struct DestroyCq {
+  void operator()(ibv_cq* c) const;
+};
+struct DestroyQp {
+  void operator()(ibv_qp* q) const;
+};
 struct Unmap {
   size_t len = 0;
   void operator()(uint8_t* p) const;
@@ -118,13 +130,13 @@ struct RdmaEndpointInfo {
   uint32_t qpn = 0;  // 24 bits
   uint32_t psn = 0;  // 24 bits: first packet sequence number of our sends
   std::array<uint8_t, 16> gid = {};
-  uint16_t lid = 0;        // InfiniBand link layer only
-  uint8_t gid_index = 0;   // the sender's own index (informational)
+  uint16_t lid = 0;       // InfiniBand link layer only
+  uint8_t gid_index = 0;  // the sender's own index (informational)
   uint8_t port = 1;
   uint8_t mtu = IBV_MTU_1024;  // enum ibv_mtu, the port's active MTU
   uint8_t link_layer = IBV_LINK_LAYER_ETHERNET;
-  uint32_t recv_depth = 0;     // receive buffers posted: the peer's credits
-  uint64_t staging_addr = 0;   // staging ring for DATA without RemoteBuffer
+  uint32_t recv_depth = 0;    // receive buffers posted: the peer's credits
+  uint64_t staging_addr = 0;  // staging ring for DATA without RemoteBuffer
   uint32_t staging_rkey = 0;
   uint32_t staging_size = 0;
 
@@ -140,7 +152,7 @@ struct RdmaEndpointInfo {
 class RdmaDevice {
  public:
   struct Options {
-    std::string name;    // empty: the first device
+    std::string name;  // empty: the first device
     uint8_t port = 1;
     int gid_index = -1;  // -1: the IPv4-mapped RoCEv2 GID (::ffff:a.b.c.d)
   };
@@ -237,8 +249,8 @@ class RdmaCompletionQueue {
   std::unique_ptr<ibv_comp_channel, rdma_internal::DestroyChannel> channel_;
   std::unique_ptr<ibv_cq, rdma_internal::DestroyCq> cq_;
   bool armed_ = false;
-  int capacity_ = 0;                           // links it was sized for
-  std::map<uint32_t, RdmaLink*> links_;        // by QP number
+  int capacity_ = 0;                     // links it was sized for
+  std::map<uint32_t, RdmaLink*> links_;  // by QP number
 };
 
 class RdmaLink : public Link {
@@ -246,8 +258,7 @@ class RdmaLink : public Link {
   // Creates the QP (in RESET) and its buffers. Connect() makes it usable.
   // `cq`: the completion queue it shares with its host pair's other links
   // (null: one of its own).
-  static Result<std::unique_ptr<RdmaLink>> Create(std::shared_ptr<RdmaDevice> dev,
-                                                  const RdmaLinkOptions& opt = {},
+  static Result<std::unique_ptr<RdmaLink>> Create(std::shared_ptr<RdmaDevice> dev, const RdmaLinkOptions& opt = {},
                                                   std::shared_ptr<RdmaCompletionQueue> cq = nullptr);
   // Sends a close message (bounded wait for it to go out) and tears down.
   ~RdmaLink() override;
@@ -257,8 +268,7 @@ class RdmaLink : public Link {
   // INIT -> RTR -> RTS towards `remote`. Once.
   Status Connect(const RdmaEndpointInfo& remote);
 
-  bool Send(const proto::FrameHeader& h, std::span<const iovec> payload,
-            const RemoteBuffer* remote = nullptr) override;
+  bool Send(const proto::FrameHeader& h, std::span<const iovec> payload, const RemoteBuffer* remote = nullptr) override;
   Status Flush() override;
   bool Writable() const override;
   // Frame numbers are send sequence numbers (control and credit messages
@@ -329,8 +339,8 @@ class RdmaLink : public Link {
   std::unique_ptr<ibv_mr, rdma_internal::DeregMr> staging_mr_;  // remote-writable
   std::shared_ptr<RdmaCompletionQueue> cq_;
   std::unique_ptr<ibv_qp, rdma_internal::DestroyQp> qp_;
-  uint32_t qpn_ = 0;     // qp_'s number, our key in cq_
-  UniqueFd wake_;        // epoll over the CQ's channel fd and pending_event_
+  uint32_t qpn_ = 0;  // qp_'s number, our key in cq_
+  UniqueFd wake_;     // epoll over the CQ's channel fd and pending_event_
   UniqueFd pending_event_;
   bool pending_signaled_ = false;
 
@@ -348,7 +358,7 @@ class RdmaLink : public Link {
   std::vector<ibv_send_wr> wrs_;    // the queued batch, chained at Flush()
   std::vector<ibv_sge> sges_;
   size_t nwr_ = 0, nsge_ = 0;
-  uint32_t credits_ = 0;            // peer receive buffers we may fill
+  uint32_t credits_ = 0;  // peer receive buffers we may fill
   size_t bounce_head_ = 0, bounce_used_ = 0;
   size_t tx_staging_head_ = 0, tx_staging_used_ = 0;
   std::deque<uint32_t> tx_staged_;  // peer staging bytes per staged frame, FIFO
@@ -357,9 +367,9 @@ class RdmaLink : public Link {
   std::deque<RecvDone> pending_;
   std::vector<ibv_recv_wr> recv_wrs_;
   std::vector<ibv_sge> recv_sges_;
-  std::vector<uint32_t> repost_;     // buffer indexes to post again
-  uint32_t owed_credits_ = 0;        // reposted, not yet reported
-  uint32_t owed_staged_ = 0;         // staged frames consumed, not reported
+  std::vector<uint32_t> repost_;  // buffer indexes to post again
+  uint32_t owed_credits_ = 0;     // reposted, not yet reported
+  uint32_t owed_staged_ = 0;      // staged frames consumed, not reported
   size_t owed_staged_bytes_ = 0;
   size_t rx_staging_off_ = 0;
   bool sent_link_close_ = false;  // a LINK_CLOSE frame went out: no close message needed

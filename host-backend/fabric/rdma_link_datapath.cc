@@ -232,8 +232,8 @@ Status RdmaLink::Flush() {
 // staging room means at least that much is owed here once everything that
 // arrived was processed, and this message may use the reserved last credit.
 Status RdmaLink::MaybeSendCredits() {
-  bool due = owed_credits_ >= std::max<uint32_t>(1, opt_.recv_depth / 2) ||
-             owed_staged_bytes_ >= opt_.staging_bytes / 4;
+  bool due =
+      owed_credits_ >= std::max<uint32_t>(1, opt_.recv_depth / 2) || owed_staged_bytes_ >= opt_.staging_bytes / 4;
   if (!due) return Status::Ok();
   if (nwr_ > 0) return PostQueued();
   if (credits_ < 1 || next_seq_ - done_seq_ >= entries_) return Status::Ok();  // after the next completion

@@ -64,13 +64,13 @@ TEST(RdmaEndpointInfo, DecodeRejectsWhatItCannotTrust) {
     return RdmaEndpointInfo::Decode(b);
   };
   EXPECT_NE(mutate(0, 0).status().message().find("bad magic"), std::string::npos);
-  EXPECT_FALSE(mutate(2, 9).ok());     // version
-  EXPECT_FALSE(mutate(3, 1).ok());     // reserved
-  EXPECT_FALSE(mutate(7, 1).ok());     // qpn beyond 24 bits
-  EXPECT_FALSE(mutate(32, 0).ok());    // mtu
+  EXPECT_FALSE(mutate(2, 9).ok());   // version
+  EXPECT_FALSE(mutate(3, 1).ok());   // reserved
+  EXPECT_FALSE(mutate(7, 1).ok());   // qpn beyond 24 bits
+  EXPECT_FALSE(mutate(32, 0).ok());  // mtu
   EXPECT_FALSE(mutate(32, 6).ok());
-  EXPECT_FALSE(mutate(36, 0).ok());    // recv_depth 64 -> 0
-  EXPECT_FALSE(mutate(54, 0).ok());    // staging 1 MiB -> 0
+  EXPECT_FALSE(mutate(36, 0).ok());  // recv_depth 64 -> 0
+  EXPECT_FALSE(mutate(54, 0).ok());  // staging 1 MiB -> 0
 }
 
 // Records what arrives; staged DATA lands in `stream` at the frame's value.
@@ -140,8 +140,7 @@ class RdmaLinkTest : public ::testing::Test {
     int64_t deadline = MonotonicMs() + 20000;
     while (!done()) {
       if (MonotonicMs() > deadline) return false;
-      Status s[4] = {a_->Flush(), b_->Flush(), b_->Poll(at_b, max_frames),
-                     a_->Poll(at_a ? *at_a : ignore, max_frames)};
+      Status s[4] = {a_->Flush(), b_->Flush(), b_->Poll(at_b, max_frames), a_->Poll(at_a ? *at_a : ignore, max_frames)};
       for (Status& st : s)
         if (!st.ok()) {
           last_error_ = st;
@@ -162,7 +161,8 @@ TEST_F(RdmaLinkTest, RegisteredSourceLandsInRegisteredDestinationZeroCopy) {
   Connect();
   std::vector<uint8_t> ring(64 * 1024, 0), src = Random(40000, 1);
   uint32_t ring_lkey, ring_rkey, src_lkey, src_rkey;
-  ASSERT_TRUE(dev_->RegisterMemory(ring.data(), ring.size(), RdmaDevice::Use::kRemoteWrite, &ring_lkey, &ring_rkey).ok());
+  ASSERT_TRUE(
+      dev_->RegisterMemory(ring.data(), ring.size(), RdmaDevice::Use::kRemoteWrite, &ring_lkey, &ring_rkey).ok());
   ASSERT_TRUE(dev_->RegisterMemory(src.data(), src.size(), RdmaDevice::Use::kLocalRead, &src_lkey, &src_rkey).ok());
   EXPECT_EQ(dev_->FindLkey(src.data() + 100, 1000), src_lkey);
   EXPECT_FALSE(dev_->FindLkey(src.data() + 100, src.size()).has_value());  // runs past the end
@@ -198,7 +198,8 @@ TEST_F(RdmaLinkTest, WithdrawnRegistrationIsNotFoundButKeptUntilReleased) {
   Connect();
   std::vector<uint8_t> ring(64 * 1024, 0), src = Random(20000, 3);
   uint32_t ring_lkey, ring_rkey, lkey, rkey;
-  ASSERT_TRUE(dev_->RegisterMemory(ring.data(), ring.size(), RdmaDevice::Use::kRemoteWrite, &ring_lkey, &ring_rkey).ok());
+  ASSERT_TRUE(
+      dev_->RegisterMemory(ring.data(), ring.size(), RdmaDevice::Use::kRemoteWrite, &ring_lkey, &ring_rkey).ok());
   ASSERT_TRUE(dev_->RegisterMemory(src.data(), src.size(), RdmaDevice::Use::kLocalRead, &lkey, &rkey).ok());
   iovec v{src.data(), src.size()};
   RemoteBuffer rb{reinterpret_cast<uintptr_t>(ring.data()), ring_rkey};
@@ -289,16 +290,19 @@ TEST_F(RdmaLinkTest, TinyReceiveRingNeverOverruns) {
   std::vector<uint8_t> want = Random(size_t{kData} * kChunk, 4);
   Sink at_b, at_a;
   int ctl_ab = 0, ctl_ba = 0, data = 0;
-  ASSERT_TRUE(Pump([&] {
-    while (ctl_ab < kCtl && a_->Send(Frame(FrameType::kCredit, ctl_ab), {})) ++ctl_ab;
-    while (ctl_ba < kCtl && b_->Send(Frame(FrameType::kCredit, ctl_ba), {})) ++ctl_ba;
-    while (data < kData) {
-      iovec v{want.data() + static_cast<size_t>(data) * kChunk, kChunk};
-      if (!a_->Send(Frame(FrameType::kData, static_cast<uint64_t>(data) * kChunk, kChunk), {&v, 1})) break;
-      ++data;
-    }
-    return at_b.frames.size() == kCtl + kData && at_a.frames.size() == kCtl;
-  }, at_b, &at_a, 1)) << last_error_.ToString() << " b got " << at_b.frames.size() << ", a got " << at_a.frames.size();
+  ASSERT_TRUE(Pump(
+      [&] {
+        while (ctl_ab < kCtl && a_->Send(Frame(FrameType::kCredit, ctl_ab), {})) ++ctl_ab;
+        while (ctl_ba < kCtl && b_->Send(Frame(FrameType::kCredit, ctl_ba), {})) ++ctl_ba;
+        while (data < kData) {
+          iovec v{want.data() + static_cast<size_t>(data) * kChunk, kChunk};
+          if (!a_->Send(Frame(FrameType::kData, static_cast<uint64_t>(data) * kChunk, kChunk), {&v, 1})) break;
+          ++data;
+        }
+        return at_b.frames.size() == kCtl + kData && at_a.frames.size() == kCtl;
+      },
+      at_b, &at_a, 1))
+      << last_error_.ToString() << " b got " << at_b.frames.size() << ", a got " << at_a.frames.size();
   EXPECT_EQ(at_b.stream, want);
   EXPECT_EQ(at_b.headers, kData);
 }
@@ -420,7 +424,9 @@ TEST_F(RdmaLinkTest, LinksSharingACompletionQueueEachGetTheirOwnFrames) {
     // which must reach b[0] (and wake it), not b[1].
     for (int i : {1, 0}) ASSERT_TRUE(b[i]->Poll(got[i], 64).ok());
     for (int i = 0; i < 2; ++i) ASSERT_TRUE(a[i]->Poll(ignore, 64).ok());
-    pollfd p[4] = {{a[0]->wake_fd(), POLLIN, 0}, {a[1]->wake_fd(), POLLIN, 0}, {b[0]->wake_fd(), POLLIN, 0},
+    pollfd p[4] = {{a[0]->wake_fd(), POLLIN, 0},
+                   {a[1]->wake_fd(), POLLIN, 0},
+                   {b[0]->wake_fd(), POLLIN, 0},
                    {b[1]->wake_fd(), POLLIN, 0}};
     poll(p, 4, 5);
   }

@@ -55,8 +55,7 @@ struct MemPipe {
 
 class MemTransport : public Transport {
  public:
-  MemTransport(std::shared_ptr<MemPipe> out, std::shared_ptr<MemPipe> in)
-      : out_(std::move(out)), in_(std::move(in)) {}
+  MemTransport(std::shared_ptr<MemPipe> out, std::shared_ptr<MemPipe> in) : out_(std::move(out)), in_(std::move(in)) {}
   ~MemTransport() override {
     for (MemPipe* p : {out_.get(), in_.get()}) {
       std::lock_guard<std::mutex> lock(p->mu);
@@ -116,7 +115,7 @@ class MemTransport : public Transport {
 
 // ---- the link -----------------------------------------------------------------
 
-constexpr size_t kMaxBatchIov = 512;          // below IOV_MAX (1024)
+constexpr size_t kMaxBatchIov = 512;           // below IOV_MAX (1024)
 constexpr size_t kMaxBatchBytes = 512 * 1024;  // per writev
 constexpr size_t kInBufSize = 64 * 1024;
 
@@ -234,7 +233,8 @@ class StreamLink : public Link {
       // 2. A header (and a small payload) from the read-ahead buffer.
       size_t have = in_end_ - in_pos_;
       if (have >= kFrameHeaderSize) {
-        auto h = proto::DecodeFrameHeader(std::span<const uint8_t, kFrameHeaderSize>(in_.data() + in_pos_, kFrameHeaderSize));
+        auto h = proto::DecodeFrameHeader(
+            std::span<const uint8_t, kFrameHeaderSize>(in_.data() + in_pos_, kFrameHeaderSize));
         if (!h.ok()) return Die(h.status());
         if (h->type == FrameType::kData) {
           in_pos_ += kFrameHeaderSize;

@@ -81,10 +81,10 @@ void AppendPrometheus(std::string& out, const std::vector<Metric<Row>>& metrics,
           AppendPromHeader(out, f, m.type, m.help);
           header = true;
         }
-        AppendPromSample(out, f,
-                         {row_labels ? row_labels(row) : "", m.row_labels ? m.row_labels(row) : "",
-                          std::string(m.prom.labels)},
-                         m.read(row));
+        AppendPromSample(
+            out, f,
+            {row_labels ? row_labels(row) : "", m.row_labels ? m.row_labels(row) : "", std::string(m.prom.labels)},
+            m.read(row));
       }
     }
     if (!header) {  // no rows: the family is still announced

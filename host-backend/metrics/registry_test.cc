@@ -79,8 +79,8 @@ class RegistryTest : public ::testing::Test {
     vm_.path = "/run/vsocket/vm1.sock";
     vm_.vm_name = "vm1";
     vm_.tenant_id = 7;
-    peer_ = PeerSnapshot{"hostB", "192.0.2.2:7300", "rdma", "up", true, 11, 12, 0, "", 13, 14, 15, 16, 17, 18, 19,
-                         20, 21, {22, 23}};
+    peer_ = PeerSnapshot{"hostB", "192.0.2.2:7300", "rdma", "up", true, 11, 12, 0, "", 13, 14, 15, 16, 17, 18, 19, 20,
+                         21,      {22, 23}};
     report_.vms.push_back(VmRow{&vm_, 2, 5, 3, &totals_});
     report_.peers.push_back(peer_);
   }
@@ -206,10 +206,10 @@ TEST_F(RegistryTest, NamesScriptsReadAreKept) {
                         "\"copied_bytes\":", "\"link_frames_out\":[22,23]", "\"fabric\":\"rdma\"", "\"state\":\"up\""})
     EXPECT_NE(stats.find(f), std::string::npos) << f;
   std::string text = RenderCommand("counters", report_);
-  for (const char* row : {"active_connections", "remote_upgrades", "fabric_bytes_out", "fabric_downgrades",
-                          "peers_refused_tls", "peers_refused_name", "peers_refused_link", "rdma_rx_regions",
-                          "rdma_rx_regions_dropped", "rdma_rx_withdrawn", "rdma_tx_regions",
-                          "rdma_tx_regions_dropped", "rings_held", "rings_released"})
+  for (const char* row :
+       {"active_connections", "remote_upgrades", "fabric_bytes_out", "fabric_downgrades", "peers_refused_tls",
+        "peers_refused_name", "peers_refused_link", "rdma_rx_regions", "rdma_rx_regions_dropped", "rdma_rx_withdrawn",
+        "rdma_tx_regions", "rdma_tx_regions_dropped", "rings_held", "rings_released"})
     EXPECT_TRUE(std::regex_search(text, std::regex(std::string("(^|\n)") + row + " +[0-9]+\n"))) << row;
   // Scripts wait for a link with `vsocketctl links | grep -q " up "`: only
   // the state column of a peer that is up may say it.
@@ -218,8 +218,9 @@ TEST_F(RegistryTest, NamesScriptsReadAreKept) {
   report_.peers[0].state = "up";
   EXPECT_NE(RenderCommand("links", report_).find(" up "), std::string::npos);
   std::string prom = RenderPrometheus(report_);
-  for (const char* m : {"vsocket_accelerated_bytes_total{vm=\"vm1\"", "vsocket_cross_tenant_total ",
-                        "vsocket_connections{", "vsocket_doorbell_counts_total ", "vsocket_link_up{peer=\"hostB\",fabric=\"rdma\"} 1"})
+  for (const char* m :
+       {"vsocket_accelerated_bytes_total{vm=\"vm1\"", "vsocket_cross_tenant_total ", "vsocket_connections{",
+        "vsocket_doorbell_counts_total ", "vsocket_link_up{peer=\"hostB\",fabric=\"rdma\"} 1"})
     EXPECT_NE(prom.find(m), std::string::npos) << m;
 }
 

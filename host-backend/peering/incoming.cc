@@ -85,8 +85,10 @@ void Peering::StepIncoming(Incoming& in, bool* done) {
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (n <= 0) return refuse(counters_.refused_link, "closed during link hello");
       if (static_cast<size_t>(n) < sizeof(buf)) return;  // more to come
-      auto h = proto::DecodeFrameHeader(std::span<const uint8_t, proto::kFrameHeaderSize>(buf, proto::kFrameHeaderSize));
-      if (!h.ok() || h->type != FrameType::kLinkHello) return refuse(counters_.refused_link, "neither TLS nor a link hello");
+      auto h =
+          proto::DecodeFrameHeader(std::span<const uint8_t, proto::kFrameHeaderSize>(buf, proto::kFrameHeaderSize));
+      if (!h.ok() || h->type != FrameType::kLinkHello)
+        return refuse(counters_.refused_link, "neither TLS nor a link hello");
       if (rdma_) return refuse(counters_.refused_link, "a tcp data link offered, but this host runs the rdma fabric");
       Host* owner = nullptr;
       for (auto& host : hosts_)
@@ -122,12 +124,14 @@ void Peering::StepIncoming(Incoming& in, bool* done) {
     }
   }
   auto p = in.tls->Handshake();
-  if (p == peering::TlsChannel::Progress::kFailed) return refuse(counters_.refused_tls, "TLS: " + in.tls->error().message());
+  if (p == peering::TlsChannel::Progress::kFailed)
+    return refuse(counters_.refused_tls, "TLS: " + in.tls->error().message());
   Watch(in.tls->fd(), p == peering::TlsChannel::Progress::kWantWrite);
   if (p != peering::TlsChannel::Progress::kDone) return;
   Host* h = ByName(in.tls->peer_name());
   if (h == nullptr)
-    return refuse(counters_.refused_name, "authenticated as '" + in.tls->peer_name() + "', which is not a configured peer");
+    return refuse(counters_.refused_name,
+                  "authenticated as '" + in.tls->peer_name() + "', which is not a configured peer");
   if (h->initiator)
     return refuse(counters_.refused_name, "'" + h->name + "' connected, but this host is the one that connects to it");
   if (h->state != State::kIdle) HostDown(*h, "peer reconnected");

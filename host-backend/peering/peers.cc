@@ -84,10 +84,10 @@ Status Peering::Start(const DaemonConfig& config) {
     if (!dev.ok()) {
       std::string present;
       for (const std::string& n : fabric::RdmaDevice::List()) present += (present.empty() ? "" : ", ") + n;
-      return Status(Code::kFailedPrecondition,
-                    "fabric = rdma, but RDMA device '" + (o.name.empty() ? std::string("(first)") : o.name) +
-                        "' cannot be used: " + dev.status().message() +
-                        " (devices present: " + (present.empty() ? "none" : present) + ")");
+      return Status(Code::kFailedPrecondition, "fabric = rdma, but RDMA device '" +
+                                                   (o.name.empty() ? std::string("(first)") : o.name) +
+                                                   "' cannot be used: " + dev.status().message() +
+                                                   " (devices present: " + (present.empty() ? "none" : present) + ")");
     }
     rdma_ = std::move(dev).value();
   }
@@ -95,8 +95,8 @@ Status Peering::Start(const DaemonConfig& config) {
   if (!ctx.ok()) return ctx.status();
   tls_ctx_ = std::move(ctx).value();
   if (tls_ctx_->own_name() != host_name_)
-    return Status(Code::kInvalidArgument, "tls_cert is for '" + tls_ctx_->own_name() + "', but host_name is '" +
-                                              host_name_ + "'");
+    return Status(Code::kInvalidArgument,
+                  "tls_cert is for '" + tls_ctx_->own_name() + "', but host_name is '" + host_name_ + "'");
   auto loc = fabric::StaticLocator::Load(config.locator);
   if (!loc.ok()) return loc.status();
   locator_ = std::move(loc).value();
@@ -130,7 +130,8 @@ Status Peering::Start(const DaemonConfig& config) {
     hosts_.push_back(std::move(h));
   }
   conns_->SetRemoteHosts(this);
-  VS_LOG(kInfo, "peering: host %s listening on %s, %zu peer host(s), locator with %zu entries, %s fabric, %d link(s) per peer",
+  VS_LOG(kInfo,
+         "peering: host %s listening on %s, %zu peer host(s), locator with %zu entries, %s fabric, %d link(s) per peer",
          host_name_.c_str(), config.peer_listen.c_str(), hosts_.size(),
          static_cast<fabric::StaticLocator*>(locator_.get())->size(), fabric_.c_str(), links_per_peer_);
   if (rdma_)
@@ -286,10 +287,8 @@ void Peering::HostUp(Host& h) {
 
 void Peering::HostDown(Host& h, const std::string& why) {
   bool was_up = h.state == State::kUp;
-  if (was_up)
-    VS_LOG(kWarn, "peer %s (%s): link lost: %s", h.name.c_str(), h.address.c_str(), why.c_str());
-  else
-    VS_LOG(kInfo, "peer %s (%s): link setup failed: %s", h.name.c_str(), h.address.c_str(), why.c_str());
+  if (was_up) VS_LOG(kWarn, "peer %s (%s): link lost: %s", h.name.c_str(), h.address.c_str(), why.c_str());
+  else VS_LOG(kInfo, "peer %s (%s): link setup failed: %s", h.name.c_str(), h.address.c_str(), why.c_str());
   if (h.tls) {
     epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, h.tls->fd(), nullptr);
     h.tls->Close();
@@ -332,16 +331,14 @@ void Peering::Step(Host& h) {
   }
   switch (h.state) {
     case State::kIdle:
-    case State::kUp:
-      return;
+    case State::kUp: return;
     case State::kBackoff:
       if (now >= h.retry_at_ms) StartConnect(h);
       return;
     case State::kConnecting: {
       pollfd p{h.connecting.get(), POLLOUT, 0};
       if (poll(&p, 1, 0) <= 0) return;
-      if (int err = SocketError(h.connecting.get()))
-        return HostDown(h, "connect " + h.address + ": " + strerror(err));
+      if (int err = SocketError(h.connecting.get())) return HostDown(h, "connect " + h.address + ": " + strerror(err));
       h.tls = peering::TlsChannel::Client(*tls_ctx_, std::move(h.connecting), h.name);
       h.state = State::kHandshake;
       [[fallthrough]];
@@ -388,7 +385,8 @@ bool Peering::ServiceUp(Host& h) {
       HostDown(h, "short control message");
       return true;
     }
-    auto hdr = proto::DecodeFrameHeader(std::span<const uint8_t, proto::kFrameHeaderSize>(m.data(), proto::kFrameHeaderSize));
+    auto hdr =
+        proto::DecodeFrameHeader(std::span<const uint8_t, proto::kFrameHeaderSize>(m.data(), proto::kFrameHeaderSize));
     if (!hdr.ok() || hdr->len != m.size() - proto::kFrameHeaderSize) {
       HostDown(h, "bad control message: " + (hdr.ok() ? std::string("length mismatch") : hdr.status().message()));
       return true;
@@ -408,11 +406,8 @@ bool Peering::ServiceUp(Host& h) {
       case FrameType::kRdmaSetup:
         if (!OnRdmaSetup(h, *hdr, payload)) return true;
         break;
-      case FrameType::kLinkClose:
-        HostDown(h, "peer closed the link");
-        return true;
-      case FrameType::kKeepalive:
-        break;
+      case FrameType::kLinkClose: HostDown(h, "peer closed the link"); return true;
+      case FrameType::kKeepalive: break;
       case FrameType::kPairRequest:
       case FrameType::kPairAccept:
       case FrameType::kPairReject:
@@ -519,9 +514,25 @@ std::vector<PeerSnapshot> Peering::Snapshot() const {
         t.Add(l.link->stats());
         if (h->state == State::kUp) per_link.push_back(l.link->stats().frames_out.load());
       }
-    PeerSnapshot s{h->name, h->address, fabric_, ToString(h->state), h->initiator, h->connects.load(), h->losses.load(),
-                   0, h->last_error, t.frames_out, t.frames_in, t.bytes_out, t.bytes_in, t.writes, t.reads, t.busy,
-                   t.copied, t.inplace, std::move(per_link)};
+    PeerSnapshot s{h->name,
+                   h->address,
+                   fabric_,
+                   ToString(h->state),
+                   h->initiator,
+                   h->connects.load(),
+                   h->losses.load(),
+                   0,
+                   h->last_error,
+                   t.frames_out,
+                   t.frames_in,
+                   t.bytes_out,
+                   t.bytes_in,
+                   t.writes,
+                   t.reads,
+                   t.busy,
+                   t.copied,
+                   t.inplace,
+                   std::move(per_link)};
     out.push_back(std::move(s));
   }
   return out;

@@ -56,8 +56,8 @@ struct PeerSnapshot {
   uint64_t connects, losses, refused;
   std::string last_error;
   uint64_t frames_out, frames_in, data_bytes_out, data_bytes_in, write_calls, read_calls, busy;
-  uint64_t copied_bytes;   // DATA payload the links copied (bounce ring, stream backlog)
-  uint64_t inplace_bytes;  // DATA payload read where it was (rdma: registered TX rings)
+  uint64_t copied_bytes;                  // DATA payload the links copied (bounce ring, stream backlog)
+  uint64_t inplace_bytes;                 // DATA payload read where it was (rdma: registered TX rings)
   std::vector<uint64_t> link_frames_out;  // per live link (empty while down)
 };
 

@@ -54,17 +54,15 @@ Status VerifyFailure(long result, const std::string& presented, const std::strin
   const std::string detail = X509_verify_cert_error_string(result);
   switch (result) {
     case X509_V_ERR_HOSTNAME_MISMATCH:
-      return Status(
-          Code::kPermissionDenied,
-          "peer name " + (presented.empty() ? std::string("(no CN)") : presented) + ", expected " + expected);
+      return Status(Code::kPermissionDenied,
+                    "peer name " + (presented.empty() ? std::string("(no CN)") : presented) + ", expected " + expected);
     case X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT:
     case X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT_LOCALLY:
     case X509_V_ERR_UNABLE_TO_VERIFY_LEAF_SIGNATURE:
     case X509_V_ERR_DEPTH_ZERO_SELF_SIGNED_CERT:
     case X509_V_ERR_SELF_SIGNED_CERT_IN_CHAIN:
     case X509_V_ERR_CERT_SIGNATURE_FAILURE:
-      return Status(Code::kPermissionDenied,
-                    "peer certificate not signed by our CA (" + who + ": " + detail + ")");
+      return Status(Code::kPermissionDenied, "peer certificate not signed by our CA (" + who + ": " + detail + ")");
     default: return Status(Code::kPermissionDenied, who + " rejected: " + detail);
   }
 }
@@ -142,8 +140,8 @@ Status TlsChannel::Fail(Status status) {
   if (state_ != State::kFailed) {
     state_ = State::kFailed;
     error_ = std::move(status);
-    VS_LOG(kDebug, "peering: TLS %s fd %d (peer '%s') failed: %s", is_client_ ? "client" : "server",
-           fd_.get(), is_client_ ? expected_peer_.c_str() : peer_name_.c_str(), error_.message().c_str());
+    VS_LOG(kDebug, "peering: TLS %s fd %d (peer '%s') failed: %s", is_client_ ? "client" : "server", fd_.get(),
+           is_client_ ? expected_peer_.c_str() : peer_name_.c_str(), error_.message().c_str());
   }
   ERR_clear_error();
   return error_;
@@ -192,8 +190,7 @@ Status TlsChannel::SslFailure(int ssl_error, bool in_handshake) {
   if (in_handshake && IsNotTlsReason(err.reason)) {
     return Status(Code::kDataLoss, "not a TLS peer (" + err.text + ")");
   }
-  return Status(Code::kDataLoss,
-                std::string("TLS error") + phase + ": " + (err.text.empty() ? "unknown" : err.text));
+  return Status(Code::kDataLoss, std::string("TLS error") + phase + ": " + (err.text.empty() ? "unknown" : err.text));
 }
 
 TlsChannel::Progress TlsChannel::Handshake() {
@@ -222,8 +219,8 @@ Status TlsChannel::FinishHandshake() {
   const long verify = SSL_get_verify_result(ssl_.get());
   if (verify != X509_V_OK) return Fail(VerifyFailure(verify, CommonName(cert), expected_peer_));
   if (SSL_version(ssl_.get()) != TLS1_3_VERSION) {
-    return Fail(Status(Code::kFailedPrecondition,
-                       std::string("negotiated ") + SSL_get_version(ssl_.get()) + ", not TLS 1.3"));
+    return Fail(
+        Status(Code::kFailedPrecondition, std::string("negotiated ") + SSL_get_version(ssl_.get()) + ", not TLS 1.3"));
   }
   std::string name = CommonName(cert);
   if (name.empty()) {

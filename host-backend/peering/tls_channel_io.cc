@@ -63,8 +63,7 @@ Status TlsChannel::Flush() {
   while (out_head_ < out_.size()) {
     // A retry after WANT_* must repeat the same length; the bytes at
     // out_head_ are unchanged because Send() only appends or moves them.
-    const size_t len =
-        write_retry_len_ != 0 ? write_retry_len_ : std::min(out_.size() - out_head_, kTlsRecordBytes);
+    const size_t len = write_retry_len_ != 0 ? write_retry_len_ : std::min(out_.size() - out_head_, kTlsRecordBytes);
     ERR_clear_error();
     size_t written = 0;
     const int r = SSL_write_ex(ssl_.get(), out_.data() + out_head_, len, &written);
@@ -87,9 +86,7 @@ Status TlsChannel::Flush() {
   return Status::Ok();
 }
 
-bool TlsChannel::WantsWrite() const {
-  return state_ == State::kOpen && (out_head_ < out_.size() || read_wants_write_);
-}
+bool TlsChannel::WantsWrite() const { return state_ == State::kOpen && (out_head_ < out_.size() || read_wants_write_); }
 
 Status TlsChannel::Receive(std::vector<std::vector<uint8_t>>* out) {
   VS_RETURN_IF_ERROR(CheckOpen());
@@ -132,9 +129,8 @@ Status TlsChannel::ParseMessages(std::vector<std::vector<uint8_t>>* out) {
   while (in_len_ - pos >= kFrameHeaderBytes) {
     const uint32_t len = GetLe32(in_.data() + pos);
     if (len > kMaxMessage) {
-      return Fail(Status(Code::kDataLoss, "peer sent a message of " + std::to_string(len) +
-                                              " bytes, over the " + std::to_string(kMaxMessage) +
-                                              "-byte limit"));
+      return Fail(Status(Code::kDataLoss, "peer sent a message of " + std::to_string(len) + " bytes, over the " +
+                                              std::to_string(kMaxMessage) + "-byte limit"));
     }
     if (in_len_ - pos < kFrameHeaderBytes + len) break;
     const uint8_t* body = in_.data() + pos + kFrameHeaderBytes;
@@ -150,14 +146,12 @@ Status TlsChannel::ParseMessages(std::vector<std::vector<uint8_t>>* out) {
 
 Result<std::array<uint8_t, 32>> TlsChannel::ExportKey(std::string_view label) const {
   if (state_ != State::kOpen) {
-    return state_ == State::kHandshake ? Status(Code::kFailedPrecondition, "TLS handshake not finished")
-                                       : error_;
+    return state_ == State::kHandshake ? Status(Code::kFailedPrecondition, "TLS handshake not finished") : error_;
   }
   std::array<uint8_t, 32> key{};
   ERR_clear_error();
   // use_context = 0: TLS 1.3 treats "no context" as an empty context.
-  if (SSL_export_keying_material(ssl_.get(), key.data(), key.size(), label.data(), label.size(), nullptr, 0,
-                                 0) != 1) {
+  if (SSL_export_keying_material(ssl_.get(), key.data(), key.size(), label.data(), label.size(), nullptr, 0, 0) != 1) {
     return Status(Code::kInternal, "TLS key export failed: " + TakeSslError().text);
   }
   return key;

@@ -125,16 +125,15 @@ class TlsChannelTest : public ::testing::Test {
 
   // Connects client_ctx to server_ctx over loopback and runs both handshakes
   // to their end.
-  static Channels Handshake(TlsContext& client_ctx, TlsContext& server_ctx,
-                            const std::string& expected_peer) {
+  static Channels Handshake(TlsContext& client_ctx, TlsContext& server_ctx, const std::string& expected_peer) {
     Channels c;
     auto pair = ConnectedPair();
     EXPECT_TRUE(pair.ok()) << pair.status().ToString();
     if (!pair.ok()) return c;
     c.client = TlsChannel::Client(client_ctx, std::move(pair->client), expected_peer);
     c.server = TlsChannel::Server(server_ctx, std::move(pair->server));
-    EXPECT_TRUE(RunUntilDone(
-        {HandshakeParty(*c.client, &c.client_progress), HandshakeParty(*c.server, &c.server_progress)}))
+    EXPECT_TRUE(
+        RunUntilDone({HandshakeParty(*c.client, &c.client_progress), HandshakeParty(*c.server, &c.server_progress)}))
         << "handshake did not finish in time";
     return c;
   }
@@ -229,8 +228,8 @@ TEST_F(TlsChannelTest, ServerRefusesClientWithoutCertificate) {
   ASSERT_TRUE(raw);
   auto server = TlsChannel::Server(*beta_, std::move(pair->server));
   Progress server_progress{};
-  ASSERT_TRUE(RunUntilDone(
-      {Party{raw->fd(), [&] { return raw->Handshake(); }}, HandshakeParty(*server, &server_progress)}));
+  ASSERT_TRUE(
+      RunUntilDone({Party{raw->fd(), [&] { return raw->Handshake(); }}, HandshakeParty(*server, &server_progress)}));
   EXPECT_EQ(server_progress, Progress::kFailed);
   EXPECT_EQ(server->error().code(), Code::kPermissionDenied);
   EXPECT_TRUE(Contains(server->error().message(), "peer presented no certificate"));
@@ -313,13 +312,12 @@ TEST_F(TlsChannelTest, ClientFailsCleanlyOnNonTlsServer) {
 TEST_F(TlsChannelTest, ServerRefusesTls12Client) {
   auto pair = ConnectedPair();
   ASSERT_TRUE(pair.ok());
-  auto raw = RawTlsClient::Create(std::move(pair->client), Config("alpha").cert_file,
-                                  Config("alpha").key_file, TLS1_2_VERSION);
+  auto raw = RawTlsClient::Create(std::move(pair->client), Config("alpha").cert_file, Config("alpha").key_file,
+                                  TLS1_2_VERSION);
   ASSERT_TRUE(raw);
   auto server = TlsChannel::Server(*beta_, std::move(pair->server));
   Progress progress{};
-  ASSERT_TRUE(
-      RunUntilDone({Party{raw->fd(), [&] { return raw->Handshake(); }}, HandshakeParty(*server, &progress)}));
+  ASSERT_TRUE(RunUntilDone({Party{raw->fd(), [&] { return raw->Handshake(); }}, HandshakeParty(*server, &progress)}));
   EXPECT_EQ(progress, Progress::kFailed);
   EXPECT_FALSE(raw->handshake_done());
   EXPECT_EQ(server->error().code(), Code::kFailedPrecondition);
@@ -414,13 +412,11 @@ TEST_F(TlsChannelTest, OversizeMessageIsRefusedBeforeSending) {
 TEST_F(TlsChannelTest, OversizeLengthFromPeerIsDataLoss) {
   auto pair = ConnectedPair();
   ASSERT_TRUE(pair.ok());
-  auto raw =
-      RawTlsClient::Create(std::move(pair->client), Config("alpha").cert_file, Config("alpha").key_file);
+  auto raw = RawTlsClient::Create(std::move(pair->client), Config("alpha").cert_file, Config("alpha").key_file);
   ASSERT_TRUE(raw);
   auto server = TlsChannel::Server(*beta_, std::move(pair->server));
   Progress progress{};
-  ASSERT_TRUE(
-      RunUntilDone({Party{raw->fd(), [&] { return raw->Handshake(); }}, HandshakeParty(*server, &progress)}));
+  ASSERT_TRUE(RunUntilDone({Party{raw->fd(), [&] { return raw->Handshake(); }}, HandshakeParty(*server, &progress)}));
   ASSERT_EQ(progress, Progress::kDone) << server->error().ToString();
   ASSERT_TRUE(raw->handshake_done());
   // A valid message, then a length of 65537 (little-endian) and some bytes.
@@ -444,13 +440,11 @@ TEST_F(TlsChannelTest, OversizeLengthFromPeerIsDataLoss) {
 TEST_F(TlsChannelTest, KeyUpdateWhileSocketIsFullKeepsBothDirectionsWorking) {
   auto pair = ConnectedPair();
   ASSERT_TRUE(pair.ok());
-  auto raw =
-      RawTlsClient::Create(std::move(pair->client), Config("alpha").cert_file, Config("alpha").key_file);
+  auto raw = RawTlsClient::Create(std::move(pair->client), Config("alpha").cert_file, Config("alpha").key_file);
   ASSERT_TRUE(raw);
   auto server = TlsChannel::Server(*beta_, std::move(pair->server));
   Progress progress{};
-  ASSERT_TRUE(
-      RunUntilDone({Party{raw->fd(), [&] { return raw->Handshake(); }}, HandshakeParty(*server, &progress)}));
+  ASSERT_TRUE(RunUntilDone({Party{raw->fd(), [&] { return raw->Handshake(); }}, HandshakeParty(*server, &progress)}));
   ASSERT_EQ(progress, Progress::kDone) << server->error().ToString();
 
   // Fill the server's socket and send queue; the client reads nothing yet.
@@ -473,8 +467,7 @@ TEST_F(TlsChannelTest, KeyUpdateWhileSocketIsFullKeepsBothDirectionsWorking) {
   bool client_ok = true;
   ASSERT_TRUE(RunUntilDone({server_side.party(), Party{raw->fd(), [&]() -> short {
                                                          client_ok = raw->ReadSome(&client_got);
-                                                         if (!client_ok || client_got.size() >= sent_bytes)
-                                                           return 0;
+                                                         if (!client_ok || client_got.size() >= sent_bytes) return 0;
                                                          return POLLIN;
                                                        }}}));
   ASSERT_TRUE(server_side.error.ok()) << server_side.error.ToString();

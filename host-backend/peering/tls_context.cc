@@ -62,8 +62,7 @@ Result<std::unique_ptr<EVP_PKEY, PkeyFree>> LoadKey(const std::string& path) {
   EVP_PKEY* key = PEM_read_bio_PrivateKey(bio, nullptr, NoPassphrase, nullptr);
   BIO_free(bio);
   if (key == nullptr) {
-    return SslFailure(Code::kInvalidArgument,
-                      "private key file '" + path + "' holds no unencrypted PEM private key");
+    return SslFailure(Code::kInvalidArgument, "private key file '" + path + "' holds no unencrypted PEM private key");
   }
   ERR_clear_error();
   return std::unique_ptr<EVP_PKEY, PkeyFree>(key);
@@ -81,8 +80,7 @@ Result<std::unique_ptr<TlsContext>> TlsContext::Create(const TlsConfig& config) 
   if (!ctx) return SslFailure(Code::kInternal, "SSL_CTX_new failed");
   SSL_CTX* c = ctx.get();
 
-  if (SSL_CTX_set_min_proto_version(c, TLS1_3_VERSION) != 1 ||
-      SSL_CTX_set_max_proto_version(c, TLS1_3_VERSION) != 1) {
+  if (SSL_CTX_set_min_proto_version(c, TLS1_3_VERSION) != 1 || SSL_CTX_set_max_proto_version(c, TLS1_3_VERSION) != 1) {
     return SslFailure(Code::kInternal, "this OpenSSL cannot restrict itself to TLS 1.3");
   }
   // Send() appends to a vector that may reallocate between an SSL_write
@@ -104,15 +102,14 @@ Result<std::unique_ptr<TlsContext>> TlsContext::Create(const TlsConfig& config) 
   if (!key.ok()) return key.status();
   if (X509_check_private_key(SSL_CTX_get0_certificate(c), key->get()) != 1) {
     ERR_clear_error();
-    return Status(Code::kInvalidArgument, "private key '" + config.key_file +
-                                              "' does not match certificate '" + config.cert_file + "'");
+    return Status(Code::kInvalidArgument,
+                  "private key '" + config.key_file + "' does not match certificate '" + config.cert_file + "'");
   }
   if (SSL_CTX_use_PrivateKey(c, key->get()) != 1 || SSL_CTX_check_private_key(c) != 1) {
     return SslFailure(Code::kInvalidArgument, "cannot use private key '" + config.key_file + "'");
   }
   if (SSL_CTX_load_verify_locations(c, config.ca_file.c_str(), nullptr) != 1) {
-    return SslFailure(Code::kInvalidArgument,
-                      "CA file '" + config.ca_file + "' holds no usable PEM certificate");
+    return SslFailure(Code::kInvalidArgument, "CA file '" + config.ca_file + "' holds no usable PEM certificate");
   }
 
   // Both roles verify the peer; FAIL_IF_NO_PEER_CERT makes the server

@@ -28,8 +28,7 @@ Result<SocketPair> ConnectedPair() {
   SocketPair pair;
   pair.client.reset(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!pair.client) return Status::FromErrno("socket");
-  if (::connect(pair.client.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 &&
-      errno != EINPROGRESS) {
+  if (::connect(pair.client.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 && errno != EINPROGRESS) {
     return Status::FromErrno("connect");
   }
   // The loopback handshake completes in the kernel, so a blocking accept

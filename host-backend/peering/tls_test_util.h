@@ -39,8 +39,7 @@ struct Party {
 // an error/hangup), until all steps returned 0 (true) or `limit` passed
 // (false). Event-driven on purpose: a channel that asks for the wrong
 // readiness stalls here and the test fails instead of spinning.
-bool RunUntilDone(const std::vector<Party>& parties,
-                  std::chrono::milliseconds limit = std::chrono::seconds(10));
+bool RunUntilDone(const std::vector<Party>& parties, std::chrono::milliseconds limit = std::chrono::seconds(10));
 
 // A party that runs ch.Handshake() until kDone or kFailed, left in *result.
 Party HandshakeParty(TlsChannel& ch, TlsChannel::Progress* result);
@@ -57,8 +56,8 @@ uint64_t Checksum(const std::vector<uint8_t>& bytes);
 // (e.g. TLS1_2_VERSION) caps it.
 class RawTlsClient {
  public:
-  static std::unique_ptr<RawTlsClient> Create(UniqueFd fd, const std::string& cert_file,
-                                              const std::string& key_file, int max_version = 0);
+  static std::unique_ptr<RawTlsClient> Create(UniqueFd fd, const std::string& cert_file, const std::string& key_file,
+                                              int max_version = 0);
   ~RawTlsClient();
 
   // Handshake step; returns poll events as Party::step does.

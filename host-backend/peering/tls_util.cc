@@ -80,8 +80,7 @@ const BIO_METHOD* SocketMethod() {
   // Created once, thread-safe (magic static), never freed: OpenSSL BIOs keep
   // a pointer to it for their whole life.
   static BIO_METHOD* const method = [] {
-    BIO_METHOD* m =
-        BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK | BIO_TYPE_DESCRIPTOR, "vsocket socket");
+    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK | BIO_TYPE_DESCRIPTOR, "vsocket socket");
     if (m == nullptr) return m;
     BIO_meth_set_write_ex(m, SocketWrite);
     BIO_meth_set_read_ex(m, SocketRead);

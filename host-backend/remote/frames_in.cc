@@ -134,9 +134,7 @@ void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
       UpdateCredit(*c);
       MarkMovable(*c);
       break;
-    case FrameType::kShutWr:
-      Raise(*c, kEvPeerShutWr | kEvRxTail);
-      break;
+    case FrameType::kShutWr: Raise(*c, kEvPeerShutWr | kEvRxTail); break;
     case FrameType::kGone:
       c->remote.gone = true;
       Raise(*c, kEvPeerGone);
@@ -154,8 +152,7 @@ void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
       MaybeDestroy(c);
       break;
     }
-    case FrameType::kPairConfirm:
-      break;  // the upgrade above was all it asked for
+    case FrameType::kPairConfirm: break;  // the upgrade above was all it asked for
     case FrameType::kPlacement:
       // Only where our DATA lands in the peer's memory; its rkey guards it.
       c->remote.rdma_addr = h.value;
@@ -184,9 +181,7 @@ void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
       c->link_owed &= ~kOweData;
       MaybeDestroy(c);
       break;
-    default:
-      counters_.frames_dropped.fetch_add(1, std::memory_order_relaxed);
-      break;
+    default: counters_.frames_dropped.fetch_add(1, std::memory_order_relaxed); break;
   }
 }
 

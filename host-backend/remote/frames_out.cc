@@ -27,19 +27,24 @@ bool ConnManager::SendOwed(BackendConn& c) {
     c.link_owed = 0;  // nothing to say to a peer that is gone
     return true;
   }
-  static const std::pair<uint32_t, FrameType> kOrder[] = {
-      {kOweConfirm, FrameType::kPairConfirm}, {kOwePlacement, FrameType::kPlacement},
-      {kOwePlacementAck, FrameType::kPlacementAck},
-      {kOweFence, FrameType::kFence}, {kOweFenceAck, FrameType::kFenceAck},
-      {kOweCredit, FrameType::kCredit}, {kOweShutWr, FrameType::kShutWr},
-      {kOweGone, FrameType::kGone},   {kOweAbort, FrameType::kAbort},   {kOweRelease, FrameType::kRelease}};
+  static const std::pair<uint32_t, FrameType> kOrder[] = {{kOweConfirm, FrameType::kPairConfirm},
+                                                          {kOwePlacement, FrameType::kPlacement},
+                                                          {kOwePlacementAck, FrameType::kPlacementAck},
+                                                          {kOweFence, FrameType::kFence},
+                                                          {kOweFenceAck, FrameType::kFenceAck},
+                                                          {kOweCredit, FrameType::kCredit},
+                                                          {kOweShutWr, FrameType::kShutWr},
+                                                          {kOweGone, FrameType::kGone},
+                                                          {kOweAbort, FrameType::kAbort},
+                                                          {kOweRelease, FrameType::kRelease}};
   for (const auto& [bit, type] : kOrder) {
     if (!(c.link_owed & bit)) continue;
-    uint64_t value = type == FrameType::kFence ? c.fence_bytes
-                     : type == FrameType::kCredit ? c.rx_consumed
-                     : type == FrameType::kShutWr ? c.tx_copied
-                     : type == FrameType::kPlacement ? reinterpret_cast<uint64_t>(c.rx_mr)
-                     : type == FrameType::kPlacementAck ? c.remote.placements_seen : 0;
+    uint64_t value = type == FrameType::kFence          ? c.fence_bytes
+                     : type == FrameType::kCredit       ? c.rx_consumed
+                     : type == FrameType::kShutWr       ? c.tx_copied
+                     : type == FrameType::kPlacement    ? reinterpret_cast<uint64_t>(c.rx_mr)
+                     : type == FrameType::kPlacementAck ? c.remote.placements_seen
+                                                        : 0;
     uint32_t aux = type == FrameType::kPlacement ? c.rx_rkey : 0;
     if (!link->Send(Frame(type, c.key.tenant, c.remote.handle, value, aux), {})) return false;
     c.link_owed &= ~bit;

@@ -205,7 +205,8 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
         return;
       }
       // The requester withdrew before we answered (or before we accepted).
-      std::erase_if(pending_remote_, [&](const auto& kv) { return kv.second.host == host && kv.second.handle == h.value; });
+      std::erase_if(pending_remote_,
+                    [&](const auto& kv) { return kv.second.host == host && kv.second.handle == h.value; });
       for (auto& [hd, c] : conns_)
         if (c->remote.stage == RemotePeer::Stage::kAccepted && c->remote.host == host && c->remote.handle == h.value) {
           c->remote.stage = RemotePeer::Stage::kNone;
@@ -213,9 +214,7 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
         }
       return;
     }
-    default:
-      counters_.frames_dropped.fetch_add(1, std::memory_order_relaxed);
-      return;
+    default: counters_.frames_dropped.fetch_add(1, std::memory_order_relaxed); return;
   }
 }
 

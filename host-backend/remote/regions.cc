@@ -105,8 +105,8 @@ void ConnManager::RegisterTx(BackendConn& c) {
   counters_.rdma_reg_us.fetch_add((MonotonicNs() - t0) / 1000, std::memory_order_relaxed);
   if (!st.ok()) {
     if (st.code() != Code::kFailedPrecondition)
-      VS_LOG(kWarn, "conn %lu: TX ring not registered (%s): its sends are copied",
-             static_cast<unsigned long>(c.handle), st.message().c_str());
+      VS_LOG(kWarn, "conn %lu: TX ring not registered (%s): its sends are copied", static_cast<unsigned long>(c.handle),
+             st.message().c_str());
     return;
   }
   c.tx_mr = c.tx.host;

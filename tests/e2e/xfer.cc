@@ -92,9 +92,8 @@ bool RecvStream(int fd, uint64_t seed, uint64_t len, std::mt19937& rng, const ch
     ssize_t r = read(fd, buf.data(), want);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) {
-      std::fprintf(stderr, "xfer %s: %s after %llu of %llu bytes\n", who,
-                   r == 0 ? "early EOF" : std::strerror(errno), (unsigned long long)off,
-                   (unsigned long long)len);
+      std::fprintf(stderr, "xfer %s: %s after %llu of %llu bytes\n", who, r == 0 ? "early EOF" : std::strerror(errno),
+                   (unsigned long long)off, (unsigned long long)len);
       return false;
     }
     for (ssize_t i = 0; i < r; ++i) {

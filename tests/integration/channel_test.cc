@@ -16,8 +16,7 @@ using guest::ControlChannel;
 using guest::WaitMode;
 using testing::Daemon;
 
-std::unique_ptr<ControlChannel> Open(const std::string& sock, WaitMode mode,
-                                     uint16_t qsize = 256) {
+std::unique_ptr<ControlChannel> Open(const std::string& sock, WaitMode mode, uint16_t qsize = 256) {
   ChannelOptions o;
   o.frontend.socket_path = sock;
   o.frontend.queue_size = qsize;
@@ -44,9 +43,8 @@ int EchoRoundTrips(ControlChannel& ch, int n, uint32_t seed) {
       return ok;
     }
     const auto* e = std::get_if<proto::Echo>(&resp.body);
-    if (!e || resp.request_id != uint64_t(i) + 1 || e->checksum != crc ||
-        proto::Crc32c(e->payload) != crc || e->payload.size() != len ||
-        std::memcmp(e->payload.data(), payload.data(), len) != 0) {
+    if (!e || resp.request_id != uint64_t(i) + 1 || e->checksum != crc || proto::Crc32c(e->payload) != crc ||
+        e->payload.size() != len || std::memcmp(e->payload.data(), payload.data(), len) != 0) {
       ADD_FAILURE() << "echo " << i << " corrupted";
       return ok;
     }
@@ -128,8 +126,7 @@ TEST_F(ChannelTest, ManyFrontendsOnManySocketsConcurrently) {
   std::atomic<int> total{0};
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
-      auto ch = Open(daemon_.socket_path(t % 2 ? "vm1" : "vm2"),
-                     t % 2 ? WaitMode::kEvent : WaitMode::kAdaptive);
+      auto ch = Open(daemon_.socket_path(t % 2 ? "vm1" : "vm2"), t % 2 ? WaitMode::kEvent : WaitMode::kAdaptive);
       if (ch) total += EchoRoundTrips(*ch, 1000, 10 + t);
     });
   }
@@ -157,8 +154,7 @@ TEST_F(ChannelTest, ReconnectsAfterBackendRestart) {
   std::vector<uint8_t> scratch(proto::kMaxMessageSize);
   proto::Message resp;
   uint8_t b = 1;
-  Status st = ch->Call({proto::MsgType::kEcho, 1, proto::Echo{proto::Crc32c({&b, 1}), {&b, 1}}},
-                       &resp, scratch, 2000);
+  Status st = ch->Call({proto::MsgType::kEcho, 1, proto::Echo{proto::Crc32c({&b, 1}), {&b, 1}}}, &resp, scratch, 2000);
   EXPECT_FALSE(st.ok());
   EXPECT_TRUE(ch->frontend().BackendGone());
   ASSERT_TRUE(daemon_.Start());
@@ -191,8 +187,8 @@ class RegistrationTest : public ::testing::Test {
     ring_ = ch_->frontend().allocator().Allocate(2 * 4096, 64);
     ASSERT_NE(ring_, nullptr);
   }
-  proto::RegisterAck Register(uint64_t id, proto::Endpoint local, proto::Endpoint peer,
-                              uint64_t tx_gpa, uint64_t rx_gpa) {
+  proto::RegisterAck Register(uint64_t id, proto::Endpoint local, proto::Endpoint peer, uint64_t tx_gpa,
+                              uint64_t rx_gpa) {
     proto::RegisterConn r{id, proto::Role::kClient, local, peer, tx_gpa, rx_gpa, 4096, 4096};
     std::vector<uint8_t> scratch(proto::kMaxMessageSize);
     proto::Message resp;

@@ -68,13 +68,10 @@ void ControlChannel::Flush() {
 
 bool ControlChannel::WaitForUsed(int64_t deadline_ns) {
   vhost::VirtqueueDriver& q = frontend_->queue(kRequestQueue);
-  auto has_used = [&] {
-    return q.ring().used_idx().load(std::memory_order_acquire) != q.last_used_idx();
-  };
-  int64_t poll_until = options_.wait == WaitMode::kPoll ? deadline_ns
-                       : options_.wait == WaitMode::kEvent
-                           ? 0
-                           : MonotonicNs() + int64_t{options_.poll_us} * 1000;
+  auto has_used = [&] { return q.ring().used_idx().load(std::memory_order_acquire) != q.last_used_idx(); };
+  int64_t poll_until = options_.wait == WaitMode::kPoll    ? deadline_ns
+                       : options_.wait == WaitMode::kEvent ? 0
+                                                           : MonotonicNs() + int64_t{options_.poll_us} * 1000;
   for (;;) {
     if (has_used()) return true;
     int64_t now = MonotonicNs();
@@ -116,16 +113,15 @@ Status ControlChannel::Reap(std::vector<Completion>* out, int timeout_ms) {
   }
 }
 
-Status ControlChannel::Call(const proto::Message& request, proto::Message* out,
-                            std::span<uint8_t> scratch, int timeout_ms) {
+Status ControlChannel::Call(const proto::Message& request, proto::Message* out, std::span<uint8_t> scratch,
+                            int timeout_ms) {
   VS_RETURN_IF_ERROR(Submit(request, request.request_id));
   Flush();
   std::vector<Completion> done;
   VS_RETURN_IF_ERROR(Reap(&done, timeout_ms));
   // Single in-flight call: exactly one completion.
   const Completion& c = done.front();
-  if (c.response.size() > scratch.size())
-    return Status(Code::kOutOfRange, "scratch buffer too small");
+  if (c.response.size() > scratch.size()) return Status(Code::kOutOfRange, "scratch buffer too small");
   std::memcpy(scratch.data(), c.response.data(), c.response.size());
   auto msg = proto::Decode(scratch.first(c.response.size()));
   if (!msg.ok()) return msg.status();

@@ -32,8 +32,7 @@ class ControlChannel {
 
   // One synchronous call. The response is decoded into *out; its payload
   // (for ECHO) points into `scratch`, which must hold kMaxMessageSize bytes.
-  Status Call(const proto::Message& request, proto::Message* out, std::span<uint8_t> scratch,
-              int timeout_ms = 5000);
+  Status Call(const proto::Message& request, proto::Message* out, std::span<uint8_t> scratch, int timeout_ms = 5000);
 
   // Pipelined use: queue requests (not yet visible), Flush() publishes and
   // kicks once, Reap() returns completions as (cookie, response bytes).

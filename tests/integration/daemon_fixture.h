@@ -97,8 +97,7 @@ class Daemon {
   }
 
   // First number following "key": in the JSON (after `after`, if given).
-  static long long Number(const std::string& json, const std::string& key,
-                          const std::string& after = "") {
+  static long long Number(const std::string& json, const std::string& key, const std::string& after = "") {
     size_t start = after.empty() ? 0 : json.find(after);
     if (start == std::string::npos) return -1;
     size_t p = json.find("\"" + key + "\":", start);

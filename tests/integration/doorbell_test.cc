@@ -73,8 +73,7 @@ class DoorbellTest : public ::testing::Test {
     while (ch_->in_flight() > 0) ASSERT_TRUE(ch_->Reap(&done, 5000).ok());
   }
   // What the library does for a new count: store, fence, post only if asked.
-  bool Announce(uint64_t DoorbellBlock::*count, uint32_t DoorbellBlock::*want, MsgType t, End& e,
-                uint64_t v) {
+  bool Announce(uint64_t DoorbellBlock::*count, uint32_t DoorbellBlock::*want, MsgType t, End& e, uint64_t v) {
     std::atomic_ref<uint64_t>(e.db->*count).store(v, std::memory_order_release);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     std::atomic_ref<uint32_t> flag(e.db->*want);

@@ -11,8 +11,8 @@
 #include <random>
 #include <thread>
 
-#include "tests/integration/control_channel.h"
 #include "proto/virtio_ring.h"
+#include "tests/integration/control_channel.h"
 #include "tests/integration/daemon_fixture.h"
 
 namespace vsocket {
@@ -57,10 +57,8 @@ class GoodGuest {
       proto::Message resp;
       Status st = ch_->Call({proto::MsgType::kEcho, 1, proto::Echo{crc, p}}, &resp, scratch, 5000);
       const auto* e = std::get_if<proto::Echo>(&resp.body);
-      if (!st.ok() || !e || e->checksum != crc || proto::Crc32c(e->payload) != crc)
-        errors_++;
-      else
-        ok_++;
+      if (!st.ok() || !e || e->checksum != crc || proto::Crc32c(e->payload) != crc) errors_++;
+      else ok_++;
     }
   }
 
@@ -102,8 +100,7 @@ class HostileFrontendTest : public ::testing::Test {
 
   // Attaches a correctly negotiated frontend, then corrupts its request
   // queue with `corrupt` and kicks; expects the device to be broken.
-  void RingAttack(const std::function<void(vhost::SplitRing&, uint64_t)>& corrupt,
-                  const char* reason) {
+  void RingAttack(const std::function<void(vhost::SplitRing&, uint64_t)>& corrupt, const char* reason) {
     auto fe = NewFrontend(bad());
     ASSERT_TRUE(fe->Connect().ok());
     long long before = Daemon::Number(daemon_.Stats(), "broken_devices");
@@ -132,30 +129,35 @@ void Offer(vhost::SplitRing& r, uint16_t head) {
 }
 
 TEST_F(HostileFrontendTest, DescriptorOutsideGuestMemory) {
-  RingAttack([](vhost::SplitRing& r, uint64_t) {
-    r.desc()[0] = {0x1000, 64, 0, 0};  // not in the region
-    Offer(r, 0);
-  }, "outside guest memory");
+  RingAttack(
+      [](vhost::SplitRing& r, uint64_t) {
+        r.desc()[0] = {0x1000, 64, 0, 0};  // not in the region
+        Offer(r, 0);
+      },
+      "outside guest memory");
 }
 
 TEST_F(HostileFrontendTest, DescriptorLengthRunsOffRegion) {
-  RingAttack([](vhost::SplitRing& r, uint64_t base) {
-    r.desc()[0] = {base + 4096, 0x7fffffff, 0, 0};
-    Offer(r, 0);
-  }, "outside guest memory");
+  RingAttack(
+      [](vhost::SplitRing& r, uint64_t base) {
+        r.desc()[0] = {base + 4096, 0x7fffffff, 0, 0};
+        Offer(r, 0);
+      },
+      "outside guest memory");
 }
 
 TEST_F(HostileFrontendTest, LoopedDescriptorChain) {
-  RingAttack([](vhost::SplitRing& r, uint64_t base) {
-    r.desc()[0] = {base, 1, proto::kDescFlagNext, 1};
-    r.desc()[1] = {base, 1, proto::kDescFlagNext, 0};
-    Offer(r, 0);
-  }, "loops");
+  RingAttack(
+      [](vhost::SplitRing& r, uint64_t base) {
+        r.desc()[0] = {base, 1, proto::kDescFlagNext, 1};
+        r.desc()[1] = {base, 1, proto::kDescFlagNext, 0};
+        Offer(r, 0);
+      },
+      "loops");
 }
 
 TEST_F(HostileFrontendTest, AbsurdAvailIndex) {
-  RingAttack([](vhost::SplitRing& r, uint64_t) { r.avail_idx().store(40000); },
-             "further than the queue size");
+  RingAttack([](vhost::SplitRing& r, uint64_t) { r.avail_idx().store(40000); }, "further than the queue size");
 }
 
 TEST_F(HostileFrontendTest, HeadBeyondQueue) {
@@ -163,10 +165,12 @@ TEST_F(HostileFrontendTest, HeadBeyondQueue) {
 }
 
 TEST_F(HostileFrontendTest, IndirectDescriptor) {
-  RingAttack([](vhost::SplitRing& r, uint64_t base) {
-    r.desc()[0] = {base, 16, proto::kDescFlagIndirect, 0};
-    Offer(r, 0);
-  }, "indirect");
+  RingAttack(
+      [](vhost::SplitRing& r, uint64_t base) {
+        r.desc()[0] = {base, 16, proto::kDescFlagIndirect, 0};
+        Offer(r, 0);
+      },
+      "indirect");
 }
 
 TEST_F(HostileFrontendTest, GarbageRequestGetsErrorNotBreakage) {
@@ -204,8 +208,7 @@ TEST_F(HostileFrontendTest, WrongFdCountsCloseOnlyThatConnection) {
   m.payload.memory.regions[0] = {0x1000, 4096, 0x1000, 0};
   ASSERT_TRUE(fe->SendMessage(m).ok());
   // The backend drops the connection.
-  for (int i = 0; i < 200 && !fe->BackendGone(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 200 && !fe->BackendGone(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_TRUE(fe->BackendGone());
   // KICK with three fds instead of one.
   auto fe2 = NewFrontend(bad());
@@ -214,8 +217,7 @@ TEST_F(HostileFrontendTest, WrongFdCountsCloseOnlyThatConnection) {
   m = Msg(user::Request::kSetVringKick, 8);
   m.payload.u64 = 0;
   ASSERT_TRUE(fe2->SendMessage(m, efd).ok());
-  for (int i = 0; i < 200 && !fe2->BackendGone(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 200 && !fe2->BackendGone(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_TRUE(fe2->BackendGone());
   for (int fd : efd) close(fd);
 }
@@ -302,8 +304,8 @@ TEST_F(HostileFrontendTest, RandomMessagesAndRingFuzzNeverHurtOthers) {
         uint64_t base = reinterpret_cast<uint64_t>(fe->region().base());
         for (uint16_t i = 0; i < r.size(); ++i) {
           uint64_t addr = rng() % 3 ? base + rng() % (fe->region().size() + 8192) : rng();
-          r.desc()[i] = {addr, static_cast<uint32_t>(rng() % 70000),
-                         static_cast<uint16_t>(rng() % 8), static_cast<uint16_t>(rng() % 20)};
+          r.desc()[i] = {addr, static_cast<uint32_t>(rng() % 70000), static_cast<uint16_t>(rng() % 8),
+                         static_cast<uint16_t>(rng() % 20)};
           r.avail_slot(i) = static_cast<uint16_t>(rng() % 20);
         }
         r.avail_idx().store(static_cast<uint16_t>(rng() % 24));

@@ -53,8 +53,7 @@ TEST(Fortify, ReadChkRecvChkRecvfromChkDeliverDataAndEof) {
   ASSERT_EQ(WaitForInq(c.server.get(), 12), 12);
   sockaddr_in from;
   socklen_t len = sizeof from;
-  EXPECT_EQ(__recvfrom_chk(c.server.get(), buf, sizeof buf, sizeof buf, 0, AsSockaddr(&from), &len),
-            12)
+  EXPECT_EQ(__recvfrom_chk(c.server.get(), buf, sizeof buf, sizeof buf, 0, AsSockaddr(&from), &len), 12)
       << ErrnoName(errno);
   EXPECT_EQ(std::string(buf, 12), "recvfrom_chk");
 

@@ -43,8 +43,7 @@ std::string ReadWith(int fd, size_t n, const std::function<ssize_t(char*, size_t
 }
 
 // Writes all of `data` with `op` (a wrapper around one send call).
-void WriteWith(int fd, const std::string& data,
-               const std::function<ssize_t(const char*, size_t)>& op) {
+void WriteWith(int fd, const std::string& data, const std::function<ssize_t(const char*, size_t)>& op) {
   size_t done = 0;
   Deadline deadline(kIoTimeoutMs);
   while (done < data.size() && !deadline.Expired()) {
@@ -78,21 +77,13 @@ TEST(ReadWrite, WriteAndReadTransferBytesBothDirections) {
   Connection c = ConnectedPair();
   ASSERT_TRUE(c.ok());
   const std::string up = StreamBytes(11, 200'000), down = StreamBytes(12, 150'000);
-  std::thread writer([&] {
-    WriteWith(c.client.get(), up,
-              [&](const char* p, size_t n) { return write(c.client.get(), p, n); });
-  });
-  EXPECT_EQ(ReadWith(c.server.get(), up.size(),
-                     [&](char* p, size_t n) { return read(c.server.get(), p, n); }),
-            up);
+  std::thread writer(
+      [&] { WriteWith(c.client.get(), up, [&](const char* p, size_t n) { return write(c.client.get(), p, n); }); });
+  EXPECT_EQ(ReadWith(c.server.get(), up.size(), [&](char* p, size_t n) { return read(c.server.get(), p, n); }), up);
   writer.join();
-  std::thread writer2([&] {
-    WriteWith(c.server.get(), down,
-              [&](const char* p, size_t n) { return write(c.server.get(), p, n); });
-  });
-  EXPECT_EQ(ReadWith(c.client.get(), down.size(),
-                     [&](char* p, size_t n) { return read(c.client.get(), p, n); }),
-            down);
+  std::thread writer2(
+      [&] { WriteWith(c.server.get(), down, [&](const char* p, size_t n) { return write(c.server.get(), p, n); }); });
+  EXPECT_EQ(ReadWith(c.client.get(), down.size(), [&](char* p, size_t n) { return read(c.client.get(), p, n); }), down);
   writer2.join();
 }
 
@@ -170,16 +161,11 @@ TEST(SendRecv, SendAndRecvTransferBytesBothDirections) {
   ASSERT_TRUE(c.ok());
   const std::string up = StreamBytes(21, 100'000), down = StreamBytes(22, 70'000);
   std::thread writer([&] {
-    WriteWith(c.client.get(), up,
-              [&](const char* p, size_t n) { return send(c.client.get(), p, n, 0); });
-    WriteWith(c.server.get(), down,
-              [&](const char* p, size_t n) { return send(c.server.get(), p, n, 0); });
+    WriteWith(c.client.get(), up, [&](const char* p, size_t n) { return send(c.client.get(), p, n, 0); });
+    WriteWith(c.server.get(), down, [&](const char* p, size_t n) { return send(c.server.get(), p, n, 0); });
   });
-  EXPECT_EQ(ReadWith(c.server.get(), up.size(),
-                     [&](char* p, size_t n) { return recv(c.server.get(), p, n, 0); }),
-            up);
-  EXPECT_EQ(ReadWith(c.client.get(), down.size(),
-                     [&](char* p, size_t n) { return recv(c.client.get(), p, n, 0); }),
+  EXPECT_EQ(ReadWith(c.server.get(), up.size(), [&](char* p, size_t n) { return recv(c.server.get(), p, n, 0); }), up);
+  EXPECT_EQ(ReadWith(c.client.get(), down.size(), [&](char* p, size_t n) { return recv(c.client.get(), p, n, 0); }),
             down);
   writer.join();
 }
@@ -188,12 +174,9 @@ TEST(SendRecv, SendtoWithNullAddressAndRecvfromWorkOnConnectedStream) {
   Connection c = ConnectedPair();
   ASSERT_TRUE(c.ok());
   const std::string data = StreamBytes(23, 50'000);
-  WriteWith(c.client.get(), data,
-            [&](const char* p, size_t n) { return sendto(c.client.get(), p, n, 0, nullptr, 0); });
+  WriteWith(c.client.get(), data, [&](const char* p, size_t n) { return sendto(c.client.get(), p, n, 0, nullptr, 0); });
   EXPECT_EQ(ReadWith(c.server.get(), data.size(),
-                     [&](char* p, size_t n) {
-                       return recvfrom(c.server.get(), p, n, 0, nullptr, nullptr);
-                     }),
+                     [&](char* p, size_t n) { return recvfrom(c.server.get(), p, n, 0, nullptr, nullptr); }),
             data);
 }
 
@@ -411,8 +394,7 @@ TEST(NonBlocking, ReceiveCallsWithNoDataFailEagain) {
 
 // Fills the send side of `fd` with `send_once` (one non-blocking send of up
 // to `chunk` bytes of the stream) until EAGAIN; returns the bytes accepted.
-size_t FillUntilEagain(int fd, uint64_t seed,
-                       const std::function<ssize_t(const char*, size_t)>& send_once) {
+size_t FillUntilEagain(int fd, uint64_t seed, const std::function<ssize_t(const char*, size_t)>& send_once) {
   constexpr size_t kChunk = 64 * 1024;
   constexpr int kMaxChunks = 4096;  // 256 MiB: far beyond any socket buffer
   std::string buf(kChunk, '\0');
@@ -461,8 +443,7 @@ TEST(NonBlocking, SendWithMsgDontwaitFillsBlockingSocketThenFailsEagain) {
   Connection c = ConnectedPair();
   ASSERT_TRUE(c.ok());
   int fd = c.client.get();
-  size_t total = FillUntilEagain(
-      fd, 52, [fd](const char* p, size_t n) { return send(fd, p, n, MSG_DONTWAIT); });
+  size_t total = FillUntilEagain(fd, 52, [fd](const char* p, size_t n) { return send(fd, p, n, MSG_DONTWAIT); });
   ASSERT_GT(total, 0u);
   EXPECT_EQ(StatusFlags(fd) & O_NONBLOCK, 0);
   DrainAndCheck(c.server.get(), 52, total);

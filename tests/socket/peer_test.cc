@@ -124,8 +124,7 @@ TEST(Peer, ReceiveCommandReportsCountAndCrc32cOfEverythingSent) {
   for (int i = 7; i >= 0; --i) count = (count << 8) | static_cast<uint8_t>(reply[i]);
   for (int i = 11; i >= 8; --i) crc = (crc << 8) | static_cast<uint8_t>(reply[i]);
   EXPECT_EQ(count, kTotal);
-  EXPECT_EQ(crc, proto::Crc32c(std::span<const uint8_t>(
-                     reinterpret_cast<const uint8_t*>(data.data()), data.size())));
+  EXPECT_EQ(crc, proto::Crc32c(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(data.data()), data.size())));
   bool eof = false;
   EXPECT_EQ(RecvUntilEof(s.get(), 1, &eof), "");
   EXPECT_TRUE(eof);

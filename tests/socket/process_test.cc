@@ -23,10 +23,8 @@ bool ChildSendAll(int fd, const std::string& s) {
     pollfd p{fd, POLLOUT, 0};
     if (poll(&p, 1, deadline.RemainingMs()) <= 0) continue;
     ssize_t n = send(fd, s.data() + done, s.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0)
-      done += static_cast<size_t>(n);
-    else if (n < 0 && errno != EAGAIN && errno != EINTR)
-      return false;
+    if (n > 0) done += static_cast<size_t>(n);
+    else if (n < 0 && errno != EAGAIN && errno != EINTR) return false;
   }
   return done == s.size();
 }
@@ -39,10 +37,8 @@ bool ChildRecvExactly(int fd, size_t len, std::string* out) {
     pollfd p{fd, POLLIN, 0};
     if (poll(&p, 1, deadline.RemainingMs()) <= 0) continue;
     ssize_t n = recv(fd, buf, std::min(sizeof buf, len - out->size()), MSG_DONTWAIT);
-    if (n > 0)
-      out->append(buf, static_cast<size_t>(n));
-    else if (n == 0 || (errno != EAGAIN && errno != EINTR))
-      return false;
+    if (n > 0) out->append(buf, static_cast<size_t>(n));
+    else if (n == 0 || (errno != EAGAIN && errno != EINTR)) return false;
   }
   return out->size() == len;
 }
@@ -179,12 +175,12 @@ TEST(Exec, CloexecSocketsAreClosedInExecedChildAndOthersStayOpen) {
   ASSERT_EQ(fcntl(setfd_cloexec.get(), F_SETFD, FD_CLOEXEC), 0);
   Fd epoll_cloexec(epoll_create1(EPOLL_CLOEXEC));
   Fd plain_dup(dup(client.get()));
-  ASSERT_TRUE(client.valid() && accepted_cloexec.valid() && dupfd_cloexec.valid() &&
-              setfd_cloexec.valid() && epoll_cloexec.valid() && plain_dup.valid());
+  ASSERT_TRUE(client.valid() && accepted_cloexec.valid() && dupfd_cloexec.valid() && setfd_cloexec.valid() &&
+              epoll_cloexec.valid() && plain_dup.valid());
 
   std::string script = "true";
-  for (int fd : {accepted_cloexec.get(), socket_cloexec.get(), dupfd_cloexec.get(),
-                 setfd_cloexec.get(), epoll_cloexec.get()})
+  for (int fd :
+       {accepted_cloexec.get(), socket_cloexec.get(), dupfd_cloexec.get(), setfd_cloexec.get(), epoll_cloexec.get()})
     script += " && test ! -e /proc/self/fd/" + std::to_string(fd);
   for (int fd : {client.get(), plain.get(), plain_dup.get()})
     script += " && test -e /proc/self/fd/" + std::to_string(fd);
@@ -246,12 +242,9 @@ TEST(Threads, TwoWriterThreadsSharingSocketDeliverEveryByte) {
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
     ASSERT_GT(n, 0) << ErrnoName(errno);
     for (ssize_t i = 0; i < n; ++i) {
-      if (buf[i] == 'A')
-        ++count[0];
-      else if (buf[i] == 'B')
-        ++count[1];
-      else
-        ++other;
+      if (buf[i] == 'A') ++count[0];
+      else if (buf[i] == 'B') ++count[1];
+      else ++other;
     }
     total += static_cast<size_t>(n);
   }

@@ -32,8 +32,7 @@ TEST(Poll, ReportsPollinOnlyOnceDataArrives) {
 TEST(Poll, ConnectedSocketsReportPolloutAndNothingElse) {
   Connection c = ConnectedPair();
   ASSERT_TRUE(c.ok());
-  pollfd p[2] = {{c.client.get(), POLLIN | POLLOUT | POLLRDHUP, 0},
-                 {c.server.get(), POLLIN | POLLOUT | POLLRDHUP, 0}};
+  pollfd p[2] = {{c.client.get(), POLLIN | POLLOUT | POLLRDHUP, 0}, {c.server.get(), POLLIN | POLLOUT | POLLRDHUP, 0}};
   EXPECT_EQ(poll(p, 2, kIoTimeoutMs), 2);
   EXPECT_EQ(p[0].revents, POLLOUT);
   EXPECT_EQ(p[1].revents, POLLOUT);

@@ -59,24 +59,19 @@ class Session {
     uint8_t cmd = 0;
     if (!ReadExactly(&cmd, 1)) return;
     switch (cmd) {
-      case 'E':
-        Echo();
-        break;
+      case 'E': Echo(); break;
       case 'S': {
         uint8_t le[8];
         if (ReadExactly(le, sizeof le)) SendPattern(DecodeLe64(le));
         break;
       }
-      case 'R':
-        CountAndChecksum();
-        break;
+      case 'R': CountAndChecksum(); break;
       case 'X': {
         uint8_t b;
         if (ReadExactly(&b, 1)) Reset();
         break;
       }
-      default:
-        break;
+      default: break;
     }
   }
 
@@ -152,8 +147,7 @@ class Session {
     // Half-close, then drain: closing with unread input would send RST and
     // could destroy data the client has not read yet.
     shutdown(fd_.get(), SHUT_WR);
-    while (ReadSome(buf, sizeof buf) > 0) {
-    }
+    while (ReadSome(buf, sizeof buf) > 0) {}
   }
 
   void CountAndChecksum() {

@@ -144,8 +144,7 @@ TEST(Connect, RepeatedConnectAfterNonblockingCompletionReturnsZeroThenEisconn) {
 TEST(Connect, BlockingConnectToClosedPortFailsEconnrefused) {
   ClosedPort closed = ReserveClosedPort();
   Fd client = TcpSocket();
-  VS_EXPECT_ERRNO(connect(client.get(), AsSockaddr(&closed.addr), sizeof closed.addr),
-                  ECONNREFUSED);
+  VS_EXPECT_ERRNO(connect(client.get(), AsSockaddr(&closed.addr), sizeof closed.addr), ECONNREFUSED);
 }
 
 TEST(Connect, NonblockingConnectToClosedPortReportsEconnrefusedViaSoErrorOnce) {
@@ -271,10 +270,8 @@ TEST(Names, GetsocknameAndGetpeernameOfTheTwoEndsMirrorEachOther) {
   sockaddr_in client_peer = PeerName(c.client.get());
   sockaddr_in server_local = SockName(c.server.get());
   sockaddr_in server_peer = PeerName(c.server.get());
-  EXPECT_TRUE(SameEndpoint(client_local, server_peer))
-      << ToString(client_local) << " vs " << ToString(server_peer);
-  EXPECT_TRUE(SameEndpoint(client_peer, server_local))
-      << ToString(client_peer) << " vs " << ToString(server_local);
+  EXPECT_TRUE(SameEndpoint(client_local, server_peer)) << ToString(client_local) << " vs " << ToString(server_peer);
+  EXPECT_TRUE(SameEndpoint(client_peer, server_local)) << ToString(client_peer) << " vs " << ToString(server_local);
   EXPECT_EQ(client_peer.sin_addr.s_addr, TestAddr().sin_addr.s_addr);
 }
 
@@ -655,8 +652,7 @@ TEST(PassThrough, UnixSocketpairExchangesDataBothWaysAndSeesEof) {
 TEST(PassThrough, UnixAbstractListenerConnectsAndAccepts) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  std::string name =
-      "vsocket-test-" + std::to_string(getpid()) + "-" + std::to_string(MonotonicNs());
+  std::string name = "vsocket-test-" + std::to_string(getpid()) + "-" + std::to_string(MonotonicNs());
   std::memcpy(addr.sun_path + 1, name.data(), name.size());  // sun_path[0] = 0: abstract
   socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
   Fd listener(socket(AF_UNIX, SOCK_STREAM, 0));

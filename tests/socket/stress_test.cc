@@ -56,12 +56,9 @@ enum class Mode { kBlockingThreads, kPollLoop, kEpollEdgeLoop };
 
 const char* ModeName(Mode m) {
   switch (m) {
-    case Mode::kBlockingThreads:
-      return "blocking";
-    case Mode::kPollLoop:
-      return "poll";
-    case Mode::kEpollEdgeLoop:
-      return "epoll-et";
+    case Mode::kBlockingThreads: return "blocking";
+    case Mode::kPollLoop: return "poll";
+    case Mode::kEpollEdgeLoop: return "epoll-et";
   }
   return "?";
 }
@@ -80,27 +77,20 @@ size_t RandomIoSize(std::mt19937_64& rng) {
   return 1 + rng() % limit;
 }
 
-uint32_t Crc(uint32_t crc, const uint8_t* p, size_t n) {
-  return proto::Crc32c(std::span<const uint8_t>(p, n), crc);
-}
+uint32_t Crc(uint32_t crc, const uint8_t* p, size_t n) { return proto::Crc32c(std::span<const uint8_t>(p, n), crc); }
 
 // One send call of buf[0, n) through a randomly chosen call family.
 ssize_t SendOnce(int fd, const uint8_t* buf, size_t n, std::mt19937_64& rng) {
   size_t split = n / 2;
-  iovec iov[2] = {{const_cast<uint8_t*>(buf), split},
-                  {const_cast<uint8_t*>(buf) + split, n - split}};
+  iovec iov[2] = {{const_cast<uint8_t*>(buf), split}, {const_cast<uint8_t*>(buf) + split, n - split}};
   msghdr m{};
   m.msg_iov = iov;
   m.msg_iovlen = 2;
   switch (rng() % 4) {
-    case 0:
-      return write(fd, buf, n);
-    case 1:
-      return send(fd, buf, n, MSG_NOSIGNAL);
-    case 2:
-      return writev(fd, iov, 2);
-    default:
-      return sendmsg(fd, &m, MSG_NOSIGNAL);
+    case 0: return write(fd, buf, n);
+    case 1: return send(fd, buf, n, MSG_NOSIGNAL);
+    case 2: return writev(fd, iov, 2);
+    default: return sendmsg(fd, &m, MSG_NOSIGNAL);
   }
 }
 
@@ -112,14 +102,10 @@ ssize_t RecvOnce(int fd, uint8_t* buf, size_t n, std::mt19937_64& rng) {
   m.msg_iov = iov;
   m.msg_iovlen = 2;
   switch (rng() % 4) {
-    case 0:
-      return read(fd, buf, n);
-    case 1:
-      return recv(fd, buf, n, 0);
-    case 2:
-      return readv(fd, iov, 2);
-    default:
-      return recvmsg(fd, &m, 0);
+    case 0: return read(fd, buf, n);
+    case 1: return recv(fd, buf, n, 0);
+    case 2: return readv(fd, iov, 2);
+    default: return recvmsg(fd, &m, 0);
   }
 }
 
@@ -270,11 +256,9 @@ void RunEventLoop(std::vector<Endpoint*> eps, bool edge_triggered, const Deadlin
         Endpoint* e = eps[ev[i].data.u64];
         // An edge is reported once: keep going until the call would block.
         if (ev[i].events & EPOLLOUT)
-          for (int k = 0; k < 100000 && e->SendStep() == Step::kProgress; ++k) {
-          }
+          for (int k = 0; k < 100000 && e->SendStep() == Step::kProgress; ++k) {}
         if (ev[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
-          for (int k = 0; k < 100000 && e->RecvStep() == Step::kProgress; ++k) {
-          }
+          for (int k = 0; k < 100000 && e->RecvStep() == Step::kProgress; ++k) {}
       }
     } else {
       std::vector<pollfd> p;
@@ -334,8 +318,7 @@ TEST(Stress, ThirtyTwoConnectionsRandomSizesBothWaysEveryByteChecked) {
     ASSERT_TRUE(conns[i].client.valid());
     if (conns[i].small_buffers) SetSmallBuffers(conns[i].client.get());
     sockaddr_in addr = SockName(listener.get());
-    ASSERT_EQ(connect(conns[i].client.get(), AsSockaddr(&addr), sizeof addr), 0)
-        << ErrnoName(errno);
+    ASSERT_EQ(connect(conns[i].client.get(), AsSockaddr(&addr), sizeof addr), 0) << ErrnoName(errno);
     conns[i].up.stream_seed = seed ^ (0x100000ull + 2 * i);
     conns[i].down.stream_seed = seed ^ (0x100001ull + 2 * i);
     conns[i].up.total = conns[i].down.total = per_flow;
@@ -368,8 +351,7 @@ TEST(Stress, ThirtyTwoConnectionsRandomSizesBothWaysEveryByteChecked) {
   bool finished = false;
   std::thread limiter([&] {
     std::unique_lock<std::mutex> lock(mu);
-    if (cv.wait_for(lock, std::chrono::seconds(kTimeLimitSeconds), [&] { return finished; }))
-      return;
+    if (cv.wait_for(lock, std::chrono::seconds(kTimeLimitSeconds), [&] { return finished; })) return;
     abort = true;
     for (auto& c : conns) {
       shutdown(c.client.get(), SHUT_RDWR);
@@ -385,12 +367,10 @@ TEST(Stress, ThirtyTwoConnectionsRandomSizesBothWaysEveryByteChecked) {
       // A reader and a writer thread per end: one socket, two threads.
       for (Endpoint* e : {client.get(), server.get()}) {
         threads.emplace_back([e, &abort] {
-          while (!abort && e->SendStep() != Step::kFinished) {
-          }
+          while (!abort && e->SendStep() != Step::kFinished) {}
         });
         threads.emplace_back([e, &abort] {
-          while (!abort && e->RecvStep() != Step::kFinished) {
-          }
+          while (!abort && e->RecvStep() != Step::kFinished) {}
         });
       }
     } else {
@@ -426,8 +406,8 @@ TEST(Stress, ThirtyTwoConnectionsRandomSizesBothWaysEveryByteChecked) {
   for (int i = 0; i < kConnections; ++i) {
     for (const Flow* f : {&conns[i].up, &conns[i].down}) {
       const char* dir = f == &conns[i].up ? "client->server" : "server->client";
-      SCOPED_TRACE(::testing::Message() << "connection " << i << " (" << ModeName(conns[i].mode)
-                                        << ") " << dir << " seed " << seed);
+      SCOPED_TRACE(::testing::Message() << "connection " << i << " (" << ModeName(conns[i].mode) << ") " << dir
+                                        << " seed " << seed);
       EXPECT_EQ(f->error, "");
       EXPECT_EQ(f->sent, f->total);
       EXPECT_EQ(f->received, f->total);
@@ -442,14 +422,12 @@ TEST(Stress, ThirtyTwoConnectionsRandomSizesBothWaysEveryByteChecked) {
   for (auto& c : conns)
     for (const Flow* f : {&c.up, &c.down})
       if (f->eof)
-        slowest_ms[static_cast<int>(c.mode)] =
-            std::max(slowest_ms[static_cast<int>(c.mode)], f->eof_ms - start_ms);
+        slowest_ms[static_cast<int>(c.mode)] = std::max(slowest_ms[static_cast<int>(c.mode)], f->eof_ms - start_ms);
   std::printf("[ stress   ] slowest flow: blocking %lld ms, poll %lld ms, epoll-et %lld ms\n",
               static_cast<long long>(slowest_ms[0]), static_cast<long long>(slowest_ms[1]),
               static_cast<long long>(slowest_ms[2]));
-  std::printf("[ stress   ] %zu MiB in %.1f s (%.0f MiB/s), %zu partial writes, %zu short reads\n",
-              moved >> 20, seconds, (moved >> 20) / (seconds > 0 ? seconds : 1), partial_writes,
-              partial_reads);
+  std::printf("[ stress   ] %zu MiB in %.1f s (%.0f MiB/s), %zu partial writes, %zu short reads\n", moved >> 20,
+              seconds, (moved >> 20) / (seconds > 0 ? seconds : 1), partial_writes, partial_reads);
 }
 
 }  // namespace

@@ -63,8 +63,7 @@ class Watchdog {
       }
       if (cv_.wait_until(lock, deadline_) == std::cv_status::timeout && armed_ &&
           std::chrono::steady_clock::now() >= deadline_) {
-        std::fprintf(stderr, "\n[watchdog] %s exceeded its time budget; aborting the binary\n",
-                     name_.c_str());
+        std::fprintf(stderr, "\n[watchdog] %s exceeded its time budget; aborting the binary\n", name_.c_str());
         std::fflush(stderr);
         std::_Exit(3);
       }
@@ -166,24 +165,21 @@ uint64_t TestSeed() {
 sockaddr_in SockName(int fd) {
   sockaddr_in a{};
   socklen_t len = sizeof a;
-  if (getsockname(fd, AsSockaddr(&a), &len) != 0)
-    ADD_FAILURE() << "getsockname: " << ErrnoName(errno);
+  if (getsockname(fd, AsSockaddr(&a), &len) != 0) ADD_FAILURE() << "getsockname: " << ErrnoName(errno);
   return a;
 }
 
 sockaddr_in PeerName(int fd) {
   sockaddr_in a{};
   socklen_t len = sizeof a;
-  if (getpeername(fd, AsSockaddr(&a), &len) != 0)
-    ADD_FAILURE() << "getpeername: " << ErrnoName(errno);
+  if (getpeername(fd, AsSockaddr(&a), &len) != 0) ADD_FAILURE() << "getpeername: " << ErrnoName(errno);
   return a;
 }
 
 uint16_t Port(const sockaddr_in& a) { return ntohs(a.sin_port); }
 
 bool SameEndpoint(const sockaddr_in& a, const sockaddr_in& b) {
-  return a.sin_family == b.sin_family && a.sin_port == b.sin_port &&
-         a.sin_addr.s_addr == b.sin_addr.s_addr;
+  return a.sin_family == b.sin_family && a.sin_port == b.sin_port && a.sin_addr.s_addr == b.sin_addr.s_addr;
 }
 
 std::string ToString(const sockaddr_in& a) {
@@ -317,9 +313,7 @@ bool SendAll(int fd, const void* data, size_t len, int timeout_ms) {
   return true;
 }
 
-bool SendAll(int fd, const std::string& s, int timeout_ms) {
-  return SendAll(fd, s.data(), s.size(), timeout_ms);
-}
+bool SendAll(int fd, const std::string& s, int timeout_ms) { return SendAll(fd, s.data(), s.size(), timeout_ms); }
 
 bool RecvExactly(int fd, void* data, size_t len, int timeout_ms) {
   auto* p = static_cast<uint8_t*>(data);
@@ -400,8 +394,7 @@ void FillStream(uint64_t seed, uint64_t offset, uint8_t* out, size_t len) {
     uint64_t pos = offset + i;
     uint64_t w = word(pos >> 3);
     unsigned shift = static_cast<unsigned>(pos & 7);
-    for (unsigned b = shift; b < 8 && i < len; ++b, ++i)
-      out[i] = static_cast<uint8_t>(w >> (8 * b));
+    for (unsigned b = shift; b < 8 && i < len; ++b, ++i) out[i] = static_cast<uint8_t>(w >> (8 * b));
   }
 }
 
@@ -444,9 +437,7 @@ int WaitChild(pid_t pid, int timeout_ms) {
   return -1;
 }
 
-bool ExitedWith(int status, int code) {
-  return status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == code;
-}
+bool ExitedWith(int status, int code) { return status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == code; }
 
 ScopedSignalHandler::ScopedSignalHandler(int sig, void (*handler)(int), int sa_flags) : sig_(sig) {
   struct sigaction sa {};
@@ -461,8 +452,7 @@ ScopedSignalHandler::~ScopedSignalHandler() { sigaction(sig_, &old_, nullptr); }
 Backstop::Backstop(int timeout_ms, std::function<void()> action)
     : thread_([this, timeout_ms, action = std::move(action)] {
         std::unique_lock<std::mutex> lock(mu_);
-        if (cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [this] { return done_; }))
-          return;
+        if (cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [this] { return done_; })) return;
         fired_ = true;
         action();
       }) {}

@@ -67,41 +67,35 @@ inline SysResult CaptureErrno(long long ret) { return {ret, errno}; }
 std::string ErrnoName(int err);
 
 // `expr` must fail with -1 and errno == `want_errno`.
-#define VS_EXPECT_ERRNO(expr, want_errno)                                                       \
-  do {                                                                                          \
-    const ::vsocket::socktest::SysResult vs_r_ = VS_SYS(expr);                                  \
-    EXPECT_EQ(vs_r_.ret, -1) << #expr << " succeeded; want "                                    \
-                             << ::vsocket::socktest::ErrnoName(want_errno);                     \
-    if (vs_r_.ret == -1)                                                                        \
-      EXPECT_EQ(vs_r_.err, (want_errno))                                                        \
-          << #expr << " failed with " << ::vsocket::socktest::ErrnoName(vs_r_.err) << "; want " \
-          << ::vsocket::socktest::ErrnoName(want_errno);                                        \
+#define VS_EXPECT_ERRNO(expr, want_errno)                                                                         \
+  do {                                                                                                            \
+    const ::vsocket::socktest::SysResult vs_r_ = VS_SYS(expr);                                                    \
+    EXPECT_EQ(vs_r_.ret, -1) << #expr << " succeeded; want " << ::vsocket::socktest::ErrnoName(want_errno);       \
+    if (vs_r_.ret == -1)                                                                                          \
+      EXPECT_EQ(vs_r_.err, (want_errno)) << #expr << " failed with " << ::vsocket::socktest::ErrnoName(vs_r_.err) \
+                                         << "; want " << ::vsocket::socktest::ErrnoName(want_errno);              \
   } while (0)
 
-#define VS_ASSERT_ERRNO(expr, want_errno)                                                     \
-  do {                                                                                        \
-    const ::vsocket::socktest::SysResult vs_r_ = VS_SYS(expr);                                \
-    ASSERT_EQ(vs_r_.ret, -1) << #expr << " succeeded; want "                                  \
-                             << ::vsocket::socktest::ErrnoName(want_errno);                   \
-    ASSERT_EQ(vs_r_.err, (want_errno))                                                        \
-        << #expr << " failed with " << ::vsocket::socktest::ErrnoName(vs_r_.err) << "; want " \
-        << ::vsocket::socktest::ErrnoName(want_errno);                                        \
+#define VS_ASSERT_ERRNO(expr, want_errno)                                                                       \
+  do {                                                                                                          \
+    const ::vsocket::socktest::SysResult vs_r_ = VS_SYS(expr);                                                  \
+    ASSERT_EQ(vs_r_.ret, -1) << #expr << " succeeded; want " << ::vsocket::socktest::ErrnoName(want_errno);     \
+    ASSERT_EQ(vs_r_.err, (want_errno)) << #expr << " failed with " << ::vsocket::socktest::ErrnoName(vs_r_.err) \
+                                       << "; want " << ::vsocket::socktest::ErrnoName(want_errno);              \
   } while (0)
 
 // `expr` must not return -1. Use an assignment to keep the value:
 //   VS_ASSERT_OK(n = recv(fd, buf, sizeof buf, 0));
-#define VS_ASSERT_OK(expr)                                                 \
-  do {                                                                     \
-    const ::vsocket::socktest::SysResult vs_r_ = VS_SYS(expr);             \
-    ASSERT_NE(vs_r_.ret, -1) << #expr << " failed with "                   \
-                             << ::vsocket::socktest::ErrnoName(vs_r_.err); \
+#define VS_ASSERT_OK(expr)                                                                             \
+  do {                                                                                                 \
+    const ::vsocket::socktest::SysResult vs_r_ = VS_SYS(expr);                                         \
+    ASSERT_NE(vs_r_.ret, -1) << #expr << " failed with " << ::vsocket::socktest::ErrnoName(vs_r_.err); \
   } while (0)
 
-#define VS_EXPECT_OK(expr)                                                 \
-  do {                                                                     \
-    const ::vsocket::socktest::SysResult vs_r_ = VS_SYS(expr);             \
-    EXPECT_NE(vs_r_.ret, -1) << #expr << " failed with "                   \
-                             << ::vsocket::socktest::ErrnoName(vs_r_.err); \
+#define VS_EXPECT_OK(expr)                                                                             \
+  do {                                                                                                 \
+    const ::vsocket::socktest::SysResult vs_r_ = VS_SYS(expr);                                         \
+    EXPECT_NE(vs_r_.ret, -1) << #expr << " failed with " << ::vsocket::socktest::ErrnoName(vs_r_.err); \
   } while (0)
 
 // ---------------------------------------------------------------------------
@@ -140,9 +134,7 @@ bool SameEndpoint(const sockaddr_in& a, const sockaddr_in& b);
 std::string ToString(const sockaddr_in& a);
 
 inline sockaddr* AsSockaddr(sockaddr_in* a) { return reinterpret_cast<sockaddr*>(a); }
-inline const sockaddr* AsSockaddr(const sockaddr_in* a) {
-  return reinterpret_cast<const sockaddr*>(a);
-}
+inline const sockaddr* AsSockaddr(const sockaddr_in* a) { return reinterpret_cast<const sockaddr*>(a); }
 
 // ---------------------------------------------------------------------------
 // Sockets. On failure these record a gtest failure and return an invalid Fd.

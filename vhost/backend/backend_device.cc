@@ -25,9 +25,8 @@ Status BackendDevice::Load() {
 
   uint16_t nr = rte_vhost_get_vring_num(vid_);
   if (nr != port_->num_queues)
-    return Status(Code::kFailedPrecondition, "frontend set up " + std::to_string(nr) +
-                                                 " vrings, device has " +
-                                                 std::to_string(port_->num_queues));
+    return Status(Code::kFailedPrecondition,
+                  "frontend set up " + std::to_string(nr) + " vrings, device has " + std::to_string(port_->num_queues));
   rte_vhost_memory* mem = nullptr;
   if (rte_vhost_get_mem_table(vid_, &mem) != 0 || mem == nullptr)
     return Status(Code::kFailedPrecondition, "no memory table");
@@ -51,29 +50,24 @@ Status BackendDevice::Load() {
       return Status(Code::kOutOfRange, "vring " + std::to_string(q) + " has invalid size");
     // The library translated these, but not always completely (a ring cut
     // off at a region end can stay mapped): check every byte ourselves.
-    if (!vr.desc || !vr.avail || !vr.used ||
-        !memory_.ContainsLocal(vr.desc, proto::DescTableBytes(vr.size)) ||
+    if (!vr.desc || !vr.avail || !vr.used || !memory_.ContainsLocal(vr.desc, proto::DescTableBytes(vr.size)) ||
         !memory_.ContainsLocal(vr.avail, proto::AvailRingBytes(vr.size)) ||
-        !memory_.ContainsLocal(vr.used, proto::UsedRingBytes(vr.size)) ||
-        !Aligned(vr.desc, proto::kDescAlign) || !Aligned(vr.avail, proto::kAvailAlign) ||
-        !Aligned(vr.used, proto::kUsedAlign))
+        !memory_.ContainsLocal(vr.used, proto::UsedRingBytes(vr.size)) || !Aligned(vr.desc, proto::kDescAlign) ||
+        !Aligned(vr.avail, proto::kAvailAlign) || !Aligned(vr.used, proto::kUsedAlign))
       return Status(Code::kOutOfRange, "vring " + std::to_string(q) + " lies outside guest memory");
     // Sleeping needs kicks: a frontend without a kick fd would force the
     // backend to poll forever, which this 2-core design never does.
-    if (vr.kickfd < 0)
-      return Status(Code::kFailedPrecondition, "vring " + std::to_string(q) + " has no kick fd");
+    if (vr.kickfd < 0) return Status(Code::kFailedPrecondition, "vring " + std::to_string(q) + " has no kick fd");
     int kick = fcntl(vr.kickfd, F_DUPFD_CLOEXEC, 0);
     if (kick < 0) return Status::FromErrno("dup kick fd");
     kick_fds_.emplace_back(kick);
     // The data path drains kicks with read(): a blocking fd from a hostile
     // frontend must not be able to stall it.
     int fl = fcntl(kick, F_GETFL);
-    if (fl < 0 || fcntl(kick, F_SETFL, fl | O_NONBLOCK) != 0)
-      return Status::FromErrno("set kick fd non-blocking");
+    if (fl < 0 || fcntl(kick, F_SETFL, fl | O_NONBLOCK) != 0) return Status::FromErrno("set kick fd non-blocking");
     uint16_t last_avail = 0, last_used = 0;
     rte_vhost_get_vring_base(vid_, q, &last_avail, &last_used);
-    queues_.emplace_back(SplitRing(vr.desc, vr.avail, vr.used, vr.size), &memory_, event_idx_,
-                         last_avail, last_used);
+    queues_.emplace_back(SplitRing(vr.desc, vr.avail, vr.used, vr.size), &memory_, event_idx_, last_avail, last_used);
   }
   return Status::Ok();
 }
@@ -98,8 +92,8 @@ void BackendDevice::MarkBroken(std::string reason) {
   if (broken()) return;
   broken_reason_ = std::move(reason);
   broken_.store(true, std::memory_order_release);
-  VS_LOG(kWarn, "device %lu (vm %s, vid %d) broken: %s", static_cast<unsigned long>(id_),
-         port_->vm_name.c_str(), vid_, broken_reason_.c_str());
+  VS_LOG(kWarn, "device %lu (vm %s, vid %d) broken: %s", static_cast<unsigned long>(id_), port_->vm_name.c_str(), vid_,
+         broken_reason_.c_str());
 }
 
 std::string BackendDevice::broken_reason() const { return broken() ? broken_reason_ : ""; }

@@ -59,17 +59,14 @@ bool IsReadOnly(uint32_t request) {
     case Request::kGetFeatures:
     case Request::kGetProtocolFeatures:
     case Request::kGetQueueNum:
-    case Request::kGetStatus:
-      return true;
-    default:
-      return false;
+    case Request::kGetStatus: return true;
+    default: return false;
   }
 }
 
 constexpr uint64_t kDeviceFeatures =
     proto::kFeatureVersion1 | proto::kFeatureVhostUserProtocol | proto::kFeatureEventIdx;
-constexpr uint64_t kProtocolFeatures =
-    user::kProtoReplyAck | user::kProtoStatus;
+constexpr uint64_t kProtocolFeatures = user::kProtoReplyAck | user::kProtoStatus;
 
 }  // namespace
 
@@ -92,9 +89,8 @@ Status InitEal(const EalOptions& options) {
   std::string log = "--log-level=" + options.log_level;
   std::string log_eal = "--log-level=lib.eal:" + options.log_level;
   std::string log_vhost = "--log-level=lib.vhost.*:" + options.log_level;
-  const char* args[] = {"vsocketd",      "--no-huge",   "--no-pci",        "--no-shconf",
-                        "--no-telemetry", "-m",         mem.c_str(),       lcores.c_str(),
-                        log.c_str(),     log_eal.c_str(), log_vhost.c_str()};
+  const char* args[] = {"vsocketd",  "--no-huge",    "--no-pci",  "--no-shconf",   "--no-telemetry", "-m",
+                        mem.c_str(), lcores.c_str(), log.c_str(), log_eal.c_str(), log_vhost.c_str()};
   std::vector<char*> argv;
   for (const char* a : args) argv.push_back(const_cast<char*>(a));
   int r = rte_eal_init(static_cast<int>(argv.size()), argv.data());
@@ -120,22 +116,19 @@ Status VhostBackend::AddPort(const PortConfig& config, DeviceListener* listener)
   };
   // Setting features takes rte_vhost out of its built-in virtio-net mode.
   if (rte_vhost_driver_set_features(path, kDeviceFeatures) != 0) return fail("set_features");
-  if (rte_vhost_driver_set_protocol_features(path, kProtocolFeatures) != 0)
-    return fail("set_protocol_features");
+  if (rte_vhost_driver_set_protocol_features(path, kProtocolFeatures) != 0) return fail("set_protocol_features");
   if (rte_vhost_driver_callback_register(path, &kDeviceOps) != 0) return fail("callback_register");
   {
     std::lock_guard<std::mutex> lock(mu_);
     ports_.push_back(std::make_unique<Port>(Port{config, listener}));
   }
   if (rte_vhost_driver_start(path) != 0) return fail("driver_start");
-  VS_LOG(kInfo, "vhost-user port %s (vm %s, tenant %u) listening", path, config.vm_name.c_str(),
-         config.tenant_id);
+  VS_LOG(kInfo, "vhost-user port %s (vm %s, tenant %u) listening", path, config.vm_name.c_str(), config.tenant_id);
   return Status::Ok();
 }
 
 Status VhostBackend::RemovePort(const std::string& path) {
-  if (rte_vhost_driver_unregister(path.c_str()) != 0)
-    return Status(Code::kNotFound, "no vhost-user port " + path);
+  if (rte_vhost_driver_unregister(path.c_str()) != 0) return Status(Code::kNotFound, "no vhost-user port " + path);
   return Status::Ok();
 }
 
@@ -179,8 +172,7 @@ int VhostBackend::OnNewDevice(int vid) {
   Status st = device->Load();
   if (!st.ok()) {
     counters_.devices_rejected.fetch_add(1);
-    VS_LOG(kWarn, "vm %s: rejecting device (vid %d): %s", port->config.vm_name.c_str(), vid,
-           st.ToString().c_str());
+    VS_LOG(kWarn, "vm %s: rejecting device (vid %d): %s", port->config.vm_name.c_str(), vid, st.ToString().c_str());
     return -1;
   }
   {
@@ -212,8 +204,7 @@ void VhostBackend::OnDestroyDevice(int vid) {
   // GET_VRING_BASE replies with the library's last_avail_idx: make it ours.
   device->SyncBase();
   counters_.devices_stopped.fetch_add(1);
-  VS_LOG(kInfo, "vm %s: device %lu stopped", port->config.vm_name.c_str(),
-         static_cast<unsigned long>(device->id()));
+  VS_LOG(kInfo, "vm %s: device %lu stopped", port->config.vm_name.c_str(), static_cast<unsigned long>(device->id()));
 }
 
 int VhostBackend::OnFeaturesChanged(int vid, uint64_t features) {
@@ -243,8 +234,7 @@ int VhostBackend::OnPreMessage(int vid, void* msg) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = conns_.find(vid);
-    if (it == conns_.end() || !it->second.device || it->second.paused)
-      return RTE_VHOST_MSG_RESULT_NOT_HANDLED;
+    if (it == conns_.end() || !it->second.device || it->second.paused) return RTE_VHOST_MSG_RESULT_NOT_HANDLED;
     it->second.paused = true;
     device = it->second.device;
     port = it->second.port;
@@ -261,8 +251,7 @@ int VhostBackend::OnPostMessage(int vid, void*) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = conns_.find(vid);
-    if (it == conns_.end() || !it->second.paused || !it->second.device)
-      return RTE_VHOST_MSG_RESULT_NOT_HANDLED;
+    if (it == conns_.end() || !it->second.paused || !it->second.device) return RTE_VHOST_MSG_RESULT_NOT_HANDLED;
     it->second.paused = false;
     device = it->second.device;
     port = it->second.port;

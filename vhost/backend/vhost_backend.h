@@ -39,7 +39,7 @@ struct VmAddress {
 };
 
 struct PortConfig {
-  std::string path;      // vhost-user socket
+  std::string path;  // vhost-user socket
   std::string vm_name;
   uint32_t tenant_id = 0;  // from operator config, never from the guest
   uint16_t num_queues = 2;

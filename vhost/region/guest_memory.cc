@@ -6,8 +6,7 @@
 namespace vsocket::vhost {
 
 Result<GuestMemory> GuestMemory::Create(std::vector<MemRegion> regions) {
-  std::sort(regions.begin(), regions.end(),
-            [](const MemRegion& a, const MemRegion& b) { return a.gpa < b.gpa; });
+  std::sort(regions.begin(), regions.end(), [](const MemRegion& a, const MemRegion& b) { return a.gpa < b.gpa; });
   for (size_t i = 0; i < regions.size(); ++i) {
     const MemRegion& r = regions[i];
     if (r.size == 0 || r.local == nullptr || r.gpa + r.size < r.gpa ||

@@ -13,8 +13,8 @@
 namespace vsocket::vhost {
 
 struct MemRegion {
-  uint64_t gpa = 0;      // guest-physical start
-  uint64_t size = 0;     // bytes
+  uint64_t gpa = 0;          // guest-physical start
+  uint64_t size = 0;         // bytes
   uint8_t* local = nullptr;  // where the region is mapped in this process
 };
 

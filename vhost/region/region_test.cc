@@ -15,9 +15,9 @@ TEST(GuestMemoryTest, TranslatesInsideAndRejectsOutside) {
   EXPECT_EQ(m->Translate(0x40010, 16), b + 16);
   EXPECT_EQ(m->Translate(0x10000 + 4096, 0), a + 4096);  // empty range at the end
   EXPECT_EQ(m->Translate(0x10000 + 4095, 2), nullptr);   // straddles the end
-  EXPECT_EQ(m->Translate(0x10ffff, 1), nullptr);          // between regions
+  EXPECT_EQ(m->Translate(0x10ffff, 1), nullptr);         // between regions
   EXPECT_EQ(m->Translate(0xfff, 1), nullptr);
-  EXPECT_EQ(m->Translate(~uint64_t{0}, 2), nullptr);      // wraps
+  EXPECT_EQ(m->Translate(~uint64_t{0}, 2), nullptr);  // wraps
   EXPECT_EQ(m->Translate(0x10000, ~uint64_t{0}), nullptr);
   EXPECT_TRUE(m->ContainsLocal(b + 100, 3996));
   EXPECT_FALSE(m->ContainsLocal(b + 100, 3997));

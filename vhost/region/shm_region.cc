@@ -11,7 +11,6 @@ namespace {
 
 constexpr size_t kHugePage = 2u << 20;
 
-
 }  // namespace
 
 Result<std::unique_ptr<ShmRegion>> ShmRegion::Create(const char* name, size_t size, Pages pages) {
@@ -24,8 +23,7 @@ Result<std::unique_ptr<ShmRegion>> ShmRegion::Create(const char* name, size_t si
       if (ftruncate(fd, static_cast<off_t>(huge_size)) == 0) {
         void* p = mmap(nullptr, huge_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
         if (p != MAP_FAILED)
-          return std::unique_ptr<ShmRegion>(
-              new ShmRegion(std::move(owned), static_cast<uint8_t*>(p), huge_size, true));
+          return std::unique_ptr<ShmRegion>(new ShmRegion(std::move(owned), static_cast<uint8_t*>(p), huge_size, true));
       }
     }
     // No hugetlbfs pages reserved: fall through to normal pages.
@@ -38,8 +36,7 @@ Result<std::unique_ptr<ShmRegion>> ShmRegion::Create(const char* name, size_t si
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) return Status::FromErrno("ftruncate memfd");
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return Status::FromErrno("mmap memfd");
-  return std::unique_ptr<ShmRegion>(
-      new ShmRegion(std::move(owned), static_cast<uint8_t*>(p), size, false));
+  return std::unique_ptr<ShmRegion>(new ShmRegion(std::move(owned), static_cast<uint8_t*>(p), size, false));
 }
 
 ShmRegion::~ShmRegion() {
@@ -67,8 +64,7 @@ uint8_t* RegionAllocator::Allocate(size_t size, size_t align) {
 void RegionAllocator::Free(uint8_t* p) {
   if (p == nullptr) return;
   size_t off = static_cast<size_t>(p - base_);
-  auto it = std::lower_bound(used_.begin(), used_.end(), off,
-                             [](const Chunk& c, size_t o) { return c.offset < o; });
+  auto it = std::lower_bound(used_.begin(), used_.end(), off, [](const Chunk& c, size_t o) { return c.offset < o; });
   if (it != used_.end() && it->offset == off) {
     in_use_ -= it->size;
     used_.erase(it);

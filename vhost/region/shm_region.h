@@ -18,8 +18,7 @@ class ShmRegion {
  public:
   enum class Pages { kNormal, kHugeIfAvailable };
 
-  static Result<std::unique_ptr<ShmRegion>> Create(const char* name, size_t size,
-                                                   Pages pages = Pages::kNormal);
+  static Result<std::unique_ptr<ShmRegion>> Create(const char* name, size_t size, Pages pages = Pages::kNormal);
   ~ShmRegion();
   ShmRegion(const ShmRegion&) = delete;
   ShmRegion& operator=(const ShmRegion&) = delete;

@@ -40,9 +40,7 @@ class SplitRing {
   std::atomic_ref<uint16_t> avail_flags() const { return std::atomic_ref<uint16_t>(avail_[0]); }
   std::atomic_ref<uint16_t> avail_idx() const { return std::atomic_ref<uint16_t>(avail_[1]); }
   uint16_t& avail_slot(uint16_t i) const { return avail_[2 + (i & (size_ - 1))]; }
-  std::atomic_ref<uint16_t> used_event() const {
-    return std::atomic_ref<uint16_t>(avail_[2 + size_]);
-  }
+  std::atomic_ref<uint16_t> used_event() const { return std::atomic_ref<uint16_t>(avail_[2 + size_]); }
 
   // used ring (written by the device).
   std::atomic_ref<uint16_t> used_flags() const { return std::atomic_ref<uint16_t>(used_[0]); }
@@ -51,8 +49,8 @@ class SplitRing {
     return reinterpret_cast<proto::VringUsedElem*>(used_ + 2)[i & (size_ - 1)];
   }
   std::atomic_ref<uint16_t> avail_event() const {
-    return std::atomic_ref<uint16_t>(*reinterpret_cast<uint16_t*>(
-        reinterpret_cast<proto::VringUsedElem*>(used_ + 2) + size_));
+    return std::atomic_ref<uint16_t>(
+        *reinterpret_cast<uint16_t*>(reinterpret_cast<proto::VringUsedElem*>(used_ + 2) + size_));
   }
 
  private:

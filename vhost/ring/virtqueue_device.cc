@@ -31,8 +31,8 @@ size_t DescChain::CopyIn(std::span<const uint8_t> in) const {
   return done;
 }
 
-VirtqueueDevice::VirtqueueDevice(SplitRing ring, const GuestMemory* mem, bool event_idx,
-                                 uint16_t last_avail, uint16_t used_idx)
+VirtqueueDevice::VirtqueueDevice(SplitRing ring, const GuestMemory* mem, bool event_idx, uint16_t last_avail,
+                                 uint16_t used_idx)
     : ring_(ring),
       mem_(mem),
       event_idx_(event_idx),
@@ -106,8 +106,7 @@ bool VirtqueueDevice::PublishUsed() {
   // with the driver's fence F2 between writing used_event and re-reading
   // used->idx, so one of the two sides always sees the other (no lost call).
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (event_idx_)
-    return proto::NeedEvent(ring_.used_event().load(std::memory_order_relaxed), new_idx, old_idx);
+  if (event_idx_) return proto::NeedEvent(ring_.used_event().load(std::memory_order_relaxed), new_idx, old_idx);
   return !(ring_.avail_flags().load(std::memory_order_relaxed) & proto::kAvailFlagNoInterrupt);
 }
 
@@ -128,8 +127,7 @@ bool VirtqueueDevice::EnableNotify() {
 
 void VirtqueueDevice::DisableNotify() {
   // With event-idx a stale avail_event suppresses kicks by itself.
-  if (!event_idx_ && !broken())
-    ring_.used_flags().store(proto::kUsedFlagNoNotify, std::memory_order_relaxed);
+  if (!event_idx_ && !broken()) ring_.used_flags().store(proto::kUsedFlagNoNotify, std::memory_order_relaxed);
 }
 
 }  // namespace vsocket::vhost

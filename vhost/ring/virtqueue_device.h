@@ -45,8 +45,7 @@ class VirtqueueDevice {
  public:
   VirtqueueDevice() = default;
   // `last_avail` / `used_idx`: where to resume (vhost-user SET_VRING_BASE).
-  VirtqueueDevice(SplitRing ring, const GuestMemory* mem, bool event_idx, uint16_t last_avail,
-                  uint16_t used_idx);
+  VirtqueueDevice(SplitRing ring, const GuestMemory* mem, bool event_idx, uint16_t last_avail, uint16_t used_idx);
 
   // Takes the next available chain into *out.
   PopResult Pop(DescChain* out);

@@ -6,19 +6,14 @@
 namespace vsocket::vhost {
 
 VirtqueueDriver::VirtqueueDriver(SplitRing ring, bool event_idx)
-    : ring_(ring),
-      event_idx_(event_idx),
-      next_free_(ring.size()),
-      heads_(ring.size()),
-      num_free_(ring.size()) {
+    : ring_(ring), event_idx_(event_idx), next_free_(ring.size()), heads_(ring.size()), num_free_(ring.size()) {
   std::memset(ring_.desc(), 0, proto::DescTableBytes(ring.size()));
   std::memset(ring_.avail_base(), 0, proto::AvailRingBytes(ring.size()));
   std::memset(ring_.used_base(), 0, proto::UsedRingBytes(ring.size()));
   for (uint16_t i = 0; i < ring.size(); ++i) next_free_[i] = static_cast<uint16_t>(i + 1);
 }
 
-Result<uint16_t> VirtqueueDriver::Add(std::span<const Buf> out, std::span<const Buf> in,
-                                      uint64_t cookie) {
+Result<uint16_t> VirtqueueDriver::Add(std::span<const Buf> out, std::span<const Buf> in, uint64_t cookie) {
   size_t n = out.size() + in.size();
   if (n == 0) return Status(Code::kInvalidArgument, "empty descriptor chain");
   if (broken()) return Status(Code::kDataLoss, std::string("virtqueue broken: ") + broken_);
@@ -30,10 +25,10 @@ Result<uint16_t> VirtqueueDriver::Add(std::span<const Buf> out, std::span<const 
     const Buf& b = i < out.size() ? out[i] : in[i - out.size()];
     bool last = i + 1 == n;
     uint16_t next = next_free_[idx];
-    proto::VringDesc d{b.gpa, b.len,
-                       static_cast<uint16_t>((i >= out.size() ? proto::kDescFlagWrite : 0) |
-                                             (last ? 0 : proto::kDescFlagNext)),
-                       static_cast<uint16_t>(last ? 0 : next)};
+    proto::VringDesc d{
+        b.gpa, b.len,
+        static_cast<uint16_t>((i >= out.size() ? proto::kDescFlagWrite : 0) | (last ? 0 : proto::kDescFlagNext)),
+        static_cast<uint16_t>(last ? 0 : next)};
     std::memcpy(&ring_.desc()[idx], &d, sizeof(d));
     if (i >= out.size()) writable += b.len;
     if (!last) idx = next;
@@ -57,8 +52,7 @@ bool VirtqueueDriver::Publish() {
   // F4: store(avail->idx) before load(avail_event/flags); pairs with the
   // device's fence F3 in EnableNotify().
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (event_idx_)
-    return proto::NeedEvent(ring_.avail_event().load(std::memory_order_relaxed), new_idx, old_idx);
+  if (event_idx_) return proto::NeedEvent(ring_.avail_event().load(std::memory_order_relaxed), new_idx, old_idx);
   return !(ring_.used_flags().load(std::memory_order_relaxed) & proto::kUsedFlagNoNotify);
 }
 

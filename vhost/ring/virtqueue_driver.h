@@ -67,7 +67,7 @@ class VirtqueueDriver {
   std::vector<HeadInfo> heads_;
   uint16_t free_head_ = 0;
   uint16_t num_free_ = 0;
-  uint16_t avail_shadow_ = 0;     // next avail slot (private until published)
+  uint16_t avail_shadow_ = 0;  // next avail slot (private until published)
   uint16_t avail_published_ = 0;
   uint16_t last_used_ = 0;
   const char* broken_ = nullptr;

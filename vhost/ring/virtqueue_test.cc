@@ -156,19 +156,17 @@ INSTANTIATE_TEST_SUITE_P(EventIdx, VirtqueueTest, ::testing::Bool(),
 TEST(NeedEventTest, WindowSemantics) {
   EXPECT_TRUE(proto::NeedEvent(0, 1, 0));
   EXPECT_FALSE(proto::NeedEvent(1, 1, 0));
-  EXPECT_TRUE(proto::NeedEvent(65535, 0, 65535));   // wrap: event at old
-  EXPECT_TRUE(proto::NeedEvent(65535, 2, 65534));   // event inside a wrapped window
+  EXPECT_TRUE(proto::NeedEvent(65535, 0, 65535));  // wrap: event at old
+  EXPECT_TRUE(proto::NeedEvent(65535, 2, 65534));  // event inside a wrapped window
   EXPECT_FALSE(proto::NeedEvent(3, 2, 65534));
-  EXPECT_FALSE(proto::NeedEvent(5, 5, 5));          // nothing published
+  EXPECT_FALSE(proto::NeedEvent(5, 5, 5));  // nothing published
 }
 
 // ---- the device side against a hostile driver -------------------------
 
 class HostileDriverTest : public ::testing::Test {
  protected:
-  HostileDriverTest() : arena_(8) {
-    dev_ = VirtqueueDevice(arena_.ring, &arena_.guest, true, 0, 0);
-  }
+  HostileDriverTest() : arena_(8) { dev_ = VirtqueueDevice(arena_.ring, &arena_.guest, true, 0, 0); }
   void SetDesc(uint16_t i, uint64_t addr, uint32_t len, uint16_t flags, uint16_t next) {
     arena_.ring.desc()[i] = proto::VringDesc{addr, len, flags, next};
   }
@@ -181,8 +179,7 @@ class HostileDriverTest : public ::testing::Test {
   void ExpectBroken(const char* fragment) {
     DescChain c;
     EXPECT_EQ(dev_.Pop(&c), PopResult::kBroken);
-    EXPECT_NE(std::string(dev_.broken_reason()).find(fragment), std::string::npos)
-        << dev_.broken_reason();
+    EXPECT_NE(std::string(dev_.broken_reason()).find(fragment), std::string::npos) << dev_.broken_reason();
     EXPECT_TRUE(dev_.broken());
     EXPECT_EQ(dev_.Pop(&c), PopResult::kBroken) << "broken is latched";
     EXPECT_FALSE(dev_.PublishUsed());
@@ -272,8 +269,7 @@ TEST(HostileDriverPropertyTest, RandomRingContentsNeverEscapeGuestMemory) {
     for (uint16_t i = 0; i < 16; ++i) {
       uint64_t addr = (rng() % 4 == 0) ? rng() : base + rng() % (arena.size + 64);
       arena.ring.desc()[i] = proto::VringDesc{addr, static_cast<uint32_t>(rng() % 8192),
-                                              static_cast<uint16_t>(rng() % 8),
-                                              static_cast<uint16_t>(rng() % 20)};
+                                              static_cast<uint16_t>(rng() % 8), static_cast<uint16_t>(rng() % 20)};
       arena.ring.avail_slot(i) = static_cast<uint16_t>(rng() % 20);
     }
     arena.ring.avail_idx().store(static_cast<uint16_t>(rng() % 24));

@@ -62,8 +62,7 @@ Result<std::unique_ptr<VhostUserFrontend>> VhostUserFrontend::Create(const Front
   if (o.num_queues == 0 || !proto::IsValidQueueSize(o.queue_size))
     return Status(Code::kInvalidArgument, "queue count must be > 0 and size a power of two");
   size_t ring_bytes = SplitRing::BytesFor(o.queue_size) * o.num_queues;
-  if (o.region_bytes <= ring_bytes)
-    return Status(Code::kInvalidArgument, "region too small for the rings");
+  if (o.region_bytes <= ring_bytes) return Status(Code::kInvalidArgument, "region too small for the rings");
   std::unique_ptr<VhostUserFrontend> f(new VhostUserFrontend(o));
   auto region = ShmRegion::Create("vsocket-guest", o.region_bytes, o.pages);
   if (!region.ok()) return region.status();
@@ -158,8 +157,7 @@ Status VhostUserFrontend::Handshake() {
   auto base = reinterpret_cast<uint64_t>(region_->base());
   p.memory.regions[0] = {base, region_->size(), base, 0};
   int mem_fd = region_->fd();
-  VS_RETURN_IF_ERROR(Set(Request::kSetMemTable, p,
-                         8 + sizeof(user::MemoryRegionDesc), {&mem_fd, 1}));
+  VS_RETURN_IF_ERROR(Set(Request::kSetMemTable, p, 8 + sizeof(user::MemoryRegionDesc), {&mem_fd, 1}));
 
   for (uint32_t i = 0; i < queues_.size(); ++i) {
     Queue& q = queues_[i];
@@ -169,9 +167,12 @@ Status VhostUserFrontend::Handshake() {
     p.state = {i, 0};
     VS_RETURN_IF_ERROR(Set(Request::kSetVringBase, p, sizeof(p.state)));
     p = Payload{};
-    p.addr = {i, 0, reinterpret_cast<uint64_t>(q.ring.desc()),
+    p.addr = {i,
+              0,
+              reinterpret_cast<uint64_t>(q.ring.desc()),
               reinterpret_cast<uint64_t>(q.ring.used_base()),
-              reinterpret_cast<uint64_t>(q.ring.avail_base()), 0};
+              reinterpret_cast<uint64_t>(q.ring.avail_base()),
+              0};
     VS_RETURN_IF_ERROR(Set(Request::kSetVringAddr, p, sizeof(p.addr)));
     p.u64 = i;
     int kfd = q.kick.get(), cfd = q.call.get();
@@ -181,8 +182,7 @@ Status VhostUserFrontend::Handshake() {
     VS_RETURN_IF_ERROR(Set(Request::kSetVringEnable, p, sizeof(p.state)));
   }
   if (protocol_features_ & user::kProtoStatus) {
-    p.u64 = user::kStatusAcknowledge | user::kStatusDriver | user::kStatusFeaturesOk |
-            user::kStatusDriverOk;
+    p.u64 = user::kStatusAcknowledge | user::kStatusDriver | user::kStatusFeaturesOk | user::kStatusDriverOk;
     VS_RETURN_IF_ERROR(Set(Request::kSetStatus, p, 8));
   }
   return Status::Ok();
@@ -250,8 +250,7 @@ Status VhostUserFrontend::SendMessage(const Message& msg, std::span<const int> f
     n = sendmsg(sock_.get(), &mh, MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
   if (n < 0) return Status::FromErrno("vhost-user sendmsg");
-  if (static_cast<size_t>(n) != iov.iov_len)
-    return Status(Code::kUnavailable, "vhost-user short write");
+  if (static_cast<size_t>(n) != iov.iov_len) return Status(Code::kUnavailable, "vhost-user short write");
   return Status::Ok();
 }
 
@@ -265,8 +264,7 @@ Result<Message> VhostUserFrontend::ReceiveReply(Request expected) {
     pollfd p{sock_.get(), POLLIN, 0};
     int left = static_cast<int>(deadline - MonotonicMs());
     if (left <= 0 || poll(&p, 1, left) <= 0)
-      return Status(Code::kDeadlineExceeded,
-                    std::string("no vhost-user reply to ") + user::ToString(expected));
+      return Status(Code::kDeadlineExceeded, std::string("no vhost-user reply to ") + user::ToString(expected));
     ssize_t n = recv(sock_.get(), reinterpret_cast<char*>(&m) + got, want - got, 0);
     if (n == 0) return Status(Code::kUnavailable, "vhost-user backend closed the connection");
     if (n < 0) {
@@ -277,30 +275,25 @@ Result<Message> VhostUserFrontend::ReceiveReply(Request expected) {
     if (got == sizeof(user::Header)) {
       // Validate before reading the payload: a reply is never larger than
       // our payload union.
-      if (m.hdr.size > sizeof(Payload))
-        return Status(Code::kDataLoss, "vhost-user reply payload too large");
+      if (m.hdr.size > sizeof(Payload)) return Status(Code::kDataLoss, "vhost-user reply payload too large");
       want += m.hdr.size;
     }
   }
   if (m.hdr.request != static_cast<uint32_t>(expected) || !(m.hdr.flags & user::kFlagReply) ||
       (m.hdr.flags & user::kFlagVersionMask) != user::kFlagVersion)
-    return Status(Code::kDataLoss, std::string("unexpected vhost-user reply to ") +
-                                       user::ToString(expected));
+    return Status(Code::kDataLoss, std::string("unexpected vhost-user reply to ") + user::ToString(expected));
   return m;
 }
 
-Status VhostUserFrontend::Set(Request req, const Payload& payload, uint32_t size,
-                              std::span<const int> fds) {
+Status VhostUserFrontend::Set(Request req, const Payload& payload, uint32_t size, std::span<const int> fds) {
   bool ack = (protocol_features_ & user::kProtoReplyAck) != 0;
-  Message m{{static_cast<uint32_t>(req), user::kFlagVersion | (ack ? user::kFlagNeedReply : 0u), size},
-            payload};
+  Message m{{static_cast<uint32_t>(req), user::kFlagVersion | (ack ? user::kFlagNeedReply : 0u), size}, payload};
   VS_RETURN_IF_ERROR(SendMessage(m, fds));
   if (!ack) return Status::Ok();
   auto reply = ReceiveReply(req);
   if (!reply.ok()) return reply.status();
   if (reply->hdr.size != 8 || reply->payload.u64 != 0)
-    return Status(Code::kFailedPrecondition,
-                  std::string("vhost-user backend rejected ") + user::ToString(req));
+    return Status(Code::kFailedPrecondition, std::string("vhost-user backend rejected ") + user::ToString(req));
   return Status::Ok();
 }
 

@@ -27,7 +27,7 @@ struct FrontendOptions {
   uint16_t queue_size = 256;
   size_t region_bytes = 4u << 20;  // rings + data area
   bool event_idx = true;
-  int timeout_ms = 5000;           // per reply, and for connect()
+  int timeout_ms = 5000;  // per reply, and for connect()
   ShmRegion::Pages pages = ShmRegion::Pages::kNormal;
   // Device feature bits to request on top of VERSION_1 and EVENT_IDX.
   uint64_t device_features = 0;
@@ -83,8 +83,7 @@ class VhostUserFrontend {
   explicit VhostUserFrontend(const FrontendOptions& options) : options_(options) {}
   Status Handshake();
   // Sends a SET_* message; waits for the ack when REPLY_ACK is negotiated.
-  Status Set(user::Request req, const user::Payload& payload, uint32_t size,
-             std::span<const int> fds = {});
+  Status Set(user::Request req, const user::Payload& payload, uint32_t size, std::span<const int> fds = {});
   Result<uint64_t> GetU64(user::Request req);
 
   FrontendOptions options_;
