@@ -28,24 +28,7 @@ import tempfile
 import time
 
 from benchlib import DEFAULT_BIN, ROOT, Bed, find_bin, machine, ratio, save_results, utc_now
-from same_host_bench import CLIENT_VM, SERVER_VM, connect_first_byte, sockperf
-
-
-def redis_c1(bed, accel, port):
-    srv = bed.start(SERVER_VM, accel, ["redis-server", "--bind", bed.server_addr, "--port", str(port),
-                                       "--save", "", "--appendonly", "no", "--protected-mode", "no"], 120)
-    res = {}
-    try:
-        bed.wait_listening(SERVER_VM, port)
-        r = bed.run(CLIENT_VM, accel, ["redis-benchmark", "-h", bed.server_addr, "-p", str(port),
-                                       "-t", "set,get", "-n", "8000", "-c", "1", "--csv"], timeout=60)
-        for line in r.stdout.splitlines():
-            m = re.match(r'"(SET|GET)","([0-9.]+)"', line)
-            if m:
-                res[m.group(1).lower() + "_rps"] = float(m.group(2))
-    finally:
-        srv.stop()
-    return res
+from same_host_bench import CLIENT_VM, SERVER_VM, connect_first_byte, redis, sockperf
 
 
 NGINX_CONF = """daemon off;
@@ -94,8 +77,8 @@ def nginx_close(bed, accel, port, seconds=2):
 METRICS = [
     ("RTT p50, 16 B (us)", lambda R: 2 * R["pingpong"].get("p50", 0), False, 1.0),
     ("RTT p99, 16 B (us)", lambda R: 2 * R["pingpong"].get("p99", 0), False, 1.2),
-    ("redis SET, 1 client (req/s)", lambda R: R["redis"].get("set_rps", 0), True, 1.0),
-    ("redis GET, 1 client (req/s)", lambda R: R["redis"].get("get_rps", 0), True, 1.0),
+    ("redis SET, 1 client (req/s)", lambda R: R["redis"].get("set_c1_rps", 0), True, 1.0),
+    ("redis GET, 1 client (req/s)", lambda R: R["redis"].get("get_c1_rps", 0), True, 1.0),
     ("nginx Connection: close (req/s)", lambda R: R["nginx"].get("rps", 0), True, 1.0),
     ("connect to first byte, p50 (us)", lambda R: R["connect"].get("p50_us", 0), False, 1.5),
 ]
@@ -119,7 +102,7 @@ def main():
             for mode, accel in (("kernel", False), ("vsocket", True)):
                 R = {"pingpong": sockperf(bed, accel, "pp", 16, 2, port)}
                 R["pingpong"].pop("raw", None)
-                R["redis"] = redis_c1(bed, accel, port + 1)
+                R["redis"] = redis(bed, accel, port + 1, runs=((1, 8000),))
                 R["nginx"] = nginx_close(bed, accel, port + 2)
                 R["connect"] = connect_first_byte(bed, accel, peer, port + 3)
                 results[mode].append(R)

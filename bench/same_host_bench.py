@@ -61,13 +61,15 @@ def iperf(bed, accel, seconds, port):
     return parse_iperf(r.stdout, r.stderr)
 
 
-def redis(bed, accel, port):
+def redis(bed, accel, port, runs=((1, 20000), (50, 100000))):
+    """redis-benchmark SET and GET, for each (clients, requests) of runs:
+    {set,get}_c<clients>_rps."""
     srv = bed.start(SERVER_VM, accel, ["redis-server", "--bind", bed.server_addr, "--port", str(port),
                                        "--save", "", "--appendonly", "no", "--protected-mode", "no"], 600)
     res = {}
     try:
         bed.wait_listening(SERVER_VM, port)
-        for clients, n in ((1, 20000), (50, 100000)):
+        for clients, n in runs:
             r = bed.run(CLIENT_VM, accel, ["redis-benchmark", "-h", bed.server_addr, "-p", str(port),
                                            "-t", "set,get", "-n", str(n), "-c", str(clients), "--csv"])
             for line in r.stdout.splitlines():
