@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "base/clock.h"
@@ -174,6 +175,10 @@ void WriterLoop() {
   pthread_sigmask(SIG_BLOCK, &all, nullptr);  // the application's signals go to its own threads
   ResyncWriter& w = Writer();
   std::vector<std::shared_ptr<Conn>> mine;
+  // The dups of closed connections waiting for their peer's FIN that the
+  // last poll found quiet: not read again until it says otherwise (one
+  // recv per connection and pass would cost more than the connections).
+  std::unordered_set<int> quiet;
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(w.mu);
@@ -187,7 +192,8 @@ void WriterLoop() {
     for (size_t i = 0; i < mine.size();) {
       Conn& c = *mine[i];
       if (int afd = c.await_fin_fd.load(); afd >= 0) {
-        if (!PeerFinArrived(afd) && MonotonicNs() - c.await_fin_start_ns < kAwaitFinNs) {
+        bool expired = MonotonicNs() - c.await_fin_start_ns >= kAwaitFinNs;
+        if (!expired && (quiet.count(afd) != 0 || !PeerFinArrived(afd))) {
           pfds.push_back({afd, POLLIN | POLLRDHUP, 0});
           ++i;
           continue;
@@ -258,6 +264,9 @@ void WriterLoop() {
       }
     }
     if (!mine.empty()) (void)Libc().poll(pfds.data(), pfds.size(), busy ? 10 : lingering ? 20 : 200);
+    quiet.clear();
+    for (const pollfd& p : pfds)
+      if (p.revents == 0 && (p.events & POLLRDHUP)) quiet.insert(p.fd);
   }
 }
 
