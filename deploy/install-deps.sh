@@ -17,6 +17,8 @@ PACKAGES=(
   # real applications in the end-to-end tests
   sockperf iperf3 redis-server redis-tools nginx curl wrk memcached libmemcached-tools
   postgresql-15 postgresql-client-15
+  # bench/ plots
+  gnuplot-nox
 )
 
 missing=()
