@@ -23,6 +23,7 @@ throughput >= 1.0) and a last line `quick-bench: OK` or
 import argparse
 import os
 import re
+import shutil
 import statistics
 import tempfile
 import time
@@ -66,6 +67,7 @@ def nginx_close(bed, accel, port, seconds=2):
                                        f"http://{bed.server_addr}:{port}/f4096"], timeout=seconds + 60)
     finally:
         srv.stop()
+        shutil.rmtree(d, ignore_errors=True)
     m = re.search(r"Requests/sec:\s+([0-9.]+)", r.stdout)
     res = {"rps": float(m.group(1)) if m else 0.0}
     if "Socket errors" in r.stdout:

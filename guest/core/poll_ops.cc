@@ -256,6 +256,25 @@ std::shared_ptr<EpSet> FindSet(int epfd, bool create) {
   return set;
 }
 
+// Session s's wake-ups in the epoll set epfd: its event fd, its backend's
+// hang-up, and the set's wake eventfd written on every drain.
+void HookSession(int epfd, const EpSet& set, Session* s) {
+  s->AddWaiter(set.wake_efd);
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLET;
+  ev.data.u64 = kSessionMarker;
+  Libc().epoll_ctl(epfd, EPOLL_CTL_ADD, s->event_fd(), &ev);
+  ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+  ev.data.u64 = kBackendMarker;
+  Libc().epoll_ctl(epfd, EPOLL_CTL_ADD, s->backend_fd(), &ev);
+}
+
+void UnhookSession(int epfd, const EpSet& set, Session* s) {
+  s->RemoveWaiter(set.wake_efd);
+  Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, s->event_fd(), nullptr);
+  Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, s->backend_fd(), nullptr);
+}
+
 // Requires set.mu. Moves upgraded connections out of the kernel set and
 // hooks the session's wake-ups in.
 void Refresh(int epfd, EpSet& set) {
@@ -294,9 +313,7 @@ void Refresh(int epfd, EpSet& set) {
     // again with a new session, whose wake-ups replace the dead one's.
     if (set.session != nullptr && !set.session->alive() && e.conn->session != nullptr &&
         e.conn->session != set.session && e.conn->session->alive()) {
-      Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, set.session->event_fd(), nullptr);
-      Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, set.session->backend_fd(), nullptr);
-      set.session->RemoveWaiter(set.wake_efd);
+      UnhookSession(epfd, set, set.session);
       set.session = nullptr;
     }
     // Pending connections need the session's wake-ups too: their UPGRADE
@@ -304,14 +321,7 @@ void Refresh(int epfd, EpSet& set) {
     // registered yet get them only while a wait sleeps: EpollWait.)
     if (set.session == nullptr && e.conn->session != nullptr) {
       set.session = e.conn->session;
-      set.session->AddWaiter(set.wake_efd);
-      epoll_event ev{};
-      ev.events = EPOLLIN | EPOLLET;
-      ev.data.u64 = kSessionMarker;
-      Libc().epoll_ctl(epfd, EPOLL_CTL_ADD, set.session->event_fd(), &ev);
-      ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
-      ev.data.u64 = kBackendMarker;
-      Libc().epoll_ctl(epfd, EPOLL_CTL_ADD, set.session->backend_fd(), &ev);
+      HookSession(epfd, set, set.session);
     }
   }
 }
@@ -358,21 +368,10 @@ bool HasUnprobed(const EpSet& set) {
 class SleepHooks {
  public:
   SleepHooks(int epfd, EpSet& set, Session* s) : epfd_(epfd), set_(set), s_(s) {
-    if (s_ == nullptr) return;
-    epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLET;
-    ev.data.u64 = kSessionMarker;
-    Libc().epoll_ctl(epfd_, EPOLL_CTL_ADD, s_->event_fd(), &ev);
-    ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
-    ev.data.u64 = kBackendMarker;
-    Libc().epoll_ctl(epfd_, EPOLL_CTL_ADD, s_->backend_fd(), &ev);
-    s_->AddWaiter(set_.wake_efd);
+    if (s_ != nullptr) HookSession(epfd_, set_, s_);
   }
   ~SleepHooks() {
-    if (s_ == nullptr) return;
-    s_->RemoveWaiter(set_.wake_efd);
-    Libc().epoll_ctl(epfd_, EPOLL_CTL_DEL, s_->event_fd(), nullptr);
-    Libc().epoll_ctl(epfd_, EPOLL_CTL_DEL, s_->backend_fd(), nullptr);
+    if (s_ != nullptr) UnhookSession(epfd_, set_, s_);
   }
   SleepHooks(const SleepHooks&) = delete;
   SleepHooks& operator=(const SleepHooks&) = delete;

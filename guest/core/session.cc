@@ -45,8 +45,7 @@ Session* Session::Existing() {
 }
 
 Session* Session::Get(proto::Reason* why) {
-  Session* s = __atomic_load_n(&g_session, __ATOMIC_ACQUIRE);
-  if (s != nullptr && s->alive()) return s;
+  if (Session* s = Existing()) return s;
   const GuestConfig& cfg = Config();
   if (!cfg.enabled) {
     *why = proto::Reason::kDisabledByRule;
@@ -57,8 +56,7 @@ Session* Session::Get(proto::Reason* why) {
     return nullptr;
   }
   std::lock_guard<std::mutex> lock(g_init_mu);
-  s = g_session;
-  if (s != nullptr && s->alive()) return s;
+  if (Session* s = Existing()) return s;  // another thread connected meanwhile
   int64_t now = MonotonicNs();
   int64_t last = g_last_attempt_ns.load(std::memory_order_relaxed);
   if (last != 0 && now - last < kRetryAfterNs) {

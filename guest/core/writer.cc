@@ -113,13 +113,21 @@ namespace {
 
 enum class LingerState { kWaiting, kOver, kResync };
 
+// Reads and drops what arrived on a closed connection's dup (nobody will
+// read it); true once the peer's FIN came (or the connection failed).
 // Before a lingering connection's dup is closed: bytes the peer sent after
 // our close() (e.g. its RESYNC header) would turn our FIN into an RST,
 // which may cost it data it has not read yet. The kernel would have reset
-// on them too; the FIN matters more.
-void DropKernelInput(int fd) {
+// on them too; the FIN matters more. A closed connection waiting for its
+// peer's FIN (AwaitPeerFin) is done when this says so.
+bool DropKernelInput(int fd) {
   char sink[4096];
-  for (int i = 0; i < 256 && Libc().recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0; ++i) {}
+  for (int i = 0; i < 256; ++i) {
+    ssize_t r = Libc().recv(fd, sink, sizeof(sink), MSG_DONTWAIT);
+    if (r == 0) return true;
+    if (r < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+  }
+  return false;
 }
 
 // One look at a lingering connection (see Linger()), its session drained
@@ -150,23 +158,10 @@ LingerState StepLinger(Conn& c, int lfd) {
       MonotonicNs() - c.linger_start_ns < kResendLimitNs)
     return LingerState::kWaiting;
   c.linger_fd.store(-1);
-  DropKernelInput(lfd);
+  (void)DropKernelInput(lfd);
   Unregistered(c);
   CloseWriterFd(lfd);  // the FIN
   return LingerState::kOver;
-}
-
-// A closed connection waiting for its peer's FIN (AwaitPeerFin): true once
-// it came (or the connection failed); what arrives before it is dropped,
-// nobody will read it.
-bool PeerFinArrived(int fd) {
-  char sink[4096];
-  for (int i = 0; i < 256; ++i) {
-    ssize_t r = Libc().recv(fd, sink, sizeof(sink), MSG_DONTWAIT);
-    if (r == 0) return true;
-    if (r < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
-  }
-  return false;
 }
 
 void WriterLoop() {
@@ -193,7 +188,7 @@ void WriterLoop() {
       Conn& c = *mine[i];
       if (int afd = c.await_fin_fd.load(); afd >= 0) {
         bool expired = MonotonicNs() - c.await_fin_start_ns >= kAwaitFinNs;
-        if (!expired && (quiet.count(afd) != 0 || !PeerFinArrived(afd))) {
+        if (!expired && (quiet.count(afd) != 0 || !DropKernelInput(afd))) {
           pfds.push_back({afd, POLLIN | POLLRDHUP, 0});
           ++i;
           continue;
@@ -250,7 +245,7 @@ void WriterLoop() {
           int owned = fd;
           if (c.resync_fd.compare_exchange_strong(owned, -1)) {
             // A lingering connection's close ends here: resent, FIN sent.
-            if (c.state.lingered()) DropKernelInput(fd);
+            if (c.state.lingered()) (void)DropKernelInput(fd);
             CloseWriterFd(fd);
           }
           if (c.state.lingered()) Unregistered(c);

@@ -164,30 +164,40 @@ case_redis() {
 }
 case_redis
 
-case_nginx() {
-  local name=nginx_sendfile rep=$WORK/nginx.jsonl port=8080 www=$WORK/www
-  mkdir -p "$www" "$WORK/nginx-tmp"
-  for s in 0 1 4095 65536 1048577 16777216 268435456; do head -c $s /dev/urandom >"$www/f$s"; done
-  cat >"$WORK/nginx.conf" <<CONF
+# nginx_conf TAG PORT WWW [DIRECTIVE...]: $WORK/TAG.conf, nginx serving WWW
+# on $A2:PORT (2 workers, sendfile), its pid in $WORK/TAG.pid; the
+# directives go into the http block.
+nginx_conf() {
+  local tag=$1 port=$2 www=$3
+  shift 3
+  mkdir -p "$WORK/$tag-tmp"
+  cat >"$WORK/$tag.conf" <<CONF
 daemon off;
 master_process on;
 user root;
 worker_processes 2;
-pid $WORK/nginx.pid;
-error_log $WORK/nginx-error.log warn;
+pid $WORK/$tag.pid;
+error_log $WORK/$tag-error.log warn;
 events { worker_connections 1024; }
 http {
   access_log off;
   sendfile on;
-  tcp_nopush on;
-  client_body_temp_path $WORK/nginx-tmp;
-  proxy_temp_path $WORK/nginx-tmp;
-  fastcgi_temp_path $WORK/nginx-tmp;
-  uwsgi_temp_path $WORK/nginx-tmp;
-  scgi_temp_path $WORK/nginx-tmp;
+  $*
+  client_body_temp_path $WORK/$tag-tmp;
+  proxy_temp_path $WORK/$tag-tmp;
+  fastcgi_temp_path $WORK/$tag-tmp;
+  uwsgi_temp_path $WORK/$tag-tmp;
+  scgi_temp_path $WORK/$tag-tmp;
   server { listen $A2:$port; root $www; }
 }
 CONF
+}
+
+case_nginx() {
+  local name=nginx_sendfile rep=$WORK/nginx.jsonl port=8080 www=$WORK/www
+  mkdir -p "$www"
+  for s in 0 1 4095 65536 1048577 16777216 268435456; do head -c $s /dev/urandom >"$www/f$s"; done
+  nginx_conf nginx $port "$www" "tcp_nopush on;"
   vm_bg vm2 preload "$rep" "$WORK/nginx.srv" nginx -c "$WORK/nginx.conf"
   local srv=$BG
   for _ in $(seq 50); do [ -s "$WORK/nginx.pid" ] && break; sleep 0.1; done
@@ -240,28 +250,10 @@ case_nginx
 # the connections that carried a response ended accelerated.
 case_nginx_close() {
   local name=nginx_connection_close rep=$WORK/nginx-close.jsonl port=8081 www=$WORK/www-close
-  mkdir -p "$www" "$WORK/nginx-close-tmp"
+  mkdir -p "$www"
   head -c 4095 /dev/urandom >"$www/f4095"
   head -c 300000 /dev/urandom >"$www/f300000"
-  cat >"$WORK/nginx-close.conf" <<CONF
-daemon off;
-master_process on;
-user root;
-worker_processes 2;
-pid $WORK/nginx-close.pid;
-error_log $WORK/nginx-close-error.log warn;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  sendfile on;
-  client_body_temp_path $WORK/nginx-close-tmp;
-  proxy_temp_path $WORK/nginx-close-tmp;
-  fastcgi_temp_path $WORK/nginx-close-tmp;
-  uwsgi_temp_path $WORK/nginx-close-tmp;
-  scgi_temp_path $WORK/nginx-close-tmp;
-  server { listen $A2:$port; root $www; }
-}
-CONF
+  nginx_conf nginx-close $port "$www"
   vm_bg vm2 preload "$rep" "$WORK/nginx-close.srv" nginx -c "$WORK/nginx-close.conf"
   local srv=$BG
   wait_listen vm2 $port
