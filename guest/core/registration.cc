@@ -13,6 +13,7 @@
 #include "guest/core/conn_state.h"
 #include "guest/core/fd_table.h"
 #include "guest/core/session.h"
+#include "guest/core/writer.h"
 
 namespace vsocket::guest {
 
@@ -79,7 +80,17 @@ void EnsureRegistered(int fd, Conn& c) {
     }
     return KernelForGood(c, why);
   }
-  if (!s->AllocRings(c, Config().ring_bytes).ok()) return KernelForGood(c, Reason::kResourceLimit);
+  Status rings = s->AllocRings(c, Config().ring_bytes);
+  if (!rings.ok()) {
+    // Closed connections whose peers consumed everything may still hold
+    // theirs until the writer gets to them: take those back first.
+    (void)s->Drain();
+    if (ReclaimLingering(s) > 0) rings = s->AllocRings(c, Config().ring_bytes);
+  }
+  if (!rings.ok()) {
+    VS_LOG(kWarn, "%s: connection stays on kernel TCP", rings.ToString().c_str());
+    return KernelForGood(c, Reason::kResourceLimit);
+  }
   c.id = g_next_conn_id.fetch_add(1);
   c.session = s;
   c.fd_hint = fd;

@@ -11,6 +11,7 @@
 #include "base/log.h"
 #include "guest/core/config.h"
 #include "guest/core/cpu_share.h"
+#include "guest/core/writer.h"
 #include "guest/sys/libc.h"
 
 namespace vsocket::guest {
@@ -373,7 +374,12 @@ void Session::Dispatch(const Message& m) {
       break;
     case MsgType::kCredit: {
       uint64_t v = std::get<proto::ConnCounter>(m.body).bytes;
-      if (v > c.credit.load(std::memory_order_relaxed)) c.credit.store(v, std::memory_order_release);
+      if (v > c.credit.load(std::memory_order_relaxed)) {
+        c.credit.store(v, std::memory_order_release);
+        // A closed connection lingers until its peer consumed everything
+        // (close.cc Linger): its end is the writer's, now.
+        if (c.state.lingered() && v >= c.tx_tail.load(std::memory_order_relaxed)) WakeWriter();
+      }
       break;
     }
     case MsgType::kShutdown:
@@ -478,7 +484,10 @@ Status Session::AllocRings(Conn& c, uint32_t ring_bytes) {
   uint8_t* rx = tx ? fe_->allocator().Allocate(ring_bytes, 64) : nullptr;
   if (rx == nullptr) {
     fe_->allocator().Free(tx);
-    return Status(Code::kResourceExhausted, "shared region full");
+    char why[160];
+    snprintf(why, sizeof(why), "shared region full: %zu of %zu bytes in use, %zu connections tracked, %zu closing (%zu held)",
+             fe_->allocator().bytes_in_use(), fe_->region().size(), conns_.size(), closing_.size(), held_);
+    return Status(Code::kResourceExhausted, why);
   }
   c.tx = tx;
   c.rx = rx;
@@ -532,6 +541,14 @@ Status Session::Unregister(Conn& c) {
 size_t Session::held_rings() const {
   std::lock_guard<std::mutex> lock(mu_);
   return held_;
+}
+
+std::vector<std::shared_ptr<Conn>> Session::Tracked() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<Conn>> out;
+  out.reserve(conns_.size());
+  for (const auto& [id, c] : conns_) out.push_back(c);
+  return out;
 }
 
 void Session::Track(const std::shared_ptr<Conn>& c) {

@@ -48,6 +48,8 @@ class Session {
 
   void Track(const std::shared_ptr<Conn>& c);
   void Untrack(uint64_t conn_id);
+  // The tracked connections, copied.
+  std::vector<std::shared_ptr<Conn>> Tracked() const;
 
   // Drains both queues and dispatches events. Non-blocking; returns true if
   // anything changed.

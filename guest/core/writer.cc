@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 
@@ -36,6 +37,9 @@ struct ResyncWriter {
   std::condition_variable cv;
   std::vector<std::shared_ptr<Conn>> incoming;
   bool started = false;
+  // Ends the writer's poll early: new work, or a lingering connection whose
+  // peer consumed everything (WakeWriter). Created with the thread.
+  std::atomic<int> wake_fd{-1};
 };
 
 // Never destroyed (the thread outlives exit handlers); replaced in a forked
@@ -55,6 +59,10 @@ ResyncWriter& Writer() {
 // (the parent's FIN would wait for the child).
 std::mutex g_writer_fds_mu;
 std::vector<int> g_writer_fds;
+
+// Serializes the steps of lingering connections (the writer's, and
+// ReclaimLingering's): their Conn::session is read and cleared there.
+std::mutex g_linger_mu;
 
 int DupHigh(int fd);
 
@@ -92,8 +100,12 @@ void CloseWriterFd(int fd) {
 }
 
 void ForgetWriterAfterFork() {
-  if (g_writer.load() != nullptr) g_writer.store(new ResyncWriter);
+  if (ResyncWriter* old = g_writer.load(); old != nullptr) {
+    if (int efd = old->wake_fd.load(); efd >= 0) Libc().close(efd);
+    g_writer.store(new ResyncWriter);
+  }
   new (&g_writer_fds_mu) std::mutex();
+  new (&g_linger_mu) std::mutex();
   for (int fd : g_writer_fds) Libc().close(fd);
   g_writer_fds.clear();
 }
@@ -104,14 +116,25 @@ void Enqueue(const std::shared_ptr<Conn>& c) {
   w.incoming.push_back(c);
   if (!w.started) {
     w.started = true;
+    w.wake_fd.store(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     std::thread(WriterLoop).detach();
   }
   w.cv.notify_one();
+  WakeWriter();
+}
+
+void WakeWriter() {
+  ResyncWriter* w = g_writer.load(std::memory_order_acquire);
+  int efd = w != nullptr ? w->wake_fd.load(std::memory_order_relaxed) : -1;
+  if (efd < 0) return;
+  uint64_t one = 1;
+  (void)!Libc().write(efd, &one, sizeof(one));
 }
 
 namespace {
 
 enum class LingerState { kWaiting, kOver, kResync };
+void EndLinger(Conn& c, int lfd);
 
 // Reads and drops what arrived on a closed connection's dup (nobody will
 // read it); true once the peer's FIN came (or the connection failed).
@@ -135,8 +158,14 @@ bool DropKernelInput(int fd) {
 // the resend path takes over.
 LingerState StepLinger(Conn& c, int lfd) {
   Session* s = c.session;
+  // Ending a linger takes linger_fd (compare-exchange): the writer, or a
+  // registration short of rings (ReclaimLingering), whichever comes first.
+  auto take = [&] {
+    int expected = lfd;
+    return c.linger_fd.compare_exchange_strong(expected, -1);
+  };
   if (c.state.resynced()) {
-    c.linger_fd.store(-1);
+    if (!take()) return LingerState::kOver;
     c.resync_start_ns = MonotonicNs();
     int expected = -1;
     if (!c.resync_fd.compare_exchange_strong(expected, lfd)) CloseWriterFd(lfd);
@@ -146,7 +175,7 @@ LingerState StepLinger(Conn& c, int lfd) {
     // The peer sent more after our close(), which nobody will read: as the
     // kernel answers data for a closed socket, reset (else the peer, its
     // sends blocked on our full ring, might never consume ours).
-    c.linger_fd.store(-1);
+    if (!take()) return LingerState::kOver;
     Aborted(c);
     linger lg{1, 0};
     (void)setsockopt(lfd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
@@ -157,11 +186,17 @@ LingerState StepLinger(Conn& c, int lfd) {
   if (!consumed && s != nullptr && s->alive() && !c.state.reset() && !c.peer_gone.load() &&
       MonotonicNs() - c.linger_start_ns < kResendLimitNs)
     return LingerState::kWaiting;
-  c.linger_fd.store(-1);
+  if (!take()) return LingerState::kOver;
+  EndLinger(c, lfd);
+  return LingerState::kOver;
+}
+
+// A linger whose peer consumed everything (or that gave up): UNREGISTER,
+// then the FIN.
+void EndLinger(Conn& c, int lfd) {
   (void)DropKernelInput(lfd);
   Unregistered(c);
   CloseWriterFd(lfd);  // the FIN
-  return LingerState::kOver;
 }
 
 void WriterLoop() {
@@ -182,6 +217,11 @@ void WriterLoop() {
       w.incoming.clear();
     }
     std::vector<pollfd> pfds;
+    if (int efd = w.wake_fd.load(); efd >= 0) {
+      uint64_t n;
+      (void)!Libc().read(efd, &n, sizeof(n));  // (before the pass: a wake-up during it ends the poll)
+      pfds.push_back({efd, POLLIN, 0});
+    }
     bool busy = false, lingering = false;
     Session* drained = nullptr;  // once per pass: lingering connections share their process's session
     for (size_t i = 0; i < mine.size();) {
@@ -201,6 +241,7 @@ void WriterLoop() {
       }
       int lfd = c.linger_fd.load();
       if (lfd >= 0) {
+        std::lock_guard<std::mutex> steps(g_linger_mu);
         // The application may no longer call us: its events are ours to take.
         // CheckBackend: a backend that went away turns the linger into a
         // resend (StepLinger), never into a FIN with bytes in flight.
@@ -278,6 +319,20 @@ void HandToWriter(const std::shared_ptr<Conn>& c, int fd) {
     return;
   }
   Enqueue(c);
+}
+
+size_t ReclaimLingering(Session* s) {
+  std::lock_guard<std::mutex> steps(g_linger_mu);
+  size_t ended = 0;
+  for (const std::shared_ptr<Conn>& c : s->Tracked()) {
+    if (!c->state.lingered() || c->state.resynced() || c->rx_tail.load() != c->rx_head.load()) continue;
+    if (c->credit.load(std::memory_order_acquire) < c->tx_tail.load(std::memory_order_relaxed)) continue;
+    int lfd = c->linger_fd.load();
+    if (lfd < 0 || !c->linger_fd.compare_exchange_strong(lfd, -1)) continue;
+    EndLinger(*c, lfd);  // (the writer drops it: its linger_fd is gone)
+    ++ended;
+  }
+  return ended;
 }
 
 void BeforeFork() { g_writer_fds_mu.lock(); }
