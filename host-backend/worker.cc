@@ -33,6 +33,10 @@ Status Worker::Start() {
     ev.data.u64 = kExtraTag;
     if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) return Status::FromErrno("epoll_ctl extra fd");
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = true;
+  }
   thread_ = std::thread([this] { Run(); });
   return Status::Ok();
 }
@@ -67,7 +71,10 @@ void Worker::Detach(vhost::BackendDevice* device) {
   // touches the device's memory. The worker never blocks on rte_vhost, so
   // this cannot deadlock with the vhost thread's queue locks.
   std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return done_seq_ >= seq || stop_.load(); });
+  // Not merely until stop_ is set: the worker may still be in its last pass
+  // over this device (a guest leaving while the daemon shuts down; rte_vhost
+  // unmaps its memory as soon as we return).
+  done_cv_.wait(lock, [&] { return done_seq_ >= seq || !running_; });
 }
 
 void Worker::MigrationChanged(vhost::BackendDevice* device, bool logging) {
@@ -243,8 +250,9 @@ void Worker::Run() {
     last_work = MonotonicNs();
     idle_spins = 0;
   }
-  // Release anyone waiting in Detach().
+  // Release anyone waiting in Detach(): no device is touched any more.
   std::lock_guard<std::mutex> lock(mu_);
+  running_ = false;
   done_seq_ = next_seq_;
   done_cv_.notify_all();
 }

@@ -111,6 +111,7 @@ class Worker : public vhost::DeviceListener {
   std::vector<Op> ops_;
   uint64_t next_seq_ = 1;
   uint64_t done_seq_ = 0;
+  bool running_ = false;  // the thread runs Run() (set by Start, cleared as it returns)
 
   std::vector<Active> active_;  // worker thread only
   std::vector<int> extra_fds_;

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 bash deploy/install-deps.sh || exit 1
 
 FUZZ_SECONDS="${VSOCKET_FUZZ_SECONDS:-30}"
-UNIT_TARGETS=(//base/... //proto/... //vhost/... //host-backend/fabric/... //host-backend/peering/...)
+UNIT_TARGETS=(//base/... //proto/... //vhost/... //host-backend/fabric/... //host-backend/peering/... //tests/hostile/...)
 FUZZ_TARGETS=(//proto/fuzz:control_fuzz:proto/fuzz/corpus/control //vhost/fuzz:vring_fuzz:vhost/fuzz/corpus/vring)
 passed=0
 failed=0

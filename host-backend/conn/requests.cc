@@ -209,33 +209,24 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
 
   Message ack =
       Ack(request_id, r.conn_id, WireError::kOk, Reason::kPending, std::min(r.tx_ring_bytes, r.rx_ring_bytes));
-  // Pair with the mirrored registration of the same tenant, if it is there.
+  // Pair with the mirrored registration of the same tenant, if it is there:
+  // pairing looks only within the tenant (tenants may use the same
+  // addresses), and only at registrations still waiting for their peer.
   uint64_t peer_handle = 0;
   if (registry_.find(c.key.Mirror(), peer_handle)) {
     BackendConn* p = conns_.at(peer_handle).get();
-    if (p->state == ConnState::kPending && p->peer == nullptr && !p->gone && p->role != c.role) Pair(c, *p);
+    if (p->state == ConnState::kPending && p->reason == Reason::kPending && p->peer == nullptr && !p->gone &&
+        p->role != c.role)
+      Pair(c, *p);
   } else {
-    // The same 4-tuple registered by another tenant: never paired, but say why.
+    // The mirror 4-tuple registered by another tenant is counted for the
+    // operator, never told to either tenant: it is none of their business,
+    // and with overlapping addresses it may be a coincidence or a probe.
     ConnKey tuple = c.key.Mirror();
     tuple.tenant = 0;
     uint32_t other_tenant = 0;
-    if (by_tuple_.find(tuple, other_tenant) && other_tenant != c.key.tenant) {
+    if (by_tuple_.find(tuple, other_tenant) && other_tenant != c.key.tenant)
       counters_.cross_tenant.fetch_add(1, std::memory_order_relaxed);
-      ConnKey other = c.key.Mirror();
-      other.tenant = other_tenant;
-      uint64_t other_handle = 0;
-      BackendConn* o = registry_.find(other, other_handle) ? conns_.at(other_handle).get() : nullptr;
-      // Only a still-pending registration of the other tenant learns why;
-      // one that is paired is none of this tenant's business.
-      if (o && (o->state != ConnState::kPending || o->peer != nullptr)) o = nullptr;
-      {
-        std::lock_guard<std::mutex> lock(snapshot_mu_);
-        c.reason = Reason::kCrossTenant;
-        if (o) o->reason = Reason::kCrossTenant;
-      }
-      Raise(c, kEvDowngrade);
-      if (o) Raise(*o, kEvDowngrade);
-    }
     ConnKey mine = c.key;
     mine.tenant = 0;
     by_tuple_.insert_or_assign(mine, c.key.tenant);

@@ -1,5 +1,7 @@
 #include "host-backend/metrics/registry.h"
 
+#include "vhost/backend/sigbus_guard.h"
+
 namespace vsocket::backend::metrics {
 namespace {
 
@@ -42,6 +44,11 @@ std::vector<Metric<D>> Daemon() {
        .type = kCounter,
        .help = "Guest devices refused at start (invalid rings or memory).",
        .read = [](const D& c) -> uint64_t { return c.backend.devices_rejected.load(); },
+       .group = "backend"},
+      {.name = "sigbus_absorbed",
+       .type = kCounter,
+       .help = "Guest memory accesses beyond a file's end, absorbed (the device is refused).",
+       .read = [](const D&) -> uint64_t { return vhost::AbsorbedSigbusFaults(); },
        .group = "backend"},
       {.name = "devices_stopped",
        .type = kCounter,
@@ -131,7 +138,7 @@ std::vector<Metric<D>> Daemon() {
        .group = "conn_counters"},
       {.name = "cross_tenant",
        .type = kCounter,
-       .help = "Connections kept on kernel TCP because the peer is in another tenant.",
+       .help = "Registrations whose mirror 4-tuple another tenant registered (never paired, never told).",
        .read = [](const D& c) -> uint64_t { return c.conns.cross_tenant.load(); },
        .group = "conn_counters"},
       {.name = "accel_bytes",

@@ -470,7 +470,9 @@ case_mixed() {  # name client-vm client-how server-how expected-reason check-sid
 }
 case_mixed preloaded_client_plain_server vm1 preload plain peer-not-accelerated 7401 2
 case_mixed plain_client_preloaded_server vm1 plain preload peer-not-accelerated 7402 2
-case_mixed cross_tenant vm3 preload preload cross-tenant 7403 4
+# Tenants never learn about each other: to tenant 2's client, tenant 1's
+# server is simply not accelerated.
+case_mixed cross_tenant vm3 preload preload peer-not-accelerated 7403 4
 case_operator_views
 
 # ---- the VM's firewall still applies -------------------------------------------

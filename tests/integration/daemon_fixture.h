@@ -19,7 +19,8 @@ namespace vsocket::testing {
 
 class Daemon {
  public:
-  // vms: names; each gets socket DIR/NAME.sock and tenant index+1.
+  // vms: names; each gets socket DIR/NAME.sock and tenant index+1, or the
+  // tenant (and addresses) after a colon ("name:7,192.0.2.1;192.0.2.2").
   explicit Daemon(std::vector<std::string> vms, std::vector<std::string> extra_args = {})
       : vms_(std::move(vms)), extra_(std::move(extra_args)) {
     char tmpl[] = "/tmp/vsocket-test-XXXXXX";
@@ -34,8 +35,13 @@ class Daemon {
   bool Start() {
     std::vector<std::string> args = {Binary(), "--ctl", ctl_path(), "--log-level", "warn"};
     for (size_t i = 0; i < vms_.size(); ++i) {
+      std::string name = vms_[i], tenant = std::to_string(i + 1);
+      if (size_t colon = name.find(':'); colon != std::string::npos) {
+        tenant = name.substr(colon + 1);
+        name.resize(colon);
+      }
       args.push_back("--port");
-      args.push_back(socket_path(vms_[i]) + "," + vms_[i] + "," + std::to_string(i + 1));
+      args.push_back(socket_path(name) + "," + name + "," + tenant);
     }
     args.insert(args.end(), extra_.begin(), extra_.end());
     pid_ = fork();
@@ -61,20 +67,23 @@ class Daemon {
     return waitpid(pid_, &status, WNOHANG) == 0;
   }
 
-  void Kill(int sig) {
-    if (pid_ <= 0) return;
+  // Signals the daemon and reaps it (SIGKILL after 5 s); returns its wait
+  // status, or -1 if it was not running.
+  int Kill(int sig) {
+    if (pid_ <= 0) return -1;
     ::kill(pid_, sig);
+    int status = -1;
     for (int i = 0; i < 500; ++i) {
-      int status;
       if (waitpid(pid_, &status, WNOHANG) != 0) {
         pid_ = -1;
-        return;
+        return status;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     ::kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
+    waitpid(pid_, &status, 0);
     pid_ = -1;
+    return status;
   }
 
   std::string Stats() { return Command("stats"); }

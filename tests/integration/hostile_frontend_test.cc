@@ -14,59 +14,15 @@
 #include "proto/virtio_ring.h"
 #include "tests/integration/control_channel.h"
 #include "tests/integration/daemon_fixture.h"
+#include "tests/integration/good_guest.h"
 
 namespace vsocket {
 namespace {
 
-using guest::ChannelOptions;
-using guest::ControlChannel;
+using testing::GoodGuest;
 using testing::Daemon;
 using vhost::VhostUserFrontend;
 namespace user = vhost::user;
-
-// A well-behaved guest echoing in the background until stopped.
-class GoodGuest {
- public:
-  explicit GoodGuest(const std::string& sock) {
-    ChannelOptions o;
-    o.frontend.socket_path = sock;
-    auto ch = ControlChannel::Open(o);
-    EXPECT_TRUE(ch.ok()) << ch.status().ToString();
-    if (!ch.ok()) return;
-    ch_ = std::move(ch).value();
-    thread_ = std::thread([this] { Run(); });
-  }
-  ~GoodGuest() { StopAndCheck(); }
-  // Returns the number of verified echoes; fails the test on any error.
-  uint64_t StopAndCheck() {
-    stop_ = true;
-    if (thread_.joinable()) thread_.join();
-    EXPECT_EQ(errors_.load(), 0u);
-    return ok_.load();
-  }
-
- private:
-  void Run() {
-    std::mt19937 rng(99);
-    std::vector<uint8_t> payload(1024), scratch(proto::kMaxMessageSize);
-    while (!stop_) {
-      size_t len = rng() % payload.size();
-      for (size_t i = 0; i < len; ++i) payload[i] = static_cast<uint8_t>(rng());
-      std::span<const uint8_t> p(payload.data(), len);
-      uint32_t crc = proto::Crc32c(p);
-      proto::Message resp;
-      Status st = ch_->Call({proto::MsgType::kEcho, 1, proto::Echo{crc, p}}, &resp, scratch, 5000);
-      const auto* e = std::get_if<proto::Echo>(&resp.body);
-      if (!st.ok() || !e || e->checksum != crc || proto::Crc32c(e->payload) != crc) errors_++;
-      else ok_++;
-    }
-  }
-
-  std::unique_ptr<ControlChannel> ch_;
-  std::thread thread_;
-  std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> ok_{0}, errors_{0};
-};
 
 std::unique_ptr<VhostUserFrontend> NewFrontend(const std::string& sock, uint16_t nq = 2) {
   vhost::FrontendOptions o;

@@ -2,17 +2,40 @@
 
 #include <fcntl.h>
 #include <rte_vhost.h>
+#include <sys/stat.h>
 
 #include <cstdlib>
+#include <string>
 
 #include "base/log.h"
 #include "proto/virtio_ring.h"
+#include "vhost/backend/sigbus_guard.h"
 #include "vhost/backend/vhost_backend.h"
 
 namespace vsocket::vhost {
 namespace {
 
 bool Aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+// The file behind a guest memory region must cover it and be unable to
+// shrink: an access beyond its end would be a SIGBUS (sigbus_guard.h).
+Status CheckRegionFile(const rte_vhost_mem_region& r, uint32_t i) {
+  std::string name = "memory region " + std::to_string(i);
+  struct stat st{};
+  if (r.fd < 0 || fstat(r.fd, &st) != 0) return Status(Code::kFailedPrecondition, name + " has no file");
+  uint64_t offset = r.host_user_addr - reinterpret_cast<uint64_t>(r.mmap_addr);
+  if (static_cast<uint64_t>(st.st_size) < offset + r.size)
+    return Status(Code::kFailedPrecondition, name + ": its file has " + std::to_string(st.st_size) +
+                                                 " B, the region needs " + std::to_string(offset + r.size) + " B");
+  int seals = fcntl(r.fd, F_GET_SEALS);
+  if (seals < 0 || !(seals & F_SEAL_SHRINK))
+    return Status(Code::kFailedPrecondition,
+                  name + ": its file is not sealed against shrinking (F_SEAL_SHRINK; a memfd, e.g. QEMU's "
+                         "memory-backend-memfd)");
+  if (SigbusFaultWithin(r.mmap_addr, r.mmap_size))
+    return Status(Code::kFailedPrecondition, name + ": an access beyond its file's end was absorbed (SIGBUS)");
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -33,6 +56,10 @@ Status BackendDevice::Load() {
   std::vector<MemRegion> regions;
   for (uint32_t i = 0; i < mem->nregions; ++i) {
     const rte_vhost_mem_region& r = mem->regions[i];
+    if (Status st = CheckRegionFile(r, i); !st.ok()) {
+      std::free(mem);
+      return st;
+    }
     regions.push_back({r.guest_phys_addr, r.size, reinterpret_cast<uint8_t*>(r.host_user_addr)});
   }
   std::free(mem);

@@ -12,6 +12,7 @@
 
 #include "base/log.h"
 #include "proto/virtio_ring.h"
+#include "vhost/backend/sigbus_guard.h"
 #include "vhost/user/protocol.h"
 
 namespace vsocket::vhost {
@@ -96,6 +97,7 @@ Status InitEal(const EalOptions& options) {
   int r = rte_eal_init(static_cast<int>(argv.size()), argv.data());
   if (r < 0) return Status(Code::kInternal, std::string("rte_eal_init failed: ") + strerror(rte_errno));
   sched_setaffinity(0, sizeof(cpus), &cpus);
+  InstallSigbusGuard();  // (after EAL, whose memory setup has a SIGBUS handler of its own)
   done = true;
   return Status::Ok();
 }

@@ -1,5 +1,6 @@
 #include "vhost/region/shm_region.h"
 
+#include <fcntl.h>
 #include <linux/memfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -10,17 +11,20 @@ namespace vsocket::vhost {
 namespace {
 
 constexpr size_t kHugePage = 2u << 20;
+constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
 
 }  // namespace
 
-Result<std::unique_ptr<ShmRegion>> ShmRegion::Create(const char* name, size_t size, Pages pages) {
+Result<std::unique_ptr<ShmRegion>> ShmRegion::Create(const char* name, size_t size, Pages pages, Seal seal) {
   if (size == 0) return Status(Code::kInvalidArgument, "empty shared region");
+  bool sealed = seal == Seal::kSizeSealed;
+  unsigned sealing = sealed ? MFD_ALLOW_SEALING : 0;
   if (pages == Pages::kHugeIfAvailable) {
     size_t huge_size = (size + kHugePage - 1) & ~(kHugePage - 1);
-    int fd = memfd_create(name, MFD_CLOEXEC | MFD_HUGETLB);
+    int fd = memfd_create(name, MFD_CLOEXEC | MFD_HUGETLB | sealing);
     if (fd >= 0) {
       UniqueFd owned(fd);
-      if (ftruncate(fd, static_cast<off_t>(huge_size)) == 0) {
+      if (ftruncate(fd, static_cast<off_t>(huge_size)) == 0 && (!sealed || fcntl(fd, F_ADD_SEALS, kSizeSeals) == 0)) {
         void* p = mmap(nullptr, huge_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
         if (p != MAP_FAILED)
           return std::unique_ptr<ShmRegion>(new ShmRegion(std::move(owned), static_cast<uint8_t*>(p), huge_size, true));
@@ -28,12 +32,13 @@ Result<std::unique_ptr<ShmRegion>> ShmRegion::Create(const char* name, size_t si
     }
     // No hugetlbfs pages reserved: fall through to normal pages.
   }
-  int fd = memfd_create(name, MFD_CLOEXEC);
+  int fd = memfd_create(name, MFD_CLOEXEC | sealing);
   if (fd < 0) return Status::FromErrno("memfd_create");
   UniqueFd owned(fd);
   size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   size = (size + page - 1) & ~(page - 1);
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) return Status::FromErrno("ftruncate memfd");
+  if (sealed && fcntl(fd, F_ADD_SEALS, kSizeSeals) != 0) return Status::FromErrno("seal memfd");
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return Status::FromErrno("mmap memfd");
   return std::unique_ptr<ShmRegion>(new ShmRegion(std::move(owned), static_cast<uint8_t*>(p), size, false));

@@ -1,7 +1,9 @@
 // A shared-memory region backed by a memfd, mapped MAP_SHARED, owned RAII.
 // Huge pages are used when asked for and available (MFD_HUGETLB), with a
 // silent fallback to normal pages. The fd is what vhost-user sends the
-// backend in SET_MEM_TABLE.
+// backend in SET_MEM_TABLE; its size is sealed (F_SEAL_SHRINK, F_SEAL_GROW),
+// which the backend requires: a file that could shrink under its mapping
+// would let a guest crash the backend with SIGBUS.
 #pragma once
 
 #include <cstddef>
@@ -17,8 +19,11 @@ namespace vsocket::vhost {
 class ShmRegion {
  public:
   enum class Pages { kNormal, kHugeIfAvailable };
+  // kUnsealed: only for tests that play a hostile frontend.
+  enum class Seal { kSizeSealed, kUnsealed };
 
-  static Result<std::unique_ptr<ShmRegion>> Create(const char* name, size_t size, Pages pages = Pages::kNormal);
+  static Result<std::unique_ptr<ShmRegion>> Create(const char* name, size_t size, Pages pages = Pages::kNormal,
+                                                   Seal seal = Seal::kSizeSealed);
   ~ShmRegion();
   ShmRegion(const ShmRegion&) = delete;
   ShmRegion& operator=(const ShmRegion&) = delete;

@@ -64,7 +64,7 @@ Result<std::unique_ptr<VhostUserFrontend>> VhostUserFrontend::Create(const Front
   size_t ring_bytes = SplitRing::BytesFor(o.queue_size) * o.num_queues;
   if (o.region_bytes <= ring_bytes) return Status(Code::kInvalidArgument, "region too small for the rings");
   std::unique_ptr<VhostUserFrontend> f(new VhostUserFrontend(o));
-  auto region = ShmRegion::Create("vsocket-guest", o.region_bytes, o.pages);
+  auto region = ShmRegion::Create("vsocket-guest", o.region_bytes, o.pages, o.seal);
   if (!region.ok()) return region.status();
   f->region_ = std::move(region).value();
   uint8_t* p = f->region_->base();

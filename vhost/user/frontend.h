@@ -29,6 +29,7 @@ struct FrontendOptions {
   bool event_idx = true;
   int timeout_ms = 5000;  // per reply, and for connect()
   ShmRegion::Pages pages = ShmRegion::Pages::kNormal;
+  ShmRegion::Seal seal = ShmRegion::Seal::kSizeSealed;  // kUnsealed: hostile-frontend tests only
   // Device feature bits to request on top of VERSION_1 and EVENT_IDX.
   uint64_t device_features = 0;
 };
