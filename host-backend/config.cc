@@ -87,13 +87,17 @@ Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& 
     auto n = ParseInt(value, 1, kMaxLinksPerPeer, where);
     if (!n.ok()) return n.status();
     c->links_per_peer = *n;
+  } else if (key == "orphan_mb_per_vm" || key == "orphan_mb_total") {
+    auto n = ParseInt(value, 0, 1 << 20, where);
+    if (!n.ok()) return n.status();
+    (key == "orphan_mb_per_vm" ? c->orphan_mb_per_vm : c->orphan_mb_total) = *n;
   } else {
     return Bad(
         where,
         "unknown key '" + key +
             "' (daemon keys: ctl_socket, poll_us, poll_max_us, eal_mem_mb, log_level, metrics_addr, metrics_port, "
             "host_name, peer_listen, tls_cert, tls_key, tls_ca, locator, fabric, rdma_device, "
-            "rdma_gid_index, links_per_peer)");
+            "rdma_gid_index, links_per_peer, orphan_mb_per_vm, orphan_mb_total)");
   }
   return Status::Ok();
 }
@@ -254,7 +258,9 @@ Status ApplyEnv(char** env, DaemonConfig* config) {
                  {"VSOCKET_FABRIC", "fabric"},
                  {"VSOCKET_RDMA_DEVICE", "rdma_device"},
                  {"VSOCKET_RDMA_GID_INDEX", "rdma_gid_index"},
-                 {"VSOCKET_LINKS_PER_PEER", "links_per_peer"}};
+                 {"VSOCKET_LINKS_PER_PEER", "links_per_peer"},
+                 {"VSOCKET_ORPHAN_MB_PER_VM", "orphan_mb_per_vm"},
+                 {"VSOCKET_ORPHAN_MB_TOTAL", "orphan_mb_total"}};
   for (char** e = env; e && *e; ++e) {
     std::string kv = *e;
     size_t eq = kv.find('=');

@@ -48,6 +48,12 @@ struct DaemonConfig {
   // sorts first) decides the count for the pair.
   int links_per_peer = 1;
   std::vector<PeerHostConfig> peers;
+  // Budgets for what guests can make vsocketd hold on their behalf: bytes a
+  // closed connection had written but not yet delivered, copied out of its
+  // ring (per VM, and for all VMs). A close beyond them resets that
+  // connection (its peer sees ECONNRESET) instead of buffering.
+  int orphan_mb_per_vm = 256;
+  int orphan_mb_total = 1024;
 };
 
 // Parses the file's text. `name` is used in error messages ("FILE:LINE: ...").
@@ -56,7 +62,8 @@ Result<DaemonConfig> ParseConfig(const std::string& text, const std::string& nam
 // VSOCKET_CTL_SOCKET, VSOCKET_POLL_US, VSOCKET_EAL_MEM_MB, VSOCKET_LOG_LEVEL,
 // VSOCKET_METRICS_ADDR, VSOCKET_METRICS_PORT, VSOCKET_HOST_NAME,
 // VSOCKET_PEER_LISTEN, VSOCKET_TLS_{CERT,KEY,CA}, VSOCKET_LOCATOR,
-// VSOCKET_FABRIC, VSOCKET_RDMA_DEVICE, VSOCKET_RDMA_GID_INDEX, VSOCKET_LINKS_PER_PEER, per peer
+// VSOCKET_FABRIC, VSOCKET_RDMA_DEVICE, VSOCKET_RDMA_GID_INDEX, VSOCKET_LINKS_PER_PEER,
+// VSOCKET_ORPHAN_MB_PER_VM, VSOCKET_ORPHAN_MB_TOTAL, per peer
 // VSOCKET_PEER_<NAME>_ADDRESS, and per VM VSOCKET_VM_<NAME>_{SOCKET,TENANT,ADDRESSES} (NAME upper-cased, '-' -> '_').
 Status ApplyEnv(char** env, DaemonConfig* config);
 // Checks the whole configuration (at least one VM, unique names, sockets

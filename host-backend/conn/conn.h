@@ -143,6 +143,7 @@ struct BackendConn {
   uint32_t link_owed = 0;
   bool in_owed_list = false;
   std::vector<uint8_t> rx_stash;  // arrived while the device was paused: lands on re-attach
+  uint64_t rx_stash_pos = 0;      // the stream position of rx_stash[0]
 
   // rdma fabric: our RX ring registered on its own (a memory region only
   // this connection's peer host knows the rkey of). rx_mr == nullptr: not

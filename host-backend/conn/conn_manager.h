@@ -25,6 +25,7 @@
 
 #include <array>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -80,6 +81,12 @@ class ConnManager {
   void SetRemoteHosts(RemoteHosts* hosts) { hosts_ = hosts; }
   // This host's VMs (for checking what a peer host asks for).
   void SetLocalPorts(const std::vector<vhost::PortConfig>* ports) { ports_ = ports; }
+  // Bytes of closed connections' undelivered TX copied out of their rings,
+  // at most, per VM and in all (DaemonConfig::orphan_mb_*).
+  void SetOrphanBudgets(uint64_t per_vm, uint64_t total) {
+    orphan_budget_vm_ = per_vm;
+    orphan_budget_total_ = total;
+  }
   void OnPairingFrame(uint32_t host, const proto::FrameHeader& h, std::span<const uint8_t> payload);
   // The sink for frames arriving on link number `link` from `host`.
   fabric::FrameSink& LinkSink(uint32_t host, uint32_t link);
@@ -98,6 +105,7 @@ class ConnManager {
   struct DeviceConns {
     vhost::BackendDevice* device = nullptr;
     std::unordered_map<uint64_t, BackendConn*> by_id;  // guest conn_id -> conn
+    std::map<uint64_t, uint64_t> rings;                // their rings' gpa ranges: start -> end
     std::deque<BackendConn*> events;                   // conns with events owed
     bool doorbell = false;                             // session took kFeatureDoorbell
     std::vector<BackendConn*> doorbells;               // conns whose blocks are polled
@@ -141,6 +149,8 @@ class ConnManager {
   proto::Message Register(DeviceConns& dc, uint64_t request_id, const proto::RegisterConn& r);
   proto::Message Unregister(DeviceConns& dc, uint64_t request_id, uint64_t conn_id);
   void Violation(BackendConn& c, const char* what);
+  void AbortTx(BackendConn& c);
+  static bool RingsOverlap(const DeviceConns& dc, const BackendConn& c);
   void Pair(BackendConn& a, BackendConn& b);
   bool ResolveRings(BackendConn& c);
   // The guest is gone: keep its unsent TX bytes, tell the peer.
@@ -171,6 +181,11 @@ class ConnManager {
   BackendConn* FrameTarget(uint32_t host, const proto::FrameHeader& h);
   void OnLinkFrame(uint32_t host, const proto::FrameHeader& h);
   fabric::PayloadDest OnLinkData(uint32_t host, const proto::FrameHeader& h);
+  // The rest of a DATA payload (after `landed` bytes) that spans link polls.
+  fabric::PayloadDest OnLinkDataResume(uint32_t host, const proto::FrameHeader& h, uint32_t landed);
+  // Where stream bytes [pos, pos + len) of c's RX direction land now: its
+  // ring, or (device paused) its stash.
+  static fabric::PayloadDest Landing(BackendConn& c, uint64_t pos, uint64_t len);
   // DATA the link already placed in c's RX ring (rdma): checked like
   // OnLinkData, then handled like any frame.
   void OnPlacedData(uint32_t host, const proto::FrameHeader& h);
@@ -215,6 +230,8 @@ class ConnManager {
   std::vector<BackendConn*> movable_;
   RemoteHosts* hosts_ = nullptr;
   const std::vector<vhost::PortConfig>* ports_ = nullptr;
+  uint64_t orphan_budget_vm_ = 256u << 20;
+  uint64_t orphan_budget_total_ = 1024u << 20;
   std::unordered_map<uint64_t, std::unique_ptr<Sink>> sinks_;  // by host << 32 | link
   std::vector<BackendConn*> owed_;                             // conns with link frames owed
   std::vector<BackendConn*> reap_;                             // conns waiting for sends that read their TX ring

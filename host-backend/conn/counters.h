@@ -45,6 +45,9 @@ struct ConnManagerCounters {
   std::atomic<uint64_t> frames_cross_tenant{0};
   std::atomic<uint64_t> fabric_violations{0};  // a frame outside the window: that connection is reset
   std::atomic<uint64_t> fabric_downgrades{0};  // connections taken off the fabric (link lost)
+  std::atomic<uint64_t> orphan_bytes{0};       // gauge: closed connections' undelivered bytes, copied
+  std::atomic<uint64_t> orphan_resets{0};      // closes reset for want of orphan budget
+  std::atomic<uint64_t> rejected_overlap{0};   // registrations whose rings overlap another's
 };
 
 // Totals per VM (indexed by PortConfig::index), kept when connections close.
@@ -54,6 +57,7 @@ struct VmTotals {
   std::atomic<uint64_t> accel_bytes_in{0};
   std::atomic<uint64_t> upgrades{0};
   std::atomic<uint64_t> registrations{0};
+  std::atomic<uint64_t> orphan_bytes{0};  // gauge, as ConnCounters::orphan_bytes
 };
 
 }  // namespace vsocket::backend

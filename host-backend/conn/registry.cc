@@ -74,9 +74,21 @@ void ConnManager::Orphan(BackendConn& c) {
   // after close() or exit: keep the ones not yet moved.
   if (c.tx.host != nullptr && c.tx_tail > c.tx_copied) {
     uint64_t n = c.tx_tail - c.tx_copied;
-    c.orphan.resize(n);
-    RingCopy(c.orphan.data(), 0, 0, c.tx.host, c.tx.size, c.tx_copied, n);
-    c.orphan_off = 0;
+    std::atomic<uint64_t>& vm = vm_totals_[c.vm_index % kMaxVms].orphan_bytes;
+    if (vm.load() + n > orphan_budget_vm_ || counters_.orphan_bytes.load() + n > orphan_budget_total_) {
+      // Over budget: reset, as an abortive close would (never an unbounded heap).
+      counters_.orphan_resets.fetch_add(1, std::memory_order_relaxed);
+      VS_LOG(kWarn, "vm %s conn %lu: closed with %lu bytes undelivered, beyond the orphan budget: connection reset",
+             c.device ? c.device->port()->vm_name.c_str() : "?", static_cast<unsigned long>(c.conn_id),
+             static_cast<unsigned long>(n));
+      AbortTx(c);
+    } else {
+      c.orphan.resize(n);
+      RingCopy(c.orphan.data(), 0, 0, c.tx.host, c.tx.size, c.tx_copied, n);
+      c.orphan_off = 0;
+      vm.fetch_add(n, std::memory_order_relaxed);
+      counters_.orphan_bytes.fetch_add(n, std::memory_order_relaxed);
+    }
   } else {
     c.tx_tail = c.tx_copied;  // nothing recoverable (device paused or empty)
   }
@@ -155,6 +167,10 @@ void ConnManager::MaybeDestroy(BackendConn* c) {
   RemoveDoorbell(*c);
   DropRx(*c);
   WithdrawTx(*c);  // nothing in flight reads it (Busy above): dropped at once
+  if (!c->orphan.empty()) {
+    vm_totals_[c->vm_index % kMaxVms].orphan_bytes.fetch_sub(c->orphan.size(), std::memory_order_relaxed);
+    counters_.orphan_bytes.fetch_sub(c->orphan.size(), std::memory_order_relaxed);
+  }
   std::lock_guard<std::mutex> lock(snapshot_mu_);
   conns_.erase(c->handle);
 }
@@ -181,9 +197,9 @@ void ConnManager::OnAttach(vhost::BackendDevice& device) {
       continue;
     }
     if (!c->rx_stash.empty()) {
-      // Arrived from the fabric while the device was paused.
-      uint64_t at = c->rx_tail - c->rx_stash.size();
-      RingCopy(c->rx.host, c->rx.size, at, c->rx_stash.data(), 0, 0, c->rx_stash.size());
+      // Arrived from the fabric while the device was paused (the last
+      // frame's payload may be still arriving: it continues in the ring).
+      RingCopy(c->rx.host, c->rx.size, c->rx_stash_pos, c->rx_stash.data(), 0, 0, c->rx_stash.size());
       c->rx_stash.clear();
       c->rx_stash.shrink_to_fit();
       Raise(*c, kEvRxTail);

@@ -138,22 +138,46 @@ RequestResult ConnManager::OnConsumed(DeviceConns& dc, BackendConn* conn, const 
   return RequestResult::kNoReply;
 }
 
+namespace {
+
+// Whether [start, start + len) meets a range of `taken` (start -> end).
+bool Taken(const std::map<uint64_t, uint64_t>& taken, uint64_t start, uint64_t len) {
+  auto it = taken.lower_bound(start);
+  if (it != taken.end() && it->first < start + len) return true;
+  return it != taken.begin() && std::prev(it)->second > start;
+}
+
+uint64_t TxSpan(const BackendConn& c) { return c.tx.size + (c.doorbell ? proto::kDoorbellBytes : 0); }
+
+}  // namespace
+
+// Whether c's rings (with the doorbell block after TX) overlap each other or
+// those of any connection registered on the device.
+bool ConnManager::RingsOverlap(const DeviceConns& dc, const BackendConn& c) {
+  if (c.tx.gpa < c.rx.gpa + c.rx.size && c.rx.gpa < c.tx.gpa + TxSpan(c)) return true;
+  return Taken(dc.rings, c.tx.gpa, TxSpan(c)) || Taken(dc.rings, c.rx.gpa, c.rx.size);
+}
+
+// Abortive close (the kernel would send RST): unsent bytes are dropped and
+// the peer's next call fails with ECONNRESET.
+void ConnManager::AbortTx(BackendConn& c) {
+  c.write_shut = c.shut_announced = true;
+  c.tx_tail = c.tx_copied;
+  if (c.peer) {
+    {
+      std::lock_guard<std::mutex> lock(snapshot_mu_);
+      c.peer->reason = Reason::kPeerDowngraded;
+    }
+    Raise(*c.peer, kEvDowngrade);
+  }
+  if (c.remote.paired()) Owe(c, kOweAbort);
+}
+
 RequestResult ConnManager::OnShutdown(DeviceConns&, BackendConn* conn, const Message& msg, Message*) {
   BackendConn& c = *conn;
   auto how = std::get<proto::Shutdown>(msg.body).how;
   if (how == proto::ShutdownHow::kBoth) {
-    // Abortive close (the kernel would send RST): unsent bytes are
-    // dropped and the peer's next call fails with ECONNRESET.
-    c.write_shut = c.shut_announced = true;
-    c.tx_tail = c.tx_copied;
-    if (c.peer) {
-      {
-        std::lock_guard<std::mutex> lock(snapshot_mu_);
-        c.peer->reason = Reason::kPeerDowngraded;
-      }
-      Raise(*c.peer, kEvDowngrade);
-    }
-    if (c.remote.paired()) Owe(c, kOweAbort);
+    AbortTx(c);
   } else if (how == proto::ShutdownHow::kWrite) {
     c.write_shut = true;
     MaybeAnnounceShutdown(c);
@@ -191,6 +215,14 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
     counters_.rejected_other.fetch_add(1, std::memory_order_relaxed);
     return Ack(request_id, r.conn_id, WireError::kBadRing, Reason::kProtocolError);
   }
+  if (RingsOverlap(dc, c)) {
+    // Aliased rings would let one guest page stand for many connections'
+    // rings (and for many copies of undelivered bytes when they close).
+    counters_.rejected_overlap.fetch_add(1, std::memory_order_relaxed);
+    VS_LOG(kWarn, "vm %s: registration refused: its rings overlap each other or another connection's",
+           port.vm_name.c_str());
+    return Ack(request_id, r.conn_id, WireError::kBadRing, Reason::kProtocolError);
+  }
   {
     std::lock_guard<std::mutex> lock(snapshot_mu_);
     c.handle = next_handle_++;
@@ -201,6 +233,8 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
     conns_.emplace(c.handle, std::move(owned));
   }
   dc.by_id[c.conn_id] = &c;
+  dc.rings[c.tx.gpa] = c.tx.gpa + TxSpan(c);
+  dc.rings[c.rx.gpa] = c.rx.gpa + c.rx.size;
   counters_.registered.fetch_add(1, std::memory_order_relaxed);
   VS_LOG(kDebug, "conn %lu registered: %s, port %u -> %u", static_cast<unsigned long>(c.handle),
          c.role == proto::Role::kClient ? "client" : "server", c.key.local.port, c.key.peer.port);
@@ -251,6 +285,8 @@ Message ConnManager::Unregister(DeviceConns& dc, uint64_t request_id, uint64_t c
   if (it == dc.by_id.end()) return Ack(request_id, conn_id, WireError::kUnknownConnection, Reason::kNone);
   BackendConn* c = it->second;
   dc.by_id.erase(it);
+  dc.rings.erase(c->tx.gpa);
+  dc.rings.erase(c->rx.gpa);
   Orphan(*c);
   uint64_t handle = c->handle;
   MaybeDestroy(c);

@@ -42,6 +42,12 @@ class FrameSink {
   // connection). For DATA, return where its payload lands; a stream link
   // reads the bytes straight there.
   virtual PayloadDest OnHeader(const proto::FrameHeader& h) = 0;
+  // A DATA payload that did not fully arrive in one Poll() continues in the
+  // next: where its remaining bytes (after the first `landed`) go now. The
+  // sink's memory may have moved or gone in between (a device paused and
+  // resumed, a guest that exited): a link never keeps a destination across
+  // Poll() calls. n == 0 discards the rest.
+  virtual PayloadDest OnResume(const proto::FrameHeader& h, uint32_t landed) = 0;
   // The whole frame arrived (a DATA payload has landed). `payload` holds a
   // small control payload (never DATA's).
   virtual void OnFrame(const proto::FrameHeader& h, std::span<const uint8_t> payload) = 0;

@@ -86,6 +86,10 @@ struct Sink : FrameSink {
     d.n = 1;
     return d;
   }
+  PayloadDest OnResume(const FrameHeader&, uint32_t) override {
+    ADD_FAILURE() << "an rdma DATA frame arrives whole";
+    return {};
+  }
   void OnFrame(const FrameHeader& h, std::span<const uint8_t>) override { frames.push_back(h); }
 };
 

@@ -198,6 +198,9 @@ class StreamLink : public Link {
 
   Status Poll(FrameSink& sink, int max_frames) override {
     if (!dead_.ok()) return dead_;
+    // A payload begun in an earlier call: its destination may have moved or
+    // gone since (the sink's memory is valid only during one call).
+    if (data_left_ > 0) SetDest(sink.OnResume(cur_, cur_.len - data_left_), data_left_);
     int frames = 0;
     bool eof = false;
     while (frames < max_frames) {
@@ -239,13 +242,7 @@ class StreamLink : public Link {
         if (h->type == FrameType::kData) {
           in_pos_ += kFrameHeaderSize;
           cur_ = *h;
-          PayloadDest d = sink.OnHeader(cur_);
-          size_t total = 0;
-          for (int i = 0; i < d.n; ++i) total += d.iov[i].iov_len;
-          if (d.n < 0 || d.n > 2 || total != cur_.len) d.n = 0;  // misplaced: discard
-          dest_ = d;
-          dest_i_ = 0;
-          dest_off_ = 0;
+          SetDest(sink.OnHeader(cur_), cur_.len);
           data_left_ = cur_.len;
           stats_.data_bytes_in.fetch_add(cur_.len, std::memory_order_relaxed);
           continue;
@@ -300,6 +297,16 @@ class StreamLink : public Link {
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
     (void)Die(Status::FromErrno("fabric link read"));
     return -1;
+  }
+
+  // Where the next `want` payload bytes go (misplaced: discarded).
+  void SetDest(PayloadDest d, size_t want) {
+    size_t total = 0;
+    for (int i = 0; i < d.n && i < 2; ++i) total += d.iov[i].iov_len;
+    if (d.n < 0 || d.n > 2 || total != want) d.n = 0;
+    dest_ = d;
+    dest_i_ = 0;
+    dest_off_ = 0;
   }
 
   void CompactIn() {

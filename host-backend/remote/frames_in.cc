@@ -54,20 +54,36 @@ fabric::PayloadDest ConnManager::OnLinkData(uint32_t host, const FrameHeader& h)
     Owe(*c, kOweAbort);
     return d;
   }
-  if (c->rx.host == nullptr) {
-    // Device paused for reconfiguration: hold the bytes until it is back.
-    size_t at = c->rx_stash.size();
-    c->rx_stash.resize(at + h.len);
-    d.iov[0] = {c->rx_stash.data() + at, h.len};
+  return Landing(*c, c->rx_tail, h.len);
+}
+
+fabric::PayloadDest ConnManager::OnLinkDataResume(uint32_t host, const FrameHeader& h, uint32_t landed) {
+  BackendConn* c = FrameTarget(host, h);
+  // Gone meanwhile (our guest left, or the connection was released): the
+  // rest is discarded. Otherwise its window was checked at the header.
+  if (c == nullptr || c->gone || landed > h.len || h.value != c->rx_tail) return {};
+  return Landing(*c, h.value + landed, h.len - landed);
+}
+
+fabric::PayloadDest ConnManager::Landing(BackendConn& c, uint64_t pos, uint64_t len) {
+  fabric::PayloadDest d;
+  if (c.rx.host == nullptr) {
+    // Device paused for reconfiguration: hold the bytes until it is back
+    // (OnAttach copies the stash to the ring at rx_stash_pos).
+    if (c.rx_stash.empty()) c.rx_stash_pos = pos;
+    if (pos < c.rx_stash_pos) return d;
+    uint64_t end = pos + len - c.rx_stash_pos;
+    if (c.rx_stash.size() < end) c.rx_stash.resize(end);
+    d.iov[0] = {c.rx_stash.data() + (pos - c.rx_stash_pos), len};
     d.n = 1;
     return d;
   }
-  uint64_t off = c->rx_tail & (c->rx.size - 1);
-  uint64_t first = std::min<uint64_t>(h.len, c->rx.size - off);
-  d.iov[0] = {c->rx.host + off, first};
+  uint64_t off = pos & (c.rx.size - 1);
+  uint64_t first = std::min<uint64_t>(len, c.rx.size - off);
+  d.iov[0] = {c.rx.host + off, first};
   d.n = 1;
-  if (first < h.len) {
-    d.iov[1] = {c->rx.host, h.len - first};
+  if (first < len) {
+    d.iov[1] = {c.rx.host, len - first};
     d.n = 2;
   }
   return d;

@@ -22,6 +22,11 @@ class ConnManager::Sink : public fabric::FrameSink {
     header_seen_ = true;
     return d;
   }
+  fabric::PayloadDest OnResume(const proto::FrameHeader& h, uint32_t landed) override {
+    fabric::PayloadDest d = m_->OnLinkDataResume(host_, h, landed);
+    data_ok_ = data_ok_ && d.n > 0;
+    return d;
+  }
   // A new link starts with no frame half-received.
   void Reset() { data_ok_ = header_seen_ = false; }
   uint32_t host() const { return host_; }

@@ -11,59 +11,18 @@
 #include <thread>
 
 #include "proto/control.h"
-#include "tests/integration/control_channel.h"
+#include "tests/hostile/raw_guest.h"
 #include "tests/integration/daemon_fixture.h"
 
 namespace vsocket {
 namespace {
 
-using guest::ChannelOptions;
-using guest::ControlChannel;
 using proto::Endpoint;
-using proto::Message;
-using proto::MsgType;
 using proto::Role;
 using testing::Daemon;
-
-Endpoint Ep(uint8_t last, uint16_t port) {
-  Endpoint e;
-  e.addr = {192, 0, 2, last};
-  e.port = port;
-  return e;
-}
-
-// A guest that registers connections with raw control messages.
-class RawGuest {
- public:
-  explicit RawGuest(const std::string& sock) {
-    ChannelOptions o;
-    o.frontend.socket_path = sock;
-    o.frontend.region_bytes = 4u << 20;
-    auto ch = ControlChannel::Open(o);
-    EXPECT_TRUE(ch.ok()) << ch.status().ToString();
-    if (ch.ok()) ch_ = std::move(ch).value();
-    scratch_.resize(proto::kMaxMessageSize);
-  }
-  // REGISTER_CONN; returns the ack's reason ("" on failure).
-  std::string Register(uint64_t id, Role role, Endpoint local, Endpoint peer) {
-    if (!ch_) return "";
-    auto& alloc = ch_->frontend().allocator();
-    uint8_t* tx = alloc.Allocate(kRing, 64);
-    uint8_t* rx = alloc.Allocate(kRing, 64);
-    if (!tx || !rx) return "";
-    proto::RegisterConn r{id, role, local, peer, reinterpret_cast<uint64_t>(tx), reinterpret_cast<uint64_t>(rx), kRing,
-                          kRing};
-    Message resp;
-    if (!ch_->Call({MsgType::kRegisterConn, 0, r}, &resp, scratch_).ok()) return "";
-    const auto* ack = std::get_if<proto::RegisterAck>(&resp.body);
-    return ack ? proto::ToString(ack->reason) : "";
-  }
-
- private:
-  static constexpr uint32_t kRing = 64 * 1024;
-  std::unique_ptr<ControlChannel> ch_;
-  std::vector<uint8_t> scratch_;
-};
+using testing::Ep;
+using testing::RawGuest;
+using testing::RegistryState;
 
 class TenantsTest : public ::testing::Test {
  protected:
@@ -73,25 +32,7 @@ class TenantsTest : public ::testing::Test {
     int st = daemon_.Kill(SIGTERM);
     EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "vsocketd stopped cleanly: wait status " << st;
   }
-  // The registry's view of vm's connection local -> peer: "mode reason".
-  std::string State(const std::string& vm, uint16_t local_port) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // events are raised by the worker
-    std::string json = daemon_.Command("connections --json");
-    std::string key = "\"vm\":\"" + vm + "\"";
-    for (size_t p = json.find(key); p != std::string::npos; p = json.find(key, p + 1)) {
-      size_t start = json.rfind('{', p), end = json.find('}', p);
-      std::string row = json.substr(start, end - start);
-      if (row.find(":" + std::to_string(local_port) + "\"") == std::string::npos) continue;
-      auto field = [&](const char* f) {
-        size_t q = row.find(std::string("\"") + f + "\":\"");
-        if (q == std::string::npos) return std::string("?");
-        q += std::strlen(f) + 4;
-        return row.substr(q, row.find('"', q) - q);
-      };
-      return field("mode") + " " + field("reason");
-    }
-    return "absent: " + json;
-  }
+  std::string State(const std::string& vm, uint16_t local_port) { return RegistryState(daemon_, vm, local_port); }
 
   // Tenant 1: a client VM and a server VM; tenant 2: the attacker, with the
   // same addresses.

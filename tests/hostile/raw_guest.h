@@ -1,0 +1,132 @@
+// A guest that speaks the control protocol with raw messages (registrations,
+// fences, tails it chooses), for the red-team tests: what a hostile or
+// buggy library could send.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "proto/control.h"
+#include "tests/integration/control_channel.h"
+#include "tests/integration/daemon_fixture.h"
+
+namespace vsocket::testing {
+
+inline proto::Endpoint Ep(uint8_t last, uint16_t port) {
+  proto::Endpoint e;
+  e.addr = {192, 0, 2, last};
+  e.port = port;
+  return e;
+}
+
+// The registry's view of vm's connection from local_port (to peer_port, if
+// given): "mode reason".
+inline std::string RegistryState(Daemon& daemon, const std::string& vm, uint16_t local_port, uint16_t peer_port = 0) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // events are raised by the worker
+  std::string json = daemon.Command("connections --json");
+  std::string key = "\"vm\":\"" + vm + "\"";
+  for (size_t p = json.find(key); p != std::string::npos; p = json.find(key, p + 1)) {
+    size_t start = json.rfind('{', p), end = json.find('}', p);
+    std::string row = json.substr(start, end - start);
+    auto port_of = [&](const char* f) {
+      size_t q = row.find(std::string("\"") + f + "\":\"");
+      if (q == std::string::npos) return -1;
+      size_t end = row.find('"', q + std::strlen(f) + 4), colon = row.rfind(':', end);
+      return std::atoi(row.c_str() + colon + 1);
+    };
+    if (port_of("local") != local_port || (peer_port != 0 && port_of("peer") != peer_port)) continue;
+    auto field = [&](const char* f) {
+      size_t q = row.find(std::string("\"") + f + "\":\"");
+      if (q == std::string::npos) return std::string("?");
+      q += std::strlen(f) + 4;
+      return row.substr(q, row.find('"', q) - q);
+    };
+    return field("mode") + " " + field("reason");
+  }
+  return "absent: " + json;
+}
+
+class RawGuest {
+ public:
+  explicit RawGuest(const std::string& sock, size_t region_bytes = 4u << 20) {
+    guest::ChannelOptions o;
+    o.frontend.socket_path = sock;
+    o.frontend.region_bytes = region_bytes;
+    auto ch = guest::ControlChannel::Open(o);
+    EXPECT_TRUE(ch.ok()) << ch.status().ToString();
+    if (ch.ok()) ch_ = std::move(ch).value();
+    scratch_.resize(proto::kMaxMessageSize);
+  }
+
+  // Rings for a registration (nullptr: the region is full).
+  uint8_t* Alloc(uint32_t bytes) { return ch_ ? ch_->frontend().allocator().Allocate(bytes, 64) : nullptr; }
+
+  // REGISTER_CONN with the given rings; returns the ack's reason ("" when
+  // there was no ack).
+  std::string Register(uint64_t id, proto::Role role, proto::Endpoint local, proto::Endpoint peer, uint8_t* tx,
+                       uint32_t tx_bytes, uint8_t* rx, uint32_t rx_bytes) {
+    if (!ch_ || !tx || !rx) return "";
+    rings_[id] = {tx, tx_bytes};
+    proto::RegisterConn r{id,       role,    local, peer, reinterpret_cast<uint64_t>(tx), reinterpret_cast<uint64_t>(rx),
+                          tx_bytes, rx_bytes};
+    proto::Message resp;
+    if (!ch_->Call({proto::MsgType::kRegisterConn, 0, r}, &resp, scratch_).ok()) return "";
+    const auto* ack = std::get_if<proto::RegisterAck>(&resp.body);
+    return ack ? proto::ToString(ack->reason) : "";
+  }
+  std::string Register(uint64_t id, proto::Role role, proto::Endpoint local, proto::Endpoint peer,
+                       uint32_t tx_bytes = 64 * 1024, uint32_t rx_bytes = 64 * 1024) {
+    uint8_t* tx = Alloc(tx_bytes);
+    uint8_t* rx = Alloc(rx_bytes);
+    return Register(id, role, local, peer, tx, tx_bytes, rx, rx_bytes);
+  }
+
+  // FENCE with no kernel bytes, then n pattern bytes into the TX ring and
+  // their TX_TAIL.
+  bool FenceAndWrite(uint64_t id, uint32_t n) {
+    auto it = rings_.find(id);
+    if (it == rings_.end() || n > it->second.bytes) return false;
+    std::memset(it->second.tx, 0x5A, n);
+    return Post({proto::MsgType::kFence, 0, proto::ConnCounter{id, 0}}) &&
+           Post({proto::MsgType::kTxTail, 0, proto::ConnCounter{id, n}});
+  }
+  std::string Unregister(uint64_t id) {
+    proto::Message resp;
+    if (!ch_ || !ch_->Call({proto::MsgType::kUnregister, 0, proto::Unregister{id}}, &resp, scratch_).ok()) return "";
+    const auto* ack = std::get_if<proto::RegisterAck>(&resp.body);
+    return ack ? proto::ToString(ack->reason) : "";
+  }
+
+ private:
+  // A request without an answer: submitted, then its completion reaped.
+  bool Post(const proto::Message& m) {
+    if (!ch_ || !ch_->Submit(m, ++cookie_).ok()) return false;
+    ch_->Flush();
+    std::vector<guest::ControlChannel::Completion> done;
+    for (int i = 0; i < 100; ++i) {
+      done.clear();
+      if (!ch_->Reap(&done, 50).ok()) continue;
+      for (const auto& c : done)
+        if (c.cookie == cookie_) return true;
+    }
+    return false;
+  }
+
+  struct Ring {
+    uint8_t* tx;
+    uint32_t bytes;
+  };
+  std::unique_ptr<guest::ControlChannel> ch_;
+  std::vector<uint8_t> scratch_;
+  std::map<uint64_t, Ring> rings_;
+  uint64_t cookie_ = 0;
+};
+
+}  // namespace vsocket::testing
