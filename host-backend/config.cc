@@ -91,13 +91,18 @@ Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& 
     auto n = ParseInt(value, 0, 1 << 20, where);
     if (!n.ok()) return n.status();
     (key == "orphan_mb_per_vm" ? c->orphan_mb_per_vm : c->orphan_mb_total) = *n;
+  } else if (key == "max_devices_per_vm" || key == "max_conns_per_vm") {
+    auto n = ParseInt(value, 1, 1 << 24, where);
+    if (!n.ok()) return n.status();
+    (key == "max_devices_per_vm" ? c->max_devices_per_vm : c->max_conns_per_vm) = *n;
   } else {
     return Bad(
         where,
         "unknown key '" + key +
             "' (daemon keys: ctl_socket, poll_us, poll_max_us, eal_mem_mb, log_level, metrics_addr, metrics_port, "
             "host_name, peer_listen, tls_cert, tls_key, tls_ca, locator, fabric, rdma_device, "
-            "rdma_gid_index, links_per_peer, orphan_mb_per_vm, orphan_mb_total)");
+            "rdma_gid_index, links_per_peer, orphan_mb_per_vm, orphan_mb_total, max_devices_per_vm, "
+            "max_conns_per_vm)");
   }
   return Status::Ok();
 }
@@ -260,7 +265,9 @@ Status ApplyEnv(char** env, DaemonConfig* config) {
                  {"VSOCKET_RDMA_GID_INDEX", "rdma_gid_index"},
                  {"VSOCKET_LINKS_PER_PEER", "links_per_peer"},
                  {"VSOCKET_ORPHAN_MB_PER_VM", "orphan_mb_per_vm"},
-                 {"VSOCKET_ORPHAN_MB_TOTAL", "orphan_mb_total"}};
+                 {"VSOCKET_ORPHAN_MB_TOTAL", "orphan_mb_total"},
+                 {"VSOCKET_MAX_DEVICES_PER_VM", "max_devices_per_vm"},
+                 {"VSOCKET_MAX_CONNS_PER_VM", "max_conns_per_vm"}};
   for (char** e = env; e && *e; ++e) {
     std::string kv = *e;
     size_t eq = kv.find('=');
@@ -297,6 +304,7 @@ Status Validate(DaemonConfig* config) {
   for (size_t i = 0; i < config->vms.size(); ++i) {
     vhost::PortConfig& vm = config->vms[i];
     vm.index = static_cast<uint32_t>(i);
+    vm.max_devices = static_cast<uint32_t>(config->max_devices_per_vm);
     std::string what = "VM '" + vm.vm_name + "'";
     if (!names.insert(vm.vm_name).second) return Status(Code::kInvalidArgument, what + " is configured twice");
     if (vm.path.empty()) return Status(Code::kInvalidArgument, what + " has no socket");

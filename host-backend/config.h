@@ -54,6 +54,10 @@ struct DaemonConfig {
   // connection (its peer sees ECONNRESET) instead of buffering.
   int orphan_mb_per_vm = 256;
   int orphan_mb_total = 1024;
+  // Per VM: vhost-user connections at once (one per guest process), and
+  // registered connections not yet closed.
+  int max_devices_per_vm = 256;
+  int max_conns_per_vm = 65536;
 };
 
 // Parses the file's text. `name` is used in error messages ("FILE:LINE: ...").
@@ -63,7 +67,8 @@ Result<DaemonConfig> ParseConfig(const std::string& text, const std::string& nam
 // VSOCKET_METRICS_ADDR, VSOCKET_METRICS_PORT, VSOCKET_HOST_NAME,
 // VSOCKET_PEER_LISTEN, VSOCKET_TLS_{CERT,KEY,CA}, VSOCKET_LOCATOR,
 // VSOCKET_FABRIC, VSOCKET_RDMA_DEVICE, VSOCKET_RDMA_GID_INDEX, VSOCKET_LINKS_PER_PEER,
-// VSOCKET_ORPHAN_MB_PER_VM, VSOCKET_ORPHAN_MB_TOTAL, per peer
+// VSOCKET_ORPHAN_MB_PER_VM, VSOCKET_ORPHAN_MB_TOTAL, VSOCKET_MAX_DEVICES_PER_VM,
+// VSOCKET_MAX_CONNS_PER_VM, per peer
 // VSOCKET_PEER_<NAME>_ADDRESS, and per VM VSOCKET_VM_<NAME>_{SOCKET,TENANT,ADDRESSES} (NAME upper-cased, '-' -> '_').
 Status ApplyEnv(char** env, DaemonConfig* config);
 // Checks the whole configuration (at least one VM, unique names, sockets

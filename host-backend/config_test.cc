@@ -165,3 +165,38 @@ TEST(PeerConfig, LinksPerPeer) {
 
 }  // namespace
 }  // namespace vsocket::backend
+
+namespace vsocket::backend {
+namespace {
+
+TEST(DaemonConfig, GuestBudgets) {
+  auto d = ParseConfig("", "f");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->orphan_mb_per_vm, 256);
+  EXPECT_EQ(d->orphan_mb_total, 1024);
+  EXPECT_EQ(d->max_devices_per_vm, 256);
+  EXPECT_EQ(d->max_conns_per_vm, 65536);
+  auto c = ParseConfig("orphan_mb_per_vm = 8\norphan_mb_total = 0\nmax_devices_per_vm = 4\nmax_conns_per_vm = 100\n", "f");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->orphan_mb_per_vm, 8);
+  EXPECT_EQ(c->orphan_mb_total, 0);
+  EXPECT_EQ(c->max_devices_per_vm, 4);
+  EXPECT_EQ(c->max_conns_per_vm, 100);
+  EXPECT_NE(ParseConfig("max_devices_per_vm = 0\n", "f").status().message().find("f:1:"), std::string::npos);
+  char e1[] = "VSOCKET_MAX_CONNS_PER_VM=7";
+  char e2[] = "VSOCKET_ORPHAN_MB_TOTAL=9";
+  char* env[] = {e1, e2, nullptr};
+  ASSERT_TRUE(ApplyEnv(env, &*d).ok());
+  EXPECT_EQ(d->max_conns_per_vm, 7);
+  EXPECT_EQ(d->orphan_mb_total, 9);
+  d->vms.push_back({});
+  d->vms[0].vm_name = "a";
+  d->vms[0].path = "/tmp/a.sock";
+  d->vms[0].tenant_id = 1;
+  d->max_devices_per_vm = 3;
+  ASSERT_TRUE(Validate(&*d).ok());
+  EXPECT_EQ(d->vms[0].max_devices, 3u);
+}
+
+}  // namespace
+}  // namespace vsocket::backend

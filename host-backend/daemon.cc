@@ -13,6 +13,7 @@ Daemon::Daemon(DaemonConfig config)
 Status Daemon::Start() {
   conns_.SetLocalPorts(&config_.vms);
   conns_.SetOrphanBudgets(uint64_t(config_.orphan_mb_per_vm) << 20, uint64_t(config_.orphan_mb_total) << 20);
+  conns_.SetConnsPerVm(static_cast<uint32_t>(config_.max_conns_per_vm));
   Status st = peering_.Start(config_);
   if (!st.ok()) {
     VS_LOG(kError, "peering: %s", st.ToString().c_str());

@@ -83,6 +83,7 @@ class ConnManager {
   void SetLocalPorts(const std::vector<vhost::PortConfig>* ports) { ports_ = ports; }
   // Bytes of closed connections' undelivered TX copied out of their rings,
   // at most, per VM and in all (DaemonConfig::orphan_mb_*).
+  void SetConnsPerVm(uint32_t n) { conns_per_vm_ = n; }
   void SetOrphanBudgets(uint64_t per_vm, uint64_t total) {
     orphan_budget_vm_ = per_vm;
     orphan_budget_total_ = total;
@@ -232,6 +233,8 @@ class ConnManager {
   const std::vector<vhost::PortConfig>* ports_ = nullptr;
   uint64_t orphan_budget_vm_ = 256u << 20;
   uint64_t orphan_budget_total_ = 1024u << 20;
+  uint32_t conns_per_vm_ = 65536;
+  std::unordered_map<uint32_t, uint32_t> vm_open_;  // per VM index: registered, not yet closed
   std::unordered_map<uint64_t, std::unique_ptr<Sink>> sinks_;  // by host << 32 | link
   std::vector<BackendConn*> owed_;                             // conns with link frames owed
   std::vector<BackendConn*> reap_;                             // conns waiting for sends that read their TX ring

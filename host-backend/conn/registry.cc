@@ -134,6 +134,7 @@ void ConnManager::Orphan(BackendConn& c) {
     default: break;
   }
   counters_.active.fetch_sub(1, std::memory_order_relaxed);
+  if (auto it = vm_open_.find(c.vm_index); it != vm_open_.end() && it->second > 0) --it->second;
 }
 
 void ConnManager::MaybeDestroy(BackendConn* c) {

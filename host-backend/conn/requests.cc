@@ -192,7 +192,7 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
     VS_LOG(kWarn, "vm %s: registration for a foreign local address refused (anti-spoofing)", port.vm_name.c_str());
     return Ack(request_id, r.conn_id, WireError::kSpoofedAddress, Reason::kSpoofedAddress);
   }
-  if (dc.by_id.count(r.conn_id) || dc.by_id.size() >= kMaxConnsPerDevice) {
+  if (dc.by_id.count(r.conn_id) || dc.by_id.size() >= kMaxConnsPerDevice || vm_open_[port.index] >= conns_per_vm_) {
     counters_.rejected_other.fetch_add(1, std::memory_order_relaxed);
     return Ack(request_id, r.conn_id, WireError::kTooManyConnections, Reason::kResourceLimit);
   }
@@ -240,6 +240,7 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
          c.role == proto::Role::kClient ? "client" : "server", c.key.local.port, c.key.peer.port);
   vm_totals_[c.vm_index % kMaxVms].registrations.fetch_add(1, std::memory_order_relaxed);
   counters_.active.fetch_add(1, std::memory_order_relaxed);
+  ++vm_open_[c.vm_index];
 
   Message ack =
       Ack(request_id, r.conn_id, WireError::kOk, Reason::kPending, std::min(r.tx_ring_bytes, r.rx_ring_bytes));

@@ -22,9 +22,13 @@ using testing::RegistryState;
 class BudgetsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    setenv("VSOCKET_ORPHAN_MB_PER_VM", "1", 1);  // inherited by the daemon
+    // Inherited by the daemon.
+    setenv("VSOCKET_ORPHAN_MB_PER_VM", "1", 1);
+    setenv("VSOCKET_MAX_DEVICES_PER_VM", "2", 1);
+    setenv("VSOCKET_MAX_CONNS_PER_VM", "6", 1);
     ASSERT_TRUE(daemon_.Start());
-    unsetenv("VSOCKET_ORPHAN_MB_PER_VM");
+    for (const char* v : {"VSOCKET_ORPHAN_MB_PER_VM", "VSOCKET_MAX_DEVICES_PER_VM", "VSOCKET_MAX_CONNS_PER_VM"})
+      unsetenv(v);
   }
   void TearDown() override {
     EXPECT_TRUE(daemon_.Alive()) << "vsocketd survived";
@@ -36,8 +40,27 @@ class BudgetsTest : public ::testing::Test {
   Daemon daemon_{{"client:1,192.0.2.1", "server:1,192.0.2.2"}};
 };
 
+TEST_F(BudgetsTest, DevicesAndConnectionsPerVmAreBounded) {
+  RawGuest a(daemon_.socket_path("client")), b(daemon_.socket_path("client"));
+  ASSERT_TRUE(a.ok() && b.ok()) << a.error() << b.error();
+  RawGuest c(daemon_.socket_path("client"));
+  EXPECT_FALSE(c.ok()) << "a third device of a VM allowed two";
+  EXPECT_EQ(Counter("connections_refused"), 1);
+  RawGuest other(daemon_.socket_path("server"));
+  EXPECT_TRUE(other.ok()) << "another VM is not affected: " << other.error();
+  // Six open connections per VM, over both devices.
+  for (uint16_t i = 0; i < 6; ++i)
+    EXPECT_EQ((i % 2 ? a : b).Register(100 + i, Role::kClient, Ep(1, 3000 + i), Ep(2, 80), 4096, 4096), "pending");
+  EXPECT_EQ(a.Register(200, Role::kClient, Ep(1, 3100), Ep(2, 80), 4096, 4096), "resource-limit");
+  EXPECT_EQ(other.Register(200, Role::kServer, Ep(2, 80), Ep(1, 3999), 4096, 4096), "pending");
+  // A closed one makes room.
+  EXPECT_NE(a.Unregister(101), "");
+  EXPECT_EQ(a.Register(201, Role::kClient, Ep(1, 3101), Ep(2, 80), 4096, 4096), "pending");
+}
+
 TEST_F(BudgetsTest, OverlappingRingsAreRefused) {
   RawGuest g(daemon_.socket_path("client"));
+  ASSERT_TRUE(g.ok()) << g.error();
   const uint32_t kRing = 64 * 1024;
   uint8_t* a = g.Alloc(kRing);
   uint8_t* b = g.Alloc(kRing);

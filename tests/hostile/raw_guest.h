@@ -59,11 +59,15 @@ class RawGuest {
     guest::ChannelOptions o;
     o.frontend.socket_path = sock;
     o.frontend.region_bytes = region_bytes;
+    o.frontend.timeout_ms = 2000;
     auto ch = guest::ControlChannel::Open(o);
-    EXPECT_TRUE(ch.ok()) << ch.status().ToString();
     if (ch.ok()) ch_ = std::move(ch).value();
+    else error_ = ch.status().ToString();
     scratch_.resize(proto::kMaxMessageSize);
   }
+  // Whether the session opened (else why not).
+  bool ok() const { return ch_ != nullptr; }
+  const std::string& error() const { return error_; }
 
   // Rings for a registration (nullptr: the region is full).
   uint8_t* Alloc(uint32_t bytes) { return ch_ ? ch_->frontend().allocator().Allocate(bytes, 64) : nullptr; }
@@ -124,6 +128,7 @@ class RawGuest {
     uint32_t bytes;
   };
   std::unique_ptr<guest::ControlChannel> ch_;
+  std::string error_;
   std::vector<uint8_t> scratch_;
   std::map<uint64_t, Ring> rings_;
   uint64_t cookie_ = 0;

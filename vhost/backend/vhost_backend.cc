@@ -150,6 +150,14 @@ int VhostBackend::OnNewConnection(int vid) {
   for (auto& p : ports_)
     if (p->config.path == ifname) port = p.get();
   if (port == nullptr) return -1;
+  size_t open = 0;
+  for (const auto& [v, c] : conns_) open += c.port == port;
+  if (open >= port->config.max_devices) {
+    counters_.connections_refused.fetch_add(1);
+    VS_LOG(kWarn, "vm %s: frontend refused: %zu devices open, max_devices_per_vm is %u", port->config.vm_name.c_str(),
+           open, port->config.max_devices);
+    return -1;
+  }
   conns_[vid] = Conn{port, nullptr, false, false};
   counters_.connections.fetch_add(1);
   rte_vhost_extern_callback_register(vid, &kExternOps, nullptr);

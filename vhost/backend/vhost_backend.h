@@ -45,6 +45,7 @@ struct PortConfig {
   uint16_t num_queues = 2;
   std::vector<VmAddress> addresses;  // the VM's own addresses
   uint32_t index = 0;                // position in the daemon's port list
+  uint32_t max_devices = 256;        // vhost-user connections at once (one per guest process)
 };
 
 // Implemented by the data path. All calls come from the vhost-user thread.
@@ -66,6 +67,7 @@ struct BackendCounters {
   std::atomic<uint64_t> devices_rejected{0};  // failed validation on start
   std::atomic<uint64_t> devices_stopped{0};
   std::atomic<uint64_t> reconfigurations{0};  // messages handled while running
+  std::atomic<uint64_t> connections_refused{0};  // beyond a VM's max_devices
 };
 
 class VhostBackend {
