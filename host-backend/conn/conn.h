@@ -90,11 +90,25 @@ struct RemotePeer {
   uint64_t credit = 0;       // bytes the peer guest consumed: we may send up to credit + window
   bool gone = false;         // the peer guest reads no more
   bool fence_acked = false;  // the peer backend has our FENCE (RESYNC is safe)
+  bool fence_seen = false;   // the peer's FENCE arrived (one per pairing)
   uint64_t rdma_addr = 0;    // rdma fabric: the peer RX ring (0: its staging ring)
   uint32_t rdma_rkey = 0;
   uint64_t placements_seen = 0;  // PLACEMENT frames applied (acknowledged with their count)
   bool paired() const { return stage == Stage::kPaired; }
 };
+
+// What a peer host may say, checked before it is used: a window is a ring
+// size (a power of two within the ring limits); a reason one a peer can
+// give for leaving (never "accelerated", "pending" or an unknown code).
+inline bool ValidPeerWindow(uint64_t w) {
+  return w >= proto::kMinRingBytes && w <= proto::kMaxRingBytes && (w & (w - 1)) == 0;
+}
+inline proto::Reason PeerReason(uint32_t aux) {
+  if (aux == 0 || aux > proto::kMaxReason || aux == static_cast<uint32_t>(proto::Reason::kPending) ||
+      aux == static_cast<uint32_t>(proto::Reason::kRingsHeld))
+    return proto::Reason::kProtocolError;
+  return static_cast<proto::Reason>(aux);
+}
 
 struct BackendConn {
   uint64_t handle = 0;  // daemon-wide unique

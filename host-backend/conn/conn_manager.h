@@ -151,6 +151,7 @@ class ConnManager {
   proto::Message Unregister(DeviceConns& dc, uint64_t request_id, uint64_t conn_id);
   void Violation(BackendConn& c, const char* what);
   void AbortTx(BackendConn& c);
+  void PeerViolation(uint32_t host, BackendConn& c, const char* what);
   static bool RingsOverlap(const DeviceConns& dc, const BackendConn& c);
   void Pair(BackendConn& a, BackendConn& b);
   bool ResolveRings(BackendConn& c);

@@ -110,6 +110,15 @@ void ConnManager::OnPlacedData(uint32_t host, const FrameHeader& h) {
   OnLinkFrame(host, h);
 }
 
+// A frame a peer host may not send now: that connection is reset (our
+// guest sees ECONNRESET, the peer an ABORT), the link and the others go on.
+void ConnManager::PeerViolation(uint32_t host, BackendConn& c, const char* what) {
+  counters_.fabric_violations.fetch_add(1, std::memory_order_relaxed);
+  VS_LOG(kWarn, "peer host %u: %s for conn %lu: connection reset", host, what, static_cast<unsigned long>(c.handle));
+  Violation(c, what);
+  Owe(c, kOweAbort);
+}
+
 void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
   BackendConn* c = FrameTarget(host, h);
   if (c == nullptr) return;
@@ -127,6 +136,11 @@ void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
       if (c->rx.host != nullptr) Raise(*c, kEvRxTail);
       break;
     case FrameType::kFence:
+      if (c->remote.fence_seen) {
+        PeerViolation(host, *c, "a second FENCE");
+        break;
+      }
+      c->remote.fence_seen = true;
       c->ev_peer_fence = h.value;
       Raise(*c, kEvFence);
       // Acknowledged once the FENCE event is in our guest's event queue
@@ -161,7 +175,7 @@ void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
     case FrameType::kDowngrade: {
       {
         std::lock_guard<std::mutex> lock(snapshot_mu_);
-        c->reason = h.type == FrameType::kAbort ? Reason::kPeerDowngraded : static_cast<Reason>(h.aux);
+        c->reason = h.type == FrameType::kAbort ? Reason::kPeerDowngraded : PeerReason(h.aux);
       }
       c->remote.gone = true;
       Raise(*c, kEvDowngrade);
@@ -193,6 +207,13 @@ void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
       break;
     }
     case FrameType::kRelease:
+      // Only after one side left (our guest, or the peer by GONE, ABORT or
+      // DOWNGRADE): a RELEASE under a live connection would strand our
+      // guest, upgraded, with nobody to send it anything.
+      if (!c->gone && !c->remote.gone) {
+        PeerViolation(host, *c, "RELEASE of a connection neither side left");
+        break;
+      }
       c->remote.stage = RemotePeer::Stage::kDetached;
       c->link_owed &= ~kOweData;
       MaybeDestroy(c);

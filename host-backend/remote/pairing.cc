@@ -54,6 +54,7 @@ void ConnManager::RequestRemotePair(BackendConn& c, uint32_t host) {
   }
   c.remote.stage = RemotePeer::Stage::kRequested;
   c.remote.host = host;
+  c.remote.fence_seen = false;  // (a connection paired again after a RESYNC)
   counters_.pair_requests_sent.fetch_add(1, std::memory_order_relaxed);
   VS_LOG(kDebug, "conn %lu (port %u -> %u): PAIR_REQUEST to host %u", static_cast<unsigned long>(c.handle),
          c.key.local.port, c.key.peer.port, host);
@@ -118,6 +119,7 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
         hosts_->SendPairing(host, Frame(FrameType::kPairReject, h.tenant, h.value, 0, static_cast<uint32_t>(why)), {});
       };
       if (!info.ok()) return refuse(Reason::kProtocolError, info.status().message().c_str());
+      if (!ValidPeerWindow(h.aux)) return refuse(Reason::kProtocolError, "window is not a valid ring size");
       // The requester may only speak for addresses it runs, and only about
       // our VMs of the same tenant.
       if (!hosts_->Runs(host, h.tenant, info->local))
@@ -164,6 +166,22 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
         return;
       }
       auto info = proto::DecodePairInfo(payload);
+      if (!ValidPeerWindow(h.aux)) {
+        // Never paired: our guest stays on kernel TCP; the acceptor learns
+        // it by the cancel.
+        counters_.fabric_violations.fetch_add(1, std::memory_order_relaxed);
+        VS_LOG(kWarn, "peer host %u: PAIR_ACCEPT for conn %lu with window %u: refused", host,
+               static_cast<unsigned long>(h.handle), h.aux);
+        hosts_->SendPairing(host, Frame(FrameType::kPairCancel, h.tenant, h.value, h.handle), {});
+        c->remote.stage = RemotePeer::Stage::kNone;
+        DropRx(*c);
+        {
+          std::lock_guard<std::mutex> lock(snapshot_mu_);
+          c->reason = Reason::kProtocolError;
+        }
+        Raise(*c, kEvDowngrade);
+        return;
+      }
       c->remote.handle = h.value;
       c->remote.window = h.aux;
       if (info.ok()) {
@@ -183,7 +201,7 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
       DropRx(*c);
       {
         std::lock_guard<std::mutex> lock(snapshot_mu_);
-        c->reason = static_cast<Reason>(h.aux);
+        c->reason = PeerReason(h.aux);
       }
       Raise(*c, kEvDowngrade);  // not upgraded: the guest just stays on kernel TCP
       return;
