@@ -90,7 +90,11 @@ TEST_F(BudgetsTest, OrphanBytesBeyondTheBudgetResetTheConnection) {
     ASSERT_EQ(RegistryState(daemon_, "client", port), "accelerated accelerated");
     ASSERT_TRUE(client.FenceAndWrite(10 + i, kBig));
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the server's ring fills
+  // Until the server's rings are full (bounded: 10 s).
+  const long long kFull = 2 * kSmall;
+  for (int i = 0; i < 1000 && Counter("accel_bytes") < kFull; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(Counter("accel_bytes"), kFull);
   EXPECT_NE(client.Unregister(10), "");
   EXPECT_NE(client.Unregister(11), "");
   std::string s = daemon_.Stats();
