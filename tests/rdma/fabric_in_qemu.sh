@@ -45,11 +45,12 @@ fail=0
 check() { if [ "$1" = 0 ]; then echo "ok: $2"; else echo "FAILED: $2"; fail=1; fi; }
 check "$rc" "both test binaries passed in the guest"
 ! grep -q '^\[  FAILED  \]' "$OUT"; check $? "no failed test"
-# The rdma kind ran: every conformance case but the raw-injection one
-# (no raw transport under an rdma link) passed on /rdma.
+# The rdma kind ran: every conformance case but two passed on /rdma (raw
+# injection: no raw transport under an rdma link; a payload spanning polls:
+# an rdma DATA frame arrives whole).
 ran=$(grep -c '^\[       OK \] Links/LinkConformance\..*/rdma ' "$OUT" || true)
 total=$(grep -c '^\[ RUN      \] Links/LinkConformance\..*/rdma$' "$OUT" || true)
-[ "$total" -ge 7 ] && [ "$ran" -ge $((total - 1)) ]; check $? "conformance on /rdma: $ran of $total passed (the rest skipped)"
+[ "$total" -ge 7 ] && [ "$ran" -ge $((total - 2)) ]; check $? "conformance on /rdma: $ran of $total passed (the rest skipped)"
 skipped=$(grep -c '^\[  SKIPPED \] RdmaLinkTest\.' "$OUT" || true)
 passed=$(grep -c '^\[       OK \] RdmaLinkTest\.' "$OUT" || true)
 [ "$skipped" = 0 ] && [ "$passed" -ge 1 ]; check $? "rdma_link_test: $passed device cases passed, $skipped skipped"
