@@ -442,7 +442,7 @@ xfer_wait() {
   wait "$XCLI" || crc=$?
   wait "$XSRV" || src=$?
   [ $crc -eq 0 ] && [ $src -eq 0 ] && return 0
-  E2E_MSG="client rc $crc: $(tail -2 "$WORK/$1.cli" | tr '\n' ' ') server rc $src: $(tail -2 "$WORK/$1.srv" | tr '\n' ' ')"
+  E2E_MSG="client rc $crc: $(tail -6 "$WORK/$1.cli" | tr '\n' ' ') server rc $src: $(tail -6 "$WORK/$1.srv" | tr '\n' ' ')"
   return 1
 }
 wait_link_up() {
@@ -550,7 +550,9 @@ case_link_loss_after_end() {
   # request/response pair from vmA2 keeps it busy meanwhile.
   XFER_CVM=vmA2 xfer_bg $name.load $((port + 1)) 1 19660800 --rounds 300 --gap-ms 10
   local lsrv=$XSRV lcli=$XCLI
-  xfer_bg $name $port $conns $bytes --pause-ms 800 --split-wait-file "$go" --stall-ms 7000 "${extra[@]}"
+  # (The libraries log their RESYNC steps: on a failure, xfer_wait shows them.)
+  VSOCKET_LOG_LEVEL=info xfer_bg $name $port $conns $bytes --pause-ms 800 --split-wait-file "$go" --stall-ms 7000 \
+    "${extra[@]}"
   # Once the first halves crossed the fabric (and the FENCEs were
   # acknowledged): drop, and only then let the clients write the second
   # halves and shut down (a fixed pause raced a slow poll of the counters).
