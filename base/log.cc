@@ -1,5 +1,7 @@
 #include "base/log.h"
 
+#include "base/clock.h"
+
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -43,6 +45,19 @@ bool ParseLogLevel(const char* text, LogLevel* out) {
 }
 
 void SetLogTag(const char* tag) { std::snprintf(g_tag, sizeof(g_tag), "%s", tag); }
+
+bool LogAllowed(LogSite& site, uint32_t* dropped) {
+  int64_t now = MonotonicNs();
+  int64_t start = site.window_start_ns.load(std::memory_order_relaxed);
+  if (now - start >= 1'000'000'000 && site.window_start_ns.compare_exchange_strong(start, now))
+    site.in_window.store(0, std::memory_order_relaxed);
+  if (site.in_window.fetch_add(1, std::memory_order_relaxed) >= kLogBurst) {
+    site.dropped.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  *dropped = site.dropped.exchange(0, std::memory_order_relaxed);
+  return true;
+}
 
 void Log(LogLevel level, const char* fmt, ...) {
   int saved_errno = errno;
