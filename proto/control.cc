@@ -54,8 +54,6 @@ const Spec* FindSpec(uint8_t type) {
 
 Status Bad(std::string why) { return Status(Code::kDataLoss, "control message: " + why); }
 
-bool IsPowerOfTwo(uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
-
 // ---- field groups ---------------------------------------------------------
 
 void PutEndpointAddr(WireWriter& w, const Endpoint& e) { w.Bytes(e.addr.data(), e.addr.size()); }
@@ -193,7 +191,7 @@ Status Get(WireReader& r, RegisterConn* b, std::span<const uint8_t>) {
   VS_RETURN_IF_ERROR(CheckEndpoint(b->peer, "peer"));
   if (b->local.family != b->peer.family) return Bad("local and peer families differ");
   for (uint32_t size : {b->tx_ring_bytes, b->rx_ring_bytes}) {
-    if (!IsPowerOfTwo(size) || size < kMinRingBytes || size > kMaxRingBytes)
+    if (!IsValidRingSize(size))
       return Bad("ring size " + std::to_string(size) + " is not a power of two in [4 KiB, 64 MiB]");
   }
   if (b->tx_ring_gpa % 64 != 0 || b->rx_ring_gpa % 64 != 0) return Bad("ring address is not 64-byte aligned");

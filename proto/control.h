@@ -181,6 +181,8 @@ struct RegisterConn {
 };
 inline constexpr uint32_t kMinRingBytes = 4096;
 inline constexpr uint32_t kMaxRingBytes = 64u << 20;
+// A ring size: a power of two in [kMinRingBytes, kMaxRingBytes].
+inline bool IsValidRingSize(uint64_t v) { return v >= kMinRingBytes && v <= kMaxRingBytes && (v & (v - 1)) == 0; }
 
 struct RegisterAck {
   uint64_t conn_id = 0;

@@ -134,7 +134,6 @@ void WakeWriter() {
 namespace {
 
 enum class LingerState { kWaiting, kOver, kResync };
-void EndLinger(Conn& c, int lfd);
 
 // Reads and drops what arrived on a closed connection's dup (nobody will
 // read it); true once the peer's FIN came (or the connection failed).
@@ -187,16 +186,10 @@ LingerState StepLinger(Conn& c, int lfd) {
       MonotonicNs() - c.linger_start_ns < kResendLimitNs)
     return LingerState::kWaiting;
   if (!take()) return LingerState::kOver;
-  EndLinger(c, lfd);
-  return LingerState::kOver;
-}
-
-// A linger whose peer consumed everything (or that gave up): UNREGISTER,
-// then the FIN.
-void EndLinger(Conn& c, int lfd) {
   (void)DropKernelInput(lfd);
   Unregistered(c);
   CloseWriterFd(lfd);  // the FIN
+  return LingerState::kOver;
 }
 
 void WriterLoop() {
@@ -324,14 +317,10 @@ void HandToWriter(const std::shared_ptr<Conn>& c, int fd) {
 size_t ReclaimLingering(Session* s) {
   std::lock_guard<std::mutex> steps(g_linger_mu);
   size_t ended = 0;
-  for (const std::shared_ptr<Conn>& c : s->Tracked()) {
-    if (!c->state.lingered() || c->state.resynced() || c->rx_tail.load() != c->rx_head.load()) continue;
-    if (c->credit.load(std::memory_order_acquire) < c->tx_tail.load(std::memory_order_relaxed)) continue;
-    int lfd = c->linger_fd.load();
-    if (lfd < 0 || !c->linger_fd.compare_exchange_strong(lfd, -1)) continue;
-    EndLinger(*c, lfd);  // (the writer drops it: its linger_fd is gone)
-    ++ended;
-  }
+  // The writer's own step, a little early: it drops what this ends (its
+  // linger_fd is gone), and takes over a resend this starts.
+  for (const std::shared_ptr<Conn>& c : s->Tracked())
+    if (int lfd = c->linger_fd.load(); lfd >= 0 && StepLinger(*c, lfd) == LingerState::kOver) ++ended;
   return ended;
 }
 

@@ -97,14 +97,11 @@ struct RemotePeer {
   bool paired() const { return stage == Stage::kPaired; }
 };
 
-// What a peer host may say, checked before it is used: a window is a ring
-// size (a power of two within the ring limits); a reason one a peer can
-// give for leaving (never "accelerated", "pending" or an unknown code).
-inline bool ValidPeerWindow(uint64_t w) {
-  return w >= proto::kMinRingBytes && w <= proto::kMaxRingBytes && (w & (w - 1)) == 0;
-}
+// A reason a peer host gives for leaving, as we apply it: never
+// "accelerated", "pending" or "rings-held" (an unknown code never gets here:
+// proto::DecodeFrameHeader refuses it).
 inline proto::Reason PeerReason(uint32_t aux) {
-  if (aux == 0 || aux > proto::kMaxReason || aux == static_cast<uint32_t>(proto::Reason::kPending) ||
+  if (aux == 0 || aux == static_cast<uint32_t>(proto::Reason::kPending) ||
       aux == static_cast<uint32_t>(proto::Reason::kRingsHeld))
     return proto::Reason::kProtocolError;
   return static_cast<proto::Reason>(aux);
@@ -188,5 +185,8 @@ struct BackendConn {
   std::atomic<uint64_t> accel_bytes_in{0};
   std::atomic<uint64_t> kernel_bytes_out{0};  // from the fence
 };
+
+// The guest memory of c's TX ring, with the doorbell block that follows it.
+inline uint64_t TxSpan(const BackendConn& c) { return c.tx.size + (c.doorbell ? proto::kDoorbellBytes : 0); }
 
 }  // namespace vsocket::backend

@@ -81,9 +81,11 @@ class ConnManager {
   void SetRemoteHosts(RemoteHosts* hosts) { hosts_ = hosts; }
   // This host's VMs (for checking what a peer host asks for).
   void SetLocalPorts(const std::vector<vhost::PortConfig>* ports) { ports_ = ports; }
+  // Registered connections not yet closed, at most, per VM
+  // (DaemonConfig::max_conns_per_vm).
+  void SetConnsPerVm(uint32_t n) { conns_per_vm_ = n; }
   // Bytes of closed connections' undelivered TX copied out of their rings,
   // at most, per VM and in all (DaemonConfig::orphan_mb_*).
-  void SetConnsPerVm(uint32_t n) { conns_per_vm_ = n; }
   void SetOrphanBudgets(uint64_t per_vm, uint64_t total) {
     orphan_budget_vm_ = per_vm;
     orphan_budget_total_ = total;
@@ -151,7 +153,7 @@ class ConnManager {
   proto::Message Unregister(DeviceConns& dc, uint64_t request_id, uint64_t conn_id);
   void Violation(BackendConn& c, const char* what);
   void AbortTx(BackendConn& c);
-  void PeerViolation(uint32_t host, BackendConn& c, const char* what);
+  void PeerViolation(BackendConn& c, const char* what);
   static bool RingsOverlap(const DeviceConns& dc, const BackendConn& c);
   void Pair(BackendConn& a, BackendConn& b);
   bool ResolveRings(BackendConn& c);

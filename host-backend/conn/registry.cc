@@ -36,7 +36,7 @@ uint64_t ConnManager::OnHello(vhost::BackendDevice& device, uint64_t features) {
 bool ConnManager::ResolveRings(BackendConn& c) {
   const vhost::GuestMemory& mem = c.device->memory();
   // With a doorbell, its block follows the TX ring.
-  c.tx.host = mem.Translate(c.tx.gpa, c.tx.size + (c.doorbell ? proto::kDoorbellBytes : 0));
+  c.tx.host = mem.Translate(c.tx.gpa, TxSpan(c));
   c.rx.host = mem.Translate(c.rx.gpa, c.rx.size);
   return c.tx.host != nullptr && c.rx.host != nullptr;
 }

@@ -147,8 +147,6 @@ bool Taken(const std::map<uint64_t, uint64_t>& taken, uint64_t start, uint64_t l
   return it != taken.begin() && std::prev(it)->second > start;
 }
 
-uint64_t TxSpan(const BackendConn& c) { return c.tx.size + (c.doorbell ? proto::kDoorbellBytes : 0); }
-
 }  // namespace
 
 // Whether c's rings (with the doorbell block after TX) overlap each other or

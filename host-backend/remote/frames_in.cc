@@ -46,12 +46,10 @@ fabric::PayloadDest ConnManager::OnLinkData(uint32_t host, const FrameHeader& h)
   if (c == nullptr || c->gone) return d;  // discarded (our guest left: nobody reads it)
   uint64_t space = c->rx.size - (c->rx_tail - c->rx_consumed);
   if (!c->remote.paired() || h.value != c->rx_tail || h.len > space) {
-    counters_.fabric_violations.fetch_add(1, std::memory_order_relaxed);
     VS_LOG(kWarn, "peer host %u: DATA for conn %lu at %lu+%u, expected %lu with %lu free: connection reset", host,
            static_cast<unsigned long>(c->handle), static_cast<unsigned long>(h.value), h.len,
            static_cast<unsigned long>(c->rx_tail), static_cast<unsigned long>(space));
-    Violation(*c, "peer host sent data outside the credit window");
-    Owe(*c, kOweAbort);
+    PeerViolation(*c, "peer host sent data outside the credit window");
     return d;
   }
   return Landing(*c, c->rx_tail, h.len);
@@ -97,13 +95,11 @@ void ConnManager::OnPlacedData(uint32_t host, const FrameHeader& h) {
   // the stream position and the window are checked as for a staged DATA.
   bool registered = c->rx_mr != nullptr || !c->rx_mr_retired.empty();
   if (!c->remote.paired() || !registered || h.value != c->rx_tail || h.len > space) {
-    counters_.fabric_violations.fetch_add(1, std::memory_order_relaxed);
     VS_LOG(kWarn, "peer host %u: placed DATA for conn %lu at %lu+%u, expected %lu with %lu free%s: connection reset",
            host, static_cast<unsigned long>(c->handle), static_cast<unsigned long>(h.value), h.len,
            static_cast<unsigned long>(c->rx_tail), static_cast<unsigned long>(space),
            registered ? "" : " (no registration)");
-    Violation(*c, "peer host placed data outside the credit window");
-    Owe(*c, kOweAbort);
+    PeerViolation(*c, "peer host placed data outside the credit window");
     return;
   }
   counters_.fabric_bytes_placed.fetch_add(h.len, std::memory_order_relaxed);
@@ -111,10 +107,10 @@ void ConnManager::OnPlacedData(uint32_t host, const FrameHeader& h) {
 }
 
 // A frame a peer host may not send now: that connection is reset (our
-// guest sees ECONNRESET, the peer an ABORT), the link and the others go on.
-void ConnManager::PeerViolation(uint32_t host, BackendConn& c, const char* what) {
+// guest sees ECONNRESET, the peer an ABORT; Violation logs it), the link
+// and the others go on.
+void ConnManager::PeerViolation(BackendConn& c, const char* what) {
   counters_.fabric_violations.fetch_add(1, std::memory_order_relaxed);
-  VS_LOG(kWarn, "peer host %u: %s for conn %lu: connection reset", host, what, static_cast<unsigned long>(c.handle));
   Violation(c, what);
   Owe(c, kOweAbort);
 }
@@ -137,7 +133,7 @@ void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
       break;
     case FrameType::kFence:
       if (c->remote.fence_seen) {
-        PeerViolation(host, *c, "a second FENCE");
+        PeerViolation(*c, "peer host sent a second FENCE");
         break;
       }
       c->remote.fence_seen = true;
@@ -155,9 +151,7 @@ void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
       break;
     case FrameType::kCredit:
       if (h.value < c->remote.credit || h.value > c->tx_copied) {
-        counters_.fabric_violations.fetch_add(1, std::memory_order_relaxed);
-        Violation(*c, "peer host sent a credit for bytes never sent");
-        Owe(*c, kOweAbort);
+        PeerViolation(*c, "peer host sent a credit for bytes never sent");
         break;
       }
       c->remote.credit = h.value;
@@ -211,7 +205,7 @@ void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
       // DOWNGRADE): a RELEASE under a live connection would strand our
       // guest, upgraded, with nobody to send it anything.
       if (!c->gone && !c->remote.gone) {
-        PeerViolation(host, *c, "RELEASE of a connection neither side left");
+        PeerViolation(*c, "peer host released a connection neither side left");
         break;
       }
       c->remote.stage = RemotePeer::Stage::kDetached;

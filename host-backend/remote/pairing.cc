@@ -119,7 +119,7 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
         hosts_->SendPairing(host, Frame(FrameType::kPairReject, h.tenant, h.value, 0, static_cast<uint32_t>(why)), {});
       };
       if (!info.ok()) return refuse(Reason::kProtocolError, info.status().message().c_str());
-      if (!ValidPeerWindow(h.aux)) return refuse(Reason::kProtocolError, "window is not a valid ring size");
+      if (!proto::IsValidRingSize(h.aux)) return refuse(Reason::kProtocolError, "window is not a valid ring size");
       // The requester may only speak for addresses it runs, and only about
       // our VMs of the same tenant.
       if (!hosts_->Runs(host, h.tenant, info->local))
@@ -166,7 +166,7 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
         return;
       }
       auto info = proto::DecodePairInfo(payload);
-      if (!ValidPeerWindow(h.aux)) {
+      if (!proto::IsValidRingSize(h.aux)) {
         // Never paired: our guest stays on kernel TCP; the acceptor learns
         // it by the cancel.
         counters_.fabric_violations.fetch_add(1, std::memory_order_relaxed);

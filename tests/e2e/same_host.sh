@@ -248,6 +248,8 @@ case_nginx
 # TIME_WAIT sockets and run out of ephemeral ports. Also: every response
 # byte-exact, no connection left on kernel TCP for want of resources, and
 # the connections that carried a response ended accelerated.
+# tw_tuples VM: the VM's TIME_WAIT sockets, one sorted "local peer" line each.
+tw_tuples() { bash $TB exec "$1" ss -Htan state time-wait | awk '{print $3, $4}' | sort; }
 case_nginx_close() {
   local name=nginx_connection_close rep=$WORK/nginx-close.jsonl port=8081 www=$WORK/www-close
   mkdir -p "$www"
@@ -268,13 +270,13 @@ case_nginx_close() {
   done
   local out rps errs twc tws
   # TIME_WAITs of earlier cases expire meanwhile: count the new 4-tuples.
-  bash $TB exec vm1 ss -Htan state time-wait | awk '{print $3, $4}' | sort >"$WORK/tw0c"
-  bash $TB exec vm2 ss -Htan state time-wait | awk '{print $3, $4}' | sort >"$WORK/tw0s"
+  tw_tuples vm1 >"$WORK/tw0c"
+  tw_tuples vm2 >"$WORK/tw0s"
   out=$(vm_run vm1 preload "$rep" wrk -t 2 -c 16 -d 3 -H "Connection: close" "http://$A2:$port/f4095" 2>&1)
   rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
   errs=$(grep -E "Socket errors|Non-2xx" <<<"$out" | tr '\n' ' ')
-  twc=$(bash $TB exec vm1 ss -Htan state time-wait | awk '{print $3, $4}' | sort | comm -13 "$WORK/tw0c" - | wc -l)
-  tws=$(bash $TB exec vm2 ss -Htan state time-wait | awk '{print $3, $4}' | sort | comm -13 "$WORK/tw0s" - | wc -l)
+  twc=$(tw_tuples vm1 | comm -13 "$WORK/tw0c" - | wc -l)
+  tws=$(tw_tuples vm2 | comm -13 "$WORK/tw0s" - | wc -l)
   kill -QUIT "$(cat "$WORK/nginx-close.pid" 2>/dev/null)" 2>/dev/null
   sleep 0.5
   kill "$srv" 2>/dev/null

@@ -86,6 +86,13 @@ class Daemon {
     return status;
   }
 
+  // SIGTERM (what systemd sends); true if the daemon then exited with status
+  // 0. For the hostile tests: no attack may leave it unable to stop cleanly.
+  bool StopsCleanly() {
+    int st = Kill(SIGTERM);
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  }
+
   std::string Stats() { return Command("stats"); }
 
   std::string Command(const std::string& cmd) {
