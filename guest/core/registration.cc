@@ -49,6 +49,38 @@ constexpr int64_t kRegisterRetryNs = 1'000'000'000;
 
 void KernelForGood(Conn& c, Reason why) { c.state.Apply(ConnEvent::kKernelForGood, why); }
 
+// How long a registration waits for rings on their way back (decision 43).
+constexpr int64_t kRingWaitNs = 20'000'000;
+
+// Rings for c. A burst of connections this side closed first can fill the
+// region with rings that come back within moments: a lingering connection's
+// once its peer consumed the last bytes, an unregistered one's once the
+// backend answers or releases it. Those are taken back first (the writer's step, early); while
+// some are still on their way, this waits for them up to kRingWaitNs, rather
+// than leave the connection on kernel TCP for good. A region full of live
+// connections fails at once.
+Status AllocRingsWaiting(Session* s, Conn& c) {
+  int64_t deadline = 0;
+  for (;;) {
+    Status rings = s->AllocRings(c, Config().ring_bytes);
+    if (rings.ok()) return rings;
+    (void)s->Drain();
+    size_t lingering = 0;
+    if (ReclaimLingering(s, &lingering) > 0) continue;
+    // (Some may have come back since the first try.)
+    if (lingering == 0 && s->returning_rings() == 0) return s->AllocRings(c, Config().ring_bytes);
+    int64_t now = MonotonicNs();
+    if (deadline == 0) deadline = now + kRingWaitNs;
+    if (now >= deadline || !s->alive()) {
+      char why[96];
+      snprintf(why, sizeof(why), "; waited %.1f ms, %zu lingering, %zu returning", (now - deadline + kRingWaitNs) / 1e6,
+               lingering, s->returning_rings());
+      return Status(rings.code(), rings.message() + why);
+    }
+    s->AwaitEvent(1);
+  }
+}
+
 }  // namespace
 
 // Registers an established connection with the backend, once, at its first
@@ -80,13 +112,7 @@ void EnsureRegistered(int fd, Conn& c) {
     }
     return KernelForGood(c, why);
   }
-  Status rings = s->AllocRings(c, Config().ring_bytes);
-  if (!rings.ok()) {
-    // Closed connections whose peers consumed everything may still hold
-    // theirs until the writer gets to them: take those back first.
-    (void)s->Drain();
-    if (ReclaimLingering(s) > 0) rings = s->AllocRings(c, Config().ring_bytes);
-  }
+  Status rings = AllocRingsWaiting(s, c);
   if (!rings.ok()) {
     VS_LOG(kWarn, "%s: connection stays on kernel TCP", rings.ToString().c_str());
     return KernelForGood(c, Reason::kResourceLimit);

@@ -260,15 +260,18 @@ Status Session::Call(const Message& request, Message* response, int timeout_ms) 
       SpinStep(iter);
       continue;
     }
-    if (PrepareSleep()) {
-      pollfd p[2] = {{request_fd(), POLLIN, 0}, {fe_->socket_fd(), POLLIN, 0}};
-      Libc().poll(p, 2, 5);
-      DoneSleeping();
-      if (p[1].revents) {
-        std::lock_guard<std::mutex> lock(mu_);
-        BackendLost();
-      }
-    }
+    AwaitEvent(5);
+  }
+}
+
+void Session::AwaitEvent(int timeout_ms) {
+  if (!PrepareSleep()) return;
+  pollfd p[3] = {{request_fd(), POLLIN, 0}, {event_fd(), POLLIN, 0}, {fe_->socket_fd(), POLLIN, 0}};
+  Libc().poll(p, 3, timeout_ms);
+  DoneSleeping();
+  if (p[2].revents) {
+    std::lock_guard<std::mutex> lock(mu_);
+    BackendLost();
   }
 }
 
@@ -538,9 +541,9 @@ Status Session::Unregister(Conn& c) {
   return st;
 }
 
-size_t Session::held_rings() const {
+size_t Session::returning_rings() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return held_;
+  return closing_.size();
 }
 
 std::vector<std::shared_ptr<Conn>> Session::Tracked() const {

@@ -42,8 +42,9 @@ class Session {
   // RINGS_RELEASED names it, because the backend's fabric still reads or
   // writes them. Not answered: an error, and the rings are never reused.
   Status Unregister(Conn& c);
-  // Closed connections whose rings wait for RINGS_RELEASED.
-  size_t held_rings() const;
+  // Closed connections whose rings are not free yet: their UNREGISTER is
+  // on its way, or the backend holds them until RINGS_RELEASED.
+  size_t returning_rings() const;
   uint64_t Gpa(const void* p) const { return reinterpret_cast<uint64_t>(p); }
 
   void Track(const std::shared_ptr<Conn>& c);
@@ -65,6 +66,9 @@ class Session {
   void RemoveWaiter(int efd);
   bool PrepareSleep();
   void DoneSleeping();
+  // Sleeps until a response or an event arrives, the backend hangs up
+  // (then BackendLost) or timeout_ms passed; at once if work is pending.
+  void AwaitEvent(int timeout_ms);
   int event_fd() const;    // call eventfd of the event queue
   int request_fd() const;  // call eventfd of the request queue
   bool alive() const { return alive_.load(std::memory_order_acquire); }

@@ -314,13 +314,20 @@ void HandToWriter(const std::shared_ptr<Conn>& c, int fd) {
   Enqueue(c);
 }
 
-size_t ReclaimLingering(Session* s) {
+size_t ReclaimLingering(Session* s, size_t* still) {
   std::lock_guard<std::mutex> steps(g_linger_mu);
-  size_t ended = 0;
+  size_t ended = 0, waiting = 0;
   // The writer's own step, a little early: it drops what this ends (its
   // linger_fd is gone), and takes over a resend this starts.
-  for (const std::shared_ptr<Conn>& c : s->Tracked())
-    if (int lfd = c->linger_fd.load(); lfd >= 0 && StepLinger(*c, lfd) == LingerState::kOver) ++ended;
+  for (const std::shared_ptr<Conn>& c : s->Tracked()) {
+    int lfd = c->linger_fd.load();
+    if (lfd < 0) continue;
+    if (StepLinger(*c, lfd) == LingerState::kOver)
+      ++ended;
+    else
+      ++waiting;
+  }
+  if (still != nullptr) *still = waiting;
   return ended;
 }
 

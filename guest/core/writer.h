@@ -24,8 +24,8 @@ void WakeWriter();
 void HandToWriter(const std::shared_ptr<Conn>& c, int fd);
 // Ends now the lingers of s whose peers consumed everything (normally the
 // writer's, soon): a registration short of rings takes theirs back.
-// Returns how many ended.
-size_t ReclaimLingering(Session* s);
+// Returns how many ended; *still: how many go on lingering.
+size_t ReclaimLingering(Session* s, size_t* still = nullptr);
 // pthread_atfork prepare/parent: the background writer's fd list is
 // consistent in the child (AfterForkInChild closes those fds there).
 void BeforeFork();
