@@ -49,7 +49,7 @@ constexpr int64_t kRegisterRetryNs = 1'000'000'000;
 
 void KernelForGood(Conn& c, Reason why) { c.state.Apply(ConnEvent::kKernelForGood, why); }
 
-// How long a registration waits for rings on their way back (decision 43).
+// How long a registration waits for rings on their way back (decision 44).
 constexpr int64_t kRingWaitNs = 20'000'000;
 
 // Rings for c. A burst of connections this side closed first can fill the

@@ -313,7 +313,7 @@ case_nginx_close
 # A burst of connections the server closes first, in a region that holds
 # only a few of them: each closed one lingers until its client reads the
 # response, so the next registration finds the region full of rings that
-# come back moments later. It must wait for them (up to 20 ms, decision 43),
+# come back moments later. It must wait for them (up to 20 ms, decision 44),
 # not leave that connection on kernel TCP for good.
 case_close_burst() {
   local name=close_burst_reuses_rings port=8082 n=12 size=131072
