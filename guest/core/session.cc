@@ -138,6 +138,7 @@ Status Session::Open() {
   if (fe_->queue(kEventQueue).Publish()) fe_->Kick(kEventQueue);
   fe_->queue(kEventQueue).DisableInterrupts();
   fe_->queue(kRequestQueue).DisableInterrupts();
+  owner_pid_ = getpid();
   alive_.store(true, std::memory_order_release);
   return Status::Ok();
 }
@@ -190,6 +191,7 @@ Status Session::SubmitLocked(const Message& m, bool want_response, uint32_t* slo
   if (!head.ok()) return head.status();
   free_slots_.pop_back();
   slot.in_flight = true;
+  slot.submitted_ns = MonotonicNs();
   slot.want_response = want_response;
   slot.done = false;
   if (fe_->queue(kRequestQueue).Publish()) fe_->Kick(kRequestQueue);
@@ -253,6 +255,10 @@ Status Session::Call(const Message& request, Message* response, int timeout_ms) 
       if (!alive()) return Status(Code::kUnavailable, "backend session lost");
       if (MonotonicNs() > deadline) {
         s.want_response = false;  // freed when it completes
+        int64_t none = 0;
+        if (unanswered_since_ns_.compare_exchange_strong(none, s.submitted_ns, std::memory_order_acq_rel))
+          VS_LOG(kWarn, "vsocketd did not answer in %d ms: new connections stay on kernel TCP until it answers again",
+                 timeout_ms);
         return Status(Code::kDeadlineExceeded, "backend did not answer in time");
       }
     }
@@ -285,12 +291,23 @@ bool Session::TryDrain() {
   return lock.owns_lock() && DrainLocked();
 }
 
+void Session::Answered(int64_t submitted_ns) {
+  // (A request older than the one that went unanswered may have been done
+  // before the backend stopped, and only be seen now.)
+  int64_t since = unanswered_since_ns_.load(std::memory_order_relaxed);
+  if (since != 0 && submitted_ns >= since &&
+      unanswered_since_ns_.compare_exchange_strong(since, 0, std::memory_order_acq_rel))
+    VS_LOG(kWarn, "vsocketd answers again after %.1f s: new connections are accelerated again",
+           (MonotonicNs() - since) / 1e9);
+}
+
 bool Session::DrainLocked() {
   if (!alive()) return false;
   bool changed = false;
   vhost::VirtqueueDriver& rq = fe_->queue(kRequestQueue);
   while (auto u = rq.PopUsed()) {
     Slot& s = slots_[u->cookie];
+    Answered(s.submitted_ns);
     if (s.want_response) {
       s.done = true;
       s.resp_len = u->len;
@@ -514,6 +531,15 @@ void Session::FreeRings(Conn& c) {
 }
 
 Status Session::Unregister(Conn& c) {
+  if (!answering()) {
+    // A backend that does not answer: told without waiting, and the rings
+    // are never reused (it may still use them when it wakes up).
+    Status st = Post({MsgType::kUnregister, 0, proto::Unregister{c.id}});
+    Untrack(c.id);
+    c.tx = c.rx = nullptr;
+    c.db = nullptr;
+    return st.ok() ? Status(Code::kDeadlineExceeded, "backend not answering: rings left to it") : st;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     closing_[c.id] = Closing{c.tx, c.rx};

@@ -610,6 +610,122 @@ case_semantics preload
 case_semantics preload_polling
 case_semantics preload_sleeping
 
+# ---- exec: connections a new program inherits (issue 18) ---------------------
+
+# An inetd-style server hands its accepted connection to cat across exec,
+# with and without libvsocket in cat's environment (sshd scrubs it). The
+# library cannot follow a connection into another program: each one is
+# named in the log and the report (event exec, reason inherited) and goes on
+# over kernel TCP, byte-exact; one it had accelerated is reset instead (the
+# client sees ECONNRESET, never a silent EOF or a hang).
+# exec_server PORT ENV_OF_CAT [accelerated]: python3 in vm2 that accepts one
+# connection and execs cat on it (after a byte-checked accelerated exchange
+# if "accelerated").
+exec_server() {
+  vm_bg vm2 preload "$WORK/exec$1.srv.jsonl" "$WORK/exec$1.srv" python3 -c '
+import os, socket, sys
+port, env, accel = int(sys.argv[2]), sys.argv[3], len(sys.argv) > 4
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((sys.argv[1], port))
+ls.listen(1)
+c, _ = ls.accept()
+if accel:
+    req = c.recv(16)
+    c.sendall(bytes(range(256)) * 256)
+    c.recv(1)  # the client has it all
+os.dup2(c.fileno(), 0)
+os.dup2(c.fileno(), 1)
+e = dict(os.environ)
+if env == "scrubbed":
+    e.pop("LD_PRELOAD", None)
+os.execve("/bin/cat", ["cat"], e)
+' "$A2" "$1" "$2" ${3:-}
+}
+case_exec() {
+  local name=exec_hands_connections_on port=7730 out part1
+  # 1. Unprobed connection, cat without libvsocket: byte-exact, named.
+  exec_server $port scrubbed
+  local srv=$BG
+  wait_listen vm2 $port
+  out=$(vm_run vm1 preload "$WORK/exec.cli.jsonl" python3 -c '
+import hashlib, os, socket, sys
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+data = os.urandom(1 << 20)
+c.sendall(data)
+c.shutdown(socket.SHUT_WR)
+got = b""
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    got += b
+print("exact" if got == data else "differs %d" % len(got))
+' "$A2" $port 2>&1)
+  wait "$srv" 2>/dev/null
+  [ "$out" = exact ] || { fail $name "through cat: $out"; return; }
+  if ! out=$(python3 - "$WORK/exec$port.srv.jsonl" <<'PY'
+import json, sys
+try:
+    lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+except FileNotFoundError:
+    lines = []
+ex = [l for l in lines if l["event"] == "exec"]
+if len(ex) != 1 or ex[0]["exec"] != "/bin/cat" or ex[0]["reason"] != "inherited" or ex[0]["mode"] != "kernel" \
+        or ex[0]["local"].endswith(":0"):
+    print("server report: " + " ".join(json.dumps(l) for l in lines)[:600])
+    sys.exit(1)
+print("exec line: %s %s" % (ex[0]["mode"], ex[0]["reason"]))
+PY
+  ); then
+    fail $name "$out"
+    return
+  fi
+  part1=$out
+  grep -q "exec /bin/cat: fd .* whose environment does not preload libvsocket" "$WORK/exec$port.srv" ||
+    { fail $name "no log line for the connection passed to cat: $(tr '\n' ' ' < "$WORK/exec$port.srv" | cut -c1-300)"; return; }
+  # 2. Accelerated connection: reset, not a silent EOF.
+  port=7731
+  exec_server $port kept accelerated
+  srv=$BG
+  wait_listen vm2 $port
+  out=$(vm_run vm1 preload "$WORK/exec.cli.jsonl" python3 -c '
+import socket, sys
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+c.sendall(b"x" * 16)
+want = bytes(range(256)) * 256
+got = b""
+try:
+    while len(got) < len(want):
+        b = c.recv(65536)
+        if not b:
+            print("EOF after %d bytes" % len(got))
+            sys.exit()
+        got += b
+    if got != want:
+        print("response differs")
+        sys.exit()
+    c.sendall(b"k")
+    for _ in range(64):
+        c.sendall(b"y" * 4096)
+        b = c.recv(65536)
+        if not b:
+            print("EOF after the exec")
+            sys.exit()
+    print("no error")
+except (ConnectionResetError, BrokenPipeError) as e:
+    print("reset" if got == want else "reset early")
+' "$A2" $port 2>&1)
+  wait "$srv" 2>/dev/null
+  [ "$out" = reset ] || { fail $name "accelerated connection across exec: $out"; return; }
+  grep -q "exec /bin/cat: fd .* was accelerated and cannot go on in the new program: connection reset" "$WORK/exec$port.srv" ||
+    { fail $name "no log line for the accelerated connection: $(tr '\n' ' ' < "$WORK/exec$port.srv" | cut -c1-300)"; return; }
+  grep -q '"event":"exec".*"mode":"accelerated","reason":"inherited"' "$WORK/exec$port.srv.jsonl" ||
+    { fail $name "no exec report line for the accelerated connection"; return; }
+  pass "$name (1 MiB through cat byte-exact, $part1 line; an accelerated connection passed to cat reset: the client saw ECONNRESET; both named in the log)"
+}
+case_exec
+
 # ---- idle costs nothing -----------------------------------------------------
 
 # An accelerated connection left open and idle, both ends blocked in recv():
@@ -660,6 +776,111 @@ except socket.timeout:
 case_idle
 
 # ---- vsocketd dies or restarts under load (issue 16) -------------------------
+
+# vsocketd stopped (SIGSTOP: wedged, not gone). The first request that goes
+# unanswered waits out its timeout (3 s); after it, new connections stay on
+# kernel TCP at once (byte-exact, reason backend-unavailable) and closes do
+# not wait, instead of every connection waiting 3 s on each side. Once it
+# runs again, new connections are accelerated again.
+case_daemon_stopped() {
+  local name=daemon_stopped_costs_one_timeout port=7720 n=8 rep=$WORK/stopped.jsonl d
+  vm_bg vm2 preload "$WORK/stopped.srv.jsonl" "$WORK/stopped.srv" python3 -c '
+import socket, sys, threading
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((sys.argv[1], 7720))
+ls.listen(64)
+def serve(c):
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        c.sendall(b)
+    c.close()
+while True:
+    c, _ = ls.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+' "$A2"
+  local srv=$BG
+  wait_listen vm2 $port
+  vm_bg vm1 preload "$rep" "$WORK/stopped.cli" python3 -c '
+import os, socket, sys, time
+addr, n, work = (sys.argv[1], 7720), int(sys.argv[2]), sys.argv[3]
+def echo(c, size=65536):
+    data = os.urandom(size)
+    c.sendall(data)
+    got = b""
+    while len(got) < size:
+        b = c.recv(size - len(got))
+        if not b:
+            sys.exit("early EOF")
+        got += b
+    if got != data:
+        sys.exit("echo differs")
+def wait_file(p):
+    for _ in range(600):
+        if os.path.exists(p):
+            return
+        time.sleep(0.05)
+    sys.exit("no " + p)
+c0 = socket.create_connection(addr)
+for _ in range(4):
+    echo(c0)
+print("up", flush=True)
+wait_file(work + "/stopped.go")
+t = time.monotonic()
+c0.close()
+for _ in range(n):
+    c = socket.create_connection(addr)
+    echo(c)
+    c.close()
+print("stopped %.1f" % (time.monotonic() - t), flush=True)
+wait_file(work + "/resumed.go")
+c1 = socket.create_connection(addr)
+for _ in range(4):
+    echo(c1)
+c1.close()
+print("done", flush=True)
+' "$A2" $n "$WORK"
+  local cli=$BG i
+  for i in $(seq 100); do grep -q up "$WORK/stopped.cli" 2>/dev/null && break; sleep 0.1; done
+  d=$(bash $TB daemon-pid)
+  kill -STOP "$d"
+  touch "$WORK/stopped.go"
+  for i in $(seq 400); do grep -q "^stopped" "$WORK/stopped.cli" 2>/dev/null && break; sleep 0.1; done
+  kill -CONT "$d"
+  sleep 0.3
+  touch "$WORK/resumed.go"
+  wait "$cli" 2>/dev/null
+  kill "$srv" 2>/dev/null
+  wait "$srv" 2>/dev/null
+  local took
+  took=$(awk '/^stopped/ {print $2}' "$WORK/stopped.cli")
+  grep -q done "$WORK/stopped.cli" || { fail $name "client: $(tail -2 "$WORK/stopped.cli" | tr '\n' ' ')"; return; }
+  local out
+  if ! out=$(python3 - "$rep" $n <<'PY'
+import json, sys
+n = int(sys.argv[2])
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip() and json.loads(l)["peer"].endswith(":7720")]
+accel = [l for l in lines if l["mode"] == "accelerated" and l["accel_tx"] > 0]
+kern = [l for l in lines if l["mode"] == "kernel" and l["reason"] == "backend-unavailable"]
+if len(lines) != n + 2 or len(accel) != 2 or len(kern) != n:
+    print(f"{len(lines)} connections reported (want {n + 2}): {len(accel)} accelerated (want 2: before and after), "
+          f"{len(kern)} on kernel TCP as backend-unavailable (want {n}); "
+          + " ".join(json.dumps(l) for l in lines if l not in accel and l not in kern)[:600])
+    sys.exit(1)
+print(f"{len(accel)} accelerated (before, after), {len(kern)} on kernel TCP meanwhile")
+PY
+  ); then
+    fail $name "$out"
+    return
+  fi
+  # One timeout on each side (3 s, concurrently) at most, not 3 s per connection and side.
+  python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 10 else 1)" "$took" ||
+    { fail $name "closing one connection and $n new connections took $took s while vsocketd was stopped"; return; }
+  pass "$name (vsocketd stopped: one close + $n new connections byte-exact in $took s; $out)"
+}
+case_daemon_stopped
 
 # wait_accelerated N PORT...: until the daemon has N accelerated
 # connections to or from those ports (bounded: 10 s).
