@@ -476,12 +476,26 @@ case_operator_views() {
   local vms metrics
   vms=$("$ctl" -s "$sock" --json vms 2>&1) || { fail $name "vsocketctl vms: $vms"; return; }
   metrics=$("$ctl" -s "$sock" metrics 2>&1) || { fail $name "vsocketctl metrics failed"; return; }
-  local out
-  if ! out=$(python3 - "$vms" "$metrics" <<'PY'
-import json, sys
+  local out fb
+  fb=$("$ctl" -s "$sock" --json fallbacks 2>&1) || { fail $name "vsocketctl fallbacks: $fb"; return; }
+  if ! out=$(python3 - "$vms" "$metrics" "$fb" <<'PY'
+import json, re, sys
 vms = {v["vm"]: v for v in json.loads(sys.argv[1])}
 m = sys.argv[2]
 errs = []
+# Fallbacks by reason (the mixed cases ran before): a preloaded end whose
+# peer was plain, per VM and summed per tenant, and in Prometheus.
+fb = {(r["vm"], r["tenant"]): r for r in json.loads(sys.argv[3])}
+for name in ("vm1", "vm2"):
+    if fb[(name, 1)]["peer_not_accelerated"] == 0:
+        errs.append(f"{name} counts no peer-not-accelerated fallback")
+if fb[("*", 1)]["peer_not_accelerated"] != fb[("vm1", 1)]["peer_not_accelerated"] + fb[("vm2", 1)]["peer_not_accelerated"]:
+    errs.append("tenant 1's fallbacks are not the sum of its VMs'")
+if fb[("vm3", 2)]["cross_tenant"] + fb[("vm2", 1)]["cross_tenant"] == 0:
+    errs.append("the cross-tenant connection counts no cross-tenant fallback")
+prom = re.search(r'^vsocket_fallbacks_total\{vm="vm1",tenant="1",reason="peer-not-accelerated"\} (\d+)$', m, re.M)
+if not prom or int(prom.group(1)) != fb[("vm1", 1)]["peer_not_accelerated"]:
+    errs.append("vsocket_fallbacks_total for vm1 missing or different from vsocketctl's")
 for name in ("vm1", "vm2"):
     if vms[name]["accel_bytes_out"] == 0 or vms[name]["upgrades"] == 0:
         errs.append(f"{name} shows no accelerated traffic")
@@ -496,7 +510,9 @@ if not counts or int(counts[0].split()[1]) == 0:
     errs.append("no count was read from a doorbell block")
 if errs:
     print("; ".join(errs)); sys.exit(1)
-print(f'vm1 moved {vms["vm1"]["accel_bytes_out"]} B out, vm2 {vms["vm2"]["accel_bytes_out"]} B; vm3 never upgraded')
+print(f'vm1 moved {vms["vm1"]["accel_bytes_out"]} B out, vm2 {vms["vm2"]["accel_bytes_out"]} B; vm3 never upgraded; '
+      f'fallbacks peer-not-accelerated vm1 {fb[("vm1", 1)]["peer_not_accelerated"]}, vm2 {fb[("vm2", 1)]["peer_not_accelerated"]}, '
+      f'cross-tenant {fb[("vm3", 2)]["cross_tenant"] + fb[("vm2", 1)]["cross_tenant"]}')
 PY
   ); then
     fail $name "$out"
