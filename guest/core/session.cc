@@ -1,11 +1,15 @@
 #include "guest/core/session.h"
 
+#include <grp.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <new>
+#include <string>
+#include <vector>
 
 #include "base/clock.h"
 #include "base/log.h"
@@ -45,6 +49,33 @@ Session* Session::Existing() {
   return s != nullptr && s->alive() ? s : nullptr;
 }
 
+namespace {
+
+// Why this process may not connect to the socket at `path`, and what would
+// let it: the socket's owner, group and mode against our uid and groups.
+std::string PermissionHint(const std::string& path) {
+  struct stat st{};
+  std::string out = "no permission to connect to vsocketd at " + path;
+  if (stat(path.c_str(), &st) != 0) return out;
+  struct group g{};
+  struct group* found = nullptr;
+  std::vector<char> buf(4096);
+  if (getgrgid_r(st.st_gid, &g, buf.data(), buf.size(), &found) != 0) found = nullptr;
+  std::string gname = found != nullptr ? found->gr_name : std::to_string(st.st_gid);
+  char line[256];
+  snprintf(line, sizeof(line), " (owner uid %u, group %s, mode %04o; this process: uid %u, gid %u)",
+           static_cast<unsigned>(st.st_uid), gname.c_str(), static_cast<unsigned>(st.st_mode & 07777),
+           static_cast<unsigned>(geteuid()), static_cast<unsigned>(getegid()));
+  out += line;
+  if (st.st_mode & S_IWGRP)
+    out += ": add this user to group " + gname;
+  else
+    out += ": ask the operator to set `group = GROUP` for this VM in vsocketd.conf (docs/operator-guide.md)";
+  return out;
+}
+
+}  // namespace
+
 Session* Session::Get(proto::Reason* why) {
   if (Session* s = Existing()) return s;
   const GuestConfig& cfg = Config();
@@ -70,7 +101,11 @@ Session* Session::Get(proto::Reason* why) {
   Status st = fresh->Open();
   if (st.ok()) st = fresh->Negotiate();
   if (!st.ok()) {
-    VS_LOG(kInfo, "backend unavailable (%s): connections stay on kernel TCP", st.ToString().c_str());
+    static std::atomic<bool> told{false};
+    if (st.code() == Code::kPermissionDenied && !told.exchange(true))
+      VS_LOG(kWarn, "%s: connections stay on kernel TCP", PermissionHint(cfg.socket_path).c_str());
+    else
+      VS_LOG(kInfo, "backend unavailable (%s): connections stay on kernel TCP", st.ToString().c_str());
     // Never handed out: nothing else refers to it. Its region and fds go
     // (the backend, if it got that far, keeps its own mapping and fds).
     // Retried at most once a second, for as long as the backend is away.
