@@ -44,10 +44,13 @@ class RoguePeer {
   RoguePeer();   // a private temp directory
   ~RoguePeer();  // closes both channels, removes the directory
 
-  // Certificates for both hosts from one CA, the locator (`locator_lines`:
-  // "TENANT ADDRESS HOST") and a vsocketd.conf in which the rogue is the
-  // daemon's only peer; start the daemon with --config config_path().
-  Status Prepare(const std::vector<std::string>& locator_lines);
+  // Certificates for both hosts from one CA (deploy/make-certs.sh) into
+  // `dir`; one set serves any number of sessions.
+  static Status MakeCertificates(const std::string& dir);
+  // The locator (`locator_lines`: "TENANT ADDRESS HOST") and a vsocketd.conf
+  // in which the rogue is the daemon's only peer, with the certificates in
+  // `certs`; start the daemon with --config config_path().
+  Status Prepare(const std::string& certs, const std::vector<std::string>& locator_lines);
   const std::string& config_path() const { return config_path_; }
 
   // The TLS handshake, then the data link, until the daemon says
