@@ -221,7 +221,7 @@ void RoguePeer::Pump(int wait_ms) {
   if (link_ && !link_eof_) fds[n++] = {link_.get(), POLLIN, 0};
   if (n == 0) return;
   if (poll(fds, n, wait_ms) <= 0) return;
-  if (tls_ && error_.empty()) {
+  if (tls_) {  // a failed channel latches its error: Receive() repeats it
     std::vector<std::vector<uint8_t>> msgs;
     Status st = tls_->Receive(&msgs);
     if (st.ok()) st = tls_->Flush();
