@@ -1015,8 +1015,8 @@ case_daemon_restart() {  # case_daemon_restart SIG REP PORT
     return
   fi
   local out out2 after
-  out=$(python3 $CHECK "$rep" --port "$port" --expect-conns 2 --resynced) || bad+="bulk: $out; "
-  out2=$(python3 $CHECK "$rep" --port $((port + 1)) --expect-conns $((2 * conns)) --reupgraded) ||
+  out=$(python3 $CHECK "$rep" --port "$port" --expect-conns 2 --resynced --downgrade-cause backend-unavailable) || bad+="bulk: $out; "
+  out2=$(python3 $CHECK "$rep" --port $((port + 1)) --expect-conns $((2 * conns)) --reupgraded --downgrade-cause backend-unavailable) ||
     bad+="request/response: $out2; "
   [ -z "$bad" ] || { fail $name "$bad"; return; }
   after=$(stat_field accel_bytes)
