@@ -41,7 +41,7 @@ constexpr char kUsage[] =
     "  -h, --help           this text\n"
     "Every file key can be overridden by VSOCKET_<KEY> (daemon keys) or\n"
     "VSOCKET_VM_<NAME>_<KEY> (VM keys) environment variables, then by flags.\n"
-    "See /usr/share/doc/vsocketd/operator-guide.md.gz (docs/operator-guide.md).\n";
+    "See /usr/share/doc/vsocketd/operator-guide.md (docs/operator-guide.md).\n";
 
 [[noreturn]] void Usage(const char* why) {
   std::fprintf(stderr, "vsocketd: %s\n%s", why, kUsage);
