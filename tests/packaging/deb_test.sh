@@ -180,6 +180,31 @@ for c in /usr/sbin/vsocketd /usr/bin/vsocketctl /usr/bin/vsocket-run; do
 done
 if [ "${#problems[@]}" -eq 0 ]; then pass "help (vsocketd, vsocketctl, vsocket-run --help: usage, exit 0)"; else fail help "${problems[*]}"; fi
 
+# Where systemd is PID 1 (CI's fresh machines), postinst has started the
+# unit with the shipped config: it must be up, as vsocket, with no
+# capabilities and the unit's MemoryMax. (Elsewhere postinst must only not
+# fail, which the install step showed.)
+if [ -d /run/systemd/system ]; then
+  problems=()
+  for ((i = 0; i < 100; i++)); do
+    [ "$(systemctl is-active vsocketd 2>/dev/null)" = active ] && [ -S /run/vsocket/vsocketd.sock ] && break
+    sleep 0.1
+  done
+  main_pid=$(systemctl show -p MainPID --value vsocketd 2>/dev/null)
+  if [ "$(systemctl is-active vsocketd 2>/dev/null)" != active ] || [ "${main_pid:-0}" = 0 ]; then
+    problems+=("vsocketd.service is not active: $(journalctl -u vsocketd -n 3 --no-pager 2>&1 | tr '\n' ' ')")
+  else
+    [ "$(awk '/^Uid:/ {print $2}' /proc/"$main_pid"/status)" = "$vs_uid" ] || problems+=("MainPID $main_pid is not vsocket")
+    [ "$(awk '/^CapEff:/ {print $2}' /proc/"$main_pid"/status)" = 0000000000000000 ] || problems+=("MainPID has capabilities")
+    want=$(sed -n 's/^MemoryMax=\([0-9]*\)M$/\1/p' "$UNIT" | tail -1)
+    [ "$(systemctl show -p MemoryMax --value vsocketd)" = "$((want * 1048576))" ] || problems+=("MemoryMax not applied")
+    /usr/bin/vsocketctl vms >/dev/null 2>&1 || problems+=("vsocketctl vms fails against the unit's daemon")
+  fi
+  if [ "${#problems[@]}" -eq 0 ]; then pass "systemd_unit (active as vsocket, no capabilities, MemoryMax applied)"; else fail systemd_unit "${problems[*]}"; fi
+else
+  echo "SKIP systemd_unit: systemd is not PID 1 here; the demo below starts the daemon as the unit would"
+fi
+
 # --- 3. the demo from the installed files ---------------------------------------
 
 # The application user, in its own group; vsocketd's user joins that group
