@@ -71,6 +71,7 @@ APP_PIDS=()
 MADE_USER=0
 MADE_NS=()
 INSTALLED=0
+CHECKED_PRE=0 # 1 once the preconditions showed no vsocket user or package here
 
 cleanup() {
   local p
@@ -82,6 +83,12 @@ cleanup() {
   wait 2>/dev/null
   for p in "${MADE_NS[@]}"; do ip netns delete "$p" 2>/dev/null; done
   if [ "$INSTALLED" = 1 ]; then dpkg --purge "${PKGS[@]}" >/dev/null 2>&1; fi
+  # A purge that failed to remove the package's user (the test then fails)
+  # must not leave it for the next run: it did not exist before (preconditions).
+  if [ "$CHECKED_PRE" = 1 ]; then
+    getent passwd vsocket >/dev/null && userdel vsocket 2>/dev/null
+    getent group vsocket >/dev/null && groupdel vsocket 2>/dev/null
+  fi
   if [ "$MADE_USER" = 1 ]; then
     userdel "$APP_USER" 2>/dev/null
     groupdel "$APP_USER" 2>/dev/null
@@ -111,6 +118,7 @@ done
 for tool in dpkg-deb socat setpriv prlimit python3 sha256sum; do
   command -v "$tool" >/dev/null 2>&1 || { fail preconditions "'$tool' not found (deploy/install-deps.sh)"; finish; }
 done
+CHECKED_PRE=1
 WORK=$(mktemp -d /tmp/vsocket-debtest-XXXXXX)
 chmod 0755 "$WORK" # the daemon's and the application's users walk through it
 
