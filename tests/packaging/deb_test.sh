@@ -414,7 +414,7 @@ for p in "${PKGS[@]}"; do
   [ -z "$s" ] || [ "${s:1:1}" = n ] || left+=("dpkg still knows $p ($s)")
 done
 # Anything the daemon's user owned (outside this test's own directory).
-owned=$(find /etc /run /tmp /var -xdev -uid "$vs_uid" -not -path "$WORK/*" -not -path "$WORK" 2>/dev/null | head -5)
+owned=$(find /etc /run /tmp /var -xdev -uid "$vs_uid" -not -path "$WORK/*" -not -path "$WORK" 2>/dev/null | head -5 | tr "\n" " ")
 [ -z "$owned" ] || left+=("files of uid $vs_uid: $owned")
 if [ "${#left[@]}" -eq 0 ]; then
   pass "purge ($(wc -l <"$WORK/new-paths") installed paths, the vsocket user and group, the unit's links and state: all gone)"
