@@ -205,21 +205,45 @@ Table Vms(const std::vector<VmRow>& vms) {
   return t;
 }
 
-// The VMs' numbers summed per tenant.
-Table Tenants(const std::vector<VmRow>& vms) {
-  const auto& ms = metrics::DaemonMetrics().vms;
-  std::map<uint32_t, std::vector<uint64_t>> sum;  // tenant -> VMs, then one sum per metric
+// The VMs' numbers (`ms`) summed per tenant: tenant -> VMs, then one sum per metric.
+std::map<uint32_t, std::vector<uint64_t>> PerTenant(const std::vector<VmRow>& vms,
+                                                    const std::vector<metrics::Metric<VmRow>>& ms) {
+  std::map<uint32_t, std::vector<uint64_t>> sum;
   for (const VmRow& vm : vms) {
     auto& v = sum[vm.vm->tenant_id];
     v.resize(1 + ms.size());
     v[0] += 1;
     for (size_t i = 0; i < ms.size(); ++i) v[1 + i] += ms[i].read(vm);
   }
+  return sum;
+}
+
+Table Tenants(const std::vector<VmRow>& vms) {
+  const auto& ms = metrics::DaemonMetrics().vms;
   Table t{{"tenant", "vms"}, {}, {true, true}};
   AddColumns(t, ms);
-  for (const auto& [tenant, v] : sum) {
+  for (const auto& [tenant, v] : PerTenant(vms, ms)) {
     std::vector<std::string> row{std::to_string(tenant)};
     for (uint64_t x : v) row.push_back(std::to_string(x));
+    t.rows.push_back(std::move(row));
+  }
+  return t;
+}
+
+// Connections on kernel TCP by reason: one row per VM, then one per tenant
+// (vm "*").
+Table Fallbacks(const std::vector<VmRow>& vms) {
+  const auto& ms = metrics::DaemonMetrics().fallbacks;
+  Table t{{"vm", "tenant"}, {}, {false, true}};
+  AddColumns(t, ms);
+  for (const VmRow& vm : vms) {
+    std::vector<std::string> row{vm.vm->vm_name, std::to_string(vm.vm->tenant_id)};
+    AddValues(row, ms, vm);
+    t.rows.push_back(std::move(row));
+  }
+  for (const auto& [tenant, v] : PerTenant(vms, ms)) {
+    std::vector<std::string> row{"*", std::to_string(tenant)};
+    for (size_t i = 1; i < v.size(); ++i) row.push_back(std::to_string(v[i]));
     t.rows.push_back(std::move(row));
   }
   return t;
@@ -270,6 +294,7 @@ std::string RenderPrometheus(const Report& rep) {
   const metrics::Registry& reg = metrics::DaemonMetrics();
   std::string out;
   metrics::AppendPrometheus(out, reg.vms, rep.vms, &metrics::VmLabels);
+  metrics::AppendPrometheus(out, reg.fallbacks, rep.vms, &metrics::VmLabels);
   metrics::AppendPrometheus(out, reg.daemon, std::vector<DaemonCounters>{rep.counters}, nullptr);
   metrics::AppendPrometheus(out, reg.peers, rep.peers, &metrics::PeerLabels);
   return out;
@@ -287,6 +312,7 @@ std::string Render(const Report& rep, bool json) {
 
 Table VmsView(const Report& rep) { return Vms(rep.vms); }
 Table TenantsView(const Report& rep) { return Tenants(rep.vms); }
+Table FallbacksView(const Report& rep) { return Fallbacks(rep.vms); }
 
 // The control-socket commands: what each reads and how it is rendered.
 struct Command {
@@ -300,6 +326,7 @@ constexpr Command kCommands[] = {
     {"devices", kDevices, &Render<Devices>},
     {"vms", kVms, &Render<VmsView>},
     {"tenants", kVms, &Render<TenantsView>},
+    {"fallbacks", kVms, &Render<FallbacksView>},
     {"connections", kConns, &Render<Connections>},
     {"links", kPeers, &Render<Links>},
     {"counters", 0, &Render<CountersTable>},

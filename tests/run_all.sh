@@ -17,7 +17,16 @@ bash deploy/install-deps.sh || exit 1
 
 FUZZ_SECONDS="${VSOCKET_FUZZ_SECONDS:-30}"
 UNIT_TARGETS=(//base/... //proto/... //vhost/... //host-backend/fabric/... //host-backend/peering/... //tests/hostile/...)
-FUZZ_TARGETS=(//proto/fuzz:control_fuzz:proto/fuzz/corpus/control //vhost/fuzz:vring_fuzz:vhost/fuzz/corpus/vring)
+FUZZ_TARGETS=(
+  //proto/fuzz:control_fuzz:proto/fuzz/corpus/control
+  //vhost/fuzz:vring_fuzz:vhost/fuzz/corpus/vring
+  //proto/fuzz:fabric_fuzz:proto/fuzz/corpus/fabric
+  //host-backend/fabric/fuzz:stream_link_fuzz:host-backend/fabric/fuzz/corpus/stream_link
+  //host-backend/peering/fuzz:tls_channel_fuzz:host-backend/peering/fuzz/corpus/tls_channel
+  //host-backend/remote/fuzz:peer_frames_fuzz:host-backend/remote/fuzz/corpus/peer_frames
+  //host-backend/fabric/fuzz:locator_fuzz:host-backend/fabric/fuzz/corpus/locator
+  //host-backend/fuzz:config_fuzz:host-backend/fuzz/corpus/config
+)
 passed=0
 failed=0
 LOGDIR=$(mktemp -d /tmp/vsocket-tests-XXXXXX)
@@ -59,7 +68,7 @@ run_bazel_tests default //...
 run_bazel_tests asan --config=asan "${UNIT_TARGETS[@]}"
 run_bazel_tests tsan --config=tsan //vhost:ring_stress_test //vhost:ring_test
 
-if bazel build --config=fuzz //proto/fuzz:control_fuzz //vhost/fuzz:vring_fuzz >"$LOGDIR/fuzz-build.log" 2>&1; then
+if bazel build --config=fuzz "${FUZZ_TARGETS[@]%:*}" >"$LOGDIR/fuzz-build.log" 2>&1; then
   for spec in "${FUZZ_TARGETS[@]}"; do
     target=${spec%:*}
     corpus=${spec##*:}

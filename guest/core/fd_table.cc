@@ -90,11 +90,11 @@ void AfterForkInChild() {
   }
 }
 
-void ForEachConn(const std::function<void(const Conn&)>& fn) {
+void ForEachConn(const std::function<void(int fd, Conn& c)>& fn) {
   for (int fd = 0; fd < kMaxFds; ++fd) {
     if (!g_has[fd].load()) continue;
     std::shared_ptr<Conn> c = Lookup(fd);
-    if (c) fn(*c);
+    if (c) fn(fd, *c);
   }
 }
 

@@ -26,6 +26,6 @@ void Forget(int fd, bool still_open = true);
 // upgraded (see docs/socket-compatibility.md).
 void AfterForkInChild();
 // Calls fn for the connection of every fd in the table (once per fd).
-void ForEachConn(const std::function<void(const Conn&)>& fn);
+void ForEachConn(const std::function<void(int fd, Conn& c)>& fn);
 
 }  // namespace vsocket::guest

@@ -21,10 +21,6 @@ using proto::Message;
 using proto::MsgType;
 using proto::Reason;
 
-namespace {
-
-std::atomic<uint64_t> g_next_conn_id{1};
-
 bool ToEndpoint(const sockaddr_storage& ss, proto::Endpoint* e) {
   if (ss.ss_family == AF_INET) {
     auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
@@ -43,6 +39,10 @@ bool ToEndpoint(const sockaddr_storage& ss, proto::Endpoint* e) {
   }
   return false;
 }
+
+namespace {
+
+std::atomic<uint64_t> g_next_conn_id{1};
 
 // How often a connection that lost its backend tries to register again.
 constexpr int64_t kRegisterRetryNs = 1'000'000'000;
@@ -111,6 +111,10 @@ void EnsureRegistered(int fd, Conn& c) {
       return;
     }
     return KernelForGood(c, why);
+  }
+  if (!s->answering()) {
+    (void)s->Drain();  // it may have woken up since
+    if (!s->answering()) return KernelForGood(c, Reason::kBackendUnavailable);  // logged once by the session
   }
   Status rings = AllocRingsWaiting(s, c);
   if (!rings.ok()) {

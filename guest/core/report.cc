@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <string>
+#include <unordered_set>
 
 #include "guest/core/config.h"
 #include "guest/core/conn_state.h"
@@ -16,28 +17,55 @@ namespace vsocket::guest {
 
 using proto::Reason;
 
-void Report(const Conn& c, const char* event) {
+namespace {
+
+// s as the inside of a JSON string, cut to fit `cap` bytes.
+std::string JsonText(const char* s, size_t cap) {
+  std::string out;
+  for (; *s != '\0' && out.size() + 6 < cap; ++s) {
+    auto ch = static_cast<unsigned char>(*s);
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += static_cast<char>(ch);
+    } else if (ch < 0x20) {
+      char esc[8];
+      std::snprintf(esc, sizeof(esc), "\\u%04x", ch);
+      out += esc;
+    } else {
+      out += static_cast<char>(ch);
+    }
+  }
+  return out;
+}
+
+// exec_program: the line of a connection passing to that program across
+// exec (reason "inherited").
+void WriteLine(const Conn& c, const char* event, const char* exec_program) {
   const std::string& path = Config().report_path;
-  // A connection never looked at says nothing; one waiting to register
-  // again (its backend went away) is on kernel TCP and says so.
-  if (path.empty() || (c.state.phase() == Phase::kUnprobed && !c.lost_backend.load() && c.reupgrades.load() == 0))
-    return;
+  if (path.empty()) return;
   char local[INET6_ADDRSTRLEN] = "?", peer[INET6_ADDRSTRLEN] = "?";
   int af = c.local.family == proto::Family::kIpv6 ? AF_INET6 : AF_INET;
   inet_ntop(af, c.local.addr.data(), local, sizeof(local));
   inet_ntop(af, c.peer.addr.data(), peer, sizeof(peer));
-  char line[768];
+  // Still pending at the end: the peer never registered (not preloaded,
+  // NAT, no backend on its side).
+  Reason reason = c.state.phase() == Phase::kPending ? Reason::kPeerNotAccelerated : c.state.reason();
+  const char* mode = c.state.ReportedMode();
+  std::string exec_field;
+  if (exec_program != nullptr) {
+    reason = Reason::kInherited;
+    if (c.state.phase() == Phase::kUnprobed) mode = "kernel";
+    exec_field = ",\"exec\":\"" + JsonText(exec_program, 256) + "\"";
+  }
+  char line[1024];
   int n = std::snprintf(
       line, sizeof(line),
-      "{\"pid\":%d,\"event\":\"%s\",\"local\":\"%s:%u\",\"peer\":\"%s:%u\",\"mode\":\"%s\","
+      "{\"pid\":%d,\"event\":\"%s\"%s,\"local\":\"%s:%u\",\"peer\":\"%s:%u\",\"mode\":\"%s\","
       "\"reason\":\"%s\",\"upgraded\":%s,\"kernel_tx\":%llu,\"kernel_rx\":%llu,"
       "\"accel_tx\":%llu,\"accel_rx\":%llu,\"kernel_tx_after_upgrade\":%llu,"
       "\"kernel_rx_after_upgrade\":%llu,\"resynced\":%s,\"reupgrades\":%u,\"fin_deferred\":%s,\"lingered\":%s,\"late_"
       "wakeups\":%u}\n",
-      getpid(), event, local, c.local.port, peer, c.peer.port, c.state.ReportedMode(),
-      // Still pending at the end: the peer never registered (not preloaded,
-      // NAT, no backend on its side).
-      proto::ToString(c.state.phase() == Phase::kPending ? Reason::kPeerNotAccelerated : c.state.reason()),
+      getpid(), event, exec_field.c_str(), local, c.local.port, peer, c.peer.port, mode, proto::ToString(reason),
       c.state.upgraded() ? "true" : "false", static_cast<unsigned long long>(c.kernel_sent.load()),
       static_cast<unsigned long long>(c.kernel_received.load()), static_cast<unsigned long long>(c.accel_tx.load()),
       static_cast<unsigned long long>(c.accel_rx.load()),
@@ -53,8 +81,22 @@ void Report(const Conn& c, const char* event) {
   Libc().close(fd);
 }
 
+}  // namespace
+
+void Report(const Conn& c, const char* event) {
+  // A connection never looked at says nothing; one waiting to register
+  // again (its backend went away) is on kernel TCP and says so.
+  if (c.state.phase() == Phase::kUnprobed && !c.lost_backend.load() && c.reupgrades.load() == 0) return;
+  WriteLine(c, event, nullptr);
+}
+
+void ReportExec(const Conn& c, const char* program) { WriteLine(c, "exec", program); }
+
 void ReportAll(const char* event) {
-  ForEachConn([event](const Conn& c) { Report(c, event); });
+  std::unordered_set<const Conn*> done;
+  ForEachConn([&](int, Conn& c) {
+    if (done.insert(&c).second) Report(c, event);
+  });
 }
 
 }  // namespace vsocket::guest

@@ -1,11 +1,15 @@
 #include "guest/core/session.h"
 
+#include <grp.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <new>
+#include <string>
+#include <vector>
 
 #include "base/clock.h"
 #include "base/log.h"
@@ -45,6 +49,33 @@ Session* Session::Existing() {
   return s != nullptr && s->alive() ? s : nullptr;
 }
 
+namespace {
+
+// Why this process may not connect to the socket at `path`, and what would
+// let it: the socket's owner, group and mode against our uid and groups.
+std::string PermissionHint(const std::string& path) {
+  struct stat st{};
+  std::string out = "no permission to connect to vsocketd at " + path;
+  if (stat(path.c_str(), &st) != 0) return out;
+  struct group g{};
+  struct group* found = nullptr;
+  std::vector<char> buf(4096);
+  if (getgrgid_r(st.st_gid, &g, buf.data(), buf.size(), &found) != 0) found = nullptr;
+  std::string gname = found != nullptr ? found->gr_name : std::to_string(st.st_gid);
+  char line[256];
+  snprintf(line, sizeof(line), " (owner uid %u, group %s, mode %04o; this process: uid %u, gid %u)",
+           static_cast<unsigned>(st.st_uid), gname.c_str(), static_cast<unsigned>(st.st_mode & 07777),
+           static_cast<unsigned>(geteuid()), static_cast<unsigned>(getegid()));
+  out += line;
+  if (st.st_mode & S_IWGRP)
+    out += ": add this user to group " + gname;
+  else
+    out += ": ask the operator to set `group = GROUP` for this VM in vsocketd.conf (docs/operator-guide.md)";
+  return out;
+}
+
+}  // namespace
+
 Session* Session::Get(proto::Reason* why) {
   if (Session* s = Existing()) return s;
   const GuestConfig& cfg = Config();
@@ -70,7 +101,11 @@ Session* Session::Get(proto::Reason* why) {
   Status st = fresh->Open();
   if (st.ok()) st = fresh->Negotiate();
   if (!st.ok()) {
-    VS_LOG(kInfo, "backend unavailable (%s): connections stay on kernel TCP", st.ToString().c_str());
+    static std::atomic<bool> told{false};
+    if (st.code() == Code::kPermissionDenied && !told.exchange(true))
+      VS_LOG(kWarn, "%s: connections stay on kernel TCP", PermissionHint(cfg.socket_path).c_str());
+    else
+      VS_LOG(kInfo, "backend unavailable (%s): connections stay on kernel TCP", st.ToString().c_str());
     // Never handed out: nothing else refers to it. Its region and fds go
     // (the backend, if it got that far, keeps its own mapping and fds).
     // Retried at most once a second, for as long as the backend is away.
@@ -138,6 +173,7 @@ Status Session::Open() {
   if (fe_->queue(kEventQueue).Publish()) fe_->Kick(kEventQueue);
   fe_->queue(kEventQueue).DisableInterrupts();
   fe_->queue(kRequestQueue).DisableInterrupts();
+  owner_pid_ = getpid();
   alive_.store(true, std::memory_order_release);
   return Status::Ok();
 }
@@ -190,6 +226,7 @@ Status Session::SubmitLocked(const Message& m, bool want_response, uint32_t* slo
   if (!head.ok()) return head.status();
   free_slots_.pop_back();
   slot.in_flight = true;
+  slot.submitted_ns = MonotonicNs();
   slot.want_response = want_response;
   slot.done = false;
   if (fe_->queue(kRequestQueue).Publish()) fe_->Kick(kRequestQueue);
@@ -253,6 +290,10 @@ Status Session::Call(const Message& request, Message* response, int timeout_ms) 
       if (!alive()) return Status(Code::kUnavailable, "backend session lost");
       if (MonotonicNs() > deadline) {
         s.want_response = false;  // freed when it completes
+        int64_t none = 0;
+        if (unanswered_since_ns_.compare_exchange_strong(none, s.submitted_ns, std::memory_order_acq_rel))
+          VS_LOG(kWarn, "vsocketd did not answer in %d ms: new connections stay on kernel TCP until it answers again",
+                 timeout_ms);
         return Status(Code::kDeadlineExceeded, "backend did not answer in time");
       }
     }
@@ -285,12 +326,23 @@ bool Session::TryDrain() {
   return lock.owns_lock() && DrainLocked();
 }
 
+void Session::Answered(int64_t submitted_ns) {
+  // (A request older than the one that went unanswered may have been done
+  // before the backend stopped, and only be seen now.)
+  int64_t since = unanswered_since_ns_.load(std::memory_order_relaxed);
+  if (since != 0 && submitted_ns >= since &&
+      unanswered_since_ns_.compare_exchange_strong(since, 0, std::memory_order_acq_rel))
+    VS_LOG(kWarn, "vsocketd answers again after %.1f s: new connections are accelerated again",
+           (MonotonicNs() - since) / 1e9);
+}
+
 bool Session::DrainLocked() {
   if (!alive()) return false;
   bool changed = false;
   vhost::VirtqueueDriver& rq = fe_->queue(kRequestQueue);
   while (auto u = rq.PopUsed()) {
     Slot& s = slots_[u->cookie];
+    Answered(s.submitted_ns);
     if (s.want_response) {
       s.done = true;
       s.resp_len = u->len;
@@ -514,6 +566,15 @@ void Session::FreeRings(Conn& c) {
 }
 
 Status Session::Unregister(Conn& c) {
+  if (!answering()) {
+    // A backend that does not answer: told without waiting, and the rings
+    // are never reused (it may still use them when it wakes up).
+    Status st = Post({MsgType::kUnregister, 0, proto::Unregister{c.id}});
+    Untrack(c.id);
+    c.tx = c.rx = nullptr;
+    c.db = nullptr;
+    return st.ok() ? Status(Code::kDeadlineExceeded, "backend not answering: rings left to it") : st;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     closing_[c.id] = Closing{c.tx, c.rx};

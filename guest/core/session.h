@@ -72,6 +72,14 @@ class Session {
   int event_fd() const;    // call eventfd of the event queue
   int request_fd() const;  // call eventfd of the request queue
   bool alive() const { return alive_.load(std::memory_order_acquire); }
+  // The process that opened it: only that one may use it (not a vfork
+  // child, which runs on its parent's memory without fork's handlers).
+  pid_t owner_pid() const { return owner_pid_; }
+  // False from a request that went unanswered (a Call timed out) until the
+  // backend completes it or a later one: a stopped or wedged vsocketd. Then new
+  // connections stay on kernel TCP at once, rather than each waiting out its
+  // own registration, and a close does not wait for an answer.
+  bool answering() const { return unanswered_since_ns_.load(std::memory_order_acquire) == 0; }
   // Notices a backend that went away (its vhost-user socket hung up: a
   // crash, kill -9, a restart) and then does what losing it means
   // (BackendLost). One poll of the socket; true while the backend is there.
@@ -98,6 +106,9 @@ class Session {
   Status Open();
   Status Negotiate();
   bool DrainLocked();
+  // A request submitted at submitted_ns was done: answering() again if it
+  // is not older than the one that went unanswered.
+  void Answered(int64_t submitted_ns);
   void Dispatch(const proto::Message& m);
   void NotifyWaitersLocked();
   void RepostEventBuffersLocked();
@@ -111,6 +122,7 @@ class Session {
     bool want_response = false;
     bool done = false;
     uint32_t resp_len = 0;
+    int64_t submitted_ns = 0;
   };
 
   mutable std::mutex mu_;
@@ -122,6 +134,8 @@ class Session {
   std::vector<int> waiters_;
   int sleepers_ = 0;
   std::atomic<bool> alive_{false};
+  std::atomic<int64_t> unanswered_since_ns_{0};
+  pid_t owner_pid_ = 0;
   bool lost_ = false;       // BackendLost ran (guarded by mu_)
   bool doorbell_ = false;   // set once, before the session is handed out
   bool ring_hold_ = false;  // likewise: kFeatureRingHold

@@ -55,6 +55,12 @@ void ResolveAll() {
   VS_RESOLVE(epoll_wait);
   VS_RESOLVE(epoll_pwait);
   VS_RESOLVE(fork);
+  VS_RESOLVE(execve);
+  VS_RESOLVE(execv);
+  VS_RESOLVE(execvp);
+  VS_RESOLVE(execvpe);
+  VS_RESOLVE(execveat);
+  VS_RESOLVE(fexecve);
 #undef VS_RESOLVE
 }
 

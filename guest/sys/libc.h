@@ -46,6 +46,12 @@ struct LibcCalls {
   int (*epoll_wait)(int, epoll_event*, int, int);
   int (*epoll_pwait)(int, epoll_event*, int, int, const sigset_t*);
   pid_t (*fork)();
+  int (*execve)(const char*, char* const[], char* const[]);
+  int (*execv)(const char*, char* const[]);
+  int (*execvp)(const char*, char* const[]);
+  int (*execvpe)(const char*, char* const[], char* const[]);
+  int (*execveat)(int, const char*, char* const[], char* const[], int);
+  int (*fexecve)(int, char* const[], char* const[]);
 };
 
 const LibcCalls& Libc();

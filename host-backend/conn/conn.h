@@ -118,6 +118,7 @@ struct BackendConn {
   BackendConn* peer = nullptr;
   ConnState state = ConnState::kPending;
   proto::Reason reason = proto::Reason::kPending;
+  bool cross_tenant_mirror = false;  // another tenant registered the mirror 4-tuple
 
   // Upgraded data path, all totals since the upgrade.
   bool fence_received = false;

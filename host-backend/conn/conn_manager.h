@@ -159,6 +159,10 @@ class ConnManager {
   bool ResolveRings(BackendConn& c);
   // The guest is gone: keep its unsent TX bytes, tell the peer.
   void Orphan(BackendConn& c);
+  // One connection of VM vm_index on kernel TCP for `why` (VmTotals::fallbacks).
+  void CountFallback(uint32_t vm_index, proto::Reason why) {
+    vm_totals_[vm_index % kMaxVms].fallbacks[FallbackSlot(why)].fetch_add(1, std::memory_order_relaxed);
+  }
   void Raise(BackendConn& c, uint32_t bits);
   void MarkMovable(BackendConn& c);
   // Moves what it can from c to its peer; bytes moved.

@@ -5,6 +5,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
+
+#include "proto/control.h"
 
 namespace vsocket::backend {
 
@@ -52,12 +55,28 @@ struct ConnManagerCounters {
 
 // Totals per VM (indexed by PortConfig::index), kept when connections close.
 inline constexpr size_t kMaxVms = 1024;
+// The reasons vsocketd gives a guest for kernel TCP, counted per VM
+// (VmTotals::fallbacks) in this order; any other (a peer host's) last.
+inline constexpr proto::Reason kCountedFallbacks[] = {
+    proto::Reason::kPeerNotAccelerated, proto::Reason::kCrossTenant,  proto::Reason::kSpoofedAddress,
+    proto::Reason::kResourceLimit,      proto::Reason::kProtocolError, proto::Reason::kFabricDown,
+    proto::Reason::kPeerDowngraded};
+inline constexpr size_t kFallbackReasons = std::size(kCountedFallbacks) + 1;
+constexpr size_t FallbackSlot(proto::Reason r) {
+  for (size_t i = 0; i < std::size(kCountedFallbacks); ++i)
+    if (kCountedFallbacks[i] == r) return i;
+  return kFallbackReasons - 1;
+}
 struct VmTotals {
   std::atomic<uint64_t> accel_bytes_out{0};
   std::atomic<uint64_t> accel_bytes_in{0};
   std::atomic<uint64_t> upgrades{0};
   std::atomic<uint64_t> registrations{0};
   std::atomic<uint64_t> orphan_bytes{0};  // gauge, as ConnCounters::orphan_bytes
+  // Connections that ended up on kernel TCP, by the reason the guest was
+  // given (FallbackSlot): refused registrations, DOWNGRADEs, and
+  // registrations that ended still waiting for a peer.
+  std::array<std::atomic<uint64_t>, kFallbackReasons> fallbacks{};
 };
 
 }  // namespace vsocket::backend

@@ -87,6 +87,7 @@ bool ConnManager::EmitEvents(vhost::BackendDevice& device) {
       if (!fits || used + need > cap) break;
       std::memcpy(buf.data() + used, tmp.data(), need);
       used += need;
+      if (bits & kEvDowngrade) CountFallback(c.vm_index, c.reason);
       if ((bits & kEvFence) && c.fence_ack_pending) {
         // Goes out on the link after this buffer is published (next pass).
         c.fence_ack_pending = false;

@@ -188,10 +188,12 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
   if (!AddressAllowed(port, r.local)) {
     counters_.rejected_spoofed.fetch_add(1, std::memory_order_relaxed);
     VS_LOG(kWarn, "vm %s: registration for a foreign local address refused (anti-spoofing)", port.vm_name.c_str());
+    CountFallback(port.index, Reason::kSpoofedAddress);
     return Ack(request_id, r.conn_id, WireError::kSpoofedAddress, Reason::kSpoofedAddress);
   }
   if (dc.by_id.count(r.conn_id) || dc.by_id.size() >= kMaxConnsPerDevice || vm_open_[port.index] >= conns_per_vm_) {
     counters_.rejected_other.fetch_add(1, std::memory_order_relaxed);
+    CountFallback(port.index, Reason::kResourceLimit);
     return Ack(request_id, r.conn_id, WireError::kTooManyConnections, Reason::kResourceLimit);
   }
   auto owned = std::make_unique<BackendConn>();
@@ -211,6 +213,7 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
   if ((c.doorbell && r.tx_ring_gpa % proto::kDoorbellBytes != 0) || !ResolveRings(c) ||
       (c.doorbell && reinterpret_cast<uintptr_t>(c.tx.host) % proto::kDoorbellBytes != 0)) {
     counters_.rejected_other.fetch_add(1, std::memory_order_relaxed);
+    CountFallback(port.index, Reason::kProtocolError);
     return Ack(request_id, r.conn_id, WireError::kBadRing, Reason::kProtocolError);
   }
   if (RingsOverlap(dc, c)) {
@@ -219,6 +222,7 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
     counters_.rejected_overlap.fetch_add(1, std::memory_order_relaxed);
     VS_LOG(kWarn, "vm %s: registration refused: its rings overlap each other or another connection's",
            port.vm_name.c_str());
+    CountFallback(port.index, Reason::kProtocolError);
     return Ack(request_id, r.conn_id, WireError::kBadRing, Reason::kProtocolError);
   }
   {
@@ -226,6 +230,7 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
     c.handle = next_handle_++;
     if (!registry_.insert(c.key, c.handle)) {
       counters_.rejected_other.fetch_add(1, std::memory_order_relaxed);
+      CountFallback(port.index, Reason::kResourceLimit);
       return Ack(request_id, r.conn_id, WireError::kInternal, Reason::kResourceLimit);
     }
     conns_.emplace(c.handle, std::move(owned));
@@ -258,8 +263,10 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
     ConnKey tuple = c.key.Mirror();
     tuple.tenant = 0;
     uint32_t other_tenant = 0;
-    if (by_tuple_.find(tuple, other_tenant) && other_tenant != c.key.tenant)
+    if (by_tuple_.find(tuple, other_tenant) && other_tenant != c.key.tenant) {
       counters_.cross_tenant.fetch_add(1, std::memory_order_relaxed);
+      c.cross_tenant_mirror = true;
+    }
     ConnKey mine = c.key;
     mine.tenant = 0;
     by_tuple_.insert_or_assign(mine, c.key.tenant);
@@ -284,6 +291,9 @@ Message ConnManager::Unregister(DeviceConns& dc, uint64_t request_id, uint64_t c
   if (it == dc.by_id.end()) return Ack(request_id, conn_id, WireError::kUnknownConnection, Reason::kNone);
   BackendConn* c = it->second;
   dc.by_id.erase(it);
+  // Never paired and never told why: its peer did not come (in this tenant).
+  if (c->state == ConnState::kPending && c->reason == Reason::kPending)
+    CountFallback(c->vm_index, c->cross_tenant_mirror ? Reason::kCrossTenant : Reason::kPeerNotAccelerated);
   dc.rings.erase(c->tx.gpa);
   dc.rings.erase(c->rx.gpa);
   Orphan(*c);

@@ -385,6 +385,67 @@ std::vector<Metric<V>> Vms() {
   };
 }
 
+// Per VM, connections on kernel TCP by reason (the `fallbacks` columns).
+template <size_t Slot>
+uint64_t FallbackCount(const V& v) {
+  return v.totals->fallbacks[Slot].load();
+}
+template <proto::Reason R>
+uint64_t Fallbacks(const V& v) {
+  return FallbackCount<FallbackSlot(R)>(v);
+}
+
+constexpr std::string_view kFallbackHelp =
+    "Connections that stayed on (or went back to) kernel TCP, by the reason their guest was given: "
+    "refused registrations, DOWNGRADEs (a lost fabric link, an aborting or absent peer) and "
+    "registrations that ended still waiting for a peer.";
+
+std::vector<Metric<V>> Fallbacks() {
+  using R = proto::Reason;
+  return {
+      {.name = "peer_not_accelerated",
+       .type = kCounter,
+       .help = kFallbackHelp,
+       .read = &Fallbacks<R::kPeerNotAccelerated>,
+       .prom = {"vsocket_fallbacks_total", "reason=\"peer-not-accelerated\""}},
+      {.name = "cross_tenant",
+       .type = kCounter,
+       .help = kFallbackHelp,
+       .read = &Fallbacks<R::kCrossTenant>,
+       .prom = {"vsocket_fallbacks_total", "reason=\"cross-tenant\""}},
+      {.name = "spoofed_address",
+       .type = kCounter,
+       .help = kFallbackHelp,
+       .read = &Fallbacks<R::kSpoofedAddress>,
+       .prom = {"vsocket_fallbacks_total", "reason=\"spoofed-address\""}},
+      {.name = "resource_limit",
+       .type = kCounter,
+       .help = kFallbackHelp,
+       .read = &Fallbacks<R::kResourceLimit>,
+       .prom = {"vsocket_fallbacks_total", "reason=\"resource-limit\""}},
+      {.name = "protocol_error",
+       .type = kCounter,
+       .help = kFallbackHelp,
+       .read = &Fallbacks<R::kProtocolError>,
+       .prom = {"vsocket_fallbacks_total", "reason=\"protocol-error\""}},
+      {.name = "fabric_down",
+       .type = kCounter,
+       .help = kFallbackHelp,
+       .read = &Fallbacks<R::kFabricDown>,
+       .prom = {"vsocket_fallbacks_total", "reason=\"fabric-down\""}},
+      {.name = "peer_downgraded",
+       .type = kCounter,
+       .help = kFallbackHelp,
+       .read = &Fallbacks<R::kPeerDowngraded>,
+       .prom = {"vsocket_fallbacks_total", "reason=\"peer-downgraded\""}},
+      {.name = "other",
+       .type = kCounter,
+       .help = kFallbackHelp,
+       .read = &FallbackCount<kFallbackReasons - 1>,
+       .prom = {"vsocket_fallbacks_total", "reason=\"other\""}},
+  };
+}
+
 // Per peer host (totals over the links it had), in the order of the
 // `stats` links[] fields.
 std::vector<Metric<P>> Peers() {
@@ -463,7 +524,7 @@ std::vector<Metric<P>> Peers() {
 }  // namespace
 
 const Registry& DaemonMetrics() {
-  static const Registry registry{Daemon(), Vms(), Peers()};
+  static const Registry registry{Daemon(), Vms(), Peers(), Fallbacks()};
   return registry;
 }
 

@@ -43,6 +43,9 @@ struct Registry {
   std::vector<Metric<VmRow>> vms;
   // `links` columns and `stats` links[] fields, labelled peer.
   std::vector<Metric<PeerSnapshot>> peers;
+  // `fallbacks` columns (per VM, and summed per tenant), labelled vm and
+  // tenant, and reason in Prometheus.
+  std::vector<Metric<VmRow>> fallbacks;
 };
 
 const Registry& DaemonMetrics();

@@ -103,6 +103,7 @@ TEST_F(RegistryTest, EveryDaemonCounterIsRegistered) {
   for (uint64_t v : values_) EXPECT_TRUE(read.count(v)) << "a counter with value " << v << " is not registered";
   std::set<uint64_t> vm_read;
   for (const auto& m : DaemonMetrics().vms) vm_read.insert(m.read(report_.vms[0]));
+  for (const auto& m : DaemonMetrics().fallbacks) vm_read.insert(m.read(report_.vms[0]));
   for (uint64_t v : vm_values_) EXPECT_TRUE(vm_read.count(v)) << "a VM total with value " << v << " is not registered";
 }
 
@@ -174,6 +175,30 @@ TEST_F(RegistryTest, EveryVmMetricInTextJsonAndPrometheus) {
         << m.family();
   }
   EXPECT_EQ(tenants["vms"], "1");
+}
+
+// `fallbacks`: a row per VM and one per tenant (vm "*"), and
+// vsocket_fallbacks_total{vm,tenant,reason}; every reason vsocketd counts
+// has its column.
+TEST_F(RegistryTest, EveryFallbackInTextJsonAndPrometheus) {
+  auto vm = TextRow(RenderCommand("fallbacks", report_), "vm1");
+  auto tenant = TextRow(RenderCommand("fallbacks", report_), "*");
+  std::string json = RenderCommand("fallbacks --json", report_);
+  std::string prom = RenderPrometheus(report_);
+  const VmRow& row = report_.vms[0];
+  EXPECT_EQ(DaemonMetrics().fallbacks.size(), kFallbackReasons);
+  for (const auto& m : DaemonMetrics().fallbacks) {
+    std::string v = std::to_string(m.read(row));
+    std::string name(m.name);
+    EXPECT_EQ(vm[name], v) << name;
+    EXPECT_EQ(tenant[name], v) << name;  // one VM in the tenant
+    EXPECT_EQ(tenant["tenant"], "7");
+    EXPECT_NE(json.find("\"" + name + "\":" + v), std::string::npos) << name;
+    EXPECT_TRUE(HasLine(prom, "vsocket_fallbacks_total" + Labels({VmLabels(row), std::string(m.prom.labels)}) + " " + v))
+        << name;
+  }
+  for (proto::Reason r : kCountedFallbacks)
+    EXPECT_EQ(DaemonMetrics().fallbacks[FallbackSlot(r)].read(row), totals_.fallbacks[FallbackSlot(r)].load());
 }
 
 TEST_F(RegistryTest, EveryPeerMetricInTextJsonAndPrometheus) {

@@ -394,6 +394,56 @@ case_memcached() {
 }
 case_memcached
 
+# A user who may not connect to the VM's socket (here: nobody) gets one
+# clear line saying which socket, its owner, group and mode, and what would
+# let it in; its connections go on over kernel TCP, byte-exact, with reason
+# backend-unavailable in its report.
+case_no_socket_permission() {
+  local name=no_socket_permission_says_why port=7740 d=$WORK/noperm sock
+  mkdir -p "$d" && chmod a+rx "$WORK" "$d" && install -m 0755 "$LIB" "$d/libvsocket.so"
+  touch "$d/report.jsonl" && chmod 0666 "$d/report.jsonl"
+  sock=$(bash $TB socket vm1)
+  vm_bg vm2 plain /dev/null "$WORK/noperm.srv" python3 -c '
+import socket, sys
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((sys.argv[1], 7740))
+ls.listen(1)
+c, _ = ls.accept()
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    c.sendall(b)
+' "$A2"
+  local srv=$BG out
+  wait_listen vm2 $port
+  out=$(bash $TB exec vm1 timeout 30 runuser -u nobody -- env LD_PRELOAD="$d/libvsocket.so" \
+    VSOCKET_REPORT="$d/report.jsonl" VSOCKET_SOCKET="$sock" python3 -c '
+import os, socket, sys
+c = socket.create_connection((sys.argv[1], 7740))
+data = os.urandom(1 << 18)
+c.sendall(data)
+c.shutdown(socket.SHUT_WR)
+got = b""
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    got += b
+print("exact" if got == data else "differs")
+' "$A2" 2>&1)
+  wait "$srv" 2>/dev/null
+  grep -q "^exact$" <<<"$out" || { fail $name "client: $out"; return; }
+  grep -q "no permission to connect to vsocketd at $sock (owner uid [0-9]*, group [a-z0-9_-]*, mode [0-7]*; this process: uid $(id -u nobody)" <<<"$out" ||
+    { fail $name "no clear line about the socket: $out"; return; }
+  local rep
+  rep=$(python3 $CHECK "$d/report.jsonl" --port $port --expect-conns 1 --mode kernel --reason backend-unavailable) ||
+    { fail $name "$rep"; return; }
+  pass "$name (byte-exact on kernel TCP; the library said: $(grep -o 'no permission.*' <<<"$out" | cut -c1-160)...)"
+}
+case_no_socket_permission
+
 # PostgreSQL, server run as the unprivileged user postgres (it refuses
 # root), pgbench TPC-B with 8 clients on 2 threads: backends wait for each
 # other's row locks, so every transaction needs the right wake-up at the
@@ -476,12 +526,26 @@ case_operator_views() {
   local vms metrics
   vms=$("$ctl" -s "$sock" --json vms 2>&1) || { fail $name "vsocketctl vms: $vms"; return; }
   metrics=$("$ctl" -s "$sock" metrics 2>&1) || { fail $name "vsocketctl metrics failed"; return; }
-  local out
-  if ! out=$(python3 - "$vms" "$metrics" <<'PY'
-import json, sys
+  local out fb
+  fb=$("$ctl" -s "$sock" --json fallbacks 2>&1) || { fail $name "vsocketctl fallbacks: $fb"; return; }
+  if ! out=$(python3 - "$vms" "$metrics" "$fb" <<'PY'
+import json, re, sys
 vms = {v["vm"]: v for v in json.loads(sys.argv[1])}
 m = sys.argv[2]
 errs = []
+# Fallbacks by reason (the mixed cases ran before): a preloaded end whose
+# peer was plain, per VM and summed per tenant, and in Prometheus.
+fb = {(r["vm"], r["tenant"]): r for r in json.loads(sys.argv[3])}
+for name in ("vm1", "vm2"):
+    if fb[(name, 1)]["peer_not_accelerated"] == 0:
+        errs.append(f"{name} counts no peer-not-accelerated fallback")
+if fb[("*", 1)]["peer_not_accelerated"] != fb[("vm1", 1)]["peer_not_accelerated"] + fb[("vm2", 1)]["peer_not_accelerated"]:
+    errs.append("tenant 1's fallbacks are not the sum of its VMs'")
+if fb[("vm3", 2)]["cross_tenant"] + fb[("vm2", 1)]["cross_tenant"] == 0:
+    errs.append("the cross-tenant connection counts no cross-tenant fallback")
+prom = re.search(r'^vsocket_fallbacks_total\{vm="vm1",tenant="1",reason="peer-not-accelerated"\} (\d+)$', m, re.M)
+if not prom or int(prom.group(1)) != fb[("vm1", 1)]["peer_not_accelerated"]:
+    errs.append("vsocket_fallbacks_total for vm1 missing or different from vsocketctl's")
 for name in ("vm1", "vm2"):
     if vms[name]["accel_bytes_out"] == 0 or vms[name]["upgrades"] == 0:
         errs.append(f"{name} shows no accelerated traffic")
@@ -496,7 +560,9 @@ if not counts or int(counts[0].split()[1]) == 0:
     errs.append("no count was read from a doorbell block")
 if errs:
     print("; ".join(errs)); sys.exit(1)
-print(f'vm1 moved {vms["vm1"]["accel_bytes_out"]} B out, vm2 {vms["vm2"]["accel_bytes_out"]} B; vm3 never upgraded')
+print(f'vm1 moved {vms["vm1"]["accel_bytes_out"]} B out, vm2 {vms["vm2"]["accel_bytes_out"]} B; vm3 never upgraded; '
+      f'fallbacks peer-not-accelerated vm1 {fb[("vm1", 1)]["peer_not_accelerated"]}, vm2 {fb[("vm2", 1)]["peer_not_accelerated"]}, '
+      f'cross-tenant {fb[("vm3", 2)]["cross_tenant"] + fb[("vm2", 1)]["cross_tenant"]}')
 PY
   ); then
     fail $name "$out"
@@ -610,6 +676,122 @@ case_semantics preload
 case_semantics preload_polling
 case_semantics preload_sleeping
 
+# ---- exec: connections a new program inherits (issue 18) ---------------------
+
+# An inetd-style server hands its accepted connection to cat across exec,
+# with and without libvsocket in cat's environment (sshd scrubs it). The
+# library cannot follow a connection into another program: each one is
+# named in the log and the report (event exec, reason inherited) and goes on
+# over kernel TCP, byte-exact; one it had accelerated is reset instead (the
+# client sees ECONNRESET, never a silent EOF or a hang).
+# exec_server PORT ENV_OF_CAT [accelerated]: python3 in vm2 that accepts one
+# connection and execs cat on it (after a byte-checked accelerated exchange
+# if "accelerated").
+exec_server() {
+  vm_bg vm2 preload "$WORK/exec$1.srv.jsonl" "$WORK/exec$1.srv" python3 -c '
+import os, socket, sys
+port, env, accel = int(sys.argv[2]), sys.argv[3], len(sys.argv) > 4
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((sys.argv[1], port))
+ls.listen(1)
+c, _ = ls.accept()
+if accel:
+    req = c.recv(16)
+    c.sendall(bytes(range(256)) * 256)
+    c.recv(1)  # the client has it all
+os.dup2(c.fileno(), 0)
+os.dup2(c.fileno(), 1)
+e = dict(os.environ)
+if env == "scrubbed":
+    e.pop("LD_PRELOAD", None)
+os.execve("/bin/cat", ["cat"], e)
+' "$A2" "$1" "$2" ${3:-}
+}
+case_exec() {
+  local name=exec_hands_connections_on port=7730 out part1
+  # 1. Unprobed connection, cat without libvsocket: byte-exact, named.
+  exec_server $port scrubbed
+  local srv=$BG
+  wait_listen vm2 $port
+  out=$(vm_run vm1 preload "$WORK/exec.cli.jsonl" python3 -c '
+import hashlib, os, socket, sys
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+data = os.urandom(1 << 20)
+c.sendall(data)
+c.shutdown(socket.SHUT_WR)
+got = b""
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    got += b
+print("exact" if got == data else "differs %d" % len(got))
+' "$A2" $port 2>&1)
+  wait "$srv" 2>/dev/null
+  [ "$out" = exact ] || { fail $name "through cat: $out"; return; }
+  if ! out=$(python3 - "$WORK/exec$port.srv.jsonl" <<'PY'
+import json, sys
+try:
+    lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+except FileNotFoundError:
+    lines = []
+ex = [l for l in lines if l["event"] == "exec"]
+if len(ex) != 1 or ex[0]["exec"] != "/bin/cat" or ex[0]["reason"] != "inherited" or ex[0]["mode"] != "kernel" \
+        or ex[0]["local"].endswith(":0"):
+    print("server report: " + " ".join(json.dumps(l) for l in lines)[:600])
+    sys.exit(1)
+print("exec line: %s %s" % (ex[0]["mode"], ex[0]["reason"]))
+PY
+  ); then
+    fail $name "$out"
+    return
+  fi
+  part1=$out
+  grep -q "exec /bin/cat: fd .* whose environment does not preload libvsocket" "$WORK/exec$port.srv" ||
+    { fail $name "no log line for the connection passed to cat: $(tr '\n' ' ' < "$WORK/exec$port.srv" | cut -c1-300)"; return; }
+  # 2. Accelerated connection: reset, not a silent EOF.
+  port=7731
+  exec_server $port kept accelerated
+  srv=$BG
+  wait_listen vm2 $port
+  out=$(vm_run vm1 preload "$WORK/exec.cli.jsonl" python3 -c '
+import socket, sys
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+c.sendall(b"x" * 16)
+want = bytes(range(256)) * 256
+got = b""
+try:
+    while len(got) < len(want):
+        b = c.recv(65536)
+        if not b:
+            print("EOF after %d bytes" % len(got))
+            sys.exit()
+        got += b
+    if got != want:
+        print("response differs")
+        sys.exit()
+    c.sendall(b"k")
+    for _ in range(64):
+        c.sendall(b"y" * 4096)
+        b = c.recv(65536)
+        if not b:
+            print("EOF after the exec")
+            sys.exit()
+    print("no error")
+except (ConnectionResetError, BrokenPipeError) as e:
+    print("reset" if got == want else "reset early")
+' "$A2" $port 2>&1)
+  wait "$srv" 2>/dev/null
+  [ "$out" = reset ] || { fail $name "accelerated connection across exec: $out"; return; }
+  grep -q "exec /bin/cat: fd .* was accelerated and cannot go on in the new program: connection reset" "$WORK/exec$port.srv" ||
+    { fail $name "no log line for the accelerated connection: $(tr '\n' ' ' < "$WORK/exec$port.srv" | cut -c1-300)"; return; }
+  grep -q '"event":"exec".*"mode":"accelerated","reason":"inherited"' "$WORK/exec$port.srv.jsonl" ||
+    { fail $name "no exec report line for the accelerated connection"; return; }
+  pass "$name (1 MiB through cat byte-exact, $part1 line; an accelerated connection passed to cat reset: the client saw ECONNRESET; both named in the log)"
+}
+case_exec
+
 # ---- idle costs nothing -----------------------------------------------------
 
 # An accelerated connection left open and idle, both ends blocked in recv():
@@ -660,6 +842,111 @@ except socket.timeout:
 case_idle
 
 # ---- vsocketd dies or restarts under load (issue 16) -------------------------
+
+# vsocketd stopped (SIGSTOP: wedged, not gone). The first request that goes
+# unanswered waits out its timeout (3 s); after it, new connections stay on
+# kernel TCP at once (byte-exact, reason backend-unavailable) and closes do
+# not wait, instead of every connection waiting 3 s on each side. Once it
+# runs again, new connections are accelerated again.
+case_daemon_stopped() {
+  local name=daemon_stopped_costs_one_timeout port=7720 n=8 rep=$WORK/stopped.jsonl d
+  vm_bg vm2 preload "$WORK/stopped.srv.jsonl" "$WORK/stopped.srv" python3 -c '
+import socket, sys, threading
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((sys.argv[1], 7720))
+ls.listen(64)
+def serve(c):
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        c.sendall(b)
+    c.close()
+while True:
+    c, _ = ls.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+' "$A2"
+  local srv=$BG
+  wait_listen vm2 $port
+  vm_bg vm1 preload "$rep" "$WORK/stopped.cli" python3 -c '
+import os, socket, sys, time
+addr, n, work = (sys.argv[1], 7720), int(sys.argv[2]), sys.argv[3]
+def echo(c, size=65536):
+    data = os.urandom(size)
+    c.sendall(data)
+    got = b""
+    while len(got) < size:
+        b = c.recv(size - len(got))
+        if not b:
+            sys.exit("early EOF")
+        got += b
+    if got != data:
+        sys.exit("echo differs")
+def wait_file(p):
+    for _ in range(600):
+        if os.path.exists(p):
+            return
+        time.sleep(0.05)
+    sys.exit("no " + p)
+c0 = socket.create_connection(addr)
+for _ in range(4):
+    echo(c0)
+print("up", flush=True)
+wait_file(work + "/stopped.go")
+t = time.monotonic()
+c0.close()
+for _ in range(n):
+    c = socket.create_connection(addr)
+    echo(c)
+    c.close()
+print("stopped %.1f" % (time.monotonic() - t), flush=True)
+wait_file(work + "/resumed.go")
+c1 = socket.create_connection(addr)
+for _ in range(4):
+    echo(c1)
+c1.close()
+print("done", flush=True)
+' "$A2" $n "$WORK"
+  local cli=$BG i
+  for i in $(seq 100); do grep -q up "$WORK/stopped.cli" 2>/dev/null && break; sleep 0.1; done
+  d=$(bash $TB daemon-pid)
+  kill -STOP "$d"
+  touch "$WORK/stopped.go"
+  for i in $(seq 400); do grep -q "^stopped" "$WORK/stopped.cli" 2>/dev/null && break; sleep 0.1; done
+  kill -CONT "$d"
+  sleep 0.3
+  touch "$WORK/resumed.go"
+  wait "$cli" 2>/dev/null
+  kill "$srv" 2>/dev/null
+  wait "$srv" 2>/dev/null
+  local took
+  took=$(awk '/^stopped/ {print $2}' "$WORK/stopped.cli")
+  grep -q done "$WORK/stopped.cli" || { fail $name "client: $(tail -2 "$WORK/stopped.cli" | tr '\n' ' ')"; return; }
+  local out
+  if ! out=$(python3 - "$rep" $n <<'PY'
+import json, sys
+n = int(sys.argv[2])
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip() and json.loads(l)["peer"].endswith(":7720")]
+accel = [l for l in lines if l["mode"] == "accelerated" and l["accel_tx"] > 0]
+kern = [l for l in lines if l["mode"] == "kernel" and l["reason"] == "backend-unavailable"]
+if len(lines) != n + 2 or len(accel) != 2 or len(kern) != n:
+    print(f"{len(lines)} connections reported (want {n + 2}): {len(accel)} accelerated (want 2: before and after), "
+          f"{len(kern)} on kernel TCP as backend-unavailable (want {n}); "
+          + " ".join(json.dumps(l) for l in lines if l not in accel and l not in kern)[:600])
+    sys.exit(1)
+print(f"{len(accel)} accelerated (before, after), {len(kern)} on kernel TCP meanwhile")
+PY
+  ); then
+    fail $name "$out"
+    return
+  fi
+  # One timeout on each side (3 s, concurrently) at most, not 3 s per connection and side.
+  python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 10 else 1)" "$took" ||
+    { fail $name "closing one connection and $n new connections took $took s while vsocketd was stopped"; return; }
+  pass "$name (vsocketd stopped: one close + $n new connections byte-exact in $took s; $out)"
+}
+case_daemon_stopped
 
 # wait_accelerated N PORT...: until the daemon has N accelerated
 # connections to or from those ports (bounded: 10 s).
