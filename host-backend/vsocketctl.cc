@@ -6,6 +6,7 @@
 //     tenants       per tenant totals
 //     connections   every registered connection: mode, reason, bytes each way
 //     links         per peer host: fabric link state, frames, bytes, batching
+//     fallbacks     connections left on kernel TCP, by reason, per VM and tenant
 //     counters      daemon counters
 //     metrics       Prometheus text exposition
 //     stats         everything, JSON
@@ -30,6 +31,7 @@ constexpr char kUsage[] =
     "  tenants       per tenant totals\n"
     "  connections   every registered connection: mode, reason, bytes each way\n"
     "  links         per peer host: fabric link state, frames, bytes, batching\n"
+    "  fallbacks     connections left on kernel TCP, by reason, per VM and tenant\n"
     "  counters      daemon counters\n"
     "  metrics       Prometheus text exposition\n"
     "  stats         everything, JSON\n"
