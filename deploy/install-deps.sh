@@ -12,6 +12,8 @@ PACKAGES=(
   libibverbs-dev rdma-core ibverbs-providers
   libcuckoo-dev
   libssl-dev openssl
+  # Debian packages (deploy/package.sh; no fakeroot: Rules-Requires-Root: no)
+  dpkg-dev debhelper
   # test beds and tools
   iproute2 nftables socat procps python3
   # real applications in the end-to-end tests
