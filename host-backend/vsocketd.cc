@@ -125,7 +125,17 @@ DaemonConfig LoadConfig(int argc, char** argv) {
     } else if (a == "--port") {
       auto p = ParsePort(value());
       if (!p) Usage("--port wants PATH,VM,TENANT[,ADDR[;ADDR...]] with a tenant of 1..2^32-1");
-      c.vms.push_back(*p);
+      // VSOCKET_VM_<NAME>_<KEY> applies to a --port VM too (its group, say);
+      // what the flag says wins, as flags do over the environment.
+      DaemonConfig one;
+      one.vms.push_back(*p);
+      Status env = ApplyEnv(environ, &one);
+      if (!env.ok()) ConfigError(env);
+      vhost::PortConfig vm = one.vms[0];
+      vm.path = p->path;
+      vm.tenant_id = p->tenant_id;
+      if (!p->addresses.empty()) vm.addresses = p->addresses;
+      c.vms.push_back(vm);
     } else if (a == "--ctl") {
       c.ctl_socket = value();
     } else if (a == "--poll-us" || a == "--eal-mem" || a == "--log-level" || a == "--metrics-port") {
