@@ -816,6 +816,68 @@ except (ConnectionResetError, BrokenPipeError) as e:
 }
 case_exec
 
+# A statically linked client under vsocket-run (as a Go program would be):
+# nothing can be preloaded into it, so vsocket-run says so on stderr and in
+# the report (event start, reason static-binary); it runs on kernel TCP,
+# byte-exact.
+case_static_binary() {
+  local name=static_binary_is_named port=7750 rep=$WORK/static.jsonl out
+  if ! gcc -static -O2 -o "$WORK/static_client" -x c - >"$WORK/static.cc.log" 2>&1 <<'C'
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+int main(int argc, char** argv) {
+  static char out[1 << 16], in[1 << 16];
+  for (size_t i = 0; i < sizeof(out); ++i) out[i] = (char)(i * 7 + 3);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
+  inet_pton(AF_INET, argv[1], &a.sin_addr);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (connect(fd, (struct sockaddr*)&a, sizeof(a)) != 0) return 2;
+  for (size_t off = 0; off < sizeof(out);) {
+    ssize_t n = write(fd, out + off, sizeof(out) - off);
+    if (n <= 0) return 3;
+    off += (size_t)n;
+  }
+  shutdown(fd, SHUT_WR);
+  size_t got = 0;
+  for (ssize_t n; (n = read(fd, in + got, sizeof(in) - got)) > 0;) got += (size_t)n;
+  if (got != sizeof(out) || memcmp(in, out, got) != 0) return 4;
+  puts("exact");
+  return 0;
+}
+C
+  then
+    fail $name "cannot build a static client: $(tail -2 "$WORK/static.cc.log" | tr '\n' ' ')"
+    return
+  fi
+  vm_bg vm2 plain /dev/null "$WORK/static.srv" python3 -c '
+import socket, sys
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((sys.argv[1], 7750))
+ls.listen(1)
+c, _ = ls.accept()
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    c.sendall(b)
+' "$A2"
+  local srv=$BG
+  wait_listen vm2 $port
+  out=$(bash $TB exec vm1 timeout 30 guest/vsocket-run --lib "$LIB" --report "$rep" "$WORK/static_client" "$A2" $port 2>&1)
+  wait "$srv" 2>/dev/null
+  grep -q "^exact$" <<<"$out" || { fail $name "static client: $out"; return; }
+  grep -q "vsocket-run: $WORK/static_client is statically linked" <<<"$out" || { fail $name "nothing said: $out"; return; }
+  grep -q "\"event\":\"start\",\"program\":\"$WORK/static_client\",\"mode\":\"kernel\",\"reason\":\"static-binary\"" "$rep" ||
+    { fail $name "no report line: $(cat "$rep" 2>/dev/null)"; return; }
+  pass "$name (byte-exact on kernel TCP; vsocket-run named it on stderr and in the report)"
+}
+case_static_binary
+
 # ---- idle costs nothing -----------------------------------------------------
 
 # An accelerated connection left open and idle, both ends blocked in recv():
