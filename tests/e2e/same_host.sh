@@ -812,7 +812,7 @@ except (ConnectionResetError, BrokenPipeError) as e:
     { fail $name "no log line for the accelerated connection: $(tr '\n' ' ' < "$WORK/exec$port.srv" | cut -c1-300)"; return; }
   grep -q '"event":"exec".*"mode":"accelerated","reason":"inherited"' "$WORK/exec$port.srv.jsonl" ||
     { fail $name "no exec report line for the accelerated connection"; return; }
-  pass "$name (1 MiB through cat byte-exact, $part1 line; an accelerated connection passed to cat reset: the client saw ECONNRESET; both named in the log)"
+  pass "$name (1 MiB through cat byte-exact, $part1; an accelerated connection passed to cat reset: the client saw ECONNRESET; both named in the log)"
 }
 case_exec
 

@@ -11,6 +11,9 @@
 #      with socat under /usr/bin/vsocket-run (which must find the installed
 #      library by itself): byte-checked, and accelerated by the library's
 #      report; a user outside the group is refused by the socket's mode;
+#      then PostgreSQL as postgres (in the VMs' group) under the installed
+#      vsocket-run, pgbench TPC-B from the other VM: every transaction ran,
+#      the server's connections accelerated;
 #   4. dpkg -i again (the upgrade path of the maintainer scripts);
 #   5. dpkg --purge: no file of either package, no user, group, unit link or
 #      enablement state, and no file of the vsocket user is left.
@@ -371,6 +374,61 @@ if [ "${#problems[@]}" -eq 0 ]; then
   pass "accelerated_transfer ($XFER_BYTES B as $APP_USER under /usr/bin/vsocket-run, sha256 equal; $out)"
 else
   fail accelerated_transfer "${problems[*]}"
+fi
+
+# PostgreSQL as postgres (it refuses root), started by the installed
+# vsocket-run, which finds the installed library: the server reaches vm2's
+# socket through the VMs' group ($APP_USER, which postgres joins for this
+# test; the group goes with the test). pgbench as $APP_USER, TPC-B: every
+# transaction must run and the server's connections must be accelerated.
+PG_BIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
+PG_PORT=7302
+problems=()
+if [ -x "$PG_BIN/postgres" ] && getent passwd postgres >/dev/null; then
+  usermod -aG "$APP_USER" postgres
+  PG=$WORK/pg
+  mkdir -p "$PG/run" && chmod a+rx "$WORK" && chown postgres "$PG" "$PG/run"
+  PG_REPORT=$WORK/pg.jsonl
+  touch "$PG_REPORT" && chmod 0666 "$PG_REPORT"
+  if ! setpriv --reuid postgres --regid postgres --init-groups "$PG_BIN/initdb" -D "$PG/data" -A trust --no-sync \
+    >"$WORK/pg-init.log" 2>&1; then
+    problems+=("initdb: $(tail -2 "$WORK/pg-init.log" | tr '\n' ' ')")
+  else
+    printf "listen_addresses = '%s'\nport = %d\nunix_socket_directories = '%s'\n" "$ADDR2" "$PG_PORT" "$PG/run" \
+      >>"$PG/data/postgresql.conf"
+    echo "host all all 0.0.0.0/0 trust" >>"$PG/data/pg_hba.conf"
+    ip netns exec "$NS2" setpriv --reuid postgres --regid postgres --init-groups \
+      env -u VSOCKET_LIB -u LD_PRELOAD PATH=/usr/sbin:/usr/bin:/sbin:/bin timeout 60 \
+      vsocket-run -s "$RUN/vm2.sock" -r "$PG_REPORT" "$PG_BIN/postgres" -D "$PG/data" >"$WORK/pg.log" 2>&1 &
+    APP_PIDS+=($!)
+    pg=$!
+    for ((i = 0; i < 100; i++)); do
+      ip netns exec "$NS2" ss -ltn "sport = :$PG_PORT" 2>/dev/null | grep -q LISTEN && break
+      sleep 0.1
+    done
+    as_app "$NS1" pgbench -h "$ADDR2" -p "$PG_PORT" -U postgres -i -s 1 -q postgres >"$WORK/pg-i.log" 2>&1 ||
+      problems+=("pgbench -i: $(tail -2 "$WORK/pg-i.log" | tr '\n' ' ')")
+    as_app "$NS1" vsocket-run -s "$RUN/vm1.sock" -r "$PG_REPORT" \
+      pgbench -h "$ADDR2" -p "$PG_PORT" -U postgres -n -c 4 -j 2 -t 50 postgres >"$WORK/pg-tpcb.log" 2>&1 ||
+      problems+=("pgbench: $(grep -v '^$' "$WORK/pg-tpcb.log" | tail -2 | tr '\n' ' ')")
+    grep -q "number of transactions actually processed: 200/200" "$WORK/pg-tpcb.log" ||
+      problems+=("not every transaction ran: $(grep processed "$WORK/pg-tpcb.log")")
+    setpriv --reuid postgres --regid postgres --init-groups "$PG_BIN/pg_ctl" -D "$PG/data" stop -m fast \
+      >/dev/null 2>&1
+    wait "$pg" 2>/dev/null
+    APP_PIDS=()
+    pg_out=$(python3 tests/e2e/check_report.py "$PG_REPORT" --port "$PG_PORT" --min-accel 8 2>&1) ||
+      problems+=("report: $pg_out")
+    pg_srv=$(python3 -c "import json,sys; print(sum(1 for l in open(sys.argv[1]) if l.strip() and json.loads(l).get('local','').endswith(':$PG_PORT') and json.loads(l)['mode'] == 'accelerated'))" "$PG_REPORT")
+    [ "${pg_srv:-0}" -ge 4 ] || problems+=("only ${pg_srv:-0} server-side connections of postgres accelerated")
+  fi
+  if [ "${#problems[@]}" -eq 0 ]; then
+    pass "postgres_as_postgres (installed vsocket-run; TPC-B 4 clients x 50 transactions all ran; $pg_srv server connections accelerated; $pg_out)"
+  else
+    fail postgres_as_postgres "${problems[*]}"
+  fi
+else
+  fail postgres_as_postgres "PostgreSQL not installed (deploy/install-deps.sh)"
 fi
 
 kill -TERM "$DAEMON_PID" 2>/dev/null
