@@ -12,11 +12,13 @@ PACKAGES=(
   libibverbs-dev rdma-core ibverbs-providers
   libcuckoo-dev
   libssl-dev openssl
+  # Debian packages (deploy/package.sh; no fakeroot: Rules-Requires-Root: no)
+  dpkg-dev debhelper
   # test beds and tools
   iproute2 nftables socat procps python3
   # real applications in the end-to-end tests
   sockperf iperf3 redis-server redis-tools nginx curl wrk memcached libmemcached-tools
-  postgresql-15 postgresql-client-15
+  postgresql-15 postgresql-client-15 openssh-server openssh-client
   # bench/ plots
   gnuplot-nox
 )

@@ -107,6 +107,16 @@ Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& 
   return Status::Ok();
 }
 
+// A portable group name (what adduser/groupadd accept by default). The
+// group's existence is checked when the port is created, not here.
+bool IsGroupName(const std::string& v) {
+  if (v.empty() || v.size() > 32 || v[0] == '-' || v[0] == '.' || std::isdigit(static_cast<unsigned char>(v[0])))
+    return false;
+  return std::all_of(v.begin(), v.end(), [](unsigned char ch) {
+    return std::isalnum(ch) || ch == '_' || ch == '-' || ch == '.';
+  });
+}
+
 Status SetVmKey(vhost::PortConfig* vm, const std::string& key, const std::string& value, const std::string& where) {
   if (key == "socket") {
     vm->path = value;
@@ -118,8 +128,11 @@ Status SetVmKey(vhost::PortConfig* vm, const std::string& key, const std::string
   } else if (key == "addresses") {
     Status st = ParseAddresses(value, &vm->addresses);
     if (!st.ok()) return Bad(where, st.message());
+  } else if (key == "group") {
+    if (!IsGroupName(value)) return Bad(where, "group must be a group name ([A-Za-z_][A-Za-z0-9_.-]*, at most 32)");
+    vm->group = value;
   } else {
-    return Bad(where, "unknown key '" + key + "' (VM keys: socket, tenant, addresses)");
+    return Bad(where, "unknown key '" + key + "' (VM keys: socket, tenant, addresses, group)");
   }
   return Status::Ok();
 }

@@ -69,7 +69,7 @@ Result<DaemonConfig> ParseConfig(const std::string& text, const std::string& nam
 // VSOCKET_FABRIC, VSOCKET_RDMA_DEVICE, VSOCKET_RDMA_GID_INDEX, VSOCKET_LINKS_PER_PEER,
 // VSOCKET_ORPHAN_MB_PER_VM, VSOCKET_ORPHAN_MB_TOTAL, VSOCKET_MAX_DEVICES_PER_VM,
 // VSOCKET_MAX_CONNS_PER_VM, per peer
-// VSOCKET_PEER_<NAME>_ADDRESS, and per VM VSOCKET_VM_<NAME>_{SOCKET,TENANT,ADDRESSES} (NAME upper-cased, '-' -> '_').
+// VSOCKET_PEER_<NAME>_ADDRESS, and per VM VSOCKET_VM_<NAME>_{SOCKET,TENANT,ADDRESSES,GROUP} (NAME upper-cased, '-' -> '_').
 Status ApplyEnv(char** env, DaemonConfig* config);
 // Checks the whole configuration (at least one VM, unique names, sockets
 // and tenants set, addresses parse). Call after all overrides.

@@ -200,3 +200,34 @@ TEST(DaemonConfig, GuestBudgets) {
 
 }  // namespace
 }  // namespace vsocket::backend
+
+namespace vsocket::backend {
+namespace {
+
+TEST(VmConfig, GroupOpensThePortSocketToOneGroup) {
+  auto c = ParseConfig("[vm a]\nsocket = /s\ntenant = 1\ngroup = vsocket-db\n[vm b]\nsocket = /t\ntenant = 1\n", "f");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(Validate(&*c).ok());
+  EXPECT_EQ(c->vms[0].group, "vsocket-db");
+  EXPECT_EQ(c->vms[1].group, "");  // no key: the socket keeps today's owner-only mode
+
+  for (const char* bad : {"group = 1users\n", "group = a b\n", "group = -x\n", "group = \n",
+                          "group = x23456789012345678901234567890123\n"}) {
+    auto d = ParseConfig(std::string("[vm a]\n") + bad, "f");
+    ASSERT_FALSE(d.ok()) << bad;
+    EXPECT_NE(d.status().message().find("f:2: group must be"), std::string::npos) << d.status().message();
+  }
+  EXPECT_NE(ParseConfig("[vm a]\ngrup = x\n", "f").status().message().find("socket, tenant, addresses, group"),
+            std::string::npos);
+
+  char e1[] = "VSOCKET_VM_B_GROUP=postgres";
+  char* env[] = {e1, nullptr};
+  ASSERT_TRUE(ApplyEnv(env, &*c).ok());
+  EXPECT_EQ(c->vms[1].group, "postgres");
+  char bad[] = "VSOCKET_VM_A_GROUP=no way";
+  char* env2[] = {bad, nullptr};
+  EXPECT_NE(ApplyEnv(env2, &*c).message().find("VSOCKET_VM_A_GROUP"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace vsocket::backend

@@ -6,6 +6,7 @@
 //     tenants       per tenant totals
 //     connections   every registered connection: mode, reason, bytes each way
 //     links         per peer host: fabric link state, frames, bytes, batching
+//     fallbacks     connections left on kernel TCP, by reason, per VM and tenant
 //     counters      daemon counters
 //     metrics       Prometheus text exposition
 //     stats         everything, JSON
@@ -22,10 +23,25 @@
 
 namespace {
 
+constexpr char kUsage[] =
+    "usage: vsocketctl [--socket PATH] [--json] COMMAND\n"
+    "The operator's view of a running vsocketd.\n"
+    "  devices       guest devices (one per attached guest process)\n"
+    "  vms           per VM: tenant, devices, connections, bytes\n"
+    "  tenants       per tenant totals\n"
+    "  connections   every registered connection: mode, reason, bytes each way\n"
+    "  links         per peer host: fabric link state, frames, bytes, batching\n"
+    "  fallbacks     connections left on kernel TCP, by reason, per VM and tenant\n"
+    "  counters      daemon counters\n"
+    "  metrics       Prometheus text exposition\n"
+    "  stats         everything, JSON\n"
+    "  -s, --socket PATH   vsocketd's control socket (default $VSOCKET_CTL_SOCKET,\n"
+    "                      else /run/vsocket/vsocketd.sock; root or group vsocket)\n"
+    "  -j, --json          JSON instead of a table\n"
+    "  -h, --help          this text\n";
+
 int Usage() {
-  std::fprintf(
-      stderr,
-      "usage: vsocketctl [--socket PATH] [--json] devices|vms|tenants|connections|links|counters|metrics|stats\n");
+  std::fputs(kUsage, stderr);
   return 2;
 }
 
@@ -40,7 +56,7 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if ((a == "--socket" || a == "-s") && i + 1 < argc) path = argv[++i];
     else if (a == "--json" || a == "-j") json = true;
-    else if (a == "--help" || a == "-h") return Usage() - 2;
+    else if (a == "--help" || a == "-h") return std::fputs(kUsage, stdout) < 0 ? 1 : 0;
     else if (!a.empty() && a[0] == '-') return Usage();
     else if (command.empty()) command = a;
     else return Usage();

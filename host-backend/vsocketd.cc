@@ -1,7 +1,7 @@
 // vsocketd: the per-hypervisor vSocket backend.
 //
 //   vsocketd [--config FILE] [--port PATH,VM,TENANT[,ADDR[;ADDR...]]]... [--ctl PATH]
-//            [--poll-us N] [--eal-mem MB] [--log-level LEVEL] [--metrics-port N]
+//            [--poll-us N] [--eal-mem MB] [--log-level LEVEL] [--metrics-port N] | --help
 //
 // Each VM ([vm NAME] in the file, or --port) is one vhost-user socket with
 // the VM's tenant ID and addresses (from the operator, never from guests).
@@ -24,14 +24,27 @@
 namespace vsocket::backend {
 namespace {
 
+constexpr char kUsage[] =
+    "usage: vsocketd [--config FILE] [--port PATH,VM,TENANT[,ADDR[;ADDR...]]]... [--ctl PATH]\n"
+    "                [--poll-us N] [--eal-mem MB] [--log-level LEVEL] [--metrics-port N]\n"
+    "The per-hypervisor vSocket backend: one vhost-user socket per VM.\n"
+    "  --config FILE        configuration file (default /etc/vsocket/vsocketd.conf,\n"
+    "                       read when neither --config nor --port is given)\n"
+    "  --port PATH,VM,TENANT[,ADDR[;ADDR...]]\n"
+    "                       add a VM: its vhost-user socket, name, tenant (1..2^32-1)\n"
+    "                       and own addresses (repeatable)\n"
+    "  --ctl PATH           vsocketctl's control socket (ctl_socket)\n"
+    "  --poll-us N          busy-poll window before the worker sleeps (poll_us)\n"
+    "  --eal-mem MB         DPDK heap (eal_mem_mb)\n"
+    "  --log-level LEVEL    error|warn|info|debug (log_level)\n"
+    "  --metrics-port N     Prometheus endpoint port, 0 = off (metrics_port)\n"
+    "  -h, --help           this text\n"
+    "Every file key can be overridden by VSOCKET_<KEY> (daemon keys) or\n"
+    "VSOCKET_VM_<NAME>_<KEY> (VM keys) environment variables, then by flags.\n"
+    "See /usr/share/doc/vsocketd/operator-guide.md (docs/operator-guide.md).\n";
+
 [[noreturn]] void Usage(const char* why) {
-  std::fprintf(stderr,
-               "vsocketd: %s\n"
-               "usage: vsocketd [--config FILE] [--port PATH,VM,TENANT[,ADDR[;ADDR...]]]... [--ctl PATH]\n"
-               "                [--poll-us N] [--eal-mem MB] [--log-level LEVEL] [--metrics-port N]\n"
-               "Without --config and --port, /etc/vsocket/vsocketd.conf is read. Every file key\n"
-               "can be overridden by VSOCKET_* environment variables, then by flags.\n",
-               why);
+  std::fprintf(stderr, "vsocketd: %s\n%s", why, kUsage);
   std::exit(2);
 }
 
@@ -79,6 +92,10 @@ DaemonConfig LoadConfig(int argc, char** argv) {
   std::string config_path;
   bool have_ports = false;
   for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
     if (std::string(argv[i]) == "--config" && i + 1 < argc) config_path = argv[i + 1];
     if (std::string(argv[i]) == "--port") have_ports = true;
   }
@@ -108,7 +125,17 @@ DaemonConfig LoadConfig(int argc, char** argv) {
     } else if (a == "--port") {
       auto p = ParsePort(value());
       if (!p) Usage("--port wants PATH,VM,TENANT[,ADDR[;ADDR...]] with a tenant of 1..2^32-1");
-      c.vms.push_back(*p);
+      // VSOCKET_VM_<NAME>_<KEY> applies to a --port VM too (its group, say);
+      // what the flag says wins, as flags do over the environment.
+      DaemonConfig one;
+      one.vms.push_back(*p);
+      Status env = ApplyEnv(environ, &one);
+      if (!env.ok()) ConfigError(env);
+      vhost::PortConfig vm = one.vms[0];
+      vm.path = p->path;
+      vm.tenant_id = p->tenant_id;
+      if (!p->addresses.empty()) vm.addresses = p->addresses;
+      c.vms.push_back(vm);
     } else if (a == "--ctl") {
       c.ctl_socket = value();
     } else if (a == "--poll-us" || a == "--eal-mem" || a == "--log-level" || a == "--metrics-port") {

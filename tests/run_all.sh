@@ -6,7 +6,9 @@
 #      ThreadSanitizer;
 #   3. each libFuzzer target for a bounded time from its seed corpus;
 #   4. the end-to-end suites on the same-host test bed (tests/e2e/same_host.sh)
-#      and on the two-host test bed (tests/e2e/cross_host.sh, tcp fabric).
+#      and on the two-host test bed (tests/e2e/cross_host.sh, tcp fabric);
+#   5. the Debian packages: build, install, the demo from the installed files,
+#      purge (tests/packaging/deb_test.sh).
 # Prints one line per step and ends with "N passed, N failed", where N counts
 # individual GoogleTest cases and fuzz runs.
 set -uo pipefail
@@ -107,6 +109,14 @@ else
   tail -30 "$LOGDIR/e2e-build.log"
   failed=$((failed + 1))
 fi
+
+# The Debian packages on this machine: build, dpkg -i, the same-host demo
+# from the installed files only, dpkg --purge leaves nothing (needs root).
+bash tests/packaging/deb_test.sh >"$LOGDIR/packaging.log" 2>&1
+grep -E "^(PASS|FAIL) " "$LOGDIR/packaging.log" | sed 's/^/[packaging] /'
+read -r p f < <(tail -1 "$LOGDIR/packaging.log" | awk '/passed,/ {print $1, $3}')
+passed=$((passed + ${p:-0}))
+failed=$((failed + ${f:-1}))
 
 echo "logs: $LOGDIR"
 echo "$passed passed, $failed failed"

@@ -97,6 +97,7 @@ struct Conn {
   int fd_hint = -1;                         // an fd of the app's naming it (set at registration)
   std::atomic<int64_t> resync_start_ns{0};  // (writer and event dispatch)
   std::atomic<uint32_t> reupgrades{0};      // times it registered again after a RESYNC
+  std::atomic<uint64_t> resent_bytes{0};    // accelerated bytes sent again on kernel TCP (RESYNC)
   std::vector<uint8_t> resend;
   size_t resend_off = 0;
   // RX (under rx_mu; state.rx_resync() says the step): the header read so

@@ -2,6 +2,7 @@
 
 #include <new>
 
+#include "base/clock.h"
 #include "base/log.h"
 
 namespace vsocket::guest {
@@ -152,6 +153,18 @@ bool ConnState::Apply(ConnEvent e, std::optional<Reason> why) {
       reason_.store(Reason::kPending, std::memory_order_relaxed);
       break;
     default: break;
+  }
+  // Downgrades (the accelerated path lost: link or backend) and the time
+  // spent on kernel TCP after them until the next upgrade, for the report.
+  if (*to == Phase::kResyncing && from != Phase::kResyncing) {
+    downgrades_.fetch_add(1, std::memory_order_relaxed);
+    last_downgrade_.store(why.value_or(Reason::kProtocolError), std::memory_order_relaxed);
+    int64_t none = 0;
+    kernel_since_ns_.compare_exchange_strong(none, MonotonicNs(), std::memory_order_relaxed);
+  }
+  if (e == ConnEvent::kUpgrade) {
+    if (int64_t since = kernel_since_ns_.exchange(0, std::memory_order_relaxed); since != 0)
+      kernel_ns_.fetch_add(MonotonicNs() - since, std::memory_order_relaxed);
   }
   // Release: resynced() is read on its own (before the phase), and what the
   // caller stored for the RESYNC (landed, fence acked) must be seen with it.

@@ -103,6 +103,16 @@ class ConnState {
   bool resynced() const { return resynced_.load(std::memory_order_acquire); }
   // (Not cleared: a report says whether close() ever lingered.)
   bool lingered() const { return lingered_.load(std::memory_order_acquire); }
+  // Downgrades over the connection's life (the accelerated path was lost:
+  // fabric-down for a link, backend-unavailable for vsocketd), the last
+  // one's reason, and the time spent on kernel TCP after them until the next
+  // upgrade (or until now). Not cleared either.
+  uint32_t downgrades() const { return downgrades_.load(std::memory_order_relaxed); }
+  proto::Reason last_downgrade() const { return last_downgrade_.load(std::memory_order_relaxed); }
+  int64_t kernel_ns_after_downgrades(int64_t now_ns) const {
+    int64_t since = kernel_since_ns_.load(std::memory_order_relaxed);
+    return kernel_ns_.load(std::memory_order_relaxed) + (since != 0 ? now_ns - since : 0);
+  }
 
   // Directions. Each switches once per registration and only after the
   // upgrade (false: refused).
@@ -128,6 +138,10 @@ class ConnState {
   std::atomic<bool> upgraded_{false};
   std::atomic<bool> resynced_{false};
   std::atomic<bool> lingered_{false};
+  std::atomic<uint32_t> downgrades_{0};
+  std::atomic<proto::Reason> last_downgrade_{proto::Reason::kNone};
+  std::atomic<int64_t> kernel_since_ns_{0};
+  std::atomic<int64_t> kernel_ns_{0};
   std::atomic<bool> tx_ring_{false};
   std::atomic<bool> rx_ring_{false};
   std::atomic<RxResync> rx_resync_{RxResync::kRing};

@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "base/clock.h"
+
 namespace vsocket::guest {
 namespace {
 
@@ -288,6 +290,36 @@ std::string Diagram() {
     o << "\n";
   }
   return o.str();
+}
+
+// The report's downgrade history: each loss of the accelerated path is
+// counted with its reason, and the time on kernel TCP after it runs until
+// the connection is upgraded again; none of it is cleared by the fresh
+// registration in between.
+TEST(ConnStateTest, DowngradesAreCountedAndTimedUntilTheNextUpgrade) {
+  ConnState s;
+  EXPECT_EQ(s.downgrades(), 0u);
+  EXPECT_EQ(s.kernel_ns_after_downgrades(MonotonicNs()), 0);
+  ASSERT_TRUE(s.Apply(E::kRegistered));
+  ASSERT_TRUE(s.Apply(E::kUpgrade));
+  ASSERT_TRUE(s.Apply(E::kLinkLost, proto::Reason::kFabricDown));
+  EXPECT_EQ(s.downgrades(), 1u);
+  EXPECT_EQ(s.last_downgrade(), proto::Reason::kFabricDown);
+  // Still resyncing when the backend goes too: the same downgrade.
+  ASSERT_TRUE(s.Apply(E::kBackendLost, proto::Reason::kBackendUnavailable));
+  EXPECT_EQ(s.downgrades(), 1u);
+  int64_t t0 = MonotonicNs();
+  EXPECT_GT(s.kernel_ns_after_downgrades(t0 + 5'000'000), 5'000'000 - 1);
+  ASSERT_TRUE(s.Apply(E::kResynced));
+  ASSERT_TRUE(s.Apply(E::kRegistered));
+  ASSERT_TRUE(s.Apply(E::kUpgrade));
+  // The clock stopped at the upgrade.
+  int64_t frozen = s.kernel_ns_after_downgrades(MonotonicNs());
+  EXPECT_GT(frozen, 0);
+  EXPECT_EQ(s.kernel_ns_after_downgrades(MonotonicNs() + 1'000'000'000), frozen);
+  ASSERT_TRUE(s.Apply(E::kBackendLost, proto::Reason::kBackendUnavailable));
+  EXPECT_EQ(s.downgrades(), 2u);
+  EXPECT_EQ(s.last_downgrade(), proto::Reason::kBackendUnavailable);
 }
 
 TEST(ConnStateTest, DocumentedDiagramIsTheCode) {

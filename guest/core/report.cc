@@ -8,6 +8,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "base/clock.h"
 #include "guest/core/config.h"
 #include "guest/core/conn_state.h"
 #include "guest/core/fd_table.h"
@@ -63,7 +64,8 @@ void WriteLine(const Conn& c, const char* event, const char* exec_program) {
       "{\"pid\":%d,\"event\":\"%s\"%s,\"local\":\"%s:%u\",\"peer\":\"%s:%u\",\"mode\":\"%s\","
       "\"reason\":\"%s\",\"upgraded\":%s,\"kernel_tx\":%llu,\"kernel_rx\":%llu,"
       "\"accel_tx\":%llu,\"accel_rx\":%llu,\"kernel_tx_after_upgrade\":%llu,"
-      "\"kernel_rx_after_upgrade\":%llu,\"resynced\":%s,\"reupgrades\":%u,\"fin_deferred\":%s,\"lingered\":%s,\"late_"
+      "\"kernel_rx_after_upgrade\":%llu,\"resynced\":%s,\"reupgrades\":%u,\"downgrades\":%u,\"last_downgrade\":\"%s\","
+      "\"kernel_ms_after_downgrade\":%lld,\"resent_bytes\":%llu,\"fin_deferred\":%s,\"lingered\":%s,\"late_"
       "wakeups\":%u}\n",
       getpid(), event, exec_field.c_str(), local, c.local.port, peer, c.peer.port, mode, proto::ToString(reason),
       c.state.upgraded() ? "true" : "false", static_cast<unsigned long long>(c.kernel_sent.load()),
@@ -73,8 +75,10 @@ void WriteLine(const Conn& c, const char* event, const char* exec_program) {
       // prove it from counters rather than assume it.
       static_cast<unsigned long long>(c.state.tx_on_ring() ? c.kernel_sent.load() - c.fence_sent.load() : 0),
       static_cast<unsigned long long>(c.state.rx_on_ring() ? c.kernel_received.load() - c.peer_fence.load() : 0),
-      c.state.resynced() || c.reupgrades.load() ? "true" : "false", c.reupgrades.load(),
-      c.fin_deferred.load() ? "true" : "false", c.state.lingered() ? "true" : "false", c.late_wakeups.load());
+      c.state.resynced() || c.reupgrades.load() ? "true" : "false", c.reupgrades.load(), c.state.downgrades(),
+      c.state.downgrades() ? proto::ToString(c.state.last_downgrade()) : "",
+      static_cast<long long>(c.state.kernel_ns_after_downgrades(MonotonicNs()) / 1000000),
+      static_cast<unsigned long long>(c.resent_bytes.load()), c.fin_deferred.load() ? "true" : "false", c.state.lingered() ? "true" : "false", c.late_wakeups.load());
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return;
   (void)!Libc().write(fd, line, static_cast<size_t>(n));

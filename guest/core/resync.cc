@@ -66,6 +66,7 @@ bool PrepareResendLocked(Conn& c, int fd) {
   iovec v{c.resend.data() + proto::kResyncHeaderSize, static_cast<size_t>(tail - from)};
   CopyIovRing<false>(c.tx, c.ring_size, from, &v, 1, 0, tail - from);
   c.resend_off = 0;
+  c.resent_bytes.fetch_add(tail - from, std::memory_order_relaxed);
   VS_LOG(kInfo, "conn %lu: fabric link lost: back on kernel TCP, resending %lu bytes from %lu",
          static_cast<unsigned long>(c.id), static_cast<unsigned long>(tail - from), static_cast<unsigned long>(from));
   return true;

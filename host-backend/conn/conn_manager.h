@@ -180,6 +180,25 @@ class ConnManager {
     uint32_t rdma_rkey;
     int64_t expires_ms;
   };
+  // PAIR_REQUESTs kept until our guest registers, bounded in all and per
+  // peer host (one host cannot crowd out the others): every change goes
+  // through these, which keep pending_per_host_.
+  bool KeepPendingRemote(const ConnKey& key, const PendingRemote& r);
+  void ErasePendingRemote(std::unordered_map<ConnKey, PendingRemote, ConnKeyHash>::iterator it) {
+    --pending_per_host_[it->second.host];
+    pending_remote_.erase(it);
+  }
+  template <typename Pred>
+  void DropPendingRemote(Pred pred) {
+    for (auto it = pending_remote_.begin(); it != pending_remote_.end();) {
+      if (pred(*it)) {
+        --pending_per_host_[it->second.host];
+        it = pending_remote_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
   void RequestRemotePair(BackendConn& c, uint32_t host);
   void AcceptRemote(BackendConn& c, const PendingRemote& r);
   void UpgradeRemote(BackendConn& c);
@@ -249,6 +268,7 @@ class ConnManager {
   // PAIR_REQUESTs that arrived before our guest registered the connection,
   // keyed as our guest will register it.
   std::unordered_map<ConnKey, PendingRemote, ConnKeyHash> pending_remote_;
+  std::unordered_map<uint32_t, size_t> pending_per_host_;
   uint64_t next_handle_ = 1;
   ConnManagerCounters counters_;
   std::array<VmTotals, kMaxVms> vm_totals_;

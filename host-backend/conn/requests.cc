@@ -275,7 +275,7 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
       auto pr = pending_remote_.find(c.key);
       if (pr != pending_remote_.end()) {
         PendingRemote r = pr->second;
-        pending_remote_.erase(pr);
+        ErasePendingRemote(pr);
         if (r.expires_ms >= MonotonicMs()) AcceptRemote(c, r);
       } else if (c.role == proto::Role::kClient && hosts_ != nullptr &&
                  LocalPortFor(c.key.tenant, c.key.peer) == nullptr) {

@@ -17,6 +17,8 @@ using proto::Reason;
 namespace {
 
 constexpr size_t kMaxPendingRemote = 65536;
+// One peer host may hold at most a quarter of them (issue 17, finding 6).
+constexpr size_t kMaxPendingRemotePerHost = kMaxPendingRemote / 4;
 constexpr int64_t kPendingRemoteMs = 30000;
 
 // The connection as this side sees it, for PAIR_REQUEST and PAIR_ACCEPT.
@@ -146,13 +148,7 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
       // Our guest has not registered yet: keep the request for a while.
       VS_LOG(kDebug, "host %u conn %lu (port %u -> %u): PAIR_REQUEST kept until our guest registers", host,
              static_cast<unsigned long>(h.value), info->local.port, info->peer.port);
-      if (pending_remote_.size() >= kMaxPendingRemote) {
-        int64_t now = MonotonicMs();
-        std::erase_if(pending_remote_, [now](const auto& kv) { return kv.second.expires_ms < now; });
-        if (pending_remote_.size() >= kMaxPendingRemote)
-          return refuse(Reason::kResourceLimit, "too many pending pairing requests");
-      }
-      pending_remote_[key] = r;
+      if (!KeepPendingRemote(key, r)) return refuse(Reason::kResourceLimit, "too many pending pairing requests");
       return;
     }
     case FrameType::kPairAccept: {
@@ -223,8 +219,7 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
         return;
       }
       // The requester withdrew before we answered (or before we accepted).
-      std::erase_if(pending_remote_,
-                    [&](const auto& kv) { return kv.second.host == host && kv.second.handle == h.value; });
+      DropPendingRemote([&](const auto& kv) { return kv.second.host == host && kv.second.handle == h.value; });
       for (auto& [hd, c] : conns_)
         if (c->remote.stage == RemotePeer::Stage::kAccepted && c->remote.host == host && c->remote.handle == h.value) {
           c->remote.stage = RemotePeer::Stage::kNone;
@@ -267,10 +262,28 @@ void ConnManager::OnHostUp(uint32_t host) {
       RequestRemotePair(*c, host);
 }
 
+bool ConnManager::KeepPendingRemote(const ConnKey& key, const PendingRemote& r) {
+  auto full = [&] {
+    return pending_remote_.size() >= kMaxPendingRemote || pending_per_host_[r.host] >= kMaxPendingRemotePerHost;
+  };
+  if (full()) {
+    int64_t now = MonotonicMs();
+    DropPendingRemote([now](const auto& kv) { return kv.second.expires_ms < now; });
+    if (full()) return false;
+  }
+  auto [it, added] = pending_remote_.try_emplace(key, r);
+  if (!added) {
+    --pending_per_host_[it->second.host];  // the same 4-tuple asked for again
+    it->second = r;
+  }
+  ++pending_per_host_[r.host];
+  return true;
+}
+
 void ConnManager::OnHostDown(uint32_t host) {
   for (auto& [k, s] : sinks_)
     if (s->host() == host) s->Reset();
-  std::erase_if(pending_remote_, [host](const auto& kv) { return kv.second.host == host; });
+  DropPendingRemote([host](const auto& kv) { return kv.second.host == host; });
   std::vector<BackendConn*> hit;
   for (auto& [h, c] : conns_)
     if (c->remote.host == host && c->remote.stage != RemotePeer::Stage::kNone &&

@@ -20,6 +20,8 @@ only after a short exchange ended; those stay on kernel TCP, still exact).
 RESYNC after a link loss), and at least one did go through RESYNC.
 --reupgraded: every line went through RESYNC, registered again and ended
 accelerated.
+--downgrade-cause R: every line that went through RESYNC names R as its
+last downgrade (always: such a line counts at least one downgrade).
 --exact-total B: for every line, kernel_tx + accel_tx == B or
 kernel_rx + accel_rx == B (each connection carried B bytes one way,
 wherever they went).
@@ -39,6 +41,9 @@ p.add_argument("--exact-total", type=int)
 p.add_argument("--min-accel", type=int)
 p.add_argument("--resynced", action="store_true")
 p.add_argument("--reupgraded", action="store_true")
+p.add_argument("--downgrade-cause",
+               help="every connection that went through RESYNC counts a downgrade whose last reason is this "
+                    "(fabric-down: the link; backend-unavailable: vsocketd)")
 p.add_argument("--aggregate", action="store_true",
                help="with --bulk-accel: judge the sum over all connections, not each one")
 p.add_argument("--bulk-accel", type=int, metavar="BYTES",
@@ -50,6 +55,8 @@ try:
     lines = [json.loads(l) for l in open(a.file) if l.strip()]
 except FileNotFoundError:
     lines = []
+# (vsocket-run's line for a program it could not preload names no connection.)
+lines = [l for l in lines if "local" in l]
 
 def port_of(ep):
     return int(ep.rsplit(":", 1)[1])
@@ -68,6 +75,10 @@ for l in sel:
         errors.append(f"{who}: never upgraded")
     if a.reupgraded and not (l.get("resynced") and l.get("reupgrades", 0) >= 1 and l["mode"] == "accelerated"):
         errors.append(f'{who}: did not resync and re-upgrade (mode {l["mode"]}, reupgrades {l.get("reupgrades")})')
+    if l.get("resynced") and (l.get("downgrades", 0) < 1 or not l.get("last_downgrade")):
+        errors.append(f"{who}: went through RESYNC but counts no downgrade")
+    if a.downgrade_cause and l.get("resynced") and l.get("last_downgrade") != a.downgrade_cause:
+        errors.append(f'{who}: last downgrade {l.get("last_downgrade")!r}, expected {a.downgrade_cause}')
     # A RESYNC puts bytes on kernel TCP after the upgrade by design.
     if not l.get("resynced") and (l.get("kernel_tx_after_upgrade", 0) or l.get("kernel_rx_after_upgrade", 0)):
         errors.append(f"{who}: kernel-path bytes after the upgrade")
@@ -105,4 +116,7 @@ if a.aggregate:
         sys.exit(1)
 accel = sum(l["mode"] == "accelerated" for l in sel)
 res = sum(bool(l.get("resynced")) for l in sel)
-print(f"{len(sel)} connections ok ({accel} accelerated" + (f", {res} went through RESYNC)" if res else ")"))
+resent = sum(l.get("resent_bytes", 0) for l in sel)
+kernel_ms = max((l.get("kernel_ms_after_downgrade", 0) for l in sel), default=0)
+print(f"{len(sel)} connections ok ({accel} accelerated"
+      + (f", {res} went through RESYNC: {resent} B resent, up to {kernel_ms} ms on kernel TCP)" if res else ")"))

@@ -473,7 +473,7 @@ case_link_loss() {
   local da db out
   da=$(($(counter hostA fabric_downgrades) - da0))
   db=$(($(counter hostB fabric_downgrades) - db0))
-  if ! out=$(python3 $CHECK "$rep" --port $port --expect-conns $((2 * conns)) --resynced); then
+  if ! out=$(python3 $CHECK "$rep" --port $port --expect-conns $((2 * conns)) --resynced --downgrade-cause fabric-down); then
     fail $name "$out"
     return
   fi
@@ -511,7 +511,7 @@ case_link_loss_reupgrade() {
   a3=$(counter hostA fabric_bytes_out)
   u1=$(($(counter hostA remote_upgrades) - u0))
   local out
-  if ! out=$(python3 $CHECK "$rep" --port $port --expect-conns $((2 * conns)) --reupgraded); then
+  if ! out=$(python3 $CHECK "$rep" --port $port --expect-conns $((2 * conns)) --reupgraded --downgrade-cause fabric-down); then
     fail $name "$out"
     return
   fi
@@ -572,7 +572,7 @@ print(sum(c['accel_bytes_out'] for c in json.load(sys.stdin)['connections'] if c
   xfer_wait $name || { fail $name "$E2E_MSG"; return; }
   XSRV=$lsrv XCLI=$lcli
   xfer_wait $name.load || { fail $name "the background pair failed: $E2E_MSG"; return; }
-  if ! out=$(python3 $CHECK "$rep" --port $port --expect-conns $((2 * conns)) --resynced); then
+  if ! out=$(python3 $CHECK "$rep" --port $port --expect-conns $((2 * conns)) --resynced --downgrade-cause fabric-down); then
     fail $name "$out"
     return
   fi

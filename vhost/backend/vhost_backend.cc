@@ -1,14 +1,17 @@
 #include "vhost/backend/vhost_backend.h"
 
+#include <grp.h>
 #include <pthread.h>
 #include <rte_eal.h>
 #include <rte_errno.h>
 #include <rte_vhost.h>
 #include <sched.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "base/log.h"
 #include "proto/virtio_ring.h"
@@ -69,6 +72,35 @@ constexpr uint64_t kDeviceFeatures =
     proto::kFeatureVersion1 | proto::kFeatureVhostUserProtocol | proto::kFeatureEventIdx;
 constexpr uint64_t kProtocolFeatures = user::kProtoReplyAck | user::kProtoStatus;
 
+// The gid of group `name` (a port's `group` key), from the system's group
+// database (NSS), looked up before the socket exists so that a typo stops the
+// daemon instead of leaving a socket nobody can use.
+Result<gid_t> LookUpGroup(const std::string& name) {
+  std::vector<char> buf(16384);
+  group grp;
+  group* found = nullptr;
+  int err = getgrnam_r(name.c_str(), &grp, buf.data(), buf.size(), &found);
+  if (err != 0) return Status::FromErrno("looking up group " + name, err);
+  if (found == nullptr) return Status(Code::kNotFound, "group '" + name + "' does not exist");
+  return found->gr_gid;
+}
+
+// Opens the port socket to `gid`: rw for owner and group, nothing for others
+// (connect(2) on a Unix socket needs write permission). Changing the group
+// of a file one owns needs membership of that group (or CAP_CHOWN): the
+// daemon's user must be in it (docs/operator-guide.md, "Non-root guests").
+Status OpenToGroup(const std::string& path, const std::string& name, gid_t gid) {
+  if (chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+    int err = errno;
+    Status st = Status::FromErrno("chgrp " + name + " " + path, err);
+    if (err != EPERM) return st;
+    return Status(Code::kPermissionDenied, st.message() + " (the user vsocketd runs as must be a member of group " +
+                                               name + ", e.g. adduser vsocket " + name + ")");
+  }
+  if (chmod(path.c_str(), 0660) != 0) return Status::FromErrno("chmod 0660 " + path);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status InitEal(const EalOptions& options) {
@@ -109,6 +141,12 @@ VhostBackend& VhostBackend::Instance() {
 
 Status VhostBackend::AddPort(const PortConfig& config, DeviceListener* listener) {
   const char* path = config.path.c_str();
+  gid_t gid = 0;
+  if (!config.group.empty()) {
+    Result<gid_t> g = LookUpGroup(config.group);
+    if (!g.ok()) return Status(g.status().code(), "vm " + config.vm_name + ": " + g.status().message());
+    gid = *g;
+  }
   unlink(path);  // a stale socket from a previous run
   if (rte_vhost_driver_register(path, 0) != 0)
     return Status(Code::kInternal, "rte_vhost_driver_register " + config.path + " failed");
@@ -125,7 +163,18 @@ Status VhostBackend::AddPort(const PortConfig& config, DeviceListener* listener)
     ports_.push_back(std::make_unique<Port>(Port{config, listener}));
   }
   if (rte_vhost_driver_start(path) != 0) return fail("driver_start");
-  VS_LOG(kInfo, "vhost-user port %s (vm %s, tenant %u) listening", path, config.vm_name.c_str(), config.tenant_id);
+  // driver_start has bound the socket (server mode binds synchronously); until
+  // the chmod it has the mode the umask gave it, which is never wider than
+  // 0660 under the unit's UMask=0077 (and owner-only for connect under 022).
+  if (!config.group.empty()) {
+    Status st = OpenToGroup(config.path, config.group, gid);
+    if (!st.ok()) {
+      rte_vhost_driver_unregister(path);
+      return Status(st.code(), "vm " + config.vm_name + ": " + st.message());
+    }
+  }
+  VS_LOG(kInfo, "vhost-user port %s (vm %s, tenant %u%s%s) listening", path, config.vm_name.c_str(), config.tenant_id,
+         config.group.empty() ? "" : ", group ", config.group.c_str());
   return Status::Ok();
 }
 

@@ -46,6 +46,9 @@ struct PortConfig {
   std::vector<VmAddress> addresses;  // the VM's own addresses
   uint32_t index = 0;                // position in the daemon's port list
   uint32_t max_devices = 256;        // vhost-user connections at once (one per guest process)
+  // Group whose members may connect (the socket becomes 0660, that group);
+  // empty: the socket keeps the mode and group it was created with.
+  std::string group;
 };
 
 // Implemented by the data path. All calls come from the vhost-user thread.

@@ -1,0 +1,115 @@
+// Pairing requests from peer hosts, in process (no guest device: none of
+// them finds its connection registered yet, so each is kept until our
+// guest registers or refused). One peer host may not crowd the table of
+// kept requests so that another's are refused (issue 17, finding 6).
+#include <gtest/gtest.h>
+
+#include <array>
+#include <span>
+#include <vector>
+
+#include "base/log.h"
+#include "host-backend/conn/conn_manager.h"
+#include "host-backend/remote/frame.h"
+#include "host-backend/remote/remote_hosts.h"
+#include "proto/fabric.h"
+#include "vhost/backend/vhost_backend.h"
+
+namespace vsocket::backend {
+namespace {
+
+using proto::Endpoint;
+using proto::FrameHeader;
+using proto::FrameType;
+
+constexpr uint32_t kTenant = 7;
+
+Endpoint V4(uint8_t last, uint16_t port) {
+  Endpoint e;
+  e.family = proto::Family::kIpv4;
+  e.addr = {192, 0, 2, last};
+  e.port = port;
+  return e;
+}
+
+Endpoint Ours(uint16_t port) {
+  Endpoint e = V4(0, port);
+  e.addr = {198, 51, 100, 2};
+  return e;
+}
+
+// Peer hosts 1 and 2 both run tenant 7 at 192.0.2.x; every frame sent to a
+// host is recorded.
+class FakeHosts : public RemoteHosts {
+ public:
+  uint32_t Locate(uint32_t, const Endpoint&) override { return 0; }
+  bool Runs(uint32_t host, uint32_t tenant, const Endpoint& addr) override {
+    return (host == 1 || host == 2) && tenant == kTenant && addr.addr[0] == 192;
+  }
+  bool SendPairing(uint32_t host, const FrameHeader& h, std::span<const uint8_t>) override {
+    sent.push_back({host, h});
+    return true;
+  }
+  fabric::Link* LinkTo(uint32_t, uint64_t) override { return nullptr; }
+
+  std::vector<std::pair<uint32_t, FrameHeader>> sent;
+};
+
+class PairingTest : public ::testing::Test {
+ protected:
+  PairingTest() {
+    SetLogLevel(LogLevel::kError);
+    vhost::PortConfig p;
+    p.path = "/nonexistent/vm.sock";
+    p.vm_name = "vm";
+    p.tenant_id = kTenant;
+    p.addresses.push_back({4, Ours(0).addr});
+    ports_.push_back(p);
+    cm_.SetRemoteHosts(&hosts_);
+    cm_.SetLocalPorts(&ports_);
+  }
+  ~PairingTest() override {
+    cm_.OnHostDown(1);
+    cm_.OnHostDown(2);
+  }
+
+  // host asks to pair its connection from 192.0.2.<last>:port (its handle)
+  // with our guest's 198.51.100.2:80; true if it was answered at once (a
+  // PAIR_REJECT), false if the request was kept.
+  bool Request(uint32_t host, uint8_t last, uint16_t port) {
+    proto::PairInfo info;
+    info.local = V4(last, port);
+    info.peer = Ours(80);
+    info.role = proto::Role::kClient;
+    std::array<uint8_t, proto::kPairInfoSize> body;
+    proto::EncodePairInfo(info, body.data());
+    FrameHeader h = Frame(FrameType::kPairRequest, kTenant, 0, (uint64_t{host} << 32) | port, 1u << 16);
+    h.len = proto::kPairInfoSize;
+    size_t before = hosts_.sent.size();
+    cm_.OnPairingFrame(host, h, body);
+    if (hosts_.sent.size() == before) return false;
+    EXPECT_EQ(hosts_.sent.back().first, host);
+    EXPECT_EQ(hosts_.sent.back().second.type, FrameType::kPairReject);
+    EXPECT_EQ(hosts_.sent.back().second.aux, static_cast<uint32_t>(proto::Reason::kResourceLimit));
+    return true;
+  }
+
+  FakeHosts hosts_;
+  std::vector<vhost::PortConfig> ports_;
+  ConnManager cm_;
+};
+
+TEST_F(PairingTest, OnePeerHostCannotCrowdOutAnother) {
+  // Host 1 asks for 20,000 connections our guests never register.
+  int refused = 0;
+  for (int i = 0; i < 20000; ++i) refused += Request(1, 1, static_cast<uint16_t>(10000 + i));
+  EXPECT_EQ(refused, 20000 - 16384) << "one host keeps at most a quarter of the table";
+  // Host 2's requests are still kept.
+  for (int i = 0; i < 100; ++i) EXPECT_FALSE(Request(2, 200, static_cast<uint16_t>(10000 + i))) << i;
+  // Host 1 going down gives its share back.
+  cm_.OnHostDown(1);
+  EXPECT_FALSE(Request(1, 1, 40000));
+}
+
+}  // namespace
+}  // namespace vsocket::backend
