@@ -884,9 +884,11 @@ case_static_binary
 # program) instead of leaving "why is ssh not accelerated?" unanswered; the
 # session works on kernel TCP, byte-exact.
 case_sshd() {
-  local name=sshd_reexec_is_explained port=7760 d=$WORK/sshd rep=$WORK/sshd.jsonl out want
+  local name=sshd_reexec_is_explained port=7760 d=$WORK/sshd rep=$WORK/sshd.jsonl out want made_run=0
   [ -x /usr/sbin/sshd ] || { fail $name "openssh-server not installed (deploy/install-deps.sh)"; return; }
-  mkdir -p "$d" /run/sshd && chmod 700 "$d"
+  # sshd's privilege separation directory (its unit makes it; here, we do).
+  [ -d /run/sshd ] || { mkdir -p /run/sshd && made_run=1; }
+  mkdir -p "$d" && chmod 700 "$d"
   ssh-keygen -q -t ed25519 -N '' -f "$d/host_key" && ssh-keygen -q -t ed25519 -N '' -f "$d/client_key" &&
     cp "$d/client_key.pub" "$d/authorized_keys" || { fail $name "ssh-keygen failed"; return; }
   printf '%s\n' "Port $port" "ListenAddress $A2" "HostKey $d/host_key" "AuthorizedKeysFile $d/authorized_keys" \
@@ -900,6 +902,7 @@ case_sshd() {
     -o BatchMode=yes -o LogLevel=ERROR -p $port "root@$A2" 'head -c 1000000 /dev/zero | sha256sum' 2>&1)
   kill "$srv" 2>/dev/null
   wait "$srv" 2>/dev/null
+  [ $made_run -eq 0 ] || rmdir /run/sshd 2>/dev/null
   grep -q "^$want " <<<"$out" || { fail $name "ssh session: $out"; return; }
   local said
   said=$(grep -o "libvsocket: exec /usr/sbin/sshd: fd .*" "$WORK/sshd.log" | head -1)
