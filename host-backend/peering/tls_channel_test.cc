@@ -8,6 +8,7 @@
 #include <openssl/ssl.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -188,6 +189,25 @@ TEST_F(TlsChannelTest, ContextReportsKeyNotMatchingCertificate) {
   EXPECT_TRUE(Contains(ctx.status().message(), "does not match certificate"));
 }
 
+// Issue 17, finding 8: a key other users can read is refused, with the mode
+// and the fix in the message; the daemon's group may read it.
+TEST_F(TlsChannelTest, ContextRefusesAPrivateKeyOthersCanRead) {
+  const std::string key = dir_ + "/copied.key";
+  std::ifstream in(Config("alpha").key_file);
+  std::ofstream(key) << in.rdbuf();
+  TlsConfig config = Config("alpha");
+  config.key_file = key;
+  ASSERT_EQ(chmod(key.c_str(), 0644), 0);
+  auto ctx = TlsContext::Create(config);
+  ASSERT_FALSE(ctx.ok());
+  EXPECT_EQ(ctx.status().code(), Code::kPermissionDenied);
+  EXPECT_TRUE(Contains(ctx.status().message(), "accessible to other users (mode 0644)")) << ctx.status().message();
+  ASSERT_EQ(chmod(key.c_str(), 0602), 0);
+  EXPECT_FALSE(TlsContext::Create(config).ok());
+  ASSERT_EQ(chmod(key.c_str(), 0640), 0);
+  EXPECT_TRUE(TlsContext::Create(config).ok());
+}
+
 TEST_F(TlsChannelTest, ContextReportsFilesThatAreNotPem) {
   const std::string junk = dir_ + "/junk.pem";
   std::ofstream(junk) << "not a certificate\n";
@@ -199,6 +219,7 @@ TEST_F(TlsChannelTest, ContextReportsFilesThatAreNotPem) {
 
   config = Config("alpha");
   config.key_file = junk;
+  ASSERT_EQ(chmod(junk.c_str(), 0600), 0);  // (a key others can read is refused before it is read)
   ctx = TlsContext::Create(config);
   ASSERT_FALSE(ctx.ok());
   EXPECT_TRUE(Contains(ctx.status().message(), "holds no unencrypted PEM private key"));

@@ -5,6 +5,7 @@
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -52,6 +53,19 @@ int RememberPresentedName(int preverify_ok, X509_STORE_CTX* store) {
   return preverify_ok;
 }
 
+// A private key any other user may read (or write) is refused, as ssh
+// refuses one: whoever reads it can impersonate this host to every peer.
+// Group access is allowed (0640 root:vsocket, for a daemon run as vsocket).
+Status CheckKeyMode(const std::string& path) {
+  struct stat st{};
+  if (stat(path.c_str(), &st) != 0) return Status::FromErrno("cannot stat private key file '" + path + "'");
+  if ((st.st_mode & S_IRWXO) == 0) return Status::Ok();
+  char mode[8];
+  snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+  return Status(Code::kPermissionDenied, "private key file '" + path + "' is accessible to other users (mode " + mode +
+                                             "): chmod 600 it (or 640 with the daemon's group)");
+}
+
 // A passphrase-protected key must fail to load, not prompt on the daemon's
 // terminal.
 int NoPassphrase(char* /*buf*/, int /*size*/, int /*rwflag*/, void* /*userdata*/) { return 0; }
@@ -73,6 +87,7 @@ Result<std::unique_ptr<EVP_PKEY, PkeyFree>> LoadKey(const std::string& path) {
 Result<std::unique_ptr<TlsContext>> TlsContext::Create(const TlsConfig& config) {
   VS_RETURN_IF_ERROR(CheckReadable("certificate file", config.cert_file));
   VS_RETURN_IF_ERROR(CheckReadable("private key file", config.key_file));
+  VS_RETURN_IF_ERROR(CheckKeyMode(config.key_file));
   VS_RETURN_IF_ERROR(CheckReadable("CA file", config.ca_file));
   ERR_clear_error();
 
