@@ -103,7 +103,18 @@ struct Env {
 };
 
 Env& env() {
-  static Env* e = new Env();
+  static Env* e = [] {
+    auto* made = new Env();
+    // The identity's files are read for every input's client; they go when
+    // the run ends (libFuzzer exits through exit() at -max_total_time).
+    std::atexit([] {
+      const Files& f = env().files;
+      std::remove(f.cert.c_str());
+      std::remove(f.key.c_str());
+      rmdir(f.cert.substr(0, f.cert.rfind('/')).c_str());
+    });
+    return made;
+  }();
   return *e;
 }
 
