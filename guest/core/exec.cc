@@ -29,7 +29,7 @@ bool PreloadsUs(char* const envp[]) {
 }
 
 // "local -> peer" of fd, for the log.
-std::string Addresses(const Conn& c) {
+std::string AddressText(const Conn& c) {
   auto one = [](const proto::Endpoint& e) {
     char a[INET6_ADDRSTRLEN] = "?";
     inet_ntop(e.family == proto::Family::kIpv6 ? AF_INET6 : AF_INET, e.addr.data(), a, sizeof(a));
@@ -50,20 +50,14 @@ void BeforeExec(const char* program, char* const envp[]) {
     int flags = Libc().fcntl(fd, F_GETFD);
     if (flags < 0 || (flags & FD_CLOEXEC) || !done.insert(&c).second) return;  // not passed on
     std::lock_guard<std::mutex> setup(c.setup_mu);
-    if (c.state.phase() == Phase::kUnprobed) {
-      // Never looked at (e.g. accepted, then handed to a re-executed server):
-      // its addresses for the log and the report.
-      sockaddr_storage local{}, peer{};
-      socklen_t ll = sizeof(local), pl = sizeof(peer);
-      if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
-          getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0 || !ToEndpoint(local, &c.local) ||
-          !ToEndpoint(peer, &c.peer))
-        return;  // not a connection (a listener, or not connected yet)
-    }
+    // Never looked at (e.g. accepted, then handed to a re-executed server):
+    // its addresses for the log and the report. Not a connection (a
+    // listener, or not connected yet): nothing to say.
+    if (c.state.phase() == Phase::kUnprobed && ReadAddresses(fd, c) != Addresses::kRead) return;
     if (mine != nullptr && c.session == mine && c.state.accelerated() && !c.state.reset()) {
       ReportExec(c, program);
       VS_LOG(kWarn, "exec %s: fd %d (%s) was accelerated and cannot go on in the new program: connection reset", program,
-             fd, Addresses(c).c_str());
+             fd, AddressText(c).c_str());
       Aborted(c);         // the peer is told through vsocketd (ECONNRESET there)
       ResetKernel(fd, c);  // and the new program through the kernel
       return;
@@ -71,12 +65,12 @@ void BeforeExec(const char* program, char* const envp[]) {
     ReportExec(c, program);
     if (preloaded)
       VS_LOG(kWarn, "exec %s: fd %d (%s) goes on over kernel TCP in the new program (reason inherited)", program, fd,
-             Addresses(c).c_str());
+             AddressText(c).c_str());
     else
       VS_LOG(kWarn,
              "exec %s: fd %d (%s) goes on over kernel TCP in the new program, whose environment does not preload "
              "libvsocket (reason inherited)",
-             program, fd, Addresses(c).c_str());
+             program, fd, AddressText(c).c_str());
   });
 }
 

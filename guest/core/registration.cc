@@ -21,6 +21,10 @@ using proto::Message;
 using proto::MsgType;
 using proto::Reason;
 
+namespace {
+
+std::atomic<uint64_t> g_next_conn_id{1};
+
 bool ToEndpoint(const sockaddr_storage& ss, proto::Endpoint* e) {
   if (ss.ss_family == AF_INET) {
     auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
@@ -39,10 +43,6 @@ bool ToEndpoint(const sockaddr_storage& ss, proto::Endpoint* e) {
   }
   return false;
 }
-
-namespace {
-
-std::atomic<uint64_t> g_next_conn_id{1};
 
 // How often a connection that lost its backend tries to register again.
 constexpr int64_t kRegisterRetryNs = 1'000'000'000;
@@ -83,6 +83,16 @@ Status AllocRingsWaiting(Session* s, Conn& c) {
 
 }  // namespace
 
+Addresses ReadAddresses(int fd, Conn& c) {
+  sockaddr_storage local{}, peer{};
+  socklen_t ll = sizeof(local), pl = sizeof(peer);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) return Addresses::kNotConnected;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 || !ToEndpoint(local, &c.local) ||
+      !ToEndpoint(peer, &c.peer))
+    return Addresses::kOtherFamily;
+  return Addresses::kRead;
+}
+
 // Registers an established connection with the backend, once, at its first
 // I/O (so a connection accepted by a parent and used by a forked child is
 // registered by the child). Data keeps flowing on kernel TCP meanwhile.
@@ -93,12 +103,11 @@ void EnsureRegistered(int fd, Conn& c) {
   std::lock_guard<std::mutex> lock(c.setup_mu);
   if (c.state.phase() != Phase::kUnprobed) return;
   if (!c.eligible) return KernelForGood(c, Reason::kInherited);
-  sockaddr_storage local{}, peer{};
-  socklen_t ll = sizeof(local), pl = sizeof(peer);
-  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) return;  // not connected yet
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 || !ToEndpoint(local, &c.local) ||
-      !ToEndpoint(peer, &c.peer))
-    return KernelForGood(c, Reason::kUnsupportedFamily);
+  switch (ReadAddresses(fd, c)) {
+    case Addresses::kNotConnected: return;  // not connected yet
+    case Addresses::kOtherFamily: return KernelForGood(c, Reason::kUnsupportedFamily);
+    case Addresses::kRead: break;
+  }
   if (!AccelerationAllowed(Config(), c.peer)) return KernelForGood(c, Reason::kDisabledByRule);
   Reason why = Reason::kBackendUnavailable;
   Session* s = Session::Get(&why);

@@ -2,14 +2,14 @@
 // UNREGISTER at its end.
 #pragma once
 
-#include <sys/socket.h>
-
 #include "guest/core/conn.h"
 
 namespace vsocket::guest {
 
-// An AF_INET/AF_INET6 address as the protocol's Endpoint (false: another family).
-bool ToEndpoint(const sockaddr_storage& ss, proto::Endpoint* e);
+// fd's local and peer addresses, read from the kernel into c.local and
+// c.peer (kOtherFamily: not AF_INET/AF_INET6).
+enum class Addresses { kRead, kNotConnected, kOtherFamily };
+Addresses ReadAddresses(int fd, Conn& c);
 
 // Registers an established connection with the backend, once, at its first
 // I/O. Data keeps flowing on kernel TCP meanwhile.

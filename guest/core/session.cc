@@ -248,11 +248,7 @@ Status Session::Post(const Message& msg) {
     }
     if (MonotonicNs() > deadline) return Status(Code::kDeadlineExceeded, "backend not answering");
     if (!CheckBackend()) return Status(Code::kUnavailable, "backend session lost");
-    pollfd p[2] = {{request_fd(), POLLIN, 0}, {backend_fd(), POLLIN, 0}};
-    if (PrepareSleep()) {
-      Libc().poll(p, 2, 10);
-      DoneSleeping();
-    }
+    AwaitEvent(10);
   }
 }
 
