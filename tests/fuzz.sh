@@ -6,20 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH="${1:-60}"
-# TARGET:SEED_CORPUS, the same list as FUZZ_TARGETS in tests/run_all.sh.
-TARGETS=(
-  //proto/fuzz:control_fuzz:proto/fuzz/corpus/control
-  //vhost/fuzz:vring_fuzz:vhost/fuzz/corpus/vring
-  //proto/fuzz:fabric_fuzz:proto/fuzz/corpus/fabric
-  //host-backend/fabric/fuzz:stream_link_fuzz:host-backend/fabric/fuzz/corpus/stream_link
-  //host-backend/peering/fuzz:tls_channel_fuzz:host-backend/peering/fuzz/corpus/tls_channel
-  //host-backend/remote/fuzz:peer_frames_fuzz:host-backend/remote/fuzz/corpus/peer_frames
-  //host-backend/fabric/fuzz:locator_fuzz:host-backend/fabric/fuzz/corpus/locator
-  //host-backend/fuzz:config_fuzz:host-backend/fuzz/corpus/config
-)
+. tests/fuzz_targets.sh  # FUZZ_TARGETS
 failed=0
-bazel build --config=fuzz "${TARGETS[@]%:*}" 2>&1 | tail -1
-for spec in "${TARGETS[@]}"; do
+bazel build --config=fuzz "${FUZZ_TARGETS[@]%:*}" 2>&1 | tail -1
+for spec in "${FUZZ_TARGETS[@]}"; do
   target=${spec%:*}
   bin="bazel-bin/$(echo "${target#//}" | tr ':' '/')"
   work=$(mktemp -d)

@@ -17,16 +17,7 @@ bash deploy/install-deps.sh || exit 1
 
 FUZZ_SECONDS="${VSOCKET_FUZZ_SECONDS:-30}"
 UNIT_TARGETS=(//base/... //proto/... //vhost/... //host-backend/fabric/... //host-backend/peering/... //tests/hostile/...)
-FUZZ_TARGETS=(
-  //proto/fuzz:control_fuzz:proto/fuzz/corpus/control
-  //vhost/fuzz:vring_fuzz:vhost/fuzz/corpus/vring
-  //proto/fuzz:fabric_fuzz:proto/fuzz/corpus/fabric
-  //host-backend/fabric/fuzz:stream_link_fuzz:host-backend/fabric/fuzz/corpus/stream_link
-  //host-backend/peering/fuzz:tls_channel_fuzz:host-backend/peering/fuzz/corpus/tls_channel
-  //host-backend/remote/fuzz:peer_frames_fuzz:host-backend/remote/fuzz/corpus/peer_frames
-  //host-backend/fabric/fuzz:locator_fuzz:host-backend/fabric/fuzz/corpus/locator
-  //host-backend/fuzz:config_fuzz:host-backend/fuzz/corpus/config
-)
+. tests/fuzz_targets.sh  # FUZZ_TARGETS
 passed=0
 failed=0
 LOGDIR=$(mktemp -d /tmp/vsocket-tests-XXXXXX)

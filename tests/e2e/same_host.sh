@@ -52,6 +52,24 @@ else:
 PY
 }
 
+# plain_echo_server PORT LOG: a kernel-TCP echo server for one connection
+# in vm2 (not preloaded), in the background (PID in BG).
+plain_echo_server() {
+  vm_bg vm2 plain /dev/null "$2" python3 -c '
+import socket, sys
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((sys.argv[1], int(sys.argv[2])))
+ls.listen(1)
+c, _ = ls.accept()
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    c.sendall(b)
+' "$A2" "$1"
+}
+
 # shared_lib: a copy of the library that every user can load (Bazel's
 # output is under root's home), in $WORK/shared; prints its path.
 shared_lib() {
@@ -428,19 +446,7 @@ case_no_socket_permission() {
   mkdir -p "$d" && chmod a+rx "$d"
   touch "$d/report.jsonl" && chmod 0666 "$d/report.jsonl"
   sock=$(bash $TB socket vm1)
-  vm_bg vm2 plain /dev/null "$WORK/noperm.srv" python3 -c '
-import socket, sys
-ls = socket.socket()
-ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind((sys.argv[1], 7740))
-ls.listen(1)
-c, _ = ls.accept()
-while True:
-    b = c.recv(65536)
-    if not b:
-        break
-    c.sendall(b)
-' "$A2"
+  plain_echo_server $port "$WORK/noperm.srv"
   local srv=$BG out
   wait_listen vm2 $port
   out=$(bash $TB exec vm1 timeout 30 runuser -u nobody -- env LD_PRELOAD="$lib" \
@@ -853,19 +859,7 @@ C
     fail $name "cannot build a static client: $(tail -2 "$WORK/static.cc.log" | tr '\n' ' ')"
     return
   fi
-  vm_bg vm2 plain /dev/null "$WORK/static.srv" python3 -c '
-import socket, sys
-ls = socket.socket()
-ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind((sys.argv[1], 7750))
-ls.listen(1)
-c, _ = ls.accept()
-while True:
-    b = c.recv(65536)
-    if not b:
-        break
-    c.sendall(b)
-' "$A2"
+  plain_echo_server $port "$WORK/static.srv"
   local srv=$BG
   wait_listen vm2 $port
   out=$(bash $TB exec vm1 timeout 30 guest/vsocket-run --lib "$LIB" --report "$rep" "$WORK/static_client" "$A2" $port 2>&1)
