@@ -321,7 +321,8 @@ const char* ToString(Reason reason) {
                                            "protocol-error",
                                            "inherited",
                                            "forked",
-                                           "rings-held"};
+                                           "rings-held",
+                                           "request-response"};
   auto i = static_cast<size_t>(reason);
   return i < std::size(kNames) ? kNames[i] : "unknown";
 }

@@ -97,8 +97,12 @@ enum class Reason : uint16_t {
   // the fabric still reads its TX ring or a peer host may still write into
   // its RX ring; reuse neither before RINGS_RELEASED names it.
   kRingsHeld = 16,
+  // Library-only, never on the wire (above kMaxReason): the upgrade policy
+  // keeps a request/response connection on kernel TCP where vsocketd shares
+  // the process's few CPUs (decision 51).
+  kRequestResponse = 17,
 };
-inline constexpr uint16_t kMaxReason = 16;
+inline constexpr uint16_t kMaxReason = 16;  // the last reason the wire carries
 const char* ToString(Reason reason);
 
 enum class Role : uint8_t { kClient = 1, kServer = 2 };

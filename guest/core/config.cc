@@ -64,6 +64,14 @@ GuestConfig Load() {
   if (get("POLL_AUTO", &v)) c.poll_auto = v != "0" && v != "false" && v != "no";
   if (get("DOORBELL", &v)) c.doorbell = v != "0" && v != "false" && v != "no";
   if (get("RING_HOLD", &v)) c.ring_hold = v != "0" && v != "false" && v != "no";
+  if (get("UPGRADE", &v)) {
+    if (v == "always") {
+      c.upgrade = UpgradePolicy::kAlways;
+    } else if (v != "auto") {
+      std::fprintf(stderr, "libvsocket: VSOCKET_UPGRADE=%s: want auto or always; using auto\n", v.c_str());
+    }
+  }
+  if (get("STREAM_KB", &v)) c.stream_window = uint32_t(std::clamp(std::strtol(v.c_str(), nullptr, 10), 4L, 65536L)) * 1024;
   if (get("REPORT", &v)) c.report_path = v;
   if (get("LOG_LEVEL", &v)) c.log_level = v;
   if (get("RULES", &v)) {

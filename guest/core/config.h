@@ -23,6 +23,8 @@ struct DestinationRule {
   uint16_t port = 0;  // 0: any
 };
 
+enum class UpgradePolicy : uint8_t { kAuto, kAlways };
+
 struct GuestConfig {
   std::string socket_path;           // VSOCKET_SOCKET: the VM's vhost-user socket; empty = off
   bool enabled = true;               // VSOCKET_ENABLE=0 turns acceleration off
@@ -33,7 +35,12 @@ struct GuestConfig {
   bool poll_auto = true;    // VSOCKET_POLL_AUTO=0: poll even where vsocketd shares our few CPUs (cpu_share.h)
   bool doorbell = true;     // VSOCKET_DOORBELL=0: one TX_TAIL/CONSUMED message per count (A/B runs)
   bool ring_hold = true;    // VSOCKET_RING_HOLD=0: do not offer kFeatureRingHold (the fabric then copies)
-  int upgrade_wait_ms = 0;  // VSOCKET_UPGRADE_WAIT_MS: reserved
+  // VSOCKET_UPGRADE: when a connection registers for acceleration (decision 51).
+  // kAuto: at its first I/O where vsocketd has CPUs of its own; where it
+  // shares this process's few CPUs, only once the connection streams
+  // (stream_detector.h). kAlways: at its first I/O.
+  UpgradePolicy upgrade = UpgradePolicy::kAuto;
+  uint32_t stream_window = 256 * 1024;  // VSOCKET_STREAM_KB: the detector's window
   std::string report_path;  // VSOCKET_REPORT: per-connection report at close/exit
   std::string log_level = "warn";      // VSOCKET_LOG_LEVEL
   std::vector<DestinationRule> rules;  // VSOCKET_RULES, comma-separated

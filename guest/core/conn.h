@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "guest/core/conn_state.h"
+#include "guest/core/stream_detector.h"
 #include "proto/control.h"
 
 namespace vsocket::guest {
@@ -36,6 +37,54 @@ struct Conn {
 
   bool eligible = false;       // created in this process (socket/accept): byte counts are exact
   Session* session = nullptr;  // the session it is registered with
+
+  // Held on kernel TCP by the upgrade policy until it streams (decision 51):
+  // eligible, not registered; its kernel I/O is noted in `stream`.
+  std::atomic<bool> held{false};
+  StreamDetector stream;
+  // listen() succeeded: never registers, never carries data.
+  std::atomic<bool> listening{false};
+  // Threads asleep in the kernel on this connection while it is held (a
+  // blocking recv, a poll): while there are any, it does not register
+  // (decision 51), so its bytes cannot move to the rings under them.
+  std::atomic<int> kernel_sleepers{0};
+  std::atomic<bool> claiming{false};  // a held connection is registering
+
+  // Held by the upgrade policy and not streaming yet: it registers only at
+  // its own I/O, after which it never is again.
+  bool HeldQuiet() const {
+    return session == nullptr && held.load(std::memory_order_relaxed) && !stream.streaming() &&
+           state.phase() == Phase::kUnprobed;
+  }
+  // On kernel TCP and staying there until its own next I/O: a listener, a
+  // connection kernel for good, or a held one. A wait on it alone needs no
+  // session's wake-ups (a held one that registers kicks epoll waits,
+  // EpollKick; a kernel sleeper holds the registration off: EnterKernelSleep).
+  bool KernelUntilOwnIo() const {
+    if (session != nullptr) return false;
+    return listening.load(std::memory_order_relaxed) || state.phase() == Phase::kKernel || HeldQuiet();
+  }
+  // Before a held connection's thread sleeps in the kernel on it: true, and
+  // it will not register until LeaveKernelSleep; false if it is registering
+  // already (sleep on the registered path instead).
+  bool EnterKernelSleep() {
+    kernel_sleepers.fetch_add(1);
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with ClaimRegistration
+    if (!claiming.load() && session == nullptr && state.phase() == Phase::kUnprobed) return true;
+    kernel_sleepers.fetch_sub(1);
+    return false;
+  }
+  void LeaveKernelSleep() { kernel_sleepers.fetch_sub(1); }
+  // A held connection that streams, about to register: false (and nothing
+  // changed) while a thread sleeps in the kernel on it; the next I/O tries
+  // again.
+  bool ClaimRegistration() {
+    claiming.store(true);
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with EnterKernelSleep
+    if (kernel_sleepers.load() == 0) return true;
+    claiming.store(false);
+    return false;
+  }
 
   std::atomic<uint64_t> kernel_sent{0};      // bytes the app sent on the kernel path
   std::atomic<uint64_t> kernel_received{0};  // bytes the app received on the kernel path

@@ -97,6 +97,10 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
   std::vector<std::shared_ptr<Conn>> unprobed(n);
   Session* session = nullptr;
   bool registered = false, any_unprobed = false;
+  // Held connections (the policy keeps them on kernel TCP until they
+  // stream) need no session: they do not register while we sleep on them
+  // (Conn::EnterKernelSleep).
+  std::vector<Conn*> sleeping;
   for (nfds_t i = 0; i < n; ++i) {
     auto c = Lookup(fds[i].fd);
     // (A connection that lost its backend still reports what is left in
@@ -105,12 +109,30 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
       session = c->session;
       conns[i] = std::move(c);
       registered = true;
-    } else if (c && c->state.phase() == Phase::kUnprobed) {
+    } else if (c && c->state.phase() == Phase::kUnprobed && !c->listening.load(std::memory_order_relaxed)) {
+      if (c->held.load(std::memory_order_relaxed) && c->EnterKernelSleep()) {
+        sleeping.push_back(c.get());
+      } else {
+        any_unprobed = true;
+      }
       unprobed[i] = std::move(c);
-      any_unprobed = true;
     }
   }
-  if (session == nullptr && any_unprobed) session = Session::Existing();
+  if (session == nullptr && !any_unprobed) {
+    int r;
+    if (sigmask == nullptr) {
+      r = Libc().poll(fds, n, timeout_ms);
+    } else {
+      timespec ts{timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
+      r = Libc().ppoll(fds, n, timeout_ms < 0 ? nullptr : &ts, sigmask);
+    }
+    int saved = errno;
+    for (Conn* c : sleeping) c->LeaveKernelSleep();
+    errno = saved;
+    return r;
+  }
+  for (Conn* c : sleeping) c->LeaveKernelSleep();  // (unprobed[] keeps them alive)
+  if (session == nullptr) session = Session::Existing();
   if (session == nullptr) {
     if (sigmask == nullptr) return Libc().poll(fds, n, timeout_ms);
     timespec ts{timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
@@ -127,7 +149,7 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
     // Dispatch what the backend reported, even for a zero-timeout poll:
     // an application that only ever polls with timeout 0 must see progress.
     session->TryDrain();
-    for (nfds_t i = 0; any_unprobed && i < n; ++i) {
+    for (nfds_t i = 0; i < n; ++i) {
       if (!unprobed[i] || unprobed[i]->session != session) continue;
       conns[i] = std::move(unprobed[i]);  // registered meanwhile (by another thread)
       registered = true;
@@ -356,7 +378,8 @@ int Collect(EpSet& set, epoll_event* out, int max, int64_t slept_from = 0, int64
 // (another thread may register and upgrade it while we sleep).
 bool HasUnprobed(const EpSet& set) {
   for (const auto& [fd, e] : set.entries)
-    if (e.conn->session == nullptr && e.conn->state.phase() == Phase::kUnprobed) return true;
+    if (e.conn->session == nullptr && e.conn->state.phase() == Phase::kUnprobed && !e.conn->KernelUntilOwnIo())
+      return true;
   return false;
 }
 
@@ -381,6 +404,17 @@ class SleepHooks {
   EpSet& set_;
   Session* s_;
 };
+
+// Requires set.mu. Whether the kernel alone answers for the set: no session
+// hooked, and every connection in it on kernel TCP for now: for good, or
+// held by the upgrade policy (such a connection registers only at its own
+// I/O, and EpollKick then wakes this wait through the set's eventfd).
+bool KernelAlone(const EpSet& set) {
+  if (set.session != nullptr) return false;
+  for (const auto& [fd, e] : set.entries)
+    if (!e.in_kernel || !e.conn->KernelUntilOwnIo()) return false;
+  return true;
+}
 
 // Drops our marker events from a real epoll result; returns the kept count.
 int Filter(EpSet& set, epoll_event* ev, int n, bool* session_event) {
@@ -476,6 +510,21 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
     return -1;
   }
   int64_t deadline = Deadline(timeout_ms);
+  for (;;) {
+    // Request/response connections the policy keeps on kernel TCP cost one
+    // real epoll_wait, as without us.
+    {
+      std::lock_guard<std::mutex> lock(set->mu);
+      if (!KernelAlone(*set)) break;
+    }
+    int r = Libc().epoll_pwait(epfd, events, max, RemainingMs(deadline), sigmask);
+    if (r <= 0) return r;
+    bool session_event = false;
+    std::lock_guard<std::mutex> lock(set->mu);
+    r = Filter(*set, events, r, &session_event);
+    if (r > 0) return r;
+    // Only our wake-up: a connection is registering (EpollKick).
+  }
   WaitRecorder wait;  // started once nothing was ready
   int64_t spin_until = MonotonicNs() + PollBudgetNs();
   std::vector<epoll_event> kernel(static_cast<size_t>(max));
@@ -548,6 +597,23 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
       // Kernel events of entries the kernel owns; ours cannot repeat them.
       std::lock_guard<std::mutex> lock(set->mu);
       return r + Collect(*set, events + r, max - r, slept_from, slept_until);
+    }
+  }
+}
+
+void EpollKick(const Conn& c) {
+  std::vector<std::shared_ptr<EpSet>> sets;
+  {
+    std::lock_guard<std::mutex> lock(g_ep_mu);
+    for (auto& [epfd, set] : g_sets) sets.push_back(set);
+  }
+  for (auto& set : sets) {
+    std::lock_guard<std::mutex> lock(set->mu);
+    for (const auto& [fd, e] : set->entries) {
+      if (e.conn.get() != &c) continue;
+      uint64_t one = 1;
+      (void)!Libc().write(set->wake_efd, &one, sizeof(one));
+      break;
     }
   }
 }

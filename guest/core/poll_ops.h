@@ -8,6 +8,8 @@
 #include <sys/epoll.h>
 #include <sys/select.h>
 
+#include "guest/core/conn.h"
+
 namespace vsocket::guest {
 
 int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask);
@@ -22,6 +24,10 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
 // kernel drops them with the socket (and a forked child sharing the epoll
 // object must not delete the parent's).
 void EpollForget(int fd, bool lingering = false);
+// Connection c, held on kernel TCP by the upgrade policy, is about to
+// register: wake every epoll wait on a set holding it, which the kernel
+// alone answered until now (it must watch the session from here on).
+void EpollKick(const Conn& c);
 // In a forked child: epoll sets no longer follow the parent's session.
 void EpollAfterForkInChild();
 

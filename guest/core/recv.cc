@@ -22,18 +22,33 @@ using proto::Message;
 using proto::MsgType;
 using proto::Reason;
 
+
 Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   MaybeReregister(fd, c);
   EnsureRegistered(fd, c);
   if (!c.state.registered()) {
-    // Not registered: the kernel socket alone, exactly as without us.
+    // Not registered: the kernel socket alone, exactly as without us. A
+    // held connection may block here only while it cannot register.
+    bool sleeper = false;
+    if (c.held.load(std::memory_order_relaxed) && !c.nonblocking.load() && !(flags & MSG_DONTWAIT)) {
+      sleeper = c.EnterKernelSleep();
+      if (!sleeper && c.state.phase() == Phase::kUnprobed) {
+        EnsureRegistered(fd, c);  // another thread is registering it: wait for that
+        if (c.state.registered()) return Recv(fd, c, iov, iovcnt, flags);
+        sleeper = c.EnterKernelSleep();
+      }
+    }
     msghdr mh{};
     mh.msg_iov = const_cast<iovec*>(iov);
     mh.msg_iovlen = static_cast<size_t>(iovcnt);
-    std::lock_guard<std::mutex> lock(c.rx_mu);
+    std::unique_lock<std::mutex> lock(c.rx_mu);
     ssize_t n = Libc().recvmsg(fd, &mh, flags);
+    if (sleeper) c.LeaveKernelSleep();
     if (n < 0) return Errno(errno, "recvmsg");
-    if (!(flags & MSG_PEEK)) c.kernel_received.fetch_add(static_cast<uint64_t>(n));
+    if (!(flags & MSG_PEEK)) {
+      c.kernel_received.fetch_add(static_cast<uint64_t>(n));
+      NoteKernelIo(c, StreamDetector::Dir::kIn, static_cast<size_t>(n));
+    }
     return static_cast<size_t>(n);
   }
   std::unique_lock<std::mutex> lock(c.rx_mu);

@@ -12,6 +12,7 @@
 #include "guest/core/config.h"
 #include "guest/core/conn_state.h"
 #include "guest/core/fd_table.h"
+#include "guest/core/poll_ops.h"
 #include "guest/core/session.h"
 #include "guest/core/writer.h"
 
@@ -95,14 +96,24 @@ Addresses ReadAddresses(int fd, Conn& c) {
 
 // Registers an established connection with the backend, once, at its first
 // I/O (so a connection accepted by a parent and used by a forked child is
-// registered by the child). Data keeps flowing on kernel TCP meanwhile.
+// registered by the child), or, where the policy holds request/response
+// traffic on kernel TCP, at its first I/O after it streams. Data keeps
+// flowing on kernel TCP meanwhile.
 void EnsureRegistered(int fd, Conn& c) {
   if (c.state.phase() != Phase::kUnprobed) return;
+  if (c.held.load(std::memory_order_relaxed) && !c.stream.streaming()) return;  // request/response so far
   if (c.lost_backend.load(std::memory_order_relaxed) && MonotonicNs() < c.retry_at_ns.load(std::memory_order_relaxed))
     return;  // waiting for a backend to come back
   std::lock_guard<std::mutex> lock(c.setup_mu);
   if (c.state.phase() != Phase::kUnprobed) return;
   if (!c.eligible) return KernelForGood(c, Reason::kInherited);
+  if (!c.held.load(std::memory_order_relaxed) && Session::RegistersStreamsOnly() && Session::Existing() != nullptr) {
+    // Held until it streams (decision 51), at no cost: the addresses and
+    // rules are looked at when it does (a report wants the addresses now).
+    c.held.store(true, std::memory_order_relaxed);
+    if (!Config().report_path.empty()) (void)ReadAddresses(fd, c);
+    return;
+  }
   switch (ReadAddresses(fd, c)) {
     case Addresses::kNotConnected: return;  // not connected yet
     case Addresses::kOtherFamily: return KernelForGood(c, Reason::kUnsupportedFamily);
@@ -124,6 +135,30 @@ void EnsureRegistered(int fd, Conn& c) {
   if (!s->answering()) {
     (void)s->Drain();  // it may have woken up since
     if (!s->answering()) return KernelForGood(c, Reason::kBackendUnavailable);  // logged once by the session
+  }
+  if (Session::RegistersStreamsOnly() && !c.stream.streaming()) {
+    // The backend shares our few CPUs: kernel TCP until the connection
+    // streams (decision 51). Its kernel I/O is noted from now on.
+    c.held.store(true, std::memory_order_relaxed);
+    return;
+  }
+  // Claimed until this attempt ends, registered or not.
+  struct Unclaim {
+    Conn* c = nullptr;
+    ~Unclaim() {
+      if (c != nullptr) c->claiming.store(false);
+    }
+  } unclaim;
+  if (c.held.load(std::memory_order_relaxed)) {
+    // Not while another thread sleeps in the kernel on it (a blocking recv,
+    // a poll): its bytes could move to the ring under it. The next I/O
+    // tries again.
+    if (!c.ClaimRegistration()) return;
+    unclaim.c = &c;
+    VS_LOG(kDebug, "fd %d: streams after %llu kernel bytes: registering", fd,
+           static_cast<unsigned long long>(c.kernel_sent.load() + c.kernel_received.load()));
+    // Epoll waits the kernel alone answered must watch the session now.
+    EpollKick(c);
   }
   Status rings = AllocRingsWaiting(s, c);
   if (!rings.ok()) {

@@ -2,6 +2,7 @@
 // UNREGISTER at its end.
 #pragma once
 
+#include "guest/core/config.h"
 #include "guest/core/conn.h"
 
 namespace vsocket::guest {
@@ -12,8 +13,14 @@ enum class Addresses { kRead, kNotConnected, kOtherFamily };
 Addresses ReadAddresses(int fd, Conn& c);
 
 // Registers an established connection with the backend, once, at its first
-// I/O. Data keeps flowing on kernel TCP meanwhile.
+// I/O (or, held by the upgrade policy, once it streams: decision 51). Data
+// keeps flowing on kernel TCP meanwhile.
 void EnsureRegistered(int fd, Conn& c);
+// n bytes moved on c's kernel path in direction d: noted while the policy
+// holds c (a relaxed load otherwise).
+inline void NoteKernelIo(Conn& c, StreamDetector::Dir d, size_t n) {
+  if (c.held.load(std::memory_order_relaxed)) c.stream.Note(d, n, Config().stream_window);
+}
 // The end of a closed connection's registration: UNREGISTER.
 void Unregistered(Conn& c);
 // The end of a closed connection that resets its peer: SHUTDOWN both ways,

@@ -51,6 +51,9 @@ void WriteLine(const Conn& c, const char* event, const char* exec_program) {
   // Still pending at the end: the peer never registered (not preloaded,
   // NAT, no backend on its side).
   Reason reason = c.state.phase() == Phase::kPending ? Reason::kPeerNotAccelerated : c.state.reason();
+  // Held by the upgrade policy and never streamed: request/response.
+  if (c.state.phase() == Phase::kUnprobed && c.held.load() && !c.lost_backend.load() && c.reupgrades.load() == 0)
+    reason = Reason::kRequestResponse;
   const char* mode = c.state.ReportedMode();
   std::string exec_field;
   if (exec_program != nullptr) {
@@ -89,8 +92,10 @@ void WriteLine(const Conn& c, const char* event, const char* exec_program) {
 
 void Report(const Conn& c, const char* event) {
   // A connection never looked at says nothing; one waiting to register
-  // again (its backend went away) is on kernel TCP and says so.
-  if (c.state.phase() == Phase::kUnprobed && !c.lost_backend.load() && c.reupgrades.load() == 0) return;
+  // again (its backend went away), or held on kernel TCP by the upgrade
+  // policy, is on kernel TCP and says so.
+  if (c.state.phase() == Phase::kUnprobed && !c.lost_backend.load() && c.reupgrades.load() == 0 && !c.held.load())
+    return;
   WriteLine(c, event, nullptr);
 }
 

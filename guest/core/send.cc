@@ -1,3 +1,4 @@
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 
 #include <mutex>
@@ -52,6 +53,7 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       return Errno(errno, "sendmsg");
     }
     c.kernel_sent.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+    NoteKernelIo(c, StreamDetector::Dir::kOut, static_cast<size_t>(n));
     return static_cast<size_t>(n);
   }
   size_t total = IovLen(iov, iovcnt);
@@ -112,6 +114,26 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     sent += n;
   }
   return sent;
+}
+
+bool KernelSendFile(int fd, Conn& c, int in, off_t* offset, size_t count, Result<size_t>* out) {
+  MaybeReregister(fd, c);
+  EnsureRegistered(fd, c);
+  std::lock_guard<std::mutex> lock(c.tx_mu);
+  // Unprobed (held by the policy, or not connected yet) or kernel TCP for
+  // good. A registration racing this is harmless: an upgrade's FENCE is
+  // posted under tx_mu, after every kernel byte counted here.
+  Phase p = c.state.phase();
+  if ((p != Phase::kUnprobed && p != Phase::kKernel) || c.state.resynced()) return false;
+  ssize_t n = Libc().sendfile(fd, in, offset, count);
+  if (n < 0) {
+    *out = Errno(errno, "sendfile");
+    return true;
+  }
+  c.kernel_sent.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+  NoteKernelIo(c, StreamDetector::Dir::kOut, static_cast<size_t>(n));
+  *out = static_cast<size_t>(n);
+  return true;
 }
 
 }  // namespace vsocket::guest

@@ -40,6 +40,7 @@ Session* g_session = nullptr;
 std::atomic<int64_t> g_last_attempt_ns{0};
 proto::Reason g_last_failure = proto::Reason::kBackendUnavailable;
 std::atomic<bool> g_sleep_at_once{false};
+std::atomic<bool> g_streams_only{false};
 std::atomic<Session::LinkLostHandler> g_link_lost{nullptr};
 
 }  // namespace
@@ -114,16 +115,20 @@ Session* Session::Get(proto::Reason* why) {
     *why = g_last_failure;
     return nullptr;
   }
-  // Polling or not is decided per backend: a restarted vsocketd may run
-  // on other CPUs.
-  CpuShare share = cfg.poll_auto ? BackendCpuShare(fresh->fe_->socket_fd()) : CpuShare{};
-  g_sleep_at_once.store(share.sleep_at_once, std::memory_order_relaxed);
+  // Polling or not, and registering at once or once streaming, are decided
+  // per backend: a restarted vsocketd may run on other CPUs.
+  bool auto_upgrade = cfg.upgrade == UpgradePolicy::kAuto;
+  CpuShare share = cfg.poll_auto || auto_upgrade ? BackendCpuShare(fresh->fe_->socket_fd()) : CpuShare{};
+  g_sleep_at_once.store(cfg.poll_auto && share.sleep_at_once, std::memory_order_relaxed);
+  g_streams_only.store(auto_upgrade && share.sleep_at_once, std::memory_order_relaxed);
   VS_LOG(kDebug, "session up in %.1f ms", (MonotonicNs() - now) / 1e6);
   if (share.sleep_at_once)
     VS_LOG(kInfo,
-           "vsocketd runs on all %d CPUs this process can use: blocked calls sleep at once "
-           "(VSOCKET_POLL_AUTO=0 polls anyway)",
-           share.mine);
+           "vsocketd runs on all %d CPUs this process can use: %s; %s",
+           share.mine,
+           cfg.poll_auto ? "blocked calls sleep at once (VSOCKET_POLL_AUTO=0 polls anyway)" : "blocked calls poll first",
+           auto_upgrade ? "connections are accelerated once they stream (VSOCKET_UPGRADE=always: at once)"
+                        : "connections are accelerated at once");
   __atomic_store_n(&g_session, fresh, __ATOMIC_RELEASE);
   return fresh;
 }
@@ -131,6 +136,8 @@ Session* Session::Get(proto::Reason* why) {
 void Session::SetLinkLostHandler(LinkLostHandler h) { g_link_lost.store(h, std::memory_order_release); }
 
 bool Session::SleepAtOnce() { return g_sleep_at_once.load(std::memory_order_relaxed); }
+
+bool Session::RegistersStreamsOnly() { return g_streams_only.load(std::memory_order_relaxed); }
 
 void Session::ForgetAfterFork() {
   // The child shares the parent's rings and vhost-user socket; using them

@@ -90,6 +90,11 @@ class Session {
   // Blocked calls sleep at once: the current backend runs on every one of
   // this process's few CPUs (cpu_share.h; VSOCKET_POLL_AUTO=0: never).
   static bool SleepAtOnce();
+  // Connections register only once they stream (decision 51): the policy is
+  // auto (VSOCKET_UPGRADE) and the current backend runs on every one of this
+  // process's few CPUs, where a request/response on the rings costs two
+  // wake-ups for kernel TCP's one.
+  static bool RegistersStreamsOnly();
   // What to do (under the session lock) with an upgraded connection whose
   // accelerated path was lost (its state just went resyncing): the socket
   // layer hands its resend to the background writer (resync.cc). Set once

@@ -14,6 +14,10 @@ namespace vsocket::guest {
 // flags: MSG_* as passed by the application.
 Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags);
 Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags);
+// sendfile(2) on c: the kernel's own while c is not registered (nothing to
+// fence: kernel_sent counts it), else false and the caller copies the file
+// through Send.
+bool KernelSendFile(int fd, Conn& c, int in, off_t* offset, size_t count, Result<size_t>* out);
 Status Shutdown(int fd, Conn& c, int how);
 // Bytes readable now (FIONREAD).
 Result<int> Readable(int fd, Conn& c);

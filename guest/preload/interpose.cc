@@ -121,6 +121,15 @@ int socket(int domain, int type, int protocol) {
 
 int connect(int fd, const sockaddr* addr, socklen_t len) { return Libc().connect(fd, addr, len); }
 
+// A listening socket never carries data: waits on it need no session.
+int listen(int fd, int backlog) {
+  int r = Libc().listen(fd, backlog);
+  if (r == 0) {
+    if (auto c = Ours(fd)) c->listening.store(true, std::memory_order_relaxed);
+  }
+  return r;
+}
+
 int accept4(int fd, sockaddr* addr, socklen_t* len, int flags) {
   int c = Libc().accept4(fd, addr, len, flags);
   if (c >= 0 && Ours(fd)) Adopt(c, flags & SOCK_NONBLOCK, true);
@@ -299,6 +308,11 @@ ssize_t recvmsg(int fd, msghdr* m, int flags) {
 ssize_t sendfile(int out, int in, off_t* offset, size_t count) {
   auto c = Ours(out);
   if (!c) return Libc().sendfile(out, in, offset, count);
+  {
+    Guard g;
+    Result<size_t> direct = size_t{0};
+    if (KernelSendFile(out, *c, in, offset, count, &direct)) return Ret(direct);
+  }
   // Through the ring (or, not yet upgraded, through Send, which counts the
   // kernel bytes the fence needs): read the file in chunks.
   std::vector<char> buf(std::min<size_t>(count, 256 * 1024));

@@ -27,6 +27,7 @@ void ResolveAll() {
   VS_RESOLVE(connect);
   VS_RESOLVE(accept);
   VS_RESOLVE(accept4);
+  VS_RESOLVE(listen);
   VS_RESOLVE(close);
   VS_RESOLVE(shutdown);
   VS_RESOLVE(dup);

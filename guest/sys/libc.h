@@ -18,6 +18,7 @@ struct LibcCalls {
   int (*connect)(int, const sockaddr*, socklen_t);
   int (*accept)(int, sockaddr*, socklen_t*);
   int (*accept4)(int, sockaddr*, socklen_t*, int);
+  int (*listen)(int, int);
   int (*close)(int);
   int (*shutdown)(int, int);
   int (*dup)(int);

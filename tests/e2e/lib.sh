@@ -4,6 +4,13 @@
 # directory), passed=0, failed=0 and PIDS=(); for the run_* cases also XFER
 # (tests/e2e/xfer) and CHECK (check_report.py).
 
+# The cases prove the accelerated path, so every connection registers at
+# its first I/O. On a machine of few CPUs vsocketd shares, the default
+# policy (auto) keeps request/response connections on kernel TCP until they
+# stream (decision 51); the cases of that policy set VSOCKET_UPGRADE=auto
+# themselves.
+export VSOCKET_UPGRADE=always
+
 # For `trap e2e_cleanup EXIT`: stops the background processes we started,
 # takes the test bed down, removes WORK.
 e2e_cleanup() {

@@ -549,6 +549,171 @@ case_postgres() {
 }
 case_postgres
 
+# ---- the upgrade policy: do no harm where vsocketd shares the CPUs (decision 51) --
+
+# Under the default policy (auto), with the applications on one CPU that
+# vsocketd also runs on (taskset: so on any machine, as on 2-CPU ones),
+# request/response traffic stays on kernel TCP, never registers, and says
+# why; streams are accelerated once they stream; a reader thread asleep in
+# the kernel on a held connection while another thread streams on it is
+# never stranded. Each byte is checked.
+POLICY_ECHO='
+import socket, sys, threading
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((sys.argv[1], int(sys.argv[2])))
+ls.listen(64)
+def serve(c):
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        c.sendall(b)
+    c.close()
+for _ in range(int(sys.argv[3])):
+    c, _ = ls.accept()
+    threading.Thread(target=serve, args=(c,)).start()
+'
+
+case_policy_holds_request_response() {
+  local name=policy_holds_request_response port=7451 rep=$WORK/policy_rr.jsonl
+  local before after out
+  before=$(stat_field registered)
+  VSOCKET_UPGRADE=auto vm_bg vm2 preload "$rep" "$WORK/$name.srv" taskset -c 0 python3 -c "$POLICY_ECHO" "$A2" $port 21
+  local srv=$BG
+  # One connection of 3,000 round trips (100 B each way), then 20 short
+  # connections of one round trip each (as HTTP with Connection: close).
+  if ! out=$(VSOCKET_UPGRADE=auto vm_run vm1 preload "$rep" taskset -c 0 python3 - "$A2" $port <<'PY' 2>&1
+import hashlib, socket, sys, time
+addr, port = sys.argv[1], int(sys.argv[2])
+for _ in range(100):
+    try:
+        c = socket.create_connection((addr, port)); break
+    except ConnectionRefusedError:
+        time.sleep(0.05)
+def round_trip(c, i):
+    m = hashlib.sha256(b"%d" % i).digest() * 3 + b"0123"
+    c.sendall(m)
+    got = b""
+    while len(got) < len(m):
+        b = c.recv(len(m) - len(got))
+        if not b:
+            raise SystemExit("EOF after %d round trips" % i)
+        got += b
+    if got != m:
+        raise SystemExit("round trip %d came back different" % i)
+for i in range(3000):
+    round_trip(c, i)
+c.close()
+for k in range(20):
+    s = socket.create_connection((addr, port))
+    round_trip(s, 10000 + k)
+    s.close()
+print("3000 + 20 round trips byte-exact")
+PY
+  ); then
+    fail $name "client: $out"
+    kill "$srv" 2>/dev/null
+    return
+  fi
+  wait "$srv" 2>/dev/null
+  after=$(stat_field registered)
+  local rep_out
+  if ! rep_out=$(python3 $CHECK "$rep" --port $port --expect-conns 42 --mode kernel --reason request-response); then
+    fail $name "$rep_out"
+    return
+  fi
+  if [ "$before" -lt 0 ] || [ "$after" != "$before" ]; then
+    fail $name "the daemon's registrations went $before -> $after (want no change)"
+    return
+  fi
+  pass "$name ($out; $rep_out; no registration reached vsocketd)"
+}
+
+case_policy_accelerates_streams() {
+  local name=policy_accelerates_streams port=7452 rep=$WORK/policy_stream.jsonl bytes=33554432
+  VSOCKET_UPGRADE=auto vm_bg vm2 preload "$rep" "$WORK/$name.srv" taskset -c 0 "$XFER" server "$A2" $port --conns 1
+  local srv=$BG
+  if ! VSOCKET_UPGRADE=auto vm_run vm1 preload "$rep" taskset -c 0 "$XFER" client "$A2" $port --conns 1 \
+      --bytes $bytes >"$WORK/$name.cli" 2>&1; then
+    fail $name "client: $(tail -2 "$WORK/$name.cli" | tr '\n' ' ')"
+    kill "$srv" 2>/dev/null
+    return
+  fi
+  if ! wait "$srv"; then
+    fail $name "server: $(tail -2 "$WORK/$name.srv" | tr '\n' ' ')"
+    return
+  fi
+  local out
+  if ! out=$(python3 $CHECK "$rep" --port $port --expect-conns 2 --mode accelerated --reason accelerated \
+      --accel-min 1 --exact-total $((bytes + 16))); then
+    fail $name "$out"
+    return
+  fi
+  pass "$name (32 MiB each way byte-checked, held until it streamed: $out)"
+}
+
+# Full duplex: one thread streams 16 MiB out while another sleeps in recv()
+# (blocking) or poll() (a socket timeout: Python polls first) on the same
+# held connection, reading the echo. The connection may register only while
+# no thread sleeps in the kernel on it: an upgrade under the sleeping reader
+# would leave the echo's ring bytes unread (shown: without that rule this
+# case fails).
+case_policy_full_duplex_threads() {  # NAME PORT block|poll
+  local name=$1 port=$2 how=$3 rep=$WORK/$1.jsonl out
+  VSOCKET_UPGRADE=auto vm_bg vm2 preload "$rep" "$WORK/$name.srv" taskset -c 0 python3 -c "$POLICY_ECHO" "$A2" $port 1
+  local srv=$BG
+  if ! out=$(VSOCKET_UPGRADE=auto E2E_TIMEOUT=60 vm_run vm1 preload "$rep" taskset -c 0 python3 - "$A2" $port $how <<'PY' 2>&1
+import hashlib, socket, sys, threading, time
+addr, port = sys.argv[1], int(sys.argv[2])
+for _ in range(100):
+    try:
+        c = socket.create_connection((addr, port)); break
+    except ConnectionRefusedError:
+        time.sleep(0.05)
+if sys.argv[3] == "poll":
+    c.settimeout(45)
+chunks = [hashlib.sha256(b"%d" % i).digest() * 2048 for i in range(256)]  # 256 x 64 KiB
+want = hashlib.sha256(b"".join(chunks)).hexdigest()
+got = hashlib.sha256()
+n = 0
+def reader():
+    global n
+    while n < 256 * 65536:
+        b = c.recv(1 << 20)
+        if not b:
+            break
+        got.update(b)
+        n += len(b)
+t = threading.Thread(target=reader)
+t.start()
+time.sleep(0.2)  # the reader is asleep in recv() before the stream starts
+for ch in chunks:
+    c.sendall(ch)
+t.join(50)
+if t.is_alive():
+    raise SystemExit("the reader is stuck after %d of %d echoed bytes" % (n, 256 * 65536))
+if got.hexdigest() != want:
+    raise SystemExit("echo differs (%d bytes)" % n)
+c.close()
+print("16 MiB echoed byte-exact with a reader thread in " + ("poll()" if sys.argv[3] == "poll" else "recv()"))
+PY
+  ); then
+    fail $name "client: $out"
+    kill "$srv" 2>/dev/null
+    return
+  fi
+  wait "$srv" 2>/dev/null
+  local modes
+  modes=$(python3 -c 'import json,sys; print(" ".join(sorted(json.loads(l)["mode"] for l in open(sys.argv[1]) if l.strip())))' "$rep")
+  pass "$name ($out; modes at the end: $modes)"
+}
+
+case_policy_holds_request_response
+case_policy_accelerates_streams
+case_policy_full_duplex_threads policy_full_duplex_threads 7453 block
+case_policy_full_duplex_threads policy_full_duplex_threads_poll 7454 poll
+
 # ---- operator views agree with what happened -------------------------------------
 
 case_operator_views() {

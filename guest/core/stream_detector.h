@@ -1,0 +1,44 @@
+// Whether a connection still on kernel TCP streams: moves many bytes per
+// turn of the conversation, where acceleration pays even when vsocketd has
+// no CPU of its own (decision 51).
+//
+// A turn is a change of direction: a send after a receive, or a receive
+// after a send. Request/response traffic (redis, PostgreSQL, HTTP with a
+// small body, a ping-pong) turns once per message; a bulk transfer, a
+// pipelined producer or a large response turns rarely. The detector counts
+// bytes and turns in windows of `window` bytes; a window with at most
+// kMaxTurnsPerWindow turns (at least window/8 bytes per turn) marks the
+// connection as streaming, for good.
+//
+// Thread safety: a sender and a receiver may note at once. The counters are
+// atomics; a race only moves the moment a window closes by one call, which a
+// heuristic can afford.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+namespace vsocket::guest {
+
+inline constexpr uint32_t kMaxTurnsPerWindow = 8;
+
+class StreamDetector {
+ public:
+  enum class Dir : uint8_t { kNone = 0, kOut = 1, kIn = 2 };
+
+  // n bytes moved on the kernel path in direction d; true once the
+  // connection streams (and from then on).
+  bool Note(Dir d, uint64_t n, uint64_t window);
+  bool streaming() const { return streaming_.load(std::memory_order_relaxed); }
+
+  uint64_t turns() const { return turns_total_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint8_t> last_{0};
+  std::atomic<uint64_t> window_bytes_{0};
+  std::atomic<uint32_t> window_turns_{0};
+  std::atomic<uint64_t> turns_total_{0};
+  std::atomic<bool> streaming_{false};
+};
+
+}  // namespace vsocket::guest
