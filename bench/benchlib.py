@@ -257,9 +257,13 @@ class Bed:
         self.tb("down", timeout=120)
 
     def env(self, accel, report=None, extra=None):
+        """accel: False (kernel TCP), True or "auto" (libvsocket preloaded,
+        the default upgrade policy), "always" (preloaded, every connection
+        registered at its first I/O: VSOCKET_UPGRADE=always)."""
         e = dict(self.base_env)
         if accel:
             e["LD_PRELOAD"] = self.lib
+            e["VSOCKET_UPGRADE"] = "always" if accel == "always" else "auto"
         if report:
             e["VSOCKET_REPORT"] = report
         e.update(extra or {})

@@ -66,12 +66,19 @@ class FabricProbe:
         return d
 
 
-def judge(res, accel, app_bytes, applies=True):
-    """Marks a measurement valid or INVALID from its fabric counters."""
+def judge(res, accel, app_bytes, applies=True, held_ok=False):
+    """Marks a measurement valid or INVALID from its fabric counters.
+    held_ok: request/response under the default upgrade policy, which may
+    keep it on kernel TCP where vsocketd shares the CPUs (decision 51):
+    valid either way, and res["path"] says which it took."""
     f = res["fabric"]
     res["app_bytes"] = app_bytes
+    if accel and held_ok:
+        res["path"] = "fabric" if app_bytes > 0 and f["fabric_bytes"] >= VALID_FRACTION * app_bytes else "kernel"
     if not accel:
         res["valid"] = f["fabric_bytes"] == 0
+    elif held_ok and res["path"] == "kernel":
+        res["valid"] = app_bytes > 0 and f["fabric_bytes"] == 0
     elif not applies:
         res["valid"] = True  # first bytes precede the pairing by design; see remote_upgrades
     else:
@@ -116,7 +123,7 @@ def sockperf(bed, accel, mode, size, seconds, port, env=None, place=None):
         res["messages_total"] = int(m.group(1))
     sent = res.get("messages_total") or res.get("messages", 0)
     # A ping-pong moves each message both ways.
-    return judge(res, accel, sent * size * (2 if mode == "pp" else 1))
+    return judge(res, accel, sent * size * (2 if mode == "pp" else 1), held_ok=(mode == "pp" and accel != "always"))
 
 
 def netload_rate(bed, accel, conns, size, seconds, port):
@@ -202,13 +209,17 @@ def guarded(fn, *args):
 
 
 def run_mode(bed, accel, seconds, port):
+    """accel: False (kernel TCP) or "auto" (the default upgrade policy);
+    the *_always measurements accelerate every connection
+    (VSOCKET_UPGRADE=always; for kernel TCP just another sample)."""
+    always = accel and "always"
     return {
         "pingpong_16": guarded(sockperf, bed, accel, "pp", 16, seconds, port),
-        # The same with the guests' libraries made to poll first even though
-        # vsocketd shares their CPUs (by default they sleep at once there:
-        # guest/core/cpu_share.h). Kernel TCP: just another sample, the
-        # variable means nothing to it.
-        "pingpong_16_poll": guarded(sockperf, bed, accel, "pp", 16, seconds, port + 7, GUEST_POLL_ENV),
+        "pingpong_16_always": guarded(sockperf, bed, always, "pp", 16, seconds, port + 8),
+        # Accelerated, with the guests' libraries made to poll first even
+        # though vsocketd shares their CPUs (by default they sleep at once
+        # there: guest/core/cpu_share.h).
+        "pingpong_16_poll": guarded(sockperf, bed, always, "pp", 16, seconds, port + 7, GUEST_POLL_ENV),
         "rate_16_sockperf": guarded(sockperf, bed, accel, "tp", 16, seconds, port + 1),
         "rate_16_c1": guarded(netload_rate, bed, accel, 1, 16, seconds, port + 2),
         "rate_16_c64": guarded(netload_rate, bed, accel, 64, 16, seconds, port + 3),
@@ -224,7 +235,7 @@ def pinned_rtt(bed, reps, seconds):
     TCP placed the same. Two hosts on one machine otherwise compete for
     each other's CPUs, which two real hosts never do; this is the faithful
     placement, and it is repeatable where the floating one is not."""
-    out = {"cpu": None, "kernel": [], "vsocket": []}
+    out = {"cpu": None, "kernel": [], "vsocket": [], "always": []}
     ncpu = os.cpu_count() or 1
     if reps <= 0 or ncpu < 2:
         return out
@@ -233,10 +244,10 @@ def pinned_rtt(bed, reps, seconds):
     pin(bed.daemons["hostB"], 1)
     try:
         for i in range(reps):
-            for mode, accel in (("kernel", False), ("vsocket", True)):
+            for k, (mode, accel) in enumerate((("kernel", False), ("vsocket", "auto"), ("always", "always"))):
                 print(f"== pinned rep {i} {mode}", flush=True)
-                out[mode].append(guarded(sockperf, bed, accel, "pp", 16, seconds,
-                                         13000 + 10 * i + (5 if accel else 0), None, (0, 1)))
+                out[mode].append(guarded(sockperf, bed, accel, "pp", 16, seconds, 13000 + 10 * i + 3 * k, None,
+                                         (0, 1)))
     finally:
         for pid in bed.daemons.values():
             subprocess.run(["taskset", "-a", "-p", "-c", f"0-{ncpu - 1}", str(pid)], capture_output=True)
@@ -250,8 +261,12 @@ METRICS = [
     ("RTT p50, 16 B (us)", "pingpong_16", lambda r: 2 * r.get("p50", 0), "<= 1", lambda x: x <= 1),
     ("RTT p99, 16 B (us)", "pingpong_16", lambda r: 2 * r.get("p99", 0), "<= 1", lambda x: x <= 1),
     ("RTT p99.9, 16 B (us)", "pingpong_16", lambda r: 2 * r.get("p99.9", 0), "<= 1", lambda x: x <= 1),
-    ("RTT p50, 16 B, guests made to poll (us)", "pingpong_16_poll", lambda r: 2 * r.get("p50", 0), "", None),
-    ("RTT p99, 16 B, guests made to poll (us)", "pingpong_16_poll", lambda r: 2 * r.get("p99", 0), "", None),
+    ("RTT p50, 16 B, --upgrade always (us)", "pingpong_16_always", lambda r: 2 * r.get("p50", 0), "", None),
+    ("RTT p99, 16 B, --upgrade always (us)", "pingpong_16_always", lambda r: 2 * r.get("p99", 0), "", None),
+    ("RTT p50, 16 B, --upgrade always, guests made to poll (us)", "pingpong_16_poll", lambda r: 2 * r.get("p50", 0),
+     "", None),
+    ("RTT p99, 16 B, --upgrade always, guests made to poll (us)", "pingpong_16_poll", lambda r: 2 * r.get("p99", 0),
+     "", None),
     ("msg rate 16 B, 1 conn, sockperf (msg/s)", "rate_16_sockperf", lambda r: r.get("msg_per_s", 0), "", None),
     ("msg rate 16 B, 1 conn, netload (msg/s)", "rate_16_c1", lambda r: r.get("msg_per_s", 0), "", None),
     ("msg rate 16 B, 64 conns, netload (msg/s)", "rate_16_c64", lambda r: r.get("msg_per_s", 0), ">= 3",
@@ -279,10 +294,11 @@ def summarize(results):
         v, vmin, vmax = median_of(reps, "vsocket", meas, fn)
         valid = [rep["vsocket"][meas]["valid"] for rep in reps]
         r = bl.ratio(v, k)
+        paths = sorted({rep["vsocket"][meas].get("path") for rep in reps} - {None})
         table.append({"metric": label, "measurement": meas, "kernel": k, "kernel_range": [kmin, kmax],
                       "vsocket": v, "vsocket_range": [vmin, vmax], "ratio": r, "goal": goal,
                       "met": None if test is None else bool(r == r and test(r)),
-                      "vsocket_valid_reps": sum(valid), "reps": len(valid)})
+                      "vsocket_valid_reps": sum(valid), "reps": len(valid), "paths": paths})
     batching = []
     for meas, conns in (("rate_16_c1", 1), ("rate_16_c64", 64)):
         runs = [rep["vsocket"][meas] for rep in reps if rep["vsocket"][meas].get("valid")]
@@ -315,15 +331,21 @@ def summarize(results):
     pinned = results.get("pinned") or {}
     prow = []
     if pinned.get("cpu") is not None:
-        for label, q in (("RTT p50, 16 B (us)", "p50"), ("RTT p99, 16 B (us)", "p99"), ("RTT p99.9, 16 B (us)", "p99.9")):
-            vals = {}
-            for mode in ("kernel", "vsocket"):
-                xs = [2 * r.get(q, 0) for r in pinned[mode] if r.get("valid") and r.get(q)]
-                vals[mode] = (statistics.median(xs), min(xs), max(xs)) if xs else (0.0, 0.0, 0.0)
-            r = bl.ratio(vals["vsocket"][0], vals["kernel"][0])
-            prow.append({"metric": label, "kernel": vals["kernel"], "vsocket": vals["vsocket"], "ratio": r,
-                         "met": bool(r == r and r <= 1), "valid": sum(1 for x in pinned["vsocket"] if x.get("valid")),
-                         "reps": len(pinned["vsocket"])})
+        for mode_v, suffix in (("vsocket", ""), ("always", ", --upgrade always")):
+            if not pinned.get(mode_v):
+                continue
+            for label, q in (("RTT p50, 16 B (us)", "p50"), ("RTT p99, 16 B (us)", "p99"),
+                             ("RTT p99.9, 16 B (us)", "p99.9")):
+                vals = {}
+                for mode in ("kernel", mode_v):
+                    xs = [2 * r.get(q, 0) for r in pinned[mode] if r.get("valid") and r.get(q)]
+                    vals[mode] = (statistics.median(xs), min(xs), max(xs)) if xs else (0.0, 0.0, 0.0)
+                r = bl.ratio(vals[mode_v][0], vals["kernel"][0])
+                prow.append({"metric": label.replace(" (us)", suffix + " (us)"), "kernel": vals["kernel"],
+                             "vsocket": vals[mode_v], "ratio": r,
+                             "met": bool(r == r and r <= 1) if mode_v == "vsocket" else None,
+                             "valid": sum(1 for x in pinned[mode_v] if x.get("valid")), "reps": len(pinned[mode_v]),
+                             "paths": sorted({x.get("path") for x in pinned[mode_v]} - {None})})
     results["pinned_table"] = prow
     results["table"], results["batching"], results["cpu_breakdown"] = table, batching, cpu
     results["pingpong_wakeups_per_message"] = wake
@@ -331,7 +353,7 @@ def summarize(results):
     # decision, from its log line).
     results["guest_wait"] = {meas: sorted({rep["vsocket"][meas].get("guest_wait", "?") for rep in reps
                                            if rep["vsocket"][meas].get("messages")})
-                             for meas in ("pingpong_16", "pingpong_16_poll")}
+                             for meas in ("pingpong_16", "pingpong_16_always", "pingpong_16_poll")}
 
 
 def fmt(x):
@@ -357,6 +379,8 @@ def markdown(results):
                  else f"**INVALID** in {row['reps'] - row['vsocket_valid_reps']}/{row['reps']} (excluded)")
         if row["measurement"] == "connect":
             check += " (1 B before pairing: kernel by design)"
+        if row.get("paths") == ["kernel"]:
+            check += " (kernel TCP: held by the default policy)"
         md.append(f"| {row['metric']} | {fmt(row['kernel'])} ({fmt(row['kernel_range'][0])}-{fmt(row['kernel_range'][1])}) "
                   f"| {fmt(row['vsocket'])} ({fmt(row['vsocket_range'][0])}-{fmt(row['vsocket_range'][1])}) "
                   f"| {row['ratio']:.2f} | {goal} | {check} |")
@@ -372,8 +396,10 @@ def markdown(results):
                "|---|--:|--:|--:|---|---|"]
         for row in results["pinned_table"]:
             k, v = row["kernel"], row["vsocket"]
+            g = "" if row["met"] is None else f"<= 1: **{'met' if row['met'] else 'missed'}**"
             md.append(f"| {row['metric']} | {fmt(k[0])} ({fmt(k[1])}-{fmt(k[2])}) | {fmt(v[0])} ({fmt(v[1])}-{fmt(v[2])}) "
-                      f"| {row['ratio']:.2f} | <= 1: **{'met' if row['met'] else 'missed'}** | valid {row['valid']}/{row['reps']} |")
+                      f"| {row['ratio']:.2f} | {g} | valid {row['valid']}/{row['reps']}"
+                      f"{' (kernel TCP: held by the default policy)' if row.get('paths') == ['kernel'] else ''} |")
     md += ["", "## Adaptive batching on the fabric link (hostA -> hostB, netload 16 B, vSocket)", "",
            "| connections | frames per writev | payload bytes per writev | 16 B messages per frame | writev/s |",
            "|--:|--:|--:|--:|--:|"]
@@ -454,7 +480,7 @@ def main():
     bed.up(CLIENT_VM, SERVER_VM)
     try:
         for i in range(a.reps):
-            modes = [("kernel", False), ("vsocket", True)]
+            modes = [("kernel", False), ("vsocket", "auto")]
             rep = {}
             for mode, accel in (modes if i % 2 == 0 else modes[::-1]):
                 print(f"== rep {i} {mode}", flush=True)

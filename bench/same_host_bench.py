@@ -2,10 +2,14 @@
 """Same-host benchmark: vSocket vs kernel TCP between the same two VMs
 (network namespaces of deploy/testbed.sh), in the same run.
 
-  bench/same_host_bench.py [--bin BAZEL_BIN] [--seconds N] [--out DIR]
+  bench/same_host_bench.py [--bin BAZEL_BIN] [--seconds N] [--reps N] [--out DIR]
 
-Measures, for each mode (kernel TCP, then vSocket with libvsocket.so
-preloaded on both ends):
+Measures, REPS times (default 3) in turn for each mode — kernel TCP;
+vSocket as a user gets it (libvsocket.so preloaded on both ends, default
+upgrade policy: on a machine of few CPUs vsocketd shares, request/response
+connections stay on kernel TCP until they stream, decision 51); and, for the
+request/response measurements, vSocket with VSOCKET_UPGRADE=always (the
+accelerated path's own cost) —
   - sockperf ping-pong RTT, 16 B (p50, p99, p99.9)
   - sockperf message rate, 16 B and 1 KiB, one connection
   - iperf3 bandwidth, 64 KiB writes, one stream
@@ -13,7 +17,8 @@ preloaded on both ends):
   - CPU seconds per million messages (16 B message-rate test: client +
     server + vsocketd)
   - connect-to-first-byte time (connect, send 1 B, get the echo back)
-and prints a table of vSocket/kernel ratios. Results go to
+and prints a table of medians (min-max) and vSocket/kernel ratios of the
+medians, against the do-no-harm goals of issue 15. Results go to
 OUT/same-host-latest.json and .md (replacing the previous run's; older runs
 are in git history), plots (.dat and, with gnuplot, .png) next to them.
 """
@@ -21,6 +26,7 @@ import argparse
 import datetime
 import os
 import re
+import statistics
 import time
 
 from benchlib import (DEFAULT_BIN, ROOT, Bed, cpu_ticks, find_bin, machine, parse_iperf, parse_sockperf,
@@ -111,32 +117,50 @@ def connect_first_byte(bed, accel, peer_bin, port):
         return {"error": r.stdout[-300:] + r.stderr[-300:]}
 
 
+# Request/response measurements, also run with VSOCKET_UPGRADE=always.
+RR = ("pingpong_16", "redis", "connect")
+
+
+def measure(bed, accel, seconds, port, peer, only=None):
+    """One repetition of every measurement (or those in `only`) in one mode."""
+    R = {}
+    steps = [("pingpong_16", lambda p: sockperf(bed, accel, "pp", 16, seconds, p)),
+             ("rate_16", lambda p: sockperf(bed, accel, "tp", 16, seconds, p)),
+             ("rate_1k", lambda p: sockperf(bed, accel, "tp", 1024, seconds, p)),
+             ("bandwidth_64k", lambda p: iperf(bed, accel, seconds, p)),
+             ("redis", lambda p: redis(bed, accel, p)),
+             ("connect", lambda p: connect_first_byte(bed, accel, peer, p))]
+    for i, (key, fn) in enumerate(steps):
+        if only is None or key in only:
+            R[key] = fn(port + i)
+    return R
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=DEFAULT_BIN)
-    ap.add_argument("--seconds", type=int, default=3)
+    ap.add_argument("--seconds", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
     a = ap.parse_args()
     bed = Bed(a.bin)
     peer = find_bin(a.bin, "tests/socket/socket_peer")
     bed.up(CLIENT_VM, SERVER_VM)
+    t_start = time.time()
     results = {"date": datetime.datetime.utcnow().isoformat() + "Z", "cpus": os.cpu_count(),
-               "machine": machine(), "binaries": bed.binaries(), "kernel": {}, "vsocket": {}}
+               "machine": machine(), "binaries": bed.binaries(), "reps_n": a.reps, "seconds": a.seconds,
+               "loadavg_before": os.getloadavg()[0], "reps": {"kernel": [], "vsocket": [], "always": []}}
     try:
         port = 12000
-        for mode, accel in (("kernel", False), ("vsocket", True)):
-            R = results[mode]
-            print(f"== {mode}", flush=True)
-            R["pingpong_16"] = sockperf(bed, accel, "pp", 16, a.seconds, port); port += 1
-            R["rate_16"] = sockperf(bed, accel, "tp", 16, a.seconds, port); port += 1
-            R["rate_1k"] = sockperf(bed, accel, "tp", 1024, a.seconds, port); port += 1
-            R["bandwidth_64k"] = iperf(bed, accel, a.seconds, port); port += 1
-            R["redis"] = redis(bed, accel, port); port += 1
-            R["connect"] = connect_first_byte(bed, accel, peer, port)
-            port += 1
+        for rep in range(a.reps):
+            for mode, accel, only in (("kernel", False, None), ("vsocket", "auto", None), ("always", "always", RR)):
+                print(f"== rep {rep + 1}/{a.reps}: {mode}", flush=True)
+                results["reps"][mode].append(measure(bed, accel, a.seconds, port, peer, only))
+                port += 10
     finally:
         bed.down()
-    K, V = results["kernel"], results["vsocket"]
+    results["loadavg_after"] = os.getloadavg()[0]
+    results["wall_s"] = round(time.time() - t_start, 1)
 
     def cpu_per_million(R):
         t = R["rate_16"]
@@ -144,27 +168,59 @@ def main():
         hz = os.sysconf("SC_CLK_TCK")
         return (t["cpu_ticks_server_daemon"] / hz) / (msgs / 1e6) if msgs else float("nan")
 
+    # (metric, value of one repetition, do-no-harm goal as a ratio, "<=" or ">=")
     rows = [
-        ("RTT p50, 16 B (us)", 2 * K["pingpong_16"].get("p50", 0), 2 * V["pingpong_16"].get("p50", 0), "<= 0.1"),
-        ("RTT p99, 16 B (us)", 2 * K["pingpong_16"].get("p99", 0), 2 * V["pingpong_16"].get("p99", 0), ""),
-        ("RTT p99.9, 16 B (us)", 2 * K["pingpong_16"].get("p99.9", 0), 2 * V["pingpong_16"].get("p99.9", 0), ""),
-        ("message rate, 16 B (msg/s)", K["rate_16"].get("msg_per_s", 0), V["rate_16"].get("msg_per_s", 0), ">= 10"),
-        ("message rate, 1 KiB (msg/s)", K["rate_1k"].get("msg_per_s", 0), V["rate_1k"].get("msg_per_s", 0), ""),
-        ("bandwidth, 64 KiB writes (Gbit/s)", K["bandwidth_64k"].get("gbit_per_s", 0),
-         V["bandwidth_64k"].get("gbit_per_s", 0), ">= 1"),
-        ("redis SET, 1 client (req/s)", K["redis"].get("set_c1_rps", 0), V["redis"].get("set_c1_rps", 0), ">= 2"),
-        ("redis GET, 1 client (req/s)", K["redis"].get("get_c1_rps", 0), V["redis"].get("get_c1_rps", 0), ">= 2"),
-        ("redis SET, 50 clients (req/s)", K["redis"].get("set_c50_rps", 0), V["redis"].get("set_c50_rps", 0), ">= 2"),
-        ("redis GET, 50 clients (req/s)", K["redis"].get("get_c50_rps", 0), V["redis"].get("get_c50_rps", 0), ">= 2"),
-        ("CPU s per million 16 B msgs (server+daemon)", cpu_per_million(K), cpu_per_million(V), "lower is better"),
-        ("connect to first byte, p50 (us)", K["connect"].get("p50_us", 0), V["connect"].get("p50_us", 0), ""),
+        ("RTT p50, 16 B (us)", lambda R: 2 * R["pingpong_16"].get("p50", 0), 1.0, "<="),
+        ("RTT p99, 16 B (us)", lambda R: 2 * R["pingpong_16"].get("p99", 0), 1.2, "<="),
+        ("RTT p99.9, 16 B (us)", lambda R: 2 * R["pingpong_16"].get("p99.9", 0), None, ""),
+        ("message rate, 16 B (msg/s)", lambda R: R["rate_16"].get("msg_per_s", 0), 1.0, ">="),
+        ("message rate, 1 KiB (msg/s)", lambda R: R["rate_1k"].get("msg_per_s", 0), 1.0, ">="),
+        ("bandwidth, 64 KiB writes (Gbit/s)", lambda R: R["bandwidth_64k"].get("gbit_per_s", 0), 1.0, ">="),
+        ("redis SET, 1 client (req/s)", lambda R: R["redis"].get("set_c1_rps", 0), 1.0, ">="),
+        ("redis GET, 1 client (req/s)", lambda R: R["redis"].get("get_c1_rps", 0), 1.0, ">="),
+        ("redis SET, 50 clients (req/s)", lambda R: R["redis"].get("set_c50_rps", 0), 1.0, ">="),
+        ("redis GET, 50 clients (req/s)", lambda R: R["redis"].get("get_c50_rps", 0), 1.0, ">="),
+        ("CPU s per million 16 B msgs (server+daemon)", cpu_per_million, None, ""),
+        ("connect to first byte, p50 (us)", lambda R: R["connect"].get("p50_us", 0), 1.5, "<="),
     ]
-    results["table"] = [{"metric": m, "kernel": k, "vsocket": v, "ratio": ratio(v, k), "goal": g}
-                        for m, k, v, g in rows]
+    rr_metrics = ("RTT", "redis", "connect")
+
+    def stats(mode, fn):
+        vals = []
+        for R in results["reps"][mode]:
+            try:
+                vals.append(float(fn(R)))
+            except (KeyError, TypeError):
+                pass
+        vals = [v for v in vals if v == v]
+        if not vals:
+            return float("nan"), float("nan"), float("nan")
+        return statistics.median(vals), min(vals), max(vals)
+
+    table = []
+    for metric, fn, g, op in rows:
+        k = stats("kernel", fn)
+        for mode, suffix in (("vsocket", ""), ("always", ", --upgrade always")):
+            if mode == "always" and not metric.startswith(rr_metrics):
+                continue
+            v = stats(mode, fn)
+            r = ratio(v[0], k[0])
+            goal_text = f"{op} {g:g}" if g is not None and mode == "vsocket" else ""
+            met = None
+            if goal_text:
+                met = r <= g if op == "<=" else r >= g
+            table.append({"metric": metric + suffix, "mode": mode, "kernel": k[0], "kernel_range": [k[1], k[2]],
+                          "vsocket": v[0], "vsocket_range": [v[1], v[2]], "ratio": r, "goal": goal_text, "met": met})
+    results["table"] = table
     md = [f"# Same-host benchmark, {results['date']} ({results['cpus']} CPUs), vSocket vs kernel TCP, same run",
-          "", "| metric | kernel TCP | vSocket | vSocket/kernel | goal (ratio) |", "|---|--:|--:|--:|---|"]
-    for row in results["table"]:
-        md.append(f"| {row['metric']} | {row['kernel']:.2f} | {row['vsocket']:.2f} | {row['ratio']:.2f} | {row['goal']} |")
+          "", f"{a.reps} repetitions of {a.seconds} s per test, modes in turn; medians (min-max). "
+          "vSocket: the default upgrade policy; --upgrade always: every connection accelerated.", "",
+          "| metric | kernel TCP | vSocket | vSocket/kernel | do-no-harm goal |", "|---|--:|--:|--:|---|"]
+    for row in table:
+        g = f"{row['goal']}: {'met' if row['met'] else 'missed'}" if row["goal"] else ""
+        md.append(f"| {row['metric']} | {row['kernel']:.2f} ({row['kernel_range'][0]:.2f}-{row['kernel_range'][1]:.2f}) "
+                  f"| {row['vsocket']:.2f} ({row['vsocket_range'][0]:.2f}-{row['vsocket_range'][1]:.2f}) "
+                  f"| {row['ratio']:.2f} | {g} |")
     text = "\n".join(md) + "\n"
     latest = save_results(a.out, "same-host", results, text)
     print(text)

@@ -1,5 +1,7 @@
 #include "host-backend/config.h"
 
+#include <sched.h>
+
 #include <arpa/inet.h>
 
 #include <algorithm>
@@ -10,6 +12,48 @@
 #include "base/log.h"
 
 namespace vsocket::backend {
+
+bool ParseCpuList(const std::string& text, std::vector<int>* cpus, std::string* error) {
+  std::set<int> out;
+  size_t i = 0;
+  auto number = [&](int* n) {
+    size_t start = i;
+    long v = 0;
+    while (i < text.size() && text[i] >= '0' && text[i] <= '9' && i - start < 6) v = v * 10 + (text[i++] - '0');
+    *n = static_cast<int>(v);
+    return i > start && v < CPU_SETSIZE;
+  };
+  while (i < text.size()) {
+    int lo, hi;
+    if (!number(&lo)) {
+      *error = "'" + text + "' is not a CPU list such as 1 or 0,2-3 (CPUs below " + std::to_string(CPU_SETSIZE) + ")";
+      return false;
+    }
+    hi = lo;
+    if (i < text.size() && text[i] == '-') {
+      ++i;
+      if (!number(&hi) || hi < lo) {
+        *error = "'" + text + "' has a bad range";
+        return false;
+      }
+    }
+    for (int c = lo; c <= hi; ++c) out.insert(c);
+    if (i < text.size()) {
+      if (text[i] != ',' || i + 1 == text.size()) {
+        *error = "'" + text + "' is not a CPU list such as 1 or 0,2-3";
+        return false;
+      }
+      ++i;
+    }
+  }
+  if (out.empty()) {
+    *error = "empty CPU list";
+    return false;
+  }
+  cpus->assign(out.begin(), out.end());
+  return true;
+}
+
 namespace {
 
 std::string Trim(const std::string& s) {
@@ -46,6 +90,11 @@ Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& 
     auto n = ParseInt(value, 8, 65536, where);
     if (!n.ok()) return n.status();
     c->eal_mem_mb = *n;
+  } else if (key == "cpus") {
+    std::vector<int> cpus;
+    std::string error;
+    if (!ParseCpuList(value, &cpus, &error)) return Bad(where, "cpus: " + error);
+    c->cpus = value;
   } else if (key == "log_level") {
     LogLevel l;
     if (!ParseLogLevel(value.c_str(), &l)) return Bad(where, "log_level must be error, warn, info or debug");
@@ -99,7 +148,7 @@ Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& 
     return Bad(
         where,
         "unknown key '" + key +
-            "' (daemon keys: ctl_socket, poll_us, poll_max_us, eal_mem_mb, log_level, metrics_addr, metrics_port, "
+            "' (daemon keys: ctl_socket, poll_us, poll_max_us, eal_mem_mb, cpus, log_level, metrics_addr, metrics_port, "
             "host_name, peer_listen, tls_cert, tls_key, tls_ca, locator, fabric, rdma_device, "
             "rdma_gid_index, links_per_peer, orphan_mb_per_vm, orphan_mb_total, max_devices_per_vm, "
             "max_conns_per_vm)");
@@ -264,6 +313,7 @@ Status ApplyEnv(char** env, DaemonConfig* config) {
                  {"VSOCKET_POLL_US", "poll_us"},
                  {"VSOCKET_POLL_MAX_US", "poll_max_us"},
                  {"VSOCKET_EAL_MEM_MB", "eal_mem_mb"},
+                 {"VSOCKET_CPUS", "cpus"},
                  {"VSOCKET_LOG_LEVEL", "log_level"},
                  {"VSOCKET_METRICS_ADDR", "metrics_addr"},
                  {"VSOCKET_METRICS_PORT", "metrics_port"},

@@ -49,12 +49,31 @@ TEST(ConfigTest, ErrorsNameFileLineAndProblem) {
       {"[vm a\n", "unterminated"},
       {"just words\n", "expected KEY = VALUE"},
       {"log_level = loud\n", "log_level must be"},
+      {"cpus = one\n", "t.conf:1: cpus: 'one' is not a CPU list"},
+      {"cpus = 3-1\n", "bad range"},
+      {"cpus = 1,\n", "is not a CPU list"},
+      {"cpus = 99999\n", "is not a CPU list"},
   };
   for (const Case& k : cases) {
     auto c = ParseConfig(k.text, "t.conf");
     ASSERT_FALSE(c.ok()) << k.text;
     EXPECT_NE(c.status().message().find(k.fragment), std::string::npos) << c.status().message();
   }
+}
+
+TEST(ConfigTest, CpuLists) {
+  std::vector<int> cpus;
+  std::string error;
+  ASSERT_TRUE(ParseCpuList("1", &cpus, &error)) << error;
+  EXPECT_EQ(cpus, (std::vector<int>{1}));
+  ASSERT_TRUE(ParseCpuList("0,2-4,3", &cpus, &error)) << error;
+  EXPECT_EQ(cpus, (std::vector<int>{0, 2, 3, 4}));
+  EXPECT_FALSE(ParseCpuList("", &cpus, &error));
+  EXPECT_FALSE(ParseCpuList("-1", &cpus, &error));
+  EXPECT_FALSE(ParseCpuList("1-", &cpus, &error));
+  auto c = ParseConfig("cpus = 0-1\n[vm a]\nsocket = /s\ntenant = 1\n", "t.conf");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->cpus, "0-1");
 }
 
 TEST(ConfigTest, ValidationCatchesIncompleteVms) {

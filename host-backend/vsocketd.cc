@@ -6,6 +6,7 @@
 // Each VM ([vm NAME] in the file, or --port) is one vhost-user socket with
 // the VM's tenant ID and addresses (from the operator, never from guests).
 #include <arpa/inet.h>
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -26,7 +27,7 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: vsocketd [--config FILE] [--port PATH,VM,TENANT[,ADDR[;ADDR...]]]... [--ctl PATH]\n"
-    "                [--poll-us N] [--eal-mem MB] [--log-level LEVEL] [--metrics-port N]\n"
+    "                [--poll-us N] [--eal-mem MB] [--cpus LIST] [--log-level LEVEL] [--metrics-port N]\n"
     "The per-hypervisor vSocket backend: one vhost-user socket per VM.\n"
     "  --config FILE        configuration file (default /etc/vsocket/vsocketd.conf,\n"
     "                       read when neither --config nor --port is given)\n"
@@ -36,6 +37,8 @@ constexpr char kUsage[] =
     "  --ctl PATH           vsocketctl's control socket (ctl_socket)\n"
     "  --poll-us N          busy-poll window before the worker sleeps (poll_us)\n"
     "  --eal-mem MB         DPDK heap (eal_mem_mb)\n"
+    "  --cpus LIST          run every thread on these CPUs, e.g. 1 or 2-3 (cpus; a CPU\n"
+    "                       of its own: guests then accelerate every connection at once)\n"
     "  --log-level LEVEL    error|warn|info|debug (log_level)\n"
     "  --metrics-port N     Prometheus endpoint port, 0 = off (metrics_port)\n"
     "  -h, --help           this text\n"
@@ -138,9 +141,11 @@ DaemonConfig LoadConfig(int argc, char** argv) {
       c.vms.push_back(vm);
     } else if (a == "--ctl") {
       c.ctl_socket = value();
-    } else if (a == "--poll-us" || a == "--eal-mem" || a == "--log-level" || a == "--metrics-port") {
+    } else if (a == "--poll-us" || a == "--eal-mem" || a == "--cpus" || a == "--log-level" ||
+               a == "--metrics-port") {
       static const std::pair<const char*, const char*> kKeys[] = {{"--poll-us", "poll_us"},
                                                                   {"--eal-mem", "eal_mem_mb"},
+                                                                  {"--cpus", "cpus"},
                                                                   {"--log-level", "log_level"},
                                                                   {"--metrics-port", "metrics_port"}};
       std::string key;
@@ -150,6 +155,7 @@ DaemonConfig LoadConfig(int argc, char** argv) {
       if (!parsed.ok()) ConfigError(parsed.status());
       if (key == "poll_us") c.poll_us = parsed->poll_us;
       if (key == "eal_mem_mb") c.eal_mem_mb = parsed->eal_mem_mb;
+      if (key == "cpus") c.cpus = parsed->cpus;
       if (key == "log_level") c.log_level = parsed->log_level;
       if (key == "metrics_port") c.metrics_port = parsed->metrics_port;
     } else {
@@ -177,6 +183,22 @@ int Main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  // Every thread (EAL's, vhost's, ours) is created after this and inherits
+  // it; EAL's lcore 0 takes this set too (vhost::InitEal).
+  if (!flags.cpus.empty()) {
+    std::vector<int> list;
+    std::string error;
+    ParseCpuList(flags.cpus, &list, &error);  // (validated when read)
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c : list) CPU_SET(c, &set);
+    if (sched_setaffinity(0, sizeof(set), &set) != 0) {
+      VS_LOG(kError, "cpus = %s: %s (CPUs this machine has: 0-%ld)", flags.cpus.c_str(), std::strerror(errno),
+             sysconf(_SC_NPROCESSORS_CONF) - 1);
+      return 2;
+    }
+    VS_LOG(kInfo, "running on CPUs %s", flags.cpus.c_str());
+  }
   const char* dpdk_level = level >= LogLevel::kDebug ? "debug" : level >= LogLevel::kInfo ? "notice" : "warning";
   Status st = vhost::InitEal({flags.eal_mem_mb, dpdk_level});
   if (!st.ok()) {

@@ -297,55 +297,58 @@ void UnhookSession(int epfd, const EpSet& set, Session* s) {
   Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, s->backend_fd(), nullptr);
 }
 
-// Requires set.mu. Moves upgraded connections out of the kernel set and
+// Requires set.mu. Moves an upgraded connection out of the kernel set and
 // hooks the session's wake-ups in.
-void Refresh(int epfd, EpSet& set) {
-  for (auto& [fd, e] : set.entries) {
-    // An upgraded connection's readiness comes from us (its kernel socket
-    // no longer says when it is writable); while it still reads the kernel
-    // stream up to the fence, a private edge-triggered registration turns
-    // kernel data into a wake-up and a change.
-    if (Readiness(fd, *e.conn) != -1) {
-      if (e.in_kernel) {
-        Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
-        e.in_kernel = false;
-        e.kicked = true;
-      }
-      bool feeds = KernelFeedsReads(*e.conn);
-      if (feeds && !e.feed) {
-        epoll_event ev{};
-        ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
-        ev.data.u64 = kFeedMarker | static_cast<uint32_t>(fd);
-        e.feed = Libc().epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) == 0;
-      } else if (!feeds && e.feed) {
-        Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
-        e.feed = false;
-      }
-    } else if (!e.in_kernel) {
-      // Back on kernel TCP (a downgrade after a link loss): the kernel
-      // reports this fd again, with the application's registration.
-      if (e.feed) Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
-      e.feed = false;
+void RefreshEntry(int epfd, EpSet& set, int fd, EpEntry& e) {
+  // An upgraded connection's readiness comes from us (its kernel socket
+  // no longer says when it is writable); while it still reads the kernel
+  // stream up to the fence, a private edge-triggered registration turns
+  // kernel data into a wake-up and a change.
+  if (Readiness(fd, *e.conn) != -1) {
+    if (e.in_kernel) {
+      Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
+      e.in_kernel = false;
+      e.kicked = true;
+    }
+    bool feeds = KernelFeedsReads(*e.conn);
+    if (feeds && !e.feed) {
       epoll_event ev{};
-      ev.events = e.disarmed ? 0 : e.events;
-      ev.data = e.data;
-      e.in_kernel = Libc().epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) == 0;
+      ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+      ev.data.u64 = kFeedMarker | static_cast<uint32_t>(fd);
+      e.feed = Libc().epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) == 0;
+    } else if (!feeds && e.feed) {
+      Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
+      e.feed = false;
     }
-    // A backend that went away and came back: the connections registered
-    // again with a new session, whose wake-ups replace the dead one's.
-    if (set.session != nullptr && !set.session->alive() && e.conn->session != nullptr &&
-        e.conn->session != set.session && e.conn->session->alive()) {
-      UnhookSession(epfd, set, set.session);
-      set.session = nullptr;
-    }
-    // Pending connections need the session's wake-ups too: their UPGRADE
-    // arrives as an event, not on the kernel socket. (Connections not
-    // registered yet get them only while a wait sleeps: EpollWait.)
-    if (set.session == nullptr && e.conn->session != nullptr) {
-      set.session = e.conn->session;
-      HookSession(epfd, set, set.session);
-    }
+  } else if (!e.in_kernel) {
+    // Back on kernel TCP (a downgrade after a link loss): the kernel
+    // reports this fd again, with the application's registration.
+    if (e.feed) Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
+    e.feed = false;
+    epoll_event ev{};
+    ev.events = e.disarmed ? 0 : e.events;
+    ev.data = e.data;
+    e.in_kernel = Libc().epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) == 0;
   }
+  // A backend that went away and came back: the connections registered
+  // again with a new session, whose wake-ups replace the dead one's.
+  if (set.session != nullptr && !set.session->alive() && e.conn->session != nullptr &&
+      e.conn->session != set.session && e.conn->session->alive()) {
+    UnhookSession(epfd, set, set.session);
+    set.session = nullptr;
+  }
+  // Pending connections need the session's wake-ups too: their UPGRADE
+  // arrives as an event, not on the kernel socket. (Connections not
+  // registered yet get them only while a wait sleeps: EpollWait.)
+  if (set.session == nullptr && e.conn->session != nullptr) {
+    set.session = e.conn->session;
+    HookSession(epfd, set, set.session);
+  }
+}
+
+// Requires set.mu. RefreshEntry for every entry.
+void Refresh(int epfd, EpSet& set) {
+  for (auto& [fd, e] : set.entries) RefreshEntry(epfd, set, fd, e);
 }
 
 // Requires set.mu. Appends ready emulated entries. slept_from/until: the
@@ -464,8 +467,10 @@ int EpollCtl(int epfd, int op, int fd, epoll_event* ev) {
       }
       EpEntry e{ev->events, ev->data, conn};
       if (Libc().epoll_ctl(epfd, EPOLL_CTL_ADD, fd, ev) != 0) return -1;
-      set->entries.emplace(fd, std::move(e));
-      Refresh(epfd, *set);
+      auto added = set->entries.emplace(fd, std::move(e)).first;
+      // (The others did not change; a connection on kernel TCP until its
+      // own next I/O has nothing to refresh.)
+      if (!conn->KernelUntilOwnIo()) RefreshEntry(epfd, *set, fd, added->second);
       return 0;
     }
     case EPOLL_CTL_MOD: {

@@ -38,11 +38,16 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
         sleeper = c.EnterKernelSleep();
       }
     }
-    msghdr mh{};
-    mh.msg_iov = const_cast<iovec*>(iov);
-    mh.msg_iovlen = static_cast<size_t>(iovcnt);
     std::unique_lock<std::mutex> lock(c.rx_mu);
-    ssize_t n = Libc().recvmsg(fd, &mh, flags);
+    ssize_t n;
+    if (iovcnt == 1) {
+      n = Libc().recv(fd, iov[0].iov_base, iov[0].iov_len, flags);  // the kernel's shorter path
+    } else {
+      msghdr mh{};
+      mh.msg_iov = const_cast<iovec*>(iov);
+      mh.msg_iovlen = static_cast<size_t>(iovcnt);
+      n = Libc().recvmsg(fd, &mh, flags);
+    }
     if (sleeper) c.LeaveKernelSleep();
     if (n < 0) return Errno(errno, "recvmsg");
     if (!(flags & MSG_PEEK)) {

@@ -10,6 +10,10 @@ bool StreamDetector::Note(Dir d, uint64_t n, uint64_t window) {
   if (prev != 0 && prev != dir) {
     window_turns_.fetch_add(1, std::memory_order_relaxed);
     turns_total_.fetch_add(1, std::memory_order_relaxed);
+    run_calls_.store(1, std::memory_order_relaxed);
+  } else if (run_calls_.fetch_add(1, std::memory_order_relaxed) + 1 >= kRunCalls) {
+    streaming_.store(true, std::memory_order_relaxed);
+    return true;
   }
   uint64_t bytes = window_bytes_.fetch_add(n, std::memory_order_relaxed) + n;
   if (bytes < window) return false;

@@ -5,10 +5,13 @@
 // A turn is a change of direction: a send after a receive, or a receive
 // after a send. Request/response traffic (redis, PostgreSQL, HTTP with a
 // small body, a ping-pong) turns once per message; a bulk transfer, a
-// pipelined producer or a large response turns rarely. The detector counts
-// bytes and turns in windows of `window` bytes; a window with at most
-// kMaxTurnsPerWindow turns (at least window/8 bytes per turn) marks the
-// connection as streaming, for good.
+// pipelined producer or a large response turns rarely. Two signs of a
+// stream, either marks the connection for good:
+// - kRunCalls calls in a row in one direction, with no turn (however small
+//   each is: a producer of small messages, which on kernel TCP may take
+//   seconds to move a window's bytes);
+// - a window of `window` bytes with at most kMaxTurnsPerWindow turns (at
+//   least window/8 bytes per turn: large messages both ways).
 //
 // Thread safety: a sender and a receiver may note at once. The counters are
 // atomics; a race only moves the moment a window closes by one call, which a
@@ -21,6 +24,7 @@
 namespace vsocket::guest {
 
 inline constexpr uint32_t kMaxTurnsPerWindow = 8;
+inline constexpr uint32_t kRunCalls = 64;
 
 class StreamDetector {
  public:
@@ -35,6 +39,7 @@ class StreamDetector {
 
  private:
   std::atomic<uint8_t> last_{0};
+  std::atomic<uint32_t> run_calls_{0};
   std::atomic<uint64_t> window_bytes_{0};
   std::atomic<uint32_t> window_turns_{0};
   std::atomic<uint64_t> turns_total_{0};

@@ -28,6 +28,24 @@ TEST(StreamDetector, ReceivingSideStreamsToo) {
   EXPECT_TRUE(seen);
 }
 
+TEST(StreamDetector, ManySmallWritesInARowStream) {
+  // A producer of 16 B messages (one of 64 connections of netload): seen
+  // after kRunCalls writes, long before a window's bytes.
+  StreamDetector d;
+  int calls = 0;
+  while (!d.Note(Dir::kOut, 16, kWindow)) ASSERT_LT(++calls, 1000);
+  EXPECT_EQ(calls + 1, static_cast<int>(kRunCalls));
+}
+
+TEST(StreamDetector, ResponsesInAFewPiecesDoNotStream) {
+  // Each answer written in 8 pieces (a header, then the body in chunks).
+  StreamDetector d;
+  for (int i = 0; i < 100'000; ++i) {
+    ASSERT_FALSE(d.Note(Dir::kIn, 100, kWindow));
+    for (int k = 0; k < 8; ++k) ASSERT_FALSE(d.Note(Dir::kOut, 300, kWindow));
+  }
+}
+
 TEST(StreamDetector, PingPongNeverStreams) {
   // A million 16 B round trips, and 4 KiB requests with 4 KiB answers.
   StreamDetector small, page;
