@@ -2,7 +2,7 @@
 # Makes test certificates for the vsocketd peering channel (TLS 1.3 with
 # mutual certificate authentication, host-backend/peering/):
 #
-#   deploy/make-certs.sh [--ca-name NAME] [--days N] DIR HOST [HOST...]
+#   deploy/make-certs.sh [--ca-name NAME] [--days N] [--san NAMES] DIR HOST [HOST...]
 #
 #   DIR/NAME.crt, DIR/NAME.key   a self-signed test CA, made if absent
 #                                (NAME defaults to "ca")
@@ -23,7 +23,7 @@ set -euo pipefail
 
 usage() {
   cat >&2 <<'EOF'
-usage: deploy/make-certs.sh [--ca-name NAME] [--days N] DIR HOST [HOST...]
+usage: deploy/make-certs.sh [--ca-name NAME] [--days N] [--san NAMES] DIR HOST [HOST...]
 
 Creates DIR/NAME.crt and DIR/NAME.key (a test CA; NAME defaults to "ca") if
 absent, and for each HOST a key and a certificate signed by that CA:
@@ -34,6 +34,10 @@ subjectAltName DNS:HOST. Existing files are kept.
                   use a second name to make certificates from an unrelated CA
   --days N        validity of newly issued certificates (default 825;
                   a new CA gets 10 years)
+  --san NAMES     comma-separated DNS names for the subjectAltName of the
+                  certificates made now, instead of DNS:HOST (tests of the
+                  identity rule: a peer is its DNS names, its CN only when it
+                  has none)
 EOF
   exit 2
 }
@@ -45,6 +49,7 @@ die() {
 
 ca_name=ca
 days=825
+san=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --ca-name)
@@ -55,6 +60,12 @@ while [ $# -gt 0 ]; do
     --days)
       [ $# -ge 2 ] || usage
       days=$2
+      shift 2
+      ;;
+    --san)
+      [ $# -ge 2 ] || usage
+      [[ "$2" =~ ^[A-Za-z0-9.-]+(,[A-Za-z0-9.-]+)*$ ]] || die "--san wants DNS names separated by commas"
+      san=$2
       shift 2
       ;;
     -h | --help) usage ;;
@@ -135,7 +146,7 @@ for host in "$@"; do
 basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature
 extendedKeyUsage=serverAuth,clientAuth
-subjectAltName=DNS:$host
+subjectAltName=$(if [ -n "$san" ]; then echo "DNS:${san//,/,DNS:}"; else echo "DNS:$host"; fi)
 subjectKeyIdentifier=hash
 authorityKeyIdentifier=keyid
 EOF

@@ -128,10 +128,18 @@ void Peering::StepIncoming(Incoming& in, bool* done) {
     return refuse(counters_.refused_tls, "TLS: " + in.tls->error().message());
   Watch(in.tls->fd(), p == peering::TlsChannel::Progress::kWantWrite);
   if (p != peering::TlsChannel::Progress::kDone) return;
-  Host* h = ByName(in.tls->peer_name());
-  if (h == nullptr)
-    return refuse(counters_.refused_name,
-                  "authenticated as '" + in.tls->peer_name() + "', which is not a configured peer");
+  // The peer is the configured host its certificate names, by the rule the
+  // connecting side applies to us (TlsChannel::PeerIs): exactly one.
+  Host* h = nullptr;
+  int named = 0;
+  for (auto& candidate : hosts_) {
+    if (!in.tls->PeerIs(candidate->name)) continue;
+    h = candidate.get();
+    ++named;
+  }
+  if (named != 1)
+    return refuse(counters_.refused_name, "authenticated as " + in.tls->PeerNames() + ", which " +
+                                              (named == 0 ? "is not a configured peer" : "names several peers"));
   if (h->initiator)
     return refuse(counters_.refused_name, "'" + h->name + "' connected, but this host is the one that connects to it");
   if (h->state != State::kIdle) HostDown(*h, "peer reconnected");

@@ -30,6 +30,10 @@ bool IsCertificateAlert(int alert) {
   }
 }
 
+// How a certificate names a peer, on both sides (RFC 6125): its DNS
+// subjectAltNames, its CN only when it has none; exact names.
+constexpr unsigned kHostFlags = X509_CHECK_FLAG_NO_WILDCARDS;
+
 // Record-layer reasons OpenSSL gives when the bytes are not TLS at all.
 bool IsNotTlsReason(int reason) {
   switch (reason) {
@@ -68,6 +72,28 @@ Status VerifyFailure(long result, const std::string& presented, const std::strin
 }
 
 }  // namespace
+
+bool TlsChannel::PeerIs(const std::string& name) const {
+  if (state_ != State::kOpen || name.empty()) return false;
+  const X509* cert = SSL_get0_peer_certificate(ssl_.get());
+  return cert != nullptr &&
+         X509_check_host(const_cast<X509*>(cert), name.data(), name.size(), kHostFlags, nullptr) == 1;
+}
+
+std::string TlsChannel::PeerNames() const {
+  const X509* cert = ssl_ ? SSL_get0_peer_certificate(ssl_.get()) : nullptr;
+  if (cert == nullptr) return "";
+  std::string out;
+  auto* names = static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
+  for (int i = 0; names != nullptr && i < sk_GENERAL_NAME_num(names); ++i) {
+    const GENERAL_NAME* g = sk_GENERAL_NAME_value(names, i);
+    if (g->type != GEN_DNS) continue;
+    const unsigned char* d = ASN1_STRING_get0_data(g->d.dNSName);
+    out += (out.empty() ? "DNS:" : ", DNS:") + std::string(reinterpret_cast<const char*>(d), ASN1_STRING_length(g->d.dNSName));
+  }
+  GENERAL_NAMES_free(names);
+  return out.empty() ? "CN=" + CommonName(cert) : out;
+}
 
 const char* ToString(TlsChannel::Progress progress) {
   switch (progress) {
@@ -120,9 +146,10 @@ void TlsChannel::Init(TlsContext& ctx) {
   // Read by the verify callback (tls_context.cc).
   SSL_set_app_data(ssl_.get(), &presented_name_);
   if (is_client_) {
-    // Exact names only: CN or a DNS subjectAltName, no wildcards. OpenSSL
-    // ignores the CN when DNS SANs exist unless told otherwise.
-    SSL_set_hostflags(ssl_.get(), X509_CHECK_FLAG_ALWAYS_CHECK_SUBJECT | X509_CHECK_FLAG_NO_WILDCARDS);
+    // Exact names only: a DNS subjectAltName, or the CN when there is none
+    // (RFC 6125, OpenSSL's default), no wildcards; PeerIs, on the server,
+    // applies the same rule.
+    SSL_set_hostflags(ssl_.get(), kHostFlags);
     if (SSL_set1_host(ssl_.get(), expected_peer_.c_str()) != 1) {
       (void)Fail(Status(Code::kInvalidArgument,
                         "invalid expected peer name '" + expected_peer_ + "': " + TakeSslError().text));

@@ -83,8 +83,10 @@ class TlsChannel {
   static constexpr size_t kMaxQueued = 1024 * 1024;
 
   // fd: a connected non-blocking TCP socket (ownership taken).
-  // Client side: `expected_peer` must equal the server certificate's CN or
-  // one of its subjectAltName DNS names.
+  // Client side: `expected_peer` must be one of the server certificate's
+  // subjectAltName DNS names, or its CN if it has none (RFC 6125; exact
+  // names, no wildcards). The server identifies its client by the same rule
+  // (PeerIs).
   static std::unique_ptr<TlsChannel> Client(TlsContext& ctx, UniqueFd fd, std::string expected_peer);
   // Server side: peer_name() is the verified client name after the
   // handshake; the caller decides whether it is a configured peer.
@@ -108,8 +110,14 @@ class TlsChannel {
   // only once its first message arrived.
   Progress Handshake();
 
-  // CN of the peer's verified certificate; empty before kDone.
+  // CN of the peer's verified certificate; empty before kDone. For logs:
+  // a peer's identity is PeerIs.
   const std::string& peer_name() const { return peer_name_; }
+  // After kDone: whether the peer's verified certificate names `name` by the
+  // rule the client side applies to the server (see Client).
+  bool PeerIs(const std::string& name) const;
+  // The names PeerIs accepts, for messages: "DNS:a, DNS:b" or "CN=c".
+  std::string PeerNames() const;
   // Why the channel failed; OK while it has not.
   const Status& error() const { return error_; }
 

@@ -101,6 +101,12 @@ class TlsChannelTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.ToString();
     s = testing::RunMakeCerts({"--ca-name", "rogue-ca", dir_ + "/rogue", "alpha", "beta"});
     ASSERT_TRUE(s.ok()) << s.ToString();
+    // CN and subjectAltName apart: CN=alpha-alias naming DNS:alpha, and
+    // CN=beta-alias naming DNS:gamma.
+    s = testing::RunMakeCerts({"--san", "alpha", dir_, "alpha-alias"});
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    s = testing::RunMakeCerts({"--san", "gamma", dir_, "beta-alias"});
+    ASSERT_TRUE(s.ok()) << s.ToString();
   }
 
   // `host`'s certificate and key, from the test CA or the rogue one; every
@@ -240,6 +246,34 @@ TEST_F(TlsChannelTest, MutualHandshakeVerifiesBothNames) {
   EXPECT_TRUE(c.client->error().ok());
   EXPECT_TRUE(c.server->error().ok());
   EXPECT_FALSE(c.client->WantsWrite());
+}
+
+// One identity rule on both sides (RFC 6125): a certificate names its DNS
+// subjectAltNames, its CN only when it has none.
+TEST_F(TlsChannelTest, ServerIdentifiesClientByTheClientsRule) {
+  Channels plain = Established();
+  EXPECT_TRUE(plain.server->PeerIs("alpha"));
+  EXPECT_FALSE(plain.server->PeerIs("beta"));
+  EXPECT_EQ(plain.server->PeerNames(), "DNS:alpha");
+  auto alias = Context("alpha-alias");
+  ASSERT_TRUE(alias);
+  Channels c = Handshake(*alias, *beta_, "beta");
+  ASSERT_EQ(c.client_progress, Progress::kDone) << c.client->error().ToString();
+  ASSERT_EQ(c.server_progress, Progress::kDone) << c.server->error().ToString();
+  EXPECT_TRUE(c.server->PeerIs("alpha"));
+  EXPECT_FALSE(c.server->PeerIs("alpha-alias")) << "the CN counts only without DNS names";
+  EXPECT_EQ(c.server->PeerNames(), "DNS:alpha");
+}
+
+TEST_F(TlsChannelTest, ClientIgnoresTheCnOfACertificateWithNames) {
+  auto alias = Context("beta-alias");
+  ASSERT_TRUE(alias);
+  Channels by_cn = Handshake(*alpha_, *alias, "beta-alias");
+  EXPECT_EQ(by_cn.client_progress, Progress::kFailed);
+  EXPECT_EQ(by_cn.client->error().code(), Code::kPermissionDenied);
+  Channels by_san = Handshake(*alpha_, *alias, "gamma");
+  EXPECT_EQ(by_san.client_progress, Progress::kDone) << by_san.client->error().ToString();
+  EXPECT_EQ(by_san.server_progress, Progress::kDone) << by_san.server->error().ToString();
 }
 
 TEST_F(TlsChannelTest, ServerRefusesClientWithoutCertificate) {
