@@ -29,50 +29,7 @@ import tempfile
 import time
 
 from benchlib import DEFAULT_BIN, ROOT, Bed, find_bin, machine, ratio, save_results, utc_now
-from same_host_bench import CLIENT_VM, SERVER_VM, connect_first_byte, redis, sockperf
-
-
-NGINX_CONF = """daemon off;
-master_process on;
-user root;
-worker_processes 1;
-pid {d}/nginx.pid;
-error_log {d}/error.log warn;
-events {{ worker_connections 1024; }}
-http {{
-  access_log off;
-  sendfile on;
-  client_body_temp_path {d}/tmp;
-  proxy_temp_path {d}/tmp;
-  fastcgi_temp_path {d}/tmp;
-  uwsgi_temp_path {d}/tmp;
-  scgi_temp_path {d}/tmp;
-  server {{ listen {addr}:{port}; root {d}/www; }}
-}}
-"""
-
-
-def nginx_close(bed, accel, port, seconds=2):
-    d = tempfile.mkdtemp(prefix="vsocket-quick-")
-    os.makedirs(f"{d}/www")
-    os.makedirs(f"{d}/tmp")
-    with open(f"{d}/www/f4096", "wb") as f:
-        f.write(os.urandom(4096))
-    with open(f"{d}/nginx.conf", "w") as f:
-        f.write(NGINX_CONF.format(d=d, addr=bed.server_addr, port=port))
-    srv = bed.start(SERVER_VM, accel, ["nginx", "-c", f"{d}/nginx.conf"], 120)
-    try:
-        bed.wait_listening(SERVER_VM, port)
-        r = bed.run(CLIENT_VM, accel, ["wrk", "-t", "2", "-c", "16", "-d", str(seconds), "-H", "Connection: close",
-                                       f"http://{bed.server_addr}:{port}/f4096"], timeout=seconds + 60)
-    finally:
-        srv.stop()
-        shutil.rmtree(d, ignore_errors=True)
-    m = re.search(r"Requests/sec:\s+([0-9.]+)", r.stdout)
-    res = {"rps": float(m.group(1)) if m else 0.0}
-    if "Socket errors" in r.stdout:
-        res["errors"] = re.search(r"Socket errors:.*", r.stdout).group(0)
-    return res
+from same_host_bench import CLIENT_VM, SERVER_VM, connect_first_byte, nginx, redis, sockperf
 
 
 # (name, key in one repetition's results, higher is better, goal ratio)
@@ -105,7 +62,7 @@ def main():
                 R = {"pingpong": sockperf(bed, accel, "pp", 16, 2, port)}
                 R["pingpong"].pop("raw", None)
                 R["redis"] = redis(bed, accel, port + 1, runs=((1, 8000),))
-                R["nginx"] = nginx_close(bed, accel, port + 2)
+                R["nginx"] = nginx(bed, accel, port + 2, close=True)
                 R["connect"] = connect_first_byte(bed, accel, peer, port + 3)
                 results[mode].append(R)
                 port += 4

@@ -17,6 +17,9 @@ accelerated path's own cost) —
   - CPU seconds per million messages (16 B message-rate test: client +
     server + vsocketd)
   - connect-to-first-byte time (connect, send 1 B, get the echo back)
+  - redis-benchmark with 100 clients and 16 requests pipelined
+  - nginx serving a 4 KiB file to wrk -c 16, keep-alive and with
+    "Connection: close" (a connection per request)
 and prints a table of medians (min-max) and vSocket/kernel ratios of the
 medians, against the do-no-harm goals of issue 15. Results go to
 OUT/same-host-latest.json and .md (replacing the previous run's; older runs
@@ -26,7 +29,9 @@ import argparse
 import datetime
 import os
 import re
+import shutil
 import statistics
+import tempfile
 import time
 
 from benchlib import (DEFAULT_BIN, ROOT, Bed, cpu_ticks, find_bin, machine, parse_iperf, parse_sockperf,
@@ -67,23 +72,71 @@ def iperf(bed, accel, seconds, port):
     return parse_iperf(r.stdout, r.stderr)
 
 
-def redis(bed, accel, port, runs=((1, 20000), (50, 100000))):
-    """redis-benchmark SET and GET, for each (clients, requests) of runs:
-    {set,get}_c<clients>_rps."""
+def redis(bed, accel, port, runs=((1, 20000), (50, 100000), (100, 400000, 16))):
+    """redis-benchmark SET and GET, for each (clients, requests[, pipeline])
+    of runs: {set,get}_c<clients>[_p<pipeline>]_rps."""
     srv = bed.start(SERVER_VM, accel, ["redis-server", "--bind", bed.server_addr, "--port", str(port),
                                        "--save", "", "--appendonly", "no", "--protected-mode", "no"], 600)
     res = {}
     try:
         bed.wait_listening(SERVER_VM, port)
-        for clients, n in runs:
+        for clients, n, *pipe in runs:
+            extra = ["-P", str(pipe[0])] if pipe else []
             r = bed.run(CLIENT_VM, accel, ["redis-benchmark", "-h", bed.server_addr, "-p", str(port),
-                                           "-t", "set,get", "-n", str(n), "-c", str(clients), "--csv"])
+                                           "-t", "set,get", "-n", str(n), "-c", str(clients), "--csv"] + extra)
+            suffix = f"_p{pipe[0]}" if pipe else ""
             for line in r.stdout.splitlines():
                 m = re.match(r'"(SET|GET)","([0-9.]+)"', line)
                 if m:
-                    res[f"{m.group(1).lower()}_c{clients}_rps"] = float(m.group(2))
+                    res[f"{m.group(1).lower()}_c{clients}{suffix}_rps"] = float(m.group(2))
     finally:
         srv.stop()
+    return res
+
+
+NGINX_CONF = """daemon off;
+master_process on;
+user root;
+worker_processes 1;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  sendfile on;
+  client_body_temp_path {d}/tmp;
+  proxy_temp_path {d}/tmp;
+  fastcgi_temp_path {d}/tmp;
+  uwsgi_temp_path {d}/tmp;
+  scgi_temp_path {d}/tmp;
+  server {{ listen {addr}:{port}; root {d}/www; }}
+}}
+"""
+
+
+def nginx(bed, accel, port, close, seconds=2):
+    """wrk -t2 -c16 on a 4 KiB file, with "Connection: close" (a connection
+    per request) or keep-alive: {"rps", ["errors"]}."""
+    d = tempfile.mkdtemp(prefix="vsocket-quick-")
+    os.makedirs(f"{d}/www")
+    os.makedirs(f"{d}/tmp")
+    with open(f"{d}/www/f4096", "wb") as f:
+        f.write(os.urandom(4096))
+    with open(f"{d}/nginx.conf", "w") as f:
+        f.write(NGINX_CONF.format(d=d, addr=bed.server_addr, port=port))
+    srv = bed.start(SERVER_VM, accel, ["nginx", "-c", f"{d}/nginx.conf"], 120)
+    try:
+        bed.wait_listening(SERVER_VM, port)
+        hdr = ["-H", "Connection: close"] if close else []
+        r = bed.run(CLIENT_VM, accel, ["wrk", "-t", "2", "-c", "16", "-d", str(seconds)] + hdr +
+                    [f"http://{bed.server_addr}:{port}/f4096"], timeout=seconds + 60)
+    finally:
+        srv.stop()
+        shutil.rmtree(d, ignore_errors=True)
+    m = re.search(r"Requests/sec:\s+([0-9.]+)", r.stdout)
+    res = {"rps": float(m.group(1)) if m else 0.0}
+    if "Socket errors" in r.stdout:
+        res["errors"] = re.search(r"Socket errors:.*", r.stdout).group(0)
     return res
 
 
@@ -118,7 +171,7 @@ def connect_first_byte(bed, accel, peer_bin, port):
 
 
 # Request/response measurements, also run with VSOCKET_UPGRADE=always.
-RR = ("pingpong_16", "redis", "connect")
+RR = ("pingpong_16", "redis", "connect", "nginx_keepalive", "nginx_close")
 
 
 def measure(bed, accel, seconds, port, peer, only=None):
@@ -129,7 +182,9 @@ def measure(bed, accel, seconds, port, peer, only=None):
              ("rate_1k", lambda p: sockperf(bed, accel, "tp", 1024, seconds, p)),
              ("bandwidth_64k", lambda p: iperf(bed, accel, seconds, p)),
              ("redis", lambda p: redis(bed, accel, p)),
-             ("connect", lambda p: connect_first_byte(bed, accel, peer, p))]
+             ("connect", lambda p: connect_first_byte(bed, accel, peer, p)),
+             ("nginx_keepalive", lambda p: nginx(bed, accel, p, close=False, seconds=seconds)),
+             ("nginx_close", lambda p: nginx(bed, accel, p, close=True, seconds=seconds))]
     for i, (key, fn) in enumerate(steps):
         if only is None or key in only:
             R[key] = fn(port + i)
@@ -180,10 +235,14 @@ def main():
         ("redis GET, 1 client (req/s)", lambda R: R["redis"].get("get_c1_rps", 0), 1.0, ">="),
         ("redis SET, 50 clients (req/s)", lambda R: R["redis"].get("set_c50_rps", 0), 1.0, ">="),
         ("redis GET, 50 clients (req/s)", lambda R: R["redis"].get("get_c50_rps", 0), 1.0, ">="),
+        ("redis SET, 100 clients, pipeline 16 (req/s)", lambda R: R["redis"].get("set_c100_p16_rps", 0), 1.0, ">="),
+        ("redis GET, 100 clients, pipeline 16 (req/s)", lambda R: R["redis"].get("get_c100_p16_rps", 0), 1.0, ">="),
+        ("nginx 4 KiB, keep-alive, wrk -c 16 (req/s)", lambda R: R["nginx_keepalive"].get("rps", 0), 1.0, ">="),
+        ("nginx 4 KiB, Connection: close, wrk -c 16 (req/s)", lambda R: R["nginx_close"].get("rps", 0), 1.0, ">="),
         ("CPU s per million 16 B msgs (server+daemon)", cpu_per_million, None, ""),
         ("connect to first byte, p50 (us)", lambda R: R["connect"].get("p50_us", 0), 1.5, "<="),
     ]
-    rr_metrics = ("RTT", "redis", "connect")
+    rr_metrics = ("RTT", "redis", "connect", "nginx")
 
     def stats(mode, fn):
         vals = []
