@@ -321,6 +321,11 @@ void Peering::HostDown(Host& h, const std::string& why) {
     h.retry_at_ms = MonotonicMs() + h.backoff_ms / 2 + static_cast<int64_t>(rng() % (h.backoff_ms / 2 + 1));
   }
   h.deadline_ms = 0;
+  // The retry must be on the timer now: a loss found by a flush in a pass
+  // without epoll events (Poll re-arms only after events), with the peer's
+  // sockets gone from the set, would otherwise wait for an event that never
+  // comes (seen: hostB restarted, hostA never reconnected).
+  ArmTimer();
 }
 
 void Peering::Step(Host& h) {
