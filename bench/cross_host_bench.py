@@ -38,6 +38,7 @@ import subprocess
 import time
 
 import benchlib as bl
+from render_docs import held_note
 
 CLIENT_VM, SERVER_VM = "vmA1", "vmB1"
 HZ = os.sysconf("SC_CLK_TCK")
@@ -379,8 +380,7 @@ def markdown(results):
                  else f"**INVALID** in {row['reps'] - row['vsocket_valid_reps']}/{row['reps']} (excluded)")
         if row["measurement"] == "connect":
             check += " (1 B before pairing: kernel by design)"
-        if row.get("paths") == ["kernel"]:
-            check += " (kernel TCP: held by the default policy)"
+        check += held_note(row)
         md.append(f"| {row['metric']} | {fmt(row['kernel'])} ({fmt(row['kernel_range'][0])}-{fmt(row['kernel_range'][1])}) "
                   f"| {fmt(row['vsocket'])} ({fmt(row['vsocket_range'][0])}-{fmt(row['vsocket_range'][1])}) "
                   f"| {row['ratio']:.2f} | {goal} | {check} |")
@@ -399,7 +399,7 @@ def markdown(results):
             g = "" if row["met"] is None else f"<= 1: **{'met' if row['met'] else 'missed'}**"
             md.append(f"| {row['metric']} | {fmt(k[0])} ({fmt(k[1])}-{fmt(k[2])}) | {fmt(v[0])} ({fmt(v[1])}-{fmt(v[2])}) "
                       f"| {row['ratio']:.2f} | {g} | valid {row['valid']}/{row['reps']}"
-                      f"{' (kernel TCP: held by the default policy)' if row.get('paths') == ['kernel'] else ''} |")
+                      f"{held_note(row)} |")
     md += ["", "## Adaptive batching on the fabric link (hostA -> hostB, netload 16 B, vSocket)", "",
            "| connections | frames per writev | payload bytes per writev | 16 B messages per frame | writev/s |",
            "|--:|--:|--:|--:|--:|"]

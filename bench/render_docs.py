@@ -115,6 +115,11 @@ def same_host():
     return out
 
 
+def held_note(row):
+    """A row whose vSocket runs all stayed on kernel TCP, held by the policy."""
+    return " (kernel TCP: held by the default policy)" if row.get("paths") == ["kernel"] else ""
+
+
 def cross_host():
     res = load("cross-host-latest.json")
     out = [when_where(res, "cross-host-latest.json"),
@@ -125,7 +130,7 @@ def cross_host():
     for r in res.get("pinned_table") or []:
         k, v = r["kernel"], r["vsocket"]
         g = "" if r["met"] is None else f"≤ 1: **{'met' if r['met'] else 'missed'}**"
-        held = " (kernel TCP: held by the default policy)" if r.get("paths") == ["kernel"] else ""
+        held = held_note(r)
         out.append(f"| {label(r['metric']).replace(' (µs)', ', one CPU per host (µs)')} | {spread(*k)} "
                    f"| {spread(*v)} | {r['ratio']:.2f} | {g} | {r['valid']}/{r['reps']}{held} |")
     for r in res["table"]:
@@ -135,7 +140,7 @@ def cross_host():
         name = label(r["metric"])
         if r["measurement"] == "pingpong_16":
             name = name.replace(" (µs)", ", all floating (µs)")
-        held = " (kernel TCP: held by the default policy)" if r.get("paths") == ["kernel"] else ""
+        held = held_note(r)
         out.append(f"| {name} | {spread(r['kernel'], *r['kernel_range'])} "
                    f"| {spread(r['vsocket'], *r['vsocket_range'])} | {r['ratio']:.2f} | {g} "
                    f"| {r['vsocket_valid_reps']}/{r['reps']}{held} |")

@@ -118,14 +118,13 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
       unprobed[i] = std::move(c);
     }
   }
+  auto kernel_poll = [&] {
+    if (sigmask == nullptr) return Libc().poll(fds, n, timeout_ms);
+    timespec ts{timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
+    return Libc().ppoll(fds, n, timeout_ms < 0 ? nullptr : &ts, sigmask);
+  };
   if (session == nullptr && !any_unprobed) {
-    int r;
-    if (sigmask == nullptr) {
-      r = Libc().poll(fds, n, timeout_ms);
-    } else {
-      timespec ts{timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
-      r = Libc().ppoll(fds, n, timeout_ms < 0 ? nullptr : &ts, sigmask);
-    }
+    int r = kernel_poll();
     int saved = errno;
     for (Conn* c : sleeping) c->LeaveKernelSleep();
     errno = saved;
@@ -133,11 +132,7 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
   }
   for (Conn* c : sleeping) c->LeaveKernelSleep();  // (unprobed[] keeps them alive)
   if (session == nullptr) session = Session::Existing();
-  if (session == nullptr) {
-    if (sigmask == nullptr) return Libc().poll(fds, n, timeout_ms);
-    timespec ts{timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
-    return Libc().ppoll(fds, n, timeout_ms < 0 ? nullptr : &ts, sigmask);
-  }
+  if (session == nullptr) return kernel_poll();
   int64_t deadline = Deadline(timeout_ms);
   WaitRecorder wait;  // started once nothing was ready
   ThreadWaiterScope waiter(session);

@@ -39,15 +39,7 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       }
     }
     std::unique_lock<std::mutex> lock(c.rx_mu);
-    ssize_t n;
-    if (iovcnt == 1) {
-      n = Libc().recv(fd, iov[0].iov_base, iov[0].iov_len, flags);  // the kernel's shorter path
-    } else {
-      msghdr mh{};
-      mh.msg_iov = const_cast<iovec*>(iov);
-      mh.msg_iovlen = static_cast<size_t>(iovcnt);
-      n = Libc().recvmsg(fd, &mh, flags);
-    }
+    ssize_t n = KernelRecvIov(fd, iov, iovcnt, flags);
     if (sleeper) c.LeaveKernelSleep();
     if (n < 0) return Errno(errno, "recvmsg");
     if (!(flags & MSG_PEEK)) {
@@ -109,10 +101,7 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
         if (got && !waitall) return got;
         iovec part[64];
         int np = SliceIov(iov, iovcnt, got, want - got, part);
-        msghdr mh{};
-        mh.msg_iov = part;
-        mh.msg_iovlen = static_cast<size_t>(np);
-        ssize_t n = Libc().recvmsg(fd, &mh, flags);
+        ssize_t n = KernelRecvIov(fd, part, np, flags);
         if (n < 0) return got ? Result<size_t>(got) : Errno(errno, "recvmsg");
         if (!peek) c.kernel_received.fetch_add(static_cast<uint64_t>(n));
         return got + static_cast<size_t>(n);
@@ -153,10 +142,7 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       // at any moment, and only our own wait sees both.
       iovec part[64];
       int np = SliceIov(iov, iovcnt, got, limit, part);
-      msghdr mh{};
-      mh.msg_iov = part;
-      mh.msg_iovlen = static_cast<size_t>(np);
-      ssize_t n = Libc().recvmsg(fd, &mh, (flags & MSG_PEEK) | MSG_DONTWAIT);
+      ssize_t n = KernelRecvIov(fd, part, np, (flags & MSG_PEEK) | MSG_DONTWAIT);
       if (n > 0) {
         if (!peek) c.kernel_received.fetch_add(static_cast<uint64_t>(n));
         got += static_cast<size_t>(n);
@@ -217,11 +203,8 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
         // The backend went away before the upgrade: plain kernel TCP from
         // here on, exactly as if we had never registered.
         lock.unlock();
-        msghdr mh{};
-        mh.msg_iov = const_cast<iovec*>(iov);
-        mh.msg_iovlen = static_cast<size_t>(iovcnt);
         if (got) return got;
-        ssize_t n = Libc().recvmsg(fd, &mh, flags);
+        ssize_t n = KernelRecvIov(fd, iov, iovcnt, flags);
         if (n < 0) return Errno(errno, "recvmsg");
         if (!peek) c.kernel_received.fetch_add(static_cast<uint64_t>(n));
         return static_cast<size_t>(n);

@@ -20,6 +20,12 @@ using proto::Reason;
 
 namespace {
 
+// Never registered in this process's history: not looked at, held by the
+// upgrade policy, or not connected yet (no backend loss, no RESYNC).
+bool NeverRegistered(const Conn& c) {
+  return c.state.phase() == Phase::kUnprobed && !c.lost_backend.load() && c.reupgrades.load() == 0;
+}
+
 // s as the inside of a JSON string, cut to fit `cap` bytes.
 std::string JsonText(const char* s, size_t cap) {
   std::string out;
@@ -52,8 +58,7 @@ void WriteLine(const Conn& c, const char* event, const char* exec_program) {
   // NAT, no backend on its side).
   Reason reason = c.state.phase() == Phase::kPending ? Reason::kPeerNotAccelerated : c.state.reason();
   // Held by the upgrade policy and never streamed: request/response.
-  if (c.state.phase() == Phase::kUnprobed && c.held.load() && !c.lost_backend.load() && c.reupgrades.load() == 0)
-    reason = Reason::kRequestResponse;
+  if (NeverRegistered(c) && c.held.load()) reason = Reason::kRequestResponse;
   const char* mode = c.state.ReportedMode();
   std::string exec_field;
   if (exec_program != nullptr) {
@@ -94,8 +99,7 @@ void Report(const Conn& c, const char* event) {
   // A connection never looked at says nothing; one waiting to register
   // again (its backend went away), or held on kernel TCP by the upgrade
   // policy, is on kernel TCP and says so.
-  if (c.state.phase() == Phase::kUnprobed && !c.lost_backend.load() && c.reupgrades.load() == 0 && !c.held.load())
-    return;
+  if (NeverRegistered(c) && !c.held.load()) return;
   WriteLine(c, event, nullptr);
 }
 

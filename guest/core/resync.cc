@@ -116,10 +116,7 @@ Result<size_t> SendResynced(int fd, Conn& c, const iovec* iov, int iovcnt, int f
     if (!w.ok()) return w;
   }
   if (c.shut_wr.load()) return BrokenPipe(flags, "shut down for writing");
-  msghdr mh{};
-  mh.msg_iov = const_cast<iovec*>(iov);
-  mh.msg_iovlen = static_cast<size_t>(iovcnt);
-  ssize_t n = Libc().sendmsg(fd, &mh, flags);
+  ssize_t n = KernelSendIov(fd, iov, iovcnt, flags);
   if (n < 0) return Errno(errno, "sendmsg");
   c.kernel_sent.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
   return static_cast<size_t>(n);

@@ -43,15 +43,7 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     c.state.SwitchTx();
   }
   if (!c.state.tx_on_ring()) {
-    ssize_t n;
-    if (iovcnt == 1) {
-      n = Libc().send(fd, iov[0].iov_base, iov[0].iov_len, flags);  // the kernel's shorter path
-    } else {
-      msghdr mh{};
-      mh.msg_iov = const_cast<iovec*>(iov);
-      mh.msg_iovlen = static_cast<size_t>(iovcnt);
-      n = Libc().sendmsg(fd, &mh, flags);
-    }
+    ssize_t n = KernelSendIov(fd, iov, iovcnt, flags);
     if (n < 0) {
       VS_LOG(kDebug, "fd %d conn %lu (%s): kernel send: %m", fd, static_cast<unsigned long>(c.id),
              ToString(c.state.phase()));

@@ -72,4 +72,20 @@ const LibcCalls& Libc() {
   return g_calls;
 }
 
+ssize_t KernelSendIov(int fd, const iovec* iov, int iovcnt, int flags) {
+  if (iovcnt == 1) return Libc().send(fd, iov[0].iov_base, iov[0].iov_len, flags);
+  msghdr mh{};
+  mh.msg_iov = const_cast<iovec*>(iov);
+  mh.msg_iovlen = static_cast<size_t>(iovcnt);
+  return Libc().sendmsg(fd, &mh, flags);
+}
+
+ssize_t KernelRecvIov(int fd, const iovec* iov, int iovcnt, int flags) {
+  if (iovcnt == 1) return Libc().recv(fd, iov[0].iov_base, iov[0].iov_len, flags);
+  msghdr mh{};
+  mh.msg_iov = const_cast<iovec*>(iov);
+  mh.msg_iovlen = static_cast<size_t>(iovcnt);
+  return Libc().recvmsg(fd, &mh, flags);
+}
+
 }  // namespace vsocket::guest

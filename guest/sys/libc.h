@@ -57,4 +57,9 @@ struct LibcCalls {
 
 const LibcCalls& Libc();
 
+// The kernel's own send / receive of an iovec: send()/recv() for one part
+// (the kernel's shorter path), sendmsg()/recvmsg() otherwise.
+ssize_t KernelSendIov(int fd, const iovec* iov, int iovcnt, int flags);
+ssize_t KernelRecvIov(int fd, const iovec* iov, int iovcnt, int flags);
+
 }  // namespace vsocket::guest

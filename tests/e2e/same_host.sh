@@ -70,6 +70,28 @@ while True:
 ' "$A2" "$1"
 }
 
+# THREADED_ECHO: `python3 -c "$THREADED_ECHO" ADDR PORT N` echoes each of
+# N connections (0: any number, until killed) in a thread of its own.
+THREADED_ECHO='
+import socket, sys, threading
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((sys.argv[1], int(sys.argv[2])))
+ls.listen(64)
+def serve(c):
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        c.sendall(b)
+    c.close()
+n, served = int(sys.argv[3]), 0
+while n == 0 or served < n:
+    c, _ = ls.accept()
+    threading.Thread(target=serve, args=(c,), daemon=n == 0).start()
+    served += 1
+'
+
 # shared_lib: a copy of the library that every user can load (Bazel's
 # output is under root's home), in $WORK/shared; prints its path.
 shared_lib() {
@@ -557,29 +579,12 @@ case_postgres
 # why; streams are accelerated once they stream; a reader thread asleep in
 # the kernel on a held connection while another thread streams on it is
 # never stranded. Each byte is checked.
-POLICY_ECHO='
-import socket, sys, threading
-ls = socket.socket()
-ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind((sys.argv[1], int(sys.argv[2])))
-ls.listen(64)
-def serve(c):
-    while True:
-        b = c.recv(65536)
-        if not b:
-            break
-        c.sendall(b)
-    c.close()
-for _ in range(int(sys.argv[3])):
-    c, _ = ls.accept()
-    threading.Thread(target=serve, args=(c,)).start()
-'
 
 case_policy_holds_request_response() {
   local name=policy_holds_request_response port=7451 rep=$WORK/policy_rr.jsonl
   local before after out
   before=$(stat_field registered)
-  VSOCKET_UPGRADE=auto vm_bg vm2 preload "$rep" "$WORK/$name.srv" taskset -c 0 python3 -c "$POLICY_ECHO" "$A2" $port 21
+  VSOCKET_UPGRADE=auto vm_bg vm2 preload "$rep" "$WORK/$name.srv" taskset -c 0 python3 -c "$THREADED_ECHO" "$A2" $port 21
   local srv=$BG
   # One connection of 3,000 round trips (100 B each way), then 20 short
   # connections of one round trip each (as HTTP with Connection: close).
@@ -661,7 +666,7 @@ case_policy_accelerates_streams() {
 # case fails).
 case_policy_full_duplex_threads() {  # NAME PORT block|poll
   local name=$1 port=$2 how=$3 rep=$WORK/$1.jsonl out
-  VSOCKET_UPGRADE=auto vm_bg vm2 preload "$rep" "$WORK/$name.srv" taskset -c 0 python3 -c "$POLICY_ECHO" "$A2" $port 1
+  VSOCKET_UPGRADE=auto vm_bg vm2 preload "$rep" "$WORK/$name.srv" taskset -c 0 python3 -c "$THREADED_ECHO" "$A2" $port 1
   local srv=$BG
   if ! out=$(VSOCKET_UPGRADE=auto E2E_TIMEOUT=60 vm_run vm1 preload "$rep" taskset -c 0 python3 - "$A2" $port $how <<'PY' 2>&1
 import hashlib, socket, sys, threading, time
@@ -1130,23 +1135,7 @@ case_idle
 # runs again, new connections are accelerated again.
 case_daemon_stopped() {
   local name=daemon_stopped_costs_one_timeout port=7720 n=8 rep=$WORK/stopped.jsonl d
-  vm_bg vm2 preload "$WORK/stopped.srv.jsonl" "$WORK/stopped.srv" python3 -c '
-import socket, sys, threading
-ls = socket.socket()
-ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind((sys.argv[1], 7720))
-ls.listen(64)
-def serve(c):
-    while True:
-        b = c.recv(65536)
-        if not b:
-            break
-        c.sendall(b)
-    c.close()
-while True:
-    c, _ = ls.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-' "$A2"
+  vm_bg vm2 preload "$WORK/stopped.srv.jsonl" "$WORK/stopped.srv" python3 -c "$THREADED_ECHO" "$A2" $port 0
   local srv=$BG
   wait_listen vm2 $port
   vm_bg vm1 preload "$rep" "$WORK/stopped.cli" python3 -c '
