@@ -24,6 +24,7 @@ struct Conn {
   // Identity (set once at registration).
   int family = 0;
   proto::Endpoint local, peer;
+  std::atomic<bool> addressed{false};  // local and peer were read (ReadAddresses)
   proto::Role role = proto::Role::kClient;
   uint64_t id = 0;
 

@@ -37,6 +37,11 @@ void Adopt(int fd, bool nonblocking, bool accepted) {
   c->eligible = true;
   c->nonblocking.store(nonblocking);
   c->fd_refs.store(1);
+  // Where the policy holds request/response traffic on kernel TCP (decision
+  // 51), a new connection is held from birth: an epoll or poll wait on it
+  // before its first I/O is then one real wait, as without us (nginx
+  // accepts, adds and waits before it reads).
+  if (Session::RegistersStreamsOnly() && Session::Existing() != nullptr) c->held.store(true, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(g_fd_mu);
   g_fds[fd] = std::move(c);
   g_has[fd].store(true, std::memory_order_release);

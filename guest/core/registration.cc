@@ -91,6 +91,7 @@ Addresses ReadAddresses(int fd, Conn& c) {
   if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 || !ToEndpoint(local, &c.local) ||
       !ToEndpoint(peer, &c.peer))
     return Addresses::kOtherFamily;
+  c.addressed.store(true, std::memory_order_release);
   return Addresses::kRead;
 }
 
@@ -101,7 +102,15 @@ Addresses ReadAddresses(int fd, Conn& c) {
 // flowing on kernel TCP meanwhile.
 void EnsureRegistered(int fd, Conn& c) {
   if (c.state.phase() != Phase::kUnprobed) return;
-  if (c.held.load(std::memory_order_relaxed) && !c.stream.streaming()) return;  // request/response so far
+  if (c.held.load(std::memory_order_relaxed) && !c.stream.streaming()) {
+    // Request/response so far. (Held from birth: a report wants the
+    // addresses once it is connected.)
+    if (!Config().report_path.empty() && !c.addressed.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(c.setup_mu);
+      if (!c.addressed.load(std::memory_order_relaxed)) (void)ReadAddresses(fd, c);
+    }
+    return;
+  }
   if (c.lost_backend.load(std::memory_order_relaxed) && MonotonicNs() < c.retry_at_ns.load(std::memory_order_relaxed))
     return;  // waiting for a backend to come back
   std::lock_guard<std::mutex> lock(c.setup_mu);

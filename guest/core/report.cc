@@ -99,7 +99,8 @@ void Report(const Conn& c, const char* event) {
   // A connection never looked at says nothing; one waiting to register
   // again (its backend went away), or held on kernel TCP by the upgrade
   // policy, is on kernel TCP and says so.
-  if (NeverRegistered(c) && !c.held.load()) return;
+  // (Held from birth and never connected, or never used: nothing to say.)
+  if (NeverRegistered(c) && (!c.held.load() || !c.addressed.load())) return;
   WriteLine(c, event, nullptr);
 }
 

@@ -714,10 +714,100 @@ PY
   pass "$name ($out; modes at the end: $modes)"
 }
 
+# A connection held from birth (the process has a session: a first
+# connection's round trip opened it) whose reader thread sleeps in
+# epoll_wait before any I/O, while another thread uploads 16 MiB: the upload
+# registers the connection and the server's answer comes by the ring, where
+# no kernel event would announce it: the registration must wake the epoll
+# wait (EpollKick). The answer is a digest of every byte uploaded.
+case_policy_epoll_reader_of_a_held_connection() {
+  local name=policy_epoll_reader_of_a_held_connection port=7455 rep=$WORK/policy_epoll.jsonl out
+  local server='
+import hashlib, socket, sys
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((sys.argv[1], int(sys.argv[2])))
+ls.listen(4)
+c, _ = ls.accept()  # the first connection: one byte echoed
+c.sendall(c.recv(1))
+c.close()
+c, _ = ls.accept()
+h, n = hashlib.sha256(), 0
+while n < 16 << 20:
+    b = c.recv(1 << 20)
+    if not b:
+        break
+    h.update(b)
+    n += len(b)
+c.sendall(h.digest() * 32768)  # 1 MiB
+c.close()
+'
+  VSOCKET_UPGRADE=auto vm_bg vm2 preload "$rep" "$WORK/$name.srv" taskset -c 0 python3 -c "$server" "$A2" $port
+  local srv=$BG
+  if ! out=$(VSOCKET_UPGRADE=auto E2E_TIMEOUT=60 vm_run vm1 preload "$rep" taskset -c 0 python3 - "$A2" $port <<'PY' 2>&1
+import hashlib, select, socket, sys, threading, time
+addr, port = sys.argv[1], int(sys.argv[2])
+for _ in range(100):
+    try:
+        c = socket.create_connection((addr, port)); break
+    except ConnectionRefusedError:
+        time.sleep(0.05)
+c.sendall(b"x")
+if c.recv(1) != b"x":
+    raise SystemExit("first connection: no echo")
+c.close()
+c = socket.create_connection((addr, port))
+ep = select.epoll()
+ep.register(c.fileno(), select.EPOLLIN)
+chunks = [hashlib.sha256(b"%d" % i).digest() * 2048 for i in range(256)]  # 256 x 64 KiB
+want = hashlib.sha256(b"".join(chunks)).digest() * 32768
+got = bytearray()
+woke = []
+def reader():
+    while len(got) < len(want):
+        t0 = time.monotonic()
+        if not ep.poll(40):
+            return
+        woke.append(time.monotonic() - t0)
+        try:
+            b = c.recv(1 << 20, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            continue
+        if not b:
+            return
+        got.extend(b)
+t = threading.Thread(target=reader)
+t.start()
+time.sleep(0.2)  # the reader is asleep in epoll_wait before the upload starts
+for ch in chunks:
+    c.sendall(ch)
+t.join(45)
+if t.is_alive() or len(got) < len(want):
+    raise SystemExit("the reader missed the answer: %d of %d bytes" % (len(got), len(want)))
+if bytes(got) != want:
+    raise SystemExit("the answer differs")
+c.close()
+print("16 MiB up, its 1 MiB digest answer read byte-exact by a thread asleep in epoll_wait()")
+PY
+  ); then
+    fail $name "client: $out"
+    kill "$srv" 2>/dev/null
+    return
+  fi
+  wait "$srv" 2>/dev/null
+  local modes
+  modes=$(python3 -c 'import json,sys; print(" ".join(sorted(json.loads(l)["mode"] for l in open(sys.argv[1]) if l.strip())))' "$rep")
+  case " $modes " in
+    *" accelerated accelerated "*) pass "$name ($out; modes at the end: $modes)" ;;
+    *) fail $name "the upload was not accelerated on both ends (modes: $modes)" ;;
+  esac
+}
+
 case_policy_holds_request_response
 case_policy_accelerates_streams
 case_policy_full_duplex_threads policy_full_duplex_threads 7453 block
 case_policy_full_duplex_threads policy_full_duplex_threads_poll 7454 poll
+case_policy_epoll_reader_of_a_held_connection
 
 # ---- operator views agree with what happened -------------------------------------
 
