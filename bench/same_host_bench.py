@@ -2,7 +2,7 @@
 """Same-host benchmark: vSocket vs kernel TCP between the same two VMs
 (network namespaces of deploy/testbed.sh), in the same run.
 
-  bench/same_host_bench.py [--bin BAZEL_BIN] [--seconds N] [--reps N] [--out DIR]
+  bench/same_host_bench.py [--bin BAZEL_BIN] [--seconds N] [--reps N] [--out DIR] [--only A,B]
 
 Measures, REPS times (default 3) in turn for each mode — kernel TCP;
 vSocket as a user gets it (libvsocket.so preloaded on both ends, default
@@ -20,6 +20,11 @@ accelerated path's own cost) —
   - redis-benchmark with 100 clients and 16 requests pipelined
   - nginx serving a 4 KiB file to wrk -c 16, keep-alive and with
     "Connection: close" (a connection per request)
+  - PostgreSQL (server as the user postgres, through vm2's group): pgbench
+    TPC-B with 8 clients on 2 threads, select-only with 1 and 8 clients
+  - socat copying 1 GiB one way, default 8 KiB buffers, into `wc -c` (a
+    pipeline that counts what arrived), from the sender's start to the
+    receiver's exit
 and prints a table of medians (min-max) and vSocket/kernel ratios of the
 medians, against the do-no-harm goals of issue 15. Results go to
 OUT/same-host-latest.json and .md (replacing the previous run's; older runs
@@ -27,9 +32,11 @@ are in git history), plots (.dat and, with gnuplot, .png) next to them.
 """
 import argparse
 import datetime
+import glob
 import os
 import re
 import shutil
+import subprocess
 import statistics
 import tempfile
 import time
@@ -140,6 +147,124 @@ def nginx(bed, accel, port, close, seconds=2):
     return res
 
 
+# PostgreSQL runs as the user postgres; it reaches vm2's socket through a
+# group of the run's own (vsocketd's `group =`, VSOCKET_VM_VM2_GROUP),
+# removed at the end, and loads a copy of the library it can read.
+PG_GROUP = "vsocket-bench-vm2"
+
+
+class Postgres:
+    """A database made once per run (initdb, pgbench -i -s 1); the server
+    is started per mode, preloaded or not."""
+
+    def __init__(self, bed, lib):
+        bins = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: [int(x) for x in re.findall(r"\d+", p)])
+        self.bin = bins[-1] if bins else None
+        self.dir = tempfile.mkdtemp(prefix="vsocket-bench-pg-")
+        os.chmod(self.dir, 0o755)
+        self.lib = os.path.join(self.dir, "libvsocket.so")
+        shutil.copy(lib, self.lib)
+        os.chmod(self.lib, 0o755)
+        self.bed = bed
+        self.port = 5433
+        self.ready = False
+
+    def _as_postgres(self, argv, timeout=60):
+        return subprocess.run(["runuser", "-u", "postgres", "--"] + argv, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def init(self):
+        if self.bin is None:
+            return "PostgreSQL not installed (deploy/install-deps.sh)"
+        data = os.path.join(self.dir, "data")
+        os.makedirs(data)
+        os.makedirs(os.path.join(self.dir, "run"))
+        shutil.chown(data, "postgres")
+        shutil.chown(os.path.join(self.dir, "run"), "postgres")
+        r = self._as_postgres([f"{self.bin}/initdb", "-D", data, "-A", "trust", "--no-sync"])
+        if r.returncode != 0:
+            return "initdb: " + r.stderr[-300:]
+        with open(os.path.join(data, "postgresql.conf"), "a") as f:
+            f.write(f"listen_addresses = '{self.bed.server_addr}'\nport = {self.port}\n"
+                    f"unix_socket_directories = '{self.dir}/run'\nmax_connections = 40\nfsync = off\n")
+        with open(os.path.join(data, "pg_hba.conf"), "a") as f:
+            f.write("host all all 0.0.0.0/0 trust\n")
+        srv = self.start(False)
+        try:
+            r = self.bed.run(CLIENT_VM, False, ["pgbench", "-h", self.bed.server_addr, "-p", str(self.port),
+                                                "-U", "postgres", "-i", "-s", "1", "-q", "postgres"])
+        finally:
+            self.stop(srv)
+        if r.returncode != 0:
+            return "pgbench -i: " + r.stderr[-300:]
+        self.ready = True
+        return None
+
+    def start(self, accel):
+        env = ["env", "-u", "LD_PRELOAD"]
+        if accel:
+            env = ["env", f"LD_PRELOAD={self.lib}", "VSOCKET_UPGRADE=" + ("always" if accel == "always" else "auto")]
+        srv = self.bed.start(SERVER_VM, False, ["runuser", "-u", "postgres", "--"] + env +
+                             [f"{self.bin}/postgres", "-D", os.path.join(self.dir, "data")], 600)
+        self.bed.wait_listening(SERVER_VM, self.port, 15)
+        return srv
+
+    def stop(self, srv):
+        self._as_postgres([f"{self.bin}/pg_ctl", "-D", os.path.join(self.dir, "data"), "stop", "-m", "fast", "-w"])
+        srv.finish(10)
+
+    def remove(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def pgbench(bed, pg, accel, seconds):
+    """TPC-B (-c 8 -j 2) and select-only (-S, 1 and 8 clients), pgbench
+    under the same mode as the server: {tpcb_c8_tps, select_c1_tps,
+    select_c8_tps} (tps without connection set-up)."""
+    if not pg.ready:
+        return {"error": "no database"}
+    srv = pg.start(accel)
+    res = {}
+    try:
+        for key, extra in (("tpcb_c8_tps", ["-c", "8", "-j", "2"]), ("select_c1_tps", ["-S", "-c", "1"]),
+                           ("select_c8_tps", ["-S", "-c", "8", "-j", "2"])):
+            r = bed.run(CLIENT_VM, accel, ["pgbench", "-h", bed.server_addr, "-p", str(pg.port), "-U", "postgres",
+                                           "-n", "-T", str(seconds)] + extra + ["postgres"], timeout=seconds + 60)
+            m = re.search(r"tps = ([0-9.]+) \((?:without initial connection time|excluding connections establishing)",
+                          r.stdout)
+            if m:
+                res[key] = float(m.group(1))
+            else:
+                res.setdefault("errors", []).append(key + ": " + (r.stdout + r.stderr)[-200:])
+    finally:
+        pg.stop(srv)
+    return res
+
+
+SOCAT_BYTES = 1 << 30
+
+
+def socat(bed, accel, port):
+    """socat copies 1 GiB one way (socat's default 8 KiB buffers) into
+    `wc -c`: {"seconds", "gbit_per_s"} from the sender's start to the
+    receiver's exit; an error unless every byte arrived."""
+    srv = bed.start(SERVER_VM, accel, ["sh", "-c", f"socat -u TCP-LISTEN:{port},bind={bed.server_addr},reuseaddr "
+                                       "STDOUT | wc -c"], 300)
+    try:
+        bed.wait_listening(SERVER_VM, port)
+        t0 = time.monotonic()
+        r = bed.run(CLIENT_VM, accel, ["socat", "-u", f"OPEN:/dev/zero,readbytes={SOCAT_BYTES}",
+                                       f"TCP:{bed.server_addr}:{port}"], timeout=240)
+        srv.finish(240)
+        t = time.monotonic() - t0
+    finally:
+        srv.stop()
+    got = int(srv.text.split()[-1]) if srv.text.split() and srv.text.split()[-1].isdigit() else -1
+    if r.returncode != 0 or got != SOCAT_BYTES:
+        return {"error": f"received {got} of {SOCAT_BYTES} bytes: " + r.stderr[-200:]}
+    return {"seconds": t, "gbit_per_s": SOCAT_BYTES * 8 / t / 1e9}
+
+
 CONNECT_PROBE = r'''
 import socket, sys, time
 addr, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -171,10 +296,10 @@ def connect_first_byte(bed, accel, peer_bin, port):
 
 
 # Request/response measurements, also run with VSOCKET_UPGRADE=always.
-RR = ("pingpong_16", "redis", "connect", "nginx_keepalive", "nginx_close")
+RR = ("pingpong_16", "redis", "connect", "nginx_keepalive", "nginx_close", "pgbench")
 
 
-def measure(bed, accel, seconds, port, peer, only=None):
+def measure(bed, accel, seconds, port, peer, pg, only=None):
     """One repetition of every measurement (or those in `only`) in one mode."""
     R = {}
     steps = [("pingpong_16", lambda p: sockperf(bed, accel, "pp", 16, seconds, p)),
@@ -184,7 +309,9 @@ def measure(bed, accel, seconds, port, peer, only=None):
              ("redis", lambda p: redis(bed, accel, p)),
              ("connect", lambda p: connect_first_byte(bed, accel, peer, p)),
              ("nginx_keepalive", lambda p: nginx(bed, accel, p, close=False, seconds=seconds)),
-             ("nginx_close", lambda p: nginx(bed, accel, p, close=True, seconds=seconds))]
+             ("nginx_close", lambda p: nginx(bed, accel, p, close=True, seconds=seconds)),
+             ("pgbench", lambda p: pgbench(bed, pg, accel, max(3, seconds))),
+             ("socat", lambda p: socat(bed, accel, p))]
     for i, (key, fn) in enumerate(steps):
         if only is None or key in only:
             R[key] = fn(port + i)
@@ -197,10 +324,20 @@ def main():
     ap.add_argument("--seconds", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
+    ap.add_argument("--only", help="comma-separated measurements (e.g. pgbench,socat): a partial run, "
+                    "for development; its results go to --out all the same")
     a = ap.parse_args()
+    only_arg = set(a.only.split(",")) if a.only else None
     bed = Bed(a.bin)
     peer = find_bin(a.bin, "tests/socket/socket_peer")
+    subprocess.run(["groupadd", "-f", PG_GROUP], check=True)
+    subprocess.run(["usermod", "-aG", PG_GROUP, "postgres"], check=False)
+    bed.base_env["VSOCKET_VM_VM2_GROUP"] = PG_GROUP
     bed.up(CLIENT_VM, SERVER_VM)
+    pg = Postgres(bed, bed.lib)
+    pg_error = pg.init()
+    if pg_error:
+        print("PostgreSQL rows skipped: " + pg_error, flush=True)
     t_start = time.time()
     results = {"date": datetime.datetime.utcnow().isoformat() + "Z", "cpus": os.cpu_count(),
                "machine": machine(), "binaries": bed.binaries(), "reps_n": a.reps, "seconds": a.seconds,
@@ -209,11 +346,16 @@ def main():
         port = 12000
         for rep in range(a.reps):
             for mode, accel, only in (("kernel", False, None), ("vsocket", "auto", None), ("always", "always", RR)):
+                if only_arg is not None:
+                    only = only_arg if only is None else only_arg & set(only)
                 print(f"== rep {rep + 1}/{a.reps}: {mode}", flush=True)
-                results["reps"][mode].append(measure(bed, accel, a.seconds, port, peer, only))
+                results["reps"][mode].append(measure(bed, accel, a.seconds, port, peer, pg, only))
                 port += 10
     finally:
         bed.down()
+        pg.remove()
+        subprocess.run(["gpasswd", "-d", "postgres", PG_GROUP], capture_output=True)
+        subprocess.run(["groupdel", PG_GROUP], capture_output=True)
     results["loadavg_after"] = os.getloadavg()[0]
     results["wall_s"] = round(time.time() - t_start, 1)
 
@@ -239,10 +381,14 @@ def main():
         ("redis GET, 100 clients, pipeline 16 (req/s)", lambda R: R["redis"].get("get_c100_p16_rps", 0), 1.0, ">="),
         ("nginx 4 KiB, keep-alive, wrk -c 16 (req/s)", lambda R: R["nginx_keepalive"].get("rps", 0), 1.0, ">="),
         ("nginx 4 KiB, Connection: close, wrk -c 16 (req/s)", lambda R: R["nginx_close"].get("rps", 0), 1.0, ">="),
+        ("PostgreSQL TPC-B, pgbench -c 8 -j 2 (tps)", lambda R: R["pgbench"].get("tpcb_c8_tps", 0), 1.0, ">="),
+        ("PostgreSQL select-only, 1 client (tps)", lambda R: R["pgbench"].get("select_c1_tps", 0), 1.0, ">="),
+        ("PostgreSQL select-only, 8 clients (tps)", lambda R: R["pgbench"].get("select_c8_tps", 0), 1.0, ">="),
+        ("socat 1 GiB one way (Gbit/s)", lambda R: R["socat"].get("gbit_per_s", 0), 1.0, ">="),
         ("CPU s per million 16 B msgs (server+daemon)", cpu_per_million, None, ""),
         ("connect to first byte, p50 (us)", lambda R: R["connect"].get("p50_us", 0), 1.5, "<="),
     ]
-    rr_metrics = ("RTT", "redis", "connect", "nginx")
+    rr_metrics = ("RTT", "redis", "connect", "nginx", "PostgreSQL")
 
     def stats(mode, fn):
         vals = []
