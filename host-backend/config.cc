@@ -121,6 +121,8 @@ Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& 
     c->tls_key = value;
   } else if (key == "tls_ca") {
     c->tls_ca = value;
+  } else if (key == "tls_crl") {
+    c->tls_crl = value;
   } else if (key == "locator") {
     c->locator = value;
   } else if (key == "fabric") {
@@ -149,7 +151,7 @@ Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& 
         where,
         "unknown key '" + key +
             "' (daemon keys: ctl_socket, poll_us, poll_max_us, eal_mem_mb, cpus, log_level, metrics_addr, metrics_port, "
-            "host_name, peer_listen, tls_cert, tls_key, tls_ca, locator, fabric, rdma_device, "
+            "host_name, peer_listen, tls_cert, tls_key, tls_ca, tls_crl, locator, fabric, rdma_device, "
             "rdma_gid_index, links_per_peer, orphan_mb_per_vm, orphan_mb_total, max_devices_per_vm, "
             "max_conns_per_vm)");
   }
@@ -322,6 +324,7 @@ Status ApplyEnv(char** env, DaemonConfig* config) {
                  {"VSOCKET_TLS_CERT", "tls_cert"},
                  {"VSOCKET_TLS_KEY", "tls_key"},
                  {"VSOCKET_TLS_CA", "tls_ca"},
+                 {"VSOCKET_TLS_CRL", "tls_crl"},
                  {"VSOCKET_LOCATOR", "locator"},
                  {"VSOCKET_FABRIC", "fabric"},
                  {"VSOCKET_RDMA_DEVICE", "rdma_device"},

@@ -44,6 +44,7 @@ struct DaemonConfig {
   std::string host_name;    // this host's name, the CN of tls_cert
   std::string peer_listen;  // ADDR:PORT other backends connect to
   std::string tls_cert, tls_key, tls_ca;
+  std::string tls_crl;  // optional: revocation lists, re-read when the file changes
   std::string locator;         // static locator file
   std::string fabric = "tcp";  // tcp | rdma
   // fabric = rdma: the RDMA device (empty: the first one) and the GID index

@@ -121,8 +121,11 @@ TEST(PeerConfig, PeersNeedTheWholeMultiHostSetup) {
   ASSERT_EQ(c->peers.size(), 1u);
   EXPECT_EQ(c->peers[0].name, "hostB");
   EXPECT_EQ(c->peers[0].address, "203.0.113.2:7300");
+  EXPECT_TRUE(c->tls_crl.empty()) << "tls_crl is optional";
   c->tls_ca.clear();
   EXPECT_NE(Validate(&*c).message().find("tls_ca is not set"), std::string::npos);
+  ASSERT_TRUE(ParseConfig("tls_crl = /etc/vsocket/ca.crl\n", "f").ok());
+  EXPECT_EQ(ParseConfig("tls_crl = /etc/vsocket/ca.crl\n", "f")->tls_crl, "/etc/vsocket/ca.crl");
 
   EXPECT_NE(ParseConfig("[peer x]\naddress = 203.0.113.2\n", "f").status().message().find("f:2:"), std::string::npos);
   EXPECT_NE(ParseConfig("peer_listen = 1.2.3.4:0\n", "f").status().message().find("port"), std::string::npos);

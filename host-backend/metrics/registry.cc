@@ -333,6 +333,13 @@ std::vector<Metric<D>> Daemon() {
        .prom = {"vsocket_peers_refused_total", "reason=\"bad-link-key\""},
        .group = "peering",
        .row = "peers_refused_link"},
+      {.name = "refused_revoked",
+       .type = kCounter,
+       .help = kPeersRefusedHelp,
+       .read = [](const D& c) -> uint64_t { return c.peering.refused_revoked.load(); },
+       .prom = {"vsocket_peers_refused_total", "reason=\"revoked\""},
+       .group = "peering",
+       .row = "peers_refused_revoked"},
   };
 }
 

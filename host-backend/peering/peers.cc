@@ -6,6 +6,7 @@
 #include <openssl/crypto.h>
 #include <poll.h>
 #include <sys/epoll.h>
+#include <sys/stat.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
@@ -91,9 +92,17 @@ Status Peering::Start(const DaemonConfig& config) {
     }
     rdma_ = std::move(dev).value();
   }
-  auto ctx = peering::TlsContext::Create({config.tls_cert, config.tls_key, config.tls_ca});
+  tls_config_ = {config.tls_cert, config.tls_key, config.tls_ca, config.tls_crl};
+  crl_id_ = CrlFileId(config.tls_crl);
+  auto ctx = peering::TlsContext::Create(tls_config_);
   if (!ctx.ok()) return ctx.status();
   tls_ctx_ = std::move(ctx).value();
+  if (!config.tls_crl.empty()) {
+    VS_LOG(kInfo, "peering: tls_crl %s: %zu certificate(s) revoked; re-read within %d s of a change",
+           config.tls_crl.c_str(), tls_ctx_->revoked(), kCrlCheckMs / 1000);
+    if (!tls_ctx_->crl_warning().empty()) VS_LOG(kWarn, "peering: %s", tls_ctx_->crl_warning().c_str());
+    crl_check_at_ms_ = MonotonicMs() + kCrlCheckMs;
+  }
   if (tls_ctx_->own_name() != host_name_)
     return Status(Code::kInvalidArgument,
                   "tls_cert is for '" + tls_ctx_->own_name() + "', but host_name is '" + host_name_ + "'");
@@ -149,7 +158,7 @@ void Peering::Watch(int fd, bool out) {
 }
 
 void Peering::ArmTimer() {
-  int64_t next = 0;
+  int64_t next = crl_check_at_ms_;  // 0 without tls_crl
   for (auto& h : hosts_)
     if (h->state == State::kBackoff && (next == 0 || h->retry_at_ms < next)) next = h->retry_at_ms;
   for (auto& h : hosts_)
@@ -165,6 +174,49 @@ void Peering::ArmTimer() {
     ts.it_value.tv_nsec = (delta % 1000) * 1000000;
   }
   timerfd_settime(timer_.get(), 0, &ts, nullptr);
+}
+
+Peering::FileId Peering::CrlFileId(const std::string& path) {
+  struct stat st{};
+  if (path.empty() || stat(path.c_str(), &st) != 0) return FileId{};
+  return FileId{st.st_dev, st.st_ino, st.st_size, int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+void Peering::CheckCrl() {
+  crl_check_at_ms_ = MonotonicMs() + kCrlCheckMs;
+  ArmTimer();
+  FileId id = CrlFileId(tls_config_.crl_file);
+  if (id == crl_id_) return;
+  crl_id_ = id;
+  auto ctx = peering::TlsContext::Create(tls_config_);
+  if (!ctx.ok()) {
+    VS_LOG(kWarn, "peering: tls_crl %s changed but cannot be used (%s): the previous lists stay in force",
+           tls_config_.crl_file.c_str(), ctx.status().message().c_str());
+    return;
+  }
+  // Channels keep their own reference to the old context's SSL_CTX.
+  tls_ctx_ = std::move(ctx).value();
+  VS_LOG(kInfo, "peering: tls_crl %s re-read: %zu certificate(s) revoked", tls_config_.crl_file.c_str(),
+         tls_ctx_->revoked());
+  if (!tls_ctx_->crl_warning().empty()) VS_LOG(kWarn, "peering: %s", tls_ctx_->crl_warning().c_str());
+  // Handshakes under way were verified against the old lists: the peer
+  // dials again (or is dialled again) and meets the new ones.
+  std::erase_if(incoming_, [&](Incoming& in) {
+    if (!in.tls) return false;  // not TLS (yet), or a data link's hello
+    epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, in.tls->fd(), nullptr);
+    return true;
+  });
+  for (auto& h : hosts_) {
+    if (!h->tls) continue;
+    if (h->state == State::kHandshake || h->state == State::kConnecting) {
+      HostDown(*h, "tls_crl changed during the handshake");
+      continue;
+    }
+    Status st = h->tls->Reverify(*tls_ctx_);
+    if (st.ok() || st.code() == Code::kFailedPrecondition) continue;
+    counters_.refused_revoked.fetch_add(1, std::memory_order_relaxed);
+    HostDown(*h, "its certificate is no longer accepted: " + st.message());
+  }
 }
 
 Peering::Host* Peering::ByName(const std::string& name) {
@@ -450,6 +502,7 @@ bool Peering::Poll() {
   if (hosts_.empty()) return false;
   epoll_event evs[64];
   int n = epoll_wait(epoll_.get(), evs, 64, 0);
+  if (crl_check_at_ms_ != 0 && MonotonicMs() >= crl_check_at_ms_) CheckCrl();
   bool any_out = false;
   for (auto& h : hosts_)
     if (h->state == State::kUp)

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <sys/socket.h>
+#include <sys/types.h>
 
 #include <atomic>
 #include <memory>
@@ -65,6 +66,7 @@ struct PeeringCounters {
   std::atomic<uint64_t> refused_tls{0};   // handshake failed: no/wrong certificate, not TLS
   std::atomic<uint64_t> refused_name{0};  // authenticated, but not a configured peer
   std::atomic<uint64_t> refused_link{0};  // data link with an unknown key
+  std::atomic<uint64_t> refused_revoked{0};  // link cut: a new tls_crl no longer accepts the peer
 };
 
 // A link's counters as plain totals (summed over the links a peer had).
@@ -112,6 +114,8 @@ class Peering : public RemoteHosts {
   static constexpr int kMaxFramesPerPoll = 64;
   // Time a setup step (connect, handshake, links) may take.
   static constexpr int kSetupTimeoutMs = 5000;
+  // How often tls_crl is looked at for a change.
+  static constexpr int kCrlCheckMs = 5000;
   enum class State { kIdle, kBackoff, kConnecting, kHandshake, kLinkConnecting, kWaitLink, kWaitReady, kUp };
   // One data link of a host pair (a TCP connection or an RC QP).
   struct Lane {
@@ -175,6 +179,11 @@ class Peering : public RemoteHosts {
   bool ServiceUp(Host& h);
   void Watch(int fd, bool out);
   void ArmTimer();
+  // tls_crl changed: a new TLS context with it, and every peer whose
+  // certificate it no longer accepts loses its link.
+  void CheckCrl();
+  struct FileId;
+  static FileId CrlFileId(const std::string& path);
   static const char* ToString(State s);
 
   ConnManager* conns_;
@@ -183,6 +192,16 @@ class Peering : public RemoteHosts {
   int links_per_peer_ = 1;
   std::shared_ptr<fabric::RdmaDevice> rdma_;  // fabric = rdma: the device all links share
   std::unique_ptr<peering::TlsContext> tls_ctx_;
+  peering::TlsConfig tls_config_;
+  struct FileId {
+    dev_t dev = 0;
+    ino_t ino = 0;
+    off_t size = -1;
+    int64_t mtime_ns = 0;
+    bool operator==(const FileId&) const = default;
+  };
+  FileId crl_id_;  // tls_crl as last loaded (or tried)
+  int64_t crl_check_at_ms_ = 0;
   std::unique_ptr<fabric::Locator> locator_;
   std::vector<std::unique_ptr<Host>> hosts_;  // index = id - 1; fixed after Start
   std::vector<Incoming> incoming_;

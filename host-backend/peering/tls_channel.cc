@@ -67,6 +67,15 @@ Status VerifyFailure(long result, const std::string& presented, const std::strin
     case X509_V_ERR_SELF_SIGNED_CERT_IN_CHAIN:
     case X509_V_ERR_CERT_SIGNATURE_FAILURE:
       return Status(Code::kPermissionDenied, "peer certificate not signed by our CA (" + who + ": " + detail + ")");
+    case X509_V_ERR_CERT_REVOKED: return Status(Code::kPermissionDenied, who + " is revoked (tls_crl)");
+    case X509_V_ERR_UNABLE_TO_GET_CRL:
+      return Status(Code::kPermissionDenied, who + " rejected: tls_crl holds no CRL of its issuer");
+    case X509_V_ERR_CRL_HAS_EXPIRED:
+      return Status(Code::kPermissionDenied, who + " rejected: the CRL of its issuer in tls_crl is past its next "
+                                                   "update (renew the file)");
+    case X509_V_ERR_INVALID_PURPOSE:
+      return Status(Code::kPermissionDenied, who + " rejected: it is not for TLS server and client authentication "
+                                                   "(extended key usage serverAuth and clientAuth)");
     default: return Status(Code::kPermissionDenied, who + " rejected: " + detail);
   }
 }
@@ -93,6 +102,25 @@ std::string TlsChannel::PeerNames() const {
   }
   GENERAL_NAMES_free(names);
   return out.empty() ? "CN=" + CommonName(cert) : out;
+}
+
+Status TlsChannel::Reverify(const TlsContext& ctx) const {
+  X509* cert = ssl_ ? SSL_get0_peer_certificate(ssl_.get()) : nullptr;
+  if (state_ != State::kOpen || cert == nullptr) return Status(Code::kFailedPrecondition, "no verified peer");
+  X509_STORE_CTX* sc = X509_STORE_CTX_new();
+  if (sc == nullptr) return Status(Code::kInternal, "X509_STORE_CTX_new failed");
+  // The chain the peer sent (the client side's includes the leaf) and the
+  // policy of a handshake in the same role: purpose, depth, CRL flags.
+  bool ok = X509_STORE_CTX_init(sc, SSL_CTX_get_cert_store(ctx.ctx_), cert, SSL_get_peer_cert_chain(ssl_.get())) == 1 &&
+            X509_STORE_CTX_set_default(sc, is_client_ ? "ssl_server" : "ssl_client") == 1;
+  X509_VERIFY_PARAM_set_depth(X509_STORE_CTX_get0_param(sc), SSL_CTX_get_verify_depth(ctx.ctx_));
+  long result = ok && X509_verify_cert(sc) == 1 ? X509_V_OK : X509_STORE_CTX_get_error(sc);
+  if (ok && result == X509_V_OK && !HostUsageProblem(cert).empty()) result = X509_V_ERR_INVALID_PURPOSE;
+  X509_STORE_CTX_free(sc);
+  ERR_clear_error();
+  if (!ok) return Status(Code::kInternal, "cannot set up a verification");
+  if (result == X509_V_OK) return Status::Ok();
+  return VerifyFailure(result, CommonName(cert), expected_peer_);
 }
 
 const char* ToString(TlsChannel::Progress progress) {

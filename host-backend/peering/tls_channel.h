@@ -46,6 +46,9 @@ struct TlsConfig {
   std::string cert_file;  // PEM: our certificate, optionally followed by intermediates
   std::string key_file;   // PEM: its private key, unencrypted
   std::string ca_file;    // PEM: the CA(s) peer certificates must chain to
+  // PEM: revocation lists (optional). When set, a peer certificate is
+  // refused unless a CRL of its issuer is here and does not list it.
+  std::string crl_file;
 };
 
 // Immutable after Create(); shared by every channel of this backend (client
@@ -53,10 +56,12 @@ struct TlsConfig {
 // SSL_CTX, so a channel may outlive the TlsContext.
 class TlsContext {
  public:
-  // TLS 1.3 only; peers must present a certificate chaining to ca_file.
-  // Fails with a message naming the file and the reason: unreadable file,
-  // no certificate/key in it, key does not match certificate, certificate
-  // without a CN.
+  // TLS 1.3 only; peers must present a certificate chaining to ca_file,
+  // with the extended key usages serverAuth and clientAuth, not revoked by
+  // crl_file if one is configured. Fails with a message naming the file and
+  // the reason: unreadable file, no certificate/key in it, key does not
+  // match certificate, certificate without a CN or without both key
+  // usages, a CRL file without a CRL our CA signed.
   static Result<std::unique_ptr<TlsContext>> Create(const TlsConfig& config);
 
   ~TlsContext();
@@ -65,6 +70,11 @@ class TlsContext {
 
   // CN of our own certificate (the name peers will see).
   const std::string& own_name() const { return own_name_; }
+  // With a CRL file: how many certificates its CRLs revoke, and a warning
+  // for the log if one is past its next update (every peer of that CA is
+  // refused until the file is renewed); empty otherwise.
+  size_t revoked() const { return revoked_; }
+  const std::string& crl_warning() const { return crl_warning_; }
 
  private:
   friend class TlsChannel;  // SSL_new(ctx_)
@@ -73,6 +83,8 @@ class TlsContext {
 
   SSL_CTX* ctx_;  // owned (one reference)
   std::string own_name_;
+  size_t revoked_ = 0;
+  std::string crl_warning_;
 };
 
 class TlsChannel {
@@ -118,6 +130,10 @@ class TlsChannel {
   bool PeerIs(const std::string& name) const;
   // The names PeerIs accepts, for messages: "DNS:a, DNS:b" or "CN=c".
   std::string PeerNames() const;
+  // After kDone: verifies the peer's certificate chain again against `ctx`
+  // (a context made later, e.g. with a new CRL): OK, or why it no longer
+  // passes (revoked, expired, usage).
+  Status Reverify(const TlsContext& ctx) const;
   // Why the channel failed; OK while it has not.
   const Status& error() const { return error_; }
 

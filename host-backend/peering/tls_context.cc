@@ -46,11 +46,64 @@ Status SslFailure(Code code, std::string message) {
 // Records the CN of the certificate the peer presented, so a failed
 // handshake can name it ("peer name X, expected Y"): OpenSSL does not keep
 // a peer certificate that failed verification. The verdict is unchanged.
+//
+// Also the extended key usage rule (HostUsageProblem) for the peer's own
+// certificate: OpenSSL checks the usage of the role only when the extension
+// is present.
 int RememberPresentedName(int preverify_ok, X509_STORE_CTX* store) {
   auto* ssl = static_cast<SSL*>(X509_STORE_CTX_get_ex_data(store, SSL_get_ex_data_X509_STORE_CTX_idx()));
   auto* name = ssl != nullptr ? static_cast<std::string*>(SSL_get_app_data(ssl)) : nullptr;
   if (name != nullptr && name->empty()) *name = CommonName(X509_STORE_CTX_get0_cert(store));
+  if (preverify_ok && X509_STORE_CTX_get_error_depth(store) == 0 &&
+      !HostUsageProblem(X509_STORE_CTX_get_current_cert(store)).empty()) {
+    X509_STORE_CTX_set_error(store, X509_V_ERR_INVALID_PURPOSE);
+    return 0;
+  }
   return preverify_ok;
+}
+
+struct CrlFree {
+  void operator()(X509_CRL* crl) const { X509_CRL_free(crl); }
+};
+
+// Adds the CRLs of `path` to the context's store and turns revocation
+// checks on. Every CRL must be signed by a CA of the store (one that is not
+// would make every peer of that issuer fail as "unable to get CRL"); one
+// past its next update is loaded all the same (OpenSSL then refuses that
+// CA's peers: fail closed) and named in *warning.
+Status LoadCrls(SSL_CTX* c, const std::string& path, size_t* revoked, std::string* warning) {
+  BIO* bio = BIO_new_file(path.c_str(), "r");
+  if (bio == nullptr) return SslFailure(Code::kNotFound, "cannot read CRL file '" + path + "'");
+  std::vector<std::unique_ptr<X509_CRL, CrlFree>> crls;
+  while (X509_CRL* crl = PEM_read_bio_X509_CRL(bio, nullptr, nullptr, nullptr)) crls.emplace_back(crl);
+  BIO_free(bio);
+  ERR_clear_error();  // (the end of the file reads as an error)
+  if (crls.empty()) return Status(Code::kInvalidArgument, "CRL file '" + path + "' holds no PEM CRL");
+  X509_STORE* store = SSL_CTX_get_cert_store(c);
+  STACK_OF(X509_OBJECT)* objs = X509_STORE_get0_objects(store);
+  for (auto& crl : crls) {
+    bool signed_by_ca = false;
+    for (int i = 0; i < sk_X509_OBJECT_num(objs) && !signed_by_ca; ++i) {
+      X509* ca = X509_OBJECT_get0_X509(sk_X509_OBJECT_value(objs, i));
+      signed_by_ca = ca != nullptr && X509_NAME_cmp(X509_get_subject_name(ca), X509_CRL_get_issuer(crl.get())) == 0 &&
+                     X509_CRL_verify(crl.get(), X509_get0_pubkey(ca)) == 1;
+    }
+    ERR_clear_error();
+    char issuer[256];
+    X509_NAME_oneline(X509_CRL_get_issuer(crl.get()), issuer, sizeof(issuer));
+    if (!signed_by_ca)
+      return Status(Code::kInvalidArgument,
+                    "CRL file '" + path + "': a CRL of '" + issuer + "' not signed by a CA of tls_ca");
+    const ASN1_TIME* next = X509_CRL_get0_nextUpdate(crl.get());
+    if (next != nullptr && X509_cmp_current_time(next) < 0 && warning->empty())
+      *warning = std::string("the CRL of '") + issuer + "' in '" + path +
+                 "' is past its next update: peers of that CA are refused until it is renewed";
+    STACK_OF(X509_REVOKED)* rev = X509_CRL_get_REVOKED(crl.get());
+    *revoked += rev != nullptr ? static_cast<size_t>(sk_X509_REVOKED_num(rev)) : 0;
+    if (X509_STORE_add_crl(store, crl.get()) != 1) return SslFailure(Code::kInternal, "cannot add CRL");
+  }
+  X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK);
+  return Status::Ok();
 }
 
 // A private key any other user may read (or write) is refused, as ssh
@@ -138,8 +191,20 @@ Result<std::unique_ptr<TlsContext>> TlsContext::Create(const TlsConfig& config) 
     return Status(Code::kInvalidArgument,
                   "certificate '" + config.cert_file + "' has no common name (CN); peers identify us by it");
   }
+  // Peers would refuse it at every handshake: say so at start.
+  std::string usage = HostUsageProblem(SSL_CTX_get0_certificate(c));
+  if (!usage.empty()) return Status(Code::kInvalidArgument, "certificate '" + config.cert_file + "' " + usage);
+  size_t revoked = 0;
+  std::string warning;
+  if (!config.crl_file.empty()) {
+    VS_RETURN_IF_ERROR(CheckReadable("CRL file", config.crl_file));
+    VS_RETURN_IF_ERROR(LoadCrls(c, config.crl_file, &revoked, &warning));
+  }
   ERR_clear_error();
-  return std::unique_ptr<TlsContext>(new TlsContext(ctx.release(), std::move(own_name)));
+  std::unique_ptr<TlsContext> out(new TlsContext(ctx.release(), std::move(own_name)));
+  out->revoked_ = revoked;
+  out->crl_warning_ = std::move(warning);
+  return out;
 }
 
 TlsContext::~TlsContext() { SSL_CTX_free(ctx_); }

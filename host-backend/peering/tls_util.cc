@@ -4,6 +4,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
+#include <openssl/x509v3.h>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -120,6 +121,19 @@ std::string CommonName(const X509* cert) {
   std::string name(reinterpret_cast<char*>(utf8), static_cast<size_t>(len));
   OPENSSL_free(utf8);
   return name;
+}
+
+std::string HostUsageProblem(X509* cert) {
+  if (cert == nullptr) return "no certificate";
+  // (X509_get_extension_flags parses the extensions first.)
+  if ((X509_get_extension_flags(cert) & EXFLAG_XKUSAGE) == 0)
+    return "has no extended key usage (a peer host needs serverAuth and clientAuth)";
+  uint32_t xku = X509_get_extended_key_usage(cert);
+  std::string missing;
+  if ((xku & XKU_SSL_SERVER) == 0) missing = "serverAuth";
+  if ((xku & XKU_SSL_CLIENT) == 0) missing += std::string(missing.empty() ? "" : " and ") + "clientAuth";
+  if (missing.empty()) return "";
+  return "lacks extended key usage " + missing + " (a peer host both accepts and dials: it needs both)";
 }
 
 SslError TakeSslError() {

@@ -27,6 +27,12 @@ int SocketBioErrno(BIO* bio);
 // The subject CN of `cert` as UTF-8; empty if it has none (or cert is null).
 std::string CommonName(const X509* cert);
 
+// Why `cert` may not be a peer host's certificate by its extended key
+// usage, or "" if it may: a peer host both dials and accepts, so it needs
+// an extendedKeyUsage extension naming both serverAuth and clientAuth
+// (RFC 5280 would read a missing extension as "any use"; we do not).
+std::string HostUsageProblem(X509* cert);
+
 // The first error on this thread's OpenSSL error queue, then clears the
 // queue. `reason` is ERR_GET_REASON of an SSL-library error, else 0.
 struct SslError {

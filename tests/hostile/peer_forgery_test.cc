@@ -96,8 +96,9 @@ class PeerForgeryTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(certs_made_ != nullptr) << "mkdtemp failed";
     ASSERT_TRUE(certs_made_->ok()) << certs_made_->ToString();
-    Status st =
-        rogue_.Prepare(*certs_, {"1 192.0.2.1 hostA", "1 192.0.2.2 arogue", "2 192.0.2.1 hostA", "2 192.0.2.2 arogue"});
+    Status st = rogue_.Prepare(CertsDir(),
+                               {"1 192.0.2.1 hostA", "1 192.0.2.2 arogue", "2 192.0.2.1 hostA", "2 192.0.2.2 arogue"},
+                               Crl());
     ASSERT_TRUE(st.ok()) << st.ToString();
     daemon_ = std::make_unique<Daemon>(std::vector<std::string>{"client:1,192.0.2.1", "other:2,192.0.2.1"},
                                        std::vector<std::string>{"--config", rogue_.config_path()});
@@ -113,6 +114,10 @@ class PeerForgeryTest : public ::testing::Test {
     EXPECT_TRUE(daemon_->Alive()) << "vsocketd survived";
     EXPECT_TRUE(daemon_->StopsCleanly()) << "vsocketd exits with status 0 on SIGTERM";
   }
+
+  // The certificates and the daemon's tls_crl (none) of a case.
+  virtual std::string CertsDir() { return *certs_; }
+  virtual std::string Crl() { return ""; }
 
   long long Counter(const char* key) { return Daemon::Number(daemon_->Stats(), key); }
 
@@ -394,6 +399,47 @@ TEST_F(PeerForgeryTest, FramesForAnotherTenantsOrUnknownConnectionsAreDropped) {
   EXPECT_EQ(neighbour.rx[0], 0) << "another tenant's bytes landed in tenant 2's ring";
   EXPECT_EQ(State(neighbour), "accelerated accelerated");
   EXPECT_TRUE(Deliver(neighbour, 100, 0x22)) << "tenant 2's connection still carries its own bytes";
+}
+
+// Revocation (issue 17, finding 8): vsocketd re-reads tls_crl when the file
+// changes and cuts the link of a peer whose certificate it now lists; the
+// peer's next try is refused. The case has its own certificates: it revokes
+// the rogue's.
+class RevokedPeerTest : public PeerForgeryTest {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/vsocket-crl-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    Status st = RoguePeer::MakeCertificates(dir_);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    st = RoguePeer::MakeCrl(dir_);  // revokes nothing yet
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    PeerForgeryTest::SetUp();
+  }
+  void TearDown() override {
+    PeerForgeryTest::TearDown();
+    std::string cmd = "rm -rf '" + dir_ + "'";
+    (void)!std::system(cmd.c_str());
+  }
+  std::string CertsDir() override { return dir_; }
+  std::string Crl() override { return dir_ + "/ca.crl"; }
+  std::string dir_;
+};
+
+TEST_F(RevokedPeerTest, RevokingThePeersCertificateCutsItsLinkAndRefusesItsNextTry) {
+  Conn c = Paired(*guest_, 1, 40600);
+  Status st = RoguePeer::MakeCrl(dir_, {RoguePeer::kName});
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  // Looked at every 5 s.
+  EXPECT_TRUE(rogue_.LinkClosedWithin(std::chrono::milliseconds(15000))) << "the daemon cuts the link";
+  EXPECT_EQ(WaitState("client", c.port, "accelerated fabric-down"), "accelerated fabric-down");
+  EXPECT_EQ(Daemon::Number(daemon_->Stats(), "refused_revoked", "\"peering\""), 1);
+  Status again = rogue_.Connect(*daemon_);
+  EXPECT_FALSE(again.ok()) << "a revoked peer connects again";
+  EXPECT_TRUE(again.message().find("revoked") != std::string::npos ||
+              again.message().find("certificate") != std::string::npos)
+      << again.ToString();
 }
 
 }  // namespace

@@ -113,7 +113,14 @@ Status RoguePeer::MakeCertificates(const std::string& dir) {
   return peering::testing::RunMakeCerts({dir, kDaemonName, kName});
 }
 
-Status RoguePeer::Prepare(const std::string& certs, const std::vector<std::string>& locator_lines) {
+Status RoguePeer::MakeCrl(const std::string& dir, const std::vector<std::string>& hosts) {
+  std::vector<std::string> args{"--crl", dir};
+  args.insert(args.end(), hosts.begin(), hosts.end());
+  return peering::testing::RunMakeCerts(args);
+}
+
+Status RoguePeer::Prepare(const std::string& certs, const std::vector<std::string>& locator_lines,
+                          const std::string& crl) {
   if (dir_.empty()) return Status::FromErrno("mkdtemp");
   port_ = FreePort();
   if (port_ == 0) return Status::FromErrno("no free port on 127.0.0.1");
@@ -128,6 +135,7 @@ Status RoguePeer::Prepare(const std::string& certs, const std::vector<std::strin
                      "locator = " + dir_ + "/locator\n" +                         //
                      "fabric = tcp\n" +                                           //
                      "links_per_peer = 1\n" +                                     //
+                     (crl.empty() ? "" : "tls_crl = " + crl + "\n") +               //
                      "[peer " + kName + "]\n" +
                      // Never dialled: the rogue's name sorts first, so it is
                      // the one that connects.

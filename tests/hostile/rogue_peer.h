@@ -47,10 +47,15 @@ class RoguePeer {
   // Certificates for both hosts from one CA (deploy/make-certs.sh) into
   // `dir`; one set serves any number of sessions.
   static Status MakeCertificates(const std::string& dir);
+  // (Re)writes `dir`/ca.crl, the CA's revocation list, revoking the
+  // certificates of `hosts` (and those revoked before).
+  static Status MakeCrl(const std::string& dir, const std::vector<std::string>& hosts = {});
   // The locator (`locator_lines`: "TENANT ADDRESS HOST") and a vsocketd.conf
   // in which the rogue is the daemon's only peer, with the certificates in
   // `certs`; start the daemon with --config config_path().
-  Status Prepare(const std::string& certs, const std::vector<std::string>& locator_lines);
+  // `crl`: the daemon's tls_crl (none if empty).
+  Status Prepare(const std::string& certs, const std::vector<std::string>& locator_lines,
+                 const std::string& crl = "");
   const std::string& config_path() const { return config_path_; }
 
   // The TLS handshake, then the data link, until the daemon says

@@ -48,8 +48,9 @@ struct Files {
   std::string cert, key;
 };
 
-// A self-signed P-256 certificate (CN fuzz-host, CA:TRUE) and its key, in a
-// fresh directory: the server's own identity, its CA, and the client's.
+// A self-signed P-256 certificate (CN fuzz-host, CA:TRUE, both TLS key
+// usages) and its key, in a fresh directory: the server's own identity,
+// its CA, and the client's.
 Files MakeIdentity() {
   char dir[] = "/tmp/tls_channel_fuzz-XXXXXX";
   if (mkdtemp(dir) == nullptr) std::abort();
@@ -68,7 +69,8 @@ Files MakeIdentity() {
   X509V3_CTX v3;
   X509V3_set_ctx_nodb(&v3);
   X509V3_set_ctx(&v3, x, x, nullptr, nullptr, 0);
-  for (const char* ext : {"basicConstraints=critical,CA:TRUE", "subjectAltName=DNS:fuzz-host"}) {
+  for (const char* ext : {"basicConstraints=critical,CA:TRUE", "subjectAltName=DNS:fuzz-host",
+                          "extendedKeyUsage=serverAuth,clientAuth"}) {
     std::string kv = ext;
     size_t eq = kv.find('=');
     X509_EXTENSION* e = X509V3_EXT_conf(nullptr, &v3, kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str());
