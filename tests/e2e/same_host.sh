@@ -658,6 +658,18 @@ case_policy_accelerates_streams() {
   pass "$name (32 MiB each way byte-checked, held until it streamed: $out)"
 }
 
+# pass_if_streamed NAME REPORT DETAIL: passes NAME if the report has the
+# stream's connection accelerated on both ends (the held connections of a
+# case may add lines of their own), else fails it.
+pass_if_streamed() {
+  local modes
+  modes=$(python3 -c 'import json,sys; print(" ".join(sorted(json.loads(l)["mode"] for l in open(sys.argv[1]) if l.strip())))' "$2")
+  case " $modes " in
+    *" accelerated accelerated "*) pass "$1 ($3; modes at the end: $modes)" ;;
+    *) fail $1 "the stream was not accelerated on both ends (modes: $modes)" ;;
+  esac
+}
+
 # Full duplex: one thread streams 16 MiB out while another sleeps in recv()
 # (blocking) or poll() (a socket timeout: Python polls first) on the same
 # held connection, reading the echo. The connection may register only while
@@ -709,9 +721,7 @@ PY
     return
   fi
   wait "$srv" 2>/dev/null
-  local modes
-  modes=$(python3 -c 'import json,sys; print(" ".join(sorted(json.loads(l)["mode"] for l in open(sys.argv[1]) if l.strip())))' "$rep")
-  pass "$name ($out; modes at the end: $modes)"
+  pass_if_streamed "$name" "$rep" "$out"
 }
 
 # A connection held from birth (the process has a session: a first
@@ -795,12 +805,7 @@ PY
     return
   fi
   wait "$srv" 2>/dev/null
-  local modes
-  modes=$(python3 -c 'import json,sys; print(" ".join(sorted(json.loads(l)["mode"] for l in open(sys.argv[1]) if l.strip())))' "$rep")
-  case " $modes " in
-    *" accelerated accelerated "*) pass "$name ($out; modes at the end: $modes)" ;;
-    *) fail $name "the upload was not accelerated on both ends (modes: $modes)" ;;
-  esac
+  pass_if_streamed "$name" "$rep" "$out"
 }
 
 case_policy_holds_request_response
