@@ -208,7 +208,7 @@ void Peering::CheckCrl() {
   });
   for (auto& h : hosts_) {
     if (!h->tls) continue;
-    if (h->state == State::kHandshake || h->state == State::kConnecting) {
+    if (h->state == State::kHandshake) {
       HostDown(*h, "tls_crl changed during the handshake");
       continue;
     }
@@ -502,7 +502,6 @@ bool Peering::Poll() {
   if (hosts_.empty()) return false;
   epoll_event evs[64];
   int n = epoll_wait(epoll_.get(), evs, 64, 0);
-  if (crl_check_at_ms_ != 0 && MonotonicMs() >= crl_check_at_ms_) CheckCrl();
   bool any_out = false;
   for (auto& h : hosts_)
     if (h->state == State::kUp)
@@ -514,6 +513,8 @@ bool Peering::Poll() {
       if (evs[i].data.fd == timer_.get()) {
         uint64_t v;
         (void)!read(timer_.get(), &v, sizeof(v));
+        // (ArmTimer keeps the timer at or before the next look at tls_crl.)
+        if (crl_check_at_ms_ != 0 && MonotonicMs() >= crl_check_at_ms_) CheckCrl();
       }
     }
     for (size_t i = 0; i < incoming_.size();) {
