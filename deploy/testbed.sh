@@ -9,6 +9,7 @@
 #   deploy/testbed.sh exec VM CMD [ARG...]
 #   deploy/testbed.sh fw VM add input|output RULE...  |  fw VM flush  |  fw VM list
 #   deploy/testbed.sh addr VM | socket VM | daemon-pid | restart [TERM|KILL|INT]
+#   deploy/testbed.sh ctl VSOCKETCTL-ARGS...   (drain, undrain, connections, ...)
 #
 # Environment: VSOCKET_TESTBED_VMS, VSOCKET_TESTBED_DIR, VSOCKETD,
 # VSOCKETD_ARGS, VSOCKET_LOG_LEVEL, VSOCKET_TESTBED_PORT_ADDRS,
@@ -34,7 +35,8 @@ NFT_TABLE=vsocket_fw
 MARKER=.vsocket-testbed # in the state dir: "created by testbed.sh, safe to remove"
 CONF_NAME=testbed.conf  # in the state dir: the VM list the bed was built with
 START_TIMEOUT_S=10
-STOP_TIMEOUT_S=5
+# vsocketd's SIGTERM drains for up to drain_timeout_ms (10 s) before it exits.
+STOP_TIMEOUT_S=15
 LOCK_TIMEOUT_S=60
 
 usage() {
@@ -52,6 +54,8 @@ usage: deploy/testbed.sh COMMAND
   daemon-pid                  print the daemon's PID (fails if not running)
   restart [TERM|KILL|INT]     stop vsocketd with that signal (default TERM) and start it
                               again with the same arguments; VMs and their processes stay
+                              (TERM drains first: connections leave the rings cleanly)
+  ctl ARG...                  vsocketctl on the bed's daemon (e.g. ctl drain vm1 --wait 10)
 See docs/testbed.md.
 EOF
 }
@@ -665,6 +669,11 @@ main() {
       sock_of "$1"
       ;;
     daemon-pid) cmd_daemon_pid ;;
+    ctl)
+      local ctl
+      ctl=$(bin_path VSOCKETCTL bazel-bin/host-backend/vsocketctl "bazel build //host-backend:vsocketctl")
+      exec "$ctl" --socket "$CTL_SOCK" "$@"
+      ;;
     restart) [ "$#" -le 1 ] || die "usage: restart [TERM|KILL|INT]"; cmd_restart "$@" ;;
     -h | --help | help) usage ;;
     "") usage >&2; exit 2 ;;

@@ -142,6 +142,10 @@ Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& 
     auto n = ParseInt(value, 0, 1 << 20, where);
     if (!n.ok()) return n.status();
     (key == "orphan_mb_per_vm" ? c->orphan_mb_per_vm : c->orphan_mb_total) = *n;
+  } else if (key == "drain_timeout_ms") {
+    auto n = ParseInt(value, 0, 3600000, where);
+    if (!n.ok()) return n.status();
+    c->drain_timeout_ms = *n;
   } else if (key == "max_devices_per_vm" || key == "max_conns_per_vm") {
     auto n = ParseInt(value, 1, 1 << 24, where);
     if (!n.ok()) return n.status();
@@ -153,7 +157,7 @@ Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& 
             "' (daemon keys: ctl_socket, poll_us, poll_max_us, eal_mem_mb, cpus, log_level, metrics_addr, metrics_port, "
             "host_name, peer_listen, tls_cert, tls_key, tls_ca, tls_crl, locator, fabric, rdma_device, "
             "rdma_gid_index, links_per_peer, orphan_mb_per_vm, orphan_mb_total, max_devices_per_vm, "
-            "max_conns_per_vm)");
+            "max_conns_per_vm, drain_timeout_ms)");
   }
   return Status::Ok();
 }
@@ -333,7 +337,8 @@ Status ApplyEnv(char** env, DaemonConfig* config) {
                  {"VSOCKET_ORPHAN_MB_PER_VM", "orphan_mb_per_vm"},
                  {"VSOCKET_ORPHAN_MB_TOTAL", "orphan_mb_total"},
                  {"VSOCKET_MAX_DEVICES_PER_VM", "max_devices_per_vm"},
-                 {"VSOCKET_MAX_CONNS_PER_VM", "max_conns_per_vm"}};
+                 {"VSOCKET_MAX_CONNS_PER_VM", "max_conns_per_vm"},
+                 {"VSOCKET_DRAIN_TIMEOUT_MS", "drain_timeout_ms"}};
   for (char** e = env; e && *e; ++e) {
     std::string kv = *e;
     size_t eq = kv.find('=');

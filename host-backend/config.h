@@ -68,6 +68,11 @@ struct DaemonConfig {
   // registered connections not yet closed.
   int max_devices_per_vm = 256;
   int max_conns_per_vm = 65536;
+  // SIGTERM drains every VM first (docs/operator-guide.md, "Upgrading
+  // vsocketd"): how long to wait for the connections to leave the rings
+  // before exiting anyway (those left resync on kernel TCP, losing nothing).
+  // 0: exit at once.
+  int drain_timeout_ms = 10000;
 };
 
 // Parses the file's text. `name` is used in error messages ("FILE:LINE: ...").

@@ -1,6 +1,8 @@
 #include "host-backend/daemon.h"
 
+#include <sstream>
 #include <utility>
+#include <vector>
 
 #include "base/log.h"
 #include "vhost/backend/vhost_backend.h"
@@ -25,7 +27,7 @@ Status Daemon::Start() {
     VS_LOG(kError, "%s", st.ToString().c_str());
     return st;
   }
-  st = ctl_.Start(config_.ctl_socket, [this](const std::string& cmd) { return HandleCtlCommand(cmd, reporting_); });
+  st = ctl_.Start(config_.ctl_socket, [this](const std::string& cmd) { return CtlCommand(cmd); });
   if (!st.ok()) {
     VS_LOG(kError, "control socket: %s", st.ToString().c_str());
     return st;
@@ -59,6 +61,64 @@ void Daemon::Stop() {
   for (const vhost::PortConfig& p : config_.vms) (void)vhost::VhostBackend::Instance().RemovePort(p.path);
   metrics_.Stop();
   ctl_.Stop();
+}
+
+}  // namespace vsocket::backend
+
+namespace vsocket::backend {
+
+void Daemon::DrainAll() {
+  conns_.RequestDrain(ConnManager::kAllVms, true, proto::Reason::kOperator);
+  worker_.Wake();
+}
+
+size_t Daemon::OnRings(const std::string& vm) const {
+  size_t n = 0;
+  for (const ConnSnapshot& c : conns_.Snapshot())
+    if ((vm.empty() || c.vm == vm) && c.state == ConnState::kUpgraded && !c.moved) ++n;
+  return n;
+}
+
+std::string Daemon::CtlCommand(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<std::string> words;
+  bool json = false;
+  for (std::string w; in >> w;) {
+    if (w == "--json") json = true;
+    else words.push_back(w);
+  }
+  if (words.empty() || (words[0] != "drain" && words[0] != "undrain" && words[0] != "drained"))
+    return HandleCtlCommand(line, reporting_);
+  auto error = [&](const std::string& msg) {
+    return json ? "{\"error\":\"" + msg + "\"}\n" : "error: " + msg + "\n";
+  };
+  if (words.size() > 2) return error("usage: " + words[0] + " [VM]");
+  std::string vm = words.size() == 2 ? words[1] : "";
+  const vhost::PortConfig* port = nullptr;
+  for (const vhost::PortConfig& p : config_.vms)
+    if (p.vm_name == vm) port = &p;
+  if (!vm.empty() && port == nullptr) return error("no VM named '" + vm + "' (vsocketctl vms lists them)");
+  if (words[0] != "drained") {
+    bool drain = words[0] == "drain";
+    conns_.RequestDrain(port ? port->index : ConnManager::kAllVms, drain, proto::Reason::kOperator);
+    worker_.Wake();
+    VS_LOG(kInfo, "operator: %s %s", words[0].c_str(), vm.empty() ? "(all VMs)" : vm.c_str());
+  }
+  // The state the request leads to (a drain is applied at the worker's
+  // next pass: `drained` says how far it got).
+  size_t left = OnRings(vm);
+  bool draining = words[0] == "drain";
+  if (words[0] == "drained") {
+    draining = true;
+    for (const vhost::PortConfig& p : config_.vms)
+      if ((vm.empty() || p.vm_name == vm) && conns_.draining(p.index) == proto::Reason::kNone) draining = false;
+  }
+  std::string name = vm.empty() ? "all VMs" : vm;
+  if (json)
+    return "{\"vm\":\"" + (vm.empty() ? std::string("*") : vm) + "\",\"draining\":" + (draining ? "true" : "false") +
+           ",\"on_rings\":" + std::to_string(left) + "}\n";
+  return name + ": " + (draining ? "draining" : "not draining") + ", " + std::to_string(left) +
+         " accelerated connection(s) still on the rings\n";
 }
 
 }  // namespace vsocket::backend

@@ -31,8 +31,15 @@ class Daemon {
   // Stops the worker (nothing more reaches any guest), then removes the
   // ports and stops the metrics listener and the control socket.
   void Stop();
+  // Asks every VM's connections to leave the rings (SIGTERM, before Stop).
+  void DrainAll();
+  // Upgraded connections (of VM `vm`; empty: all) still on the rings.
+  size_t OnRings(const std::string& vm) const;
 
  private:
+  // vsocketctl drain|undrain|drained [VM]: answered here (they act on the
+  // worker); anything else is a report (stats.h).
+  std::string CtlCommand(const std::string& command);
   // Members are constructed in this order (each after the parts it uses)
   // and destroyed in reverse.
   const DaemonConfig config_;

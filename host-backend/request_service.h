@@ -29,7 +29,8 @@ class RequestService : public DeviceService {
   void OnDetach(vhost::BackendDevice& device) override { conns_.OnDetach(device); }
   uint32_t HandleRequest(vhost::BackendDevice& device, const vhost::DescChain& chain) override;
   bool Poll() override {
-    bool worked = conns_.MoveData();
+    bool worked = conns_.ApplyDrainRequests();
+    worked |= conns_.MoveData();
     worked |= peering_.Poll();
     return worked;
   }

@@ -10,6 +10,9 @@
 //     counters      daemon counters
 //     metrics       Prometheus text exposition
 //     stats         everything, JSON
+//     drain [VM] [--wait SEC]   move VM's (or every VM's) connections to kernel TCP
+//     undrain [VM]              let them accelerate again
+//     drained [VM]              how many are still on the rings
 // The socket defaults to $VSOCKET_CTL_SOCKET, else /run/vsocket/vsocketd.sock.
 #include <poll.h>
 #include <sys/socket.h>
@@ -35,6 +38,12 @@ constexpr char kUsage[] =
     "  counters      daemon counters\n"
     "  metrics       Prometheus text exposition\n"
     "  stats         everything, JSON\n"
+    "  drain [VM]    move VM's (or every VM's) accelerated connections to kernel\n"
+    "                TCP with clean fences; new ones stay there until undrain\n"
+    "                (--wait SEC: until none is left on the rings, exit 1 if\n"
+    "                some still are after SEC seconds)\n"
+    "  undrain [VM]  let them accelerate again\n"
+    "  drained [VM]  whether VM drains, and how many are still on the rings\n"
     "  -s, --socket PATH   vsocketd's control socket (default $VSOCKET_CTL_SOCKET,\n"
     "                      else /run/vsocket/vsocketd.sock; root or group vsocket)\n"
     "  -j, --json          JSON instead of a table\n"
@@ -47,56 +56,89 @@ int Usage() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  const char* env = std::getenv("VSOCKET_CTL_SOCKET");
-  std::string path = env ? env : "/run/vsocket/vsocketd.sock";
-  std::string command;
-  bool json = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if ((a == "--socket" || a == "-s") && i + 1 < argc) path = argv[++i];
-    else if (a == "--json" || a == "-j") json = true;
-    else if (a == "--help" || a == "-h") return std::fputs(kUsage, stdout) < 0 ? 1 : 0;
-    else if (!a.empty() && a[0] == '-') return Usage();
-    else if (command.empty()) command = a;
-    else return Usage();
-  }
-  if (command.empty()) return Usage();
+namespace {
+
+// Sends one command line; false (after saying why) if there is no answer.
+bool Ask(const std::string& path, const std::string& line, std::string* out) {
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path)) {
     std::fprintf(stderr, "vsocketctl: socket path too long\n");
-    return 1;
+    return false;
   }
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     std::fprintf(stderr, "vsocketctl: cannot reach vsocketd at %s: %s\n", path.c_str(), std::strerror(errno));
-    return 1;
+    close(fd);
+    return false;
   }
-  std::string line = command + (json ? " --json" : "") + "\n";
   if (write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
     std::fprintf(stderr, "vsocketctl: write: %s\n", std::strerror(errno));
-    return 1;
+    close(fd);
+    return false;
   }
-  std::string out;
+  out->clear();
   char buf[65536];
   for (;;) {
     pollfd p{fd, POLLIN, 0};
     if (poll(&p, 1, 5000) <= 0) {
       std::fprintf(stderr, "vsocketctl: no answer from vsocketd\n");
-      return 1;
+      close(fd);
+      return false;
     }
     ssize_t n = read(fd, buf, sizeof(buf));
     if (n < 0) {
       std::fprintf(stderr, "vsocketctl: read: %s\n", std::strerror(errno));
-      return 1;
+      close(fd);
+      return false;
     }
     if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
+    out->append(buf, static_cast<size_t>(n));
   }
   close(fd);
+  return true;
+}
+
+bool IsError(const std::string& out) { return out.rfind("error:", 0) == 0 || out.rfind("{\"error\"", 0) == 0; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* env = std::getenv("VSOCKET_CTL_SOCKET");
+  std::string path = env ? env : "/run/vsocket/vsocketd.sock";
+  std::string command;
+  bool json = false;
+  int wait_s = -1;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if ((a == "--socket" || a == "-s") && i + 1 < argc) path = argv[++i];
+    else if (a == "--json" || a == "-j") json = true;
+    else if (a == "--wait" && i + 1 < argc) wait_s = std::atoi(argv[++i]);
+    else if (a == "--help" || a == "-h") return std::fputs(kUsage, stdout) < 0 ? 1 : 0;
+    else if (!a.empty() && a[0] == '-') return Usage();
+    else if (command.empty()) command = a;
+    else if (command == "drain" || command == "undrain" || command == "drained") command += " " + a;  // the VM
+    else return Usage();
+  }
+  if (command.empty()) return Usage();
+  if (wait_s >= 0 && command.rfind("drain ", 0) != 0 && command != "drain") return Usage();
+  std::string out;
+  if (!Ask(path, command + (json ? " --json" : "") + "\n", &out)) return 1;
+  if (wait_s >= 0 && !IsError(out)) {
+    // Until none is left on the rings (the drain is applied by vsocketd's
+    // worker right after it answered).
+    std::string query = "drained" + command.substr(5) + (json ? " --json" : "") + "\n";
+    for (int i = 0; i <= wait_s * 10; ++i) {
+      if (!Ask(path, query, &out)) return 1;
+      if (IsError(out) || out.find(" 0 accelerated") != std::string::npos || out.find("\"on_rings\":0}") != std::string::npos)
+        break;
+      usleep(100000);
+    }
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    bool done = out.find(" 0 accelerated") != std::string::npos || out.find("\"on_rings\":0}") != std::string::npos;
+    return done ? 0 : 1;
+  }
   std::fwrite(out.data(), 1, out.size(), stdout);
-  bool error = out.rfind("error:", 0) == 0 || out.rfind("{\"error\"", 0) == 0;
-  return error ? 1 : 0;
+  return IsError(out) ? 1 : 0;
 }

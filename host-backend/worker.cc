@@ -49,6 +49,11 @@ void Worker::Stop() {
   thread_.join();
 }
 
+void Worker::Wake() {
+  uint64_t one = 1;
+  if (wake_) (void)!write(wake_.get(), &one, sizeof(one));
+}
+
 uint64_t Worker::Post(Op op) {
   uint64_t seq;
   {

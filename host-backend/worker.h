@@ -69,6 +69,9 @@ class Worker : public vhost::DeviceListener {
   // Also wake up when `fd` is readable (e.g. the peering epoll); call before
   // Start(). The service's Poll() does the work.
   void AddWakeFd(int fd) { extra_fds_.push_back(fd); }
+  // Any thread: the worker makes a pass soon (it may be asleep), in which
+  // the service's Poll() sees what the caller asked for.
+  void Wake();
 
   void Attach(std::shared_ptr<vhost::BackendDevice> device) override;
   void Detach(vhost::BackendDevice* device) override;

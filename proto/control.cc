@@ -223,7 +223,7 @@ Status Get(WireReader& r, Shutdown* b, std::span<const uint8_t>) {
   uint64_t pad = 0;
   for (int i = 0; i < 7; ++i) pad |= r.U8();
   VS_RETURN_IF_ERROR(CheckReserved(pad));
-  if (how < 1 || how > 3) return Bad("shutdown direction " + std::to_string(how));
+  if (how < 1 || how > 4) return Bad("shutdown direction " + std::to_string(how));
   b->how = static_cast<ShutdownHow>(how);
   return Status::Ok();
 }
@@ -234,7 +234,7 @@ Status Get(WireReader& r, Downgrade* b, std::span<const uint8_t>) {
   uint64_t pad = r.U8() | uint64_t{r.U32()};
   b->bytes_received = r.U64();
   VS_RETURN_IF_ERROR(CheckReserved(pad));
-  if (b->flags & ~kDowngradeFenceAcked) return Bad("unknown DOWNGRADE flags");
+  if (b->flags & ~(kDowngradeFenceAcked | kDowngradeDrain)) return Bad("unknown DOWNGRADE flags");
   return CheckReason(reason, &b->reason);
 }
 Status Get(WireReader& r, Error* b, std::span<const uint8_t>) {

@@ -107,7 +107,12 @@ const char* ToString(Reason reason);
 
 enum class Role : uint8_t { kClient = 1, kServer = 2 };
 enum class Family : uint8_t { kIpv4 = 4, kIpv6 = 6 };
-enum class ShutdownHow : uint8_t { kRead = 1, kWrite = 2, kBoth = 3 };
+// kRingEnd (kFeatureCleanDowngrade): not a shutdown of the connection but of
+// its ring: "my accelerated stream ends here; the rest follows on kernel
+// TCP". Guest -> backend when a drain moves the connection off the rings;
+// backend -> the peer's guest once every ring byte before it was delivered
+// (docs/connection-lifecycle.md §9).
+enum class ShutdownHow : uint8_t { kRead = 1, kWrite = 2, kBoth = 3, kRingEnd = 4 };
 
 // An endpoint address. IPv4 occupies the first 4 bytes of `addr`; the rest
 // must be zero (so equal endpoints have equal bytes).
@@ -142,7 +147,15 @@ inline constexpr uint64_t kFeatureRingHold = 1ull << 1;
 // finish on kernel TCP without losing a byte if the backend itself goes
 // away (docs/connection-lifecycle.md §8).
 inline constexpr uint64_t kFeatureFenceDelivered = 1ull << 2;
-inline constexpr uint64_t kKnownFeatures = kFeatureDoorbell | kFeatureRingHold | kFeatureFenceDelivered;
+// kFeatureCleanDowngrade: the library leaves the rings when asked
+// (DOWNGRADE with kDowngradeDrain: an operator's drain, a guest being
+// moved) with clean fences: SHUTDOWN(kRingEnd), then, once the peer
+// consumed every ring byte, a RESYNC header with nothing to resend on the
+// kernel socket (docs/connection-lifecycle.md §9). Without it, vsocketd
+// leaves the session's connections where they are until it exits.
+inline constexpr uint64_t kFeatureCleanDowngrade = 1ull << 3;
+inline constexpr uint64_t kKnownFeatures =
+    kFeatureDoorbell | kFeatureRingHold | kFeatureFenceDelivered | kFeatureCleanDowngrade;
 struct DoorbellBlock {
   uint64_t tx_tail;        // guest writes: bytes produced into the TX ring (total)
   uint64_t consumed;       // guest writes: bytes consumed from the RX ring (total)
@@ -221,6 +234,11 @@ struct Shutdown {
 // own DOWNGRADE) this side's FENCE, so it expects a RESYNC header after the
 // fenced kernel bytes (docs/fabric-design.md "Link loss and RESYNC").
 inline constexpr uint8_t kDowngradeFenceAcked = 1;
+// Drain (kFeatureCleanDowngrade only): not a loss but a request. The
+// connection stays accelerated until its library has moved it to kernel
+// TCP with clean fences (SHUTDOWN kRingEnd); `reason` says why (operator,
+// migration); bytes_received is not used.
+inline constexpr uint8_t kDowngradeDrain = 2;
 
 // The RESYNC header a library writes on the kernel socket after a link
 // loss, right after the bytes it sent there before its FENCE: "the
@@ -235,7 +253,7 @@ struct Downgrade {
   uint64_t conn_id = 0;
   Reason reason = Reason::kNone;
   uint64_t bytes_received = 0;  // accelerated bytes landed in the RX ring (RESYNC)
-  uint8_t flags = 0;            // kDowngradeFenceAcked
+  uint8_t flags = 0;            // kDowngradeFenceAcked, kDowngradeDrain
   bool operator==(const Downgrade&) const = default;
 };
 

@@ -131,10 +131,14 @@ TEST(ControlTest, EnumsOutOfRangeAreRejected) {
   EXPECT_FALSE(Decode(b).ok());
   b = MustEncode({MsgType::kDowngrade, 0, Downgrade{1, Reason::kFabricDown, 5, kDowngradeFenceAcked}});
   ASSERT_TRUE(Decode(b).ok());
-  b[kHeaderSize + 10] = 2;  // an unknown flag
+  b[kHeaderSize + 10] = kDowngradeDrain;
+  ASSERT_TRUE(Decode(b).ok());
+  b[kHeaderSize + 10] = 4;  // an unknown flag
   EXPECT_FALSE(Decode(b).ok());
   b = MustEncode({MsgType::kShutdown, 0, Shutdown{1, ShutdownHow::kBoth}});
-  b[kHeaderSize + 8] = 4;
+  b[kHeaderSize + 8] = static_cast<uint8_t>(ShutdownHow::kRingEnd);
+  ASSERT_TRUE(Decode(b).ok());
+  b[kHeaderSize + 8] = 5;
   EXPECT_FALSE(Decode(b).ok());
 }
 

@@ -106,6 +106,9 @@ Result<FrameHeader> DecodeFrameHeader(std::span<const uint8_t, kFrameHeaderSize>
   if (per_conn && (h.handle == 0 || h.tenant == 0)) return Bad("connection frame without handle or tenant");
   if (h.type == FrameType::kPairRequest && (h.tenant == 0 || h.value == 0))
     return Bad("PAIR_REQUEST without tenant or handle");
+  if (h.type == FrameType::kShutWr && h.aux != 0 &&
+      ((h.aux & 0xff) != kShutRingEnd || (h.aux >> 8) == 0 || (h.aux >> 8) > kMaxReason))
+    return Bad("unknown SHUT_WR flags");
   if (h.type == FrameType::kDowngrade || h.type == FrameType::kPairReject) {
     if (h.aux > kMaxReason) return Bad("unknown reason code");
   }

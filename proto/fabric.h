@@ -44,7 +44,8 @@ enum class FrameType : uint8_t {
   kData = 20,         // value = receiver RX stream offset; len payload bytes follow
   kCredit = 21,       // value = receiver has consumed this many bytes (total)
   kFence = 22,        // value = sender's kernel-path byte count
-  kShutWr = 23,       // sender sends no more; value = total bytes sent
+  kShutWr = 23,       // sender sends no more; value = total bytes sent; aux = 0 or ShutRingEndAux
+
   kGone = 24,         // sender's guest closed: it reads no more (EPIPE on the peer's writes)
   kAbort = 25,        // abortive close (RST semantics)
   kRelease = 26,      // the sender forgot the connection; the handle is dead
@@ -58,6 +59,13 @@ enum class FrameType : uint8_t {
   // DATA it placed with an older rkey precedes this frame on the link.
   kPlacementAck = 31,
 };
+// SHUT_WR's aux: kShutRingEnd | reason << 8: the sender's accelerated
+// stream ends here but the connection goes on on kernel TCP (a drain:
+// ShutdownHow::kRingEnd), for that reason (operator, migration, ...).
+inline constexpr uint32_t kShutRingEnd = 1;
+inline constexpr uint32_t ShutRingEndAux(Reason why) { return kShutRingEnd | static_cast<uint32_t>(why) << 8; }
+inline Reason ShutRingEndReason(uint32_t aux) { return static_cast<Reason>(aux >> 8); }
+
 const char* ToString(FrameType t);
 bool IsKnownFrameType(uint8_t t);
 

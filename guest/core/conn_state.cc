@@ -45,6 +45,10 @@ constexpr Transition kTransitions[] = {
     {Phase::kUpgraded, ConnEvent::kForked, Phase::kReset},
     {Phase::kUpgraded, ConnEvent::kLinger, Phase::kLingering},
     {Phase::kUpgraded, ConnEvent::kClose, Phase::kClosed},
+    // A drain: still upgraded until our ring stream ended and the peer
+    // consumed it, then kernel TCP with a clean fence (nothing to resend).
+    {Phase::kUpgraded, ConnEvent::kDrain, Phase::kUpgraded},
+    {Phase::kUpgraded, ConnEvent::kDrained, Phase::kResyncing},
     // Closed by the application, our bytes not yet consumed (close.cc).
     {Phase::kLingering, ConnEvent::kLinkLost, Phase::kResyncing},
     {Phase::kLingering, ConnEvent::kPeerWithdrew, Phase::kReset},
@@ -98,6 +102,8 @@ const char* ToString(ConnEvent e) {
     case ConnEvent::kResynced: return "resynced";
     case ConnEvent::kLinger: return "linger";
     case ConnEvent::kClose: return "close";
+    case ConnEvent::kDrain: return "drain";
+    case ConnEvent::kDrained: return "drained";
   }
   return "?";
 }
@@ -142,6 +148,7 @@ bool ConnState::Apply(ConnEvent e, std::optional<Reason> why) {
   switch (e) {
     case ConnEvent::kUpgrade: upgraded_.store(true, std::memory_order_release); break;
     case ConnEvent::kLinger: lingered_.store(true, std::memory_order_release); break;
+    case ConnEvent::kDrain: drain_.store(true, std::memory_order_release); break;
     case ConnEvent::kResynced:
       // A fresh registration: the history of the old one is gone (the
       // kernel byte counts go on, in Conn).
@@ -150,11 +157,13 @@ bool ConnState::Apply(ConnEvent e, std::optional<Reason> why) {
       tx_ring_.store(false, std::memory_order_relaxed);
       rx_ring_.store(false, std::memory_order_relaxed);
       rx_resync_.store(RxResync::kRing, std::memory_order_relaxed);
+      drain_.store(false, std::memory_order_relaxed);
       reason_.store(Reason::kPending, std::memory_order_relaxed);
       break;
     default: break;
   }
-  // Downgrades (the accelerated path lost: link or backend) and the time
+  // Downgrades (the accelerated path lost: link or backend; or left: a
+  // drain) and the time
   // spent on kernel TCP after them until the next upgrade, for the report.
   if (*to == Phase::kResyncing && from != Phase::kResyncing) {
     downgrades_.fetch_add(1, std::memory_order_relaxed);
@@ -233,7 +242,7 @@ bool ConnState::SwitchRx() {
 
 bool ConnState::AdvanceRxResync(RxResync to) {
   RxResync from = rx_resync_.load(std::memory_order_relaxed);
-  bool ok = resynced() && ((from == RxResync::kRing && (to == RxResync::kHeader || to == RxResync::kKernel)) ||
+  bool ok = (resynced() || draining()) && ((from == RxResync::kRing && (to == RxResync::kHeader || to == RxResync::kKernel)) ||
                            (from == RxResync::kHeader && (to == RxResync::kSkip || to == RxResync::kKernel)) ||
                            (from == RxResync::kSkip && to == RxResync::kKernel));
   if (!ok) {

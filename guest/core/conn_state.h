@@ -54,8 +54,10 @@ enum class ConnEvent : uint8_t {
   kResynced,       // both directions finished the RESYNC: register again to re-upgrade
   kLinger,         // close() while the peer has not consumed our accelerated bytes
   kClose,          // UNREGISTER: the end of the registration
+  kDrain,          // asked to leave the rings with clean fences (a drain, or the peer's ring end)
+  kDrained,        // our ring stream ended and the peer consumed all of it: TX on kernel TCP
 };
-inline constexpr int kEventCount = 11;
+inline constexpr int kEventCount = 13;
 const char* ToString(ConnEvent e);
 
 // RX after a link loss: the bytes already in the ring, then the peer's
@@ -114,6 +116,11 @@ class ConnState {
     return kernel_ns_.load(std::memory_order_relaxed) + (since != 0 ? now_ns - since : 0);
   }
 
+  // Asked to leave the rings (kDrain; cleared by kResynced): each direction
+  // ends its ring stream and goes on on kernel TCP (connection-lifecycle.md
+  // §9). The RX steps (AdvanceRxResync) may start before the phase changes.
+  bool draining() const { return drain_.load(std::memory_order_acquire); }
+
   // Directions. Each switches once per registration and only after the
   // upgrade (false: refused).
   bool tx_on_ring() const { return tx_ring_.load(std::memory_order_acquire); }
@@ -122,7 +129,7 @@ class ConnState {
   bool SwitchRx();  // under rx_mu: the peer's fence is reached, reads come from RX
 
   RxResync rx_resync() const { return rx_resync_.load(std::memory_order_acquire); }
-  // Under rx_mu, only while resynced(): kRing -> kHeader | kKernel,
+  // Under rx_mu, only while resynced() or draining(): kRing -> kHeader | kKernel,
   // kHeader -> kSkip | kKernel, kSkip -> kKernel. False: refused.
   bool AdvanceRxResync(RxResync to);
 
@@ -138,6 +145,7 @@ class ConnState {
   std::atomic<bool> upgraded_{false};
   std::atomic<bool> resynced_{false};
   std::atomic<bool> lingered_{false};
+  std::atomic<bool> drain_{false};
   std::atomic<uint32_t> downgrades_{0};
   std::atomic<proto::Reason> last_downgrade_{proto::Reason::kNone};
   std::atomic<int64_t> kernel_since_ns_{0};

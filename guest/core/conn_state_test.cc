@@ -27,7 +27,8 @@ using proto::Reason;
 const P kPhases[] = {P::kUnprobed,  P::kKernel,    P::kPending, P::kUpgraded,
                      P::kResyncing, P::kLingering, P::kReset,   P::kClosed};
 const E kEvents[] = {E::kRegistered,  E::kKernelForGood, E::kUpgrade,  E::kPeerWithdrew, E::kLinkLost, E::kFail,
-                     E::kBackendLost, E::kForked,        E::kResynced, E::kLinger,       E::kClose};
+                     E::kBackendLost, E::kForked,        E::kResynced, E::kLinger,       E::kClose,    E::kDrain,
+                     E::kDrained};
 static_assert(std::size(kPhases) == kPhaseCount && std::size(kEvents) == kEventCount);
 
 // What each phase allows, written down from docs/connection-lifecycle.md's
@@ -51,6 +52,8 @@ const std::map<std::pair<P, E>, P>& Expected() {
       {{P::kUpgraded, E::kForked}, P::kReset},
       {{P::kUpgraded, E::kLinger}, P::kLingering},
       {{P::kUpgraded, E::kClose}, P::kClosed},
+      {{P::kUpgraded, E::kDrain}, P::kUpgraded},
+      {{P::kUpgraded, E::kDrained}, P::kResyncing},
       {{P::kLingering, E::kLinkLost}, P::kResyncing},
       {{P::kLingering, E::kPeerWithdrew}, P::kReset},
       {{P::kLingering, E::kFail}, P::kReset},

@@ -6,8 +6,19 @@
 
 namespace vsocket::guest {
 
+// Whether reads come from the kernel socket again while the connection is
+// still upgraded: the peer left the rings (a drain) and its ring stream is
+// read (or it never wrote one).
+bool RxLeftRing(const Conn& c) {
+  if (c.state.rx_resync() != RxResync::kRing) return true;
+  if (!c.peer_ring_end.load(std::memory_order_acquire)) return false;
+  return !c.peer_fence_known.load() || c.rx_head.load() == c.resync_landed.load();
+}
+
 bool KernelFeedsReads(const Conn& c) {
-  if (!c.state.accelerated() || c.state.rx_on_ring()) return false;
+  if (!c.state.accelerated()) return false;
+  if (c.state.draining() && !c.state.resynced() && RxLeftRing(c)) return true;
+  if (c.state.rx_on_ring()) return false;
   return !(c.peer_fence_known.load() && c.kernel_received.load() == c.peer_fence.load());
 }
 
@@ -29,7 +40,12 @@ int Readiness(int fd, Conn& c) {
   int r = 0;
   bool ring_rx = c.state.rx_on_ring() || (c.peer_fence_known.load() && c.kernel_received.load() == c.peer_fence.load());
   bool shut = c.peer_shut_wr.load(std::memory_order_acquire);
-  if (ring_rx) {
+  if (c.state.draining() && RxLeftRing(c)) {
+    // The peer left the rings: the kernel socket has the rest (its RESYNC
+    // header first), or its EOF.
+    pollfd p{fd, POLLIN | POLLRDHUP, 0};
+    if (Libc().poll(&p, 1, 0) > 0) r |= p.revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR);
+  } else if (ring_rx) {
     if (c.rx_tail.load(std::memory_order_acquire) != c.rx_head.load() || shut || c.shut_rd.load()) r |= POLLIN;
   } else {
     // Still reading the kernel stream up to the fence.
@@ -38,7 +54,13 @@ int Readiness(int fd, Conn& c) {
   }
   if (shut) r |= POLLRDHUP;
   uint64_t used = c.tx_tail.load() - c.credit.load();
-  if (!c.state.tx_on_ring() || used < c.ring_size || c.peer_gone.load()) r |= POLLOUT;
+  if (c.tx_ring_ended.load(std::memory_order_acquire)) {
+    // Our ring stream ended (a drain): writable once the peer consumed it
+    // (the next send moves to kernel TCP).
+    if (c.credit.load() >= c.tx_ring_end.load()) r |= POLLOUT;
+  } else if (!c.state.tx_on_ring() || used < c.ring_size || c.peer_gone.load()) {
+    r |= POLLOUT;
+  }
   if (shut && c.shut_wr.load()) r |= POLLHUP;
   return r;
 }

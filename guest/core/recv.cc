@@ -79,11 +79,12 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   int64_t deadline = -2;  // SO_RCVTIMEO, looked up when we first have to block
   for (;;) {
     if (c.state.reset()) return got ? Result<size_t>(got) : Errno(ECONNRESET, "connection reset");
-    if (c.state.resynced()) {
-      // The link is gone: the fenced kernel bytes and the ring come first
-      // (kRing, below), then the peer's RESYNC header, then kernel TCP.
+    if (c.state.resynced() || c.state.rx_resync() != RxResync::kRing) {
+      // The link is gone (or the peer left the rings: a drain): the fenced
+      // kernel bytes and the ring come first (kRing, below), then the peer's
+      // RESYNC header, then kernel TCP.
       RxResync ph = c.state.rx_resync();
-      if (ph == RxResync::kRing && !c.peer_fence_known.load(std::memory_order_acquire)) {
+      if (ph == RxResync::kRing && !c.peer_fence_known.load(std::memory_order_acquire) && c.RingFinal()) {
         // The peer never switched (or will reset): all its bytes are on the
         // kernel stream, no header comes.
         c.state.AdvanceRxResync(RxResync::kKernel);
@@ -123,6 +124,11 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
         if (c.state.mode() != before || c.peer_fence_known.load(std::memory_order_acquire) || c.state.resynced() ||
             c.state.reset())
           continue;
+        if (c.peer_ring_end.load(std::memory_order_acquire) && c.state.AdvanceRxResync(RxResync::kKernel)) {
+          // The peer left the rings without ever writing into them (a
+          // drain): its whole stream is on the kernel socket, no header.
+          continue;
+        }
       }
       uint64_t limit = want - got;
       if (upgraded && fence_known) {
@@ -245,7 +251,15 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       continue;
     }
     if (shut) return got;  // EOF: every byte before it was delivered
-    if (c.state.resynced()) {
+    if (c.peer_ring_end.load(std::memory_order_acquire) && c.state.draining() && !c.state.resynced() &&
+        tail == c.resync_landed.load(std::memory_order_relaxed)) {
+      // The peer left the rings (a drain) and we read all it wrote into
+      // them: its RESYNC header (nothing to resend) and kernel TCP follow,
+      // whether or not our own TX has left the ring yet.
+      c.state.AdvanceRxResync(RxResync::kHeader);
+      continue;
+    }
+    if (c.state.resynced() && c.RingFinal()) {
       // Every byte that landed before the link loss is delivered: the rest
       // follows the peer's RESYNC header on the kernel stream.
       c.state.AdvanceRxResync(RxResync::kHeader);
@@ -260,7 +274,8 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
         c,
         [&] {
           return c.rx_tail.load(std::memory_order_acquire) != tail || c.peer_shut_wr.load() || c.state.reset() ||
-                 c.shut_rd.load() || c.state.resynced();
+                 c.shut_rd.load() || (c.state.resynced() && c.RingFinal()) ||
+                 c.peer_ring_end.load(std::memory_order_acquire);
         },
         -1, 0, deadline, true);
     if (!st.ok()) return got ? Result<size_t>(got) : Result<size_t>(st);

@@ -67,8 +67,9 @@ bool PrepareResendLocked(Conn& c, int fd) {
   CopyIovRing<false>(c.tx, c.ring_size, from, &v, 1, 0, tail - from);
   c.resend_off = 0;
   c.resent_bytes.fetch_add(tail - from, std::memory_order_relaxed);
-  VS_LOG(kInfo, "conn %lu: fabric link lost: back on kernel TCP, resending %lu bytes from %lu",
-         static_cast<unsigned long>(c.id), static_cast<unsigned long>(tail - from), static_cast<unsigned long>(from));
+  VS_LOG(kInfo, "conn %lu: %s: back on kernel TCP, resending %lu bytes from %lu", static_cast<unsigned long>(c.id),
+         c.state.draining() && !c.drain_broken.load() ? "drained" : "accelerated path lost",
+         static_cast<unsigned long>(tail - from), static_cast<unsigned long>(from));
   return true;
 }
 
@@ -137,6 +138,14 @@ Status ConsumeResyncLocked(int fd, Conn& c) {
     ssize_t n = Libc().recv(fd, dst, want, MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Errno(EAGAIN, "resync pending");
+    if (n == 0 && ph == RxResync::kHeader && c.rx_hdr_got == 0 && c.peer_ring_end.load(std::memory_order_acquire)) {
+      // The peer closed right after it left the rings (a drain): its FIN
+      // where its header would be, after every byte of its ring stream
+      // (all delivered: the ring end came after them). Nothing is missing:
+      // the EOF is the application's.
+      c.state.AdvanceRxResync(RxResync::kKernel);
+      return Status::Ok();
+    }
     if (n <= 0) {
       // The peer could not resend (it had shut down, or reset): bytes are
       // missing, so this is an error, never a short stream.
@@ -169,17 +178,26 @@ Status ConsumeResyncLocked(int fd, Conn& c) {
 // pairs it when the peer registers again too; until then it is an ordinary
 // pending connection on kernel TCP). Never blocks: if another thread is
 // inside a send or receive, a later call does it.
+// RX is done with the old registration: on kernel TCP, or (a drain) the peer
+// left the rings without ever writing into them (no header comes: a
+// sender that never reads need not read to find that out).
+bool RxDone(const Conn& c) {
+  if (c.state.rx_resync() == RxResync::kKernel) return true;
+  return c.state.rx_resync() == RxResync::kRing && c.peer_ring_end.load(std::memory_order_acquire) &&
+         !c.peer_fence_known.load(std::memory_order_acquire);
+}
+
 void MaybeReregister(int fd, Conn& c) {
-  if (c.state.phase() != Phase::kResyncing || c.state.rx_resync() != RxResync::kKernel || c.resync_fd.load() >= 0 ||
-      c.shut_wr.load() || c.shut_rd.load() || c.peer_shut_wr.load() || c.peer_gone.load())
+  if (c.state.phase() != Phase::kResyncing || !RxDone(c) || c.resync_fd.load() >= 0 || c.shut_wr.load() ||
+      c.shut_rd.load() || c.peer_shut_wr.load() || c.peer_gone.load())
     return;
   std::unique_lock<std::mutex> setup(c.setup_mu, std::try_to_lock);
   if (!setup.owns_lock()) return;
   std::unique_lock<std::mutex> tx(c.tx_mu, std::try_to_lock);
   if (!tx.owns_lock()) return;
   std::unique_lock<std::mutex> rx(c.rx_mu, std::try_to_lock);
-  if (!rx.owns_lock() || c.state.phase() != Phase::kResyncing || !c.tx_resync_started || !c.resend.empty() ||
-      c.session == nullptr)
+  if (!rx.owns_lock() || c.state.phase() != Phase::kResyncing || !RxDone(c) || !c.tx_resync_started ||
+      !c.resend.empty() || c.session == nullptr)
     return;
   Session* s = c.session;
   // A backend that went away forgot the registration with everything else.
@@ -206,9 +224,46 @@ void MaybeReregister(int fd, Conn& c) {
   c.shut_after_resend = false;
   c.rx_hdr_got = 0;
   c.rx_skip = 0;
+  c.tx_ring_ended.store(false);
+  c.tx_ring_end.store(0);
+  c.peer_ring_end.store(false);
+  c.drain_broken.store(false);
   c.state.Apply(ConnEvent::kResynced);
   c.reupgrades.fetch_add(1, std::memory_order_relaxed);
   VS_LOG(kInfo, "conn %lu: resynced on kernel TCP; registering again to re-upgrade", static_cast<unsigned long>(c.id));
+}
+
+// Under tx_mu, while a drain is under way (connection-lifecycle.md §9):
+// ends our ring stream once (SHUTDOWN ring end at the TX tail; nothing more
+// goes into the ring) and, once the peer consumed all of it, moves TX to
+// kernel TCP: the phase goes resyncing with nothing to resend, and the
+// RESYNC header (from = our ring end) goes first on the kernel socket. The
+// peer reads its ring to our end, then that header: had vsocketd died
+// meanwhile, the same header would carry a resend, so the receiver never
+// has to guess which one comes. True once TX is on kernel TCP.
+bool DrainTxLocked(Conn& c) {
+  if (c.state.resynced()) return true;
+  if (!c.state.draining() || c.state.phase() != Phase::kUpgraded || c.shut_wr.load()) return false;
+  if (!c.tx_ring_ended.load(std::memory_order_relaxed)) {
+    Session* s = c.session;
+    if (s == nullptr || !s->alive()) return false;  // BackendLost moves it on
+    if (!s->Post({MsgType::kShutdown, 0, proto::Shutdown{c.id, proto::ShutdownHow::kRingEnd}}).ok()) return false;
+    c.tx_ring_end.store(c.tx_tail.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    c.tx_ring_ended.store(true, std::memory_order_release);
+  }
+  uint64_t end = c.tx_ring_end.load(std::memory_order_relaxed);
+  if (c.credit.load(std::memory_order_acquire) < end) return false;
+  bool switched = c.state.tx_on_ring();
+  // A header is safe only where the peer knows our fence: it consumed a
+  // byte of our ring, or the backend said it has the FENCE.
+  if (switched && end == 0 && !c.fence_delivered.load(std::memory_order_acquire)) return false;
+  c.resync_fence_acked.store(switched, std::memory_order_relaxed);
+  if (!c.state.Apply(ConnEvent::kDrained, c.drain_reason.load(std::memory_order_relaxed))) return false;
+  c.gen.fetch_add(1, std::memory_order_acq_rel);
+  if (c.session != nullptr) c.session->WakeWaiters();
+  VS_LOG(kDebug, "conn %lu: drained: TX on kernel TCP after %lu ring bytes", static_cast<unsigned long>(c.id),
+         static_cast<unsigned long>(end));
+  return true;
 }
 
 void StartResync(const std::shared_ptr<Conn>& c) {

@@ -28,11 +28,15 @@ Result<size_t> SendResynced(int fd, Conn& c, const iovec* iov, int iovcnt, int f
 // Under rx_mu: consumes the peer's RESYNC header and the bytes it resends
 // that already landed in our ring.
 Status ConsumeResyncLocked(int fd, Conn& c);
+// Under tx_mu, during a drain: ends our ring stream, and moves TX to kernel
+// TCP once the peer consumed it. True once it is there (resynced()).
+bool DrainTxLocked(Conn& c);
 // A connection that finished its RESYNC both ways registers again.
 void MaybeReregister(int fd, Conn& c);
 // The backend downgraded upgraded connection c because the fabric link was
-// lost (c.resync is set): hand its resend to the background writer, so the
-// bytes reach the peer even if the application never writes again.
+// lost (c.resync is set), or asked it to drain: hand its resend (or its
+// drain) to the background writer, so the bytes reach the peer even if the
+// application never writes again.
 // Called by event dispatch (under the session lock).
 void StartResync(const std::shared_ptr<Conn>& c);
 

@@ -29,7 +29,9 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   if (c.state.resynced()) return SendResynced(fd, c, iov, iovcnt, flags);
   // A sender that never reads must still hear its UPGRADE.
   if (c.state.phase() == Phase::kPending && c.session) c.session->TryDrain();
-  if (c.state.accelerated() && !c.state.tx_on_ring()) {
+  // A drain: our ring stream ends; kernel TCP once the peer consumed it.
+  if (c.state.draining() && DrainTxLocked(c)) return SendResynced(fd, c, iov, iovcnt, flags);
+  if (c.state.accelerated() && !c.state.tx_on_ring() && !c.tx_ring_ended.load(std::memory_order_relaxed)) {
     // Switch-over: from here on this direction uses the ring; the peer reads
     // exactly kernel_sent bytes from its kernel socket first.
     Status st = c.session->Post({MsgType::kFence, 0, proto::ConnCounter{c.id, c.kernel_sent.load()}});
@@ -73,13 +75,20 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       }
       return BrokenPipe(flags, "peer closed");
     }
+    uint32_t gen = c.gen.load(std::memory_order_acquire);
+    if (c.state.draining()) {
+      if (DrainTxLocked(c)) return sent ? Result<size_t>(sent) : SendResynced(fd, c, iov, iovcnt, flags);
+      if (c.state.reset()) continue;
+    }
     uint64_t tail = c.tx_tail.load(std::memory_order_relaxed);
     uint64_t credit = c.credit.load(std::memory_order_acquire);
     if (credit > tail) {
       c.state.Apply(ConnEvent::kFail, Reason::kProtocolError);
       return Errno(EPROTO, "credit beyond what was sent");
     }
-    uint64_t space = size - (tail - credit);
+    // (Our ring stream ended: wait for the peer to consume it, as for room.)
+    bool ended = c.tx_ring_ended.load(std::memory_order_relaxed);
+    uint64_t space = ended ? 0 : size - (tail - credit);
     if (space == 0) {
       if (c.session->TryDrain()) continue;  // a credit may be waiting
       if (nonblock) return sent ? Result<size_t>(sent) : Errno(EAGAIN, "ring full");
@@ -88,7 +97,7 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
           c,
           [&] {
             return c.credit.load(std::memory_order_acquire) != credit || c.state.reset() || c.peer_gone.load() ||
-                   c.shut_wr.load() || c.state.resynced();
+                   c.shut_wr.load() || c.state.resynced() || (ended && c.gen.load(std::memory_order_acquire) != gen);
           },
           -1, 0, deadline);
       if (!st.ok() && sent > 0) return sent;

@@ -191,7 +191,8 @@ Status Session::Negotiate() {
   proto::Hello hello;
   hello.pid = static_cast<uint32_t>(getpid());
   hello.features = (Config().doorbell ? proto::kFeatureDoorbell : 0) |
-                   (Config().ring_hold ? proto::kFeatureRingHold : 0) | proto::kFeatureFenceDelivered;
+                   (Config().ring_hold ? proto::kFeatureRingHold : 0) | proto::kFeatureFenceDelivered |
+                   proto::kFeatureCleanDowngrade;
   proto::Message resp;
   VS_RETURN_IF_ERROR(Call({MsgType::kHello, 0, hello}, &resp));
   const auto* ack = std::get_if<proto::HelloAck>(&resp.body);
@@ -437,27 +438,76 @@ void Session::Dispatch(const Message& m) {
         // A closed connection lingers until its peer consumed everything
         // (close.cc Linger): its end is the writer's, now.
         if (c.state.lingered() && v >= c.tx_tail.load(std::memory_order_relaxed)) WakeWriter();
+        // A drain's TX moves once the peer consumed its ring stream.
+        if (c.tx_ring_ended.load(std::memory_order_relaxed) && v >= c.tx_ring_end.load(std::memory_order_relaxed))
+          WakeWriter();
       }
       break;
     }
-    case MsgType::kShutdown:
+    case MsgType::kShutdown: {
+      proto::ShutdownHow how = std::get<proto::Shutdown>(m.body).how;
+      if (how == proto::ShutdownHow::kRingEnd) {
+        // The peer left the rings (a drain): every byte of its ring stream
+        // is in our RX ring (the backend says so only after the last one),
+        // the rest follows on the kernel socket. Stored before the flag
+        // (its release publishes it). If we were not asked, we follow.
+        if (!c.state.upgraded() || c.peer_ring_end.load()) break;
+        c.resync_landed.store(c.rx_tail.load(std::memory_order_relaxed), std::memory_order_relaxed);
+        c.rx_event_ns.store(MonotonicNs(), std::memory_order_relaxed);
+        c.peer_ring_end.store(true, std::memory_order_release);
+        VS_LOG(kDebug, "conn %lu: the peer left the rings at %lu", static_cast<unsigned long>(conn_id),
+               static_cast<unsigned long>(c.rx_tail.load()));
+        if (c.state.phase() == Phase::kUpgraded && !c.state.draining()) {
+          c.drain_reason.store(proto::Reason::kPeerDowngraded, std::memory_order_relaxed);
+          if (c.state.Apply(ConnEvent::kDrain))
+            if (LinkLostHandler h = g_link_lost.load(std::memory_order_acquire)) h(it->second);
+        }
+        WakeWriter();
+        break;
+      }
+      // (The peer's close after it left the rings: its kernel socket says it.)
+      if (how == proto::ShutdownHow::kRead && c.peer_ring_end.load(std::memory_order_acquire)) break;
       VS_LOG(kDebug, "conn %lu: peer shut down %s", static_cast<unsigned long>(conn_id),
-             std::get<proto::Shutdown>(m.body).how == proto::ShutdownHow::kWrite ? "writing" : "reading");
-      if (std::get<proto::Shutdown>(m.body).how == proto::ShutdownHow::kWrite) {
+             how == proto::ShutdownHow::kWrite ? "writing" : "reading");
+      if (how == proto::ShutdownHow::kWrite) {
         c.rx_event_ns.store(MonotonicNs(), std::memory_order_relaxed);
         c.peer_shut_wr.store(true, std::memory_order_release);
       } else c.peer_gone.store(true, std::memory_order_release);
       break;
+    }
     case MsgType::kDowngrade: {
       const auto& d = std::get<proto::Downgrade>(m.body);
       auto reason = d.reason;
+      if (d.flags & proto::kDowngradeDrain) {
+        // Not a loss: leave the rings with clean fences (resync.cc
+        // DrainTxLocked; the background writer finishes it if the
+        // application does not call us).
+        if (c.state.phase() == Phase::kUpgraded && !c.state.draining()) {
+          c.drain_reason.store(reason, std::memory_order_relaxed);
+          if (c.state.Apply(ConnEvent::kDrain))
+            if (LinkLostHandler h = g_link_lost.load(std::memory_order_acquire)) h(it->second);
+        }
+        break;
+      }
       // fabric-down: the link is gone, the kernel connection is not.
       // peer-not-accelerated: the peer withdrew before it ever upgraded
       // (it closed while our CONFIRM was still on the way), so its whole
       // stream is on the kernel socket. Either way: finish on the kernel
       // connection without losing a byte (resync.cc, RESYNC).
       bool resync = reason == proto::Reason::kFabricDown || reason == proto::Reason::kPeerNotAccelerated;
-      if (c.state.upgraded() && resync && !c.state.resynced()) {
+      if (resync && c.state.draining() && c.state.resynced()) {
+        // A drain whose TX had moved already: the RX finishes by the RESYNC
+        // rules (unless the peer's ring stream had ended: then nothing is
+        // missing).
+        if (!c.peer_ring_end.load() && !c.drain_broken.load()) {
+          if (d.bytes_received != c.rx_tail.load()) {
+            c.state.Apply(ConnEvent::kFail, reason);
+          } else {
+            c.resync_landed.store(d.bytes_received, std::memory_order_relaxed);
+            c.drain_broken.store(true, std::memory_order_release);
+          }
+        }
+      } else if (c.state.upgraded() && resync && !c.state.resynced()) {
         // Every RX_TAIL came before this event, so the landed count can
         // only confirm ours.
         if (d.bytes_received != c.rx_tail.load() || (!c.peer_fence_known.load() && d.bytes_received != 0)) {
@@ -660,6 +710,11 @@ void Session::BackendLost() {
       c->state.Apply(c->state.upgraded() ? ConnEvent::kFail : ConnEvent::kKernelForGood, proto::Reason::kProtocolError);
       c->gen.fetch_add(1);
       continue;
+    }
+    if (before == Phase::kResyncing && c->state.draining() && !c->peer_ring_end.load() && !c->drain_broken.load()) {
+      // A drain whose TX had moved: what landed is final now.
+      c->resync_landed.store(c->rx_tail.load(std::memory_order_acquire), std::memory_order_relaxed);
+      c->drain_broken.store(true, std::memory_order_release);
     }
     if (before == Phase::kUpgraded || before == Phase::kLingering) {
       c->resync_landed.store(c->rx_tail.load(std::memory_order_acquire), std::memory_order_relaxed);

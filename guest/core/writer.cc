@@ -263,6 +263,30 @@ void WriterLoop() {
           ++i;
           continue;
         }
+        if (c.state.draining() && !c.state.resynced()) {
+          // A drain: our TX leaves the ring once the peer consumed it. The
+          // application may not call us meanwhile: its events are ours to
+          // take.
+          if (Session* s = c.session; s != nullptr && s != drained && s->CheckBackend()) {
+            s->TryDrain();
+            drained = s;
+          }
+          if (!DrainTxLocked(c) && !c.state.resynced()) {
+            if (c.state.phase() == Phase::kUpgraded && !c.shut_wr.load()) {
+              // Looked at again soon for a second, then now and then (its
+              // CREDIT wakes us either way).
+              if (MonotonicNs() - c.resync_start_ns < 1'000'000'000) lingering = true;
+              ++i;
+              continue;
+            }
+            // Closing or shut down: it ends on the rings, as it would have.
+            int owned = fd;
+            if (c.resync_fd.compare_exchange_strong(owned, -1)) CloseWriterFd(fd);
+            mine[i] = std::move(mine.back());
+            mine.pop_back();
+            continue;
+          }
+        }
         Status st = FlushResendLocked(c, fd);
         if (st.ok() || st.sys_errno() != EAGAIN) {
           done = true;

@@ -56,6 +56,8 @@ enum EventBit : uint32_t {
   kEvPeerGone = 1u << 5,        // peer reads no more: EPIPE on write
   kEvDowngrade = 1u << 6,       // stay on (or go back to) kernel TCP, with reason
   kEvFenceDelivered = 1u << 7,  // our FENCE is in the peer guest's event queue (kFeatureFenceDelivered)
+  kEvPeerRingEnd = 1u << 8,     // the peer left the rings (a drain): its stream goes on on kernel TCP after rx_tail
+  kEvDrain = 1u << 9,           // leave the rings with clean fences (kFeatureCleanDowngrade), ev_drain_reason
 };
 
 // Frames owed to a remote peer's backend (coalesced like events; sent in
@@ -127,7 +129,16 @@ struct BackendConn {
   uint64_t tx_copied = 0;    // we moved to the peer's RX
   uint64_t rx_tail = 0;      // we landed in RX
   uint64_t rx_consumed = 0;  // guest consumed from RX (the peer's credit)
-  bool write_shut = false;   // guest will produce no more
+  bool write_shut = false;   // guest will produce no more (on the rings: EOF, or its ring end)
+  // Drains (kFeatureCleanDowngrade; docs/connection-lifecycle.md §9).
+  bool clean_downgrade = false;   // the session took the feature
+  bool drain_asked = false;       // DOWNGRADE(drain) raised
+  bool ring_ended = false;        // the guest's SHUTDOWN(ring end): its TX stream goes on on kernel TCP
+  bool peer_ring_end_told = false;  // our guest was told the peer's ring end
+  // Both directions have left the rings: everything before the two ring
+  // ends was delivered (read by the control socket: `vsocketctl drain`).
+  std::atomic<bool> moved{false};
+  proto::Reason ev_drain_reason = proto::Reason::kOperator;
   bool shut_announced = false;
   bool gone = false;            // guest closed or died; data may still drain
   std::vector<uint8_t> orphan;  // TX bytes not yet moved when the guest left

@@ -100,6 +100,21 @@ class ConnManager {
   // Sends owed frames and flushes links. True if anything was sent.
   bool PumpLinks();
 
+  // Drains (conn/drain.cc; docs/connection-lifecycle.md §9). An operator's
+  // request (any thread: vsocketctl drain/undrain, SIGTERM) is applied by
+  // the worker at its next pass (the caller wakes it): a draining VM's
+  // upgraded connections are asked to leave the rings with clean fences,
+  // and none of its connections pairs until it is undrained (then the
+  // pending ones pair at once).
+  static constexpr uint32_t kAllVms = ~0u;
+  void RequestDrain(uint32_t vm_index, bool drain, proto::Reason why);
+  // Worker: applies the requests. True if there were any.
+  bool ApplyDrainRequests();
+  // Any thread: why VM vm_index drains (kNone: it does not).
+  proto::Reason draining(uint32_t vm_index) const {
+    return static_cast<proto::Reason>(drain_[vm_index % kMaxVms].load(std::memory_order_acquire));
+  }
+
   std::vector<ConnSnapshot> Snapshot() const;
   const ConnManagerCounters& counters() const { return counters_; }
   const VmTotals& vm_totals(size_t vm_index) const { return vm_totals_[vm_index % kMaxVms]; }
@@ -114,6 +129,7 @@ class ConnManager {
     std::vector<BackendConn*> doorbells;               // conns whose blocks are polled
     bool ring_hold = false;                            // session took kFeatureRingHold
     bool fence_delivered = false;                      // session took kFeatureFenceDelivered
+    bool clean_downgrade = false;                      // session took kFeatureCleanDowngrade
     std::deque<uint64_t> released;                     // conn ids owed RINGS_RELEASED
   };
   // Doorbells (kFeatureDoorbell). Polling a connection's block means the
@@ -168,6 +184,14 @@ class ConnManager {
   // Moves what it can from c to its peer; bytes moved.
   uint64_t Move(BackendConn& c);
   void MaybeAnnounceShutdown(BackendConn& c);
+  // Drains: whether c's VM drains (it does not pair meanwhile); asks c's
+  // guest to leave the rings, if it can; c's guest was told the peer's ring
+  // end; pairs VM vm_index's pending connections (undrain).
+  bool Draining(uint32_t vm_index) const { return drain_[vm_index % kMaxVms].load(std::memory_order_relaxed) != 0; }
+  bool AskDrain(BackendConn& c, proto::Reason why);
+  void TellPeerRingEnd(BackendConn& c, proto::Reason why);
+  void NoteMoved(BackendConn& c);
+  void PairPending(uint32_t vm_index);
   void MaybeDestroy(BackendConn* c);
   DeviceConns* Find(vhost::BackendDevice& device);
   // Cross-host.
@@ -273,6 +297,16 @@ class ConnManager {
   ConnManagerCounters counters_;
   std::array<VmTotals, kMaxVms> vm_totals_;
   mutable std::mutex snapshot_mu_;  // guards conns_ structure against Snapshot()
+  struct DrainRequest {
+    uint32_t vm_index;
+    bool drain;
+    proto::Reason why;
+  };
+  std::mutex drain_mu_;
+  std::vector<DrainRequest> drain_requests_;  // guarded by drain_mu_
+  std::atomic<bool> drain_requested_{false};
+  // Per VM index: the reason it drains (0: it does not). Written by the worker.
+  std::array<std::atomic<uint16_t>, kMaxVms> drain_{};
 };
 
 }  // namespace vsocket::backend

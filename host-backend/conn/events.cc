@@ -10,8 +10,8 @@ using proto::Message;
 using proto::MsgType;
 
 namespace {
-// One connection's events at most: eight messages of up to 40 bytes.
-constexpr size_t kMaxEventBytes = 8 * 40;
+// One connection's events at most: ten messages of up to 40 bytes.
+constexpr size_t kMaxEventBytes = 10 * 40;
 }  // namespace
 
 void ConnManager::Raise(BackendConn& c, uint32_t bits) {
@@ -56,7 +56,7 @@ bool ConnManager::EmitEvents(vhost::BackendDevice& device) {
     }
     while (!dc->events.empty()) {
       BackendConn& c = *dc->events.front();
-      std::array<Message, 8> out;
+      std::array<Message, 10> out;
       size_t n = 0;
       uint32_t bits = c.pending_events;
       if (bits & kEvUpgrade) out[n++] = {MsgType::kUpgrade, 0, proto::Upgrade{c.conn_id, c.ev_peer_rx_window, 64}};
@@ -65,6 +65,11 @@ bool ConnManager::EmitEvents(vhost::BackendDevice& device) {
       if (bits & kEvCredit) out[n++] = {MsgType::kCredit, 0, proto::ConnCounter{c.conn_id, c.ev_credit}};
       if (bits & kEvPeerShutWr)
         out[n++] = {MsgType::kShutdown, 0, proto::Shutdown{c.conn_id, proto::ShutdownHow::kWrite}};
+      // (A drain's reason before the ring end that would otherwise start it.)
+      if (bits & kEvDrain)
+        out[n++] = {MsgType::kDowngrade, 0, proto::Downgrade{c.conn_id, c.ev_drain_reason, 0, proto::kDowngradeDrain}};
+      if (bits & kEvPeerRingEnd)
+        out[n++] = {MsgType::kShutdown, 0, proto::Shutdown{c.conn_id, proto::ShutdownHow::kRingEnd}};
       if (bits & kEvPeerGone) out[n++] = {MsgType::kShutdown, 0, proto::Shutdown{c.conn_id, proto::ShutdownHow::kRead}};
       if (bits & kEvFenceDelivered)
         out[n++] = {MsgType::kFenceDelivered, 0, proto::ConnCounter{c.conn_id, c.fence_bytes}};

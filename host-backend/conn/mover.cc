@@ -19,8 +19,10 @@ void ConnManager::MaybeAnnounceShutdown(BackendConn& c) {
   bool drained = c.gone ? c.orphan_off == c.orphan.size() : c.tx_copied == c.tx_tail;
   if (!drained && !(c.remote.paired() && c.remote.gone)) return;
   c.shut_announced = true;
-  if (c.peer) Raise(*c.peer, kEvPeerShutWr | kEvRxTail);
-  else Owe(c, kOweShutWr);
+  if (c.peer && c.ring_ended) TellPeerRingEnd(*c.peer, c.drain_asked ? c.ev_drain_reason : proto::Reason::kPeerDowngraded);
+  else if (c.peer) Raise(*c.peer, kEvPeerShutWr | kEvRxTail);
+  else Owe(c, kOweShutWr);  // (SHUT_WR says kShutRingEnd and the drain's reason for a ring end)
+  if (c.ring_ended) NoteMoved(c);
 }
 
 uint64_t ConnManager::Move(BackendConn& c) {

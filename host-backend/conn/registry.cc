@@ -24,11 +24,13 @@ uint64_t ConnManager::OnHello(vhost::BackendDevice& device, uint64_t features) {
   // keeps what it was given (its library allocates rings by it).
   if (!dc->by_id.empty())
     return (dc->doorbell ? proto::kFeatureDoorbell : 0) | (dc->ring_hold ? proto::kFeatureRingHold : 0) |
-           (dc->fence_delivered ? proto::kFeatureFenceDelivered : 0);
+           (dc->fence_delivered ? proto::kFeatureFenceDelivered : 0) |
+           (dc->clean_downgrade ? proto::kFeatureCleanDowngrade : 0);
   uint64_t taken = features & proto::kKnownFeatures;
   dc->doorbell = (taken & proto::kFeatureDoorbell) != 0;
   dc->ring_hold = (taken & proto::kFeatureRingHold) != 0;
   dc->fence_delivered = (taken & proto::kFeatureFenceDelivered) != 0;
+  dc->clean_downgrade = (taken & proto::kFeatureCleanDowngrade) != 0;
   if (dc->doorbell) counters_.doorbell_sessions.fetch_add(1, std::memory_order_relaxed);
   return taken;
 }
@@ -266,7 +268,7 @@ std::vector<ConnSnapshot> ConnManager::Snapshot() const {
                    c->peer              ? c->peer->rx.size
                    : c->remote.paired() ? c->remote.window
                                         : 0,
-                   c->remote.paired() ? c->remote.host : 0});
+                   c->remote.paired() ? c->remote.host : 0, c->moved.load(std::memory_order_relaxed)});
   }
   return out;
 }

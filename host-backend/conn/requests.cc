@@ -179,6 +179,17 @@ RequestResult ConnManager::OnShutdown(DeviceConns&, BackendConn* conn, const Mes
   } else if (how == proto::ShutdownHow::kWrite) {
     c.write_shut = true;
     MaybeAnnounceShutdown(c);
+  } else if (how == proto::ShutdownHow::kRingEnd) {
+    // The guest leaves the rings (a drain, or its peer's): nothing more
+    // comes into its TX ring, and its peer learns where the ring stream
+    // ends once every byte before it was delivered.
+    if (!c.clean_downgrade || c.state != ConnState::kUpgraded || c.write_shut) {
+      Violation(c, "unexpected SHUTDOWN(ring end)");
+      return RequestResult::kNoReply;
+    }
+    c.ring_ended = c.write_shut = true;
+    counters_.ring_ends.fetch_add(1, std::memory_order_relaxed);
+    MaybeAnnounceShutdown(c);
   }
   return RequestResult::kNoReply;
 }
@@ -209,6 +220,7 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
   c.doorbell = dc.doorbell;
   c.ring_hold = dc.ring_hold;
   c.fence_delivered = dc.fence_delivered;
+  c.clean_downgrade = dc.clean_downgrade;
   // A doorbell block must be 64-byte aligned (its counts are atomics).
   if ((c.doorbell && r.tx_ring_gpa % proto::kDoorbellBytes != 0) || !ResolveRings(c) ||
       (c.doorbell && reinterpret_cast<uintptr_t>(c.tx.host) % proto::kDoorbellBytes != 0)) {
@@ -253,8 +265,9 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
   uint64_t peer_handle = 0;
   if (registry_.find(c.key.Mirror(), peer_handle)) {
     BackendConn* p = conns_.at(peer_handle).get();
+    // (Not while either VM drains: they pair when it is undrained.)
     if (p->state == ConnState::kPending && p->reason == Reason::kPending && p->peer == nullptr && !p->gone &&
-        p->role != c.role)
+        p->role != c.role && !Draining(c.vm_index) && !Draining(p->vm_index))
       Pair(c, *p);
   } else {
     // The mirror 4-tuple registered by another tenant is counted for the
@@ -271,7 +284,7 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
     mine.tenant = 0;
     by_tuple_.insert_or_assign(mine, c.key.tenant);
     // Not on this host: a peer host may run the other end.
-    if (c.reason == Reason::kPending && c.key.scope == 0) {
+    if (c.reason == Reason::kPending && c.key.scope == 0 && !Draining(c.vm_index)) {
       auto pr = pending_remote_.find(c.key);
       if (pr != pending_remote_.end()) {
         PendingRemote r = pr->second;

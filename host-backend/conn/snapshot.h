@@ -23,6 +23,7 @@ struct ConnSnapshot {
   uint64_t tx_unacked;   // bytes it produced that its peer has not consumed (credit in use)
   uint32_t window;       // its TX credit window (peer's RX ring, bytes)
   uint32_t remote_host;  // peer host id when the peer is on another host, else 0
+  bool moved;            // upgraded, and both directions have left the rings (a drain)
 };
 
 }  // namespace vsocket::backend

@@ -158,7 +158,16 @@ void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
       UpdateCredit(*c);
       MarkMovable(*c);
       break;
-    case FrameType::kShutWr: Raise(*c, kEvPeerShutWr | kEvRxTail); break;
+    case FrameType::kShutWr:
+      if ((h.aux & 0xff) != proto::kShutRingEnd) {
+        Raise(*c, kEvPeerShutWr | kEvRxTail);
+      } else if (!c->clean_downgrade) {
+        // Our guest's library cannot leave the rings cleanly (an older one).
+        PeerViolation(*c, "peer host moved a connection off the rings that our guest cannot follow");
+      } else {
+        TellPeerRingEnd(*c, proto::ShutRingEndReason(h.aux));
+      }
+      break;
     case FrameType::kGone:
       c->remote.gone = true;
       Raise(*c, kEvPeerGone);

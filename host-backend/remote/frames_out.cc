@@ -45,7 +45,10 @@ bool ConnManager::SendOwed(BackendConn& c) {
                      : type == FrameType::kPlacement    ? reinterpret_cast<uint64_t>(c.rx_mr)
                      : type == FrameType::kPlacementAck ? c.remote.placements_seen
                                                         : 0;
-    uint32_t aux = type == FrameType::kPlacement ? c.rx_rkey : 0;
+    uint32_t aux = type == FrameType::kPlacement                  ? c.rx_rkey
+                   : type == FrameType::kShutWr && c.ring_ended
+                       ? proto::ShutRingEndAux(c.drain_asked ? c.ev_drain_reason : proto::Reason::kPeerDowngraded)
+                                                                : 0;
     if (!link->Send(Frame(type, c.key.tenant, c.remote.handle, value, aux), {})) return false;
     c.link_owed &= ~bit;
     if (type == FrameType::kPlacement) ++c.placements_sent;

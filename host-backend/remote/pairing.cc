@@ -133,17 +133,22 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
       uint64_t mine = 0;
       if (registry_.find(key, mine)) {
         BackendConn* c = conn(mine);
-        if (c && c->state == ConnState::kPending && c->peer == nullptr && !c->gone &&
-            c->remote.stage == RemotePeer::Stage::kNone && c->role != info->role && c->reason == Reason::kPending) {
+        bool available = c && c->state == ConnState::kPending && c->peer == nullptr && !c->gone &&
+                         c->remote.stage == RemotePeer::Stage::kNone && c->role != info->role &&
+                         c->reason == Reason::kPending;
+        if (available && !Draining(c->vm_index)) {
           AcceptRemote(*c, r);
           return;
         }
         // A connection that went back to kernel TCP after a link loss
-        // (RESYNC) stays registered until its library registers it again
-        // to re-upgrade: the request waits for that, like one that comes
-        // before the registration.
-        bool resynced = c && c->state == ConnState::kUpgraded && c->remote.stage == RemotePeer::Stage::kDetached;
-        if (!resynced) return refuse(Reason::kPeerNotAccelerated, "connection is not available for pairing");
+        // (RESYNC) or a drain stays registered until its library registers
+        // it again to re-upgrade, and a draining VM's waits for the undrain:
+        // the request waits for that, like one that comes before the
+        // registration.
+        bool resynced = c && c->state == ConnState::kUpgraded &&
+                        (c->remote.stage == RemotePeer::Stage::kDetached || c->ring_ended);
+        if (!available && !resynced)
+          return refuse(Reason::kPeerNotAccelerated, "connection is not available for pairing");
       }
       // Our guest has not registered yet: keep the request for a while.
       VS_LOG(kDebug, "host %u conn %lu (port %u -> %u): PAIR_REQUEST kept until our guest registers", host,
@@ -255,7 +260,7 @@ void ConnManager::OnHostUp(uint32_t host) {
   for (auto& [h, c] : conns_)
     if (!c->gone && c->state == ConnState::kPending && c->peer == nullptr &&
         c->remote.stage == RemotePeer::Stage::kNone && c->role == proto::Role::kClient &&
-        c->reason == Reason::kPending && c->key.scope == 0)
+        c->reason == Reason::kPending && c->key.scope == 0 && !Draining(c->vm_index))
       todo.push_back(c.get());
   for (BackendConn* c : todo)
     if (LocalPortFor(c->key.tenant, c->key.peer) == nullptr && hosts_->Locate(c->key.tenant, c->key.peer) == host)

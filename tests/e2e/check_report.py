@@ -22,6 +22,8 @@ RESYNC after a link loss), and at least one did go through RESYNC.
 accelerated.
 --downgrade-cause R: every line that went through RESYNC names R as its
 last downgrade (always: such a line counts at least one downgrade).
+--no-resend: no line resent a byte (resent_bytes 0: every downgrade was
+a clean drain, never a RESYNC that repeats bytes).
 --exact-total B: for every line, kernel_tx + accel_tx == B or
 kernel_rx + accel_rx == B (each connection carried B bytes one way,
 wherever they went).
@@ -41,6 +43,7 @@ p.add_argument("--exact-total", type=int)
 p.add_argument("--min-accel", type=int)
 p.add_argument("--resynced", action="store_true")
 p.add_argument("--reupgraded", action="store_true")
+p.add_argument("--no-resend", action="store_true")
 p.add_argument("--downgrade-cause",
                help="every connection that went through RESYNC counts a downgrade whose last reason is this "
                     "(fabric-down: the link; backend-unavailable: vsocketd)")
@@ -79,6 +82,8 @@ for l in sel:
         errors.append(f"{who}: went through RESYNC but counts no downgrade")
     if a.downgrade_cause and l.get("resynced") and l.get("last_downgrade") != a.downgrade_cause:
         errors.append(f'{who}: last downgrade {l.get("last_downgrade")!r}, expected {a.downgrade_cause}')
+    if a.no_resend and l.get("resent_bytes", 0):
+        errors.append(f'{who}: resent {l["resent_bytes"]} B (expected a clean drain)')
     # A RESYNC puts bytes on kernel TCP after the upgrade by design.
     if not l.get("resynced") and (l.get("kernel_tx_after_upgrade", 0) or l.get("kernel_rx_after_upgrade", 0)):
         errors.append(f"{who}: kernel-path bytes after the upgrade")

@@ -1379,8 +1379,11 @@ case_daemon_restart() {  # case_daemon_restart SIG REP PORT
     return
   fi
   local out out2 after
-  out=$(python3 $CHECK "$rep" --port "$port" --expect-conns 2 --resynced --downgrade-cause backend-unavailable) || bad+="bulk: $out; "
-  out2=$(python3 $CHECK "$rep" --port $((port + 1)) --expect-conns $((2 * conns)) --reupgraded --downgrade-cause backend-unavailable) ||
+  # SIGTERM drains first: clean fences, nothing resent (a crash resyncs).
+  local cause=(--downgrade-cause backend-unavailable)
+  [ "$sig" = TERM ] && cause=(--downgrade-cause operator --no-resend)
+  out=$(python3 $CHECK "$rep" --port "$port" --expect-conns 2 --resynced "${cause[@]}") || bad+="bulk: $out; "
+  out2=$(python3 $CHECK "$rep" --port $((port + 1)) --expect-conns $((2 * conns)) --reupgraded "${cause[@]}") ||
     bad+="request/response: $out2; "
   [ -z "$bad" ] || { fail $name "$bad"; return; }
   after=$(stat_field accel_bytes)
@@ -1424,6 +1427,92 @@ case_daemon_restart_redis() {  # case_daemon_restart_redis SIG
   [ "$resynced" -gt 0 ] || { fail $name "no connection was live across the restart"; return; }
   pass "$name (SIG$sig during redis-benchmark -c 20: no error ($lines); 1 MiB value byte-exact after the restart; $resynced connection ends went through RESYNC; $out)"
 }
+
+# ctl_counter NAME: one of the daemon's counters, through vsocketctl (fast:
+# `status` takes a second or more under load).
+ctl_counter() {
+  bash $TB ctl counters --json 2>/dev/null | python3 -c "
+import json, sys
+try:
+    print(next(c['value'] for c in json.load(sys.stdin) if c['counter'] == sys.argv[1]))
+except Exception:
+    print(-1)" "$1"
+}
+
+# vsocketctl drain during a 4 GiB byte-checked stream and four
+# request/response connections, then undrain (or a restart by SIGTERM, which
+# drains too): every connection leaves the rings with clean fences (no byte
+# resent: resent_bytes 0 in every report line; the daemon counts the
+# drains), nothing moves on the rings while drained (the daemon's
+# accel_bytes stands still for half a second), and afterwards the
+# connections register again and re-upgrade (report: re-upgraded, last
+# downgrade "operator"; bytes moved on the rings again).
+case_drain() {  # case_drain NAME PORT undrain|restart
+  local name=$1 port=$2 how=$3 rep=$WORK/$1.jsonl bulk_bytes=4294967296 conns=4
+  vm_bg vm2 preload "$rep" "$WORK/$name.bsrv" "$XFER" server "$A2" "$port" --conns 1 --one-way
+  local bsrv=$BG
+  vm_bg vm2 preload "$rep" "$WORK/$name.rsrv" "$XFER" server "$A2" $((port + 1)) --conns $conns --rounds 500 --gap-ms 20
+  local rsrv=$BG
+  sleep 0.3
+  vm_bg vm1 preload "$rep" "$WORK/$name.bcli" "$XFER" client "$A2" "$port" --conns 1 --bytes $bulk_bytes --one-way
+  local bcli=$BG
+  vm_bg vm1 preload "$rep" "$WORK/$name.rcli" "$XFER" client "$A2" $((port + 1)) --conns $conns --bytes 5120000 \
+    --rounds 500 --gap-ms 20
+  local rcli=$BG
+  if ! wait_accelerated $((2 + 2 * conns)) "$port" $((port + 1)); then
+    fail $name "not every connection was accelerated before the drain"
+    kill $bsrv $rsrv $bcli $rcli 2>/dev/null
+    return
+  fi
+  sleep "0.$((RANDOM % 4))$((RANDOM % 10))"
+  local drains0 drained a0 a1 t0 took
+  drains0=$(ctl_counter drains_done)
+  t0=$(date +%s.%N)
+  if ! drained=$(bash $TB ctl drain --wait 10 2>&1); then
+    fail $name "vsocketctl drain --wait 10: $drained"
+    kill $bsrv $rsrv $bcli $rcli 2>/dev/null
+    return
+  fi
+  took=$(python3 -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.2f}')" "$t0")
+  sleep 0.2
+  a0=$(ctl_counter accel_bytes)
+  sleep 0.5
+  a1=$(ctl_counter accel_bytes)
+  local bad=""
+  [ "$a0" = "$a1" ] || bad+="$((a1 - a0)) B moved on the rings while drained; "
+  if [ "$how" = restart ]; then
+    bash $TB restart TERM >"$WORK/$name.restart" 2>&1 || bad+="restart: $(tail -1 "$WORK/$name.restart"); "
+  else
+    bash $TB ctl undrain >"$WORK/$name.undrain" 2>&1 || bad+="undrain: $(cat "$WORK/$name.undrain"); "
+  fi
+  local p what
+  for p in "bulk client:$bcli" "bulk server:$bsrv" "rounds client:$rcli" "rounds server:$rsrv"; do
+    what=${p%%:*}
+    wait "${p##*:}" || bad+="$what failed; "
+  done
+  if [ -n "$bad" ]; then
+    fail $name "$bad$(tail -1 "$WORK/$name.bcli" "$WORK/$name.bsrv" "$WORK/$name.rcli" "$WORK/$name.rsrv" 2>/dev/null | tr '\n' ' ')"
+    return
+  fi
+  local out out2 after drains
+  out=$(python3 $CHECK "$rep" --port "$port" --expect-conns 2 --resynced --downgrade-cause operator --no-resend) ||
+    bad+="bulk: $out; "
+  out2=$(python3 $CHECK "$rep" --port $((port + 1)) --expect-conns $((2 * conns)) --reupgraded --downgrade-cause operator \
+    --no-resend) || bad+="request/response: $out2; "
+  [ -z "$bad" ] || { fail $name "$bad"; return; }
+  after=$(ctl_counter accel_bytes)
+  drains=$(ctl_counter drains_done)
+  if [ "$how" = restart ]; then
+    [ "$after" -gt 0 ] || { fail $name "the new vsocketd moved no bytes"; return; }
+  else
+    [ "$after" -gt "$a1" ] || { fail $name "no byte moved on the rings after the undrain"; return; }
+    [ "$drains" -ge $((drains0 + 1 + conns)) ] ||
+      { fail $name "drains_done went from $drains0 to $drains, expected +$((1 + conns))"; return; }
+  fi
+  pass "$name (drained in $took s mid-transfer: ${drained%%$'\n'*}; nothing moved on the rings while drained; $how: 4 GiB bulk byte-exact ($out); $conns request/response connections byte-exact and re-upgraded ($out2))"
+}
+case_drain drain_undrain 7830 undrain
+case_drain drain_restart 7834 restart
 
 for r in 1 2 3; do case_daemon_restart KILL $r $((7800 + 2 * r)); done
 case_daemon_restart_redis KILL
