@@ -67,7 +67,8 @@ BUILD_HINT="bazel build //host-backend:vsocketd //host-backend:vsocketctl"
 vsocketd_bin() { bin_path VSOCKETD bazel-out/k8-opt/bin/host-backend/vsocketd "$BUILD_HINT"; }
 vsocketctl_bin() { bin_path VSOCKETCTL bazel-out/k8-opt/bin/host-backend/vsocketctl "$BUILD_HINT"; }
 host_daemon_pid() { daemon_pid "$(pid_file "$1")" "$(ctl_sock "$1")"; } # HOST
-stop_host_daemon() { stop_daemon "$(pid_file "$1")" "$(ctl_sock "$1")" "${2:-TERM}" || true; } # HOST [SIGNAL]
+# (15 s: SIGTERM drains for up to drain_timeout_ms, 10 s, first.)
+stop_host_daemon() { stop_daemon "$(pid_file "$1")" "$(ctl_sock "$1")" "${2:-TERM}" 15 || true; } # HOST [SIGNAL]
 
 write_configs() {
   local h v name host tenant addr

@@ -646,6 +646,45 @@ case_remote_daemon_restart() {  # case_remote_daemon_restart SIG PORT
 case_remote_daemon_restart KILL 7520
 case_remote_daemon_restart TERM 7530
 
+# vsocketctl drain vmB1 on hostB in the middle of a byte-checked stream and
+# request/response connections from vmA1: hostB's guests leave the rings
+# and hostA's follow over the link (SHUT_WR with the ring end), nothing is
+# resent, the fabric carries no byte while drained; after undrain the
+# request/response connections pair again across the link.
+case_cross_drain() {  # case_cross_drain PORT
+  local port=$1 name=cross_drain conns=4
+  wait_link_up
+  xfer_bg $name.bulk $port 1 1073741824 --one-way
+  local bsrv=$XSRV bcli=$XCLI
+  xfer_bg $name.rr $((port + 1)) $conns 6144000 --rounds 600 --gap-ms 20
+  local rsrv=$XSRV rcli=$XCLI
+  sleep "0.$((5 + RANDOM % 5))"
+  local drained f0 f1 fabric='import json, sys
+print(next(c["value"] for c in json.load(sys.stdin) if c["counter"] == "fabric_bytes_out"))'
+  if ! drained=$(bash $TB ctl hostB drain vmB1 --wait 10 2>&1); then
+    fail $name "vsocketctl drain vmB1 --wait 10: $drained"
+    kill $bsrv $bcli $rsrv $rcli 2>/dev/null
+    return
+  fi
+  sleep 0.2
+  f0=$(bash $TB ctl hostA counters --json | python3 -c "$fabric")
+  sleep 0.5
+  f1=$(bash $TB ctl hostA counters --json | python3 -c "$fabric")
+  bash $TB ctl hostB undrain vmB1 >/dev/null || { fail $name "undrain failed"; kill $bsrv $bcli $rsrv $rcli 2>/dev/null; return; }
+  XSRV=$bsrv XCLI=$bcli
+  xfer_wait $name.bulk || { fail $name "bulk: $E2E_MSG"; kill $rsrv $rcli 2>/dev/null; return; }
+  XSRV=$rsrv XCLI=$rcli
+  xfer_wait $name.rr || { fail $name "request/response: $E2E_MSG"; return; }
+  [ "$f0" = "$f1" ] || { fail $name "$((f1 - f0)) B went over the fabric while vmB1 was drained"; return; }
+  local out out2
+  out=$(python3 $CHECK "$WORK/$name.bulk.jsonl" --port $port --expect-conns 2 --resynced --no-resend \
+    --downgrade-cause operator) || { fail $name "bulk: $out"; return; }
+  out2=$(python3 $CHECK "$WORK/$name.rr.jsonl" --port $((port + 1)) --expect-conns $((2 * conns)) --reupgraded \
+    --no-resend --downgrade-cause operator) || { fail $name "request/response: $out2"; return; }
+  pass "$name (vmB1 drained on hostB mid-transfer: ${drained%%$'\n'*}; hostA's ends followed over the link, no fabric byte while drained; 1 GiB stream byte-exact ($out); $conns request/response connections byte-exact and re-upgraded across the link after undrain ($out2))"
+}
+case_cross_drain 7540
+
 # The host that connects (hostA: its name sorts first) decides how many
 # links the pair runs; hostB, configured for another count, follows it.
 case_link_count_follows_initiator() {
