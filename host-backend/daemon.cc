@@ -1,5 +1,7 @@
 #include "host-backend/daemon.h"
 
+#include <unistd.h>
+
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -72,10 +74,14 @@ void Daemon::DrainAll() {
   worker_.Wake();
 }
 
-size_t Daemon::OnRings(const std::string& vm) const {
-  size_t n = 0;
-  for (const ConnSnapshot& c : conns_.Snapshot())
-    if ((vm.empty() || c.vm == vm) && c.state == ConnState::kUpgraded && !c.moved) ++n;
+size_t Daemon::Leaving(const std::string& vm, size_t* accelerated) const {
+  size_t n = 0, accel = 0;
+  for (const ConnSnapshot& c : conns_.Snapshot()) {
+    if (!vm.empty() && c.vm != vm) continue;
+    n += c.leaving;
+    accel += c.state == ConnState::kUpgraded && !c.moved;
+  }
+  if (accelerated != nullptr) *accelerated = accel;
   return n;
 }
 
@@ -100,13 +106,15 @@ std::string Daemon::CtlCommand(const std::string& line) {
   if (!vm.empty() && port == nullptr) return error("no VM named '" + vm + "' (vsocketctl vms lists them)");
   if (words[0] != "drained") {
     bool drain = words[0] == "drain";
-    conns_.RequestDrain(port ? port->index : ConnManager::kAllVms, drain, proto::Reason::kOperator);
+    uint64_t seq = conns_.RequestDrain(port ? port->index : ConnManager::kAllVms, drain, proto::Reason::kOperator);
     worker_.Wake();
+    // Answered once the worker applied it (its next pass: at once, unless
+    // it is wedged), so that the counts below include it.
+    for (int i = 0; i < 1000 && conns_.drains_applied() < seq; ++i) usleep(1000);
     VS_LOG(kInfo, "operator: %s %s", words[0].c_str(), vm.empty() ? "(all VMs)" : vm.c_str());
   }
-  // The state the request leads to (a drain is applied at the worker's
-  // next pass: `drained` says how far it got).
-  size_t left = OnRings(vm);
+  // Where it stands (`drained` says how far a drain got).
+  size_t accel = 0, left = Leaving(vm, &accel);
   bool draining = words[0] == "drain";
   if (words[0] == "drained") {
     draining = true;
@@ -116,9 +124,9 @@ std::string Daemon::CtlCommand(const std::string& line) {
   std::string name = vm.empty() ? "all VMs" : vm;
   if (json)
     return "{\"vm\":\"" + (vm.empty() ? std::string("*") : vm) + "\",\"draining\":" + (draining ? "true" : "false") +
-           ",\"on_rings\":" + std::to_string(left) + "}\n";
+           ",\"leaving\":" + std::to_string(left) + ",\"accelerated\":" + std::to_string(accel) + "}\n";
   return name + ": " + (draining ? "draining" : "not draining") + ", " + std::to_string(left) +
-         " accelerated connection(s) still on the rings\n";
+         " connection(s) still leaving the rings, " + std::to_string(accel) + " accelerated\n";
 }
 
 }  // namespace vsocket::backend

@@ -33,8 +33,9 @@ class Daemon {
   void Stop();
   // Asks every VM's connections to leave the rings (SIGTERM, before Stop).
   void DrainAll();
-  // Upgraded connections (of VM `vm`; empty: all) still on the rings.
-  size_t OnRings(const std::string& vm) const;
+  // Connections (of VM `vm`; empty: all) a drain asked to leave the rings
+  // that have not yet (nor closed), and those accelerated in all.
+  size_t Leaving(const std::string& vm, size_t* accelerated = nullptr) const;
 
  private:
   // vsocketctl drain|undrain|drained [VM]: answered here (they act on the

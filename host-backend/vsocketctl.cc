@@ -40,10 +40,11 @@ constexpr char kUsage[] =
     "  stats         everything, JSON\n"
     "  drain [VM]    move VM's (or every VM's) accelerated connections to kernel\n"
     "                TCP with clean fences; new ones stay there until undrain\n"
-    "                (--wait SEC: until none is left on the rings, exit 1 if\n"
-    "                some still are after SEC seconds)\n"
+    "                (--wait SEC: until none is still leaving the rings, exit 1\n"
+    "                if some still are after SEC seconds)\n"
     "  undrain [VM]  let them accelerate again\n"
-    "  drained [VM]  whether VM drains, and how many are still on the rings\n"
+    "  drained [VM]  whether VM drains, how many connections are still leaving\n"
+    "                the rings, how many are accelerated\n"
     "  -s, --socket PATH   vsocketd's control socket (default $VSOCKET_CTL_SOCKET,\n"
     "                      else /run/vsocket/vsocketd.sock; root or group vsocket)\n"
     "  -j, --json          JSON instead of a table\n"
@@ -126,17 +127,18 @@ int main(int argc, char** argv) {
   std::string out;
   if (!Ask(path, command + (json ? " --json" : "") + "\n", &out)) return 1;
   if (wait_s >= 0 && !IsError(out)) {
-    // Until none is left on the rings (the drain is applied by vsocketd's
-    // worker right after it answered).
+    // Until none is still leaving the rings (the drain is applied by
+    // vsocketd's worker right after it answered: the first answer may
+    // predate it).
     std::string query = "drained" + command.substr(5) + (json ? " --json" : "") + "\n";
     for (int i = 0; i <= wait_s * 10; ++i) {
       if (!Ask(path, query, &out)) return 1;
-      if (IsError(out) || out.find(" 0 accelerated") != std::string::npos || out.find("\"on_rings\":0}") != std::string::npos)
+      if (IsError(out) || out.find(" 0 connection(s) still leaving") != std::string::npos || out.find("\"leaving\":0,") != std::string::npos)
         break;
       usleep(100000);
     }
     std::fwrite(out.data(), 1, out.size(), stdout);
-    bool done = out.find(" 0 accelerated") != std::string::npos || out.find("\"on_rings\":0}") != std::string::npos;
+    bool done = out.find(" 0 connection(s) still leaving") != std::string::npos || out.find("\"leaving\":0,") != std::string::npos;
     return done ? 0 : 1;
   }
   std::fwrite(out.data(), 1, out.size(), stdout);

@@ -216,24 +216,29 @@ int Main(int argc, char** argv) {
   VS_LOG(kInfo, "signal %d: shutting down", sig);
   if (flags.drain_timeout_ms > 0) {
     // Drain first (what systemd's stop and restart send): every upgraded
-    // connection leaves the rings with clean fences, so nothing has to be
-    // resent when we are gone. Those still there at the deadline (their
-    // applications do not read) resync as after a crash; a second signal
-    // stops waiting.
+    // connection that can leaves the rings with clean fences, so nothing
+    // has to be resent when we are gone. Those still leaving at the
+    // deadline (their applications do not read), and those that cannot (a
+    // library without the feature, a connection half closed), resync as
+    // after a crash; a second signal stops waiting.
     int64_t start = MonotonicMs();
     daemon.DrainAll();
     size_t left = 0;
-    while ((left = daemon.OnRings("")) > 0 && MonotonicMs() - start < flags.drain_timeout_ms) {
+    while ((left = daemon.Leaving("")) > 0 && MonotonicMs() - start < flags.drain_timeout_ms) {
       timespec ts{0, 20'000'000};
       if (sigtimedwait(&sigs, nullptr, &ts) > 0) {
         VS_LOG(kWarn, "second signal: not waiting for the drain");
         break;
       }
     }
-    if (left == 0)
-      VS_LOG(kInfo, "drained in %lld ms: every connection is on kernel TCP", (long long)(MonotonicMs() - start));
+    if (left == 0) {
+      // (The last CREDITs were raised: let the worker publish them.)
+      timespec ts{0, 50'000'000};
+      nanosleep(&ts, nullptr);
+      VS_LOG(kInfo, "drained in %lld ms", (long long)(MonotonicMs() - start));
+    }
     else
-      VS_LOG(kWarn, "%zu connection(s) still on the rings after %lld ms: they resync on kernel TCP", left,
+      VS_LOG(kWarn, "%zu connection(s) still leaving the rings after %lld ms: they resync on kernel TCP", left,
              (long long)(MonotonicMs() - start));
   }
   daemon.Stop();

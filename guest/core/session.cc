@@ -515,6 +515,7 @@ void Session::Dispatch(const Message& m) {
         } else {
           // Stored before the phase changes (its release publishes them).
           c.resync_landed.store(d.bytes_received, std::memory_order_relaxed);
+          if (c.state.draining()) c.drain_broken.store(true, std::memory_order_relaxed);
           c.resync_fence_acked.store(d.flags & proto::kDowngradeFenceAcked, std::memory_order_relaxed);
           if (c.state.Apply(ConnEvent::kLinkLost, reason))
             if (LinkLostHandler h = g_link_lost.load(std::memory_order_acquire)) h(it->second);
@@ -711,8 +712,9 @@ void Session::BackendLost() {
       c->gen.fetch_add(1);
       continue;
     }
-    if (before == Phase::kResyncing && c->state.draining() && !c->peer_ring_end.load() && !c->drain_broken.load()) {
-      // A drain whose TX had moved: what landed is final now.
+    if (c->state.draining() && !c->peer_ring_end.load() && !c->drain_broken.load()) {
+      // A drain under way: what landed is final now, and the RESYNC rules
+      // apply in full (RingFinal).
       c->resync_landed.store(c->rx_tail.load(std::memory_order_acquire), std::memory_order_relaxed);
       c->drain_broken.store(true, std::memory_order_release);
     }

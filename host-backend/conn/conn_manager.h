@@ -107,7 +107,9 @@ class ConnManager {
   // and none of its connections pairs until it is undrained (then the
   // pending ones pair at once).
   static constexpr uint32_t kAllVms = ~0u;
-  void RequestDrain(uint32_t vm_index, bool drain, proto::Reason why);
+  // Returns the request's number: applied once drains_applied() reaches it.
+  uint64_t RequestDrain(uint32_t vm_index, bool drain, proto::Reason why);
+  uint64_t drains_applied() const { return drain_applied_.load(std::memory_order_acquire); }
   // Worker: applies the requests. True if there were any.
   bool ApplyDrainRequests();
   // Any thread: why VM vm_index drains (kNone: it does not).
@@ -301,10 +303,13 @@ class ConnManager {
     uint32_t vm_index;
     bool drain;
     proto::Reason why;
+    uint64_t seq;
   };
   std::mutex drain_mu_;
   std::vector<DrainRequest> drain_requests_;  // guarded by drain_mu_
   std::atomic<bool> drain_requested_{false};
+  uint64_t drain_seq_ = 0;  // guarded by drain_mu_
+  std::atomic<uint64_t> drain_applied_{0};
   // Per VM index: the reason it drains (0: it does not). Written by the worker.
   std::array<std::atomic<uint16_t>, kMaxVms> drain_{};
 };

@@ -11,10 +11,11 @@ namespace vsocket::backend {
 
 using proto::Reason;
 
-void ConnManager::RequestDrain(uint32_t vm_index, bool drain, Reason why) {
+uint64_t ConnManager::RequestDrain(uint32_t vm_index, bool drain, Reason why) {
   std::lock_guard<std::mutex> lock(drain_mu_);
-  drain_requests_.push_back({vm_index, drain, why});
+  drain_requests_.push_back({vm_index, drain, why, ++drain_seq_});
   drain_requested_.store(true, std::memory_order_release);
+  return drain_seq_;
 }
 
 bool ConnManager::ApplyDrainRequests() {
@@ -45,6 +46,7 @@ bool ConnManager::ApplyDrainRequests() {
     } else {
       for (uint32_t vm : vms) PairPending(vm);
     }
+    drain_applied_.store(r.seq, std::memory_order_release);
   }
   return true;
 }
@@ -61,6 +63,7 @@ bool ConnManager::AskDrain(BackendConn& c, Reason why) {
   if (c.peer != nullptr && (!c.peer->clean_downgrade || c.peer->gone)) return false;
   if (c.peer == nullptr && (!c.remote.paired() || c.remote.gone)) return false;
   c.drain_asked = true;
+  c.leaving.store(true, std::memory_order_relaxed);
   c.ev_drain_reason = why;
   Raise(c, kEvDrain);
   counters_.drains_asked.fetch_add(1, std::memory_order_relaxed);
@@ -75,6 +78,7 @@ void ConnManager::TellPeerRingEnd(BackendConn& c, Reason why) {
   // Its library would follow the ring end anyway; asked first, it knows why.
   if (!c.drain_asked && c.clean_downgrade && c.state == ConnState::kUpgraded && !c.gone) {
     c.drain_asked = true;
+    c.leaving.store(true, std::memory_order_relaxed);
     c.ev_drain_reason = why;
     Raise(c, kEvDrain);
   }

@@ -96,6 +96,7 @@ void ConnManager::Orphan(BackendConn& c) {
   }
   WithdrawTx(c);  // the rest goes from the copy; frames in flight still read the ring
   c.gone = true;
+  c.leaving.store(false, std::memory_order_relaxed);
   c.write_shut = true;
   c.tx.host = c.rx.host = nullptr;
   c.pending_events = 0;
@@ -186,6 +187,7 @@ void ConnManager::Violation(BackendConn& c, const char* what) {
     std::lock_guard<std::mutex> lock(snapshot_mu_);
     c.reason = Reason::kProtocolError;
   }
+  c.leaving.store(false, std::memory_order_relaxed);
   Raise(c, kEvDowngrade);
 }
 
@@ -268,7 +270,8 @@ std::vector<ConnSnapshot> ConnManager::Snapshot() const {
                    c->peer              ? c->peer->rx.size
                    : c->remote.paired() ? c->remote.window
                                         : 0,
-                   c->remote.paired() ? c->remote.host : 0, c->moved.load(std::memory_order_relaxed)});
+                   c->remote.paired() ? c->remote.host : 0, c->moved.load(std::memory_order_relaxed),
+                   c->leaving.load(std::memory_order_relaxed)});
   }
   return out;
 }

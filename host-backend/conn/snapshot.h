@@ -24,6 +24,7 @@ struct ConnSnapshot {
   uint32_t window;       // its TX credit window (peer's RX ring, bytes)
   uint32_t remote_host;  // peer host id when the peer is on another host, else 0
   bool moved;            // upgraded, and both directions have left the rings (a drain)
+  bool leaving;          // asked to drain, not yet moved (nor closed or reset)
 };
 
 }  // namespace vsocket::backend

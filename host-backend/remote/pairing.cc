@@ -290,10 +290,21 @@ void ConnManager::OnHostDown(uint32_t host) {
     if (s->host() == host) s->Reset();
   DropPendingRemote([host](const auto& kv) { return kv.second.host == host; });
   std::vector<BackendConn*> hit;
-  for (auto& [h, c] : conns_)
-    if (c->remote.host == host && c->remote.stage != RemotePeer::Stage::kNone &&
-        c->remote.stage != RemotePeer::Stage::kDetached)
-      hit.push_back(c.get());
+  for (auto& [h, c] : conns_) {
+    if (c->remote.host != host || c->remote.stage == RemotePeer::Stage::kNone ||
+        c->remote.stage == RemotePeer::Stage::kDetached)
+      continue;
+    if (c->remote.stage == RemotePeer::Stage::kRequested && !c->gone) {
+      // Asked, not answered: nobody upgraded anything (the acceptor's guest
+      // upgrades at our first link frame), so our guest just stays pending
+      // and asks again when the host is back (OnHostUp) — a peer host that
+      // restarts after a drain kept our requests until it stopped.
+      DropRx(*c);
+      c->remote.stage = RemotePeer::Stage::kNone;
+      continue;
+    }
+    hit.push_back(c.get());
+  }
   for (BackendConn* c : hit) DetachRemote(*c, Reason::kFabricDown);
   // The host's links are destroyed right after this: no frame on them
   // reads a TX ring any more (including connections detached earlier).

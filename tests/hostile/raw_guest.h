@@ -101,6 +101,10 @@ class RawGuest {
     return Post({proto::MsgType::kFence, 0, proto::ConnCounter{id, 0}}) &&
            Post({proto::MsgType::kTxTail, 0, proto::ConnCounter{id, n}});
   }
+  // SHUTDOWN(how) for id (fire and forget).
+  bool Shutdown(uint64_t id, proto::ShutdownHow how) {
+    return Post({proto::MsgType::kShutdown, 0, proto::Shutdown{id, how}});
+  }
   std::string Unregister(uint64_t id) {
     proto::Message resp;
     if (!ch_ || !ch_->Call({proto::MsgType::kUnregister, 0, proto::Unregister{id}}, &resp, scratch_).ok()) return "";
