@@ -138,12 +138,11 @@ struct BackendConn {
   // Both directions have left the rings: everything before the two ring
   // ends was delivered (read by the control socket: `vsocketctl drain`).
   std::atomic<bool> moved{false};
-  // Asked to drain (or following its peer's ring end), and its library has
-  // not yet unregistered it (it does once both directions are on kernel TCP
-  // and every byte was consumed, to register again), nor was it reset:
-  // what a drain waits for (`vsocketctl drained`, SIGTERM). A library that
-  // learned of a stop halfway through its drain would finish it by the
-  // RESYNC rules, which may resend.
+  // Asked to drain (or following its peer's ring end), and not yet both
+  // moved and consumed both ways (ConnManager::MaybeLeft), unregistered or
+  // reset: what a drain waits for (`vsocketctl drained`, SIGTERM). A
+  // library that learned of a stop halfway through its drain would finish
+  // it by the RESYNC rules, which may resend.
   std::atomic<bool> leaving{false};
   proto::Reason ev_drain_reason = proto::Reason::kOperator;
   bool shut_announced = false;

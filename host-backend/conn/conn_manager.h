@@ -193,6 +193,7 @@ class ConnManager {
   bool AskDrain(BackendConn& c, proto::Reason why);
   void TellPeerRingEnd(BackendConn& c, proto::Reason why);
   void NoteMoved(BackendConn& c);
+  void MaybeLeft(BackendConn& c);
   void PairPending(uint32_t vm_index);
   void MaybeDestroy(BackendConn* c);
   DeviceConns* Find(vhost::BackendDevice& device);

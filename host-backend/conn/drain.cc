@@ -94,6 +94,24 @@ void ConnManager::NoteMoved(BackendConn& c) {
   c.moved.store(true, std::memory_order_relaxed);
   if (c.peer != nullptr) c.peer->moved.store(true, std::memory_order_relaxed);
   counters_.drains_done.fetch_add(1, std::memory_order_relaxed);
+  MaybeLeft(c);
+}
+
+// A moved connection no longer holds a stop up once every byte of both
+// ring streams was consumed: its libraries then have (or take from the
+// events published before we exit) the CREDIT that lets each one's TX move
+// with nothing to resend, and the peer's ring end. (Or once its library
+// unregistered it: Orphan. An idle application's library leaves its old
+// registration only at its next call.)
+void ConnManager::MaybeLeft(BackendConn& c) {
+  if (!c.moved.load(std::memory_order_relaxed) || c.rx_consumed != c.rx_tail) return;
+  if (c.peer != nullptr) {
+    if (c.peer->rx_consumed != c.peer->rx_tail) return;
+    c.peer->leaving.store(false, std::memory_order_relaxed);
+  } else if (c.remote.credit != c.tx_copied) {
+    return;
+  }
+  c.leaving.store(false, std::memory_order_relaxed);
 }
 
 // At the undrain: VM vm_index's connections registered while it drained

@@ -350,6 +350,7 @@ bool ConnManager::ApplyConsumed(BackendConn& c, uint64_t consumed) {
     MarkMovable(*c.peer);  // room in our RX ring again
   }
   if (c.remote.paired()) Owe(c, kOweCredit);
+  if (c.moved.load(std::memory_order_relaxed)) MaybeLeft(c);
   return true;
 }
 

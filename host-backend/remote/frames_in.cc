@@ -157,6 +157,7 @@ void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
       c->remote.credit = h.value;
       UpdateCredit(*c);
       MarkMovable(*c);
+      if (c->moved.load(std::memory_order_relaxed)) MaybeLeft(*c);
       break;
     case FrameType::kShutWr:
       if ((h.aux & 0xff) != proto::kShutRingEnd) {

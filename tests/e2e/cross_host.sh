@@ -663,6 +663,7 @@ case_cross_drain() {  # case_cross_drain PORT
 print(next(c["value"] for c in json.load(sys.stdin) if c["counter"] == "fabric_bytes_out"))'
   if ! drained=$(bash $TB ctl hostB drain vmB1 --wait 10 2>&1); then
     fail $name "vsocketctl drain vmB1 --wait 10: $drained"
+    bash $TB ctl hostB undrain vmB1 >/dev/null 2>&1  # (the cases after this one)
     kill $bsrv $bcli $rsrv $rcli 2>/dev/null
     return
   fi

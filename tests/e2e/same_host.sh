@@ -1470,6 +1470,7 @@ case_drain() {  # case_drain NAME PORT undrain|restart
   t0=$(date +%s.%N)
   if ! drained=$(bash $TB ctl drain --wait 10 2>&1); then
     fail $name "vsocketctl drain --wait 10: $drained"
+    bash $TB ctl undrain >/dev/null 2>&1  # (the cases after this one)
     kill $bsrv $rsrv $bcli $rcli 2>/dev/null
     return
   fi
