@@ -69,9 +69,12 @@ void Daemon::Stop() {
 
 namespace vsocket::backend {
 
-void Daemon::DrainAll() {
-  conns_.RequestDrain(ConnManager::kAllVms, true, proto::Reason::kOperator);
+void Daemon::Drain(uint32_t vm_index, bool drain) {
+  uint64_t seq = conns_.RequestDrain(vm_index, drain, proto::Reason::kOperator);
   worker_.Wake();
+  // Back once the worker applied it (its next pass: at once, unless it is
+  // wedged), so that what the caller counts next includes it.
+  for (int i = 0; i < 1000 && conns_.drains_applied() < seq; ++i) usleep(1000);
 }
 
 size_t Daemon::Leaving(const std::string& vm, size_t* accelerated) const {
@@ -105,12 +108,7 @@ std::string Daemon::CtlCommand(const std::string& line) {
     if (p.vm_name == vm) port = &p;
   if (!vm.empty() && port == nullptr) return error("no VM named '" + vm + "' (vsocketctl vms lists them)");
   if (words[0] != "drained") {
-    bool drain = words[0] == "drain";
-    uint64_t seq = conns_.RequestDrain(port ? port->index : ConnManager::kAllVms, drain, proto::Reason::kOperator);
-    worker_.Wake();
-    // Answered once the worker applied it (its next pass: at once, unless
-    // it is wedged), so that the counts below include it.
-    for (int i = 0; i < 1000 && conns_.drains_applied() < seq; ++i) usleep(1000);
+    Drain(port ? port->index : ConnManager::kAllVms, words[0] == "drain");
     VS_LOG(kInfo, "operator: %s %s", words[0].c_str(), vm.empty() ? "(all VMs)" : vm.c_str());
   }
   // Where it stands (`drained` says how far a drain got).

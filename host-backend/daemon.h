@@ -31,8 +31,10 @@ class Daemon {
   // Stops the worker (nothing more reaches any guest), then removes the
   // ports and stops the metrics listener and the control socket.
   void Stop();
-  // Asks every VM's connections to leave the rings (SIGTERM, before Stop).
-  void DrainAll();
+  // Drains (or undrains) VM vm_index, ConnManager::kAllVms for every VM
+  // (SIGTERM, before Stop; vsocketctl drain/undrain); back once the worker
+  // applied it.
+  void Drain(uint32_t vm_index, bool drain);
   // Connections (of VM `vm`; empty: all) a drain asked to leave the rings
   // that have not yet (nor closed), and those accelerated in all.
   size_t Leaving(const std::string& vm, size_t* accelerated = nullptr) const;

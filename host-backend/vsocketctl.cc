@@ -103,6 +103,12 @@ bool Ask(const std::string& path, const std::string& line, std::string* out) {
 
 bool IsError(const std::string& out) { return out.rfind("error:", 0) == 0 || out.rfind("{\"error\"", 0) == 0; }
 
+// A `drained` answer (text or JSON) that says no connection is still
+// leaving the rings.
+bool NoneLeaving(const std::string& out) {
+  return out.find(" 0 connection(s) still leaving") != std::string::npos || out.find("\"leaving\":0,") != std::string::npos;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -133,13 +139,11 @@ int main(int argc, char** argv) {
     std::string query = "drained" + command.substr(5) + (json ? " --json" : "") + "\n";
     for (int i = 0; i <= wait_s * 10; ++i) {
       if (!Ask(path, query, &out)) return 1;
-      if (IsError(out) || out.find(" 0 connection(s) still leaving") != std::string::npos || out.find("\"leaving\":0,") != std::string::npos)
-        break;
+      if (IsError(out) || NoneLeaving(out)) break;
       usleep(100000);
     }
     std::fwrite(out.data(), 1, out.size(), stdout);
-    bool done = out.find(" 0 connection(s) still leaving") != std::string::npos || out.find("\"leaving\":0,") != std::string::npos;
-    return done ? 0 : 1;
+    return NoneLeaving(out) ? 0 : 1;
   }
   std::fwrite(out.data(), 1, out.size(), stdout);
   return IsError(out) ? 1 : 0;

@@ -222,7 +222,7 @@ int Main(int argc, char** argv) {
     // library without the feature, a connection half closed), resync as
     // after a crash; a second signal stops waiting.
     int64_t start = MonotonicMs();
-    daemon.DrainAll();
+    daemon.Drain(ConnManager::kAllVms, true);
     size_t left = 0;
     while ((left = daemon.Leaving("")) > 0 && MonotonicMs() - start < flags.drain_timeout_ms) {
       timespec ts{0, 20'000'000};

@@ -251,20 +251,15 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       continue;
     }
     if (shut) return got;  // EOF: every byte before it was delivered
-    if (c.peer_ring_end.load(std::memory_order_acquire) && c.state.draining() && !c.state.resynced() &&
-        tail == c.resync_landed.load(std::memory_order_relaxed)) {
-      // The peer left the rings (a drain) and we read all it wrote into
-      // them: its RESYNC header (nothing to resend) and kernel TCP follow,
-      // whether or not our own TX has left the ring yet.
-      c.state.AdvanceRxResync(RxResync::kHeader);
+    // Every byte that landed before the link loss, or that the peer wrote
+    // before it left the rings (a drain: whether or not our own TX has left
+    // them yet), is delivered: the rest follows the peer's RESYNC header on
+    // the kernel stream. (Compared with the landed count, not just read
+    // again: an RX_TAIL and the loss dispatched by another thread since
+    // `tail` was read must not skip the bytes it brought.)
+    if ((c.state.resynced() || c.peer_ring_end.load(std::memory_order_acquire)) && c.RingFinal() &&
+        tail == c.resync_landed.load(std::memory_order_relaxed) && c.state.AdvanceRxResync(RxResync::kHeader))
       continue;
-    }
-    if (c.state.resynced() && c.RingFinal()) {
-      // Every byte that landed before the link loss is delivered: the rest
-      // follows the peer's RESYNC header on the kernel stream.
-      c.state.AdvanceRxResync(RxResync::kHeader);
-      continue;
-    }
     if (got && !waitall) return got;
     if (c.session->TryDrain()) continue;
     if (c.shut_rd.load()) return got;

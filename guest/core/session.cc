@@ -389,6 +389,28 @@ bool Session::DrainLocked() {
   return changed;
 }
 
+namespace {
+
+// Under the session lock: the backend asked c to leave the rings, or its
+// peer did (docs/connection-lifecycle.md §9). The socket layer's handler
+// gives the background writer the TX side, for an application that does not
+// call us.
+void StartDrain(const std::shared_ptr<Conn>& c, proto::Reason why) {
+  if (c->state.phase() != Phase::kUpgraded || c->state.draining()) return;
+  c->drain_reason.store(why, std::memory_order_relaxed);
+  if (c->state.Apply(ConnEvent::kDrain))
+    if (Session::LinkLostHandler h = g_link_lost.load(std::memory_order_acquire)) h(c);
+}
+
+// The link or the backend went while a drain was under way: `landed` is
+// final, and the RESYNC rules apply in full (Conn::RingFinal).
+void BreakDrain(Conn& c, uint64_t landed) {
+  c.resync_landed.store(landed, std::memory_order_relaxed);
+  c.drain_broken.store(true, std::memory_order_release);
+}
+
+}  // namespace
+
 void Session::Dispatch(const Message& m) {
   if (m.type == MsgType::kRingsReleased) {
     auto it = closing_.find(std::get<proto::ConnCounter>(m.body).conn_id);
@@ -457,11 +479,7 @@ void Session::Dispatch(const Message& m) {
         c.peer_ring_end.store(true, std::memory_order_release);
         VS_LOG(kDebug, "conn %lu: the peer left the rings at %lu", static_cast<unsigned long>(conn_id),
                static_cast<unsigned long>(c.rx_tail.load()));
-        if (c.state.phase() == Phase::kUpgraded && !c.state.draining()) {
-          c.drain_reason.store(proto::Reason::kPeerDowngraded, std::memory_order_relaxed);
-          if (c.state.Apply(ConnEvent::kDrain))
-            if (LinkLostHandler h = g_link_lost.load(std::memory_order_acquire)) h(it->second);
-        }
+        StartDrain(it->second, proto::Reason::kPeerDowngraded);
         WakeWriter();
         break;
       }
@@ -482,11 +500,7 @@ void Session::Dispatch(const Message& m) {
         // Not a loss: leave the rings with clean fences (resync.cc
         // DrainTxLocked; the background writer finishes it if the
         // application does not call us).
-        if (c.state.phase() == Phase::kUpgraded && !c.state.draining()) {
-          c.drain_reason.store(reason, std::memory_order_relaxed);
-          if (c.state.Apply(ConnEvent::kDrain))
-            if (LinkLostHandler h = g_link_lost.load(std::memory_order_acquire)) h(it->second);
-        }
+        StartDrain(it->second, reason);
         break;
       }
       // fabric-down: the link is gone, the kernel connection is not.
@@ -500,12 +514,8 @@ void Session::Dispatch(const Message& m) {
         // rules (unless the peer's ring stream had ended: then nothing is
         // missing).
         if (!c.peer_ring_end.load() && !c.drain_broken.load()) {
-          if (d.bytes_received != c.rx_tail.load()) {
-            c.state.Apply(ConnEvent::kFail, reason);
-          } else {
-            c.resync_landed.store(d.bytes_received, std::memory_order_relaxed);
-            c.drain_broken.store(true, std::memory_order_release);
-          }
+          if (d.bytes_received != c.rx_tail.load()) c.state.Apply(ConnEvent::kFail, reason);
+          else BreakDrain(c, d.bytes_received);
         }
       } else if (c.state.upgraded() && resync && !c.state.resynced()) {
         // Every RX_TAIL came before this event, so the landed count can
@@ -712,12 +722,8 @@ void Session::BackendLost() {
       c->gen.fetch_add(1);
       continue;
     }
-    if (c->state.draining() && !c->peer_ring_end.load() && !c->drain_broken.load()) {
-      // A drain under way: what landed is final now, and the RESYNC rules
-      // apply in full (RingFinal).
-      c->resync_landed.store(c->rx_tail.load(std::memory_order_acquire), std::memory_order_relaxed);
-      c->drain_broken.store(true, std::memory_order_release);
-    }
+    if (c->state.draining() && !c->peer_ring_end.load() && !c->drain_broken.load())
+      BreakDrain(*c, c->rx_tail.load(std::memory_order_acquire));  // a drain under way
     if (before == Phase::kUpgraded || before == Phase::kLingering) {
       c->resync_landed.store(c->rx_tail.load(std::memory_order_acquire), std::memory_order_relaxed);
       c->resync_fence_acked.store(

@@ -174,6 +174,10 @@ class ConnManager {
   void PeerViolation(BackendConn& c, const char* what);
   static bool RingsOverlap(const DeviceConns& dc, const BackendConn& c);
   void Pair(BackendConn& a, BackendConn& b);
+  // Registration and undrain: pairs c with its mirror on this host, or with
+  // a peer host (requests.cc).
+  bool PairWithMirror(BackendConn& c);
+  bool PairRemote(BackendConn& c);
   bool ResolveRings(BackendConn& c);
   // The guest is gone: keep its unsent TX bytes, tell the peer.
   void Orphan(BackendConn& c);

@@ -3,7 +3,6 @@
 // docs/connection-lifecycle.md §9, decision 54.
 #include "host-backend/conn/conn_manager.h"
 
-#include "base/clock.h"
 #include "base/log.h"
 #include "vhost/backend/vhost_backend.h"
 
@@ -125,34 +124,8 @@ void ConnManager::PairPending(uint32_t vm_index) {
   size_t paired = 0;
   for (BackendConn* c : todo) {
     if (c->state != ConnState::kPending || c->peer != nullptr) continue;  // paired with an earlier one
-    uint64_t peer_handle = 0;
-    if (registry_.find(c->key.Mirror(), peer_handle)) {
-      auto it = conns_.find(peer_handle);
-      if (it == conns_.end()) continue;
-      BackendConn* p = it->second.get();
-      if (p->state == ConnState::kPending && p->reason == Reason::kPending && p->peer == nullptr && !p->gone &&
-          p->role != c->role && p->remote.stage == RemotePeer::Stage::kNone && !Draining(p->vm_index)) {
-        Pair(*c, *p);
-        ++paired;
-      }
-      continue;
-    }
-    if (c->key.scope != 0) continue;
-    auto pr = pending_remote_.find(c->key);
-    if (pr != pending_remote_.end()) {
-      PendingRemote r = pr->second;
-      ErasePendingRemote(pr);
-      if (r.expires_ms >= MonotonicMs()) {
-        AcceptRemote(*c, r);
-        ++paired;
-      }
-    } else if (c->role == proto::Role::kClient && hosts_ != nullptr &&
-               LocalPortFor(c->key.tenant, c->key.peer) == nullptr) {
-      if (uint32_t host = hosts_->Locate(c->key.tenant, c->key.peer)) {
-        RequestRemotePair(*c, host);
-        ++paired;
-      }
-    }
+    if (PairWithMirror(*c)) paired += c->state == ConnState::kUpgraded;
+    else paired += PairRemote(*c);
   }
   VS_LOG(kInfo, "vm index %u undrained: %zu pending connection(s) paired or asked for", vm_index, paired);
 }

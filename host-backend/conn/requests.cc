@@ -259,17 +259,7 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
 
   Message ack =
       Ack(request_id, r.conn_id, WireError::kOk, Reason::kPending, std::min(r.tx_ring_bytes, r.rx_ring_bytes));
-  // Pair with the mirrored registration of the same tenant, if it is there:
-  // pairing looks only within the tenant (tenants may use the same
-  // addresses), and only at registrations still waiting for their peer.
-  uint64_t peer_handle = 0;
-  if (registry_.find(c.key.Mirror(), peer_handle)) {
-    BackendConn* p = conns_.at(peer_handle).get();
-    // (Not while either VM drains: they pair when it is undrained.)
-    if (p->state == ConnState::kPending && p->reason == Reason::kPending && p->peer == nullptr && !p->gone &&
-        p->role != c.role && !Draining(c.vm_index) && !Draining(p->vm_index))
-      Pair(c, *p);
-  } else {
+  if (!PairWithMirror(c)) {
     // The mirror 4-tuple registered by another tenant is counted for the
     // operator, never told to either tenant: it is none of their business,
     // and with overlapping addresses it may be a coincidence or a probe.
@@ -283,18 +273,7 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
     ConnKey mine = c.key;
     mine.tenant = 0;
     by_tuple_.insert_or_assign(mine, c.key.tenant);
-    // Not on this host: a peer host may run the other end.
-    if (c.reason == Reason::kPending && c.key.scope == 0 && !Draining(c.vm_index)) {
-      auto pr = pending_remote_.find(c.key);
-      if (pr != pending_remote_.end()) {
-        PendingRemote r = pr->second;
-        ErasePendingRemote(pr);
-        if (r.expires_ms >= MonotonicMs()) AcceptRemote(c, r);
-      } else if (c.role == proto::Role::kClient && hosts_ != nullptr &&
-                 LocalPortFor(c.key.tenant, c.key.peer) == nullptr) {
-        if (uint32_t host = hosts_->Locate(c.key.tenant, c.key.peer)) RequestRemotePair(c, host);
-      }
-    }
+    (void)PairRemote(c);
   }
   return ack;
 }
@@ -323,6 +302,45 @@ Message ConnManager::Unregister(DeviceConns& dc, uint64_t request_id, uint64_t c
     return Ack(request_id, conn_id, WireError::kOk, Reason::kRingsHeld);
   }
   return Ack(request_id, conn_id, WireError::kOk, Reason::kNone);
+}
+
+// Pairs c with the mirrored registration of the same tenant if that one
+// waits for its peer: pairing looks only within the tenant (tenants may use
+// the same addresses), only at registrations still waiting for their peer
+// (not one a peer host is pairing), and not while either VM drains (they
+// pair when it is undrained). True if the mirror is registered at all.
+bool ConnManager::PairWithMirror(BackendConn& c) {
+  uint64_t peer_handle = 0;
+  if (!registry_.find(c.key.Mirror(), peer_handle)) return false;
+  auto it = conns_.find(peer_handle);
+  if (it == conns_.end()) return true;
+  BackendConn* p = it->second.get();
+  if (p->state == ConnState::kPending && p->reason == Reason::kPending && p->peer == nullptr && !p->gone &&
+      p->role != c.role && p->remote.stage == RemotePeer::Stage::kNone && !Draining(c.vm_index) &&
+      !Draining(p->vm_index))
+    Pair(c, *p);
+  return true;
+}
+
+// c's peer may run on another host: accepts the PAIR_REQUEST kept for it,
+// or, for a client, asks the host the locator names (not while c's VM
+// drains). True if it did either.
+bool ConnManager::PairRemote(BackendConn& c) {
+  if (c.reason != Reason::kPending || c.key.scope != 0 || Draining(c.vm_index)) return false;
+  auto pr = pending_remote_.find(c.key);
+  if (pr != pending_remote_.end()) {
+    PendingRemote r = pr->second;
+    ErasePendingRemote(pr);
+    if (r.expires_ms < MonotonicMs()) return false;
+    AcceptRemote(c, r);
+    return true;
+  }
+  if (c.role != proto::Role::kClient || hosts_ == nullptr || LocalPortFor(c.key.tenant, c.key.peer) != nullptr)
+    return false;
+  uint32_t host = hosts_->Locate(c.key.tenant, c.key.peer);
+  if (host == 0) return false;
+  RequestRemotePair(c, host);
+  return true;
 }
 
 bool ConnManager::ApplyTxTail(BackendConn& c, uint64_t tail) {

@@ -1332,6 +1332,41 @@ print(sum(1 for c in d.get('connections', []) if c.get('mode') == 'accelerated' 
   return 1
 }
 
+# bulk_and_rounds NAME REP PORT ROUNDS: in the background, a 4 GiB one-way
+# xfer stream from vm1 to vm2 on PORT and 4 request/response connections
+# (ROUNDS rounds of 10 KiB each way, 20 ms apart) on PORT+1, every byte
+# checked by xfer; their PIDs in BR_PIDS (bulk client, bulk server, rounds
+# client, rounds server). Fails (and stops them) unless all 10 ends are
+# accelerated within 10 s.
+bulk_and_rounds() {
+  local name=$1 rep=$2 port=$3 rounds=$4 bsrv rsrv bcli
+  vm_bg vm2 preload "$rep" "$WORK/$name.bsrv" "$XFER" server "$A2" "$port" --conns 1 --one-way
+  bsrv=$BG
+  vm_bg vm2 preload "$rep" "$WORK/$name.rsrv" "$XFER" server "$A2" $((port + 1)) --conns 4 --rounds "$rounds" --gap-ms 20
+  rsrv=$BG
+  sleep 0.3
+  vm_bg vm1 preload "$rep" "$WORK/$name.bcli" "$XFER" client "$A2" "$port" --conns 1 --bytes 4294967296 --one-way
+  bcli=$BG
+  vm_bg vm1 preload "$rep" "$WORK/$name.rcli" "$XFER" client "$A2" $((port + 1)) --conns 4 --bytes $((rounds * 10240)) \
+    --rounds "$rounds" --gap-ms 20
+  BR_PIDS="$bcli $bsrv $BG $rsrv"  # (the order of bulk_and_rounds_wait's names)
+  wait_accelerated 10 "$port" $((port + 1)) || { kill $BR_PIDS 2>/dev/null; return 1; }
+}
+# bulk_and_rounds_wait NAME: waits for bulk_and_rounds' processes (in this
+# shell: they are its children); BR_BAD says which failed and their last
+# lines (empty if none did).
+bulk_and_rounds_wait() {
+  local name=$1 pid i=0
+  local names=("bulk client" "bulk server" "rounds client" "rounds server")
+  BR_BAD=""
+  for pid in $BR_PIDS; do
+    wait "$pid" || BR_BAD+="${names[$i]} failed; "
+    i=$((i + 1))
+  done
+  [ -z "$BR_BAD" ] ||
+    BR_BAD+=$(tail -1 "$WORK/$name.bcli" "$WORK/$name.bsrv" "$WORK/$name.rcli" "$WORK/$name.rsrv" 2>/dev/null | tr '\n' ' ')
+}
+
 # A bulk stream and request/response connections, both byte-checked, while
 # the daemon is stopped with SIG (KILL: a crash; TERM: what systemd sends)
 # and started again at a random point of the transfer. Every connection must
@@ -1342,42 +1377,22 @@ print(sum(1 for c in d.get('connections', []) if c.get('mode') == 'accelerated' 
 # moved after the restart).
 case_daemon_restart() {  # case_daemon_restart SIG REP PORT
   local sig=$1 rep_no=$2 port=$3 name=daemon_restart_${1,,}_$2
-  local rep=$WORK/$name.jsonl bulk_bytes=4294967296 conns=4
-  vm_bg vm2 preload "$rep" "$WORK/$name.bsrv" "$XFER" server "$A2" "$port" --conns 1 --one-way
-  local bsrv=$BG
-  vm_bg vm2 preload "$rep" "$WORK/$name.rsrv" "$XFER" server "$A2" $((port + 1)) --conns $conns --rounds 300 --gap-ms 20
-  local rsrv=$BG
-  sleep 0.3
-  vm_bg vm1 preload "$rep" "$WORK/$name.bcli" "$XFER" client "$A2" "$port" --conns 1 --bytes $bulk_bytes --one-way
-  local bcli=$BG
-  vm_bg vm1 preload "$rep" "$WORK/$name.rcli" "$XFER" client "$A2" $((port + 1)) --conns $conns --bytes 3072000 \
-    --rounds 300 --gap-ms 20
-  local rcli=$BG
+  local rep=$WORK/$name.jsonl conns=4 bad
   # A random kill point once every connection is accelerated, while the
   # bulk stream (about a second accelerated here) still runs.
-  if ! wait_accelerated $((2 + 2 * conns)) "$port" $((port + 1)); then
-    fail $name "not every connection was accelerated before the restart"
-    kill $bsrv $rsrv $bcli $rcli 2>/dev/null
-    return
-  fi
+  bulk_and_rounds $name "$rep" "$port" 300 || { fail $name "not every connection was accelerated before the restart"; return; }
   sleep "0.$((RANDOM % 4))$((RANDOM % 10))"
   local old new
   old=$(bash $TB daemon-pid)
   if ! bash $TB restart "$sig" >"$WORK/$name.restart" 2>&1; then
     fail $name "restart: $(tail -2 "$WORK/$name.restart" | tr '\n' ' ')"
-    kill $bsrv $rsrv $bcli $rcli 2>/dev/null
+    kill $BR_PIDS 2>/dev/null
     return
   fi
   new=$(bash $TB daemon-pid)
-  local p what bad=""
-  for p in "bulk client:$bcli" "bulk server:$bsrv" "rounds client:$rcli" "rounds server:$rsrv"; do
-    what=${p%%:*}
-    wait "${p##*:}" || bad+="$what failed; "
-  done
-  if [ -n "$bad" ]; then
-    fail $name "$bad$(tail -1 "$WORK/$name.bcli" "$WORK/$name.bsrv" "$WORK/$name.rcli" "$WORK/$name.rsrv" 2>/dev/null | tr '\n' ' ')"
-    return
-  fi
+  bulk_and_rounds_wait $name
+  bad=$BR_BAD
+  [ -z "$bad" ] || { fail $name "$bad"; return; }
   local out out2 after
   # SIGTERM drains first: clean fences, nothing resent (a crash resyncs).
   local cause=(--downgrade-cause backend-unavailable)
@@ -1448,22 +1463,8 @@ except Exception:
 # connections register again and re-upgrade (report: re-upgraded, last
 # downgrade "operator"; bytes moved on the rings again).
 case_drain() {  # case_drain NAME PORT undrain|restart
-  local name=$1 port=$2 how=$3 rep=$WORK/$1.jsonl bulk_bytes=4294967296 conns=4
-  vm_bg vm2 preload "$rep" "$WORK/$name.bsrv" "$XFER" server "$A2" "$port" --conns 1 --one-way
-  local bsrv=$BG
-  vm_bg vm2 preload "$rep" "$WORK/$name.rsrv" "$XFER" server "$A2" $((port + 1)) --conns $conns --rounds 500 --gap-ms 20
-  local rsrv=$BG
-  sleep 0.3
-  vm_bg vm1 preload "$rep" "$WORK/$name.bcli" "$XFER" client "$A2" "$port" --conns 1 --bytes $bulk_bytes --one-way
-  local bcli=$BG
-  vm_bg vm1 preload "$rep" "$WORK/$name.rcli" "$XFER" client "$A2" $((port + 1)) --conns $conns --bytes 5120000 \
-    --rounds 500 --gap-ms 20
-  local rcli=$BG
-  if ! wait_accelerated $((2 + 2 * conns)) "$port" $((port + 1)); then
-    fail $name "not every connection was accelerated before the drain"
-    kill $bsrv $rsrv $bcli $rcli 2>/dev/null
-    return
-  fi
+  local name=$1 port=$2 how=$3 rep=$WORK/$1.jsonl conns=4 bad
+  bulk_and_rounds $name "$rep" "$port" 500 || { fail $name "not every connection was accelerated before the drain"; return; }
   sleep "0.$((RANDOM % 4))$((RANDOM % 10))"
   local drains0 drained a0 a1 t0 took
   drains0=$(ctl_counter drains_done)
@@ -1471,7 +1472,7 @@ case_drain() {  # case_drain NAME PORT undrain|restart
   if ! drained=$(bash $TB ctl drain --wait 10 2>&1); then
     fail $name "vsocketctl drain --wait 10: $drained"
     bash $TB ctl undrain >/dev/null 2>&1  # (the cases after this one)
-    kill $bsrv $rsrv $bcli $rcli 2>/dev/null
+    kill $BR_PIDS 2>/dev/null
     return
   fi
   took=$(python3 -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.2f}')" "$t0")
@@ -1479,22 +1480,16 @@ case_drain() {  # case_drain NAME PORT undrain|restart
   a0=$(ctl_counter accel_bytes)
   sleep 0.5
   a1=$(ctl_counter accel_bytes)
-  local bad=""
+  bad=""
   [ "$a0" = "$a1" ] || bad+="$((a1 - a0)) B moved on the rings while drained; "
   if [ "$how" = restart ]; then
     bash $TB restart TERM >"$WORK/$name.restart" 2>&1 || bad+="restart: $(tail -1 "$WORK/$name.restart"); "
   else
     bash $TB ctl undrain >"$WORK/$name.undrain" 2>&1 || bad+="undrain: $(cat "$WORK/$name.undrain"); "
   fi
-  local p what
-  for p in "bulk client:$bcli" "bulk server:$bsrv" "rounds client:$rcli" "rounds server:$rsrv"; do
-    what=${p%%:*}
-    wait "${p##*:}" || bad+="$what failed; "
-  done
-  if [ -n "$bad" ]; then
-    fail $name "$bad$(tail -1 "$WORK/$name.bcli" "$WORK/$name.bsrv" "$WORK/$name.rcli" "$WORK/$name.rsrv" 2>/dev/null | tr '\n' ' ')"
-    return
-  fi
+  bulk_and_rounds_wait $name
+  bad+=$BR_BAD
+  [ -z "$bad" ] || { fail $name "$bad"; return; }
   local out out2 after drains
   out=$(python3 $CHECK "$rep" --port "$port" --expect-conns 2 --resynced --downgrade-cause operator --no-resend) ||
     bad+="bulk: $out; "
