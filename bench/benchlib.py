@@ -269,9 +269,9 @@ class Bed:
         e.update(extra or {})
         return e
 
-    def run(self, vm, accel, argv, timeout=120):
+    def run(self, vm, accel, argv, timeout=120, extra_env=None):
         """Runs argv in vm to its end; stdout and stderr apart."""
-        return sh(self.cmd + ["exec", vm] + argv, env=self.env(accel), timeout=timeout)
+        return sh(self.cmd + ["exec", vm] + argv, env=self.env(accel, extra=extra_env), timeout=timeout)
 
     def start(self, vm, accel, argv, limit_s, stdin=False, report=None, extra_env=None):
         """Starts argv in vm, bounded by limit_s (VmProcess)."""

@@ -15,6 +15,9 @@
 #   deploy/testbed2.sh exec VM CMD [ARG...]     run in VM's namespace, VSOCKET_SOCKET set
 #   deploy/testbed2.sh ctl HOST ARGS...         vsocketctl against HOST's daemon
 #   deploy/testbed2.sh addr VM | daemon-pid HOST | restart HOST [TERM|KILL] | kill HOST
+#   deploy/testbed2.sh move VM HOST               move VM (its namespace's link, its
+#                                                 vsocketd) to HOST, as a migration would
+#   deploy/testbed2.sh host VM                    where VM runs now
 #
 # Environment: VSOCKETD, VSOCKETCTL (binaries), VSOCKET_LOG_LEVEL,
 # VSOCKET_TESTBED2_DIR (state, default /run/vsocket-testbed2), VSOCKETD_ARGS,
@@ -52,7 +55,7 @@ underlay_of() { case $1 in hostA) echo 203.0.113.1 ;; hostB) echo 203.0.113.2 ;;
 bridge_addr_of() { case $1 in hostA) echo 198.51.100.1 ;; hostB) echo 198.51.100.17 ;; esac; }
 subnet_of() { case $1 in hostA) echo 198.51.100.0/28 ;; hostB) echo 198.51.100.16/28 ;; esac; }
 other_of() { case $1 in hostA) echo hostB ;; hostB) echo hostA ;; esac; }
-vm_field() { # vm_field VM N (2 host, 3 tenant, 4 address)
+vm_field() { # vm_field VM N (2 host it starts on, 3 tenant, 4 address)
   local v
   for v in $VMS; do
     [ "${v%%:*}" = "$1" ] && { echo "$v" | cut -d: -f"$2"; return 0; }
@@ -60,6 +63,12 @@ vm_field() { # vm_field VM N (2 host, 3 tenant, 4 address)
   die "unknown VM '$1' (VMs: vmA1 vmA2 vmB1 vmB2)"
 }
 need_host() { case ${1:-} in hostA | hostB) ;; *) die "unknown host '${1:-}' (hostA or hostB)" ;; esac; }
+# Where VM runs now (move changes it; the bed starts with VMS's hosts).
+host_of() { cat "$STATE/placement/$1" 2>/dev/null || vm_field "$1" 2; }
+# A VM's vhost-user socket path, as its guests see it: a link to the port of
+# the vsocketd of the host it runs on (what a container's bind mount of
+# /run/vsocket would be).
+vm_sock() { echo "$STATE/vms/$1.sock"; }
 pid_file() { echo "$STATE/$1/vsocketd.pid"; }
 ctl_sock() { echo "$STATE/$1/ctl.sock"; }
 
@@ -70,15 +79,16 @@ host_daemon_pid() { daemon_pid "$(pid_file "$1")" "$(ctl_sock "$1")"; } # HOST
 # (15 s: SIGTERM drains for up to drain_timeout_ms, 10 s, first.)
 stop_host_daemon() { stop_daemon "$(pid_file "$1")" "$(ctl_sock "$1")" "${2:-TERM}" 15 || true; } # HOST [SIGNAL]
 
+# The locator (shared by both backends) and each host's configuration, from
+# where each VM runs now: every VM is configured on both hosts (either may
+# become its host), `away = true` where it does not run.
 write_configs() {
   local h v name host tenant addr
-  mkdir -p "$STATE/certs"
-  bash "$REPO_ROOT/deploy/make-certs.sh" "$STATE/certs" hostA hostB >/dev/null
   {
     echo "# tenant address host (shared by both backends)"
     for v in $VMS; do
       IFS=: read -r name host tenant addr <<<"$v"
-      echo "$tenant $addr $host"
+      echo "$tenant $addr $(host_of "$name")"
     done
   } >"$STATE/locator"
   for h in $HOSTS; do
@@ -104,19 +114,19 @@ write_configs() {
       echo "address = $(underlay_of "$(other_of "$h")"):$PEER_PORT"
       for v in $VMS; do
         IFS=: read -r name host tenant addr <<<"$v"
-        [ "$host" = "$h" ] || continue
         echo
         echo "[vm $name]"
         echo "socket = $STATE/$h/$name.sock"
         echo "tenant = $tenant"
         echo "addresses = $addr"
+        [ "$(host_of "$name")" = "$h" ] || echo "away = true"
       done
     } >"$STATE/$h/vsocketd.conf"
   done
 }
 
 start_daemon() { # start_daemon HOST
-  local h=$1 bin i ready0
+  local h=$1 bin i n ready0
   bin=$(vsocketd_bin)
   # (The log is appended to: a restarted daemon is ready at its own line.)
   ready0=$(grep -c "vsocketd: ready" "$STATE/$h/vsocketd.log" 2>/dev/null || true)
@@ -126,7 +136,8 @@ start_daemon() { # start_daemon HOST
     ${VSOCKETD_ARGS:-} </dev/null >>"$STATE/$h/vsocketd.log" 2>&1 &
   echo $! >"$(pid_file "$h")"
   for ((i = 0; i < 100; i++)); do
-    [ "$(grep -c "vsocketd: ready" "$STATE/$h/vsocketd.log" 2>/dev/null || true)" -gt "${ready0:-0}" ] &&
+    n=$(grep -c "vsocketd: ready" "$STATE/$h/vsocketd.log" 2>/dev/null || true)
+    [ "${n:-0}" -gt "${ready0:-0}" ] &&
       [ -S "$(ctl_sock "$h")" ] && return 0
     pid_alive "$(cat "$(pid_file "$h")")" || { log_tail "$STATE/$h/vsocketd.log" 20; die "vsocketd on $h exited"; }
     sleep 0.1
@@ -203,10 +214,74 @@ cmd_up() {
     ip -n "$nsv" link set eth0 up
     ip -n "$nsv" route add default via "$(bridge_addr_of "$host")"
   done
+  mkdir -p "$STATE/certs" "$STATE/placement" "$STATE/vms"
+  bash "$REPO_ROOT/deploy/make-certs.sh" "$STATE/certs" hostA hostB >/dev/null
+  for v in $VMS; do
+    IFS=: read -r name host tenant addr <<<"$v"
+    echo "$host" >"$STATE/placement/$name"
+    ln -sfn "../$host/$name.sock" "$(vm_sock "$name")"
+  done
   write_configs
   for h in $HOSTS; do start_daemon "$h"; done
   wait_links_up
   say "up: hostA (vmA1 vmA2) <-> hostB (vmB1 vmB2), $FABRIC fabric up ($LINKS link(s)); state in $STATE"
+}
+
+# move VM HOST: what a migration does, in the order that lets every
+# connection follow (docs/testbed.md "Moving a VM"):
+# 1. the VM's vsocketd lets it go: `migrate begin` (its connections leave
+#    the rings with clean fences, then its sessions end);
+# 2. its network link moves to HOST's bridge (the two bridges are one L2
+#    segment, stretched like a cloud overlay: the VM keeps its address and
+#    its kernel TCP connections);
+# 3. both locators learn where it runs (`locator set`, and the file);
+# 4. HOST's vsocketd takes it: `migrate end` (its port opens);
+# 5. its socket path leads to HOST's port: its libraries connect there
+#    (within a second, at their next call) and its connections re-upgrade.
+cmd_move() {
+  local vm=$1 dst=$2 src name host tenant addr ctl out
+  vm_field "$vm" 2 >/dev/null
+  need_host "$dst"
+  src=$(host_of "$vm")
+  [ "$src" != "$dst" ] || die "$vm runs on $dst already"
+  tenant=$(vm_field "$vm" 3)
+  addr=$(vm_field "$vm" 4)
+  ctl=$(vsocketctl_bin)
+  out=$("$ctl" --socket "$(ctl_sock "$src")" migrate begin "$vm" --wait "${VSOCKET_TESTBED2_MOVE_WAIT:-10}") ||
+    { "$ctl" --socket "$(ctl_sock "$src")" migrate end "$vm" >/dev/null 2>&1; die "$src: migrate begin $vm: $out"; }
+  say "$src: $out"
+  # A step that fails from here on calls the move off: the link back, the
+  # VM taken back by its old host (best effort), then the error.
+  undo() {
+    ip -n "$(ns_of "$dst")" link show "p$vm" >/dev/null 2>&1 &&
+      ip -n "$(ns_of "$dst")" link set "p$vm" netns "$(ns_of "$src")" &&
+      ip -n "$(ns_of "$src")" link set "p$vm" master br0 up
+    "$ctl" --socket "$(ctl_sock "$dst")" migrate begin "$vm" --wait 1 >/dev/null 2>&1
+    "$ctl" --socket "$(ctl_sock "$src")" migrate end "$vm" >/dev/null 2>&1
+    for h in $HOSTS; do "$ctl" --socket "$(ctl_sock "$h")" locator set "$tenant" "$addr" "$src" >/dev/null 2>&1; done
+    echo "$src" >"$STATE/placement/$vm"
+    write_configs
+    die "$1"
+  }
+  if ! ip -n "$(ns_of hostA)" link show vs2sta >/dev/null 2>&1; then
+    ip link add vs2sta netns "$(ns_of hostA)" type veth peer name vs2stb netns "$(ns_of hostB)" &&
+      ip -n "$(ns_of hostA)" link set vs2sta master br0 up &&
+      ip -n "$(ns_of hostB)" link set vs2stb master br0 up || undo "could not join the two bridges"
+  fi
+  { ip -n "$(ns_of "$src")" link set "p$vm" netns "$(ns_of "$dst")" &&
+    ip -n "$(ns_of "$dst")" link set "p$vm" master br0 up; } || undo "could not move $vm's link to $dst"
+  # The locators first, then the new host takes the VM (either order works:
+  # requests that come before it arrives are kept for it).
+  for h in $HOSTS; do
+    "$ctl" --socket "$(ctl_sock "$h")" locator set "$tenant" "$addr" "$dst" >/dev/null ||
+      undo "$h: locator set $tenant $addr $dst failed"
+  done
+  echo "$dst" >"$STATE/placement/$vm"
+  write_configs  # (a daemon restarted later keeps the placement)
+  out=$("$ctl" --socket "$(ctl_sock "$dst")" migrate end "$vm") || undo "$dst: migrate end $vm: $out"
+  say "$dst: $out"
+  ln -sfn "../$dst/$vm.sock" "$(vm_sock "$vm")"
+  say "$vm moved from $src to $dst"
 }
 
 cmd_status() {
@@ -230,7 +305,7 @@ main() {
       [ "$#" -ge 2 ] || die "usage: exec VM CMD [ARG...]"
       shift
       export VSOCKET_SOCKET
-      VSOCKET_SOCKET="$STATE/$(vm_field "$vm" 2)/$vm.sock"
+      VSOCKET_SOCKET=$(vm_sock "$vm")
       cd "$ORIG_PWD"
       exec ip netns exec "$(ns_of "$vm")" "$@"
       ;;
@@ -246,6 +321,8 @@ main() {
     daemon-pid) need_host "${1:-}"; host_daemon_pid "$1" ;;
     restart) need_host "${1:-}"; stop_host_daemon "$1" "${2:-TERM}"; start_daemon "$1"; wait_links_up ;;
     kill) need_host "${1:-}"; stop_host_daemon "$1" KILL ;;
+    move) [ "$#" -eq 2 ] || die "usage: move VM HOST"; cmd_move "$1" "$2" ;;
+    host) host_of "${1:-}" ;;
     *) sed -n '2,/^[^#]/p' "$SELF" | sed -n 's/^# \{0,1\}//p' >&2; exit 2 ;; # the header comment
   esac
 }

@@ -186,8 +186,11 @@ Status SetVmKey(vhost::PortConfig* vm, const std::string& key, const std::string
   } else if (key == "group") {
     if (!IsGroupName(value)) return Bad(where, "group must be a group name ([A-Za-z_][A-Za-z0-9_.-]*, at most 32)");
     vm->group = value;
+  } else if (key == "away") {
+    if (value != "true" && value != "false") return Bad(where, "away must be true or false");
+    vm->away = value == "true";
   } else {
-    return Bad(where, "unknown key '" + key + "' (VM keys: socket, tenant, addresses, group)");
+    return Bad(where, "unknown key '" + key + "' (VM keys: socket, tenant, addresses, group, away)");
   }
   return Status::Ok();
 }

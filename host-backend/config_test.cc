@@ -226,6 +226,17 @@ TEST(DaemonConfig, GuestBudgets) {
 namespace vsocket::backend {
 namespace {
 
+TEST(VmConfig, AwayMarksAMigrationTarget) {
+  auto c = ParseConfig("[vm a]\nsocket = /s\ntenant = 1\naway = true\n[vm b]\nsocket = /t\ntenant = 1\n", "f");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->vms[0].away);
+  EXPECT_FALSE(c->vms[1].away);  // no key: the VM runs here
+  auto bad = ParseConfig("[vm a]\naway = yes\n", "f");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("f:2: away must be true or false"), std::string::npos)
+      << bad.status().message();
+}
+
 TEST(VmConfig, GroupOpensThePortSocketToOneGroup) {
   auto c = ParseConfig("[vm a]\nsocket = /s\ntenant = 1\ngroup = vsocket-db\n[vm b]\nsocket = /t\ntenant = 1\n", "f");
   ASSERT_TRUE(c.ok()) << c.status().ToString();

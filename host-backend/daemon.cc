@@ -10,6 +10,13 @@
 #include "vhost/backend/vhost_backend.h"
 
 namespace vsocket::backend {
+namespace {
+
+std::string CtlError(const std::string& msg, bool json) {
+  return json ? "{\"error\":\"" + msg + "\"}\n" : "error: " + msg + "\n";
+}
+
+}  // namespace
 
 Daemon::Daemon(DaemonConfig config)
     : config_(std::move(config)), worker_(&service_, WorkerOptions{config_.poll_us, config_.poll_max_us, 64}) {}
@@ -18,6 +25,12 @@ Status Daemon::Start() {
   conns_.SetLocalPorts(&config_.vms);
   conns_.SetOrphanBudgets(uint64_t(config_.orphan_mb_per_vm) << 20, uint64_t(config_.orphan_mb_total) << 20);
   conns_.SetConnsPerVm(static_cast<uint32_t>(config_.max_conns_per_vm));
+  for (const vhost::PortConfig& p : config_.vms)
+    if (p.away) conns_.StartAway(p.index);
+  {
+    std::lock_guard<std::mutex> lock(ports_mu_);  // (before the control socket can ask)
+    port_open_.assign(config_.vms.size(), false);
+  }
   Status st = peering_.Start(config_);
   if (!st.ok()) {
     VS_LOG(kError, "peering: %s", st.ToString().c_str());
@@ -41,12 +54,19 @@ Status Daemon::Start() {
       return st;
     }
   }
+  std::lock_guard<std::mutex> lock(ports_mu_);
   for (const vhost::PortConfig& p : config_.vms) {
+    if (p.away) {
+      VS_LOG(kInfo, "vm %s: runs on another host (away = true); its port opens at 'vsocketctl migrate end %s'",
+             p.vm_name.c_str(), p.vm_name.c_str());
+      continue;
+    }
     st = vhost::VhostBackend::Instance().AddPort(p, &worker_);
     if (!st.ok()) {
       VS_LOG(kError, "%s", st.ToString().c_str());
       return st;
     }
+    port_open_[p.index] = true;
   }
   return Status::Ok();
 }
@@ -59,8 +79,20 @@ void Daemon::Stop() {
   // every guest sees its vhost-user socket hang up and finishes its
   // connections on kernel TCP (RESYNC), and the peer hosts see their links
   // drop and do the same.
+  {
+    // No migrate command opens or closes a port from here on.
+    std::lock_guard<std::mutex> lock(ports_mu_);
+    stopping_ = true;
+  }
   worker_.Stop();
-  for (const vhost::PortConfig& p : config_.vms) (void)vhost::VhostBackend::Instance().RemovePort(p.path);
+  {
+    std::lock_guard<std::mutex> lock(ports_mu_);
+    for (const vhost::PortConfig& p : config_.vms)
+      if (p.index < port_open_.size() && port_open_[p.index]) {
+        (void)vhost::VhostBackend::Instance().RemovePort(p.path);
+        port_open_[p.index] = false;
+      }
+  }
   metrics_.Stop();
   ctl_.Stop();
 }
@@ -70,11 +102,16 @@ void Daemon::Stop() {
 namespace vsocket::backend {
 
 void Daemon::Drain(uint32_t vm_index, bool drain) {
-  uint64_t seq = conns_.RequestDrain(vm_index, drain, proto::Reason::kOperator);
+  (void)Apply(vm_index, drain ? ConnManager::VmOp::kDrain : ConnManager::VmOp::kUndrain);
+}
+
+bool Daemon::Apply(uint32_t vm_index, ConnManager::VmOp op, proto::Reason why) {
+  uint64_t seq = conns_.RequestVmOp(vm_index, op, why);
   worker_.Wake();
   // Back once the worker applied it (its next pass: at once, unless it is
-  // wedged), so that what the caller counts next includes it.
-  for (int i = 0; i < 1000 && conns_.drains_applied() < seq; ++i) usleep(1000);
+  // wedged or stopped), so that what the caller counts next includes it.
+  for (int i = 0; i < 5000 && conns_.drains_applied() < seq; ++i) usleep(1000);
+  return conns_.drains_applied() >= seq;
 }
 
 size_t Daemon::Leaving(const std::string& vm, size_t* accelerated) const {
@@ -96,17 +133,21 @@ std::string Daemon::CtlCommand(const std::string& line) {
     if (w == "--json") json = true;
     else words.push_back(w);
   }
+  if (!words.empty() && words[0] == "migrate") return MigrateCommand(words, json);
+  if (!words.empty() && words[0] == "locator") return LocatorCommand(words, json);
   if (words.empty() || (words[0] != "drain" && words[0] != "undrain" && words[0] != "drained"))
     return HandleCtlCommand(line, reporting_);
-  auto error = [&](const std::string& msg) {
-    return json ? "{\"error\":\"" + msg + "\"}\n" : "error: " + msg + "\n";
-  };
+  auto error = [&](const std::string& msg) { return CtlError(msg, json); };
   if (words.size() > 2) return error("usage: " + words[0] + " [VM]");
   std::string vm = words.size() == 2 ? words[1] : "";
-  const vhost::PortConfig* port = nullptr;
-  for (const vhost::PortConfig& p : config_.vms)
-    if (p.vm_name == vm) port = &p;
+  const vhost::PortConfig* port = PortNamed(vm);
   if (!vm.empty() && port == nullptr) return error("no VM named '" + vm + "' (vsocketctl vms lists them)");
+  if (port != nullptr && conns_.away(port->index)) {
+    if (words[0] != "drained")
+      return error(vm + " runs on another host (vsocketctl migrate end " + vm + " when it is back)");
+    return json ? "{\"vm\":\"" + vm + "\",\"draining\":true,\"away\":true,\"leaving\":0,\"accelerated\":0}\n"
+                : vm + ": runs on another host, 0 connection(s) still leaving the rings, 0 accelerated\n";
+  }
   if (words[0] != "drained") {
     Drain(port ? port->index : ConnManager::kAllVms, words[0] == "drain");
     VS_LOG(kInfo, "operator: %s %s", words[0].c_str(), vm.empty() ? "(all VMs)" : vm.c_str());
@@ -117,7 +158,8 @@ std::string Daemon::CtlCommand(const std::string& line) {
   if (words[0] == "drained") {
     draining = true;
     for (const vhost::PortConfig& p : config_.vms)
-      if ((vm.empty() || p.vm_name == vm) && conns_.draining(p.index) == proto::Reason::kNone) draining = false;
+      if ((vm.empty() || p.vm_name == vm) && !conns_.away(p.index) && conns_.draining(p.index) == proto::Reason::kNone)
+        draining = false;
   }
   std::string name = vm.empty() ? "all VMs" : vm;
   if (json)
@@ -125,6 +167,129 @@ std::string Daemon::CtlCommand(const std::string& line) {
            ",\"leaving\":" + std::to_string(left) + ",\"accelerated\":" + std::to_string(accel) + "}\n";
   return name + ": " + (draining ? "draining" : "not draining") + ", " + std::to_string(left) +
          " connection(s) still leaving the rings, " + std::to_string(accel) + " accelerated\n";
+}
+
+}  // namespace vsocket::backend
+
+namespace vsocket::backend {
+
+const vhost::PortConfig* Daemon::PortNamed(const std::string& vm) const {
+  for (const vhost::PortConfig& p : config_.vms)
+    if (p.vm_name == vm) return &p;
+  return nullptr;
+}
+
+// Moving a guest to another host (docs/operator-guide.md "Moving guests"):
+//   migrate begin VM   it drains for kMigration (vsocketctl then waits for
+//                      the drain, up to --wait, and sends detach)
+//   migrate detach VM  it leaves: connections still on the rings are reset,
+//                      its vhost-user port closes (its sessions end)
+//   migrate end VM     it runs here (arrived, or its move was called off):
+//                      its port opens and it pairs again
+std::string Daemon::MigrateCommand(const std::vector<std::string>& words, bool json) {
+  auto error = [&](const std::string& msg) { return CtlError(msg, json); };
+  if (words.size() != 3 || (words[1] != "begin" && words[1] != "detach" && words[1] != "end"))
+    return error("usage: migrate begin|end VM");
+  const std::string& vm = words[2];
+  const vhost::PortConfig* port = PortNamed(vm);
+  if (port == nullptr) return error("no VM named '" + vm + "' (vsocketctl vms lists them)");
+  auto answer = [&](const std::string& state, const std::string& text) {
+    size_t accel = 0, left = Leaving(vm, &accel);
+    if (json)
+      return "{\"vm\":\"" + vm + "\",\"state\":\"" + state + "\",\"leaving\":" + std::to_string(left) +
+             ",\"accelerated\":" + std::to_string(accel) + "}\n";
+    return vm + ": " + text + "\n";
+  };
+  bool away = conns_.away(port->index);
+  if (words[1] == "begin") {
+    if (away) return error(vm + " runs on another host already");
+    if (!Apply(port->index, ConnManager::VmOp::kDrain, proto::Reason::kMigration))
+      return error("vsocketd's worker did not answer in 5 s");
+    VS_LOG(kInfo, "operator: migrate begin %s", vm.c_str());
+    size_t accel = 0, left = Leaving(vm, &accel);
+    return answer("leaving", "leaving this host: draining, " + std::to_string(left) +
+                                 " connection(s) still leaving the rings, " + std::to_string(accel) + " accelerated");
+  }
+  if (words[1] == "detach") {
+    if (away) return answer("away", "runs on another host");
+    if (conns_.draining(port->index) != proto::Reason::kMigration)
+      return error(vm + " is not leaving (vsocketctl migrate begin " + vm + " first)");
+    uint64_t reset0 = conns_.counters().migration_resets.load();
+    // The port closes only once the worker let the VM go: a running worker
+    // would otherwise take each of its sessions' ends for a guest that
+    // exited (its connections closed, their peers told EOF).
+    if (!Apply(port->index, ConnManager::VmOp::kLeave))
+      return error("vsocketd's worker did not answer in 5 s: " + vm + " was not detached");
+    uint64_t reset = conns_.counters().migration_resets.load() - reset0;
+    {
+      std::lock_guard<std::mutex> lock(ports_mu_);
+      if (stopping_) return error("vsocketd is stopping");
+      if (port_open_[port->index]) {
+        // Ends its vhost-user sessions: its libraries go on on kernel TCP
+        // (everything moved already, or was reset just now) and connect
+        // again wherever the VM's socket path leads next.
+        Status st = vhost::VhostBackend::Instance().RemovePort(port->path);
+        if (!st.ok()) VS_LOG(kWarn, "vm %s: %s", vm.c_str(), st.ToString().c_str());
+        port_open_[port->index] = false;
+      }
+    }
+    VS_LOG(kInfo, "operator: migrate detach %s: left this host, %lu connection(s) reset", vm.c_str(),
+           static_cast<unsigned long>(reset));
+    return answer("away", "left this host: its vhost-user port is closed; " + std::to_string(reset) +
+                              " connection(s) still on the rings were reset");
+  }
+  // end: only for a VM that runs elsewhere or is leaving (not to undo an
+  // operator's drain). The port first: a guest that attaches before the
+  // worker applied the arrival waits pending, and pairs with it.
+  if (!away && conns_.draining(port->index) != proto::Reason::kMigration)
+    return error(vm + " runs here and is not leaving");
+  {
+    std::lock_guard<std::mutex> lock(ports_mu_);
+    if (stopping_) return error("vsocketd is stopping");
+    if (!port_open_[port->index]) {
+      Status st = vhost::VhostBackend::Instance().AddPort(*port, &worker_);
+      if (!st.ok()) return error(vm + ": " + st.message());
+      port_open_[port->index] = true;
+    }
+  }
+  if (!Apply(port->index, ConnManager::VmOp::kArrive))
+    return error("vsocketd's worker did not answer in 5 s: " + vm + "'s port is open, it may not pair yet");
+  VS_LOG(kInfo, "operator: migrate end %s: %s", vm.c_str(), away ? "arrived" : "stays");
+  return answer("here", away ? "runs here: its vhost-user port is open" : "runs here (its move was called off)");
+}
+
+// vsocketctl locator: the static locator's entries; `locator set TENANT
+// ADDRESS[/PREFIX] HOST` sets one (a guest moved); `locator reload` reads
+// the file again. Pending connections then look again.
+std::string Daemon::LocatorCommand(const std::vector<std::string>& words, bool json) {
+  auto error = [&](const std::string& msg) { return CtlError(msg, json); };
+  if (words.size() == 1) {
+    Result<std::string> text = peering_.LocatorText();
+    if (!text.ok()) return error(text.status().message());
+    if (!json) return *text;
+    std::string out = "[";
+    std::istringstream in(*text);
+    for (std::string t, a, h; in >> t >> a >> h;)
+      out += std::string(out.size() > 1 ? "," : "") + "{\"tenant\":" + t + ",\"address\":\"" + a +
+             "\",\"host\":\"" + h + "\"}";
+    return out + "]\n";
+  }
+  std::string done;
+  if (words[1] == "set" && words.size() == 5) {
+    size_t replaced = 0;
+    Status st = peering_.SetLocations(words[2] + " " + words[3] + " " + words[4] + "\n", &replaced);
+    if (!st.ok()) return error(st.message());
+    done = "tenant " + words[2] + " " + words[3] + " runs on " + words[4] + (replaced ? "" : " (a new entry)");
+  } else if (words[1] == "reload" && words.size() == 2) {
+    Status st = peering_.ReloadLocator();
+    if (!st.ok()) return error(st.message());
+    done = "reloaded";
+  } else {
+    return error("usage: locator [set TENANT ADDRESS[/PREFIX] HOST | reload]");
+  }
+  (void)Apply(ConnManager::kAllVms, ConnManager::VmOp::kRelocate);
+  VS_LOG(kInfo, "operator: locator %s", done.c_str());
+  return json ? "{\"locator\":\"" + done + "\"}\n" : "locator: " + done + "\n";
 }
 
 }  // namespace vsocket::backend

@@ -8,6 +8,10 @@
 //   CtlServer       the control socket (vsocketctl), MetricsServer (Prometheus)
 #pragma once
 
+#include <mutex>
+#include <string>
+#include <vector>
+
 #include "base/status.h"
 #include "host-backend/config.h"
 #include "host-backend/conn/conn_manager.h"
@@ -35,6 +39,9 @@ class Daemon {
   // (SIGTERM, before Stop; vsocketctl drain/undrain); back once the worker
   // applied it.
   void Drain(uint32_t vm_index, bool drain);
+  // Applies op to VM vm_index (ConnManager::VmOp); back once the worker did.
+  // False if it did not within 5 s (a wedged or stopped worker).
+  bool Apply(uint32_t vm_index, ConnManager::VmOp op, proto::Reason why = proto::Reason::kOperator);
   // Connections (of VM `vm`; empty: all) a drain asked to leave the rings
   // that have not yet (nor closed), and those accelerated in all.
   size_t Leaving(const std::string& vm, size_t* accelerated = nullptr) const;
@@ -43,6 +50,14 @@ class Daemon {
   // vsocketctl drain|undrain|drained [VM]: answered here (they act on the
   // worker); anything else is a report (stats.h).
   std::string CtlCommand(const std::string& command);
+  // vsocketctl migrate begin|detach|end VM and locator [set ...|reload].
+  std::string MigrateCommand(const std::vector<std::string>& words, bool json);
+  std::string LocatorCommand(const std::vector<std::string>& words, bool json);
+  const vhost::PortConfig* PortNamed(const std::string& vm) const;
+  // Per VM index: its vhost-user port is open (not away). Guarded by ports_mu_.
+  std::mutex ports_mu_;
+  std::vector<bool> port_open_;
+  bool stopping_ = false;  // Stop() began: no port opens or closes any more (ports_mu_)
   // Members are constructed in this order (each after the parts it uses)
   // and destroyed in reverse.
   const DaemonConfig config_;

@@ -26,6 +26,15 @@ std::string EndpointText(const proto::Endpoint& e) {
   return std::string(buf) + ":" + std::to_string(e.port);
 }
 
+// How an accelerated connection's bytes go: "same-host", or the name of
+// the peer host the fabric takes them to; "-" on kernel TCP.
+std::string Via(const Report& rep, const ConnSnapshot& c) {
+  if (c.state != ConnState::kUpgraded || c.moved) return "-";
+  if (c.remote_host == 0) return "same-host";
+  if (c.remote_host <= rep.peers.size()) return rep.peers[c.remote_host - 1].name;
+  return "host " + std::to_string(c.remote_host);
+}
+
 void Field(std::string& out, const char* name, uint64_t v, bool comma = true) {
   out += "\"";
   out += name;
@@ -119,8 +128,8 @@ std::string Stats(const Report& rep) {
     out += std::string("\"reason\":\"") + proto::ToString(c.reason) + "\",";
     Field(out, "accel_bytes_out", c.accel_out);
     Field(out, "accel_bytes_in", c.accel_in);
-    Field(out, "kernel_bytes_before_upgrade", c.kernel_out, false);
-    out += "}";
+    Field(out, "kernel_bytes_before_upgrade", c.kernel_out);
+    out += "\"via\":\"" + JsonEscape(Via(rep, c)) + "\"}";
   }
   out += "]}\n";
   return out;
@@ -251,14 +260,14 @@ Table Fallbacks(const std::vector<VmRow>& vms) {
 
 Table Connections(const Report& rep) {
   Table t{{"handle", "vm", "tenant", "local", "peer", "mode", "reason", "accel_bytes_out", "accel_bytes_in",
-           "kernel_bytes_before_upgrade", "credit_used", "credit_window", "rx_queued"},
+           "kernel_bytes_before_upgrade", "credit_used", "credit_window", "rx_queued", "via"},
           {},
-          {true, false, true, false, false, false, false, true, true, true, true, true, true}};
+          {true, false, true, false, false, false, false, true, true, true, true, true, true, false}};
   for (const ConnSnapshot& c : rep.conns) {
     t.rows.push_back({std::to_string(c.handle), c.vm, std::to_string(c.tenant), EndpointText(c.local),
                       EndpointText(c.peer), ToString(c.state), proto::ToString(c.reason), std::to_string(c.accel_out),
                       std::to_string(c.accel_in), std::to_string(c.kernel_out), std::to_string(c.tx_unacked),
-                      std::to_string(c.window), std::to_string(c.rx_queued)});
+                      std::to_string(c.window), std::to_string(c.rx_queued), Via(rep, c)});
   }
   return t;
 }
@@ -327,7 +336,7 @@ constexpr Command kCommands[] = {
     {"vms", kVms, &Render<VmsView>},
     {"tenants", kVms, &Render<TenantsView>},
     {"fallbacks", kVms, &Render<FallbacksView>},
-    {"connections", kConns, &Render<Connections>},
+    {"connections", kConns | kPeers, &Render<Connections>},  // (peers: their names, for "via")
     {"links", kPeers, &Render<Links>},
     {"counters", 0, &Render<CountersTable>},
 };
@@ -357,7 +366,8 @@ const Command* Find(const std::string& command, bool* json) {
 std::string Unknown(const std::string& command, bool json) {
   std::vector<std::string> words = Words(command, &json);
   std::string msg = "unknown command '" + (words.empty() ? std::string() : words[0]) +
-                    "' (stats, devices, vms, tenants, connections, links, counters, metrics)";
+                    "' (stats, devices, vms, tenants, connections, links, fallbacks, counters, metrics, drain, undrain, drained, "
+                    "migrate, locator)";
   return json ? "{\"error\":\"" + JsonEscape(msg) + "\"}\n" : "error: " + msg + "\n";
 }
 

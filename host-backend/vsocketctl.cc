@@ -13,6 +13,9 @@
 //     drain [VM] [--wait SEC]   move VM's (or every VM's) connections to kernel TCP
 //     undrain [VM]              let them accelerate again
 //     drained [VM]              how many are still on the rings
+//     migrate begin VM [--wait SEC]   VM leaves this host (drain, then detach)
+//     migrate end VM                  VM runs here (arrived, or its move called off)
+//     locator [set TENANT ADDRESS HOST | reload]   the static locator
 // The socket defaults to $VSOCKET_CTL_SOCKET, else /run/vsocket/vsocketd.sock.
 #include <poll.h>
 #include <sys/socket.h>
@@ -45,6 +48,15 @@ constexpr char kUsage[] =
     "  undrain [VM]  let them accelerate again\n"
     "  drained [VM]  whether VM drains, how many connections are still leaving\n"
     "                the rings, how many are accelerated\n"
+    "  migrate begin VM   VM is about to move to another host: its connections\n"
+    "                leave the rings with clean fences (like drain), then its\n"
+    "                vhost-user sessions end and its port closes; connections\n"
+    "                still on the rings after --wait SEC (default 10) are reset\n"
+    "  migrate end VM     VM runs here (it arrived, or its move was called off):\n"
+    "                its port opens, its connections accelerate again\n"
+    "  locator       the static locator's entries (TENANT ADDRESS HOST)\n"
+    "  locator set TENANT ADDRESS[/PREFIX] HOST   where a guest address runs now\n"
+    "  locator reload     read the locator file again\n"
     "  -s, --socket PATH   vsocketd's control socket (default $VSOCKET_CTL_SOCKET,\n"
     "                      else /run/vsocket/vsocketd.sock; root or group vsocket)\n"
     "  -j, --json          JSON instead of a table\n"
@@ -126,13 +138,26 @@ int main(int argc, char** argv) {
     else if (!a.empty() && a[0] == '-') return Usage();
     else if (command.empty()) command = a;
     else if (command == "drain" || command == "undrain" || command == "drained") command += " " + a;  // the VM
+    else if (command.rfind("migrate", 0) == 0 || command.rfind("locator", 0) == 0) command += " " + a;
     else return Usage();
   }
   if (command.empty()) return Usage();
-  if (wait_s >= 0 && command.rfind("drain ", 0) != 0 && command != "drain") return Usage();
+  bool migrate_begin = command.rfind("migrate begin ", 0) == 0;
+  if (wait_s >= 0 && command.rfind("drain ", 0) != 0 && command != "drain" && !migrate_begin) return Usage();
   std::string out;
   if (!Ask(path, command + (json ? " --json" : "") + "\n", &out)) return 1;
-  if (wait_s >= 0 && !IsError(out)) {
+  if (migrate_begin && !IsError(out)) {
+    // Until the drain moved every connection off the rings (or --wait SEC,
+    // default 10, passed: one that cannot move, half-closed, gets that long
+    // to finish), then the VM leaves: detach.
+    std::string vm = command.substr(14);
+    for (int i = 0; i <= (wait_s < 0 ? 10 : wait_s) * 10; ++i) {
+      if (!Ask(path, "drained " + vm + "\n", &out)) return 1;
+      if (IsError(out) || (NoneLeaving(out) && out.find(", 0 accelerated") != std::string::npos)) break;
+      usleep(100000);
+    }
+    if (!Ask(path, "migrate detach " + vm + (json ? " --json" : "") + "\n", &out)) return 1;
+  } else if (wait_s >= 0 && !IsError(out)) {
     // Until none is still leaving the rings (the drain is applied by
     // vsocketd's worker right after it answered: the first answer may
     // predate it).

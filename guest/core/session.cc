@@ -31,13 +31,18 @@ constexpr uint16_t kQueueSize = 256;
 constexpr uint32_t kSlotBytes = 128;  // largest request: REGISTER_CONN, 88 bytes
 constexpr uint32_t kEventBufBytes = 4096;
 constexpr size_t kEventBufs = 64;
-constexpr int64_t kRetryAfterNs = 1'000'000'000;  // backend unreachable: retry later
+// Backend unreachable: retry later, 50 ms after losing it (a restart, a
+// guest that moved: its socket path leads to the new host's vsocketd within
+// moments), backing off to once a second.
+constexpr int64_t kRetryMinNs = 50'000'000;
+constexpr int64_t kRetryMaxNs = 1'000'000'000;
 
 std::mutex g_init_mu;
 Session* g_session = nullptr;
 // Written under g_init_mu by Get; BackendLost (which may run inside Get,
 // under g_init_mu already) stores it without the lock.
 std::atomic<int64_t> g_last_attempt_ns{0};
+std::atomic<int64_t> g_retry_ns{kRetryMinNs};  // wait after the last attempt (guarded by g_init_mu to write)
 proto::Reason g_last_failure = proto::Reason::kBackendUnavailable;
 std::atomic<bool> g_sleep_at_once{false};
 std::atomic<bool> g_streams_only{false};
@@ -92,7 +97,7 @@ Session* Session::Get(proto::Reason* why) {
   if (Session* s = Existing()) return s;  // another thread connected meanwhile
   int64_t now = MonotonicNs();
   int64_t last = g_last_attempt_ns.load(std::memory_order_relaxed);
-  if (last != 0 && now - last < kRetryAfterNs) {
+  if (last != 0 && now - last < g_retry_ns.load(std::memory_order_relaxed)) {
     *why = g_last_failure;
     return nullptr;
   }
@@ -109,8 +114,9 @@ Session* Session::Get(proto::Reason* why) {
       VS_LOG(kInfo, "backend unavailable (%s): connections stay on kernel TCP", st.ToString().c_str());
     // Never handed out: nothing else refers to it. Its region and fds go
     // (the backend, if it got that far, keeps its own mapping and fds).
-    // Retried at most once a second, for as long as the backend is away.
+    // Retried 50 ms later, backing off to once a second while the backend is away.
     delete fresh;
+    g_retry_ns.store(std::min(2 * g_retry_ns.load(std::memory_order_relaxed), kRetryMaxNs), std::memory_order_relaxed);
     g_last_failure = proto::Reason::kBackendUnavailable;
     *why = g_last_failure;
     return nullptr;
@@ -129,6 +135,7 @@ Session* Session::Get(proto::Reason* why) {
            cfg.poll_auto ? "blocked calls sleep at once (VSOCKET_POLL_AUTO=0 polls anyway)" : "blocked calls poll first",
            auto_upgrade ? "connections are accelerated once they stream (VSOCKET_UPGRADE=always: at once)"
                         : "connections are accelerated at once");
+  g_retry_ns.store(kRetryMinNs, std::memory_order_relaxed);
   __atomic_store_n(&g_session, fresh, __ATOMIC_RELEASE);
   return fresh;
 }

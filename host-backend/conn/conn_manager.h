@@ -107,14 +107,31 @@ class ConnManager {
   // and none of its connections pairs until it is undrained (then the
   // pending ones pair at once).
   static constexpr uint32_t kAllVms = ~0u;
+  // Moving a guest (docs/operator-guide.md "Moving guests"): a VM drains
+  // for kMigration, then kLeave: it no longer runs here (its connections
+  // still on the rings are reset, peer hosts' requests for its addresses
+  // are refused as moved, its addresses are no longer local); kArrive: it
+  // runs here from now on (as an undrain). kRelocate: the locator changed,
+  // pending connections look again where their peers run.
+  enum class VmOp : uint8_t { kDrain, kUndrain, kLeave, kArrive, kRelocate };
   // Returns the request's number: applied once drains_applied() reaches it.
-  uint64_t RequestDrain(uint32_t vm_index, bool drain, proto::Reason why);
+  uint64_t RequestVmOp(uint32_t vm_index, VmOp op, proto::Reason why = proto::Reason::kOperator);
+  uint64_t RequestDrain(uint32_t vm_index, bool drain, proto::Reason why) {
+    return RequestVmOp(vm_index, drain ? VmOp::kDrain : VmOp::kUndrain, why);
+  }
   uint64_t drains_applied() const { return drain_applied_.load(std::memory_order_acquire); }
   // Worker: applies the requests. True if there were any.
   bool ApplyDrainRequests();
   // Any thread: why VM vm_index drains (kNone: it does not).
   proto::Reason draining(uint32_t vm_index) const {
     return static_cast<proto::Reason>(drain_[vm_index % kMaxVms].load(std::memory_order_acquire));
+  }
+  // Any thread: VM vm_index runs on another host (left, or configured away).
+  bool away(uint32_t vm_index) const { return away_[vm_index % kMaxVms].load(std::memory_order_acquire); }
+  // Before the worker starts: VM vm_index is configured away (PortConfig::away).
+  void StartAway(uint32_t vm_index) {
+    away_[vm_index % kMaxVms].store(true, std::memory_order_release);
+    drain_[vm_index % kMaxVms].store(static_cast<uint16_t>(proto::Reason::kMigration), std::memory_order_release);
   }
 
   std::vector<ConnSnapshot> Snapshot() const;
@@ -199,6 +216,13 @@ class ConnManager {
   void NoteMoved(BackendConn& c);
   void MaybeLeft(BackendConn& c);
   void PairPending(uint32_t vm_index);
+  // VM vm_index left this host (VmOp::kLeave).
+  void Leave(uint32_t vm_index);
+  // The locator changed (VmOp::kRelocate).
+  void Relocate();
+  // A peer host refused c's PAIR_REQUEST because the peer's VM moved: c
+  // waits again, and asks where the locator now says, if elsewhere.
+  void PeerMoved(BackendConn& c, uint32_t refused_by);
   void MaybeDestroy(BackendConn* c);
   DeviceConns* Find(vhost::BackendDevice& device);
   // Cross-host.
@@ -279,7 +303,9 @@ class ConnManager {
   // Looks at connections waiting for sends to complete. True if a credit moved.
   bool ReapTx();
   void DetachRemote(BackendConn& c, proto::Reason why);
-  const vhost::PortConfig* LocalPortFor(uint32_t tenant, const proto::Endpoint& addr) const;
+  // The VM here that runs addr for tenant (away: also VMs that run
+  // elsewhere now).
+  const vhost::PortConfig* LocalPortFor(uint32_t tenant, const proto::Endpoint& addr, bool away = false) const;
 
   std::unordered_map<vhost::BackendDevice*, DeviceConns> devices_;
   std::unordered_map<uint64_t, std::unique_ptr<BackendConn>> conns_;    // by handle
@@ -306,7 +332,7 @@ class ConnManager {
   mutable std::mutex snapshot_mu_;  // guards conns_ structure against Snapshot()
   struct DrainRequest {
     uint32_t vm_index;
-    bool drain;
+    VmOp op;
     proto::Reason why;
     uint64_t seq;
   };
@@ -315,8 +341,10 @@ class ConnManager {
   std::atomic<bool> drain_requested_{false};
   uint64_t drain_seq_ = 0;  // guarded by drain_mu_
   std::atomic<uint64_t> drain_applied_{0};
-  // Per VM index: the reason it drains (0: it does not). Written by the worker.
+  // Per VM index: the reason it drains (0: it does not), whether it runs
+  // on another host. Written by the worker.
   std::array<std::atomic<uint16_t>, kMaxVms> drain_{};
+  std::array<std::atomic<bool>, kMaxVms> away_{};
 };
 
 }  // namespace vsocket::backend

@@ -55,6 +55,11 @@ struct ConnManagerCounters {
   std::atomic<uint64_t> drains_asked{0};  // connections asked to leave the rings
   std::atomic<uint64_t> ring_ends{0};     // SHUTDOWN(ring end)s from guests: directions that left the rings
   std::atomic<uint64_t> drains_done{0};   // connections both of whose directions left the rings
+  // Moving guests (vsocketctl migrate).
+  std::atomic<uint64_t> vms_left{0};          // VMs that left this host (migrate begin)
+  std::atomic<uint64_t> vms_arrived{0};       // VMs that run here from then on (migrate end)
+  std::atomic<uint64_t> migration_resets{0};  // connections a leaving VM still had on the rings: reset
+  std::atomic<uint64_t> pair_moved{0};        // PAIR_REQUESTs answered or refused "the VM moved"
 };
 
 // Totals per VM (indexed by PortConfig::index), kept when connections close.

@@ -4,15 +4,17 @@
 #include "host-backend/conn/conn_manager.h"
 
 #include "base/log.h"
+#include "host-backend/conn/address.h"
+#include "host-backend/remote/frame.h"
 #include "vhost/backend/vhost_backend.h"
 
 namespace vsocket::backend {
 
 using proto::Reason;
 
-uint64_t ConnManager::RequestDrain(uint32_t vm_index, bool drain, Reason why) {
+uint64_t ConnManager::RequestVmOp(uint32_t vm_index, VmOp op, Reason why) {
   std::lock_guard<std::mutex> lock(drain_mu_);
-  drain_requests_.push_back({vm_index, drain, why, ++drain_seq_});
+  drain_requests_.push_back({vm_index, op, why, ++drain_seq_});
   drain_requested_.store(true, std::memory_order_release);
   return drain_seq_;
 }
@@ -32,22 +34,97 @@ bool ConnManager::ApplyDrainRequests() {
     } else if (ports_ != nullptr) {
       for (const vhost::PortConfig& p : *ports_) vms.push_back(p.index % kMaxVms);
     }
-    for (uint32_t vm : vms) {
-      drain_[vm].store(r.drain ? static_cast<uint16_t>(r.why) : 0, std::memory_order_release);
-      VS_LOG(kInfo, "vm index %u: %s (%s)", vm, r.drain ? "draining" : "undrained", proto::ToString(r.why));
-    }
-    if (r.drain) {
-      size_t asked = 0;
-      for (auto& [h, c] : conns_)
-        if (Draining(c->vm_index) && AskDrain(*c, static_cast<Reason>(drain_[c->vm_index % kMaxVms].load())))
-          ++asked;
-      VS_LOG(kInfo, "drain: %zu connection(s) asked to leave the rings", asked);
-    } else {
-      for (uint32_t vm : vms) PairPending(vm);
+    switch (r.op) {
+      case VmOp::kDrain: {
+        for (uint32_t vm : vms) {
+          if (away_[vm].load(std::memory_order_relaxed)) continue;  // (drains for its move already)
+          drain_[vm].store(static_cast<uint16_t>(r.why), std::memory_order_release);
+          VS_LOG(kInfo, "vm index %u: draining (%s)", vm, proto::ToString(r.why));
+        }
+        size_t asked = 0;
+        for (auto& [h, c] : conns_)
+          if (Draining(c->vm_index) && AskDrain(*c, static_cast<Reason>(drain_[c->vm_index % kMaxVms].load())))
+            ++asked;
+        VS_LOG(kInfo, "drain: %zu connection(s) asked to leave the rings", asked);
+        break;
+      }
+      case VmOp::kUndrain:
+        for (uint32_t vm : vms) {
+          if (away_[vm].load(std::memory_order_relaxed)) continue;  // undrained when it arrives (kArrive)
+          drain_[vm].store(0, std::memory_order_release);
+          VS_LOG(kInfo, "vm index %u: undrained", vm);
+          PairPending(vm);
+        }
+        break;
+      case VmOp::kLeave:
+        for (uint32_t vm : vms) Leave(vm);
+        break;
+      case VmOp::kArrive:
+        for (uint32_t vm : vms) {
+          bool was_away = away_[vm].exchange(false, std::memory_order_acq_rel);
+          drain_[vm].store(0, std::memory_order_release);
+          if (was_away) counters_.vms_arrived.fetch_add(1, std::memory_order_relaxed);
+          VS_LOG(kInfo, "vm index %u: runs here%s", vm, was_away ? " (arrived)" : " (its move was called off)");
+          PairPending(vm);
+        }
+        break;
+      case VmOp::kRelocate:
+        // The locator changed: connections waiting for a peer look again
+        // (a peer that moved to another host, or here).
+        Relocate();
+        break;
     }
     drain_applied_.store(r.seq, std::memory_order_release);
   }
   return true;
+}
+
+// VM vm_index no longer runs here (its guest moves to another host; it has
+// drained for kMigration, and vsocketd closes its vhost-user sessions next).
+// A connection still on the rings (its drain could not finish: a half-
+// closed connection, a library without the feature) cannot follow its guest
+// with its bytes accounted for: it is reset at both ends, never left to end
+// short. Peer hosts' PAIR_REQUESTs kept for the VM are refused as moved:
+// their requesters ask again where the locator then says.
+void ConnManager::Leave(uint32_t vm) {
+  if (away_[vm].exchange(true, std::memory_order_acq_rel)) return;
+  drain_[vm].store(static_cast<uint16_t>(Reason::kMigration), std::memory_order_release);
+  counters_.vms_left.fetch_add(1, std::memory_order_relaxed);
+  size_t reset = 0;
+  for (auto& [h, c] : conns_) {
+    BackendConn& x = *c;
+    if (x.vm_index % kMaxVms != vm || x.gone || x.state != ConnState::kUpgraded ||
+        x.moved.load(std::memory_order_relaxed))
+      continue;
+    {
+      std::lock_guard<std::mutex> lock(snapshot_mu_);
+      x.reason = Reason::kMigration;
+    }
+    x.leaving.store(false, std::memory_order_relaxed);
+    Raise(x, kEvDowngrade);  // an upgraded guest takes it as a reset
+    AbortTx(x);              // and so does its peer
+    ++reset;
+  }
+  counters_.migration_resets.fetch_add(reset, std::memory_order_relaxed);
+  const vhost::PortConfig* port = nullptr;
+  if (ports_ != nullptr)
+    for (const vhost::PortConfig& p : *ports_)
+      if (p.index % kMaxVms == vm) port = &p;
+  if (port != nullptr && hosts_ != nullptr) {
+    std::vector<std::pair<ConnKey, PendingRemote>> refused;
+    DropPendingRemote([&](const auto& kv) {
+      if (kv.first.tenant != port->tenant_id || !AddressAllowed(*port, kv.first.local)) return false;
+      refused.push_back(kv);
+      return true;
+    });
+    for (const auto& [key, r] : refused) {
+      counters_.pair_moved.fetch_add(1, std::memory_order_relaxed);
+      hosts_->SendPairing(r.host, Frame(proto::FrameType::kPairReject, key.tenant, r.handle, 0,
+                                        static_cast<uint32_t>(Reason::kMigration)),
+                          {});
+    }
+  }
+  VS_LOG(kInfo, "vm index %u left this host: %zu connection(s) still on the rings reset", vm, reset);
 }
 
 // Asks c's guest to leave the rings: it ends its ring stream (SHUTDOWN ring
@@ -113,13 +190,37 @@ void ConnManager::MaybeLeft(BackendConn& c) {
   c.leaving.store(false, std::memory_order_relaxed);
 }
 
+// The locator changed. A pairing request still unanswered by a host that
+// no longer runs the peer's address (by the locator, or because the peer's
+// VM runs here now) is withdrawn, as a closing guest's would be; then every
+// connection waiting for a peer looks again: where the locator says now.
+void ConnManager::Relocate() {
+  size_t withdrawn = 0;
+  if (hosts_ == nullptr) return PairPending(kAllVms);
+  for (auto& [h, c] : conns_) {
+    BackendConn& x = *c;
+    if (x.gone || x.remote.stage != RemotePeer::Stage::kRequested || x.state != ConnState::kPending) continue;
+    bool here = LocalPortFor(x.key.tenant, x.key.peer) != nullptr;
+    if (!here && hosts_->Locate(x.key.tenant, x.key.peer) == x.remote.host) continue;
+    proto::FrameHeader cancel = Frame(proto::FrameType::kPairCancel, x.key.tenant, 0, x.handle);
+    hosts_->SendPairing(x.remote.host, cancel, {});
+    DropRx(x);
+    x.remote.stage = RemotePeer::Stage::kNone;
+    ++withdrawn;
+  }
+  if (withdrawn > 0) VS_LOG(kInfo, "locator changed: %zu pairing request(s) withdrawn to ask again", withdrawn);
+  PairPending(kAllVms);
+}
+
 // At the undrain: VM vm_index's connections registered while it drained
-// pair now, as they would have at registration.
+// pair now, as they would have at registration. kAllVms: every VM's that
+// does not drain (the locator changed).
 void ConnManager::PairPending(uint32_t vm_index) {
   std::vector<BackendConn*> todo;
   for (auto& [h, c] : conns_)
-    if (c->vm_index % kMaxVms == vm_index && !c->gone && c->state == ConnState::kPending && c->peer == nullptr &&
-        c->reason == Reason::kPending && c->remote.stage == RemotePeer::Stage::kNone)
+    if ((vm_index == kAllVms ? !Draining(c->vm_index) : c->vm_index % kMaxVms == vm_index) && !c->gone &&
+        c->state == ConnState::kPending && c->peer == nullptr && c->reason == Reason::kPending &&
+        c->remote.stage == RemotePeer::Stage::kNone)
       todo.push_back(c.get());
   size_t paired = 0;
   for (BackendConn* c : todo) {
@@ -127,7 +228,8 @@ void ConnManager::PairPending(uint32_t vm_index) {
     if (PairWithMirror(*c)) paired += c->state == ConnState::kUpgraded;
     else paired += PairRemote(*c);
   }
-  VS_LOG(kInfo, "vm index %u undrained: %zu pending connection(s) paired or asked for", vm_index, paired);
+  if (vm_index == kAllVms) VS_LOG(kInfo, "locator changed: %zu pending connection(s) paired or asked for", paired);
+  else VS_LOG(kInfo, "vm index %u: %zu pending connection(s) paired or asked for", vm_index, paired);
 }
 
 }  // namespace vsocket::backend

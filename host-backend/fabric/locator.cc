@@ -59,6 +59,9 @@ Result<std::unique_ptr<StaticLocator>> StaticLocator::Parse(const std::string& t
     if (e.prefix == -2) e.prefix = max_prefix;
     if (e.prefix < 0 || e.prefix > max_prefix)
       return Status(Code::kInvalidArgument, where + "prefix length out of range");
+    // Host bits off: 198.51.100.5/24 is the entry 198.51.100.0/24 (so that
+    // `locator set` replaces it rather than adding a second one).
+    for (int bit = e.prefix; bit < 128; ++bit) e.addr[bit / 8] &= static_cast<uint8_t>(~(0x80 >> (bit % 8)));
     loc->entries_.push_back(std::move(e));
   }
   return loc;
@@ -83,6 +86,32 @@ std::string StaticLocator::Find(uint32_t tenant, const proto::Endpoint& addr) co
     if (best == nullptr || e.prefix > best->prefix) best = &e;
   }
   return best ? best->host : "";
+}
+
+size_t StaticLocator::Merge(const StaticLocator& other) {
+  size_t replaced = 0;
+  for (const Entry& o : other.entries_) {
+    bool found = false;
+    for (Entry& e : entries_) {
+      if (e.tenant == o.tenant && e.family == o.family && e.prefix == o.prefix && e.addr == o.addr) {
+        e.host = o.host;
+        found = true;
+        ++replaced;
+      }
+    }
+    if (!found) entries_.push_back(o);
+  }
+  return replaced;
+}
+
+std::string StaticLocator::Text() const {
+  std::string out;
+  for (const Entry& e : entries_) {
+    char a[INET6_ADDRSTRLEN] = {};
+    inet_ntop(e.family == proto::Family::kIpv4 ? AF_INET : AF_INET6, e.addr.data(), a, sizeof(a));
+    out += std::to_string(e.tenant) + " " + a + "/" + std::to_string(e.prefix) + " " + e.host + "\n";
+  }
+  return out;
 }
 
 }  // namespace vsocket::fabric

@@ -32,6 +32,12 @@ class StaticLocator : public Locator {
   static Result<std::unique_ptr<StaticLocator>> Load(const std::string& path);
   std::string Find(uint32_t tenant, const proto::Endpoint& addr) const override;
   size_t size() const { return entries_.size(); }
+  // Takes other's entries: one for the same tenant and prefix replaces
+  // ours (a guest that moved: `vsocketctl locator set`). Returns how many
+  // were replaced.
+  size_t Merge(const StaticLocator& other);
+  // The entries in the file format, one per line.
+  std::string Text() const;
 
  private:
   struct Entry {

@@ -34,6 +34,29 @@ TEST(StaticLocator, LongestPrefixOfTheSameTenantWins) {
   EXPECT_EQ((*l)->Find(7, v6), "hostA");
 }
 
+TEST(StaticLocator, MergeReplacesTheSameTenantAndPrefixOnly) {
+  auto l = StaticLocator::Parse("7 198.51.100.0/24 hostA\n7 198.51.100.21 hostA\n8 198.51.100.21 hostC\n", "loc");
+  ASSERT_TRUE(l.ok());
+  auto moved = StaticLocator::Parse("7 198.51.100.21 hostB\n7 203.0.113.5 hostB\n", "set");
+  ASSERT_TRUE(moved.ok());
+  EXPECT_EQ((*l)->Merge(**moved), 1u);  // one replaced, one added
+  EXPECT_EQ((*l)->size(), 4u);
+  EXPECT_EQ((*l)->Find(7, V4("198.51.100.21")), "hostB");
+  EXPECT_EQ((*l)->Find(7, V4("198.51.100.22")), "hostA");  // the /24 stays
+  EXPECT_EQ((*l)->Find(8, V4("198.51.100.21")), "hostC");  // another tenant's entry stays
+  EXPECT_EQ((*l)->Find(7, V4("203.0.113.5")), "hostB");
+  // The same prefix written with host bits set is the same entry.
+  auto same = StaticLocator::Parse("7 198.51.100.77/24 hostC\n", "set");
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ((*l)->Merge(**same), 1u);
+  EXPECT_EQ((*l)->Find(7, V4("198.51.100.22")), "hostC");
+  // Text() reads back as the same table.
+  auto again = StaticLocator::Parse((*l)->Text(), "text");
+  ASSERT_TRUE(again.ok()) << (*l)->Text();
+  EXPECT_EQ((*again)->Text(), (*l)->Text());
+  EXPECT_EQ((*again)->Find(7, V4("198.51.100.21")), "hostB");
+}
+
 TEST(StaticLocator, ClearErrorsWithLineNumbers) {
   auto bad = [](const char* text) { return StaticLocator::Parse(text, "f").status().message(); };
   EXPECT_NE(bad("7 198.51.100.1\n").find("f:1: expected TENANT"), std::string::npos);

@@ -233,7 +233,7 @@ TEST_F(RegistryTest, NamesScriptsReadAreKept) {
   std::string text = RenderCommand("counters", report_);
   for (const char* row :
        {"active_connections", "remote_upgrades", "fabric_bytes_out", "fabric_downgrades", "peers_refused_tls",
-        "peers_refused_name", "peers_refused_link", "peers_refused_revoked", "rdma_rx_regions", "rdma_rx_regions_dropped", "rdma_rx_withdrawn",
+        "peers_refused_name", "peers_refused_link", "peers_refused_revoked", "peers_refused_busy", "rdma_rx_regions", "rdma_rx_regions_dropped", "rdma_rx_withdrawn",
         "rdma_tx_regions", "rdma_tx_regions_dropped", "rings_held", "rings_released"})
     EXPECT_TRUE(std::regex_search(text, std::regex(std::string("(^|\n)") + row + " +[0-9]+\n"))) << row;
   // Scripts wait for a link with `vsocketctl links | grep -q " up "`: only

@@ -67,6 +67,7 @@ void LinkTotals::Add(const fabric::LinkStats& s) {
 }
 
 Peering::~Peering() {
+  handshaker_.Stop();
   for (auto& h : hosts_)
     if (h->tls) h->tls->Close();
 }
@@ -109,6 +110,7 @@ Status Peering::Start(const DaemonConfig& config) {
   auto loc = fabric::StaticLocator::Load(config.locator);
   if (!loc.ok()) return loc.status();
   locator_ = std::move(loc).value();
+  locator_path_ = config.locator;
 
   epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
   timer_.reset(timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
@@ -123,7 +125,9 @@ Status Peering::Start(const DaemonConfig& config) {
   if (!listener_ || setsockopt(listener_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
       bind(listener_.get(), reinterpret_cast<sockaddr*>(&ss), len) != 0 || listen(listener_.get(), 64) != 0)
     return Status::FromErrno("peer_listen " + config.peer_listen);
-  Watch(listener_.get(), false);
+  VS_RETURN_IF_ERROR(
+      handshaker_.Start(listener_.get(), tls_ctx_, &counters_, proto::kFrameHeaderSize + 32, Handshaker::Limits{}));
+  Watch(handshaker_.ready_fd(), false);
 
   for (const PeerHostConfig& p : config.peers) {
     auto h = std::make_unique<Host>();
@@ -142,7 +146,7 @@ Status Peering::Start(const DaemonConfig& config) {
   VS_LOG(kInfo,
          "peering: host %s listening on %s, %zu peer host(s), locator with %zu entries, %s fabric, %d link(s) per peer",
          host_name_.c_str(), config.peer_listen.c_str(), hosts_.size(),
-         static_cast<fabric::StaticLocator*>(locator_.get())->size(), fabric_.c_str(), links_per_peer_);
+         locator_->size(), fabric_.c_str(), links_per_peer_);
   if (rdma_)
     VS_LOG(kInfo, "peering: rdma device %s port %u GID index %u", rdma_->name().c_str(), rdma_->port(),
            rdma_->gid_index());
@@ -150,12 +154,7 @@ Status Peering::Start(const DaemonConfig& config) {
   return Status::Ok();
 }
 
-void Peering::Watch(int fd, bool out) {
-  epoll_event ev{};
-  ev.events = EPOLLIN | (out ? EPOLLOUT : 0);
-  ev.data.fd = fd;
-  if (epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, fd, &ev) != 0) epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev);
-}
+void Peering::Watch(int fd, bool out) { WatchFd(epoll_.get(), fd, out); }
 
 void Peering::ArmTimer() {
   int64_t next = crl_check_at_ms_;  // 0 without tls_crl
@@ -165,8 +164,6 @@ void Peering::ArmTimer() {
     if (h->state != State::kUp && h->state != State::kBackoff && h->state != State::kIdle && h->deadline_ms &&
         (next == 0 || h->deadline_ms < next))
       next = h->deadline_ms;
-  for (auto& in : incoming_)
-    if (next == 0 || in.deadline_ms < next) next = in.deadline_ms;
   itimerspec ts{};
   if (next != 0) {
     int64_t delta = std::max<int64_t>(1, next - MonotonicMs());
@@ -201,11 +198,7 @@ void Peering::CheckCrl() {
   if (!tls_ctx_->crl_warning().empty()) VS_LOG(kWarn, "peering: %s", tls_ctx_->crl_warning().c_str());
   // Handshakes under way were verified against the old lists: the peer
   // dials again (or is dialled again) and meets the new ones.
-  std::erase_if(incoming_, [&](Incoming& in) {
-    if (!in.tls) return false;  // not TLS (yet), or a data link's hello
-    epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, in.tls->fd(), nullptr);
-    return true;
-  });
+  handshaker_.SetContext(tls_ctx_);
   for (auto& h : hosts_) {
     if (!h->tls) continue;
     if (h->state == State::kHandshake) {
@@ -507,24 +500,17 @@ bool Peering::Poll() {
     if (h->state == State::kUp)
       for (const Lane& l : h->lanes) any_out |= l.link->WantsWritable() || l.link_more;
   bool worked = false;
-  if (n > 0 || any_out || !incoming_.empty()) {
+  if (n > 0 || any_out) {
     for (int i = 0; i < n; ++i) {
-      if (evs[i].data.fd == listener_.get()) AcceptAll();
+      if (evs[i].data.fd == handshaker_.ready_fd()) {
+        TakeIncoming();
+        worked = true;
+      }
       if (evs[i].data.fd == timer_.get()) {
         uint64_t v;
         (void)!read(timer_.get(), &v, sizeof(v));
         // (ArmTimer keeps the timer at or before the next look at tls_crl.)
         if (crl_check_at_ms_ != 0 && MonotonicMs() >= crl_check_at_ms_) CheckCrl();
-      }
-    }
-    for (size_t i = 0; i < incoming_.size();) {
-      bool done;
-      StepIncoming(incoming_[i], &done);
-      if (done) {
-        incoming_.erase(incoming_.begin() + static_cast<ptrdiff_t>(i));
-        worked = true;
-      } else {
-        ++i;
       }
     }
     for (auto& h : hosts_) {

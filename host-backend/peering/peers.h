@@ -10,7 +10,9 @@
 // connection on it RESYNCs to kernel TCP. Of two hosts, the one whose name sorts
 // first connects; the other accepts. Lost links are re-established with
 // exponential backoff. Runs on the worker thread, non-blocking throughout;
-// the worker sleeps on this object's epoll fd.
+// the worker sleeps on this object's epoll fd. Connections accepted on
+// peer_listen are handshaken on a thread of their own (Handshaker) and
+// handed to the worker once they said what they are.
 //
 // fabric = rdma: each data link is an RdmaLink (an RC QP) instead of a TCP
 // connection. Its setup (QPN, GID, PSN, staging ring
@@ -38,6 +40,7 @@
 #include "host-backend/conn/conn_manager.h"
 #include "host-backend/fabric/link.h"
 #include "host-backend/fabric/locator.h"
+#include "host-backend/peering/handshaker.h"
 #include "host-backend/peering/tls_channel.h"
 
 namespace vsocket::fabric {
@@ -67,6 +70,7 @@ struct PeeringCounters {
   std::atomic<uint64_t> refused_name{0};  // authenticated, but not a configured peer
   std::atomic<uint64_t> refused_link{0};  // data link with an unknown key
   std::atomic<uint64_t> refused_revoked{0};  // link cut: a new tls_crl no longer accepts the peer
+  std::atomic<uint64_t> refused_busy{0};     // beyond the half-open limits (per address, in all)
 };
 
 // A link's counters as plain totals (summed over the links a peer had).
@@ -88,7 +92,8 @@ class Peering : public RemoteHosts {
   // The worker sleeps on this (readable when anything here needs a Poll).
   int wake_fd() const { return epoll_.get(); }
 
-  // Worker thread: accepts, handshakes, reads control messages and link
+  // Worker thread: takes accepted connections from the handshaker, steps
+  // the connections it makes itself, reads control messages and link
   // frames, sends owed frames and flushes links. True if anything happened.
   bool Poll();
 
@@ -105,6 +110,13 @@ class Peering : public RemoteHosts {
 
   // Any thread (control socket).
   std::vector<PeerSnapshot> Snapshot() const;
+  // vsocketctl locator: its entries (file format); `lines` (file format)
+  // set entries, replacing those of the same tenant and prefix (a guest
+  // that moved); the file read again. The caller then has the connection
+  // manager look again (ConnManager::VmOp::kRelocate). Not enabled: an error.
+  Result<std::string> LocatorText() const;
+  Status SetLocations(const std::string& lines, size_t* replaced);
+  Status ReloadLocator();
   const PeeringCounters& counters() const { return counters_; }
   const std::string& host_name() const { return host_name_; }
 
@@ -150,12 +162,6 @@ class Peering : public RemoteHosts {
     // Totals of links that are gone (live links' stats are added on read).
     LinkTotals old;
   };
-  struct Incoming {
-    UniqueFd fd;
-    std::unique_ptr<peering::TlsChannel> tls;
-    std::string from;
-    int64_t deadline_ms;
-  };
 
   Host* ByName(const std::string& name);
   void Step(Host& h);
@@ -174,8 +180,11 @@ class Peering : public RemoteHosts {
   bool LaneOf(Host& h, const proto::FrameHeader& hdr, size_t* lane, std::string* why);
   void HostUp(Host& h);
   void HostDown(Host& h, const std::string& why);
-  void AcceptAll();
-  void StepIncoming(Incoming& in, bool* done);
+  // Connections the handshaker is done with: a control channel whose peer
+  // is checked here, or a data link joining its session.
+  void TakeIncoming();
+  void AcceptTls(std::unique_ptr<peering::TlsChannel> tls, const std::string& from);
+  void AcceptLink(UniqueFd fd, const std::string& from);
   bool ServiceUp(Host& h);
   void Watch(int fd, bool out);
   void ArmTimer();
@@ -191,7 +200,7 @@ class Peering : public RemoteHosts {
   std::string fabric_ = "tcp";
   int links_per_peer_ = 1;
   std::shared_ptr<fabric::RdmaDevice> rdma_;  // fabric = rdma: the device all links share
-  std::unique_ptr<peering::TlsContext> tls_ctx_;
+  std::shared_ptr<peering::TlsContext> tls_ctx_;  // shared with handshaker_
   peering::TlsConfig tls_config_;
   struct FileId {
     dev_t dev = 0;
@@ -202,10 +211,12 @@ class Peering : public RemoteHosts {
   };
   FileId crl_id_;  // tls_crl as last loaded (or tried)
   int64_t crl_check_at_ms_ = 0;
-  std::unique_ptr<fabric::Locator> locator_;
+  mutable std::mutex locator_mu_;  // guards locator_ (the worker reads, vsocketctl writes)
+  std::unique_ptr<fabric::StaticLocator> locator_;
+  std::string locator_path_;
   std::vector<std::unique_ptr<Host>> hosts_;  // index = id - 1; fixed after Start
-  std::vector<Incoming> incoming_;
   UniqueFd listener_;
+  Handshaker handshaker_;  // accepts on listener_ (stopped before it closes)
   UniqueFd epoll_;
   UniqueFd timer_;
   std::vector<int> watched_;

@@ -12,7 +12,11 @@ using proto::FrameHeader;
 using proto::FrameType;
 
 uint32_t Peering::Locate(uint32_t tenant, const proto::Endpoint& addr) {
-  std::string name = locator_->Find(tenant, addr);
+  std::string name;
+  {
+    std::lock_guard<std::mutex> lock(locator_mu_);
+    name = locator_->Find(tenant, addr);
+  }
   if (name.empty() || name == host_name_) return 0;
   Host* h = ByName(name);
   return h != nullptr && h->state == State::kUp ? h->id : 0;
@@ -20,7 +24,32 @@ uint32_t Peering::Locate(uint32_t tenant, const proto::Endpoint& addr) {
 
 bool Peering::Runs(uint32_t host, uint32_t tenant, const proto::Endpoint& addr) {
   if (host == 0 || host > hosts_.size()) return false;
+  std::lock_guard<std::mutex> lock(locator_mu_);
   return locator_->Find(tenant, addr) == hosts_[host - 1]->name;
+}
+
+Result<std::string> Peering::LocatorText() const {
+  if (!enabled()) return Status(Code::kFailedPrecondition, "no peer hosts configured: no locator");
+  std::lock_guard<std::mutex> lock(locator_mu_);
+  return locator_->Text();
+}
+
+Status Peering::SetLocations(const std::string& lines, size_t* replaced) {
+  if (!enabled()) return Status(Code::kFailedPrecondition, "no peer hosts configured: no locator");
+  auto set = fabric::StaticLocator::Parse(lines, "locator set");
+  if (!set.ok()) return set.status();
+  std::lock_guard<std::mutex> lock(locator_mu_);
+  *replaced = locator_->Merge(**set);
+  return Status::Ok();
+}
+
+Status Peering::ReloadLocator() {
+  if (!enabled()) return Status(Code::kFailedPrecondition, "no peer hosts configured: no locator");
+  auto loc = fabric::StaticLocator::Load(locator_path_);
+  if (!loc.ok()) return loc.status();
+  std::lock_guard<std::mutex> lock(locator_mu_);
+  locator_ = std::move(loc).value();
+  return Status::Ok();
 }
 
 bool Peering::SendPairing(uint32_t host, const FrameHeader& h, std::span<const uint8_t> payload) {

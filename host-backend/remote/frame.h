@@ -7,6 +7,7 @@
 
 namespace vsocket::backend {
 
-proto::FrameHeader Frame(proto::FrameType t, uint32_t tenant, uint64_t handle, uint64_t value, uint32_t aux = 0);
+proto::FrameHeader Frame(proto::FrameType t, uint32_t tenant, uint64_t handle, uint64_t value = 0,
+                         uint32_t aux = 0);
 
 }  // namespace vsocket::backend

@@ -36,11 +36,25 @@ std::array<uint8_t, proto::kPairInfoSize> PairPayload(const BackendConn& c, uint
 
 }  // namespace
 
-const vhost::PortConfig* ConnManager::LocalPortFor(uint32_t tenant, const proto::Endpoint& addr) const {
+const vhost::PortConfig* ConnManager::LocalPortFor(uint32_t tenant, const proto::Endpoint& addr, bool away) const {
   if (ports_ == nullptr) return nullptr;
   for (const vhost::PortConfig& p : *ports_)
-    if (p.tenant_id == tenant && !IsLoopback(addr) && AddressAllowed(p, addr)) return &p;
+    if (p.tenant_id == tenant && !IsLoopback(addr) && AddressAllowed(p, addr) && (away || !this->away(p.index)))
+      return &p;
   return nullptr;
+}
+
+void ConnManager::PeerMoved(BackendConn& c, uint32_t refused_by) {
+  c.remote.stage = RemotePeer::Stage::kNone;
+  DropRx(c);
+  counters_.pair_moved.fetch_add(1, std::memory_order_relaxed);
+  VS_LOG(kDebug, "conn %lu (port %u -> %u): host %u says the peer's VM moved", static_cast<unsigned long>(c.handle),
+         c.key.local.port, c.key.peer.port, refused_by);
+  // Here now, or where the locator says if that is another host; else it
+  // waits for the locator to change (kRelocate) or for its peer to come.
+  if (PairWithMirror(c) || LocalPortFor(c.key.tenant, c.key.peer) != nullptr || Draining(c.vm_index)) return;
+  uint32_t host = hosts_->Locate(c.key.tenant, c.key.peer);
+  if (host != 0 && host != refused_by) RequestRemotePair(c, host);
 }
 
 void ConnManager::RequestRemotePair(BackendConn& c, uint32_t host) {
@@ -104,6 +118,9 @@ void ConnManager::UpgradeRemote(BackendConn& c) {
   Raise(c, kEvUpgrade);
   QueueTx(c);
   MaybeAnnounceShutdown(c);
+  // Asked or accepted before its VM began to drain: it leaves the rings
+  // like the others (never reset by a move for having come late).
+  if (Draining(c.vm_index)) (void)AskDrain(c, draining(c.vm_index));
 }
 
 void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<const uint8_t> payload) {
@@ -126,7 +143,11 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
       // our VMs of the same tenant.
       if (!hosts_->Runs(host, h.tenant, info->local))
         return refuse(Reason::kCrossTenant, "requester does not run that tenant address");
-      if (LocalPortFor(h.tenant, info->peer) == nullptr)
+      // A VM configured here that runs elsewhere (away) may be about to
+      // arrive: the request is kept as for one whose guest has not
+      // registered yet (a VM that leaves refuses what was kept for it as
+      // moved: Leave).
+      if (LocalPortFor(h.tenant, info->peer, true) == nullptr)
         return refuse(Reason::kCrossTenant, "no VM of that tenant has that address here");
       ConnKey key{h.tenant, 0, info->peer, info->local};
       PendingRemote r{host, h.value, h.aux, info->rx_addr, info->rx_rkey, MonotonicMs() + kPendingRemoteMs};
@@ -198,6 +219,7 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
     case FrameType::kPairReject: {
       BackendConn* c = conn(h.handle);
       if (c == nullptr || c->remote.stage != RemotePeer::Stage::kRequested || c->remote.host != host) return;
+      if (h.aux == static_cast<uint32_t>(Reason::kMigration) && !c->gone) return PeerMoved(*c, host);
       c->remote.stage = RemotePeer::Stage::kNone;
       DropRx(*c);
       {

@@ -77,6 +77,14 @@ class PairingTest : public ::testing::Test {
   // with our guest's 198.51.100.2:80; true if it was answered at once (a
   // PAIR_REJECT), false if the request was kept.
   bool Request(uint32_t host, uint8_t last, uint16_t port) {
+    int64_t why = Ask(host, last, port);
+    if (why < 0) return false;
+    EXPECT_EQ(why, static_cast<int64_t>(proto::Reason::kResourceLimit));
+    return true;
+  }
+  // The same; the reason of the PAIR_REJECT it was answered with at once,
+  // -1 if the request was kept.
+  int64_t Ask(uint32_t host, uint8_t last, uint16_t port) {
     proto::PairInfo info;
     info.local = V4(last, port);
     info.peer = Ours(80);
@@ -87,11 +95,15 @@ class PairingTest : public ::testing::Test {
     h.len = proto::kPairInfoSize;
     size_t before = hosts_.sent.size();
     cm_.OnPairingFrame(host, h, body);
-    if (hosts_.sent.size() == before) return false;
+    if (hosts_.sent.size() == before) return -1;
     EXPECT_EQ(hosts_.sent.back().first, host);
     EXPECT_EQ(hosts_.sent.back().second.type, FrameType::kPairReject);
-    EXPECT_EQ(hosts_.sent.back().second.aux, static_cast<uint32_t>(proto::Reason::kResourceLimit));
-    return true;
+    return hosts_.sent.back().second.aux;
+  }
+  void Apply(ConnManager::VmOp op, proto::Reason why = proto::Reason::kOperator) {
+    uint64_t seq = cm_.RequestVmOp(0, op, why);
+    EXPECT_TRUE(cm_.ApplyDrainRequests());
+    EXPECT_EQ(cm_.drains_applied(), seq);
   }
 
   FakeHosts hosts_;
@@ -109,6 +121,51 @@ TEST_F(PairingTest, OnePeerHostCannotCrowdOutAnother) {
   // Host 1 going down gives its share back.
   cm_.OnHostDown(1);
   EXPECT_FALSE(Request(1, 1, 40000));
+}
+
+// A guest that moves away (vsocketctl migrate begin): requests kept for it
+// are refused "moved" when it leaves, so that their hosts ask again where
+// their locators say. A VM away from here may be about to arrive (or a
+// requester's locator is not updated yet): requests for it are kept, never
+// refused as cross-tenant, and are there for its guest once it runs here
+// (migrate end).
+TEST_F(PairingTest, AVmThatLeavesRefusesWhatWasKeptForItAsMoved) {
+  EXPECT_EQ(Ask(1, 1, 5000), -1);  // kept: our guest has not registered yet
+  Apply(ConnManager::VmOp::kDrain, proto::Reason::kMigration);
+  EXPECT_EQ(Ask(1, 1, 5001), -1);  // draining: still kept (it may undrain)
+  hosts_.sent.clear();
+  Apply(ConnManager::VmOp::kLeave);
+  EXPECT_TRUE(cm_.away(0));
+  ASSERT_EQ(hosts_.sent.size(), 2u) << "both kept requests refused as moved";
+  for (const auto& [host, h] : hosts_.sent) {
+    EXPECT_EQ(host, 1u);
+    EXPECT_EQ(h.type, FrameType::kPairReject);
+    EXPECT_EQ(h.aux, static_cast<uint32_t>(proto::Reason::kMigration));
+  }
+  EXPECT_EQ(cm_.counters().vms_left.load(), 1u);
+  EXPECT_EQ(cm_.counters().pair_moved.load(), 2u);
+  EXPECT_EQ(Ask(2, 200, 5002), -1);  // away: kept (it may be arriving)
+  // Undrain does not bring a VM that left back; migrate end does.
+  Apply(ConnManager::VmOp::kUndrain);
+  EXPECT_TRUE(cm_.away(0));
+  Apply(ConnManager::VmOp::kArrive);
+  EXPECT_FALSE(cm_.away(0));
+  EXPECT_EQ(cm_.draining(0), proto::Reason::kNone);
+  EXPECT_EQ(Ask(2, 200, 5004), -1);
+  EXPECT_EQ(cm_.counters().vms_arrived.load(), 1u);
+  // An address no VM here has stays a cross-tenant refusal.
+  proto::PairInfo info;
+  info.local = V4(1, 6000);
+  info.peer = V4(99, 80);
+  info.role = proto::Role::kClient;
+  std::array<uint8_t, proto::kPairInfoSize> body;
+  proto::EncodePairInfo(info, body.data());
+  FrameHeader h = Frame(FrameType::kPairRequest, kTenant, 0, 77, 1u << 16);
+  h.len = proto::kPairInfoSize;
+  hosts_.sent.clear();
+  cm_.OnPairingFrame(1, h, body);
+  ASSERT_EQ(hosts_.sent.size(), 1u);
+  EXPECT_EQ(hosts_.sent[0].second.aux, static_cast<uint32_t>(proto::Reason::kCrossTenant));
 }
 
 }  // namespace

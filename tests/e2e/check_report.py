@@ -44,9 +44,11 @@ p.add_argument("--min-accel", type=int)
 p.add_argument("--resynced", action="store_true")
 p.add_argument("--reupgraded", action="store_true")
 p.add_argument("--no-resend", action="store_true")
+p.add_argument("--moves", type=int, metavar="N",
+               help="every connection left the rings and re-upgraded at least N times (a guest that moved)")
 p.add_argument("--downgrade-cause",
                help="every connection that went through RESYNC counts a downgrade whose last reason is this "
-                    "(fabric-down: the link; backend-unavailable: vsocketd)")
+                    "(fabric-down: the link; backend-unavailable: vsocketd; operator: a drain; migration: a move)")
 p.add_argument("--aggregate", action="store_true",
                help="with --bulk-accel: judge the sum over all connections, not each one")
 p.add_argument("--bulk-accel", type=int, metavar="BYTES",
@@ -82,6 +84,9 @@ for l in sel:
         errors.append(f"{who}: went through RESYNC but counts no downgrade")
     if a.downgrade_cause and l.get("resynced") and l.get("last_downgrade") != a.downgrade_cause:
         errors.append(f'{who}: last downgrade {l.get("last_downgrade")!r}, expected {a.downgrade_cause}')
+    if a.moves is not None and (l.get("downgrades", 0) < a.moves or l.get("reupgrades", 0) < a.moves):
+        errors.append(f'{who}: {l.get("downgrades", 0)} downgrade(s), {l.get("reupgrades", 0)} re-upgrade(s), '
+                      f'expected {a.moves} of each')
     if a.no_resend and l.get("resent_bytes", 0):
         errors.append(f'{who}: resent {l["resent_bytes"]} B (expected a clean drain)')
     # A RESYNC puts bytes on kernel TCP after the upgrade by design.
@@ -108,7 +113,15 @@ if a.resynced and not any(l.get("resynced") for l in sel):
 if a.min_accel is not None:
     n = sum(l["mode"] == "accelerated" and l["accel_tx"] + l["accel_rx"] > 0 for l in sel)
     if n < a.min_accel:
-        print(f"only {n} connection ends accelerated, want at least {a.min_accel}")
+        # Name the ends that stayed on kernel TCP and why: a pairing that
+        # came late (reason pending/accelerated, all bytes on kernel TCP)
+        # is not a refusal (any other reason).
+        from collections import Counter
+        why = Counter(f'{l["mode"]}/{l["reason"] or "-"}'
+                      f'{"/upgraded" if l["upgraded"] else ""}'
+                      for l in sel if not (l["mode"] == "accelerated" and l["accel_tx"] + l["accel_rx"] > 0))
+        print(f"only {n} connection ends accelerated, want at least {a.min_accel}; the others (mode/reason): "
+              + ", ".join(f"{k} x{v}" for k, v in sorted(why.items())))
         sys.exit(1)
 if a.bulk_accel is not None and not any(l["mode"] == "accelerated" and l["accel_tx"] + l["accel_rx"] > 0 for l in sel):
     print("no connection moved any byte accelerated")

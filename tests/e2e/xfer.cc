@@ -20,8 +20,8 @@
 // stream each way: R rounds of length/R bytes from the client, each
 // answered by as many from the server, G ms apart, so a connection lives
 // long enough to see its path change (link loss, RESYNC, re-upgrade).
-// --pause-ms P (client): sleep P ms between the header and the stream (so
-// the stream goes accelerated); --split-pause-ms Q (client): and Q ms
+// --pause-ms P (client): sleep P ms between the header and the stream, or
+// the first round (so the stream goes accelerated); --split-pause-ms Q (client): and Q ms
 // between the stream's two halves; --split-wait-file F (client): instead
 // of a fixed pause, wait (at most 60 s) until file F exists before the
 // second half (the test creates it once its fault is in place);
@@ -311,6 +311,7 @@ int main(int argc, char** argv) {
       if (rounds > 0) {
         uint64_t chunk = bytes / rounds;
         bool good = WriteAll(s, hdr, 16);
+        if (good && pause_ms > 0) usleep(static_cast<useconds_t>(pause_ms) * 1000);
         for (uint64_t r = 0; good && r < rounds; ++r) {
           good = SendRange(s, seed, r * chunk, chunk) && RecvRange(s, seed ^ 1, r * chunk, chunk, "client");
           if (gap_ms > 0) usleep(static_cast<useconds_t>(gap_ms) * 1000);

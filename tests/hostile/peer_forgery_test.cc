@@ -12,7 +12,14 @@
 // a frame naming another tenant's connection or an unknown one is dropped.
 // Every case keeps a well-behaved connection beside the attacked one and
 // checks that bytes still land in its ring, and that vsocketd survives.
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <fstream>
 
 #include <chrono>
 #include <cstdlib>
@@ -28,192 +35,27 @@
 #include "tests/hostile/rogue_peer.h"
 #include "tests/integration/daemon_fixture.h"
 
+#include "tests/hostile/peer_fixture.h"
+
 namespace vsocket {
 namespace {
 
 using proto::FrameHeader;
 using proto::FrameType;
 using proto::Role;
+using testing::Conn;
 using testing::Daemon;
 using testing::Ep;
+using testing::Frame;
+using testing::Is;
+using testing::kRing;
+using testing::kServerPort;
 using testing::PairInfoPayload;
 using testing::PeerFrame;
 using testing::RawGuest;
-using testing::RegistryState;
 using testing::RoguePeer;
-
-// Every ring of the test, and so the window each side grants.
-constexpr uint32_t kRing = 64 * 1024;
-// Our guests are 192.0.2.1 (tenants 1 and 2, on the daemon); their peer
-// 192.0.2.2:80 runs on the rogue host, says the locator.
-constexpr uint16_t kServerPort = 80;
-
-FrameHeader Hdr(FrameType t, uint32_t tenant, uint64_t handle, uint64_t value = 0, uint32_t aux = 0) {
-  FrameHeader h;
-  h.type = t;
-  h.tenant = tenant;
-  h.handle = handle;
-  h.value = value;
-  h.aux = aux;
-  return h;
-}
-
-RoguePeer::Match Is(FrameType t, uint64_t handle) {
-  return [t, handle](const PeerFrame& f) { return f.h.type == t && f.h.handle == handle; };
-}
-
-// One connection of a guest of ours whose peer is on the rogue host.
-struct Conn {
-  uint32_t tenant = 1;
-  uint16_t port = 0;      // our guest's local port
-  uint64_t mine = 0;      // the daemon's handle: frames from the rogue name it
-  uint64_t theirs = 0;    // the rogue's handle: frames from the daemon name it
-  uint8_t* rx = nullptr;  // our guest's RX ring (kRing bytes)
-  uint64_t rx_tail = 0;   // bytes the rogue delivered into it
-};
-
-class PeerForgeryTest : public ::testing::Test {
- protected:
-  // One set of certificates for every case (making them takes ~0.6 s).
-  static void SetUpTestSuite() {
-    char tmpl[] = "/tmp/vsocket-certs-XXXXXX";
-    if (const char* d = mkdtemp(tmpl)) {
-      certs_ = new std::string(d);
-      certs_made_ = new Status(RoguePeer::MakeCertificates(*certs_));
-    }
-  }
-  static void TearDownTestSuite() {
-    if (certs_ != nullptr) {
-      std::string cmd = "rm -rf '" + *certs_ + "'";
-      (void)!std::system(cmd.c_str());
-    }
-    delete certs_;
-    delete certs_made_;
-    certs_ = nullptr;
-    certs_made_ = nullptr;
-  }
-
-  void SetUp() override {
-    ASSERT_TRUE(certs_made_ != nullptr) << "mkdtemp failed";
-    ASSERT_TRUE(certs_made_->ok()) << certs_made_->ToString();
-    Status st = rogue_.Prepare(CertsDir(),
-                               {"1 192.0.2.1 hostA", "1 192.0.2.2 arogue", "2 192.0.2.1 hostA", "2 192.0.2.2 arogue"},
-                               Crl());
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    daemon_ = std::make_unique<Daemon>(std::vector<std::string>{"client:1,192.0.2.1", "other:2,192.0.2.1"},
-                                       std::vector<std::string>{"--config", rogue_.config_path()});
-    ASSERT_TRUE(daemon_->Start());
-    st = rogue_.Connect(*daemon_);
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    guest_ = std::make_unique<RawGuest>(daemon_->socket_path("client"));
-    ASSERT_TRUE(guest_->ok()) << guest_->error();
-  }
-  void TearDown() override {
-    if (!daemon_) return;
-    EXPECT_NE(daemon_->Command("counters").find("fabric_violations"), std::string::npos) << "vsocketd answers";
-    EXPECT_TRUE(daemon_->Alive()) << "vsocketd survived";
-    EXPECT_TRUE(daemon_->StopsCleanly()) << "vsocketd exits with status 0 on SIGTERM";
-  }
-
-  // The certificates and the daemon's tls_crl (none) of a case.
-  virtual std::string CertsDir() { return *certs_; }
-  virtual std::string Crl() { return ""; }
-
-  long long Counter(const char* key) { return Daemon::Number(daemon_->Stats(), key); }
-
-  // The registry's "mode reason" of vm's connection from `port` (to
-  // `peer_port`, if given) once it is `want`, or what it is after 5 s.
-  std::string WaitState(const std::string& vm, uint16_t port, const std::string& want, uint16_t peer_port = 0) {
-    std::string s;
-    for (int i = 0; i < 40; ++i) {
-      s = RegistryState(*daemon_, vm, port, peer_port);  // sleeps 100 ms first
-      if (s == want) break;
-    }
-    return s;
-  }
-  std::string State(const Conn& c) { return RegistryState(*daemon_, c.tenant == 1 ? "client" : "other", c.port); }
-
-  // Guest g (of `tenant`) registers a client connection from 192.0.2.1:port
-  // to 192.0.2.2:80: the daemon asks the rogue host to pair it.
-  Conn Request(RawGuest& g, uint32_t tenant, uint16_t port) {
-    Conn c;
-    c.tenant = tenant;
-    c.port = port;
-    c.theirs = 7000 + port;
-    uint8_t* tx = g.Alloc(kRing);
-    c.rx = g.Alloc(kRing);
-    EXPECT_EQ(g.Register(port, Role::kClient, Ep(1, port), Ep(2, kServerPort), tx, kRing, c.rx, kRing), "pending");
-    auto req = rogue_.AwaitControl([&](const PeerFrame& f) {
-      if (f.h.type != FrameType::kPairRequest || f.h.tenant != tenant) return false;
-      auto info = proto::DecodePairInfo(f.payload);
-      return info.ok() && info->local.port == port;
-    });
-    EXPECT_TRUE(req) << "no PAIR_REQUEST for port " << port << " " << rogue_.error();
-    if (req) {
-      c.mine = req->h.value;
-      EXPECT_EQ(req->h.aux, kRing) << "the daemon grants its ring as the window";
-    }
-    return c;
-  }
-  // The rogue accepts c's pairing, granting `window`.
-  void Accept(const Conn& c, uint32_t window) {
-    std::vector<uint8_t> info = PairInfoPayload(Ep(2, kServerPort), Ep(1, c.port), Role::kServer);
-    EXPECT_TRUE(rogue_.SendControl(Hdr(FrameType::kPairAccept, c.tenant, c.mine, c.theirs, window), info));
-  }
-  // A connection paired with the rogue as a genuine peer pairs: accepted,
-  // PAIR_CONFIRM on the link, our guest upgraded.
-  Conn Paired(RawGuest& g, uint32_t tenant, uint16_t port) {
-    Conn c = Request(g, tenant, port);
-    Accept(c, kRing);
-    EXPECT_TRUE(rogue_.AwaitLink(Is(FrameType::kPairConfirm, c.theirs))) << "port " << port << " " << rogue_.error();
-    EXPECT_EQ(WaitState(tenant == 1 ? "client" : "other", port, "accelerated accelerated"), "accelerated accelerated");
-    return c;
-  }
-  // The rogue sends n bytes of `fill` at c's RX tail, as a genuine peer
-  // would; true once they are in our guest's RX ring. Frames on the link are
-  // applied in order: every frame sent before these has been applied too.
-  bool Deliver(Conn& c, uint32_t n, uint8_t fill) {
-    long long before = Counter("fabric_bytes_in");
-    std::vector<uint8_t> bytes(n, fill);
-    if (!rogue_.SendLink(Hdr(FrameType::kData, c.tenant, c.mine, c.rx_tail), bytes)) return false;
-    for (int i = 0; i < 250 && Counter("fabric_bytes_in") < before + n; ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    if (Counter("fabric_bytes_in") != before + n) return false;
-    for (uint32_t k = 0; k < n; ++k)
-      if (c.rx[(c.rx_tail + k) % kRing] != fill) return false;
-    c.rx_tail += n;
-    return true;
-  }
-  // A byte value not used before (rings start zeroed).
-  uint8_t NextFill() {
-    if (++fill_ == 0) ++fill_;
-    return fill_;
-  }
-  // c was reset for the peer's sake: the rogue got ABORT for it and our
-  // guest was told protocol-error (its library answers ECONNRESET).
-  void ExpectReset(const Conn& c, const char* what) {
-    EXPECT_TRUE(rogue_.AwaitLink(Is(FrameType::kAbort, c.theirs))) << what << ": no ABORT to the peer";
-    EXPECT_EQ(WaitState("client", c.port, "accelerated protocol-error"), "accelerated protocol-error") << what;
-  }
-  // Nothing happened to c: still upgraded, bytes still land, no ABORT.
-  void ExpectUntouched(Conn& c, const char* what) {
-    EXPECT_TRUE(Deliver(c, 1000, NextFill())) << what << ": bytes still land";
-    EXPECT_EQ(State(c), "accelerated accelerated") << what;
-    EXPECT_FALSE(rogue_.AwaitLink(Is(FrameType::kAbort, c.theirs), std::chrono::milliseconds(100))) << what;
-  }
-
-  static std::string* certs_;
-  static Status* certs_made_;
-  // Destroyed in reverse: the guest, the daemon, then the rogue's sessions
-  // and its directory.
-  RoguePeer rogue_;
-  std::unique_ptr<Daemon> daemon_;
-  std::unique_ptr<RawGuest> guest_;
-  uint8_t fill_ = 0x40;
-};
-
-std::string* PeerForgeryTest::certs_ = nullptr;
-Status* PeerForgeryTest::certs_made_ = nullptr;
+using vsocket::UniqueFd;
+using PeerForgeryTest = testing::PeerHostTest;
 
 // Case 1: the rogue accepts our PAIR_REQUEST but grants a window that is no
 // ring size. Unchecked, our guest was upgraded with that window (3 bytes, or
@@ -234,7 +76,7 @@ TEST_F(PeerForgeryTest, PairAcceptWithAWindowThatIsNotARingSizeIsRefused) {
     if (cancel) EXPECT_EQ(cancel->h.value, c.mine);
     EXPECT_EQ(WaitState("client", c.port, "kernel protocol-error"), "kernel protocol-error") << "window " << window;
     // Never paired: a link frame cannot upgrade it either.
-    EXPECT_TRUE(rogue_.SendLink(Hdr(FrameType::kPairConfirm, 1, c.mine)));
+    EXPECT_TRUE(rogue_.SendLink(Frame(FrameType::kPairConfirm, 1, c.mine)));
     refused.push_back(c);
   }
   EXPECT_EQ(Counter("fabric_violations"), violations + 4);
@@ -254,7 +96,7 @@ TEST_F(PeerForgeryTest, PairRequestWithAWindowThatIsNotARingSizeIsRejected) {
     uint64_t theirs = 9000 + i;
     ASSERT_EQ(guest_->Register(port, Role::kServer, Ep(1, kServerPort), Ep(2, port)), "pending");
     std::vector<uint8_t> info = PairInfoPayload(Ep(2, port), Ep(1, kServerPort), Role::kClient);
-    ASSERT_TRUE(rogue_.SendControl(Hdr(FrameType::kPairRequest, 1, 0, theirs, kBad[i]), info));
+    ASSERT_TRUE(rogue_.SendControl(Frame(FrameType::kPairRequest, 1, 0, theirs, kBad[i]), info));
     auto answer = rogue_.AwaitControl([&](const PeerFrame& f) {
       return (f.h.type == FrameType::kPairReject || f.h.type == FrameType::kPairAccept) && f.h.handle == theirs;
     });
@@ -266,11 +108,11 @@ TEST_F(PeerForgeryTest, PairRequestWithAWindowThatIsNotARingSizeIsRejected) {
   EXPECT_EQ(Counter("pair_refused"), refused + 3);
   // The registration itself was never at fault: asked properly, it pairs.
   std::vector<uint8_t> info = PairInfoPayload(Ep(2, 41000), Ep(1, kServerPort), Role::kClient);
-  ASSERT_TRUE(rogue_.SendControl(Hdr(FrameType::kPairRequest, 1, 0, 9100, kRing), info));
+  ASSERT_TRUE(rogue_.SendControl(Frame(FrameType::kPairRequest, 1, 0, 9100, kRing), info));
   auto accept = rogue_.AwaitControl(Is(FrameType::kPairAccept, 9100));
   ASSERT_TRUE(accept) << rogue_.error();
   EXPECT_EQ(accept->h.aux, kRing);
-  ASSERT_TRUE(rogue_.SendLink(Hdr(FrameType::kPairConfirm, 1, accept->h.value)));
+  ASSERT_TRUE(rogue_.SendLink(Frame(FrameType::kPairConfirm, 1, accept->h.value)));
   EXPECT_EQ(WaitState("client", kServerPort, "accelerated accelerated", 41000), "accelerated accelerated");
   ExpectUntouched(good, "the paired connection beside them");
 }
@@ -284,24 +126,24 @@ TEST_F(PeerForgeryTest, RejectOrDowngradeReasonOutsideTheValidSetReadsAsProtocol
   uint16_t port = 40201;
   for (proto::Reason r : kInvalid) {
     Conn c = Request(*guest_, 1, port++);
-    ASSERT_TRUE(rogue_.SendControl(Hdr(FrameType::kPairReject, 1, c.mine, 0, static_cast<uint32_t>(r))));
+    ASSERT_TRUE(rogue_.SendControl(Frame(FrameType::kPairReject, 1, c.mine, 0, static_cast<uint32_t>(r))));
     EXPECT_EQ(WaitState("client", c.port, "kernel protocol-error"), "kernel protocol-error")
         << "PAIR_REJECT " << proto::ToString(r);
   }
   for (proto::Reason r : kInvalid) {
     Conn c = Paired(*guest_, 1, port++);
-    ASSERT_TRUE(rogue_.SendLink(Hdr(FrameType::kDowngrade, 1, c.mine, 0, static_cast<uint32_t>(r))));
+    ASSERT_TRUE(rogue_.SendLink(Frame(FrameType::kDowngrade, 1, c.mine, 0, static_cast<uint32_t>(r))));
     EXPECT_EQ(WaitState("client", c.port, "accelerated protocol-error"), "accelerated protocol-error")
         << "DOWNGRADE " << proto::ToString(r);
   }
   // Valid reasons pass as given.
   Conn rejected = Request(*guest_, 1, port++);
   ASSERT_TRUE(rogue_.SendControl(
-      Hdr(FrameType::kPairReject, 1, rejected.mine, 0, static_cast<uint32_t>(proto::Reason::kPeerNotAccelerated))));
+      Frame(FrameType::kPairReject, 1, rejected.mine, 0, static_cast<uint32_t>(proto::Reason::kPeerNotAccelerated))));
   EXPECT_EQ(WaitState("client", rejected.port, "kernel peer-not-accelerated"), "kernel peer-not-accelerated");
   Conn downgraded = Paired(*guest_, 1, port++);
   ASSERT_TRUE(rogue_.SendLink(
-      Hdr(FrameType::kDowngrade, 1, downgraded.mine, 0, static_cast<uint32_t>(proto::Reason::kFabricDown))));
+      Frame(FrameType::kDowngrade, 1, downgraded.mine, 0, static_cast<uint32_t>(proto::Reason::kFabricDown))));
   EXPECT_EQ(WaitState("client", downgraded.port, "accelerated fabric-down"), "accelerated fabric-down");
   ExpectUntouched(good, "the paired connection beside them");
 }
@@ -311,7 +153,7 @@ TEST_F(PeerForgeryTest, RejectOrDowngradeReasonOutsideTheValidSetReadsAsProtocol
 // link down), its connections go back to kernel TCP, the daemon stays up.
 TEST_F(PeerForgeryTest, UnknownReasonCodeTearsTheLinkDown) {
   Conn c = Paired(*guest_, 1, 40300);
-  ASSERT_TRUE(rogue_.SendLink(Hdr(FrameType::kDowngrade, 1, c.mine, 0, proto::kMaxReason + 1)));
+  ASSERT_TRUE(rogue_.SendLink(Frame(FrameType::kDowngrade, 1, c.mine, 0, proto::kMaxReason + 1)));
   EXPECT_TRUE(rogue_.LinkClosedWithin(std::chrono::milliseconds(5000))) << "the daemon closes the link";
   EXPECT_EQ(WaitState("client", c.port, "accelerated fabric-down"), "accelerated fabric-down");
   EXPECT_EQ(Counter("fabric_downgrades"), 1);
@@ -321,12 +163,12 @@ TEST_F(PeerForgeryTest, UnknownReasonCodeTearsTheLinkDown) {
 // where our guest's reader switches from the kernel stream to the ring.
 TEST_F(PeerForgeryTest, SecondFenceResetsOnlyThatConnection) {
   Conn victim = Paired(*guest_, 1, 40400), good = Paired(*guest_, 1, 40401);
-  ASSERT_TRUE(rogue_.SendLink(Hdr(FrameType::kFence, 1, victim.mine, 0)));
-  ASSERT_TRUE(rogue_.SendLink(Hdr(FrameType::kFence, 1, good.mine, 0)));
+  ASSERT_TRUE(rogue_.SendLink(Frame(FrameType::kFence, 1, victim.mine, 0)));
+  ASSERT_TRUE(rogue_.SendLink(Frame(FrameType::kFence, 1, good.mine, 0)));
   ASSERT_TRUE(Deliver(good, 100, 0x11));
   long long violations = Counter("fabric_violations"), protocol = Counter("protocol_violations");
   EXPECT_EQ(State(victim), "accelerated accelerated") << "the first FENCE is the peer's right";
-  ASSERT_TRUE(rogue_.SendLink(Hdr(FrameType::kFence, 1, victim.mine, 1234)));
+  ASSERT_TRUE(rogue_.SendLink(Frame(FrameType::kFence, 1, victim.mine, 1234)));
   ExpectReset(victim, "second FENCE");
   EXPECT_EQ(Counter("fabric_violations"), violations + 1);
   EXPECT_EQ(Counter("protocol_violations"), protocol + 1);
@@ -339,14 +181,14 @@ TEST_F(PeerForgeryTest, SecondFenceResetsOnlyThatConnection) {
 TEST_F(PeerForgeryTest, ReleaseOfAConnectionNeitherSideLeftResetsIt) {
   Conn victim = Paired(*guest_, 1, 40500), left = Paired(*guest_, 1, 40501), good = Paired(*guest_, 1, 40502);
   long long violations = Counter("fabric_violations");
-  ASSERT_TRUE(rogue_.SendLink(Hdr(FrameType::kRelease, 1, victim.mine)));
+  ASSERT_TRUE(rogue_.SendLink(Frame(FrameType::kRelease, 1, victim.mine)));
   ExpectReset(victim, "RELEASE of a live connection");
   EXPECT_EQ(Counter("fabric_violations"), violations + 1);
   // The legitimate order (the peer's side left, then it forgets the
   // connection) is no violation.
   ASSERT_TRUE(rogue_.SendLink(
-      Hdr(FrameType::kDowngrade, 1, left.mine, 0, static_cast<uint32_t>(proto::Reason::kPeerDowngraded))));
-  ASSERT_TRUE(rogue_.SendLink(Hdr(FrameType::kRelease, 1, left.mine)));
+      Frame(FrameType::kDowngrade, 1, left.mine, 0, static_cast<uint32_t>(proto::Reason::kPeerDowngraded))));
+  ASSERT_TRUE(rogue_.SendLink(Frame(FrameType::kRelease, 1, left.mine)));
   ExpectUntouched(good, "the other connection on the link");
   EXPECT_EQ(State(left), "accelerated peer-downgraded");
   EXPECT_FALSE(rogue_.AwaitLink(Is(FrameType::kAbort, left.theirs), std::chrono::milliseconds(100)));
@@ -362,14 +204,14 @@ TEST_F(PeerForgeryTest, DataOutsideTheCreditWindowResetsTheConnection) {
   // Our guest reads nothing: one ring's worth fills the window.
   ASSERT_TRUE(Deliver(full, kRing, 0x21));
   std::vector<uint8_t> one(1, 0x99);
-  ASSERT_TRUE(rogue_.SendLink(Hdr(FrameType::kData, 1, full.mine, full.rx_tail), one));
+  ASSERT_TRUE(rogue_.SendLink(Frame(FrameType::kData, 1, full.mine, full.rx_tail), one));
   ExpectReset(full, "DATA beyond the window");
   EXPECT_EQ(full.rx[0], 0x21) << "the excess byte wrapped over unread data";
   std::vector<uint8_t> some(100, 0x99);
-  ASSERT_TRUE(rogue_.SendLink(Hdr(FrameType::kData, 1, skew.mine, 4096), some));
+  ASSERT_TRUE(rogue_.SendLink(Frame(FrameType::kData, 1, skew.mine, 4096), some));
   ExpectReset(skew, "DATA away from the RX tail");
   EXPECT_EQ(skew.rx[4096], 0) << "bytes placed where the stream is not";
-  ASSERT_TRUE(rogue_.SendLink(Hdr(FrameType::kCredit, 1, credit.mine, 1)));
+  ASSERT_TRUE(rogue_.SendLink(Frame(FrameType::kCredit, 1, credit.mine, 1)));
   ExpectReset(credit, "CREDIT for bytes never sent");
   EXPECT_EQ(Counter("fabric_violations"), violations + 3);
   ExpectUntouched(good, "the other connection on the link");
@@ -386,12 +228,12 @@ TEST_F(PeerForgeryTest, FramesForAnotherTenantsOrUnknownConnectionsAreDropped) {
             violations = Counter("fabric_violations");
   std::vector<uint8_t> some(100, 0x99);
   // Tenant 1's frames naming tenant 2's connection.
-  ASSERT_TRUE(rogue_.SendLink(Hdr(FrameType::kData, 1, neighbour.mine, 0), some));
-  ASSERT_TRUE(rogue_.SendLink(Hdr(FrameType::kAbort, 1, neighbour.mine)));
-  ASSERT_TRUE(rogue_.SendLink(Hdr(FrameType::kRelease, 1, neighbour.mine)));
+  ASSERT_TRUE(rogue_.SendLink(Frame(FrameType::kData, 1, neighbour.mine, 0), some));
+  ASSERT_TRUE(rogue_.SendLink(Frame(FrameType::kAbort, 1, neighbour.mine)));
+  ASSERT_TRUE(rogue_.SendLink(Frame(FrameType::kRelease, 1, neighbour.mine)));
   // A handle the daemon never gave out.
-  ASSERT_TRUE(rogue_.SendLink(Hdr(FrameType::kData, 1, 0xdead0000, 0), some));
-  ASSERT_TRUE(rogue_.SendLink(Hdr(FrameType::kAbort, 1, 0xdead0000)));
+  ASSERT_TRUE(rogue_.SendLink(Frame(FrameType::kData, 1, 0xdead0000, 0), some));
+  ASSERT_TRUE(rogue_.SendLink(Frame(FrameType::kAbort, 1, 0xdead0000)));
   ExpectUntouched(good, "tenant 1's connection");
   EXPECT_EQ(Counter("frames_cross_tenant"), cross + 3);
   EXPECT_EQ(Counter("frames_dropped"), dropped + 5);
@@ -399,6 +241,72 @@ TEST_F(PeerForgeryTest, FramesForAnotherTenantsOrUnknownConnectionsAreDropped) {
   EXPECT_EQ(neighbour.rx[0], 0) << "another tenant's bytes landed in tenant 2's ring";
   EXPECT_EQ(State(neighbour), "accelerated accelerated");
   EXPECT_TRUE(Deliver(neighbour, 100, 0x22)) << "tenant 2's connection still carries its own bytes";
+}
+
+// Handshake flood (issue 17, finding 6): anyone who reaches peer_listen
+// can open connections that start TLS and then stall. The daemon used to keep
+// 64 half-open connections in all, on the worker, and close every new one
+// beyond them: 300 stalled connections from one address (127.0.0.2) shut the
+// real peer out until they timed out. Now half-open connections are bounded
+// per address (8) and in all (256), handshakes run on a thread of their own
+// ("vsocketd-tls"), and the peer (from 127.0.0.1) connects through the flood.
+TEST_F(PeerForgeryTest, HandshakeFloodFromOneAddressLeavesRoomForThePeer) {
+  Conn before = Paired(*guest_, 1, 40800);
+  std::vector<UniqueFd> flood;
+  sockaddr_in src{}, dst{};
+  src.sin_family = dst.sin_family = AF_INET;
+  src.sin_addr.s_addr = htonl(0x7F000002);  // 127.0.0.2
+  dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  dst.sin_port = htons(static_cast<uint16_t>(rogue_.listen_port()));
+  // Non-blocking: the 300 are open within a few milliseconds, long before
+  // the setup timeout (5 s) would free a slot.
+  for (int i = 0; i < 300; ++i) {
+    UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    ASSERT_TRUE(fd.valid());
+    ASSERT_EQ(bind(fd.get(), reinterpret_cast<sockaddr*>(&src), sizeof(src)), 0) << strerror(errno);
+    if (connect(fd.get(), reinterpret_cast<sockaddr*>(&dst), sizeof(dst)) != 0 && errno != EINPROGRESS) continue;
+    flood.push_back(std::move(fd));
+  }
+  const uint8_t tls_record = 0x16;  // the first byte of a TLS handshake record, then nothing
+  std::vector<bool> sent(flood.size(), false);
+  size_t said = 0;
+  for (int round = 0; round < 200 && said < flood.size(); ++round) {
+    for (size_t i = 0; i < flood.size(); ++i) {
+      if (sent[i]) continue;
+      pollfd p{flood[i].get(), POLLOUT, 0};
+      if (poll(&p, 1, 0) == 1 && (p.revents & POLLOUT) && send(flood[i].get(), &tls_record, 1, MSG_NOSIGNAL) == 1) {
+        sent[i] = true;
+        ++said;
+      }
+    }
+    if (said < flood.size()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GT(flood.size(), 100u);
+  // The real peer connects again while the flood hangs.
+  Status st = rogue_.Connect(*daemon_);
+  ASSERT_TRUE(st.ok()) << "the peer connects through the flood: " << st.ToString();
+  long long busy = 0;
+  for (int i = 0; i < 100 && busy < static_cast<long long>(flood.size()) - 8; ++i) {
+    busy = Daemon::Number(daemon_->Stats(), "refused_busy", "\"peering\"");
+    if (busy < static_cast<long long>(flood.size()) - 8) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_GE(busy, static_cast<long long>(flood.size()) - 8) << "all but 8 of one address's half-open connections shed";
+  EXPECT_EQ(WaitState("client", before.port, "accelerated fabric-down"), "accelerated fabric-down")
+      << "(the reconnection ended the old session)";
+  Conn after = Paired(*guest_, 1, 40801);
+  EXPECT_TRUE(Deliver(after, 1000, NextFill())) << "bytes land on the new session";
+  // The handshakes ran on their own thread, not the data path's worker.
+  bool tls_thread = false;
+  std::string task_dir = "/proc/" + std::to_string(daemon_->pid()) + "/task";
+  if (DIR* d = opendir(task_dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      std::ifstream comm(task_dir + "/" + e->d_name + "/comm");
+      std::string name;
+      if (comm && std::getline(comm, name) && name == "vsocketd-tls") tls_thread = true;
+    }
+    closedir(d);
+  }
+  EXPECT_TRUE(tls_thread) << "vsocketd has a thread vsocketd-tls";
 }
 
 // Revocation (issue 17, finding 8): vsocketd re-reads tls_crl when the file

@@ -13,7 +13,11 @@
 #include <thread>
 #include <vector>
 
+#include "base/status.h"
 #include "proto/control.h"
+#include "vhost/region/shm_region.h"
+#include "vhost/user/frontend.h"
+#include "vhost/user/protocol.h"
 #include "tests/integration/control_channel.h"
 #include "tests/integration/daemon_fixture.h"
 
@@ -105,6 +109,44 @@ class RawGuest {
   bool Shutdown(uint64_t id, proto::ShutdownHow how) {
     return Post({proto::MsgType::kShutdown, 0, proto::Shutdown{id, how}});
   }
+  // SET_MEM_TABLE on the running session: a second (sealed) region of
+  // `extra_bytes`, listed first, beside the session's own. The daemon pauses
+  // the device around the message and rte_vhost maps the guest's memory
+  // anew (memory that changed is unmapped and mapped again, at another
+  // address if the kernel likes): what a VM's memory hotplug does. Ring
+  // addresses stay valid (the first region keeps its guest addresses).
+  Status AddRegion(size_t extra_bytes) {
+    if (!ch_) return Status(Code::kFailedPrecondition, "no session");
+    auto extra = vhost::ShmRegion::Create("vsocket-hostile-extra", extra_bytes);
+    if (!extra.ok()) return extra.status();
+    extra_.push_back(std::move(extra).value());
+    vhost::VhostUserFrontend& fe = ch_->frontend();
+    vhost::user::Payload p{};
+    p.memory.nregions = 1 + static_cast<uint32_t>(extra_.size());
+    std::vector<int> fds;
+    uint32_t i = 0;
+    for (const auto& r : extra_) {
+      // Guest addresses far above the session's region: never overlapping.
+      uint64_t gpa = (1ull << 46) + i * (1ull << 40);
+      p.memory.regions[i++] = {gpa, r->size(), gpa, 0};
+      fds.push_back(r->fd());
+    }
+    auto base = reinterpret_cast<uint64_t>(fe.region().base());
+    p.memory.regions[i] = {base, fe.region().size(), base, 0};
+    fds.push_back(fe.region().fd());
+    bool ack = (fe.protocol_features() & vhost::user::kProtoReplyAck) != 0;
+    vhost::user::Message m{{static_cast<uint32_t>(vhost::user::Request::kSetMemTable),
+                            vhost::user::kFlagVersion | (ack ? vhost::user::kFlagNeedReply : 0u),
+                            static_cast<uint32_t>(8 + p.memory.nregions * sizeof(vhost::user::MemoryRegionDesc))},
+                           p};
+    VS_RETURN_IF_ERROR(fe.SendMessage(m, fds));
+    if (!ack) return Status::Ok();
+    auto reply = fe.ReceiveReply(vhost::user::Request::kSetMemTable);
+    if (!reply.ok()) return reply.status();
+    if (reply->payload.u64 != 0) return Status(Code::kInternal, "SET_MEM_TABLE refused");
+    return Status::Ok();
+  }
+
   std::string Unregister(uint64_t id) {
     proto::Message resp;
     if (!ch_ || !ch_->Call({proto::MsgType::kUnregister, 0, proto::Unregister{id}}, &resp, scratch_).ok()) return "";
@@ -132,6 +174,7 @@ class RawGuest {
     uint32_t bytes;
   };
   std::unique_ptr<guest::ControlChannel> ch_;
+  std::vector<std::unique_ptr<vhost::ShmRegion>> extra_;  // AddRegion's
   std::string error_;
   std::vector<uint8_t> scratch_;
   std::map<uint64_t, Ring> rings_;

@@ -73,15 +73,6 @@ bool WriteFile(const std::string& path, const std::string& text) {
   return static_cast<bool>(f);
 }
 
-std::vector<uint8_t> Encode(const FrameHeader& h, std::span<const uint8_t> payload) {
-  FrameHeader with_len = h;
-  with_len.len = static_cast<uint32_t>(payload.size());
-  std::vector<uint8_t> out(proto::kFrameHeaderSize + payload.size());
-  proto::EncodeFrameHeader(with_len, out.data());
-  if (!payload.empty()) std::memcpy(out.data() + proto::kFrameHeaderSize, payload.data(), payload.size());
-  return out;
-}
-
 }  // namespace
 
 std::vector<uint8_t> PairInfoPayload(const proto::Endpoint& local, const proto::Endpoint& peer, proto::Role role) {
@@ -152,6 +143,13 @@ Status RoguePeer::Prepare(const std::string& certs, const std::vector<std::strin
 Status RoguePeer::Connect(Daemon& daemon) {
   // Generous: the daemon shares two cores with end-to-end tests.
   const auto deadline = Clock::now() + 2 * kWait;
+  // (Again: a new session; nothing of the last one's channels carries over.)
+  link_.reset();
+  link_eof_ = false;
+  link_in_.clear();
+  control_frames_.clear();
+  link_frames_.clear();
+  error_.clear();
   // 1. The control channel: TLS 1.3, both certificates checked.
   auto fd = ConnectLoopback(port_, deadline);
   if (!fd.ok()) return fd.status();
@@ -192,15 +190,28 @@ Status RoguePeer::Connect(Daemon& daemon) {
 
 bool RoguePeer::SendControl(const FrameHeader& h, std::span<const uint8_t> payload) {
   if (!tls_) return false;
-  Status st = tls_->Send(Encode(h, payload));
+  Status st = tls_->Send(EncodeFrame(h, payload));
   if (st.ok()) st = tls_->Flush();
   if (!st.ok()) error_ = "control channel: " + st.message();
   return st.ok();
 }
 
 bool RoguePeer::SendLink(const FrameHeader& h, std::span<const uint8_t> payload) {
+  return SendLinkBytes(EncodeFrame(h, payload));
+}
+
+std::vector<uint8_t> RoguePeer::EncodeFrame(const FrameHeader& h, std::span<const uint8_t> payload) {
+  FrameHeader with_len = h;
+  with_len.len = static_cast<uint32_t>(payload.size());
+  std::vector<uint8_t> out(proto::kFrameHeaderSize + payload.size());
+  proto::EncodeFrameHeader(with_len, out.data());
+  if (!payload.empty()) std::memcpy(out.data() + proto::kFrameHeaderSize, payload.data(), payload.size());
+  return out;
+}
+
+
+bool RoguePeer::SendLinkBytes(std::span<const uint8_t> bytes) {
   if (!link_) return false;
-  std::vector<uint8_t> bytes = Encode(h, payload);
   const auto deadline = Clock::now() + kWait;
   for (size_t off = 0; off < bytes.size();) {
     ssize_t n = send(link_.get(), bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);

@@ -57,6 +57,8 @@ class RoguePeer {
   Status Prepare(const std::string& certs, const std::vector<std::string>& locator_lines,
                  const std::string& crl = "");
   const std::string& config_path() const { return config_path_; }
+  // The daemon's peer_listen port (on 127.0.0.1).
+  int listen_port() const { return port_; }
 
   // The TLS handshake, then the data link, until the daemon says
   // LINK_READY (the session is up on both sides).
@@ -66,6 +68,10 @@ class RoguePeer {
   bool SendControl(const proto::FrameHeader& h, std::span<const uint8_t> payload = {});
   // Data link: per-connection frames (DATA with its payload).
   bool SendLink(const proto::FrameHeader& h, std::span<const uint8_t> payload = {});
+  // Raw bytes on the data link: a frame in parts (EncodeFrame, then any
+  // split of it), as a slow or lying peer sends it.
+  bool SendLinkBytes(std::span<const uint8_t> bytes);
+  static std::vector<uint8_t> EncodeFrame(const proto::FrameHeader& h, std::span<const uint8_t> payload);
 
   using Match = std::function<bool(const PeerFrame&)>;
   // The first frame received on that channel (earlier or within `limit`)

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <random>
 #include <string>
@@ -30,7 +31,11 @@ class GoodGuest {
   }
   ~GoodGuest() { StopAndCheck(); }
   // Returns the number of verified echoes; fails the test on any error.
+  // Gives the guest up to 10 s for its first echo (a short test under a
+  // sanitizer on a loaded machine may end before it got one through).
   uint64_t StopAndCheck() {
+    for (int i = 0; i < 1000 && ok_.load() == 0 && errors_.load() == 0 && thread_.joinable(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     stop_ = true;
     if (thread_.joinable()) thread_.join();
     EXPECT_EQ(errors_.load(), 0u);

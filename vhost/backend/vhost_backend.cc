@@ -159,8 +159,14 @@ Status VhostBackend::AddPort(const PortConfig& config, DeviceListener* listener)
   if (rte_vhost_driver_set_protocol_features(path, kProtocolFeatures) != 0) return fail("set_protocol_features");
   if (rte_vhost_driver_callback_register(path, &kDeviceOps) != 0) return fail("callback_register");
   {
+    // A port removed and added again (a VM that migrated away and back)
+    // keeps its entry: devices of its first life may still name it.
     std::lock_guard<std::mutex> lock(mu_);
-    ports_.push_back(std::make_unique<Port>(Port{config, listener}));
+    Port* same = nullptr;
+    for (auto& p : ports_)
+      if (p->config.path == config.path) same = p.get();
+    if (same != nullptr) *same = Port{config, listener};
+    else ports_.push_back(std::make_unique<Port>(Port{config, listener}));
   }
   if (rte_vhost_driver_start(path) != 0) return fail("driver_start");
   // driver_start has bound the socket (server mode binds synchronously); until
@@ -180,6 +186,14 @@ Status VhostBackend::AddPort(const PortConfig& config, DeviceListener* listener)
 
 Status VhostBackend::RemovePort(const std::string& path) {
   if (rte_vhost_driver_unregister(path.c_str()) != 0) return Status(Code::kNotFound, "no vhost-user port " + path);
+  // Unregistering destroyed the port's devices but calls no
+  // destroy_connection: forget its connections here (a port opened again
+  // must not count them against max_devices).
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = conns_.begin(); it != conns_.end();) {
+    if (it->second.port != nullptr && it->second.port->config.path == path) it = conns_.erase(it);
+    else ++it;
+  }
   return Status::Ok();
 }
 

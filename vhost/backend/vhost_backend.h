@@ -49,6 +49,9 @@ struct PortConfig {
   // Group whose members may connect (the socket becomes 0660, that group);
   // empty: the socket keeps the mode and group it was created with.
   std::string group;
+  // The VM is configured here but runs on another host (a migration
+  // target): vsocketd opens its port only at `vsocketctl migrate end`.
+  bool away = false;
 };
 
 // Implemented by the data path. All calls come from the vhost-user thread.
