@@ -542,10 +542,27 @@ case_link_loss_reupgrade
 reports_with() {
   python3 -c "import json,sys; print(sum(1 for l in open(sys.argv[1]) if l.strip() and json.loads(l).get(sys.argv[2])))" "$1" "$2"
 }
+# conn_rows HOST PORT: HOST's connections to PORT as "mode/reason via" (one
+# per line); conns_accelerated HOST PORT N: until N of them are accelerated
+# (bounded: 15 s).
+conn_rows() {
+  bash $TB ctl "$1" --json stats 2>/dev/null | python3 -c "
+import json, sys
+for c in json.load(sys.stdin)['connections']:
+    if c['peer'].endswith(':$2'): print(f\"{c['mode']}/{c['reason']} via {c['via'] or '-'}: {c['accel_bytes_out']} B out\")" 2>/dev/null
+}
+conns_accelerated() {
+  local _
+  for _ in $(seq 60); do
+    [ "$(conn_rows "$1" "$2" | grep -c '^accelerated/')" -ge "$3" ] && return 0
+    sleep 0.25
+  done
+  return 1
+}
 case_link_loss_after_end() {
   local how=$1 name=cross_link_loss_after_$1 port=$2 conns=2 bytes=131072
-  local rep=$WORK/$name.jsonl i out extra=() go=$WORK/$name.go
-  rm -f "$go"
+  local rep=$WORK/$name.jsonl i out extra=() go=$WORK/$name.go start=$WORK/$name.start
+  rm -f "$go" "$start"
   [ "$how" = close ] && extra=(--one-way --close-after-write --exit-delay-ms 8000)
   wait_link_up  # after the previous cut
   # An idle link would outlive the cut (no segment meets the RST): a
@@ -553,19 +570,35 @@ case_link_loss_after_end() {
   XFER_CVM=vmA2 xfer_bg $name.load $((port + 1)) 1 19660800 --rounds 300 --gap-ms 10
   local lsrv=$XSRV lcli=$XCLI
   # (The libraries log their RESYNC steps: on a failure, xfer_wait shows them.)
-  VSOCKET_LOG_LEVEL=info xfer_bg $name $port $conns $bytes --pause-ms 800 --split-wait-file "$go" --stall-ms 7000 \
-    "${extra[@]}"
+  VSOCKET_LOG_LEVEL=info xfer_bg $name $port $conns $bytes --start-wait-file "$start" --split-wait-file "$go" \
+    --stall-ms 7000 "${extra[@]}"
+  # The clients write their first halves once hostA shows every connection
+  # accelerated (a fixed pause raced a pairing slowed by a loaded machine:
+  # the first halves went on kernel TCP, and the wait below never ended).
+  # abandon WHY: let the clients finish, then fail with what hostA showed.
+  abandon() {
+    local rows
+    rows=$(conn_rows hostA $port | tr '\n' ';')
+    touch "$start" "$go"
+    xfer_wait $name
+    XSRV=$lsrv XCLI=$lcli
+    xfer_wait $name.load
+    fail $name "$1; hostA's connections to :$port: ${rows:-none}"
+  }
+  conns_accelerated hostA $port $conns || { abandon "not every connection accelerated after 15 s"; return; }
+  touch "$start"
   # Once the first halves crossed the fabric (and the FENCEs were
   # acknowledged): drop, and only then let the clients write the second
   # halves and shut down (a fixed pause raced a slow poll of the counters).
   local moved=0
-  for i in $(seq 160); do
+  for i in $(seq 100); do
     moved=$(bash $TB ctl hostA --json stats 2>/dev/null | python3 -c "
 import json, sys
 print(sum(c['accel_bytes_out'] for c in json.load(sys.stdin)['connections'] if c['peer'].endswith(':$port')))" 2>/dev/null || echo 0)
     [ "$moved" -ge $((conns * bytes / 2)) ] && break
     sleep 0.05
   done
+  [ "$moved" -ge $((conns * bytes / 2)) ] || { abandon "the first halves did not cross the fabric ($moved B)"; return; }
   sleep 0.3
   # The RST phase must meet a retransmission: with the 200 ms minimum RTO
   # the lost segments are sent again 0.2, 0.6, 1.4 and 3.0 s after the

@@ -25,6 +25,9 @@
 // between the stream's two halves; --split-wait-file F (client): instead
 // of a fixed pause, wait (at most 60 s) until file F exists before the
 // second half (the test creates it once its fault is in place);
+// --start-wait-file F (client): wait (at most 60 s) after the header
+// (and the pause) until file F exists before the stream's first byte (the
+// test creates it once it saw every connection accelerated);
 // --stall-ms S (server): sleep S ms between
 // the header and reading the stream (so the client's bytes and its
 // shutdown wait, unconsumed, e.g. across a link loss).
@@ -55,6 +58,11 @@ uint8_t StreamByte(uint64_t seed, uint64_t i) {
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   z ^= z >> 31;
   return static_cast<uint8_t>(z >> (8 * (i % 8)));
+}
+
+// Until FILE exists (bounded: 60 s); nothing if FILE is empty.
+void WaitForFile(const std::string& file) {
+  for (int t = 0; !file.empty() && access(file.c_str(), F_OK) != 0 && t < 6000; ++t) usleep(10000);
 }
 
 bool WriteAll(int fd, const uint8_t* p, size_t n) {
@@ -180,7 +188,7 @@ int main(int argc, char** argv) {
   int exit_delay_ms = 0;
   uint64_t rounds = 0;
   int gap_ms = 0, pause_ms = 0, stall_ms = 0, split_pause_ms = 0;
-  std::string split_wait_file;
+  std::string split_wait_file, start_wait_file;
   for (int i = 4; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--conns" && i + 1 < argc) conns = std::atoi(argv[++i]);
@@ -196,6 +204,7 @@ int main(int argc, char** argv) {
     else if (a == "--stall-ms" && i + 1 < argc) stall_ms = std::atoi(argv[++i]);
     else if (a == "--split-pause-ms" && i + 1 < argc) split_pause_ms = std::atoi(argv[++i]);
     else if (a == "--split-wait-file" && i + 1 < argc) split_wait_file = argv[++i];
+    else if (a == "--start-wait-file" && i + 1 < argc) start_wait_file = argv[++i];
   }
   signal(SIGPIPE, SIG_IGN);
   std::atomic<int> ok{0};
@@ -326,12 +335,11 @@ int main(int argc, char** argv) {
       }
       bool good = WriteAll(s, hdr, 16);
       if (good && pause_ms > 0) usleep(static_cast<useconds_t>(pause_ms) * 1000);
+      if (good) WaitForFile(start_wait_file);
       if (split_pause_ms > 0 || !split_wait_file.empty()) {
         good = good && SendRange(s, seed, 0, bytes / 2);
         usleep(static_cast<useconds_t>(split_pause_ms) * 1000);
-        for (int t = 0; !split_wait_file.empty() && access(split_wait_file.c_str(), F_OK) != 0 && t < 6000; ++t) {
-          usleep(10000);
-        }
+        WaitForFile(split_wait_file);
         good = good && SendRange(s, seed, bytes / 2, bytes - bytes / 2);
       } else {
         good = good && SendStream(s, seed, bytes, rng);
