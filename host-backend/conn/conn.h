@@ -109,6 +109,13 @@ inline proto::Reason PeerReason(uint32_t aux) {
   return static_cast<proto::Reason>(aux);
 }
 
+// rdma fabric: a guest RX ring registered for peer `host` to write, in
+// that host's protection domain.
+struct RxRegion {
+  void* addr = nullptr;
+  uint32_t host = 0;
+};
+
 struct BackendConn {
   uint64_t handle = 0;  // daemon-wide unique
   vhost::BackendDevice* device = nullptr;
@@ -174,14 +181,15 @@ struct BackendConn {
   std::vector<uint8_t> rx_stash;  // arrived while the device was paused: lands on re-attach
   uint64_t rx_stash_pos = 0;      // the stream position of rx_stash[0]
 
-  // rdma fabric: our RX ring registered on its own (a memory region only
-  // this connection's peer host knows the rkey of). rx_mr == nullptr: not
-  // registered, the peer writes into the link's staging ring.
-  void* rx_mr = nullptr;
+  // rdma fabric: our RX ring registered on its own (a memory region in the
+  // protection domain of this connection's peer host, rx_mr.host, which
+  // alone knows the rkey). rx_mr.addr == nullptr: not registered, the peer
+  // writes into the link's staging ring.
+  RxRegion rx_mr;
   uint32_t rx_rkey = 0;
   // Registrations the peer may still write into: kept until it acknowledges
   // the PLACEMENT that withdrew them (tag = that frame's number).
-  std::vector<std::pair<uint64_t, void*>> rx_mr_retired;
+  std::vector<std::pair<uint64_t, RxRegion>> rx_mr_retired;
   uint64_t placements_sent = 0;
 
   // Sessions with kFeatureRingHold (ring_hold): one-sided access to the
@@ -194,6 +202,7 @@ struct BackendConn {
   bool ring_hold = false;
   bool fence_delivered = false;  // session took kFeatureFenceDelivered
   void* tx_mr = nullptr;
+  uint32_t tx_mr_host = 0;  // whose protection domain tx_mr is registered in
   std::unique_ptr<TxHold> txh;
   bool rings_held = false;
   bool in_reap_list = false;

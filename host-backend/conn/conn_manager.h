@@ -271,14 +271,15 @@ class ConnManager {
   // DATA the link already placed in c's RX ring (rdma): checked like
   // OnLinkData, then handled like any frame.
   void OnPlacedData(uint32_t host, const proto::FrameHeader& h);
-  // rdma: registers c's RX ring for the peer host (0 in *addr: not possible).
-  void RegisterRx(BackendConn& c, uint64_t* addr, uint32_t* rkey);
+  // rdma: registers c's RX ring for peer `host`, in its protection domain
+  // (0 in *addr: not possible).
+  void RegisterRx(BackendConn& c, uint32_t host, uint64_t* addr, uint32_t* rkey);
   // rdma: withdraws c's RX ring registration; the peer learns it with a
   // PLACEMENT and the region is dropped once it acknowledged.
   void RetireRx(BackendConn& c);
   // Drops every registration of c now (nothing can write any more).
   void DropRx(BackendConn& c);
-  void UnregisterRx(void* addr);
+  void UnregisterRx(const RxRegion& r);
   // rdma, kFeatureRingHold: registers c's TX ring for sends to read in
   // place (else they copy), and withdraws it (dropped once no frame in
   // flight reads it). Registration pins memory and can take milliseconds

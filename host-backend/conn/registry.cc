@@ -211,10 +211,10 @@ void ConnManager::OnAttach(vhost::BackendDevice& device) {
     } else if (c->remote.paired()) {
       Raise(*c, kEvRxTail);  // bytes placed one-sided while paused are in the ring already
     }
-    if (c->remote.paired() && !c->remote.gone && c->rx_mr == nullptr) {
+    if (c->remote.paired() && !c->remote.gone && c->rx_mr.addr == nullptr) {
       uint64_t addr;
       uint32_t rkey;
-      RegisterRx(*c, &addr, &rkey);
+      RegisterRx(*c, c->remote.host, &addr, &rkey);
       if (addr != 0) Owe(*c, kOwePlacement);
     }
     if (c->remote.paired() && !c->remote.gone) QueueTx(*c);

@@ -128,7 +128,7 @@ Result<std::shared_ptr<RdmaDevice>> RdmaDevice::Open(const Options& opt) {
   for (int i = 0; i < n && !d->ctx_; ++i) {
     if (!opt.name.empty() && opt.name != ibv_get_device_name(list[i])) continue;
     d->name_ = ibv_get_device_name(list[i]);
-    d->ctx_.reset(ibv_open_device(list[i]));
+    if (ibv_context* c = ibv_open_device(list[i])) d->ctx_.reset(c, rdma_internal::CloseDevice());
     if (!d->ctx_) {
       int err = errno;
       ibv_free_device_list(list);
@@ -140,6 +140,7 @@ Result<std::shared_ptr<RdmaDevice>> RdmaDevice::Open(const Options& opt) {
     return Status(Code::kNotFound, opt.name.empty() ? "rdma: no RDMA device" : "rdma: no device " + opt.name);
   d->pd_.reset(ibv_alloc_pd(d->ctx_.get()));
   if (!d->pd_) return Verbs("ibv_alloc_pd", errno);
+  d->next_token_ = std::make_shared<std::atomic<uint64_t>>(1);
   d->port_ = opt.port;
   if (int err = ibv_query_port(d->ctx_.get(), d->port_, &d->port_attr_)) return Verbs("ibv_query_port", err);
   if (d->port_attr_.state != IBV_PORT_ACTIVE)
@@ -161,6 +162,20 @@ Result<std::shared_ptr<RdmaDevice>> RdmaDevice::Open(const Options& opt) {
     if (!found) return Status(Code::kNotFound, "rdma: " + d->name_ + " has no IPv4 RoCEv2 GID");
   }
   if (int err = ibv_query_gid(d->ctx_.get(), d->port_, d->gid_index_, &d->gid_)) return Verbs("ibv_query_gid", err);
+  return d;
+}
+
+Result<std::shared_ptr<RdmaDevice>> RdmaDevice::Domain() const {
+  std::shared_ptr<RdmaDevice> d(new RdmaDevice());
+  d->ctx_ = ctx_;
+  d->pd_.reset(ibv_alloc_pd(ctx_.get()));
+  if (!d->pd_) return Verbs("ibv_alloc_pd", errno);
+  d->next_token_ = next_token_;
+  d->name_ = name_;
+  d->port_ = port_;
+  d->gid_index_ = gid_index_;
+  d->gid_ = gid_;
+  d->port_attr_ = port_attr_;
   return d;
 }
 
@@ -195,15 +210,15 @@ uint64_t RdmaDevice::WithdrawMemory(void* addr) {
   std::unique_lock lock(mu_);
   auto it = regions_.find(reinterpret_cast<uintptr_t>(addr));
   if (it == regions_.end()) return 0;
-  uint64_t token = next_token_++;
+  uint64_t token = next_token_->fetch_add(1, std::memory_order_relaxed);
   withdrawn_.emplace(token, std::move(it->second));
   regions_.erase(it);
   return token;
 }
 
-void RdmaDevice::ReleaseWithdrawn(uint64_t token) {
+bool RdmaDevice::ReleaseWithdrawn(uint64_t token) {
   std::unique_lock lock(mu_);
-  withdrawn_.erase(token);
+  return withdrawn_.erase(token) != 0;
 }
 
 std::optional<uint32_t> RdmaDevice::FindLkey(const void* p, size_t len) const {

@@ -64,6 +64,7 @@
 #include <infiniband/verbs.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -146,9 +147,14 @@ struct RdmaEndpointInfo {
   static Result<RdmaEndpointInfo> Decode(std::span<const uint8_t> in);
 };
 
-// One opened RDMA device and port: the protection domain shared by every
-// link to every peer, and the registry of memory the links may read and the
-// peers may write. Links hold a shared_ptr, so the PD outlives their QPs.
+// One opened RDMA device and port, and one protection domain on it with the
+// registry of memory its links may read and its peers may write. Domain()
+// makes another protection domain on the same opened device: vsocketd gives
+// each peer host its own (its links' QPs and the rings registered for it),
+// so a peer that learns or guesses an rkey handed to another host cannot
+// write there (the NIC refuses a QP access to memory of another PD). Links
+// hold a shared_ptr, so the PD outlives their QPs; the device closes with
+// its last domain.
 class RdmaDevice {
  public:
   struct Options {
@@ -159,6 +165,9 @@ class RdmaDevice {
   // Names of the RDMA devices present (empty when there is none).
   static std::vector<std::string> List();
   static Result<std::shared_ptr<RdmaDevice>> Open(const Options& opt);
+  // Another protection domain on the same device and port (its own empty
+  // registry; withdrawal tokens stay unique across all of them).
+  Result<std::shared_ptr<RdmaDevice>> Domain() const;
   ~RdmaDevice();
 
   // What a registration is for. kRemoteWrite: peers write into it (their
@@ -176,7 +185,8 @@ class RdmaDevice {
   // work requests posted before that may still read it: ReleaseWithdrawn()
   // drops it once they completed. Returns its token, 0 if none.
   uint64_t WithdrawMemory(void* addr);
-  void ReleaseWithdrawn(uint64_t token);
+  // False: no withdrawn registration of this domain has that token.
+  bool ReleaseWithdrawn(uint64_t token);
   // The lkey of the kLocalRead registration covering [p, p+len), if any.
   std::optional<uint32_t> FindLkey(const void* p, size_t len) const;
 
@@ -191,9 +201,11 @@ class RdmaDevice {
  private:
   RdmaDevice() = default;
 
-  // Member order is destruction order, reversed: MRs, then PD, then context.
-  std::unique_ptr<ibv_context, rdma_internal::CloseDevice> ctx_;
+  // Member order is destruction order, reversed: MRs, then PD, then the
+  // context (shared by the device's domains: closed with the last).
+  std::shared_ptr<ibv_context> ctx_;
   std::unique_ptr<ibv_pd, rdma_internal::DeallocPd> pd_;
+  std::shared_ptr<std::atomic<uint64_t>> next_token_;  // shared by the domains
   mutable std::shared_mutex mu_;
   struct Region {
     std::unique_ptr<ibv_mr, rdma_internal::DeregMr> mr;
@@ -202,7 +214,6 @@ class RdmaDevice {
   // Keyed by start address. Guarded by mu_.
   std::map<uintptr_t, Region> regions_;
   std::map<uint64_t, Region> withdrawn_;  // by token
-  uint64_t next_token_ = 1;
   std::string name_;
   uint8_t port_ = 1;
   uint8_t gid_index_ = 0;

@@ -7,6 +7,7 @@
 
 #include <poll.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -219,8 +220,11 @@ TEST_F(RdmaLinkTest, WithdrawnRegistrationIsNotFoundButKeptUntilReleased) {
   ASSERT_TRUE(Pump([&] { return got.frames.size() == 1 && a_->ReleasedThrough() == a_->NextFrameNumber(); }, got))
       << last_error_.ToString();  // the posted send still had its registration
   EXPECT_EQ(std::memcmp(ring.data(), src.data(), src.size()), 0);
-  dev_->ReleaseWithdrawn(token);
-  dev_->ReleaseWithdrawn(token);  // twice is harmless
+  auto other = dev_->Domain();  // tokens are unique across domains
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  EXPECT_FALSE((*other)->ReleaseWithdrawn(token));
+  EXPECT_TRUE(dev_->ReleaseWithdrawn(token));
+  EXPECT_FALSE(dev_->ReleaseWithdrawn(token));  // twice is harmless
   EXPECT_EQ(dev_->FindLkey(src.data(), 100), lkey2);
   b_.reset();
   a_.reset();
@@ -354,6 +358,38 @@ TEST_F(RdmaLinkTest, BadRkeyKillsTheLinkWithAClearError) {
   EXPECT_FALSE(a_->Send(Frame(FrameType::kCredit, 1), {}));
   EXPECT_FALSE(a_->Flush().ok() && b_->Flush().ok());
   EXPECT_TRUE(got.frames.empty());
+}
+
+// vsocketd gives each peer host its own protection domain (issue 17,
+// finding 5): a peer that learned or guessed the rkey of a ring registered
+// for another host cannot write there; its link dies with the access error.
+// The same write to a ring of its own domain lands.
+TEST_F(RdmaLinkTest, RingOfAnotherPeersDomainIsOutOfReach) {
+  Connect();  // a_ -> b_: the links of one peer host, in dev_'s domain
+  auto other = dev_->Domain();
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  std::vector<uint8_t> theirs(64 * 1024, 0), ours(64 * 1024, 0), src = Random(4096, 9);
+  uint32_t lkey, their_rkey, our_rkey;
+  ASSERT_TRUE(
+      (*other)->RegisterMemory(theirs.data(), theirs.size(), RdmaDevice::Use::kRemoteWrite, &lkey, &their_rkey).ok());
+  ASSERT_TRUE(dev_->RegisterMemory(ours.data(), ours.size(), RdmaDevice::Use::kRemoteWrite, &lkey, &our_rkey).ok());
+  iovec v{src.data(), src.size()};
+  RemoteBuffer mine{reinterpret_cast<uintptr_t>(ours.data()), our_rkey};
+  ASSERT_TRUE(a_->Send(Frame(FrameType::kData, 0, 4096), {&v, 1}, &mine));
+  Sink got;
+  ASSERT_TRUE(Pump([&] { return got.frames.size() == 1; }, got)) << last_error_.ToString();
+  EXPECT_EQ(std::memcmp(ours.data(), src.data(), src.size()), 0);
+  RemoteBuffer stolen{reinterpret_cast<uintptr_t>(theirs.data()), their_rkey};
+  ASSERT_TRUE(a_->Send(Frame(FrameType::kData, 4096, 4096), {&v, 1}, &stolen));
+  Pump([&] { return false; }, got);
+  EXPECT_FALSE(last_error_.ok()) << "the write to another domain's ring completed";
+  EXPECT_EQ(got.frames.size(), 1u);
+  EXPECT_EQ(static_cast<size_t>(std::count(theirs.begin(), theirs.end(), 0)), theirs.size())
+      << "bytes reached a ring registered in another protection domain";
+  b_.reset();
+  a_.reset();
+  EXPECT_TRUE((*other)->UnregisterMemory(theirs.data()).ok());
+  EXPECT_TRUE(dev_->UnregisterMemory(ours.data()).ok());
 }
 
 TEST_F(RdmaLinkTest, QpInErrorStateKillsTheLink) {

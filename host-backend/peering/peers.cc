@@ -140,6 +140,11 @@ Status Peering::Start(const DaemonConfig& config) {
     h->initiator = host_name_ < p.name;
     h->state = h->initiator ? State::kBackoff : State::kIdle;
     h->retry_at_ms = MonotonicMs();
+    if (rdma_) {
+      auto pd = rdma_->Domain();
+      if (!pd.ok()) return Status(pd.status().code(), "peer " + p.name + ": " + pd.status().message());
+      h->rdma = std::move(pd).value();
+    }
     hosts_.push_back(std::move(h));
   }
   conns_->SetRemoteHosts(this);

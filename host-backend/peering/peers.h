@@ -20,9 +20,10 @@
 // RDMA_SETUP: the initiator sends its own, the acceptor connects its QP to
 // it and answers with its own and LINK_READY, then the initiator connects.
 // A session's QPs share one completion queue (and so one channel fd).
-// Each paired connection's guest RX ring is its own memory region
-// (RegisterRemoteWritable), its rkey given only to the peer host of that
-// connection. See docs/rdma-fabric.md.
+// Each peer host has its own protection domain: its QPs, and each paired
+// connection's guest RX ring registered as a memory region in it
+// (RegisterRemoteWritable), its rkey given only to that host; another
+// peer's QP cannot write there even with the rkey. See docs/rdma-fabric.md.
 #pragma once
 
 #include <sys/socket.h>
@@ -102,10 +103,10 @@ class Peering : public RemoteHosts {
   bool Runs(uint32_t host, uint32_t tenant, const proto::Endpoint& addr) override;
   bool SendPairing(uint32_t host, const proto::FrameHeader& h, std::span<const uint8_t> payload) override;
   fabric::Link* LinkTo(uint32_t host, uint64_t conn) override;
-  Status RegisterRemoteWritable(void* addr, size_t len, uint32_t* rkey) override;
-  void UnregisterRemoteWritable(void* addr) override;
-  Status RegisterSendable(void* addr, size_t len) override;
-  uint64_t WithdrawSendable(void* addr) override;
+  Status RegisterRemoteWritable(uint32_t host, void* addr, size_t len, uint32_t* rkey) override;
+  void UnregisterRemoteWritable(uint32_t host, void* addr) override;
+  Status RegisterSendable(uint32_t host, void* addr, size_t len) override;
+  uint64_t WithdrawSendable(uint32_t host, void* addr) override;
   void ReleaseSendable(uint64_t token) override;
 
   // Any thread (control socket).
@@ -151,7 +152,10 @@ class Peering : public RemoteHosts {
     // links_per_peer); empty while down, and at the acceptor until the
     // first link (tcp) or RDMA_SETUP (rdma) names the count.
     std::vector<Lane> lanes;
-    // rdma: the completion queue the session's QPs share.
+    // rdma: the host's own protection domain (its QPs, the rings
+    // registered for it: no other peer's QP can reach them), and the
+    // completion queue the session's QPs share.
+    std::shared_ptr<fabric::RdmaDevice> rdma;
     std::shared_ptr<fabric::RdmaCompletionQueue> rdma_cq;
     std::array<uint8_t, 32> link_key{};
     int64_t retry_at_ms = 0;
@@ -180,6 +184,8 @@ class Peering : public RemoteHosts {
   bool LaneOf(Host& h, const proto::FrameHeader& hdr, size_t* lane, std::string* why);
   void HostUp(Host& h);
   void HostDown(Host& h, const std::string& why);
+  // rdma: host's protection domain (null: another fabric, or no such host).
+  fabric::RdmaDevice* DomainOf(uint32_t host) const;
   // Connections the handshaker is done with: a control channel whose peer
   // is checked here, or a data link joining its session.
   void TakeIncoming();
@@ -199,7 +205,7 @@ class Peering : public RemoteHosts {
   std::string host_name_;
   std::string fabric_ = "tcp";
   int links_per_peer_ = 1;
-  std::shared_ptr<fabric::RdmaDevice> rdma_;  // fabric = rdma: the device all links share
+  std::shared_ptr<fabric::RdmaDevice> rdma_;  // fabric = rdma: the opened device (each Host has a domain of it)
   std::shared_ptr<peering::TlsContext> tls_ctx_;  // shared with handshaker_
   peering::TlsConfig tls_config_;
   struct FileId {

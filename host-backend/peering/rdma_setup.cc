@@ -44,11 +44,11 @@ void Peering::StartRdmaLink(Host& h) {
 // lanes with the first one).
 Status Peering::CreateRdmaLane(Host& h, size_t i) {
   if (!h.rdma_cq) {
-    auto cq = fabric::RdmaCompletionQueue::Create(rdma_, static_cast<int>(h.lanes.size()));
+    auto cq = fabric::RdmaCompletionQueue::Create(h.rdma, static_cast<int>(h.lanes.size()));
     if (!cq.ok()) return Status(cq.status().code(), "rdma completion queue: " + cq.status().message());
     h.rdma_cq = std::move(cq).value();
   }
-  auto link = fabric::RdmaLink::Create(rdma_, {}, h.rdma_cq);
+  auto link = fabric::RdmaLink::Create(h.rdma, {}, h.rdma_cq);
   if (!link.ok()) return Status(link.status().code(), "rdma link: " + link.status().message());
   std::lock_guard<std::mutex> lock(mu_);
   h.lanes[i].rdma = link->get();

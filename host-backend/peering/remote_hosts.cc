@@ -73,26 +73,38 @@ fabric::Link* Peering::LinkTo(uint32_t host, uint64_t conn) {
   return p.lanes[conn % p.lanes.size()].link.get();
 }
 
-Status Peering::RegisterRemoteWritable(void* addr, size_t len, uint32_t* rkey) {
-  if (!rdma_) return Status(Code::kFailedPrecondition, "fabric " + fabric_ + " has no one-sided writes");
+fabric::RdmaDevice* Peering::DomainOf(uint32_t host) const {
+  if (!rdma_ || host == 0 || host > hosts_.size()) return nullptr;
+  return hosts_[host - 1]->rdma.get();
+}
+
+Status Peering::RegisterRemoteWritable(uint32_t host, void* addr, size_t len, uint32_t* rkey) {
+  fabric::RdmaDevice* pd = DomainOf(host);
+  if (pd == nullptr) return Status(Code::kFailedPrecondition, "fabric " + fabric_ + " has no one-sided writes");
   uint32_t lkey;
-  return rdma_->RegisterMemory(addr, len, fabric::RdmaDevice::Use::kRemoteWrite, &lkey, rkey);
+  return pd->RegisterMemory(addr, len, fabric::RdmaDevice::Use::kRemoteWrite, &lkey, rkey);
 }
 
-void Peering::UnregisterRemoteWritable(void* addr) {
-  if (rdma_) (void)rdma_->UnregisterMemory(addr);
+void Peering::UnregisterRemoteWritable(uint32_t host, void* addr) {
+  if (fabric::RdmaDevice* pd = DomainOf(host)) (void)pd->UnregisterMemory(addr);
 }
 
-Status Peering::RegisterSendable(void* addr, size_t len) {
-  if (!rdma_) return Status(Code::kFailedPrecondition, "fabric " + fabric_ + " reads no memory in place");
+Status Peering::RegisterSendable(uint32_t host, void* addr, size_t len) {
+  fabric::RdmaDevice* pd = DomainOf(host);
+  if (pd == nullptr) return Status(Code::kFailedPrecondition, "fabric " + fabric_ + " reads no memory in place");
   uint32_t lkey, rkey;
-  return rdma_->RegisterMemory(addr, len, fabric::RdmaDevice::Use::kLocalRead, &lkey, &rkey);
+  return pd->RegisterMemory(addr, len, fabric::RdmaDevice::Use::kLocalRead, &lkey, &rkey);
 }
 
-uint64_t Peering::WithdrawSendable(void* addr) { return rdma_ ? rdma_->WithdrawMemory(addr) : 0; }
+uint64_t Peering::WithdrawSendable(uint32_t host, void* addr) {
+  fabric::RdmaDevice* pd = DomainOf(host);
+  return pd ? pd->WithdrawMemory(addr) : 0;
+}
 
 void Peering::ReleaseSendable(uint64_t token) {
-  if (rdma_) rdma_->ReleaseWithdrawn(token);
+  // Tokens are unique across the domains: the one that has it drops it.
+  for (const auto& h : hosts_)
+    if (h->rdma && h->rdma->ReleaseWithdrawn(token)) return;
 }
 
 }  // namespace vsocket::backend

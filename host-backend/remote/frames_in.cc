@@ -93,7 +93,7 @@ void ConnManager::OnPlacedData(uint32_t host, const FrameHeader& h) {
   uint64_t space = c->rx.size - (c->rx_tail - c->rx_consumed);
   // One-sided writes are only possible into a registration we handed out;
   // the stream position and the window are checked as for a staged DATA.
-  bool registered = c->rx_mr != nullptr || !c->rx_mr_retired.empty();
+  bool registered = c->rx_mr.addr != nullptr || !c->rx_mr_retired.empty();
   if (!c->remote.paired() || !registered || h.value != c->rx_tail || h.len > space) {
     VS_LOG(kWarn, "peer host %u: placed DATA for conn %lu at %lu+%u, expected %lu with %lu free%s: connection reset",
            host, static_cast<unsigned long>(c->handle), static_cast<unsigned long>(h.value), h.len,

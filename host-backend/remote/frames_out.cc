@@ -42,7 +42,7 @@ bool ConnManager::SendOwed(BackendConn& c) {
     uint64_t value = type == FrameType::kFence          ? c.fence_bytes
                      : type == FrameType::kCredit       ? c.rx_consumed
                      : type == FrameType::kShutWr       ? c.tx_copied
-                     : type == FrameType::kPlacement    ? reinterpret_cast<uint64_t>(c.rx_mr)
+                     : type == FrameType::kPlacement    ? reinterpret_cast<uint64_t>(c.rx_mr.addr)
                      : type == FrameType::kPlacementAck ? c.remote.placements_seen
                                                         : 0;
     uint32_t aux = type == FrameType::kPlacement                  ? c.rx_rkey

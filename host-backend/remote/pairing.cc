@@ -60,7 +60,7 @@ void ConnManager::PeerMoved(BackendConn& c, uint32_t refused_by) {
 void ConnManager::RequestRemotePair(BackendConn& c, uint32_t host) {
   uint64_t rx_addr;
   uint32_t rx_rkey;
-  RegisterRx(c, &rx_addr, &rx_rkey);
+  RegisterRx(c, host, &rx_addr, &rx_rkey);
   std::array<uint8_t, proto::kPairInfoSize> payload = PairPayload(c, rx_addr, rx_rkey);
   FrameHeader h = Frame(FrameType::kPairRequest, c.key.tenant, 0, c.handle, c.rx.size);
   h.len = proto::kPairInfoSize;
@@ -80,7 +80,7 @@ void ConnManager::AcceptRemote(BackendConn& c, const PendingRemote& r) {
   if (!hosts_) return;
   uint64_t rx_addr;
   uint32_t rx_rkey;
-  RegisterRx(c, &rx_addr, &rx_rkey);
+  RegisterRx(c, r.host, &rx_addr, &rx_rkey);
   std::array<uint8_t, proto::kPairInfoSize> payload = PairPayload(c, rx_addr, rx_rkey);
   FrameHeader h = Frame(FrameType::kPairAccept, c.key.tenant, r.handle, c.handle, c.rx.size);
   h.len = proto::kPairInfoSize;

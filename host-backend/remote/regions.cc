@@ -10,17 +10,20 @@
 
 namespace vsocket::backend {
 
-void ConnManager::RegisterRx(BackendConn& c, uint64_t* addr, uint32_t* rkey) {
+void ConnManager::RegisterRx(BackendConn& c, uint32_t host, uint64_t* addr, uint32_t* rkey) {
   *addr = 0;
   *rkey = 0;
   // A library that would reuse the ring right after UNREGISTER's answer
   // (no kFeatureRingHold) could have a late one-sided write land in
   // whatever it puts there next: its bytes are staged instead.
   if (hosts_ == nullptr || c.rx.host == nullptr || c.gone || !c.ring_hold) return;
-  if (c.rx_mr == nullptr) {
+  // Still registered for another host (its writes may be under way): this
+  // one's bytes are staged; no registration serves two hosts.
+  if (c.rx_mr.addr != nullptr && c.rx_mr.host != host) return;
+  if (c.rx_mr.addr == nullptr) {
     uint32_t k = 0;
     int64_t t0 = MonotonicNs();
-    Status st = hosts_->RegisterRemoteWritable(c.rx.host, c.rx.size, &k);
+    Status st = hosts_->RegisterRemoteWritable(host, c.rx.host, c.rx.size, &k);
     counters_.rdma_reg_us.fetch_add((MonotonicNs() - t0) / 1000, std::memory_order_relaxed);
     if (!st.ok()) {
       // Another fabric, or (rarely) a ring the guest placed where another
@@ -30,16 +33,16 @@ void ConnManager::RegisterRx(BackendConn& c, uint64_t* addr, uint32_t* rkey) {
                st.message().c_str());
       return;
     }
-    c.rx_mr = c.rx.host;
+    c.rx_mr = RxRegion{c.rx.host, host};
     c.rx_rkey = k;
     counters_.rdma_rx_regions.fetch_add(1, std::memory_order_relaxed);
   }
-  *addr = reinterpret_cast<uint64_t>(c.rx_mr);
+  *addr = reinterpret_cast<uint64_t>(c.rx_mr.addr);
   *rkey = c.rx_rkey;
 }
 
 void ConnManager::RetireRx(BackendConn& c) {
-  if (c.rx_mr == nullptr) return;
+  if (c.rx_mr.addr == nullptr) return;
   // (remote.gone is no reason to drop it: a peer whose guest left still
   // sends what that guest had written.)
   if (!c.remote.paired() || hosts_ == nullptr || hosts_->LinkTo(c.remote.host, c.handle) == nullptr) {
@@ -47,29 +50,29 @@ void ConnManager::RetireRx(BackendConn& c) {
     // the end; or no link, so nothing writes any more: dropped now.
     if (c.remote.stage != RemotePeer::Stage::kAccepted) {
       UnregisterRx(c.rx_mr);
-      c.rx_mr = nullptr;
+      c.rx_mr = RxRegion{};
     }
     return;
   }
   // The PLACEMENT that withdraws it is the next one sent (owed frames are
   // coalesced: it carries whatever the registration is by then).
   c.rx_mr_retired.emplace_back(c.placements_sent + 1, c.rx_mr);
-  c.rx_mr = nullptr;
+  c.rx_mr = RxRegion{};
   c.rx_rkey = 0;
   Owe(c, kOwePlacement);
 }
 
-void ConnManager::UnregisterRx(void* addr) {
+void ConnManager::UnregisterRx(const RxRegion& r) {
   if (hosts_ == nullptr) return;
-  hosts_->UnregisterRemoteWritable(addr);
+  hosts_->UnregisterRemoteWritable(r.host, r.addr);
   counters_.rdma_rx_regions_dropped.fetch_add(1, std::memory_order_relaxed);
 }
 
 void ConnManager::DropRx(BackendConn& c) {
   if (hosts_ == nullptr) return;
-  if (c.rx_mr != nullptr) UnregisterRx(c.rx_mr);
-  for (const auto& [tag, addr] : c.rx_mr_retired) UnregisterRx(addr);
-  c.rx_mr = nullptr;
+  if (c.rx_mr.addr != nullptr) UnregisterRx(c.rx_mr);
+  for (const auto& [tag, r] : c.rx_mr_retired) UnregisterRx(r);
+  c.rx_mr = RxRegion{};
   c.rx_rkey = 0;
   c.rx_mr_retired.clear();
   MaybeReleaseRings(c);
@@ -101,7 +104,7 @@ bool ConnManager::RegisterQueuedTx() {
 void ConnManager::RegisterTx(BackendConn& c) {
   if (!TxRegistrable(c)) return;
   int64_t t0 = MonotonicNs();
-  Status st = hosts_->RegisterSendable(c.tx.host, c.tx.size);
+  Status st = hosts_->RegisterSendable(c.remote.host, c.tx.host, c.tx.size);
   counters_.rdma_reg_us.fetch_add((MonotonicNs() - t0) / 1000, std::memory_order_relaxed);
   if (!st.ok()) {
     if (st.code() != Code::kFailedPrecondition)
@@ -110,13 +113,14 @@ void ConnManager::RegisterTx(BackendConn& c) {
     return;
   }
   c.tx_mr = c.tx.host;
+  c.tx_mr_host = c.remote.host;
   if (!c.txh) c.txh = std::make_unique<TxHold>();
   counters_.rdma_tx_regions.fetch_add(1, std::memory_order_relaxed);
 }
 
 void ConnManager::WithdrawTx(BackendConn& c) {
   if (c.tx_mr == nullptr) return;
-  uint64_t token = hosts_ ? hosts_->WithdrawSendable(c.tx_mr) : 0;
+  uint64_t token = hosts_ ? hosts_->WithdrawSendable(c.tx_mr_host, c.tx_mr) : 0;
   c.tx_mr = nullptr;
   counters_.rdma_tx_regions_dropped.fetch_add(1, std::memory_order_relaxed);
   if (token == 0) return;
@@ -129,7 +133,7 @@ void ConnManager::ReleaseTxToken(uint64_t token) {
 }
 
 bool ConnManager::HoldsRings(const BackendConn& c) const {
-  return c.rx_mr != nullptr || !c.rx_mr_retired.empty() || (c.txh && c.txh->Busy());
+  return c.rx_mr.addr != nullptr || !c.rx_mr_retired.empty() || (c.txh && c.txh->Busy());
 }
 
 void ConnManager::MaybeReleaseRings(BackendConn& c) {

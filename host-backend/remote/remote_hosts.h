@@ -29,20 +29,22 @@ class RemoteHosts {
   // host stays up, so its frames stay in order. Frames arrive on any.
   virtual fabric::Link* LinkTo(uint32_t host, uint64_t conn) = 0;
   // rdma fabric: registers [addr, addr+len) as its own memory region that
-  // peer hosts may write one-sided (returns the rkey), and drops it again.
+  // peer `host` may write one-sided (returns the rkey; in that host's
+  // protection domain: no other host can write there), and drops it again.
   // Other fabrics: kFailedPrecondition (the link then places the bytes).
-  virtual Status RegisterRemoteWritable(void* /*addr*/, size_t /*len*/, uint32_t* /*rkey*/) {
+  virtual Status RegisterRemoteWritable(uint32_t /*host*/, void* /*addr*/, size_t /*len*/, uint32_t* /*rkey*/) {
     return Status(Code::kFailedPrecondition, "fabric has no one-sided writes");
   }
-  virtual void UnregisterRemoteWritable(void* /*addr*/) {}
-  // rdma fabric: registers [addr, addr+len) for sends to read in place (a
-  // guest TX ring: no copy on the sending host). Withdraw takes it out of
-  // use at once and returns a token; Release drops it once no posted send
-  // can read it any more. Other fabrics: kFailedPrecondition (sends copy).
-  virtual Status RegisterSendable(void* /*addr*/, size_t /*len*/) {
+  virtual void UnregisterRemoteWritable(uint32_t /*host*/, void* /*addr*/) {}
+  // rdma fabric: registers [addr, addr+len) for sends to `host` to read in
+  // place (a guest TX ring: no copy on the sending host). Withdraw takes it
+  // out of use at once and returns a token (unique across hosts); Release
+  // drops it once no posted send can read it any more. Other fabrics:
+  // kFailedPrecondition (sends copy).
+  virtual Status RegisterSendable(uint32_t /*host*/, void* /*addr*/, size_t /*len*/) {
     return Status(Code::kFailedPrecondition, "fabric reads no memory in place");
   }
-  virtual uint64_t WithdrawSendable(void* /*addr*/) { return 0; }
+  virtual uint64_t WithdrawSendable(uint32_t /*host*/, void* /*addr*/) { return 0; }
   virtual void ReleaseSendable(uint64_t /*token*/) {}
 };
 
