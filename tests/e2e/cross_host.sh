@@ -643,6 +643,26 @@ case_peer_restart() {
 }
 case_peer_restart
 
+# bulk_and_rr NAME PORT CONNS: a 1 GiB one-way stream (PORT) and CONNS
+# request/response connections (PORT+1) from vmA1 to vmB1 in the
+# background (PIDs in BSRV BCLI, RSRV RCLI), then 0.5-0.9 s (random) for
+# them to get going. bulk_and_rr_wait NAME: both verified every byte (else
+# 1, the reason in E2E_MSG); bulk_and_rr_kill: stops all four.
+bulk_and_rr() {
+  xfer_bg $1.bulk $2 1 1073741824 --one-way
+  BSRV=$XSRV BCLI=$XCLI
+  xfer_bg $1.rr $(($2 + 1)) $3 6144000 --rounds 600 --gap-ms 20
+  RSRV=$XSRV RCLI=$XCLI
+  sleep "0.$((5 + RANDOM % 5))"
+}
+bulk_and_rr_wait() {
+  XSRV=$BSRV XCLI=$BCLI
+  xfer_wait $1.bulk || { E2E_MSG="bulk: $E2E_MSG"; kill $RSRV $RCLI 2>/dev/null; return 1; }
+  XSRV=$RSRV XCLI=$RCLI
+  xfer_wait $1.rr || { E2E_MSG="request/response: $E2E_MSG"; return 1; }
+}
+bulk_and_rr_kill() { kill $BSRV $BCLI $RSRV $RCLI 2>/dev/null; }
+
 # hostB's vsocketd dies (KILL) or is stopped (TERM) in the middle of a
 # byte-checked stream and request/response connections from vmA1 to vmB1,
 # then starts again. hostB's guests lose their backend, hostA's lose the
@@ -652,22 +672,14 @@ case_peer_restart
 # link, so no byte is resent.
 case_remote_daemon_restart() {  # case_remote_daemon_restart SIG PORT
   local sig=$1 port=$2 name=cross_daemon_restart_${1,,} conns=4
-  local rep=$WORK/$name.jsonl
   wait_link_up
-  xfer_bg $name.bulk $port 1 1073741824 --one-way
-  local bsrv=$XSRV bcli=$XCLI
-  xfer_bg $name.rr $((port + 1)) $conns 6144000 --rounds 600 --gap-ms 20
-  local rsrv=$XSRV rcli=$XCLI
-  sleep "0.$((5 + RANDOM % 5))"
+  bulk_and_rr $name $port $conns
   if ! bash $TB restart hostB "$sig" >"$WORK/$name.restart" 2>&1; then
     fail $name "restart: $(tail -3 "$WORK/$name.restart" | tr '\n' ' ')"
-    kill $bsrv $bcli $rsrv $rcli 2>/dev/null
+    bulk_and_rr_kill
     return
   fi
-  XSRV=$bsrv XCLI=$bcli
-  xfer_wait $name.bulk || { fail $name "bulk: $E2E_MSG"; kill $rsrv $rcli 2>/dev/null; return; }
-  XSRV=$rsrv XCLI=$rcli
-  xfer_wait $name.rr || { fail $name "request/response: $E2E_MSG"; return; }
+  bulk_and_rr_wait $name || { fail $name "$E2E_MSG"; return; }
   local out out2
   # SIGTERM drains first (across the link too): nothing resent.
   local clean=()
@@ -689,28 +701,21 @@ case_remote_daemon_restart TERM 7530
 case_cross_drain() {  # case_cross_drain PORT
   local port=$1 name=cross_drain conns=4
   wait_link_up
-  xfer_bg $name.bulk $port 1 1073741824 --one-way
-  local bsrv=$XSRV bcli=$XCLI
-  xfer_bg $name.rr $((port + 1)) $conns 6144000 --rounds 600 --gap-ms 20
-  local rsrv=$XSRV rcli=$XCLI
-  sleep "0.$((5 + RANDOM % 5))"
+  bulk_and_rr $name $port $conns
   local drained f0 f1 fabric='import json, sys
 print(next(c["value"] for c in json.load(sys.stdin) if c["counter"] == "fabric_bytes_out"))'
   if ! drained=$(bash $TB ctl hostB drain vmB1 --wait 10 2>&1); then
     fail $name "vsocketctl drain vmB1 --wait 10: $drained"
     bash $TB ctl hostB undrain vmB1 >/dev/null 2>&1  # (the cases after this one)
-    kill $bsrv $bcli $rsrv $rcli 2>/dev/null
+    bulk_and_rr_kill
     return
   fi
   sleep 0.2
   f0=$(bash $TB ctl hostA counters --json | python3 -c "$fabric")
   sleep 0.5
   f1=$(bash $TB ctl hostA counters --json | python3 -c "$fabric")
-  bash $TB ctl hostB undrain vmB1 >/dev/null || { fail $name "undrain failed"; kill $bsrv $bcli $rsrv $rcli 2>/dev/null; return; }
-  XSRV=$bsrv XCLI=$bcli
-  xfer_wait $name.bulk || { fail $name "bulk: $E2E_MSG"; kill $rsrv $rcli 2>/dev/null; return; }
-  XSRV=$rsrv XCLI=$rcli
-  xfer_wait $name.rr || { fail $name "request/response: $E2E_MSG"; return; }
+  bash $TB ctl hostB undrain vmB1 >/dev/null || { fail $name "undrain failed"; bulk_and_rr_kill; return; }
+  bulk_and_rr_wait $name || { fail $name "$E2E_MSG"; return; }
   [ "$f0" = "$f1" ] || { fail $name "$((f1 - f0)) B went over the fabric while vmB1 was drained"; return; }
   local out out2
   out=$(python3 $CHECK "$WORK/$name.bulk.jsonl" --port $port --expect-conns 2 --resynced --no-resend \
