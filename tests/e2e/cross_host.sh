@@ -41,6 +41,23 @@ link_field() { # link_field HOST FIELD: from `vsocketctl --json stats` links[0]
   bash $TB ctl "$1" --json stats 2>/dev/null | python3 -c "import json,sys; print(json.load(sys.stdin)['links'][0]['$2'])"
 }
 
+# conn_rows HOST PORT: HOST's connections to PORT as "mode/reason via" (one
+# per line); conns_accelerated HOST PORT N: until N of them are accelerated
+# (bounded: 15 s).
+conn_rows() {
+  bash $TB ctl "$1" --json stats 2>/dev/null | python3 -c "
+import json, sys
+for c in json.load(sys.stdin)['connections']:
+    if c['peer'].endswith(':$2'): print(f\"{c['mode']}/{c['reason']} via {c['via'] or '-'}: {c['accel_bytes_out']} B out\")" 2>/dev/null
+}
+conns_accelerated() {
+  local _
+  for _ in $(seq 60); do
+    [ "$(conn_rows "$1" "$2" | grep -c '^accelerated/')" -ge "$3" ] && return 0
+    sleep 0.25
+  done
+  return 1
+}
 echo "== two-host test bed up"
 if ! bash $TB up >"$WORK/up.log" 2>&1; then
   cat "$WORK/up.log"
@@ -60,14 +77,26 @@ pass "testbed2_link_up (hostA <-> hostB: TLS 1.3 mutual auth, $VSOCKET_TESTBED2_
 # a checksummed transfer each way, every connection accelerated and exact
 # (from the libraries' reports). Returns 0/1 with the summary or the reason
 # in XFER_MSG; counts nothing itself.
+# XFER_GATE=HOST: the clients (on HOST) send their streams only once HOST
+# shows every connection accelerated (xfer --start-wait-file; bounded: 15 s,
+# then they go anyway and the check below says what their ends were).
 run_xfer() {
   local name=$1 cvm=$2 svm=$3 saddr=$4 conns=$5 bytes=$6 port=$7
   shift 7
-  local rep=$WORK/$name.jsonl
+  local rep=$WORK/$name.jsonl start=$WORK/$name.start gate=() rows=
   vm_bg "$svm" preload "$rep" "$WORK/$name.srv" "$XFER" server "$saddr" "$port" --conns "$conns" "$@"
   local srv=$BG
-  if ! vm_run "$cvm" preload "$rep" "$XFER" client "$saddr" "$port" --conns "$conns" --bytes "$bytes" "$@" >"$WORK/$name.cli" 2>&1; then
-    XFER_MSG="client: $(tail -2 "$WORK/$name.cli" | tr '\n' ' ')"
+  [ -n "${XFER_GATE:-}" ] && gate=(--start-wait-file "$start")
+  vm_bg "$cvm" preload "$rep" "$WORK/$name.cli" "$XFER" client "$saddr" "$port" --conns "$conns" --bytes "$bytes" \
+    "${gate[@]}" "$@"
+  local cli=$BG
+  if [ -n "${XFER_GATE:-}" ]; then
+    conns_accelerated "$XFER_GATE" "$port" "$conns" ||
+      rows="; after 15 s $XFER_GATE showed: $(conn_rows "$XFER_GATE" "$port" | sort | uniq -c | tr -s ' \n' ' ')"
+    touch "$start"
+  fi
+  if ! wait "$cli"; then
+    XFER_MSG="client: $(tail -2 "$WORK/$name.cli" | tr '\n' ' ')$rows"
     kill "$srv" 2>/dev/null
     return 1
   fi
@@ -79,6 +108,7 @@ run_xfer() {
   # shellcheck disable=SC2086
   if ! XFER_MSG=$(python3 $CHECK "$rep" --port "$port" --expect-conns $((2 * conns)) \
       ${XFER_CHECK:---mode accelerated --reason accelerated --accel-min 1} --exact-total $((bytes + 16))); then
+    XFER_MSG="$XFER_MSG$rows"
     return 1
   fi
   XFER_MSG="$conns conns x $bytes B each way, byte-checked; $XFER_MSG"
@@ -108,15 +138,15 @@ case_xfer() {
 }
 
 case_xfer cross_xfer_one_connection vmA1 vmB1 "$B1" 1 33554432 7101
-# 64 connections open at once: the clients pause 200 ms after their header
-# (xfer --pause-ms), so the 64 cross-host pairings complete before the
-# streams start and every end must be accelerated. Without the pause a
-# pairing raced the whole 1 MiB exchange (the kernel socket buffers absorb
-# it in a few ms): on a loaded 2-core machine up to 5 of 64 connections
-# finished on kernel TCP before their pairing did (CI, 2026-11-25), exact
-# but not what this case is about. One connection racing its pairing is
+# 64 connections open at once: the clients send their streams once hostA
+# shows all 64 accelerated (XFER_GATE), and every end must be accelerated.
+# Without a gate a pairing raced the whole 1 MiB exchange (the kernel socket
+# buffers absorb it in a few ms): on a loaded 2-core machine up to 5 of 64
+# connections finished on kernel TCP before their pairing did (CI,
+# 2026-11-25), exact but not what this case is about; a fixed pause only
+# moves the race. One connection racing its pairing is
 # cross_xfer_one_connection above.
-case_xfer cross_xfer_64_connections vmA1 vmB1 "$B1" 64 1048576 7102 --pause-ms 200
+XFER_GATE=hostA case_xfer cross_xfer_64_connections vmA1 vmB1 "$B1" 64 1048576 7102
 case_xfer cross_xfer_reverse_direction vmB1 vmA2 "$A2" 4 4194304 7103
 
 # Every link of the host pair carried frames both ways (each connection
@@ -541,23 +571,6 @@ case_link_loss_reupgrade
 # reports_with REPORT FIELD: how many report lines have FIELD true.
 reports_with() {
   python3 -c "import json,sys; print(sum(1 for l in open(sys.argv[1]) if l.strip() and json.loads(l).get(sys.argv[2])))" "$1" "$2"
-}
-# conn_rows HOST PORT: HOST's connections to PORT as "mode/reason via" (one
-# per line); conns_accelerated HOST PORT N: until N of them are accelerated
-# (bounded: 15 s).
-conn_rows() {
-  bash $TB ctl "$1" --json stats 2>/dev/null | python3 -c "
-import json, sys
-for c in json.load(sys.stdin)['connections']:
-    if c['peer'].endswith(':$2'): print(f\"{c['mode']}/{c['reason']} via {c['via'] or '-'}: {c['accel_bytes_out']} B out\")" 2>/dev/null
-}
-conns_accelerated() {
-  local _
-  for _ in $(seq 60); do
-    [ "$(conn_rows "$1" "$2" | grep -c '^accelerated/')" -ge "$3" ] && return 0
-    sleep 0.25
-  done
-  return 1
 }
 case_link_loss_after_end() {
   local how=$1 name=cross_link_loss_after_$1 port=$2 conns=2 bytes=131072
