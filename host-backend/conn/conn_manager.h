@@ -235,19 +235,23 @@ class ConnManager {
     uint32_t rdma_rkey;
     int64_t expires_ms;
   };
-  // PAIR_REQUESTs kept until our guest registers, bounded in all and per
-  // peer host (one host cannot crowd out the others): every change goes
-  // through these, which keep pending_per_host_.
+  // PAIR_REQUESTs kept until our guest registers, bounded in all, per peer
+  // host and per tenant (neither one host nor one tenant can crowd out the
+  // others): every change goes through these, which keep the shares.
   bool KeepPendingRemote(const ConnKey& key, const PendingRemote& r);
   void ErasePendingRemote(std::unordered_map<ConnKey, PendingRemote, ConnKeyHash>::iterator it) {
-    --pending_per_host_[it->second.host];
+    Unshare(*it);
     pending_remote_.erase(it);
+  }
+  void Unshare(const std::pair<const ConnKey, PendingRemote>& kv) {
+    --pending_per_host_[kv.second.host];
+    --pending_per_tenant_[kv.first.tenant];
   }
   template <typename Pred>
   void DropPendingRemote(Pred pred) {
     for (auto it = pending_remote_.begin(); it != pending_remote_.end();) {
       if (pred(*it)) {
-        --pending_per_host_[it->second.host];
+        Unshare(*it);
         it = pending_remote_.erase(it);
       } else {
         ++it;
@@ -327,6 +331,7 @@ class ConnManager {
   // keyed as our guest will register it.
   std::unordered_map<ConnKey, PendingRemote, ConnKeyHash> pending_remote_;
   std::unordered_map<uint32_t, size_t> pending_per_host_;
+  std::unordered_map<uint32_t, size_t> pending_per_tenant_;
   uint64_t next_handle_ = 1;
   ConnManagerCounters counters_;
   std::array<VmTotals, kMaxVms> vm_totals_;

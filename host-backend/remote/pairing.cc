@@ -17,8 +17,10 @@ using proto::Reason;
 namespace {
 
 constexpr size_t kMaxPendingRemote = 65536;
-// One peer host may hold at most a quarter of them (issue 17, finding 6).
+// One peer host, and one tenant (over all hosts), may hold at most a
+// quarter of them each (issue 17, finding 6).
 constexpr size_t kMaxPendingRemotePerHost = kMaxPendingRemote / 4;
+constexpr size_t kMaxPendingRemotePerTenant = kMaxPendingRemote / 4;
 constexpr int64_t kPendingRemoteMs = 30000;
 
 // The connection as this side sees it, for PAIR_REQUEST and PAIR_ACCEPT.
@@ -291,7 +293,8 @@ void ConnManager::OnHostUp(uint32_t host) {
 
 bool ConnManager::KeepPendingRemote(const ConnKey& key, const PendingRemote& r) {
   auto full = [&] {
-    return pending_remote_.size() >= kMaxPendingRemote || pending_per_host_[r.host] >= kMaxPendingRemotePerHost;
+    return pending_remote_.size() >= kMaxPendingRemote || pending_per_host_[r.host] >= kMaxPendingRemotePerHost ||
+           pending_per_tenant_[key.tenant] >= kMaxPendingRemotePerTenant;
   };
   if (full()) {
     int64_t now = MonotonicMs();
@@ -300,10 +303,11 @@ bool ConnManager::KeepPendingRemote(const ConnKey& key, const PendingRemote& r) 
   }
   auto [it, added] = pending_remote_.try_emplace(key, r);
   if (!added) {
-    --pending_per_host_[it->second.host];  // the same 4-tuple asked for again
+    Unshare(*it);  // the same 4-tuple asked for again
     it->second = r;
   }
   ++pending_per_host_[r.host];
+  ++pending_per_tenant_[key.tenant];
   return true;
 }
 

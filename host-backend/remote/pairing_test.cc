@@ -1,7 +1,8 @@
 // Pairing requests from peer hosts, in process (no guest device: none of
 // them finds its connection registered yet, so each is kept until our
-// guest registers or refused). One peer host may not crowd the table of
-// kept requests so that another's are refused (issue 17, finding 6).
+// guest registers or refused). Neither one peer host nor one tenant may
+// crowd the table of kept requests so that others' are refused (issue 17,
+// finding 6).
 #include <gtest/gtest.h>
 
 #include <array>
@@ -38,13 +39,15 @@ Endpoint Ours(uint16_t port) {
   return e;
 }
 
-// Peer hosts 1 and 2 both run tenant 7 at 192.0.2.x; every frame sent to a
-// host is recorded.
+constexpr uint32_t kOtherTenant = 8;
+
+// Peer hosts 1 to 4 all run tenants 7 and 8 at 192.0.2.x; every frame sent
+// to a host is recorded.
 class FakeHosts : public RemoteHosts {
  public:
   uint32_t Locate(uint32_t, const Endpoint&) override { return 0; }
   bool Runs(uint32_t host, uint32_t tenant, const Endpoint& addr) override {
-    return (host == 1 || host == 2) && tenant == kTenant && addr.addr[0] == 192;
+    return host >= 1 && host <= 4 && (tenant == kTenant || tenant == kOtherTenant) && addr.addr[0] == 192;
   }
   bool SendPairing(uint32_t host, const FrameHeader& h, std::span<const uint8_t>) override {
     sent.push_back({host, h});
@@ -65,33 +68,38 @@ class PairingTest : public ::testing::Test {
     p.tenant_id = kTenant;
     p.addresses.push_back({4, Ours(0).addr});
     ports_.push_back(p);
+    // Tenant 8's VM has the same address (tenants may overlap).
+    p.path = "/nonexistent/vm8.sock";
+    p.vm_name = "vm8";
+    p.tenant_id = kOtherTenant;
+    p.index = 1;
+    ports_.push_back(p);
     cm_.SetRemoteHosts(&hosts_);
     cm_.SetLocalPorts(&ports_);
   }
   ~PairingTest() override {
-    cm_.OnHostDown(1);
-    cm_.OnHostDown(2);
+    for (uint32_t host = 1; host <= 4; ++host) cm_.OnHostDown(host);
   }
 
   // host asks to pair its connection from 192.0.2.<last>:port (its handle)
   // with our guest's 198.51.100.2:80; true if it was answered at once (a
   // PAIR_REJECT), false if the request was kept.
-  bool Request(uint32_t host, uint8_t last, uint16_t port) {
-    int64_t why = Ask(host, last, port);
+  bool Request(uint32_t host, uint8_t last, uint16_t port, uint32_t tenant = kTenant) {
+    int64_t why = Ask(host, last, port, tenant);
     if (why < 0) return false;
     EXPECT_EQ(why, static_cast<int64_t>(proto::Reason::kResourceLimit));
     return true;
   }
   // The same; the reason of the PAIR_REJECT it was answered with at once,
   // -1 if the request was kept.
-  int64_t Ask(uint32_t host, uint8_t last, uint16_t port) {
+  int64_t Ask(uint32_t host, uint8_t last, uint16_t port, uint32_t tenant = kTenant) {
     proto::PairInfo info;
     info.local = V4(last, port);
     info.peer = Ours(80);
     info.role = proto::Role::kClient;
     std::array<uint8_t, proto::kPairInfoSize> body;
     proto::EncodePairInfo(info, body.data());
-    FrameHeader h = Frame(FrameType::kPairRequest, kTenant, 0, (uint64_t{host} << 32) | port, 1u << 16);
+    FrameHeader h = Frame(FrameType::kPairRequest, tenant, 0, (uint64_t{host} << 32) | port, 1u << 16);
     h.len = proto::kPairInfoSize;
     size_t before = hosts_.sent.size();
     cm_.OnPairingFrame(host, h, body);
@@ -112,15 +120,37 @@ class PairingTest : public ::testing::Test {
 };
 
 TEST_F(PairingTest, OnePeerHostCannotCrowdOutAnother) {
-  // Host 1 asks for 20,000 connections our guests never register.
+  // Host 1 asks for 20,000 connections our guests never register, half of
+  // each tenant (so no tenant reaches its own share).
   int refused = 0;
-  for (int i = 0; i < 20000; ++i) refused += Request(1, 1, static_cast<uint16_t>(10000 + i));
+  for (int i = 0; i < 20000; ++i)
+    refused += Request(1, 1, static_cast<uint16_t>(10000 + i / 2), i % 2 ? kOtherTenant : kTenant);
   EXPECT_EQ(refused, 20000 - 16384) << "one host keeps at most a quarter of the table";
   // Host 2's requests are still kept.
   for (int i = 0; i < 100; ++i) EXPECT_FALSE(Request(2, 200, static_cast<uint16_t>(10000 + i))) << i;
   // Host 1 going down gives its share back.
   cm_.OnHostDown(1);
   EXPECT_FALSE(Request(1, 1, 40000));
+}
+
+// One tenant cannot crowd out another either, even with its requests spread
+// over every peer host (each within its host's quarter).
+TEST_F(PairingTest, OneTenantCannotCrowdOutAnother) {
+  // Tenant 7 asks for 8,192 connections from each of the four hosts: the
+  // first two fill its share, the other two's are all refused.
+  int refused = 0;
+  for (uint32_t host = 1; host <= 4; ++host)
+    for (int i = 0; i < 8192; ++i)
+      refused += Request(host, static_cast<uint8_t>(host), static_cast<uint16_t>(10000 + i));
+  EXPECT_EQ(refused, 2 * 8192) << "one tenant keeps at most a quarter of the table";
+  // Tenant 8's requests are still kept, from every host.
+  for (uint32_t host = 1; host <= 4; ++host)
+    for (int i = 0; i < 25; ++i)
+      EXPECT_FALSE(Request(host, 100, static_cast<uint16_t>(10000 + i), kOtherTenant)) << host << " " << i;
+  // A host going down gives its part of tenant 7's share back.
+  EXPECT_TRUE(Request(3, 3, 40000));
+  cm_.OnHostDown(1);
+  EXPECT_FALSE(Request(3, 3, 40000));
 }
 
 // A guest that moves away (vsocketctl migrate begin): requests kept for it
