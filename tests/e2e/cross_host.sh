@@ -41,8 +41,8 @@ link_field() { # link_field HOST FIELD: from `vsocketctl --json stats` links[0]
   bash $TB ctl "$1" --json stats 2>/dev/null | python3 -c "import json,sys; print(json.load(sys.stdin)['links'][0]['$2'])"
 }
 
-# conn_rows HOST PORT: HOST's connections to PORT as "mode/reason via" (one
-# per line); conns_accelerated HOST PORT N: until N of them are accelerated
+# conn_rows HOST PORT: HOST's connections to PORT as "mode/reason via VIA:
+# N B out" (one per line); conns_accelerated HOST PORT N: until N of them are accelerated
 # (bounded: 15 s).
 conn_rows() {
   bash $TB ctl "$1" --json stats 2>/dev/null | python3 -c "
@@ -605,9 +605,7 @@ case_link_loss_after_end() {
   # halves and shut down (a fixed pause raced a slow poll of the counters).
   local moved=0
   for i in $(seq 100); do
-    moved=$(bash $TB ctl hostA --json stats 2>/dev/null | python3 -c "
-import json, sys
-print(sum(c['accel_bytes_out'] for c in json.load(sys.stdin)['connections'] if c['peer'].endswith(':$port')))" 2>/dev/null || echo 0)
+    moved=$(conn_rows hostA $port | awk '{s += $(NF - 2)} END {print s + 0}')
     [ "$moved" -ge $((conns * bytes / 2)) ] && break
     sleep 0.05
   done
