@@ -36,7 +36,10 @@ Status Daemon::Start() {
     VS_LOG(kError, "peering: %s", st.ToString().c_str());
     return st;
   }
-  if (peering_.enabled()) worker_.AddWakeFd(peering_.wake_fd());
+  if (peering_.enabled()) {
+    worker_.AddWakeFd(peering_.wake_fd());
+    worker_.AddWakeFd(conns_.registrations_fd());
+  }
   st = worker_.Start();
   if (!st.ok()) {
     VS_LOG(kError, "%s", st.ToString().c_str());

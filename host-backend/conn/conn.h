@@ -191,6 +191,15 @@ struct BackendConn {
   // the PLACEMENT that withdrew them (tag = that frame's number).
   std::vector<std::pair<uint64_t, RxRegion>> rx_mr_retired;
   uint64_t placements_sent = 0;
+  // Registrations are made on the registrar's thread (regions.cc): one of
+  // each ring at a time is under way (pending), and applies only if the
+  // ring's mapping is still the one it was asked for (map_epoch changes
+  // whenever the rings are mapped again or given up). rx_mr_untold: made
+  // before the pairing completed; the peer learns it by PLACEMENT then.
+  bool rx_reg_pending = false;
+  bool tx_reg_pending = false;
+  bool rx_mr_untold = false;
+  uint64_t map_epoch = 0;
 
   // Sessions with kFeatureRingHold (ring_hold): one-sided access to the
   // rings. rdma fabric: the TX ring registered for sends to read in place

@@ -45,6 +45,9 @@ namespace vsocket::backend {
 
 class ConnManager {
  public:
+  // Readable when registrations made off the worker are ready to apply
+  // (the worker sleeps on it; rdma fabric).
+  int registrations_fd() const { return registrar_.fd(); }
   static constexpr uint32_t kMaxConnsPerDevice = 4096;
   // Bytes one MoveData() pass moves before it yields to the rest of the
   // worker's pass (at least one connection's worth).
@@ -275,25 +278,32 @@ class ConnManager {
   // DATA the link already placed in c's RX ring (rdma): checked like
   // OnLinkData, then handled like any frame.
   void OnPlacedData(uint32_t host, const proto::FrameHeader& h);
-  // rdma: registers c's RX ring for peer `host`, in its protection domain
-  // (0 in *addr: not possible).
+  // rdma: c's RX ring's registration for peer `host` if it has one already
+  // (re-paired with the same host), else 0 in *addr: the pairing carries
+  // that and SubmitRx asks the registrar for one.
   void RegisterRx(BackendConn& c, uint32_t host, uint64_t* addr, uint32_t* rkey);
+  // rdma, kFeatureRingHold: whether c's RX ring should be registered for
+  // the host it is paired (or pairing) with, and asks the registrar for it
+  // (once at a time). Registration pins memory and can take milliseconds
+  // (tens under load): it is made on the registrar's thread, never on the
+  // worker; until ApplyRegistrations puts it in use, the peer's bytes are
+  // staged (RX) and c's sends are copied (TX).
+  bool WantsRx(const BackendConn& c) const;
+  void SubmitRx(BackendConn& c);
   // rdma: withdraws c's RX ring registration; the peer learns it with a
   // PLACEMENT and the region is dropped once it acknowledged.
   void RetireRx(BackendConn& c);
   // Drops every registration of c now (nothing can write any more).
   void DropRx(BackendConn& c);
   void UnregisterRx(const RxRegion& r);
-  // rdma, kFeatureRingHold: registers c's TX ring for sends to read in
-  // place (else they copy), and withdraws it (dropped once no frame in
-  // flight reads it). Registration pins memory and can take milliseconds
-  // (tens under load): QueueTx defers it off the pairing path, and
-  // RegisterQueuedTx makes some each pass (true if any was made or some
-  // wait); until then c's sends are copied.
-  bool TxRegistrable(const BackendConn& c) const;  // rdma, ring hold, mapped, not registered yet
-  void QueueTx(BackendConn& c);
-  bool RegisterQueuedTx();
-  void RegisterTx(BackendConn& c);
+  // rdma, kFeatureRingHold: c's TX ring registered for sends to read in
+  // place (else they copy), asked of the registrar once paired, and
+  // withdrawn (dropped once no frame in flight reads it).
+  bool TxRegistrable(const BackendConn& c) const;  // rdma, ring hold, paired, mapped, not registered yet
+  void SubmitTx(BackendConn& c);
+  // Puts the registrations the registrar made in use (or gives back those
+  // no longer wanted: closed, remapped, paired elsewhere). True if any.
+  bool ApplyRegistrations();
   void WithdrawTx(BackendConn& c);
   void ReleaseTxToken(uint64_t token);
   // Whether the fabric may still read c's TX ring or a peer write its RX ring.
@@ -326,7 +336,7 @@ class ConnManager {
   std::unordered_map<uint64_t, std::unique_ptr<Sink>> sinks_;  // by host << 32 | link
   std::vector<BackendConn*> owed_;                             // conns with link frames owed
   std::vector<BackendConn*> reap_;                             // conns waiting for sends that read their TX ring
-  std::deque<uint64_t> tx_queue_;                              // handles of conns whose TX ring waits to be registered
+  Registrar registrar_;                                        // rdma registrations, made off the worker
   // PAIR_REQUESTs that arrived before our guest registered the connection,
   // keyed as our guest will register it.
   std::unordered_map<ConnKey, PendingRemote, ConnKeyHash> pending_remote_;

@@ -40,7 +40,8 @@ struct ConnManagerCounters {
   std::atomic<uint64_t> rdma_rx_withdrawn{0};        // of those: after the peer acknowledged a PLACEMENT
   std::atomic<uint64_t> rdma_tx_regions{0};          // guest TX rings registered for sends to read in place (total)
   std::atomic<uint64_t> rdma_tx_regions_dropped{0};  // ... and withdrawn again (total)
-  std::atomic<uint64_t> rdma_reg_us{0};     // time spent registering guest rings (RX and TX, microseconds, total)
+  std::atomic<uint64_t> rdma_reg_us{0};     // time the registrar spent registering guest rings (RX and TX, microseconds, total; off the worker)
+  std::atomic<uint64_t> rdma_reg_discarded{0};  // made (off the worker) but no longer wanted: dropped
   std::atomic<uint64_t> credit_held{0};     // credits held back: the peer consumed bytes a send still read
   std::atomic<uint64_t> rings_held{0};      // UNREGISTERs answered rings-held (kFeatureRingHold)
   std::atomic<uint64_t> rings_released{0};  // ... and RINGS_RELEASED owed afterwards

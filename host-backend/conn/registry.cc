@@ -37,6 +37,7 @@ uint64_t ConnManager::OnHello(vhost::BackendDevice& device, uint64_t features) {
 
 bool ConnManager::ResolveRings(BackendConn& c) {
   const vhost::GuestMemory& mem = c.device->memory();
+  ++c.map_epoch;  // (a registration asked for before maps nothing now)
   // With a doorbell, its block follows the TX ring.
   c.tx.host = mem.Translate(c.tx.gpa, TxSpan(c));
   c.rx.host = mem.Translate(c.rx.gpa, c.rx.size);
@@ -99,6 +100,7 @@ void ConnManager::Orphan(BackendConn& c) {
   c.leaving.store(false, std::memory_order_relaxed);
   c.write_shut = true;
   c.tx.host = c.rx.host = nullptr;
+  ++c.map_epoch;
   c.pending_events = 0;
   registry_.erase(c.key);
   ConnKey tuple = c.key;
@@ -198,6 +200,7 @@ void ConnManager::OnAttach(vhost::BackendDevice& device) {
   for (auto& [id, c] : dc.by_id) {
     if (!ResolveRings(*c)) {
       c->tx.host = c->rx.host = nullptr;
+      ++c->map_epoch;
       Violation(*c, "rings no longer inside guest memory");
       continue;
     }
@@ -211,13 +214,12 @@ void ConnManager::OnAttach(vhost::BackendDevice& device) {
     } else if (c->remote.paired()) {
       Raise(*c, kEvRxTail);  // bytes placed one-sided while paused are in the ring already
     }
-    if (c->remote.paired() && !c->remote.gone && c->rx_mr.addr == nullptr) {
-      uint64_t addr;
-      uint32_t rkey;
-      RegisterRx(*c, c->remote.host, &addr, &rkey);
-      if (addr != 0) Owe(*c, kOwePlacement);
+    // Registered again off the worker; the peer learns the RX ring's by
+    // PLACEMENT (until then its bytes are staged, ours copied).
+    if (c->remote.paired()) {
+      SubmitRx(*c);
+      SubmitTx(*c);
     }
-    if (c->remote.paired() && !c->remote.gone) QueueTx(*c);
     MarkMovable(*c);
     if (c->peer) MarkMovable(*c->peer);
     // Counts published while paused: look (and arm) again.
@@ -235,6 +237,7 @@ void ConnManager::OnDetach(vhost::BackendDevice& device) {
     // when the frames in flight completed).
     for (auto& [id, c] : dc->by_id) {
       c->tx.host = c->rx.host = nullptr;
+      ++c->map_epoch;
       RetireRx(*c);
       WithdrawTx(*c);
     }

@@ -185,25 +185,49 @@ RdmaDevice::~RdmaDevice() {
   withdrawn_.clear();
 }
 
-Status RdmaDevice::RegisterMemory(void* addr, size_t len, Use use, uint32_t* lkey, uint32_t* rkey) {
+Result<RdmaDevice::Prepared> RdmaDevice::Prepare(void* addr, size_t len, Use use) const {
   if (addr == nullptr || len == 0) return Status(Code::kInvalidArgument, "rdma: empty memory region");
   // Sends only read: no write access at all for kLocalRead.
-  std::unique_ptr<ibv_mr, DeregMr> mr(ibv_reg_mr(pd_.get(), addr, len, use == Use::kRemoteWrite ? kRemoteAccess : 0));
-  if (!mr) return Verbs("ibv_reg_mr", errno);
-  *lkey = mr->lkey;
-  *rkey = use == Use::kRemoteWrite ? mr->rkey : 0;
+  Prepared p;
+  p.mr.reset(ibv_reg_mr(pd_.get(), addr, len, use == Use::kRemoteWrite ? kRemoteAccess : 0));
+  if (!p.mr) return Verbs("ibv_reg_mr", errno);
+  p.use = use;
+  p.domain = this;
+  return p;
+}
+
+Status RdmaDevice::Adopt(Prepared* p, uint32_t* lkey, uint32_t* rkey) {
+  if (!p->mr || p->domain != this) return Status(Code::kInvalidArgument, "rdma: registration of another domain");
   std::unique_lock lock(mu_);
-  auto [it, fresh] = regions_.try_emplace(reinterpret_cast<uintptr_t>(addr), Region{nullptr, use});
+  auto [it, fresh] = regions_.try_emplace(reinterpret_cast<uintptr_t>(p->mr->addr), Region{nullptr, p->use});
   if (!fresh) return Status(Code::kAlreadyExists, "rdma: memory already registered at this address");
-  it->second.mr = std::move(mr);
+  *lkey = p->mr->lkey;
+  *rkey = p->use == Use::kRemoteWrite ? p->mr->rkey : 0;
+  it->second.mr = std::move(p->mr);
   return Status::Ok();
 }
 
+Status RdmaDevice::RegisterMemory(void* addr, size_t len, Use use, uint32_t* lkey, uint32_t* rkey) {
+  Result<Prepared> p = Prepare(addr, len, use);
+  if (!p.ok()) return p.status();
+  return Adopt(&p.value(), lkey, rkey);
+}
+
 Status RdmaDevice::UnregisterMemory(void* addr) {
-  std::unique_lock lock(mu_);
-  if (regions_.erase(reinterpret_cast<uintptr_t>(addr)) == 0)
-    return Status(Code::kNotFound, "rdma: no memory registered at this address");
+  if (!Take(addr).mr) return Status(Code::kNotFound, "rdma: no memory registered at this address");
   return Status::Ok();
+}
+
+RdmaDevice::Prepared RdmaDevice::Take(void* addr) {
+  Prepared p;
+  std::unique_lock lock(mu_);
+  auto it = regions_.find(reinterpret_cast<uintptr_t>(addr));
+  if (it == regions_.end()) return p;
+  p.mr = std::move(it->second.mr);
+  p.use = it->second.use;
+  p.domain = this;
+  regions_.erase(it);
+  return p;
 }
 
 uint64_t RdmaDevice::WithdrawMemory(void* addr) {
@@ -216,9 +240,18 @@ uint64_t RdmaDevice::WithdrawMemory(void* addr) {
   return token;
 }
 
-bool RdmaDevice::ReleaseWithdrawn(uint64_t token) {
+bool RdmaDevice::ReleaseWithdrawn(uint64_t token) { return TakeWithdrawn(token).mr != nullptr; }
+
+RdmaDevice::Prepared RdmaDevice::TakeWithdrawn(uint64_t token) {
+  Prepared p;
   std::unique_lock lock(mu_);
-  return withdrawn_.erase(token) != 0;
+  auto it = withdrawn_.find(token);
+  if (it == withdrawn_.end()) return p;
+  p.mr = std::move(it->second.mr);
+  p.use = it->second.use;
+  p.domain = this;
+  withdrawn_.erase(it);
+  return p;
 }
 
 std::optional<uint32_t> RdmaDevice::FindLkey(const void* p, size_t len) const {

@@ -177,9 +177,30 @@ class RdmaDevice {
   // peer stops writing, e.g. across a guest memory remap that put other
   // memory at the same address) can never leak into a frame.
   enum class Use { kRemoteWrite, kLocalRead };
-  // Registers [addr, addr+len). Returns the keys to hand out.
+  // A registration of this domain's that is not in its registry: made by
+  // Prepare (not in use yet: FindLkey does not see it, nobody has its
+  // rkey), or taken out by Take/TakeWithdrawn (no longer in use).
+  // Destroying it deregisters the memory (unpins it), which takes about as
+  // long as registering: vsocketd does both on a thread of its own.
+  struct Prepared {
+    std::unique_ptr<ibv_mr, rdma_internal::DeregMr> mr;
+    Use use = Use::kLocalRead;
+    const RdmaDevice* domain = nullptr;  // whose protection domain it is in
+  };
+  // Registers [addr, addr+len) without putting it in use. Thread-safe (it
+  // touches no registry): vsocketd calls it off the data-path worker.
+  Result<Prepared> Prepare(void* addr, size_t len, Use use) const;
+  // Puts a prepared registration of this domain in use (kAlreadyExists if
+  // another is at its address; kInvalidArgument if of another domain: it
+  // is handed back in *p either way). Returns the keys to hand out.
+  Status Adopt(Prepared* p, uint32_t* lkey, uint32_t* rkey);
+  // Registers [addr, addr+len) (Prepare and Adopt). Returns the keys to
+  // hand out.
   Status RegisterMemory(void* addr, size_t len, Use use, uint32_t* lkey, uint32_t* rkey);
   Status UnregisterMemory(void* addr);
+  // Takes the registration at `addr` out of the registry, alive (empty mr
+  // if none): for the caller to destroy where it likes.
+  Prepared Take(void* addr);
   // Takes the registration at `addr` out of use at once (FindLkey no longer
   // finds it; the address may be registered again) but keeps it alive, for
   // work requests posted before that may still read it: ReleaseWithdrawn()
@@ -187,6 +208,8 @@ class RdmaDevice {
   uint64_t WithdrawMemory(void* addr);
   // False: no withdrawn registration of this domain has that token.
   bool ReleaseWithdrawn(uint64_t token);
+  // The same, alive (empty mr if this domain has no such token).
+  Prepared TakeWithdrawn(uint64_t token);
   // The lkey of the kLocalRead registration covering [p, p+len), if any.
   std::optional<uint32_t> FindLkey(const void* p, size_t len) const;
 

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "base/clock.h"
@@ -390,6 +391,49 @@ TEST_F(RdmaLinkTest, RingOfAnotherPeersDomainIsOutOfReach) {
   a_.reset();
   EXPECT_TRUE((*other)->UnregisterMemory(theirs.data()).ok());
   EXPECT_TRUE(dev_->UnregisterMemory(ours.data()).ok());
+}
+
+// vsocketd registers guest rings on a thread of its own (issue 17, finding
+// 6): Prepare pins the memory from any thread without putting it in use
+// (FindLkey does not see it), Adopt puts it in use, only in the domain it
+// was made in, and Take hands it back alive for that thread to destroy.
+// A prepared send source carries a frame once adopted.
+TEST_F(RdmaLinkTest, PreparedRegistrationIsInUseOnlyOnceAdopted) {
+  Connect();
+  std::vector<uint8_t> ring(64 * 1024, 0), src = Random(8192, 4);
+  uint32_t ring_lkey, ring_rkey;
+  ASSERT_TRUE(
+      dev_->RegisterMemory(ring.data(), ring.size(), RdmaDevice::Use::kRemoteWrite, &ring_lkey, &ring_rkey).ok());
+  Result<RdmaDevice::Prepared> prepared = Status(Code::kInternal, "not run");
+  std::thread([&] { prepared = dev_->Prepare(src.data(), src.size(), RdmaDevice::Use::kLocalRead); }).join();
+  ASSERT_TRUE(prepared.ok()) << prepared.status().ToString();
+  EXPECT_FALSE(dev_->FindLkey(src.data(), 100).has_value()) << "in use before it was adopted";
+  auto other = dev_->Domain();
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  uint32_t lkey = 0, rkey = 0;
+  EXPECT_EQ((*other)->Adopt(&prepared.value(), &lkey, &rkey).code(), Code::kInvalidArgument);
+  ASSERT_NE(prepared.value().mr, nullptr) << "a refused registration is handed back";
+  EXPECT_FALSE((*other)->FindLkey(src.data(), 100).has_value());
+  ASSERT_TRUE(dev_->Adopt(&prepared.value(), &lkey, &rkey).ok());
+  EXPECT_EQ(rkey, 0u) << "a send source is never writable by peers";
+  EXPECT_EQ(dev_->FindLkey(src.data(), 100), lkey);
+  iovec v{src.data(), src.size()};
+  RemoteBuffer rb{reinterpret_cast<uintptr_t>(ring.data()), ring_rkey};
+  ASSERT_TRUE(a_->Send(Frame(FrameType::kData, 0, 8192), {&v, 1}, &rb));
+  Sink got;
+  ASSERT_TRUE(Pump([&] { return got.frames.size() == 1 && a_->ReleasedThrough() == a_->NextFrameNumber(); }, got))
+      << last_error_.ToString();
+  EXPECT_EQ(std::memcmp(ring.data(), src.data(), src.size()), 0);
+  EXPECT_EQ(a_->stats().inplace_bytes.load(), 8192u) << "the adopted registration was not read in place";
+  // Taken back: out of use at once, alive until destroyed (elsewhere).
+  RdmaDevice::Prepared taken = dev_->Take(src.data());
+  ASSERT_NE(taken.mr, nullptr);
+  EXPECT_FALSE(dev_->FindLkey(src.data(), 100).has_value());
+  EXPECT_EQ(dev_->Take(src.data()).mr, nullptr);
+  std::thread([t = std::move(taken)]() mutable { t.mr.reset(); }).join();
+  b_.reset();
+  a_.reset();
+  EXPECT_TRUE(dev_->UnregisterMemory(ring.data()).ok());
 }
 
 TEST_F(RdmaLinkTest, QpInErrorStateKillsTheLink) {

@@ -103,11 +103,11 @@ class Peering : public RemoteHosts {
   bool Runs(uint32_t host, uint32_t tenant, const proto::Endpoint& addr) override;
   bool SendPairing(uint32_t host, const proto::FrameHeader& h, std::span<const uint8_t> payload) override;
   fabric::Link* LinkTo(uint32_t host, uint64_t conn) override;
-  Status RegisterRemoteWritable(uint32_t host, void* addr, size_t len, uint32_t* rkey) override;
-  void UnregisterRemoteWritable(uint32_t host, void* addr) override;
-  Status RegisterSendable(uint32_t host, void* addr, size_t len) override;
+  RegisterFn Registering(uint32_t host, void* addr, size_t len, bool remote_write) override;
+  Status Adopt(uint32_t host, Registration* r, uint32_t* rkey) override;
+  Registration TakeRemoteWritable(uint32_t host, void* addr) override;
   uint64_t WithdrawSendable(uint32_t host, void* addr) override;
-  void ReleaseSendable(uint64_t token) override;
+  Registration ReleaseSendable(uint64_t token) override;
 
   // Any thread (control socket).
   std::vector<PeerSnapshot> Snapshot() const;

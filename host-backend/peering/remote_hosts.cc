@@ -78,22 +78,51 @@ fabric::RdmaDevice* Peering::DomainOf(uint32_t host) const {
   return hosts_[host - 1]->rdma.get();
 }
 
-Status Peering::RegisterRemoteWritable(uint32_t host, void* addr, size_t len, uint32_t* rkey) {
+namespace {
+
+// A registration in one peer host's protection domain, kept alive with it
+// (a domain cannot go while it has memory registered).
+struct RdmaRegistration : MemoryRegistration {
+  std::shared_ptr<fabric::RdmaDevice> domain;  // declared first: outlives p
+  fabric::RdmaDevice::Prepared p;
+};
+
+Registration Wrap(std::shared_ptr<fabric::RdmaDevice> domain, fabric::RdmaDevice::Prepared p) {
+  if (!p.mr) return nullptr;
+  auto r = std::make_unique<RdmaRegistration>();
+  r->domain = std::move(domain);
+  r->p = std::move(p);
+  return r;
+}
+
+}  // namespace
+
+RegisterFn Peering::Registering(uint32_t host, void* addr, size_t len, bool remote_write) {
+  if (DomainOf(host) == nullptr) return {};
+  std::shared_ptr<fabric::RdmaDevice> domain = hosts_[host - 1]->rdma;
+  auto use = remote_write ? fabric::RdmaDevice::Use::kRemoteWrite : fabric::RdmaDevice::Use::kLocalRead;
+  return [domain, addr, len, use]() -> Result<Registration> {
+    Result<fabric::RdmaDevice::Prepared> p = domain->Prepare(addr, len, use);
+    if (!p.ok()) return p.status();
+    return Wrap(domain, std::move(p).value());
+  };
+}
+
+Status Peering::Adopt(uint32_t host, Registration* r, uint32_t* rkey) {
+  auto* reg = dynamic_cast<RdmaRegistration*>(r->get());
   fabric::RdmaDevice* pd = DomainOf(host);
-  if (pd == nullptr) return Status(Code::kFailedPrecondition, "fabric " + fabric_ + " has no one-sided writes");
+  if (reg == nullptr || pd == nullptr || reg->domain.get() != pd)
+    return Status(Code::kFailedPrecondition, "the host's protection domain changed");
   uint32_t lkey;
-  return pd->RegisterMemory(addr, len, fabric::RdmaDevice::Use::kRemoteWrite, &lkey, rkey);
+  VS_RETURN_IF_ERROR(pd->Adopt(&reg->p, &lkey, rkey));
+  r->reset();  // (its memory region is the domain's now)
+  return Status::Ok();
 }
 
-void Peering::UnregisterRemoteWritable(uint32_t host, void* addr) {
-  if (fabric::RdmaDevice* pd = DomainOf(host)) (void)pd->UnregisterMemory(addr);
-}
-
-Status Peering::RegisterSendable(uint32_t host, void* addr, size_t len) {
-  fabric::RdmaDevice* pd = DomainOf(host);
-  if (pd == nullptr) return Status(Code::kFailedPrecondition, "fabric " + fabric_ + " reads no memory in place");
-  uint32_t lkey, rkey;
-  return pd->RegisterMemory(addr, len, fabric::RdmaDevice::Use::kLocalRead, &lkey, &rkey);
+Registration Peering::TakeRemoteWritable(uint32_t host, void* addr) {
+  if (DomainOf(host) == nullptr) return nullptr;
+  std::shared_ptr<fabric::RdmaDevice>& domain = hosts_[host - 1]->rdma;
+  return Wrap(domain, domain->Take(addr));
 }
 
 uint64_t Peering::WithdrawSendable(uint32_t host, void* addr) {
@@ -101,10 +130,12 @@ uint64_t Peering::WithdrawSendable(uint32_t host, void* addr) {
   return pd ? pd->WithdrawMemory(addr) : 0;
 }
 
-void Peering::ReleaseSendable(uint64_t token) {
-  // Tokens are unique across the domains: the one that has it drops it.
+Registration Peering::ReleaseSendable(uint64_t token) {
+  // Tokens are unique across the domains: the one that has it gives it.
   for (const auto& h : hosts_)
-    if (h->rdma && h->rdma->ReleaseWithdrawn(token)) return;
+    if (h->rdma)
+      if (fabric::RdmaDevice::Prepared p = h->rdma->TakeWithdrawn(token); p.mr) return Wrap(h->rdma, std::move(p));
+  return nullptr;
 }
 
 }  // namespace vsocket::backend

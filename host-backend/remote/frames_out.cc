@@ -141,7 +141,7 @@ uint64_t ConnManager::MoveRemote(BackendConn& c) {
 
 bool ConnManager::PumpLinks() {
   bool reaped = !reap_.empty() && ReapTx();
-  reaped |= RegisterQueuedTx();
+  reaped |= ApplyRegistrations();
   if (owed_.empty()) return reaped;
   std::vector<BackendConn*> list;
   list.swap(owed_);

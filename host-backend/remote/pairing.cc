@@ -73,6 +73,7 @@ void ConnManager::RequestRemotePair(BackendConn& c, uint32_t host) {
   c.remote.stage = RemotePeer::Stage::kRequested;
   c.remote.host = host;
   c.remote.fence_seen = false;  // (a connection paired again after a RESYNC)
+  SubmitRx(c);  // (while the request travels)
   counters_.pair_requests_sent.fetch_add(1, std::memory_order_relaxed);
   VS_LOG(kDebug, "conn %lu (port %u -> %u): PAIR_REQUEST to host %u", static_cast<unsigned long>(c.handle),
          c.key.local.port, c.key.peer.port, host);
@@ -99,6 +100,7 @@ void ConnManager::AcceptRemote(BackendConn& c, const PendingRemote& r) {
   c.remote.window = r.window;
   c.remote.rdma_addr = r.rdma_addr;
   c.remote.rdma_rkey = r.rdma_rkey;
+  SubmitRx(c);
   VS_LOG(kDebug, "conn %lu (port %u -> %u): PAIR_ACCEPT to host %u for its conn %lu",
          static_cast<unsigned long>(c.handle), c.key.local.port, c.key.peer.port, r.host,
          static_cast<unsigned long>(r.handle));
@@ -118,7 +120,12 @@ void ConnManager::UpgradeRemote(BackendConn& c) {
   vm_totals_[c.vm_index % kMaxVms].upgrades.fetch_add(1, std::memory_order_relaxed);
   c.ev_peer_rx_window = c.remote.window;
   Raise(c, kEvUpgrade);
-  QueueTx(c);
+  if (c.rx_mr_untold) {
+    // Registered after our pairing message left: the peer learns it now.
+    c.rx_mr_untold = false;
+    Owe(c, kOwePlacement);
+  }
+  SubmitTx(c);
   MaybeAnnounceShutdown(c);
   // Asked or accepted before its VM began to drain: it leaves the rings
   // like the others (never reset by a move for having come late).

@@ -13,32 +13,38 @@ namespace vsocket::backend {
 void ConnManager::RegisterRx(BackendConn& c, uint32_t host, uint64_t* addr, uint32_t* rkey) {
   *addr = 0;
   *rkey = 0;
-  // A library that would reuse the ring right after UNREGISTER's answer
-  // (no kFeatureRingHold) could have a late one-sided write land in
-  // whatever it puts there next: its bytes are staged instead.
-  if (hosts_ == nullptr || c.rx.host == nullptr || c.gone || !c.ring_hold) return;
-  // Still registered for another host (its writes may be under way): this
-  // one's bytes are staged; no registration serves two hosts.
-  if (c.rx_mr.addr != nullptr && c.rx_mr.host != host) return;
-  if (c.rx_mr.addr == nullptr) {
-    uint32_t k = 0;
-    int64_t t0 = MonotonicNs();
-    Status st = hosts_->RegisterRemoteWritable(host, c.rx.host, c.rx.size, &k);
-    counters_.rdma_reg_us.fetch_add((MonotonicNs() - t0) / 1000, std::memory_order_relaxed);
-    if (!st.ok()) {
-      // Another fabric, or (rarely) a ring the guest placed where another
-      // registration starts: the link's staging ring carries its bytes.
-      if (st.code() != Code::kFailedPrecondition)
-        VS_LOG(kWarn, "conn %lu: RX ring not registered (%s): staged instead", static_cast<unsigned long>(c.handle),
-               st.message().c_str());
-      return;
-    }
-    c.rx_mr = RxRegion{c.rx.host, host};
-    c.rx_rkey = k;
-    counters_.rdma_rx_regions.fetch_add(1, std::memory_order_relaxed);
-  }
+  // Registered for this host already (paired with it again): the peer may
+  // use it at once. Otherwise it is asked of the registrar once the
+  // pairing names the host (SubmitRx); the bytes are staged until then.
+  if (c.rx_mr.addr == nullptr || c.rx_mr.host != host) return;
   *addr = reinterpret_cast<uint64_t>(c.rx_mr.addr);
   *rkey = c.rx_rkey;
+}
+
+bool ConnManager::WantsRx(const BackendConn& c) const {
+  using Stage = RemotePeer::Stage;
+  // A library that would reuse the ring right after UNREGISTER's answer
+  // (no kFeatureRingHold) could have a late one-sided write land in
+  // whatever it puts there next: its bytes are staged instead. A ring
+  // still registered for another host (its writes may be under way) is
+  // not registered for this one: no registration serves two hosts.
+  return hosts_ != nullptr && c.ring_hold && c.rx.host != nullptr && !c.gone && c.rx_mr.addr == nullptr &&
+         !c.remote.gone &&
+         (c.remote.stage == Stage::kRequested || c.remote.stage == Stage::kAccepted || c.remote.paired());
+}
+
+void ConnManager::SubmitRx(BackendConn& c) {
+  if (c.rx_reg_pending || !WantsRx(c)) return;
+  RegisterFn fn = hosts_->Registering(c.remote.host, c.rx.host, c.rx.size, true);
+  if (!fn) return;  // another fabric: its links place the bytes
+  registrar_.Submit({.handle = c.handle,
+                     .epoch = c.map_epoch,
+                     .rx = true,
+                     .host = c.remote.host,
+                     .addr = c.rx.host,
+                     .len = c.rx.size,
+                     .fn = std::move(fn)});
+  c.rx_reg_pending = true;
 }
 
 void ConnManager::RetireRx(BackendConn& c) {
@@ -48,9 +54,10 @@ void ConnManager::RetireRx(BackendConn& c) {
   if (!c.remote.paired() || hosts_ == nullptr || hosts_->LinkTo(c.remote.host, c.handle) == nullptr) {
     // Not paired yet (the peer may hold the rkey from PAIR_ACCEPT): kept to
     // the end; or no link, so nothing writes any more: dropped now.
-    if (c.remote.stage != RemotePeer::Stage::kAccepted) {
+    if (c.remote.stage != RemotePeer::Stage::kAccepted || c.rx_mr_untold) {
       UnregisterRx(c.rx_mr);
       c.rx_mr = RxRegion{};
+      c.rx_mr_untold = false;
     }
     return;
   }
@@ -59,12 +66,13 @@ void ConnManager::RetireRx(BackendConn& c) {
   c.rx_mr_retired.emplace_back(c.placements_sent + 1, c.rx_mr);
   c.rx_mr = RxRegion{};
   c.rx_rkey = 0;
+  c.rx_mr_untold = false;
   Owe(c, kOwePlacement);
 }
 
 void ConnManager::UnregisterRx(const RxRegion& r) {
   if (hosts_ == nullptr) return;
-  hosts_->UnregisterRemoteWritable(r.host, r.addr);
+  registrar_.Dispose(hosts_->TakeRemoteWritable(r.host, r.addr));
   counters_.rdma_rx_regions_dropped.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -74,48 +82,81 @@ void ConnManager::DropRx(BackendConn& c) {
   for (const auto& [tag, r] : c.rx_mr_retired) UnregisterRx(r);
   c.rx_mr = RxRegion{};
   c.rx_rkey = 0;
+  c.rx_mr_untold = false;
   c.rx_mr_retired.clear();
   MaybeReleaseRings(c);
 }
 
 bool ConnManager::TxRegistrable(const BackendConn& c) const {
-  return hosts_ != nullptr && c.ring_hold && c.tx_mr == nullptr && c.tx.host != nullptr && !c.gone;
+  return hosts_ != nullptr && c.ring_hold && c.tx_mr == nullptr && c.tx.host != nullptr && !c.gone &&
+         c.remote.paired() && !c.remote.gone;
 }
 
-void ConnManager::QueueTx(BackendConn& c) {
-  if (TxRegistrable(c)) tx_queue_.push_back(c.handle);
+void ConnManager::SubmitTx(BackendConn& c) {
+  if (c.tx_reg_pending || !TxRegistrable(c)) return;
+  RegisterFn fn = hosts_->Registering(c.remote.host, c.tx.host, c.tx.size, false);
+  if (!fn) return;  // another fabric: sends copy
+  registrar_.Submit({.handle = c.handle,
+                     .epoch = c.map_epoch,
+                     .rx = false,
+                     .host = c.remote.host,
+                     .addr = c.tx.host,
+                     .len = c.tx.size,
+                     .fn = std::move(fn)});
+  c.tx_reg_pending = true;
 }
 
-bool ConnManager::RegisterQueuedTx() {
-  if (tx_queue_.empty()) return false;
-  // At least one per pass, then as many as fit in about a millisecond:
-  // pairing requests and guest messages are served in between.
-  int64_t until = MonotonicNs() + 1'000'000;
-  do {
-    uint64_t handle = tx_queue_.front();
-    tx_queue_.pop_front();
-    auto it = conns_.find(handle);
-    // (Still paired and mapped: not detached, paused or closed meanwhile.)
-    if (it != conns_.end() && it->second->remote.paired() && !it->second->remote.gone) RegisterTx(*it->second);
-  } while (!tx_queue_.empty() && MonotonicNs() < until);
-  return true;
-}
-
-void ConnManager::RegisterTx(BackendConn& c) {
-  if (!TxRegistrable(c)) return;
-  int64_t t0 = MonotonicNs();
-  Status st = hosts_->RegisterSendable(c.remote.host, c.tx.host, c.tx.size);
-  counters_.rdma_reg_us.fetch_add((MonotonicNs() - t0) / 1000, std::memory_order_relaxed);
-  if (!st.ok()) {
-    if (st.code() != Code::kFailedPrecondition)
-      VS_LOG(kWarn, "conn %lu: TX ring not registered (%s): its sends are copied", static_cast<unsigned long>(c.handle),
-             st.message().c_str());
-    return;
+bool ConnManager::ApplyRegistrations() {
+  if (!registrar_.HasDone()) return false;
+  for (Registrar::Done& d : registrar_.Take()) {
+    const Registrar::Job& j = d.job;
+    counters_.rdma_reg_us.fetch_add(d.ns / 1000, std::memory_order_relaxed);
+    auto it = conns_.find(j.handle);
+    BackendConn* c = it == conns_.end() ? nullptr : it->second.get();
+    if (c != nullptr) (j.rx ? c->rx_reg_pending : c->tx_reg_pending) = false;
+    if (!d.result.ok()) {
+      // Rarely: a ring the guest placed where another registration starts.
+      // The link's staging ring carries its bytes / its sends copy.
+      VS_LOG(kWarn, "conn %lu: %s ring not registered (%s): %s", static_cast<unsigned long>(j.handle),
+             j.rx ? "RX" : "TX", d.result.status().message().c_str(), j.rx ? "staged instead" : "its sends are copied");
+      continue;
+    }
+    Registration reg = std::move(d.result).value();
+    // Still wanted as asked: the same mapping of the same ring, for the
+    // host it is paired (or pairing) with now.
+    bool current = c != nullptr && c->map_epoch == j.epoch && c->remote.host == j.host &&
+                   (j.rx ? WantsRx(*c) && c->rx.host == j.addr && c->rx.size == j.len
+                         : TxRegistrable(*c) && c->tx.host == j.addr && c->tx.size == j.len);
+    uint32_t rkey = 0;
+    Status st = current ? hosts_->Adopt(j.host, &reg, &rkey) : Status::Ok();
+    if (!current || !st.ok()) {
+      if (!st.ok())
+        VS_LOG(kWarn, "conn %lu: %s ring not registered (%s)", static_cast<unsigned long>(j.handle),
+               j.rx ? "RX" : "TX", st.message().c_str());
+      counters_.rdma_reg_discarded.fetch_add(1, std::memory_order_relaxed);
+      registrar_.Dispose(std::move(reg));
+      // Stale (remapped, paired elsewhere): asked again for what it is now.
+      if (c != nullptr && !current) {
+        if (j.rx) SubmitRx(*c);
+        else SubmitTx(*c);
+      }
+      continue;
+    }
+    if (j.rx) {
+      c->rx_mr = RxRegion{j.addr, j.host};
+      c->rx_rkey = rkey;
+      counters_.rdma_rx_regions.fetch_add(1, std::memory_order_relaxed);
+      // The peer writes one-sided from its PLACEMENT on (staged until then).
+      if (c->remote.paired()) Owe(*c, kOwePlacement);
+      else c->rx_mr_untold = true;
+    } else {
+      c->tx_mr = j.addr;
+      c->tx_mr_host = j.host;
+      if (!c->txh) c->txh = std::make_unique<TxHold>();
+      counters_.rdma_tx_regions.fetch_add(1, std::memory_order_relaxed);
+    }
   }
-  c.tx_mr = c.tx.host;
-  c.tx_mr_host = c.remote.host;
-  if (!c.txh) c.txh = std::make_unique<TxHold>();
-  counters_.rdma_tx_regions.fetch_add(1, std::memory_order_relaxed);
+  return true;
 }
 
 void ConnManager::WithdrawTx(BackendConn& c) {
@@ -129,7 +170,7 @@ void ConnManager::WithdrawTx(BackendConn& c) {
 }
 
 void ConnManager::ReleaseTxToken(uint64_t token) {
-  if (hosts_) hosts_->ReleaseSendable(token);
+  if (hosts_) registrar_.Dispose(hosts_->ReleaseSendable(token));
 }
 
 bool ConnManager::HoldsRings(const BackendConn& c) const {

@@ -7,6 +7,7 @@
 
 #include "base/status.h"
 #include "host-backend/fabric/link.h"
+#include "host-backend/remote/registrar.h"
 #include "proto/control.h"
 #include "proto/fabric.h"
 
@@ -28,24 +29,29 @@ class RemoteHosts {
   // each connection sends on one of them, the same one for as long as the
   // host stays up, so its frames stay in order. Frames arrive on any.
   virtual fabric::Link* LinkTo(uint32_t host, uint64_t conn) = 0;
-  // rdma fabric: registers [addr, addr+len) as its own memory region that
-  // peer `host` may write one-sided (returns the rkey; in that host's
-  // protection domain: no other host can write there), and drops it again.
-  // Other fabrics: kFailedPrecondition (the link then places the bytes).
-  virtual Status RegisterRemoteWritable(uint32_t /*host*/, void* /*addr*/, size_t /*len*/, uint32_t* /*rkey*/) {
-    return Status(Code::kFailedPrecondition, "fabric has no one-sided writes");
+  // rdma fabric: a function that registers [addr, addr+len) in `host`'s
+  // protection domain without putting it in use: for that host to write
+  // one-sided (remote_write: a guest RX ring; no other host can write
+  // there) or for sends to it to read in place (a guest TX ring). It runs
+  // on the registrar's thread (registration pins memory: milliseconds),
+  // so it holds what it needs and touches nothing of the worker's. Empty:
+  // this fabric registers nothing (its links place the bytes, sends copy).
+  virtual RegisterFn Registering(uint32_t /*host*/, void* /*addr*/, size_t /*len*/, bool /*remote_write*/) {
+    return {};
   }
-  virtual void UnregisterRemoteWritable(uint32_t /*host*/, void* /*addr*/) {}
-  // rdma fabric: registers [addr, addr+len) for sends to `host` to read in
-  // place (a guest TX ring: no copy on the sending host). Withdraw takes it
-  // out of use at once and returns a token (unique across hosts); Release
-  // drops it once no posted send can read it any more. Other fabrics:
-  // kFailedPrecondition (sends copy).
-  virtual Status RegisterSendable(uint32_t /*host*/, void* /*addr*/, size_t /*len*/) {
-    return Status(Code::kFailedPrecondition, "fabric reads no memory in place");
+  // Puts a registration made by such a function in use (the rkey for the
+  // peer: RX). Fails, leaving it in *r, if the host's domain is not the one
+  // it was made in any more or another registration holds its address.
+  virtual Status Adopt(uint32_t /*host*/, Registration* /*r*/, uint32_t* /*rkey*/) {
+    return Status(Code::kFailedPrecondition, "fabric registers nothing");
   }
+  // Takes c's RX registration at addr out of use; the caller destroys it
+  // (the registrar's thread: deregistering unpins, as slow as pinning).
+  virtual Registration TakeRemoteWritable(uint32_t /*host*/, void* /*addr*/) { return nullptr; }
+  // TX: Withdraw takes it out of use at once and returns a token (unique
+  // across hosts); Release takes it back once no posted send can read it.
   virtual uint64_t WithdrawSendable(uint32_t /*host*/, void* /*addr*/) { return 0; }
-  virtual void ReleaseSendable(uint64_t /*token*/) {}
+  virtual Registration ReleaseSendable(uint64_t /*token*/) { return nullptr; }
 };
 
 }  // namespace vsocket::backend

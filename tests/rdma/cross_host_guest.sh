@@ -204,7 +204,10 @@ rdma_xfer() {
   [ "$txregs" -ge "$min" ] || why="$why rdma_tx_regions +$txregs < $min;"
   [ "$sent" -eq "$accel" ] || why="$why fabric out $sent B != libraries' accelerated $accel B;"
   [ "$got" -eq "$sent" ] || why="$why fabric in $got B != out $sent B;"
-  [ "$placed" -eq "$got" ] || why="$why only $placed of $got B placed one-sided;"
+  # RX rings are registered off the worker while the pairing travels: a
+  # sender may start before the PLACEMENT of its peer's ring reaches it,
+  # and those first bytes go through the link's staging ring.
+  [ $((2 * placed)) -ge "$got" ] || why="$why only $placed of $got B placed one-sided;"
   [ $((2 * accel)) -ge $((2 * conns * bytes)) ] || why="$why only $accel B of $((2 * conns * bytes)) accelerated;"
   [ "$ups" -ge "$min" ] || why="$why remote_upgrades +$ups < $min;"
   [ "$regs" -ge "$min" ] || why="$why rdma_rx_regions +$regs < $min;"
@@ -213,7 +216,7 @@ rdma_xfer() {
     fail "$name" "$why (ring registrations took $regms ms, $copied B copied)"
     return
   fi
-  pass "$name ($conns conns x $bytes B each way in ${secs} s, every byte checked; $lines VSOCKET_REPORT lines: $out; fabric A->B ${d[hostA.fabric_bytes_out]} B, B->A ${d[hostB.fabric_bytes_out]} B = libraries' accelerated $accel B, all placed one-sided ($placed B), $inplace B read in place from TX rings, $copied B copied; remote_upgrades +$ups; RX rings registered +$regs, TX rings +$txregs, in $regms ms; violations 0)"
+  pass "$name ($conns conns x $bytes B each way in ${secs} s, every byte checked; $lines VSOCKET_REPORT lines: $out; fabric A->B ${d[hostA.fabric_bytes_out]} B, B->A ${d[hostB.fabric_bytes_out]} B = libraries' accelerated $accel B, $placed B placed one-sided, $((got - placed)) B staged, $inplace B read in place from TX rings, $copied B copied; remote_upgrades +$ups; RX rings registered +$regs, TX rings +$txregs, in $regms ms; violations 0)"
 }
 
 rdma_xfer rdma_xfer_one_connection_A_to_B vmA1 vmB1 "$B1" 1 16777216 7601
@@ -289,8 +292,23 @@ if [ "$la" -gt 0 ] && [ "$lb" -gt 0 ] && [ "$losses" = 0/0 ] && [ "$qps" = "$wan
 else
   fail rdma_link_stats "link bytes $la/$lb, losses $losses, QPs $qps (want $want each), frames per QP $perqp (want all used)"
 fi
-warn=$(grep -hE "violation|outside the credit|link lost|RX ring not registered|connection is reset" "$VSOCKET_TESTBED2_DIR"/host{A,B}/vsocketd.log | head -3)
-if [ -z "$warn" ]; then pass "daemon_logs_clean (no violation, no link loss, every RX ring registered)"; else fail daemon_logs_clean "$warn"; fi
+warn=$(grep -hE "violation|outside the credit|link lost|ring not registered|connection is reset" "$VSOCKET_TESTBED2_DIR"/host{A,B}/vsocketd.log | head -3)
+if [ -z "$warn" ]; then pass "daemon_logs_clean (no violation, no link loss, every ring registered)"; else fail daemon_logs_clean "$warn"; fi
+
+# Ring registrations (pinning guest memory) are made by vsocketd's registrar
+# thread, never by the data-path worker (issue 17, finding 6): the thread
+# exists in both daemons and the time spent registering was counted there.
+case_registrar_thread() {
+  local h pid threads msg="" ok=1
+  for h in hostA hostB; do
+    pid=$(bash $TB daemon-pid $h 2>/dev/null)
+    threads=$(cat /proc/"$pid"/task/*/comm 2>/dev/null | sort | uniq -c | tr -s ' ' | tr '\n' ',')
+    msg="$msg $h: threads$threads registration time $(counter $h rdma_reg_us) us, discarded $(counter $h rdma_reg_discarded);"
+    grep -q "vsocketd-mr" /proc/"$pid"/task/*/comm 2>/dev/null || ok=0
+  done
+  if [ $ok = 1 ]; then pass "rdma_registrar_thread ($msg)"; else fail rdma_registrar_thread "no vsocketd-mr thread:$msg"; fi
+}
+case_registrar_thread
 
 # The link is lost in the middle of request/response connections (the TLS
 # channel to hostB is cut for 8 s, so both daemons take the rdma link down):

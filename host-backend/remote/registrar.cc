@@ -1,0 +1,90 @@
+#include "host-backend/remote/registrar.h"
+
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+
+namespace vsocket::backend {
+
+Registrar::Registrar() : ready_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+
+Registrar::~Registrar() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Registrar::Start() {
+  if (thread_.joinable()) return;
+  thread_ = std::thread([this] { Run(); });
+}
+
+void Registrar::Submit(Job job) {
+  Start();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back(std::move(job));
+  }
+  ++outstanding_;
+  cv_.notify_one();
+}
+
+void Registrar::Dispose(Registration r) {
+  if (!r) return;
+  Start();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dispose_.push_back(std::move(r));
+  }
+  cv_.notify_one();
+}
+
+std::vector<Registrar::Done> Registrar::Take() {
+  uint64_t v;
+  (void)!read(ready_.get(), &v, sizeof(v));
+  std::vector<Done> out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    out.swap(done_);
+  }
+  outstanding_ -= out.size();
+  taken_ += out.size();
+  return out;
+}
+
+void Registrar::Run() {
+  pthread_setname_np(pthread_self(), "vsocketd-mr");
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || !jobs_.empty() || !dispose_.empty(); });
+    if (!dispose_.empty()) {
+      std::vector<Registration> drop;
+      drop.swap(dispose_);
+      lock.unlock();
+      drop.clear();  // deregisters (unpins) here, not on the worker
+      lock.lock();
+      continue;
+    }
+    if (stop_) return;
+    Done d;
+    d.job = std::move(jobs_.front());
+    jobs_.pop_front();
+    lock.unlock();
+    int64_t t0 = MonotonicNs();
+    d.result = d.job.fn ? d.job.fn() : Result<Registration>(Status(Code::kFailedPrecondition, "nothing to register"));
+    d.ns = MonotonicNs() - t0;
+    d.job.fn = nullptr;  // (it may hold the domain: let go of it here)
+    lock.lock();
+    done_.push_back(std::move(d));
+    finished_.fetch_add(1, std::memory_order_release);
+    uint64_t one = 1;
+    (void)!write(ready_.get(), &one, sizeof(one));
+  }
+}
+
+}  // namespace vsocket::backend
