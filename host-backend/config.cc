@@ -189,8 +189,11 @@ Status SetVmKey(vhost::PortConfig* vm, const std::string& key, const std::string
   } else if (key == "away") {
     if (value != "true" && value != "false") return Bad(where, "away must be true or false");
     vm->away = value == "true";
+  } else if (key == "prove_sockets") {
+    if (value != "true" && value != "false") return Bad(where, "prove_sockets must be true or false");
+    vm->prove_sockets = value == "true";
   } else {
-    return Bad(where, "unknown key '" + key + "' (VM keys: socket, tenant, addresses, group, away)");
+    return Bad(where, "unknown key '" + key + "' (VM keys: socket, tenant, addresses, group, away, prove_sockets)");
   }
   return Status::Ok();
 }

@@ -237,6 +237,19 @@ TEST(VmConfig, AwayMarksAMigrationTarget) {
       << bad.status().message();
 }
 
+// Guests prove the sockets they register unless a VM says otherwise (a
+// QEMU VM's frontend cannot).
+TEST(VmConfig, ProveSocketsIsOnUnlessTurnedOff) {
+  auto c = ParseConfig("[vm a]\nsocket = /s\ntenant = 1\nprove_sockets = false\n[vm b]\nsocket = /t\ntenant = 1\n", "f");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(c->vms[0].prove_sockets);
+  EXPECT_TRUE(c->vms[1].prove_sockets);
+  auto bad = ParseConfig("[vm a]\nprove_sockets = no\n", "f");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("f:2: prove_sockets must be true or false"), std::string::npos)
+      << bad.status().message();
+}
+
 TEST(VmConfig, GroupOpensThePortSocketToOneGroup) {
   auto c = ParseConfig("[vm a]\nsocket = /s\ntenant = 1\ngroup = vsocket-db\n[vm b]\nsocket = /t\ntenant = 1\n", "f");
   ASSERT_TRUE(c.ok()) << c.status().ToString();

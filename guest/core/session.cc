@@ -209,8 +209,16 @@ Status Session::Negotiate() {
     return Status(Code::kFailedPrecondition, std::string("HELLO refused: ") + proto::ToString(ack->status));
   doorbell_ = (ack->features & hello.features & proto::kFeatureDoorbell) != 0;
   ring_hold_ = (ack->features & hello.features & proto::kFeatureRingHold) != 0;
+  // Process mode: registrations name sockets this process proves it holds
+  // (a port without a proof socket does not ask for it).
+  Status proof = fe_->OpenProofChannel();
+  if (!proof.ok() && proof.code() != Code::kNotFound)
+    VS_LOG(kWarn, "socket proof channel: %s (registrations will be refused: spoofed-address)",
+           proof.ToString().c_str());
   return Status::Ok();
 }
+
+Status Session::ProveSocket(int fd) { return fe_->proves_sockets() ? fe_->ProveSocket(fd) : Status::Ok(); }
 
 int Session::event_fd() const { return fe_->call_fd(kEventQueue); }
 int Session::backend_fd() const { return fe_->socket_fd(); }

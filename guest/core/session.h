@@ -72,6 +72,9 @@ class Session {
   int event_fd() const;    // call eventfd of the event queue
   int request_fd() const;  // call eventfd of the request queue
   bool alive() const { return alive_.load(std::memory_order_acquire); }
+  // Proves to the backend that this process holds connected TCP socket fd,
+  // before its REGISTER_CONN (nothing to do for a port that does not ask).
+  Status ProveSocket(int fd);
   // The process that opened it: only that one may use it (not a vfork
   // child, which runs on its parent's memory without fork's handlers).
   pid_t owner_pid() const { return owner_pid_; }

@@ -14,6 +14,7 @@ namespace vsocket::backend {
 struct ConnManagerCounters {
   std::atomic<uint64_t> registered{0};
   std::atomic<uint64_t> rejected_spoofed{0};
+  std::atomic<uint64_t> rejected_unproven{0};  // a socket its process did not prove it holds
   std::atomic<uint64_t> rejected_other{0};
   std::atomic<uint64_t> upgrades{0};
   std::atomic<uint64_t> cross_tenant{0};

@@ -1,6 +1,8 @@
 // What each guest connection request does (ConnManager::Handle).
 #include "host-backend/conn/conn_manager.h"
 
+#include <algorithm>
+
 #include "base/clock.h"
 #include "base/log.h"
 #include "host-backend/conn/address.h"
@@ -194,11 +196,39 @@ RequestResult ConnManager::OnShutdown(DeviceConns&, BackendConn* conn, const Mes
   return RequestResult::kNoReply;
 }
 
+namespace {
+
+// The 4-tuple a registration names, as the kernel would show it.
+vhost::SocketTuple TupleOf(const proto::RegisterConn& r) {
+  vhost::SocketTuple t;
+  t.family = r.local.family == proto::Family::kIpv4 ? 4 : 6;
+  t.local_addr = r.local.addr;
+  t.peer_addr = r.peer.addr;
+  if (t.family == 4) {
+    std::fill(t.local_addr.begin() + 4, t.local_addr.end(), 0);
+    std::fill(t.peer_addr.begin() + 4, t.peer_addr.end(), 0);
+  }
+  t.local_port = r.local.port;
+  t.peer_port = r.peer.port;
+  return t;
+}
+
+}  // namespace
+
 Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto::RegisterConn& r) {
   const vhost::PortConfig& port = *dc.device->port();
   if (!AddressAllowed(port, r.local)) {
     counters_.rejected_spoofed.fetch_add(1, std::memory_order_relaxed);
     VS_LOG(kWarn, "vm %s: registration for a foreign local address refused (anti-spoofing)", port.vm_name.c_str());
+    CountFallback(port.index, Reason::kSpoofedAddress);
+    return Ack(request_id, r.conn_id, WireError::kSpoofedAddress, Reason::kSpoofedAddress);
+  }
+  // Process mode: the registering process must have proved it holds the
+  // socket (vhost/backend/socket_proof.h): another process of the same VM
+  // cannot register its connections.
+  if (port.prove_sockets && !dc.device->proofs().Take(TupleOf(r))) {
+    counters_.rejected_unproven.fetch_add(1, std::memory_order_relaxed);
+    VS_LOG(kWarn, "vm %s: registration of a socket its process did not prove it holds refused", port.vm_name.c_str());
     CountFallback(port.index, Reason::kSpoofedAddress);
     return Ack(request_id, r.conn_id, WireError::kSpoofedAddress, Reason::kSpoofedAddress);
   }

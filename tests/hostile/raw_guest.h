@@ -73,6 +73,20 @@ class RawGuest {
   bool ok() const { return ch_ != nullptr; }
   const std::string& error() const { return error_; }
 
+  // The port's proof socket, bound to this session's memory (process mode:
+  // vhost/user/proof.h); then Prove(fd) before registering fd's 4-tuple.
+  // "" on success, else the error.
+  std::string OpenProofs() {
+    if (!ch_) return "no session";
+    Status st = ch_->frontend().OpenProofChannel();
+    return st.ok() ? "" : st.ToString();
+  }
+  std::string Prove(int fd) {
+    if (!ch_) return "no session";
+    Status st = ch_->frontend().ProveSocket(fd);
+    return st.ok() ? "" : st.ToString();
+  }
+
   // Rings for a registration (nullptr: the region is full).
   uint8_t* Alloc(uint32_t bytes) { return ch_ ? ch_->frontend().allocator().Allocate(bytes, 64) : nullptr; }
 

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -46,6 +47,14 @@ class Daemon {
     args.insert(args.end(), extra_.begin(), extra_.end());
     pid_ = fork();
     if (pid_ == 0) {
+      // Raw-protocol guests register made-up 4-tuples: their VMs do not ask
+      // for socket proofs unless a test says so (prove_sockets()).
+      for (const std::string& vm : vms_) {
+        std::string name = vm.substr(0, vm.find(':'));
+        std::string env;
+        for (char ch : name) env += ch == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+        setenv(("VSOCKET_VM_" + env + "_PROVE_SOCKETS").c_str(), prove_sockets_ ? "true" : "false", 1);
+      }
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -59,6 +68,10 @@ class Daemon {
     }
     return false;
   }
+
+  // Its VMs ask guests to prove the sockets they register (the product's
+  // default; off for raw-protocol guests). Before Start().
+  void set_prove_sockets(bool on) { prove_sockets_ = on; }
 
   // True if the process is still running.
   bool Alive() {
@@ -135,6 +148,7 @@ class Daemon {
   std::vector<std::string> extra_;
   std::string dir_;
   pid_t pid_ = -1;
+  bool prove_sockets_ = false;
 };
 
 }  // namespace vsocket::testing

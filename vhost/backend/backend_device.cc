@@ -1,5 +1,7 @@
 #include "vhost/backend/backend_device.h"
 
+#include <algorithm>
+
 #include <fcntl.h>
 #include <rte_vhost.h>
 #include <sys/stat.h>
@@ -54,6 +56,7 @@ Status BackendDevice::Load() {
   if (rte_vhost_get_mem_table(vid_, &mem) != 0 || mem == nullptr)
     return Status(Code::kFailedPrecondition, "no memory table");
   std::vector<MemRegion> regions;
+  std::vector<FileId> files;
   for (uint32_t i = 0; i < mem->nregions; ++i) {
     const rte_vhost_mem_region& r = mem->regions[i];
     if (Status st = CheckRegionFile(r, i); !st.ok()) {
@@ -61,8 +64,13 @@ Status BackendDevice::Load() {
       return st;
     }
     regions.push_back({r.guest_phys_addr, r.size, reinterpret_cast<uint8_t*>(r.host_user_addr)});
+    if (auto f = FileIdOf(r.fd); f.ok()) files.push_back(f.value());
   }
   std::free(mem);
+  {
+    std::lock_guard<std::mutex> lock(files_mu_);
+    region_files_ = std::move(files);
+  }
   auto memory = GuestMemory::Create(std::move(regions));
   if (!memory.ok()) return memory.status();
   memory_ = std::move(memory).value();
@@ -124,5 +132,10 @@ void BackendDevice::MarkBroken(std::string reason) {
 }
 
 std::string BackendDevice::broken_reason() const { return broken() ? broken_reason_ : ""; }
+
+bool BackendDevice::HasRegionFile(const FileId& f) const {
+  std::lock_guard<std::mutex> lock(files_mu_);
+  return std::find(region_files_.begin(), region_files_.end(), f) != region_files_.end();
+}
 
 }  // namespace vsocket::vhost

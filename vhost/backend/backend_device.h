@@ -5,11 +5,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "base/status.h"
 #include "base/unique_fd.h"
+#include "vhost/backend/socket_proof.h"
 #include "vhost/region/guest_memory.h"
 #include "vhost/ring/virtqueue_device.h"
 
@@ -60,6 +62,13 @@ class BackendDevice {
   bool broken() const { return broken_.load(std::memory_order_acquire); }
   std::string broken_reason() const;
 
+  // The files behind its memory regions (as of the last Load): a proof
+  // channel that passes one of them belongs to this device's process.
+  // Thread-safe.
+  bool HasRegionFile(const FileId& f) const;
+  // 4-tuples this device's process proved it holds (socket_proof.h).
+  ProvenSockets& proofs() { return proofs_; }
+
   DeviceCounters& counters() { return counters_; }
   const DeviceCounters& counters() const { return counters_; }
 
@@ -76,6 +85,9 @@ class BackendDevice {
   std::atomic<bool> stopping_{false};
   std::string broken_reason_;  // written once, before broken_ is set
   DeviceCounters counters_;
+  mutable std::mutex files_mu_;
+  std::vector<FileId> region_files_;  // guarded by files_mu_
+  ProvenSockets proofs_;
 };
 
 }  // namespace vsocket::vhost

@@ -1,5 +1,7 @@
 #include "vhost/backend/vhost_backend.h"
 
+#include "vhost/user/proof.h"
+
 #include <grp.h>
 #include <pthread.h>
 #include <rte_eal.h>
@@ -168,24 +170,57 @@ Status VhostBackend::AddPort(const PortConfig& config, DeviceListener* listener)
     if (same != nullptr) *same = Port{config, listener};
     else ports_.push_back(std::make_unique<Port>(Port{config, listener}));
   }
-  if (rte_vhost_driver_start(path) != 0) return fail("driver_start");
-  // driver_start has bound the socket (server mode binds synchronously); until
-  // the chmod it has the mode the umask gave it, which is never wider than
-  // 0660 under the unit's UMask=0077 (and owner-only for connect under 022).
-  if (!config.group.empty()) {
-    Status st = OpenToGroup(config.path, config.group, gid);
+  // The proof socket listens before the port does: a guest that connected
+  // may open it at once. (Its mode and group follow the port's below.)
+  if (config.prove_sockets) {
+    Status st = Proofs().Listen(config.path, config.max_devices);
     if (!st.ok()) {
       rte_vhost_driver_unregister(path);
       return Status(st.code(), "vm " + config.vm_name + ": " + st.message());
     }
   }
-  VS_LOG(kInfo, "vhost-user port %s (vm %s, tenant %u%s%s) listening", path, config.vm_name.c_str(), config.tenant_id,
-         config.group.empty() ? "" : ", group ", config.group.c_str());
+  if (rte_vhost_driver_start(path) != 0) {
+    if (config.prove_sockets) Proofs().Close(config.path);
+    return fail("driver_start");
+  }
+  // driver_start has bound the socket (server mode binds synchronously); until
+  // the chmod it has the mode the umask gave it, which is never wider than
+  // 0660 under the unit's UMask=0077 (and owner-only for connect under 022).
+  if (!config.group.empty()) {
+    Status st = OpenToGroup(config.path, config.group, gid);
+    if (st.ok() && config.prove_sockets) st = OpenToGroup(proof::SocketPath(config.path), config.group, gid);
+    if (!st.ok()) {
+      if (config.prove_sockets) Proofs().Close(config.path);
+      rte_vhost_driver_unregister(path);
+      return Status(st.code(), "vm " + config.vm_name + ": " + st.message());
+    }
+  }
+  VS_LOG(kInfo, "vhost-user port %s (vm %s, tenant %u%s%s%s) listening", path, config.vm_name.c_str(),
+         config.tenant_id, config.group.empty() ? "" : ", group ", config.group.c_str(),
+         config.prove_sockets ? ", sockets proved on " : ", registrations not bound to sockets");
   return Status::Ok();
+}
+
+ProofServer& VhostBackend::Proofs() {
+  std::call_once(proofs_once_, [this] {
+    proofs_ = std::make_unique<ProofServer>(
+        [this](const std::string& path, const FileId& f) { return DeviceWithRegionFile(path, f); },
+        &counters_.proofs);
+  });
+  return *proofs_;
+}
+
+std::shared_ptr<BackendDevice> VhostBackend::DeviceWithRegionFile(const std::string& port_path, const FileId& f) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [vid, conn] : conns_)
+    if (conn.device && conn.port != nullptr && conn.port->config.path == port_path && conn.device->HasRegionFile(f))
+      return conn.device;
+  return nullptr;
 }
 
 Status VhostBackend::RemovePort(const std::string& path) {
   if (rte_vhost_driver_unregister(path.c_str()) != 0) return Status(Code::kNotFound, "no vhost-user port " + path);
+  if (proofs_) proofs_->Close(path);
   // Unregistering destroyed the port's devices but calls no
   // destroy_connection: forget its connections here (a port opened again
   // must not count them against max_devices).

@@ -20,6 +20,7 @@
 
 #include "base/status.h"
 #include "vhost/backend/backend_device.h"
+#include "vhost/backend/proof_server.h"
 
 namespace vsocket::vhost {
 
@@ -52,6 +53,10 @@ struct PortConfig {
   // The VM is configured here but runs on another host (a migration
   // target): vsocketd opens its port only at `vsocketctl migrate end`.
   bool away = false;
+  // Process mode: a registration must name a TCP socket its process proved
+  // it holds (PATH.proof; socket_proof.h). Off for frontends that cannot
+  // (QEMU VMs, raw-protocol tests).
+  bool prove_sockets = true;
 };
 
 // Implemented by the data path. All calls come from the vhost-user thread.
@@ -74,6 +79,7 @@ struct BackendCounters {
   std::atomic<uint64_t> devices_stopped{0};
   std::atomic<uint64_t> reconfigurations{0};  // messages handled while running
   std::atomic<uint64_t> connections_refused{0};  // beyond a VM's max_devices
+  ProofCounters proofs;                           // the ports' proof sockets
 };
 
 class VhostBackend {
@@ -110,12 +116,16 @@ class VhostBackend {
   };
 
   VhostBackend() = default;
+  std::shared_ptr<BackendDevice> DeviceWithRegionFile(const std::string& port_path, const FileId& f);
+  ProofServer& Proofs();
 
   std::mutex mu_;  // guards ports_, conns_; never held while calling listeners
   std::vector<std::unique_ptr<Port>> ports_;
   std::unordered_map<int, Conn> conns_;
   std::atomic<uint64_t> next_device_id_{1};
   BackendCounters counters_;
+  std::once_flag proofs_once_;
+  std::unique_ptr<ProofServer> proofs_;
 };
 
 }  // namespace vsocket::vhost

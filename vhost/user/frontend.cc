@@ -13,6 +13,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "proto/virtio_ring.h"
+#include "vhost/user/proof.h"
 
 namespace vsocket::vhost {
 
@@ -205,7 +206,92 @@ Status VhostUserFrontend::Stop() {
   return result;
 }
 
+Status VhostUserFrontend::OpenProofChannel() {
+  std::lock_guard<std::mutex> lock(proof_mu_);
+  proof_.reset();
+  std::string path = proof::SocketPath(options_.socket_path);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) return Status(Code::kInvalidArgument, "proof socket path too long");
+  std::memcpy(addr.sun_path, path.c_str(), path.size());
+  UniqueFd fd;
+  // No file: the port asks for no proofs. Refused: the daemon is between
+  // its bind and listen (starting): tried again for a while.
+  for (int64_t deadline = MonotonicMs() + options_.timeout_ms;;) {
+    fd.reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    if (!fd) return Status::FromErrno("socket");
+    if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) break;
+    int err = errno;
+    if (err == ENOENT) return Status(Code::kNotFound, "no proof socket " + path);
+    if (err != ECONNREFUSED && err != EINTR) return Status::FromErrno("connect " + path, err);
+    if (MonotonicMs() >= deadline) return Status::FromErrno("connect " + path, err);
+    usleep(1000);
+  }
+  proof_ = std::move(fd);
+  // The backend makes the device once the last setup message is answered:
+  // right after Connect() it may not be there yet (ENODEV for a while).
+  Status st;
+  for (int64_t deadline = MonotonicMs() + options_.timeout_ms;;) {
+    st = ProofRequest(static_cast<uint32_t>(proof::Op::kBind), region_->fd());
+    if (st.ok() || st.code() != Code::kNotFound || MonotonicMs() >= deadline) break;
+    usleep(1000);
+  }
+  if (!st.ok()) proof_.reset();
+  if (st.code() == Code::kNotFound) return Status(Code::kFailedPrecondition, st.message());  // (kNotFound: no socket)
+  return st;
+}
+
+Status VhostUserFrontend::ProveSocket(int fd) {
+  std::lock_guard<std::mutex> lock(proof_mu_);
+  if (!proof_) return Status(Code::kFailedPrecondition, "no proof channel");
+  Status st = ProofRequest(static_cast<uint32_t>(proof::Op::kProve), fd);
+  // A channel that failed (not an answer) is not used again.
+  if (!st.ok() && st.code() == Code::kUnavailable) proof_.reset();
+  return st;
+}
+
+// One request with one fd, one reply (proof_mu_ held).
+Status VhostUserFrontend::ProofRequest(uint32_t op, int fd) {
+  proof::Request req;
+  req.op = static_cast<proof::Op>(op);
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  iovec iov{&req, sizeof(req)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+  ssize_t n;
+  do n = sendmsg(proof_.get(), &msg, MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(sizeof(req))) return Status(Code::kUnavailable, "proof channel: send failed");
+  pollfd p{proof_.get(), POLLIN, 0};
+  int64_t deadline = MonotonicMs() + options_.timeout_ms;
+  for (;;) {
+    int64_t left = deadline - MonotonicMs();
+    if (left <= 0) return Status(Code::kUnavailable, "proof channel: no answer");
+    int r = poll(&p, 1, static_cast<int>(left));
+    if (r > 0) break;
+    if (r < 0 && errno != EINTR) return Status(Code::kUnavailable, "proof channel: poll failed");
+  }
+  proof::Reply reply;
+  do n = recv(proof_.get(), &reply, sizeof(reply), 0);
+  while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(sizeof(reply)) || reply.magic != proof::kMagic)
+    return Status(Code::kUnavailable, "proof channel: closed");
+  if (reply.error != 0)
+    return Status(reply.error == ENODEV ? Code::kNotFound : Code::kPermissionDenied,
+                  std::string("proof refused: ") + strerror(static_cast<int>(reply.error)));
+  return Status::Ok();
+}
+
 void VhostUserFrontend::CloseFdsAfterFork() {
+  proof_.reset();
   sock_.reset();
   for (Queue& q : queues_) {
     q.kick.reset();

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -55,6 +56,15 @@ class VhostUserFrontend {
   // True if the backend closed the socket (crash or restart).
   bool BackendGone() const;
 
+  // Process mode (vhost/user/proof.h): opens the port's proof socket and
+  // ties it to this session's device by passing the memfd of its region.
+  // kNotFound: the port has none (the backend does not ask for proofs).
+  Status OpenProofChannel();
+  bool proves_sockets() const { return proof_.valid(); }
+  // Proves that this process holds connected TCP socket `fd`: the backend
+  // then accepts one registration of its 4-tuple. Thread-safe.
+  Status ProveSocket(int fd);
+
   VirtqueueDriver& queue(size_t i) { return queues_[i].driver; }
   size_t num_queues() const { return queues_.size(); }
   void Kick(size_t i);
@@ -95,6 +105,9 @@ class VhostUserFrontend {
   uint64_t features_ = 0;
   uint64_t protocol_features_ = 0;
   std::vector<uint64_t> abandoned_;
+  std::mutex proof_mu_;  // one request at a time on the proof channel
+  UniqueFd proof_;
+  Status ProofRequest(uint32_t op, int fd);
 };
 
 }  // namespace vsocket::vhost

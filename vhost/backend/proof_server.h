@@ -1,0 +1,76 @@
+// Serves the proof sockets of the vhost-user ports (vhost/user/proof.h) on
+// a thread of its own ("vsocketd-proof"): binds each channel to the device
+// whose memory the process passes, inspects every socket it passes, and
+// records the 4-tuple for that device (socket_proof.h). The data-path
+// worker only looks the tuple up at REGISTER_CONN.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/status.h"
+#include "base/unique_fd.h"
+#include "vhost/backend/socket_proof.h"
+
+namespace vsocket::vhost {
+
+class BackendDevice;
+
+struct ProofCounters {
+  std::atomic<uint64_t> channels{0};        // proof channels accepted
+  std::atomic<uint64_t> channels_refused{0};  // beyond a port's bound
+  std::atomic<uint64_t> binds_refused{0};   // memory of no device of that port
+  std::atomic<uint64_t> proved{0};          // sockets proved
+  std::atomic<uint64_t> refused{0};         // not a connected TCP socket, or before a bind
+};
+
+class ProofServer {
+ public:
+  // The running device of the port at `port_path` whose memory region is
+  // the file `f`, if any.
+  using FindDevice = std::function<std::shared_ptr<BackendDevice>(const std::string& port_path, const FileId& f)>;
+  ProofServer(FindDevice find, ProofCounters* counters) : find_(std::move(find)), counters_(*counters) {}
+  ~ProofServer();
+
+  // Opens PATH.proof next to the port socket at port_path, with its mode and
+  // group; at most max_channels channels at once (one per guest process).
+  Status Listen(const std::string& port_path, size_t max_channels);
+  // Closes it and its channels.
+  void Close(const std::string& port_path);
+
+ private:
+  struct Listener {
+    std::string port_path;
+    UniqueFd fd;
+    size_t max_channels = 0;
+  };
+  struct Channel {
+    std::string port_path;
+    UniqueFd fd;
+    std::weak_ptr<BackendDevice> device;
+    bool bound = false;
+  };
+  void Start();
+  void Run();
+  void Accept(const Listener& l);
+  // False: the channel is done (closed, or broke the protocol).
+  bool Serve(Channel& c);
+
+  FindDevice find_;
+  ProofCounters& counters_;
+  UniqueFd wake_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;  // guards listeners_ against Listen/Close
+  std::vector<std::shared_ptr<Listener>> listeners_;
+  std::vector<std::string> closing_;  // guarded by mu_: ports whose channels go
+  std::vector<std::shared_ptr<Listener>> polled_;  // the thread's: what its poll set names
+  std::vector<Channel> channels_;    // the thread's own
+};
+
+}  // namespace vsocket::vhost

@@ -1,0 +1,36 @@
+// The proof socket of a vhost-user port (PATH.proof, SOCK_SEQPACKET): how a
+// process-mode guest proves that it holds the TCP socket it registers
+// (vhost/backend/socket_proof.h). Each request is one message, one fd
+// attached (SCM_RIGHTS); each gets one reply.
+//   kBind:  the memfd behind the session's memory region: ties the channel
+//           to the device whose memory it is (once, first).
+//   kProve: a connected TCP socket; its 4-tuple may then be registered by
+//           that device, once.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace vsocket::vhost::proof {
+
+inline constexpr uint32_t kMagic = 0x46505356;  // "VSPF"
+enum class Op : uint32_t { kBind = 1, kProve = 2 };
+
+struct Request {
+  uint32_t magic = kMagic;
+  Op op = Op::kBind;
+};
+static_assert(sizeof(Request) == 8);
+
+// 0, or an errno value saying why not (ENODEV: no device of this port has
+// that memory; EPERM: not bound yet; EINVAL: not a connected TCP socket or a
+// malformed request).
+struct Reply {
+  uint32_t magic = kMagic;
+  uint32_t error = 0;
+};
+static_assert(sizeof(Reply) == 8);
+
+inline std::string SocketPath(const std::string& port_path) { return port_path + ".proof"; }
+
+}  // namespace vsocket::vhost::proof
