@@ -45,11 +45,13 @@ void Registrar::Dispose(Registration r) {
 }
 
 std::vector<Registrar::Done> Registrar::Take() {
-  uint64_t v;
-  (void)!read(ready_.get(), &v, sizeof(v));
   std::vector<Done> out;
   {
+    // (The thread adds and signals under mu_ too: the fd stays readable
+    // exactly while something is there to take.)
     std::lock_guard<std::mutex> lock(mu_);
+    uint64_t v;
+    (void)!read(ready_.get(), &v, sizeof(v));
     out.swap(done_);
   }
   outstanding_ -= out.size();

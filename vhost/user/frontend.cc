@@ -7,7 +7,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "base/clock.h"
@@ -206,10 +208,31 @@ Status VhostUserFrontend::Stop() {
   return result;
 }
 
+namespace {
+
+// A proof request is answered in microseconds by a running daemon: one
+// that does not answer within this is stopped or wedged (the channel is
+// then closed, and opened again for the next proof).
+constexpr int kProofTimeoutMs = 1000;
+
+// The port's proof socket lies next to the port itself: through a link to
+// the port (a guest's view of a host directory), next to where it leads.
+std::string ProofPath(const std::string& port) {
+  char real[PATH_MAX];
+  if (realpath(port.c_str(), real) != nullptr) return proof::SocketPath(real);
+  return proof::SocketPath(port);
+}
+
+}  // namespace
+
 Status VhostUserFrontend::OpenProofChannel() {
   std::lock_guard<std::mutex> lock(proof_mu_);
+  return OpenProofChannelLocked();
+}
+
+Status VhostUserFrontend::OpenProofChannelLocked() {
   proof_.reset();
-  std::string path = proof::SocketPath(options_.socket_path);
+  std::string path = ProofPath(options_.socket_path);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path)) return Status(Code::kInvalidArgument, "proof socket path too long");
@@ -217,21 +240,25 @@ Status VhostUserFrontend::OpenProofChannel() {
   UniqueFd fd;
   // No file: the port asks for no proofs. Refused: the daemon is between
   // its bind and listen (starting): tried again for a while.
-  for (int64_t deadline = MonotonicMs() + options_.timeout_ms;;) {
+  for (int64_t deadline = MonotonicMs() + kProofTimeoutMs;;) {
     fd.reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
     if (!fd) return Status::FromErrno("socket");
     if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) break;
     int err = errno;
-    if (err == ENOENT) return Status(Code::kNotFound, "no proof socket " + path);
+    if (err == ENOENT) {
+      proof_wanted_ = false;
+      return Status(Code::kNotFound, "no proof socket " + path);
+    }
     if (err != ECONNREFUSED && err != EINTR) return Status::FromErrno("connect " + path, err);
     if (MonotonicMs() >= deadline) return Status::FromErrno("connect " + path, err);
     usleep(1000);
   }
   proof_ = std::move(fd);
+  proof_wanted_ = true;
   // The backend makes the device once the last setup message is answered:
   // right after Connect() it may not be there yet (ENODEV for a while).
   Status st;
-  for (int64_t deadline = MonotonicMs() + options_.timeout_ms;;) {
+  for (int64_t deadline = MonotonicMs() + kProofTimeoutMs;;) {
     st = ProofRequest(static_cast<uint32_t>(proof::Op::kBind), region_->fd());
     if (st.ok() || st.code() != Code::kNotFound || MonotonicMs() >= deadline) break;
     usleep(1000);
@@ -243,7 +270,11 @@ Status VhostUserFrontend::OpenProofChannel() {
 
 Status VhostUserFrontend::ProveSocket(int fd) {
   std::lock_guard<std::mutex> lock(proof_mu_);
-  if (!proof_) return Status(Code::kFailedPrecondition, "no proof channel");
+  if (!proof_) {
+    // Closed after an unanswered request (a stopped daemon): again.
+    Status st = OpenProofChannelLocked();
+    if (!st.ok()) return st;
+  }
   Status st = ProofRequest(static_cast<uint32_t>(proof::Op::kProve), fd);
   // A channel that failed (not an answer) is not used again.
   if (!st.ok() && st.code() == Code::kUnavailable) proof_.reset();
@@ -271,7 +302,7 @@ Status VhostUserFrontend::ProofRequest(uint32_t op, int fd) {
   while (n < 0 && errno == EINTR);
   if (n != static_cast<ssize_t>(sizeof(req))) return Status(Code::kUnavailable, "proof channel: send failed");
   pollfd p{proof_.get(), POLLIN, 0};
-  int64_t deadline = MonotonicMs() + options_.timeout_ms;
+  int64_t deadline = MonotonicMs() + kProofTimeoutMs;
   for (;;) {
     int64_t left = deadline - MonotonicMs();
     if (left <= 0) return Status(Code::kUnavailable, "proof channel: no answer");

@@ -8,6 +8,7 @@
 // addresses (the region is registered with gpa == userspace_addr).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -60,7 +61,7 @@ class VhostUserFrontend {
   // ties it to this session's device by passing the memfd of its region.
   // kNotFound: the port has none (the backend does not ask for proofs).
   Status OpenProofChannel();
-  bool proves_sockets() const { return proof_.valid(); }
+  bool proves_sockets() const { return proof_wanted_.load(std::memory_order_relaxed); }
   // Proves that this process holds connected TCP socket `fd`: the backend
   // then accepts one registration of its 4-tuple. Thread-safe.
   Status ProveSocket(int fd);
@@ -108,6 +109,8 @@ class VhostUserFrontend {
   std::mutex proof_mu_;  // one request at a time on the proof channel
   UniqueFd proof_;
   Status ProofRequest(uint32_t op, int fd);
+  Status OpenProofChannelLocked();
+  std::atomic<bool> proof_wanted_{false};  // the port has a proof socket (the last open found one)
 };
 
 }  // namespace vsocket::vhost
