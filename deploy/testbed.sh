@@ -421,6 +421,15 @@ cmd_up() {
   args+=("${extra[@]}")
   printf '%s\n' "$bin" "${args[@]}" >"$ARGS_FILE"
   start_daemon
+  # Each VM's network namespace, attested from inside it: socket proofs
+  # from any other namespace are refused (docs/security.md, threat 9). The
+  # daemon keeps it across restarts ($CTL_SOCK.attested).
+  local ctl
+  ctl=$(bin_path VSOCKETCTL bazel-bin/host-backend/vsocketctl "bazel build //host-backend:vsocketctl")
+  for name in "${VM_NAMES[@]}"; do
+    ip netns exec "$(ns_of "$name")" "$ctl" --socket "$CTL_SOCK" attest "$name" >/dev/null ||
+      die "vsocketctl attest $name failed"
+  done
 
   UP_OK=1
   trap - EXIT

@@ -2,6 +2,9 @@
 
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
+
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -31,6 +34,7 @@ Status Daemon::Start() {
     std::lock_guard<std::mutex> lock(ports_mu_);  // (before the control socket can ask)
     port_open_.assign(config_.vms.size(), false);
   }
+  LoadAttested();
   Status st = peering_.Start(config_);
   if (!st.ok()) {
     VS_LOG(kError, "peering: %s", st.ToString().c_str());
@@ -138,6 +142,7 @@ std::string Daemon::CtlCommand(const std::string& line) {
   }
   if (!words.empty() && words[0] == "migrate") return MigrateCommand(words, json);
   if (!words.empty() && words[0] == "locator") return LocatorCommand(words, json);
+  if (!words.empty() && words[0] == "attest") return AttestCommand(words, json);
   if (words.empty() || (words[0] != "drain" && words[0] != "undrain" && words[0] != "drained"))
     return HandleCtlCommand(line, reporting_);
   auto error = [&](const std::string& msg) { return CtlError(msg, json); };
@@ -293,6 +298,43 @@ std::string Daemon::LocatorCommand(const std::vector<std::string>& words, bool j
   (void)Apply(ConnManager::kAllVms, ConnManager::VmOp::kRelocate);
   VS_LOG(kInfo, "operator: locator %s", done.c_str());
   return json ? "{\"locator\":\"" + done + "\"}\n" : "locator: " + done + "\n";
+}
+
+std::string Daemon::AttestCommand(const std::vector<std::string>& words, bool json) {
+  auto error = [&](const std::string& msg) { return CtlError(msg, json); };
+  char* end = nullptr;
+  unsigned long long cookie = words.size() == 3 ? std::strtoull(words[2].c_str(), &end, 10) : 0;
+  if (words.size() != 3 || *end != '\0' || cookie == 0)
+    return error("usage: attest VM COOKIE (vsocketctl attest VM, run inside the VM's network namespace, finds it)");
+  const vhost::PortConfig* port = PortNamed(words[1]);
+  if (port == nullptr) return error("no VM named '" + words[1] + "' (vsocketctl vms lists them)");
+  vhost::VhostBackend::Instance().AttestNetns(port->path, cookie);
+  // Kept for the next start: written whole, then renamed over the old.
+  std::string text;
+  for (const vhost::PortConfig& p : config_.vms)
+    if (uint64_t c = vhost::VhostBackend::Instance().AttestedNetns(p.path); c != 0)
+      text += p.vm_name + " " + std::to_string(c) + "\n";
+  std::string path = config_.ctl_socket + ".attested", tmp = path + ".tmp";
+  if (FILE* f = std::fopen(tmp.c_str(), "w")) {
+    bool ok = std::fputs(text.c_str(), f) >= 0;
+    ok = std::fclose(f) == 0 && ok;
+    if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0)
+      VS_LOG(kWarn, "attest: %s not written: the attestation lasts until vsocketd stops", path.c_str());
+  }
+  VS_LOG(kInfo, "operator: attest %s (network namespace cookie %llu)", words[1].c_str(), cookie);
+  std::string c = std::to_string(cookie);
+  return json ? "{\"vm\":\"" + words[1] + "\",\"netns_cookie\":" + c + "}\n"
+              : words[1] + ": network namespace " + c + " attested: socket proofs from any other are refused\n";
+}
+
+void Daemon::LoadAttested() {
+  std::FILE* f = std::fopen((config_.ctl_socket + ".attested").c_str(), "r");
+  if (f == nullptr) return;
+  char name[256];
+  unsigned long long cookie;
+  while (std::fscanf(f, "%255s %llu", name, &cookie) == 2)
+    if (const vhost::PortConfig* p = PortNamed(name)) vhost::VhostBackend::Instance().AttestNetns(p->path, cookie);
+  std::fclose(f);
 }
 
 }  // namespace vsocket::backend

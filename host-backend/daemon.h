@@ -53,6 +53,11 @@ class Daemon {
   // vsocketctl migrate begin|detach|end VM and locator [set ...|reload].
   std::string MigrateCommand(const std::vector<std::string>& words, bool json);
   std::string LocatorCommand(const std::vector<std::string>& words, bool json);
+  // vsocketctl attest VM COOKIE: the VM's network namespace (socket proofs
+  // from another are refused). Kept in CTL_SOCKET.attested across restarts
+  // (namespace cookies are never reused until the host reboots).
+  std::string AttestCommand(const std::vector<std::string>& words, bool json);
+  void LoadAttested();
   const vhost::PortConfig* PortNamed(const std::string& vm) const;
   // Per VM index: its vhost-user port is open (not away). Guarded by ports_mu_.
   std::mutex ports_mu_;

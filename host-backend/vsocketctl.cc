@@ -16,12 +16,18 @@
 //     migrate begin VM [--wait SEC]   VM leaves this host (drain, then detach)
 //     migrate end VM                  VM runs here (arrived, or its move called off)
 //     locator [set TENANT ADDRESS HOST | reload]   the static locator
+//     attest VM     run inside VM's network namespace: that namespace is VM's
 // The socket defaults to $VSOCKET_CTL_SOCKET, else /run/vsocket/vsocketd.sock.
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#ifndef SO_NETNS_COOKIE
+#define SO_NETNS_COOKIE 71
+#endif
+
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -57,6 +63,10 @@ constexpr char kUsage[] =
     "  locator       the static locator's entries (TENANT ADDRESS HOST)\n"
     "  locator set TENANT ADDRESS[/PREFIX] HOST   where a guest address runs now\n"
     "  locator reload     read the locator file again\n"
+    "  attest VM     run inside VM's network namespace (ip netns exec, nsenter):\n"
+    "                vsocketd then refuses socket proofs from any other (a\n"
+    "                look-alike connection a guest process built in a\n"
+    "                namespace of its own)\n"
     "  -s, --socket PATH   vsocketd's control socket (default $VSOCKET_CTL_SOCKET,\n"
     "                      else /run/vsocket/vsocketd.sock; root or group vsocket)\n"
     "  -j, --json          JSON instead of a table\n"
@@ -139,9 +149,24 @@ int main(int argc, char** argv) {
     else if (command.empty()) command = a;
     else if (command == "drain" || command == "undrain" || command == "drained") command += " " + a;  // the VM
     else if (command.rfind("migrate", 0) == 0 || command.rfind("locator", 0) == 0) command += " " + a;
+    else if (command == "attest") command += " " + a;
     else return Usage();
   }
   if (command.empty()) return Usage();
+  if (command.rfind("attest", 0) == 0) {
+    // The cookie of the network namespace this runs in: the kernel's name
+    // for it, the same for every socket made there.
+    if (command == "attest") return Usage();
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    uint64_t cookie = 0;
+    socklen_t len = sizeof(cookie);
+    if (s < 0 || getsockopt(s, SOL_SOCKET, SO_NETNS_COOKIE, &cookie, &len) != 0 || cookie == 0) {
+      std::fprintf(stderr, "vsocketctl: this kernel gives no network namespace cookie (SO_NETNS_COOKIE, Linux 5.14+)\n");
+      return 1;
+    }
+    close(s);
+    command += " " + std::to_string(cookie);
+  }
   bool migrate_begin = command.rfind("migrate begin ", 0) == 0;
   if (wait_s >= 0 && command.rfind("drain ", 0) != 0 && command != "drain" && !migrate_begin) return Usage();
   std::string out;

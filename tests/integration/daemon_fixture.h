@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -53,7 +54,8 @@ class Daemon {
         std::string name = vm.substr(0, vm.find(':'));
         std::string env;
         for (char ch : name) env += ch == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-        setenv(("VSOCKET_VM_" + env + "_PROVE_SOCKETS").c_str(), prove_sockets_ ? "true" : "false", 1);
+        bool prove = prove_vm_.count(name) ? prove_vm_[name] : prove_sockets_;
+        setenv(("VSOCKET_VM_" + env + "_PROVE_SOCKETS").c_str(), prove ? "true" : "false", 1);
       }
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
@@ -72,6 +74,7 @@ class Daemon {
   // Its VMs ask guests to prove the sockets they register (the product's
   // default; off for raw-protocol guests). Before Start().
   void set_prove_sockets(bool on) { prove_sockets_ = on; }
+  void set_prove_sockets(const std::string& vm, bool on) { prove_vm_[vm] = on; }
 
   // True if the process is still running.
   bool Alive() {
@@ -149,6 +152,7 @@ class Daemon {
   std::string dir_;
   pid_t pid_ = -1;
   bool prove_sockets_ = false;
+  std::map<std::string, bool> prove_vm_;
 };
 
 }  // namespace vsocket::testing

@@ -137,10 +137,16 @@ bool ProofServer::Serve(Channel& c) {
     } else if (req.op == proof::Op::kProve) {
       std::shared_ptr<BackendDevice> d = c.device.lock();
       Result<SocketTuple> t = d ? InspectTcpSocket(fds[0].get()) : Status(Code::kFailedPrecondition, "");
+      uint64_t netns = t.ok() ? netns_(c.port_path) : 0;
       if (!c.bound || d == nullptr) {
         reply.error = EPERM;
       } else if (!t.ok()) {
         reply.error = EINVAL;
+      } else if (netns != 0 && t.value().netns_cookie != netns) {
+        // A look-alike 4-tuple built in a namespace of the process's own
+        // (unprivileged user namespaces allow that): not the VM's socket.
+        reply.error = EXDEV;
+        counters_.wrong_netns.fetch_add(1, std::memory_order_relaxed);
       } else {
         d->proofs().Add(t.value());
         counters_.proved.fetch_add(1, std::memory_order_relaxed);

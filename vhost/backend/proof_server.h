@@ -27,6 +27,7 @@ struct ProofCounters {
   std::atomic<uint64_t> binds_refused{0};   // memory of no device of that port
   std::atomic<uint64_t> proved{0};          // sockets proved
   std::atomic<uint64_t> refused{0};         // not a connected TCP socket, or before a bind
+  std::atomic<uint64_t> wrong_netns{0};     // a socket of another network namespace than the VM's attested one
 };
 
 class ProofServer {
@@ -34,7 +35,11 @@ class ProofServer {
   // The running device of the port at `port_path` whose memory region is
   // the file `f`, if any.
   using FindDevice = std::function<std::shared_ptr<BackendDevice>(const std::string& port_path, const FileId& f)>;
-  ProofServer(FindDevice find, ProofCounters* counters) : find_(std::move(find)), counters_(*counters) {}
+  // The network namespace the operator attested for the port's VM
+  // (SO_NETNS_COOKIE; 0: none attested).
+  using AttestedNetns = std::function<uint64_t(const std::string& port_path)>;
+  ProofServer(FindDevice find, AttestedNetns netns, ProofCounters* counters)
+      : find_(std::move(find)), netns_(std::move(netns)), counters_(*counters) {}
   ~ProofServer();
 
   // Opens PATH.proof next to the port socket at port_path, with its mode and
@@ -62,6 +67,7 @@ class ProofServer {
   bool Serve(Channel& c);
 
   FindDevice find_;
+  AttestedNetns netns_;
   ProofCounters& counters_;
   UniqueFd wake_;
   std::thread thread_;

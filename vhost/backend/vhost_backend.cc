@@ -205,9 +205,20 @@ ProofServer& VhostBackend::Proofs() {
   std::call_once(proofs_once_, [this] {
     proofs_ = std::make_unique<ProofServer>(
         [this](const std::string& path, const FileId& f) { return DeviceWithRegionFile(path, f); },
-        &counters_.proofs);
+        [this](const std::string& path) { return AttestedNetns(path); }, &counters_.proofs);
   });
   return *proofs_;
+}
+
+void VhostBackend::AttestNetns(const std::string& port_path, uint64_t cookie) {
+  std::lock_guard<std::mutex> lock(mu_);
+  netns_[port_path] = cookie;
+}
+
+uint64_t VhostBackend::AttestedNetns(const std::string& port_path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = netns_.find(port_path);
+  return it == netns_.end() ? 0 : it->second;
 }
 
 std::shared_ptr<BackendDevice> VhostBackend::DeviceWithRegionFile(const std::string& port_path, const FileId& f) {

@@ -88,6 +88,11 @@ class VhostBackend {
   static VhostBackend& Instance();
 
   Status AddPort(const PortConfig& config, DeviceListener* listener);
+  // The VM's network namespace, as the operator attests it (the
+  // SO_NETNS_COOKIE of a socket made inside it: `vsocketctl attest VM` run
+  // there): from then on a socket proof from another namespace is refused.
+  void AttestNetns(const std::string& port_path, uint64_t cookie);
+  uint64_t AttestedNetns(const std::string& port_path);
   Status RemovePort(const std::string& path);
 
   const BackendCounters& counters() const { return counters_; }
@@ -124,6 +129,7 @@ class VhostBackend {
   std::unordered_map<int, Conn> conns_;
   std::atomic<uint64_t> next_device_id_{1};
   BackendCounters counters_;
+  std::unordered_map<std::string, uint64_t> netns_;  // guarded by mu_: attested, by port path
   std::once_flag proofs_once_;
   std::unique_ptr<ProofServer> proofs_;
 };
