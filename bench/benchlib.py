@@ -256,6 +256,11 @@ class Bed:
     def down(self):
         self.tb("down", timeout=120)
 
+    def counters(self, *host):
+        """The daemon's counters (vsocketctl counters; of `host` on two hosts)."""
+        out = self.tb("ctl", *host, "counters", timeout=20).stdout
+        return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", out, re.M)}
+
     def env(self, accel, report=None, extra=None):
         """accel: False (kernel TCP), True or "auto" (libvsocket preloaded,
         the default upgrade policy), "always" (preloaded, every connection
@@ -312,10 +317,6 @@ class TwoHostBed(Bed):
 
     def host_ns(self, host):
         return self.base_env.get("VSOCKET_TESTBED2_NS_PREFIX", "vs2") + host
-
-    def counters(self, host):
-        out = self.tb("ctl", host, "counters", timeout=20).stdout
-        return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", out, re.M)}
 
     def link(self, host):
         try:

@@ -208,6 +208,12 @@ def quick():
     for r in res["table"]:
         out.append(f"| {label(r['metric'])} | {num(r['kernel'])} | {num(r['vsocket'])} | {r['ratio']:.2f} "
                    f"| {goal(r['goal'])}: **{'met' if r['ok'] else 'missed'}** |")
+    daemon = [R["daemon"] for R in res["vsocket"] if "daemon" in R]
+    if daemon:
+        out += ["", "What vsocketd counted during the vSocket repetitions: " + "; ".join(
+            f"{d['upgrades']} upgrades, {d['accel_bytes'] / 1e6:.1f} MB accelerated, "
+            f"{d['rejected_spoofed'] + d['rejected_unproven'] + d['rejected_other']} registrations refused"
+            for d in daemon) + "."]
     return out
 
 
