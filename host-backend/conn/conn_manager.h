@@ -268,6 +268,9 @@ class ConnManager {
   bool SendOwed(BackendConn& c);
   uint64_t MoveRemote(BackendConn& c);
   BackendConn* FrameTarget(uint32_t host, const proto::FrameHeader& h);
+  // True (counted, logged) if c belongs to another tenant than the one the
+  // peer host's frame h speaks for: the frame must be dropped.
+  bool OtherTenants(uint32_t host, const proto::FrameHeader& h, const BackendConn* c);
   void OnLinkFrame(uint32_t host, const proto::FrameHeader& h);
   fabric::PayloadDest OnLinkData(uint32_t host, const proto::FrameHeader& h);
   // The rest of a DATA payload (after `landed` bytes) that spans link polls.

@@ -20,17 +20,20 @@ fabric::FrameSink& ConnManager::LinkSink(uint32_t host, uint32_t link) {
   return *s;
 }
 
+bool ConnManager::OtherTenants(uint32_t host, const FrameHeader& h, const BackendConn* c) {
+  if (c == nullptr || c->key.tenant == h.tenant) return false;
+  // Never act on another tenant's connection, whatever the peer says.
+  counters_.frames_cross_tenant.fetch_add(1, std::memory_order_relaxed);
+  counters_.frames_dropped.fetch_add(1, std::memory_order_relaxed);
+  VS_LOG(kWarn, "peer host %u: %s frame for tenant %u names a connection of tenant %u: dropped", host,
+         proto::ToString(h.type), h.tenant, c->key.tenant);
+  return true;
+}
+
 BackendConn* ConnManager::FrameTarget(uint32_t host, const FrameHeader& h) {
   auto it = conns_.find(h.handle);
   BackendConn* c = it == conns_.end() ? nullptr : it->second.get();
-  if (c != nullptr && c->key.tenant != h.tenant) {
-    // Never act on another tenant's connection, whatever the peer says.
-    counters_.frames_cross_tenant.fetch_add(1, std::memory_order_relaxed);
-    counters_.frames_dropped.fetch_add(1, std::memory_order_relaxed);
-    VS_LOG(kWarn, "peer host %u: %s frame for tenant %u names a connection of tenant %u: dropped", host,
-           proto::ToString(h.type), h.tenant, c->key.tenant);
-    return nullptr;
-  }
+  if (OtherTenants(host, h, c)) return nullptr;
   if (c == nullptr || c->remote.host != host ||
       (c->remote.stage != RemotePeer::Stage::kPaired && c->remote.stage != RemotePeer::Stage::kAccepted)) {
     // Late frames for a connection already released are expected.

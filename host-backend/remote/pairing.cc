@@ -227,6 +227,7 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
     }
     case FrameType::kPairReject: {
       BackendConn* c = conn(h.handle);
+      if (OtherTenants(host, h, c)) return;
       if (c == nullptr || c->remote.stage != RemotePeer::Stage::kRequested || c->remote.host != host) return;
       if (h.aux == static_cast<uint32_t>(Reason::kMigration) && !c->gone) return PeerMoved(*c, host);
       c->remote.stage = RemotePeer::Stage::kNone;
@@ -241,6 +242,7 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
     case FrameType::kPairCancel: {
       if (h.handle != 0) {
         BackendConn* c = conn(h.handle);
+        if (OtherTenants(host, h, c)) return;
         if (c == nullptr || c->remote.host != host || c->remote.handle != h.value) return;
         if (c->remote.stage == RemotePeer::Stage::kAccepted) {
           c->remote.stage = RemotePeer::Stage::kNone;
@@ -255,9 +257,12 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
         return;
       }
       // The requester withdrew before we answered (or before we accepted).
-      DropPendingRemote([&](const auto& kv) { return kv.second.host == host && kv.second.handle == h.value; });
+      DropPendingRemote([&](const auto& kv) {
+        return kv.second.host == host && kv.second.handle == h.value && kv.first.tenant == h.tenant;
+      });
       for (auto& [hd, c] : conns_)
-        if (c->remote.stage == RemotePeer::Stage::kAccepted && c->remote.host == host && c->remote.handle == h.value) {
+        if (c->remote.stage == RemotePeer::Stage::kAccepted && c->remote.host == host && c->remote.handle == h.value &&
+            c->key.tenant == h.tenant) {
           c->remote.stage = RemotePeer::Stage::kNone;
           Raise(*c, kEvDowngrade);
         }

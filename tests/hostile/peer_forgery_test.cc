@@ -243,6 +243,31 @@ TEST_F(PeerForgeryTest, FramesForAnotherTenantsOrUnknownConnectionsAreDropped) {
   EXPECT_TRUE(Deliver(neighbour, 100, 0x22)) << "tenant 2's connection still carries its own bytes";
 }
 
+// Case 5, pairing frames: a PAIR_REJECT or PAIR_CANCEL that names another
+// tenant's connection (the rogue hosts both tenants: it is asked to pair
+// tenant 2's connection, then speaks for tenant 1 about it). Dropped and
+// counted like the link frames above; tenant 2's connection pairs and stays
+// paired as if nothing had been said.
+TEST_F(PeerForgeryTest, PairingFramesNamingAnotherTenantsConnectionAreDropped) {
+  RawGuest other(daemon_->socket_path("other"));
+  ASSERT_TRUE(other.ok()) << other.error();
+  long long cross = Counter("frames_cross_tenant");
+  Conn asked = Request(other, 2, 40710);
+  ASSERT_TRUE(rogue_.SendControl(
+      Frame(FrameType::kPairReject, 1, asked.mine, 0, static_cast<uint32_t>(proto::Reason::kPeerNotAccelerated))));
+  ASSERT_TRUE(rogue_.SendControl(Frame(FrameType::kPairCancel, 1, asked.mine, asked.theirs)));
+  // Control frames are applied in order: once the accept pairs it, the two
+  // before it were looked at.
+  Accept(asked, kRing);
+  EXPECT_TRUE(rogue_.AwaitLink(Is(FrameType::kPairConfirm, asked.theirs))) << rogue_.error();
+  EXPECT_EQ(WaitState("other", asked.port, "accelerated accelerated"), "accelerated accelerated")
+      << "tenant 1's PAIR_REJECT or PAIR_CANCEL reached tenant 2's connection";
+  ASSERT_TRUE(rogue_.SendControl(Frame(FrameType::kPairCancel, 1, asked.mine, asked.theirs)));
+  EXPECT_TRUE(Deliver(asked, 100, 0x33)) << "tenant 2's connection still carries its bytes";
+  EXPECT_EQ(State(asked), "accelerated accelerated");
+  EXPECT_EQ(Counter("frames_cross_tenant"), cross + 3);
+}
+
 // Handshake flood (issue 17, finding 6): anyone who reaches peer_listen
 // can open connections that start TLS and then stall. The daemon used to keep
 // 64 half-open connections in all, on the worker, and close every new one
