@@ -223,6 +223,19 @@ cmd_up() {
   done
   write_configs
   for h in $HOSTS; do start_daemon "$h"; done
+  # Each VM's network namespace, attested from inside it on both hosts (it
+  # keeps its namespace when it moves): socket proofs from any other
+  # namespace are refused (docs/security.md, threat 9); kept across restarts
+  # (ctl.sock.attested).
+  local ctl
+  ctl=$(vsocketctl_bin)
+  for v in $VMS; do
+    name=${v%%:*}
+    for h in $HOSTS; do
+      ip netns exec "$(ns_of "$name")" "$ctl" --socket "$(ctl_sock "$h")" attest "$name" >/dev/null ||
+        die "$h: vsocketctl attest $name failed"
+    done
+  done
   wait_links_up
   say "up: hostA (vmA1 vmA2) <-> hostB (vmB1 vmB2), $FABRIC fabric up ($LINKS link(s)); state in $STATE"
 }
