@@ -75,7 +75,7 @@ bool Linger(int fd, Conn& c) {
   if (c.state.reset() || c.state.resynced() || c.peer_gone.load() || !c.state.accelerated() || !c.state.tx_on_ring())
     return false;
   if (c.credit.load(std::memory_order_acquire) >= c.tx_tail.load(std::memory_order_relaxed)) return false;
-  if (!c.shut_wr.load() && !Shutdown(fd, c, SHUT_WR).ok()) return false;
+  if (!c.shut_wr.load() && !Shutdown(fd, c, SHUT_WR, SetupMu::kHeld).ok()) return false;
   {
     std::lock_guard<std::mutex> tx(c.tx_mu);
     // The FIN went out already (everything consumed meanwhile), or follows
@@ -112,7 +112,7 @@ bool AwaitPeerFin(int fd, Conn& c) {
   return true;
 }
 
-Status Shutdown(int fd, Conn& c, int how) {
+Status Shutdown(int fd, Conn& c, int how, SetupMu setup) {
   bool wr = how == SHUT_WR || how == SHUT_RDWR;
   if (wr && c.state.resynced()) {
     // Bytes still owed to the peer after a link loss go before our FIN.
@@ -139,9 +139,17 @@ Status Shutdown(int fd, Conn& c, int how) {
   // The kernel shutdown first: it also ends a sender blocked in the kernel,
   // and the flags end one waiting for ring space, so tx_mu frees up.
   if (kernel_how >= 0 && Libc().shutdown(fd, kernel_how) != 0) return Errno(errno, "shutdown");
+  if (Session* s = c.session; s != nullptr) s->WakeWaiters();
+  if (!first_wr) return Status::Ok();
+  // A registration another thread has under way says "registered" before
+  // its REGISTER_CONN leaves (its socket proof goes first): a SHUTDOWN
+  // posted meanwhile would reach vsocketd ahead of it, be dropped as naming
+  // no connection, and the peer, once paired, would wait on the rings for
+  // an EOF that never comes. It waits for the registration's answer.
+  std::unique_lock<std::mutex> registering(c.setup_mu, std::defer_lock);
+  if (setup == SetupMu::kTake) registering.lock();
   Session* s = c.session;
-  if (s != nullptr) s->WakeWaiters();
-  if (first_wr && c.state.registered() && s != nullptr) {
+  if (c.state.registered() && s != nullptr) {
     // Under tx_mu: after every TX_TAIL a concurrent sender may still post.
     std::lock_guard<std::mutex> lock(c.tx_mu);
     if (defer_fin) {

@@ -178,14 +178,17 @@ void EnsureRegistered(int fd, Conn& c) {
   c.session = s;
   c.fd_hint = fd;
   c.registered_ns = MonotonicNs();
+  // The proof first, while the connection is not yet "registered" for the
+  // other threads: a message they send about it must not overtake the
+  // REGISTER_CONN (Shutdown waits for this call too). (Refused, the
+  // registration below is answered spoofed-address: the connection stays on
+  // kernel TCP like any refused one.)
+  if (Status proof = s->ProveSocket(fd); !proof.ok())
+    VS_LOG(kInfo, "fd %d: socket not proved to the backend: %s", fd, proof.ToString().c_str());
   std::shared_ptr<Conn> self = Lookup(fd);
   // Tracked and pending before the request: the UPGRADE can race the ack.
   s->Track(self);
   c.state.Apply(ConnEvent::kRegistered);
-  // (Refused, the registration below is answered spoofed-address: the
-  // connection stays on kernel TCP like any refused one.)
-  if (Status proof = s->ProveSocket(fd); !proof.ok())
-    VS_LOG(kInfo, "fd %d: socket not proved to the backend: %s", fd, proof.ToString().c_str());
   proto::RegisterConn r{c.id, c.role, c.local, c.peer, s->Gpa(c.tx), s->Gpa(c.rx), c.ring_size, c.ring_size};
   Message resp;
   Status st = s->Call({MsgType::kRegisterConn, 0, r}, &resp);

@@ -18,7 +18,11 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags);
 // fence: kernel_sent counts it), else false and the caller copies the file
 // through Send.
 bool KernelSendFile(int fd, Conn& c, int in, off_t* offset, size_t count, Result<size_t>* out);
-Status Shutdown(int fd, Conn& c, int how);
+// shutdown(2). `setup` says whether the caller holds c.setup_mu already
+// (close()'s linger does); otherwise the SHUTDOWN to the backend waits for a
+// registration another thread has under way.
+enum class SetupMu { kTake, kHeld };
+Status Shutdown(int fd, Conn& c, int how, SetupMu setup = SetupMu::kTake);
 // Bytes readable now (FIONREAD).
 Result<int> Readable(int fd, Conn& c);
 

@@ -177,6 +177,10 @@ class ConnManager {
     RequestResult (ConnManager::*handle)(DeviceConns& dc, BackendConn* c, const proto::Message& msg,
                                          proto::Message* reply);
     bool names_conn;
+    // The guest waits for an answer (a call): one that names no
+    // connection is answered unknown-connection, never left to the guest's
+    // timeout.
+    bool answers;
   };
   static const RequestHandler kRequestHandlers[];
   RequestResult OnRegister(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);

@@ -30,15 +30,16 @@ Message BadMessage(uint64_t request_id) {
 // at compile time, like DPDK vhost-user's VHOST_MESSAGE_HANDLER table).
 // `names_conn`: the message names a registered connection (ConnCounter or
 // Shutdown body); Handle looks it up first and takes the counts its
-// doorbell block holds, so the handler gets it in `c`.
+// doorbell block holds, so the handler gets it in `c`. `answers`: the guest
+// waits for the reply.
 constinit const ConnManager::RequestHandler ConnManager::kRequestHandlers[] = {
-    {MsgType::kRegisterConn, &ConnManager::OnRegister, false},
-    {MsgType::kUnregister, &ConnManager::OnUnregister, false},
-    {MsgType::kPairingQuery, &ConnManager::OnPairingQuery, true},
-    {MsgType::kFence, &ConnManager::OnFence, true},
-    {MsgType::kTxTail, &ConnManager::OnTxTail, true},
-    {MsgType::kConsumed, &ConnManager::OnConsumed, true},
-    {MsgType::kShutdown, &ConnManager::OnShutdown, true},
+    {MsgType::kRegisterConn, &ConnManager::OnRegister, false, true},
+    {MsgType::kUnregister, &ConnManager::OnUnregister, false, true},
+    {MsgType::kPairingQuery, &ConnManager::OnPairingQuery, true, true},
+    {MsgType::kFence, &ConnManager::OnFence, true, false},
+    {MsgType::kTxTail, &ConnManager::OnTxTail, true, false},
+    {MsgType::kConsumed, &ConnManager::OnConsumed, true, false},
+    {MsgType::kShutdown, &ConnManager::OnShutdown, true, false},
 };
 
 bool ConnManager::Serves(MsgType type) {
@@ -68,7 +69,13 @@ RequestResult ConnManager::Handle(vhost::BackendDevice& device, const Message& m
   auto it = dc->by_id.find(conn_id);
   if (it == dc->by_id.end()) {
     counters_.protocol_violations.fetch_add(1, std::memory_order_relaxed);
-    return RequestResult::kNoReply;  // a race with our own teardown, or a confused guest
+    VS_LOG(kDebug, "device %lu: %s for unknown conn %lu: dropped", static_cast<unsigned long>(device.id()),
+           proto::ToString(msg.type), static_cast<unsigned long>(conn_id));
+    // A race with our own teardown, or a confused guest; a caller that
+    // waits hears so at once.
+    if (!handler->answers) return RequestResult::kNoReply;
+    *reply = Ack(msg.request_id, conn_id, WireError::kUnknownConnection, Reason::kNone);
+    return RequestResult::kReply;
   }
   BackendConn& c = *it->second;
   // The block may hold counts the guest published before posting this

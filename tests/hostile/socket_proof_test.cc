@@ -208,6 +208,29 @@ TEST_F(SocketProofTest, ForgedProofsAreRefused) {
   for (int fd : {udp, unconnected, pair[0], pair[1], cfd, sfd}) close(fd);
 }
 
+// A connection one side already shut down for writing still holds its
+// 4-tuple, and is proof of it: an application that sends, shuts down its
+// write side and then reads the answer (its first read registering the
+// connection) must not be refused as a spoofer. Both ends of one loopback
+// connection: the one that shut down (FIN_WAIT2) and its peer (CLOSE_WAIT).
+TEST_F(SocketProofTest, AHalfClosedConnectionIsStillAProof) {
+  RawGuest guest(daemon_.socket_path("vm"));
+  ASSERT_TRUE(guest.ok()) << guest.error();
+  ASSERT_EQ(guest.OpenProofs(), "");
+  int cfd = -1, sfd = -1;
+  Connection(&cfd, &sfd);
+  ASSERT_EQ(shutdown(cfd, SHUT_WR), 0);
+  char b;
+  ASSERT_EQ(recv(sfd, &b, 1, 0), 0) << "the FIN arrived";
+  EXPECT_EQ(guest.Prove(cfd), "") << "shut down for writing (FIN_WAIT2)";
+  EXPECT_EQ(guest.Prove(sfd), "") << "its peer shut down (CLOSE_WAIT)";
+  EXPECT_EQ(guest.Register(1, Role::kClient, Loopback(PortOf(cfd, false)), Loopback(PortOf(cfd, true))), "pending");
+  EXPECT_EQ(guest.Register(2, Role::kServer, Loopback(PortOf(sfd, false)), Loopback(PortOf(sfd, true))), "pending");
+  EXPECT_EQ(Counter("proofs_refused"), 0);
+  close(cfd);
+  close(sfd);
+}
+
 #ifndef SO_NETNS_COOKIE
 #define SO_NETNS_COOKIE 71
 #endif

@@ -55,8 +55,21 @@ Result<SocketTuple> InspectTcpSocket(int fd) {
   socklen_t len = sizeof(info);
   if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0)
     return Status(Code::kInvalidArgument, "no TCP state");
-  if (info.tcpi_state != TCP_ESTABLISHED && info.tcpi_state != TCP_CLOSE_WAIT)
-    return Status(Code::kInvalidArgument, "not a connected TCP socket (state " + std::to_string(info.tcpi_state) + ")");
+  // Connected, possibly shut down one way or both: the socket still holds
+  // its 4-tuple (an application may shut its write side before its first
+  // read registers the connection). Not a listener, not one being
+  // connected, not one whose connection is over (CLOSE).
+  switch (info.tcpi_state) {
+    case TCP_ESTABLISHED:
+    case TCP_FIN_WAIT1:
+    case TCP_FIN_WAIT2:
+    case TCP_CLOSE_WAIT:
+    case TCP_CLOSING:
+    case TCP_LAST_ACK: break;
+    default:
+      return Status(Code::kInvalidArgument,
+                    "not a connected TCP socket (state " + std::to_string(info.tcpi_state) + ")");
+  }
   SocketTuple t;
   t.family = domain == AF_INET ? 4 : 6;
   sockaddr_storage local{}, peer{};
