@@ -8,7 +8,7 @@
 #   deploy/testbed.sh up | down | status
 #   deploy/testbed.sh exec VM CMD [ARG...]
 #   deploy/testbed.sh fw VM add input|output RULE...  |  fw VM flush  |  fw VM list
-#   deploy/testbed.sh addr VM | socket VM | daemon-pid | restart [TERM|KILL|INT]
+#   deploy/testbed.sh addr VM | socket VM | daemon-pid | restart [TERM|KILL|INT] | start
 #   deploy/testbed.sh ctl VSOCKETCTL-ARGS...   (drain, undrain, connections, ...)
 #
 # Environment: VSOCKET_TESTBED_VMS, VSOCKET_TESTBED_DIR, VSOCKETD,
@@ -55,6 +55,8 @@ usage: deploy/testbed.sh COMMAND
   restart [TERM|KILL|INT]     stop vsocketd with that signal (default TERM) and start it
                               again with the same arguments; VMs and their processes stay
                               (TERM drains first: connections leave the rings cleanly)
+  start                       start vsocketd again after it died (a crash, kill -9): same
+                              arguments, VMs and their processes stay; fails if it runs
   ctl ARG...                  vsocketctl on the bed's daemon (e.g. ctl drain vm1 --wait 10)
 See docs/testbed.md.
 EOF
@@ -482,17 +484,37 @@ start_daemon() {
 # systemd sends; KILL: a crash) and starts it again with the same
 # arguments, leaving the VMs and their processes alone.
 cmd_restart() {
-  local sig=${1:-TERM} name
+  local sig=${1:-TERM}
   case $sig in TERM | KILL | INT) ;; *) die "restart: signal must be TERM, KILL or INT" ;; esac
   take_lock
   [ -f "$STATE/$MARKER" ] && [ -f "$ARGS_FILE" ] || die "no test bed in $STATE (run: deploy/testbed.sh up)"
   load_vms
-  stop_daemon "$PID_FILE" "$CTL_SOCK" "$sig" "$STOP_TIMEOUT_S" || die "vsocketd is not running"
-  # A killed daemon leaves its sockets behind; the new one creates them again.
+  stop_daemon "$PID_FILE" "$CTL_SOCK" "$sig" "$STOP_TIMEOUT_S" || die "vsocketd is not running (start brings it back)"
+  restart_daemon
+  say "restarted: vsocketd PID $(cat "$PID_FILE") (the old one got SIG$sig)"
+}
+
+# start: starts the bed's vsocketd again once it is gone (it crashed, or
+# someone killed it), with the same arguments; the VMs and their processes
+# stay. A running daemon is left alone (restart is for that).
+cmd_start() {
+  take_lock
+  [ -f "$STATE/$MARKER" ] && [ -f "$ARGS_FILE" ] || die "no test bed in $STATE (run: deploy/testbed.sh up)"
+  load_vms
+  local pid
+  if pid=$(recorded_pid) && pid_is_our_daemon "$pid" "$CTL_SOCK"; then
+    die "vsocketd is running (PID $pid): use restart"
+  fi
+  restart_daemon
+  say "started: vsocketd PID $(cat "$PID_FILE")"
+}
+
+# A killed daemon leaves its sockets behind; the new one creates them again.
+restart_daemon() {
+  local name
   rm -f -- "$CTL_SOCK"
   for name in "${VM_NAMES[@]}"; do rm -f -- "$(sock_of "$name")"; done
   start_daemon
-  say "restarted: vsocketd PID $(cat "$PID_FILE") (the old one got SIG$sig)"
 }
 
 # --- status -----------------------------------------------------------------
@@ -684,6 +706,7 @@ main() {
       exec "$ctl" --socket "$CTL_SOCK" "$@"
       ;;
     restart) [ "$#" -le 1 ] || die "usage: restart [TERM|KILL|INT]"; cmd_restart "$@" ;;
+    start) [ "$#" = 0 ] || die "usage: start"; cmd_start ;;
     -h | --help | help) usage ;;
     "") usage >&2; exit 2 ;;
     *) echo "testbed: unknown command '$cmd'" >&2; usage >&2; exit 2 ;;

@@ -164,6 +164,11 @@ Status Session::Open() {
   o.queue_size = kQueueSize;
   o.region_bytes = cfg.region_bytes;
   o.timeout_ms = 2000;
+  // A backend that is not there (stopped, restarting: no socket, or nobody
+  // listening) is not waited for: the application's call that asked goes on
+  // on kernel TCP now, and a later call tries again (50 ms, backing off to
+  // 1 s). Waiting here stalled the application's I/O 2 s per attempt.
+  o.connect_wait_ms = 0;
   auto fe = vhost::VhostUserFrontend::Create(o);
   if (!fe.ok()) return fe.status();
   fe_ = std::move(fe).value();

@@ -116,8 +116,9 @@ Status VhostUserFrontend::OpenSocket() {
   if (options_.socket_path.size() >= sizeof(addr.sun_path))
     return Status(Code::kInvalidArgument, "vhost-user socket path too long");
   std::memcpy(addr.sun_path, options_.socket_path.c_str(), options_.socket_path.size() + 1);
-  // The backend may be (re)starting: retry ENOENT/ECONNREFUSED until timeout.
-  int64_t deadline = MonotonicMs() + options_.timeout_ms;
+  // The backend may be (re)starting: retry ENOENT/ECONNREFUSED a while.
+  int64_t deadline =
+      MonotonicMs() + (options_.connect_wait_ms < 0 ? options_.timeout_ms : options_.connect_wait_ms);
   while (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     if ((errno != ENOENT && errno != ECONNREFUSED) || MonotonicMs() >= deadline)
       return Status::FromErrno("connect " + options_.socket_path);

@@ -29,7 +29,11 @@ struct FrontendOptions {
   uint16_t queue_size = 256;
   size_t region_bytes = 4u << 20;  // rings + data area
   bool event_idx = true;
-  int timeout_ms = 5000;  // per reply, and for connect()
+  int timeout_ms = 5000;  // per reply
+  // How long connect() retries a socket that is missing or not listening
+  // (a backend starting): -1 for timeout_ms, 0 to fail at once (the
+  // library: it tries again later rather than stall the application).
+  int connect_wait_ms = -1;
   ShmRegion::Pages pages = ShmRegion::Pages::kNormal;
   ShmRegion::Seal seal = ShmRegion::Seal::kSizeSealed;  // kUnsealed: hostile-frontend tests only
   // Device feature bits to request on top of VERSION_1 and EVENT_IDX.
