@@ -138,9 +138,11 @@ def cross_host():
             "|---|--:|--:|--:|---|--:|"]
     for r in res.get("pinned_table") or []:
         k, v = r["kernel"], r["vsocket"]
-        g = "" if r["met"] is None else f"≤ 1: **{'met' if r['met'] else 'missed'}**"
+        g = "" if r["met"] is None else f"{goal(r.get('goal', '<= 1'))}: **{'met' if r['met'] else 'missed'}**"
         held = held_note(r)
-        out.append(f"| {label(r['metric']).replace(' (µs)', ', one CPU per host (µs)')} | {spread(*k)} "
+        name = label(r["metric"])
+        unit = name.rindex(" (")
+        out.append(f"| {name[:unit]}, one CPU per host{name[unit:]} | {spread(*k)} "
                    f"| {spread(*v)} | {r['ratio']:.2f} | {g} | {r['valid']}/{r['reps']}{held} |")
     for r in res["table"]:
         g = ""
