@@ -206,7 +206,7 @@ case_redis() {
   vm_bg vmB1 preload "$rep" "$WORK/redis.srv" redis-server --bind "$B1" --port $port --save '' \
     --appendonly no --protected-mode no
   local srv=$BG
-  for _ in $(seq 50); do grep -q "Ready to accept" "$WORK/redis.srv" 2>/dev/null && break; sleep 0.1; done
+  wait_for_text "$WORK/redis.srv" "Ready to accept" 50
   head -c 1048576 /dev/urandom | base64 -w0 >"$WORK/redis.val"
   local ok=1 a0
   a0=$(counter hostA fabric_bytes_out)

@@ -95,6 +95,14 @@ NFT
 # ADDR), both preloaded, checks what it must, and returns 0/1 with the
 # summary or the reason in E2E_MSG; it counts nothing itself.
 
+# wait_for_text FILE PATTERN TENTHS: until FILE has a line matching PATTERN
+# (grep), at most TENTHS tenths of a second; false if it never came.
+wait_for_text() {
+  local _
+  for _ in $(seq "$3"); do grep -q -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+  return 1
+}
+
 # wait_listen VM PORT: until a server listens there (bounded: 30 s; a
 # preloaded process can take seconds to start under emulation).
 wait_listen() {

@@ -196,7 +196,7 @@ case_redis() {
   vm_bg vm2 plain /dev/null "$WORK/redis.srv" runuser -u redis -- env LD_PRELOAD="$lib" VSOCKET_REPORT="$rep" \
     redis-server --bind "$A2" --port $port --save '' --appendonly no --protected-mode no --dir /tmp
   local srv=$BG
-  for _ in $(seq 50); do grep -q "Ready to accept" "$WORK/redis.srv" 2>/dev/null && break; sleep 0.1; done
+  wait_for_text "$WORK/redis.srv" "Ready to accept" 50
   # Byte check: a 1 MiB random value through SET and GET.
   head -c 1048576 /dev/urandom | base64 -w0 >"$WORK/redis.val"
   local ok=1
@@ -940,7 +940,7 @@ case_semantics() {
   for kv in "${env[@]}"; do export "$kv"; done
   vm_bg vm2 "$how" "$WORK/sem-$tag.jsonl" "$WORK/sem-$tag.jsonl.log" "$peer" "$A2" 7601
   local srv=$BG
-  for _ in $(seq 50); do grep -q listening "$WORK/sem-$tag.jsonl.log" 2>/dev/null && break; sleep 0.1; done
+  wait_for_text "$WORK/sem-$tag.jsonl.log" listening 50
   VSOCKET_TEST_ADDR=$A1 VSOCKET_TEST_PEER_ADDR=$A2 VSOCKET_TEST_PEER_PORT=7601 \
     vm_run vm1 "$how" "$WORK/sem-$tag.jsonl" "$bin" --gtest_brief=1 >"$WORK/sem-$tag.log" 2>&1
   local rc=$?
@@ -1180,7 +1180,7 @@ case_idle() {
   local name=idle_connection_costs_no_cpu rep=$WORK/idle.jsonl
   vm_bg vm2 preload "$rep" "$WORK/idle.srv" "$BIN/tests/socket/socket_peer" "$A2" 7701
   local srv=$BG
-  for _ in $(seq 50); do grep -q listening "$WORK/idle.srv" 2>/dev/null && break; sleep 0.1; done
+  wait_for_text "$WORK/idle.srv" listening 50
   vm_bg vm1 preload "$rep" "$WORK/idle.cli" python3 -c '
 import socket, sys, time
 c = socket.create_connection((sys.argv[1], 7701))
@@ -1196,7 +1196,7 @@ except socket.timeout:
     print("idle done", flush=True)
 ' "$A2"
   local cli=$BG
-  for _ in $(seq 50); do grep -q echoed "$WORK/idle.cli" 2>/dev/null && break; sleep 0.1; done
+  wait_for_text "$WORK/idle.cli" echoed 50
   sleep 0.3
   local d s c
   d=$(bash $TB daemon-pid)
@@ -1273,11 +1273,11 @@ c1.close()
 print("done", flush=True)
 ' "$A2" $n "$WORK"
   local cli=$BG i
-  for i in $(seq 100); do grep -q up "$WORK/stopped.cli" 2>/dev/null && break; sleep 0.1; done
+  wait_for_text "$WORK/stopped.cli" up 100
   d=$(bash $TB daemon-pid)
   kill -STOP "$d"
   touch "$WORK/stopped.go"
-  for i in $(seq 400); do grep -q "^stopped" "$WORK/stopped.cli" 2>/dev/null && break; sleep 0.1; done
+  wait_for_text "$WORK/stopped.cli" "^stopped" 400
   kill -CONT "$d"
   sleep 0.3
   touch "$WORK/resumed.go"
@@ -1375,7 +1375,7 @@ if t.is_alive() or got[0] != hashlib.sha256(b"x").digest() * 2048:
 print("ok", flush=True)
 ' "$A2" $port "$WORK"
   local cli=$BG i
-  for i in $(seq 100); do grep -q connected "$WORK/shutreg.cli" 2>/dev/null && break; sleep 0.1; done
+  wait_for_text "$WORK/shutreg.cli" connected 100
   d=$(bash $TB daemon-pid)
   kill -STOP "$d"
   touch "$WORK/shutreg.go"
@@ -1493,7 +1493,7 @@ case_daemon_restart_redis() {  # case_daemon_restart_redis SIG
   vm_bg vm2 preload "$rep" "$WORK/$name.srv" redis-server --bind "$A2" --port $port --save '' \
     --appendonly no --protected-mode no
   local srv=$BG
-  for _ in $(seq 50); do grep -q "Ready to accept" "$WORK/$name.srv" 2>/dev/null && break; sleep 0.1; done
+  wait_for_text "$WORK/$name.srv" "Ready to accept" 50
   head -c 1048576 /dev/urandom | base64 -w0 >"$WORK/$name.val"
   vm_run vm1 preload "$rep" redis-cli -h "$A2" -p $port -x set blob <"$WORK/$name.val" >/dev/null 2>&1
   vm_bg vm1 preload "$rep" "$WORK/$name.bench" redis-benchmark -h "$A2" -p $port -t set,get -n 300000 -c 20 -q
