@@ -480,15 +480,20 @@ start_daemon() {
   pid_is_our_daemon "$pid" "$CTL_SOCK" || die "PID $pid is not the vsocketd just started (setsid forked?)"
 }
 
+# The bed's lock, and its VMs loaded; dies if there is no bed (restart, start).
+take_bed() {
+  take_lock
+  [ -f "$STATE/$MARKER" ] && [ -f "$ARGS_FILE" ] || die "no test bed in $STATE (run: deploy/testbed.sh up)"
+  load_vms
+}
+
 # restart [SIGNAL]: stops the bed's vsocketd with SIGNAL (TERM: what
 # systemd sends; KILL: a crash) and starts it again with the same
 # arguments, leaving the VMs and their processes alone.
 cmd_restart() {
   local sig=${1:-TERM}
   case $sig in TERM | KILL | INT) ;; *) die "restart: signal must be TERM, KILL or INT" ;; esac
-  take_lock
-  [ -f "$STATE/$MARKER" ] && [ -f "$ARGS_FILE" ] || die "no test bed in $STATE (run: deploy/testbed.sh up)"
-  load_vms
+  take_bed
   stop_daemon "$PID_FILE" "$CTL_SOCK" "$sig" "$STOP_TIMEOUT_S" || die "vsocketd is not running (start brings it back)"
   restart_daemon
   say "restarted: vsocketd PID $(cat "$PID_FILE") (the old one got SIG$sig)"
@@ -498,9 +503,7 @@ cmd_restart() {
 # someone killed it), with the same arguments; the VMs and their processes
 # stay. A running daemon is left alone (restart is for that).
 cmd_start() {
-  take_lock
-  [ -f "$STATE/$MARKER" ] && [ -f "$ARGS_FILE" ] || die "no test bed in $STATE (run: deploy/testbed.sh up)"
-  load_vms
+  take_bed
   local pid
   if pid=$(recorded_pid) && pid_is_our_daemon "$pid" "$CTL_SOCK"; then
     die "vsocketd is running (PID $pid): use restart"

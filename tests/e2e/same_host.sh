@@ -1272,7 +1272,7 @@ for _ in range(4):
 c1.close()
 print("done", flush=True)
 ' "$A2" $n "$WORK"
-  local cli=$BG i
+  local cli=$BG
   wait_for_text "$WORK/stopped.cli" up 100
   d=$(bash $TB daemon-pid)
   kill -STOP "$d"
@@ -1374,7 +1374,7 @@ if t.is_alive() or got[0] != hashlib.sha256(b"x").digest() * 2048:
     sys.exit("reply missing or wrong")
 print("ok", flush=True)
 ' "$A2" $port "$WORK"
-  local cli=$BG i
+  local cli=$BG
   wait_for_text "$WORK/shutreg.cli" connected 100
   d=$(bash $TB daemon-pid)
   kill -STOP "$d"
