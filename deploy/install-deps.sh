@@ -15,7 +15,7 @@ PACKAGES=(
   # Debian packages (deploy/package.sh; no fakeroot: Rules-Requires-Root: no)
   dpkg-dev debhelper
   # test beds and tools
-  iproute2 nftables socat procps python3
+  iproute2 nftables socat procps python3 strace
   # real applications in the end-to-end tests
   sockperf iperf3 redis-server redis-tools nginx curl wrk memcached libmemcached-tools
   postgresql-15 postgresql-client-15 openssh-server openssh-client

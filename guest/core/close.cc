@@ -164,7 +164,7 @@ Status Shutdown(int fd, Conn& c, int how, SetupMu setup) {
         c.fin_deferred.store(true, std::memory_order_relaxed);
       }
     }
-    (void)s->Post({MsgType::kShutdown, 0, proto::Shutdown{c.id, proto::ShutdownHow::kWrite}});
+    PostShutWr(c);
   } else if (defer_fin) {
     (void)Libc().shutdown(fd, SHUT_WR);
   }

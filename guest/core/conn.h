@@ -95,6 +95,7 @@ struct Conn {
   uint64_t consumed_reported = 0;
   bool wrote_after_peer_gone = false;  // under tx_mu
   std::atomic<bool> shut_wr{false};
+  std::atomic<bool> shut_wr_posted{false};  // our SHUTDOWN (write) went to the backend (PostShutWr)
   std::atomic<bool> shut_rd{false};
   uint8_t* tx = nullptr;
   uint8_t* rx = nullptr;

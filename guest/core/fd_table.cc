@@ -1,5 +1,7 @@
 #include "guest/core/fd_table.h"
 
+#include <sched.h>
+
 #include <atomic>
 #include <mutex>
 #include <new>
@@ -18,16 +20,58 @@ namespace {
 
 constexpr int kMaxFds = 1 << 16;
 
+// Every wrapped call looks its fd up, so a look-up takes no mutex: each slot
+// has a one-word lock held only while its pointer is copied (or replaced).
+// Writers (Adopt, Duplicate, Forget) also hold g_fd_mu, which orders them.
+// A fork child resets every slot lock, as it resets g_fd_mu
+// (AfterForkInChild): the forking thread is the child's only thread.
+struct Slot {
+  std::atomic<bool> has{false};  // conn is set: the fast "not ours" answer
+  std::atomic<bool> busy{false};
+  std::shared_ptr<Conn> conn;
+};
+
 std::mutex g_fd_mu;
-std::shared_ptr<Conn> g_fds[kMaxFds];
-std::atomic<bool> g_has[kMaxFds];
+Slot g_slots[kMaxFds];
+
+class SlotLock {
+ public:
+  explicit SlotLock(Slot& s) : s_(s) {
+    for (int spins = 0; s_.busy.exchange(true, std::memory_order_acquire); ++spins) {
+      // Held for a pointer copy: another thread preempted inside it is the
+      // only long wait, so yield after a few tries rather than spin.
+      if (spins > 64) sched_yield();
+    }
+  }
+  ~SlotLock() { s_.busy.store(false, std::memory_order_release); }
+  SlotLock(const SlotLock&) = delete;
+  SlotLock& operator=(const SlotLock&) = delete;
+
+ private:
+  Slot& s_;
+};
+
+// Requires g_fd_mu.
+void Store(int fd, std::shared_ptr<Conn> c) {
+  Slot& s = g_slots[fd];
+  std::shared_ptr<Conn> old;
+  {
+    SlotLock lock(s);
+    old = std::move(s.conn);
+    s.conn = std::move(c);
+    s.has.store(s.conn != nullptr, std::memory_order_release);
+  }
+  // (old, if any, is released outside the slot lock.)
+}
 
 }  // namespace
 
 std::shared_ptr<Conn> Lookup(int fd) {
-  if (fd < 0 || fd >= kMaxFds || !g_has[fd].load(std::memory_order_acquire)) return nullptr;
-  std::lock_guard<std::mutex> lock(g_fd_mu);
-  return g_fds[fd];
+  if (fd < 0 || fd >= kMaxFds) return nullptr;
+  Slot& s = g_slots[fd];
+  if (!s.has.load(std::memory_order_acquire)) return nullptr;
+  SlotLock lock(s);
+  return s.conn;
 }
 
 void Adopt(int fd, bool nonblocking, bool accepted) {
@@ -43,8 +87,7 @@ void Adopt(int fd, bool nonblocking, bool accepted) {
   // accepts, adds and waits before it reads).
   if (Session::RegistersStreamsOnly() && Session::Existing() != nullptr) c->held.store(true, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(g_fd_mu);
-  g_fds[fd] = std::move(c);
-  g_has[fd].store(true, std::memory_order_release);
+  Store(fd, std::move(c));
 }
 
 void Duplicate(int fd1, int fd2) {
@@ -54,17 +97,18 @@ void Duplicate(int fd1, int fd2) {
   if (!c) return;
   c->fd_refs.fetch_add(1);
   std::lock_guard<std::mutex> lock(g_fd_mu);
-  g_fds[fd2] = std::move(c);
-  g_has[fd2].store(true, std::memory_order_release);
+  Store(fd2, std::move(c));
 }
 
 void Forget(int fd, bool still_open) {
-  if (fd < 0 || fd >= kMaxFds || !g_has[fd].load()) return;
+  if (fd < 0 || fd >= kMaxFds || !g_slots[fd].has.load()) return;
   std::shared_ptr<Conn> c;
   {
     std::lock_guard<std::mutex> lock(g_fd_mu);
-    c = std::move(g_fds[fd]);
-    g_has[fd].store(false, std::memory_order_release);
+    Slot& s = g_slots[fd];
+    SlotLock slot(s);
+    c = std::move(s.conn);
+    s.has.store(false, std::memory_order_release);
   }
   // Runs before the real close(): fd still names the socket here.
   if (c && c->fd_refs.fetch_sub(1) == 1) Teardown(fd, c, still_open);
@@ -75,9 +119,10 @@ void AfterForkInChild() {
   Session::ForgetAfterFork();
   EpollAfterForkInChild();
   new (&g_fd_mu) std::mutex();
+  for (Slot& s : g_slots) s.busy.store(false, std::memory_order_relaxed);
   for (int fd = 0; fd < kMaxFds; ++fd) {
-    if (!g_has[fd].load()) continue;
-    Conn& c = *g_fds[fd];
+    if (!g_slots[fd].has.load()) continue;
+    Conn& c = *g_slots[fd].conn;
     // Only this thread exists in the child: locks another thread held at
     // fork time would never be released.
     new (&c.tx_mu) std::mutex();
@@ -97,7 +142,7 @@ void AfterForkInChild() {
 
 void ForEachConn(const std::function<void(int fd, Conn& c)>& fn) {
   for (int fd = 0; fd < kMaxFds; ++fd) {
-    if (!g_has[fd].load()) continue;
+    if (!g_slots[fd].has.load()) continue;
     std::shared_ptr<Conn> c = Lookup(fd);
     if (c) fn(fd, *c);
   }

@@ -4,6 +4,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -87,6 +89,8 @@ int SleepWith(Session* s, int efd, std::vector<pollfd>& kfds, int64_t deadline, 
 }  // namespace
 
 int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
+  for (nfds_t i = 0; i < n; ++i) EpollNoteWatched(fds[i].fd);
+  EpollSettleAll();
   // Any registered connection (pending or upgraded) ties this call to the
   // session: its events may upgrade a pending connection or make an
   // upgraded one ready, so we must drain them and wake on them.
@@ -237,39 +241,142 @@ constexpr uint64_t kBackendMarker = 0x7653626b656e6420ull;  // "vSbkend ": the v
 constexpr uint64_t kFeedMarker = 0x7653666400000000ull;  // "vSfd"
 constexpr uint64_t kFeedMask = 0xffffffff00000000ull;
 
+// An entry whose conn is null was deleted (EPOLL_CTL_DEL): applications
+// such as redis delete and add the same fd around every request, so the
+// node stays for the next ADD (no allocation); closing the fd erases it.
 struct EpEntry {
   uint32_t events = 0;
   epoll_data_t data{};
-  std::shared_ptr<Conn> conn;
+  std::shared_ptr<Conn> conn;  // null: deleted
   bool in_kernel = true;    // the application's registration is the kernel's
   bool feed = false;        // kFeedMarker registration active (see above)
   bool kicked = false;      // kernel data arrived since the last report
   uint32_t last_gen = ~0u;  // edge-triggered: last change reported
   bool disarmed = false;    // EPOLLONESHOT fired
+  // The kernel's registration of fd for the application (not a feed), as
+  // last applied; while dirty, events/data (or conn null: deleted) are the
+  // application's newer wish, applied before any wait (Deferred changes).
+  bool kern_present = false;
+  uint32_t kern_events = 0;
+  epoll_data_t kern_data{};
+  bool dirty = false;
 };
 
 struct EpSet {
   std::mutex mu;
   std::unordered_map<int, EpEntry> entries;
+  int epfd = -1;
   int wake_efd = -1;
   Session* session = nullptr;  // once an entry has one
+  std::atomic<bool> live{false};  // epfd names this set (until its close)
+  // Deferred changes: dirty entries; waits under way on this set (none may
+  // be deferred then); shared: watched by another epoll set, poll or select,
+  // or inherited across fork (never deferred).
+  int dirty = 0;
+  std::atomic<int> waiters{0};
+  bool shared = false;
 };
 
-std::mutex g_ep_mu;
-std::unordered_map<int, std::shared_ptr<EpSet>> g_sets;
+// ---- Deferred changes ----
+// Event loops such as redis's (ae) and hiredis clients delete and add a
+// socket's registration around every request (MOD, DEL, ADD for a write,
+// DEL, ADD for the reply): five epoll_ctl system calls per request, each
+// 1-3 us in a VM. For a connection on kernel TCP (held by the policy), a
+// DEL and an ADD or MOD of a level-triggered registration are kept here and
+// applied, as one MOD or DEL or nothing, before the next wait of this
+// process on any fd set; an ADD that is not the undoing of a deferred DEL
+// always reaches the kernel at once (it is the only change that can fail
+// for want of resources). No change is deferred while another thread waits
+// on the set, for an edge-triggered, one-shot or exclusive registration,
+// nor on a set another epoll set, poll or select watches or that a fork
+// shared; everything deferred is applied before fork, exec, close and
+// dup2/dup3. Decision 61.
+std::atomic<int> g_dirty_sets{0};
 
-std::shared_ptr<EpSet> FindSet(int epfd, bool create) {
-  std::lock_guard<std::mutex> lock(g_ep_mu);
-  auto it = g_sets.find(epfd);
-  if (it != g_sets.end()) return it->second;
+constexpr uint32_t kNotPlain = EPOLLET | EPOLLONESHOT | EPOLLEXCLUSIVE | EPOLLWAKEUP;
+
+// Requires set.mu. Whether a change of entry e to `events` may wait.
+bool CanDefer(const EpSet& set, const EpEntry& e, uint32_t events) {
+  return !set.shared && set.waiters.load(std::memory_order_relaxed) == 0 && e.kern_present && !e.feed &&
+         !(e.kern_events & kNotPlain) && !(events & kNotPlain);
+}
+
+// Requires set.mu.
+void MarkDirty(EpSet& set, EpEntry& e) {
+  if (e.dirty) return;
+  e.dirty = true;
+  if (set.dirty++ == 0) g_dirty_sets.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Requires set.mu. Applies e's deferred change, if any.
+void Settle(EpSet& set, int fd, EpEntry& e) {
+  if (!e.dirty) return;
+  e.dirty = false;
+  if (--set.dirty == 0) g_dirty_sets.fetch_sub(1, std::memory_order_relaxed);
+  if (!e.kern_present) return;
+  if (!e.conn) {
+    Libc().epoll_ctl(set.epfd, EPOLL_CTL_DEL, fd, nullptr);
+    e.kern_present = false;
+  } else if (e.in_kernel && (e.events != e.kern_events || e.data.u64 != e.kern_data.u64)) {
+    // (A level-triggered registration changed back to what the kernel has
+    // needs nothing: its readiness is looked at by every wait.)
+    epoll_event ev{};
+    ev.events = e.events;
+    ev.data = e.data;
+    Libc().epoll_ctl(set.epfd, EPOLL_CTL_MOD, fd, &ev);
+    e.kern_events = e.events;
+    e.kern_data = e.data;
+  }
+}
+
+// Requires set.mu.
+void SettleSet(EpSet& set) {
+  if (set.dirty == 0) return;
+  for (auto& [fd, e] : set.entries) Settle(set, fd, e);
+}
+
+
+// The epoll sets by epfd, for a look-up without a mutex on every
+// epoll_ctl and epoll_wait. A set is never freed: closing its epfd empties
+// it and marks it not live, and the next epoll set with that number reuses
+// it (at most one per fd number). g_ep_mu orders creation and close.
+constexpr int kMaxSets = 1 << 16;
+std::mutex g_ep_mu;
+std::atomic<EpSet*> g_set_of[kMaxSets];
+std::vector<int> g_live_sets;  // the live sets' epfds, under g_ep_mu
+
+// Requires g_ep_mu.
+std::vector<EpSet*> LiveSets() {
+  std::vector<EpSet*> sets;
+  sets.reserve(g_live_sets.size());
+  for (int epfd : g_live_sets) sets.push_back(g_set_of[epfd].load(std::memory_order_relaxed));
+  return sets;
+}
+
+EpSet* FindSet(int epfd, bool create) {
+  if (epfd < 0 || epfd >= kMaxSets) return nullptr;  // beyond the table: the kernel's alone
+  EpSet* set = g_set_of[epfd].load(std::memory_order_acquire);
+  if (set != nullptr && set->live.load(std::memory_order_acquire)) return set;
   if (!create) return nullptr;
-  auto set = std::make_shared<EpSet>();
+  std::lock_guard<std::mutex> lock(g_ep_mu);
+  set = g_set_of[epfd].load(std::memory_order_relaxed);
+  if (set != nullptr && set->live.load(std::memory_order_relaxed)) return set;
+  if (set == nullptr) {
+    set = new EpSet();  // never freed (see above)
+    g_set_of[epfd].store(set, std::memory_order_release);
+  }
+  std::lock_guard<std::mutex> set_lock(set->mu);
+  set->entries.clear();
+  set->session = nullptr;
+  set->epfd = epfd;
+  set->shared = false;
   set->wake_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = kWakeMarker;
   Libc().epoll_ctl(epfd, EPOLL_CTL_ADD, set->wake_efd, &ev);
-  g_sets[epfd] = set;
+  g_live_sets.push_back(epfd);
+  set->live.store(true, std::memory_order_release);
   return set;
 }
 
@@ -295,6 +402,7 @@ void UnhookSession(int epfd, const EpSet& set, Session* s) {
 // Requires set.mu. Moves an upgraded connection out of the kernel set and
 // hooks the session's wake-ups in.
 void RefreshEntry(int epfd, EpSet& set, int fd, EpEntry& e) {
+  Settle(set, fd, e);
   // An upgraded connection's readiness comes from us (its kernel socket
   // no longer says when it is writable); while it still reads the kernel
   // stream up to the fence, a private edge-triggered registration turns
@@ -303,6 +411,7 @@ void RefreshEntry(int epfd, EpSet& set, int fd, EpEntry& e) {
     if (e.in_kernel) {
       Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
       e.in_kernel = false;
+      e.kern_present = false;
       e.kicked = true;
     }
     bool feeds = KernelFeedsReads(*e.conn);
@@ -324,6 +433,9 @@ void RefreshEntry(int epfd, EpSet& set, int fd, EpEntry& e) {
     ev.events = e.disarmed ? 0 : e.events;
     ev.data = e.data;
     e.in_kernel = Libc().epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) == 0;
+    e.kern_present = e.in_kernel;
+    e.kern_events = ev.events;
+    e.kern_data = ev.data;
   }
   // A backend that went away and came back: the connections registered
   // again with a new session, whose wake-ups replace the dead one's.
@@ -343,7 +455,8 @@ void RefreshEntry(int epfd, EpSet& set, int fd, EpEntry& e) {
 
 // Requires set.mu. RefreshEntry for every entry.
 void Refresh(int epfd, EpSet& set) {
-  for (auto& [fd, e] : set.entries) RefreshEntry(epfd, set, fd, e);
+  for (auto& [fd, e] : set.entries)
+    if (e.conn) RefreshEntry(epfd, set, fd, e);
 }
 
 // Requires set.mu. Appends ready emulated entries. slept_from/until: the
@@ -352,7 +465,7 @@ int Collect(EpSet& set, epoll_event* out, int max, int64_t slept_from = 0, int64
   int n = 0;
   for (auto& [fd, e] : set.entries) {
     if (n >= max) break;
-    if (e.in_kernel || e.disarmed) continue;
+    if (!e.conn || e.in_kernel || e.disarmed) continue;
     int r = Readiness(fd, *e.conn);
     if (r < 0) continue;
     uint32_t mask = static_cast<uint32_t>(r) & (e.events | EPOLLERR | EPOLLHUP);
@@ -376,7 +489,7 @@ int Collect(EpSet& set, epoll_event* out, int max, int64_t slept_from = 0, int64
 // (another thread may register and upgrade it while we sleep).
 bool HasUnprobed(const EpSet& set) {
   for (const auto& [fd, e] : set.entries)
-    if (e.conn->session == nullptr && e.conn->state.phase() == Phase::kUnprobed && !e.conn->KernelUntilOwnIo())
+    if (e.conn && e.conn->session == nullptr && e.conn->state.phase() == Phase::kUnprobed && !e.conn->KernelUntilOwnIo())
       return true;
   return false;
 }
@@ -410,8 +523,19 @@ class SleepHooks {
 bool KernelAlone(const EpSet& set) {
   if (set.session != nullptr) return false;
   for (const auto& [fd, e] : set.entries)
-    if (!e.in_kernel || !e.conn->KernelUntilOwnIo()) return false;
+    if (e.conn && (!e.in_kernel || !e.conn->KernelUntilOwnIo())) return false;
   return true;
+}
+
+bool IsMarker(uint64_t data) {
+  return data == kBackendMarker || data == kWakeMarker || data == kSessionMarker || (data & kFeedMask) == kFeedMarker;
+}
+
+// Whether a real epoll result has one of our events (without the set's lock).
+bool HasMarker(const epoll_event* ev, int n) {
+  for (int i = 0; i < n; ++i)
+    if (IsMarker(ev[i].data.u64)) return true;
+  return false;
 }
 
 // Drops our marker events from a real epoll result; returns the kept count.
@@ -434,7 +558,7 @@ int Filter(EpSet& set, epoll_event* ev, int n, bool* session_event) {
     }
     if ((ev[i].data.u64 & kFeedMask) == kFeedMarker) {
       auto it = set.entries.find(static_cast<int>(ev[i].data.u64 & ~kFeedMask));
-      if (it != set.entries.end()) it->second.kicked = true;
+      if (it != set.entries.end() && it->second.conn) it->second.kicked = true;
       continue;
     }
     ev[kept++] = ev[i];
@@ -444,15 +568,44 @@ int Filter(EpSet& set, epoll_event* ev, int n, bool* session_event) {
 
 }  // namespace
 
+void EpollNoteWatched(int fd) {
+  if (fd < 0 || fd >= kMaxSets) return;
+  EpSet* set = g_set_of[fd].load(std::memory_order_acquire);
+  if (set == nullptr || !set->live.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(set->mu);
+  set->shared = true;
+  SettleSet(*set);
+}
+
+bool EpollHasDeferred() { return g_dirty_sets.load(std::memory_order_relaxed) != 0; }
+
+void EpollSettleAll() {
+  if (!EpollHasDeferred()) return;
+  std::vector<EpSet*> sets;
+  {
+    std::lock_guard<std::mutex> lock(g_ep_mu);
+    sets = LiveSets();
+  }
+  for (EpSet* set : sets) {
+    std::lock_guard<std::mutex> lock(set->mu);
+    SettleSet(*set);
+  }
+}
+
 int EpollCtl(int epfd, int op, int fd, epoll_event* ev) {
   auto conn = Lookup(fd);
-  if (!conn) return Libc().epoll_ctl(epfd, op, fd, ev);
-  auto set = FindSet(epfd, true);
+  if (!conn) {
+    if (op == EPOLL_CTL_ADD) EpollNoteWatched(fd);  // an epoll set nested in another
+    return Libc().epoll_ctl(epfd, op, fd, ev);
+  }
+  EpSet* set = FindSet(epfd, true);
+  if (set == nullptr) return Libc().epoll_ctl(epfd, op, fd, ev);
   std::lock_guard<std::mutex> lock(set->mu);
   auto it = set->entries.find(fd);
+  bool present = it != set->entries.end() && it->second.conn;
   switch (op) {
     case EPOLL_CTL_ADD: {
-      if (it != set->entries.end()) {
+      if (present) {
         errno = EEXIST;
         return -1;
       }
@@ -460,16 +613,41 @@ int EpollCtl(int epfd, int op, int fd, epoll_event* ev) {
         errno = EFAULT;
         return -1;
       }
-      EpEntry e{ev->events, ev->data, conn};
+      if (it != set->entries.end() && it->second.kern_present) {
+        // Added again after a deferred DEL: the kernel still has it.
+        EpEntry& e = it->second;
+        if (conn->KernelUntilOwnIo() && CanDefer(*set, e, ev->events)) {
+          e.conn = std::move(conn);
+          e.events = ev->events;
+          e.data = ev->data;
+          e.in_kernel = true;
+          e.kicked = false;
+          e.last_gen = ~0u;
+          e.disarmed = false;
+          MarkDirty(*set, e);  // (still dirty from the DEL: Settle sees what changed)
+          return 0;
+        }
+        Settle(*set, fd, e);  // the DEL first
+      }
       if (Libc().epoll_ctl(epfd, EPOLL_CTL_ADD, fd, ev) != 0) return -1;
-      auto added = set->entries.emplace(fd, std::move(e)).first;
+      EpEntry e{ev->events, ev->data, std::move(conn)};
+      e.kern_present = true;
+      e.kern_events = ev->events;
+      e.kern_data = ev->data;
+      auto added = it;
+      if (added != set->entries.end()) {
+        added->second = std::move(e);
+      } else {
+        added = set->entries.emplace(fd, std::move(e)).first;
+      }
+      const Conn& c = *added->second.conn;
       // (The others did not change; a connection on kernel TCP until its
       // own next I/O has nothing to refresh.)
-      if (!conn->KernelUntilOwnIo()) RefreshEntry(epfd, *set, fd, added->second);
+      if (!c.KernelUntilOwnIo()) RefreshEntry(epfd, *set, fd, added->second);
       return 0;
     }
     case EPOLL_CTL_MOD: {
-      if (it == set->entries.end()) {
+      if (!present) {
         errno = ENOENT;
         return -1;
       }
@@ -477,12 +655,24 @@ int EpollCtl(int epfd, int op, int fd, epoll_event* ev) {
         errno = EFAULT;
         return -1;
       }
-      if (it->second.in_kernel && Libc().epoll_ctl(epfd, EPOLL_CTL_MOD, fd, ev) != 0) return -1;
-      it->second.events = ev->events;
-      it->second.data = ev->data;
-      it->second.disarmed = false;
-      it->second.last_gen = ~0u;
-      if (!it->second.in_kernel) {
+      EpEntry& e = it->second;
+      if (e.in_kernel) {
+        if (e.conn->KernelUntilOwnIo() && CanDefer(*set, e, ev->events)) {
+          e.events = ev->events;
+          e.data = ev->data;
+          MarkDirty(*set, e);
+          return 0;
+        }
+        Settle(*set, fd, e);
+        if (Libc().epoll_ctl(epfd, EPOLL_CTL_MOD, fd, ev) != 0) return -1;
+        e.kern_events = ev->events;
+        e.kern_data = ev->data;
+      }
+      e.events = ev->events;
+      e.data = ev->data;
+      e.disarmed = false;
+      e.last_gen = ~0u;
+      if (!e.in_kernel) {
         // Re-arming may make the fd ready at once: wake a sleeping waiter.
         uint64_t one = 1;
         (void)!Libc().write(set->wake_efd, &one, sizeof(one));
@@ -490,12 +680,26 @@ int EpollCtl(int epfd, int op, int fd, epoll_event* ev) {
       return 0;
     }
     case EPOLL_CTL_DEL: {
-      if (it == set->entries.end()) {
+      if (!present) {
         errno = ENOENT;
         return -1;
       }
-      if (it->second.in_kernel || it->second.feed) Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
-      set->entries.erase(it);
+      EpEntry& e = it->second;
+      bool defer = e.in_kernel && e.conn->KernelUntilOwnIo() && CanDefer(*set, e, e.kern_events);
+      if (!defer) {
+        Settle(*set, fd, e);
+        if (e.in_kernel || e.feed) Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
+      }
+      // conn null: deleted, the node kept (EpEntry); with the kernel's
+      // registration still there if the DEL waits.
+      EpEntry gone;
+      gone.in_kernel = false;
+      gone.kern_present = defer;
+      gone.kern_events = e.kern_events;
+      gone.kern_data = e.kern_data;
+      gone.dirty = e.dirty;
+      e = std::move(gone);
+      if (defer) MarkDirty(*set, e);
       return 0;
     }
     default: errno = EINVAL; return -1;
@@ -503,27 +707,39 @@ int EpollCtl(int epfd, int op, int fd, epoll_event* ev) {
 }
 
 int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigset_t* sigmask) {
-  auto set = FindSet(epfd, false);
-  if (!set) return Libc().epoll_pwait(epfd, events, max, timeout_ms, sigmask);
+  EpSet* set = FindSet(epfd, false);
+  if (set == nullptr) {
+    EpollSettleAll();  // (epfd may watch a set of ours)
+    return Libc().epoll_pwait(epfd, events, max, timeout_ms, sigmask);
+  }
   if (max <= 0) {
     errno = EINVAL;
     return -1;
   }
+  // From here no change to this set waits (CanDefer): the kernel's
+  // registrations are the application's for the whole wait.
+  set->mu.lock();
+  set->waiters.fetch_add(1, std::memory_order_relaxed);
+  SettleSet(*set);
+  bool alone = KernelAlone(*set);
+  set->mu.unlock();
+  struct Leave {
+    EpSet* set;
+    ~Leave() { set->waiters.fetch_sub(1, std::memory_order_relaxed); }
+  } leave{set};
+  EpollSettleAll();  // sets nested in this one
   int64_t deadline = Deadline(timeout_ms);
-  for (;;) {
+  while (alone) {
     // Request/response connections the policy keeps on kernel TCP cost one
     // real epoll_wait, as without us.
-    {
-      std::lock_guard<std::mutex> lock(set->mu);
-      if (!KernelAlone(*set)) break;
-    }
     int r = Libc().epoll_pwait(epfd, events, max, RemainingMs(deadline), sigmask);
-    if (r <= 0) return r;
+    if (r <= 0 || !HasMarker(events, r)) return r;
     bool session_event = false;
     std::lock_guard<std::mutex> lock(set->mu);
     r = Filter(*set, events, r, &session_event);
     if (r > 0) return r;
     // Only our wake-up: a connection is registering (EpollKick).
+    alone = KernelAlone(*set);
   }
   WaitRecorder wait;  // started once nothing was ready
   int64_t spin_until = MonotonicNs() + PollBudgetNs();
@@ -602,13 +818,14 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
 }
 
 void EpollKick(const Conn& c) {
-  std::vector<std::shared_ptr<EpSet>> sets;
+  std::vector<EpSet*> sets;
   {
     std::lock_guard<std::mutex> lock(g_ep_mu);
-    for (auto& [epfd, set] : g_sets) sets.push_back(set);
+    sets = LiveSets();
   }
-  for (auto& set : sets) {
+  for (EpSet* set : sets) {
     std::lock_guard<std::mutex> lock(set->mu);
+    if (!set->live.load(std::memory_order_relaxed)) continue;
     for (const auto& [fd, e] : set->entries) {
       if (e.conn.get() != &c) continue;
       uint64_t one = 1;
@@ -620,30 +837,42 @@ void EpollKick(const Conn& c) {
 
 void EpollAfterForkInChild() {
   new (&g_ep_mu) std::mutex();
-  for (auto& [epfd, set] : g_sets) {
+  for (EpSet* set : LiveSets()) {
     new (&set->mu) std::mutex();
     set->session = nullptr;  // re-hooked to the child's session when it has one
+    set->waiters.store(0, std::memory_order_relaxed);
+    // The kernel's epoll object is the parent's too: nothing on it waits.
+    set->shared = true;
+    SettleSet(*set);
   }
 }
 
 void EpollForget(int fd, bool lingering) {
-  std::vector<std::pair<int, std::shared_ptr<EpSet>>> sets;
+  std::vector<std::pair<int, EpSet*>> sets;
   {
     std::lock_guard<std::mutex> lock(g_ep_mu);
-    auto it = g_sets.find(fd);
-    if (it != g_sets.end()) {
-      auto set = it->second;
-      g_sets.erase(it);
-      if (set->session) set->session->RemoveWaiter(set->wake_efd);
-      Libc().close(set->wake_efd);
+    EpSet* own = fd >= 0 && fd < kMaxSets ? g_set_of[fd].load(std::memory_order_relaxed) : nullptr;
+    if (own != nullptr && own->live.load(std::memory_order_relaxed)) {
+      // fd is an epoll set being closed.
+      std::lock_guard<std::mutex> set_lock(own->mu);
+      SettleSet(*own);  // (a dup or a child may keep the epoll object)
+      own->live.store(false, std::memory_order_release);
+      g_live_sets.erase(std::find(g_live_sets.begin(), g_live_sets.end(), fd));
+      if (own->session) own->session->RemoveWaiter(own->wake_efd);
+      own->session = nullptr;
+      Libc().close(own->wake_efd);
+      own->wake_efd = -1;
+      own->entries.clear();
       return;
     }
-    for (auto& [epfd, set] : g_sets) sets.emplace_back(epfd, set);
+    for (int epfd : g_live_sets) sets.emplace_back(epfd, g_set_of[epfd].load(std::memory_order_relaxed));
   }
   for (auto& [epfd, set] : sets) {
     std::lock_guard<std::mutex> lock(set->mu);
+    if (!set->live.load(std::memory_order_relaxed)) continue;
     auto it = set->entries.find(fd);
     if (it == set->entries.end()) continue;
+    Settle(*set, fd, it->second);
     // The kernel keeps an epoll registration as long as the socket: one
     // that lingers would go on reporting a closed, maybe reused, fd number.
     if (lingering && (it->second.in_kernel || it->second.feed)) Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);

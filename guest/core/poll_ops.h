@@ -28,7 +28,17 @@ void EpollForget(int fd, bool lingering = false);
 // register: wake every epoll wait on a set holding it, which the kernel
 // alone answered until now (it must watch the session from here on).
 void EpollKick(const Conn& c);
-// In a forked child: epoll sets no longer follow the parent's session.
+// In a forked child: epoll sets no longer follow the parent's session, and
+// no change to a set inherited from the parent is deferred.
 void EpollAfterForkInChild();
+// Deferred epoll_ctl changes (poll_ops.cc, "Deferred changes"): whether
+// any is waiting, and applying them all; before fork, exec, close and
+// dup2/dup3, and before any wait of this process.
+bool EpollHasDeferred();
+void EpollSettleAll();
+// fd, if an epoll set of ours, is watched by another epoll set, poll or
+// select, or waited on by a call we do not emulate: its readiness must be
+// the kernel's at every moment, so no change to it is deferred from now on.
+void EpollNoteWatched(int fd);
 
 }  // namespace vsocket::guest

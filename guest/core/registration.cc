@@ -217,7 +217,20 @@ void EnsureRegistered(int fd, Conn& c) {
       // never reuse the rings (a small leak, only when the backend hangs).
       (void)s->Post({MsgType::kUnregister, 0, proto::Unregister{c.id}});
     }
+    return;
   }
+  // Shut down for writing before it registered (shutdown() found it
+  // unregistered and told the backend nothing; its kernel FIN is sent): the
+  // peer must hear it, or a reader there, upgraded, waits for our FENCE for
+  // ever, though every byte we wrote came on the kernel stream. (A
+  // shutdown() racing this one waits for setup_mu; PostShutWr posts once.)
+  if (c.shut_wr.load()) PostShutWr(c);
+}
+
+void PostShutWr(Conn& c) {
+  Session* s = c.session;
+  if (s == nullptr || c.shut_wr_posted.exchange(true)) return;
+  (void)s->Post({MsgType::kShutdown, 0, proto::Shutdown{c.id, proto::ShutdownHow::kWrite}});
 }
 
 // The end of a closed connection's registration (at close(), or when its

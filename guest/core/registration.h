@@ -21,6 +21,10 @@ void EnsureRegistered(int fd, Conn& c);
 inline void NoteKernelIo(Conn& c, StreamDetector::Dir d, size_t n) {
   if (c.held.load(std::memory_order_relaxed)) c.stream.Note(d, n, Config().stream_window);
 }
+// SHUTDOWN (write) of registered connection c to the backend, once:
+// shutdown(SHUT_WR) posts it, and so does a registration that finds the
+// connection already shut down for writing.
+void PostShutWr(Conn& c);
 // The end of a closed connection's registration: UNREGISTER.
 void Unregistered(Conn& c);
 // The end of a closed connection that resets its peer: SHUTDOWN both ways,

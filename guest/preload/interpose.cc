@@ -1,6 +1,7 @@
 // libvsocket.so's libc surface. Each wrapper is a few lines: find out whether
 // the fd is a TCP connection the library follows, dispatch to guest/core, or
 // pass through. errno is set here and only here.
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -82,7 +83,10 @@ __attribute__((constructor)) void Init() {
   // The child's only thread is not inside any of our wrappers, whatever the
   // forking thread's state was (a fork from a signal handler that
   // interrupted a wrapper would otherwise leave the guard set for good).
-  pthread_atfork(BeforeFork, AfterForkInParent, [] {
+  pthread_atfork([] {
+    EpollSettleAll();  // the child shares the epoll objects
+    BeforeFork();
+  }, AfterForkInParent, [] {
     t_depth = 0;
     AfterForkInChild();
   });
@@ -96,6 +100,7 @@ void NoteExec(const char* program, char* const envp[]) {
   if (t_depth) return;
   Guard g;
   int saved = errno;
+  EpollSettleAll();
   BeforeExec(program, envp);
   errno = saved;
 }
@@ -155,6 +160,7 @@ void Release(int fd, bool still_open = true) {
 int close(int fd) {
   if (!t_depth) {
     Guard g;
+    EpollSettleAll();  // (a registration of fd may outlive fd: a dup, a child)
     Release(fd);
   }
   return Libc().close(fd);
@@ -175,6 +181,10 @@ int dup(int fd) {
 }
 
 int dup2(int fd, int fd2) {
+  if (!t_depth) {
+    Guard g;
+    EpollSettleAll();  // as close(fd2)
+  }
   int n = Libc().dup2(fd, fd2);
   if (n >= 0 && fd != fd2 && !t_depth) {
     Guard g;
@@ -185,6 +195,10 @@ int dup2(int fd, int fd2) {
 }
 
 int dup3(int fd, int fd2, int flags) {
+  if (!t_depth) {
+    Guard g;
+    EpollSettleAll();
+  }
   int n = Libc().dup3(fd, fd2, flags);
   if (n >= 0 && !t_depth) {
     Guard g;
@@ -388,6 +402,23 @@ int epoll_pwait(int epfd, epoll_event* ev, int max, int timeout, const sigset_t*
   if (t_depth) return Libc().epoll_pwait(epfd, ev, max, timeout, mask);
   Guard g;
   return EpollWait(epfd, ev, max, timeout, mask);
+}
+
+// Not emulated (a nanosecond timeout): the kernel's wait, on a set whose
+// changes are never deferred from then on. (glibc 2.35 and later.)
+int epoll_pwait2(int epfd, epoll_event* ev, int max, const timespec* ts, const sigset_t* mask) {
+  using Fn = int (*)(int, epoll_event*, int, const timespec*, const sigset_t*);
+  static Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "epoll_pwait2"));
+  if (real == nullptr) {
+    errno = ENOSYS;
+    return -1;
+  }
+  if (!t_depth) {
+    Guard g;
+    EpollNoteWatched(epfd);
+    EpollSettleAll();
+  }
+  return real(epfd, ev, max, ts, mask);
 }
 
 // The exec family (NoteExec above).

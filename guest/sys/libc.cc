@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -11,6 +12,10 @@ namespace {
 
 LibcCalls g_calls;
 std::once_flag g_once;
+// Set once g_calls is filled: every wrapper calls Libc(), and std::call_once
+// alone costs a thread-local access each time (libstdc++ passes the callable
+// through TLS), so it runs only until this is seen.
+std::atomic<bool> g_resolved{false};
 
 template <typename T>
 void Resolve(T& slot, const char* name) {
@@ -68,7 +73,10 @@ void ResolveAll() {
 }  // namespace
 
 const LibcCalls& Libc() {
-  std::call_once(g_once, ResolveAll);
+  if (__builtin_expect(!g_resolved.load(std::memory_order_acquire), 0)) {
+    std::call_once(g_once, ResolveAll);
+    g_resolved.store(true, std::memory_order_release);
+  }
   return g_calls;
 }
 

@@ -1,6 +1,7 @@
 // The real libc functions behind every wrapper, resolved once with
-// dlsym(RTLD_NEXT) (std::call_once). Internal code calls these, never the
-// interposed symbols, so the library cannot recurse into itself.
+// dlsym(RTLD_NEXT) (std::call_once, then an atomic flag). Internal code
+// calls these, never the interposed symbols, so the library cannot recurse
+// into itself.
 #pragma once
 
 #include <poll.h>

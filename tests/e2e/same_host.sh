@@ -228,6 +228,49 @@ case_redis() {
 }
 case_redis
 
+# redis-benchmark -c 1 under the default policy (held on kernel TCP: one
+# client's request/response), as a user meets it: the event loop deletes and
+# adds its socket's epoll registration around every request (5 epoll_ctl
+# per request); the library applies those changes together before each wait
+# (decision 61): at most 2.5 per request, the data byte-exact, the
+# connections on kernel TCP with reason request-response. The counts come
+# from strace, the same run without the library giving the kernel's.
+case_epoll_churn() {
+  local name=epoll_churn_redis port=7082 rep=$WORK/epoll_churn.jsonl n=3000
+  VSOCKET_UPGRADE=auto vm_bg vm2 preload "$rep" "$WORK/$name.srv" \
+    redis-server --bind "$A2" --port $port --save '' --appendonly no --protected-mode no --dir /tmp
+  local srv=$BG
+  wait_for_text "$WORK/$name.srv" "Ready to accept" 50
+  head -c 65536 /dev/urandom | base64 -w0 >"$WORK/$name.val"
+  local ok=1 k v
+  VSOCKET_UPGRADE=auto vm_run vm1 preload "$rep" redis-cli -h "$A2" -p $port -x set blob <"$WORK/$name.val" >/dev/null 2>&1 || ok=0
+  VSOCKET_UPGRADE=auto vm_run vm1 preload "$rep" redis-cli -h "$A2" -p $port --raw get blob 2>/dev/null | head -c -1 >"$WORK/$name.got"
+  cmp -s "$WORK/$name.val" "$WORK/$name.got" || ok=0
+  vm_run vm1 plain /dev/null strace -f -c -e trace=epoll_ctl -o "$WORK/$name.kernel" \
+    redis-benchmark -h "$A2" -p $port -t get -n $n -c 1 -q >/dev/null 2>&1 || ok=0
+  VSOCKET_UPGRADE=auto vm_run vm1 preload "$rep" strace -f -c -e trace=epoll_ctl -o "$WORK/$name.vsocket" \
+    redis-benchmark -h "$A2" -p $port -t get -n $n -c 1 -q >/dev/null 2>&1 || ok=0
+  kill "$srv" 2>/dev/null
+  wait "$srv" 2>/dev/null
+  k=$(awk '$NF == "epoll_ctl" {print $4}' "$WORK/$name.kernel")
+  v=$(awk '$NF == "epoll_ctl" {print $4}' "$WORK/$name.vsocket")
+  if [ $ok -ne 1 ] || [ -z "$k" ] || [ -z "$v" ]; then
+    fail $name "redis-cli/redis-benchmark/strace failed or the 64 KiB value did not come back byte-exact (kernel '$k', vsocket '$v')"
+    return
+  fi
+  if [ "$k" -lt $((n * 4)) ] || [ $((v * 10)) -gt $((n * 25)) ]; then
+    fail $name "epoll_ctl calls for $n requests: kernel $k (expected >= $((n * 4))), with the library $v (expected <= $((n * 5 / 2)))"
+    return
+  fi
+  local out
+  if ! out=$(python3 $CHECK "$rep" --port $port --mode kernel --reason request-response); then
+    fail $name "$out"
+    return
+  fi
+  pass "$name (epoll_ctl for $n requests: kernel $k, with the library $v; 64 KiB SET/GET byte-exact; $out)"
+}
+case_epoll_churn
+
 # nginx_conf TAG PORT WWW [DIRECTIVE...]: $WORK/TAG.conf, nginx serving WWW
 # on $A2:PORT (2 workers, sendfile), its pid in $WORK/TAG.pid; the
 # directives go into the http block.
@@ -924,15 +967,19 @@ case_firewall
 
 # ---- socket semantics, black box, with and without the library ---------------
 
-# case_semantics plain|preload|preload_polling|preload_sleeping: the last
-# two force either way of waiting (guest/core/cpu_share.h picks one by the
-# machine's CPUs; both must behave the same).
+# case_semantics plain|preload|preload_polling|preload_sleeping|
+# preload_default: preload_polling and preload_sleeping force either way of
+# waiting (guest/core/cpu_share.h picks one by the machine's CPUs; both must
+# behave the same); preload_default runs under the default upgrade policy,
+# where request/response connections stay on kernel TCP (held) and epoll
+# changes on them are deferred (decision 61).
 case_semantics() {
   local tag=$1 how=$1 name=socket_semantics_$1
   local -a env=()
   case $tag in
     preload_polling) how=preload env=(VSOCKET_POLL_AUTO=0) ;;
     preload_sleeping) how=preload env=(VSOCKET_POLL_US=0 VSOCKET_POLL_MAX_US=0) ;;
+    preload_default) how=preload env=(VSOCKET_UPGRADE=auto) ;;  # what a user gets: held connections
   esac
   local bin=$BIN/tests/socket/socket_semantics_test peer=$BIN/tests/socket/socket_peer
   [ -x "$bin" ] || { fail "$name" "missing $bin"; return; }
@@ -945,6 +992,7 @@ case_semantics() {
     vm_run vm1 "$how" "$WORK/sem-$tag.jsonl" "$bin" --gtest_brief=1 >"$WORK/sem-$tag.log" 2>&1
   local rc=$?
   for kv in "${env[@]}"; do unset "${kv%%=*}"; done
+  export VSOCKET_UPGRADE=always  # (lib.sh's, unset above for preload_default)
   kill "$srv" 2>/dev/null
   wait "$srv" 2>/dev/null
   local summary
@@ -970,6 +1018,7 @@ case_semantics plain
 case_semantics preload
 case_semantics preload_polling
 case_semantics preload_sleeping
+case_semantics preload_default
 
 # ---- exec: connections a new program inherits (issue 18) ---------------------
 

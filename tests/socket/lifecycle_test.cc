@@ -123,6 +123,57 @@ TEST(Shutdown, WakesThreadBlockedInRecvWithEof) {
 // ---------------------------------------------------------------------------
 // close, EOF
 
+// A client that sends its request and shuts down writing, then reads a large
+// answer; the server reads the request (not to its end), streams the answer
+// and only then reads on, to EOF. Under the default upgrade policy both
+// ends register once the answer streams, the client after its shutdown: the
+// server must still see the EOF (the client's whole stream was on the
+// kernel), not wait for bytes that never come.
+TEST(Shutdown, ShutWrBeforeTheAnswerStreamsStillGivesTheServerEof) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  const size_t kAnswer = 8u << 20;
+  const std::string request = StreamBytes(TestSeed() ^ 0x5157, 100);
+  const std::string answer = StreamBytes(TestSeed() ^ 0xa45, kAnswer);
+  std::atomic<bool> server_ok{false};
+  std::string server_error;
+  std::thread server([&] {
+    const int fd = c.server.get();
+    if (RecvExactly(fd, request.size()) != request) {
+      server_error = "request";
+      return;
+    }
+    for (size_t off = 0; off < answer.size(); off += 16384) {
+      if (!SendAll(fd, answer.data() + off, std::min<size_t>(16384, answer.size() - off))) {
+        server_error = "answer at " + std::to_string(off) + ": " + ErrnoName(errno);
+        return;
+      }
+    }
+    bool eof = false;
+    std::string rest = RecvUntilEof(fd, 16, &eof);
+    if (!eof || !rest.empty()) {
+      server_error = "no EOF after the request (" + std::to_string(rest.size()) + " more bytes)";
+      return;
+    }
+    server_ok = true;
+  });
+  const int fd = c.client.get();
+  ASSERT_TRUE(SendAll(fd, request));
+  VS_ASSERT_OK(shutdown(fd, SHUT_WR));
+  bool eof = false;
+  std::string got;
+  // Many reads in a row: the answer streams on our side too.
+  while (got.size() < kAnswer) {
+    std::string part = RecvUntilEof(fd, std::min<size_t>(65536, kAnswer - got.size()), &eof);
+    if (part.empty()) break;
+    got += part;
+  }
+  server.join();
+  EXPECT_TRUE(server_ok) << server_error;
+  ASSERT_EQ(got.size(), kAnswer);
+  EXPECT_TRUE(got == answer) << "the answer differs";
+}
+
 TEST(Close, PeerSeesEofAndClosedNumberFailsEbadf) {
   Connection c = ConnectedPair();
   ASSERT_TRUE(c.ok());

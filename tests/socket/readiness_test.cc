@@ -1,12 +1,17 @@
 // Readiness: poll/ppoll, select/pselect and epoll over connected sockets and
 // listeners, including EOF/RDHUP/HUP/ERR reporting, edge-triggered and
-// one-shot epoll, nesting, signal masks, and EINTR.
+// one-shot epoll, nesting, signal masks, EINTR, and the registration
+// changes event loops make around every request.
 #include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/socket/test_util.h"
@@ -604,6 +609,186 @@ TEST(Epoll, ClosingTheOnlyDescriptorRemovesRegistration) {
   Add(ep.get(), c.server.get(), EPOLLIN | EPOLLRDHUP, 61);
   c.server.reset();
   c.client.reset();  // would wake the registration if it were still there
+  EXPECT_EQ(Wait(ep.get(), 50).size(), 0u);
+}
+
+
+// ---- changes an event loop makes around every request ------------------
+// redis (ae) and hiredis clients delete a socket's registration and add it
+// again, for reading or for writing, around every request; the library
+// applies such changes together before the next wait (decision 61). Each
+// must still look applied at once: to the next wait, to another thread
+// already waiting, to an epoll set or poll watching this one, to a child,
+// and after the descriptor is closed.
+
+// 'r' readable (data waits), 'w' writable: a pair whose server side is both.
+Connection ReadableAndWritable() {
+  Connection c = ConnectedPair();
+  if (c.ok() && (!SendAll(c.client.get(), "x") || WaitForInq(c.server.get(), 1) != 1)) c = Connection{};
+  return c;
+}
+
+void Ctl(int ep, int op, int fd, uint32_t events, uint64_t cookie) {
+  epoll_event e{};
+  e.events = events;
+  e.data.u64 = cookie;
+  ASSERT_EQ(epoll_ctl(ep, op, fd, &e), 0) << "op " << op << ": " << ErrnoName(errno);
+}
+
+TEST(EpollChurn, DeleteThenAddAgainReportsOnlyTheNewRegistration) {
+  Connection c = ReadableAndWritable();
+  ASSERT_TRUE(c.ok());
+  const int fd = c.server.get();
+  Fd ep = EpollFd();
+  Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLIN, 1);
+  Ctl(ep.get(), EPOLL_CTL_MOD, fd, EPOLLIN, 1);
+  Ctl(ep.get(), EPOLL_CTL_DEL, fd, 0, 0);
+  Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLOUT, 2);
+  auto ev = Wait(ep.get(), kIoTimeoutMs);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].events, static_cast<uint32_t>(EPOLLOUT));
+  EXPECT_EQ(ev[0].data.u64, 2u);
+  Ctl(ep.get(), EPOLL_CTL_DEL, fd, 0, 0);
+  Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLIN, 3);
+  ev = Wait(ep.get(), kIoTimeoutMs);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].events, static_cast<uint32_t>(EPOLLIN));
+  EXPECT_EQ(ev[0].data.u64, 3u);
+  // Deleted is deleted, for the wait and for epoll_ctl.
+  Ctl(ep.get(), EPOLL_CTL_DEL, fd, 0, 0);
+  EXPECT_EQ(Wait(ep.get(), 0).size(), 0u);
+  epoll_event e{};
+  VS_EXPECT_ERRNO(epoll_ctl(ep.get(), EPOLL_CTL_MOD, fd, &e), ENOENT);
+  VS_EXPECT_ERRNO(epoll_ctl(ep.get(), EPOLL_CTL_DEL, fd, &e), ENOENT);
+  Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLIN, 4);
+  VS_EXPECT_ERRNO(epoll_ctl(ep.get(), EPOLL_CTL_ADD, fd, &e), EEXIST);
+  ev = Wait(ep.get(), kIoTimeoutMs);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].data.u64, 4u);
+}
+
+TEST(EpollChurn, ManyRequestsOfDeleteAndAddMoveEveryByte) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  const int fd = c.client.get();
+  Fd ep = EpollFd();
+  Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLIN, 9);
+  std::string got;
+  for (int i = 0; i < 200; ++i) {
+    std::string req = "request " + std::to_string(i) + "\n";
+    Ctl(ep.get(), EPOLL_CTL_MOD, fd, EPOLLIN, 9);
+    Ctl(ep.get(), EPOLL_CTL_DEL, fd, 0, 0);
+    Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLOUT, 10);
+    auto ev = Wait(ep.get(), kIoTimeoutMs);
+    ASSERT_EQ(ev.size(), 1u) << i;
+    ASSERT_EQ(ev[0].data.u64, 10u) << i;
+    ASSERT_TRUE(SendAll(fd, req));
+    Ctl(ep.get(), EPOLL_CTL_DEL, fd, 0, 0);
+    Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLIN, 9);
+    ASSERT_EQ(RecvExactly(c.server.get(), req.size()), req) << i;
+    ASSERT_TRUE(SendAll(c.server.get(), "+" + std::to_string(i) + "\n"));
+    ev = Wait(ep.get(), kIoTimeoutMs);
+    ASSERT_EQ(ev.size(), 1u) << i;
+    ASSERT_EQ(ev[0].events, static_cast<uint32_t>(EPOLLIN)) << i;
+    std::string want = "+" + std::to_string(i) + "\n";
+    ASSERT_EQ(RecvExactly(fd, want.size()), want) << i;
+  }
+}
+
+// Another thread already asleep in epoll_wait on the set must see a change
+// made while it sleeps (nothing waits for its next wait).
+TEST(EpollChurn, ThreadAsleepInWaitSeesTheChangeAtOnce) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  const int fd = c.server.get();  // writable, nothing to read
+  Fd ep = EpollFd();
+  Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLIN, 1);
+  std::atomic<int> woke{-1};
+  std::atomic<uint64_t> cookie{0};
+  std::thread sleeper([&] {
+    epoll_event e[4];
+    int n = epoll_wait(ep.get(), e, 4, kIoTimeoutMs);
+    if (n == 1) cookie = e[0].data.u64;
+    woke = n;
+  });
+  usleep(100 * 1000);  // (the sleeper is in epoll_wait by now, or about to be)
+  Ctl(ep.get(), EPOLL_CTL_DEL, fd, 0, 0);
+  Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLOUT, 2);
+  sleeper.join();
+  EXPECT_EQ(woke.load(), 1);
+  EXPECT_EQ(cookie.load(), 2u);
+}
+
+// A set watched by another epoll set: the outer one's sleeper sees the inner
+// set become ready when a socket is added to it for writing.
+TEST(EpollChurn, OuterSetAsleepSeesChangeToNestedSet) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  const int fd = c.server.get();
+  Fd inner = EpollFd(), outer = EpollFd();
+  Ctl(inner.get(), EPOLL_CTL_ADD, fd, EPOLLIN, 1);
+  Ctl(outer.get(), EPOLL_CTL_ADD, inner.get(), EPOLLIN, 7);
+  EXPECT_EQ(Wait(outer.get(), 0).size(), 0u);
+  std::atomic<int> woke{-1};
+  std::thread sleeper([&] {
+    epoll_event e[4];
+    woke = epoll_wait(outer.get(), e, 4, kIoTimeoutMs);
+  });
+  usleep(100 * 1000);
+  Ctl(inner.get(), EPOLL_CTL_DEL, fd, 0, 0);
+  Ctl(inner.get(), EPOLL_CTL_ADD, fd, EPOLLOUT, 2);
+  sleeper.join();
+  EXPECT_EQ(woke.load(), 1);
+}
+
+// poll() on an epoll fd reports its readiness as the changes made it.
+TEST(EpollChurn, PollOnTheSetSeesChanges) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  const int fd = c.server.get();
+  Fd ep = EpollFd();
+  Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLIN, 1);
+  EXPECT_EQ(WaitFor(ep.get(), POLLIN, 0), 0);
+  Ctl(ep.get(), EPOLL_CTL_DEL, fd, 0, 0);
+  Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLOUT, 2);
+  EXPECT_EQ(WaitFor(ep.get(), POLLIN, 0), POLLIN);
+  Ctl(ep.get(), EPOLL_CTL_DEL, fd, 0, 0);
+  EXPECT_EQ(WaitFor(ep.get(), POLLIN, 0), 0);
+}
+
+// A child shares the epoll object: it sees every change made before fork.
+TEST(EpollChurn, ChildSeesChangesMadeBeforeFork) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  const int fd = c.server.get();
+  Fd ep = EpollFd();
+  Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLIN, 1);
+  Ctl(ep.get(), EPOLL_CTL_DEL, fd, 0, 0);
+  Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLOUT, 2);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    epoll_event e[4];
+    int n = epoll_wait(ep.get(), e, 4, kIoTimeoutMs);
+    _exit(n == 1 && e[0].data.u64 == 2 && e[0].events == EPOLLOUT ? 0 : 10 + n);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// Deleted, then the descriptor closed while a dup keeps the socket: the
+// registration is gone (it was deleted), not left behind with its cookie.
+TEST(EpollChurn, DeletedThenClosedWhileDupKeepsSocketReportsNothing) {
+  Connection c = ReadableAndWritable();
+  ASSERT_TRUE(c.ok());
+  Fd ep = EpollFd();
+  Ctl(ep.get(), EPOLL_CTL_ADD, c.server.get(), EPOLLIN | EPOLLOUT, 5);
+  Fd d(dup(c.server.get()));
+  ASSERT_TRUE(d.valid());
+  Ctl(ep.get(), EPOLL_CTL_DEL, c.server.get(), 0, 0);
+  c.server.reset();
   EXPECT_EQ(Wait(ep.get(), 50).size(), 0u);
 }
 
