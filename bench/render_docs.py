@@ -125,8 +125,10 @@ def same_host():
 
 
 def held_note(row):
-    """A row whose vSocket runs all stayed on kernel TCP, held by the policy."""
-    return " (kernel TCP: held by the default policy)" if row.get("paths") == ["kernel"] else ""
+    """A row whose vSocket runs all stayed on kernel TCP by the default
+    policy: request/response held (decision 51), a bulk stream kept off the
+    tcp fabric (decision 62)."""
+    return " (kernel TCP: kept there by the default policy)" if row.get("paths") == ["kernel"] else ""
 
 
 def cross_host():

@@ -102,7 +102,7 @@ void Put(WireWriter& w, const RegisterConn& b) {
   w.U8(static_cast<uint8_t>(b.role));
   w.U8(static_cast<uint8_t>(b.local.family));
   w.U8(static_cast<uint8_t>(b.peer.family));
-  w.U8(0);
+  w.U8(b.flags);
   w.U16(b.local.port);
   w.U16(b.peer.port);
   PutEndpointAddr(w, b.local);
@@ -175,7 +175,8 @@ Status Get(WireReader& r, RegisterConn* b, std::span<const uint8_t>) {
   uint8_t role = r.U8();
   b->local.family = static_cast<Family>(r.U8());
   b->peer.family = static_cast<Family>(r.U8());
-  VS_RETURN_IF_ERROR(CheckReserved(r.U8()));
+  b->flags = r.U8();
+  if (b->flags & ~kKnownRegisterFlags) return Bad("unknown registration flags");
   b->local.port = r.U16();
   b->peer.port = r.U16();
   r.Bytes(b->local.addr.data(), b->local.addr.size());
@@ -322,6 +323,7 @@ const char* ToString(Reason reason) {
                                            "inherited",
                                            "forked",
                                            "rings-held",
+                                           "kernel-faster",
                                            "request-response"};
   auto i = static_cast<size_t>(reason);
   return i < std::size(kNames) ? kNames[i] : "unknown";

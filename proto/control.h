@@ -97,12 +97,16 @@ enum class Reason : uint16_t {
   // the fabric still reads its TX ring or a peer host may still write into
   // its RX ring; reuse neither before RINGS_RELEASED names it.
   kRingsHeld = 16,
+  // REGISTER_ACK (kFeatureBulkHint only): the registration said "bulk" and
+  // the peer is on another host across the tcp fabric, where a bulk stream
+  // is slower than kernel TCP (decision 62): it stays on kernel TCP.
+  kKernelFaster = 17,
   // Library-only, never on the wire (above kMaxReason): the upgrade policy
   // keeps a request/response connection on kernel TCP where vsocketd shares
   // the process's few CPUs (decision 51).
-  kRequestResponse = 17,
+  kRequestResponse = 18,
 };
-inline constexpr uint16_t kMaxReason = 16;  // the last reason the wire carries
+inline constexpr uint16_t kMaxReason = 17;  // the last reason the wire carries
 const char* ToString(Reason reason);
 
 enum class Role : uint8_t { kClient = 1, kServer = 2 };
@@ -154,8 +158,11 @@ inline constexpr uint64_t kFeatureFenceDelivered = 1ull << 2;
 // kernel socket (docs/connection-lifecycle.md §9). Without it, vsocketd
 // leaves the session's connections where they are until it exits.
 inline constexpr uint64_t kFeatureCleanDowngrade = 1ull << 3;
+// kFeatureBulkHint: REGISTER_CONN may carry kRegisterBulk, and the backend
+// may answer it kNotPaired with reason kKernelFaster (decision 62).
+inline constexpr uint64_t kFeatureBulkHint = 1ull << 4;
 inline constexpr uint64_t kKnownFeatures =
-    kFeatureDoorbell | kFeatureRingHold | kFeatureFenceDelivered | kFeatureCleanDowngrade;
+    kFeatureDoorbell | kFeatureRingHold | kFeatureFenceDelivered | kFeatureCleanDowngrade | kFeatureBulkHint;
 struct DoorbellBlock {
   uint64_t tx_tail;        // guest writes: bytes produced into the TX ring (total)
   uint64_t consumed;       // guest writes: bytes consumed from the RX ring (total)
@@ -194,8 +201,16 @@ struct RegisterConn {
   uint64_t rx_ring_gpa = 0;
   uint32_t tx_ring_bytes = 0;  // power of two
   uint32_t rx_ring_bytes = 0;  // power of two
+  uint8_t flags = 0;           // kRegister* (kFeatureBulkHint only)
   bool operator==(const RegisterConn&) const = default;
 };
+// REGISTER_CONN flags. kRegisterBulk: the upgrade policy registered this
+// connection because it streams, and it streams in large writes (at least
+// kBulkWriteBytes per call on average, more bytes out than in): copy-bound,
+// where a path that copies more than kernel TCP loses (decision 62).
+inline constexpr uint8_t kRegisterBulk = 1u << 0;
+inline constexpr uint8_t kKnownRegisterFlags = kRegisterBulk;
+inline constexpr uint64_t kBulkWriteBytes = 4096;
 inline constexpr uint32_t kMinRingBytes = 4096;
 inline constexpr uint32_t kMaxRingBytes = 64u << 20;
 // A ring size: a power of two in [kMinRingBytes, kMaxRingBytes].

@@ -113,13 +113,21 @@ TEST(ControlTest, RegisterConnFieldValidation) {
     std::vector<uint8_t> b = MustEncode({MsgType::kRegisterConn, 1, r});
     EXPECT_FALSE(Decode(b).ok()) << c.name;
   }
-  // A bad role byte and a non-zero reserved byte, written directly.
+  // A bad role byte and an unknown flag bit, written directly.
   std::vector<uint8_t> b = MustEncode({MsgType::kRegisterConn, 1, good});
   b[kHeaderSize + 8] = 3;
   EXPECT_FALSE(Decode(b).ok());
   b = MustEncode({MsgType::kRegisterConn, 1, good});
-  b[kHeaderSize + 11] = 1;
+  b[kHeaderSize + 11] = 2;
   EXPECT_FALSE(Decode(b).ok());
+  // The bulk flag (kFeatureBulkHint) is the byte's only known bit.
+  RegisterConn bulk = good;
+  bulk.flags = kRegisterBulk;
+  b = MustEncode({MsgType::kRegisterConn, 1, bulk});
+  EXPECT_EQ(b[kHeaderSize + 11], kRegisterBulk);
+  auto m = Decode(b);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(std::get<RegisterConn>(m->body), bulk);
 }
 
 TEST(ControlTest, EnumsOutOfRangeAreRejected) {

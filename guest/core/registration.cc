@@ -95,6 +95,12 @@ Addresses ReadAddresses(int fd, Conn& c) {
   return Addresses::kRead;
 }
 
+bool BulkWriter(const Conn& c) {
+  uint64_t calls = c.stream.calls_out(), sent = c.kernel_sent.load(std::memory_order_relaxed);
+  return calls > 0 && sent >= c.kernel_received.load(std::memory_order_relaxed) &&
+         sent / calls >= proto::kBulkWriteBytes;
+}
+
 // Registers an established connection with the backend, once, at its first
 // I/O (so a connection accepted by a parent and used by a forked child is
 // registered by the child), or, where the policy holds request/response
@@ -190,6 +196,10 @@ void EnsureRegistered(int fd, Conn& c) {
   s->Track(self);
   c.state.Apply(ConnEvent::kRegistered);
   proto::RegisterConn r{c.id, c.role, c.local, c.peer, s->Gpa(c.tx), s->Gpa(c.rx), c.ring_size, c.ring_size};
+  // Registered by the policy because it streams: in large writes, vsocketd
+  // keeps it on kernel TCP where its path copies more than the kernel's
+  // (a peer across the tcp fabric; decision 62).
+  if (c.held.load(std::memory_order_relaxed) && s->bulk_hint() && BulkWriter(c)) r.flags |= proto::kRegisterBulk;
   Message resp;
   Status st = s->Call({MsgType::kRegisterConn, 0, r}, &resp);
   const auto* ack = std::get_if<proto::RegisterAck>(&resp.body);
@@ -203,8 +213,13 @@ void EnsureRegistered(int fd, Conn& c) {
       s->Untrack(c.id);
       return;
     }
-    VS_LOG(kInfo, "registration refused (%s): stays on kernel TCP",
-           st.ok() ? proto::ToString(reason) : st.ToString().c_str());
+    // (kernel-faster is the backend's choice for the application's sake,
+    // not a failure: the report names it.)
+    if (reason == Reason::kKernelFaster)
+      VS_LOG(kDebug, "registration refused (%s): stays on kernel TCP", proto::ToString(reason));
+    else
+      VS_LOG(kInfo, "registration refused (%s): stays on kernel TCP",
+             st.ok() ? proto::ToString(reason) : st.ToString().c_str());
     // (An UPGRADE that raced a timed-out answer: the connection is untracked
     // and withdrawn below, so it fails rather than stays upgraded.)
     if (!c.state.Apply(ConnEvent::kKernelForGood, reason)) c.state.Apply(ConnEvent::kFail, reason);

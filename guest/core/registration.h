@@ -16,6 +16,10 @@ Addresses ReadAddresses(int fd, Conn& c);
 // I/O (or, held by the upgrade policy, once it streams: decision 51). Data
 // keeps flowing on kernel TCP meanwhile.
 void EnsureRegistered(int fd, Conn& c);
+// Whether held connection c writes in large writes (kRegisterBulk): on
+// average at least proto::kBulkWriteBytes per call, and more bytes out
+// than in.
+bool BulkWriter(const Conn& c);
 // n bytes moved on c's kernel path in direction d: noted while the policy
 // holds c (a relaxed load otherwise).
 inline void NoteKernelIo(Conn& c, StreamDetector::Dir d, size_t n) {

@@ -204,7 +204,7 @@ Status Session::Negotiate() {
   hello.pid = static_cast<uint32_t>(getpid());
   hello.features = (Config().doorbell ? proto::kFeatureDoorbell : 0) |
                    (Config().ring_hold ? proto::kFeatureRingHold : 0) | proto::kFeatureFenceDelivered |
-                   proto::kFeatureCleanDowngrade;
+                   proto::kFeatureCleanDowngrade | proto::kFeatureBulkHint;
   proto::Message resp;
   VS_RETURN_IF_ERROR(Call({MsgType::kHello, 0, hello}, &resp));
   const auto* ack = std::get_if<proto::HelloAck>(&resp.body);
@@ -214,6 +214,7 @@ Status Session::Negotiate() {
     return Status(Code::kFailedPrecondition, std::string("HELLO refused: ") + proto::ToString(ack->status));
   doorbell_ = (ack->features & hello.features & proto::kFeatureDoorbell) != 0;
   ring_hold_ = (ack->features & hello.features & proto::kFeatureRingHold) != 0;
+  bulk_hint_ = (ack->features & hello.features & proto::kFeatureBulkHint) != 0;
   // Process mode: registrations name sockets this process proves it holds
   // (a port without a proof socket does not ask for it).
   Status proof = fe_->OpenProofChannel();

@@ -108,6 +108,7 @@ class Session {
   // The backend polls connections' doorbell blocks (kFeatureDoorbell).
   bool doorbell() const { return doorbell_; }
   bool ring_hold() const { return ring_hold_; }
+  bool bulk_hint() const { return bulk_hint_; }
 
  private:
   Session() = default;
@@ -147,6 +148,7 @@ class Session {
   bool lost_ = false;       // BackendLost ran (guarded by mu_)
   bool doorbell_ = false;   // set once, before the session is handed out
   bool ring_hold_ = false;  // likewise: kFeatureRingHold
+  bool bulk_hint_ = false;  // likewise: kFeatureBulkHint
   // Rings of connections being unregistered or held (by conn id); guarded
   // by mu_. RINGS_RELEASED may come before UNREGISTER's answer is seen.
   struct Closing {

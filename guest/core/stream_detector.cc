@@ -5,6 +5,7 @@ namespace vsocket::guest {
 bool StreamDetector::Note(Dir d, uint64_t n, uint64_t window) {
   if (streaming()) return true;
   if (n == 0) return false;
+  if (d == Dir::kOut) calls_out_.fetch_add(1, std::memory_order_relaxed);
   auto dir = static_cast<uint8_t>(d);
   uint8_t prev = last_.exchange(dir, std::memory_order_relaxed);
   if (prev != 0 && prev != dir) {

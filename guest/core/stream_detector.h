@@ -36,6 +36,9 @@ class StreamDetector {
   bool streaming() const { return streaming_.load(std::memory_order_relaxed); }
 
   uint64_t turns() const { return turns_total_.load(std::memory_order_relaxed); }
+  // Calls noted in direction kOut (until it streams): with the bytes sent,
+  // the average write (REGISTER_CONN's kRegisterBulk, decision 62).
+  uint64_t calls_out() const { return calls_out_.load(std::memory_order_relaxed); }
 
  private:
   std::atomic<uint8_t> last_{0};
@@ -43,6 +46,7 @@ class StreamDetector {
   std::atomic<uint64_t> window_bytes_{0};
   std::atomic<uint32_t> window_turns_{0};
   std::atomic<uint64_t> turns_total_{0};
+  std::atomic<uint64_t> calls_out_{0};
   std::atomic<bool> streaming_{false};
 };
 

@@ -152,6 +152,7 @@ class ConnManager {
     bool ring_hold = false;                            // session took kFeatureRingHold
     bool fence_delivered = false;                      // session took kFeatureFenceDelivered
     bool clean_downgrade = false;                      // session took kFeatureCleanDowngrade
+    bool bulk_hint = false;                            // session took kFeatureBulkHint
     std::deque<uint64_t> released;                     // conn ids owed RINGS_RELEASED
   };
   // Doorbells (kFeatureDoorbell). Polling a connection's block means the
@@ -202,6 +203,7 @@ class ConnManager {
   // a peer host (requests.cc).
   bool PairWithMirror(BackendConn& c);
   bool PairRemote(BackendConn& c);
+  bool BulkBetterOnKernel(uint32_t tenant, const proto::RegisterConn& r);
   bool ResolveRings(BackendConn& c);
   // The guest is gone: keep its unsent TX bytes, tell the peer.
   void Orphan(BackendConn& c);

@@ -25,12 +25,13 @@ uint64_t ConnManager::OnHello(vhost::BackendDevice& device, uint64_t features) {
   if (!dc->by_id.empty())
     return (dc->doorbell ? proto::kFeatureDoorbell : 0) | (dc->ring_hold ? proto::kFeatureRingHold : 0) |
            (dc->fence_delivered ? proto::kFeatureFenceDelivered : 0) |
-           (dc->clean_downgrade ? proto::kFeatureCleanDowngrade : 0);
+           (dc->clean_downgrade ? proto::kFeatureCleanDowngrade : 0) | (dc->bulk_hint ? proto::kFeatureBulkHint : 0);
   uint64_t taken = features & proto::kKnownFeatures;
   dc->doorbell = (taken & proto::kFeatureDoorbell) != 0;
   dc->ring_hold = (taken & proto::kFeatureRingHold) != 0;
   dc->fence_delivered = (taken & proto::kFeatureFenceDelivered) != 0;
   dc->clean_downgrade = (taken & proto::kFeatureCleanDowngrade) != 0;
+  dc->bulk_hint = (taken & proto::kFeatureBulkHint) != 0;
   if (dc->doorbell) counters_.doorbell_sessions.fetch_add(1, std::memory_order_relaxed);
   return taken;
 }

@@ -239,6 +239,14 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
     CountFallback(port.index, Reason::kSpoofedAddress);
     return Ack(request_id, r.conn_id, WireError::kSpoofedAddress, Reason::kSpoofedAddress);
   }
+  if ((r.flags & proto::kRegisterBulk) && dc.bulk_hint && BulkBetterOnKernel(port.tenant_id, r)) {
+    // A copy-bound stream to another host across the tcp fabric: kernel
+    // TCP is faster (decision 62). Its peer, if registered, waits on kernel
+    // TCP too (no PAIR_REQUEST comes, or ours is never sent).
+    counters_.kept_kernel_faster.fetch_add(1, std::memory_order_relaxed);
+    CountFallback(port.index, Reason::kKernelFaster);
+    return Ack(request_id, r.conn_id, WireError::kNotPaired, Reason::kKernelFaster);
+  }
   if (dc.by_id.count(r.conn_id) || dc.by_id.size() >= kMaxConnsPerDevice || vm_open_[port.index] >= conns_per_vm_) {
     counters_.rejected_other.fetch_add(1, std::memory_order_relaxed);
     CountFallback(port.index, Reason::kResourceLimit);
@@ -357,6 +365,16 @@ bool ConnManager::PairWithMirror(BackendConn& c) {
       !Draining(p->vm_index))
     Pair(c, *p);
   return true;
+}
+
+// Whether a bulk registration of `tenant` is better left on kernel TCP: its
+// peer runs on another host (the locator says which, and no VM of ours has
+// the address) across a fabric that copies more than kernel TCP.
+bool ConnManager::BulkBetterOnKernel(uint32_t tenant, const proto::RegisterConn& r) {
+  if (hosts_ == nullptr || !hosts_->BulkSlowerThanKernel() || IsLoopback(r.local) || IsLoopback(r.peer) ||
+      LocalPortFor(tenant, r.peer) != nullptr)
+    return false;
+  return hosts_->Locate(tenant, r.peer) != 0;
 }
 
 // c's peer may run on another host: accepts the PAIR_REQUEST kept for it,

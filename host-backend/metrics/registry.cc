@@ -184,6 +184,13 @@ std::vector<Metric<D>> Daemon() {
        .read = [](const D& c) -> uint64_t { return c.conns.rejected_overlap.load(); },
        .prom = {"vsocket_rejected_registrations_total", "reason=\"overlapping-rings\""},
        .group = "conn_counters"},
+      {.name = "kept_kernel_faster",
+       .type = kCounter,
+       .help = "Registrations of bulk streams (large writes) to a peer across the tcp fabric, kept on kernel "
+               "TCP because that path is faster (reason kernel-faster).",
+       .read = [](const D& c) -> uint64_t { return c.conns.kept_kernel_faster.load(); },
+       .prom = {"vsocket_kept_kernel_faster_total"},
+       .group = "conn_counters"},
       {.name = "drains_asked",
        .type = kCounter,
        .help = "Upgraded connections a drain (vsocketctl drain, SIGTERM) asked to leave the rings.",

@@ -22,6 +22,10 @@ class RemoteHosts {
   virtual uint32_t Locate(uint32_t tenant, const proto::Endpoint& addr) = 0;
   // Whether (tenant, addr) is located on `host` (checks what a peer claims).
   virtual bool Runs(uint32_t host, uint32_t tenant, const proto::Endpoint& addr) = 0;
+  // Whether this fabric copies a stream more than kernel TCP does between
+  // hosts (tcp: kernel TCP plus a copy at each end), so that a bulk stream
+  // across it is slower than kernel TCP (decision 62).
+  virtual bool BulkSlowerThanKernel() const { return false; }
   // Sends a pairing frame on the authenticated control channel.
   virtual bool SendPairing(uint32_t host, const proto::FrameHeader& h, std::span<const uint8_t> payload) = 0;
   // The data link that carries connection `conn`'s frames to `host`, while

@@ -201,6 +201,50 @@ case_iperf() { # case_iperf NAME PORT [iperf3 args]
 case_iperf cross_iperf3_4_streams 7301 -P 4
 case_iperf cross_iperf3_reverse 7302 -R
 
+# The default policy (what a user gets; the cases above force
+# VSOCKET_UPGRADE=always): a bulk stream across the tcp fabric stays on
+# kernel TCP, where it is faster (decision 62). xfer's client writes
+# 128 KiB on average, one way: hostA keeps its registration on kernel TCP
+# (reason kernel-faster, counter kept_kernel_faster), no stream byte crosses
+# the fabric, every byte arrives. A stream of 1 KiB messages is still
+# accelerated under the same policy (small writes: the fabric wins).
+case_bulk_default_policy() {
+  local name=cross_bulk_default_policy port=7304 conns=2 bytes=33554432
+  local a0 b0 k0 da db dk out
+  a0=$(counter hostA fabric_bytes_out)
+  b0=$(counter hostB fabric_bytes_out)
+  k0=$(counter hostA kept_kernel_faster)
+  if ! VSOCKET_UPGRADE=auto XFER_CHECK=" " run_xfer $name vmA1 vmB1 "$B1" $conns $bytes $port --one-way; then
+    fail $name "$XFER_MSG"
+    return
+  fi
+  da=$(($(counter hostA fabric_bytes_out) - a0))
+  db=$(($(counter hostB fabric_bytes_out) - b0))
+  dk=$(($(counter hostA kept_kernel_faster) - k0))
+  if ! out=$(python3 - "$WORK/$name.jsonl" $port <<'PY'
+import json, sys
+port = int(sys.argv[2])
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rows = [r for r in rows if r.get("event") in ("close", "exit") and
+        (r["local"].endswith(":%d" % port) or r["peer"].endswith(":%d" % port))]
+accel = sum(r.get("accel_tx", 0) + r.get("accel_rx", 0) for r in rows)
+kept = sum(1 for r in rows if r.get("reason") == "kernel-faster")
+print("%d ends, %d kept kernel-faster, %d B accelerated" % (len(rows), kept, accel))
+sys.exit(0 if accel == 0 and kept >= 2 else 1)
+PY
+  ); then
+    fail $name "$out"
+    return
+  fi
+  if [ "$dk" -lt $conns ] || [ $((da + db)) -gt 1048576 ]; then
+    fail $name "hostA kept $dk registrations on kernel TCP (want >= $conns); the fabric carried $da B A->B, $db B B->A"
+    return
+  fi
+  pass "$name ($XFER_MSG; $out; hostA kept_kernel_faster +$dk; fabric $da B A->B)"
+}
+case_bulk_default_policy
+VSOCKET_UPGRADE=auto case_sockperf cross_sockperf_throughput_1KiB_default_policy tp 7203 -m 1024
+
 case_redis() {
   local name=cross_redis rep=$WORK/redis.jsonl port=6379
   vm_bg vmB1 preload "$rep" "$WORK/redis.srv" redis-server --bind "$B1" --port $port --save '' \
