@@ -72,7 +72,7 @@ inline constexpr size_t kMaxVms = 1024;
 inline constexpr proto::Reason kCountedFallbacks[] = {
     proto::Reason::kPeerNotAccelerated, proto::Reason::kCrossTenant,  proto::Reason::kSpoofedAddress,
     proto::Reason::kResourceLimit,      proto::Reason::kProtocolError, proto::Reason::kFabricDown,
-    proto::Reason::kPeerDowngraded};
+    proto::Reason::kPeerDowngraded,     proto::Reason::kKernelFaster};
 inline constexpr size_t kFallbackReasons = std::size(kCountedFallbacks) + 1;
 constexpr size_t FallbackSlot(proto::Reason r) {
   for (size_t i = 0; i < std::size(kCountedFallbacks); ++i)
