@@ -635,6 +635,20 @@ void Ctl(int ep, int op, int fd, uint32_t events, uint64_t cookie) {
   ASSERT_EQ(epoll_ctl(ep, op, fd, &e), 0) << "op " << op << ": " << ErrnoName(errno);
 }
 
+// The event loop's turn: delete fd's registration, add it back for `events`.
+void Readd(int ep, int fd, uint32_t events, uint64_t cookie) {
+  Ctl(ep, EPOLL_CTL_DEL, fd, 0, 0);
+  Ctl(ep, EPOLL_CTL_ADD, fd, events, cookie);
+}
+
+// The next wait on ep reports exactly one fd: `events` with `cookie`.
+void ExpectOnly(int ep, uint32_t events, uint64_t cookie) {
+  auto ev = Wait(ep, kIoTimeoutMs);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].events, events);
+  EXPECT_EQ(ev[0].data.u64, cookie);
+}
+
 TEST(EpollChurn, DeleteThenAddAgainReportsOnlyTheNewRegistration) {
   Connection c = ReadableAndWritable();
   ASSERT_TRUE(c.ok());
@@ -642,18 +656,10 @@ TEST(EpollChurn, DeleteThenAddAgainReportsOnlyTheNewRegistration) {
   Fd ep = EpollFd();
   Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLIN, 1);
   Ctl(ep.get(), EPOLL_CTL_MOD, fd, EPOLLIN, 1);
-  Ctl(ep.get(), EPOLL_CTL_DEL, fd, 0, 0);
-  Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLOUT, 2);
-  auto ev = Wait(ep.get(), kIoTimeoutMs);
-  ASSERT_EQ(ev.size(), 1u);
-  EXPECT_EQ(ev[0].events, static_cast<uint32_t>(EPOLLOUT));
-  EXPECT_EQ(ev[0].data.u64, 2u);
-  Ctl(ep.get(), EPOLL_CTL_DEL, fd, 0, 0);
-  Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLIN, 3);
-  ev = Wait(ep.get(), kIoTimeoutMs);
-  ASSERT_EQ(ev.size(), 1u);
-  EXPECT_EQ(ev[0].events, static_cast<uint32_t>(EPOLLIN));
-  EXPECT_EQ(ev[0].data.u64, 3u);
+  Readd(ep.get(), fd, EPOLLOUT, 2);
+  ExpectOnly(ep.get(), EPOLLOUT, 2);
+  Readd(ep.get(), fd, EPOLLIN, 3);
+  ExpectOnly(ep.get(), EPOLLIN, 3);
   // Deleted is deleted, for the wait and for epoll_ctl.
   Ctl(ep.get(), EPOLL_CTL_DEL, fd, 0, 0);
   EXPECT_EQ(Wait(ep.get(), 0).size(), 0u);
@@ -662,9 +668,7 @@ TEST(EpollChurn, DeleteThenAddAgainReportsOnlyTheNewRegistration) {
   VS_EXPECT_ERRNO(epoll_ctl(ep.get(), EPOLL_CTL_DEL, fd, &e), ENOENT);
   Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLIN, 4);
   VS_EXPECT_ERRNO(epoll_ctl(ep.get(), EPOLL_CTL_ADD, fd, &e), EEXIST);
-  ev = Wait(ep.get(), kIoTimeoutMs);
-  ASSERT_EQ(ev.size(), 1u);
-  EXPECT_EQ(ev[0].data.u64, 4u);
+  ExpectOnly(ep.get(), EPOLLIN, 4);
 }
 
 TEST(EpollChurn, ManyRequestsOfDeleteAndAddMoveEveryByte) {
@@ -673,25 +677,18 @@ TEST(EpollChurn, ManyRequestsOfDeleteAndAddMoveEveryByte) {
   const int fd = c.client.get();
   Fd ep = EpollFd();
   Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLIN, 9);
-  std::string got;
   for (int i = 0; i < 200; ++i) {
-    std::string req = "request " + std::to_string(i) + "\n";
+    SCOPED_TRACE(i);
+    const std::string req = "request " + std::to_string(i) + "\n", reply = "+" + std::to_string(i) + "\n";
     Ctl(ep.get(), EPOLL_CTL_MOD, fd, EPOLLIN, 9);
-    Ctl(ep.get(), EPOLL_CTL_DEL, fd, 0, 0);
-    Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLOUT, 10);
-    auto ev = Wait(ep.get(), kIoTimeoutMs);
-    ASSERT_EQ(ev.size(), 1u) << i;
-    ASSERT_EQ(ev[0].data.u64, 10u) << i;
+    ASSERT_NO_FATAL_FAILURE(Readd(ep.get(), fd, EPOLLOUT, 10));
+    ASSERT_NO_FATAL_FAILURE(ExpectOnly(ep.get(), EPOLLOUT, 10));
     ASSERT_TRUE(SendAll(fd, req));
-    Ctl(ep.get(), EPOLL_CTL_DEL, fd, 0, 0);
-    Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLIN, 9);
-    ASSERT_EQ(RecvExactly(c.server.get(), req.size()), req) << i;
-    ASSERT_TRUE(SendAll(c.server.get(), "+" + std::to_string(i) + "\n"));
-    ev = Wait(ep.get(), kIoTimeoutMs);
-    ASSERT_EQ(ev.size(), 1u) << i;
-    ASSERT_EQ(ev[0].events, static_cast<uint32_t>(EPOLLIN)) << i;
-    std::string want = "+" + std::to_string(i) + "\n";
-    ASSERT_EQ(RecvExactly(fd, want.size()), want) << i;
+    ASSERT_NO_FATAL_FAILURE(Readd(ep.get(), fd, EPOLLIN, 9));
+    ASSERT_EQ(RecvExactly(c.server.get(), req.size()), req);
+    ASSERT_TRUE(SendAll(c.server.get(), reply));
+    ASSERT_NO_FATAL_FAILURE(ExpectOnly(ep.get(), EPOLLIN, 9));
+    ASSERT_EQ(RecvExactly(fd, reply.size()), reply);
   }
 }
 
@@ -712,8 +709,7 @@ TEST(EpollChurn, ThreadAsleepInWaitSeesTheChangeAtOnce) {
     woke = n;
   });
   usleep(100 * 1000);  // (the sleeper is in epoll_wait by now, or about to be)
-  Ctl(ep.get(), EPOLL_CTL_DEL, fd, 0, 0);
-  Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLOUT, 2);
+  Readd(ep.get(), fd, EPOLLOUT, 2);
   sleeper.join();
   EXPECT_EQ(woke.load(), 1);
   EXPECT_EQ(cookie.load(), 2u);
@@ -735,8 +731,7 @@ TEST(EpollChurn, OuterSetAsleepSeesChangeToNestedSet) {
     woke = epoll_wait(outer.get(), e, 4, kIoTimeoutMs);
   });
   usleep(100 * 1000);
-  Ctl(inner.get(), EPOLL_CTL_DEL, fd, 0, 0);
-  Ctl(inner.get(), EPOLL_CTL_ADD, fd, EPOLLOUT, 2);
+  Readd(inner.get(), fd, EPOLLOUT, 2);
   sleeper.join();
   EXPECT_EQ(woke.load(), 1);
 }
@@ -749,8 +744,7 @@ TEST(EpollChurn, PollOnTheSetSeesChanges) {
   Fd ep = EpollFd();
   Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLIN, 1);
   EXPECT_EQ(WaitFor(ep.get(), POLLIN, 0), 0);
-  Ctl(ep.get(), EPOLL_CTL_DEL, fd, 0, 0);
-  Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLOUT, 2);
+  Readd(ep.get(), fd, EPOLLOUT, 2);
   EXPECT_EQ(WaitFor(ep.get(), POLLIN, 0), POLLIN);
   Ctl(ep.get(), EPOLL_CTL_DEL, fd, 0, 0);
   EXPECT_EQ(WaitFor(ep.get(), POLLIN, 0), 0);
@@ -763,8 +757,7 @@ TEST(EpollChurn, ChildSeesChangesMadeBeforeFork) {
   const int fd = c.server.get();
   Fd ep = EpollFd();
   Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLIN, 1);
-  Ctl(ep.get(), EPOLL_CTL_DEL, fd, 0, 0);
-  Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLOUT, 2);
+  Readd(ep.get(), fd, EPOLLOUT, 2);
   pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
