@@ -14,8 +14,9 @@
 //   least window/8 bytes per turn: large messages both ways).
 //
 // Thread safety: a sender and a receiver may note at once. The counters are
-// atomics; a race only moves the moment a window closes by one call, which a
-// heuristic can afford.
+// atomics, updated with plain loads and stores (no locked read-modify-write
+// on the kernel path of every call): a race may lose an update, which only
+// moves the moment a window closes by a call, and a heuristic can afford.
 #pragma once
 
 #include <atomic>
