@@ -102,7 +102,8 @@ def channel():
 def same_host():
     res = load("same-host-latest.json")
     out = [when_where(res, "same-host-latest.json") + " Kernel TCP and vSocket in the same run.",
-           f"{res.get('reps_n', 1)} repetitions of {res.get('seconds', '?')} s per test, modes in turn, medians "
+           f"{res.get('reps_n', 1)} repetitions of {res.get('seconds', '?')} s per test, "
+           f"{'the modes alternating per test' if res.get('interleaved') else 'modes in turn'}, medians "
            f"(min–max); load average {res.get('loadavg_before', '?')} before, {res.get('loadavg_after', '?')} after. "
            "vSocket: the default upgrade policy (what a user gets); *--upgrade always*: every connection "
            "accelerated (the accelerated path's own cost).", "",

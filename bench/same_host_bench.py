@@ -303,6 +303,11 @@ def connect_first_byte(bed, accel, peer_bin, port):
 RR = ("pingpong_16", "redis", "connect", "nginx_keepalive", "nginx_close", "pgbench")
 
 
+# The measurements, in the order a repetition runs them.
+STEPS = ("pingpong_16", "rate_16", "rate_1k", "bandwidth_64k", "redis", "connect", "nginx_keepalive", "nginx_close",
+         "pgbench", "socat", "socat_ring512")
+
+
 def measure(bed, accel, seconds, port, peer, pg, only=None):
     """One repetition of every measurement (or those in `only`) in one mode."""
     R = {}
@@ -320,6 +325,7 @@ def measure(bed, accel, seconds, port, peer, pg, only=None):
              # that freed its ring at the copy would have (what holding the
              # ring until the receiver consumed costs: docs/benchmarks.md).
              ("socat_ring512", lambda p: socat(bed, accel, p, ring_kb=512))]
+    assert tuple(k for k, _ in steps) == STEPS
     for i, (key, fn) in enumerate(steps):
         if only is None or key in only:
             R[key] = fn(port + i)
@@ -349,16 +355,26 @@ def main():
     t_start = time.time()
     results = {"date": datetime.datetime.utcnow().isoformat() + "Z", "cpus": os.cpu_count(),
                "machine": machine(), "binaries": bed.binaries(), "reps_n": a.reps, "seconds": a.seconds,
-               "loadavg_before": os.getloadavg()[0], "reps": {"kernel": [], "vsocket": [], "always": []}}
+               "loadavg_before": os.getloadavg()[0], "reps": {"kernel": [], "vsocket": [], "always": []}, "interleaved": True}
     try:
+        # The modes alternate per measurement (kernel, vSocket, always, then
+        # the next measurement), so that whatever drifts during a run (the
+        # machine's other load, a database's checkpoints after TPC-B) falls
+        # on every mode alike rather than on whichever mode ran then.
         port = 12000
+        modes = (("kernel", False, None), ("vsocket", "auto", None), ("always", "always", RR))
         for rep in range(a.reps):
-            for mode, accel, only in (("kernel", False, None), ("vsocket", "auto", None), ("always", "always", RR)):
-                if only_arg is not None:
-                    only = only_arg if only is None else only_arg & set(only)
-                print(f"== rep {rep + 1}/{a.reps}: {mode}", flush=True)
-                results["reps"][mode].append(measure(bed, accel, a.seconds, port, peer, pg, only))
-                port += 10
+            print(f"== rep {rep + 1}/{a.reps}", flush=True)
+            for mode, _, _ in modes:
+                results["reps"][mode].append({})
+            for key in STEPS:
+                if only_arg is not None and key not in only_arg:
+                    continue
+                for mode, accel, only in modes:
+                    if only is not None and key not in only:
+                        continue
+                    results["reps"][mode][-1].update(measure(bed, accel, a.seconds, port, peer, pg, {key}))
+                    port += 20
     finally:
         bed.down()
         pg.remove()
@@ -427,7 +443,7 @@ def main():
                           "vsocket": v[0], "vsocket_range": [v[1], v[2]], "ratio": r, "goal": goal_text, "met": met})
     results["table"] = table
     md = [f"# Same-host benchmark, {results['date']} ({results['cpus']} CPUs), vSocket vs kernel TCP, same run",
-          "", f"{a.reps} repetitions of {a.seconds} s per test, modes in turn; medians (min-max). "
+          "", f"{a.reps} repetitions of {a.seconds} s per test, the modes alternating per test; medians (min-max). "
           "vSocket: the default upgrade policy; --upgrade always: every connection accelerated.", "",
           "| metric | kernel TCP | vSocket | vSocket/kernel | do-no-harm goal |", "|---|--:|--:|--:|---|"]
     for row in table:
