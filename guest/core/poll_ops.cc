@@ -295,10 +295,11 @@ std::atomic<int> g_dirty_sets{0};
 
 constexpr uint32_t kNotPlain = EPOLLET | EPOLLONESHOT | EPOLLEXCLUSIVE | EPOLLWAKEUP;
 
-// Requires set.mu. Whether a change of entry e to `events` may wait.
-bool CanDefer(const EpSet& set, const EpEntry& e, uint32_t events) {
-  return !set.shared && set.waiters.load(std::memory_order_relaxed) == 0 && e.kern_present && !e.feed &&
-         !(e.kern_events & kNotPlain) && !(events & kNotPlain);
+// Requires set.mu. Whether a change of entry e, of connection c (held on
+// kernel TCP), to `events` may wait.
+bool CanDefer(const EpSet& set, const EpEntry& e, const Conn& c, uint32_t events) {
+  return c.KernelUntilOwnIo() && !set.shared && set.waiters.load(std::memory_order_relaxed) == 0 &&
+         e.kern_present && !e.feed && !(e.kern_events & kNotPlain) && !(events & kNotPlain);
 }
 
 // Requires set.mu.
@@ -334,7 +335,6 @@ void SettleSet(EpSet& set) {
   if (set.dirty == 0) return;
   for (auto& [fd, e] : set.entries) Settle(set, fd, e);
 }
-
 
 // The epoll sets by epfd, for a look-up without a mutex on every
 // epoll_ctl and epoll_wait. A set is never freed: closing its epfd empties
@@ -616,7 +616,7 @@ int EpollCtl(int epfd, int op, int fd, epoll_event* ev) {
       if (it != set->entries.end() && it->second.kern_present) {
         // Added again after a deferred DEL: the kernel still has it.
         EpEntry& e = it->second;
-        if (conn->KernelUntilOwnIo() && CanDefer(*set, e, ev->events)) {
+        if (CanDefer(*set, e, *conn, ev->events)) {
           e.conn = std::move(conn);
           e.events = ev->events;
           e.data = ev->data;
@@ -657,7 +657,7 @@ int EpollCtl(int epfd, int op, int fd, epoll_event* ev) {
       }
       EpEntry& e = it->second;
       if (e.in_kernel) {
-        if (e.conn->KernelUntilOwnIo() && CanDefer(*set, e, ev->events)) {
+        if (CanDefer(*set, e, *e.conn, ev->events)) {
           e.events = ev->events;
           e.data = ev->data;
           MarkDirty(*set, e);
@@ -685,7 +685,8 @@ int EpollCtl(int epfd, int op, int fd, epoll_event* ev) {
         return -1;
       }
       EpEntry& e = it->second;
-      bool defer = e.in_kernel && e.conn->KernelUntilOwnIo() && CanDefer(*set, e, e.kern_events);
+      // (For an entry present, kern_present is in_kernel: CanDefer checks it.)
+      bool defer = CanDefer(*set, e, *e.conn, e.kern_events);
       if (!defer) {
         Settle(*set, fd, e);
         if (e.in_kernel || e.feed) Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
