@@ -10,8 +10,9 @@ bazel-out/k8-opt/bin) or flat (libvsocket.so, vsocketd, vsocketctl,
 netload). VSOCKETD, VSOCKETCTL, VSOCKET_TESTBED2_NS_PREFIX and
 VSOCKET_TESTBED2_DIR are passed to the test bed as they are.
 
-Per mode (kernel TCP; vSocket = libvsocket.so preloaded on both ends), and
-per repetition (the order of the two modes alternates):
+Per mode (kernel TCP; vSocket = libvsocket.so preloaded on both ends), the
+modes alternating per measurement (kernel TCP then vSocket, the other way
+round in the next repetition), so drift during the run falls on both alike:
   - RTT p50/p99/p99.9: sockperf ping-pong, 16 B
   - message rate 16 B, one connection: sockperf and netload
   - message rate 16 B, 64 connections: netload (one epoll loop, aggregate)
@@ -217,25 +218,38 @@ def guarded(fn, *args):
                            "hostA_remote_upgrades": 0, "hostB_remote_upgrades": 0}}
 
 
-def run_mode(bed, accel, seconds, port):
-    """accel: False (kernel TCP) or "auto" (the default upgrade policy);
-    the *_always measurements accelerate every connection
-    (VSOCKET_UPGRADE=always; for kernel TCP just another sample)."""
-    always = accel and "always"
-    return {
-        "pingpong_16": guarded(sockperf, bed, accel, "pp", 16, seconds, port),
-        "pingpong_16_always": guarded(sockperf, bed, always, "pp", 16, seconds, port + 8),
-        # Accelerated, with the guests' libraries made to poll first even
-        # though vsocketd shares their CPUs (by default they sleep at once
-        # there: guest/core/cpu_share.h).
-        "pingpong_16_poll": guarded(sockperf, bed, always, "pp", 16, seconds, port + 7, GUEST_POLL_ENV),
-        "rate_16_sockperf": guarded(sockperf, bed, accel, "tp", 16, seconds, port + 1),
-        "rate_16_c1": guarded(netload_rate, bed, accel, 1, 16, seconds, port + 2),
-        "rate_16_c64": guarded(netload_rate, bed, accel, 64, 16, seconds, port + 3),
-        "rate_1k_sockperf": guarded(sockperf, bed, accel, "tp", 1024, seconds, port + 4),
-        "bandwidth_64k": guarded(iperf, bed, accel, seconds, port + 5),
-        "connect": guarded(connect_time, bed, accel, 200, port + 6),
-    }
+# (name, function, which upgrade policy it runs under, port offset, extra
+# arguments after (bed, policy, ...) up to the port, and after it). The
+# policy: "auto" runs it under the default policy, "always" accelerates every
+# connection (VSOCKET_UPGRADE=always); kernel TCP runs every one plainly (for
+# it the *_always rows are just more samples).
+MEASUREMENTS = [
+    ("pingpong_16", sockperf, "auto", 0, ("pp", 16, "S"), ()),
+    ("pingpong_16_always", sockperf, "always", 8, ("pp", 16, "S"), ()),
+    # Accelerated, with the guests' libraries made to poll first even though
+    # vsocketd shares their CPUs (by default they sleep at once there:
+    # guest/core/cpu_share.h).
+    ("pingpong_16_poll", sockperf, "always", 7, ("pp", 16, "S"), (GUEST_POLL_ENV,)),
+    ("rate_16_sockperf", sockperf, "auto", 1, ("tp", 16, "S"), ()),
+    ("rate_16_c1", netload_rate, "auto", 2, (1, 16, "S"), ()),
+    ("rate_16_c64", netload_rate, "auto", 3, (64, 16, "S"), ()),
+    ("rate_1k_sockperf", sockperf, "auto", 4, ("tp", 1024, "S"), ()),
+    ("bandwidth_64k", iperf, "auto", 5, ("S",), ()),
+    ("connect", connect_time, "auto", 6, (200,), ()),
+]
+
+
+def run_rep(bed, seconds, port, order):
+    """One repetition: every measurement under each mode of `order`
+    (("kernel", False), ("vsocket", "auto")) before the next measurement, so
+    drift during a run (another tenant of the machine, a slow phase) falls
+    on both modes alike instead of on whichever ran in that stretch."""
+    rep = {mode: {} for mode, _ in order}
+    for name, fn, policy, off, before, after in MEASUREMENTS:
+        for mode, accel in order:
+            args = [seconds if a == "S" else a for a in before]
+            rep[mode][name] = guarded(fn, bed, accel and policy, *args, port + off + (50 if accel else 0), *after)
+    return rep
 
 
 def pinned_rtt(bed, reps, seconds):
@@ -390,7 +404,7 @@ def markdown(results):
           "",
           f"vmA1 (hostA) -> vmB1 (hostB), tenant 1; {results['cpus']} CPUs, load average "
           f"{results['loadavg_before']} before / {results['loadavg_after']} after; {results['reps_n']} repetitions "
-          f"of {results['seconds']} s per test, kernel TCP and vSocket alternating; medians (min-max).",
+          f"of {results['seconds']} s per test, kernel TCP and vSocket alternating per test; medians (min-max).",
           "", "Binaries: " + ", ".join(f"{k} {v['sha256']} ({v['mtime']})" for k, v in results["binaries"].items())
           + f"; wall time {results['wall_s']} s.", "",
           "| metric | kernel TCP | vSocket | vSocket/kernel | goal | fabric check (vSocket) |",
@@ -498,17 +512,15 @@ def main():
     bed = bl.TwoHostBed(a.bin)
     results = {"date": bl.utc_now().strftime("%Y-%m-%dT%H:%M:%SZ"), "cpus": os.cpu_count(), "machine": bl.machine(),
                "seconds": a.seconds, "reps_n": a.reps, "bin": os.path.abspath(a.bin),
-               "binaries": bed.binaries(), "loadavg_before": open("/proc/loadavg").read().split()[0], "reps": []}
+               "binaries": bed.binaries(), "loadavg_before": open("/proc/loadavg").read().split()[0], "reps": [],
+               "interleaved": True}
     started = time.monotonic()
     bed.up(CLIENT_VM, SERVER_VM)
     try:
         for i in range(a.reps):
             modes = [("kernel", False), ("vsocket", "auto")]
-            rep = {}
-            for mode, accel in (modes if i % 2 == 0 else modes[::-1]):
-                print(f"== rep {i} {mode}", flush=True)
-                rep[mode] = run_mode(bed, accel, a.seconds, 12000 + 100 * i + (50 if accel else 0))
-            results["reps"].append(rep)
+            print(f"== rep {i}", flush=True)
+            results["reps"].append(run_rep(bed, a.seconds, 12000 + 100 * i, modes if i % 2 == 0 else modes[::-1]))
         results["pinned"] = pinned_rtt(bed, a.pinned_reps, a.seconds)
     finally:
         bed.down()

@@ -135,7 +135,8 @@ def held_note(row):
 def cross_host():
     res = load("cross-host-latest.json")
     out = [when_where(res, "cross-host-latest.json"),
-           f"{res['reps_n']} repetitions of {res['seconds']} s per test, kernel TCP and vSocket alternating, "
+           f"{res['reps_n']} repetitions of {res['seconds']} s per test, kernel TCP and vSocket alternating"
+           f"{' per test' if res.get('interleaved') else ' per repetition'}, "
            f"medians (min–max); load average {res['loadavg_before']} before, {res['loadavg_after']} after.", ""]
     out += ["| metric | kernel TCP | vSocket | vSocket/kernel | goal | vSocket runs valid (fabric check) |",
             "|---|--:|--:|--:|---|--:|"]
