@@ -16,7 +16,8 @@ bool PayloadAllowed(FrameType t, uint32_t len) {
     case FrameType::kLinkHello: return len == 32;
     case FrameType::kRdmaSetup: return len == kRdmaSetupSize;
     case FrameType::kPairRequest:
-    case FrameType::kPairAccept: return len == kPairInfoSize;
+    case FrameType::kPairAccept:
+    case FrameType::kPairDecline: return len == kPairInfoSize;
     case FrameType::kData: return len > 0 && len <= kMaxDataFrame;
     default: return len == 0;
   }
@@ -57,6 +58,7 @@ const char* ToString(FrameType t) {
     case FrameType::kPairAccept: return "PAIR_ACCEPT";
     case FrameType::kPairReject: return "PAIR_REJECT";
     case FrameType::kPairCancel: return "PAIR_CANCEL";
+    case FrameType::kPairDecline: return "PAIR_DECLINE";
     case FrameType::kData: return "DATA";
     case FrameType::kCredit: return "CREDIT";
     case FrameType::kFence: return "FENCE";
@@ -73,7 +75,7 @@ const char* ToString(FrameType t) {
   return "?";
 }
 
-bool IsKnownFrameType(uint8_t t) { return (t >= 1 && t <= 5) || (t >= 10 && t <= 13) || (t >= 20 && t <= 31); }
+bool IsKnownFrameType(uint8_t t) { return (t >= 1 && t <= 5) || (t >= 10 && t <= 14) || (t >= 20 && t <= 31); }
 
 void EncodeFrameHeader(const FrameHeader& h, uint8_t* out) {
   WireWriter w({out, kFrameHeaderSize});
@@ -106,10 +108,12 @@ Result<FrameHeader> DecodeFrameHeader(std::span<const uint8_t, kFrameHeaderSize>
   if (per_conn && (h.handle == 0 || h.tenant == 0)) return Bad("connection frame without handle or tenant");
   if (h.type == FrameType::kPairRequest && (h.tenant == 0 || h.value == 0))
     return Bad("PAIR_REQUEST without tenant or handle");
+  if (h.type == FrameType::kPairDecline && (h.tenant == 0 || h.handle != 0 || h.value != 0))
+    return Bad("PAIR_DECLINE without tenant, or with a handle");
   if (h.type == FrameType::kShutWr && h.aux != 0 &&
       ((h.aux & 0xff) != kShutRingEnd || (h.aux >> 8) == 0 || (h.aux >> 8) > kMaxReason))
     return Bad("unknown SHUT_WR flags");
-  if (h.type == FrameType::kDowngrade || h.type == FrameType::kPairReject) {
+  if (h.type == FrameType::kDowngrade || h.type == FrameType::kPairReject || h.type == FrameType::kPairDecline) {
     if (h.aux > kMaxReason) return Bad("unknown reason code");
   }
   return h;

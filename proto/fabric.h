@@ -40,6 +40,11 @@ enum class FrameType : uint8_t {
   kPairAccept = 11,   // handle = requester's; value = acceptor's handle; aux = acceptor RX window
   kPairReject = 12,   // handle = requester's; aux = Reason
   kPairCancel = 13,   // handle = acceptor's (or 0 + value = requester's); the requester left
+  // Handle 0; aux = Reason; payload = PairInfo (the connection as its sender
+  // sees it; rx_addr/rx_rkey 0). The sender keeps that connection on kernel
+  // TCP without asking (kernel-faster: decision 63): a registration of its
+  // mirror at the receiver need not wait for a PAIR_REQUEST that never comes.
+  kPairDecline = 14,
   // Per connection, after pairing (on the data link, ordered with DATA).
   kData = 20,         // value = receiver RX stream offset; len payload bytes follow
   kCredit = 21,       // value = receiver has consumed this many bytes (total)

@@ -38,6 +38,13 @@ TEST(FabricFrame, RejectsWhatTheTypeDoesNotAllow) {
   EXPECT_TRUE(bad({FrameType::kCredit, 7, 0, 0, 0, 0}));                // no handle
   EXPECT_TRUE(bad({FrameType::kDowngrade, 7, 1, 0, 0, kMaxReason + 1}));
   EXPECT_TRUE(bad({FrameType::kPairRequest, 7, 0, 5, 3, 0}));
+  // PAIR_DECLINE: a PairInfo, a tenant, a known reason, no handle.
+  const uint32_t faster = static_cast<uint32_t>(Reason::kKernelFaster);
+  EXPECT_FALSE(bad({FrameType::kPairDecline, 7, 0, 0, kPairInfoSize, faster}));
+  EXPECT_TRUE(bad({FrameType::kPairDecline, 0, 0, 0, kPairInfoSize, faster}));      // no tenant
+  EXPECT_TRUE(bad({FrameType::kPairDecline, 7, 3, 0, kPairInfoSize, faster}));      // a handle
+  EXPECT_TRUE(bad({FrameType::kPairDecline, 7, 0, 0, 0, faster}));                  // no PairInfo
+  EXPECT_TRUE(bad({FrameType::kPairDecline, 7, 0, 0, kPairInfoSize, kMaxReason + 1}));
   auto b = Encoded({FrameType::kCredit, 7, 1, 0, 0, 0});
   b[0] ^= 1;
   EXPECT_NE(DecodeFrameHeader(b).status().message().find("bad magic"), std::string::npos);

@@ -25,6 +25,7 @@ using proto::Reason;
 void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open) {
   Conn& c = *self;
   std::lock_guard<std::mutex> lock(c.setup_mu);
+  EndWithdrawnLocked(c);
   Session* s = c.session;
   // A backend that went away unnoticed: its connections resync first (the
   // FIN must not overtake bytes only the backend had).

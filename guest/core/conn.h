@@ -96,6 +96,10 @@ struct Conn {
   bool wrote_after_peer_gone = false;  // under tx_mu
   std::atomic<bool> shut_wr{false};
   std::atomic<bool> shut_wr_posted{false};  // our SHUTDOWN (write) went to the backend (PostShutWr)
+  // The backend withdrew the registration before any upgrade (DOWNGRADE
+  // while pending: the peer is not coming): the phase is kernel, but the
+  // registration and its rings are ours to end (EndWithdrawn).
+  std::atomic<bool> unregister_owed{false};
   std::atomic<bool> shut_rd{false};
   uint8_t* tx = nullptr;
   uint8_t* rx = nullptr;

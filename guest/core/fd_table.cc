@@ -129,6 +129,7 @@ void AfterForkInChild() {
     new (&c.rx_mu) std::mutex();
     new (&c.setup_mu) std::mutex();
     c.state.AfterForkInChild();
+    c.unregister_owed.store(false, std::memory_order_relaxed);  // (the parent's registration)
     // One the parent upgraded and that now waits to register again is the
     // parent's too (its byte counts are the parent's).
     bool was_parents = c.state.phase() == Phase::kUnprobed && (c.lost_backend.load() || c.reupgrades.load() > 0);

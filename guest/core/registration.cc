@@ -242,6 +242,17 @@ void EnsureRegistered(int fd, Conn& c) {
   if (c.shut_wr.load()) PostShutWr(c);
 }
 
+void EndWithdrawnLocked(Conn& c) {
+  if (!c.unregister_owed.exchange(false, std::memory_order_acq_rel)) return;
+  Session* s = c.session;
+  if (s != nullptr && s->alive()) {
+    // Never upgraded: the backend hands the rings back at once.
+    Status st = s->Unregister(c);
+    if (!st.ok()) VS_LOG(kDebug, "unregister of a withdrawn registration: %s", st.ToString().c_str());
+  }
+  c.session = nullptr;
+}
+
 void PostShutWr(Conn& c) {
   Session* s = c.session;
   if (s == nullptr || c.shut_wr_posted.exchange(true)) return;

@@ -31,6 +31,10 @@ inline void NoteKernelIo(Conn& c, StreamDetector::Dir d, size_t n) {
 void PostShutWr(Conn& c);
 // The end of a closed connection's registration: UNREGISTER.
 void Unregistered(Conn& c);
+// Under c.setup_mu: UNREGISTER of a registration the backend withdrew
+// before any upgrade (Conn::unregister_owed), once; at the next socket
+// call (MaybeReregister) or at close, whichever comes first.
+void EndWithdrawnLocked(Conn& c);
 // The end of a closed connection that resets its peer: SHUTDOWN both ways,
 // then UNREGISTER.
 void Aborted(Conn& c);

@@ -11,6 +11,7 @@
 #include "base/log.h"
 #include "guest/core/conn_state.h"
 #include "guest/core/errors.h"
+#include "guest/core/registration.h"
 #include "guest/core/fd_table.h"
 #include "guest/core/iov.h"
 #include "guest/core/session.h"
@@ -188,7 +189,13 @@ bool RxDone(const Conn& c) {
 }
 
 void MaybeReregister(int fd, Conn& c) {
-  if (c.state.phase() != Phase::kResyncing || !RxDone(c) || c.resync_fd.load() >= 0 || c.shut_wr.load() ||
+  Phase phase = c.state.phase();
+  if (phase == Phase::kKernel && c.unregister_owed.load(std::memory_order_acquire)) {
+    std::unique_lock<std::mutex> setup(c.setup_mu, std::try_to_lock);
+    if (setup.owns_lock()) EndWithdrawnLocked(c);
+    return;
+  }
+  if (phase != Phase::kResyncing || !RxDone(c) || c.resync_fd.load() >= 0 || c.shut_wr.load() ||
       c.shut_rd.load() || c.peer_shut_wr.load() || c.peer_gone.load())
     return;
   std::unique_lock<std::mutex> setup(c.setup_mu, std::try_to_lock);

@@ -552,9 +552,12 @@ void Session::Dispatch(const Message& m) {
             if (LinkLostHandler h = g_link_lost.load(std::memory_order_acquire)) h(it->second);
         }
       } else {
-        // Pending: the peer is not coming (kernel TCP for good); upgraded:
-        // the peer aborted, or a protocol error (reset).
-        c.state.Apply(ConnEvent::kPeerWithdrew, reason);
+        // Pending: the peer is not coming (kernel TCP for good; the
+        // registration is ended at the next call or close: EndWithdrawn);
+        // upgraded: the peer aborted, or a protocol error (reset).
+        bool pending = c.state.phase() == Phase::kPending;
+        if (c.state.Apply(ConnEvent::kPeerWithdrew, reason) && pending && c.state.phase() == Phase::kKernel)
+          c.unregister_owed.store(true, std::memory_order_release);
       }
       break;
     }

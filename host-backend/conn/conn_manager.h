@@ -28,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -204,6 +205,13 @@ class ConnManager {
   bool PairWithMirror(BackendConn& c);
   bool PairRemote(BackendConn& c);
   bool BulkBetterOnKernel(uint32_t tenant, const proto::RegisterConn& r);
+  // Decision 63: a registration kept on kernel TCP for `why` tells its peer's
+  // side (pairing.cc), which then does not wait for a pairing that never
+  // comes; what a decline said, for a registration or request that comes
+  // after it (nullopt: nothing).
+  void DeclineRemote(uint32_t tenant, const proto::RegisterConn& r, proto::Reason why);
+  std::optional<proto::Reason> TakeDecline(const ConnKey& key, bool from_peer);
+  void RememberDecline(const ConnKey& key, uint32_t host, proto::Reason why);
   bool ResolveRings(BackendConn& c);
   // The guest is gone: keep its unsent TX bytes, tell the peer.
   void Orphan(BackendConn& c);
@@ -351,6 +359,18 @@ class ConnManager {
   std::unordered_map<ConnKey, PendingRemote, ConnKeyHash> pending_remote_;
   std::unordered_map<uint32_t, size_t> pending_per_host_;
   std::unordered_map<uint32_t, size_t> pending_per_tenant_;
+  // Declines (decision 63), keyed as our guest registers (or registered) the
+  // connection: host 0 = we kept it on kernel TCP (a PAIR_REQUEST for it is
+  // answered PAIR_REJECT), else that peer host did (our registration of it
+  // is answered at once). Expire with a request's life; bounded in all and
+  // per peer host.
+  struct Declined {
+    uint32_t host;
+    proto::Reason why;
+    int64_t expires_ms;
+  };
+  std::unordered_map<ConnKey, Declined, ConnKeyHash> declined_;
+  std::unordered_map<uint32_t, size_t> declined_per_host_;
   uint64_t next_handle_ = 1;
   ConnManagerCounters counters_;
   std::array<VmTotals, kMaxVms> vm_totals_;

@@ -32,6 +32,11 @@ struct ConnManagerCounters {
   std::atomic<uint64_t> pair_requests_sent{0};
   std::atomic<uint64_t> pair_requests_received{0};
   std::atomic<uint64_t> pair_refused{0};  // a peer host asked for what it does not run
+  // Decision 63: registrations kept on kernel TCP (kernel-faster) told to the
+  // peer's host (PAIR_DECLINE, or PAIR_REJECT of its kept request), and
+  // declines heard from peer hosts.
+  std::atomic<uint64_t> pair_declines_sent{0};
+  std::atomic<uint64_t> pair_declines_received{0};
   std::atomic<uint64_t> remote_upgrades{0};
   std::atomic<uint64_t> fabric_bytes_out{0};
   std::atomic<uint64_t> fabric_bytes_in{0};

@@ -241,11 +241,19 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
   }
   if ((r.flags & proto::kRegisterBulk) && dc.bulk_hint && BulkBetterOnKernel(port.tenant_id, r)) {
     // A copy-bound stream to another host across the tcp fabric: kernel
-    // TCP is faster (decision 62). Its peer, if registered, waits on kernel
-    // TCP too (no PAIR_REQUEST comes, or ours is never sent).
+    // TCP is faster (decision 62). Its peer's side is told, so that it does
+    // not wait for a pairing that never comes (decision 63).
     counters_.kept_kernel_faster.fetch_add(1, std::memory_order_relaxed);
     CountFallback(port.index, Reason::kKernelFaster);
+    DeclineRemote(port.tenant_id, r, Reason::kKernelFaster);
     return Ack(request_id, r.conn_id, WireError::kNotPaired, Reason::kKernelFaster);
+  }
+  if (!IsLoopback(r.local) && !IsLoopback(r.peer)) {
+    // Its peer's host kept the other side on kernel TCP already.
+    if (auto why = TakeDecline(ConnKey{port.tenant_id, 0, r.local, r.peer}, true)) {
+      CountFallback(port.index, *why);
+      return Ack(request_id, r.conn_id, WireError::kNotPaired, *why);
+    }
   }
   if (dc.by_id.count(r.conn_id) || dc.by_id.size() >= kMaxConnsPerDevice || vm_open_[port.index] >= conns_per_vm_) {
     counters_.rejected_other.fetch_add(1, std::memory_order_relaxed);

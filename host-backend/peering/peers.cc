@@ -467,6 +467,7 @@ bool Peering::ServiceUp(Host& h) {
       case FrameType::kPairAccept:
       case FrameType::kPairReject:
       case FrameType::kPairCancel:
+      case FrameType::kPairDecline:
         if (h.state == State::kUp) conns_->OnPairingFrame(h.id, *hdr, payload);
         break;
       default:

@@ -22,6 +22,8 @@ constexpr size_t kMaxPendingRemote = 65536;
 constexpr size_t kMaxPendingRemotePerHost = kMaxPendingRemote / 4;
 constexpr size_t kMaxPendingRemotePerTenant = kMaxPendingRemote / 4;
 constexpr int64_t kPendingRemoteMs = 30000;
+constexpr size_t kMaxDeclined = 16384;
+constexpr size_t kMaxDeclinedPerHost = kMaxDeclined / 4;
 
 // The connection as this side sees it, for PAIR_REQUEST and PAIR_ACCEPT.
 std::array<uint8_t, proto::kPairInfoSize> PairPayload(const BackendConn& c, uint64_t rx_addr, uint32_t rx_rkey) {
@@ -77,6 +79,72 @@ void ConnManager::RequestRemotePair(BackendConn& c, uint32_t host) {
   counters_.pair_requests_sent.fetch_add(1, std::memory_order_relaxed);
   VS_LOG(kDebug, "conn %lu (port %u -> %u): PAIR_REQUEST to host %u", static_cast<unsigned long>(c.handle),
          c.key.local.port, c.key.peer.port, host);
+}
+
+void ConnManager::DeclineRemote(uint32_t tenant, const proto::RegisterConn& r, Reason why) {
+  if (hosts_ == nullptr || IsLoopback(r.local) || IsLoopback(r.peer)) return;
+  ConnKey key{tenant, 0, r.local, r.peer};
+  auto pr = pending_remote_.find(key);
+  if (pr != pending_remote_.end()) {
+    // Its peer asked already: the answer.
+    PendingRemote asked = pr->second;
+    ErasePendingRemote(pr);
+    if (hosts_->SendPairing(asked.host,
+                            Frame(FrameType::kPairReject, tenant, asked.handle, 0, static_cast<uint32_t>(why)), {}))
+      counters_.pair_declines_sent.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  // A request that comes later gets the same answer; the peer's host, if
+  // its guest registered already (or does later), learns it now.
+  RememberDecline(key, 0, why);
+  uint32_t host = hosts_->Locate(tenant, r.peer);
+  if (host == 0) return;
+  proto::PairInfo info;
+  info.local = r.local;
+  info.peer = r.peer;
+  info.role = r.role;
+  std::array<uint8_t, proto::kPairInfoSize> payload;
+  proto::EncodePairInfo(info, payload.data());
+  FrameHeader h = Frame(FrameType::kPairDecline, tenant, 0, 0, static_cast<uint32_t>(why));
+  h.len = proto::kPairInfoSize;
+  if (hosts_->SendPairing(host, h, payload)) counters_.pair_declines_sent.fetch_add(1, std::memory_order_relaxed);
+}
+
+void ConnManager::RememberDecline(const ConnKey& key, uint32_t host, Reason why) {
+  auto full = [&] {
+    return declined_.size() >= kMaxDeclined || (host != 0 && declined_per_host_[host] >= kMaxDeclinedPerHost);
+  };
+  if (full()) {
+    int64_t now = MonotonicMs();
+    for (auto it = declined_.begin(); it != declined_.end();) {
+      if (it->second.expires_ms < now) {
+        if (it->second.host != 0) --declined_per_host_[it->second.host];
+        it = declined_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (full()) return;  // (then that registration just waits, as without a decline)
+  }
+  auto [it, added] = declined_.try_emplace(key, Declined{host, why, MonotonicMs() + kPendingRemoteMs});
+  if (!added) {
+    if (it->second.host != 0) --declined_per_host_[it->second.host];
+    it->second = Declined{host, why, MonotonicMs() + kPendingRemoteMs};
+  }
+  if (host != 0) ++declined_per_host_[host];
+}
+
+std::optional<Reason> ConnManager::TakeDecline(const ConnKey& key, bool from_peer) {
+  if (declined_.empty()) return std::nullopt;
+  auto it = declined_.find(key);
+  if (it == declined_.end()) return std::nullopt;
+  Declined d = it->second;
+  // Either way the entry is used up: a registration (or a request) after it
+  // is a new connection with the same 4-tuple.
+  if (d.host != 0) --declined_per_host_[d.host];
+  declined_.erase(it);
+  if (d.expires_ms < MonotonicMs() || (d.host != 0) != from_peer) return std::nullopt;
+  return d.why;
 }
 
 void ConnManager::AcceptRemote(BackendConn& c, const PendingRemote& r) {
@@ -159,6 +227,13 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
       if (LocalPortFor(h.tenant, info->peer, true) == nullptr)
         return refuse(Reason::kCrossTenant, "no VM of that tenant has that address here");
       ConnKey key{h.tenant, 0, info->peer, info->local};
+      // We kept our side on kernel TCP (decision 63): the answer is final.
+      if (auto why = TakeDecline(key, false)) {
+        counters_.pair_declines_sent.fetch_add(1, std::memory_order_relaxed);
+        hosts_->SendPairing(host, Frame(FrameType::kPairReject, h.tenant, h.value, 0, static_cast<uint32_t>(*why)),
+                            {});
+        return;
+      }
       PendingRemote r{host, h.value, h.aux, info->rx_addr, info->rx_rkey, MonotonicMs() + kPendingRemoteMs};
       uint64_t mine = 0;
       if (registry_.find(key, mine)) {
@@ -237,6 +312,37 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
         c->reason = PeerReason(h.aux);
       }
       Raise(*c, kEvDowngrade);  // not upgraded: the guest just stays on kernel TCP
+      return;
+    }
+    case FrameType::kPairDecline: {
+      // The peer's host keeps its side on kernel TCP (decision 63): ours
+      // stops waiting (DOWNGRADE before any upgrade: kernel TCP for good,
+      // the library unregisters it), or, not registered yet, is answered so
+      // when it registers.
+      counters_.pair_declines_received.fetch_add(1, std::memory_order_relaxed);
+      auto info = proto::DecodePairInfo(payload);
+      if (!info.ok() || !hosts_->Runs(host, h.tenant, info->local)) {
+        counters_.pair_refused.fetch_add(1, std::memory_order_relaxed);
+        VS_LOG(kWarn, "peer host %u: PAIR_DECLINE for what it does not run: ignored", host);
+        return;
+      }
+      ConnKey key{h.tenant, 0, info->peer, info->local};
+      Reason why = PeerReason(h.aux);
+      uint64_t mine = 0;
+      if (registry_.find(key, mine)) {
+        BackendConn* c = conn(mine);
+        if (c != nullptr && c->state == ConnState::kPending && c->reason == Reason::kPending && c->peer == nullptr &&
+            !c->gone && c->remote.stage == RemotePeer::Stage::kNone && c->role != info->role) {
+          {
+            std::lock_guard<std::mutex> lock(snapshot_mu_);
+            c->reason = why;
+          }
+          Raise(*c, kEvDowngrade);
+        }
+        // (Asked, accepted or paired: that pairing answers for itself.)
+        return;
+      }
+      RememberDecline(key, host, why);
       return;
     }
     case FrameType::kPairCancel: {

@@ -62,6 +62,8 @@ const std::vector<SampleFrame>& SampleFrames() {
         Frame(FrameType::kPairAccept, 11, 21, 65536, Pair(Family::kIpv4, Role::kServer)),
         Frame(FrameType::kPairReject, 11, 0, static_cast<uint32_t>(Reason::kCrossTenant)),
         Frame(FrameType::kPairCancel, 0, 11, 0),
+        Frame(FrameType::kPairDecline, 0, 0, static_cast<uint32_t>(Reason::kKernelFaster),
+              Pair(Family::kIpv4, Role::kClient)),
         Frame(FrameType::kData, 21, 0, 0, Bytes(100, 3)),
         Frame(FrameType::kData, 21, 100, 0, Bytes(5000, 5)),  // more than a 4 KiB read
         Frame(FrameType::kCredit, 21, 4096, 0),

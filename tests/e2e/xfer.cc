@@ -12,7 +12,7 @@
 // --crash: the client SIGKILLs itself right after its last write (no close):
 // the server must still receive every byte, then EOF.
 // --close-after-write (client, with --one-way): close() right after the
-// last write, no shutdown; --exit-delay-ms D (client): stay D ms after the
+// last write, no shutdown; --exit-delay-ms D: stay D ms after the
 // last connection before exiting (a long-lived process).
 // --fork: the server accepts, then forks a child per connection that serves
 // it, and closes its own copy (as PostgreSQL and Apache do).
@@ -291,6 +291,9 @@ int main(int argc, char** argv) {
     close(ls);
     std::printf("xfer server: %d/%d connections verified, %llu bytes each way\n", ok.load(), conns,
                 (unsigned long long)total.load());
+    std::fflush(stdout);
+    // (As the client's: a server that goes on after its connections closed.)
+    if (exit_delay_ms > 0) usleep(static_cast<useconds_t>(exit_delay_ms) * 1000);
     return ok == conns ? 0 : 1;
   }
   std::vector<std::thread> threads;

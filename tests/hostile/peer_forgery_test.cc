@@ -117,6 +117,48 @@ TEST_F(PeerForgeryTest, PairRequestWithAWindowThatIsNotARingSizeIsRejected) {
   ExpectUntouched(good, "the paired connection beside them");
 }
 
+// Decision 63: PAIR_DECLINE, the peer host's word that its side of a
+// connection stays on kernel TCP. Believed only for an address the peer runs
+// (a forged one is ignored and counted: the registration still pairs), and
+// only for a registration still waiting for its peer; one that comes before
+// the registration answers it at once.
+TEST_F(PeerForgeryTest, PairDeclineOnlyForWhatThePeerRunsAndOnlyForWaitingRegistrations) {
+  Conn good = Paired(*guest_, 1, 40200);
+  const uint32_t faster = static_cast<uint32_t>(proto::Reason::kKernelFaster);
+  long long refused = Counter("pair_refused"), heard = Counter("pair_declines_received");
+  // Our server connection from 192.0.2.2:42000 waits for its peer.
+  ASSERT_EQ(guest_->Register(42000, Role::kServer, Ep(1, kServerPort), Ep(2, 42000)), "pending");
+  // Forged: the rogue speaks for an address it does not run (ours).
+  ASSERT_TRUE(rogue_.SendControl(Frame(FrameType::kPairDecline, 1, 0, 0, faster),
+                                 PairInfoPayload(Ep(1, 42000), Ep(1, kServerPort), Role::kClient)));
+  // Another tenant's address of the rogue: not tenant 1's connection either.
+  ASSERT_TRUE(rogue_.SendControl(Frame(FrameType::kPairDecline, 2, 0, 0, faster),
+                                 PairInfoPayload(Ep(2, 42000), Ep(1, kServerPort), Role::kClient)));
+  // Control frames are applied in order: this request was looked at after them.
+  ASSERT_TRUE(rogue_.SendControl(Frame(FrameType::kPairRequest, 1, 0, 9200, kRing),
+                                 PairInfoPayload(Ep(2, 42000), Ep(1, kServerPort), Role::kClient)));
+  auto accept = rogue_.AwaitControl(Is(FrameType::kPairAccept, 9200));
+  ASSERT_TRUE(accept) << "a forged decline stopped the pairing " << rogue_.error();
+  ASSERT_TRUE(rogue_.SendLink(Frame(FrameType::kPairConfirm, 1, accept->h.value)));
+  EXPECT_EQ(WaitState("client", kServerPort, "accelerated accelerated", 42000), "accelerated accelerated");
+  EXPECT_EQ(Counter("pair_refused"), refused + 1) << "the forged decline is counted";
+  // Genuine, for a registration that waits: it stops waiting (DOWNGRADE).
+  ASSERT_EQ(guest_->Register(42001, Role::kServer, Ep(1, kServerPort), Ep(2, 42001)), "pending");
+  ASSERT_TRUE(rogue_.SendControl(Frame(FrameType::kPairDecline, 1, 0, 0, faster),
+                                 PairInfoPayload(Ep(2, 42001), Ep(1, kServerPort), Role::kClient)));
+  EXPECT_EQ(WaitState("client", kServerPort, "kernel kernel-faster", 42001), "kernel kernel-faster");
+  // Genuine, before the registration: the registration is answered at once,
+  // and only that one (the next with the same 4-tuple is a new connection).
+  ASSERT_TRUE(rogue_.SendControl(Frame(FrameType::kPairDecline, 1, 0, 0, faster),
+                                 PairInfoPayload(Ep(2, 42002), Ep(1, kServerPort), Role::kClient)));
+  for (int i = 0; i < 50 && Counter("pair_declines_received") < heard + 4; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(Counter("pair_declines_received"), heard + 4);
+  EXPECT_EQ(guest_->Register(42002, Role::kServer, Ep(1, kServerPort), Ep(2, 42002)), "kernel-faster");
+  EXPECT_EQ(guest_->Register(42003, Role::kServer, Ep(1, kServerPort), Ep(2, 42002)), "pending");
+  ExpectUntouched(good, "the paired connection beside them");
+}
+
 // Case 2: reasons a peer may not give for leaving ("accelerated", "pending",
 // "rings-held"). Unchecked, a rejected guest read "accelerated" while on
 // kernel TCP, or "pending" and waited for a pairing that would never come.

@@ -102,7 +102,8 @@ void ControlMessage(ConnManager& cm, FakeHosts& hosts, uint32_t host, std::span<
     case FrameType::kPairRequest:
     case FrameType::kPairAccept:
     case FrameType::kPairReject:
-    case FrameType::kPairCancel: {
+    case FrameType::kPairCancel:
+    case FrameType::kPairDecline: {
       hosts.asking_ = host;
       int before = hosts.sent_;
       cm.OnPairingFrame(host, *h, payload);
