@@ -10,7 +10,7 @@ Each generated block sits between `<!-- generated: NAME -->` and
 `<!-- end generated -->` and starts with the date and the machine of the
 run, as the result file records them. Everything outside the markers is
 left alone. Blocks: channel (channel-latest.md), same-host, cross-host,
-conn-scale and quick (NAME-latest.json).
+conn-scale and quick (NAME-latest.json), days (days.json).
 """
 import argparse
 import difflib
@@ -223,8 +223,48 @@ def quick():
     return out
 
 
+def days():
+    """The goal rows of each benchmark, day by day (bench/results/days.json:
+    the last run of each UTC day), the last three days, and whether the
+    last two both met each goal (the issue's "reproduced on two days")."""
+    record = load("days.json")
+    out = ["From `bench/results/days.json`: each benchmark records its last run of each UTC day and the commit it "
+           "ran on (`git describe`; for the days before 2026-11-28, taken from the results' git history, the commit "
+           "that committed the result). A day's figure is the ratio vSocket/kernel TCP of that day's run under the "
+           "default policy (what a user gets); older days ran older code.", ""]
+    titles = {"same-host": "Same host (`bench/same_host_bench.py`)", "cross-host": "Across hosts "
+              "(`bench/cross_host_bench.py`)", "quick": "The guard (`bench/quick.sh`)"}
+    for name in ("same-host", "cross-host", "quick"):
+        per_day = record.get(name) or {}
+        shown = sorted(per_day)[-3:]
+        if not shown:
+            continue
+        last = per_day[shown[-1]]["rows"]
+        by_day = {d: {r["metric"]: r for r in per_day[d]["rows"]} for d in shown}
+        out += [f"{titles[name]}, runs of " + ", ".join(f"{d} ({per_day[d]['date'][11:16]} UTC, "
+                                                          f"{per_day[d]['commit']})" for d in shown) + ":", "",
+                "| metric | goal | " + " | ".join(shown) + " | the last two days |",
+                "|---|---|" + "--:|" * len(shown) + "---|"]
+        for r in last:
+            cells, mets = [], []
+            for d in shown:
+                x = by_day[d].get(r["metric"])
+                if x is None or x.get("ratio") is None:
+                    cells.append("–")
+                    mets.append(None)
+                else:
+                    cells.append(f"{x['ratio']:.2f}{'' if x['met'] else ' (missed)'}")
+                    mets.append(x["met"])
+            two = mets[-2:]
+            verdict = ("–" if len(two) < 2 or None in two else "**met both**" if all(two) else
+                       "missed on " + ", ".join(d for d, m in zip(shown[-2:], two) if not m))
+            out.append(f"| {label(r['metric'])} | {goal(r['goal'])} | " + " | ".join(cells) + f" | {verdict} |")
+        out.append("")
+    return out[:-1]
+
+
 BLOCKS = {"channel": channel, "same-host": same_host, "cross-host": cross_host, "conn-scale": conn_scale,
-          "quick": quick}
+          "quick": quick, "days": days}
 
 
 def render(doc):
