@@ -250,6 +250,7 @@ class Bed:
         if r.returncode != 0:
             self.down()
             raise SystemExit(f"{self.NAME} up failed: " + r.stdout[-1000:] + r.stderr[-1000:])
+        self.client_vm, self.server_vm = client_vm, server_vm
         self.client_addr = self.tb("addr", client_vm, check=True).stdout.strip()
         self.server_addr = self.tb("addr", server_vm, check=True).stdout.strip()
         self.daemons = self._daemon_pids()
@@ -384,7 +385,8 @@ def machine():
 
 
 # The benchmarks whose goals are tracked day by day (OUT/days.json).
-DAY_TABLES = {"same-host": (("table", ""),), "cross-host": (("table", ""), ("pinned_table", "one CPU per host: ")),
+DAY_TABLES = {"same-host": (("table", ""),),
+              "cross-host": (("table", ""), ("apps_table", ""), ("pinned_table", "one CPU per host: ")),
               "quick": (("table", ""),)}
 
 

@@ -159,6 +159,12 @@ def cross_host():
         out.append(f"| {name} | {spread(r['kernel'], *r['kernel_range'])} "
                    f"| {spread(r['vsocket'], *r['vsocket_range'])} | {r['ratio']:.2f} | {g} "
                    f"| {r['vsocket_valid_reps']}/{r['reps']}{held} |")
+    if res.get("apps_table"):
+        out += ["", "Applications, client in vmA1 and server in vmB1, default policy (same runners as on one host):",
+                "", "| metric | kernel TCP | vSocket | vSocket/kernel | do-no-harm goal |", "|---|--:|--:|--:|---|"]
+        for r in res["apps_table"]:
+            out.append(f"| {label(r['metric'])} | {spread(*r['kernel'])} | {spread(*r['vsocket'])} "
+                       f"| {r['ratio']:.2f} | {goal(r['goal'])}: **{'met' if r['met'] else 'missed'}** |")
     if res.get("batching"):
         out += ["", "Adaptive batching on the fabric link (hostA → hostB, netload 16 B, vSocket):", "",
                 "| connections | frames per writev | payload bytes per writev | 16 B messages per frame | writev/s |",

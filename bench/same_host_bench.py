@@ -50,12 +50,12 @@ CLIENT_VM, SERVER_VM = "vm1", "vm2"
 
 
 def sockperf(bed, accel, mode, size, seconds, port):
-    srv = bed.start(SERVER_VM, accel, ["sockperf", "sr", "--tcp", "-i", bed.server_addr, "-p", str(port)],
+    srv = bed.start(bed.server_vm, accel, ["sockperf", "sr", "--tcp", "-i", bed.server_addr, "-p", str(port)],
                     seconds + 90)
     try:
-        bed.wait_listening(SERVER_VM, port)
+        bed.wait_listening(bed.server_vm, port)
         server = [srv.child()]
-        client = bed.start(CLIENT_VM, accel, ["sockperf", mode, "--tcp", "-i", bed.server_addr, "-p", str(port),
+        client = bed.start(bed.client_vm, accel, ["sockperf", mode, "--tcp", "-i", bed.server_addr, "-p", str(port),
                                               "-t", str(seconds), "-m", str(size)], seconds + 60)
         time.sleep(0.3)
         client_pids = [client.child()]
@@ -71,10 +71,10 @@ def sockperf(bed, accel, mode, size, seconds, port):
 
 
 def iperf(bed, accel, seconds, port):
-    srv = bed.start(SERVER_VM, accel, ["iperf3", "-s", "-B", bed.server_addr, "-p", str(port), "-1"], seconds + 90)
+    srv = bed.start(bed.server_vm, accel, ["iperf3", "-s", "-B", bed.server_addr, "-p", str(port), "-1"], seconds + 90)
     try:
-        bed.wait_listening(SERVER_VM, port)
-        r = bed.run(CLIENT_VM, accel, ["iperf3", "-c", bed.server_addr, "-p", str(port), "-t", str(seconds),
+        bed.wait_listening(bed.server_vm, port)
+        r = bed.run(bed.client_vm, accel, ["iperf3", "-c", bed.server_addr, "-p", str(port), "-t", str(seconds),
                                        "-l", "64K", "-J"], timeout=seconds + 60)
     finally:
         srv.stop()
@@ -84,14 +84,14 @@ def iperf(bed, accel, seconds, port):
 def redis(bed, accel, port, runs=((1, 20000), (50, 100000), (100, 400000, 16))):
     """redis-benchmark SET and GET, for each (clients, requests[, pipeline])
     of runs: {set,get}_c<clients>[_p<pipeline>]_rps."""
-    srv = bed.start(SERVER_VM, accel, ["redis-server", "--bind", bed.server_addr, "--port", str(port),
+    srv = bed.start(bed.server_vm, accel, ["redis-server", "--bind", bed.server_addr, "--port", str(port),
                                        "--save", "", "--appendonly", "no", "--protected-mode", "no"], 600)
     res = {}
     try:
-        bed.wait_listening(SERVER_VM, port)
+        bed.wait_listening(bed.server_vm, port)
         for clients, n, *pipe in runs:
             extra = ["-P", str(pipe[0])] if pipe else []
-            r = bed.run(CLIENT_VM, accel, ["redis-benchmark", "-h", bed.server_addr, "-p", str(port),
+            r = bed.run(bed.client_vm, accel, ["redis-benchmark", "-h", bed.server_addr, "-p", str(port),
                                            "-t", "set,get", "-n", str(n), "-c", str(clients), "--csv"] + extra)
             suffix = f"_p{pipe[0]}" if pipe else ""
             for line in r.stdout.splitlines():
@@ -133,11 +133,11 @@ def nginx(bed, accel, port, close, seconds=2):
         f.write(os.urandom(4096))
     with open(f"{d}/nginx.conf", "w") as f:
         f.write(NGINX_CONF.format(d=d, addr=bed.server_addr, port=port))
-    srv = bed.start(SERVER_VM, accel, ["nginx", "-c", f"{d}/nginx.conf"], 120)
+    srv = bed.start(bed.server_vm, accel, ["nginx", "-c", f"{d}/nginx.conf"], 120)
     try:
-        bed.wait_listening(SERVER_VM, port)
+        bed.wait_listening(bed.server_vm, port)
         hdr = ["-H", "Connection: close"] if close else []
-        r = bed.run(CLIENT_VM, accel, ["wrk", "-t", "2", "-c", "16", "-d", str(seconds)] + hdr +
+        r = bed.run(bed.client_vm, accel, ["wrk", "-t", "2", "-c", "16", "-d", str(seconds)] + hdr +
                     [f"http://{bed.server_addr}:{port}/f4096"], timeout=seconds + 60)
     finally:
         srv.stop()
@@ -193,7 +193,7 @@ class Postgres:
             f.write("host all all 0.0.0.0/0 trust\n")
         srv = self.start(False)
         try:
-            r = self.bed.run(CLIENT_VM, False, ["pgbench", "-h", self.bed.server_addr, "-p", str(self.port),
+            r = self.bed.run(self.bed.client_vm, False, ["pgbench", "-h", self.bed.server_addr, "-p", str(self.port),
                                                 "-U", "postgres", "-i", "-s", "1", "-q", "postgres"])
         finally:
             self.stop(srv)
@@ -206,9 +206,9 @@ class Postgres:
         env = ["env", "-u", "LD_PRELOAD"]
         if accel:
             env = ["env", f"LD_PRELOAD={self.lib}", "VSOCKET_UPGRADE=" + ("always" if accel == "always" else "auto")]
-        srv = self.bed.start(SERVER_VM, False, ["runuser", "-u", "postgres", "--"] + env +
+        srv = self.bed.start(self.bed.server_vm, False, ["runuser", "-u", "postgres", "--"] + env +
                              [f"{self.bin}/postgres", "-D", os.path.join(self.dir, "data")], 600)
-        self.bed.wait_listening(SERVER_VM, self.port, 15)
+        self.bed.wait_listening(self.bed.server_vm, self.port, 15)
         return srv
 
     def stop(self, srv):
@@ -230,7 +230,7 @@ def pgbench(bed, pg, accel, seconds):
     try:
         for key, extra in (("tpcb_c8_tps", ["-c", "8", "-j", "2"]), ("select_c1_tps", ["-S", "-c", "1"]),
                            ("select_c8_tps", ["-S", "-c", "8", "-j", "2"])):
-            r = bed.run(CLIENT_VM, accel, ["pgbench", "-h", bed.server_addr, "-p", str(pg.port), "-U", "postgres",
+            r = bed.run(bed.client_vm, accel, ["pgbench", "-h", bed.server_addr, "-p", str(pg.port), "-U", "postgres",
                                            "-n", "-T", str(seconds)] + extra + ["postgres"], timeout=seconds + 60)
             m = re.search(r"tps = ([0-9.]+) \((?:without initial connection time|excluding connections establishing)",
                           r.stdout)
@@ -252,12 +252,12 @@ def socat(bed, accel, port, ring_kb=None):
     receiver's exit; an error unless every byte arrived. ring_kb: both
     ends' VSOCKET_RING_KB (vSocket modes)."""
     extra = {"VSOCKET_RING_KB": str(ring_kb)} if ring_kb else None
-    srv = bed.start(SERVER_VM, accel, ["sh", "-c", f"socat -u TCP-LISTEN:{port},bind={bed.server_addr},reuseaddr "
+    srv = bed.start(bed.server_vm, accel, ["sh", "-c", f"socat -u TCP-LISTEN:{port},bind={bed.server_addr},reuseaddr "
                                        "STDOUT | wc -c"], 300, extra_env=extra)
     try:
-        bed.wait_listening(SERVER_VM, port)
+        bed.wait_listening(bed.server_vm, port)
         t0 = time.monotonic()
-        r = bed.run(CLIENT_VM, accel, ["socat", "-u", f"OPEN:/dev/zero,readbytes={SOCAT_BYTES}",
+        r = bed.run(bed.client_vm, accel, ["socat", "-u", f"OPEN:/dev/zero,readbytes={SOCAT_BYTES}",
                                        f"TCP:{bed.server_addr}:{port}"], timeout=240, extra_env=extra)
         srv.finish(240)
         t = time.monotonic() - t0
@@ -286,10 +286,10 @@ print(ts[len(ts) // 2], ts[int(len(ts) * 0.99)])
 
 
 def connect_first_byte(bed, accel, peer_bin, port):
-    srv = bed.start(SERVER_VM, accel, [peer_bin, bed.server_addr, str(port)], 300)
+    srv = bed.start(bed.server_vm, accel, [peer_bin, bed.server_addr, str(port)], 300)
     try:
-        bed.wait_listening(SERVER_VM, port)
-        r = bed.run(CLIENT_VM, accel, ["python3", "-c", CONNECT_PROBE, bed.server_addr, str(port), "300"])
+        bed.wait_listening(bed.server_vm, port)
+        r = bed.run(bed.client_vm, accel, ["python3", "-c", CONNECT_PROBE, bed.server_addr, str(port), "300"])
     finally:
         srv.stop()
     try:
