@@ -220,6 +220,14 @@ struct BackendConn {
   std::atomic<uint64_t> accel_bytes_out{0};
   std::atomic<uint64_t> accel_bytes_in{0};
   std::atomic<uint64_t> kernel_bytes_out{0};  // from the fence
+
+  // Registered and still waiting for its peer: not gone, told nothing, and
+  // neither paired on this host nor asked, accepted or paired by a peer
+  // host. What pairing (and a peer host's PAIR_DECLINE) may take up.
+  bool WaitsForPeer() const {
+    return !gone && state == ConnState::kPending && reason == proto::Reason::kPending && peer == nullptr &&
+           remote.stage == RemotePeer::Stage::kNone;
+  }
 };
 
 // The guest memory of c's TX ring, with the doorbell block that follows it.

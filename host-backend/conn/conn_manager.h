@@ -371,6 +371,9 @@ class ConnManager {
   };
   std::unordered_map<ConnKey, Declined, ConnKeyHash> declined_;
   std::unordered_map<uint32_t, size_t> declined_per_host_;
+  void UnshareDecline(const Declined& d) {
+    if (d.host != 0) --declined_per_host_[d.host];
+  }
   uint64_t next_handle_ = 1;
   ConnManagerCounters counters_;
   std::array<VmTotals, kMaxVms> vm_totals_;

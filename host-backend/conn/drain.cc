@@ -218,9 +218,7 @@ void ConnManager::Relocate() {
 void ConnManager::PairPending(uint32_t vm_index) {
   std::vector<BackendConn*> todo;
   for (auto& [h, c] : conns_)
-    if ((vm_index == kAllVms ? !Draining(c->vm_index) : c->vm_index % kMaxVms == vm_index) && !c->gone &&
-        c->state == ConnState::kPending && c->peer == nullptr && c->reason == Reason::kPending &&
-        c->remote.stage == RemotePeer::Stage::kNone)
+    if ((vm_index == kAllVms ? !Draining(c->vm_index) : c->vm_index % kMaxVms == vm_index) && c->WaitsForPeer())
       todo.push_back(c.get());
   size_t paired = 0;
   for (BackendConn* c : todo) {

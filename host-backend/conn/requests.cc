@@ -368,9 +368,7 @@ bool ConnManager::PairWithMirror(BackendConn& c) {
   auto it = conns_.find(peer_handle);
   if (it == conns_.end()) return true;
   BackendConn* p = it->second.get();
-  if (p->state == ConnState::kPending && p->reason == Reason::kPending && p->peer == nullptr && !p->gone &&
-      p->role != c.role && p->remote.stage == RemotePeer::Stage::kNone && !Draining(c.vm_index) &&
-      !Draining(p->vm_index))
+  if (p->WaitsForPeer() && p->role != c.role && !Draining(c.vm_index) && !Draining(p->vm_index))
     Pair(c, *p);
   return true;
 }

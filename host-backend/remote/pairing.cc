@@ -116,19 +116,16 @@ void ConnManager::RememberDecline(const ConnKey& key, uint32_t host, Reason why)
   };
   if (full()) {
     int64_t now = MonotonicMs();
-    for (auto it = declined_.begin(); it != declined_.end();) {
-      if (it->second.expires_ms < now) {
-        if (it->second.host != 0) --declined_per_host_[it->second.host];
-        it = declined_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    std::erase_if(declined_, [&](const auto& kv) {
+      if (kv.second.expires_ms >= now) return false;
+      UnshareDecline(kv.second);
+      return true;
+    });
     if (full()) return;  // (then that registration just waits, as without a decline)
   }
   auto [it, added] = declined_.try_emplace(key, Declined{host, why, MonotonicMs() + kPendingRemoteMs});
   if (!added) {
-    if (it->second.host != 0) --declined_per_host_[it->second.host];
+    UnshareDecline(it->second);
     it->second = Declined{host, why, MonotonicMs() + kPendingRemoteMs};
   }
   if (host != 0) ++declined_per_host_[host];
@@ -141,7 +138,7 @@ std::optional<Reason> ConnManager::TakeDecline(const ConnKey& key, bool from_pee
   Declined d = it->second;
   // Either way the entry is used up: a registration (or a request) after it
   // is a new connection with the same 4-tuple.
-  if (d.host != 0) --declined_per_host_[d.host];
+  UnshareDecline(d);
   declined_.erase(it);
   if (d.expires_ms < MonotonicMs() || (d.host != 0) != from_peer) return std::nullopt;
   return d.why;
@@ -238,9 +235,7 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
       uint64_t mine = 0;
       if (registry_.find(key, mine)) {
         BackendConn* c = conn(mine);
-        bool available = c && c->state == ConnState::kPending && c->peer == nullptr && !c->gone &&
-                         c->remote.stage == RemotePeer::Stage::kNone && c->role != info->role &&
-                         c->reason == Reason::kPending;
+        bool available = c && c->WaitsForPeer() && c->role != info->role;
         if (available && !Draining(c->vm_index)) {
           AcceptRemote(*c, r);
           return;
@@ -331,8 +326,7 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
       uint64_t mine = 0;
       if (registry_.find(key, mine)) {
         BackendConn* c = conn(mine);
-        if (c != nullptr && c->state == ConnState::kPending && c->reason == Reason::kPending && c->peer == nullptr &&
-            !c->gone && c->remote.stage == RemotePeer::Stage::kNone && c->role != info->role) {
+        if (c != nullptr && c->WaitsForPeer() && c->role != info->role) {
           {
             std::lock_guard<std::mutex> lock(snapshot_mu_);
             c->reason = why;
@@ -400,9 +394,7 @@ void ConnManager::OnHostUp(uint32_t host) {
   if (hosts_ == nullptr) return;
   std::vector<BackendConn*> todo;
   for (auto& [h, c] : conns_)
-    if (!c->gone && c->state == ConnState::kPending && c->peer == nullptr &&
-        c->remote.stage == RemotePeer::Stage::kNone && c->role == proto::Role::kClient &&
-        c->reason == Reason::kPending && c->key.scope == 0 && !Draining(c->vm_index))
+    if (c->WaitsForPeer() && c->role == proto::Role::kClient && c->key.scope == 0 && !Draining(c->vm_index))
       todo.push_back(c.get());
   for (BackendConn* c : todo)
     if (LocalPortFor(c->key.tenant, c->key.peer) == nullptr && hosts_->Locate(c->key.tenant, c->key.peer) == host)
