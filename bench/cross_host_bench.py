@@ -257,21 +257,6 @@ APPS = [
     ("pgbench", lambda bed, accel, port, pg, s: sh.pgbench(bed, pg, accel, max(3, s))),
     ("socat", lambda bed, accel, port, pg, s: sh.socat(bed, accel, port)),
 ]
-# (metric, value of one repetition's apps, goal: ">= 1" for every one)
-APP_ROWS = [
-    ("redis SET, 1 client (req/s)", lambda A: A["redis"].get("set_c1_rps", 0)),
-    ("redis GET, 1 client (req/s)", lambda A: A["redis"].get("get_c1_rps", 0)),
-    ("redis SET, 50 clients (req/s)", lambda A: A["redis"].get("set_c50_rps", 0)),
-    ("redis GET, 50 clients (req/s)", lambda A: A["redis"].get("get_c50_rps", 0)),
-    ("redis SET, 100 clients, pipeline 16 (req/s)", lambda A: A["redis"].get("set_c100_p16_rps", 0)),
-    ("redis GET, 100 clients, pipeline 16 (req/s)", lambda A: A["redis"].get("get_c100_p16_rps", 0)),
-    ("nginx 4 KiB, keep-alive, wrk -c 16 (req/s)", lambda A: A["nginx_keepalive"].get("rps", 0)),
-    ("nginx 4 KiB, Connection: close, wrk -c 16 (req/s)", lambda A: A["nginx_close"].get("rps", 0)),
-    ("PostgreSQL TPC-B, pgbench -c 8 -j 2 (tps)", lambda A: A["pgbench"].get("tpcb_c8_tps", 0)),
-    ("PostgreSQL select-only, 1 client (tps)", lambda A: A["pgbench"].get("select_c1_tps", 0)),
-    ("PostgreSQL select-only, 8 clients (tps)", lambda A: A["pgbench"].get("select_c8_tps", 0)),
-    ("socat 1 GiB one way (Gbit/s)", lambda A: A["socat"].get("gbit_per_s", 0)),
-]
 
 
 def run_app(fn, *args):
@@ -458,13 +443,13 @@ def app_table(reps):
     """Medians (min-max) of the application rows, kernel TCP and vSocket
     (default policy), against the do-no-harm goal (>= 1)."""
     rows = []
-    for label, fn in APP_ROWS:
+    for label, meas, field in sh.APP_METRICS:
         vals = {}
         for mode in ("kernel", "vsocket"):
             xs = []
             for rep in reps:
                 try:
-                    x = float(fn(rep[mode]["apps"]))
+                    x = float(rep[mode]["apps"][meas].get(field, 0))
                 except (KeyError, TypeError, ValueError):
                     continue
                 if x == x and x > 0:
