@@ -41,14 +41,14 @@ link_field() { # link_field HOST FIELD: from `vsocketctl --json stats` links[0]
   bash $TB ctl "$1" --json stats 2>/dev/null | python3 -c "import json,sys; print(json.load(sys.stdin)['links'][0]['$2'])"
 }
 
-# conn_rows HOST PORT: HOST's connections to PORT as "mode/reason via VIA:
-# N B out" (one per line); conns_accelerated HOST PORT N: until N of them are accelerated
-# (bounded: 15 s).
+# conn_rows HOST PORT: HOST's connections to or from PORT (a client's or a
+# server's) as "mode/reason via VIA: N B out" (one per line);
+# conns_accelerated HOST PORT N: until N of them are accelerated (bounded: 15 s).
 conn_rows() {
   bash $TB ctl "$1" --json stats 2>/dev/null | python3 -c "
 import json, sys
 for c in json.load(sys.stdin)['connections']:
-    if c['peer'].endswith(':$2'): print(f\"{c['mode']}/{c['reason']} via {c['via'] or '-'}: {c['accel_bytes_out']} B out\")" 2>/dev/null
+    if c['peer'].endswith(':$2') or c['local'].endswith(':$2'): print(f\"{c['mode']}/{c['reason']} via {c['via'] or '-'}: {c['accel_bytes_out']} B out\")" 2>/dev/null
 }
 conns_accelerated() {
   local _
@@ -215,7 +215,7 @@ case_iperf cross_iperf3_reverse 7302 -R
 # the fabric wins).
 case_bulk_default_policy() {
   local name=cross_bulk_default_policy port=7304 conns=2 bytes=33554432
-  local rep=$WORK/$name.jsonl a0 b0 k0 d0 da db dk dd out rows srv cli i
+  local rep=$WORK/$name.jsonl a0 b0 k0 d0 da db dk dd out rows srv cli
   a0=$(counter hostA fabric_bytes_out)
   b0=$(counter hostB fabric_bytes_out)
   k0=$(counter hostA kept_kernel_faster)
@@ -231,12 +231,9 @@ case_bulk_default_policy() {
     kill "$srv" 2>/dev/null
     return
   fi
-  for i in $(seq 40); do grep -q "connections verified" "$WORK/$name.srv" && break; sleep 0.1; done
+  wait_for_text "$WORK/$name.srv" "connections verified" 40
   sleep 0.3  # (the server's close() has unregistered by now, or never will)
-  rows=$(bash $TB ctl hostB --json stats 2>/dev/null | python3 -c "
-import json, sys
-rows = [c for c in json.load(sys.stdin)['connections'] if c['local'].endswith(':$port') or c['peer'].endswith(':$port')]
-print(' '.join(sorted('%s/%s' % (c['mode'], c['reason']) for c in rows)))")
+  rows=$(conn_rows hostB $port | sort | uniq -c | tr -s ' \n' ' ')
   if ! wait "$srv"; then
     fail $name "server: $(tail -2 "$WORK/$name.srv" | tr '\n' ' ')"
     return
