@@ -68,9 +68,11 @@ struct Conn {
   // Before a held connection's thread sleeps in the kernel on it: true, and
   // it will not register until LeaveKernelSleep; false if it is registering
   // already (sleep on the registered path instead).
+  // A Dekker pair with ClaimRegistration: each side's seq_cst write, then
+  // its seq_cst read of the other's flag (all four in one total order, so
+  // at least one side sees the other; no separate fence is needed).
   bool EnterKernelSleep() {
     kernel_sleepers.fetch_add(1);
-    std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with ClaimRegistration
     if (!claiming.load() && session == nullptr && state.phase() == Phase::kUnprobed) return true;
     kernel_sleepers.fetch_sub(1);
     return false;
@@ -81,8 +83,7 @@ struct Conn {
   // again.
   bool ClaimRegistration() {
     claiming.store(true);
-    std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with EnterKernelSleep
-    if (kernel_sleepers.load() == 0) return true;
+    if (kernel_sleepers.load() == 0) return true;  // (the pair: EnterKernelSleep)
     claiming.store(false);
     return false;
   }

@@ -19,6 +19,7 @@
 #include "guest/core/config.h"
 #include "guest/core/exec.h"
 #include "guest/core/fd_table.h"
+#include "guest/core/held_io.h"
 #include "guest/core/poll_ops.h"
 #include "guest/core/report.h"
 #include "guest/core/resync.h"
@@ -252,6 +253,8 @@ int ioctl(int fd, unsigned long req, ...) {
 ssize_t write(int fd, const void* buf, size_t n) {
   auto c = Ours(fd);
   if (!c) return Libc().write(fd, buf, n);
+  ssize_t r;
+  if (HeldSend(*c, [&] { return Libc().write(fd, buf, n); }, &r)) return r;
   iovec v{const_cast<void*>(buf), n};
   return SendIov(fd, *c, &v, 1, 0);
 }
@@ -259,6 +262,8 @@ ssize_t write(int fd, const void* buf, size_t n) {
 ssize_t read(int fd, void* buf, size_t n) {
   auto c = Ours(fd);
   if (!c || n == 0) return Libc().read(fd, buf, n);  // read(0) returns at once
+  ssize_t r;
+  if (HeldRecv(*c, 0, [&] { return Libc().read(fd, buf, n); }, &r)) return r;
   iovec v{buf, n};
   return RecvIov(fd, *c, &v, 1, 0);
 }
@@ -266,18 +271,24 @@ ssize_t read(int fd, void* buf, size_t n) {
 ssize_t writev(int fd, const iovec* iov, int n) {
   auto c = Ours(fd);
   if (!c || n < 0 || n > IOV_MAX) return Libc().writev(fd, iov, n);  // the kernel's EINVAL
+  ssize_t r;
+  if (HeldSend(*c, [&] { return Libc().writev(fd, iov, n); }, &r)) return r;
   return SendIov(fd, *c, iov, n, 0);
 }
 
 ssize_t readv(int fd, const iovec* iov, int n) {
   auto c = Ours(fd);
   if (!c || n < 0 || n > IOV_MAX) return Libc().readv(fd, iov, n);
+  ssize_t r;
+  if (HeldRecv(*c, 0, [&] { return Libc().readv(fd, iov, n); }, &r)) return r;
   return RecvIov(fd, *c, iov, n, 0);
 }
 
 ssize_t send(int fd, const void* buf, size_t n, int flags) {
   auto c = Ours(fd);
   if (!c) return Libc().send(fd, buf, n, flags);
+  ssize_t r;
+  if (HeldSend(*c, [&] { return Libc().send(fd, buf, n, flags); }, &r)) return r;
   iovec v{const_cast<void*>(buf), n};
   return SendIov(fd, *c, &v, 1, flags);
 }
@@ -285,6 +296,8 @@ ssize_t send(int fd, const void* buf, size_t n, int flags) {
 ssize_t recv(int fd, void* buf, size_t n, int flags) {
   auto c = Ours(fd);
   if (!c) return Libc().recv(fd, buf, n, flags);
+  ssize_t r;
+  if (HeldRecv(*c, flags, [&] { return Libc().recv(fd, buf, n, flags); }, &r)) return r;
   iovec v{buf, n};
   return RecvIov(fd, *c, &v, 1, flags);
 }
@@ -292,6 +305,8 @@ ssize_t recv(int fd, void* buf, size_t n, int flags) {
 ssize_t sendto(int fd, const void* buf, size_t n, int flags, const sockaddr* addr, socklen_t len) {
   auto c = Ours(fd);
   if (!c) return Libc().sendto(fd, buf, n, flags, addr, len);
+  ssize_t r;
+  if (HeldSend(*c, [&] { return Libc().sendto(fd, buf, n, flags, addr, len); }, &r)) return r;
   iovec v{const_cast<void*>(buf), n};
   return SendIov(fd, *c, &v, 1, flags);  // a connected stream ignores the address
 }
@@ -299,6 +314,8 @@ ssize_t sendto(int fd, const void* buf, size_t n, int flags, const sockaddr* add
 ssize_t recvfrom(int fd, void* buf, size_t n, int flags, sockaddr* addr, socklen_t* len) {
   auto c = Ours(fd);
   if (!c) return Libc().recvfrom(fd, buf, n, flags, addr, len);
+  ssize_t r;
+  if (HeldRecv(*c, flags, [&] { return Libc().recvfrom(fd, buf, n, flags, addr, len); }, &r)) return r;
   if (len) *len = 0;  // as the kernel does for TCP
   iovec v{buf, n};
   return RecvIov(fd, *c, &v, 1, flags);
@@ -307,12 +324,16 @@ ssize_t recvfrom(int fd, void* buf, size_t n, int flags, sockaddr* addr, socklen
 ssize_t sendmsg(int fd, const msghdr* m, int flags) {
   auto c = Ours(fd);
   if (!c || m == nullptr || m->msg_iovlen > IOV_MAX) return Libc().sendmsg(fd, m, flags);
+  ssize_t r;
+  if (HeldSend(*c, [&] { return Libc().sendmsg(fd, m, flags); }, &r)) return r;
   return SendIov(fd, *c, m->msg_iov, static_cast<int>(m->msg_iovlen), flags);
 }
 
 ssize_t recvmsg(int fd, msghdr* m, int flags) {
   auto c = Ours(fd);
   if (!c || m == nullptr || m->msg_iovlen > IOV_MAX) return Libc().recvmsg(fd, m, flags);
+  ssize_t r;
+  if (HeldRecv(*c, flags, [&] { return Libc().recvmsg(fd, m, flags); }, &r)) return r;
   m->msg_namelen = 0;
   m->msg_controllen = 0;
   m->msg_flags = 0;
@@ -322,6 +343,8 @@ ssize_t recvmsg(int fd, msghdr* m, int flags) {
 ssize_t sendfile(int out, int in, off_t* offset, size_t count) {
   auto c = Ours(out);
   if (!c) return Libc().sendfile(out, in, offset, count);
+  ssize_t held;
+  if (HeldSend(*c, [&] { return Libc().sendfile(out, in, offset, count); }, &held)) return held;
   {
     Guard g;
     Result<size_t> direct = size_t{0};
