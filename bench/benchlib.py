@@ -7,6 +7,7 @@ import datetime
 import json
 import os
 import re
+import statistics
 import select
 import shutil
 import signal
@@ -361,6 +362,29 @@ def parse_iperf(stdout, stderr=""):
 
 def ratio(a, b):
     return a / b if a and b else float("nan")
+
+
+def ratio_text(row, dash="-"):
+    """A row's ratio, and (min-max) of its repetitions' ratios when they differ."""
+    r, rr = row["ratio"], row.get("ratio_range")
+    if r != r:
+        return "nan"
+    if not rr or rr[0] != rr[0] or f"{rr[0]:.2f}" == f"{rr[1]:.2f}":
+        return f"{r:.2f}"
+    return f"{r:.2f} ({rr[0]:.2f}{dash}{rr[1]:.2f})"
+
+
+def paired_ratio(kernel, other):
+    """The modes alternate per measurement, so repetition i of kernel TCP and
+    of vSocket ran next to each other: (median, min, max) of their ratios
+    other[i] / kernel[i], over the pairs where both have a value (None, 0 or
+    NaN: no value). A drift of the machine's speed during the run moves both
+    halves of a pair, not their ratio, where a ratio of the two modes'
+    medians may take them from different repetitions."""
+    rs = [o / k for k, o in zip(kernel, other) if k and o and k == k and o == o]
+    if not rs:
+        return float("nan"), float("nan"), float("nan")
+    return statistics.median(rs), min(rs), max(rs)
 
 
 # ---- results ------------------------------------------------------------------------

@@ -344,9 +344,14 @@ METRICS = [
 ]
 
 
-def median_of(reps, mode, meas, fn):
-    vals = [fn(rep[mode][meas]) for rep in reps if rep[mode][meas].get("valid")]
-    vals = [v for v in vals if v == v and v]  # drop NaN and missing
+def values_of(reps, mode, meas, fn):
+    """One value per repetition; None for an invalid run, NaN or missing."""
+    vals = [fn(rep[mode][meas]) if rep[mode][meas].get("valid") else None for rep in reps]
+    return [v if v is not None and v == v and v else None for v in vals]
+
+
+def spread_of(vals):
+    vals = [v for v in vals if v is not None]
     return (statistics.median(vals), min(vals), max(vals)) if vals else (0.0, 0.0, 0.0)
 
 
@@ -354,13 +359,15 @@ def summarize(results):
     reps = results["reps"]
     table = []
     for label, meas, fn, goal, test in METRICS:
-        k, kmin, kmax = median_of(reps, "kernel", meas, fn)
-        v, vmin, vmax = median_of(reps, "vsocket", meas, fn)
+        kv, vv = values_of(reps, "kernel", meas, fn), values_of(reps, "vsocket", meas, fn)
+        k, kmin, kmax = spread_of(kv)
+        v, vmin, vmax = spread_of(vv)
         valid = [rep["vsocket"][meas]["valid"] for rep in reps]
-        r = bl.ratio(v, k)
+        r, rmin, rmax = bl.paired_ratio(kv, vv)
         paths = sorted({rep["vsocket"][meas].get("path") for rep in reps} - {None})
         table.append({"metric": label, "measurement": meas, "kernel": k, "kernel_range": [kmin, kmax],
-                      "vsocket": v, "vsocket_range": [vmin, vmax], "ratio": r, "goal": goal,
+                      "vsocket": v, "vsocket_range": [vmin, vmax], "ratio": r, "ratio_range": [rmin, rmax],
+                      "goal": goal,
                       "met": None if test is None else bool(r == r and test(r)),
                       "vsocket_valid_reps": sum(valid), "reps": len(valid), "paths": paths})
     batching = []
@@ -400,25 +407,24 @@ def summarize(results):
                 continue
             for label, q, limit in (("RTT p50, 16 B (us)", "p50", 1.0), ("RTT p99, 16 B (us)", "p99", 1.2),
                                     ("RTT p99.9, 16 B (us)", "p99.9", None)):
-                vals = {}
-                for mode in ("kernel", mode_v):
-                    xs = [2 * r.get(q, 0) for r in pinned[mode] if r.get("valid") and r.get(q)]
-                    vals[mode] = (statistics.median(xs), min(xs), max(xs)) if xs else (0.0, 0.0, 0.0)
-                r = bl.ratio(vals[mode_v][0], vals["kernel"][0])
+                xs = {mode: [2 * r[q] if r.get("valid") and r.get(q) else None for r in pinned[mode]]
+                      for mode in ("kernel", mode_v)}
+                vals = {mode: spread_of(xs[mode]) for mode in xs}
+                r, rmin, rmax = bl.paired_ratio(xs["kernel"], xs[mode_v])
                 prow.append({"metric": label.replace(" (us)", suffix + " (us)"), "kernel": vals["kernel"],
-                             "vsocket": vals[mode_v], "ratio": r, "goal": f"<= {limit:g}" if limit else "",
+                             "vsocket": vals[mode_v], "ratio": r, "ratio_range": [rmin, rmax],
+                             "goal": f"<= {limit:g}" if limit else "",
                              "met": bool(r == r and r <= limit) if mode_v == "vsocket" and limit else None,
                              "valid": sum(1 for x in pinned[mode_v] if x.get("valid")), "reps": len(pinned[mode_v]),
                              "paths": sorted({x.get("path") for x in pinned[mode_v]} - {None})})
             bw = pinned.get("bandwidth") or {}
             if bw.get(mode_v):
-                vals = {}
-                for mode in ("kernel", mode_v):
-                    xs = [r.get("gbit_per_s", 0) for r in bw[mode] if r.get("valid") and r.get("gbit_per_s")]
-                    vals[mode] = (statistics.median(xs), min(xs), max(xs)) if xs else (0.0, 0.0, 0.0)
-                r = bl.ratio(vals[mode_v][0], vals["kernel"][0])
+                xs = {mode: [r["gbit_per_s"] if r.get("valid") and r.get("gbit_per_s") else None for r in bw[mode]]
+                      for mode in ("kernel", mode_v)}
+                vals = {mode: spread_of(xs[mode]) for mode in xs}
+                r, rmin, rmax = bl.paired_ratio(xs["kernel"], xs[mode_v])
                 prow.append({"metric": "bandwidth, iperf3 1 stream" + suffix + " (Gbit/s)", "kernel": vals["kernel"],
-                             "vsocket": vals[mode_v], "ratio": r, "goal": ">= 1",
+                             "vsocket": vals[mode_v], "ratio": r, "ratio_range": [rmin, rmax], "goal": ">= 1",
                              "met": bool(r == r and r >= 1) if mode_v == "vsocket" else None,
                              "valid": sum(1 for x in bw[mode_v] if x.get("valid")), "reps": len(bw[mode_v]),
                              "paths": sorted({x.get("path") for x in bw[mode_v]} - {None})})
@@ -444,22 +450,21 @@ def app_table(reps):
     (default policy), against the do-no-harm goal (>= 1)."""
     rows = []
     for label, meas, field in sh.APP_METRICS:
-        vals = {}
+        xs = {}
         for mode in ("kernel", "vsocket"):
-            xs = []
+            xs[mode] = []
             for rep in reps:
                 try:
                     x = float(rep[mode]["apps"][meas].get(field, 0))
                 except (KeyError, TypeError, ValueError):
-                    continue
-                if x == x and x > 0:
-                    xs.append(x)
-            vals[mode] = (statistics.median(xs), min(xs), max(xs)) if xs else (0.0, 0.0, 0.0)
+                    x = None
+                xs[mode].append(x if x is not None and x == x and x > 0 else None)
+        vals = {mode: spread_of(xs[mode]) for mode in xs}
         if not vals["kernel"][0] and not vals["vsocket"][0]:
             continue
-        r = bl.ratio(vals["vsocket"][0], vals["kernel"][0])
+        r, rmin, rmax = bl.paired_ratio(xs["kernel"], xs["vsocket"])
         rows.append({"metric": label, "kernel": vals["kernel"], "vsocket": vals["vsocket"], "ratio": r,
-                     "goal": ">= 1", "met": bool(r == r and r >= 1)})
+                     "ratio_range": [rmin, rmax], "goal": ">= 1", "met": bool(r == r and r >= 1)})
     return rows
 
 
@@ -473,7 +478,8 @@ def markdown(results):
           "",
           f"vmA1 (hostA) -> vmB1 (hostB), tenant 1; {results['cpus']} CPUs, load average "
           f"{results['loadavg_before']} before / {results['loadavg_after']} after; {results['reps_n']} repetitions "
-          f"of {results['seconds']} s per test, kernel TCP and vSocket alternating per test; medians (min-max).",
+          f"of {results['seconds']} s per test, kernel TCP and vSocket alternating per test; medians (min-max); "
+          "vSocket/kernel: the median (min-max) of each repetition's ratio.",
           "", "Binaries: " + ", ".join(f"{k} {v['sha256']} ({v['mtime']})" for k, v in results["binaries"].items())
           + f"; wall time {results['wall_s']} s.", "",
           "| metric | kernel TCP | vSocket | vSocket/kernel | goal | fabric check (vSocket) |",
@@ -489,14 +495,14 @@ def markdown(results):
         check += held_note(row)
         md.append(f"| {row['metric']} | {fmt(row['kernel'])} ({fmt(row['kernel_range'][0])}-{fmt(row['kernel_range'][1])}) "
                   f"| {fmt(row['vsocket'])} ({fmt(row['vsocket_range'][0])}-{fmt(row['vsocket_range'][1])}) "
-                  f"| {row['ratio']:.2f} | {goal} | {check} |")
+                  f"| {bl.ratio_text(row)} | {goal} | {check} |")
     if results.get("apps_table"):
         md += ["", "## Applications (default policy)", "",
                "| metric | kernel TCP | vSocket | vSocket/kernel | goal |", "|---|--:|--:|--:|---|"]
         for row in results["apps_table"]:
             k, v = row["kernel"], row["vsocket"]
             md.append(f"| {row['metric']} | {fmt(k[0])} ({fmt(k[1])}-{fmt(k[2])}) | {fmt(v[0])} ({fmt(v[1])}-"
-                      f"{fmt(v[2])}) | {row['ratio']:.2f} | {row['goal']}: **{'met' if row['met'] else 'missed'}** |")
+                      f"{fmt(v[2])}) | {bl.ratio_text(row)} | {row['goal']}: **{'met' if row['met'] else 'missed'}** |")
     if results.get("pinned_table"):
         md += ["", "## RTT and bandwidth with one CPU per host (hostA's vsocketd and the client on CPU 0, hostB's "
                "and the server on CPU 1)", "",
@@ -511,7 +517,7 @@ def markdown(results):
             k, v = row["kernel"], row["vsocket"]
             g = "" if row["met"] is None else f"{row.get('goal', '<= 1')}: **{'met' if row['met'] else 'missed'}**"
             md.append(f"| {row['metric']} | {fmt(k[0])} ({fmt(k[1])}-{fmt(k[2])}) | {fmt(v[0])} ({fmt(v[1])}-{fmt(v[2])}) "
-                      f"| {row['ratio']:.2f} | {g} | valid {row['valid']}/{row['reps']}"
+                      f"| {bl.ratio_text(row)} | {g} | valid {row['valid']}/{row['reps']}"
                       f"{held_note(row)} |")
     md += ["", "## Adaptive batching on the fabric link (hostA -> hostB, netload 16 B, vSocket)", "",
            "| connections | frames per writev | payload bytes per writev | 16 B messages per frame | writev/s |",
@@ -580,7 +586,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bin", default=bl.DEFAULT_BIN)
     ap.add_argument("--seconds", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--pinned-reps", type=int, default=3,
                     help="extra ping-pong repetitions with one CPU per host (0: none)")
     ap.add_argument("--out", default=os.path.join(bl.ROOT, "bench/results"))

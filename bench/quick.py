@@ -8,7 +8,8 @@ or the wait policy.
   bench/quick.sh [--bin BAZEL_BIN] [--reps N] [--out DIR]
 
 Measures (kernel TCP and vSocket alternating, REPS times each; the median
-of the repetitions is compared):
+of the repetitions' ratios, each vSocket run against the kernel run next
+to it, is compared):
   - sockperf ping-pong RTT, 16 B: p50 and p99
   - redis-benchmark SET and GET, 1 client
   - nginx, 4 KiB file, wrk -c 16 with "Connection: close" (a connection
@@ -33,7 +34,7 @@ import statistics
 import tempfile
 import time
 
-from benchlib import DEFAULT_BIN, ROOT, Bed, find_bin, machine, ratio, save_results, utc_now
+from benchlib import DEFAULT_BIN, ROOT, Bed, find_bin, machine, paired_ratio, ratio_text, save_results, utc_now
 from same_host_bench import CLIENT_VM, SERVER_VM, connect_first_byte, nginx, redis, sockperf
 
 
@@ -95,9 +96,9 @@ def main():
     for name, get, higher, goal in METRICS:
         k = statistics.median(get(R) for R in results["kernel"])
         v = statistics.median(get(R) for R in results["vsocket"])
-        r = ratio(v, k)
+        r, rmin, rmax = paired_ratio([get(R) for R in results["kernel"]], [get(R) for R in results["vsocket"]])
         ok = r == r and (r >= goal if higher else r <= goal)
-        rows.append({"metric": name, "kernel": k, "vsocket": v, "ratio": r,
+        rows.append({"metric": name, "kernel": k, "vsocket": v, "ratio": r, "ratio_range": [rmin, rmax],
                      "goal": (">= " if higher else "<= ") + f"{goal:g}", "ok": ok})
         if not ok:
             bad.append(name)
@@ -111,7 +112,7 @@ def main():
           f"({results['machine']['cpu_model']}), median of {a.reps} repetitions, same run",
           "", "| metric | kernel TCP | vSocket | vSocket/kernel | goal | |", "|---|--:|--:|--:|---|---|"]
     for row in rows:
-        md.append(f"| {row['metric']} | {row['kernel']:.1f} | {row['vsocket']:.1f} | {row['ratio']:.2f} | "
+        md.append(f"| {row['metric']} | {row['kernel']:.1f} | {row['vsocket']:.1f} | {ratio_text(row)} | "
                   f"{row['goal']} | {'ok' if row['ok'] else 'REGRESSION'} |")
     verdict = "quick-bench: OK" if not bad else "quick-bench: REGRESSION " + ", ".join(bad)
     v = [R["daemon"] for R in results["vsocket"]]

@@ -54,6 +54,26 @@ def spread(median, lo, hi):
     return f"{num(median)} ({num(lo)}–{num(hi)})"
 
 
+RATIO_NOTE = (" (vSocket/kernel: the median, and min–max, of the repetitions' own ratios, each vSocket run "
+              "against the kernel TCP run next to it)")
+
+
+def paired(rows):
+    """Whether a result's ratios are the median of per-repetition ratios."""
+    return any("ratio_range" in r for r in rows)
+
+
+def rtext(row):
+    """A row's vSocket/kernel ratio, and (min–max) of its repetitions' ratios
+    when the result has them and they differ."""
+    r, rr = row["ratio"], row.get("ratio_range")
+    if r != r:
+        return "–"
+    if not rr or rr[0] != rr[0] or f"{rr[0]:.2f}" == f"{rr[1]:.2f}":
+        return f"{r:.2f}"
+    return f"{r:.2f} ({rr[0]:.2f}–{rr[1]:.2f})"
+
+
 def when_where(res, source):
     """The first line of every block: when, on what, from which file. A date
     may carry a note in parentheses (where it came from)."""
@@ -104,7 +124,8 @@ def same_host():
     out = [when_where(res, "same-host-latest.json") + " Kernel TCP and vSocket in the same run.",
            f"{res.get('reps_n', 1)} repetitions of {res.get('seconds', '?')} s per test, "
            f"{'the modes alternating per test' if res.get('interleaved') else 'modes in turn'}, medians "
-           f"(min–max); load average {res.get('loadavg_before', '?')} before, {res.get('loadavg_after', '?')} after. "
+           f"(min–max){RATIO_NOTE if paired(res['table']) else ''}; load average {res.get('loadavg_before', '?')} "
+           f"before, {res.get('loadavg_after', '?')} after. "
            "vSocket: the default upgrade policy (what a user gets); *--upgrade always*: every connection "
            "accelerated (the accelerated path's own cost).", "",
            "| metric | kernel TCP | vSocket | vSocket/kernel | do-no-harm goal |", "|---|--:|--:|--:|---|"]
@@ -112,7 +133,7 @@ def same_host():
         g = f"{goal(r['goal'])}: **{'met' if r['met'] else 'missed'}**" if r.get("goal") else ""
         name = label(r["metric"]).replace(", --upgrade always", ", *--upgrade always*")
         out.append(f"| {name} | {spread(r['kernel'], *r['kernel_range'])} "
-                   f"| {spread(r['vsocket'], *r['vsocket_range'])} | {r['ratio']:.2f} | {g} |")
+                   f"| {spread(r['vsocket'], *r['vsocket_range'])} | {rtext(r)} | {g} |")
     rows = {r["metric"]: r for r in res["table"]}
     base = rows.get("socat 1 GiB one way (Gbit/s)")
     big = rows.get("socat 1 GiB one way, 512 KiB rings (Gbit/s)")
@@ -137,7 +158,8 @@ def cross_host():
     out = [when_where(res, "cross-host-latest.json"),
            f"{res['reps_n']} repetitions of {res['seconds']} s per test, kernel TCP and vSocket alternating"
            f"{' per test' if res.get('interleaved') else ' per repetition'}, "
-           f"medians (min–max); load average {res['loadavg_before']} before, {res['loadavg_after']} after.", ""]
+           f"medians (min–max){RATIO_NOTE if paired(res['table']) else ''}; load average {res['loadavg_before']} "
+           f"before, {res['loadavg_after']} after.", ""]
     out += ["| metric | kernel TCP | vSocket | vSocket/kernel | goal | vSocket runs valid (fabric check) |",
             "|---|--:|--:|--:|---|--:|"]
     for r in res.get("pinned_table") or []:
@@ -147,7 +169,7 @@ def cross_host():
         name = label(r["metric"])
         unit = name.rindex(" (")
         out.append(f"| {name[:unit]}, one CPU per host{name[unit:]} | {spread(*k)} "
-                   f"| {spread(*v)} | {r['ratio']:.2f} | {g} | {r['valid']}/{r['reps']}{held} |")
+                   f"| {spread(*v)} | {rtext(r)} | {g} | {r['valid']}/{r['reps']}{held} |")
     for r in res["table"]:
         g = ""
         if r["goal"]:
@@ -157,14 +179,14 @@ def cross_host():
             name = name.replace(" (µs)", ", all floating (µs)")
         held = held_note(r)
         out.append(f"| {name} | {spread(r['kernel'], *r['kernel_range'])} "
-                   f"| {spread(r['vsocket'], *r['vsocket_range'])} | {r['ratio']:.2f} | {g} "
+                   f"| {spread(r['vsocket'], *r['vsocket_range'])} | {rtext(r)} | {g} "
                    f"| {r['vsocket_valid_reps']}/{r['reps']}{held} |")
     if res.get("apps_table"):
         out += ["", "Applications, client in vmA1 and server in vmB1, default policy (same runners as on one host):",
                 "", "| metric | kernel TCP | vSocket | vSocket/kernel | do-no-harm goal |", "|---|--:|--:|--:|---|"]
         for r in res["apps_table"]:
             out.append(f"| {label(r['metric'])} | {spread(*r['kernel'])} | {spread(*r['vsocket'])} "
-                       f"| {r['ratio']:.2f} | {goal(r['goal'])}: **{'met' if r['met'] else 'missed'}** |")
+                       f"| {rtext(r)} | {goal(r['goal'])}: **{'met' if r['met'] else 'missed'}** |")
     if res.get("batching"):
         out += ["", "Adaptive batching on the fabric link (hostA → hostB, netload 16 B, vSocket):", "",
                 "| connections | frames per writev | payload bytes per writev | 16 B messages per frame | writev/s |",
@@ -215,10 +237,11 @@ def conn_scale():
 
 def quick():
     res = load("quick-latest.json")
-    out = [when_where(res, "quick-latest.json") + f" Kernel TCP and vSocket alternating, median of {res['reps']}.", "",
+    out = [when_where(res, "quick-latest.json") + f" Kernel TCP and vSocket alternating, median of {res['reps']}"
+           f"{RATIO_NOTE if paired(res['table']) else ''}.", "",
            "| metric | kernel TCP | vSocket | vSocket/kernel | do-no-harm goal |", "|---|--:|--:|--:|---|"]
     for r in res["table"]:
-        out.append(f"| {label(r['metric'])} | {num(r['kernel'])} | {num(r['vsocket'])} | {r['ratio']:.2f} "
+        out.append(f"| {label(r['metric'])} | {num(r['kernel'])} | {num(r['vsocket'])} | {rtext(r)} "
                    f"| {goal(r['goal'])}: **{'met' if r['ok'] else 'missed'}** |")
     daemon = [R["daemon"] for R in res["vsocket"] if "daemon" in R]
     if daemon:

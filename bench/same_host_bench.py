@@ -43,8 +43,8 @@ import statistics
 import tempfile
 import time
 
-from benchlib import (DEFAULT_BIN, ROOT, Bed, cpu_ticks, find_bin, machine, parse_iperf, parse_sockperf,
-                      plot_histogram, ratio, save_results)
+from benchlib import (DEFAULT_BIN, ROOT, Bed, cpu_ticks, find_bin, machine, paired_ratio, parse_iperf, parse_sockperf,
+                      plot_histogram, ratio_text, save_results)
 
 CLIENT_VM, SERVER_VM = "vm1", "vm2"
 
@@ -354,7 +354,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=DEFAULT_BIN)
     ap.add_argument("--seconds", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
     ap.add_argument("--only", help="comma-separated measurements (e.g. pgbench,socat): a partial run, "
                     "for development; its results go to --out all the same")
@@ -422,42 +422,51 @@ def main():
     ]
     rr_metrics = ("RTT", "redis", "connect", "nginx", "PostgreSQL")
 
-    def stats(mode, fn):
+    def values(mode, fn):
+        """One value per repetition (None where it has none)."""
         vals = []
         for R in results["reps"][mode]:
             try:
-                vals.append(float(fn(R)))
+                x = float(fn(R))
             except (KeyError, TypeError):
-                pass
-        vals = [v for v in vals if v == v]
+                x = None
+            vals.append(x if x == x else None)
+        return vals
+
+    def stats(vals):
+        vals = [v for v in vals if v is not None]
         if not vals:
             return float("nan"), float("nan"), float("nan")
         return statistics.median(vals), min(vals), max(vals)
 
     table = []
     for metric, fn, g, op in rows:
-        k = stats("kernel", fn)
+        kv = values("kernel", fn)
+        k = stats(kv)
         for mode, suffix in (("vsocket", ""), ("always", ", --upgrade always")):
             if mode == "always" and not metric.startswith(rr_metrics):
                 continue
-            v = stats(mode, fn)
-            r = ratio(v[0], k[0])
+            vv = values(mode, fn)
+            v = stats(vv)
+            r = paired_ratio(kv, vv)
             goal_text = f"{op} {g:g}" if g is not None and mode == "vsocket" else ""
             met = None
             if goal_text:
-                met = r <= g if op == "<=" else r >= g
+                met = r[0] <= g if op == "<=" else r[0] >= g
             table.append({"metric": metric + suffix, "mode": mode, "kernel": k[0], "kernel_range": [k[1], k[2]],
-                          "vsocket": v[0], "vsocket_range": [v[1], v[2]], "ratio": r, "goal": goal_text, "met": met})
+                          "vsocket": v[0], "vsocket_range": [v[1], v[2]], "ratio": r[0], "ratio_range": [r[1], r[2]],
+                          "goal": goal_text, "met": met})
     results["table"] = table
     md = [f"# Same-host benchmark, {results['date']} ({results['cpus']} CPUs), vSocket vs kernel TCP, same run",
-          "", f"{a.reps} repetitions of {a.seconds} s per test, the modes alternating per test; medians (min-max). "
+          "", f"{a.reps} repetitions of {a.seconds} s per test, the modes alternating per test; medians (min-max); "
+          "vSocket/kernel: the median (min-max) of each repetition's ratio. "
           "vSocket: the default upgrade policy; --upgrade always: every connection accelerated.", "",
           "| metric | kernel TCP | vSocket | vSocket/kernel | do-no-harm goal |", "|---|--:|--:|--:|---|"]
     for row in table:
         g = f"{row['goal']}: {'met' if row['met'] else 'missed'}" if row["goal"] else ""
         md.append(f"| {row['metric']} | {row['kernel']:.2f} ({row['kernel_range'][0]:.2f}-{row['kernel_range'][1]:.2f}) "
                   f"| {row['vsocket']:.2f} ({row['vsocket_range'][0]:.2f}-{row['vsocket_range'][1]:.2f}) "
-                  f"| {row['ratio']:.2f} | {g} |")
+                  f"| {ratio_text(row)} | {g} |")
     text = "\n".join(md) + "\n"
     latest = save_results(a.out, "same-host", results, text)
     print(text)
