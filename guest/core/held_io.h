@@ -7,11 +7,15 @@
 // a held connection's loopback round trip 11-13% slower than kernel TCP's
 // on these machines; 4-5% with this path, 2-3% for the bare interposition.
 //
+// A connection on kernel TCP for good (refused, kept there as kernel-faster,
+// not eligible) takes it too, without the stream note: it never registers.
+//
 // Exactness is the general path's: a byte count changes under its side's
 // mutex, and a call that may sleep in the kernel holds the registration
 // off (Conn::EnterKernelSleep). Anything else (not held, streaming, a
-// registration under way, a report still wanting the addresses) answers
-// "not here" and the caller takes Send/Recv.
+// registration under way, a report still wanting the addresses, a
+// connection back on kernel TCP after a resync, a withdrawn registration
+// still to end) answers "not here" and the caller takes Send/Recv.
 #pragma once
 
 #include <sys/socket.h>
@@ -30,26 +34,34 @@ inline bool OnHeldPath(const Conn& c) {
   return c.HeldQuiet() && (c.addressed.load(std::memory_order_acquire) || Config().report_path.empty());
 }
 
+// Whether c is on kernel TCP for good with nothing left to do but its
+// kernel I/O (no resend after a resync, no registration to end).
+inline bool KernelForGood(const Conn& c) {
+  return c.state.phase() == Phase::kKernel && !c.state.resynced() &&
+         !c.unregister_owed.load(std::memory_order_acquire);
+}
+
 // A receive on c: `io()` is the kernel's call (recv, read, recvmsg, ...),
 // `flags` its MSG_ flags. True with *out set (errno set by the kernel) if
 // it ran here; false if c needs Recv.
 template <typename Io>
 inline bool HeldRecv(Conn& c, int flags, Io io, ssize_t* out) {
-  if (!OnHeldPath(c)) return false;
+  bool held = OnHeldPath(c);
+  if (!held && !KernelForGood(c)) return false;
   bool sleeper = false;
-  if (!(flags & MSG_DONTWAIT) && !c.nonblocking.load(std::memory_order_relaxed)) {
+  if (held && !(flags & MSG_DONTWAIT) && !c.nonblocking.load(std::memory_order_relaxed)) {
     if (!c.EnterKernelSleep()) return false;  // registering: Recv waits for it
     sleeper = true;
   }
   ssize_t n;
   {
     std::unique_lock<std::mutex> lock(c.rx_mu);
-    if (!sleeper && !c.HeldQuiet()) return false;  // registered meanwhile
+    if (held && !sleeper && !c.HeldQuiet()) return false;  // registered meanwhile
     n = io();
     if (n > 0 && !(flags & MSG_PEEK)) c.kernel_received.fetch_add(static_cast<uint64_t>(n));
   }
   if (sleeper) c.LeaveKernelSleep();
-  if (n > 0 && !(flags & MSG_PEEK)) NoteKernelIo(c, StreamDetector::Dir::kIn, static_cast<size_t>(n));
+  if (held && n > 0 && !(flags & MSG_PEEK)) NoteKernelIo(c, StreamDetector::Dir::kIn, static_cast<size_t>(n));
   *out = n;
   return true;
 }
@@ -60,15 +72,16 @@ inline bool HeldRecv(Conn& c, int flags, Io io, ssize_t* out) {
 // here).
 template <typename Io>
 inline bool HeldSend(Conn& c, Io io, ssize_t* out) {
-  if (!OnHeldPath(c)) return false;
+  bool held = OnHeldPath(c);
+  if (!held && !KernelForGood(c)) return false;
   ssize_t n;
   {
     std::lock_guard<std::mutex> lock(c.tx_mu);
-    if (!c.HeldQuiet()) return false;  // registered meanwhile
+    if (held && !c.HeldQuiet()) return false;  // registered meanwhile
     n = io();
     if (n > 0) c.kernel_sent.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
   }
-  if (n > 0) NoteKernelIo(c, StreamDetector::Dir::kOut, static_cast<size_t>(n));
+  if (held && n > 0) NoteKernelIo(c, StreamDetector::Dir::kOut, static_cast<size_t>(n));
   *out = n;
   return true;
 }

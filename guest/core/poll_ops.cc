@@ -88,6 +88,27 @@ int SleepWith(Session* s, int efd, std::vector<pollfd>& kfds, int64_t deadline, 
 
 }  // namespace
 
+bool KernelWait::Add(int fd) {
+  auto c = Lookup(fd);
+  if (!c) return true;
+  if (c->session != nullptr) return false;  // registered (its rings may be ready) or once was
+  if (c->listening.load(std::memory_order_relaxed)) return true;
+  switch (c->state.phase()) {
+    case Phase::kKernel: return true;  // for good
+    case Phase::kUnprobed:
+      if (n_ == kMaxHeld || !c->held.load(std::memory_order_relaxed) || !c->EnterKernelSleep()) return false;
+      held_[n_++] = std::move(c);
+      return true;
+    default: return false;
+  }
+}
+
+KernelWait::~KernelWait() {
+  int saved = errno;
+  for (size_t i = 0; i < n_; ++i) held_[i]->LeaveKernelSleep();
+  errno = saved;
+}
+
 int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
   for (nfds_t i = 0; i < n; ++i) EpollNoteWatched(fds[i].fd);
   EpollSettleAll();

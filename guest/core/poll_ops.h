@@ -8,9 +8,68 @@
 #include <sys/epoll.h>
 #include <sys/select.h>
 
+#include <memory>
+
 #include "guest/core/conn.h"
 
 namespace vsocket::guest {
+
+void EpollSettleAll();
+void EpollNoteWatched(int fd);
+
+// Waits on fds the kernel alone serves (decision 64): a connection held on
+// kernel TCP and not streaming, one on kernel TCP for good, a listener, or
+// an fd not ours. Such a wait is the kernel's own call, with each held
+// connection kept from registering while we sleep on it (EnterKernelSleep),
+// without the general path's look-ups per round and its allocations.
+class KernelWait {
+ public:
+  static constexpr size_t kMaxHeld = 32;
+  KernelWait() = default;
+  KernelWait(const KernelWait&) = delete;
+  KernelWait& operator=(const KernelWait&) = delete;
+  ~KernelWait();  // leaves the sleeps entered (errno kept)
+  // False if fd needs the general path (registered, registering, not held
+  // yet, or too many held ones).
+  bool Add(int fd);
+
+ private:
+  std::shared_ptr<Conn> held_[kMaxHeld];
+  size_t n_ = 0;
+};
+
+// poll/ppoll on fds the kernel alone serves: `wait()` (the kernel's call)
+// is made and its result put in *out; false, with nothing done but the
+// epoll bookkeeping every wait does, if an fd needs Poll.
+template <typename Wait>
+bool PollKernelAlone(const pollfd* fds, nfds_t n, Wait wait, int* out) {
+  if (n > KernelWait::kMaxHeld) return false;
+  for (nfds_t i = 0; i < n; ++i) EpollNoteWatched(fds[i].fd);
+  EpollSettleAll();
+  KernelWait kw;
+  for (nfds_t i = 0; i < n; ++i)
+    if (fds[i].fd >= 0 && !kw.Add(fds[i].fd)) return false;
+  *out = wait();
+  return true;
+}
+
+// select/pselect likewise (false for an nfds the kernel refuses: Select
+// gives its EINVAL).
+template <typename Wait>
+bool SelectKernelAlone(int nfds, const fd_set* r, const fd_set* w, const fd_set* e, Wait wait, int* out) {
+  if (nfds < 0 || nfds > FD_SETSIZE) return false;
+  KernelWait kw;
+  size_t watched = 0;
+  for (int fd = 0; fd < nfds; ++fd) {
+    if (!((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) || (e && FD_ISSET(fd, e)))) continue;
+    if (++watched > KernelWait::kMaxHeld) return false;
+    EpollNoteWatched(fd);
+    if (!kw.Add(fd)) return false;
+  }
+  EpollSettleAll();
+  *out = wait();
+  return true;
+}
 
 int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask);
 int Select(int nfds, fd_set* r, fd_set* w, fd_set* e, int timeout_ms, const sigset_t* sigmask);

@@ -387,18 +387,24 @@ static_assert(sizeof(off_t) == sizeof(off64_t));
 int poll(pollfd* fds, nfds_t n, int timeout) {
   if (t_depth) return Libc().poll(fds, n, timeout);
   Guard g;
+  int r;
+  if (PollKernelAlone(fds, n, [&] { return Libc().poll(fds, n, timeout); }, &r)) return r;
   return Poll(fds, n, timeout, nullptr);
 }
 
 int ppoll(pollfd* fds, nfds_t n, const timespec* ts, const sigset_t* mask) {
   if (t_depth) return Libc().ppoll(fds, n, ts, mask);
   Guard g;
+  int r;
+  if (PollKernelAlone(fds, n, [&] { return Libc().ppoll(fds, n, ts, mask); }, &r)) return r;
   return Poll(fds, n, MsToTimeout(ts), mask);
 }
 
 int select(int nfds, fd_set* r, fd_set* w, fd_set* e, timeval* tv) {
   if (t_depth) return Libc().select(nfds, r, w, e, tv);
   Guard g;
+  int k;
+  if (SelectKernelAlone(nfds, r, w, e, [&] { return Libc().select(nfds, r, w, e, tv); }, &k)) return k;
   int ms = tv ? static_cast<int>(tv->tv_sec * 1000 + (tv->tv_usec + 999) / 1000) : -1;
   return Select(nfds, r, w, e, ms, nullptr);
 }
@@ -406,6 +412,8 @@ int select(int nfds, fd_set* r, fd_set* w, fd_set* e, timeval* tv) {
 int pselect(int nfds, fd_set* r, fd_set* w, fd_set* e, const timespec* ts, const sigset_t* mask) {
   if (t_depth) return Libc().pselect(nfds, r, w, e, ts, mask);
   Guard g;
+  int k;
+  if (SelectKernelAlone(nfds, r, w, e, [&] { return Libc().pselect(nfds, r, w, e, ts, mask); }, &k)) return k;
   return Select(nfds, r, w, e, MsToTimeout(ts), mask);
 }
 
