@@ -5,7 +5,7 @@
 // path before Send/Recv, whose general machinery (re-registration, the
 // resync and drain checks, the iovec slicing, a call chain per step) made
 // a held connection's loopback round trip 11-13% slower than kernel TCP's
-// on these machines; 4-5% with this path, 2-3% for the bare interposition.
+// on these machines; 3-6% with this path, 1-3% for the bare interposition.
 //
 // A connection on kernel TCP for good (refused, kept there as kernel-faster,
 // not eligible) takes it too, without the stream note: it never registers.
