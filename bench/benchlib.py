@@ -364,11 +364,13 @@ def ratio(a, b):
     return a / b if a and b else float("nan")
 
 
-def ratio_text(row, dash="-"):
-    """A row's ratio, and (min-max) of its repetitions' ratios when they differ."""
+def ratio_text(row, dash="-", nan="nan"):
+    """A row's vSocket/kernel ratio, and (min-max) of its repetitions' ratios
+    when the row has them (paired_ratio) and they differ; `dash` between
+    min and max, `nan` for no ratio (the docs use an en dash for both)."""
     r, rr = row["ratio"], row.get("ratio_range")
     if r != r:
-        return "nan"
+        return nan
     if not rr or rr[0] != rr[0] or f"{rr[0]:.2f}" == f"{rr[1]:.2f}":
         return f"{r:.2f}"
     return f"{r:.2f} ({rr[0]:.2f}{dash}{rr[1]:.2f})"

@@ -19,6 +19,8 @@ import os
 import re
 import sys
 
+from benchlib import ratio_text
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench/results")
 DOC = os.path.join(ROOT, "docs/benchmarks.md")
@@ -64,14 +66,7 @@ def paired(rows):
 
 
 def rtext(row):
-    """A row's vSocket/kernel ratio, and (min–max) of its repetitions' ratios
-    when the result has them and they differ."""
-    r, rr = row["ratio"], row.get("ratio_range")
-    if r != r:
-        return "–"
-    if not rr or rr[0] != rr[0] or f"{rr[0]:.2f}" == f"{rr[1]:.2f}":
-        return f"{r:.2f}"
-    return f"{r:.2f} ({rr[0]:.2f}–{rr[1]:.2f})"
+    return ratio_text(row, dash="–", nan="–")
 
 
 def when_where(res, source):
