@@ -597,9 +597,7 @@ def main():
     if not a.no_apps:
         # PostgreSQL runs as the user postgres and reaches vmB1's socket
         # through a group of the run's own (as in same_host_bench).
-        subprocess.run(["groupadd", "-f", sh.PG_GROUP], check=True)
-        subprocess.run(["usermod", "-aG", sh.PG_GROUP, "postgres"], check=False)
-        bed.base_env["VSOCKET_VM_VMB1_GROUP"] = sh.PG_GROUP
+        sh.add_pg_group(bed, SERVER_VM)
     results = {"date": bl.utc_now().strftime("%Y-%m-%dT%H:%M:%SZ"), "cpus": os.cpu_count(), "machine": bl.machine(),
                "seconds": a.seconds, "reps_n": a.reps, "bin": os.path.abspath(a.bin),
                "binaries": bed.binaries(), "loadavg_before": open("/proc/loadavg").read().split()[0], "reps": [],
@@ -622,8 +620,7 @@ def main():
         if pg is not None:
             pg.remove()
         if not a.no_apps:
-            subprocess.run(["gpasswd", "-d", "postgres", sh.PG_GROUP], capture_output=True)
-            subprocess.run(["groupdel", sh.PG_GROUP], capture_output=True)
+            sh.remove_pg_group()
     results["loadavg_after"] = open("/proc/loadavg").read().split()[0]
     results["wall_s"] = round(time.monotonic() - started, 1)
     summarize(results)

@@ -155,6 +155,19 @@ def nginx(bed, accel, port, close, seconds=2):
 PG_GROUP = "vsocket-bench-vm2"
 
 
+def add_pg_group(bed, vm):
+    """Before the bed is up: the user postgres joins PG_GROUP, which vm's
+    socket is opened to (VSOCKET_VM_<VM>_GROUP). remove_pg_group undoes it."""
+    subprocess.run(["groupadd", "-f", PG_GROUP], check=True)
+    subprocess.run(["usermod", "-aG", PG_GROUP, "postgres"], check=False)
+    bed.base_env[f"VSOCKET_VM_{vm.upper()}_GROUP"] = PG_GROUP
+
+
+def remove_pg_group():
+    subprocess.run(["gpasswd", "-d", "postgres", PG_GROUP], capture_output=True)
+    subprocess.run(["groupdel", PG_GROUP], capture_output=True)
+
+
 class Postgres:
     """A database made once per run (initdb, pgbench -i -s 1); the server
     is started per mode, preloaded or not."""
@@ -362,9 +375,7 @@ def main():
     only_arg = set(a.only.split(",")) if a.only else None
     bed = Bed(a.bin)
     peer = find_bin(a.bin, "tests/socket/socket_peer")
-    subprocess.run(["groupadd", "-f", PG_GROUP], check=True)
-    subprocess.run(["usermod", "-aG", PG_GROUP, "postgres"], check=False)
-    bed.base_env["VSOCKET_VM_VM2_GROUP"] = PG_GROUP
+    add_pg_group(bed, SERVER_VM)
     bed.up(CLIENT_VM, SERVER_VM)
     pg = Postgres(bed, bed.lib)
     pg_error = pg.init()
@@ -396,8 +407,7 @@ def main():
     finally:
         bed.down()
         pg.remove()
-        subprocess.run(["gpasswd", "-d", "postgres", PG_GROUP], capture_output=True)
-        subprocess.run(["groupdel", PG_GROUP], capture_output=True)
+        remove_pg_group()
     results["loadavg_after"] = os.getloadavg()[0]
     results["wall_s"] = round(time.time() - t_start, 1)
 
