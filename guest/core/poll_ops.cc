@@ -111,7 +111,7 @@ KernelWait::~KernelWait() {
 
 int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
   for (nfds_t i = 0; i < n; ++i) EpollNoteWatched(fds[i].fd);
-  EpollSettleAll();
+  EpollSettleMine();
   // Any registered connection (pending or upgraded) ties this call to the
   // session: its events may upgrade a pending connection or make an
   // upgraded one ready, so we must drain them and wake on them.
@@ -294,6 +294,7 @@ struct EpSet {
   // be deferred then); shared: watched by another epoll set, poll or select,
   // or inherited across fork (never deferred).
   int dirty = 0;
+  std::vector<int> dirty_fds;  // every dirty entry's fd (and maybe settled ones)
   std::atomic<int> waiters{0};
   bool shared = false;
 };
@@ -314,6 +315,17 @@ struct EpSet {
 // dup2/dup3. Decision 61.
 std::atomic<int> g_dirty_sets{0};
 
+// Per fd number (entries exist only for connections, Lookup: below kFdLimit):
+constexpr int kFdLimit = 1 << 16;
+// how many sets have a dirty entry for it (a close settles only those);
+std::atomic<int> g_dirty_of[kFdLimit];
+// whether it was added to an epoll set as an fd not a connection (an
+// epoll set of ours made there later is watched from birth: EpSet.shared).
+std::atomic<bool> g_nested[kFdLimit];
+// The sets this thread left changes waiting in (a thread's next wait
+// settles them: another thread's sets are its own business, or shared).
+thread_local std::vector<EpSet*> t_dirtied;
+
 constexpr uint32_t kNotPlain = EPOLLET | EPOLLONESHOT | EPOLLEXCLUSIVE | EPOLLWAKEUP;
 
 // Requires set.mu. Whether a change of entry e, of connection c (held on
@@ -324,17 +336,30 @@ bool CanDefer(const EpSet& set, const EpEntry& e, const Conn& c, uint32_t events
 }
 
 // Requires set.mu.
-void MarkDirty(EpSet& set, EpEntry& e) {
+void MarkDirty(EpSet& set, int fd, EpEntry& e) {
   if (e.dirty) return;
   e.dirty = true;
+  g_dirty_of[fd].fetch_add(1, std::memory_order_relaxed);
   if (set.dirty++ == 0) g_dirty_sets.fetch_add(1, std::memory_order_relaxed);
+  if (std::find(t_dirtied.begin(), t_dirtied.end(), &set) == t_dirtied.end()) t_dirtied.push_back(&set);
+  if (set.dirty_fds.size() >= set.entries.size() + 64) {
+    // Entries settled one by one while others stayed dirty: start afresh.
+    set.dirty_fds.clear();
+    for (const auto& [other, o] : set.entries)
+      if (o.dirty && other != fd) set.dirty_fds.push_back(other);
+  }
+  set.dirty_fds.push_back(fd);
 }
 
 // Requires set.mu. Applies e's deferred change, if any.
 void Settle(EpSet& set, int fd, EpEntry& e) {
   if (!e.dirty) return;
   e.dirty = false;
-  if (--set.dirty == 0) g_dirty_sets.fetch_sub(1, std::memory_order_relaxed);
+  g_dirty_of[fd].fetch_sub(1, std::memory_order_relaxed);
+  if (--set.dirty == 0) {
+    g_dirty_sets.fetch_sub(1, std::memory_order_relaxed);
+    set.dirty_fds.clear();
+  }
   if (!e.kern_present) return;
   if (!e.conn) {
     Libc().epoll_ctl(set.epfd, EPOLL_CTL_DEL, fd, nullptr);
@@ -351,20 +376,53 @@ void Settle(EpSet& set, int fd, EpEntry& e) {
   }
 }
 
-// Requires set.mu.
+// Requires set.mu. (A wait of redis or wrk settles one or two entries
+// of many: the list, not a walk of the set.)
 void SettleSet(EpSet& set) {
   if (set.dirty == 0) return;
-  for (auto& [fd, e] : set.entries) Settle(set, fd, e);
+  std::vector<int> fds;
+  fds.swap(set.dirty_fds);
+  for (int fd : fds) {
+    auto it = set.entries.find(fd);
+    if (it != set.entries.end()) Settle(set, fd, it->second);
+  }
+  fds.clear();
+  if (set.dirty_fds.empty()) set.dirty_fds.swap(fds);  // (keeps the capacity)
 }
 
 // The epoll sets by epfd, for a look-up without a mutex on every
 // epoll_ctl and epoll_wait. A set is never freed: closing its epfd empties
 // it and marks it not live, and the next epoll set with that number reuses
 // it (at most one per fd number). g_ep_mu orders creation and close.
-constexpr int kMaxSets = 1 << 16;
+constexpr int kMaxSets = kFdLimit;
 std::mutex g_ep_mu;
 std::atomic<EpSet*> g_set_of[kMaxSets];
 std::vector<int> g_live_sets;  // the live sets' epfds, under g_ep_mu
+// How many sets hold a node (EpEntry, present or deleted) for each fd
+// number, changed under the set's mutex: closing an fd no set knows (nginx
+// closes a file after every response) looks at no set. Nodes exist only
+// for connections (Lookup: fds below kMaxSets).
+std::atomic<int> g_nodes_of[kMaxSets];
+
+// Requires set.mu.
+EpEntry& AddNode(EpSet& set, int fd, EpEntry&& e) {
+  EpEntry& added = set.entries.emplace(fd, std::move(e)).first->second;
+  g_nodes_of[fd].fetch_add(1, std::memory_order_relaxed);
+  return added;
+}
+
+// Requires set.mu.
+void EraseNode(EpSet& set, std::unordered_map<int, EpEntry>::iterator it) {
+  g_nodes_of[it->first].fetch_sub(1, std::memory_order_relaxed);
+  set.entries.erase(it);
+}
+
+// Requires set.mu.
+void ClearNodes(EpSet& set) {
+  for (const auto& [fd, e] : set.entries) g_nodes_of[fd].fetch_sub(1, std::memory_order_relaxed);
+  set.entries.clear();
+  set.dirty_fds.clear();
+}
 
 // Requires g_ep_mu.
 std::vector<EpSet*> LiveSets() {
@@ -387,10 +445,10 @@ EpSet* FindSet(int epfd, bool create) {
     g_set_of[epfd].store(set, std::memory_order_release);
   }
   std::lock_guard<std::mutex> set_lock(set->mu);
-  set->entries.clear();
+  ClearNodes(*set);
   set->session = nullptr;
   set->epfd = epfd;
-  set->shared = false;
+  set->shared = g_nested[epfd].load(std::memory_order_relaxed);
   set->wake_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   epoll_event ev{};
   ev.events = EPOLLIN;
@@ -600,6 +658,28 @@ void EpollNoteWatched(int fd) {
 
 bool EpollHasDeferred() { return g_dirty_sets.load(std::memory_order_relaxed) != 0; }
 
+void EpollSettleMine() {
+  if (t_dirtied.empty()) return;
+  std::vector<EpSet*> sets;
+  sets.swap(t_dirtied);
+  for (EpSet* set : sets) {
+    std::lock_guard<std::mutex> lock(set->mu);
+    SettleSet(*set);
+  }
+  sets.clear();
+  if (t_dirtied.empty()) t_dirtied.swap(sets);  // (keeps the capacity)
+}
+
+void EpollSettleFd(int fd) {
+  if (fd < 0 || fd >= kFdLimit || g_dirty_of[fd].load(std::memory_order_relaxed) == 0) return;
+  for (EpSet* set : t_dirtied) {  // (the usual case: this thread's own change)
+    std::lock_guard<std::mutex> lock(set->mu);
+    auto it = set->entries.find(fd);
+    if (it != set->entries.end()) Settle(*set, fd, it->second);
+  }
+  if (g_dirty_of[fd].load(std::memory_order_relaxed) != 0) EpollSettleAll();
+}
+
 void EpollSettleAll() {
   if (!EpollHasDeferred()) return;
   std::vector<EpSet*> sets;
@@ -616,7 +696,12 @@ void EpollSettleAll() {
 int EpollCtl(int epfd, int op, int fd, epoll_event* ev) {
   auto conn = Lookup(fd);
   if (!conn) {
-    if (op == EPOLL_CTL_ADD) EpollNoteWatched(fd);  // an epoll set nested in another
+    if (op == EPOLL_CTL_ADD) {
+      // Maybe an epoll set nested in another, now or once it is ours.
+      if (fd >= 0 && fd < kFdLimit && !g_nested[fd].load(std::memory_order_relaxed))
+        g_nested[fd].store(true, std::memory_order_relaxed);
+      EpollNoteWatched(fd);
+    }
     return Libc().epoll_ctl(epfd, op, fd, ev);
   }
   EpSet* set = FindSet(epfd, true);
@@ -645,7 +730,7 @@ int EpollCtl(int epfd, int op, int fd, epoll_event* ev) {
           e.kicked = false;
           e.last_gen = ~0u;
           e.disarmed = false;
-          MarkDirty(*set, e);  // (still dirty from the DEL: Settle sees what changed)
+          MarkDirty(*set, fd, e);  // (still dirty from the DEL: Settle sees what changed)
           return 0;
         }
         Settle(*set, fd, e);  // the DEL first
@@ -655,16 +740,11 @@ int EpollCtl(int epfd, int op, int fd, epoll_event* ev) {
       e.kern_present = true;
       e.kern_events = ev->events;
       e.kern_data = ev->data;
-      auto added = it;
-      if (added != set->entries.end()) {
-        added->second = std::move(e);
-      } else {
-        added = set->entries.emplace(fd, std::move(e)).first;
-      }
-      const Conn& c = *added->second.conn;
+      EpEntry& added = it != set->entries.end() ? (it->second = std::move(e)) : AddNode(*set, fd, std::move(e));
+      const Conn& c = *added.conn;
       // (The others did not change; a connection on kernel TCP until its
       // own next I/O has nothing to refresh.)
-      if (!c.KernelUntilOwnIo()) RefreshEntry(epfd, *set, fd, added->second);
+      if (!c.KernelUntilOwnIo()) RefreshEntry(epfd, *set, fd, added);
       return 0;
     }
     case EPOLL_CTL_MOD: {
@@ -681,7 +761,7 @@ int EpollCtl(int epfd, int op, int fd, epoll_event* ev) {
         if (CanDefer(*set, e, *e.conn, ev->events)) {
           e.events = ev->events;
           e.data = ev->data;
-          MarkDirty(*set, e);
+          MarkDirty(*set, fd, e);
           return 0;
         }
         Settle(*set, fd, e);
@@ -721,7 +801,7 @@ int EpollCtl(int epfd, int op, int fd, epoll_event* ev) {
       gone.kern_data = e.kern_data;
       gone.dirty = e.dirty;
       e = std::move(gone);
-      if (defer) MarkDirty(*set, e);
+      if (defer) MarkDirty(*set, fd, e);
       return 0;
     }
     default: errno = EINVAL; return -1;
@@ -731,7 +811,7 @@ int EpollCtl(int epfd, int op, int fd, epoll_event* ev) {
 int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigset_t* sigmask) {
   EpSet* set = FindSet(epfd, false);
   if (set == nullptr) {
-    EpollSettleAll();  // (epfd may watch a set of ours)
+    EpollSettleMine();  // (epfd may watch a set of ours)
     return Libc().epoll_pwait(epfd, events, max, timeout_ms, sigmask);
   }
   if (max <= 0) {
@@ -749,12 +829,15 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
     EpSet* set;
     ~Leave() { set->waiters.fetch_sub(1, std::memory_order_relaxed); }
   } leave{set};
-  EpollSettleAll();  // sets nested in this one
-  int64_t deadline = Deadline(timeout_ms);
-  while (alone) {
+  // Sets nested in this one are never deferred (EpSet.shared); a change
+  // this thread left waiting elsewhere is applied before it waits.
+  EpollSettleMine();
+  // (A zero timeout's deadline is any past time: no clock read.)
+  int64_t deadline = timeout_ms == 0 ? 0 : Deadline(timeout_ms);
+  for (bool first = true; alone; first = false) {
     // Request/response connections the policy keeps on kernel TCP cost one
     // real epoll_wait, as without us.
-    int r = Libc().epoll_pwait(epfd, events, max, RemainingMs(deadline), sigmask);
+    int r = Libc().epoll_pwait(epfd, events, max, first ? timeout_ms : RemainingMs(deadline), sigmask);
     if (r <= 0 || !HasMarker(events, r)) return r;
     bool session_event = false;
     std::lock_guard<std::mutex> lock(set->mu);
@@ -870,10 +953,16 @@ void EpollAfterForkInChild() {
 }
 
 void EpollForget(int fd, bool lingering) {
+  if (fd < 0 || fd >= kMaxSets) return;  // neither a set of ours nor in one
+  // (The kernel drops a closed file's registrations: the number is new.)
+  if (g_nested[fd].load(std::memory_order_relaxed)) g_nested[fd].store(false, std::memory_order_relaxed);
+  EpSet* maybe_set = g_set_of[fd].load(std::memory_order_acquire);
+  bool is_set = maybe_set != nullptr && maybe_set->live.load(std::memory_order_acquire);
+  if (!is_set && g_nodes_of[fd].load(std::memory_order_relaxed) == 0) return;
   std::vector<std::pair<int, EpSet*>> sets;
   {
     std::lock_guard<std::mutex> lock(g_ep_mu);
-    EpSet* own = fd >= 0 && fd < kMaxSets ? g_set_of[fd].load(std::memory_order_relaxed) : nullptr;
+    EpSet* own = g_set_of[fd].load(std::memory_order_relaxed);
     if (own != nullptr && own->live.load(std::memory_order_relaxed)) {
       // fd is an epoll set being closed.
       std::lock_guard<std::mutex> set_lock(own->mu);
@@ -884,7 +973,7 @@ void EpollForget(int fd, bool lingering) {
       own->session = nullptr;
       Libc().close(own->wake_efd);
       own->wake_efd = -1;
-      own->entries.clear();
+      ClearNodes(*own);
       return;
     }
     for (int epfd : g_live_sets) sets.emplace_back(epfd, g_set_of[epfd].load(std::memory_order_relaxed));
@@ -898,7 +987,7 @@ void EpollForget(int fd, bool lingering) {
     // The kernel keeps an epoll registration as long as the socket: one
     // that lingers would go on reporting a closed, maybe reused, fd number.
     if (lingering && (it->second.in_kernel || it->second.feed)) Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
-    set->entries.erase(it);
+    EraseNode(*set, it);
   }
 }
 

@@ -34,10 +34,14 @@ void EpollKick(const Conn& c);
 // no change to a set inherited from the parent is deferred.
 void EpollAfterForkInChild();
 // Deferred epoll_ctl changes (poll_ops.cc, "Deferred changes"): whether
-// any is waiting, and applying them all; before fork, exec, close and
-// dup2/dup3, and before any wait of this process.
+// any is waiting; applying them all (before fork and exec); those this
+// thread made (before any wait of this thread: a wait on a set settles
+// that set, and a set another set, poll or select watches defers
+// nothing); those of fd (before close and dup2/dup3 onto it).
 bool EpollHasDeferred();
 void EpollSettleAll();
+void EpollSettleMine();
+void EpollSettleFd(int fd);
 // fd, if an epoll set of ours, is watched by another epoll set, poll or
 // select, or waited on by a call we do not emulate: its readiness must be
 // the kernel's at every moment, so no change to it is deferred from now on.
@@ -71,7 +75,7 @@ template <typename Wait>
 bool PollKernelAlone(const pollfd* fds, nfds_t n, Wait wait, int* out) {
   if (n > KernelWait::kMaxHeld) return false;
   for (nfds_t i = 0; i < n; ++i) EpollNoteWatched(fds[i].fd);
-  EpollSettleAll();
+  EpollSettleMine();
   KernelWait kw;
   for (nfds_t i = 0; i < n; ++i)
     if (fds[i].fd >= 0 && !kw.Add(fds[i].fd)) return false;
@@ -92,7 +96,7 @@ bool SelectKernelAlone(int nfds, const fd_set* r, const fd_set* w, const fd_set*
     EpollNoteWatched(fd);
     if (!kw.Add(fd)) return false;
   }
-  EpollSettleAll();
+  EpollSettleMine();
   *out = wait();
   return true;
 }

@@ -161,7 +161,7 @@ void Release(int fd, bool still_open = true) {
 int close(int fd) {
   if (!t_depth) {
     Guard g;
-    EpollSettleAll();  // (a registration of fd may outlive fd: a dup, a child)
+    EpollSettleFd(fd);  // (a registration of fd may outlive fd: a dup, a child)
     Release(fd);
   }
   return Libc().close(fd);
@@ -184,7 +184,7 @@ int dup(int fd) {
 int dup2(int fd, int fd2) {
   if (!t_depth) {
     Guard g;
-    EpollSettleAll();  // as close(fd2)
+    EpollSettleFd(fd2);  // as close(fd2)
   }
   int n = Libc().dup2(fd, fd2);
   if (n >= 0 && fd != fd2 && !t_depth) {
@@ -198,7 +198,7 @@ int dup2(int fd, int fd2) {
 int dup3(int fd, int fd2, int flags) {
   if (!t_depth) {
     Guard g;
-    EpollSettleAll();
+    EpollSettleFd(fd2);
   }
   int n = Libc().dup3(fd, fd2, flags);
   if (n >= 0 && !t_depth) {
@@ -447,7 +447,7 @@ int epoll_pwait2(int epfd, epoll_event* ev, int max, const timespec* ts, const s
   if (!t_depth) {
     Guard g;
     EpollNoteWatched(epfd);
-    EpollSettleAll();
+    EpollSettleMine();
   }
   return real(epfd, ev, max, ts, mask);
 }

@@ -612,6 +612,49 @@ TEST(Epoll, ClosingTheOnlyDescriptorRemovesRegistration) {
   EXPECT_EQ(Wait(ep.get(), 50).size(), 0u);
 }
 
+// A registered socket's number taken over by dup2 (the socket stays open
+// through a dup) and then closed: that number, given to another socket, is
+// a new registration for epoll (the kernel keys it by the open file), not
+// EEXIST.
+TEST(Epoll, NumberOfRegisteredSocketReusedAfterDup2AndCloseCanBeAddedAgain) {
+  Connection c = ConnectedPair();
+  Connection other = ConnectedPair();
+  ASSERT_TRUE(c.ok() && other.ok());
+  Fd ep = EpollFd();
+  const int fd = c.server.release();
+  Add(ep.get(), fd, EPOLLIN, 71);
+  Fd keep(dup(fd));  // the first socket stays open
+  ASSERT_TRUE(keep.valid());
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  Fd pipe_w(pipe_fds[1]);
+  ASSERT_EQ(dup2(pipe_fds[0], fd), fd) << ErrnoName(errno);
+  close(pipe_fds[0]);
+  ASSERT_EQ(close(fd), 0);  // the pipe's copy: fd is free
+  // The other connection's server socket at number fd (dup takes the lowest
+  // free number: fill any lower hole first).
+  std::vector<Fd> holes;
+  Fd at_fd;
+  for (int i = 0; i < 4096 && !at_fd.valid(); ++i) {
+    Fd d(dup(other.server.get()));
+    ASSERT_TRUE(d.valid()) << ErrnoName(errno);
+    ASSERT_LE(d.get(), fd);
+    if (d.get() == fd) {
+      at_fd = std::move(d);
+    } else {
+      holes.push_back(std::move(d));
+    }
+  }
+  ASSERT_TRUE(at_fd.valid());
+  holes.clear();
+  Add(ep.get(), fd, EPOLLIN, 72);
+  ASSERT_TRUE(SendAll(other.client.get(), "new"));
+  auto ev = Wait(ep.get(), kIoTimeoutMs);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].data.u64, 72u);
+  EXPECT_EQ(RecvExactly(at_fd.get(), 3), "new");
+}
+
 
 // ---- changes an event loop makes around every request ------------------
 // redis (ae) and hiredis clients delete a socket's registration and add it
@@ -732,6 +775,32 @@ TEST(EpollChurn, OuterSetAsleepSeesChangeToNestedSet) {
   });
   usleep(100 * 1000);
   Readd(inner.get(), fd, EPOLLOUT, 2);
+  sleeper.join();
+  EXPECT_EQ(woke.load(), 1);
+}
+
+// The same with the order of an event loop that nests its sets first: the
+// inner set is added to the outer one while it watches nothing yet.
+TEST(EpollChurn, OuterSetSeesChangesToSetNestedBeforeItWatchedAnything) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  const int fd = c.server.get();
+  Fd inner = EpollFd(), outer = EpollFd();
+  Ctl(outer.get(), EPOLL_CTL_ADD, inner.get(), EPOLLIN, 7);
+  Ctl(inner.get(), EPOLL_CTL_ADD, fd, EPOLLIN, 1);
+  Ctl(inner.get(), EPOLL_CTL_MOD, fd, EPOLLIN, 1);
+  EXPECT_EQ(Wait(outer.get(), 0).size(), 0u);
+  Readd(inner.get(), fd, EPOLLOUT, 2);
+  EXPECT_EQ(Wait(outer.get(), 0).size(), 1u);  // no wait on inner in between
+  Readd(inner.get(), fd, EPOLLIN, 3);
+  EXPECT_EQ(Wait(outer.get(), 0).size(), 0u);
+  std::atomic<int> woke{-1};
+  std::thread sleeper([&] {
+    epoll_event e[4];
+    woke = epoll_wait(outer.get(), e, 4, kIoTimeoutMs);
+  });
+  usleep(100 * 1000);
+  Readd(inner.get(), fd, EPOLLOUT, 4);
   sleeper.join();
   EXPECT_EQ(woke.load(), 1);
 }
