@@ -82,6 +82,10 @@ Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& 
     auto n = ParseInt(value, 0, 1000000, where);
     if (!n.ok()) return n.status();
     c->poll_us = *n;
+  } else if (key == "nap_us") {
+    auto n = ParseInt(value, -1, 100000, where);
+    if (!n.ok()) return n.status();
+    c->nap_us = *n;
   } else if (key == "poll_max_us") {
     auto n = ParseInt(value, 0, 1000000, where);
     if (!n.ok()) return n.status();
@@ -154,7 +158,7 @@ Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& 
     return Bad(
         where,
         "unknown key '" + key +
-            "' (daemon keys: ctl_socket, poll_us, poll_max_us, eal_mem_mb, cpus, log_level, metrics_addr, metrics_port, "
+            "' (daemon keys: ctl_socket, poll_us, poll_max_us, nap_us, eal_mem_mb, cpus, log_level, metrics_addr, metrics_port, "
             "host_name, peer_listen, tls_cert, tls_key, tls_ca, tls_crl, locator, fabric, rdma_device, "
             "rdma_gid_index, links_per_peer, orphan_mb_per_vm, orphan_mb_total, max_devices_per_vm, "
             "max_conns_per_vm, drain_timeout_ms)");
@@ -324,6 +328,7 @@ Status ApplyEnv(char** env, DaemonConfig* config) {
   } kDaemon[] = {{"VSOCKET_CTL_SOCKET", "ctl_socket"},
                  {"VSOCKET_POLL_US", "poll_us"},
                  {"VSOCKET_POLL_MAX_US", "poll_max_us"},
+                 {"VSOCKET_NAP_US", "nap_us"},
                  {"VSOCKET_EAL_MEM_MB", "eal_mem_mb"},
                  {"VSOCKET_CPUS", "cpus"},
                  {"VSOCKET_LOG_LEVEL", "log_level"},
@@ -413,6 +418,11 @@ Status Validate(DaemonConfig* config) {
     }
   }
   return Status::Ok();
+}
+
+int EffectiveNapUs(const DaemonConfig& c, int online_cpus) {
+  if (c.nap_us >= 0) return c.nap_us;
+  return c.cpus.empty() && online_cpus < 4 ? 100 : 0;
 }
 
 }  // namespace vsocket::backend

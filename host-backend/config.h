@@ -26,6 +26,10 @@ struct PeerHostConfig {
 // duplicates); false and *error on a malformed list or a CPU >= CPU_SETSIZE.
 bool ParseCpuList(const std::string& text, std::vector<int>* cpus, std::string* error);
 
+struct DaemonConfig;
+// nap_us as it applies on this host (resolves -1, auto).
+int EffectiveNapUs(const DaemonConfig& c, int online_cpus);
+
 struct DaemonConfig {
   std::string ctl_socket = "/run/vsocket/vsocketd.sock";
   int poll_us = 50;       // the worker polls at least this long after work before sleeping
@@ -36,6 +40,11 @@ struct DaemonConfig {
   // then see a backend that does not share their CPUs and accelerate every
   // connection at once (decision 51) and poll first (decision 35).
   std::string cpus;
+  // Between passes the worker sleeps this long instead of polling, the
+  // guests' kicks off (decision 67): -1 (auto): 100 when it shares every
+  // CPU with the guests (no `cpus`) on a host of fewer than 4 CPUs, else 0
+  // (poll).
+  int nap_us = -1;
   std::string log_level = "warn";
   std::string metrics_addr = "127.0.0.1";
   int metrics_port = 0;  // 0: no HTTP metrics listener (still on the ctl socket)

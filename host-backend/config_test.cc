@@ -36,6 +36,24 @@ TEST(ConfigTest, ParsesDaemonAndVmSections) {
   EXPECT_EQ(c->vms[1].index, 1u);
 }
 
+// nap_us: auto naps only where vsocketd shares every CPU of a small host.
+TEST(ConfigTest, NapUsAutoNapsOnlyWithoutCpusOnHostsOfFewerThanFourCpus) {
+  DaemonConfig c;
+  EXPECT_EQ(c.nap_us, -1);
+  EXPECT_EQ(EffectiveNapUs(c, 2), 100);
+  EXPECT_EQ(EffectiveNapUs(c, 3), 100);
+  EXPECT_EQ(EffectiveNapUs(c, 4), 0);
+  c.cpus = "1";
+  EXPECT_EQ(EffectiveNapUs(c, 2), 0);
+  auto set = ParseConfig("nap_us = 0\n", "t.conf");
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  EXPECT_EQ(EffectiveNapUs(*set, 2), 0);
+  set = ParseConfig("nap_us = 250\ncpus = 1\n", "t.conf");
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  EXPECT_EQ(EffectiveNapUs(*set, 8), 250);
+  EXPECT_FALSE(ParseConfig("nap_us = -2\n", "t.conf").ok());
+}
+
 TEST(ConfigTest, ErrorsNameFileLineAndProblem) {
   struct Case {
     const char* text;

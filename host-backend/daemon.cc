@@ -22,12 +22,18 @@ std::string CtlError(const std::string& msg, bool json) {
 }  // namespace
 
 Daemon::Daemon(DaemonConfig config)
-    : config_(std::move(config)), worker_(&service_, WorkerOptions{config_.poll_us, config_.poll_max_us, 64}) {}
+    : config_(std::move(config)),
+      nap_us_(EffectiveNapUs(config_, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)))),
+      worker_(&service_, WorkerOptions{config_.poll_us, config_.poll_max_us, 64, nap_us_}) {}
 
 Status Daemon::Start() {
   conns_.SetLocalPorts(&config_.vms);
   conns_.SetOrphanBudgets(uint64_t(config_.orphan_mb_per_vm) << 20, uint64_t(config_.orphan_mb_total) << 20);
   conns_.SetConnsPerVm(static_cast<uint32_t>(config_.max_conns_per_vm));
+  conns_.SetNaps(nap_us_ > 0);
+  if (nap_us_ > 0)
+    VS_LOG(kInfo, "worker naps %d us between passes instead of polling (sharing the CPUs with the guests; nap_us)",
+           nap_us_);
   for (const vhost::PortConfig& p : config_.vms)
     if (p.away) conns_.StartAway(p.index);
   {

@@ -66,6 +66,7 @@ class Daemon {
   // Members are constructed in this order (each after the parts it uses)
   // and destroyed in reverse.
   const DaemonConfig config_;
+  const int nap_us_;  // EffectiveNapUs (before worker_, which takes it)
   ConnManager conns_;
   Peering peering_{&conns_};
   RequestService service_{&conns_, &peering_};

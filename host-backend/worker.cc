@@ -1,6 +1,7 @@
 #include "host-backend/worker.h"
 
 #include <sys/epoll.h>
+#include <sys/prctl.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -192,7 +193,24 @@ void Worker::DisableAllNotify() {
       for (size_t q = 0; q < a.device->num_queues(); ++q) a.device->queue(q).DisableNotify();
 }
 
+void Worker::HandleEvents(const epoll_event* events, int n) {
+  for (int i = 0; i < n; ++i) {
+    uint64_t v;
+    if (events[i].data.u64 == kWakeTag) {
+      (void)!read(wake_.get(), &v, sizeof(v));
+      continue;
+    }
+    if (events[i].data.u64 == kExtraTag) continue;
+    for (Active& a : active_) {
+      if (a.device->id() != events[i].data.u64) continue;
+      a.device->counters().wakeups.fetch_add(1, std::memory_order_relaxed);
+      for (size_t q = 0; q < a.device->num_queues(); ++q) (void)!read(a.device->kick_fd(q), &v, sizeof(v));
+    }
+  }
+}
+
 void Worker::Run() {
+  if (options_.nap_us > 0) prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  // naps as long as asked, not +50 us
   int64_t last_work = MonotonicNs();
   int64_t idle_since = 0;  // the last work before the current idle stretch
   AdaptivePoll adapt(int64_t{options_.poll_us} * 1000, int64_t{options_.poll_max_us} * 1000);
@@ -222,6 +240,17 @@ void Worker::Run() {
     }
     if (idle_since == 0) idle_since = last_work;
     if (now - last_work < adapt.budget_ns()) {
+      if (options_.nap_us > 0) {
+        // A guest about to wait for what we have not moved yet kicks us
+        // out of the nap (proto::kFeatureNaps).
+        timespec ts{options_.nap_us / 1000000, (options_.nap_us % 1000000) * 1000L};
+        int n = epoll_pwait2(epoll_.get(), events, 64, &ts, nullptr);
+        HandleEvents(events, n);
+        counters_.naps.fetch_add(1, std::memory_order_relaxed);
+        if (n > 0) counters_.nap_kicks.fetch_add(1, std::memory_order_relaxed);
+        ++idle_spins;
+        continue;
+      }
       SpinStep(idle_spins++);
       continue;
     }
@@ -237,19 +266,7 @@ void Worker::Run() {
     counters_.sleeps.fetch_add(1, std::memory_order_relaxed);
     // A call the vhost library could not take yet is retried soon.
     int n = epoll_wait(epoll_.get(), events, 64, calls_owed ? 1 : -1);
-    for (int i = 0; i < n; ++i) {
-      uint64_t v;
-      if (events[i].data.u64 == kWakeTag) {
-        (void)!read(wake_.get(), &v, sizeof(v));
-        continue;
-      }
-      if (events[i].data.u64 == kExtraTag) continue;
-      for (Active& a : active_) {
-        if (a.device->id() != events[i].data.u64) continue;
-        a.device->counters().wakeups.fetch_add(1, std::memory_order_relaxed);
-        for (size_t q = 0; q < a.device->num_queues(); ++q) (void)!read(a.device->kick_fd(q), &v, sizeof(v));
-      }
-    }
+    HandleEvents(events, n);
     counters_.wakeups.fetch_add(1, std::memory_order_relaxed);
     DisableAllNotify();
     last_work = MonotonicNs();

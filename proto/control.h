@@ -161,8 +161,15 @@ inline constexpr uint64_t kFeatureCleanDowngrade = 1ull << 3;
 // kFeatureBulkHint: REGISTER_CONN may carry kRegisterBulk, and the backend
 // may answer it kNotPaired with reason kKernelFaster (decision 62).
 inline constexpr uint64_t kFeatureBulkHint = 1ull << 4;
-inline constexpr uint64_t kKnownFeatures =
-    kFeatureDoorbell | kFeatureRingHold | kFeatureFenceDelivered | kFeatureCleanDowngrade | kFeatureBulkHint;
+// kFeatureNaps: the backend's worker, sharing its CPUs with the guests,
+// sleeps a short while between passes instead of polling, with the
+// guests' kicks off (decision 67). So a library that is about to wait
+// (block, poll or sleep) while something it did since its last kick waits
+// for a pass (bytes produced, room made, a message posted) kicks the
+// request queue itself first.
+inline constexpr uint64_t kFeatureNaps = 1ull << 5;
+inline constexpr uint64_t kKnownFeatures = kFeatureDoorbell | kFeatureRingHold | kFeatureFenceDelivered |
+                                           kFeatureCleanDowngrade | kFeatureBulkHint | kFeatureNaps;
 struct DoorbellBlock {
   uint64_t tx_tail;        // guest writes: bytes produced into the TX ring (total)
   uint64_t consumed;       // guest writes: bytes consumed from the RX ring (total)

@@ -204,6 +204,7 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
     }
     if (count > 0 || timeout_ms == 0 || (deadline >= 0 && MonotonicNs() >= deadline)) return count;
     (void)wait.Waiting();
+    session->KickIfOwed();
     if (spinning) {
       SpinStep(iter);
       continue;
@@ -879,6 +880,7 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
     if (session_event && s) s->Drain();
     if (n > 0 || timeout_ms == 0 || (deadline >= 0 && MonotonicNs() >= deadline)) return n;
     (void)wait.Waiting();
+    if (s != nullptr) s->KickIfOwed();
     if (spinning) {
       SpinStep(iter);
       continue;

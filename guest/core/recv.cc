@@ -48,6 +48,7 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     }
     return static_cast<size_t>(n);
   }
+  SwitchTxEarly(c);
   std::unique_lock<std::mutex> lock(c.rx_mu);
   size_t want = IovLen(iov, iovcnt);
   if (want == 0) {
@@ -236,6 +237,7 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       head += n;
       c.rx_head.store(head, std::memory_order_release);
       c.accel_rx.fetch_add(n, std::memory_order_relaxed);
+      c.session->NoteConsumed(n, size);
       got += n;
       // Return credit in quarters of the ring, and whenever we caught up, so
       // a sender waiting for space always hears of it. With the doorbell,

@@ -204,7 +204,7 @@ Status Session::Negotiate() {
   hello.pid = static_cast<uint32_t>(getpid());
   hello.features = (Config().doorbell ? proto::kFeatureDoorbell : 0) |
                    (Config().ring_hold ? proto::kFeatureRingHold : 0) | proto::kFeatureFenceDelivered |
-                   proto::kFeatureCleanDowngrade | proto::kFeatureBulkHint;
+                   proto::kFeatureCleanDowngrade | proto::kFeatureBulkHint | proto::kFeatureNaps;
   proto::Message resp;
   VS_RETURN_IF_ERROR(Call({MsgType::kHello, 0, hello}, &resp));
   const auto* ack = std::get_if<proto::HelloAck>(&resp.body);
@@ -215,6 +215,7 @@ Status Session::Negotiate() {
   doorbell_ = (ack->features & hello.features & proto::kFeatureDoorbell) != 0;
   ring_hold_ = (ack->features & hello.features & proto::kFeatureRingHold) != 0;
   bulk_hint_ = (ack->features & hello.features & proto::kFeatureBulkHint) != 0;
+  naps_ = (ack->features & hello.features & proto::kFeatureNaps) != 0;
   // Process mode: registrations name sockets this process proves it holds
   // (a port without a proof socket does not ask for it).
   Status proof = fe_->OpenProofChannel();
@@ -258,9 +259,19 @@ Status Session::SubmitLocked(const Message& m, bool want_response, uint32_t* slo
   slot.submitted_ns = MonotonicNs();
   slot.want_response = want_response;
   slot.done = false;
-  if (fe_->queue(kRequestQueue).Publish()) fe_->Kick(kRequestQueue);
+  if (fe_->queue(kRequestQueue).Publish()) {
+    fe_->Kick(kRequestQueue);
+  } else {
+    NoteProduced();  // (a napping backend sees it at its next pass, or our kick)
+  }
   *slot_out = s;
   return Status::Ok();
+}
+
+void Session::KickOwed() {
+  if (!owe_kick_.exchange(false, std::memory_order_acq_rel)) return;
+  consumed_since_kick_.store(0, std::memory_order_relaxed);
+  fe_->Kick(kRequestQueue);
 }
 
 Status Session::Post(const Message& msg) {
@@ -298,6 +309,7 @@ Status Session::Call(const Message& request, Message* response, int timeout_ms) 
     usleep(100);
   }
   int64_t spin_until = MonotonicNs() + int64_t{Config().poll_us} * 1000;
+  KickIfOwed();  // (a napping backend: our request now, not at its next pass)
   for (uint32_t iter = 0;; ++iter) {
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -110,6 +110,24 @@ class Session {
   bool ring_hold() const { return ring_hold_; }
   bool bulk_hint() const { return bulk_hint_; }
 
+  // The backend naps between passes, our kicks off (kFeatureNaps, decision
+  // 67): what we did since our last kick waits for its next pass unless we
+  // kick before we wait. Produced: bytes into a TX ring (or a message
+  // posted); consumed: bytes taken from an RX ring, room a stalled sender
+  // may wait for (a kick once a quarter ring's worth has gathered).
+  void NoteProduced() {
+    if (naps_ && !owe_kick_.load(std::memory_order_relaxed)) owe_kick_.store(true, std::memory_order_relaxed);
+  }
+  void NoteConsumed(uint64_t n, uint32_t ring_bytes) {
+    if (naps_ && consumed_since_kick_.fetch_add(n, std::memory_order_relaxed) + n >= ring_bytes / 4) NoteProduced();
+  }
+  // Before a wait that may last (a block, a poll, a sleep): kicks the
+  // backend if we owe it one.
+  void KickIfOwed() {
+    if (owe_kick_.load(std::memory_order_relaxed)) KickOwed();
+  }
+  bool naps() const { return naps_; }
+
  private:
   Session() = default;
   Status Open();
@@ -122,6 +140,7 @@ class Session {
   void NotifyWaitersLocked();
   void RepostEventBuffersLocked();
   Status SubmitLocked(const proto::Message& m, bool want_response, uint32_t* slot);
+  void KickOwed();
   void BackendLost();
 
   struct Slot {
@@ -149,6 +168,9 @@ class Session {
   bool doorbell_ = false;   // set once, before the session is handed out
   bool ring_hold_ = false;  // likewise: kFeatureRingHold
   bool bulk_hint_ = false;  // likewise: kFeatureBulkHint
+  bool naps_ = false;       // likewise: kFeatureNaps
+  std::atomic<bool> owe_kick_{false};
+  std::atomic<uint64_t> consumed_since_kick_{0};
   // Rings of connections being unregistered or held (by conn id); guarded
   // by mu_. RINGS_RELEASED may come before UNREGISTER's answer is seen.
   struct Closing {

@@ -76,6 +76,7 @@ Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events =
   if (ready()) return Status::Ok();
   WaitRecorder wait;
   int64_t spin_until = wait.Waiting();
+  s->KickIfOwed();
   for (uint32_t i = 0; MonotonicNs() < spin_until; ++i) {
     if (ready()) return Status::Ok();
     s->TryDrain();

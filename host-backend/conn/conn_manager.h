@@ -88,6 +88,9 @@ class ConnManager {
   // Registered connections not yet closed, at most, per VM
   // (DaemonConfig::max_conns_per_vm).
   void SetConnsPerVm(uint32_t n) { conns_per_vm_ = n; }
+  // The worker naps between passes (proto::kFeatureNaps, decision 67):
+  // sessions that can kick before they wait get the feature.
+  void SetNaps(bool naps) { naps_ = naps; }
   // Bytes of closed connections' undelivered TX copied out of their rings,
   // at most, per VM and in all (DaemonConfig::orphan_mb_*).
   void SetOrphanBudgets(uint64_t per_vm, uint64_t total) {
@@ -154,6 +157,7 @@ class ConnManager {
     bool fence_delivered = false;                      // session took kFeatureFenceDelivered
     bool clean_downgrade = false;                      // session took kFeatureCleanDowngrade
     bool bulk_hint = false;                            // session took kFeatureBulkHint
+    bool naps = false;                                 // session took kFeatureNaps
     std::deque<uint64_t> released;                     // conn ids owed RINGS_RELEASED
   };
   // Doorbells (kFeatureDoorbell). Polling a connection's block means the
@@ -349,6 +353,7 @@ class ConnManager {
   uint64_t orphan_budget_vm_ = 256u << 20;
   uint64_t orphan_budget_total_ = 1024u << 20;
   uint32_t conns_per_vm_ = 65536;
+  bool naps_ = false;
   std::unordered_map<uint32_t, uint32_t> vm_open_;  // per VM index: registered, not yet closed
   std::unordered_map<uint64_t, std::unique_ptr<Sink>> sinks_;  // by host << 32 | link
   std::vector<BackendConn*> owed_;                             // conns with link frames owed
