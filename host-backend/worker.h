@@ -1,6 +1,7 @@
 // The data-path thread: serves every attached guest device's virtqueues.
-// Busy-polls while there is traffic, then re-enables notifications and
-// sleeps in epoll on the devices' kick eventfds (never spins while idle).
+// Busy-polls (or, with nap_us, naps) while there is traffic, then
+// re-enables notifications and sleeps in epoll on the devices' kick
+// eventfds (never spins while idle).
 #pragma once
 
 #include <sys/epoll.h>

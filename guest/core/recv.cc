@@ -48,7 +48,6 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     }
     return static_cast<size_t>(n);
   }
-  SwitchTxEarly(c);
   std::unique_lock<std::mutex> lock(c.rx_mu);
   size_t want = IovLen(iov, iovcnt);
   if (want == 0) {

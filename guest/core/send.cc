@@ -21,17 +21,6 @@ using proto::Message;
 using proto::MsgType;
 using proto::Reason;
 
-void SwitchTxEarly(Conn& c) {
-  if (!c.state.accelerated() || c.state.tx_on_ring()) return;
-  std::unique_lock<std::mutex> lock(c.tx_mu, std::try_to_lock);
-  if (!lock.owns_lock() || c.session == nullptr) return;
-  if (c.state.reset() || c.state.resynced() || c.state.draining()) return;
-  if (!c.state.accelerated() || c.state.tx_on_ring() || c.tx_ring_ended.load(std::memory_order_relaxed)) return;
-  if (!c.session->Post({MsgType::kFence, 0, proto::ConnCounter{c.id, c.kernel_sent.load()}}).ok()) return;
-  c.fence_sent.store(c.kernel_sent.load());
-  c.state.SwitchTx();
-}
-
 Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   MaybeReregister(fd, c);
   EnsureRegistered(fd, c);

@@ -14,13 +14,6 @@ namespace vsocket::guest {
 // flags: MSG_* as passed by the application.
 Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags);
 Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags);
-// An upgraded connection's switch-over of its sending direction to the ring
-// (our FENCE: the peer reads exactly kernel_sent bytes from its kernel
-// socket first), made by Send at its first call, and by Recv for a side
-// that only receives: without our FENCE the peer keeps asking its kernel
-// socket for bytes (FIONREAD) on every poll. Nothing if the switch is not
-// due, failed (the next Send deals with it) or a send holds tx_mu.
-void SwitchTxEarly(Conn& c);
 // sendfile(2) on c: the kernel's own while c is not registered (nothing to
 // fence: kernel_sent counts it), else false and the caller copies the file
 // through Send.
