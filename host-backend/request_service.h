@@ -39,6 +39,7 @@ class RequestService : public DeviceService {
     return conns_.EmitEvents(device) || worked;
   }
   bool BeforeSleep() override { return conns_.ArmDoorbells(); }
+  uint64_t BytesMoved() const override { return conns_.counters().accel_bytes.load(std::memory_order_relaxed); }
   bool NeedsKick(vhost::BackendDevice& device, size_t q) override { return q == 0 || conns_.HasEventsWaiting(device); }
 
   const ServiceCounters& counters() const { return counters_; }

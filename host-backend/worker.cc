@@ -216,6 +216,11 @@ void Worker::Run() {
   AdaptivePoll adapt(int64_t{options_.poll_us} * 1000, int64_t{options_.poll_max_us} * 1000);
   epoll_event events[64];
   uint32_t idle_spins = 0;
+  // Bytes the last working pass moved: a quarter of a (default) ring or
+  // more, and the rings, not the CPU, limit the stream: poll rather than
+  // nap, or the rings would wait full for the next pass.
+  constexpr uint64_t kPollAfterPassBytes = 64 * 1024;
+  uint64_t moved_total = service_->BytesMoved(), last_pass_bytes = 0;
   while (!stop_.load(std::memory_order_relaxed)) {
     bool worked = ProcessMailbox();
     worked |= service_->Poll();
@@ -232,6 +237,9 @@ void Worker::Run() {
     }
     int64_t now = MonotonicNs();
     if (worked) {
+      uint64_t total = service_->BytesMoved();
+      last_pass_bytes = total - moved_total;
+      moved_total = total;
       if (idle_since != 0) adapt.Record(now - idle_since);  // how long the lull lasted
       idle_since = 0;
       last_work = now;
@@ -240,7 +248,7 @@ void Worker::Run() {
     }
     if (idle_since == 0) idle_since = last_work;
     if (now - last_work < adapt.budget_ns()) {
-      if (options_.nap_us > 0) {
+      if (options_.nap_us > 0 && last_pass_bytes < kPollAfterPassBytes) {
         // A guest about to wait for what we have not moved yet kicks us
         // out of the nap (proto::kFeatureNaps).
         timespec ts{options_.nap_us / 1000000, (options_.nap_us % 1000000) * 1000L};
