@@ -256,7 +256,6 @@ void Worker::Run() {
         HandleEvents(events, n);
         counters_.naps.fetch_add(1, std::memory_order_relaxed);
         if (n > 0) counters_.nap_kicks.fetch_add(1, std::memory_order_relaxed);
-        ++idle_spins;
         continue;
       }
       SpinStep(idle_spins++);

@@ -826,6 +826,8 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
   SettleSet(*set);
   bool alone = KernelAlone(*set);
   set->mu.unlock();
+  // (Settled: EpollSettleMine below need not lock it again.)
+  t_dirtied.erase(std::remove(t_dirtied.begin(), t_dirtied.end(), set), t_dirtied.end());
   struct Leave {
     EpSet* set;
     ~Leave() { set->waiters.fetch_sub(1, std::memory_order_relaxed); }

@@ -758,6 +758,21 @@ TEST(EpollChurn, ThreadAsleepInWaitSeesTheChangeAtOnce) {
   EXPECT_EQ(cookie.load(), 2u);
 }
 
+// What an epoll_wait on ep, asleep when change() runs 100 ms after it
+// began, returns.
+template <typename Change>
+int WaitWokenBy(int ep, Change change) {
+  std::atomic<int> woke{-1};
+  std::thread sleeper([&] {
+    epoll_event e[4];
+    woke = epoll_wait(ep, e, 4, kIoTimeoutMs);
+  });
+  usleep(100 * 1000);
+  change();
+  sleeper.join();
+  return woke.load();
+}
+
 // A set watched by another epoll set: the outer one's sleeper sees the inner
 // set become ready when a socket is added to it for writing.
 TEST(EpollChurn, OuterSetAsleepSeesChangeToNestedSet) {
@@ -768,15 +783,7 @@ TEST(EpollChurn, OuterSetAsleepSeesChangeToNestedSet) {
   Ctl(inner.get(), EPOLL_CTL_ADD, fd, EPOLLIN, 1);
   Ctl(outer.get(), EPOLL_CTL_ADD, inner.get(), EPOLLIN, 7);
   EXPECT_EQ(Wait(outer.get(), 0).size(), 0u);
-  std::atomic<int> woke{-1};
-  std::thread sleeper([&] {
-    epoll_event e[4];
-    woke = epoll_wait(outer.get(), e, 4, kIoTimeoutMs);
-  });
-  usleep(100 * 1000);
-  Readd(inner.get(), fd, EPOLLOUT, 2);
-  sleeper.join();
-  EXPECT_EQ(woke.load(), 1);
+  EXPECT_EQ(WaitWokenBy(outer.get(), [&] { Readd(inner.get(), fd, EPOLLOUT, 2); }), 1);
 }
 
 // The same with the order of an event loop that nests its sets first: the
@@ -794,15 +801,7 @@ TEST(EpollChurn, OuterSetSeesChangesToSetNestedBeforeItWatchedAnything) {
   EXPECT_EQ(Wait(outer.get(), 0).size(), 1u);  // no wait on inner in between
   Readd(inner.get(), fd, EPOLLIN, 3);
   EXPECT_EQ(Wait(outer.get(), 0).size(), 0u);
-  std::atomic<int> woke{-1};
-  std::thread sleeper([&] {
-    epoll_event e[4];
-    woke = epoll_wait(outer.get(), e, 4, kIoTimeoutMs);
-  });
-  usleep(100 * 1000);
-  Readd(inner.get(), fd, EPOLLOUT, 4);
-  sleeper.join();
-  EXPECT_EQ(woke.load(), 1);
+  EXPECT_EQ(WaitWokenBy(outer.get(), [&] { Readd(inner.get(), fd, EPOLLOUT, 4); }), 1);
 }
 
 // poll() on an epoll fd reports its readiness as the changes made it.
