@@ -809,11 +809,62 @@ int EpollCtl(int epfd, int op, int fd, epoll_event* ev) {
   }
 }
 
+namespace {
+
+// An epoll wait's timeout: epoll_wait/epoll_pwait's milliseconds, or
+// epoll_pwait2's timespec (ts; precise), which the kernel's waits are then
+// given as it is, never rounded up to a millisecond.
+struct EpTimeout {
+  int ms;                // the milliseconds as given (!precise)
+  const timespec* ts;    // as given (precise); null: none
+  bool precise;
+  int64_t ns;            // -1: none
+};
+
+// The kernel's own wait on epfd until deadline (-1: none), in the unit the
+// caller asked in; `first`: the caller's own timeout, as given.
+int KernelEpollWait(int epfd, epoll_event* ev, int max, const EpTimeout& t, bool first, int64_t deadline,
+                    const sigset_t* mask) {
+  if (!t.precise) return Libc().epoll_pwait(epfd, ev, max, first ? t.ms : RemainingMs(deadline), mask);
+  if (Libc().epoll_pwait2 == nullptr) {
+    errno = ENOSYS;
+    return -1;
+  }
+  if (first || deadline < 0) return Libc().epoll_pwait2(epfd, ev, max, first ? t.ts : nullptr, mask);
+  int64_t left = std::max<int64_t>(0, deadline - MonotonicNs());
+  timespec ts{static_cast<time_t>(left / 1000000000), static_cast<long>(left % 1000000000)};
+  return Libc().epoll_pwait2(epfd, ev, max, &ts, mask);
+}
+
+int EpollWaitFor(int epfd, epoll_event* events, int max, const EpTimeout& t, const sigset_t* sigmask);
+
+}  // namespace
+
 int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigset_t* sigmask) {
+  EpTimeout t{timeout_ms, nullptr, false, timeout_ms < 0 ? -1 : int64_t{timeout_ms} * 1000000};
+  return EpollWaitFor(epfd, events, max, t, sigmask);
+}
+
+int EpollWait2(int epfd, epoll_event* events, int max, const timespec* ts, const sigset_t* sigmask) {
+  EpTimeout t{0, ts, true, -1};
+  if (ts != nullptr) {
+    if (ts->tv_sec < 0 || ts->tv_nsec < 0 || ts->tv_nsec >= 1000000000) {
+      errno = EINVAL;  // (the kernel's answer to a timespec it cannot read as one)
+      return -1;
+    }
+    constexpr int64_t kMaxSec = INT64_MAX / 1000000000 - 1;
+    t.ns = ts->tv_sec > kMaxSec ? -1 : int64_t{ts->tv_sec} * 1000000000 + ts->tv_nsec;  // (beyond: forever)
+  }
+  return EpollWaitFor(epfd, events, max, t, sigmask);
+}
+
+namespace {
+
+int EpollWaitFor(int epfd, epoll_event* events, int max, const EpTimeout& t, const sigset_t* sigmask) {
   EpSet* set = FindSet(epfd, false);
   if (set == nullptr) {
     EpollSettleMine();  // (epfd may watch a set of ours)
-    return Libc().epoll_pwait(epfd, events, max, timeout_ms, sigmask);
+    return KernelEpollWait(epfd, events, max, t, true, -1, sigmask);
   }
   if (max <= 0) {
     errno = EINVAL;
@@ -836,11 +887,11 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
   // this thread left waiting elsewhere is applied before it waits.
   EpollSettleMine();
   // (A zero timeout's deadline is any past time: no clock read.)
-  int64_t deadline = timeout_ms == 0 ? 0 : Deadline(timeout_ms);
+  int64_t deadline = t.ns <= 0 ? t.ns : MonotonicNs() + t.ns;
   for (bool first = true; alone; first = false) {
     // Request/response connections the policy keeps on kernel TCP cost one
     // real epoll_wait, as without us.
-    int r = Libc().epoll_pwait(epfd, events, max, first ? timeout_ms : RemainingMs(deadline), sigmask);
+    int r = KernelEpollWait(epfd, events, max, t, first, deadline, sigmask);
     if (r <= 0 || !HasMarker(events, r)) return r;
     bool session_event = false;
     std::lock_guard<std::mutex> lock(set->mu);
@@ -867,7 +918,7 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
     // Kernel events first (they may mark connections in transition as
     // changed), then our own, each fd reported at most once.
     int k = 0;
-    bool spinning = timeout_ms != 0 && s != nullptr && MonotonicNs() < spin_until;
+    bool spinning = t.ns != 0 && s != nullptr && MonotonicNs() < spin_until;
     if (!spinning || (iter & 63) == 0) {
       k = Libc().epoll_pwait(epfd, kernel.data(), max, 0, nullptr);
       if (k < 0) return -1;
@@ -880,7 +931,7 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
     for (int i = 0; i < k && n < max; ++i) events[n++] = kernel[i];
     spinning = spinning && n == 0;
     if (session_event && s) s->Drain();
-    if (n > 0 || timeout_ms == 0 || (deadline >= 0 && MonotonicNs() >= deadline)) return n;
+    if (n > 0 || t.ns == 0 || (deadline >= 0 && MonotonicNs() >= deadline)) return n;
     (void)wait.Waiting();
     if (s != nullptr) s->KickIfOwed();
     if (spinning) {
@@ -904,7 +955,7 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
     bool prepared = sleeper != nullptr && sleeper->PrepareSleep();
     if (sleeper != nullptr && !prepared) continue;
     slept_from = MonotonicNs();
-    int r = Libc().epoll_pwait(epfd, events, max, RemainingMs(deadline), sigmask);
+    int r = KernelEpollWait(epfd, events, max, t, false, deadline, sigmask);
     int saved = errno;
     slept_until = MonotonicNs();
     if (prepared) sleeper->DoneSleeping();
@@ -925,6 +976,8 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
     }
   }
 }
+
+}  // namespace
 
 void EpollKick(const Conn& c) {
   std::vector<EpSet*> sets;

@@ -19,6 +19,9 @@ int Select(int nfds, fd_set* r, fd_set* w, fd_set* e, int timeout_ms, const sigs
 
 int EpollCtl(int epfd, int op, int fd, epoll_event* ev);
 int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigset_t* sigmask);
+// epoll_pwait2: the same wait with a timespec (null: no timeout), which the
+// kernel's own waits then take as it is (nanoseconds, not milliseconds).
+int EpollWait2(int epfd, epoll_event* events, int max, const timespec* ts, const sigset_t* sigmask);
 // fd was closed: drop it from every emulated epoll set (and the set itself
 // if fd was an epoll fd).
 // lingering: the socket outlives fd (a lingering close keeps a dup of it),

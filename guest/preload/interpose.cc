@@ -435,21 +435,16 @@ int epoll_pwait(int epfd, epoll_event* ev, int max, int timeout, const sigset_t*
   return EpollWait(epfd, ev, max, timeout, mask);
 }
 
-// Not emulated (a nanosecond timeout): the kernel's wait, on a set whose
-// changes are never deferred from then on. (glibc 2.35 and later.)
 int epoll_pwait2(int epfd, epoll_event* ev, int max, const timespec* ts, const sigset_t* mask) {
-  using Fn = int (*)(int, epoll_event*, int, const timespec*, const sigset_t*);
-  static Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "epoll_pwait2"));
-  if (real == nullptr) {
-    errno = ENOSYS;
-    return -1;
+  if (t_depth) {
+    if (Libc().epoll_pwait2 == nullptr) {
+      errno = ENOSYS;
+      return -1;
+    }
+    return Libc().epoll_pwait2(epfd, ev, max, ts, mask);
   }
-  if (!t_depth) {
-    Guard g;
-    EpollNoteWatched(epfd);
-    EpollSettleMine();
-  }
-  return real(epfd, ev, max, ts, mask);
+  Guard g;
+  return EpollWait2(epfd, ev, max, ts, mask);
 }
 
 // The exec family (NoteExec above).

@@ -60,6 +60,7 @@ void ResolveAll() {
   VS_RESOLVE(epoll_ctl);
   VS_RESOLVE(epoll_wait);
   VS_RESOLVE(epoll_pwait);
+  g_calls.epoll_pwait2 = reinterpret_cast<decltype(g_calls.epoll_pwait2)>(dlsym(RTLD_NEXT, "epoll_pwait2"));
   VS_RESOLVE(fork);
   VS_RESOLVE(execve);
   VS_RESOLVE(execv);

@@ -47,6 +47,8 @@ struct LibcCalls {
   int (*epoll_ctl)(int, int, int, epoll_event*);
   int (*epoll_wait)(int, epoll_event*, int, int);
   int (*epoll_pwait)(int, epoll_event*, int, int, const sigset_t*);
+  // glibc 2.35 and later; null before (no program there can call it).
+  int (*epoll_pwait2)(int, epoll_event*, int, const timespec*, const sigset_t*);
   pid_t (*fork)();
   int (*execve)(const char*, char* const[], char* const[]);
   int (*execv)(const char*, char* const[]);

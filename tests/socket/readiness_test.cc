@@ -581,6 +581,51 @@ TEST(Epoll, PwaitSigmaskHoldsOffSignalAndWaitIsInterruptedWithoutIt) {
   EXPECT_EQ(e.data.u64, 41u);
 }
 
+// epoll_pwait2 (glibc 2.35; a timespec timeout) is an epoll wait like the
+// others: a connection already in use (preloaded: upgraded, its bytes come
+// by the ring) is reported as soon as its data is there, a zero timespec
+// looks and returns, a sub-millisecond one times out, a null one waits.
+TEST(Epoll, Pwait2ReportsDataOnAConnectionAlreadyInUse) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(SendAll(c.client.get(), "a"));
+  ASSERT_EQ(RecvExactly(c.server.get(), 1), "a");
+  ASSERT_TRUE(SendAll(c.server.get(), "b"));
+  ASSERT_EQ(RecvExactly(c.client.get(), 1), "b");
+  Fd ep = EpollFd();
+  Add(ep.get(), c.server.get(), EPOLLIN, 42);
+  epoll_event e[2];
+  timespec zero{0, 0}, short_wait{0, 300'000}, full{kIoTimeoutMs / 1000, (kIoTimeoutMs % 1000) * 1'000'000L};
+  EXPECT_EQ(epoll_pwait2(ep.get(), e, 2, &zero, nullptr), 0) << ErrnoName(errno);
+  EXPECT_EQ(epoll_pwait2(ep.get(), e, 2, &short_wait, nullptr), 0) << ErrnoName(errno);
+  std::thread writer([&] {
+    SleepMs(100);
+    (void)SendAll(c.client.get(), "c");
+  });
+  int n = epoll_pwait2(ep.get(), e, 2, &full, nullptr);
+  writer.join();
+  ASSERT_EQ(n, 1) << "the wait timed out or failed (" << ErrnoName(errno) << "): the data was not noticed";
+  EXPECT_EQ(e[0].events, static_cast<uint32_t>(EPOLLIN));
+  EXPECT_EQ(e[0].data.u64, 42u);
+  EXPECT_EQ(epoll_pwait2(ep.get(), e, 2, nullptr, nullptr), 1) << ErrnoName(errno);
+  EXPECT_EQ(RecvExactly(c.server.get(), 1), "c");
+  EXPECT_EQ(epoll_pwait2(ep.get(), e, 2, &zero, nullptr), 0) << ErrnoName(errno);
+  VS_EXPECT_ERRNO(epoll_pwait2(ep.get(), e, 0, &zero, nullptr), EINVAL);
+  timespec bad{0, 1'000'000'000};
+  VS_EXPECT_ERRNO(epoll_pwait2(ep.get(), e, 2, &bad, nullptr), EINVAL);
+}
+
+TEST(Epoll, Pwait2SleeperSeesReplyAfterAnotherThreadsFirstWriteUpgradedTheConnection) {
+  SleeperSeesReplyAfterAnotherThreadsFirstWrite([](int fd) {
+    Fd ep = EpollFd();
+    Add(ep.get(), fd, EPOLLIN, 7);
+    epoll_event e[2];
+    timespec full{kIoTimeoutMs / 1000, (kIoTimeoutMs % 1000) * 1'000'000L};
+    int n = epoll_pwait2(ep.get(), e, 2, &full, nullptr);
+    return n == 1 && e[0].events == EPOLLIN;
+  });
+}
+
 // epoll registers the open file description: closing one descriptor while
 // a dup keeps the socket open leaves the registration (and its events) in
 // place. Closing the last descriptor removes it.
