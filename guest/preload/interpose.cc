@@ -6,10 +6,13 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <sys/ioctl.h>
 #include <sys/sendfile.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -376,6 +379,172 @@ ssize_t sendfile(int out, int in, off_t* offset, size_t count) {
   if (offset) *offset = pos;
   else lseek(in, pos, SEEK_SET);
   return static_cast<ssize_t>(done);
+}
+
+// sendmmsg/recvmmsg on a connection we follow: one sendmsg/recvmsg per
+// message through the wrappers above (held: the kernel's own; upgraded: the
+// ring), with the kernel's rules for TCP: at most UIO_MAXIOV messages; a
+// message sent in part ends the batch; an error after the first message
+// ends it and the count is returned; MSG_WAITFORONE makes every message
+// after the first non-blocking; recvmmsg's timeout is looked at after each
+// message and left holding what remains of it.
+int sendmmsg(int fd, mmsghdr* v, unsigned int n, int flags) {
+  auto c = Ours(fd);
+  if (!c) return Libc().sendmmsg(fd, v, n, flags);
+  n = std::min(n, static_cast<unsigned int>(UIO_MAXIOV));
+  unsigned int i = 0;
+  for (; i < n; ++i) {
+    const msghdr& m = v[i].msg_hdr;
+    ssize_t r = sendmsg(fd, &m, flags);
+    if (r < 0) {
+      if (i == 0) return -1;
+      break;
+    }
+    v[i].msg_len = static_cast<unsigned int>(r);
+    size_t want = 0;
+    for (size_t k = 0; m.msg_iov != nullptr && k < m.msg_iovlen; ++k) want += m.msg_iov[k].iov_len;
+    if (static_cast<size_t>(r) < want) {
+      ++i;
+      break;
+    }
+  }
+  return static_cast<int>(i);
+}
+
+int recvmmsg(int fd, mmsghdr* v, unsigned int n, int flags, timespec* timeout) {
+  auto c = Ours(fd);
+  if (!c) return Libc().recvmmsg(fd, v, n, flags, timeout);
+  int64_t end = 0;
+  if (timeout != nullptr) {
+    if (timeout->tv_sec < 0 || timeout->tv_nsec < 0 || timeout->tv_nsec >= 1000000000) {
+      errno = EINVAL;
+      return -1;
+    }
+    timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    end = (now.tv_sec + timeout->tv_sec) * 1000000000LL + now.tv_nsec + timeout->tv_nsec;
+  }
+  n = std::min(n, static_cast<unsigned int>(UIO_MAXIOV));
+  int f = flags & ~MSG_WAITFORONE;
+  unsigned int i = 0;
+  while (i < n) {
+    ssize_t r = recvmsg(fd, &v[i].msg_hdr, f);
+    if (r < 0) {
+      if (i == 0) return -1;
+      break;
+    }
+    v[i].msg_len = static_cast<unsigned int>(r);
+    ++i;
+    if (flags & MSG_WAITFORONE) f |= MSG_DONTWAIT;
+    if (timeout != nullptr) {
+      timespec now;
+      clock_gettime(CLOCK_MONOTONIC, &now);
+      int64_t left = end - (now.tv_sec * 1000000000LL + now.tv_nsec);
+      if (left < 0) left = 0;
+      timeout->tv_sec = left / 1000000000;
+      timeout->tv_nsec = left % 1000000000;
+      if (left == 0) break;
+    }
+  }
+  return static_cast<int>(i);
+}
+
+// splice(2) between a pipe and a connection we follow. Held (or on kernel
+// TCP for good): the kernel's own splice, its bytes counted like any held
+// call's (a later upgrade fences on them). Otherwise the bytes take the
+// ring, in chunks of at most 64 KiB, and nothing is taken from one side
+// that the other did not accept: from the connection, the bytes are peeked,
+// written to the pipe, and only what the pipe took is then read; into the
+// connection, the pipe's bytes are copied (tee) into a pipe of our own and
+// read from there, sent, and only what was sent is then taken from the
+// application's pipe. An offset on the socket side, two sockets or two
+// pipes: the kernel's call and its answer.
+constexpr size_t kSpliceChunk = 64 * 1024;
+
+bool IsPipe(int fd) {
+  struct stat st;
+  return fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode);
+}
+
+ssize_t SpliceFromConn(int fd, Conn& c, int pipe_out, size_t len, unsigned int flags) {
+  std::vector<char> buf(std::min(len, kSpliceChunk));
+  if (buf.empty()) return 0;
+  iovec v{buf.data(), buf.size()};
+  ssize_t n = RecvIov(fd, c, &v, 1, MSG_PEEK);  // blocks as the socket does
+  if (n <= 0) return n;
+  size_t k = static_cast<size_t>(n);
+  int fl = Libc().fcntl(pipe_out, F_GETFL);
+  if (fl < 0) return -1;
+  if ((flags & SPLICE_F_NONBLOCK) && !(fl & O_NONBLOCK)) {
+    // A blocking pipe the call must not block on: write no more than a
+    // writable pipe surely takes at once.
+    pollfd p{pipe_out, POLLOUT, 0};
+    if (Libc().poll(&p, 1, 0) <= 0 || !(p.revents & POLLOUT)) {
+      errno = EAGAIN;
+      return -1;
+    }
+    k = std::min<size_t>(k, PIPE_BUF);
+  }
+  ssize_t w = Libc().write(pipe_out, buf.data(), k);
+  if (w <= 0) return w;
+  iovec take{buf.data(), static_cast<size_t>(w)};
+  ssize_t got = RecvIov(fd, c, &take, 1, MSG_WAITALL);  // there already: peeked
+  return got < 0 ? got : w;
+}
+
+ssize_t SpliceIntoConn(int fd, Conn& c, int pipe_in, size_t len, unsigned int flags) {
+  size_t want = std::min(len, kSpliceChunk);
+  if (want == 0) return 0;
+  int own[2];
+  // (Blocking: tee treats a non-blocking pipe on either side as NONBLOCK.
+  // Ours starts empty and never fills: tee stops when it is full.)
+  if (pipe2(own, O_CLOEXEC) != 0) return -1;
+  struct Close {
+    int* p;
+    ~Close() {
+      Libc().close(p[0]);
+      Libc().close(p[1]);
+    }
+  } close_own{own};
+  (void)Libc().fcntl(own[1], F_SETPIPE_SZ, static_cast<int>(kSpliceChunk));
+  // Blocks for the pipe's first byte as splice would (unless NONBLOCK).
+  ssize_t n = Libc().tee(pipe_in, own[1], want, flags & SPLICE_F_NONBLOCK);
+  if (n <= 0) return n;  // 0: no writer left and nothing in the pipe
+  std::vector<char> buf(static_cast<size_t>(n));
+  size_t have = 0;
+  while (have < buf.size()) {
+    ssize_t r = Libc().read(own[0], buf.data() + have, buf.size() - have);
+    if (r <= 0) break;
+    have += static_cast<size_t>(r);
+  }
+  if (have == 0) return -1;
+  iovec v{buf.data(), have};
+  ssize_t w = SendIov(fd, c, &v, 1, (flags & SPLICE_F_MORE) ? MSG_MORE : 0);
+  if (w <= 0) return w;
+  size_t taken = 0;  // what was sent leaves the application's pipe
+  while (taken < static_cast<size_t>(w)) {
+    ssize_t r = Libc().read(pipe_in, buf.data(), static_cast<size_t>(w) - taken);
+    if (r <= 0) break;
+    taken += static_cast<size_t>(r);
+  }
+  return w;
+}
+
+ssize_t splice(int in, loff_t* off_in, int out, loff_t* off_out, size_t len, unsigned int flags) {
+  auto ci = Ours(in);
+  auto co = ci ? nullptr : Ours(out);
+  if ((!ci && !co) || (ci && (off_in || Ours(out))) || (co && off_out))
+    return Libc().splice(in, off_in, out, off_out, len, flags);
+  ssize_t r;
+  auto kernel = [&] { return Libc().splice(in, off_in, out, off_out, len, flags); };
+  if (ci) {
+    if (HeldRecv(*ci, 0, kernel, &r)) return r;
+    if (!IsPipe(out)) return kernel();
+    return SpliceFromConn(in, *ci, out, len, flags);
+  }
+  if (HeldSend(*co, kernel, &r)) return r;
+  if (!IsPipe(in)) return kernel();
+  return SpliceIntoConn(out, *co, in, len, flags);
 }
 
 // On LP64, off_t is 64 bits: sendfile64 is the same call (nginx uses it).

@@ -51,6 +51,10 @@ void ResolveAll() {
   VS_RESOLVE(sendmsg);
   VS_RESOLVE(recvmsg);
   VS_RESOLVE(sendfile);
+  VS_RESOLVE(splice);
+  VS_RESOLVE(tee);
+  VS_RESOLVE(sendmmsg);
+  VS_RESOLVE(recvmmsg);
   VS_RESOLVE(poll);
   VS_RESOLVE(ppoll);
   VS_RESOLVE(select);

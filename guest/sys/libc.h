@@ -4,6 +4,7 @@
 // into itself.
 #pragma once
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/epoll.h>
@@ -38,6 +39,10 @@ struct LibcCalls {
   ssize_t (*sendmsg)(int, const msghdr*, int);
   ssize_t (*recvmsg)(int, msghdr*, int);
   ssize_t (*sendfile)(int, int, off_t*, size_t);
+  ssize_t (*splice)(int, loff_t*, int, loff_t*, size_t, unsigned int);
+  ssize_t (*tee)(int, int, size_t, unsigned int);
+  int (*sendmmsg)(int, mmsghdr*, unsigned int, int);
+  int (*recvmmsg)(int, mmsghdr*, unsigned int, int, timespec*);
   int (*poll)(pollfd*, nfds_t, int);
   int (*ppoll)(pollfd*, nfds_t, const timespec*, const sigset_t*);
   int (*select)(int, fd_set*, fd_set*, fd_set*, timeval*);

@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <sys/ioctl.h>
 #include <sys/sendfile.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -564,6 +565,171 @@ TEST(Signals, BlockingRecvResumesAfterSignalWithSaRestart) {
   EXPECT_EQ(n, 1);
   EXPECT_EQ(b, 'z');
   EXPECT_GE(Usr1Count().load(), 1);
+}
+
+
+// ---------------------------------------------------------------------------
+// splice, sendmmsg, recvmmsg on a connection in use: a stream of sends first
+// (preloaded, it is upgraded: at first I/O, or, under the default policy,
+// because it streams), then the call, then ordinary sends and receives.
+// Every byte must arrive once and in order whichever way it went.
+
+// A connection that has carried a stream of 80 KiB each way.
+Connection WarmConnection() {
+  Connection c = ConnectedPair();
+  if (!c.ok()) return c;
+  std::string warm = StreamBytes(TestSeed(), 1024);
+  for (int dir = 0; dir < 2; ++dir) {
+    int from = dir == 0 ? c.client.get() : c.server.get(), to = dir == 0 ? c.server.get() : c.client.get();
+    std::thread reader([&] {
+      for (int i = 0; i < 80; ++i) EXPECT_EQ(RecvExactly(to, warm.size()), warm) << "warm-up message " << i;
+    });
+    for (int i = 0; i < 80; ++i) EXPECT_TRUE(SendAll(from, warm));
+    reader.join();
+  }
+  return c;
+}
+
+struct Pipe {
+  Fd r, w;
+  bool ok() const { return r.valid() && w.valid(); }
+};
+Pipe MakePipe() {
+  int p[2];
+  Pipe out;
+  if (pipe2(p, O_CLOEXEC) != 0) {
+    ADD_FAILURE() << "pipe2: " << ErrnoName(errno);
+    return out;
+  }
+  out.r = Fd(p[0]);
+  out.w = Fd(p[1]);
+  return out;
+}
+
+TEST(Splice, FromAPipeIntoAConnectionInUseArrivesInOrderWithTheSendsAround) {
+  Connection c = WarmConnection();
+  ASSERT_TRUE(c.ok());
+  const size_t kBytes = 256 * 1024;
+  std::string body = StreamBytes(TestSeed() + 1, kBytes);
+  Pipe p = MakePipe();
+  ASSERT_TRUE(p.ok());
+  std::string got;
+  std::thread reader([&] { got = RecvExactly(c.server.get(), 4 + kBytes + 4); });
+  ASSERT_TRUE(SendAll(c.client.get(), "head"));
+  std::thread filler([&] {
+    size_t off = 0;
+    while (off < kBytes) {
+      ssize_t w = write(p.w.get(), body.data() + off, std::min<size_t>(kBytes - off, 16384));
+      if (w <= 0) break;
+      off += static_cast<size_t>(w);
+    }
+  });
+  size_t spliced = 0;
+  Deadline deadline(kIoTimeoutMs);
+  while (spliced < kBytes && !deadline.Expired()) {
+    ssize_t n = splice(p.r.get(), nullptr, c.client.get(), nullptr, kBytes - spliced, SPLICE_F_MOVE);
+    ASSERT_GT(n, 0) << ErrnoName(errno);
+    spliced += static_cast<size_t>(n);
+  }
+  filler.join();
+  EXPECT_EQ(spliced, kBytes);
+  ASSERT_TRUE(SendAll(c.client.get(), "tail"));
+  reader.join();
+  ASSERT_EQ(got.size(), 4 + kBytes + 4) << "the receiver timed out: spliced bytes did not arrive";
+  EXPECT_EQ(got.substr(0, 4), "head");
+  EXPECT_TRUE(got.substr(4, kBytes) == body) << "spliced bytes differ";
+  EXPECT_EQ(got.substr(4 + kBytes), "tail");
+}
+
+TEST(Splice, FromAConnectionInUseIntoAPipeTakesTheBytesInOrder) {
+  Connection c = WarmConnection();
+  ASSERT_TRUE(c.ok());
+  const size_t kBytes = 256 * 1024;
+  std::string body = StreamBytes(TestSeed() + 2, kBytes);
+  Pipe p = MakePipe();
+  ASSERT_TRUE(p.ok());
+  std::thread sender([&] {
+    EXPECT_TRUE(SendAll(c.client.get(), body));
+    EXPECT_TRUE(SendAll(c.client.get(), "tail"));
+  });
+  std::string piped;
+  std::thread drain([&] {
+    std::vector<char> buf(65536);
+    while (piped.size() < kBytes) {
+      ssize_t r = read(p.r.get(), buf.data(), buf.size());
+      if (r <= 0) break;
+      piped.append(buf.data(), static_cast<size_t>(r));
+    }
+  });
+  size_t spliced = 0;
+  Deadline deadline(kIoTimeoutMs);
+  while (spliced < kBytes && !deadline.Expired()) {
+    if (!(WaitFor(c.server.get(), POLLIN, 1000) & POLLIN)) continue;
+    ssize_t n = splice(c.server.get(), nullptr, p.w.get(), nullptr, kBytes - spliced, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+    if (n < 0 && errno == EAGAIN) continue;
+    ASSERT_GT(n, 0) << ErrnoName(errno);
+    spliced += static_cast<size_t>(n);
+  }
+  sender.join();
+  p.w.reset();
+  drain.join();
+  EXPECT_EQ(spliced, kBytes) << "spliced bytes did not come (timed out)";
+  EXPECT_TRUE(piped == body) << "piped " << piped.size() << " bytes, not the ones sent";
+  EXPECT_EQ(RecvExactly(c.server.get(), 4), "tail");
+  // EOF: splice returns 0.
+  c.client.reset();
+  Pipe q = MakePipe();
+  ASSERT_TRUE(WaitFor(c.server.get(), POLLIN) & POLLIN);
+  EXPECT_EQ(splice(c.server.get(), nullptr, q.w.get(), nullptr, 100, 0), 0) << ErrnoName(errno);
+}
+
+TEST(Splice, OffsetOnTheSocketSideIsEinval) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  Pipe p = MakePipe();
+  ASSERT_TRUE(p.ok());
+  loff_t off = 0;
+  VS_EXPECT_ERRNO(splice(p.r.get(), nullptr, c.client.get(), &off, 10, SPLICE_F_NONBLOCK), EINVAL);
+}
+
+TEST(Mmsg, SendmmsgAndRecvmmsgOnAConnectionInUseCarryEveryMessageInOrder) {
+  Connection c = WarmConnection();
+  ASSERT_TRUE(c.ok());
+  constexpr int kMsgs = 6;
+  std::string parts[kMsgs];
+  iovec iov[kMsgs];
+  mmsghdr out[kMsgs]{};
+  std::string all;
+  for (int i = 0; i < kMsgs; ++i) {
+    parts[i] = StreamBytes(TestSeed() + 10 + i, 100u + 3000u * i);
+    all += parts[i];
+    iov[i] = {parts[i].data(), parts[i].size()};
+    out[i].msg_hdr.msg_iov = &iov[i];
+    out[i].msg_hdr.msg_iovlen = 1;
+  }
+  ASSERT_EQ(sendmmsg(c.client.get(), out, kMsgs, 0), kMsgs) << ErrnoName(errno);
+  for (int i = 0; i < kMsgs; ++i) EXPECT_EQ(out[i].msg_len, parts[i].size()) << "message " << i;
+  ASSERT_TRUE(SendAll(c.client.get(), "tail"));
+  // recvmmsg: the first waits, the rest take what is there (MSG_WAITFORONE).
+  std::string got;
+  std::vector<char> bufs(4 * 8192);
+  Deadline deadline(kIoTimeoutMs);
+  while (got.size() < all.size() + 4 && !deadline.Expired()) {
+    iovec in_iov[4];
+    mmsghdr in[4]{};
+    for (int i = 0; i < 4; ++i) {
+      in_iov[i] = {bufs.data() + 8192 * i, 8192};
+      in[i].msg_hdr.msg_iov = &in_iov[i];
+      in[i].msg_hdr.msg_iovlen = 1;
+    }
+    if (!(WaitFor(c.server.get(), POLLIN, 1000) & POLLIN)) continue;
+    int n = recvmmsg(c.server.get(), in, 4, MSG_WAITFORONE, nullptr);
+    ASSERT_GT(n, 0) << ErrnoName(errno);
+    for (int i = 0; i < n; ++i) got.append(bufs.data() + 8192 * i, in[i].msg_len);
+  }
+  ASSERT_EQ(got.size(), all.size() + 4) << "recvmmsg timed out: the messages did not arrive";
+  EXPECT_TRUE(got.substr(0, all.size()) == all) << "bytes differ";
+  EXPECT_EQ(got.substr(all.size()), "tail");
 }
 
 }  // namespace
