@@ -18,7 +18,7 @@ PACKAGES=(
   iproute2 nftables socat procps python3 strace
   # real applications in the end-to-end tests
   sockperf iperf3 redis-server redis-tools nginx curl wrk memcached libmemcached-tools
-  postgresql-15 postgresql-client-15 openssh-server openssh-client
+  postgresql-15 postgresql-client-15 openssh-server openssh-client haproxy
   # bench/ plots
   gnuplot-nox
 )

@@ -466,26 +466,44 @@ bool IsPipe(int fd) {
   return fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode);
 }
 
+// A pipe of one call's own, 64 KiB, blocking (tee and splice treat a
+// non-blocking pipe on either side as SPLICE_F_NONBLOCK); it starts empty
+// and is closed when the call returns (one kept open could be closed under
+// us by a program that closes every fd it does not know).
+struct OwnPipe {
+  int fd[2] = {-1, -1};
+  OwnPipe() {
+    if (pipe2(fd, O_CLOEXEC) != 0) fd[0] = fd[1] = -1;
+    else (void)Libc().fcntl(fd[1], F_SETPIPE_SZ, static_cast<int>(kSpliceChunk));
+  }
+  ~OwnPipe() {
+    if (fd[0] >= 0) Libc().close(fd[0]);
+    if (fd[1] >= 0) Libc().close(fd[1]);
+  }
+  bool ok() const { return fd[0] >= 0; }
+};
+
 ssize_t SpliceFromConn(int fd, Conn& c, int pipe_out, size_t len, unsigned int flags) {
   std::vector<char> buf(std::min(len, kSpliceChunk));
   if (buf.empty()) return 0;
   iovec v{buf.data(), buf.size()};
   ssize_t n = RecvIov(fd, c, &v, 1, MSG_PEEK);  // blocks as the socket does
   if (n <= 0) return n;
-  size_t k = static_cast<size_t>(n);
   int fl = Libc().fcntl(pipe_out, F_GETFL);
   if (fl < 0) return -1;
+  ssize_t w;
   if ((flags & SPLICE_F_NONBLOCK) && !(fl & O_NONBLOCK)) {
-    // A blocking pipe the call must not block on: write no more than a
-    // writable pipe surely takes at once.
-    pollfd p{pipe_out, POLLOUT, 0};
-    if (Libc().poll(&p, 1, 0) <= 0 || !(p.revents & POLLOUT)) {
-      errno = EAGAIN;
-      return -1;
-    }
-    k = std::min<size_t>(k, PIPE_BUF);
+    // A blocking pipe the call must not block on: the bytes go through a
+    // pipe of the call's own, and the kernel's splice moves from there what
+    // the application's pipe takes without waiting.
+    OwnPipe own;
+    if (!own.ok()) return -1;
+    ssize_t in = Libc().write(own.fd[1], buf.data(), static_cast<size_t>(n));
+    if (in <= 0) return -1;
+    w = Libc().splice(own.fd[0], nullptr, pipe_out, nullptr, static_cast<size_t>(in), flags & ~SPLICE_F_MOVE);
+  } else {
+    w = Libc().write(pipe_out, buf.data(), static_cast<size_t>(n));
   }
-  ssize_t w = Libc().write(pipe_out, buf.data(), k);
   if (w <= 0) return w;
   iovec take{buf.data(), static_cast<size_t>(w)};
   ssize_t got = RecvIov(fd, c, &take, 1, MSG_WAITALL);  // there already: peeked
@@ -495,25 +513,15 @@ ssize_t SpliceFromConn(int fd, Conn& c, int pipe_out, size_t len, unsigned int f
 ssize_t SpliceIntoConn(int fd, Conn& c, int pipe_in, size_t len, unsigned int flags) {
   size_t want = std::min(len, kSpliceChunk);
   if (want == 0) return 0;
-  int own[2];
-  // (Blocking: tee treats a non-blocking pipe on either side as NONBLOCK.
-  // Ours starts empty and never fills: tee stops when it is full.)
-  if (pipe2(own, O_CLOEXEC) != 0) return -1;
-  struct Close {
-    int* p;
-    ~Close() {
-      Libc().close(p[0]);
-      Libc().close(p[1]);
-    }
-  } close_own{own};
-  (void)Libc().fcntl(own[1], F_SETPIPE_SZ, static_cast<int>(kSpliceChunk));
+  OwnPipe own;
+  if (!own.ok()) return -1;
   // Blocks for the pipe's first byte as splice would (unless NONBLOCK).
-  ssize_t n = Libc().tee(pipe_in, own[1], want, flags & SPLICE_F_NONBLOCK);
+  ssize_t n = Libc().tee(pipe_in, own.fd[1], want, flags & SPLICE_F_NONBLOCK);
   if (n <= 0) return n;  // 0: no writer left and nothing in the pipe
   std::vector<char> buf(static_cast<size_t>(n));
   size_t have = 0;
   while (have < buf.size()) {
-    ssize_t r = Libc().read(own[0], buf.data() + have, buf.size() - have);
+    ssize_t r = Libc().read(own.fd[0], buf.data() + have, buf.size() - have);
     if (r <= 0) break;
     have += static_cast<size_t>(r);
   }
