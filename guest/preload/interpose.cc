@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <linux/close_range.h>
 #include <sys/ioctl.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
@@ -168,6 +169,42 @@ int close(int fd) {
     Release(fd);
   }
   return Libc().close(fd);
+}
+
+// close_range(2) and closefrom(3) close fds without close(): what close()
+// does first is done here for every fd of the range our tables can hold
+// (fd numbers below 65,536), or a number would keep naming a connection
+// that is gone, and the next file given that number (by open(), pipe(),
+// anything) would be taken for it. CLOSE_RANGE_CLOEXEC closes nothing;
+// CLOSE_RANGE_UNSHARE closes in a table of the calling thread's own, which
+// the other threads (and our tables) do not share: the kernel's call alone.
+void ReleaseRange(unsigned int first, unsigned int last) {
+  Guard g;
+  constexpr unsigned int kTracked = 1u << 16;
+  if (first >= kTracked) return;
+  unsigned int end = std::min(last, kTracked - 1);
+  for (unsigned int fd = first; fd <= end; ++fd) {
+    EpollSettleFd(static_cast<int>(fd));
+    Release(static_cast<int>(fd));
+  }
+}
+
+int close_range(unsigned int first, unsigned int last, int flags) {
+  using Fn = int (*)(unsigned int, unsigned int, int);
+  static Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "close_range"));
+  if (real == nullptr) {
+    errno = ENOSYS;
+    return -1;
+  }
+  if (!t_depth && first <= last && !(flags & (CLOSE_RANGE_CLOEXEC | CLOSE_RANGE_UNSHARE))) ReleaseRange(first, last);
+  return real(first, last, flags);
+}
+
+void closefrom(int lowfd) {
+  using Fn = void (*)(int);
+  static Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "closefrom"));
+  if (!t_depth && lowfd >= 0) ReleaseRange(static_cast<unsigned int>(lowfd), ~0u);
+  if (real != nullptr) real(lowfd);
 }
 
 int shutdown(int fd, int how) {

@@ -1,9 +1,15 @@
 // How connections end: shutdown(SHUT_RD/SHUT_WR/SHUT_RDWR), close, EOF
 // ordering, RST (ECONNRESET, then EOF/EPIPE), SIGPIPE and MSG_NOSIGNAL.
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <thread>
@@ -184,6 +190,87 @@ TEST(Close, PeerSeesEofAndClosedNumberFailsEbadf) {
   EXPECT_EQ(read(c.server.get(), &b, 1), 0);
   VS_EXPECT_ERRNO(send(fd, "x", 1, MSG_NOSIGNAL), EBADF);
   VS_EXPECT_ERRNO(close(fd), EBADF);
+}
+
+// close_range(2) and closefrom(3) close connections without close(): the
+// numbers, once other files take them, are those files' (read and write
+// reach a pipe put there, not a connection that is gone). The pipe is put
+// on the numbers with the raw dup3 system call, as any call the library
+// does not wrap would (pipe(), open(), eventfd() take the lowest free
+// number). Returns "" or what went wrong.
+std::string PipeOnNumbers(int a, int b) {
+  int p[2];
+  if (pipe(p) != 0) return "pipe: " + ErrnoName(errno);
+  // (pipe() itself may have taken a or b: move its ends out of the way.)
+  for (int& end : p) {
+    long high = syscall(SYS_fcntl, end, F_DUPFD_CLOEXEC, 4000);
+    syscall(SYS_close, end);
+    end = static_cast<int>(high);
+  }
+  std::string err;
+  if (p[0] < 0 || p[1] < 0) {
+    err = "F_DUPFD: " + ErrnoName(errno);
+  } else if (syscall(SYS_dup3, p[0], a, O_CLOEXEC) != a || syscall(SYS_dup3, p[1], b, O_CLOEXEC) != b) {
+    err = "dup3: " + ErrnoName(errno);
+  } else if (write(b, "pipe", 4) != 4) {
+    err = "write to the pipe on fd " + std::to_string(b) + ": " + ErrnoName(errno);
+  } else {
+    char buf[8] = {};
+    ssize_t n = read(a, buf, sizeof buf);
+    if (n != 4 || std::string(buf, 4) != "pipe")
+      err = "read from the pipe on fd " + std::to_string(a) + ": " + std::to_string(n) + " " + ErrnoName(errno);
+  }
+  syscall(SYS_close, p[0]);
+  syscall(SYS_close, p[1]);
+  return err;
+}
+
+// A connected pair that has carried bytes both ways (preloaded: upgraded).
+Connection UsedPair() {
+  Connection c = ConnectedPair();
+  if (!c.ok()) return c;
+  for (auto [x, y] : {std::pair{c.client.get(), c.server.get()}, std::pair{c.server.get(), c.client.get()}})
+    if (!SendAll(x, "ping") || RecvExactly(y, 4) != "ping") ADD_FAILURE() << "no ping";
+  return c;
+}
+
+TEST(Close, CloseRangeReleasesConnectionsAndTheirNumbersServeTheNextFile) {
+  Connection c = UsedPair();
+  ASSERT_TRUE(c.ok());
+  int a = c.client.release(), b = c.server.release();
+  ASSERT_EQ(close_range(static_cast<unsigned>(a), static_cast<unsigned>(a), 0), 0) << ErrnoName(errno);
+  ASSERT_EQ(close_range(static_cast<unsigned>(b), static_cast<unsigned>(b), 0), 0) << ErrnoName(errno);
+  VS_EXPECT_ERRNO(send(a, "x", 1, MSG_NOSIGNAL), EBADF);
+  EXPECT_EQ(PipeOnNumbers(a, b), "");
+  close(a);
+  close(b);
+}
+
+TEST(Close, ClosefromInAChildReleasesConnectionsAndTheirNumbersServeTheNextFile) {
+  Connection c = UsedPair();
+  ASSERT_TRUE(c.ok());
+  Connection d = UsedPair();  // the child closes from here up
+  ASSERT_TRUE(d.ok());
+  int a = d.client.get(), b = d.server.get();
+  int from = std::min(a, b);
+  if (std::min(c.client.get(), c.server.get()) > from) GTEST_SKIP() << "fd numbers not in creation order";
+  pid_t pid = ForkChild([&] {
+    closefrom(from);
+    std::string err = PipeOnNumbers(a, b);
+    if (!err.empty()) {
+      std::fprintf(stderr, "child: %s\n", err.c_str());
+      return 1;
+    }
+    return 0;
+  });
+  ASSERT_GT(pid, 0);
+  int status = WaitChild(pid);
+  EXPECT_TRUE(ExitedWith(status, 0)) << "status " << status;
+  // The parent's connections go on, also the ones the child closed.
+  ASSERT_TRUE(SendAll(c.client.get(), "still"));
+  EXPECT_EQ(RecvExactly(c.server.get(), 5), "still");
+  ASSERT_TRUE(SendAll(d.server.get(), "still"));
+  EXPECT_EQ(RecvExactly(d.client.get(), 5), "still");
 }
 
 TEST(Close, EofArrivesOnlyAfterAllDataWhenPeerWritesOneMebibyteThenCloses) {
