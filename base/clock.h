@@ -15,6 +15,22 @@ inline int64_t MonotonicNs() {
 
 inline int64_t MonotonicMs() { return MonotonicNs() / 1000000; }
 
+// A relative timeout given as a timespec (ppoll, epoll_pwait2, recvmmsg):
+// whether the kernel would take it (else EINVAL), and its length in
+// nanoseconds, kForeverNs for anything that long or longer (~73 years: a
+// deadline of now plus it cannot overflow).
+inline constexpr int64_t kForeverNs = INT64_MAX / 4;
+inline bool TimespecValid(const timespec& ts) {
+  return ts.tv_sec >= 0 && ts.tv_nsec >= 0 && ts.tv_nsec < 1000000000;
+}
+inline int64_t TimespecNs(const timespec& ts) {
+  if (ts.tv_sec >= kForeverNs / 1000000000) return kForeverNs;
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+inline timespec NsTimespec(int64_t ns) {
+  return timespec{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+}
+
 }  // namespace vsocket
 
 namespace vsocket {

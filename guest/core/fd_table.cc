@@ -18,8 +18,6 @@ using proto::Reason;
 
 namespace {
 
-constexpr int kMaxFds = 1 << 16;
-
 // Every wrapped call looks its fd up, so a look-up takes no mutex: each slot
 // has a one-word lock held only while its pointer is copied (or replaced).
 // Writers (Adopt, Duplicate, Forget) also hold g_fd_mu, which orders them.
@@ -32,7 +30,7 @@ struct Slot {
 };
 
 std::mutex g_fd_mu;
-Slot g_slots[kMaxFds];
+Slot g_slots[kTableFds];
 
 class SlotLock {
  public:
@@ -67,7 +65,7 @@ void Store(int fd, std::shared_ptr<Conn> c) {
 }  // namespace
 
 std::shared_ptr<Conn> Lookup(int fd) {
-  if (fd < 0 || fd >= kMaxFds) return nullptr;
+  if (fd < 0 || fd >= kTableFds) return nullptr;
   Slot& s = g_slots[fd];
   if (!s.has.load(std::memory_order_acquire)) return nullptr;
   SlotLock lock(s);
@@ -75,7 +73,7 @@ std::shared_ptr<Conn> Lookup(int fd) {
 }
 
 void Adopt(int fd, bool nonblocking, bool accepted) {
-  if (fd < 0 || fd >= kMaxFds) return;
+  if (fd < 0 || fd >= kTableFds) return;
   auto c = std::make_shared<Conn>();
   c->role = accepted ? proto::Role::kServer : proto::Role::kClient;
   c->eligible = true;
@@ -91,7 +89,7 @@ void Adopt(int fd, bool nonblocking, bool accepted) {
 }
 
 void Duplicate(int fd1, int fd2) {
-  if (fd2 < 0 || fd2 >= kMaxFds) return;
+  if (fd2 < 0 || fd2 >= kTableFds) return;
   std::shared_ptr<Conn> c = Lookup(fd1);
   Forget(fd2, false);  // dup2 onto an open fd closes it first
   if (!c) return;
@@ -101,7 +99,7 @@ void Duplicate(int fd1, int fd2) {
 }
 
 void Forget(int fd, bool still_open) {
-  if (fd < 0 || fd >= kMaxFds || !g_slots[fd].has.load()) return;
+  if (fd < 0 || fd >= kTableFds || !g_slots[fd].has.load()) return;
   std::shared_ptr<Conn> c;
   {
     std::lock_guard<std::mutex> lock(g_fd_mu);
@@ -120,7 +118,7 @@ void AfterForkInChild() {
   EpollAfterForkInChild();
   new (&g_fd_mu) std::mutex();
   for (Slot& s : g_slots) s.busy.store(false, std::memory_order_relaxed);
-  for (int fd = 0; fd < kMaxFds; ++fd) {
+  for (int fd = 0; fd < kTableFds; ++fd) {
     if (!g_slots[fd].has.load()) continue;
     Conn& c = *g_slots[fd].conn;
     // Only this thread exists in the child: locks another thread held at
@@ -142,7 +140,7 @@ void AfterForkInChild() {
 }
 
 void ForEachConn(const std::function<void(int fd, Conn& c)>& fn) {
-  for (int fd = 0; fd < kMaxFds; ++fd) {
+  for (int fd = 0; fd < kTableFds; ++fd) {
     if (!g_slots[fd].has.load()) continue;
     std::shared_ptr<Conn> c = Lookup(fd);
     if (c) fn(fd, *c);

@@ -8,6 +8,10 @@
 
 namespace vsocket::guest {
 
+// The fd numbers the library's tables hold (this table, the epoll sets):
+// 0 .. kTableFds - 1. A connection numbered above is not followed.
+inline constexpr int kTableFds = 1 << 16;
+
 // The connection an fd names, or null if the fd is not a TCP socket this
 // library follows.
 std::shared_ptr<Conn> Lookup(int fd);

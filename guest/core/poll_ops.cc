@@ -316,13 +316,12 @@ struct EpSet {
 // dup2/dup3. Decision 61.
 std::atomic<int> g_dirty_sets{0};
 
-// Per fd number (entries exist only for connections, Lookup: below kFdLimit):
-constexpr int kFdLimit = 1 << 16;
+// Per fd number (entries exist only for connections, Lookup: below kTableFds):
 // how many sets have a dirty entry for it (a close settles only those);
-std::atomic<int> g_dirty_of[kFdLimit];
+std::atomic<int> g_dirty_of[kTableFds];
 // whether it was added to an epoll set as an fd not a connection (an
 // epoll set of ours made there later is watched from birth: EpSet.shared).
-std::atomic<bool> g_nested[kFdLimit];
+std::atomic<bool> g_nested[kTableFds];
 // The sets this thread left changes waiting in (a thread's next wait
 // settles them: another thread's sets are its own business, or shared).
 thread_local std::vector<EpSet*> t_dirtied;
@@ -395,7 +394,7 @@ void SettleSet(EpSet& set) {
 // epoll_ctl and epoll_wait. A set is never freed: closing its epfd empties
 // it and marks it not live, and the next epoll set with that number reuses
 // it (at most one per fd number). g_ep_mu orders creation and close.
-constexpr int kMaxSets = kFdLimit;
+constexpr int kMaxSets = kTableFds;
 std::mutex g_ep_mu;
 std::atomic<EpSet*> g_set_of[kMaxSets];
 std::vector<int> g_live_sets;  // the live sets' epfds, under g_ep_mu
@@ -672,7 +671,7 @@ void EpollSettleMine() {
 }
 
 void EpollSettleFd(int fd) {
-  if (fd < 0 || fd >= kFdLimit || g_dirty_of[fd].load(std::memory_order_relaxed) == 0) return;
+  if (fd < 0 || fd >= kTableFds || g_dirty_of[fd].load(std::memory_order_relaxed) == 0) return;
   for (EpSet* set : t_dirtied) {  // (the usual case: this thread's own change)
     std::lock_guard<std::mutex> lock(set->mu);
     auto it = set->entries.find(fd);
@@ -699,7 +698,7 @@ int EpollCtl(int epfd, int op, int fd, epoll_event* ev) {
   if (!conn) {
     if (op == EPOLL_CTL_ADD) {
       // Maybe an epoll set nested in another, now or once it is ours.
-      if (fd >= 0 && fd < kFdLimit && !g_nested[fd].load(std::memory_order_relaxed))
+      if (fd >= 0 && fd < kTableFds && !g_nested[fd].load(std::memory_order_relaxed))
         g_nested[fd].store(true, std::memory_order_relaxed);
       EpollNoteWatched(fd);
     }
@@ -831,8 +830,7 @@ int KernelEpollWait(int epfd, epoll_event* ev, int max, const EpTimeout& t, bool
     return -1;
   }
   if (first || deadline < 0) return Libc().epoll_pwait2(epfd, ev, max, first ? t.ts : nullptr, mask);
-  int64_t left = std::max<int64_t>(0, deadline - MonotonicNs());
-  timespec ts{static_cast<time_t>(left / 1000000000), static_cast<long>(left % 1000000000)};
+  timespec ts = NsTimespec(std::max<int64_t>(0, deadline - MonotonicNs()));
   return Libc().epoll_pwait2(epfd, ev, max, &ts, mask);
 }
 
@@ -848,12 +846,12 @@ int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigs
 int EpollWait2(int epfd, epoll_event* events, int max, const timespec* ts, const sigset_t* sigmask) {
   EpTimeout t{0, ts, true, -1};
   if (ts != nullptr) {
-    if (ts->tv_sec < 0 || ts->tv_nsec < 0 || ts->tv_nsec >= 1000000000) {
+    if (!TimespecValid(*ts)) {
       errno = EINVAL;  // (the kernel's answer to a timespec it cannot read as one)
       return -1;
     }
-    constexpr int64_t kMaxSec = INT64_MAX / 1000000000 - 1;
-    t.ns = ts->tv_sec > kMaxSec ? -1 : int64_t{ts->tv_sec} * 1000000000 + ts->tv_nsec;  // (beyond: forever)
+    int64_t ns = TimespecNs(*ts);
+    t.ns = ns >= kForeverNs ? -1 : ns;
   }
   return EpollWaitFor(epfd, events, max, t, sigmask);
 }

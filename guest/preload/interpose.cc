@@ -5,25 +5,25 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/close_range.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
-#include <linux/close_range.h>
 #include <sys/ioctl.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <vector>
 
+#include "base/clock.h"
 #include "guest/core/config.h"
 #include "guest/core/exec.h"
 #include "guest/core/fd_table.h"
 #include "guest/core/held_io.h"
+#include "guest/core/iov.h"
 #include "guest/core/poll_ops.h"
 #include "guest/core/report.h"
 #include "guest/core/resync.h"
@@ -32,8 +32,12 @@
 #include "guest/core/writer.h"
 #include "guest/sys/libc.h"
 
+using vsocket::MonotonicNs;
+using vsocket::NsTimespec;
 using vsocket::Result;
 using vsocket::Status;
+using vsocket::TimespecNs;
+using vsocket::TimespecValid;
 using namespace vsocket::guest;
 
 namespace {
@@ -173,14 +177,14 @@ int close(int fd) {
 
 // close_range(2) and closefrom(3) close fds without close(): what close()
 // does first is done here for every fd of the range our tables can hold
-// (fd numbers below 65,536), or a number would keep naming a connection
+// (numbers below kTableFds), or a number would keep naming a connection
 // that is gone, and the next file given that number (by open(), pipe(),
 // anything) would be taken for it. CLOSE_RANGE_CLOEXEC closes nothing;
 // CLOSE_RANGE_UNSHARE closes in a table of the calling thread's own, which
 // the other threads (and our tables) do not share: the kernel's call alone.
 void ReleaseRange(unsigned int first, unsigned int last) {
   Guard g;
-  constexpr unsigned int kTracked = 1u << 16;
+  constexpr unsigned int kTracked = kTableFds;
   if (first >= kTracked) return;
   unsigned int end = std::min(last, kTracked - 1);
   for (unsigned int fd = first; fd <= end; ++fd) {
@@ -438,9 +442,7 @@ int sendmmsg(int fd, mmsghdr* v, unsigned int n, int flags) {
       break;
     }
     v[i].msg_len = static_cast<unsigned int>(r);
-    size_t want = 0;
-    for (size_t k = 0; m.msg_iov != nullptr && k < m.msg_iovlen; ++k) want += m.msg_iov[k].iov_len;
-    if (static_cast<size_t>(r) < want) {
+    if (static_cast<size_t>(r) < IovLen(m.msg_iov, static_cast<int>(m.msg_iovlen))) {  // (sent: a valid iovec)
       ++i;
       break;
     }
@@ -453,13 +455,11 @@ int recvmmsg(int fd, mmsghdr* v, unsigned int n, int flags, timespec* timeout) {
   if (!c) return Libc().recvmmsg(fd, v, n, flags, timeout);
   int64_t end = 0;
   if (timeout != nullptr) {
-    if (timeout->tv_sec < 0 || timeout->tv_nsec < 0 || timeout->tv_nsec >= 1000000000) {
+    if (!TimespecValid(*timeout)) {
       errno = EINVAL;
       return -1;
     }
-    timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    end = (now.tv_sec + timeout->tv_sec) * 1000000000LL + now.tv_nsec + timeout->tv_nsec;
+    end = MonotonicNs() + TimespecNs(*timeout);
   }
   n = std::min(n, static_cast<unsigned int>(UIO_MAXIOV));
   int f = flags & ~MSG_WAITFORONE;
@@ -474,12 +474,8 @@ int recvmmsg(int fd, mmsghdr* v, unsigned int n, int flags, timespec* timeout) {
     ++i;
     if (flags & MSG_WAITFORONE) f |= MSG_DONTWAIT;
     if (timeout != nullptr) {
-      timespec now;
-      clock_gettime(CLOCK_MONOTONIC, &now);
-      int64_t left = end - (now.tv_sec * 1000000000LL + now.tv_nsec);
-      if (left < 0) left = 0;
-      timeout->tv_sec = left / 1000000000;
-      timeout->tv_nsec = left % 1000000000;
+      int64_t left = std::max<int64_t>(0, end - MonotonicNs());
+      *timeout = NsTimespec(left);
       if (left == 0) break;
     }
   }
@@ -520,6 +516,18 @@ struct OwnPipe {
   bool ok() const { return fd[0] >= 0; }
 };
 
+// Reads up to n bytes of a pipe that holds them (fewer only if another
+// reader took some); returns how many.
+size_t ReadUpTo(int fd, char* buf, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = Libc().read(fd, buf + got, n - got);
+    if (r <= 0) break;
+    got += static_cast<size_t>(r);
+  }
+  return got;
+}
+
 ssize_t SpliceFromConn(int fd, Conn& c, int pipe_out, size_t len, unsigned int flags) {
   std::vector<char> buf(std::min(len, kSpliceChunk));
   if (buf.empty()) return 0;
@@ -556,32 +564,20 @@ ssize_t SpliceIntoConn(int fd, Conn& c, int pipe_in, size_t len, unsigned int fl
   ssize_t n = Libc().tee(pipe_in, own.fd[1], want, flags & SPLICE_F_NONBLOCK);
   if (n <= 0) return n;  // 0: no writer left and nothing in the pipe
   std::vector<char> buf(static_cast<size_t>(n));
-  size_t have = 0;
-  while (have < buf.size()) {
-    ssize_t r = Libc().read(own.fd[0], buf.data() + have, buf.size() - have);
-    if (r <= 0) break;
-    have += static_cast<size_t>(r);
-  }
+  size_t have = ReadUpTo(own.fd[0], buf.data(), buf.size());
   if (have == 0) return -1;
   iovec v{buf.data(), have};
   ssize_t w = SendIov(fd, c, &v, 1, (flags & SPLICE_F_MORE) ? MSG_MORE : 0);
   if (w <= 0) return w;
-  size_t taken = 0;  // what was sent leaves the application's pipe
-  while (taken < static_cast<size_t>(w)) {
-    ssize_t r = Libc().read(pipe_in, buf.data(), static_cast<size_t>(w) - taken);
-    if (r <= 0) break;
-    taken += static_cast<size_t>(r);
-  }
+  (void)ReadUpTo(pipe_in, buf.data(), static_cast<size_t>(w));  // what was sent leaves the application's pipe
   return w;
 }
 
 ssize_t splice(int in, loff_t* off_in, int out, loff_t* off_out, size_t len, unsigned int flags) {
-  auto ci = Ours(in);
-  auto co = ci ? nullptr : Ours(out);
-  if ((!ci && !co) || (ci && (off_in || Ours(out))) || (co && off_out))
-    return Libc().splice(in, off_in, out, off_out, len, flags);
-  ssize_t r;
+  auto ci = Ours(in), co = Ours(out);
   auto kernel = [&] { return Libc().splice(in, off_in, out, off_out, len, flags); };
+  if ((!ci && !co) || (ci && co) || (ci && off_in) || (co && off_out)) return kernel();
+  ssize_t r;
   if (ci) {
     if (HeldRecv(*ci, 0, kernel, &r)) return r;
     if (!IsPipe(out)) return kernel();

@@ -225,17 +225,8 @@ std::string PipeOnNumbers(int a, int b) {
   return err;
 }
 
-// A connected pair that has carried bytes both ways (preloaded: upgraded).
-Connection UsedPair() {
-  Connection c = ConnectedPair();
-  if (!c.ok()) return c;
-  for (auto [x, y] : {std::pair{c.client.get(), c.server.get()}, std::pair{c.server.get(), c.client.get()}})
-    if (!SendAll(x, "ping") || RecvExactly(y, 4) != "ping") ADD_FAILURE() << "no ping";
-  return c;
-}
-
 TEST(Close, CloseRangeReleasesConnectionsAndTheirNumbersServeTheNextFile) {
-  Connection c = UsedPair();
+  Connection c = ConnectedPairInUse();
   ASSERT_TRUE(c.ok());
   int a = c.client.release(), b = c.server.release();
   ASSERT_EQ(close_range(static_cast<unsigned>(a), static_cast<unsigned>(a), 0), 0) << ErrnoName(errno);
@@ -247,9 +238,9 @@ TEST(Close, CloseRangeReleasesConnectionsAndTheirNumbersServeTheNextFile) {
 }
 
 TEST(Close, ClosefromInAChildReleasesConnectionsAndTheirNumbersServeTheNextFile) {
-  Connection c = UsedPair();
+  Connection c = ConnectedPairInUse();
   ASSERT_TRUE(c.ok());
-  Connection d = UsedPair();  // the child closes from here up
+  Connection d = ConnectedPairInUse();  // the child closes from here up
   ASSERT_TRUE(d.ok());
   int a = d.client.get(), b = d.server.get();
   int from = std::min(a, b);

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <time.h>
 
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <condition_variable>
@@ -245,6 +246,30 @@ Connection ConnectedPair() {
   if (!c.client.valid()) return c;
   c.server = AcceptWithin(listener.get());
   return c;
+}
+
+Connection ConnectedPairInUse(int messages, size_t size) {
+  Connection c = ConnectedPair();
+  if (!c.ok()) return c;
+  std::string msg = StreamBytes(TestSeed(), size);
+  std::atomic<bool> ok{true};
+  for (int dir = 0; dir < 2; ++dir) {
+    int from = dir == 0 ? c.client.get() : c.server.get(), to = dir == 0 ? c.server.get() : c.client.get();
+    std::thread reader([&] {
+      for (int i = 0; i < messages; ++i) {
+        std::string got = RecvExactly(to, size);
+        EXPECT_EQ(got, msg) << "message " << i << " of direction " << dir;
+        if (got != msg) ok = false;
+      }
+    });
+    for (int i = 0; i < messages; ++i) {
+      bool sent = SendAll(from, msg);
+      EXPECT_TRUE(sent) << "message " << i << " of direction " << dir;
+      if (!sent) ok = false;  // (the reader times out on what is missing)
+    }
+    reader.join();
+  }
+  return ok ? std::move(c) : Connection{};
 }
 
 ClosedPort ReserveClosedPort() {

@@ -156,6 +156,11 @@ struct Connection {
   bool ok() const { return client.valid() && server.valid(); }
 };
 Connection ConnectedPair();
+// A connected pair that has carried `messages` messages of `size` bytes each
+// way, every byte checked (preloaded: upgraded, at its first I/O, or under
+// the default policy once that is a stream: 80 of 1 KiB are). Not ok() if
+// any of it failed (the failure is recorded).
+Connection ConnectedPairInUse(int messages = 1, size_t size = 4);
 
 // A bound, never-listening socket holds a port nobody accepts on: connecting
 // to it is refused, and no other test can take the port meanwhile.
