@@ -5,6 +5,8 @@
 
 #include <utility>
 
+#include "base/own_fd.h"
+
 namespace vsocket {
 
 class UniqueFd {
@@ -26,7 +28,10 @@ class UniqueFd {
   int release() { return std::exchange(fd_, -1); }
   void reset(int fd = -1) {
     int old = std::exchange(fd_, fd);
-    if (old >= 0) ::close(old);
+    if (old >= 0) {
+      DisownFd(old);  // (a library's own fd: its number is free after this)
+      ::close(old);
+    }
   }
 
  private:

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/clock.h"
+#include "base/own_fd.h"
 #include "guest/core/config.h"
 #include "guest/core/fd_table.h"
 #include "guest/core/session.h"
@@ -449,7 +450,7 @@ EpSet* FindSet(int epfd, bool create) {
   set->session = nullptr;
   set->epfd = epfd;
   set->shared = g_nested[epfd].load(std::memory_order_relaxed);
-  set->wake_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  set->wake_efd = OwnFd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = kWakeMarker;
@@ -1026,6 +1027,7 @@ void EpollForget(int fd, bool lingering) {
       g_live_sets.erase(std::find(g_live_sets.begin(), g_live_sets.end(), fd));
       if (own->session) own->session->RemoveWaiter(own->wake_efd);
       own->session = nullptr;
+      DisownFd(own->wake_efd);
       Libc().close(own->wake_efd);
       own->wake_efd = -1;
       ClearNodes(*own);

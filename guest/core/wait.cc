@@ -10,6 +10,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/own_fd.h"
 #include "guest/core/config.h"
 #include "guest/core/errors.h"
 #include "guest/core/session.h"
@@ -21,9 +22,11 @@ namespace {
 
 struct ThreadWaiter {
   int efd = -1;
-  ThreadWaiter() { efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
+  ThreadWaiter() { efd = OwnFd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)); }
   ~ThreadWaiter() {
-    if (efd >= 0) Libc().close(efd);
+    if (efd < 0) return;
+    DisownFd(efd);
+    Libc().close(efd);
   }
 };
 

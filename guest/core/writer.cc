@@ -5,7 +5,6 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/eventfd.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -18,6 +17,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/own_fd.h"
 #include "guest/core/close.h"
 #include "guest/core/registration.h"
 #include "guest/core/resync.h"
@@ -70,14 +70,12 @@ void WriterLoop();
 
 // Our own dup of an application's socket, numbered high: out of the way of
 // the application's low fd numbers (select()'s FD_SETSIZE, close-all loops
-// that start low).
+// that start low), and one of the library's own fds (base/own_fd.h).
 int DupHigh(int fd) {
-  rlimit rl{};
-  int lo = 3;
-  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur > 64)
-    lo = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > 2048 ? 1024 : static_cast<int>(rl.rlim_cur / 2);
-  int d = Libc().fcntl(fd, F_DUPFD_CLOEXEC, lo);
-  return d >= 0 ? d : Libc().fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  int d = Libc().fcntl(fd, F_DUPFD_CLOEXEC, OwnFdFloor());
+  if (d < 0) d = Libc().fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  MarkOwnFd(d);
+  return d;
 }
 
 }  // namespace
@@ -96,17 +94,24 @@ void CloseWriterFd(int fd) {
     std::lock_guard<std::mutex> lock(g_writer_fds_mu);
     std::erase(g_writer_fds, fd);
   }
+  DisownFd(fd);
   Libc().close(fd);
 }
 
 void ForgetWriterAfterFork() {
   if (ResyncWriter* old = g_writer.load(); old != nullptr) {
-    if (int efd = old->wake_fd.load(); efd >= 0) Libc().close(efd);
+    if (int efd = old->wake_fd.load(); efd >= 0) {
+      DisownFd(efd);
+      Libc().close(efd);
+    }
     g_writer.store(new ResyncWriter);
   }
   new (&g_writer_fds_mu) std::mutex();
   new (&g_linger_mu) std::mutex();
-  for (int fd : g_writer_fds) Libc().close(fd);
+  for (int fd : g_writer_fds) {
+    DisownFd(fd);
+    Libc().close(fd);
+  }
   g_writer_fds.clear();
 }
 
@@ -116,7 +121,7 @@ void Enqueue(const std::shared_ptr<Conn>& c) {
   w.incoming.push_back(c);
   if (!w.started) {
     w.started = true;
-    w.wake_fd.store(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    w.wake_fd.store(OwnFd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)));
     std::thread(WriterLoop).detach();
   }
   w.cv.notify_one();

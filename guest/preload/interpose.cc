@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "base/clock.h"
+#include "base/own_fd.h"
 #include "guest/core/config.h"
 #include "guest/core/exec.h"
 #include "guest/core/fd_table.h"
@@ -32,6 +34,7 @@
 #include "guest/core/writer.h"
 #include "guest/sys/libc.h"
 
+using vsocket::IsOwnFd;
 using vsocket::MonotonicNs;
 using vsocket::NsTimespec;
 using vsocket::Result;
@@ -84,6 +87,9 @@ int MsToTimeout(const timespec* ts) {
 }
 
 __attribute__((constructor)) void Init() {
+  // The library's own fds are numbered high and left alone by the
+  // program's close() calls (base/own_fd.h, close() below).
+  vsocket::ProtectOwnFds();
   Libc();
   // Read the settings now: servers such as nginx clear the environment
   // before their workers do any I/O.
@@ -166,8 +172,17 @@ void Release(int fd, bool still_open = true) {
   if (last) EpollForget(fd, c && c->linger_fd.load() >= 0);
 }
 
+// The library's own fds (its vsocketd sockets, eventfds, shared memory,
+// dups that hold a closed connection's FIN: base/own_fd.h) are not the
+// program's to close: a program that closes every fd it did not open
+// while it goes on using its connections would otherwise cut them off
+// (decision 71). close() of one answers 0 as if it had closed it and
+// leaves it open (its number is high, out of the way of the program's
+// own); dup2/dup3 onto one fail with EBUSY; close_range and closefrom
+// close around them.
 int close(int fd) {
   if (!t_depth) {
+    if (IsOwnFd(fd)) return 0;
     Guard g;
     EpollSettleFd(fd);  // (a registration of fd may outlive fd: a dup, a child)
     Release(fd);
@@ -179,9 +194,11 @@ int close(int fd) {
 // does first is done here for every fd of the range our tables can hold
 // (numbers below kTableFds), or a number would keep naming a connection
 // that is gone, and the next file given that number (by open(), pipe(),
-// anything) would be taken for it. CLOSE_RANGE_CLOEXEC closes nothing;
+// anything) would be taken for it. CLOSE_RANGE_CLOEXEC closes nothing.
 // CLOSE_RANGE_UNSHARE closes in a table of the calling thread's own, which
-// the other threads (and our tables) do not share: the kernel's call alone.
+// the other threads (and our tables) do not share: nothing to release, but
+// the library's fds stay open in that table too (the thread may go on
+// using its connections).
 void ReleaseRange(unsigned int first, unsigned int last) {
   Guard g;
   constexpr unsigned int kTracked = kTableFds;
@@ -193,22 +210,58 @@ void ReleaseRange(unsigned int first, unsigned int last) {
   }
 }
 
+using CloseRangeFn = int (*)(unsigned int, unsigned int, int);
+
+CloseRangeFn RealCloseRange() {
+  static CloseRangeFn real = reinterpret_cast<CloseRangeFn>(dlsym(RTLD_NEXT, "close_range"));
+  return real;
+}
+
+// Closes [first, last] but the library's own fds: the kernel's close_range
+// per run between them (the first call carries CLOSE_RANGE_UNSHARE if
+// asked), or close() per number where there is no close_range.
+int CloseRangeAroundOwnFds(unsigned int first, unsigned int last, int flags) {
+  int result = 0, err = 0;
+  bool unshare = flags & CLOSE_RANGE_UNSHARE;
+  vsocket::ForEachRunWithoutOwnFds(first, last, [&](unsigned lo, unsigned hi) {
+    if (!(flags & (CLOSE_RANGE_CLOEXEC | CLOSE_RANGE_UNSHARE))) ReleaseRange(lo, hi);
+    int f = unshare ? flags : flags & ~CLOSE_RANGE_UNSHARE;
+    unshare = false;
+    CloseRangeFn real = RealCloseRange();
+    int r = real != nullptr ? real(lo, hi, f) : (errno = ENOSYS, -1);
+    if (r != 0 && errno == ENOSYS && flags == 0) {
+      // (No close_range: a kernel before 5.9 or a libc before 2.34.)
+      rlimit rl{};
+      unsigned cap = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < (1u << 20) ? rl.rlim_cur : 1u << 20;
+      for (unsigned fd = lo; fd <= hi && fd < cap; ++fd) Libc().close(static_cast<int>(fd));
+      r = 0;
+    }
+    if (r != 0 && result == 0) {
+      result = r;
+      err = errno;
+    }
+  });
+  if (result != 0) errno = err;
+  return result;
+}
+
 int close_range(unsigned int first, unsigned int last, int flags) {
-  using Fn = int (*)(unsigned int, unsigned int, int);
-  static Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "close_range"));
-  if (real == nullptr) {
+  if (RealCloseRange() == nullptr) {
     errno = ENOSYS;
     return -1;
   }
-  if (!t_depth && first <= last && !(flags & (CLOSE_RANGE_CLOEXEC | CLOSE_RANGE_UNSHARE))) ReleaseRange(first, last);
-  return real(first, last, flags);
+  if (t_depth || first > last || (flags & CLOSE_RANGE_CLOEXEC)) return RealCloseRange()(first, last, flags);
+  return CloseRangeAroundOwnFds(first, last, flags);
 }
 
 void closefrom(int lowfd) {
-  using Fn = void (*)(int);
-  static Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "closefrom"));
-  if (!t_depth && lowfd >= 0) ReleaseRange(static_cast<unsigned int>(lowfd), ~0u);
-  if (real != nullptr) real(lowfd);
+  if (t_depth || lowfd < 0) {
+    using Fn = void (*)(int);
+    static Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "closefrom"));
+    if (real != nullptr) real(lowfd);
+    return;
+  }
+  (void)CloseRangeAroundOwnFds(static_cast<unsigned int>(lowfd), ~0u, 0);
 }
 
 int shutdown(int fd, int how) {
@@ -225,7 +278,17 @@ int dup(int fd) {
   return n;
 }
 
+// dup2/dup3 onto one of the library's own fds would close it under the
+// library (and its eventfd writes would reach the program's file): EBUSY,
+// the kernel's answer when a number is not free to take.
+bool OntoOwnFd(int fd, int fd2) {
+  if (t_depth || fd == fd2 || !IsOwnFd(fd2)) return false;
+  errno = EBUSY;
+  return true;
+}
+
 int dup2(int fd, int fd2) {
+  if (OntoOwnFd(fd, fd2)) return -1;
   if (!t_depth) {
     Guard g;
     EpollSettleFd(fd2);  // as close(fd2)
@@ -240,6 +303,7 @@ int dup2(int fd, int fd2) {
 }
 
 int dup3(int fd, int fd2, int flags) {
+  if (OntoOwnFd(fd, fd2)) return -1;
   if (!t_depth) {
     Guard g;
     EpollSettleFd(fd2);

@@ -2,6 +2,7 @@
 // ordering, RST (ECONNRESET, then EOF/EPIPE), SIGPIPE and MSG_NOSIGNAL.
 #include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "tests/socket/test_util.h"
 
@@ -262,6 +264,106 @@ TEST(Close, ClosefromInAChildReleasesConnectionsAndTheirNumbersServeTheNextFile)
   EXPECT_EQ(RecvExactly(c.server.get(), 5), "still");
   ASSERT_TRUE(SendAll(d.server.get(), "still"));
   EXPECT_EQ(RecvExactly(d.client.get(), 5), "still");
+}
+
+// Programs that close every fd they did not open (a daemon setting itself
+// up, a close-all loop before its own work) must not take the library's fds
+// (its vsocketd socket, eventfds, shared memory) with them: the
+// connections they keep go on. Each body runs in a child with a pair of its
+// own (under the default policy upgraded: 80 KiB in 1 KiB messages), closes
+// everything else its way, then makes round trips, every byte checked.
+// Returns "" or what went wrong.
+std::string RoundTrips(int a, int b, int count) {
+  for (int i = 0; i < count; ++i) {
+    const std::string ask = StreamBytes(static_cast<uint64_t>(i), 16 << 10);
+    if (!SendAll(a, ask)) return "send " + std::to_string(i) + ": " + ErrnoName(errno);
+    if (RecvExactly(b, ask.size()) != ask) return "request " + std::to_string(i) + " lost or changed";
+    const std::string answer = StreamBytes(static_cast<uint64_t>(i) + 1000, 4 << 10);
+    if (!SendAll(b, answer)) return "answer " + std::to_string(i) + ": " + ErrnoName(errno);
+    if (RecvExactly(a, answer.size()) != answer) return "answer " + std::to_string(i) + " lost or changed";
+  }
+  return "";
+}
+
+// The highest fd number a close-all loop visits (the soft limit, at most 65536).
+int CloseAllLimit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > 65536) return 65536;
+  return static_cast<int>(rl.rlim_cur);
+}
+
+// close_all closes everything but the pair's fds a and b and answers the
+// numbers the pair has then.
+using CloseAllFn = std::function<std::pair<int, int>(int a, int b)>;
+
+int CloseEverythingElseThen(const CloseAllFn& close_all) {
+  Connection c = ConnectedPairInUse(80, 1024);
+  if (!c.ok()) return 2;
+  auto [a, b] = close_all(c.client.release(), c.server.release());
+  std::string err = RoundTrips(a, b, 50);
+  if (!err.empty()) {
+    std::fprintf(stderr, "child: %s\n", err.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+void ExpectChildKeepsItsConnection(const CloseAllFn& close_all) {
+  SetTestBudgetSeconds(90);
+  pid_t pid = ForkChild([&] { return CloseEverythingElseThen(close_all); });
+  ASSERT_GT(pid, 0);
+  int status = WaitChild(pid, 4 * kIoTimeoutMs);
+  EXPECT_TRUE(ExitedWith(status, 0)) << "status " << status;
+}
+
+TEST(CloseAll, ALoopClosingEveryOtherFdLeavesTheConnectionWorking) {
+  ExpectChildKeepsItsConnection([](int a, int b) {
+    for (int fd = 3, limit = CloseAllLimit(); fd < limit; ++fd)
+      if (fd != a && fd != b) close(fd);
+    return std::pair(a, b);
+  });
+}
+
+TEST(CloseAll, CloseRangeAroundTheConnectionLeavesItWorking) {
+  ExpectChildKeepsItsConnection([](int a, int b) {
+    unsigned lo = static_cast<unsigned>(std::min(a, b)), hi = static_cast<unsigned>(std::max(a, b));
+    if (lo > 3) close_range(3, lo - 1, 0);
+    if (hi > lo + 1) close_range(lo + 1, hi - 1, 0);
+    close_range(hi + 1, ~0u, 0);
+    return std::pair(a, b);
+  });
+}
+
+// dup2 onto a number replaces what it named: onto the library's own fds
+// it is refused (EBUSY) rather than cutting the library off (or letting its
+// eventfd writes reach the program's pipe).
+TEST(CloseAll, Dup2OntoEveryOtherOpenFdLeavesTheConnectionWorking) {
+  ExpectChildKeepsItsConnection([](int a, int b) {
+    int p[2];
+    if (pipe(p) != 0) _exit(3);
+    for (int fd = 3, limit = CloseAllLimit(); fd < limit; ++fd) {
+      if (fd == a || fd == b || fd == p[0] || fd == p[1] || fcntl(fd, F_GETFD) < 0) continue;
+      if (dup2(p[0], fd) < 0 && errno != EBUSY) {
+        std::fprintf(stderr, "child: dup2 onto %d: %s\n", fd, ErrnoName(errno).c_str());
+        _exit(4);
+      }
+    }
+    return std::pair(a, b);
+  });
+}
+
+TEST(CloseAll, ClosefromAfterMovingTheConnectionToThreeAndFourLeavesItWorking) {
+  ExpectChildKeepsItsConnection([](int a, int b) {
+    // Out of the way first (a or b may be 3 or 4), then onto 3 and 4;
+    // closefrom(5) closes every other number of the pair.
+    int ta = fcntl(a, F_DUPFD, 200), tb = fcntl(b, F_DUPFD, 200);
+    if (ta < 0 || tb < 0 || dup2(ta, 3) != 3 || dup2(tb, 4) != 4) {
+      std::fprintf(stderr, "child: moving the pair: %s\n", ErrnoName(errno).c_str());
+      _exit(3);
+    }
+    closefrom(5);
+    return std::pair(3, 4);
+  });
 }
 
 TEST(Close, EofArrivesOnlyAfterAllDataWhenPeerWritesOneMebibyteThenCloses) {

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 
+#include "base/own_fd.h"
+
 namespace vsocket::vhost {
 namespace {
 
@@ -21,7 +23,7 @@ Result<std::unique_ptr<ShmRegion>> ShmRegion::Create(const char* name, size_t si
   unsigned sealing = sealed ? MFD_ALLOW_SEALING : 0;
   if (pages == Pages::kHugeIfAvailable) {
     size_t huge_size = (size + kHugePage - 1) & ~(kHugePage - 1);
-    int fd = memfd_create(name, MFD_CLOEXEC | MFD_HUGETLB | sealing);
+    int fd = OwnFd(memfd_create(name, MFD_CLOEXEC | MFD_HUGETLB | sealing));
     if (fd >= 0) {
       UniqueFd owned(fd);
       if (ftruncate(fd, static_cast<off_t>(huge_size)) == 0 && (!sealed || fcntl(fd, F_ADD_SEALS, kSizeSeals) == 0)) {
@@ -32,7 +34,7 @@ Result<std::unique_ptr<ShmRegion>> ShmRegion::Create(const char* name, size_t si
     }
     // No hugetlbfs pages reserved: fall through to normal pages.
   }
-  int fd = memfd_create(name, MFD_CLOEXEC | sealing);
+  int fd = OwnFd(memfd_create(name, MFD_CLOEXEC | sealing));
   if (fd < 0) return Status::FromErrno("memfd_create");
   UniqueFd owned(fd);
   size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));

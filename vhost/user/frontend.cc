@@ -14,6 +14,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/own_fd.h"
 #include "proto/virtio_ring.h"
 #include "vhost/user/proof.h"
 
@@ -75,8 +76,8 @@ Result<std::unique_ptr<VhostUserFrontend>> VhostUserFrontend::Create(const Front
   for (Queue& q : f->queues_) {
     q.ring = SplitRing::LayOut(p, o.queue_size);
     p += SplitRing::BytesFor(o.queue_size);
-    q.kick.reset(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-    q.call.reset(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    q.kick.reset(OwnFd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)));
+    q.call.reset(OwnFd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)));
     if (!q.kick || !q.call) return Status::FromErrno("eventfd");
   }
   f->allocator_ = RegionAllocator(p, f->region_->size() - ring_bytes);
@@ -108,7 +109,7 @@ Status VhostUserFrontend::Connect() {
 
 Status VhostUserFrontend::OpenSocket() {
   sock_.reset();
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int fd = OwnFd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (fd < 0) return Status::FromErrno("socket(AF_UNIX)");
   UniqueFd s(fd);
   sockaddr_un addr{};
@@ -242,7 +243,7 @@ Status VhostUserFrontend::OpenProofChannelLocked() {
   // No file: the port asks for no proofs. Refused: the daemon is between
   // its bind and listen (starting): tried again for a while.
   for (int64_t deadline = MonotonicMs() + kProofTimeoutMs;;) {
-    fd.reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    fd.reset(OwnFd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)));
     if (!fd) return Status::FromErrno("socket");
     if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) break;
     int err = errno;
