@@ -110,6 +110,22 @@ KernelWait::~KernelWait() {
   errno = saved;
 }
 
+namespace {
+
+// The session a wait on connections not registered yet watches: the
+// process's, opened now if there is none yet (a process's first connection
+// registers at another thread's first I/O while this one sleeps on it: its
+// answer then comes by the ring, and only the session's wake-ups tell).
+// Null where acceleration is off or no backend answers (tried again at most
+// once a second): then no registration can happen under the wait either.
+Session* SessionForWaiters() {
+  if (Session* s = Session::Existing()) return s;
+  proto::Reason why;
+  return Session::Get(&why);
+}
+
+}  // namespace
+
 int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
   for (nfds_t i = 0; i < n; ++i) EpollNoteWatched(fds[i].fd);
   EpollSettleMine();
@@ -157,7 +173,11 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
     return r;
   }
   for (Conn* c : sleeping) c->LeaveKernelSleep();  // (unprobed[] keeps them alive)
-  if (session == nullptr) session = Session::Existing();
+  // No session yet (the process's first connections): it is opened now, or
+  // another thread's first I/O could register and upgrade a connection we
+  // sleep on unseen (decision 73). None to be had: the kernel alone (no
+  // registration can happen then either).
+  if (session == nullptr) session = SessionForWaiters();
   if (session == nullptr) return kernel_poll();
   int64_t deadline = Deadline(timeout_ms);
   WaitRecorder wait;  // started once nothing was ready
@@ -941,8 +961,13 @@ int EpollWaitFor(int epfd, epoll_event* events, int max, const EpTimeout& t, con
     // fd are in the set, so ring events wake us too.
     Session* borrowed = nullptr;
     if (s == nullptr) {
-      std::lock_guard<std::mutex> lock(set->mu);
-      if (set->session == nullptr && HasUnprobed(*set)) borrowed = Session::Existing();
+      bool unprobed;
+      {
+        std::lock_guard<std::mutex> lock(set->mu);
+        unprobed = set->session == nullptr && HasUnprobed(*set);
+      }
+      // (Opened now if there is none yet: decision 73.)
+      if (unprobed) borrowed = SessionForWaiters();
     }
     SleepHooks hooks(epfd, *set, borrowed);
     if (borrowed != nullptr) {

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <vector>
 
@@ -55,6 +56,15 @@ struct Guard {
 
 std::shared_ptr<Conn> Ours(int fd) { return t_depth ? nullptr : Lookup(fd); }
 
+// The process the library's tables belong to: set at start-up and in a
+// fork child. A vfork child (python's subprocess, posix_spawn) runs in its
+// parent's memory, with an fd table of its own, until it execs or exits:
+// what it closes or dups there is that table's alone, and the tables here
+// (the parent's) must not change (decision 72). A clone() child without
+// fork's handlers is treated alike.
+std::atomic<pid_t> g_pid{0};
+bool InForeignChild() { return getpid() != g_pid.load(std::memory_order_relaxed); }
+
 ssize_t Fail(const Status& st) {
   errno = st.sys_errno();
   return -1;
@@ -90,6 +100,7 @@ __attribute__((constructor)) void Init() {
   // The library's own fds are numbered high and left alone by the
   // program's close() calls (base/own_fd.h, close() below).
   vsocket::ProtectOwnFds();
+  g_pid.store(getpid());
   Libc();
   // Read the settings now: servers such as nginx clear the environment
   // before their workers do any I/O.
@@ -103,6 +114,7 @@ __attribute__((constructor)) void Init() {
     BeforeFork();
   }, AfterForkInParent, [] {
     t_depth = 0;
+    g_pid.store(getpid());
     AfterForkInChild();
   });
   atexit([] { ReportAll("exit"); });
@@ -135,7 +147,7 @@ extern "C" {
 
 int socket(int domain, int type, int protocol) {
   int fd = Libc().socket(domain, type, protocol);
-  if (fd >= 0 && !t_depth && IsTcp(domain, type, protocol)) Adopt(fd, type & SOCK_NONBLOCK);
+  if (fd >= 0 && !t_depth && IsTcp(domain, type, protocol) && !InForeignChild()) Adopt(fd, type & SOCK_NONBLOCK);
   return fd;
 }
 
@@ -152,13 +164,13 @@ int listen(int fd, int backlog) {
 
 int accept4(int fd, sockaddr* addr, socklen_t* len, int flags) {
   int c = Libc().accept4(fd, addr, len, flags);
-  if (c >= 0 && Ours(fd)) Adopt(c, flags & SOCK_NONBLOCK, true);
+  if (c >= 0 && Ours(fd) && !InForeignChild()) Adopt(c, flags & SOCK_NONBLOCK, true);
   return c;
 }
 
 int accept(int fd, sockaddr* addr, socklen_t* len) {
   int c = Libc().accept(fd, addr, len);
-  if (c >= 0 && Ours(fd)) Adopt(c, false, true);
+  if (c >= 0 && Ours(fd) && !InForeignChild()) Adopt(c, false, true);
   return c;
 }
 
@@ -181,7 +193,7 @@ void Release(int fd, bool still_open = true) {
 // own); dup2/dup3 onto one fail with EBUSY; close_range and closefrom
 // close around them.
 int close(int fd) {
-  if (!t_depth) {
+  if (!t_depth && !InForeignChild()) {
     if (IsOwnFd(fd)) return 0;
     Guard g;
     EpollSettleFd(fd);  // (a registration of fd may outlive fd: a dup, a child)
@@ -250,12 +262,13 @@ int close_range(unsigned int first, unsigned int last, int flags) {
     errno = ENOSYS;
     return -1;
   }
-  if (t_depth || first > last || (flags & CLOSE_RANGE_CLOEXEC)) return RealCloseRange()(first, last, flags);
+  if (t_depth || first > last || (flags & CLOSE_RANGE_CLOEXEC) || InForeignChild())
+    return RealCloseRange()(first, last, flags);
   return CloseRangeAroundOwnFds(first, last, flags);
 }
 
 void closefrom(int lowfd) {
-  if (t_depth || lowfd < 0) {
+  if (t_depth || lowfd < 0 || InForeignChild()) {
     using Fn = void (*)(int);
     static Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "closefrom"));
     if (real != nullptr) real(lowfd);
@@ -274,27 +287,29 @@ int shutdown(int fd, int how) {
 
 int dup(int fd) {
   int n = Libc().dup(fd);
-  if (n >= 0 && !t_depth) Duplicate(fd, n);
+  if (n >= 0 && !t_depth && !InForeignChild()) Duplicate(fd, n);
   return n;
 }
 
 // dup2/dup3 onto one of the library's own fds would close it under the
 // library (and its eventfd writes would reach the program's file): EBUSY,
 // the kernel's answer when a number is not free to take.
+// (Called only where the tables are ours: not in a vfork child.)
 bool OntoOwnFd(int fd, int fd2) {
-  if (t_depth || fd == fd2 || !IsOwnFd(fd2)) return false;
+  if (fd == fd2 || !IsOwnFd(fd2)) return false;
   errno = EBUSY;
   return true;
 }
 
 int dup2(int fd, int fd2) {
-  if (OntoOwnFd(fd, fd2)) return -1;
-  if (!t_depth) {
+  bool ours = !t_depth && !InForeignChild();
+  if (ours && OntoOwnFd(fd, fd2)) return -1;
+  if (ours) {
     Guard g;
     EpollSettleFd(fd2);  // as close(fd2)
   }
   int n = Libc().dup2(fd, fd2);
-  if (n >= 0 && fd != fd2 && !t_depth) {
+  if (n >= 0 && fd != fd2 && ours) {
     Guard g;
     Release(fd2, false);  // the kernel closed what fd2 was
     Duplicate(fd, n);
@@ -303,13 +318,14 @@ int dup2(int fd, int fd2) {
 }
 
 int dup3(int fd, int fd2, int flags) {
-  if (OntoOwnFd(fd, fd2)) return -1;
-  if (!t_depth) {
+  bool ours = !t_depth && !InForeignChild();
+  if (ours && OntoOwnFd(fd, fd2)) return -1;
+  if (ours) {
     Guard g;
     EpollSettleFd(fd2);
   }
   int n = Libc().dup3(fd, fd2, flags);
-  if (n >= 0 && !t_depth) {
+  if (n >= 0 && ours) {
     Guard g;
     Release(fd2, false);
     Duplicate(fd, n);
@@ -326,7 +342,7 @@ int fcntl(int fd, int cmd, ...) {
   if (r < 0 || t_depth) return r;
   if (cmd == F_SETFL) {
     if (auto c = Lookup(fd)) c->nonblocking.store(arg & O_NONBLOCK);
-  } else if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) {
+  } else if ((cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) && !InForeignChild()) {
     Duplicate(fd, r);
   }
   return r;

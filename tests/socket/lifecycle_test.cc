@@ -366,6 +366,71 @@ TEST(CloseAll, ClosefromAfterMovingTheConnectionToThreeAndFourLeavesItWorking) {
   });
 }
 
+// A vfork child runs in its parent's memory until it execs or exits
+// (python's subprocess does: vfork, then close_range over every fd it does
+// not pass on, dup2 for the child's stdio, exec). What it closes or dups is
+// its own fd table's: the library's tables are the parent's memory and must
+// not change. The peer is another process (StartEchoPeer): a connection
+// the library lost track of in the parent cannot go on there.
+// Round trips through the echo peer, then its end: EOF both ways, exit 0.
+void ExpectEchoPeerStillServes(EchoPeer& p) {
+  for (int i = 0; i < 20; ++i) {
+    const std::string ask = StreamBytes(static_cast<uint64_t>(i) + 50, 16 << 10);
+    ASSERT_TRUE(SendAll(p.conn.get(), ask)) << "round trip " << i << ": " << ErrnoName(errno);
+    ASSERT_TRUE(RecvExactly(p.conn.get(), ask.size()) == ask) << "round trip " << i << ": echo lost or changed";
+  }
+  VS_ASSERT_OK(shutdown(p.conn.get(), SHUT_WR));
+  ASSERT_TRUE(WaitFor(p.conn.get(), POLLIN) & POLLIN);
+  char b;
+  EXPECT_EQ(read(p.conn.get(), &b, 1), 0);
+  EXPECT_TRUE(ExitedWith(WaitChild(p.pid), 0));
+  p.pid = -1;
+}
+
+TEST(Vfork, AChildClosingEveryFdBeforeItExitsLeavesTheParentsConnectionWorking) {
+  SetTestBudgetSeconds(90);
+  EchoPeer p = StartEchoPeer();
+  ASSERT_TRUE(p.conn.valid());
+  pid_t pid = vfork();
+  if (pid == 0) {
+    close_range(3, ~0u, 0);  // (python: close_range(5, INT_MAX, 0), its own pipes kept)
+    _exit(0);
+  }
+  ASSERT_GT(pid, 0) << ErrnoName(errno);
+  EXPECT_TRUE(ExitedWith(WaitChild(pid), 0));
+  ExpectEchoPeerStillServes(p);
+  if (p.pid > 0) WaitChild(p.pid);
+}
+
+TEST(Vfork, AChildsDupsAndClosesOfTheConnectionAreNotTheParents) {
+  SetTestBudgetSeconds(90);
+  EchoPeer p = StartEchoPeer();
+  ASSERT_TRUE(p.conn.valid());
+  int fd = p.conn.get();
+  // Two numbers free in the parent, for the child's dups.
+  int n1 = fcntl(0, F_DUPFD, 3000), n2 = fcntl(0, F_DUPFD, 3000);
+  ASSERT_GE(n1, 0);
+  ASSERT_GE(n2, 0);
+  close(n1);
+  close(n2);
+  pid_t pid = vfork();
+  if (pid == 0) {
+    // (the child's stdio onto the connection, as Popen(stdin=sock) does)
+    if (dup2(fd, n1) != n1 || dup3(fd, n2, 0) != n2) _exit(1);
+    close(fd);
+    closefrom(n1 + 1);
+    _exit(0);
+  }
+  ASSERT_GT(pid, 0) << ErrnoName(errno);
+  EXPECT_TRUE(ExitedWith(WaitChild(pid), 0));
+  // The child's numbers are free in the parent: a pipe put there is a pipe.
+  EXPECT_EQ(PipeOnNumbers(n1, n2), "");
+  syscall(SYS_close, n1);
+  syscall(SYS_close, n2);
+  ExpectEchoPeerStillServes(p);
+  if (p.pid > 0) WaitChild(p.pid);
+}
+
 TEST(Close, EofArrivesOnlyAfterAllDataWhenPeerWritesOneMebibyteThenCloses) {
   Connection c = ConnectedPair();
   ASSERT_TRUE(c.ok());

@@ -22,6 +22,37 @@ namespace {
 // ---------------------------------------------------------------------------
 // poll, ppoll
 
+// A process's first connection, before it has a session with vsocketd: a
+// thread asleep in poll or epoll_wait on it while another thread's first
+// write registers it (and the peer's answer then comes by the ring, not the
+// kernel socket) must wake for that answer, not at its timeout. Run in a
+// forked child: a process with no session yet.
+int FirstConnectionEcho(bool epoll) {
+  EchoPeer p = StartEchoPeer(epoll);
+  if (!p.conn.valid()) return 1;
+  if (shutdown(p.conn.get(), SHUT_WR) != 0) return 2;
+  if (!(WaitFor(p.conn.get(), POLLIN) & POLLIN)) return 3;
+  char b;
+  if (read(p.conn.get(), &b, 1) != 0) return 4;
+  return ExitedWith(WaitChild(p.pid), 0) ? 0 : 5;
+}
+
+TEST(FirstConnection, APollWaitSeesTheAnswerThatCameByTheRing) {
+  SetTestBudgetSeconds(60);
+  pid_t pid = ForkChild([] { return FirstConnectionEcho(false); });
+  ASSERT_GT(pid, 0);
+  int status = WaitChild(pid, 3 * kIoTimeoutMs);
+  EXPECT_TRUE(ExitedWith(status, 0)) << "status " << status;
+}
+
+TEST(FirstConnection, AnEpollWaitSeesTheAnswerThatCameByTheRing) {
+  SetTestBudgetSeconds(60);
+  pid_t pid = ForkChild([] { return FirstConnectionEcho(true); });
+  ASSERT_GT(pid, 0);
+  int status = WaitChild(pid, 3 * kIoTimeoutMs);
+  EXPECT_TRUE(ExitedWith(status, 0)) << "status " << status;
+}
+
 TEST(Poll, ReportsPollinOnlyOnceDataArrives) {
   Connection c = ConnectedPair();
   ASSERT_TRUE(c.ok());

@@ -1,6 +1,7 @@
 #include "tests/socket/test_util.h"
 
 #include <fcntl.h>
+#include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -270,6 +271,57 @@ Connection ConnectedPairInUse(int messages, size_t size) {
     reader.join();
   }
   return ok ? std::move(c) : Connection{};
+}
+
+EchoPeer StartEchoPeer(bool epoll) {
+  EchoPeer p;
+  Fd listener = Listener();
+  if (!listener.valid()) return p;
+  sockaddr_in addr = SockName(listener.get());
+  p.pid = ForkChild([&] {
+    Fd c = ConnectTo(addr);
+    if (!c.valid()) return 2;
+    char buf[65536];
+    for (Deadline d(6 * kIoTimeoutMs); !d.Expired();) {
+      if (WaitFor(c.get(), POLLIN, d.RemainingMs()) <= 0) return 3;
+      ssize_t n = read(c.get(), buf, sizeof buf);
+      if (n == 0) return 0;
+      if (n < 0 || !SendAll(c.get(), buf, static_cast<size_t>(n))) return 4;
+    }
+    return 5;
+  });
+  if (p.pid <= 0) return p;
+  p.conn = AcceptWithin(listener.get());
+  if (!p.conn.valid()) return p;
+  Fd ep(epoll ? epoll_create1(EPOLL_CLOEXEC) : -1);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  if (epoll && (!ep.valid() || epoll_ctl(ep.get(), EPOLL_CTL_ADD, p.conn.get(), &ev) != 0)) {
+    ADD_FAILURE() << "epoll: " << ErrnoName(errno);
+    p.conn.reset();
+    return p;
+  }
+  const std::string msg = StreamBytes(7, 1024);
+  std::thread writer([&] {
+    for (int i = 0; i < 80; ++i) EXPECT_TRUE(SendAll(p.conn.get(), msg)) << "message " << i;
+  });
+  std::string echo;
+  char buf[4096];
+  for (Deadline d(kIoTimeoutMs); echo.size() < 80 * msg.size() && !d.Expired();) {
+    int ready = epoll ? epoll_wait(ep.get(), &ev, 1, d.RemainingMs()) : WaitFor(p.conn.get(), POLLIN, d.RemainingMs());
+    if (ready <= 0) break;
+    ssize_t n = recv(p.conn.get(), buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) echo.append(buf, static_cast<size_t>(n));
+    else if (n == 0 || errno != EAGAIN) break;
+  }
+  writer.join();
+  bool ok = echo.size() == 80 * msg.size();
+  for (size_t i = 0; ok && i < 80; ++i) ok = echo.compare(i * msg.size(), msg.size(), msg) == 0;
+  if (!ok) {
+    ADD_FAILURE() << "echo: " << echo.size() << " of " << 80 * msg.size() << " bytes came back in time, or changed";
+    p.conn.reset();
+  }
+  return p;
 }
 
 ClosedPort ReserveClosedPort() {

@@ -170,6 +170,18 @@ struct ClosedPort {
 };
 ClosedPort ReserveClosedPort();
 
+// A connection to an echo server in a forked child (another process: its
+// own session, preloaded), in use both ways: 80 KiB in 1 KiB messages sent
+// by a thread while their echo streams back (preloaded: upgraded, under the
+// default policy too). The echo is awaited with poll, or with epoll_wait
+// when `epoll` (each before its read). The child echoes until EOF, then
+// exits 0. `conn` is invalid if any of it failed (the failure is recorded).
+struct EchoPeer {
+  pid_t pid = -1;
+  Fd conn;
+};
+EchoPeer StartEchoPeer(bool epoll = false);
+
 // Closes `fd` with SO_LINGER {1, 0}, which makes the kernel send RST.
 void CloseWithReset(Fd& fd);
 
