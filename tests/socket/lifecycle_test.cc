@@ -431,6 +431,97 @@ TEST(Vfork, AChildsDupsAndClosesOfTheConnectionAreNotTheParents) {
   if (p.pid > 0) WaitChild(p.pid);
 }
 
+// stdio on a connection: glibc's FILE reads, writes and closes through its
+// internal calls, and dprintf writes through them. A FILE made by fdopen()
+// on a connection in use, and dprintf on one, must carry the bytes in
+// order with the other calls, and fclose() must close the connection as
+// close() does. In a forked child: with the library before, fgets blocked
+// for good on the kernel socket.
+// Whether `fd`, once a closed number, serves the next file: a pipe's write
+// end put there (raw dup3) takes a write(), and the pipe gives it back.
+std::string NumberServesAPipe(int fd) {
+  int p[2];
+  if (pipe2(p, O_NONBLOCK) != 0) return "pipe: " + ErrnoName(errno);
+  for (int& end : p) {  // (pipe2 may have taken fd itself)
+    long high = syscall(SYS_fcntl, end, F_DUPFD_CLOEXEC, 4000);
+    syscall(SYS_close, end);
+    end = static_cast<int>(high);
+  }
+  std::string err;
+  if (p[0] < 0 || p[1] < 0) {
+    err = "F_DUPFD: " + ErrnoName(errno);
+  } else if (syscall(SYS_dup3, p[1], fd, O_CLOEXEC) != fd) {
+    err = "dup3: " + ErrnoName(errno);
+  } else if (write(fd, "pipe", 4) != 4) {
+    err = "write to the pipe on fd " + std::to_string(fd) + ": " + ErrnoName(errno);
+  } else {
+    char buf[8] = {};
+    ssize_t n = syscall(SYS_read, p[0], buf, sizeof buf);
+    if (n != 4 || std::string(buf, 4) != "pipe")
+      err = "the pipe on fd " + std::to_string(fd) + " got " + std::to_string(n) + " bytes " + ErrnoName(errno);
+  }
+  syscall(SYS_close, p[0]);
+  syscall(SYS_close, p[1]);
+  syscall(SYS_close, fd);
+  return err;
+}
+
+int FdopenedConnectionBody() {
+  Connection c = ConnectedPairInUse(80, 1024);
+  if (!c.ok()) return 2;
+  int a = c.client.release(), b = c.server.release();
+  FILE* fa = fdopen(a, "r+");
+  FILE* fb = fdopen(b, "r+");
+  if (fa == nullptr || fb == nullptr) return 3;
+  if (fileno(fa) != a || fileno(fb) != b) return 4;
+  char line[512];
+  const std::string pad(300, 'p');
+  for (int i = 0; i < 200; ++i) {
+    // Lines read with fgets, written by stdio or by send() in turn (a
+    // program may read lines with stdio and write with send).
+    std::string ask = "ask " + std::to_string(i) + " " + pad + "\n";
+    std::string answer = "answer " + std::to_string(i) + "\n";
+    if (i % 2 == 0 ? fputs(ask.c_str(), fa) < 0 || fflush(fa) != 0 : !SendAll(a, ask)) return 5;
+    if (fgets(line, sizeof line, fb) == nullptr || ask != line) return 6;
+    if (i % 3 == 0 ? !SendAll(b, answer) : fprintf(fb, "answer %d\n", i) < 0 || fflush(fb) != 0) return 7;
+    if (fgets(line, sizeof line, fa) == nullptr || answer != line) return 8;
+  }
+  if (fclose(fa) != 0) return 9;
+  if (fgets(line, sizeof line, fb) != nullptr || !feof(fb)) return 10;  // EOF after every line
+  if (fclose(fb) != 0) return 11;
+  for (int fd : {a, b}) {
+    std::string err = NumberServesAPipe(fd);  // fclose closed the connection
+    if (!err.empty()) {
+      std::fprintf(stderr, "child: %s\n", err.c_str());
+      return 12;
+    }
+  }
+  return 0;
+}
+
+TEST(Stdio, AnFdopenedConnectionInUseCarriesLinesBothWaysAndFcloseClosesIt) {
+  SetTestBudgetSeconds(60);
+  pid_t pid = ForkChild(FdopenedConnectionBody);
+  ASSERT_GT(pid, 0);
+  int status = WaitChild(pid, 3 * kIoTimeoutMs);
+  EXPECT_TRUE(ExitedWith(status, 0)) << "status " << status << " (the child's exit code says which step failed)";
+}
+
+TEST(Stdio, DprintfOnAConnectionInUseArrivesInOrderWithSends) {
+  Connection c = ConnectedPairInUse(80, 1024);
+  ASSERT_TRUE(c.ok());
+  std::string want;
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_GT(dprintf(c.client.get(), "<%04d>", i), 0) << ErrnoName(errno);
+    ASSERT_TRUE(SendAll(c.client.get(), "|"));
+    char item[8];
+    std::snprintf(item, sizeof item, "<%04d>", i);
+    want += item;
+    want += "|";
+  }
+  EXPECT_EQ(RecvExactly(c.server.get(), want.size()), want);
+}
+
 TEST(Close, EofArrivesOnlyAfterAllDataWhenPeerWritesOneMebibyteThenCloses) {
   Connection c = ConnectedPair();
   ASSERT_TRUE(c.ok());
