@@ -45,6 +45,27 @@ using vsocket::TimespecNs;
 using vsocket::TimespecValid;
 using namespace vsocket::guest;
 
+// vfork() as the application calls it: marks the calling thread, then
+// jumps to libc's vfork with the caller's stack untouched (a wrapper with a
+// frame of its own would have that frame reused by the child and then
+// returned through by the parent). Both return straight to the caller.
+extern "C" {
+__attribute__((visibility("hidden"))) __thread bool vsocket_t_vforked = false;
+__attribute__((visibility("hidden"))) void* vsocket_real_vfork = nullptr;
+}
+#if defined(__x86_64__)
+asm(R"(
+  .text
+  .globl vfork
+  .type vfork, @function
+vfork:
+  movq vsocket_t_vforked@gottpoff(%rip), %rax
+  movb $1, %fs:(%rax)
+  jmpq *vsocket_real_vfork(%rip)
+  .size vfork, .-vfork
+)");
+#endif
+
 namespace {
 
 // Set while the library's own code runs, so its internal libc calls pass
@@ -58,13 +79,26 @@ struct Guard {
 std::shared_ptr<Conn> Ours(int fd) { return t_depth ? nullptr : Lookup(fd); }
 
 // The process the library's tables belong to: set at start-up and in a
-// fork child. A vfork child (python's subprocess, posix_spawn) runs in its
-// parent's memory, with an fd table of its own, until it execs or exits:
-// what it closes or dups there is that table's alone, and the tables here
-// (the parent's) must not change (decision 72). A clone() child without
-// fork's handlers is treated alike.
+// fork child. A vfork child (python's subprocess) runs in its parent's
+// memory, with an fd table of its own, until it execs or exits: what it
+// closes or dups there is that table's alone, and the tables here (the
+// parent's) must not change (decision 72). A system call per wrapper call
+// to tell (getpid: ~1 us here) would cost more than some calls themselves,
+// so vfork() marks the calling thread first (vfork_trampoline below; the
+// child runs on that thread's memory, thread-locals included) and only a
+// marked thread asks getpid(): the child keeps the mark, the parent, once
+// resumed, clears it at its next wrapper call.
 std::atomic<pid_t> g_pid{0};
+#if defined(__x86_64__)
+bool InForeignChild() {
+  if (!vsocket_t_vforked) return false;
+  if (getpid() != g_pid.load(std::memory_order_relaxed)) return true;
+  vsocket_t_vforked = false;  // the parent, resumed
+  return false;
+}
+#else
 bool InForeignChild() { return getpid() != g_pid.load(std::memory_order_relaxed); }
+#endif
 
 ssize_t Fail(const Status& st) {
   errno = st.sys_errno();
@@ -102,6 +136,7 @@ __attribute__((constructor)) void Init() {
   // program's close() calls (base/own_fd.h, close() below).
   vsocket::ProtectOwnFds();
   g_pid.store(getpid());
+  vsocket_real_vfork = dlsym(RTLD_NEXT, "vfork");
   Libc();
   // Read the settings now: servers such as nginx clear the environment
   // before their workers do any I/O.
@@ -155,9 +190,7 @@ struct ConnCookie {
   int fd;
 };
 
-ssize_t CookieRead(void* cookie, char* buf, size_t n) {
-  return read(static_cast<ConnCookie*>(cookie)->fd, buf, n);
-}
+ssize_t CookieRead(void* cookie, char* buf, size_t n) { return read(static_cast<ConnCookie*>(cookie)->fd, buf, n); }
 
 ssize_t CookieWrite(void* cookie, const char* buf, size_t n) {
   int fd = static_cast<ConnCookie*>(cookie)->fd;
