@@ -84,7 +84,7 @@ std::shared_ptr<Conn> Ours(int fd) { return t_depth ? nullptr : Lookup(fd); }
 // closes or dups there is that table's alone, and the tables here (the
 // parent's) must not change (decision 72). A system call per wrapper call
 // to tell (getpid: ~1 us here) would cost more than some calls themselves,
-// so vfork() marks the calling thread first (vfork_trampoline below; the
+// so vfork() marks the calling thread first (the trampoline above; the
 // child runs on that thread's memory, thread-locals included) and only a
 // marked thread asks getpid(): the child keeps the mark, the parent, once
 // resumed, clears it at its next wrapper call.
