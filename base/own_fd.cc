@@ -59,6 +59,11 @@ void DisownFd(int fd) {
   if (w.load(std::memory_order_relaxed) & bit) w.fetch_and(~bit, std::memory_order_acq_rel);
 }
 
+void CloseOwnFd(int fd) {
+  DisownFd(fd);
+  ::syscall(SYS_close, fd);
+}
+
 bool IsOwnFd(int fd) { return InRange(fd) && (g_bits[fd / 64].load(std::memory_order_acquire) >> (fd % 64) & 1); }
 
 void ForEachRunWithoutOwnFds(unsigned first, unsigned last, const std::function<void(unsigned, unsigned)>& fn) {

@@ -29,6 +29,8 @@ void MarkOwnFd(int fd);
 // Before one of ours is closed (its number may serve any file afterwards).
 // Harmless for an fd that is not ours.
 void DisownFd(int fd);
+// DisownFd, then the kernel's close (never a close() wrapper).
+void CloseOwnFd(int fd);
 bool IsOwnFd(int fd);
 
 // The lowest number OwnFd() dups to: 1024 when the fd limit allows more

@@ -1052,8 +1052,7 @@ void EpollForget(int fd, bool lingering) {
       g_live_sets.erase(std::find(g_live_sets.begin(), g_live_sets.end(), fd));
       if (own->session) own->session->RemoveWaiter(own->wake_efd);
       own->session = nullptr;
-      DisownFd(own->wake_efd);
-      Libc().close(own->wake_efd);
+      CloseOwnFd(own->wake_efd);
       own->wake_efd = -1;
       ClearNodes(*own);
       return;

@@ -24,9 +24,7 @@ struct ThreadWaiter {
   int efd = -1;
   ThreadWaiter() { efd = OwnFd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)); }
   ~ThreadWaiter() {
-    if (efd < 0) return;
-    DisownFd(efd);
-    Libc().close(efd);
+    if (efd >= 0) CloseOwnFd(efd);
   }
 };
 

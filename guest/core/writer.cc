@@ -94,24 +94,17 @@ void CloseWriterFd(int fd) {
     std::lock_guard<std::mutex> lock(g_writer_fds_mu);
     std::erase(g_writer_fds, fd);
   }
-  DisownFd(fd);
-  Libc().close(fd);
+  CloseOwnFd(fd);
 }
 
 void ForgetWriterAfterFork() {
   if (ResyncWriter* old = g_writer.load(); old != nullptr) {
-    if (int efd = old->wake_fd.load(); efd >= 0) {
-      DisownFd(efd);
-      Libc().close(efd);
-    }
+    if (int efd = old->wake_fd.load(); efd >= 0) CloseOwnFd(efd);
     g_writer.store(new ResyncWriter);
   }
   new (&g_writer_fds_mu) std::mutex();
   new (&g_linger_mu) std::mutex();
-  for (int fd : g_writer_fds) {
-    DisownFd(fd);
-    Libc().close(fd);
-  }
+  for (int fd : g_writer_fds) CloseOwnFd(fd);
   g_writer_fds.clear();
 }
 

@@ -200,19 +200,29 @@ TEST(Close, PeerSeesEofAndClosedNumberFailsEbadf) {
 // on the numbers with the raw dup3 system call, as any call the library
 // does not wrap would (pipe(), open(), eventfd() take the lowest free
 // number). Returns "" or what went wrong.
+// A pipe (pipe2 flags) whose ends are numbered from 4000 up, out of the
+// way of the numbers a test puts files on (pipe2 takes the lowest free
+// ones, maybe those). Returns "" or what went wrong (then nothing is left
+// open).
+std::string HighPipe(int p[2], int flags) {
+  if (pipe2(p, flags) != 0) return "pipe: " + ErrnoName(errno);
+  for (int i = 0; i < 2; ++i) {
+    long high = syscall(SYS_fcntl, p[i], F_DUPFD_CLOEXEC, 4000);
+    syscall(SYS_close, p[i]);
+    p[i] = static_cast<int>(high);
+  }
+  if (p[0] >= 0 && p[1] >= 0) return "";
+  std::string err = "F_DUPFD: " + ErrnoName(errno);
+  syscall(SYS_close, p[0]);
+  syscall(SYS_close, p[1]);
+  return err;
+}
+
 std::string PipeOnNumbers(int a, int b) {
   int p[2];
-  if (pipe(p) != 0) return "pipe: " + ErrnoName(errno);
-  // (pipe() itself may have taken a or b: move its ends out of the way.)
-  for (int& end : p) {
-    long high = syscall(SYS_fcntl, end, F_DUPFD_CLOEXEC, 4000);
-    syscall(SYS_close, end);
-    end = static_cast<int>(high);
-  }
-  std::string err;
-  if (p[0] < 0 || p[1] < 0) {
-    err = "F_DUPFD: " + ErrnoName(errno);
-  } else if (syscall(SYS_dup3, p[0], a, O_CLOEXEC) != a || syscall(SYS_dup3, p[1], b, O_CLOEXEC) != b) {
+  std::string err = HighPipe(p, 0);
+  if (!err.empty()) return err;
+  if (syscall(SYS_dup3, p[0], a, O_CLOEXEC) != a || syscall(SYS_dup3, p[1], b, O_CLOEXEC) != b) {
     err = "dup3: " + ErrnoName(errno);
   } else if (write(b, "pipe", 4) != 4) {
     err = "write to the pipe on fd " + std::to_string(b) + ": " + ErrnoName(errno);
@@ -310,10 +320,7 @@ int CloseEverythingElseThen(const CloseAllFn& close_all) {
 
 void ExpectChildKeepsItsConnection(const CloseAllFn& close_all) {
   SetTestBudgetSeconds(90);
-  pid_t pid = ForkChild([&] { return CloseEverythingElseThen(close_all); });
-  ASSERT_GT(pid, 0);
-  int status = WaitChild(pid, 4 * kIoTimeoutMs);
-  EXPECT_TRUE(ExitedWith(status, 0)) << "status " << status;
+  ExpectChildSucceeds([&] { return CloseEverythingElseThen(close_all); }, 4 * kIoTimeoutMs);
 }
 
 TEST(CloseAll, ALoopClosingEveryOtherFdLeavesTheConnectionWorking) {
@@ -437,20 +444,14 @@ TEST(Vfork, AChildsDupsAndClosesOfTheConnectionAreNotTheParents) {
 // order with the other calls, and fclose() must close the connection as
 // close() does. In a forked child: with the library before, fgets blocked
 // for good on the kernel socket.
+
 // Whether `fd`, once a closed number, serves the next file: a pipe's write
 // end put there (raw dup3) takes a write(), and the pipe gives it back.
 std::string NumberServesAPipe(int fd) {
   int p[2];
-  if (pipe2(p, O_NONBLOCK) != 0) return "pipe: " + ErrnoName(errno);
-  for (int& end : p) {  // (pipe2 may have taken fd itself)
-    long high = syscall(SYS_fcntl, end, F_DUPFD_CLOEXEC, 4000);
-    syscall(SYS_close, end);
-    end = static_cast<int>(high);
-  }
-  std::string err;
-  if (p[0] < 0 || p[1] < 0) {
-    err = "F_DUPFD: " + ErrnoName(errno);
-  } else if (syscall(SYS_dup3, p[1], fd, O_CLOEXEC) != fd) {
+  std::string err = HighPipe(p, O_NONBLOCK);  // (pipe2 may take fd itself)
+  if (!err.empty()) return err;
+  if (syscall(SYS_dup3, p[1], fd, O_CLOEXEC) != fd) {
     err = "dup3: " + ErrnoName(errno);
   } else if (write(fd, "pipe", 4) != 4) {
     err = "write to the pipe on fd " + std::to_string(fd) + ": " + ErrnoName(errno);
@@ -501,10 +502,7 @@ int FdopenedConnectionBody() {
 
 TEST(Stdio, AnFdopenedConnectionInUseCarriesLinesBothWaysAndFcloseClosesIt) {
   SetTestBudgetSeconds(60);
-  pid_t pid = ForkChild(FdopenedConnectionBody);
-  ASSERT_GT(pid, 0);
-  int status = WaitChild(pid, 3 * kIoTimeoutMs);
-  EXPECT_TRUE(ExitedWith(status, 0)) << "status " << status << " (the child's exit code says which step failed)";
+  ExpectChildSucceeds(FdopenedConnectionBody, 3 * kIoTimeoutMs);
 }
 
 TEST(Stdio, DprintfOnAConnectionInUseArrivesInOrderWithSends) {

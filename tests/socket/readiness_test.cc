@@ -39,18 +39,12 @@ int FirstConnectionEcho(bool epoll) {
 
 TEST(FirstConnection, APollWaitSeesTheAnswerThatCameByTheRing) {
   SetTestBudgetSeconds(60);
-  pid_t pid = ForkChild([] { return FirstConnectionEcho(false); });
-  ASSERT_GT(pid, 0);
-  int status = WaitChild(pid, 3 * kIoTimeoutMs);
-  EXPECT_TRUE(ExitedWith(status, 0)) << "status " << status;
+  ExpectChildSucceeds([] { return FirstConnectionEcho(false); }, 3 * kIoTimeoutMs);
 }
 
 TEST(FirstConnection, AnEpollWaitSeesTheAnswerThatCameByTheRing) {
   SetTestBudgetSeconds(60);
-  pid_t pid = ForkChild([] { return FirstConnectionEcho(true); });
-  ASSERT_GT(pid, 0);
-  int status = WaitChild(pid, 3 * kIoTimeoutMs);
-  EXPECT_TRUE(ExitedWith(status, 0)) << "status " << status;
+  ExpectChildSucceeds([] { return FirstConnectionEcho(true); }, 3 * kIoTimeoutMs);
 }
 
 TEST(Poll, ReportsPollinOnlyOnceDataArrives) {

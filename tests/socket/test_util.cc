@@ -494,6 +494,13 @@ pid_t ForkChild(const std::function<int()>& body) {
   return pid;
 }
 
+void ExpectChildSucceeds(const std::function<int()>& body, int timeout_ms) {
+  pid_t pid = ForkChild(body);
+  ASSERT_GT(pid, 0);
+  int status = WaitChild(pid, timeout_ms);
+  EXPECT_TRUE(ExitedWith(status, 0)) << "status " << status << " (the child's exit code says which step failed)";
+}
+
 int WaitChild(pid_t pid, int timeout_ms) {
   if (pid <= 0) return -1;
   Deadline deadline(timeout_ms);

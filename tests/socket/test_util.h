@@ -226,6 +226,9 @@ pid_t ForkChild(const std::function<int()>& body);
 int WaitChild(pid_t pid, int timeout_ms = kIoTimeoutMs);
 // True if `status` is a normal exit with `code`.
 bool ExitedWith(int status, int code);
+// Runs `body` in a forked child and expects it to exit 0 within timeout_ms
+// (killed after it); a body returns which step failed as its exit code.
+void ExpectChildSucceeds(const std::function<int()>& body, int timeout_ms = kIoTimeoutMs);
 
 // Installs a handler for the scope of the object; restores the old one after.
 class ScopedSignalHandler {
