@@ -905,6 +905,100 @@ TEST(EpollChurn, ChildSeesChangesMadeBeforeFork) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
+// wrk's and every ae client's turn: the registration asks for writing once
+// an answer is in, the wait reports the socket writable, the request goes
+// out and the registration asks for reading again (decision 75: the
+// library may answer such a wait with one poll of the socket, the kernel's
+// registration left for reading).
+TEST(EpollChurn, WritableAskedForPerRequestReportsWritableThenTheAnswer) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  const int fd = c.client.get();
+  Fd ep = EpollFd();
+  Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLIN, 9);
+  for (int i = 0; i < 200; ++i) {
+    SCOPED_TRACE(i);
+    const std::string req = "GET /" + std::to_string(i) + "\n", reply = "200 " + std::to_string(i * 7) + "\n";
+    Ctl(ep.get(), EPOLL_CTL_MOD, fd, EPOLLIN | EPOLLOUT, 9);
+    ASSERT_NO_FATAL_FAILURE(ExpectOnly(ep.get(), EPOLLOUT, 9));
+    ASSERT_TRUE(SendAll(fd, req));
+    Ctl(ep.get(), EPOLL_CTL_MOD, fd, EPOLLIN, 9);
+    ASSERT_EQ(RecvExactly(c.server.get(), req.size()), req);
+    ASSERT_TRUE(SendAll(c.server.get(), reply));
+    ASSERT_NO_FATAL_FAILURE(ExpectOnly(ep.get(), EPOLLIN, 9));
+    ASSERT_EQ(RecvExactly(fd, reply.size()), reply);
+  }
+}
+
+// Readable and writable at once, and the peer's FIN: the wait reports what
+// the kernel's would, every bit of it.
+TEST(EpollChurn, WritableAskedForReportsReadableAndHangupToo) {
+  Connection c = ReadableAndWritable();
+  ASSERT_TRUE(c.ok());
+  const int fd = c.server.get();
+  Fd ep = EpollFd();
+  Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLIN | EPOLLRDHUP, 3);
+  ExpectOnly(ep.get(), EPOLLIN, 3);
+  Ctl(ep.get(), EPOLL_CTL_MOD, fd, EPOLLIN | EPOLLOUT | EPOLLRDHUP, 3);
+  ExpectOnly(ep.get(), EPOLLIN | EPOLLOUT, 3);
+  Ctl(ep.get(), EPOLL_CTL_MOD, fd, EPOLLIN | EPOLLRDHUP, 3);
+  ASSERT_EQ(shutdown(c.client.get(), SHUT_WR), 0);
+  ASSERT_EQ(WaitFor(fd, POLLRDHUP, kIoTimeoutMs), POLLRDHUP);
+  Ctl(ep.get(), EPOLL_CTL_MOD, fd, EPOLLIN | EPOLLOUT | EPOLLRDHUP, 3);
+  ExpectOnly(ep.get(), EPOLLIN | EPOLLOUT | EPOLLRDHUP, 3);
+}
+
+// A socket whose send buffer is full is not writable: the wait sleeps
+// until the peer's answer, and reports only that.
+TEST(EpollChurn, WritableAskedForOnAFullSendBufferWaitsForTheAnswer) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  const int fd = c.client.get();
+  // Filled until it stays full (what the sender queued may move on towards
+  // the peer's receive buffer, which frees room again for a while).
+  std::string chunk(65536, 'f');
+  bool full = false;
+  for (int round = 0; round < 64 && !full; ++round) {
+    for (int i = 0; i < 4096 && send(fd, chunk.data(), chunk.size(), MSG_DONTWAIT) > 0; ++i) {
+    }
+    full = WaitFor(fd, POLLOUT, 100) == 0;
+  }
+  ASSERT_TRUE(full) << "the send buffer never stayed full";
+  Fd ep = EpollFd();
+  Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLIN, 1);
+  Ctl(ep.get(), EPOLL_CTL_MOD, fd, EPOLLIN | EPOLLOUT, 1);
+  EXPECT_EQ(Wait(ep.get(), 50).size(), 0u);
+  ASSERT_TRUE(SendAll(c.server.get(), "answer"));
+  // (Accelerated, the ring may drain towards the peer and report writable
+  // before the answer is in.)
+  bool readable = false;
+  for (int i = 0; i < 200 && !readable; ++i) {
+    auto ev = Wait(ep.get(), kIoTimeoutMs);
+    ASSERT_EQ(ev.size(), 1u);
+    EXPECT_EQ(ev[0].data.u64, 1u);
+    readable = ev[0].events & EPOLLIN;
+    if (!readable) usleep(10 * 1000);
+  }
+  EXPECT_TRUE(readable);
+}
+
+// A socket asked for writing again before every wait does not hide the
+// other sockets of the set: at least every other wait reports them.
+TEST(EpollChurn, WritableAskedForBeforeEveryWaitDoesNotStarveTheOthers) {
+  Connection a = ConnectedPair(), b = ReadableAndWritable();
+  ASSERT_TRUE(a.ok() && b.ok());
+  Fd ep = EpollFd();
+  Ctl(ep.get(), EPOLL_CTL_ADD, a.client.get(), EPOLLIN, 1);
+  Ctl(ep.get(), EPOLL_CTL_ADD, b.server.get(), EPOLLIN, 2);
+  int saw_b = 0;
+  for (int i = 0; i < 6; ++i) {
+    Ctl(ep.get(), EPOLL_CTL_MOD, a.client.get(), EPOLLIN, 1);
+    Ctl(ep.get(), EPOLL_CTL_MOD, a.client.get(), EPOLLIN | EPOLLOUT, 1);
+    for (const epoll_event& e : Wait(ep.get(), kIoTimeoutMs)) saw_b += e.data.u64 == 2 && e.events == EPOLLIN;
+  }
+  EXPECT_GE(saw_b, 3);
+}
+
 // Deleted, then the descriptor closed while a dup keeps the socket: the
 // registration is gone (it was deleted), not left behind with its cookie.
 TEST(EpollChurn, DeletedThenClosedWhileDupKeepsSocketReportsNothing) {
