@@ -296,8 +296,27 @@ def days():
     return out[:-1]
 
 
+def placement():
+    res = load("placement-latest.json")
+    out = [when_where(res, "placement-latest.json") + f" vsocketd on CPU {res['daemon_cpus']} (`VSOCKET_CPUS`: its "
+           f"worker polls), the applications of both VMs on CPU {res['app_cpus']}; kernel TCP with the applications on "
+           f"the same CPUs in the same run, and with them free to run anywhere for reference. {res['reps_n']} "
+           f"repetitions of {res['seconds']} s per test, the modes alternating; medians (min–max){RATIO_NOTE}.", "",
+           "| metric | kernel TCP, same CPUs | vSocket | vSocket/kernel | production goal | kernel TCP, any CPU "
+           "| vSocket/that |", "|---|--:|--:|--:|---|--:|--:|"]
+    for r in res["table"]:
+        g = f"{goal(r['goal'])}: **{'met' if r['met'] else 'missed'}**" if r.get("goal") else ""
+        out.append(f"| {label(r['metric'])} | {spread(r['kernel'], *r['kernel_range'])} "
+                   f"| {spread(r['vsocket'], *r['vsocket_range'])} | {rtext(r)} | {g} "
+                   f"| {spread(r['kernel_anywhere'], *r['kernel_anywhere_range'])} | {num(r['ratio_anywhere'])} |")
+    upg = [R["daemon"].get("upgrades", 0) for R in res["reps"]["vsocket"]]
+    out += ["", f"vsocketd counted {min(upg)}-{max(upg)} upgrades per vSocket repetition (every connection "
+            "accelerated: the daemon has a CPU of its own, decision 51)."]
+    return out
+
+
 BLOCKS = {"channel": channel, "same-host": same_host, "cross-host": cross_host, "conn-scale": conn_scale,
-          "quick": quick, "days": days}
+          "quick": quick, "days": days, "placement": placement}
 
 
 def render(doc):

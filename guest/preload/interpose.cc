@@ -556,6 +556,40 @@ ssize_t readv(int fd, const iovec* iov, int n) {
   return RecvIov(fd, *c, iov, n, 0);
 }
 
+// preadv2/pwritev2 (glibc 2.26+, and their 64-bit-offset names): with
+// offset -1 a socket is read and written as by readv/writev, RWF_NOWAIT
+// as MSG_DONTWAIT; RWF_HIPRI, RWF_DSYNC, RWF_SYNC and RWF_APPEND mean
+// nothing to a socket's bytes. Any other offset (the kernel's ESPIPE) or
+// flag (its EOPNOTSUPP) is the kernel's answer, no byte moved.
+constexpr int kSocketRwf = RWF_HIPRI | RWF_DSYNC | RWF_SYNC | RWF_NOWAIT | RWF_APPEND;
+
+ssize_t preadv2(int fd, const iovec* iov, int n, off_t offset, int flags) {
+  auto c = Ours(fd);
+  if (!c || offset != -1 || n < 0 || n > IOV_MAX || (flags & ~kSocketRwf))
+    return Libc().preadv2(fd, iov, n, offset, flags);
+  const int msg = (flags & RWF_NOWAIT) ? MSG_DONTWAIT : 0;
+  ssize_t r;
+  if (HeldRecv(*c, msg, [&] { return Libc().preadv2(fd, iov, n, offset, flags); }, &r)) return r;
+  return RecvIov(fd, *c, iov, n, msg);
+}
+
+ssize_t pwritev2(int fd, const iovec* iov, int n, off_t offset, int flags) {
+  auto c = Ours(fd);
+  if (!c || offset != -1 || n < 0 || n > IOV_MAX || (flags & ~kSocketRwf))
+    return Libc().pwritev2(fd, iov, n, offset, flags);
+  ssize_t r;
+  if (HeldSend(*c, [&] { return Libc().pwritev2(fd, iov, n, offset, flags); }, &r)) return r;
+  return SendIov(fd, *c, iov, n, (flags & RWF_NOWAIT) ? MSG_DONTWAIT : 0);
+}
+
+ssize_t preadv64v2(int fd, const iovec* iov, int n, off64_t offset, int flags) {
+  return preadv2(fd, iov, n, offset, flags);
+}
+
+ssize_t pwritev64v2(int fd, const iovec* iov, int n, off64_t offset, int flags) {
+  return pwritev2(fd, iov, n, offset, flags);
+}
+
 ssize_t send(int fd, const void* buf, size_t n, int flags) {
   auto c = Ours(fd);
   if (!c) return Libc().send(fd, buf, n, flags);
@@ -567,7 +601,7 @@ ssize_t send(int fd, const void* buf, size_t n, int flags) {
 
 ssize_t recv(int fd, void* buf, size_t n, int flags) {
   auto c = Ours(fd);
-  if (!c) return Libc().recv(fd, buf, n, flags);
+  if (!c || (flags & MSG_ERRQUEUE)) return Libc().recv(fd, buf, n, flags);
   ssize_t r;
   if (HeldRecv(*c, flags, [&] { return Libc().recv(fd, buf, n, flags); }, &r)) return r;
   iovec v{buf, n};
@@ -585,7 +619,7 @@ ssize_t sendto(int fd, const void* buf, size_t n, int flags, const sockaddr* add
 
 ssize_t recvfrom(int fd, void* buf, size_t n, int flags, sockaddr* addr, socklen_t* len) {
   auto c = Ours(fd);
-  if (!c) return Libc().recvfrom(fd, buf, n, flags, addr, len);
+  if (!c || (flags & MSG_ERRQUEUE)) return Libc().recvfrom(fd, buf, n, flags, addr, len);
   ssize_t r;
   if (HeldRecv(*c, flags, [&] { return Libc().recvfrom(fd, buf, n, flags, addr, len); }, &r)) return r;
   if (len) *len = 0;  // as the kernel does for TCP
@@ -603,7 +637,9 @@ ssize_t sendmsg(int fd, const msghdr* m, int flags) {
 
 ssize_t recvmsg(int fd, msghdr* m, int flags) {
   auto c = Ours(fd);
-  if (!c || m == nullptr || m->msg_iovlen > IOV_MAX) return Libc().recvmsg(fd, m, flags);
+  // The error queue (timestamps, zerocopy completions) is the kernel
+  // socket's, never stream bytes: not read from the ring, not counted.
+  if (!c || m == nullptr || m->msg_iovlen > IOV_MAX || (flags & MSG_ERRQUEUE)) return Libc().recvmsg(fd, m, flags);
   ssize_t r;
   if (HeldRecv(*c, flags, [&] { return Libc().recvmsg(fd, m, flags); }, &r)) return r;
   m->msg_namelen = 0;
@@ -680,7 +716,7 @@ int sendmmsg(int fd, mmsghdr* v, unsigned int n, int flags) {
 
 int recvmmsg(int fd, mmsghdr* v, unsigned int n, int flags, timespec* timeout) {
   auto c = Ours(fd);
-  if (!c) return Libc().recvmmsg(fd, v, n, flags, timeout);
+  if (!c || (flags & MSG_ERRQUEUE)) return Libc().recvmmsg(fd, v, n, flags, timeout);
   int64_t end = 0;
   if (timeout != nullptr) {
     if (!TimespecValid(*timeout)) {

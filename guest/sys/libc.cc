@@ -44,6 +44,8 @@ void ResolveAll() {
   VS_RESOLVE(write);
   VS_RESOLVE(readv);
   VS_RESOLVE(writev);
+  VS_RESOLVE(preadv2);
+  VS_RESOLVE(pwritev2);
   VS_RESOLVE(send);
   VS_RESOLVE(recv);
   VS_RESOLVE(sendto);

@@ -32,6 +32,8 @@ struct LibcCalls {
   ssize_t (*write)(int, const void*, size_t);
   ssize_t (*readv)(int, const iovec*, int);
   ssize_t (*writev)(int, const iovec*, int);
+  ssize_t (*preadv2)(int, const iovec*, int, off_t, int);
+  ssize_t (*pwritev2)(int, const iovec*, int, off_t, int);
   ssize_t (*send)(int, const void*, size_t, int);
   ssize_t (*recv)(int, void*, size_t, int);
   ssize_t (*sendto)(int, const void*, size_t, int, const sockaddr*, socklen_t);

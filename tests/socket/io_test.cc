@@ -154,6 +154,34 @@ TEST(Vectored, IovcntAboveIovMaxOrNegativeFailsEinval) {
   EXPECT_EQ(WaitFor(c.server.get(), POLLIN, 50), 0);
 }
 
+// preadv2/pwritev2 with offset -1 read and write a socket as readv/writev
+// do, RWF_NOWAIT as MSG_DONTWAIT; an offset is the kernel's ESPIPE.
+TEST(Vectored, Preadv2AndPwritev2AtOffsetMinusOneCarryTheStream) {
+  Connection c = ConnectedPairInUse(80, 1024);
+  ASSERT_TRUE(c.ok());
+  const std::string up = StreamBytes(41, 60'000);
+  std::thread writer([&] {
+    WriteWith(c.client.get(), up, [&](const char* p, size_t n) {
+      iovec v[2] = {{const_cast<char*>(p), n / 2}, {const_cast<char*>(p) + n / 2, n - n / 2}};
+      return pwritev2(c.client.get(), v, 2, -1, 0);
+    });
+  });
+  EXPECT_EQ(ReadWith(c.server.get(), up.size(), [&](char* p, size_t n) {
+              iovec v{p, n};
+              return preadv2(c.server.get(), &v, 1, -1, RWF_NOWAIT);
+            }),
+            up);
+  writer.join();
+  char b = 'x';
+  iovec v{&b, 1};
+  VS_EXPECT_ERRNO(preadv2(c.server.get(), &v, 1, -1, RWF_NOWAIT), EAGAIN);
+  VS_EXPECT_ERRNO(preadv2(c.server.get(), &v, 1, 0, 0), ESPIPE);
+  VS_EXPECT_ERRNO(pwritev2(c.client.get(), &v, 1, 5, 0), ESPIPE);
+  // Nothing moved by the refused calls; the stream goes on.
+  ASSERT_EQ(pwritev2(c.client.get(), &v, 1, -1, RWF_DSYNC), 1);
+  EXPECT_EQ(ReadWith(c.server.get(), 1, [&](char* p, size_t n) { return recv(c.server.get(), p, n, 0); }), "x");
+}
+
 // ---------------------------------------------------------------------------
 // send/recv, sendto/recvfrom, sendmsg/recvmsg
 
@@ -267,6 +295,33 @@ TEST(SendRecv, CallsOnClosedFdFailEbadf) {
 
 // ---------------------------------------------------------------------------
 // MSG_PEEK, MSG_DONTWAIT, MSG_WAITALL
+
+// The error queue (timestamps, zerocopy completions) is the kernel
+// socket's: reading it on a connection in use answers EAGAIN (it is empty)
+// and never takes stream bytes.
+TEST(ErrQueue, ReadingTheErrorQueueNeverTakesStreamBytes) {
+  Connection c = ConnectedPairInUse(80, 1024);
+  ASSERT_TRUE(c.ok());
+  const std::string data = StreamBytes(31, 5000);
+  WriteWith(c.client.get(), data, [&](const char* p, size_t n) { return send(c.client.get(), p, n, 0); });
+  ASSERT_EQ(WaitForInq(c.server.get(), static_cast<int>(data.size())), static_cast<int>(data.size()));
+  char buf[8192], ctl[512];
+  iovec v{buf, sizeof buf};
+  msghdr m{};
+  m.msg_iov = &v;
+  m.msg_iovlen = 1;
+  m.msg_control = ctl;
+  m.msg_controllen = sizeof ctl;
+  VS_EXPECT_ERRNO(recvmsg(c.server.get(), &m, MSG_ERRQUEUE), EAGAIN);
+  VS_EXPECT_ERRNO(recvmsg(c.server.get(), &m, MSG_ERRQUEUE | MSG_DONTWAIT), EAGAIN);
+  VS_EXPECT_ERRNO(recv(c.server.get(), buf, sizeof buf, MSG_ERRQUEUE), EAGAIN);
+  VS_EXPECT_ERRNO(recvfrom(c.server.get(), buf, sizeof buf, MSG_ERRQUEUE, nullptr, nullptr), EAGAIN);
+  mmsghdr mm{};
+  mm.msg_hdr = m;
+  VS_EXPECT_ERRNO(recvmmsg(c.server.get(), &mm, 1, MSG_ERRQUEUE, nullptr), EAGAIN);
+  EXPECT_EQ(ReadWith(c.server.get(), data.size(), [&](char* p, size_t n) { return recv(c.server.get(), p, n, 0); }),
+            data);
+}
 
 TEST(MsgPeek, PeekDoesNotConsumeAndReadReturnsTheSameBytes) {
   Connection c = ConnectedPair();
