@@ -324,7 +324,8 @@ const char* ToString(Reason reason) {
                                            "forked",
                                            "rings-held",
                                            "kernel-faster",
-                                           "request-response"};
+                                           "request-response",
+                                           "urgent-data"};
   auto i = static_cast<size_t>(reason);
   return i < std::size(kNames) ? kNames[i] : "unknown";
 }

@@ -105,6 +105,11 @@ enum class Reason : uint16_t {
   // keeps a request/response connection on kernel TCP where vsocketd shares
   // the process's few CPUs (decision 51).
   kRequestResponse = 18,
+  // Library-only: the application sent urgent data (MSG_OOB) while the
+  // connection was on kernel TCP; the ring has no urgent mark, and the
+  // byte counts a registration fences on would miss the out-of-band byte
+  // (decision 79).
+  kUrgentData = 19,
 };
 inline constexpr uint16_t kMaxReason = 17;  // the last reason the wire carries
 const char* ToString(Reason reason);

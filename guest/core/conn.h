@@ -101,6 +101,9 @@ struct Conn {
   // while pending: the peer is not coming): the phase is kernel, but the
   // registration and its rings are ours to end (EndWithdrawn).
   std::atomic<bool> unregister_owed{false};
+  // The application sent urgent data (MSG_OOB) on kernel TCP: never
+  // registers (decision 79).
+  std::atomic<bool> urgent{false};
   std::atomic<bool> shut_rd{false};
   uint8_t* tx = nullptr;
   uint8_t* rx = nullptr;

@@ -122,6 +122,7 @@ void EnsureRegistered(int fd, Conn& c) {
   std::lock_guard<std::mutex> lock(c.setup_mu);
   if (c.state.phase() != Phase::kUnprobed) return;
   if (!c.eligible) return KernelForGood(c, Reason::kInherited);
+  if (c.urgent.load(std::memory_order_relaxed)) return KernelForGood(c, Reason::kUrgentData);
   if (!c.held.load(std::memory_order_relaxed) && Session::RegistersStreamsOnly() && Session::Existing() != nullptr) {
     // Held until it streams (decision 51), at no cost: the addresses and
     // rules are looked at when it does (a report wants the addresses now).
@@ -240,6 +241,16 @@ void EnsureRegistered(int fd, Conn& c) {
   // ever, though every byte we wrote came on the kernel stream. (A
   // shutdown() racing this one waits for setup_mu; PostShutWr posts once.)
   if (c.shut_wr.load()) PostShutWr(c);
+}
+
+bool NoteUrgent(Conn& c) {
+  if (c.urgent.load(std::memory_order_relaxed)) return true;
+  std::lock_guard<std::mutex> lock(c.setup_mu);
+  Phase p = c.state.phase();
+  if (p != Phase::kUnprobed && p != Phase::kKernel) return false;
+  if (p == Phase::kKernel && c.state.resynced()) return false;  // (registered once: a resend may follow)
+  c.urgent.store(true, std::memory_order_relaxed);
+  return true;
 }
 
 void EndWithdrawnLocked(Conn& c) {

@@ -25,6 +25,11 @@ bool BulkWriter(const Conn& c);
 inline void NoteKernelIo(Conn& c, StreamDetector::Dir d, size_t n) {
   if (c.held.load(std::memory_order_relaxed)) c.stream.Note(d, n, Config().stream_window);
 }
+// Urgent data (MSG_OOB) about to be sent on c: true if it may go (the
+// kernel's, on a connection that never registered: it never will now),
+// false once c registered (the ring has no urgent mark; EOPNOTSUPP).
+// Decision 79.
+bool NoteUrgent(Conn& c);
 // SHUTDOWN (write) of registered connection c to the backend, once:
 // shutdown(SHUT_WR) posts it, and so does a registration that finds the
 // connection already shut down for writing.

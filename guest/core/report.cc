@@ -59,6 +59,7 @@ void WriteLine(const Conn& c, const char* event, const char* exec_program) {
   Reason reason = c.state.phase() == Phase::kPending ? Reason::kPeerNotAccelerated : c.state.reason();
   // Held by the upgrade policy and never streamed: request/response.
   if (NeverRegistered(c) && c.held.load()) reason = Reason::kRequestResponse;
+  if (c.urgent.load() && c.state.phase() != Phase::kUnprobed) reason = Reason::kUrgentData;  // (never registers)
   const char* mode = c.state.ReportedMode();
   std::string exec_field;
   if (exec_program != nullptr) {

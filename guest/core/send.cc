@@ -22,6 +22,7 @@ using proto::MsgType;
 using proto::Reason;
 
 Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
+  if ((flags & MSG_OOB) && !NoteUrgent(c)) return Errno(EOPNOTSUPP, "MSG_OOB on a registered connection");
   MaybeReregister(fd, c);
   EnsureRegistered(fd, c);
   std::unique_lock<std::mutex> lock(c.tx_mu);

@@ -116,6 +116,11 @@ bool IsTcp(int domain, int type, int protocol) {
          (protocol == 0 || protocol == IPPROTO_TCP);
 }
 
+// Urgent data (MSG_OOB) may take the held path only while the connection
+// never registered (it never will then); otherwise Send answers
+// EOPNOTSUPP (decision 79).
+bool UrgentMayGo(Conn& c, int flags) { return !(flags & MSG_OOB) || NoteUrgent(c); }
+
 ssize_t SendIov(int fd, Conn& c, const iovec* iov, int n, int flags) {
   Guard g;
   return Ret(Send(fd, c, iov, n, flags));
@@ -594,7 +599,7 @@ ssize_t send(int fd, const void* buf, size_t n, int flags) {
   auto c = Ours(fd);
   if (!c) return Libc().send(fd, buf, n, flags);
   ssize_t r;
-  if (HeldSend(*c, [&] { return Libc().send(fd, buf, n, flags); }, &r)) return r;
+  if (UrgentMayGo(*c, flags) && HeldSend(*c, [&] { return Libc().send(fd, buf, n, flags); }, &r)) return r;
   iovec v{const_cast<void*>(buf), n};
   return SendIov(fd, *c, &v, 1, flags);
 }
@@ -612,7 +617,7 @@ ssize_t sendto(int fd, const void* buf, size_t n, int flags, const sockaddr* add
   auto c = Ours(fd);
   if (!c) return Libc().sendto(fd, buf, n, flags, addr, len);
   ssize_t r;
-  if (HeldSend(*c, [&] { return Libc().sendto(fd, buf, n, flags, addr, len); }, &r)) return r;
+  if (UrgentMayGo(*c, flags) && HeldSend(*c, [&] { return Libc().sendto(fd, buf, n, flags, addr, len); }, &r)) return r;
   iovec v{const_cast<void*>(buf), n};
   return SendIov(fd, *c, &v, 1, flags);  // a connected stream ignores the address
 }
@@ -631,7 +636,7 @@ ssize_t sendmsg(int fd, const msghdr* m, int flags) {
   auto c = Ours(fd);
   if (!c || m == nullptr || m->msg_iovlen > IOV_MAX) return Libc().sendmsg(fd, m, flags);
   ssize_t r;
-  if (HeldSend(*c, [&] { return Libc().sendmsg(fd, m, flags); }, &r)) return r;
+  if (UrgentMayGo(*c, flags) && HeldSend(*c, [&] { return Libc().sendmsg(fd, m, flags); }, &r)) return r;
   return SendIov(fd, *c, m->msg_iov, static_cast<int>(m->msg_iovlen), flags);
 }
 

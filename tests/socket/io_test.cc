@@ -323,6 +323,41 @@ TEST(ErrQueue, ReadingTheErrorQueueNeverTakesStreamBytes) {
             data);
 }
 
+// Urgent data (MSG_OOB) is the kernel's: where the library carries a
+// connection by the ring it fails with EOPNOTSUPP and sends nothing; the
+// byte never lands in the stream as an ordinary one.
+TEST(MsgOob, UrgentByteNeverLandsInTheStream) {
+  Connection c = ConnectedPairInUse(80, 1024);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(SendAll(c.client.get(), "ab"));
+  ssize_t r = send(c.client.get(), "!", 1, MSG_OOB);
+  int err = errno;
+  ASSERT_TRUE(SendAll(c.client.get(), "cd"));
+  if (r < 0) {
+    EXPECT_EQ(err, EOPNOTSUPP) << ErrnoName(err);
+  } else {
+    EXPECT_EQ(r, 1);
+  }
+  EXPECT_EQ(RecvExactly(c.server.get(), 4), "abcd");
+}
+
+// Urgent data sent before the connection is used much: it stays the
+// kernel's (the urgent byte out of band), and the stream that follows,
+// however long, arrives whole.
+TEST(MsgOob, UrgentByteFirstThenAStreamArrivesWhole) {
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  ASSERT_EQ(send(c.client.get(), "!", 1, MSG_OOB), 1) << ErrnoName(errno);
+  const std::string data = StreamBytes(51, 1 << 20);
+  std::thread writer([&] {  // (in 4 KiB writes: a stream the upgrade policy would accelerate)
+    WriteWith(c.client.get(), data,
+              [&](const char* p, size_t n) { return send(c.client.get(), p, std::min<size_t>(n, 4096), 0); });
+  });
+  EXPECT_EQ(ReadWith(c.server.get(), data.size(), [&](char* p, size_t n) { return recv(c.server.get(), p, n, 0); }),
+            data);
+  writer.join();
+}
+
 TEST(MsgPeek, PeekDoesNotConsumeAndReadReturnsTheSameBytes) {
   Connection c = ConnectedPair();
   ASSERT_TRUE(c.ok());
