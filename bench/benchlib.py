@@ -376,6 +376,27 @@ def ratio_text(row, dash="-", nan="nan"):
     return f"{r:.2f} ({rr[0]:.2f}{dash}{rr[1]:.2f})"
 
 
+def rep_values(reps, fn, zero_is_none=False):
+    """fn(R) as a float for each repetition R; None where it has none (fn
+    fails with KeyError or TypeError, NaN, or 0 when zero_is_none)."""
+    vals = []
+    for R in reps:
+        try:
+            x = float(fn(R))
+        except (KeyError, TypeError):
+            x = None
+        vals.append(x if x == x and (x or not zero_is_none) else None)
+    return vals
+
+
+def median_range(vals):
+    """(median, min, max) of the values that are not None; NaNs if none."""
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return float("nan"), float("nan"), float("nan")
+    return statistics.median(vals), min(vals), max(vals)
+
+
 def paired_ratio(kernel, other):
     """The modes alternate per measurement, so repetition i of kernel TCP and
     of vSocket ran next to each other: (median, min, max) of their ratios

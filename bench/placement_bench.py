@@ -25,10 +25,9 @@ run's; older runs are in git history); vSocket/kernel is the median
 import argparse
 import datetime
 import os
-import statistics
 import time
 
-from benchlib import DEFAULT_BIN, ROOT, Bed, machine, paired_ratio, ratio_text, save_results
+from benchlib import DEFAULT_BIN, ROOT, Bed, machine, median_range, paired_ratio, ratio_text, rep_values, save_results
 from same_host_bench import iperf, redis, sockperf
 
 CLIENT_VM, SERVER_VM = "vm1", "vm2"
@@ -77,24 +76,6 @@ ROWS = [
 ]
 
 
-def values(reps, fn):
-    out = []
-    for R in reps:
-        try:
-            x = float(fn(R))
-        except (KeyError, TypeError):
-            x = None
-        out.append(x if x and x == x else None)
-    return out
-
-
-def stats(vals):
-    vals = [v for v in vals if v is not None]
-    if not vals:
-        return float("nan"), float("nan"), float("nan")
-    return statistics.median(vals), min(vals), max(vals)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=DEFAULT_BIN)
@@ -130,8 +111,9 @@ def main():
     results["wall_s"] = round(time.time() - t_start, 1)
     table = []
     for metric, fn, g, op in ROWS:
-        kv, vv, fv = (values(results["reps"][m], fn) for m in ("kernel", "vsocket", "kernel_anywhere"))
-        k, v, f = stats(kv), stats(vv), stats(fv)
+        kv, vv, fv = (rep_values(results["reps"][m], fn, zero_is_none=True)
+                      for m in ("kernel", "vsocket", "kernel_anywhere"))
+        k, v, f = median_range(kv), median_range(vv), median_range(fv)
         r = paired_ratio(kv, vv)
         rf = paired_ratio(fv, vv)
         goal_text = f"{op} {g:g}" if g is not None else ""

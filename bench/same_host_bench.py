@@ -39,12 +39,11 @@ import os
 import re
 import shutil
 import subprocess
-import statistics
 import tempfile
 import time
 
-from benchlib import (DEFAULT_BIN, ROOT, Bed, cpu_ticks, find_bin, machine, paired_ratio, parse_iperf, parse_sockperf,
-                      plot_histogram, ratio_text, save_results)
+from benchlib import (DEFAULT_BIN, ROOT, Bed, cpu_ticks, find_bin, machine, median_range, paired_ratio, parse_iperf,
+                      parse_sockperf, plot_histogram, ratio_text, rep_values, save_results)
 
 CLIENT_VM, SERVER_VM = "vm1", "vm2"
 
@@ -433,31 +432,17 @@ def main():
     rr_metrics = ("RTT", "redis", "connect", "nginx", "PostgreSQL")
 
     def values(mode, fn):
-        """One value per repetition (None where it has none)."""
-        vals = []
-        for R in results["reps"][mode]:
-            try:
-                x = float(fn(R))
-            except (KeyError, TypeError):
-                x = None
-            vals.append(x if x == x else None)
-        return vals
-
-    def stats(vals):
-        vals = [v for v in vals if v is not None]
-        if not vals:
-            return float("nan"), float("nan"), float("nan")
-        return statistics.median(vals), min(vals), max(vals)
+        return rep_values(results["reps"][mode], fn)
 
     table = []
     for metric, fn, g, op in rows:
         kv = values("kernel", fn)
-        k = stats(kv)
+        k = median_range(kv)
         for mode, suffix in (("vsocket", ""), ("always", ", --upgrade always")):
             if mode == "always" and not metric.startswith(rr_metrics):
                 continue
             vv = values(mode, fn)
-            v = stats(vv)
+            v = median_range(vv)
             r = paired_ratio(kv, vv)
             goal_text = f"{op} {g:g}" if g is not None and mode == "vsocket" else ""
             met = None

@@ -24,7 +24,7 @@ namespace vsocket::guest {
 namespace {
 
 static_assert(POLLIN == EPOLLIN && POLLOUT == EPOLLOUT && POLLERR == EPOLLERR && POLLHUP == EPOLLHUP &&
-              POLLRDHUP == EPOLLRDHUP);
+              POLLRDHUP == EPOLLRDHUP && POLLPRI == EPOLLPRI);
 
 int RemainingMs(int64_t deadline_ns) {
   if (deadline_ns < 0) return -1;
@@ -461,28 +461,15 @@ int FindPendingInterest(const EpSet& set, PendingInterest* out, int limit) {
 // What the kernel's wait would report now for the pending entries, by one
 // poll() of their sockets (no sleep); the count reported into ev.
 int ReadyNow(const PendingInterest* p, int n, epoll_event* ev) {
+  // (poll's bits are epoll's: the static_assert above.)
   pollfd pf[kMaxPendingInterest];
-  for (int i = 0; i < n; ++i) {
-    short want = 0;
-    if (p[i].events & EPOLLIN) want |= POLLIN;
-    if (p[i].events & EPOLLOUT) want |= POLLOUT;
-    if (p[i].events & EPOLLPRI) want |= POLLPRI;
-    if (p[i].events & EPOLLRDHUP) want |= POLLRDHUP;
-    pf[i] = pollfd{p[i].fd, want, 0};
-  }
+  for (int i = 0; i < n; ++i) pf[i] = pollfd{p[i].fd, static_cast<short>(p[i].events & kAskable), 0};
   if (Libc().poll(pf, static_cast<nfds_t>(n), 0) <= 0) return 0;
   int k = 0;
   for (int i = 0; i < n; ++i) {
-    short r = pf[i].revents;
+    auto r = static_cast<uint16_t>(pf[i].revents);
     if (r == 0 || (r & POLLNVAL)) continue;  // (POLLNVAL: closed meanwhile, gone from the set)
-    uint32_t got = 0;
-    if (r & POLLIN) got |= EPOLLIN;
-    if (r & POLLOUT) got |= EPOLLOUT;
-    if (r & POLLPRI) got |= EPOLLPRI;
-    if (r & POLLRDHUP) got |= EPOLLRDHUP;
-    if (r & POLLERR) got |= EPOLLERR;
-    if (r & POLLHUP) got |= EPOLLHUP;
-    ev[k].events = got & (p[i].events | EPOLLERR | EPOLLHUP);
+    ev[k].events = r & kPollable & (p[i].events | EPOLLERR | EPOLLHUP);
     ev[k].data = p[i].data;
     ++k;
   }

@@ -568,10 +568,14 @@ ssize_t readv(int fd, const iovec* iov, int n) {
 // flag (its EOPNOTSUPP) is the kernel's answer, no byte moved.
 constexpr int kSocketRwf = RWF_HIPRI | RWF_DSYNC | RWF_SYNC | RWF_NOWAIT | RWF_APPEND;
 
+// Whether a preadv2/pwritev2 call is the kernel's to answer alone.
+bool KernelAnswersV2(off_t offset, int n, int flags) {
+  return offset != -1 || n < 0 || n > IOV_MAX || (flags & ~kSocketRwf);
+}
+
 ssize_t preadv2(int fd, const iovec* iov, int n, off_t offset, int flags) {
   auto c = Ours(fd);
-  if (!c || offset != -1 || n < 0 || n > IOV_MAX || (flags & ~kSocketRwf))
-    return Libc().preadv2(fd, iov, n, offset, flags);
+  if (!c || KernelAnswersV2(offset, n, flags)) return Libc().preadv2(fd, iov, n, offset, flags);
   const int msg = (flags & RWF_NOWAIT) ? MSG_DONTWAIT : 0;
   ssize_t r;
   if (HeldRecv(*c, msg, [&] { return Libc().preadv2(fd, iov, n, offset, flags); }, &r)) return r;
@@ -580,8 +584,7 @@ ssize_t preadv2(int fd, const iovec* iov, int n, off_t offset, int flags) {
 
 ssize_t pwritev2(int fd, const iovec* iov, int n, off_t offset, int flags) {
   auto c = Ours(fd);
-  if (!c || offset != -1 || n < 0 || n > IOV_MAX || (flags & ~kSocketRwf))
-    return Libc().pwritev2(fd, iov, n, offset, flags);
+  if (!c || KernelAnswersV2(offset, n, flags)) return Libc().pwritev2(fd, iov, n, offset, flags);
   ssize_t r;
   if (HeldSend(*c, [&] { return Libc().pwritev2(fd, iov, n, offset, flags); }, &r)) return r;
   return SendIov(fd, *c, iov, n, (flags & RWF_NOWAIT) ? MSG_DONTWAIT : 0);

@@ -251,6 +251,13 @@ case_redis
 # one poll (decision 75): at most 0.5 per request, the data byte-exact, the
 # connections on kernel TCP with reason request-response. The counts come
 # from strace, the same run without the library giving the kernel's.
+# strace_count FILE CALL: how many CALLs `strace -c -o FILE` counted (0 if
+# it counted none: strace prints no line for them; empty without FILE).
+strace_count() {
+  [ -s "$1" ] || return 0
+  awk -v call="$2" '$NF == call {n = $4} END {print n + 0}' "$1"
+}
+
 case_epoll_churn() {
   local name=epoll_churn_redis port=7082 rep=$WORK/epoll_churn.jsonl n=3000
   VSOCKET_UPGRADE=auto vm_bg vm2 preload "$rep" "$WORK/$name.srv" \
@@ -268,9 +275,8 @@ case_epoll_churn() {
     redis-benchmark -h "$A2" -p $port -t get -n $n -c 1 -q >/dev/null 2>&1 || ok=0
   kill "$srv" 2>/dev/null
   wait "$srv" 2>/dev/null
-  k=$(awk '$NF == "epoll_ctl" {print $4}' "$WORK/$name.kernel")
-  v=$(awk '$NF == "epoll_ctl" {print $4}' "$WORK/$name.vsocket")
-  [ -s "$WORK/$name.vsocket" ] && v=${v:-0}  # (no line: no call)
+  k=$(strace_count "$WORK/$name.kernel" epoll_ctl)
+  v=$(strace_count "$WORK/$name.vsocket" epoll_ctl)
   if [ $ok -ne 1 ] || [ -z "$k" ] || [ -z "$v" ]; then
     fail $name "redis-cli/redis-benchmark/strace failed or the 64 KiB value did not come back byte-exact (kernel '$k', vsocket '$v')"
     return
@@ -463,11 +469,10 @@ case_epoll_churn_wrk() {
   sleep 0.5
   kill "$srv" 2>/dev/null
   wait "$srv" 2>/dev/null
-  k=$(awk '$NF == "epoll_ctl" {print $4}' "$WORK/$name.kernel")
-  v=$(awk '$NF == "epoll_ctl" {print $4}' "$WORK/$name.vsocket")
+  k=$(strace_count "$WORK/$name.kernel" epoll_ctl)
+  v=$(strace_count "$WORK/$name.vsocket" epoll_ctl)
   nk=$(awk '/requests in/ {print $1}' "$WORK/$name.kwrk")
   nv=$(awk '/requests in/ {print $1}' "$WORK/$name.vwrk")
-  [ -s "$WORK/$name.vsocket" ] && v=${v:-0}  # (no line: no call)
   if [ $ok -ne 1 ] || [ -z "$k" ] || [ -z "$v" ] || [ -z "$nk" ] || [ -z "$nv" ] || [ "$nv" -lt 100 ]; then
     fail $name "curl/wrk/strace failed or a body was not byte-exact (kernel '$k' for '$nk' requests, vsocket '$v' for '$nv')"
     return

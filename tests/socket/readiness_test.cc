@@ -780,25 +780,41 @@ TEST(EpollChurn, DeleteThenAddAgainReportsOnlyTheNewRegistration) {
   ExpectOnly(ep.get(), EPOLLIN, 4);
 }
 
+// An event loop's 200 requests on c's client end, registered in ep:
+// ask_write() asks for writing, the wait reports only EPOLLOUT with
+// out_cookie, the request goes out, ask_read() asks for reading, the server
+// answers, the wait reports only EPOLLIN with in_cookie; every byte checked.
+template <typename AskWrite, typename AskRead>
+void RequestLoop(const Connection& c, int ep, AskWrite ask_write, uint64_t out_cookie, AskRead ask_read,
+                 uint64_t in_cookie) {
+  const int fd = c.client.get();
+  for (int i = 0; i < 200; ++i) {
+    SCOPED_TRACE(i);
+    const std::string req = "request " + std::to_string(i) + "\n", reply = "+" + std::to_string(i * 7) + "\n";
+    ASSERT_NO_FATAL_FAILURE(ask_write());
+    ASSERT_NO_FATAL_FAILURE(ExpectOnly(ep, EPOLLOUT, out_cookie));
+    ASSERT_TRUE(SendAll(fd, req));
+    ASSERT_NO_FATAL_FAILURE(ask_read());
+    ASSERT_EQ(RecvExactly(c.server.get(), req.size()), req);
+    ASSERT_TRUE(SendAll(c.server.get(), reply));
+    ASSERT_NO_FATAL_FAILURE(ExpectOnly(ep, EPOLLIN, in_cookie));
+    ASSERT_EQ(RecvExactly(fd, reply.size()), reply);
+  }
+}
+
 TEST(EpollChurn, ManyRequestsOfDeleteAndAddMoveEveryByte) {
   Connection c = ConnectedPair();
   ASSERT_TRUE(c.ok());
   const int fd = c.client.get();
   Fd ep = EpollFd();
   Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLIN, 9);
-  for (int i = 0; i < 200; ++i) {
-    SCOPED_TRACE(i);
-    const std::string req = "request " + std::to_string(i) + "\n", reply = "+" + std::to_string(i) + "\n";
-    Ctl(ep.get(), EPOLL_CTL_MOD, fd, EPOLLIN, 9);
-    ASSERT_NO_FATAL_FAILURE(Readd(ep.get(), fd, EPOLLOUT, 10));
-    ASSERT_NO_FATAL_FAILURE(ExpectOnly(ep.get(), EPOLLOUT, 10));
-    ASSERT_TRUE(SendAll(fd, req));
-    ASSERT_NO_FATAL_FAILURE(Readd(ep.get(), fd, EPOLLIN, 9));
-    ASSERT_EQ(RecvExactly(c.server.get(), req.size()), req);
-    ASSERT_TRUE(SendAll(c.server.get(), reply));
-    ASSERT_NO_FATAL_FAILURE(ExpectOnly(ep.get(), EPOLLIN, 9));
-    ASSERT_EQ(RecvExactly(fd, reply.size()), reply);
-  }
+  RequestLoop(
+      c, ep.get(),
+      [&] {
+        Ctl(ep.get(), EPOLL_CTL_MOD, fd, EPOLLIN, 9);
+        Readd(ep.get(), fd, EPOLLOUT, 10);
+      },
+      10, [&] { Readd(ep.get(), fd, EPOLLIN, 9); }, 9);
 }
 
 // Another thread already asleep in epoll_wait on the set must see a change
@@ -916,18 +932,9 @@ TEST(EpollChurn, WritableAskedForPerRequestReportsWritableThenTheAnswer) {
   const int fd = c.client.get();
   Fd ep = EpollFd();
   Ctl(ep.get(), EPOLL_CTL_ADD, fd, EPOLLIN, 9);
-  for (int i = 0; i < 200; ++i) {
-    SCOPED_TRACE(i);
-    const std::string req = "GET /" + std::to_string(i) + "\n", reply = "200 " + std::to_string(i * 7) + "\n";
-    Ctl(ep.get(), EPOLL_CTL_MOD, fd, EPOLLIN | EPOLLOUT, 9);
-    ASSERT_NO_FATAL_FAILURE(ExpectOnly(ep.get(), EPOLLOUT, 9));
-    ASSERT_TRUE(SendAll(fd, req));
-    Ctl(ep.get(), EPOLL_CTL_MOD, fd, EPOLLIN, 9);
-    ASSERT_EQ(RecvExactly(c.server.get(), req.size()), req);
-    ASSERT_TRUE(SendAll(c.server.get(), reply));
-    ASSERT_NO_FATAL_FAILURE(ExpectOnly(ep.get(), EPOLLIN, 9));
-    ASSERT_EQ(RecvExactly(fd, reply.size()), reply);
-  }
+  RequestLoop(
+      c, ep.get(), [&] { Ctl(ep.get(), EPOLL_CTL_MOD, fd, EPOLLIN | EPOLLOUT, 9); }, 9,
+      [&] { Ctl(ep.get(), EPOLL_CTL_MOD, fd, EPOLLIN, 9); }, 9);
 }
 
 // Readable and writable at once, and the peer's FIN: the wait reports what
