@@ -69,7 +69,7 @@ int SleepWith(Session* s, int efd, std::vector<pollfd>& kfds, int64_t deadline, 
     kfds.push_back({efd, POLLIN, 0});
     kfds.push_back({s->event_fd(), POLLIN, 0});
     kfds.push_back({s->request_fd(), POLLIN, 0});
-    kfds.push_back({s->backend_fd(), POLLIN, 0});  // hangs up if the backend dies
+    kfds.push_back({s->liveness_fd(), POLLIN, 0});  // hangs up if the backend dies
     int ms = RemainingMs(deadline);
     timespec ts{ms / 1000, (ms % 1000) * 1000000L};
     r = Libc().ppoll(kfds.data(), kfds.size(), ms < 0 ? nullptr : &ts, sigmask);
@@ -555,13 +555,13 @@ void HookSession(int epfd, const EpSet& set, Session* s) {
   Libc().epoll_ctl(epfd, EPOLL_CTL_ADD, s->event_fd(), &ev);
   ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
   ev.data.u64 = kBackendMarker;
-  Libc().epoll_ctl(epfd, EPOLL_CTL_ADD, s->backend_fd(), &ev);
+  Libc().epoll_ctl(epfd, EPOLL_CTL_ADD, s->liveness_fd(), &ev);
 }
 
 void UnhookSession(int epfd, const EpSet& set, Session* s) {
   s->RemoveWaiter(set.wake_efd);
   Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, s->event_fd(), nullptr);
-  Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, s->backend_fd(), nullptr);
+  Libc().epoll_ctl(epfd, EPOLL_CTL_DEL, s->liveness_fd(), nullptr);
 }
 
 // Requires set.mu. Moves an upgraded connection out of the kernel set and

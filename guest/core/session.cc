@@ -1,8 +1,6 @@
 #include "guest/core/session.h"
 
-#include <grp.h>
 #include <poll.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,9 +23,6 @@ using proto::MsgType;
 
 namespace {
 
-constexpr size_t kRequestQueue = 0;
-constexpr size_t kEventQueue = 1;
-constexpr uint16_t kQueueSize = 256;
 constexpr uint32_t kSlotBytes = 128;  // largest request: REGISTER_CONN, 88 bytes
 constexpr uint32_t kEventBufBytes = 4096;
 constexpr size_t kEventBufs = 64;
@@ -54,33 +49,6 @@ Session* Session::Existing() {
   Session* s = __atomic_load_n(&g_session, __ATOMIC_ACQUIRE);
   return s != nullptr && s->alive() ? s : nullptr;
 }
-
-namespace {
-
-// Why this process may not connect to the socket at `path`, and what would
-// let it: the socket's owner, group and mode against our uid and groups.
-std::string PermissionHint(const std::string& path) {
-  struct stat st{};
-  std::string out = "no permission to connect to vsocketd at " + path;
-  if (stat(path.c_str(), &st) != 0) return out;
-  struct group g{};
-  struct group* found = nullptr;
-  std::vector<char> buf(4096);
-  if (getgrgid_r(st.st_gid, &g, buf.data(), buf.size(), &found) != 0) found = nullptr;
-  std::string gname = found != nullptr ? found->gr_name : std::to_string(st.st_gid);
-  char line[256];
-  snprintf(line, sizeof(line), " (owner uid %u, group %s, mode %04o; this process: uid %u, gid %u)",
-           static_cast<unsigned>(st.st_uid), gname.c_str(), static_cast<unsigned>(st.st_mode & 07777),
-           static_cast<unsigned>(geteuid()), static_cast<unsigned>(getegid()));
-  out += line;
-  if (st.st_mode & S_IWGRP)
-    out += ": add this user to group " + gname;
-  else
-    out += ": ask the operator to set `group = GROUP` for this VM in vsocketd.conf (docs/operator-guide.md)";
-  return out;
-}
-
-}  // namespace
 
 Session* Session::Get(proto::Reason* why) {
   if (Session* s = Existing()) return s;
@@ -109,7 +77,7 @@ Session* Session::Get(proto::Reason* why) {
   if (!st.ok()) {
     static std::atomic<bool> told{false};
     if (st.code() == Code::kPermissionDenied && !told.exchange(true))
-      VS_LOG(kWarn, "%s: connections stay on kernel TCP", PermissionHint(cfg.socket_path).c_str());
+      VS_LOG(kWarn, "%s: connections stay on kernel TCP", st.message().c_str());
     else
       VS_LOG(kInfo, "backend unavailable (%s): connections stay on kernel TCP", st.ToString().c_str());
     // Never handed out: nothing else refers to it. Its region and fds go
@@ -124,7 +92,7 @@ Session* Session::Get(proto::Reason* why) {
   // Polling or not, and registering at once or once streaming, are decided
   // per backend: a restarted vsocketd may run on other CPUs.
   bool auto_upgrade = cfg.upgrade == UpgradePolicy::kAuto;
-  CpuShare share = cfg.poll_auto || auto_upgrade ? BackendCpuShare(fresh->fe_->socket_fd()) : CpuShare{};
+  CpuShare share = cfg.poll_auto || auto_upgrade ? fresh->transport_->BackendCpus() : CpuShare{};
   g_sleep_at_once.store(cfg.poll_auto && share.sleep_at_once, std::memory_order_relaxed);
   g_streams_only.store(auto_upgrade && share.sleep_at_once, std::memory_order_relaxed);
   VS_LOG(kDebug, "session up in %.1f ms", (MonotonicNs() - now) / 1e6);
@@ -150,48 +118,38 @@ void Session::ForgetAfterFork() {
   // The child shares the parent's rings and vhost-user socket; using them
   // would corrupt the parent's session. Leak the object (its memory is the
   // parent's rings too), close our copies of its fds, start over lazily.
-  if (g_session != nullptr && g_session->fe_) g_session->fe_->CloseFdsAfterFork();
+  if (g_session != nullptr && g_session->transport_) g_session->transport_->CloseFdsAfterFork();
   g_session = nullptr;
   g_last_attempt_ns.store(0, std::memory_order_relaxed);
   new (&g_init_mu) std::mutex();
 }
 
 Status Session::Open() {
-  const GuestConfig& cfg = Config();
-  vhost::FrontendOptions o;
-  o.socket_path = cfg.socket_path;
-  o.num_queues = 2;
-  o.queue_size = kQueueSize;
-  o.region_bytes = cfg.region_bytes;
-  o.timeout_ms = 2000;
-  // A backend that is not there (stopped, restarting: no socket, or nobody
-  // listening) is not waited for: the application's call that asked goes on
-  // on kernel TCP now, and a later call tries again (50 ms, backing off to
-  // 1 s). Waiting here stalled the application's I/O 2 s per attempt.
-  o.connect_wait_ms = 0;
-  auto fe = vhost::VhostUserFrontend::Create(o);
-  if (!fe.ok()) return fe.status();
-  fe_ = std::move(fe).value();
-  for (uint32_t i = 0; i < kQueueSize / 2; ++i) {
-    uint8_t* m = fe_->allocator().Allocate(2 * kSlotBytes);
+  auto t = OpenTransport();
+  if (!t.ok()) return t.status();
+  transport_ = std::move(t).value();
+  vhost::RegionAllocator& mem = transport_->allocator();
+  const uint32_t slots = transport_->queue(QueueId::kRequests).size() / 2;  // two descriptors a request
+  for (uint32_t i = 0; i < slots; ++i) {
+    uint8_t* m = mem.Allocate(2 * kSlotBytes);
     if (!m) return Status(Code::kResourceExhausted, "region too small");
     slots_.push_back(Slot{m, m + kSlotBytes});
-    free_slots_.push_back(kQueueSize / 2 - 1 - i);
+    free_slots_.push_back(slots - 1 - i);
   }
   for (size_t i = 0; i < kEventBufs; ++i) {
-    uint8_t* m = fe_->allocator().Allocate(kEventBufBytes);
+    uint8_t* m = mem.Allocate(kEventBufBytes);
     if (!m) return Status(Code::kResourceExhausted, "region too small");
     event_bufs_.push_back(m);
   }
-  VS_RETURN_IF_ERROR(fe_->Connect());
   std::lock_guard<std::mutex> lock(mu_);
+  vhost::VirtqueueDriver& eq = transport_->queue(QueueId::kEvents);
   for (size_t i = 0; i < kEventBufs; ++i) {
     vhost::VirtqueueDriver::Buf in{Gpa(event_bufs_[i]), kEventBufBytes};
-    if (!fe_->queue(kEventQueue).Add({}, {&in, 1}, i).ok()) return Status(Code::kInternal, "cannot post event buffers");
+    if (!eq.Add({}, {&in, 1}, i).ok()) return Status(Code::kInternal, "cannot post event buffers");
   }
-  if (fe_->queue(kEventQueue).Publish()) fe_->Kick(kEventQueue);
-  fe_->queue(kEventQueue).DisableInterrupts();
-  fe_->queue(kRequestQueue).DisableInterrupts();
+  if (eq.Publish()) transport_->Kick(QueueId::kEvents);
+  eq.DisableInterrupts();
+  transport_->queue(QueueId::kRequests).DisableInterrupts();
   owner_pid_ = getpid();
   alive_.store(true, std::memory_order_release);
   return Status::Ok();
@@ -218,28 +176,29 @@ Status Session::Negotiate() {
   naps_ = (ack->features & hello.features & proto::kFeatureNaps) != 0;
   // Process mode: registrations name sockets this process proves it holds
   // (a port without a proof socket does not ask for it).
-  Status proof = fe_->OpenProofChannel();
+  Status proof = transport_->OpenProofs();
   if (!proof.ok() && proof.code() != Code::kNotFound)
     VS_LOG(kWarn, "socket proof channel: %s (registrations will be refused: spoofed-address)",
            proof.ToString().c_str());
   return Status::Ok();
 }
 
-Status Session::ProveSocket(int fd) { return fe_->proves_sockets() ? fe_->ProveSocket(fd) : Status::Ok(); }
+Status Session::ProveSocket(int fd) {
+  return transport_->proves_sockets() ? transport_->ProveSocket(fd) : Status::Ok();
+}
 
-int Session::event_fd() const { return fe_->call_fd(kEventQueue); }
-int Session::backend_fd() const { return fe_->socket_fd(); }
+int Session::event_fd() const { return transport_->wake_fd(QueueId::kEvents); }
+int Session::liveness_fd() const { return transport_->liveness_fd(); }
 
 bool Session::CheckBackend() {
-  // The backend never writes to this socket unasked: readable means gone.
-  if (alive() && !fe_->BackendGone()) return true;
+  if (alive() && !transport_->BackendGone()) return true;
   // (Under mu_: a BackendLost under way in another thread finishes first,
   // so the caller sees its connections moved on.)
   std::lock_guard<std::mutex> lock(mu_);
   BackendLost();
   return false;
 }
-int Session::request_fd() const { return fe_->call_fd(kRequestQueue); }
+int Session::request_fd() const { return transport_->wake_fd(QueueId::kRequests); }
 
 Status Session::SubmitLocked(const Message& m, bool want_response, uint32_t* slot_out) {
   if (!alive()) return Status(Code::kUnavailable, "backend session lost");
@@ -251,7 +210,7 @@ Status Session::SubmitLocked(const Message& m, bool want_response, uint32_t* slo
   vhost::VirtqueueDriver::Buf out{Gpa(slot.req), static_cast<uint32_t>(*n)};
   vhost::VirtqueueDriver::Buf in{Gpa(slot.resp), kSlotBytes};
   auto head =
-      fe_->queue(kRequestQueue)
+      transport_->queue(QueueId::kRequests)
           .Add({&out, 1}, want_response ? std::span(&in, 1) : std::span<const vhost::VirtqueueDriver::Buf>(), s);
   if (!head.ok()) return head.status();
   free_slots_.pop_back();
@@ -259,8 +218,8 @@ Status Session::SubmitLocked(const Message& m, bool want_response, uint32_t* slo
   slot.submitted_ns = MonotonicNs();
   slot.want_response = want_response;
   slot.done = false;
-  if (fe_->queue(kRequestQueue).Publish()) {
-    fe_->Kick(kRequestQueue);
+  if (transport_->queue(QueueId::kRequests).Publish()) {
+    transport_->Kick(QueueId::kRequests);
   } else {
     NoteProduced();  // (a napping backend sees it at its next pass, or our kick)
   }
@@ -271,7 +230,7 @@ Status Session::SubmitLocked(const Message& m, bool want_response, uint32_t* slo
 void Session::KickOwed() {
   if (!owe_kick_.exchange(false, std::memory_order_acq_rel)) return;
   consumed_since_kick_.store(0, std::memory_order_relaxed);
-  fe_->Kick(kRequestQueue);
+  transport_->Kick(QueueId::kRequests);
 }
 
 Status Session::Post(const Message& msg) {
@@ -344,7 +303,7 @@ Status Session::Call(const Message& request, Message* response, int timeout_ms) 
 
 void Session::AwaitEvent(int timeout_ms) {
   if (!PrepareSleep()) return;
-  pollfd p[3] = {{request_fd(), POLLIN, 0}, {event_fd(), POLLIN, 0}, {fe_->socket_fd(), POLLIN, 0}};
+  pollfd p[3] = {{request_fd(), POLLIN, 0}, {event_fd(), POLLIN, 0}, {liveness_fd(), POLLIN, 0}};
   Libc().poll(p, 3, timeout_ms);
   DoneSleeping();
   if (p[2].revents) {
@@ -376,7 +335,7 @@ void Session::Answered(int64_t submitted_ns) {
 bool Session::DrainLocked() {
   if (!alive()) return false;
   bool changed = false;
-  vhost::VirtqueueDriver& rq = fe_->queue(kRequestQueue);
+  vhost::VirtqueueDriver& rq = transport_->queue(QueueId::kRequests);
   while (auto u = rq.PopUsed()) {
     Slot& s = slots_[u->cookie];
     Answered(s.submitted_ns);
@@ -388,7 +347,7 @@ bool Session::DrainLocked() {
       free_slots_.push_back(static_cast<uint32_t>(u->cookie));
     }
   }
-  vhost::VirtqueueDriver& eq = fe_->queue(kEventQueue);
+  vhost::VirtqueueDriver& eq = transport_->queue(QueueId::kEvents);
   bool reposted = false;
   while (auto u = eq.PopUsed()) {
     const uint8_t* buf = event_bufs_[u->cookie];
@@ -408,7 +367,7 @@ bool Session::DrainLocked() {
     (void)eq.Add({}, {&in, 1}, u->cookie);
     reposted = true;
   }
-  if (reposted && eq.Publish()) fe_->Kick(kEventQueue);
+  if (reposted && eq.Publish()) transport_->Kick(QueueId::kEvents);
   if (rq.broken() || eq.broken()) {
     VS_LOG(kError, "backend broke the virtqueue protocol: %s%s", rq.broken_reason(), eq.broken_reason());
     BackendLost();
@@ -452,8 +411,8 @@ void Session::Dispatch(const Message& m) {
       it->second.released = true;  // the UNREGISTER answer is still on its way
       return;
     }
-    fe_->allocator().Free(it->second.tx);
-    fe_->allocator().Free(it->second.rx);
+    transport_->allocator().Free(it->second.tx);
+    transport_->allocator().Free(it->second.rx);
     closing_.erase(it);
     --held_;
     return;
@@ -607,8 +566,8 @@ bool Session::PrepareSleep() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!alive()) return false;
   ++sleepers_;
-  bool pending = fe_->queue(kEventQueue).EnableInterrupts();
-  pending |= fe_->queue(kRequestQueue).EnableInterrupts();
+  bool pending = transport_->queue(QueueId::kEvents).EnableInterrupts();
+  pending |= transport_->queue(QueueId::kRequests).EnableInterrupts();
   if (pending) {
     --sleepers_;
     DrainLocked();
@@ -620,8 +579,8 @@ bool Session::PrepareSleep() {
 void Session::DoneSleeping() {
   std::lock_guard<std::mutex> lock(mu_);
   if (--sleepers_ == 0 && alive()) {
-    fe_->queue(kEventQueue).DisableInterrupts();
-    fe_->queue(kRequestQueue).DisableInterrupts();
+    transport_->queue(QueueId::kEvents).DisableInterrupts();
+    transport_->queue(QueueId::kRequests).DisableInterrupts();
   }
   uint64_t v;
   bool called = Libc().read(event_fd(), &v, sizeof(v)) > 0;
@@ -635,13 +594,13 @@ Status Session::AllocRings(Conn& c, uint32_t ring_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   // With the doorbell, its block follows the TX ring (proto/control.h).
   uint32_t extra = doorbell_ ? proto::kDoorbellBytes : 0;
-  uint8_t* tx = fe_->allocator().Allocate(ring_bytes + extra, 64);
-  uint8_t* rx = tx ? fe_->allocator().Allocate(ring_bytes, 64) : nullptr;
+  uint8_t* tx = transport_->allocator().Allocate(ring_bytes + extra, 64);
+  uint8_t* rx = tx ? transport_->allocator().Allocate(ring_bytes, 64) : nullptr;
   if (rx == nullptr) {
-    fe_->allocator().Free(tx);
+    transport_->allocator().Free(tx);
     char why[160];
     snprintf(why, sizeof(why), "shared region full: %zu of %zu bytes in use, %zu connections tracked, %zu closing (%zu held)",
-             fe_->allocator().bytes_in_use(), fe_->region().size(), conns_.size(), closing_.size(), held_);
+             transport_->allocator().bytes_in_use(), transport_->memory_bytes(), conns_.size(), closing_.size(), held_);
     return Status(Code::kResourceExhausted, why);
   }
   c.tx = tx;
@@ -659,8 +618,8 @@ Status Session::AllocRings(Conn& c, uint32_t ring_bytes) {
 
 void Session::FreeRings(Conn& c) {
   std::lock_guard<std::mutex> lock(mu_);
-  fe_->allocator().Free(c.tx);
-  fe_->allocator().Free(c.rx);
+  transport_->allocator().Free(c.tx);
+  transport_->allocator().Free(c.rx);
   c.tx = c.rx = nullptr;
   c.db = nullptr;
 }
@@ -693,8 +652,8 @@ Status Session::Unregister(Conn& c) {
     VS_LOG(kDebug, "conn %lu: rings held until the backend's sends and peer writes are done",
            static_cast<unsigned long>(c.id));
   } else {
-    fe_->allocator().Free(c.tx);
-    fe_->allocator().Free(c.rx);
+    transport_->allocator().Free(c.tx);
+    transport_->allocator().Free(c.rx);
     closing_.erase(it);
   }
   c.tx = c.rx = nullptr;
@@ -741,7 +700,7 @@ void Session::BackendLost() {
   // A queue the backend broke: it may still be running (a bug, or a
   // hostile peer of ours), so nothing here proves where bytes are: reset
   // what was upgraded, as the ring protocol's violation demands.
-  bool broken = fe_->queue(kRequestQueue).broken() || fe_->queue(kEventQueue).broken();
+  bool broken = transport_->queue(QueueId::kRequests).broken() || transport_->queue(QueueId::kEvents).broken();
   // What the backend published before it went is in our memory still: a
   // FENCE there says where the peer's kernel bytes end, an RX_TAIL how many
   // landed, a CREDIT how many the peer consumed. Take them all before

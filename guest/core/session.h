@@ -1,5 +1,6 @@
-// The process's session with vsocketd: a vhost-user device (our frontend)
-// with a request queue and an event queue, shared by every thread.
+// The process's session with vsocketd: a request queue and an event queue on
+// a device the transport provides (transport.h: in process mode our own
+// vhost-user frontend), shared by every thread.
 //
 // Requests with responses (REGISTER_CONN, UNREGISTER) use Call(); the
 // counters of the data path (FENCE, TX_TAIL, CONSUMED, SHUTDOWN) are posted
@@ -16,7 +17,7 @@
 #include "base/status.h"
 #include "guest/core/conn.h"
 #include "proto/control.h"
-#include "vhost/user/frontend.h"
+#include "guest/core/transport.h"
 
 namespace vsocket::guest {
 
@@ -45,7 +46,8 @@ class Session {
   // Closed connections whose rings are not free yet: their UNREGISTER is
   // on its way, or the backend holds them until RINGS_RELEASED.
   size_t returning_rings() const;
-  uint64_t Gpa(const void* p) const { return reinterpret_cast<uint64_t>(p); }
+  // The address the backend knows p (in the session's ring memory) by.
+  uint64_t Gpa(const void* p) const { return transport_->Gpa(p); }
 
   void Track(const std::shared_ptr<Conn>& c);
   void Untrack(uint64_t conn_id);
@@ -83,13 +85,13 @@ class Session {
   // connections stay on kernel TCP at once, rather than each waiting out its
   // own registration, and a close does not wait for an answer.
   bool answering() const { return unanswered_since_ns_.load(std::memory_order_acquire) == 0; }
-  // Notices a backend that went away (its vhost-user socket hung up: a
-  // crash, kill -9, a restart) and then does what losing it means
-  // (BackendLost). One poll of the socket; true while the backend is there.
+  // Notices a backend that went away (the transport says so: a crash,
+  // kill -9, a restart) and then does what losing it means
+  // (BackendLost). One look at the transport; true while the backend is there.
   bool CheckBackend();
-  // The vhost-user socket: every sleeper watches it, so that a backend that
-  // goes away wakes it (then CheckBackend()).
-  int backend_fd() const;
+  // The transport's liveness fd: every sleeper watches it, so that a backend
+  // that goes away wakes it (then CheckBackend()).
+  int liveness_fd() const;
   // Blocked calls sleep at once: the current backend runs on every one of
   // this process's few CPUs (cpu_share.h; VSOCKET_POLL_AUTO=0: never).
   static bool SleepAtOnce();
@@ -154,7 +156,7 @@ class Session {
   };
 
   mutable std::mutex mu_;
-  std::unique_ptr<vhost::VhostUserFrontend> fe_;
+  std::unique_ptr<Transport> transport_;
   std::vector<Slot> slots_;
   std::vector<uint32_t> free_slots_;
   std::vector<uint8_t*> event_bufs_;

@@ -120,7 +120,7 @@ Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events =
     pollfd p[5] = {{efd, POLLIN, 0},
                    {s->event_fd(), POLLIN, 0},
                    {s->request_fd(), POLLIN, 0},
-                   {s->backend_fd(), POLLIN, 0},
+                   {s->liveness_fd(), POLLIN, 0},
                    {kernel_fd, kernel_events, 0}};
     slept_from = MonotonicNs();
     int r = Libc().poll(p, kernel_fd >= 0 ? 5 : 4, timeout_ms);

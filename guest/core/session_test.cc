@@ -1,0 +1,130 @@
+// The session's protocol logic over the fake transport: negotiation, event
+// dispatch and what losing the backend means, with vsocketd's side played
+// by the test.
+#include "guest/core/session.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include "guest/core/fake_transport.h"
+
+namespace vsocket::guest {
+namespace {
+
+using proto::Message;
+using proto::MsgType;
+using testing::FakeTransport;
+
+FakeTransport* g_fake = nullptr;
+uint64_t g_ack_features = 0;
+
+Result<std::unique_ptr<Transport>> MakeFake() {
+  auto t = std::make_unique<FakeTransport>();
+  g_fake = t.get();
+  g_fake->set_responder([](const Message& m) -> std::optional<Message> {
+    switch (m.type) {
+      case MsgType::kHello: {
+        proto::HelloAck ack;
+        ack.features = g_ack_features;
+        return Message{MsgType::kHelloAck, 0, ack};
+      }
+      case MsgType::kUnregister:
+        return Message{MsgType::kRegisterAck, 0, proto::RegisterAck{}};
+      default: return std::nullopt;
+    }
+  });
+  return std::unique_ptr<Transport>(std::move(t));
+}
+
+class SessionTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    setenv("VSOCKET_SOCKET", "/nonexistent/vsocket-fake.sock", 1);
+    setenv("VSOCKET_POLL_US", "0", 1);
+    SetTransportFactory(&MakeFake);
+  }
+  void TearDown() override {
+    // A fresh session for the next test (the old one is left behind, as in
+    // a fork child).
+    Session::ForgetAfterFork();
+    g_fake = nullptr;
+  }
+  Session* Up(uint64_t features) {
+    g_ack_features = features;
+    proto::Reason why{};
+    Session* s = Session::Get(&why);
+    EXPECT_NE(s, nullptr) << proto::ToString(why);
+    return s;
+  }
+};
+
+TEST_F(SessionTest, HelloOffersFeaturesAndTakesOnlyWhatTheBackendGranted) {
+  Session* s = Up(proto::kFeatureNaps | proto::kFeatureBulkHint);
+  ASSERT_NE(s, nullptr);
+  ASSERT_FALSE(g_fake->requests().empty());
+  const Message& hello = g_fake->requests().front();
+  ASSERT_EQ(hello.type, MsgType::kHello);
+  EXPECT_NE(std::get<proto::Hello>(hello.body).features & proto::kFeatureNaps, 0u);
+  EXPECT_TRUE(s->naps());
+  EXPECT_TRUE(s->bulk_hint());
+  EXPECT_FALSE(s->doorbell());
+  EXPECT_FALSE(s->ring_hold());
+}
+
+TEST_F(SessionTest, EventsReachTheTrackedConnectionOnly) {
+  Session* s = Up(0);
+  ASSERT_NE(s, nullptr);
+  auto c = std::make_shared<Conn>();
+  c->id = 7;
+  ASSERT_TRUE(c->state.Apply(ConnEvent::kRegistered));
+  s->Track(c);
+  ASSERT_TRUE(g_fake->PostEvent({MsgType::kUpgrade, 0, proto::Upgrade{7, 65536, 16}}));
+  ASSERT_TRUE(g_fake->PostEvent({MsgType::kRxTail, 0, proto::ConnCounter{7, 1000}}));
+  ASSERT_TRUE(g_fake->PostEvent({MsgType::kRxTail, 0, proto::ConnCounter{8, 5000}}));  // not ours
+  EXPECT_TRUE(s->Drain());
+  EXPECT_EQ(c->state.phase(), Phase::kUpgraded);
+  EXPECT_EQ(c->rx_tail.load(), 1000u);
+  // A counter never goes back.
+  ASSERT_TRUE(g_fake->PostEvent({MsgType::kRxTail, 0, proto::ConnCounter{7, 10}}));
+  s->Drain();
+  EXPECT_EQ(c->rx_tail.load(), 1000u);
+  s->Untrack(7);
+}
+
+TEST_F(SessionTest, ALostBackendMovesEveryConnectionOn) {
+  Session* s = Up(0);
+  ASSERT_NE(s, nullptr);
+  auto pending = std::make_shared<Conn>();
+  pending->id = 1;
+  ASSERT_TRUE(pending->state.Apply(ConnEvent::kRegistered));
+  auto upgraded = std::make_shared<Conn>();
+  upgraded->id = 2;
+  ASSERT_TRUE(upgraded->state.Apply(ConnEvent::kRegistered));
+  ASSERT_TRUE(upgraded->state.Apply(ConnEvent::kUpgrade));
+  s->Track(pending);
+  s->Track(upgraded);
+  // Published before it died: 300 bytes landed in the upgraded one's ring.
+  ASSERT_TRUE(g_fake->PostEvent({MsgType::kRxTail, 0, proto::ConnCounter{2, 300}}));
+  g_fake->KillBackend();
+  EXPECT_FALSE(s->CheckBackend());
+  EXPECT_FALSE(s->alive());
+  EXPECT_EQ(upgraded->state.phase(), Phase::kResyncing);
+  EXPECT_EQ(upgraded->resync_landed.load(), 300u);
+  EXPECT_TRUE(upgraded->lost_backend.load());
+  EXPECT_NE(pending->state.phase(), Phase::kUpgraded);
+  EXPECT_EQ(Session::Existing(), nullptr);
+}
+
+TEST_F(SessionTest, AWedgedBackendTimesOutAndIsNotAnswering) {
+  Session* s = Up(0);
+  ASSERT_NE(s, nullptr);
+  EXPECT_TRUE(s->answering());
+  g_fake->set_wedged(true);
+  Message resp;
+  Status st = s->Call({MsgType::kUnregister, 0, proto::Unregister{9}}, &resp, 20);
+  EXPECT_EQ(st.code(), Code::kDeadlineExceeded);
+  EXPECT_FALSE(s->answering());
+}
+
+}  // namespace
+}  // namespace vsocket::guest
