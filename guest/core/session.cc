@@ -12,6 +12,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "guest/core/config.h"
+#include "guest/core/conn_events.h"
 #include "guest/core/cpu_share.h"
 #include "guest/core/writer.h"
 #include "guest/sys/libc.h"
@@ -381,28 +382,6 @@ bool Session::DrainLocked() {
   return changed;
 }
 
-namespace {
-
-// Under the session lock: the backend asked c to leave the rings, or its
-// peer did (docs/connection-lifecycle.md §9). The socket layer's handler
-// gives the background writer the TX side, for an application that does not
-// call us.
-void StartDrain(const std::shared_ptr<Conn>& c, proto::Reason why) {
-  if (c->state.phase() != Phase::kUpgraded || c->state.draining()) return;
-  c->drain_reason.store(why, std::memory_order_relaxed);
-  if (c->state.Apply(ConnEvent::kDrain))
-    if (Session::LinkLostHandler h = g_link_lost.load(std::memory_order_acquire)) h(c);
-}
-
-// The link or the backend went while a drain was under way: `landed` is
-// final, and the RESYNC rules apply in full (Conn::RingFinal).
-void BreakDrain(Conn& c, uint64_t landed) {
-  c.resync_landed.store(landed, std::memory_order_relaxed);
-  c.drain_broken.store(true, std::memory_order_release);
-}
-
-}  // namespace
-
 void Session::Dispatch(const Message& m) {
   if (m.type == MsgType::kRingsReleased) {
     auto it = closing_.find(std::get<proto::ConnCounter>(m.body).conn_id);
@@ -417,129 +396,9 @@ void Session::Dispatch(const Message& m) {
     --held_;
     return;
   }
-  uint64_t conn_id = 0;
-  if (auto* c = std::get_if<proto::ConnCounter>(&m.body)) conn_id = c->conn_id;
-  else if (auto* u = std::get_if<proto::Upgrade>(&m.body)) conn_id = u->conn_id;
-  else if (auto* s = std::get_if<proto::Shutdown>(&m.body)) conn_id = s->conn_id;
-  else if (auto* d = std::get_if<proto::Downgrade>(&m.body)) conn_id = d->conn_id;
-  else if (auto* e = std::get_if<proto::Error>(&m.body)) conn_id = e->conn_id;
-  auto it = conns_.find(conn_id);
+  auto it = conns_.find(EventConnId(m));
   if (it == conns_.end()) return;  // closed meanwhile
-  Conn& c = *it->second;
-  switch (m.type) {
-    case MsgType::kUpgrade:
-      c.state.Apply(ConnEvent::kUpgrade);  // (refused unless pending)
-      break;
-    case MsgType::kFence:
-      c.peer_fence.store(std::get<proto::ConnCounter>(m.body).bytes, std::memory_order_relaxed);
-      c.peer_fence_known.store(true, std::memory_order_release);
-      break;
-    case MsgType::kRxTail: {
-      uint64_t v = std::get<proto::ConnCounter>(m.body).bytes;
-      if (v > c.rx_tail.load(std::memory_order_relaxed)) {
-        c.rx_event_ns.store(MonotonicNs(), std::memory_order_relaxed);
-        c.rx_tail.store(v, std::memory_order_release);
-      }
-      break;
-    }
-    case MsgType::kFenceDelivered:
-      c.fence_delivered.store(true, std::memory_order_release);  // (may come before our SwitchTx)
-      break;
-    case MsgType::kCredit: {
-      uint64_t v = std::get<proto::ConnCounter>(m.body).bytes;
-      if (v > c.credit.load(std::memory_order_relaxed)) {
-        c.credit.store(v, std::memory_order_release);
-        // A closed connection lingers until its peer consumed everything
-        // (close.cc Linger): its end is the writer's, now.
-        if (c.state.lingered() && v >= c.tx_tail.load(std::memory_order_relaxed)) WakeWriter();
-        // A drain's TX moves once the peer consumed its ring stream.
-        if (c.tx_ring_ended.load(std::memory_order_relaxed) && v >= c.tx_ring_end.load(std::memory_order_relaxed))
-          WakeWriter();
-      }
-      break;
-    }
-    case MsgType::kShutdown: {
-      proto::ShutdownHow how = std::get<proto::Shutdown>(m.body).how;
-      if (how == proto::ShutdownHow::kRingEnd) {
-        // The peer left the rings (a drain): every byte of its ring stream
-        // is in our RX ring (the backend says so only after the last one),
-        // the rest follows on the kernel socket. Stored before the flag
-        // (its release publishes it). If we were not asked, we follow.
-        if (!c.state.upgraded() || c.peer_ring_end.load()) break;
-        c.resync_landed.store(c.rx_tail.load(std::memory_order_relaxed), std::memory_order_relaxed);
-        c.rx_event_ns.store(MonotonicNs(), std::memory_order_relaxed);
-        c.peer_ring_end.store(true, std::memory_order_release);
-        VS_LOG(kDebug, "conn %lu: the peer left the rings at %lu", static_cast<unsigned long>(conn_id),
-               static_cast<unsigned long>(c.rx_tail.load()));
-        StartDrain(it->second, proto::Reason::kPeerDowngraded);
-        WakeWriter();
-        break;
-      }
-      // (The peer's close after it left the rings: its kernel socket says it.)
-      if (how == proto::ShutdownHow::kRead && c.peer_ring_end.load(std::memory_order_acquire)) break;
-      VS_LOG(kDebug, "conn %lu: peer shut down %s", static_cast<unsigned long>(conn_id),
-             how == proto::ShutdownHow::kWrite ? "writing" : "reading");
-      if (how == proto::ShutdownHow::kWrite) {
-        c.rx_event_ns.store(MonotonicNs(), std::memory_order_relaxed);
-        c.peer_shut_wr.store(true, std::memory_order_release);
-      } else c.peer_gone.store(true, std::memory_order_release);
-      break;
-    }
-    case MsgType::kDowngrade: {
-      const auto& d = std::get<proto::Downgrade>(m.body);
-      auto reason = d.reason;
-      if (d.flags & proto::kDowngradeDrain) {
-        // Not a loss: leave the rings with clean fences (resync.cc
-        // DrainTxLocked; the background writer finishes it if the
-        // application does not call us).
-        StartDrain(it->second, reason);
-        break;
-      }
-      // fabric-down: the link is gone, the kernel connection is not.
-      // peer-not-accelerated: the peer withdrew before it ever upgraded
-      // (it closed while our CONFIRM was still on the way), so its whole
-      // stream is on the kernel socket. Either way: finish on the kernel
-      // connection without losing a byte (resync.cc, RESYNC).
-      bool resync = reason == proto::Reason::kFabricDown || reason == proto::Reason::kPeerNotAccelerated;
-      if (resync && c.state.draining() && c.state.resynced()) {
-        // A drain whose TX had moved already: the RX finishes by the RESYNC
-        // rules (unless the peer's ring stream had ended: then nothing is
-        // missing).
-        if (!c.peer_ring_end.load() && !c.drain_broken.load()) {
-          if (d.bytes_received != c.rx_tail.load()) c.state.Apply(ConnEvent::kFail, reason);
-          else BreakDrain(c, d.bytes_received);
-        }
-      } else if (c.state.upgraded() && resync && !c.state.resynced()) {
-        // Every RX_TAIL came before this event, so the landed count can
-        // only confirm ours.
-        if (d.bytes_received != c.rx_tail.load() || (!c.peer_fence_known.load() && d.bytes_received != 0)) {
-          c.state.Apply(ConnEvent::kFail, reason);
-        } else {
-          // Stored before the phase changes (its release publishes them).
-          c.resync_landed.store(d.bytes_received, std::memory_order_relaxed);
-          if (c.state.draining()) c.drain_broken.store(true, std::memory_order_relaxed);
-          c.resync_fence_acked.store(d.flags & proto::kDowngradeFenceAcked, std::memory_order_relaxed);
-          if (c.state.Apply(ConnEvent::kLinkLost, reason))
-            if (LinkLostHandler h = g_link_lost.load(std::memory_order_acquire)) h(it->second);
-        }
-      } else {
-        // Pending: the peer is not coming (kernel TCP for good; the
-        // registration is ended at the next call or close: EndWithdrawn);
-        // upgraded: the peer aborted, or a protocol error (reset).
-        bool pending = c.state.phase() == Phase::kPending;
-        if (c.state.Apply(ConnEvent::kPeerWithdrew, reason) && pending && c.state.phase() == Phase::kKernel)
-          c.unregister_owed.store(true, std::memory_order_release);
-      }
-      break;
-    }
-    case MsgType::kError:
-      // (vsocketd sends ERROR only as a response today.) Upgraded: reset;
-      // before that the kernel stream is still exact.
-      c.state.Apply(c.state.upgraded() ? ConnEvent::kFail : ConnEvent::kPeerWithdrew, proto::Reason::kProtocolError);
-      break;
-    default: break;
-  }
-  c.gen.fetch_add(1, std::memory_order_acq_rel);
+  DispatchConnEvent(it->second, m, g_link_lost.load(std::memory_order_acquire));
 }
 
 void Session::NotifyWaitersLocked() {
@@ -711,24 +570,13 @@ void Session::BackendLost() {
                 : "lost the backend session: connections finish on kernel TCP (RESYNC) and register again later");
   LinkLostHandler handler = g_link_lost.load(std::memory_order_acquire);
   for (auto& [id, c] : conns_) {
-    Phase before = c->state.phase();
-    if (broken) {
-      c->state.Apply(c->state.upgraded() ? ConnEvent::kFail : ConnEvent::kKernelForGood, proto::Reason::kProtocolError);
-      c->gen.fetch_add(1);
-      continue;
-    }
-    if (c->state.draining() && !c->peer_ring_end.load() && !c->drain_broken.load())
-      BreakDrain(*c, c->rx_tail.load(std::memory_order_acquire));  // a drain under way
-    if (before == Phase::kUpgraded || before == Phase::kLingering) {
-      c->resync_landed.store(c->rx_tail.load(std::memory_order_acquire), std::memory_order_relaxed);
-      c->resync_fence_acked.store(
-          c->fence_delivered.load(std::memory_order_acquire) || c->credit.load(std::memory_order_acquire) > 0,
-          std::memory_order_relaxed);
-    }
-    c->lost_backend.store(true, std::memory_order_relaxed);
-    if (c->state.Apply(ConnEvent::kBackendLost, proto::Reason::kBackendUnavailable) &&
-        c->state.phase() == Phase::kResyncing && before != Phase::kResyncing && handler != nullptr)
-      handler(c);
+    // Our RX tail is what landed; the peer has our FENCE if the backend said
+    // so (FENCE_DELIVERED) or it consumed any byte of our ring.
+    uint64_t landed = c->rx_tail.load(std::memory_order_acquire);
+    bool fence_acked =
+        c->fence_delivered.load(std::memory_order_acquire) || c->credit.load(std::memory_order_acquire) > 0;
+    ApplyLoss(c, broken ? LossKind::kBackendBroken : LossKind::kBackendGone, landed, fence_acked,
+              broken ? proto::Reason::kProtocolError : proto::Reason::kBackendUnavailable, handler);
     c->gen.fetch_add(1);
   }
   // Last: whoever sees the session dead sees its connections moved on.

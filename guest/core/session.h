@@ -16,6 +16,7 @@
 
 #include "base/status.h"
 #include "guest/core/conn.h"
+#include "guest/core/loss.h"
 #include "proto/control.h"
 #include "guest/core/transport.h"
 
@@ -104,7 +105,7 @@ class Session {
   // accelerated path was lost (its state just went resyncing): the socket
   // layer hands its resend to the background writer (resync.cc). Set once
   // at start-up; the session itself knows nothing of sockets.
-  using LinkLostHandler = void (*)(const std::shared_ptr<Conn>& c);
+  using LinkLostHandler = guest::LinkLostHandler;
   static void SetLinkLostHandler(LinkLostHandler h);
 
   // The backend polls connections' doorbell blocks (kFeatureDoorbell).

@@ -1,0 +1,155 @@
+#include "guest/core/conn_events.h"
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "guest/core/writer.h"
+
+namespace vsocket::guest {
+
+using proto::Message;
+using proto::MsgType;
+
+namespace {
+
+struct EventCtx {
+  const std::shared_ptr<Conn>& conn;
+  const Message& m;
+  LinkLostHandler on_resync;
+};
+
+uint64_t Count(const Message& m) { return std::get<proto::ConnCounter>(m.body).bytes; }
+
+// The backend asked the connection to leave the rings, or its peer did
+// (docs/connection-lifecycle.md §9). The socket layer's handler gives the
+// background writer the TX side, for an application that does not call us.
+void StartDrain(const EventCtx& e, proto::Reason why) {
+  Conn& c = *e.conn;
+  if (c.state.phase() != Phase::kUpgraded || c.state.draining()) return;
+  c.drain_reason.store(why, std::memory_order_relaxed);
+  if (c.state.Apply(ConnEvent::kDrain) && e.on_resync != nullptr) e.on_resync(e.conn);
+}
+
+void OnUpgrade(const EventCtx& e) { e.conn->state.Apply(ConnEvent::kUpgrade); }  // (refused unless pending)
+
+void OnFence(const EventCtx& e) {
+  e.conn->peer_fence.store(Count(e.m), std::memory_order_relaxed);
+  e.conn->peer_fence_known.store(true, std::memory_order_release);
+}
+
+void OnRxTail(const EventCtx& e) {
+  Conn& c = *e.conn;
+  uint64_t v = Count(e.m);
+  if (v <= c.rx_tail.load(std::memory_order_relaxed)) return;  // counts never go back
+  c.rx_event_ns.store(MonotonicNs(), std::memory_order_relaxed);
+  c.rx_tail.store(v, std::memory_order_release);
+}
+
+void OnFenceDelivered(const EventCtx& e) {
+  e.conn->fence_delivered.store(true, std::memory_order_release);  // (may come before our SwitchTx)
+}
+
+void OnCredit(const EventCtx& e) {
+  Conn& c = *e.conn;
+  uint64_t v = Count(e.m);
+  if (v <= c.credit.load(std::memory_order_relaxed)) return;
+  c.credit.store(v, std::memory_order_release);
+  // A closed connection lingers until its peer consumed everything
+  // (close.cc Linger): its end is the writer's, now.
+  if (c.state.lingered() && v >= c.tx_tail.load(std::memory_order_relaxed)) WakeWriter();
+  // A drain's TX moves once the peer consumed its ring stream.
+  if (c.tx_ring_ended.load(std::memory_order_relaxed) && v >= c.tx_ring_end.load(std::memory_order_relaxed))
+    WakeWriter();
+}
+
+void OnShutdown(const EventCtx& e) {
+  Conn& c = *e.conn;
+  proto::ShutdownHow how = std::get<proto::Shutdown>(e.m.body).how;
+  if (how == proto::ShutdownHow::kRingEnd) {
+    // The peer left the rings (a drain): every byte of its ring stream is
+    // in our RX ring (the backend says so only after the last one), the
+    // rest follows on the kernel socket. Stored before the flag (its
+    // release publishes it). If we were not asked, we follow.
+    if (!c.state.upgraded() || c.peer_ring_end.load()) return;
+    c.resync_landed.store(c.rx_tail.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    c.rx_event_ns.store(MonotonicNs(), std::memory_order_relaxed);
+    c.peer_ring_end.store(true, std::memory_order_release);
+    VS_LOG(kDebug, "conn %lu: the peer left the rings at %lu", static_cast<unsigned long>(c.id),
+           static_cast<unsigned long>(c.rx_tail.load()));
+    StartDrain(e, proto::Reason::kPeerDowngraded);
+    WakeWriter();
+    return;
+  }
+  // (The peer's close after it left the rings: its kernel socket says it.)
+  if (how == proto::ShutdownHow::kRead && c.peer_ring_end.load(std::memory_order_acquire)) return;
+  VS_LOG(kDebug, "conn %lu: peer shut down %s", static_cast<unsigned long>(c.id),
+         how == proto::ShutdownHow::kWrite ? "writing" : "reading");
+  if (how == proto::ShutdownHow::kWrite) {
+    c.rx_event_ns.store(MonotonicNs(), std::memory_order_relaxed);
+    c.peer_shut_wr.store(true, std::memory_order_release);
+  } else {
+    c.peer_gone.store(true, std::memory_order_release);
+  }
+}
+
+void OnDowngrade(const EventCtx& e) {
+  const auto& d = std::get<proto::Downgrade>(e.m.body);
+  if (d.flags & proto::kDowngradeDrain) {
+    // Not a loss: leave the rings with clean fences (resync.cc
+    // DrainTxLocked; the background writer finishes it if the application
+    // does not call us).
+    StartDrain(e, d.reason);
+    return;
+  }
+  // fabric-down: the link is gone, the kernel connection is not.
+  // peer-not-accelerated: the peer withdrew before it ever upgraded (it
+  // closed while our CONFIRM was still on the way), so its whole stream is
+  // on the kernel socket. Either way: finish on the kernel connection
+  // without losing a byte (resync.cc, RESYNC). Anything else: the peer is
+  // not coming, or aborted.
+  bool link = d.reason == proto::Reason::kFabricDown || d.reason == proto::Reason::kPeerNotAccelerated;
+  ApplyLoss(e.conn, link ? LossKind::kLinkDown : LossKind::kPeerAborted, d.bytes_received,
+            (d.flags & proto::kDowngradeFenceAcked) != 0, d.reason, e.on_resync);
+}
+
+void OnError(const EventCtx& e) {
+  // (vsocketd sends ERROR only as a response today.)
+  ApplyLoss(e.conn, LossKind::kProtocolError, 0, false, proto::Reason::kProtocolError, nullptr);
+}
+
+struct EventSpec {
+  MsgType type;
+  void (*handle)(const EventCtx&);
+};
+
+constexpr EventSpec kEventHandlers[] = {
+    {MsgType::kUpgrade, OnUpgrade},
+    {MsgType::kFence, OnFence},
+    {MsgType::kRxTail, OnRxTail},
+    {MsgType::kFenceDelivered, OnFenceDelivered},
+    {MsgType::kCredit, OnCredit},
+    {MsgType::kShutdown, OnShutdown},
+    {MsgType::kDowngrade, OnDowngrade},
+    {MsgType::kError, OnError},
+};
+
+}  // namespace
+
+uint64_t EventConnId(const Message& m) {
+  if (auto* c = std::get_if<proto::ConnCounter>(&m.body)) return c->conn_id;
+  if (auto* u = std::get_if<proto::Upgrade>(&m.body)) return u->conn_id;
+  if (auto* s = std::get_if<proto::Shutdown>(&m.body)) return s->conn_id;
+  if (auto* d = std::get_if<proto::Downgrade>(&m.body)) return d->conn_id;
+  if (auto* e = std::get_if<proto::Error>(&m.body)) return e->conn_id;
+  return 0;
+}
+
+void DispatchConnEvent(const std::shared_ptr<Conn>& c, const Message& m, LinkLostHandler on_resync) {
+  for (const EventSpec& spec : kEventHandlers) {
+    if (spec.type != m.type) continue;
+    spec.handle(EventCtx{c, m, on_resync});
+    break;
+  }
+  c->gen.fetch_add(1, std::memory_order_acq_rel);
+}
+
+}  // namespace vsocket::guest
