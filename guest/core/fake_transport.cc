@@ -44,7 +44,13 @@ void FakeTransport::ServeRequests() {
   Queue& q = queues_[Index(QueueId::kRequests)];
   vhost::DescChain chain;
   bool any = false;
-  while (q.device.Pop(&chain) == vhost::PopResult::kChain) {
+  // Asks for the next kick before the last look (EnableNotify: true if
+  // requests came meanwhile), as a backend about to sleep does.
+  for (;;) {
+    if (q.device.Pop(&chain) != vhost::PopResult::kChain) {
+      if (q.device.EnableNotify()) continue;
+      break;
+    }
     uint8_t buf[256];
     size_t n = chain.CopyOut({buf, sizeof(buf)});
     auto m = proto::Decode({buf, n});

@@ -109,4 +109,10 @@ Status WaitKernel(int fd, short events, int opt, int64_t* deadline) {
   return Status::Ok();
 }
 
+Session* SessionForWaiters() {
+  if (Session* s = Session::Existing()) return s;
+  proto::Reason why;
+  return Session::Get(&why);
+}
+
 }  // namespace vsocket::guest

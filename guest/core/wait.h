@@ -17,6 +17,25 @@
 
 namespace vsocket::guest {
 
+// Milliseconds left until deadline_ns (-1: none), rounded up; 0 once past.
+inline int RemainingMs(int64_t deadline_ns) {
+  if (deadline_ns < 0) return -1;
+  int64_t left = deadline_ns - MonotonicNs();
+  return left <= 0 ? 0 : static_cast<int>((left + 999999) / 1000000);
+}
+// The deadline of a wait of timeout_ms (-1: none).
+inline int64_t Deadline(int timeout_ms) {
+  return timeout_ms < 0 ? -1 : MonotonicNs() + int64_t{timeout_ms} * 1000000;
+}
+
+// The session a wait on connections not registered yet watches: the
+// process's, opened now if there is none yet (a process's first connection
+// registers at another thread's first I/O while this one sleeps on it: its
+// answer then comes by the ring, and only the session's wake-ups tell).
+// Null where acceleration is off or no backend answers (tried again at most
+// once a second): then no registration can happen under the wait either.
+Session* SessionForWaiters();
+
 // This thread's wake-up eventfd (written whenever the session dispatched
 // events), for poll/epoll emulation.
 int ThreadWaiterFd();
