@@ -1,8 +1,8 @@
-# Shared by the end-to-end suites (same_host.sh, cross_host.sh,
-# tests/rdma/cross_host_guest.sh). The caller sets TB (its test bed script,
-# with `exec VM CMD...` and `down`), LIB (libvsocket.so), WORK (a scratch
-# directory), passed=0, failed=0 and PIDS=(); for the run_* cases also XFER
-# (tests/e2e/xfer) and CHECK (check_report.py).
+# Shared by the end-to-end suites (tests/e2e/run.sh: same_host/,
+# cross_host/; tests/rdma/cross_host_guest.sh). The caller sets TB (its test
+# bed script, with `exec VM CMD...` and `down`), LIB (libvsocket.so), WORK (a
+# scratch directory), passed=0, failed=0 and PIDS=(); for the run_* cases
+# also XFER (tests/e2e/xfer) and CHECK (check_report.py).
 
 # The cases prove the accelerated path, so every connection registers at
 # its first I/O. On a machine of few CPUs vsocketd shares, the default
@@ -94,6 +94,35 @@ NFT
 # Each runs a real application between CLIENT-VM and SERVER-VM (server at
 # ADDR), both preloaded, checks what it must, and returns 0/1 with the
 # summary or the reason in E2E_MSG; it counts nothing itself.
+
+# nginx_conf TAG ADDR PORT WWW [DIRECTIVE...]: $WORK/TAG.conf, nginx serving
+# WWW on ADDR:PORT (2 workers, sendfile), its pid in $WORK/TAG.pid; the
+# directives go into the http block.
+nginx_conf() {
+  local tag=$1 addr=$2 port=$3 www=$4
+  shift 4
+  mkdir -p "$WORK/$tag-tmp"
+  cat >"$WORK/$tag.conf" <<CONF
+daemon off;
+master_process on;
+user root;
+worker_processes 2;
+pid $WORK/$tag.pid;
+error_log $WORK/$tag-error.log warn;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  sendfile on;
+  $*
+  client_body_temp_path $WORK/$tag-tmp;
+  proxy_temp_path $WORK/$tag-tmp;
+  fastcgi_temp_path $WORK/$tag-tmp;
+  uwsgi_temp_path $WORK/$tag-tmp;
+  scgi_temp_path $WORK/$tag-tmp;
+  server { listen $addr:$port; root $www; }
+}
+CONF
+}
 
 # wait_for_text FILE PATTERN TENTHS: until FILE has a line matching PATTERN
 # (grep), at most TENTHS tenths of a second; false if it never came.

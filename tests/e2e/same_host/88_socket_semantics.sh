@@ -1,0 +1,56 @@
+# Socket semantics, black box (tests/socket), with and without the library.
+
+# case_semantics plain|preload|preload_polling|preload_sleeping|
+# preload_default: preload_polling and preload_sleeping force either way of
+# waiting (guest/core/cpu_share.h picks one by the machine's CPUs; both must
+# behave the same); preload_default runs under the default upgrade policy,
+# where request/response connections stay on kernel TCP (held) and epoll
+# changes on them are deferred (decision 61).
+case_semantics() {
+  local tag=$1 how=$1 name=socket_semantics_$1 port
+  port=$(alloc_port)
+  local -a env=()
+  case $tag in
+    preload_polling) how=preload env=(VSOCKET_POLL_AUTO=0) ;;
+    preload_sleeping) how=preload env=(VSOCKET_POLL_US=0 VSOCKET_POLL_MAX_US=0) ;;
+    preload_default) how=preload env=(VSOCKET_UPGRADE=auto) ;;  # what a user gets: held connections
+  esac
+  local bin=$BIN/tests/socket/socket_semantics_test peer=$BIN/tests/socket/socket_peer
+  [ -x "$bin" ] || { fail "$name" "missing $bin"; return; }
+  local kv
+  for kv in "${env[@]}"; do export "$kv"; done
+  vm_bg vm2 "$how" "$WORK/sem-$tag.jsonl" "$WORK/sem-$tag.jsonl.log" "$peer" "$A2" "$port"
+  local srv=$BG
+  wait_for_text "$WORK/sem-$tag.jsonl.log" listening 50
+  VSOCKET_TEST_ADDR=$A1 VSOCKET_TEST_PEER_ADDR=$A2 VSOCKET_TEST_PEER_PORT=$port \
+    vm_run vm1 "$how" "$WORK/sem-$tag.jsonl" "$bin" --gtest_brief=1 >"$WORK/sem-$tag.log" 2>&1
+  local rc=$?
+  for kv in "${env[@]}"; do unset "${kv%%=*}"; done
+  export VSOCKET_UPGRADE=always  # (lib.sh's, unset above for preload_default)
+  kill "$srv" 2>/dev/null
+  wait "$srv" 2>/dev/null
+  local summary
+  summary=$(grep -E "^\[  (PASSED|FAILED)  \]" "$WORK/sem-$tag.log" | tr '\n' ' ')
+  if [ $rc -ne 0 ]; then
+    fail "$name" "$summary $(grep -E '^\[  FAILED  \] [A-Z]' "$WORK/sem-$tag.log" | head -5 | tr '\n' ' ')"
+    return
+  fi
+  if [ "$how" = preload ]; then
+    local out
+    if ! out=$(python3 $CHECK "$WORK/sem-$tag.jsonl" --accel-min 0); then
+      fail "$name" "$out"
+      return
+    fi
+    local accel
+    accel=$(grep -c '"mode":"accelerated"' "$WORK/sem-$tag.jsonl")
+    pass "$name ($summary; $accel connections accelerated)"
+  else
+    pass "$name ($summary)"
+  fi
+}
+
+register_case socket_semantics_plain case_semantics plain
+register_case socket_semantics_preload case_semantics preload
+register_case socket_semantics_preload_polling case_semantics preload_polling
+register_case socket_semantics_preload_sleeping case_semantics preload_sleeping
+register_case socket_semantics_preload_default case_semantics preload_default

@@ -1,0 +1,89 @@
+# vsocketd dies or restarts under load (issue 16): killed (KILL) or stopped
+# (TERM) and started again under byte-checked streams, request/response
+# connections and redis-benchmark. The suite's last cases.
+
+# A bulk stream and request/response connections, both byte-checked, while
+# the daemon is stopped with SIG (KILL: a crash; TERM: what systemd sends)
+# and started again at a random point of the transfer. Every connection must
+# finish byte-exact with no error (RESYNC on kernel TCP: both ends report
+# resynced), no process may hang or spin (bounded by E2E_TIMEOUT), and the
+# request/response connections must register again with the new daemon and
+# end accelerated (report: re-upgraded; the new daemon's counters: bytes
+# moved after the restart).
+case_daemon_restart() {  # case_daemon_restart SIG REP
+  local sig=$1 rep_no=$2 port name=daemon_restart_${1,,}_$2
+  port=$(alloc_port 2)
+  local rep=$WORK/$name.jsonl conns=4 bad
+  # A random kill point once every connection is accelerated, while the
+  # bulk stream (about a second accelerated here) still runs.
+  bulk_and_rounds $name "$rep" "$port" 300 || { fail $name "not every connection was accelerated before the restart"; return; }
+  sleep "0.$((RANDOM % 4))$((RANDOM % 10))"
+  local old new
+  old=$(bash $TB daemon-pid)
+  if ! bash $TB restart "$sig" >"$WORK/$name.restart" 2>&1; then
+    fail $name "restart: $(tail -2 "$WORK/$name.restart" | tr '\n' ' ')"
+    kill $BR_PIDS 2>/dev/null
+    return
+  fi
+  new=$(bash $TB daemon-pid)
+  bulk_and_rounds_wait $name
+  bad=$BR_BAD
+  [ -z "$bad" ] || { fail $name "$bad"; return; }
+  local out out2 after
+  # SIGTERM drains first: clean fences, nothing resent (a crash resyncs).
+  local cause=(--downgrade-cause backend-unavailable)
+  [ "$sig" = TERM ] && cause=(--downgrade-cause operator --no-resend)
+  out=$(python3 $CHECK "$rep" --port "$port" --expect-conns 2 --resynced "${cause[@]}") || bad+="bulk: $out; "
+  out2=$(python3 $CHECK "$rep" --port $((port + 1)) --expect-conns $((2 * conns)) --reupgraded "${cause[@]}") ||
+    bad+="request/response: $out2; "
+  [ -z "$bad" ] || { fail $name "$bad"; return; }
+  after=$(stat_field accel_bytes)
+  [ "$after" -gt 0 ] || { fail $name "the new vsocketd moved no bytes"; return; }
+  pass "$name (vsocketd $old SIG$sig mid-transfer, $new started: 4 GiB bulk byte-exact ($out); $conns request/response connections byte-exact and re-upgraded ($out2); new daemon moved $after B)"
+}
+# redis-benchmark's 20 clients while vsocketd is killed and started again:
+# no request may fail, and a 1 MiB value set before the kill must come back
+# byte-exact after it.
+case_daemon_restart_redis() {  # case_daemon_restart_redis SIG
+  local sig=$1 name=daemon_restart_redis_${1,,} rep=$WORK/restart-redis-$1.jsonl port
+  port=$(alloc_port)
+  vm_bg vm2 preload "$rep" "$WORK/$name.srv" redis-server --bind "$A2" --port $port --save '' \
+    --appendonly no --protected-mode no
+  local srv=$BG
+  wait_for_text "$WORK/$name.srv" "Ready to accept" 50
+  head -c 1048576 /dev/urandom | base64 -w0 >"$WORK/$name.val"
+  vm_run vm1 preload "$rep" redis-cli -h "$A2" -p $port -x set blob <"$WORK/$name.val" >/dev/null 2>&1
+  vm_bg vm1 preload "$rep" "$WORK/$name.bench" redis-benchmark -h "$A2" -p $port -t set,get -n 300000 -c 20 -q
+  local bench=$BG
+  if ! wait_accelerated 20 $port; then
+    fail $name "redis-benchmark's connections were not accelerated before the restart"
+    kill $bench $srv 2>/dev/null
+    return
+  fi
+  sleep "0.$((RANDOM % 5))"
+  bash $TB restart "$sig" >"$WORK/$name.restart" 2>&1 || { fail $name "restart failed"; kill $bench $srv 2>/dev/null; return; }
+  local bench_ok=1 lines
+  wait $bench || bench_ok=0
+  vm_run vm1 preload "$rep" redis-cli -h "$A2" -p $port --raw get blob 2>/dev/null | head -c -1 >"$WORK/$name.got"
+  kill $srv 2>/dev/null
+  wait $srv 2>/dev/null
+  lines=$(tr '\r' '\n' <"$WORK/$name.bench" | grep -E "^(SET|GET): [0-9]" | awk '{print $1 $2}' | tr '\n' ' ')
+  if [ $bench_ok -ne 1 ] || grep -qi "error" "$WORK/$name.bench" || [ "$(echo $lines | wc -w)" -ne 2 ]; then
+    fail $name "redis-benchmark: $(tr '\r' '\n' <"$WORK/$name.bench" | grep -v '^$' | tail -3 | tr '\n' ' ')"
+    return
+  fi
+  cmp -s "$WORK/$name.val" "$WORK/$name.got" || { fail $name "the 1 MiB value did not come back byte-exact"; return; }
+  local out resynced
+  out=$(python3 $CHECK "$rep" --port $port) || { fail $name "$out"; return; }
+  resynced=$(python3 -c "import json,sys; print(sum(1 for l in open(sys.argv[1]) if l.strip() and json.loads(l).get('resynced')))" "$rep")
+  [ "$resynced" -gt 0 ] || { fail $name "no connection was live across the restart"; return; }
+  pass "$name (SIG$sig during redis-benchmark -c 20: no error ($lines); 1 MiB value byte-exact after the restart; $resynced connection ends went through RESYNC; $out)"
+}
+
+register_case daemon_restart_kill_1 case_daemon_restart KILL 1
+register_case daemon_restart_kill_2 case_daemon_restart KILL 2
+register_case daemon_restart_kill_3 case_daemon_restart KILL 3
+register_case daemon_restart_redis_kill case_daemon_restart_redis KILL
+register_case daemon_restart_redis_term case_daemon_restart_redis TERM
+register_case daemon_restart_term_1 case_daemon_restart TERM 1
+register_case daemon_restart_term_2 case_daemon_restart TERM 2

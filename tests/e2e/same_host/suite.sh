@@ -1,0 +1,172 @@
+# The same-host suite (tests/e2e/run.sh same_host): real applications
+# between "VMs" (network namespaces) attached to one vsocketd
+# (deploy/testbed.sh). Every case checks the bytes (xfer's stream checks,
+# iperf3/sockperf success) and, from libvsocket's per-connection report and
+# the daemon's counters, that the data really took the accelerated path (or,
+# for the mixed cases, that it stayed on kernel TCP with the right reason).
+#
+# This file: the bed's setup and teardown, and the helpers that cases of
+# several groups use. The cases: the NN_*.sh files next to it, run in name
+# order (tests/e2e/suite_lib.sh says how).
+
+TB=deploy/testbed.sh
+WORK_PREFIX=vsocket-e2e
+SUITE_VMS=(vm1 vm2 vm3)
+# Guest servers that run as unprivileged users (postgres, redis) reach
+# vm2's socket through its group (`group =`, here VSOCKET_VM_VM2_GROUP): a
+# group of this run's own, removed at the end. vsocketd reads it when it
+# starts, so suite_setup makes it before the bed is up, whatever cases run.
+E2E_GROUP=vsocket-e2e-vm2
+
+suite_prepare() {  # (REQUIRED: libvsocket, xfer, vsocketd)
+  # The bed's vsocketctl (testbed.sh ctl, status) from BIN_DIR too, not from
+  # whatever bazel-bin points at now (a build of another configuration).
+  [ -n "${VSOCKETCTL:-}" ] || [ ! -x "$BIN/host-backend/vsocketctl" ] || export VSOCKETCTL=$BIN/host-backend/vsocketctl
+}
+
+suite_setup() {
+  groupadd -f "$E2E_GROUP" && usermod -aG "$E2E_GROUP" postgres && usermod -aG "$E2E_GROUP" redis ||
+    echo "warning: could not make group $E2E_GROUP (postgres and redis are needed: deploy/install-deps.sh)"
+  export VSOCKET_VM_VM2_GROUP=$E2E_GROUP
+  echo "== test bed up"
+  if ! VSOCKETD=$BIN/host-backend/vsocketd bash $TB up >"$WORK/up.log" 2>&1; then
+    cat "$WORK/up.log"
+    fail testbed "deploy/testbed.sh up failed"
+    return 1
+  fi
+  A1=$(bash $TB addr vm1)
+  A2=$(bash $TB addr vm2)
+  A3=$(bash $TB addr vm3)
+}
+
+suite_finish() { :; }
+
+suite_cleanup() { groupdel "$E2E_GROUP" 2>/dev/null; }
+
+stat_field() {  # stat_field KEY: a number from the daemon's stats JSON
+  python3 - "$(bash $TB status 2>/dev/null | sed -n '/^{/,$p')" "$1" <<'PY'
+import json, sys
+text = sys.argv[1]
+try:
+    d = json.loads(text[text.index("{"):])
+except Exception:
+    print(-1); sys.exit()
+for section in ("conn_counters", "backend", "worker", "service"):
+    if sys.argv[2] in d.get(section, {}):
+        print(d[section][sys.argv[2]]); break
+else:
+    print(-1)
+PY
+}
+
+# plain_echo_server PORT LOG: a kernel-TCP echo server for one connection
+# in vm2 (not preloaded), in the background (PID in BG).
+plain_echo_server() {
+  vm_bg vm2 plain /dev/null "$2" python3 -c '
+import socket, sys
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((sys.argv[1], int(sys.argv[2])))
+ls.listen(1)
+c, _ = ls.accept()
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    c.sendall(b)
+' "$A2" "$1"
+}
+
+# THREADED_ECHO: `python3 -c "$THREADED_ECHO" ADDR PORT N` echoes each of
+# N connections (0: any number, until killed) in a thread of its own.
+THREADED_ECHO='
+import socket, sys, threading
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((sys.argv[1], int(sys.argv[2])))
+ls.listen(64)
+def serve(c):
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        c.sendall(b)
+    c.close()
+n, served = int(sys.argv[3]), 0
+while n == 0 or served < n:
+    c, _ = ls.accept()
+    threading.Thread(target=serve, args=(c,), daemon=n == 0).start()
+    served += 1
+'
+
+# shared_lib: a copy of the library that every user can load (Bazel's
+# output is under root's home), in $WORK/shared; prints its path.
+shared_lib() {
+  local d=$WORK/shared
+  if [ ! -e "$d/libvsocket.so" ]; then
+    mkdir -p "$d" && chmod a+rx "$WORK" "$d" && install -m 0755 "$LIB" "$d/libvsocket.so"
+  fi
+  echo "$d/libvsocket.so"
+}
+
+# strace_count FILE CALL: how many CALLs `strace -c -o FILE` counted (0 if
+# it counted none: strace prints no line for them; empty without FILE).
+strace_count() {
+  [ -s "$1" ] || return 0
+  awk -v call="$2" '$NF == call {n = $4} END {print n + 0}' "$1"
+}
+
+# wait_accelerated N PORT...: until the daemon has N accelerated
+# connections to or from those ports (bounded: 10 s).
+wait_accelerated() {
+  local n=$1 i
+  shift
+  for i in $(seq 100); do
+    [ "$(bash $TB status 2>/dev/null | sed -n '/^{/,$p' | python3 -c "
+import json, sys
+ports = {int(p) for p in sys.argv[1:]}
+try:
+    d = json.loads(sys.stdin.read())
+except Exception:
+    print(0); sys.exit()
+print(sum(1 for c in d.get('connections', []) if c.get('mode') == 'accelerated' and
+          (int(c['local'].rsplit(':', 1)[1]) in ports or int(c['peer'].rsplit(':', 1)[1]) in ports)))" "$@")" -ge "$n" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# bulk_and_rounds NAME REP PORT ROUNDS: in the background, a 4 GiB one-way
+# xfer stream from vm1 to vm2 on PORT and 4 request/response connections
+# (ROUNDS rounds of 10 KiB each way, 20 ms apart) on PORT+1, every byte
+# checked by xfer; their PIDs in BR_PIDS (bulk client, bulk server, rounds
+# client, rounds server). Fails (and stops them) unless all 10 ends are
+# accelerated within 10 s.
+bulk_and_rounds() {
+  local name=$1 rep=$2 port=$3 rounds=$4 bsrv rsrv bcli
+  vm_bg vm2 preload "$rep" "$WORK/$name.bsrv" "$XFER" server "$A2" "$port" --conns 1 --one-way
+  bsrv=$BG
+  vm_bg vm2 preload "$rep" "$WORK/$name.rsrv" "$XFER" server "$A2" $((port + 1)) --conns 4 --rounds "$rounds" --gap-ms 20
+  rsrv=$BG
+  sleep 0.3
+  vm_bg vm1 preload "$rep" "$WORK/$name.bcli" "$XFER" client "$A2" "$port" --conns 1 --bytes 4294967296 --one-way
+  bcli=$BG
+  vm_bg vm1 preload "$rep" "$WORK/$name.rcli" "$XFER" client "$A2" $((port + 1)) --conns 4 --bytes $((rounds * 10240)) \
+    --rounds "$rounds" --gap-ms 20
+  BR_PIDS="$bcli $bsrv $BG $rsrv"  # (the order of bulk_and_rounds_wait's names)
+  wait_accelerated 10 "$port" $((port + 1)) || { kill $BR_PIDS 2>/dev/null; return 1; }
+}
+# bulk_and_rounds_wait NAME: waits for bulk_and_rounds' processes (in this
+# shell: they are its children); BR_BAD says which failed and their last
+# lines (empty if none did).
+bulk_and_rounds_wait() {
+  local name=$1 pid i=0
+  local names=("bulk client" "bulk server" "rounds client" "rounds server")
+  BR_BAD=""
+  for pid in $BR_PIDS; do
+    wait "$pid" || BR_BAD+="${names[$i]} failed; "
+    i=$((i + 1))
+  done
+  [ -z "$BR_BAD" ] ||
+    BR_BAD+=$(tail -1 "$WORK/$name.bcli" "$WORK/$name.bsrv" "$WORK/$name.rcli" "$WORK/$name.rsrv" 2>/dev/null | tr '\n' ' ')
+}
