@@ -159,23 +159,11 @@ struct Conn {
   std::atomic<uint64_t> resent_bytes{0};    // accelerated bytes sent again on kernel TCP (RESYNC)
   std::vector<uint8_t> resend;
   size_t resend_off = 0;
-  // A drain (connection-lifecycle.md §9, state.draining()): why; our ring
-  // stream's end (SHUTDOWN ring end posted, under tx_mu; read by Readiness);
-  // the peer's (every byte of its ring stream is in our RX ring: the rest
-  // follows on the kernel socket, resync_landed says where); and whether
-  // the link or the backend went while it was under way (the RESYNC rules
-  // then apply in full: RingFinal).
+  // A drain (connection-lifecycle.md §9; its steps are the state's:
+  // state.draining(), drain_tx(), drain_rx()): why, and where our ring
+  // stream ended (stored before the tx-ring-end step, under tx_mu).
   std::atomic<proto::Reason> drain_reason{proto::Reason::kOperator};
-  std::atomic<bool> tx_ring_ended{false};
   std::atomic<uint64_t> tx_ring_end{0};
-  std::atomic<bool> peer_ring_end{false};
-  std::atomic<bool> drain_broken{false};
-  // Whether what landed in our RX ring is all of the peer's ring stream
-  // (always, but during a drain before the peer's ring end).
-  bool RingFinal() const {
-    return !state.draining() || peer_ring_end.load(std::memory_order_acquire) ||
-           drain_broken.load(std::memory_order_acquire);
-  }
   // RX (under rx_mu; state.rx_resync() says the step): the header read so
   // far, and the resent bytes still to skip.
   uint8_t rx_hdr[16] = {};

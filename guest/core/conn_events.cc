@@ -57,7 +57,7 @@ void OnCredit(const EventCtx& e) {
   // (close.cc Linger): its end is the writer's, now.
   if (c.state.lingered() && v >= c.tx_tail.load(std::memory_order_relaxed)) WakeWriter();
   // A drain's TX moves once the peer consumed its ring stream.
-  if (c.tx_ring_ended.load(std::memory_order_relaxed) && v >= c.tx_ring_end.load(std::memory_order_relaxed))
+  if (c.state.tx_ring_ended() && v >= c.tx_ring_end.load(std::memory_order_relaxed))
     WakeWriter();
 }
 
@@ -69,10 +69,10 @@ void OnShutdown(const EventCtx& e) {
     // in our RX ring (the backend says so only after the last one), the
     // rest follows on the kernel socket. Stored before the flag (its
     // release publishes it). If we were not asked, we follow.
-    if (!c.state.upgraded() || c.peer_ring_end.load()) return;
+    if (!c.state.upgraded() || c.state.peer_ring_ended()) return;
     c.resync_landed.store(c.rx_tail.load(std::memory_order_relaxed), std::memory_order_relaxed);
     c.rx_event_ns.store(MonotonicNs(), std::memory_order_relaxed);
-    c.peer_ring_end.store(true, std::memory_order_release);
+    if (!c.state.ApplyDrain(DrainEvent::kPeerRingEnd)) return;
     VS_LOG(kDebug, "conn %lu: the peer left the rings at %lu", static_cast<unsigned long>(c.id),
            static_cast<unsigned long>(c.rx_tail.load()));
     StartDrain(e, proto::Reason::kPeerDowngraded);
@@ -80,7 +80,7 @@ void OnShutdown(const EventCtx& e) {
     return;
   }
   // (The peer's close after it left the rings: its kernel socket says it.)
-  if (how == proto::ShutdownHow::kRead && c.peer_ring_end.load(std::memory_order_acquire)) return;
+  if (how == proto::ShutdownHow::kRead && c.state.peer_ring_ended()) return;
   VS_LOG(kDebug, "conn %lu: peer shut down %s", static_cast<unsigned long>(c.id),
          how == proto::ShutdownHow::kWrite ? "writing" : "reading");
   if (how == proto::ShutdownHow::kWrite) {

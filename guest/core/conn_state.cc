@@ -158,6 +158,8 @@ bool ConnState::Apply(ConnEvent e, std::optional<Reason> why) {
       rx_ring_.store(false, std::memory_order_relaxed);
       rx_resync_.store(RxResync::kRing, std::memory_order_relaxed);
       drain_.store(false, std::memory_order_relaxed);
+      drain_tx_.store(DrainTx::kOnRing, std::memory_order_relaxed);
+      drain_rx_.store(DrainRx::kOnRing, std::memory_order_relaxed);
       reason_.store(Reason::kPending, std::memory_order_relaxed);
       break;
     default: break;
@@ -251,6 +253,84 @@ bool ConnState::AdvanceRxResync(RxResync to) {
   }
   rx_resync_.store(to, std::memory_order_release);
   return true;
+}
+
+namespace {
+
+// The drain's steps, per direction: anything else is refused.
+constexpr struct {
+  DrainTx from;
+  DrainEvent event;
+  DrainTx to;
+} kDrainTxTransitions[] = {
+    {DrainTx::kOnRing, DrainEvent::kTxRingEnd, DrainTx::kRingEnded},
+};
+constexpr struct {
+  DrainRx from;
+  DrainEvent event;
+  DrainRx to;
+} kDrainRxTransitions[] = {
+    {DrainRx::kOnRing, DrainEvent::kPeerRingEnd, DrainRx::kPeerEnded},
+    {DrainRx::kOnRing, DrainEvent::kBreak, DrainRx::kBroken},
+};
+
+}  // namespace
+
+const char* ToString(DrainTx s) {
+  switch (s) {
+    case DrainTx::kOnRing: return "tx-on-ring";
+    case DrainTx::kRingEnded: return "tx-ring-ended";
+  }
+  return "?";
+}
+
+const char* ToString(DrainRx s) {
+  switch (s) {
+    case DrainRx::kOnRing: return "rx-on-ring";
+    case DrainRx::kPeerEnded: return "peer-ring-ended";
+    case DrainRx::kBroken: return "broken";
+  }
+  return "?";
+}
+
+const char* ToString(DrainEvent e) {
+  switch (e) {
+    case DrainEvent::kTxRingEnd: return "tx-ring-end";
+    case DrainEvent::kPeerRingEnd: return "peer-ring-end";
+    case DrainEvent::kBreak: return "break";
+  }
+  return "?";
+}
+
+std::optional<DrainTx> ConnState::NextTx(DrainTx from, DrainEvent e) {
+  for (const auto& t : kDrainTxTransitions)
+    if (t.from == from && t.event == e) return t.to;
+  return std::nullopt;
+}
+
+std::optional<DrainRx> ConnState::NextRx(DrainRx from, DrainEvent e) {
+  for (const auto& t : kDrainRxTransitions)
+    if (t.from == from && t.event == e) return t.to;
+  return std::nullopt;
+}
+
+bool ConnState::ApplyDrain(DrainEvent e) {
+  bool allowed = e == DrainEvent::kPeerRingEnd ? upgraded() : draining();
+  bool done = false;
+  if (allowed && e == DrainEvent::kTxRingEnd) {
+    DrainTx from = drain_tx_.load(std::memory_order_relaxed);
+    std::optional<DrainTx> to = NextTx(from, e);
+    done = to && drain_tx_.compare_exchange_strong(from, *to, std::memory_order_acq_rel);
+  } else if (allowed) {
+    DrainRx from = drain_rx_.load(std::memory_order_relaxed);
+    std::optional<DrainRx> to = NextRx(from, e);
+    done = to && drain_rx_.compare_exchange_strong(from, *to, std::memory_order_acq_rel);
+  }
+  if (!done) {
+    g_refused.fetch_add(1, std::memory_order_relaxed);
+    VS_LOG(kDebug, "drain step %s refused", ToString(e));
+  }
+  return done;
 }
 
 uint64_t ConnState::refused_total() { return g_refused.load(std::memory_order_relaxed); }

@@ -66,6 +66,24 @@ const char* ToString(ConnEvent e);
 enum class RxResync : uint8_t { kRing, kHeader, kSkip, kKernel };
 const char* ToString(RxResync r);
 
+// A drain's own steps (connection-lifecycle.md §9), one sub-machine per
+// direction, each step taken once per registration: TX ends our ring stream
+// (SHUTDOWN ring end posted; the phase's kDrained follows once the peer
+// consumed it); RX learns that the peer's ring stream ended (everything of
+// it landed in our RX ring), or that the link or vsocketd went first
+// (broken: the RESYNC rules apply in full). Table kDrainTransitions in
+// conn_state.cc; the diagram in §9 is generated from it.
+enum class DrainTx : uint8_t { kOnRing, kRingEnded };
+enum class DrainRx : uint8_t { kOnRing, kPeerEnded, kBroken };
+enum class DrainEvent : uint8_t {
+  kTxRingEnd,    // under tx_mu, while draining: our SHUTDOWN(ring end) posted
+  kPeerRingEnd,  // the peer's SHUTDOWN(ring end), after the upgrade
+  kBreak,        // the link or the backend went while draining
+};
+const char* ToString(DrainTx s);
+const char* ToString(DrainRx s);
+const char* ToString(DrainEvent e);
+
 // The mode a report shows (docs/tenant-guide.md): "kernel", "kernel-pending"
 // or "accelerated" ("unprobed" is never reported).
 enum class Mode : uint8_t { kUnprobed, kKernel, kPending, kAccel };
@@ -120,6 +138,22 @@ class ConnState {
   // ends its ring stream and goes on on kernel TCP (connection-lifecycle.md
   // §9). The RX steps (AdvanceRxResync) may start before the phase changes.
   bool draining() const { return drain_.load(std::memory_order_acquire); }
+  // The drain's steps (DrainTx, DrainRx above). Apply refuses a step the
+  // table does not allow from the direction's current state, a TX ring end
+  // or a break while not draining, and a peer ring end before the upgrade.
+  // Release: what the caller stored for the step (the ring end's count, the
+  // landed bytes) is seen by whoever sees the step.
+  bool ApplyDrain(DrainEvent e);
+  static std::optional<DrainTx> NextTx(DrainTx from, DrainEvent e);
+  static std::optional<DrainRx> NextRx(DrainRx from, DrainEvent e);
+  DrainTx drain_tx() const { return drain_tx_.load(std::memory_order_acquire); }
+  DrainRx drain_rx() const { return drain_rx_.load(std::memory_order_acquire); }
+  bool tx_ring_ended() const { return drain_tx() == DrainTx::kRingEnded; }
+  bool peer_ring_ended() const { return drain_rx() == DrainRx::kPeerEnded; }
+  bool drain_broken() const { return drain_rx() == DrainRx::kBroken; }
+  // Whether what landed in our RX ring is all of the peer's ring stream
+  // (always, but during a drain before the peer's ring end or a break).
+  bool ring_final() const { return !draining() || drain_rx() != DrainRx::kOnRing; }
 
   // Directions. Each switches once per registration and only after the
   // upgrade (false: refused).
@@ -153,6 +187,8 @@ class ConnState {
   std::atomic<bool> tx_ring_{false};
   std::atomic<bool> rx_ring_{false};
   std::atomic<RxResync> rx_resync_{RxResync::kRing};
+  std::atomic<DrainTx> drain_tx_{DrainTx::kOnRing};
+  std::atomic<DrainRx> drain_rx_{DrainRx::kOnRing};
 };
 
 }  // namespace vsocket::guest

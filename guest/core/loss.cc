@@ -19,8 +19,8 @@ LossFacts LossFacts::Of(const Conn& c, uint64_t landed) {
   f.upgraded = c.state.upgraded();
   f.resynced = c.state.resynced();
   f.draining = c.state.draining();
-  f.peer_ring_end = c.peer_ring_end.load(std::memory_order_acquire);
-  f.drain_broken = c.drain_broken.load(std::memory_order_acquire);
+  f.peer_ring_end = c.state.peer_ring_ended();
+  f.drain_broken = c.state.drain_broken();
   f.landed_matches = landed == c.rx_tail.load(std::memory_order_acquire);
   f.fence_known = c.peer_fence_known.load(std::memory_order_acquire);
   f.any_landed = landed != 0;
@@ -65,7 +65,7 @@ LossOutcome DecideLoss(LossKind kind, const LossFacts& f) {
         }
         o.event = ConnEvent::kLinkLost;
         o.record_landed = true;
-        o.break_drain = f.draining;
+        o.break_drain = DrainOpen(f);
         return o;
       }
       return Withdrawn(f);
@@ -96,7 +96,7 @@ LossOutcome ApplyLoss(const std::shared_ptr<Conn>& cp, LossKind kind, uint64_t l
   // Stored before the phase changes (its release publishes them).
   if (o.break_drain || o.record_landed) c.resync_landed.store(landed, std::memory_order_relaxed);
   if (o.record_landed) c.resync_fence_acked.store(fence_acked, std::memory_order_relaxed);
-  if (o.break_drain) c.drain_broken.store(true, std::memory_order_release);
+  if (o.break_drain) c.state.ApplyDrain(DrainEvent::kBreak);
   if (o.mark_lost_backend) c.lost_backend.store(true, std::memory_order_relaxed);
   if (!o.event) return o;
   Phase before = c.state.phase();

@@ -51,7 +51,7 @@ struct LossFacts {
 struct LossOutcome {
   std::optional<ConnEvent> event;  // applied to the state (refused by its table: nothing)
   // A drain under way: the landed count is final, the RESYNC rules apply in
-  // full (Conn::RingFinal).
+  // full (ConnState::ring_final).
   bool break_drain = false;
   // Record the landed count and whether the peer has our FENCE, for the
   // RESYNC (resync.cc).

@@ -11,7 +11,7 @@ namespace vsocket::guest {
 // read (or it never wrote one).
 bool RxLeftRing(const Conn& c) {
   if (c.state.rx_resync() != RxResync::kRing) return true;
-  if (!c.peer_ring_end.load(std::memory_order_acquire)) return false;
+  if (!c.state.peer_ring_ended()) return false;
   return !c.peer_fence_known.load() || c.rx_head.load() == c.resync_landed.load();
 }
 
@@ -54,7 +54,7 @@ int Readiness(int fd, Conn& c) {
   }
   if (shut) r |= POLLRDHUP;
   uint64_t used = c.tx_tail.load() - c.credit.load();
-  if (c.tx_ring_ended.load(std::memory_order_acquire)) {
+  if (c.state.tx_ring_ended()) {
     // Our ring stream ended (a drain): writable once the peer consumed it
     // (the next send moves to kernel TCP).
     if (c.credit.load() >= c.tx_ring_end.load()) r |= POLLOUT;

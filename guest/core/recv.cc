@@ -84,7 +84,7 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       // kernel bytes and the ring come first (kRing, below), then the peer's
       // RESYNC header, then kernel TCP.
       RxResync ph = c.state.rx_resync();
-      if (ph == RxResync::kRing && !c.peer_fence_known.load(std::memory_order_acquire) && c.RingFinal()) {
+      if (ph == RxResync::kRing && !c.peer_fence_known.load(std::memory_order_acquire) && c.state.ring_final()) {
         // The peer never switched (or will reset): all its bytes are on the
         // kernel stream, no header comes.
         c.state.AdvanceRxResync(RxResync::kKernel);
@@ -124,7 +124,7 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
         if (c.state.mode() != before || c.peer_fence_known.load(std::memory_order_acquire) || c.state.resynced() ||
             c.state.reset())
           continue;
-        if (c.peer_ring_end.load(std::memory_order_acquire) && c.state.AdvanceRxResync(RxResync::kKernel)) {
+        if (c.state.peer_ring_ended() && c.state.AdvanceRxResync(RxResync::kKernel)) {
           // The peer left the rings without ever writing into them (a
           // drain): its whole stream is on the kernel socket, no header.
           continue;
@@ -258,7 +258,7 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     // the kernel stream. (Compared with the landed count, not just read
     // again: an RX_TAIL and the loss dispatched by another thread since
     // `tail` was read must not skip the bytes it brought.)
-    if ((c.state.resynced() || c.peer_ring_end.load(std::memory_order_acquire)) && c.RingFinal() &&
+    if ((c.state.resynced() || c.state.peer_ring_ended()) && c.state.ring_final() &&
         tail == c.resync_landed.load(std::memory_order_relaxed) && c.state.AdvanceRxResync(RxResync::kHeader))
       continue;
     if (got && !waitall) return got;
@@ -270,8 +270,8 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
         c,
         [&] {
           return c.rx_tail.load(std::memory_order_acquire) != tail || c.peer_shut_wr.load() || c.state.reset() ||
-                 c.shut_rd.load() || (c.state.resynced() && c.RingFinal()) ||
-                 c.peer_ring_end.load(std::memory_order_acquire);
+                 c.shut_rd.load() || (c.state.resynced() && c.state.ring_final()) ||
+                 c.state.peer_ring_ended();
         },
         -1, 0, deadline, true);
     if (!st.ok()) return got ? Result<size_t>(got) : Result<size_t>(st);

@@ -69,7 +69,7 @@ bool PrepareResendLocked(Conn& c, int fd) {
   c.resend_off = 0;
   c.resent_bytes.fetch_add(tail - from, std::memory_order_relaxed);
   VS_LOG(kInfo, "conn %lu: %s: back on kernel TCP, resending %lu bytes from %lu", static_cast<unsigned long>(c.id),
-         c.state.draining() && !c.drain_broken.load() ? "drained" : "accelerated path lost",
+         c.state.draining() && !c.state.drain_broken() ? "drained" : "accelerated path lost",
          static_cast<unsigned long>(tail - from), static_cast<unsigned long>(from));
   return true;
 }
@@ -139,7 +139,7 @@ Status ConsumeResyncLocked(int fd, Conn& c) {
     ssize_t n = Libc().recv(fd, dst, want, MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Errno(EAGAIN, "resync pending");
-    if (n == 0 && ph == RxResync::kHeader && c.rx_hdr_got == 0 && c.peer_ring_end.load(std::memory_order_acquire)) {
+    if (n == 0 && ph == RxResync::kHeader && c.rx_hdr_got == 0 && c.state.peer_ring_ended()) {
       // The peer closed right after it left the rings (a drain): its FIN
       // where its header would be, after every byte of its ring stream
       // (all delivered: the ring end came after them). Nothing is missing:
@@ -184,7 +184,7 @@ Status ConsumeResyncLocked(int fd, Conn& c) {
 // sender that never reads need not read to find that out).
 bool RxDone(const Conn& c) {
   if (c.state.rx_resync() == RxResync::kKernel) return true;
-  return c.state.rx_resync() == RxResync::kRing && c.peer_ring_end.load(std::memory_order_acquire) &&
+  return c.state.rx_resync() == RxResync::kRing && c.state.peer_ring_ended() &&
          !c.peer_fence_known.load(std::memory_order_acquire);
 }
 
@@ -231,10 +231,7 @@ void MaybeReregister(int fd, Conn& c) {
   c.shut_after_resend = false;
   c.rx_hdr_got = 0;
   c.rx_skip = 0;
-  c.tx_ring_ended.store(false);
-  c.tx_ring_end.store(0);
-  c.peer_ring_end.store(false);
-  c.drain_broken.store(false);
+  c.tx_ring_end.store(0);  // (the drain's steps start afresh with the phase: kResynced)
   c.state.Apply(ConnEvent::kResynced);
   c.reupgrades.fetch_add(1, std::memory_order_relaxed);
   VS_LOG(kInfo, "conn %lu: resynced on kernel TCP; registering again to re-upgrade", static_cast<unsigned long>(c.id));
@@ -251,12 +248,12 @@ void MaybeReregister(int fd, Conn& c) {
 bool DrainTxLocked(Conn& c) {
   if (c.state.resynced()) return true;
   if (!c.state.draining() || c.state.phase() != Phase::kUpgraded || c.shut_wr.load()) return false;
-  if (!c.tx_ring_ended.load(std::memory_order_relaxed)) {
+  if (!c.state.tx_ring_ended()) {
     Session* s = c.session;
     if (s == nullptr || !s->alive()) return false;  // BackendLost moves it on
     if (!s->Post({MsgType::kShutdown, 0, proto::Shutdown{c.id, proto::ShutdownHow::kRingEnd}}).ok()) return false;
     c.tx_ring_end.store(c.tx_tail.load(std::memory_order_relaxed), std::memory_order_relaxed);
-    c.tx_ring_ended.store(true, std::memory_order_release);
+    c.state.ApplyDrain(DrainEvent::kTxRingEnd);
   }
   uint64_t end = c.tx_ring_end.load(std::memory_order_relaxed);
   if (c.credit.load(std::memory_order_acquire) < end) return false;

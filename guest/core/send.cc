@@ -32,7 +32,7 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   if (c.state.phase() == Phase::kPending && c.session) c.session->TryDrain();
   // A drain: our ring stream ends; kernel TCP once the peer consumed it.
   if (c.state.draining() && DrainTxLocked(c)) return SendResynced(fd, c, iov, iovcnt, flags);
-  if (c.state.accelerated() && !c.state.tx_on_ring() && !c.tx_ring_ended.load(std::memory_order_relaxed)) {
+  if (c.state.accelerated() && !c.state.tx_on_ring() && !c.state.tx_ring_ended()) {
     // Switch-over: from here on this direction uses the ring; the peer reads
     // exactly kernel_sent bytes from its kernel socket first.
     Status st = c.session->Post({MsgType::kFence, 0, proto::ConnCounter{c.id, c.kernel_sent.load()}});
@@ -88,7 +88,7 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       return Errno(EPROTO, "credit beyond what was sent");
     }
     // (Our ring stream ended: wait for the peer to consume it, as for room.)
-    bool ended = c.tx_ring_ended.load(std::memory_order_relaxed);
+    bool ended = c.state.tx_ring_ended();
     uint64_t space = ended ? 0 : size - (tail - credit);
     if (space == 0) {
       if (c.session->TryDrain()) continue;  // a credit may be waiting
