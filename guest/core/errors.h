@@ -1,5 +1,5 @@
 // Errors at the socket boundary: a Status carrying the errno the libc
-// wrapper sets (guest/preload/interpose.cc).
+// wrapper sets (guest/preload/ (wrap.h, a file per call family)).
 #pragma once
 
 #include <signal.h>

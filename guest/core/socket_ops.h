@@ -1,5 +1,5 @@
 // The socket operations behind the libc wrappers, on typed values. They
-// return a Result/Status; guest/preload/interpose.cc turns errors into
+// return a Result/Status; guest/preload/ (wrap.h, a file per call family) turns errors into
 // errno at the boundary.
 #pragma once
 
