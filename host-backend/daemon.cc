@@ -37,7 +37,7 @@ Status Daemon::Start() {
   for (const vhost::PortConfig& p : config_.vms)
     if (p.away) conns_.StartAway(p.index);
   {
-    std::lock_guard<std::mutex> lock(ports_mu_);  // (before the control socket can ask)
+    MutexLock lock(ports_mu_);  // (before the control socket can ask)
     port_open_.assign(config_.vms.size(), false);
   }
   LoadAttested();
@@ -50,6 +50,8 @@ Status Daemon::Start() {
     worker_.AddWakeFd(peering_.wake_fd());
     worker_.AddWakeFd(conns_.registrations_fd());
   }
+  // From here on the connections are the worker's: reports ask it.
+  conns_.SetWorker([this] { worker_.Wake(); });
   st = worker_.Start();
   if (!st.ok()) {
     VS_LOG(kError, "%s", st.ToString().c_str());
@@ -67,7 +69,7 @@ Status Daemon::Start() {
       return st;
     }
   }
-  std::lock_guard<std::mutex> lock(ports_mu_);
+  MutexLock lock(ports_mu_);
   for (const vhost::PortConfig& p : config_.vms) {
     if (p.away) {
       VS_LOG(kInfo, "vm %s: runs on another host (away = true); its port opens at 'vsocketctl migrate end %s'",
@@ -94,12 +96,13 @@ void Daemon::Stop() {
   // drop and do the same.
   {
     // No migrate command opens or closes a port from here on.
-    std::lock_guard<std::mutex> lock(ports_mu_);
+    MutexLock lock(ports_mu_);
     stopping_ = true;
   }
   worker_.Stop();
+  conns_.SetWorker(nullptr);  // (a report asked meanwhile is made by whoever asked)
   {
-    std::lock_guard<std::mutex> lock(ports_mu_);
+    MutexLock lock(ports_mu_);
     for (const vhost::PortConfig& p : config_.vms)
       if (p.index < port_open_.size() && port_open_[p.index]) {
         (void)vhost::VhostBackend::Instance().RemovePort(p.path);
@@ -236,7 +239,7 @@ std::string Daemon::MigrateCommand(const std::vector<std::string>& words, bool j
       return error("vsocketd's worker did not answer in 5 s: " + vm + " was not detached");
     uint64_t reset = conns_.counters().migration_resets.load() - reset0;
     {
-      std::lock_guard<std::mutex> lock(ports_mu_);
+      MutexLock lock(ports_mu_);
       if (stopping_) return error("vsocketd is stopping");
       if (port_open_[port->index]) {
         // Ends its vhost-user sessions: its libraries go on on kernel TCP
@@ -258,7 +261,7 @@ std::string Daemon::MigrateCommand(const std::vector<std::string>& words, bool j
   if (!away && conns_.draining(port->index) != proto::Reason::kMigration)
     return error(vm + " runs here and is not leaving");
   {
-    std::lock_guard<std::mutex> lock(ports_mu_);
+    MutexLock lock(ports_mu_);
     if (stopping_) return error("vsocketd is stopping");
     if (!port_open_[port->index]) {
       Status st = vhost::VhostBackend::Instance().AddPort(*port, &worker_);

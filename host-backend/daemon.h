@@ -8,10 +8,10 @@
 //   CtlServer       the control socket (vsocketctl), MetricsServer (Prometheus)
 #pragma once
 
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "host-backend/config.h"
 #include "host-backend/conn/conn_manager.h"
@@ -59,10 +59,12 @@ class Daemon {
   std::string AttestCommand(const std::vector<std::string>& words, bool json);
   void LoadAttested();
   const vhost::PortConfig* PortNamed(const std::string& vm) const;
-  // Per VM index: its vhost-user port is open (not away). Guarded by ports_mu_.
-  std::mutex ports_mu_;
-  std::vector<bool> port_open_;
-  bool stopping_ = false;  // Stop() began: no port opens or closes any more (ports_mu_)
+  // Held while ports open and close (VhostBackend::AddPort/RemovePort, which
+  // take the backend's own lock, and may wait for the worker to let a
+  // device go): never taken by anything those call.
+  Mutex ports_mu_;
+  std::vector<bool> port_open_ GUARDED_BY(ports_mu_);  // per VM index: its vhost-user port is open (not away)
+  bool stopping_ GUARDED_BY(ports_mu_) = false;        // Stop() began: no port opens or closes any more
   // Members are constructed in this order (each after the parts it uses)
   // and destroyed in reverse.
   const DaemonConfig config_;

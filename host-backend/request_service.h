@@ -32,6 +32,7 @@ class RequestService : public DeviceService {
     bool worked = conns_.ApplyDrainRequests();
     worked |= conns_.MoveData();
     worked |= peering_.Poll();
+    conns_.ServeSnapshots();  // (a report is not work: it does not keep the worker polling)
     return worked;
   }
   bool Pump(vhost::BackendDevice& device) override {

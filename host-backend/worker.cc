@@ -35,7 +35,7 @@ Status Worker::Start() {
     if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) return Status::FromErrno("epoll_ctl extra fd");
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     running_ = true;
   }
   thread_ = std::thread([this] { Run(); });
@@ -58,7 +58,7 @@ void Worker::Wake() {
 uint64_t Worker::Post(Op op) {
   uint64_t seq;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     seq = op.seq = next_seq_++;
     ops_.push_back(std::move(op));
   }
@@ -76,11 +76,11 @@ void Worker::Detach(vhost::BackendDevice* device) {
   // Wait until the worker has passed this op: from then on it no longer
   // touches the device's memory. The worker never blocks on rte_vhost, so
   // this cannot deadlock with the vhost thread's queue locks.
-  std::unique_lock<std::mutex> lock(mu_);
+  UniqueLock lock(mu_);
   // Not merely until stop_ is set: the worker may still be in its last pass
   // over this device (a guest leaving while the daemon shuts down; rte_vhost
   // unmaps its memory as soon as we return).
-  done_cv_.wait(lock, [&] { return done_seq_ >= seq || !running_; });
+  while (done_seq_ < seq && running_) done_cv_.Wait(lock);
 }
 
 void Worker::MigrationChanged(vhost::BackendDevice* device, bool logging) {
@@ -91,7 +91,7 @@ void Worker::MigrationChanged(vhost::BackendDevice* device, bool logging) {
 bool Worker::ProcessMailbox() {
   std::vector<Op> ops;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ops.swap(ops_);
   }
   if (ops.empty()) return false;
@@ -130,10 +130,10 @@ bool Worker::ProcessMailbox() {
     }
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     done_seq_ = last;
   }
-  done_cv_.notify_all();
+  done_cv_.NotifyAll();
   return true;
 }
 
@@ -280,10 +280,10 @@ void Worker::Run() {
     idle_spins = 0;
   }
   // Release anyone waiting in Detach(): no device is touched any more.
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   running_ = false;
   done_seq_ = next_seq_;
-  done_cv_.notify_all();
+  done_cv_.NotifyAll();
 }
 
 }  // namespace vsocket::backend

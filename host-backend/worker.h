@@ -6,13 +6,13 @@
 
 #include <sys/epoll.h>
 
-#include <condition_variable>
+#include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
 #include "vhost/backend/vhost_backend.h"
@@ -108,8 +108,8 @@ class Worker : public vhost::DeviceListener {
   void Run();
   // What a wait on epoll_ returned: reads the wake and kick eventfds.
   void HandleEvents(const epoll_event* events, int n);
-  bool ProcessMailbox();
-  uint64_t Post(Op op);  // returns the op's sequence number
+  bool ProcessMailbox() EXCLUDES(mu_);
+  uint64_t Post(Op op) EXCLUDES(mu_);  // returns the op's sequence number
   // Serves one device; true if any chain was processed.
   bool Serve(Active& a);
   void Untrack(size_t index);
@@ -124,12 +124,13 @@ class Worker : public vhost::DeviceListener {
   std::thread thread_;
   std::atomic<bool> stop_{false};
 
-  std::mutex mu_;  // guards ops_, next_seq_, done_seq_
-  std::condition_variable done_cv_;
-  std::vector<Op> ops_;
-  uint64_t next_seq_ = 1;
-  uint64_t done_seq_ = 0;
-  bool running_ = false;  // the thread runs Run() (set by Start, cleared as it returns)
+  // The mailbox: ops posted by the vhost thread, applied by the worker.
+  Mutex mu_;
+  CondVar done_cv_;  // done_seq_ moved, or running_ went false
+  std::vector<Op> ops_ GUARDED_BY(mu_);
+  uint64_t next_seq_ GUARDED_BY(mu_) = 1;
+  uint64_t done_seq_ GUARDED_BY(mu_) = 0;
+  bool running_ GUARDED_BY(mu_) = false;  // the thread runs Run() (set by Start, cleared as it returns)
 
   std::vector<Active> active_;  // worker thread only
   std::vector<int> extra_fds_;

@@ -57,7 +57,7 @@ run_bazel_tests() {  # label, bazel args...
 
 run_bazel_tests default //...
 run_bazel_tests asan --config=asan "${UNIT_TARGETS[@]}"
-run_bazel_tests tsan --config=tsan //vhost:ring_stress_test //vhost:ring_test
+run_bazel_tests tsan --config=tsan //vhost:ring_stress_test //vhost:ring_test //host-backend:registry_snapshot_test //base:mutex_test
 
 if bazel build --config=fuzz "${FUZZ_TARGETS[@]%:*}" >"$LOGDIR/fuzz-build.log" 2>&1; then
   for spec in "${FUZZ_TARGETS[@]}"; do

@@ -33,7 +33,7 @@ constexpr size_t kEventBufs = 64;
 constexpr int64_t kRetryMinNs = 50'000'000;
 constexpr int64_t kRetryMaxNs = 1'000'000'000;
 
-std::mutex g_init_mu;
+Mutex g_init_mu;
 Session* g_session = nullptr;
 // Written under g_init_mu by Get; BackendLost (which may run inside Get,
 // under g_init_mu already) stores it without the lock.
@@ -62,7 +62,7 @@ Session* Session::Get(proto::Reason* why) {
     *why = proto::Reason::kBackendUnavailable;
     return nullptr;
   }
-  std::lock_guard<std::mutex> lock(g_init_mu);
+  MutexLock lock(g_init_mu);
   if (Session* s = Existing()) return s;  // another thread connected meanwhile
   int64_t now = MonotonicNs();
   int64_t last = g_last_attempt_ns.load(std::memory_order_relaxed);
@@ -122,13 +122,14 @@ void Session::ForgetAfterFork() {
   if (g_session != nullptr && g_session->transport_) g_session->transport_->CloseFdsAfterFork();
   g_session = nullptr;
   g_last_attempt_ns.store(0, std::memory_order_relaxed);
-  new (&g_init_mu) std::mutex();
+  new (&g_init_mu) Mutex();
 }
 
 Status Session::Open() {
   auto t = OpenTransport();
   if (!t.ok()) return t.status();
   transport_ = std::move(t).value();
+  MutexLock lock(mu_);  // (not handed out yet: for the analysis)
   vhost::RegionAllocator& mem = transport_->allocator();
   const uint32_t slots = transport_->queue(QueueId::kRequests).size() / 2;  // two descriptors a request
   for (uint32_t i = 0; i < slots; ++i) {
@@ -142,7 +143,6 @@ Status Session::Open() {
     if (!m) return Status(Code::kResourceExhausted, "region too small");
     event_bufs_.push_back(m);
   }
-  std::lock_guard<std::mutex> lock(mu_);
   vhost::VirtqueueDriver& eq = transport_->queue(QueueId::kEvents);
   for (size_t i = 0; i < kEventBufs; ++i) {
     vhost::VirtqueueDriver::Buf in{Gpa(event_bufs_[i]), kEventBufBytes};
@@ -195,7 +195,7 @@ bool Session::CheckBackend() {
   if (alive() && !transport_->BackendGone()) return true;
   // (Under mu_: a BackendLost under way in another thread finishes first,
   // so the caller sees its connections moved on.)
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   BackendLost();
   return false;
 }
@@ -238,7 +238,7 @@ Status Session::Post(const Message& msg) {
   int64_t deadline = MonotonicNs() + 3'000'000'000;
   for (;;) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       uint32_t slot;
       Status st = SubmitLocked(msg, false, &slot);
       if (st.code() != Code::kResourceExhausted) return st;
@@ -258,7 +258,7 @@ Status Session::Call(const Message& request, Message* response, int timeout_ms) 
   Message req = request;
   for (;;) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       req.request_id = next_request_id_++;
       Status st = SubmitLocked(req, true, &slot);
       if (st.ok()) break;
@@ -272,7 +272,7 @@ Status Session::Call(const Message& request, Message* response, int timeout_ms) 
   KickIfOwed();  // (a napping backend: our request now, not at its next pass)
   for (uint32_t iter = 0;; ++iter) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       DrainLocked();
       Slot& s = slots_[slot];
       if (s.done) {
@@ -308,19 +308,21 @@ void Session::AwaitEvent(int timeout_ms) {
   Libc().poll(p, 3, timeout_ms);
   DoneSleeping();
   if (p[2].revents) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     BackendLost();
   }
 }
 
 bool Session::Drain() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return DrainLocked();
 }
 
 bool Session::TryDrain() {
-  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-  return lock.owns_lock() && DrainLocked();
+  if (!mu_.try_lock()) return false;
+  bool changed = DrainLocked();
+  mu_.unlock();
+  return changed;
 }
 
 void Session::Answered(int64_t submitted_ns) {
@@ -407,22 +409,22 @@ void Session::NotifyWaitersLocked() {
 }
 
 void Session::WakeWaiters() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   NotifyWaitersLocked();
 }
 
 void Session::AddWaiter(int efd) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   waiters_.push_back(efd);
 }
 
 void Session::RemoveWaiter(int efd) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   waiters_.erase(std::remove(waiters_.begin(), waiters_.end(), efd), waiters_.end());
 }
 
 bool Session::PrepareSleep() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!alive()) return false;
   ++sleepers_;
   bool pending = transport_->queue(QueueId::kEvents).EnableInterrupts();
@@ -436,7 +438,7 @@ bool Session::PrepareSleep() {
 }
 
 void Session::DoneSleeping() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (--sleepers_ == 0 && alive()) {
     transport_->queue(QueueId::kEvents).DisableInterrupts();
     transport_->queue(QueueId::kRequests).DisableInterrupts();
@@ -450,7 +452,7 @@ void Session::DoneSleeping() {
 }
 
 Status Session::AllocRings(Conn& c, uint32_t ring_bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   // With the doorbell, its block follows the TX ring (proto/control.h).
   uint32_t extra = doorbell_ ? proto::kDoorbellBytes : 0;
   uint8_t* tx = transport_->allocator().Allocate(ring_bytes + extra, 64);
@@ -476,7 +478,7 @@ Status Session::AllocRings(Conn& c, uint32_t ring_bytes) {
 }
 
 void Session::FreeRings(Conn& c) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   transport_->allocator().Free(c.tx);
   transport_->allocator().Free(c.rx);
   c.tx = c.rx = nullptr;
@@ -494,13 +496,13 @@ Status Session::Unregister(Conn& c) {
     return st.ok() ? Status(Code::kDeadlineExceeded, "backend not answering: rings left to it") : st;
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     closing_[c.id] = Closing{c.tx, c.rx};
   }
   Message resp;
   Status st = Call({MsgType::kUnregister, 0, proto::Unregister{c.id}}, &resp);
   Untrack(c.id);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = closing_.find(c.id);
   const auto* ack = std::get_if<proto::RegisterAck>(&resp.body);
   if (!st.ok()) {
@@ -521,12 +523,12 @@ Status Session::Unregister(Conn& c) {
 }
 
 size_t Session::returning_rings() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return closing_.size();
 }
 
 std::vector<std::shared_ptr<Conn>> Session::Tracked() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<std::shared_ptr<Conn>> out;
   out.reserve(conns_.size());
   for (const auto& [id, c] : conns_) out.push_back(c);
@@ -534,12 +536,12 @@ std::vector<std::shared_ptr<Conn>> Session::Tracked() const {
 }
 
 void Session::Track(const std::shared_ptr<Conn>& c) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   conns_[c->id] = c;
 }
 
 void Session::Untrack(uint64_t conn_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   conns_.erase(conn_id);
 }
 

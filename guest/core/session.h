@@ -10,10 +10,10 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "guest/core/conn.h"
 #include "guest/core/loss.h"
@@ -135,16 +135,15 @@ class Session {
   Session() = default;
   Status Open();
   Status Negotiate();
-  bool DrainLocked();
+  bool DrainLocked() REQUIRES(mu_);
   // A request submitted at submitted_ns was done: answering() again if it
   // is not older than the one that went unanswered.
   void Answered(int64_t submitted_ns);
-  void Dispatch(const proto::Message& m);
-  void NotifyWaitersLocked();
-  void RepostEventBuffersLocked();
-  Status SubmitLocked(const proto::Message& m, bool want_response, uint32_t* slot);
+  void Dispatch(const proto::Message& m) REQUIRES(mu_);
+  void NotifyWaitersLocked() REQUIRES(mu_);
+  Status SubmitLocked(const proto::Message& m, bool want_response, uint32_t* slot) REQUIRES(mu_);
   void KickOwed();
-  void BackendLost();
+  void BackendLost() REQUIRES(mu_);
 
   struct Slot {
     uint8_t* req;
@@ -156,18 +155,20 @@ class Session {
     int64_t submitted_ns = 0;
   };
 
-  mutable std::mutex mu_;
+  // Lock order: a connection's tx_mu/rx_mu/setup_mu, an epoll set's mu,
+  // then this.
+  mutable Mutex mu_;
   std::unique_ptr<Transport> transport_;
-  std::vector<Slot> slots_;
-  std::vector<uint32_t> free_slots_;
-  std::vector<uint8_t*> event_bufs_;
-  std::unordered_map<uint64_t, std::shared_ptr<Conn>> conns_;
-  std::vector<int> waiters_;
-  int sleepers_ = 0;
+  std::vector<Slot> slots_ GUARDED_BY(mu_);
+  std::vector<uint32_t> free_slots_ GUARDED_BY(mu_);
+  std::vector<uint8_t*> event_bufs_ GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, std::shared_ptr<Conn>> conns_ GUARDED_BY(mu_);
+  std::vector<int> waiters_ GUARDED_BY(mu_);
+  int sleepers_ GUARDED_BY(mu_) = 0;
   std::atomic<bool> alive_{false};
   std::atomic<int64_t> unanswered_since_ns_{0};
   pid_t owner_pid_ = 0;
-  bool lost_ = false;       // BackendLost ran (guarded by mu_)
+  bool lost_ GUARDED_BY(mu_) = false;  // BackendLost ran
   bool doorbell_ = false;   // set once, before the session is handed out
   bool ring_hold_ = false;  // likewise: kFeatureRingHold
   bool bulk_hint_ = false;  // likewise: kFeatureBulkHint
@@ -182,9 +183,9 @@ class Session {
     bool answered_held = false;  // the answer said rings-held: freed at RINGS_RELEASED
     bool released = false;       // RINGS_RELEASED already came
   };
-  std::unordered_map<uint64_t, Closing> closing_;
-  size_t held_ = 0;
-  uint64_t next_request_id_ = 1;
+  std::unordered_map<uint64_t, Closing> closing_ GUARDED_BY(mu_);
+  size_t held_ GUARDED_BY(mu_) = 0;
+  uint64_t next_request_id_ GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace vsocket::guest

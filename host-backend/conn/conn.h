@@ -1,7 +1,9 @@
 // A guest connection as the backend tracks it: identity (tenant + 4-tuple),
 // its two byte rings in guest memory, the peer it is paired with, and the
-// byte counters of the upgraded data path. Worker-thread state, except the
-// atomics read by the control socket.
+// byte counters of the upgraded data path. The worker's alone: other
+// threads see a connection only in the copies the worker makes for them
+// (ConnManager::Snapshot). (The atomics below date from when the control
+// socket read them directly; none needs to be one any more.)
 #pragma once
 
 #include <atomic>
@@ -143,7 +145,7 @@ struct BackendConn {
   bool ring_ended = false;        // the guest's SHUTDOWN(ring end): its TX stream goes on on kernel TCP
   bool peer_ring_end_told = false;  // our guest was told the peer's ring end
   // Both directions have left the rings: everything before the two ring
-  // ends was delivered (read by the control socket: `vsocketctl drain`).
+  // ends was delivered (reported: `vsocketctl drain`).
   std::atomic<bool> moved{false};
   // Asked to drain (or following its peer's ring end), and not yet both
   // moved and consumed both ways (ConnManager::MaybeLeft), unregistered or
@@ -216,7 +218,7 @@ struct BackendConn {
   bool rings_held = false;
   bool in_reap_list = false;
 
-  // Read by the control socket thread.
+  // Reported (vsocketctl connections).
   std::atomic<uint64_t> accel_bytes_out{0};
   std::atomic<uint64_t> accel_bytes_in{0};
   std::atomic<uint64_t> kernel_bytes_out{0};  // from the fence

@@ -5,8 +5,12 @@
 // to UPGRADE. From then on the backend moves bytes from each side's TX ring
 // to the other side's RX ring (one memcpy), never more than the receiver
 // has freed (credits), and reports progress with coalesced events on each
-// guest's event queue. Runs on the worker thread; the registry is a libcuckoo
-// map so the control socket can read it concurrently.
+// guest's event queue. Runs on the worker thread, and the connections are
+// the worker's alone: no other thread reads them, nor the registry (a
+// libcuckoo map, but only the worker uses it). Other threads read atomics
+// (counters, drain state) and ask for the rest: a report (Snapshot, which
+// the worker makes between two passes) or a drain (RequestVmOp, applied at
+// its next pass).
 //
 // One class, its member functions defined by job (like eRPC's rpc_impl/):
 //   conn/requests.cc     the guest request table (Handle) and each request
@@ -24,14 +28,17 @@
 #include <libcuckoo/cuckoohash_map.hh>
 
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <unordered_map>
 #include <vector>
 
+#include "base/mutex.h"
 #include "host-backend/conn/conn.h"
 #include "host-backend/conn/counters.h"
 #include "host-backend/conn/request_result.h"
@@ -71,8 +78,13 @@ class ConnManager {
   bool EmitEvents(vhost::BackendDevice& device);
   // Events owed to the device that wait for it to post buffers.
   bool HasEventsWaiting(vhost::BackendDevice& device);
-  // The session on `device` said HELLO with these features; returns the
-  // ones it gets (proto::kFeatureDoorbell or nothing).
+  // The session on `device` said HELLO offering `features`; returns the ones
+  // it gets, which its connections then use: every offered bit of
+  // proto::kKnownFeatures (doorbell, ring hold, fence delivered, clean
+  // downgrade, bulk hint, naps), except kFeatureNaps unless the worker naps
+  // (SetNaps). A HELLO again while the device has connections changes
+  // nothing: it returns what the session has (its library sized rings by it).
+  // 0 for a device not attached.
   uint64_t OnHello(vhost::BackendDevice& device, uint64_t features);
   // Reads the doorbell blocks of the device's polled connections; a block
   // idle for a while is armed and leaves the set. True if any count moved.
@@ -122,13 +134,13 @@ class ConnManager {
   // pending connections look again where their peers run.
   enum class VmOp : uint8_t { kDrain, kUndrain, kLeave, kArrive, kRelocate };
   // Returns the request's number: applied once drains_applied() reaches it.
-  uint64_t RequestVmOp(uint32_t vm_index, VmOp op, proto::Reason why = proto::Reason::kOperator);
+  uint64_t RequestVmOp(uint32_t vm_index, VmOp op, proto::Reason why = proto::Reason::kOperator) EXCLUDES(drain_mu_);
   uint64_t RequestDrain(uint32_t vm_index, bool drain, proto::Reason why) {
     return RequestVmOp(vm_index, drain ? VmOp::kDrain : VmOp::kUndrain, why);
   }
   uint64_t drains_applied() const { return drain_applied_.load(std::memory_order_acquire); }
   // Worker: applies the requests. True if there were any.
-  bool ApplyDrainRequests();
+  bool ApplyDrainRequests() EXCLUDES(drain_mu_);
   // Any thread: why VM vm_index drains (kNone: it does not).
   proto::Reason draining(uint32_t vm_index) const {
     return static_cast<proto::Reason>(drain_[vm_index % kMaxVms].load(std::memory_order_acquire));
@@ -141,11 +153,27 @@ class ConnManager {
     drain_[vm_index % kMaxVms].store(static_cast<uint16_t>(proto::Reason::kMigration), std::memory_order_release);
   }
 
-  std::vector<ConnSnapshot> Snapshot() const;
+  // Reporting (any thread but the worker): every connection not yet
+  // closed, as one moment of the worker. While a worker runs the manager
+  // (SetWorker), the caller asks it, wakes it and waits for the copy it
+  // makes at its next pass (ServeSnapshots); if none comes within
+  // kSnapshotWait (a wedged worker), the last one it made. Without a worker
+  // (before it starts, after it stopped, tests) nothing else touches the
+  // connections: the caller makes the copy itself.
+  std::vector<ConnSnapshot> Snapshot() const EXCLUDES(snapshot_mu_);
+  static constexpr std::chrono::seconds kSnapshotWait{5};
+  // A worker runs the manager from now on and calls ServeSnapshots every
+  // pass; `wake` gets it to make one soon (any thread; it must not call into
+  // the manager). nullptr: no worker runs it any more (it stopped).
+  void SetWorker(std::function<void()> wake) EXCLUDES(snapshot_mu_);
+  // Worker, every pass: makes the copy Snapshot() waits for, if one was asked.
+  void ServeSnapshots() EXCLUDES(snapshot_mu_);
   const ConnManagerCounters& counters() const { return counters_; }
   const VmTotals& vm_totals(size_t vm_index) const { return vm_totals_[vm_index % kMaxVms]; }
 
  private:
+  // Every connection not yet closed (on the worker, or with no worker).
+  std::vector<ConnSnapshot> MakeSnapshot() const;
   struct DeviceConns {
     vhost::BackendDevice* device = nullptr;
     std::unordered_map<uint64_t, BackendConn*> by_id;  // guest conn_id -> conn
@@ -382,17 +410,24 @@ class ConnManager {
   uint64_t next_handle_ = 1;
   ConnManagerCounters counters_;
   std::array<VmTotals, kMaxVms> vm_totals_;
-  mutable std::mutex snapshot_mu_;  // guards conns_ structure against Snapshot()
+  // Reports asked of the worker (Snapshot, ServeSnapshots).
+  mutable Mutex snapshot_mu_;
+  mutable CondVar snapshot_cv_;                                 // a copy was made, or the worker stopped
+  std::function<void()> wake_worker_ GUARDED_BY(snapshot_mu_);  // set while a worker runs the manager
+  mutable uint64_t snapshots_asked_ GUARDED_BY(snapshot_mu_) = 0;
+  uint64_t snapshots_made_ GUARDED_BY(snapshot_mu_) = 0;  // requests snapshot_ answers (it was made after them)
+  std::vector<ConnSnapshot> snapshot_ GUARDED_BY(snapshot_mu_);
+  mutable std::atomic<bool> snapshot_wanted_{false};  // asked and not yet made: the worker looks every pass
   struct DrainRequest {
     uint32_t vm_index;
     VmOp op;
     proto::Reason why;
     uint64_t seq;
   };
-  std::mutex drain_mu_;
-  std::vector<DrainRequest> drain_requests_;  // guarded by drain_mu_
+  Mutex drain_mu_;
+  std::vector<DrainRequest> drain_requests_ GUARDED_BY(drain_mu_);
   std::atomic<bool> drain_requested_{false};
-  uint64_t drain_seq_ = 0;  // guarded by drain_mu_
+  uint64_t drain_seq_ GUARDED_BY(drain_mu_) = 0;
   std::atomic<uint64_t> drain_applied_{0};
   // Per VM index: the reason it drains (0: it does not), whether it runs
   // on another host. Written by the worker.

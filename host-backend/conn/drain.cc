@@ -13,7 +13,7 @@ namespace vsocket::backend {
 using proto::Reason;
 
 uint64_t ConnManager::RequestVmOp(uint32_t vm_index, VmOp op, Reason why) {
-  std::lock_guard<std::mutex> lock(drain_mu_);
+  MutexLock lock(drain_mu_);
   drain_requests_.push_back({vm_index, op, why, ++drain_seq_});
   drain_requested_.store(true, std::memory_order_release);
   return drain_seq_;
@@ -23,7 +23,7 @@ bool ConnManager::ApplyDrainRequests() {
   if (!drain_requested_.load(std::memory_order_acquire)) return false;
   std::vector<DrainRequest> todo;
   {
-    std::lock_guard<std::mutex> lock(drain_mu_);
+    MutexLock lock(drain_mu_);
     todo.swap(drain_requests_);
     drain_requested_.store(false, std::memory_order_relaxed);
   }
@@ -96,10 +96,7 @@ void ConnManager::Leave(uint32_t vm) {
     if (x.vm_index % kMaxVms != vm || x.gone || x.state != ConnState::kUpgraded ||
         x.moved.load(std::memory_order_relaxed))
       continue;
-    {
-      std::lock_guard<std::mutex> lock(snapshot_mu_);
-      x.reason = Reason::kMigration;
-    }
+    x.reason = Reason::kMigration;
     x.leaving.store(false, std::memory_order_relaxed);
     Raise(x, kEvDowngrade);  // an upgraded guest takes it as a reset
     AbortTx(x);              // and so does its peer

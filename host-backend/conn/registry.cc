@@ -52,13 +52,10 @@ void ConnManager::Pair(BackendConn& a, BackendConn& b) {
          static_cast<unsigned long>(a.device->id()), static_cast<unsigned long>(a.conn_id),
          static_cast<unsigned long>(b.handle), static_cast<unsigned long>(b.device->id()),
          static_cast<unsigned long>(b.conn_id));
-  {
-    std::lock_guard<std::mutex> lock(snapshot_mu_);
-    a.peer = &b;
-    b.peer = &a;
-    a.state = b.state = ConnState::kUpgraded;
-    a.reason = b.reason = Reason::kNone;
-  }
+  a.peer = &b;
+  b.peer = &a;
+  a.state = b.state = ConnState::kUpgraded;
+  a.reason = b.reason = Reason::kNone;
   counters_.upgrades.fetch_add(1, std::memory_order_relaxed);
   vm_totals_[a.vm_index % kMaxVms].upgrades.fetch_add(1, std::memory_order_relaxed);
   vm_totals_[b.vm_index % kMaxVms].upgrades.fetch_add(1, std::memory_order_relaxed);
@@ -180,7 +177,6 @@ void ConnManager::MaybeDestroy(BackendConn* c) {
     vm_totals_[c->vm_index % kMaxVms].orphan_bytes.fetch_sub(c->orphan.size(), std::memory_order_relaxed);
     counters_.orphan_bytes.fetch_sub(c->orphan.size(), std::memory_order_relaxed);
   }
-  std::lock_guard<std::mutex> lock(snapshot_mu_);
   conns_.erase(c->handle);
 }
 
@@ -188,10 +184,7 @@ void ConnManager::Violation(BackendConn& c, const char* what) {
   counters_.protocol_violations.fetch_add(1, std::memory_order_relaxed);
   VS_LOG(kWarn, "vm %s conn %lu: %s; connection is reset", c.device ? c.device->port()->vm_name.c_str() : "?",
          static_cast<unsigned long>(c.conn_id), what);
-  {
-    std::lock_guard<std::mutex> lock(snapshot_mu_);
-    c.reason = Reason::kProtocolError;
-  }
+  c.reason = Reason::kProtocolError;
   c.leaving.store(false, std::memory_order_relaxed);
   Raise(c, kEvDowngrade);
 }
@@ -262,12 +255,60 @@ void ConnManager::OnDetach(vhost::BackendDevice& device) {
     if (c->device == &device) c->device = nullptr;
 }
 
+// Reporting. The control socket's thread (and the metrics listener's) never
+// reads a connection: it asks the worker, which copies them between two
+// passes, when nothing changes (docs/architecture.md, "Threads in vsocketd").
+
+void ConnManager::SetWorker(std::function<void()> wake) {
+  {
+    MutexLock lock(snapshot_mu_);
+    wake_worker_ = std::move(wake);
+  }
+  snapshot_cv_.NotifyAll();  // (none any more: those waiting make their own)
+}
+
 std::vector<ConnSnapshot> ConnManager::Snapshot() const {
-  std::lock_guard<std::mutex> lock(snapshot_mu_);
+  UniqueLock lock(snapshot_mu_);
+  // No worker: nothing else touches the connections (before it starts,
+  // after it stopped, tests).
+  if (!wake_worker_) return MakeSnapshot();
+  uint64_t mine = ++snapshots_asked_;
+  snapshot_wanted_.store(true, std::memory_order_release);
+  wake_worker_();
+  while (snapshots_made_ < mine && wake_worker_) {
+    if (!snapshot_cv_.WaitFor(lock, kSnapshotWait)) {
+      VS_LOG(kWarn, "worker made no report within %d s (wedged?): reporting what it made last",
+             static_cast<int>(kSnapshotWait.count()));
+      return snapshot_;
+    }
+  }
+  if (snapshots_made_ < mine) return MakeSnapshot();  // the worker stopped meanwhile
+  return snapshot_;
+}
+
+void ConnManager::ServeSnapshots() {
+  if (!snapshot_wanted_.load(std::memory_order_acquire)) return;
+  uint64_t asked;
+  {
+    MutexLock lock(snapshot_mu_);
+    snapshot_wanted_.store(false, std::memory_order_relaxed);
+    asked = snapshots_asked_;
+  }
+  // Made after every request up to `asked` came: it answers them all.
+  std::vector<ConnSnapshot> copy = MakeSnapshot();
+  {
+    MutexLock lock(snapshot_mu_);
+    snapshot_ = std::move(copy);
+    snapshots_made_ = asked;
+  }
+  snapshot_cv_.NotifyAll();
+}
+
+std::vector<ConnSnapshot> ConnManager::MakeSnapshot() const {
   std::vector<ConnSnapshot> out;
+  out.reserve(conns_.size());
   for (const auto& [h, c] : conns_) {
     if (c->gone) continue;
-    // Counters below are the worker's; read racily here, for display only.
     uint64_t peer_consumed = c->peer ? c->peer->rx_consumed : c->remote.paired() ? c->remote.credit : c->tx_tail;
     out.push_back({c->handle, c->device ? c->device->id() : 0, c->device ? c->device->port()->vm_name : "",
                    c->key.tenant, c->key.local, c->key.peer, c->state, c->reason, c->accel_bytes_out.load(),

@@ -171,10 +171,7 @@ void ConnManager::AbortTx(BackendConn& c) {
   c.write_shut = c.shut_announced = true;
   c.tx_tail = c.tx_copied;
   if (c.peer) {
-    {
-      std::lock_guard<std::mutex> lock(snapshot_mu_);
-      c.peer->reason = Reason::kPeerDowngraded;
-    }
+    c.peer->reason = Reason::kPeerDowngraded;
     Raise(*c.peer, kEvDowngrade);
   }
   if (c.remote.paired()) Owe(c, kOweAbort);
@@ -290,16 +287,13 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
     CountFallback(port.index, Reason::kProtocolError);
     return Ack(request_id, r.conn_id, WireError::kBadRing, Reason::kProtocolError);
   }
-  {
-    std::lock_guard<std::mutex> lock(snapshot_mu_);
-    c.handle = next_handle_++;
-    if (!registry_.insert(c.key, c.handle)) {
-      counters_.rejected_other.fetch_add(1, std::memory_order_relaxed);
-      CountFallback(port.index, Reason::kResourceLimit);
-      return Ack(request_id, r.conn_id, WireError::kInternal, Reason::kResourceLimit);
-    }
-    conns_.emplace(c.handle, std::move(owned));
+  c.handle = next_handle_++;
+  if (!registry_.insert(c.key, c.handle)) {
+    counters_.rejected_other.fetch_add(1, std::memory_order_relaxed);
+    CountFallback(port.index, Reason::kResourceLimit);
+    return Ack(request_id, r.conn_id, WireError::kInternal, Reason::kResourceLimit);
   }
+  conns_.emplace(c.handle, std::move(owned));
   dc.by_id[c.conn_id] = &c;
   dc.rings[c.tx.gpa] = c.tx.gpa + TxSpan(c);
   dc.rings[c.rx.gpa] = c.rx.gpa + c.rx.size;

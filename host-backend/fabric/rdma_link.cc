@@ -11,7 +11,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <mutex>
 #include <random>
 
 #include "base/clock.h"
@@ -180,7 +179,7 @@ Result<std::shared_ptr<RdmaDevice>> RdmaDevice::Domain() const {
 }
 
 RdmaDevice::~RdmaDevice() {
-  std::unique_lock lock(mu_);
+  WriterMutexLock lock(mu_);
   regions_.clear();
   withdrawn_.clear();
 }
@@ -198,7 +197,7 @@ Result<RdmaDevice::Prepared> RdmaDevice::Prepare(void* addr, size_t len, Use use
 
 Status RdmaDevice::Adopt(Prepared* p, uint32_t* lkey, uint32_t* rkey) {
   if (!p->mr || p->domain != this) return Status(Code::kInvalidArgument, "rdma: registration of another domain");
-  std::unique_lock lock(mu_);
+  WriterMutexLock lock(mu_);
   auto [it, fresh] = regions_.try_emplace(reinterpret_cast<uintptr_t>(p->mr->addr), Region{nullptr, p->use});
   if (!fresh) return Status(Code::kAlreadyExists, "rdma: memory already registered at this address");
   *lkey = p->mr->lkey;
@@ -220,7 +219,7 @@ Status RdmaDevice::UnregisterMemory(void* addr) {
 
 RdmaDevice::Prepared RdmaDevice::Take(void* addr) {
   Prepared p;
-  std::unique_lock lock(mu_);
+  WriterMutexLock lock(mu_);
   auto it = regions_.find(reinterpret_cast<uintptr_t>(addr));
   if (it == regions_.end()) return p;
   p.mr = std::move(it->second.mr);
@@ -231,7 +230,7 @@ RdmaDevice::Prepared RdmaDevice::Take(void* addr) {
 }
 
 uint64_t RdmaDevice::WithdrawMemory(void* addr) {
-  std::unique_lock lock(mu_);
+  WriterMutexLock lock(mu_);
   auto it = regions_.find(reinterpret_cast<uintptr_t>(addr));
   if (it == regions_.end()) return 0;
   uint64_t token = next_token_->fetch_add(1, std::memory_order_relaxed);
@@ -244,7 +243,7 @@ bool RdmaDevice::ReleaseWithdrawn(uint64_t token) { return TakeWithdrawn(token).
 
 RdmaDevice::Prepared RdmaDevice::TakeWithdrawn(uint64_t token) {
   Prepared p;
-  std::unique_lock lock(mu_);
+  WriterMutexLock lock(mu_);
   auto it = withdrawn_.find(token);
   if (it == withdrawn_.end()) return p;
   p.mr = std::move(it->second.mr);
@@ -256,7 +255,7 @@ RdmaDevice::Prepared RdmaDevice::TakeWithdrawn(uint64_t token) {
 
 std::optional<uint32_t> RdmaDevice::FindLkey(const void* p, size_t len) const {
   auto a = reinterpret_cast<uintptr_t>(p);
-  std::shared_lock lock(mu_);
+  ReaderMutexLock lock(mu_);
   auto it = regions_.upper_bound(a);
   if (it == regions_.begin()) return std::nullopt;
   --it;

@@ -70,11 +70,11 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <shared_mutex>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
 #include "host-backend/fabric/link.h"
@@ -229,14 +229,15 @@ class RdmaDevice {
   std::shared_ptr<ibv_context> ctx_;
   std::unique_ptr<ibv_pd, rdma_internal::DeallocPd> pd_;
   std::shared_ptr<std::atomic<uint64_t>> next_token_;  // shared by the domains
-  mutable std::shared_mutex mu_;
+  // The registry is thread-safe: lookups (FindLkey) share mu_, changes
+  // take it alone.
+  mutable SharedMutex mu_;
   struct Region {
     std::unique_ptr<ibv_mr, rdma_internal::DeregMr> mr;
     Use use;
   };
-  // Keyed by start address. Guarded by mu_.
-  std::map<uintptr_t, Region> regions_;
-  std::map<uint64_t, Region> withdrawn_;  // by token
+  std::map<uintptr_t, Region> regions_ GUARDED_BY(mu_);   // in use, keyed by start address
+  std::map<uint64_t, Region> withdrawn_ GUARDED_BY(mu_);  // by token
   std::string name_;
   uint8_t port_ = 1;
   uint8_t gid_index_ = 0;

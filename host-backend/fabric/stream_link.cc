@@ -11,9 +11,9 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/unique_fd.h"
 #include "host-backend/fabric/link.h"
 
@@ -45,10 +45,10 @@ class FdTransport : public Transport {
 // One direction of the fake: a bounded byte queue and an eventfd that is
 // readable while bytes wait.
 struct MemPipe {
-  std::mutex mu;
-  std::deque<uint8_t> bytes;
-  size_t capacity;
-  bool closed = false;
+  Mutex mu;  // the two ends' threads
+  std::deque<uint8_t> bytes GUARDED_BY(mu);
+  const size_t capacity;
+  bool closed GUARDED_BY(mu) = false;
   UniqueFd event{eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)};
   explicit MemPipe(size_t cap) : capacity(cap) {}
 };
@@ -58,13 +58,13 @@ class MemTransport : public Transport {
   MemTransport(std::shared_ptr<MemPipe> out, std::shared_ptr<MemPipe> in) : out_(std::move(out)), in_(std::move(in)) {}
   ~MemTransport() override {
     for (MemPipe* p : {out_.get(), in_.get()}) {
-      std::lock_guard<std::mutex> lock(p->mu);
+      MutexLock lock(p->mu);
       p->closed = true;
     }
     Signal(*out_);
   }
   ssize_t Writev(const iovec* iov, int n) override {
-    std::lock_guard<std::mutex> lock(out_->mu);
+    MutexLock lock(out_->mu);
     if (out_->closed) {
       errno = EPIPE;
       return -1;
@@ -86,7 +86,7 @@ class MemTransport : public Transport {
     return static_cast<ssize_t>(done);
   }
   ssize_t Readv(const iovec* iov, int n) override {
-    std::lock_guard<std::mutex> lock(in_->mu);
+    MutexLock lock(in_->mu);
     if (in_->bytes.empty()) {
       uint64_t v;
       (void)!read(in_->event.get(), &v, sizeof(v));

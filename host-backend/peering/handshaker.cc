@@ -73,13 +73,13 @@ void Handshaker::Stop() {
 std::vector<Handshaker::Ready> Handshaker::Take() {
   uint64_t v;
   (void)!read(ready_.get(), &v, sizeof(v));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return std::move(ready_list_);
 }
 
 void Handshaker::SetContext(std::shared_ptr<peering::TlsContext> ctx) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     next_ctx_ = std::move(ctx);
     generation_.fetch_add(1, std::memory_order_acq_rel);
   }
@@ -119,7 +119,7 @@ void Handshaker::Run() {
     std::shared_ptr<peering::TlsContext> next;
     uint64_t gen = 0;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (next_ctx_) {
         next = std::move(next_ctx_);
         gen = generation_.load(std::memory_order_acquire);
@@ -187,7 +187,7 @@ Handshaker::Outcome Handshaker::Refuse(Pending& p, std::atomic<uint64_t>& counte
 void Handshaker::HandOver(Pending& p) {
   Ready r{std::move(p.tls), std::move(p.fd), p.from, p.generation};
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ready_list_.push_back(std::move(r));
   }
   Signal(ready_.get());

@@ -15,11 +15,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
 #include "host-backend/peering/tls_channel.h"
@@ -59,13 +59,13 @@ class Handshaker {
 
   // Readable (an eventfd) when Take() has something.
   int ready_fd() const { return ready_.get(); }
-  std::vector<Ready> Take();
+  std::vector<Ready> Take() EXCLUDES(mu_);
 
   // A new TLS context (tls_crl changed): handshakes under way are dropped
   // (they were verified against the old lists), and finished ones not yet
   // taken carry an older generation than generation(): the worker drops
   // them too.
-  void SetContext(std::shared_ptr<peering::TlsContext> ctx);
+  void SetContext(std::shared_ptr<peering::TlsContext> ctx) EXCLUDES(mu_);
   uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
 
  private:
@@ -101,9 +101,9 @@ class Handshaker {
   std::vector<Pending> pending_;
   std::map<std::string, size_t> per_source_;
 
-  std::mutex mu_;  // guards ready_list_, next_ctx_
-  std::vector<Ready> ready_list_;
-  std::shared_ptr<peering::TlsContext> next_ctx_;
+  Mutex mu_;
+  std::vector<Ready> ready_list_ GUARDED_BY(mu_);
+  std::shared_ptr<peering::TlsContext> next_ctx_ GUARDED_BY(mu_);
 };
 
 }  // namespace vsocket::backend

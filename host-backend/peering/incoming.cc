@@ -60,7 +60,7 @@ void Peering::AcceptLink(UniqueFd fd, const std::string& from) {
   if (!st.ok()) return refuse(st.message());
   Lane& l = owner->lanes[lane];
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(owner->mu);
     l.link = fabric::MakeStreamLink(fabric::MakeFdTransport(fd.release()));
   }
   Watch(l.link->wake_fd(), false);

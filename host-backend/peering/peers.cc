@@ -109,7 +109,11 @@ Status Peering::Start(const DaemonConfig& config) {
                   "tls_cert is for '" + tls_ctx_->own_name() + "', but host_name is '" + host_name_ + "'");
   auto loc = fabric::StaticLocator::Load(config.locator);
   if (!loc.ok()) return loc.status();
-  locator_ = std::move(loc).value();
+  size_t locations = loc.value()->size();
+  {
+    MutexLock lock(locator_mu_);
+    locator_ = std::move(loc).value();
+  }
   locator_path_ = config.locator;
 
   epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
@@ -151,7 +155,7 @@ Status Peering::Start(const DaemonConfig& config) {
   VS_LOG(kInfo,
          "peering: host %s listening on %s, %zu peer host(s), locator with %zu entries, %s fabric, %d link(s) per peer",
          host_name_.c_str(), config.peer_listen.c_str(), hosts_.size(),
-         locator_->size(), fabric_.c_str(), links_per_peer_);
+         locations, fabric_.c_str(), links_per_peer_);
   if (rdma_)
     VS_LOG(kInfo, "peering: rdma device %s port %u GID index %u", rdma_->name().c_str(), rdma_->port(),
            rdma_->gid_index());
@@ -260,7 +264,7 @@ void Peering::OnTlsUp(Host& h) {
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(h.mu);
     h.lanes.clear();
     h.lanes.resize(static_cast<size_t>(links_per_peer_));
   }
@@ -290,7 +294,7 @@ bool Peering::LaneOf(Host& h, const FrameHeader& hdr, size_t* lane, std::string*
     if (count != static_cast<uint64_t>(links_per_peer_))
       VS_LOG(kInfo, "peer %s: runs %lu link(s) per host pair, this host's links_per_peer is %d: %lu it is",
              h.name.c_str(), static_cast<unsigned long>(count), links_per_peer_, static_cast<unsigned long>(count));
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(h.mu);
     h.lanes.resize(count);
   } else if (count != h.lanes.size()) {
     *why = "link count changed from " + std::to_string(h.lanes.size()) + " to " + std::to_string(count);
@@ -316,7 +320,7 @@ void Peering::OnLinkConnected(Host& h, size_t lane) {
   if (!link->Send(hello, {&v, 1}) || !link->Flush().ok()) return HostDown(h, "link hello not sent");
   Watch(link->wake_fd(), false);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(h.mu);
     l.link = std::move(link);
   }
   if (AllLanes(h, false)) h.state = State::kWaitReady;  // the acceptor confirms on the TLS channel
@@ -324,7 +328,7 @@ void Peering::OnLinkConnected(Host& h, size_t lane) {
 
 void Peering::HostUp(Host& h) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(h.mu);
     h.state = State::kUp;
     h.last_error.clear();
   }
@@ -346,7 +350,7 @@ void Peering::HostDown(Host& h, const std::string& why) {
   if (h.connecting) epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, h.connecting.get(), nullptr);
   std::vector<Lane> old;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(h.mu);
     for (Lane& l : h.lanes) {
       if (l.connecting) epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, l.connecting.get(), nullptr);
       if (l.link) {
@@ -555,9 +559,9 @@ bool Peering::Poll() {
 }
 
 std::vector<PeerSnapshot> Peering::Snapshot() const {
-  std::lock_guard<std::mutex> lock(mu_);
   std::vector<PeerSnapshot> out;
-  for (const auto& h : hosts_) {
+  for (const auto& h : hosts_) {  // (fixed after Start)
+    MutexLock lock(h->mu);
     LinkTotals t = h->old;
     std::vector<uint64_t> per_link;
     for (const Lane& l : h->lanes)

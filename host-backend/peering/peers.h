@@ -31,10 +31,10 @@
 
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
 #include "host-backend/config.h"
@@ -146,9 +146,15 @@ class Peering : public RemoteHosts {
     sockaddr_storage addr;
     socklen_t addr_len;
     bool initiator;
-    std::atomic<State> state{State::kIdle};
+    std::atomic<State> state{State::kIdle};  // (read by Snapshot)
     std::unique_ptr<peering::TlsChannel> tls;
     UniqueFd connecting;  // TCP connect of the TLS channel in progress
+    // What Snapshot (another thread) reads of the host, besides atomics:
+    // lanes (the vector and each Lane's link), last_error and old. The
+    // worker changes them with mu held; it is their only writer, so it
+    // reads lanes without mu (which the analysis cannot check: lanes is not
+    // GUARDED_BY).
+    Mutex mu;
     // The session's links: as many as the initiator asked for (its
     // links_per_peer); empty while down, and at the acceptor until the
     // first link (tcp) or RDMA_SETUP (rdma) names the count.
@@ -163,9 +169,9 @@ class Peering : public RemoteHosts {
     int backoff_ms = 0;
     int64_t deadline_ms = 0;  // for the current setup step
     std::atomic<uint64_t> connects{0}, losses{0};
-    std::string last_error;
+    std::string last_error GUARDED_BY(mu);
     // Totals of links that are gone (live links' stats are added on read).
-    LinkTotals old;
+    LinkTotals old GUARDED_BY(mu);
   };
 
   Host* ByName(const std::string& name);
@@ -218,8 +224,8 @@ class Peering : public RemoteHosts {
   };
   FileId crl_id_;  // tls_crl as last loaded (or tried)
   int64_t crl_check_at_ms_ = 0;
-  mutable std::mutex locator_mu_;  // guards locator_ (the worker reads, vsocketctl writes)
-  std::unique_ptr<fabric::StaticLocator> locator_;
+  mutable Mutex locator_mu_;  // the worker reads, vsocketctl writes
+  std::unique_ptr<fabric::StaticLocator> locator_ GUARDED_BY(locator_mu_);
   std::string locator_path_;
   std::vector<std::unique_ptr<Host>> hosts_;  // index = id - 1; fixed after Start
   UniqueFd listener_;
@@ -228,7 +234,6 @@ class Peering : public RemoteHosts {
   UniqueFd timer_;
   std::vector<int> watched_;
   PeeringCounters counters_;
-  mutable std::mutex mu_;  // guards Host::link/last_error/state against Snapshot()
 };
 
 }  // namespace vsocket::backend

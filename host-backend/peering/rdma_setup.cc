@@ -17,7 +17,7 @@ using proto::FrameType;
 void Peering::StartRdmaLink(Host& h) {
   h.deadline_ms = MonotonicMs() + kSetupTimeoutMs;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(h.mu);
     h.lanes.clear();
   }
   h.rdma_cq.reset();
@@ -29,7 +29,7 @@ void Peering::StartRdmaLink(Host& h) {
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(h.mu);
     h.lanes.resize(static_cast<size_t>(links_per_peer_));
   }
   for (size_t i = 0; i < h.lanes.size(); ++i) {
@@ -50,7 +50,7 @@ Status Peering::CreateRdmaLane(Host& h, size_t i) {
   }
   auto link = fabric::RdmaLink::Create(h.rdma, {}, h.rdma_cq);
   if (!link.ok()) return Status(link.status().code(), "rdma link: " + link.status().message());
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(h.mu);
   h.lanes[i].rdma = link->get();
   h.lanes[i].link = std::move(link).value();
   return Status::Ok();

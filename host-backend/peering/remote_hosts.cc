@@ -14,7 +14,7 @@ using proto::FrameType;
 uint32_t Peering::Locate(uint32_t tenant, const proto::Endpoint& addr) {
   std::string name;
   {
-    std::lock_guard<std::mutex> lock(locator_mu_);
+    MutexLock lock(locator_mu_);
     name = locator_->Find(tenant, addr);
   }
   if (name.empty() || name == host_name_) return 0;
@@ -24,13 +24,13 @@ uint32_t Peering::Locate(uint32_t tenant, const proto::Endpoint& addr) {
 
 bool Peering::Runs(uint32_t host, uint32_t tenant, const proto::Endpoint& addr) {
   if (host == 0 || host > hosts_.size()) return false;
-  std::lock_guard<std::mutex> lock(locator_mu_);
+  MutexLock lock(locator_mu_);
   return locator_->Find(tenant, addr) == hosts_[host - 1]->name;
 }
 
 Result<std::string> Peering::LocatorText() const {
   if (!enabled()) return Status(Code::kFailedPrecondition, "no peer hosts configured: no locator");
-  std::lock_guard<std::mutex> lock(locator_mu_);
+  MutexLock lock(locator_mu_);
   return locator_->Text();
 }
 
@@ -38,7 +38,7 @@ Status Peering::SetLocations(const std::string& lines, size_t* replaced) {
   if (!enabled()) return Status(Code::kFailedPrecondition, "no peer hosts configured: no locator");
   auto set = fabric::StaticLocator::Parse(lines, "locator set");
   if (!set.ok()) return set.status();
-  std::lock_guard<std::mutex> lock(locator_mu_);
+  MutexLock lock(locator_mu_);
   *replaced = locator_->Merge(**set);
   return Status::Ok();
 }
@@ -47,7 +47,7 @@ Status Peering::ReloadLocator() {
   if (!enabled()) return Status(Code::kFailedPrecondition, "no peer hosts configured: no locator");
   auto loc = fabric::StaticLocator::Load(locator_path_);
   if (!loc.ok()) return loc.status();
-  std::lock_guard<std::mutex> lock(locator_mu_);
+  MutexLock lock(locator_mu_);
   locator_ = std::move(loc).value();
   return Status::Ok();
 }

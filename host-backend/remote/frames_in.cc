@@ -180,10 +180,7 @@ void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
       break;
     case FrameType::kAbort:
     case FrameType::kDowngrade: {
-      {
-        std::lock_guard<std::mutex> lock(snapshot_mu_);
-        c->reason = h.type == FrameType::kAbort ? Reason::kPeerDowngraded : PeerReason(h.aux);
-      }
+      c->reason = h.type == FrameType::kAbort ? Reason::kPeerDowngraded : PeerReason(h.aux);
       c->remote.gone = true;
       Raise(*c, kEvDowngrade);
       MaybeDestroy(c);

@@ -172,12 +172,9 @@ void ConnManager::AcceptRemote(BackendConn& c, const PendingRemote& r) {
 }
 
 void ConnManager::UpgradeRemote(BackendConn& c) {
-  {
-    std::lock_guard<std::mutex> lock(snapshot_mu_);
-    c.remote.stage = RemotePeer::Stage::kPaired;
-    c.state = ConnState::kUpgraded;
-    c.reason = Reason::kNone;
-  }
+  c.remote.stage = RemotePeer::Stage::kPaired;
+  c.state = ConnState::kUpgraded;
+  c.reason = Reason::kNone;
   VS_LOG(kDebug, "conn %lu paired with host %u conn %lu", static_cast<unsigned long>(c.handle), c.remote.host,
          static_cast<unsigned long>(c.remote.handle));
   counters_.upgrades.fetch_add(1, std::memory_order_relaxed);
@@ -276,10 +273,7 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
         hosts_->SendPairing(host, Frame(FrameType::kPairCancel, h.tenant, h.value, h.handle), {});
         c->remote.stage = RemotePeer::Stage::kNone;
         DropRx(*c);
-        {
-          std::lock_guard<std::mutex> lock(snapshot_mu_);
-          c->reason = Reason::kProtocolError;
-        }
+        c->reason = Reason::kProtocolError;
         Raise(*c, kEvDowngrade);
         return;
       }
@@ -302,10 +296,7 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
       if (h.aux == static_cast<uint32_t>(Reason::kMigration) && !c->gone) return PeerMoved(*c, host);
       c->remote.stage = RemotePeer::Stage::kNone;
       DropRx(*c);
-      {
-        std::lock_guard<std::mutex> lock(snapshot_mu_);
-        c->reason = PeerReason(h.aux);
-      }
+      c->reason = PeerReason(h.aux);
       Raise(*c, kEvDowngrade);  // not upgraded: the guest just stays on kernel TCP
       return;
     }
@@ -327,10 +318,7 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
       if (registry_.find(key, mine)) {
         BackendConn* c = conn(mine);
         if (c != nullptr && c->WaitsForPeer() && c->role != info->role) {
-          {
-            std::lock_guard<std::mutex> lock(snapshot_mu_);
-            c->reason = why;
-          }
+          c->reason = why;
           Raise(*c, kEvDowngrade);
         }
         // (Asked, accepted or paired: that pairing answers for itself.)
@@ -346,10 +334,7 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
         if (c == nullptr || c->remote.host != host || c->remote.handle != h.value) return;
         if (c->remote.stage == RemotePeer::Stage::kAccepted) {
           c->remote.stage = RemotePeer::Stage::kNone;
-          {
-            std::lock_guard<std::mutex> lock(snapshot_mu_);
-            c->reason = Reason::kPeerNotAccelerated;
-          }
+          c->reason = Reason::kPeerNotAccelerated;
           Raise(*c, kEvDowngrade);  // a guest waiting on kernel EOF learns it is final
         } else if (c->remote.paired()) {
           DetachRemote(*c, Reason::kPeerNotAccelerated);
@@ -380,10 +365,7 @@ void ConnManager::DetachRemote(BackendConn& c, Reason why) {
   DropRx(c);
   WithdrawTx(c);  // frames in flight on a live link still read it (OnHostDown: the link goes)
   if (!c.gone) {
-    {
-      std::lock_guard<std::mutex> lock(snapshot_mu_);
-      c.reason = why;
-    }
+    c.reason = why;
     Raise(c, kEvDowngrade);
   }
   if (upgraded) counters_.fabric_downgrades.fetch_add(1, std::memory_order_relaxed);

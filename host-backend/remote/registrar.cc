@@ -12,10 +12,10 @@ Registrar::Registrar() : ready_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
 
 Registrar::~Registrar() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -27,21 +27,21 @@ void Registrar::Start() {
 void Registrar::Submit(Job job) {
   Start();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     jobs_.push_back(std::move(job));
   }
   ++outstanding_;
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 void Registrar::Dispose(Registration r) {
   if (!r) return;
   Start();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     dispose_.push_back(std::move(r));
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 std::vector<Registrar::Done> Registrar::Take() {
@@ -49,7 +49,7 @@ std::vector<Registrar::Done> Registrar::Take() {
   {
     // (The thread adds and signals under mu_ too: the fd stays readable
     // exactly while something is there to take.)
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     uint64_t v;
     (void)!read(ready_.get(), &v, sizeof(v));
     out.swap(done_);
@@ -61,9 +61,9 @@ std::vector<Registrar::Done> Registrar::Take() {
 
 void Registrar::Run() {
   pthread_setname_np(pthread_self(), "vsocketd-mr");
-  std::unique_lock<std::mutex> lock(mu_);
+  UniqueLock lock(mu_);
   while (true) {
-    cv_.wait(lock, [&] { return stop_ || !jobs_.empty() || !dispose_.empty(); });
+    while (!stop_ && jobs_.empty() && dispose_.empty()) cv_.Wait(lock);
     if (!dispose_.empty()) {
       std::vector<Registration> drop;
       drop.swap(dispose_);

@@ -13,16 +13,15 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
 
@@ -63,27 +62,27 @@ class Registrar {
 
   // Readable while Take() has something (an eventfd: the worker sleeps on it).
   int fd() const { return ready_.get(); }
-  void Submit(Job job);
-  void Dispose(Registration r);
+  void Submit(Job job) EXCLUDES(mu_);
+  void Dispose(Registration r) EXCLUDES(mu_);
   // Whether Take() has something (no system call: the worker asks every pass).
   bool HasDone() const { return finished_.load(std::memory_order_acquire) != taken_; }
   // What is done, in the order submitted.
-  std::vector<Done> Take();
+  std::vector<Done> Take() EXCLUDES(mu_);
   // Jobs submitted and not yet taken back.
   size_t outstanding() const { return outstanding_; }
 
  private:
-  void Run();
+  void Run() EXCLUDES(mu_);
   void Start();
 
   UniqueFd ready_;
   std::thread thread_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::deque<Job> jobs_;               // guarded by mu_
-  std::vector<Registration> dispose_;  // guarded by mu_
-  std::vector<Done> done_;             // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;  // a job, something to dispose of, or stop
+  bool stop_ GUARDED_BY(mu_) = false;
+  std::deque<Job> jobs_ GUARDED_BY(mu_);
+  std::vector<Registration> dispose_ GUARDED_BY(mu_);
+  std::vector<Done> done_ GUARDED_BY(mu_);
   size_t outstanding_ = 0;             // the submitting thread's own count
   std::atomic<uint64_t> finished_{0};  // jobs done (the thread counts)
   uint64_t taken_ = 0;                 // of those, taken (the submitting thread counts)

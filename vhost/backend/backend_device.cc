@@ -68,7 +68,7 @@ Status BackendDevice::Load() {
   }
   std::free(mem);
   {
-    std::lock_guard<std::mutex> lock(files_mu_);
+    MutexLock lock(files_mu_);
     region_files_ = std::move(files);
   }
   auto memory = GuestMemory::Create(std::move(regions));
@@ -134,7 +134,7 @@ void BackendDevice::MarkBroken(std::string reason) {
 std::string BackendDevice::broken_reason() const { return broken() ? broken_reason_ : ""; }
 
 bool BackendDevice::HasRegionFile(const FileId& f) const {
-  std::lock_guard<std::mutex> lock(files_mu_);
+  MutexLock lock(files_mu_);
   return std::find(region_files_.begin(), region_files_.end(), f) != region_files_.end();
 }
 

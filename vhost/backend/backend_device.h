@@ -5,10 +5,11 @@
 
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
 #include "vhost/backend/socket_proof.h"
@@ -51,6 +52,9 @@ class BackendDevice {
   uint64_t features() const { return features_; }
 
   const GuestMemory& memory() const { return memory_; }
+  // Tests: guest memory without rte_vhost behind it (instead of Load(); the
+  // device has no queues then).
+  void SetMemoryForTesting(GuestMemory memory) { memory_ = std::move(memory); }
 
   // Set when the guest is gone for good (not just paused for a
   // reconfiguration): its connections must be released.
@@ -65,7 +69,7 @@ class BackendDevice {
   // The files behind its memory regions (as of the last Load): a proof
   // channel that passes one of them belongs to this device's process.
   // Thread-safe.
-  bool HasRegionFile(const FileId& f) const;
+  bool HasRegionFile(const FileId& f) const EXCLUDES(files_mu_);
   // 4-tuples this device's process proved it holds (socket_proof.h).
   ProvenSockets& proofs() { return proofs_; }
 
@@ -85,8 +89,10 @@ class BackendDevice {
   std::atomic<bool> stopping_{false};
   std::string broken_reason_;  // written once, before broken_ is set
   DeviceCounters counters_;
-  mutable std::mutex files_mu_;
-  std::vector<FileId> region_files_;  // guarded by files_mu_
+  // Taken after VhostBackend's lock (which asks HasRegionFile under it):
+  // nothing is taken while it is held.
+  mutable Mutex files_mu_;
+  std::vector<FileId> region_files_ GUARDED_BY(files_mu_);
   ProvenSockets proofs_;
 };
 

@@ -51,7 +51,7 @@ Status ProofServer::Listen(const std::string& port_path, size_t max_channels) {
   // process that holds the socket.
   if (listen(fd.get(), 64) != 0) return Status::FromErrno("listen " + path);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto l = std::make_shared<Listener>();
     l->port_path = port_path;
     l->fd = std::move(fd);
@@ -65,7 +65,7 @@ Status ProofServer::Listen(const std::string& port_path, size_t max_channels) {
 }
 
 void ProofServer::Close(const std::string& port_path) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = std::find_if(listeners_.begin(), listeners_.end(),
                          [&](const auto& l) { return l->port_path == port_path; });
   if (it == listeners_.end()) return;
@@ -167,7 +167,7 @@ void ProofServer::Run() {
   std::vector<pollfd> pfds;
   while (!stop_.load()) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       for (const std::string& p : closing_)
         std::erase_if(channels_, [&](const Channel& c) { return c.port_path == p; });
       closing_.clear();
@@ -186,7 +186,7 @@ void ProofServer::Run() {
     for (size_t i = first_channel, j = 0; i < pfds.size(); ++i, ++j)
       if (pfds[i].revents && !Serve(channels_[j])) channels_[j].fd.reset();
     std::erase_if(channels_, [](const Channel& c) { return !c.fd; });
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (size_t i = 1; i < first_channel; ++i) {
       const auto& l = polled_[i - 1];
       // (Not one closed meanwhile: its channels would outlive the port.)

@@ -8,11 +8,11 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
 #include "vhost/backend/socket_proof.h"
@@ -44,9 +44,9 @@ class ProofServer {
 
   // Opens PATH.proof next to the port socket at port_path, with its mode and
   // group; at most max_channels channels at once (one per guest process).
-  Status Listen(const std::string& port_path, size_t max_channels);
+  Status Listen(const std::string& port_path, size_t max_channels) EXCLUDES(mu_);
   // Closes it and its channels.
-  void Close(const std::string& port_path);
+  void Close(const std::string& port_path) EXCLUDES(mu_);
 
  private:
   struct Listener {
@@ -61,7 +61,7 @@ class ProofServer {
     bool bound = false;
   };
   void Start();
-  void Run();
+  void Run() EXCLUDES(mu_);
   void Accept(const Listener& l);
   // False: the channel is done (closed, or broke the protocol).
   bool Serve(Channel& c);
@@ -72,9 +72,9 @@ class ProofServer {
   UniqueFd wake_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
-  std::mutex mu_;  // guards listeners_ against Listen/Close
-  std::vector<std::shared_ptr<Listener>> listeners_;
-  std::vector<std::string> closing_;  // guarded by mu_: ports whose channels go
+  Mutex mu_;  // Listen/Close against the thread
+  std::vector<std::shared_ptr<Listener>> listeners_ GUARDED_BY(mu_);
+  std::vector<std::string> closing_ GUARDED_BY(mu_);  // ports whose channels go
   std::vector<std::shared_ptr<Listener>> polled_;  // the thread's: what its poll set names
   std::vector<Channel> channels_;    // the thread's own
 };

@@ -91,13 +91,13 @@ Result<FileId> FileIdOf(int fd) {
 }
 
 void ProvenSockets::Add(const SocketTuple& t) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (proofs_.size() >= kMaxProofs) proofs_.pop_front();
   proofs_.push_back(t);
 }
 
 bool ProvenSockets::Take(const SocketTuple& t) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   // Newest first: a connection registers right after its proof.
   for (auto it = proofs_.rbegin(); it != proofs_.rend(); ++it) {
     if (*it == t) {
@@ -109,7 +109,7 @@ bool ProvenSockets::Take(const SocketTuple& t) {
 }
 
 size_t ProvenSockets::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return proofs_.size();
 }
 

@@ -15,8 +15,8 @@
 #include <array>
 #include <cstdint>
 #include <deque>
-#include <mutex>
 
+#include "base/mutex.h"
 #include "base/status.h"
 
 namespace vsocket::vhost {
@@ -29,7 +29,13 @@ struct SocketTuple {
   std::array<uint8_t, 16> peer_addr{};
   uint16_t local_port = 0;
   uint16_t peer_port = 0;
-  uint64_t netns_cookie = 0;  // SO_NETNS_COOKIE (0: not known); not compared yet
+  // SO_NETNS_COOKIE: the network namespace of the socket (0: the kernel
+  // did not say). Not part of ==: ProofServer compares it before a tuple is
+  // recorded. Once the operator attested the VM's namespace (vsocketctl
+  // attest), a socket of any other, or of an unknown one (0), is refused
+  // (EXDEV, ProofCounters::wrong_netns); with none attested, any namespace
+  // is accepted.
+  uint64_t netns_cookie = 0;
   bool operator==(const SocketTuple& o) const {
     return family == o.family && local_addr == o.local_addr && peer_addr == o.peer_addr &&
            local_port == o.local_port && peer_port == o.peer_port;
@@ -54,14 +60,14 @@ Result<FileId> FileIdOf(int fd);
 class ProvenSockets {
  public:
   static constexpr size_t kMaxProofs = 4096;
-  void Add(const SocketTuple& t);
+  void Add(const SocketTuple& t) EXCLUDES(mu_);
   // True (and forgotten) if t was proved.
-  bool Take(const SocketTuple& t);
-  size_t size() const;
+  bool Take(const SocketTuple& t) EXCLUDES(mu_);
+  size_t size() const EXCLUDES(mu_);
 
  private:
-  mutable std::mutex mu_;
-  std::deque<SocketTuple> proofs_;
+  mutable Mutex mu_;
+  std::deque<SocketTuple> proofs_ GUARDED_BY(mu_);
 };
 
 }  // namespace vsocket::vhost

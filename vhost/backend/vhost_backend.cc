@@ -163,7 +163,7 @@ Status VhostBackend::AddPort(const PortConfig& config, DeviceListener* listener)
   {
     // A port removed and added again (a VM that migrated away and back)
     // keeps its entry: devices of its first life may still name it.
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     Port* same = nullptr;
     for (auto& p : ports_)
       if (p->config.path == config.path) same = p.get();
@@ -211,18 +211,18 @@ ProofServer& VhostBackend::Proofs() {
 }
 
 void VhostBackend::AttestNetns(const std::string& port_path, uint64_t cookie) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   netns_[port_path] = cookie;
 }
 
 uint64_t VhostBackend::AttestedNetns(const std::string& port_path) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = netns_.find(port_path);
   return it == netns_.end() ? 0 : it->second;
 }
 
 std::shared_ptr<BackendDevice> VhostBackend::DeviceWithRegionFile(const std::string& port_path, const FileId& f) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (auto& [vid, conn] : conns_)
     if (conn.device && conn.port != nullptr && conn.port->config.path == port_path && conn.device->HasRegionFile(f))
       return conn.device;
@@ -235,7 +235,7 @@ Status VhostBackend::RemovePort(const std::string& path) {
   // Unregistering destroyed the port's devices but calls no
   // destroy_connection: forget its connections here (a port opened again
   // must not count them against max_devices).
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (auto it = conns_.begin(); it != conns_.end();) {
     if (it->second.port != nullptr && it->second.port->config.path == path) it = conns_.erase(it);
     else ++it;
@@ -244,7 +244,7 @@ Status VhostBackend::RemovePort(const std::string& path) {
 }
 
 std::vector<std::shared_ptr<BackendDevice>> VhostBackend::Devices() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<std::shared_ptr<BackendDevice>> out;
   for (auto& [vid, conn] : conns_)
     if (conn.device) out.push_back(conn.device);
@@ -254,7 +254,7 @@ std::vector<std::shared_ptr<BackendDevice>> VhostBackend::Devices() {
 int VhostBackend::OnNewConnection(int vid) {
   char ifname[256] = {};
   rte_vhost_get_ifname(vid, ifname, sizeof(ifname));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Port* port = nullptr;
   for (auto& p : ports_)
     if (p->config.path == ifname) port = p.get();
@@ -275,14 +275,14 @@ int VhostBackend::OnNewConnection(int vid) {
 }
 
 void VhostBackend::OnDestroyConnection(int vid) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   conns_.erase(vid);
 }
 
 int VhostBackend::OnNewDevice(int vid) {
   Port* port;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = conns_.find(vid);
     if (it == conns_.end()) return -1;
     port = it->second.port;
@@ -295,12 +295,12 @@ int VhostBackend::OnNewDevice(int vid) {
     return -1;
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     conns_[vid].device = device;
     conns_[vid].paused = false;
   }
   counters_.devices_started.fetch_add(1);
-  port->listener->Attach(device);
+  Listener(*port).Attach(device);
   VS_LOG(kInfo, "vm %s: device %lu started (vid %d, event_idx %d)", port->config.vm_name.c_str(),
          static_cast<unsigned long>(device->id()), vid, device->event_idx());
   return 0;
@@ -310,7 +310,7 @@ void VhostBackend::OnDestroyDevice(int vid) {
   std::shared_ptr<BackendDevice> device;
   Port* port = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = conns_.find(vid);
     if (it == conns_.end()) return;
     device = std::move(it->second.device);
@@ -319,7 +319,7 @@ void VhostBackend::OnDestroyDevice(int vid) {
   }
   if (!device) return;
   device->set_stopping();
-  port->listener->Detach(device.get());
+  Listener(*port).Detach(device.get());
   // GET_VRING_BASE replies with the library's last_avail_idx: make it ours.
   device->SyncBase();
   counters_.devices_stopped.fetch_add(1);
@@ -332,7 +332,7 @@ int VhostBackend::OnFeaturesChanged(int vid, uint64_t features) {
   bool changed = false;
   bool logging = (features & proto::kFeatureLogAll) != 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = conns_.find(vid);
     if (it == conns_.end()) return 0;
     device = it->second.device;
@@ -340,7 +340,7 @@ int VhostBackend::OnFeaturesChanged(int vid, uint64_t features) {
     changed = it->second.logging != logging;
     it->second.logging = logging;
   }
-  if (device && changed) port->listener->MigrationChanged(device.get(), logging);
+  if (device && changed) Listener(*port).MigrationChanged(device.get(), logging);
   return 0;
 }
 
@@ -351,7 +351,7 @@ int VhostBackend::OnPreMessage(int vid, void* msg) {
   std::shared_ptr<BackendDevice> device;
   Port* port = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = conns_.find(vid);
     if (it == conns_.end() || !it->second.device || it->second.paused) return RTE_VHOST_MSG_RESULT_NOT_HANDLED;
     it->second.paused = true;
@@ -359,7 +359,7 @@ int VhostBackend::OnPreMessage(int vid, void* msg) {
     port = it->second.port;
   }
   counters_.reconfigurations.fetch_add(1);
-  port->listener->Detach(device.get());
+  Listener(*port).Detach(device.get());
   device->SyncBase();
   return RTE_VHOST_MSG_RESULT_NOT_HANDLED;
 }
@@ -368,7 +368,7 @@ int VhostBackend::OnPostMessage(int vid, void*) {
   std::shared_ptr<BackendDevice> device;
   Port* port = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = conns_.find(vid);
     if (it == conns_.end() || !it->second.paused || !it->second.device) return RTE_VHOST_MSG_RESULT_NOT_HANDLED;
     it->second.paused = false;
@@ -381,7 +381,7 @@ int VhostBackend::OnPostMessage(int vid, void*) {
     device->MarkBroken("reconfiguration rejected: " + st.ToString());
     return RTE_VHOST_MSG_RESULT_NOT_HANDLED;
   }
-  port->listener->Attach(device);
+  Listener(*port).Attach(device);
   return RTE_VHOST_MSG_RESULT_NOT_HANDLED;
 }
 

@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "vhost/backend/backend_device.h"
 #include "vhost/backend/proof_server.h"
@@ -87,26 +88,26 @@ class VhostBackend {
   // rte_vhost's callbacks are plain functions: one backend per process.
   static VhostBackend& Instance();
 
-  Status AddPort(const PortConfig& config, DeviceListener* listener);
+  Status AddPort(const PortConfig& config, DeviceListener* listener) EXCLUDES(mu_);
   // The VM's network namespace, as the operator attests it (the
   // SO_NETNS_COOKIE of a socket made inside it: `vsocketctl attest VM` run
   // there): from then on a socket proof from another namespace is refused.
-  void AttestNetns(const std::string& port_path, uint64_t cookie);
-  uint64_t AttestedNetns(const std::string& port_path);
-  Status RemovePort(const std::string& path);
+  void AttestNetns(const std::string& port_path, uint64_t cookie) EXCLUDES(mu_);
+  uint64_t AttestedNetns(const std::string& port_path) EXCLUDES(mu_);
+  Status RemovePort(const std::string& path) EXCLUDES(mu_);
 
   const BackendCounters& counters() const { return counters_; }
   // Devices currently connected (running or not), for reporting.
-  std::vector<std::shared_ptr<BackendDevice>> Devices();
+  std::vector<std::shared_ptr<BackendDevice>> Devices() EXCLUDES(mu_);
 
   // rte_vhost entry points (public for the C callback shims only).
-  int OnNewConnection(int vid);
-  void OnDestroyConnection(int vid);
-  int OnNewDevice(int vid);
-  void OnDestroyDevice(int vid);
-  int OnFeaturesChanged(int vid, uint64_t features);
-  int OnPreMessage(int vid, void* msg);
-  int OnPostMessage(int vid, void* msg);
+  int OnNewConnection(int vid) EXCLUDES(mu_);
+  void OnDestroyConnection(int vid) EXCLUDES(mu_);
+  int OnNewDevice(int vid) EXCLUDES(mu_);
+  void OnDestroyDevice(int vid) EXCLUDES(mu_);
+  int OnFeaturesChanged(int vid, uint64_t features) EXCLUDES(mu_);
+  int OnPreMessage(int vid, void* msg) EXCLUDES(mu_);
+  int OnPostMessage(int vid, void* msg) EXCLUDES(mu_);
 
  private:
   struct Port {
@@ -121,15 +122,21 @@ class VhostBackend {
   };
 
   VhostBackend() = default;
-  std::shared_ptr<BackendDevice> DeviceWithRegionFile(const std::string& port_path, const FileId& f);
+  std::shared_ptr<BackendDevice> DeviceWithRegionFile(const std::string& port_path, const FileId& f) EXCLUDES(mu_);
   ProofServer& Proofs();
+  // The way to a port's listener, never with mu_ held: Detach waits for the
+  // worker's pass, and our lock held meanwhile would stall the control
+  // socket (Devices) and the proof thread (DeviceWithRegionFile).
+  DeviceListener& Listener(const Port& port) EXCLUDES(mu_) { return *port.listener; }
 
-  std::mutex mu_;  // guards ports_, conns_; never held while calling listeners
-  std::vector<std::unique_ptr<Port>> ports_;
-  std::unordered_map<int, Conn> conns_;
+  // Taken before a device's own lock (DeviceWithRegionFile asks the devices
+  // under it: BackendDevice::HasRegionFile), never after.
+  Mutex mu_;
+  std::vector<std::unique_ptr<Port>> ports_ GUARDED_BY(mu_);
+  std::unordered_map<int, Conn> conns_ GUARDED_BY(mu_);
   std::atomic<uint64_t> next_device_id_{1};
   BackendCounters counters_;
-  std::unordered_map<std::string, uint64_t> netns_;  // guarded by mu_: attested, by port path
+  std::unordered_map<std::string, uint64_t> netns_ GUARDED_BY(mu_);  // attested, by port path
   std::once_flag proofs_once_;
   std::unique_ptr<ProofServer> proofs_;
 };

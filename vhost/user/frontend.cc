@@ -228,7 +228,7 @@ std::string ProofPath(const std::string& port) {
 }  // namespace
 
 Status VhostUserFrontend::OpenProofChannel() {
-  std::lock_guard<std::mutex> lock(proof_mu_);
+  MutexLock lock(proof_mu_);
   return OpenProofChannelLocked();
 }
 
@@ -271,7 +271,7 @@ Status VhostUserFrontend::OpenProofChannelLocked() {
 }
 
 Status VhostUserFrontend::ProveSocket(int fd) {
-  std::lock_guard<std::mutex> lock(proof_mu_);
+  MutexLock lock(proof_mu_);
   if (!proof_) {
     // Closed after an unanswered request (a stopped daemon): again.
     Status st = OpenProofChannelLocked();
@@ -283,7 +283,7 @@ Status VhostUserFrontend::ProveSocket(int fd) {
   return st;
 }
 
-// One request with one fd, one reply (proof_mu_ held).
+// One request with one fd, one reply.
 Status VhostUserFrontend::ProofRequest(uint32_t op, int fd) {
   proof::Request req;
   req.op = static_cast<proof::Op>(op);
@@ -323,7 +323,10 @@ Status VhostUserFrontend::ProofRequest(uint32_t op, int fd) {
   return Status::Ok();
 }
 
-void VhostUserFrontend::CloseFdsAfterFork() {
+// Not under proof_mu_: in the child only this thread exists, and a copy of
+// the lock held by another thread of the parent at the fork would never be
+// released.
+void VhostUserFrontend::CloseFdsAfterFork() NO_THREAD_SAFETY_ANALYSIS {
   proof_.reset();
   sock_.reset();
   for (Queue& q : queues_) {

@@ -10,11 +10,11 @@
 
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
 #include "vhost/region/shm_region.h"
@@ -64,11 +64,11 @@ class VhostUserFrontend {
   // Process mode (vhost/user/proof.h): opens the port's proof socket and
   // ties it to this session's device by passing the memfd of its region.
   // kNotFound: the port has none (the backend does not ask for proofs).
-  Status OpenProofChannel();
+  Status OpenProofChannel() EXCLUDES(proof_mu_);
   bool proves_sockets() const { return proof_wanted_.load(std::memory_order_relaxed); }
   // Proves that this process holds connected TCP socket `fd`: the backend
   // then accepts one registration of its 4-tuple. Thread-safe.
-  Status ProveSocket(int fd);
+  Status ProveSocket(int fd) EXCLUDES(proof_mu_);
 
   VirtqueueDriver& queue(size_t i) { return queues_[i].driver; }
   size_t num_queues() const { return queues_.size(); }
@@ -110,10 +110,10 @@ class VhostUserFrontend {
   uint64_t features_ = 0;
   uint64_t protocol_features_ = 0;
   std::vector<uint64_t> abandoned_;
-  std::mutex proof_mu_;  // one request at a time on the proof channel
-  UniqueFd proof_;
-  Status ProofRequest(uint32_t op, int fd);
-  Status OpenProofChannelLocked();
+  Mutex proof_mu_;  // one request at a time on the proof channel
+  UniqueFd proof_ GUARDED_BY(proof_mu_);
+  Status ProofRequest(uint32_t op, int fd) REQUIRES(proof_mu_);
+  Status OpenProofChannelLocked() REQUIRES(proof_mu_);
   std::atomic<bool> proof_wanted_{false};  // the port has a proof socket (the last open found one)
 };
 

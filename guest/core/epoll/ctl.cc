@@ -25,7 +25,7 @@ int EpollCtl(int epfd, int op, int fd, epoll_event* ev) {
   }
   EpSet* set = FindSet(epfd, true);
   if (set == nullptr) return Libc().epoll_ctl(epfd, op, fd, ev);
-  std::lock_guard<std::mutex> lock(set->mu);
+  MutexLock lock(set->mu);
   auto it = set->entries.find(fd);
   bool present = it != set->entries.end() && it->second.conn;
   switch (op) {

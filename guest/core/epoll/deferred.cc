@@ -102,7 +102,7 @@ void EpollSettleMine() {
   std::vector<EpSet*> sets;
   sets.swap(t_dirtied);
   for (EpSet* set : sets) {
-    std::lock_guard<std::mutex> lock(set->mu);
+    MutexLock lock(set->mu);
     SettleSet(*set);
   }
   sets.clear();
@@ -112,7 +112,7 @@ void EpollSettleMine() {
 void EpollSettleFd(int fd) {
   if (fd < 0 || fd >= kTableFds || g_dirty_of[fd].load(std::memory_order_relaxed) == 0) return;
   for (EpSet* set : t_dirtied) {  // (the usual case: this thread's own change)
-    std::lock_guard<std::mutex> lock(set->mu);
+    MutexLock lock(set->mu);
     auto it = set->entries.find(fd);
     if (it != set->entries.end()) Settle(*set, fd, it->second);
   }
@@ -122,7 +122,7 @@ void EpollSettleFd(int fd) {
 void EpollSettleAll() {
   if (!EpollHasDeferred()) return;
   for (EpSet* set : LiveSets()) {
-    std::lock_guard<std::mutex> lock(set->mu);
+    MutexLock lock(set->mu);
     SettleSet(*set);
   }
 }

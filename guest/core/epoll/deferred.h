@@ -19,14 +19,14 @@ namespace vsocket::guest::epoll {
 
 // Requires set.mu. Whether a change of entry e, of connection c (held on
 // kernel TCP), to `events` may wait.
-bool CanDefer(const EpSet& set, const EpEntry& e, const Conn& c, uint32_t events);
+bool CanDefer(const EpSet& set, const EpEntry& e, const Conn& c, uint32_t events) REQUIRES(set.mu);
 // Requires set.mu. e now holds a change the kernel has not seen.
-void MarkDirty(EpSet& set, int fd, EpEntry& e);
+void MarkDirty(EpSet& set, int fd, EpEntry& e) REQUIRES(set.mu);
 // Requires set.mu. Applies e's deferred change, if any.
-void Settle(EpSet& set, int fd, EpEntry& e);
+void Settle(EpSet& set, int fd, EpEntry& e) REQUIRES(set.mu);
 // Requires set.mu. Settles every deferred change of the set but those in
 // keep (fds, sorted).
-void SettleSet(EpSet& set, const int* keep = nullptr, int n_keep = 0);
+void SettleSet(EpSet& set, const int* keep = nullptr, int n_keep = 0) REQUIRES(set.mu);
 // This thread's next wait need not settle `set` (it just did) / must (it
 // left changes there).
 void ForgetDirtiedByThisThread(EpSet* set);

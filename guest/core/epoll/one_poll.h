@@ -30,7 +30,7 @@ bool AsksForMore(const EpEntry& e);
 // Requires set.mu. The entries whose deferred change asks for more, into
 // out (at most `limit`, sorted by fd), if every one of them fits; 0 when
 // there are none or too many.
-int FindPendingInterest(const EpSet& set, PendingInterest* out, int limit);
+int FindPendingInterest(const EpSet& set, PendingInterest* out, int limit) REQUIRES(set.mu);
 // What the kernel's wait would report now for the pending entries, by one
 // poll() of their sockets (no sleep); the count reported into ev.
 int ReadyNow(const PendingInterest* p, int n, epoll_event* ev);

@@ -15,7 +15,7 @@ namespace {
 
 // The epoll sets by epfd, for a look-up without a mutex on every
 // epoll_ctl and epoll_wait (set.h). g_ep_mu orders creation and close.
-std::mutex g_ep_mu;
+Mutex g_ep_mu;
 std::atomic<EpSet*> g_set_of[kMaxSets];
 std::vector<int> g_live_sets;  // the live sets' epfds, under g_ep_mu
 // How many sets hold a node (EpEntry, present or deleted) for each fd
@@ -48,7 +48,7 @@ void ClearNodes(EpSet& set) {
 }
 
 std::vector<EpSet*> LiveSets() {
-  std::lock_guard<std::mutex> lock(g_ep_mu);
+  MutexLock lock(g_ep_mu);
   std::vector<EpSet*> sets;
   sets.reserve(g_live_sets.size());
   for (int epfd : g_live_sets) sets.push_back(g_set_of[epfd].load(std::memory_order_relaxed));
@@ -60,14 +60,14 @@ EpSet* FindSet(int epfd, bool create) {
   EpSet* set = g_set_of[epfd].load(std::memory_order_acquire);
   if (set != nullptr && set->live.load(std::memory_order_acquire)) return set;
   if (!create) return nullptr;
-  std::lock_guard<std::mutex> lock(g_ep_mu);
+  MutexLock lock(g_ep_mu);
   set = g_set_of[epfd].load(std::memory_order_relaxed);
   if (set != nullptr && set->live.load(std::memory_order_relaxed)) return set;
   if (set == nullptr) {
     set = new EpSet();  // never freed (see above)
     g_set_of[epfd].store(set, std::memory_order_release);
   }
-  std::lock_guard<std::mutex> set_lock(set->mu);
+  MutexLock set_lock(set->mu);
   ClearNodes(*set);
   set->session = nullptr;
   set->epfd = epfd;
@@ -95,14 +95,14 @@ void EpollNoteWatched(int fd) {
   if (fd < 0 || fd >= kMaxSets) return;
   EpSet* set = g_set_of[fd].load(std::memory_order_acquire);
   if (set == nullptr || !set->live.load(std::memory_order_acquire)) return;
-  std::lock_guard<std::mutex> lock(set->mu);
+  MutexLock lock(set->mu);
   set->shared = true;
   SettleSet(*set);
 }
 
 void EpollKick(const Conn& c) {
   for (EpSet* set : LiveSets()) {
-    std::lock_guard<std::mutex> lock(set->mu);
+    MutexLock lock(set->mu);
     if (!set->live.load(std::memory_order_relaxed)) continue;
     for (const auto& [fd, e] : set->entries) {
       if (e.conn.get() != &c) continue;
@@ -114,9 +114,10 @@ void EpollKick(const Conn& c) {
 }
 
 void EpollAfterForkInChild() {
-  new (&g_ep_mu) std::mutex();
+  new (&g_ep_mu) Mutex();
   for (EpSet* set : LiveSets()) {  // (the child's one thread: the fresh lock is free)
-    new (&set->mu) std::mutex();
+    new (&set->mu) Mutex();
+    MutexLock lock(set->mu);  // (free: the child has one thread)
     set->session = nullptr;  // re-hooked to the child's session when it has one
     set->waiters.store(0, std::memory_order_relaxed);
     // The kernel's epoll object is the parent's too: nothing on it waits.
@@ -134,11 +135,11 @@ void EpollForget(int fd, bool lingering) {
   if (!is_set && g_nodes_of[fd].load(std::memory_order_relaxed) == 0) return;
   std::vector<std::pair<int, EpSet*>> sets;
   {
-    std::lock_guard<std::mutex> lock(g_ep_mu);
+    MutexLock lock(g_ep_mu);
     EpSet* own = g_set_of[fd].load(std::memory_order_relaxed);
     if (own != nullptr && own->live.load(std::memory_order_relaxed)) {
       // fd is an epoll set being closed.
-      std::lock_guard<std::mutex> set_lock(own->mu);
+      MutexLock set_lock(own->mu);
       SettleSet(*own);  // (a dup or a child may keep the epoll object)
       own->live.store(false, std::memory_order_release);
       g_live_sets.erase(std::find(g_live_sets.begin(), g_live_sets.end(), fd));
@@ -152,7 +153,7 @@ void EpollForget(int fd, bool lingering) {
     for (int epfd : g_live_sets) sets.emplace_back(epfd, g_set_of[epfd].load(std::memory_order_relaxed));
   }
   for (auto& [epfd, set] : sets) {
-    std::lock_guard<std::mutex> lock(set->mu);
+    MutexLock lock(set->mu);
     if (!set->live.load(std::memory_order_relaxed)) continue;
     auto it = set->entries.find(fd);
     if (it == set->entries.end()) continue;

@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/mutex.h"
 #include "guest/core/conn.h"
 #include "guest/core/fd_table.h"
 #include "guest/core/session.h"
@@ -55,21 +56,23 @@ struct EpEntry {
 };
 
 struct EpSet {
-  std::mutex mu;
-  std::unordered_map<int, EpEntry> entries;
+  // Lock order: the table's lock (set.cc), then this, then the session's.
+  Mutex mu;
+  std::unordered_map<int, EpEntry> entries GUARDED_BY(mu);
+  // Set under both locks before the set is live, cleared at its close.
   int epfd = -1;
   int wake_efd = -1;
-  Session* session = nullptr;  // once an entry has one
+  Session* session GUARDED_BY(mu) = nullptr;  // once an entry has one
   std::atomic<bool> live{false};  // epfd names this set (until its close)
   // Deferred changes: dirty entries; waits under way on this set (none may
   // be deferred then); shared: watched by another epoll set, poll or select,
   // or inherited across fork (never deferred).
-  int dirty = 0;
-  std::vector<int> dirty_fds;  // every dirty entry's fd (and maybe settled ones)
+  int dirty GUARDED_BY(mu) = 0;
+  std::vector<int> dirty_fds GUARDED_BY(mu);  // every dirty entry's fd (and maybe settled ones)
   std::atomic<int> waiters{0};
-  bool shared = false;
+  bool shared GUARDED_BY(mu) = false;
   // The last wait was answered by ReadyNow (the next goes to the kernel).
-  bool answered_by_poll = false;
+  bool answered_by_poll GUARDED_BY(mu) = false;
 };
 
 inline constexpr int kMaxSets = kTableFds;
@@ -81,9 +84,9 @@ EpSet* FindSet(int epfd, bool create);
 std::vector<EpSet*> LiveSets();
 // Requires set.mu. Nodes: entries present or deleted (counted per fd number,
 // so that closing an fd no set knows looks at no set).
-EpEntry& AddNode(EpSet& set, int fd, EpEntry&& e);
-void EraseNode(EpSet& set, std::unordered_map<int, EpEntry>::iterator it);
-void ClearNodes(EpSet& set);
+EpEntry& AddNode(EpSet& set, int fd, EpEntry&& e) REQUIRES(set.mu);
+void EraseNode(EpSet& set, std::unordered_map<int, EpEntry>::iterator it) REQUIRES(set.mu);
+void ClearNodes(EpSet& set) REQUIRES(set.mu);
 // fd (not a connection) was added to an epoll set: if it is, or becomes, an
 // epoll set of ours, another set watches it (EpSet.shared).
 void NoteNested(int fd);

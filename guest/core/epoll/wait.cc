@@ -54,7 +54,7 @@ int KernelEpollWait(int epfd, epoll_event* ev, int max, const EpTimeout& t, bool
 // answers for the set.
 int BeginWait(EpSet& set, int max, const sigset_t* sigmask, PendingInterest* pending, bool* alone) {
   int n_pending = 0;
-  std::lock_guard<std::mutex> lock(set.mu);
+  MutexLock lock(set.mu);
   set.waiters.fetch_add(1, std::memory_order_relaxed);
   *alone = KernelAlone(set);
   // Answered by ReadyNow every other wait at most: the kernel's own wait in
@@ -74,7 +74,7 @@ int BeginWait(EpSet& set, int max, const sigset_t* sigmask, PendingInterest* pen
 // wait), or 0 with every change applied (the kernel's wait, as asked).
 int AnswerByOnePoll(EpSet& set, const PendingInterest* pending, int n_pending, epoll_event* events) {
   int n = ReadyNow(pending, n_pending, events);
-  std::lock_guard<std::mutex> lock(set.mu);
+  MutexLock lock(set.mu);
   if (n > 0) {
     set.answered_by_poll = true;
     if (set.dirty != 0) NoteDirtiedByThisThread(&set);
@@ -94,7 +94,7 @@ int WaitKernelAlone(int epfd, EpSet& set, epoll_event* events, int max, const Ep
     int r = KernelEpollWait(epfd, events, max, t, first, deadline, sigmask);
     if (r <= 0 || !HasMarker(events, r)) return r;
     bool session_event = false;
-    std::lock_guard<std::mutex> lock(set.mu);
+    MutexLock lock(set.mu);
     r = Filter(set, events, r, &session_event);
     if (r > 0) return r;
     if (!KernelAlone(set)) return -2;
@@ -114,9 +114,14 @@ int WaitEmulated(int epfd, EpSet* set, epoll_event* events, int max, const EpTim
   for (uint32_t iter = 0;; ++iter) {
     int n = 0;
     Session* s;
-    if (set->session && set->session->alive()) set->session->TryDrain();
+    Session* hooked;
     {
-      std::lock_guard<std::mutex> lock(set->mu);
+      MutexLock lock(set->mu);
+      hooked = set->session;
+    }
+    if (hooked != nullptr && hooked->alive()) hooked->TryDrain();
+    {
+      MutexLock lock(set->mu);
       Refresh(epfd, *set);
       s = set->session;
     }
@@ -131,7 +136,7 @@ int WaitEmulated(int epfd, EpSet* set, epoll_event* events, int max, const EpTim
       if (k < 0) return -1;
     }
     {
-      std::lock_guard<std::mutex> lock(set->mu);
+      MutexLock lock(set->mu);
       k = Filter(*set, kernel.data(), k, &session_event);
       n = Collect(*set, events, max, slept_from, slept_until);
     }
@@ -149,7 +154,7 @@ int WaitEmulated(int epfd, EpSet* set, epoll_event* events, int max, const EpTim
     if (s == nullptr) {
       bool unprobed;
       {
-        std::lock_guard<std::mutex> lock(set->mu);
+        MutexLock lock(set->mu);
         unprobed = set->session == nullptr && HasUnprobed(*set);
       }
       // (Opened now if there is none yet: decision 73.)
@@ -158,7 +163,7 @@ int WaitEmulated(int epfd, EpSet* set, epoll_event* events, int max, const EpTim
     SleepHooks hooks(epfd, *set, borrowed);
     if (borrowed != nullptr) {
       // Registered (and maybe upgraded) between our look and the hooks?
-      std::lock_guard<std::mutex> lock(set->mu);
+      MutexLock lock(set->mu);
       if (!HasUnprobed(*set)) continue;
     }
     Session* sleeper = s != nullptr ? s : borrowed;
@@ -174,14 +179,14 @@ int WaitEmulated(int epfd, EpSet* set, epoll_event* events, int max, const EpTim
       return -1;
     }
     {
-      std::lock_guard<std::mutex> lock(set->mu);
+      MutexLock lock(set->mu);
       r = Filter(*set, events, r, &session_event);
     }
     if (session_event && borrowed) borrowed->CheckBackend();  // (Filter checks the set's own)
     if (session_event && sleeper) sleeper->Drain();
     if (r > 0) {
       // Kernel events of entries the kernel owns; ours cannot repeat them.
-      std::lock_guard<std::mutex> lock(set->mu);
+      MutexLock lock(set->mu);
       return r + Collect(*set, events + r, max - r, slept_from, slept_until);
     }
   }
