@@ -22,7 +22,7 @@ using proto::Message;
 using proto::MsgType;
 using proto::Reason;
 
-void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open) {
+void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open, const char* event) {
   Conn& c = *self;
   std::lock_guard<std::mutex> lock(c.setup_mu);
   EndWithdrawnLocked(c);
@@ -46,7 +46,7 @@ void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open) {
   }
   // Now, even for a connection that lingers (the process may exit first),
   // and before its linger starts: the writer changes what it reports.
-  Report(c, "close");
+  Report(c, event);
   if (lingering || awaiting_fin) Enqueue(self);
   if (still_open && !lingering && c.state.resynced()) {
     // Back on kernel TCP after a link loss: the bytes still owed to the

@@ -9,8 +9,9 @@
 namespace vsocket::guest {
 
 // The last fd of a connection is closed (still_open: fd still names the
-// socket; false after dup2/dup3 replaced it).
-void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open);
+// socket; false after dup2/dup3 replaced it, or after a close the library
+// never saw). `event`: what the report line says ("close", "reclaimed").
+void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open, const char* event = "close");
 // close() before the peer consumed our accelerated bytes: true if the
 // connection lingers (the caller hands it to the background writer).
 bool Linger(int fd, Conn& c);

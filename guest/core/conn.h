@@ -154,6 +154,10 @@ struct Conn {
   std::atomic<int> await_fin_fd{-1};
   int64_t await_fin_start_ns = 0;
   int fd_hint = -1;                         // an fd of the app's naming it (set at registration)
+  // The kernel socket's identity (fstat st_dev, st_ino) when it registered:
+  // an fd that names something else now was closed behind our back
+  // (ReclaimStale, fd_table.h).
+  uint64_t sock_dev = 0, sock_ino = 0;
   std::atomic<int64_t> resync_start_ns{0};  // (writer and event dispatch)
   std::atomic<uint32_t> reupgrades{0};      // times it registered again after a RESYNC
   std::atomic<uint64_t> resent_bytes{0};    // accelerated bytes sent again on kernel TCP (RESYNC)

@@ -1,11 +1,14 @@
 #include "guest/core/fd_table.h"
 
 #include <sched.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <mutex>
 #include <new>
 
+#include "base/log.h"
+#include "base/mutex.h"
 #include "guest/core/close.h"
 #include "guest/core/conn_state.h"
 #include "guest/core/poll_ops.h"
@@ -29,7 +32,7 @@ struct Slot {
   std::shared_ptr<Conn> conn;
 };
 
-std::mutex g_fd_mu;
+Mutex g_fd_mu;
 Slot g_slots[kTableFds];
 
 class SlotLock {
@@ -49,8 +52,8 @@ class SlotLock {
   Slot& s_;
 };
 
-// Requires g_fd_mu.
-void Store(int fd, std::shared_ptr<Conn> c) {
+// Puts c under fd; returns what was there (to drop outside g_fd_mu).
+std::shared_ptr<Conn> Store(int fd, std::shared_ptr<Conn> c) REQUIRES(g_fd_mu) {
   Slot& s = g_slots[fd];
   std::shared_ptr<Conn> old;
   {
@@ -59,7 +62,27 @@ void Store(int fd, std::shared_ptr<Conn> c) {
     s.conn = std::move(c);
     s.has.store(s.conn != nullptr, std::memory_order_release);
   }
-  // (old, if any, is released outside the slot lock.)
+  return old;
+}
+
+std::atomic<uint64_t> g_stale_reclaimed{0};
+
+// fd named `old` until the library found it naming something else: the
+// connection's fd was closed (a raw close()) without our seeing it. If no
+// other fd names it, it ends as after a close of a socket already gone
+// (its rings given back), reported "reclaimed"; fd's epoll nodes go too.
+void DropStale(int fd, const std::shared_ptr<Conn>& old) {
+  if (!old) return;
+  if (old->fd_refs.fetch_sub(1) == 1) {
+    uint64_t n = g_stale_reclaimed.fetch_add(1, std::memory_order_relaxed) + 1;
+    if (n == 1)
+      VS_LOG(kWarn, "fd %d was closed without the library seeing it (a raw system call?): its connection is "
+             "reclaimed (the first; later ones are logged at debug level)", fd);
+    else
+      VS_LOG(kDebug, "fd %d closed unseen: connection reclaimed (%lu so far)", fd, static_cast<unsigned long>(n));
+    Teardown(fd, old, /*still_open=*/false, "reclaimed");
+  }
+  EpollForget(fd);
 }
 
 }  // namespace
@@ -84,8 +107,13 @@ void Adopt(int fd, bool nonblocking, bool accepted) {
   // before its first I/O is then one real wait, as without us (nginx
   // accepts, adds and waits before it reads).
   if (Session::RegistersStreamsOnly() && Session::Existing() != nullptr) c->held.store(true, std::memory_order_relaxed);
-  std::lock_guard<std::mutex> lock(g_fd_mu);
-  Store(fd, std::move(c));
+  std::shared_ptr<Conn> old;
+  {
+    MutexLock lock(g_fd_mu);
+    old = Store(fd, std::move(c));
+  }
+  // A new socket under the number of a connection we never saw closed.
+  DropStale(fd, old);
 }
 
 void Duplicate(int fd1, int fd2) {
@@ -94,15 +122,19 @@ void Duplicate(int fd1, int fd2) {
   Forget(fd2, false);  // dup2 onto an open fd closes it first
   if (!c) return;
   c->fd_refs.fetch_add(1);
-  std::lock_guard<std::mutex> lock(g_fd_mu);
-  Store(fd2, std::move(c));
+  std::shared_ptr<Conn> old;
+  {
+    MutexLock lock(g_fd_mu);
+    old = Store(fd2, std::move(c));
+  }
+  DropStale(fd2, old);
 }
 
 void Forget(int fd, bool still_open) {
   if (fd < 0 || fd >= kTableFds || !g_slots[fd].has.load()) return;
   std::shared_ptr<Conn> c;
   {
-    std::lock_guard<std::mutex> lock(g_fd_mu);
+    MutexLock lock(g_fd_mu);
     Slot& s = g_slots[fd];
     SlotLock slot(s);
     c = std::move(s.conn);
@@ -116,7 +148,7 @@ void AfterForkInChild() {
   ForgetWriterAfterFork();
   Session::ForgetAfterFork();
   EpollAfterForkInChild();
-  new (&g_fd_mu) std::mutex();
+  new (&g_fd_mu) Mutex();
   for (Slot& s : g_slots) s.busy.store(false, std::memory_order_relaxed);
   for (int fd = 0; fd < kTableFds; ++fd) {
     if (!g_slots[fd].has.load()) continue;
@@ -138,6 +170,31 @@ void AfterForkInChild() {
     c.state.Apply(ConnEvent::kForked, Reason::kForked);
   }
 }
+
+size_t ReclaimStale() {
+  size_t n = 0;
+  for (int fd = 0; fd < kTableFds; ++fd) {
+    if (!g_slots[fd].has.load(std::memory_order_acquire)) continue;
+    std::shared_ptr<Conn> c = Lookup(fd);
+    if (!c || c->sock_ino == 0) continue;  // (never registered: it holds no rings)
+    struct stat st{};
+    if (fstat(fd, &st) == 0 && st.st_dev == c->sock_dev && st.st_ino == c->sock_ino) continue;
+    std::shared_ptr<Conn> gone;
+    {
+      MutexLock lock(g_fd_mu);
+      Slot& s = g_slots[fd];
+      SlotLock slot(s);
+      if (s.conn != c) continue;  // changed meanwhile
+      gone = std::move(s.conn);
+      s.has.store(false, std::memory_order_release);
+    }
+    DropStale(fd, gone);
+    ++n;
+  }
+  return n;
+}
+
+uint64_t StaleReclaimed() { return g_stale_reclaimed.load(std::memory_order_relaxed); }
 
 void ForEachConn(const std::function<void(int fd, Conn& c)>& fn) {
   for (int fd = 0; fd < kTableFds; ++fd) {

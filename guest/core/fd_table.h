@@ -30,6 +30,17 @@ void Forget(int fd, bool still_open = true);
 // upgraded (see docs/socket-compatibility.md).
 void AfterForkInChild();
 // Calls fn for the connection of every fd in the table (once per fd).
+// Connections whose fds were closed (or reused for another file) without
+// the library seeing it — a raw system call, or a close it cannot wrap —
+// are torn down and their rings given back: every registered connection's
+// fds are checked against the socket they registered with. Called when the
+// shared region is full (the rings of such connections would otherwise
+// never come back). Returns how many were reclaimed.
+size_t ReclaimStale();
+// Connections reclaimed so, since the process started (by ReclaimStale, or
+// found when a new socket took the number of one).
+uint64_t StaleReclaimed();
+
 void ForEachConn(const std::function<void(int fd, Conn& c)>& fn);
 
 }  // namespace vsocket::guest

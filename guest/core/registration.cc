@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <cstring>
@@ -37,9 +38,18 @@ bool ToEndpoint(const sockaddr_storage& ss, proto::Endpoint* e) {
   }
   if (ss.ss_family == AF_INET6) {
     auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    e->port = ntohs(a->sin6_port);
+    e->addr = {};
+    if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr)) {
+      // A dual-stack socket's IPv4 peer (::ffff:a.b.c.d): on the wire it is
+      // the IPv4 connection its peer sees, and is named as one (vsocketd's
+      // proof of the socket names it so too).
+      e->family = proto::Family::kIpv4;
+      std::memcpy(e->addr.data(), &a->sin6_addr.s6_addr[12], 4);
+      return true;
+    }
     e->family = proto::Family::kIpv6;
     std::memcpy(e->addr.data(), &a->sin6_addr, 16);
-    e->port = ntohs(a->sin6_port);
     return true;
   }
   return false;
@@ -65,6 +75,9 @@ Status AllocRingsWaiting(Session* s, Conn& c) {
   for (;;) {
     Status rings = s->AllocRings(c, Config().ring_bytes);
     if (rings.ok()) return rings;
+    // Connections closed behind our back hold rings that never come back
+    // otherwise.
+    if (ReclaimStale() > 0) continue;
     (void)s->Drain();
     size_t lingering = 0;
     if (ReclaimLingering(s, &lingering) > 0) continue;
@@ -184,6 +197,10 @@ void EnsureRegistered(int fd, Conn& c) {
   c.id = g_next_conn_id.fetch_add(1);
   c.session = s;
   c.fd_hint = fd;
+  if (struct stat sock{}; fstat(fd, &sock) == 0) {
+    c.sock_dev = sock.st_dev;
+    c.sock_ino = sock.st_ino;
+  }
   c.registered_ns = MonotonicNs();
   // The proof first, while the connection is not yet "registered" for the
   // other threads: a message they send about it must not overtake the

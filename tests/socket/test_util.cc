@@ -1,5 +1,6 @@
 #include "tests/socket/test_util.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
@@ -572,6 +573,15 @@ void RepeatingSignaller::Stop() {
   // pthread_kill returned before join did, so any signal it sent is pending
   // here; returning from this syscall delivers it.
   SleepMs(1);
+}
+
+long RawSyscall(long number, long a, long b, long c) {
+  using Fn = long (*)(long, ...);
+  static Fn libc_syscall = [] {
+    void* libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+    return reinterpret_cast<Fn>(libc != nullptr ? dlsym(libc, "syscall") : nullptr);
+  }();
+  return libc_syscall(number, a, b, c);
 }
 
 }  // namespace vsocket::socktest

@@ -60,6 +60,11 @@ struct SysResult {
 
 inline SysResult CaptureErrno(long long ret) { return {ret, errno}; }
 
+// A system call that goes around the library even where it is preloaded
+// (libc's own syscall(), not the library's, which follows the calls libc
+// names): what a program's inline assembly or io_uring would do.
+long RawSyscall(long number, long a = 0, long b = 0, long c = 0);
+
 // Evaluates `expr` once with errno cleared and captures its result and errno.
 #define VS_SYS(expr) ::vsocket::socktest::CaptureErrno((errno = 0, static_cast<long long>(expr)))
 

@@ -35,6 +35,11 @@ bool Endpoint(const sockaddr_storage& ss, uint8_t family, std::array<uint8_t, 16
   return false;
 }
 
+bool IsV4Mapped(const std::array<uint8_t, 16>& a) {
+  static constexpr uint8_t kPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return std::equal(std::begin(kPrefix), std::end(kPrefix), a.begin());
+}
+
 int IntOpt(int fd, int level, int name) {
   int v = -1;
   socklen_t len = sizeof(v);
@@ -78,6 +83,15 @@ Result<SocketTuple> InspectTcpSocket(int fd) {
       getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0 ||
       !Endpoint(local, t.family, &t.local_addr, &t.local_port) || !Endpoint(peer, t.family, &t.peer_addr, &t.peer_port))
     return Status(Code::kInvalidArgument, "not a connected TCP socket");
+  if (t.family == 6 && IsV4Mapped(t.local_addr) && IsV4Mapped(t.peer_addr)) {
+    // A dual-stack socket's IPv4 connection (::ffff:a.b.c.d at both ends):
+    // the IPv4 4-tuple its peer sees, as the library names it.
+    t.family = 4;
+    for (auto* a : {&t.local_addr, &t.peer_addr}) {
+      std::memmove(a->data(), a->data() + 12, 4);
+      std::fill(a->begin() + 4, a->end(), 0);
+    }
+  }
   uint64_t cookie = 0;
   socklen_t cl = sizeof(cookie);
   if (getsockopt(fd, SOL_SOCKET, SO_NETNS_COOKIE, &cookie, &cl) == 0) t.netns_cookie = cookie;
