@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -80,8 +81,9 @@ void WriteLine(const Conn& c, const char* event, const char* exec_program) {
       c.state.upgraded() ? "true" : "false", static_cast<unsigned long long>(c.kernel_sent.load()),
       static_cast<unsigned long long>(c.kernel_received.load()), static_cast<unsigned long long>(c.accel_tx.load()),
       static_cast<unsigned long long>(c.accel_rx.load()),
-      // Both are 0 by construction once switched; reported so tests can
-      // prove it from counters rather than assume it.
+      // 0 once switched, until a RESYNC or a drain puts bytes on the kernel
+      // socket again (its header, a resend, later writes); reported so
+      // tests can prove it from counters rather than assume it.
       static_cast<unsigned long long>(c.state.tx_on_ring() ? c.kernel_sent.load() - c.fence_sent.load() : 0),
       static_cast<unsigned long long>(c.state.rx_on_ring() ? c.kernel_received.load() - c.peer_fence.load() : 0),
       c.state.resynced() || c.reupgrades.load() ? "true" : "false", c.reupgrades.load(), c.state.downgrades(),
@@ -112,6 +114,36 @@ void ReportAll(const char* event) {
   ForEachConn([&](int, Conn& c) {
     if (done.insert(&c).second) Report(c, event);
   });
+}
+
+namespace {
+
+constexpr int kTerminating[] = {SIGTERM, SIGHUP};
+
+void OnTerminatingSignal(int sig) {
+  int saved = errno;
+  signal(SIGALRM, SIG_DFL);
+  alarm(2);
+  ReportAll("signal");
+  errno = saved;
+  // (SA_RESETHAND: the default action is back; the signal, blocked while
+  // this runs, is delivered on return.)
+  raise(sig);
+}
+
+}  // namespace
+
+void ReportOnTerminatingSignals() {
+  if (Config().report_path.empty()) return;
+  for (int sig : kTerminating) {
+    struct sigaction old{};
+    if (sigaction(sig, nullptr, &old) != 0 || (old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) continue;
+    struct sigaction sa{};
+    sa.sa_handler = OnTerminatingSignal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND | SA_RESTART;
+    sigaction(sig, &sa, nullptr);
+  }
 }
 
 }  // namespace vsocket::guest

@@ -75,6 +75,7 @@ __attribute__((constructor)) void Init() {
     AfterForkInChild();
   });
   atexit([] { ReportAll("exit"); });
+  ReportOnTerminatingSignals();
 }
 
 }  // namespace

@@ -1,10 +1,12 @@
 // How connections end: shutdown(SHUT_RD/SHUT_WR/SHUT_RDWR), close, EOF
 // ordering, RST (ECONNRESET, then EOF/EPIPE), SIGPIPE and MSG_NOSIGNAL.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -195,6 +197,44 @@ TEST(Close, PeerSeesEofAndClosedNumberFailsEbadf) {
 }
 
 std::string NumberServesAPipe(int fd);
+
+// A process ended by SIGTERM (a supervisor's stop; Node.js servers have no
+// handler for it) with a connection open: its report line is written all
+// the same (event "signal"), and it dies of the signal as without the
+// library. Before, the line was lost (only exit() wrote them).
+TEST(Report, AProcessEndedBySigtermWritesItsLinesAndDiesOfIt) {
+  const char* report = getenv("VSOCKET_REPORT");
+  if (report == nullptr || *report == '\0') GTEST_SKIP() << "no report (runs with the library)";
+  Connection c = ConnectedPairInUse();
+  ASSERT_TRUE(c.ok());
+  pid_t pid = ForkChild([&] {
+    Connection mine = ConnectedPairInUse();  // the child's own, in use
+    if (!mine.ok()) return 2;
+    raise(SIGTERM);
+    return 3;  // (not reached)
+  });
+  ASSERT_GT(pid, 0);
+  int status = WaitChild(pid);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << "status " << status;
+  FILE* f = fopen(report, "r");
+  ASSERT_NE(f, nullptr);
+  char line[2048];
+  std::string want = "{\"pid\":" + std::to_string(pid) + ",\"event\":\"signal\"";
+  int lines = 0;
+  while (fgets(line, sizeof line, f) != nullptr)
+    if (std::string(line).rfind(want, 0) == 0) ++lines;
+  fclose(f);
+  EXPECT_GE(lines, 2) << "the child's connection (both ends) has no line with event signal";
+}
+
+// The library leaves SIGINT's action alone (programs test it: CPython
+// raises KeyboardInterrupt only where it was the default).
+TEST(Report, SigintKeepsTheActionTheProgramStartedWith) {
+  struct sigaction sa{};
+  ASSERT_EQ(sigaction(SIGINT, nullptr, &sa), 0);
+  EXPECT_TRUE(sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN) << "SIGINT has a handler";
+}
+
 
 // libuv (Node.js) closes with syscall(SYS_close, fd): that is a close too.
 // Before, the library never saw it: the peer of an accelerated connection
