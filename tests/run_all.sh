@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 bash deploy/install-deps.sh || exit 1
 
 FUZZ_SECONDS="${VSOCKET_FUZZ_SECONDS:-30}"
-UNIT_TARGETS=(//base/... //proto/... //vhost/... //host-backend/fabric/... //host-backend/peering/... //tests/hostile/...)
+UNIT_TARGETS=(//base/... //proto/... //vhost/... //guest/... //host-backend/fabric/... //host-backend/peering/... //tests/hostile/...)
 . tests/fuzz_targets.sh  # FUZZ_TARGETS
 passed=0
 failed=0

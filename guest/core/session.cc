@@ -125,6 +125,13 @@ void Session::ForgetAfterFork() {
   new (&g_init_mu) Mutex();
 }
 
+void Session::DestroyForTesting() {
+  Session* s = g_session;
+  g_session = nullptr;
+  g_last_attempt_ns.store(0, std::memory_order_relaxed);
+  delete s;
+}
+
 Status Session::Open() {
   auto t = OpenTransport();
   if (!t.ok()) return t.status();

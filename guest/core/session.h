@@ -31,6 +31,9 @@ class Session {
   static Session* Existing();
   // After fork(), in the child: the parent's session is not ours to use.
   static void ForgetAfterFork();
+  // Unit tests, with no other thread in the library: ends the process's
+  // session and frees it (a process never does: a thread may still hold it).
+  static void DestroyForTesting();
 
   Status Call(const proto::Message& request, proto::Message* response, int timeout_ms = 3000);
   // Fire-and-forget; waits only if every request slot is in flight.

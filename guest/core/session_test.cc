@@ -46,7 +46,7 @@ class SessionTest : public ::testing::Test {
   void TearDown() override {
     // A fresh session for the next test (the old one is left behind, as in
     // a fork child).
-    Session::ForgetAfterFork();
+    Session::DestroyForTesting();
     g_fake = nullptr;
   }
   Session* Up(uint64_t features) {

@@ -188,37 +188,39 @@ TEST(EpollEmulated, ARingEventWakesASleepingWaitWithTheApplicationsData) {
   proto::Reason why{};
   Session* s = Session::Get(&why);
   ASSERT_NE(s, nullptr);
-  Pair p;
-  Conn& c = *p.conn;
-  c.held.store(false);
-  c.id = 11;
-  c.session = s;
-  ASSERT_TRUE(c.state.Apply(ConnEvent::kRegistered));
-  s->Track(p.conn);
-  ASSERT_TRUE(g_fake->PostEvent({MsgType::kUpgrade, 0, proto::Upgrade{11, 65536, 16}}));
-  ASSERT_TRUE(g_fake->PostEvent({MsgType::kFence, 0, proto::ConnCounter{11, 0}}));
-  s->Drain();
-  ASSERT_EQ(c.state.phase(), Phase::kUpgraded);
-  int ep = epoll_create1(EPOLL_CLOEXEC);
-  epoll_event ev = Ev(EPOLLIN, 0xabcdef);
-  ASSERT_EQ(EpollCtl(ep, EPOLL_CTL_ADD, p.a, &ev), 0);
-  // Its registration moved out of the kernel's set: bytes on the kernel
-  // socket no longer make the application's wait report it.
-  p.PeerWrites();
-  auto waiter = std::async(std::launch::async, [&] {
-    epoll_event out[4];
-    int n = EpollWait(ep, out, 4, 5000, nullptr);
-    return n == 1 ? out[0] : Ev(0, n);
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (asleep or not: either way it must see it)
-  ASSERT_TRUE(g_fake->PostEvent({MsgType::kRxTail, 0, proto::ConnCounter{11, 100}}));
-  ASSERT_EQ(waiter.wait_for(std::chrono::seconds(5)), std::future_status::ready);
-  epoll_event got = waiter.get();
-  EXPECT_EQ(got.data.u64, 0xabcdefu);
-  EXPECT_EQ(got.events, uint32_t{EPOLLIN});
-  s->Untrack(11);
-  CloseSet(ep);
-  Session::ForgetAfterFork();
+  {  // (the connection ends before its session)
+    Pair p;
+    Conn& c = *p.conn;
+    c.held.store(false);
+    c.id = 11;
+    c.session = s;
+    ASSERT_TRUE(c.state.Apply(ConnEvent::kRegistered));
+    s->Track(p.conn);
+    ASSERT_TRUE(g_fake->PostEvent({MsgType::kUpgrade, 0, proto::Upgrade{11, 65536, 16}}));
+    ASSERT_TRUE(g_fake->PostEvent({MsgType::kFence, 0, proto::ConnCounter{11, 0}}));
+    s->Drain();
+    ASSERT_EQ(c.state.phase(), Phase::kUpgraded);
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    epoll_event ev = Ev(EPOLLIN, 0xabcdef);
+    ASSERT_EQ(EpollCtl(ep, EPOLL_CTL_ADD, p.a, &ev), 0);
+    // Its registration moved out of the kernel's set: bytes on the kernel
+    // socket no longer make the application's wait report it.
+    p.PeerWrites();
+    auto waiter = std::async(std::launch::async, [&] {
+      epoll_event out[4];
+      int n = EpollWait(ep, out, 4, 5000, nullptr);
+      return n == 1 ? out[0] : Ev(0, n);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (asleep or not: either way it must see it)
+    ASSERT_TRUE(g_fake->PostEvent({MsgType::kRxTail, 0, proto::ConnCounter{11, 100}}));
+    ASSERT_EQ(waiter.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+    epoll_event got = waiter.get();
+    EXPECT_EQ(got.data.u64, 0xabcdefu);
+    EXPECT_EQ(got.events, uint32_t{EPOLLIN});
+    s->Untrack(11);
+    CloseSet(ep);
+  }
+  Session::DestroyForTesting();
   SetTransportFactory(nullptr);
 }
 
