@@ -42,6 +42,10 @@ void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open, const 
         c.rx_tail.load() != c.rx_head.load();
     // (After dup2/dup3 onto it the socket is gone already: no linger.)
     if (!abortive && still_open) lingering = Linger(fd, c);
+    if (!abortive && !lingering) {
+      std::lock_guard<std::mutex> tx(c.tx_mu);
+      FenceBeforeEndLocked(c);
+    }
     if (!abortive && !lingering && still_open) awaiting_fin = AwaitPeerFin(fd, c);
   }
   // Now, even for a connection that lingers (the process may exit first),
@@ -165,6 +169,7 @@ Status Shutdown(int fd, Conn& c, int how, SetupMu setup) {
         c.fin_deferred.store(true, std::memory_order_relaxed);
       }
     }
+    FenceBeforeEndLocked(c);
     PostShutWr(c);
   } else if (defer_fin) {
     (void)Libc().shutdown(fd, SHUT_WR);

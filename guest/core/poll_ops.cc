@@ -112,7 +112,7 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
   // kernel socket we watch), so we watch the process's session too.
   std::vector<std::shared_ptr<Conn>> unprobed(n);
   Session* session = nullptr;
-  bool registered = false, any_unprobed = false;
+  bool registered = false, any_unprobed = false, any_reset = false;
   // Held connections (the policy keeps them on kernel TCP until they
   // stream) need no session: they do not register while we sleep on them
   // (Conn::EnterKernelSleep).
@@ -125,6 +125,12 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
       session = c->session;
       conns[i] = std::move(c);
       registered = true;
+    } else if (c && c->state.reset()) {
+      // Reset with no session (in a fork child: the parent's accelerated
+      // connection): ready at once, its answer ECONNRESET. Polling its
+      // kernel socket instead waited for bytes that go to the parent's ring.
+      conns[i] = std::move(c);
+      any_reset = true;
     } else if (c && c->state.phase() == Phase::kUnprobed && !c->listening.load(std::memory_order_relaxed)) {
       if (c->held.load(std::memory_order_relaxed) && c->EnterKernelSleep()) {
         sleeping.push_back(c.get());
@@ -139,6 +145,26 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
     timespec ts{timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
     return Libc().ppoll(fds, n, timeout_ms < 0 ? nullptr : &ts, sigmask);
   };
+  if (any_reset && session == nullptr) {
+    // The reset ones are ready; the others get one look, no wait.
+    std::vector<pollfd> kfds(fds, fds + n);
+    for (nfds_t i = 0; i < n; ++i)
+      if (conns[i]) kfds[i].fd = -1;
+    int r = Libc().poll(kfds.data(), n, 0);
+    int saved = errno;
+    for (Conn* c : sleeping) c->LeaveKernelSleep();
+    if (r < 0) {
+      errno = saved;
+      return -1;
+    }
+    int count = 0;
+    for (nfds_t i = 0; i < n; ++i) {
+      fds[i].revents = conns[i] ? static_cast<short>(Readiness(fds[i].fd, *conns[i]) & (fds[i].events | POLLERR | POLLHUP))
+                                : kfds[i].revents;
+      if (fds[i].revents) ++count;
+    }
+    return count;
+  }
   if (session == nullptr && !any_unprobed) {
     int r = kernel_poll();
     int saved = errno;

@@ -48,9 +48,14 @@ int Readiness(int fd, Conn& c) {
   } else if (ring_rx) {
     if (c.rx_tail.load(std::memory_order_acquire) != c.rx_head.load() || shut || c.shut_rd.load()) r |= POLLIN;
   } else {
-    // Still reading the kernel stream up to the fence.
-    int queued = 0;
-    if ((Libc().ioctl(fd, FIONREAD, &queued) == 0 && queued > 0) || shut) r |= POLLIN;
+    // Still reading the kernel stream up to the fence: readable when the
+    // kernel socket is (bytes, or its FIN). The peer's end on the rings
+    // says nothing of its kernel stream: a peer that never switched to the
+    // ring (no FENCE) ends that stream on the kernel socket, and a read
+    // before its FIN says EAGAIN (an Apache worker's lingering close spun
+    // on poll-readable, read-EAGAIN).
+    pollfd p{fd, POLLIN | POLLRDHUP, 0};
+    if (Libc().poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR))) r |= POLLIN;
   }
   if (shut) r |= POLLRDHUP;
   uint64_t used = c.tx_tail.load() - c.credit.load();

@@ -281,6 +281,17 @@ void EndWithdrawnLocked(Conn& c) {
   c.session = nullptr;
 }
 
+void FenceBeforeEndLocked(Conn& c) {
+  Session* s = c.session;
+  if (s == nullptr || !s->alive() || !c.state.upgraded() || c.state.phase() != Phase::kUpgraded ||
+      c.state.tx_on_ring() || c.state.draining())
+    return;
+  uint64_t sent = c.kernel_sent.load();
+  if (!s->Post({MsgType::kFence, 0, proto::ConnCounter{c.id, sent}}).ok()) return;
+  c.fence_sent.store(sent);
+  c.state.SwitchTx();
+}
+
 void PostShutWr(Conn& c) {
   Session* s = c.session;
   if (s == nullptr || c.shut_wr_posted.exchange(true)) return;

@@ -34,6 +34,14 @@ bool NoteUrgent(Conn& c);
 // shutdown(SHUT_WR) posts it, and so does a registration that finds the
 // connection already shut down for writing.
 void PostShutWr(Conn& c);
+// Under c.tx_mu, before an upgraded connection's stream ends (shutdown for
+// writing, close): if its TX never switched to the ring (nothing written
+// since the upgrade), its FENCE goes first, so the peer knows its whole
+// stream was on the kernel socket and where it ends. Without it the peer,
+// told of the end on the rings, waited for our kernel FIN — which our
+// close may hold back until the peer's own FIN (AwaitPeerFin) — and a
+// lingering close there spun (Apache prefork: poll readable, read EAGAIN).
+void FenceBeforeEndLocked(Conn& c);
 // The end of a closed connection's registration: UNREGISTER.
 void Unregistered(Conn& c);
 // Under c.setup_mu: UNREGISTER of a registration the backend withdrew

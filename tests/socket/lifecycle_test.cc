@@ -1,6 +1,7 @@
 // How connections end: shutdown(SHUT_RD/SHUT_WR/SHUT_RDWR), close, EOF
 // ordering, RST (ECONNRESET, then EOF/EPIPE), SIGPIPE and MSG_NOSIGNAL.
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/resource.h>
@@ -197,6 +198,55 @@ TEST(Close, PeerSeesEofAndClosedNumberFailsEbadf) {
 }
 
 std::string NumberServesAPipe(int fd);
+
+// Apache prefork's request without keep-alive: the client's request goes
+// before the connection is accelerated (on the kernel socket), the answer
+// after it (on the ring); the server shuts down its side and lingers,
+// polling and reading (non-blocking) until the client's FIN, and the client
+// reads the answer to its EOF and closes. Under --upgrade always the
+// workers spun for good: poll said readable, read said EAGAIN (the client,
+// which never wrote since the upgrade, had sent no FENCE, and its library
+// held its kernel FIN until the server's, deferred until its close).
+TEST(Close, ALingeringCloseAfterAnAnswerOnTheRingEndsAtTheClientsClose) {
+  SetTestBudgetSeconds(60);
+  Connection c = ConnectedPair();
+  ASSERT_TRUE(c.ok());
+  const std::string request = "GET /f4095 HTTP/1.0\r\n\r\n";
+  ASSERT_TRUE(SendAll(c.client.get(), request));
+  ASSERT_EQ(RecvExactly(c.server.get(), request.size()), request);
+  SleepMs(300);  // (the pairing completes: the answer goes by the ring)
+  const std::string answer = StreamBytes(TestSeed(), 4095);
+  std::thread client([&] {
+    std::string got;
+    char buf[8192];
+    for (;;) {
+      ssize_t n = recv(c.client.get(), buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<size_t>(n));
+    }
+    EXPECT_EQ(got, answer);
+    close(c.client.release());
+  });
+  ASSERT_TRUE(SendAll(c.server.get(), answer));
+  ASSERT_EQ(shutdown(c.server.get(), SHUT_WR), 0);
+  ASSERT_EQ(fcntl(c.server.get(), F_SETFL, O_NONBLOCK), 0);
+  // The lingering close: poll 100 ms at a time, read until EOF, at most 10 s.
+  int readable_but_nothing = 0;
+  bool eof = false;
+  Deadline deadline(10000);
+  while (!eof && !deadline.Expired()) {
+    pollfd p{c.server.get(), POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char buf[512];
+    ssize_t n = recv(c.server.get(), buf, sizeof buf, MSG_DONTWAIT);
+    if (n == 0) eof = true;
+    else if (n < 0 && errno == EAGAIN) ++readable_but_nothing;
+  }
+  client.join();
+  EXPECT_TRUE(eof) << "no EOF within 10 s";
+  EXPECT_LT(readable_but_nothing, 10) << "poll said readable and read said EAGAIN " << readable_but_nothing << " times";
+}
+
 
 // A process ended by SIGTERM (a supervisor's stop; Node.js servers have no
 // handler for it) with a connection open: its report line is written all

@@ -94,6 +94,33 @@ TEST(Fork, ChildReceivesDataSentToInheritedSocket) {
   EXPECT_TRUE(ExitedWith(status, 0)) << "status " << status;
 }
 
+// A child given a connection its parent had in use (accelerated, under
+// --upgrade always) and waiting for it to become readable: over kernel TCP
+// the peer's bytes arrive; through the library they may not (they go to the
+// parent's ring: documented, socket-compatibility.md), and then the child
+// must be told at once (ECONNRESET), never left waiting. rsync's forked
+// receiver polled such a connection's kernel socket for good.
+TEST(Fork, AChildWaitingOnItsParentsConnectionInUseIsAnsweredNeverLeftWaiting) {
+  SetTestBudgetSeconds(60);
+  Connection c = ConnectedPairInUse();
+  ASSERT_TRUE(c.ok());
+  const int client_fd = c.client.get();
+  pid_t pid = ForkChild([&] {
+    pollfd p{client_fd, POLLIN, 0};
+    int r = poll(&p, 1, 10000);
+    if (r != 1) return 1;  // 0: left waiting 10 s
+    char buf[16];
+    ssize_t n = recv(client_fd, buf, sizeof buf, 0);
+    if (n == 12 && std::string(buf, 12) == "to the child") return 0;  // kernel TCP
+    if (n < 0 && errno == ECONNRESET) return 0;                       // told at once
+    return 2;
+  });
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(SendAll(c.server.get(), "to the child"));
+  int status = WaitChild(pid, 20000);
+  EXPECT_TRUE(ExitedWith(status, 0)) << "status " << status << " (exit 1: the child's poll waited 10 s)";
+}
+
 TEST(Fork, ChildExitDoesNotCloseOrDisturbParentsConnection) {
   Connection c = ConnectedPair();
   ASSERT_TRUE(c.ok());
