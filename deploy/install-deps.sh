@@ -12,6 +12,9 @@ PACKAGES=(
   libibverbs-dev rdma-core ibverbs-providers
   libcuckoo-dev
   libssl-dev openssl
+  libcurl4-openssl-dev nlohmann-json3-dev
+  # the cluster directory (locator = etcd://...) and its tests
+  etcd-server etcd-client
   # Debian packages (deploy/package.sh; no fakeroot: Rules-Requires-Root: no)
   dpkg-dev debhelper
   # test beds and tools
@@ -19,6 +22,9 @@ PACKAGES=(
   # real applications in the end-to-end tests
   sockperf iperf3 redis-server redis-tools nginx curl wrk memcached libmemcached-tools
   postgresql-15 postgresql-client-15 openssh-server openssh-client haproxy
+  # the application matrix (tests/e2e/same_host/62_http_servers.sh .. 75_mariadb.sh)
+  nodejs python3-aiohttp apache2 apache2-utils rsync python3-grpcio
+  mariadb-server mariadb-client sysbench
   # bench/ plots
   gnuplot-nox
 )

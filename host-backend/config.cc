@@ -128,6 +128,10 @@ Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& 
   } else if (key == "tls_crl") {
     c->tls_crl = value;
   } else if (key == "locator") {
+    if (IsEtcdLocator(value)) {
+      auto endpoints = EtcdEndpoints(value);
+      if (!endpoints.ok()) return Bad(where, endpoints.status().message());
+    }
     c->locator = value;
   } else if (key == "fabric") {
     if (value != "tcp" && value != "rdma") return Bad(where, "fabric must be tcp or rdma");
@@ -418,6 +422,31 @@ Status Validate(DaemonConfig* config) {
     }
   }
   return Status::Ok();
+}
+
+bool IsEtcdLocator(const std::string& locator) { return locator.rfind("etcd://", 0) == 0; }
+
+Result<std::vector<std::string>> EtcdEndpoints(const std::string& locator) {
+  static const std::string kUsage = "locator = etcd://HOST:PORT[,HOST:PORT...]";
+  if (!IsEtcdLocator(locator)) return Status(Code::kInvalidArgument, kUsage);
+  std::vector<std::string> out;
+  std::string rest = locator.substr(7);
+  for (size_t start = 0; start <= rest.size();) {
+    size_t comma = rest.find(',', start);
+    std::string e = rest.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    size_t colon = e.rfind(':');
+    std::string host = colon == std::string::npos ? "" : e.substr(0, colon);
+    std::string port = colon == std::string::npos ? "" : e.substr(colon + 1);
+    char* end = nullptr;
+    long n = port.empty() ? 0 : std::strtol(port.c_str(), &end, 10);
+    if (host.empty() || host.find_first_of("/ \t@?#") != std::string::npos || port.empty() || *end != '\0' ||
+        n < 1 || n > 65535)
+      return Status(Code::kInvalidArgument, "'" + e + "' is not HOST:PORT (" + kUsage + ")");
+    out.push_back(e);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
 }
 
 int EffectiveNapUs(const DaemonConfig& c, int online_cpus) {

@@ -54,7 +54,9 @@ struct DaemonConfig {
   std::string peer_listen;  // ADDR:PORT other backends connect to
   std::string tls_cert, tls_key, tls_ca;
   std::string tls_crl;  // optional: revocation lists, re-read when the file changes
-  std::string locator;         // static locator file
+  // The locator: a static file (its path), or the cluster directory in
+  // etcd, etcd://HOST:PORT[,HOST:PORT...] (docs/multi-host.md).
+  std::string locator;
   std::string fabric = "tcp";  // tcp | rdma
   // fabric = rdma: the RDMA device (empty: the first one) and the GID index
   // of its port 1 (-1: the IPv4-mapped RoCEv2 GID). A missing device is a
@@ -100,6 +102,10 @@ Status ApplyEnv(char** env, DaemonConfig* config);
 Status Validate(DaemonConfig* config);
 // Parses "ADDR[;ADDR...]" or "ADDR, ADDR" into VM addresses.
 Status ParseAddresses(const std::string& text, std::vector<vhost::VmAddress>* out);
+// locator = etcd://...: the cluster directory in etcd, and its endpoints
+// (HOST:PORT each); anything else names a static locator file.
+bool IsEtcdLocator(const std::string& locator);
+Result<std::vector<std::string>> EtcdEndpoints(const std::string& locator);
 // Parses "IPV4:PORT" or "[IPV6]:PORT" into a sockaddr (for peer addresses).
 Status ParseHostPort(const std::string& text, sockaddr_storage* out, unsigned* len);
 

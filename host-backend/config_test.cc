@@ -295,3 +295,22 @@ TEST(VmConfig, GroupOpensThePortSocketToOneGroup) {
 
 }  // namespace
 }  // namespace vsocket::backend
+
+namespace vsocket::backend {
+namespace {
+
+TEST(LocatorConfig, EtcdEndpointsParseAndAFileStaysAFile) {
+  auto c = ParseConfig("locator = etcd://10.0.0.1:2379,etcd-b.example:2379,[2001:db8::1]:2379\n", "f");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(IsEtcdLocator(c->locator));
+  auto e = EtcdEndpoints(c->locator);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(*e, (std::vector<std::string>{"10.0.0.1:2379", "etcd-b.example:2379", "[2001:db8::1]:2379"}));
+  EXPECT_FALSE(IsEtcdLocator("/etc/vsocket/locator"));
+  for (const char* bad : {"locator = etcd://", "locator = etcd://host", "locator = etcd://host:0",
+                          "locator = etcd://a:2379,", "locator = etcd://a:2379/x", "locator = etcd://a:99999"})
+    EXPECT_FALSE(ParseConfig(std::string(bad) + "\n", "f").ok()) << bad;
+}
+
+}  // namespace
+}  // namespace vsocket::backend

@@ -109,6 +109,7 @@ void Daemon::Stop() {
         port_open_[p.index] = false;
       }
   }
+  peering_.StopDirectory();  // (this host's records leave the directory)
   metrics_.Stop();
   ctl_.Stop();
 }
@@ -277,9 +278,11 @@ std::string Daemon::MigrateCommand(const std::vector<std::string>& words, bool j
 
 // vsocketctl locator: the static locator's entries; `locator set TENANT
 // ADDRESS[/PREFIX] HOST` sets one (a guest moved); `locator reload` reads
-// the file again. Pending connections then look again.
+// the file again. Pending connections then look again. With the etcd
+// directory (locator = etcd://...): its health and cached entries.
 std::string Daemon::LocatorCommand(const std::vector<std::string>& words, bool json) {
   auto error = [&](const std::string& msg) { return CtlError(msg, json); };
+  if (words.size() == 1 && peering_.etcd_locator() != nullptr) return peering_.DirectoryReport(json);
   if (words.size() == 1) {
     Result<std::string> text = peering_.LocatorText();
     if (!text.ok()) return error(text.status().message());

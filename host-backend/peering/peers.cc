@@ -67,6 +67,7 @@ void LinkTotals::Add(const fabric::LinkStats& s) {
 }
 
 Peering::~Peering() {
+  StopDirectory();
   handshaker_.Stop();
   for (auto& h : hosts_)
     if (h->tls) h->tls->Close();
@@ -107,10 +108,11 @@ Status Peering::Start(const DaemonConfig& config) {
   if (tls_ctx_->own_name() != host_name_)
     return Status(Code::kInvalidArgument,
                   "tls_cert is for '" + tls_ctx_->own_name() + "', but host_name is '" + host_name_ + "'");
-  auto loc = fabric::StaticLocator::Load(config.locator);
-  if (!loc.ok()) return loc.status();
-  size_t locations = loc.value()->size();
-  {
+  size_t locations = 0;
+  if (!IsEtcdLocator(config.locator)) {
+    auto loc = fabric::StaticLocator::Load(config.locator);
+    if (!loc.ok()) return loc.status();
+    locations = loc.value()->size();
     MutexLock lock(locator_mu_);
     locator_ = std::move(loc).value();
   }
@@ -150,6 +152,10 @@ Status Peering::Start(const DaemonConfig& config) {
       h->rdma = std::move(pd).value();
     }
     hosts_.push_back(std::move(h));
+  }
+  if (IsEtcdLocator(config.locator)) {
+    VS_RETURN_IF_ERROR(StartDirectory(config));
+    locations = etcd_locator_->Health().entries;
   }
   conns_->SetRemoteHosts(this);
   VS_LOG(kInfo,
@@ -514,6 +520,11 @@ bool Peering::Poll() {
     for (int i = 0; i < n; ++i) {
       if (evs[i].data.fd == handshaker_.ready_fd()) {
         TakeIncoming();
+        worked = true;
+      }
+      if (directory_wake_ && evs[i].data.fd == directory_wake_.get()) {
+        uint64_t v;
+        (void)!read(directory_wake_.get(), &v, sizeof(v));  // (the relocation is the connections')
         worked = true;
       }
       if (evs[i].data.fd == timer_.get()) {

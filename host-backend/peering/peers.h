@@ -39,6 +39,9 @@
 #include "base/unique_fd.h"
 #include "host-backend/config.h"
 #include "host-backend/conn/conn_manager.h"
+#include "host-backend/directory/etcd_client.h"
+#include "host-backend/directory/etcd_locator.h"
+#include "host-backend/directory/etcd_publisher.h"
 #include "host-backend/fabric/link.h"
 #include "host-backend/fabric/locator.h"
 #include "host-backend/peering/handshaker.h"
@@ -119,6 +122,14 @@ class Peering : public RemoteHosts {
   Result<std::string> LocatorText() const;
   Status SetLocations(const std::string& lines, size_t* replaced);
   Status ReloadLocator();
+  // locator = etcd://...: the cluster directory's locator (null with a
+  // static file), and vsocketctl locator's report of it: which etcd, its
+  // health, this host's publishing and the cached entries.
+  const directory::EtcdLocator* etcd_locator() const { return etcd_locator_.get(); }
+  std::string DirectoryReport(bool json) const;
+  // Revokes this host's lease (its records leave the directory) and stops
+  // following the directory. Daemon::Stop; also at destruction.
+  void StopDirectory();
   const PeeringCounters& counters() const { return counters_; }
   const std::string& host_name() const { return host_name_; }
 
@@ -207,6 +218,10 @@ class Peering : public RemoteHosts {
   struct FileId;
   static FileId CrlFileId(const std::string& path);
   static const char* ToString(State s);
+  // The host the locator names for (tenant, addr) ("" if none).
+  std::string HostOf(uint32_t tenant, const proto::Endpoint& addr) const;
+  // locator = etcd://...: follows the directory, publishes this host.
+  Status StartDirectory(const DaemonConfig& config);
 
   ConnManager* conns_;
   std::string host_name_;
@@ -227,6 +242,14 @@ class Peering : public RemoteHosts {
   mutable Mutex locator_mu_;  // the worker reads, vsocketctl writes
   std::unique_ptr<fabric::StaticLocator> locator_ GUARDED_BY(locator_mu_);
   std::string locator_path_;
+  // locator = etcd://... (all null with a static file; fixed after Start).
+  // The eventfd wakes the worker when the directory changed (the locator's
+  // thread asked the connections to look again: VmOp::kRelocate); declared
+  // before the locator, whose thread writes it, so that it outlives it.
+  UniqueFd directory_wake_;
+  std::shared_ptr<directory::EtcdClient> etcd_;
+  std::unique_ptr<directory::EtcdLocator> etcd_locator_;
+  std::unique_ptr<directory::EtcdPublisher> etcd_publisher_;
   std::vector<std::unique_ptr<Host>> hosts_;  // index = id - 1; fixed after Start
   UniqueFd listener_;
   Handshaker handshaker_;  // accepts on listener_ (stopped before it closes)

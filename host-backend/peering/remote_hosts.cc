@@ -11,12 +11,24 @@ namespace vsocket::backend {
 using proto::FrameHeader;
 using proto::FrameType;
 
+std::string Peering::HostOf(uint32_t tenant, const proto::Endpoint& addr) const {
+  if (etcd_locator_) return etcd_locator_->Find(tenant, addr);  // (its cache: never waits on etcd)
+  MutexLock lock(locator_mu_);
+  return locator_->Find(tenant, addr);
+}
+
+namespace {
+
+Status NotStatic(const std::string& locator) {
+  return Status(Code::kFailedPrecondition, "the locator is " + locator +
+                                               ": each host publishes its own VMs there; set and reload are for a "
+                                               "static locator file");
+}
+
+}  // namespace
+
 uint32_t Peering::Locate(uint32_t tenant, const proto::Endpoint& addr) {
-  std::string name;
-  {
-    MutexLock lock(locator_mu_);
-    name = locator_->Find(tenant, addr);
-  }
+  std::string name = HostOf(tenant, addr);
   if (name.empty() || name == host_name_) return 0;
   Host* h = ByName(name);
   return h != nullptr && h->state == State::kUp ? h->id : 0;
@@ -24,18 +36,21 @@ uint32_t Peering::Locate(uint32_t tenant, const proto::Endpoint& addr) {
 
 bool Peering::Runs(uint32_t host, uint32_t tenant, const proto::Endpoint& addr) {
   if (host == 0 || host > hosts_.size()) return false;
-  MutexLock lock(locator_mu_);
-  return locator_->Find(tenant, addr) == hosts_[host - 1]->name;
+  // With the etcd directory, the name is that of the key's host: a host
+  // places addresses only on itself.
+  return HostOf(tenant, addr) == hosts_[host - 1]->name;
 }
 
 Result<std::string> Peering::LocatorText() const {
   if (!enabled()) return Status(Code::kFailedPrecondition, "no peer hosts configured: no locator");
+  if (etcd_locator_) return NotStatic(locator_path_);
   MutexLock lock(locator_mu_);
   return locator_->Text();
 }
 
 Status Peering::SetLocations(const std::string& lines, size_t* replaced) {
   if (!enabled()) return Status(Code::kFailedPrecondition, "no peer hosts configured: no locator");
+  if (etcd_locator_) return NotStatic(locator_path_);
   auto set = fabric::StaticLocator::Parse(lines, "locator set");
   if (!set.ok()) return set.status();
   MutexLock lock(locator_mu_);
@@ -45,6 +60,7 @@ Status Peering::SetLocations(const std::string& lines, size_t* replaced) {
 
 Status Peering::ReloadLocator() {
   if (!enabled()) return Status(Code::kFailedPrecondition, "no peer hosts configured: no locator");
+  if (etcd_locator_) return NotStatic(locator_path_);
   auto loc = fabric::StaticLocator::Load(locator_path_);
   if (!loc.ok()) return loc.status();
   MutexLock lock(locator_mu_);

@@ -1,0 +1,97 @@
+// A small etcd v3 client: etcd's JSON gateway (HTTP/1.1, the gRPC API's
+// messages as JSON, keys and values base64) through libcurl. One job: the
+// key-value, lease and watch calls the cluster directory needs, each with a
+// timeout, every failure a Status. See docs/decisions/080 for why the
+// gateway and not gRPC.
+//
+// Calls are blocking and may come from any thread at once (each makes its
+// own curl handle). With several endpoints, a call that cannot reach one
+// tries the next, and later calls start where the last one succeeded.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace vsocket::directory {
+
+struct EtcdKeyValue {
+  std::string key;
+  std::string value;
+  int64_t mod_revision = 0;
+  int64_t lease = 0;
+};
+
+struct EtcdRange {
+  std::vector<EtcdKeyValue> kvs;
+  int64_t revision = 0;  // the store's revision the read saw
+};
+
+struct EtcdEvent {
+  enum class Type { kPut, kDelete };
+  Type type = Type::kPut;
+  EtcdKeyValue kv;  // kDelete: key and mod_revision (the deletion's) only
+};
+
+struct EtcdClientOptions {
+  int timeout_ms = 2000;          // a whole unary call, per endpoint tried
+  int connect_timeout_ms = 1000;  // TCP connect, per endpoint tried
+  // A watch whose stream has not said "created" by then is given up.
+  int watch_create_timeout_ms = 2000;
+};
+
+class EtcdClient {
+ public:
+  // `endpoints`: HOST:PORT each (plain HTTP).
+  explicit EtcdClient(std::vector<std::string> endpoints, EtcdClientOptions options = {});
+
+  // The store's revision after the put.
+  Result<int64_t> Put(const std::string& key, const std::string& value, int64_t lease = 0);
+  // Every key starting with `prefix`.
+  Result<EtcdRange> GetPrefix(const std::string& prefix);
+  // Deletes every key starting with `prefix`: how many there were.
+  Result<int64_t> DeletePrefix(const std::string& prefix);
+  // A lease of `ttl_s` seconds (etcd may round it up to its minimum): its ID.
+  Result<int64_t> GrantLease(int ttl_s);
+  // Renews the lease: its TTL in seconds. kNotFound once it has expired (or
+  // was revoked): its keys are gone.
+  Result<int64_t> KeepAlive(int64_t lease);
+  // Ends the lease now, deleting its keys.
+  Status Revoke(int64_t lease);
+  // Forgets history up to `revision` (watches from before it fail).
+  Status Compact(int64_t revision);
+
+  // Streams the changes of keys under `prefix` from `start_revision` on:
+  // `on_change` gets each batch (and an empty one when the watch is set up)
+  // with the highest revision in it (0 for the empty one). Returns when
+  // `on_change` returns false or `*stop` is set (Ok), when the stream ends
+  // or fails (kUnavailable), or with kOutOfRange when `start_revision` was
+  // compacted (*compact_revision: the oldest still available). A dead
+  // server is noticed by TCP keepalive within about 15 s.
+  using WatchFn = std::function<bool(int64_t revision, const std::vector<EtcdEvent>& events)>;
+  Status Watch(const std::string& prefix, int64_t start_revision, const WatchFn& on_change,
+               const std::atomic<bool>* stop, int64_t* compact_revision);
+
+  // The endpoint the next call tries first.
+  std::string endpoint() const;
+  const std::vector<std::string>& endpoints() const { return endpoints_; }
+
+ private:
+  struct Reply;
+  // POSTs `body` to `path` on each endpoint in turn until one answers.
+  Result<std::string> Call(const std::string& path, const std::string& body);
+
+  const std::vector<std::string> endpoints_;
+  const EtcdClientOptions options_;
+  std::atomic<size_t> current_{0};  // index into endpoints_ of the last that answered
+};
+
+// The end of the key range holding every key that starts with `prefix`
+// (etcd's range_end: the prefix with its last byte incremented).
+std::string PrefixEnd(const std::string& prefix);
+
+}  // namespace vsocket::directory

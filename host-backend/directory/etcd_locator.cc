@@ -1,0 +1,224 @@
+#include "host-backend/directory/etcd_locator.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "base/clock.h"
+#include "base/log.h"
+
+namespace vsocket::directory {
+
+EtcdLocator::EtcdLocator(std::shared_ptr<EtcdClient> client, Options options)
+    : client_(std::move(client)), options_(std::move(options)) {
+  MutexLock lock(mu_);
+  stale_since_ms_ = MonotonicMs();
+}
+
+EtcdLocator::~EtcdLocator() { Stop(); }
+
+void EtcdLocator::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
+
+void EtcdLocator::Stop() {
+  {
+    MutexLock lock(mu_);
+    stop_ = true;
+  }
+  cv_.NotifyAll();
+  if (thread_.joinable()) thread_.join();  // (a watch notices stop_ within a second)
+}
+
+bool EtcdLocator::WaitSynced(int timeout_ms) {
+  int64_t deadline = MonotonicMs() + timeout_ms;
+  UniqueLock lock(mu_);
+  while (!synced_ && !stop_) {
+    int64_t left = deadline - MonotonicMs();
+    if (left <= 0) return false;
+    cv_.WaitFor(lock, std::chrono::milliseconds(left));
+  }
+  return synced_;
+}
+
+std::string EtcdLocator::Find(uint32_t tenant, const proto::Endpoint& addr) const {
+  std::shared_ptr<const fabric::StaticLocator> matcher;
+  {
+    MutexLock lock(mu_);
+    matcher = matcher_;
+  }
+  return matcher ? matcher->Find(tenant, addr) : "";
+}
+
+EtcdLocatorHealth EtcdLocator::Health() const {
+  EtcdLocatorHealth h;
+  h.endpoint = client_->endpoint();
+  MutexLock lock(mu_);
+  h.connected = connected_;
+  h.revision = revision_;
+  h.lag_ms = connected_ ? 0 : MonotonicMs() - stale_since_ms_;
+  h.last_error = last_error_;
+  h.connects = connects_;
+  h.full_reads = full_reads_;
+  h.bad_records = bad_records_;
+  h.hosts = hosts_.size();
+  h.entries = matcher_ ? matcher_->size() : 0;
+  return h;
+}
+
+std::string EtcdLocator::Text() const {
+  MutexLock lock(mu_);
+  return matcher_ ? matcher_->Text() : "";
+}
+
+std::string EtcdLocator::Describe() const {
+  std::string s = "etcd://";
+  for (const std::string& e : client_->endpoints()) s += (s.size() > 7 ? "," : "") + e;
+  return s;
+}
+
+void EtcdLocator::Run() {
+  int backoff = options_.backoff_min_ms;
+  bool need_read = true;
+  while (!stop_) {
+    if (need_read) {
+      auto range = client_->GetPrefix(options_.prefix);
+      if (!range.ok()) {
+        Disconnected(range.status());
+        if (!Pause(backoff)) break;
+        backoff = std::min(backoff * 2, options_.backoff_max_ms);
+        continue;
+      }
+      Load(*range);
+      need_read = false;
+    }
+    int64_t from;
+    {
+      MutexLock lock(mu_);
+      from = revision_ + 1;
+    }
+    int64_t compacted = 0;
+    Status st = client_->Watch(
+        options_.prefix, from,
+        [&](int64_t revision, const std::vector<EtcdEvent>& events) {
+          backoff = options_.backoff_min_ms;
+          Apply(revision, events);
+          return !stop_;
+        },
+        &stop_, &compacted);
+    VS_LOG(kDebug, "directory: watch from %lld ended: %s", static_cast<long long>(from), st.ToString().c_str());
+    if (stop_) break;
+    if (st.code() == Code::kOutOfRange) {
+      // What we missed is gone from etcd's history: read it all again.
+      VS_LOG(kWarn, "directory: %s; reading %s again", st.message().c_str(), options_.prefix.c_str());
+      need_read = true;
+      continue;
+    }
+    Disconnected(st.ok() ? Status(Code::kUnavailable, "watch ended") : st);
+    if (!Pause(backoff)) break;
+    backoff = std::min(backoff * 2, options_.backoff_max_ms);
+  }
+}
+
+void EtcdLocator::Load(const EtcdRange& range) {
+  {
+    MutexLock lock(mu_);
+    hosts_.clear();
+    vms_.clear();
+    for (const EtcdKeyValue& kv : range.kvs) bad_records_ += !Put(kv);
+    revision_ = range.revision;
+    ++full_reads_;
+    Rebuild();
+    synced_ = true;
+  }
+  cv_.NotifyAll();
+  VS_LOG(kInfo, "directory: read %zu key(s) under %s at revision %lld", range.kvs.size(), options_.prefix.c_str(),
+         static_cast<long long>(range.revision));
+  if (on_change_) on_change_();
+}
+
+void EtcdLocator::Apply(int64_t revision, const std::vector<EtcdEvent>& events) {
+  {
+    MutexLock lock(mu_);
+    if (!connected_) {
+      // The watch is set up (the empty batch that says so, or events).
+      connected_ = true;
+      ++connects_;
+    }
+    if (events.empty()) return;
+    for (const EtcdEvent& e : events) {
+      if (e.type == EtcdEvent::Type::kPut) {
+        if (!Put(e.kv)) ++bad_records_;
+      } else {
+        Erase(e.kv.key);
+      }
+    }
+    revision_ = std::max(revision_, revision);
+    Rebuild();
+  }
+  if (on_change_) on_change_();
+}
+
+bool EtcdLocator::Put(const EtcdKeyValue& kv) {
+  KeyName name;
+  if (!ParseKey(options_.prefix, kv.key, &name)) {
+    VS_LOG(kWarn, "directory: ignoring key %s (not HOST or HOST/vms/VM)", kv.key.c_str());
+    return false;
+  }
+  if (name.vm.empty()) {
+    auto host = DecodeHost(kv.value);
+    if (!host.ok()) {
+      VS_LOG(kWarn, "directory: %s: %s", kv.key.c_str(), host.status().message().c_str());
+      return false;
+    }
+    hosts_[kv.key] = std::move(host).value();
+    return true;
+  }
+  auto vm = DecodeVm(kv.value);
+  std::string lines;
+  if (vm.ok())
+    for (const std::string& a : vm->addresses) lines += std::to_string(vm->tenant) + " " + a + " " + name.host + "\n";
+  // Checked alone, so that one bad record never spoils the others.
+  Status st = vm.ok() ? fabric::StaticLocator::Parse(lines, kv.key).status() : vm.status();
+  if (!st.ok()) {
+    VS_LOG(kWarn, "directory: %s: %s", kv.key.c_str(), st.message().c_str());
+    vms_.erase(kv.key);
+    return false;
+  }
+  vms_[kv.key] = std::move(lines);
+  return true;
+}
+
+void EtcdLocator::Erase(const std::string& key) {
+  hosts_.erase(key);
+  vms_.erase(key);
+}
+
+void EtcdLocator::Rebuild() {
+  std::string text;
+  for (const auto& [key, lines] : vms_) text += lines;
+  auto parsed = fabric::StaticLocator::Parse(text, "directory");
+  if (parsed.ok()) matcher_ = std::shared_ptr<const fabric::StaticLocator>(std::move(parsed).value());
+}
+
+void EtcdLocator::Disconnected(const Status& why) {
+  MutexLock lock(mu_);
+  if (connected_ || last_error_ != why.message())
+    VS_LOG(kWarn, "directory: etcd %s: %s (answering from the cache, revision %lld)", client_->endpoint().c_str(),
+           why.message().c_str(), static_cast<long long>(revision_));
+  if (connected_) stale_since_ms_ = MonotonicMs();
+  connected_ = false;
+  last_error_ = why.message();
+}
+
+bool EtcdLocator::Pause(int ms) {
+  int64_t until = MonotonicMs() + ms;
+  UniqueLock lock(mu_);
+  while (!stop_) {
+    int64_t left = until - MonotonicMs();
+    if (left <= 0) return true;
+    cv_.WaitFor(lock, std::chrono::milliseconds(left));
+  }
+  return false;
+}
+
+}  // namespace vsocket::directory

@@ -1,0 +1,104 @@
+// The Locator of a cluster directory in etcd (records.h has the keys).
+//
+// A background thread reads the directory's whole prefix once, then
+// watches it from the revision that read returned, and keeps a cache:
+// Find() answers from the cache alone and never waits on etcd. When etcd
+// cannot be reached the cache stays as it was (entries of hosts that die
+// meanwhile stay too, until etcd is back and their leases' expiry reaches
+// us); the thread reconnects with backoff (0.2 s doubling to 5 s) and
+// resumes the watch after the last revision it applied, so nothing is
+// missed. If etcd compacted that revision away, it reads the whole prefix
+// again.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "base/mutex.h"
+#include "host-backend/directory/etcd_client.h"
+#include "host-backend/directory/records.h"
+#include "host-backend/fabric/locator.h"
+
+namespace vsocket::directory {
+
+struct EtcdLocatorHealth {
+  bool connected = false;    // the watch is live
+  int64_t revision = 0;      // the last revision applied to the cache
+  int64_t lag_ms = 0;        // how long the cache has gone without a live watch (0: live)
+  std::string last_error;    // the last failure ("" if none yet)
+  std::string endpoint;      // the etcd endpoint in use
+  uint64_t connects = 0;     // watches set up
+  uint64_t full_reads = 0;   // reads of the whole prefix (the first, and after compaction)
+  uint64_t bad_records = 0;  // keys or values ignored as malformed
+  size_t hosts = 0;          // host records in the cache
+  size_t entries = 0;        // (tenant, address) entries in the cache
+};
+
+class EtcdLocator : public fabric::Locator {
+ public:
+  struct Options {
+    std::string prefix = kDefaultPrefix;
+    int backoff_min_ms = 200;
+    int backoff_max_ms = 5000;
+  };
+  EtcdLocator(std::shared_ptr<EtcdClient> client, Options options);
+  ~EtcdLocator() override;
+
+  // Called on the locator's thread after each change to the cache (the
+  // daemon has pending connections look again). Set before Start.
+  void SetOnChange(std::function<void()> fn) { on_change_ = std::move(fn); }
+  void Start();
+  void Stop();
+  // Waits until the first read of the directory is in the cache: false if
+  // `timeout_ms` passed first (Find then answers "" until it is).
+  bool WaitSynced(int timeout_ms) EXCLUDES(mu_);
+
+  std::string Find(uint32_t tenant, const proto::Endpoint& addr) const override EXCLUDES(mu_);
+  EtcdLocatorHealth Health() const EXCLUDES(mu_);
+  // The cached entries in the static locator's file format.
+  std::string Text() const EXCLUDES(mu_);
+  std::string Describe() const;  // "etcd://A,B"
+
+ private:
+  void Run();
+  // Replaces the cache with a full read.
+  void Load(const EtcdRange& range) EXCLUDES(mu_);
+  // Applies a watch batch.
+  void Apply(int64_t revision, const std::vector<EtcdEvent>& events) EXCLUDES(mu_);
+  // Puts one key into `hosts_`/`vms_` (false: malformed, ignored).
+  bool Put(const EtcdKeyValue& kv) REQUIRES(mu_);
+  void Erase(const std::string& key) REQUIRES(mu_);
+  // Compiles vms_ into the matcher Find uses.
+  void Rebuild() REQUIRES(mu_);
+  void Disconnected(const Status& why) EXCLUDES(mu_);
+  // Sleeps up to `ms` unless stopped: false once stopped.
+  bool Pause(int ms) EXCLUDES(mu_);
+
+  const std::shared_ptr<EtcdClient> client_;
+  const Options options_;
+  std::function<void()> on_change_;
+  std::atomic<bool> stop_{false};  // (read by the watch's progress callback)
+
+  mutable Mutex mu_;
+  CondVar cv_;                                               // synced_ or stop_ changed
+  std::map<std::string, HostRecord> hosts_ GUARDED_BY(mu_);  // by key
+  std::map<std::string, std::string> vms_ GUARDED_BY(mu_);   // key -> entry lines
+  std::shared_ptr<const fabric::StaticLocator> matcher_ GUARDED_BY(mu_);
+  bool synced_ GUARDED_BY(mu_) = false;
+  bool connected_ GUARDED_BY(mu_) = false;
+  int64_t revision_ GUARDED_BY(mu_) = 0;
+  int64_t stale_since_ms_ GUARDED_BY(mu_) = 0;
+  std::string last_error_ GUARDED_BY(mu_);
+  uint64_t connects_ GUARDED_BY(mu_) = 0;
+  uint64_t full_reads_ GUARDED_BY(mu_) = 0;
+  uint64_t bad_records_ GUARDED_BY(mu_) = 0;
+
+  std::thread thread_;  // last: joined before the members above go
+};
+
+}  // namespace vsocket::directory

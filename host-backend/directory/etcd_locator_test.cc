@@ -1,0 +1,196 @@
+// EtcdLocator and EtcdPublisher against a real etcd (skipped without the
+// etcd binary): the cache follows the directory, outlives etcd, and catches
+// up with it after a restart; a publisher's records live as long as its lease.
+#include "host-backend/directory/etcd_locator.h"
+
+#include <arpa/inet.h>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "gtest/gtest.h"
+#include "host-backend/directory/etcd_publisher.h"
+#include "host-backend/directory/etcd_test_env.h"
+
+namespace vsocket::directory {
+namespace {
+
+proto::Endpoint V4(const char* a) {
+  proto::Endpoint e;
+  inet_pton(AF_INET, a, e.addr.data());
+  e.port = 80;
+  return e;
+}
+
+// Polls `done` every 20 ms for up to `ms`.
+template <typename Fn>
+bool Eventually(Fn done, int ms) {
+  for (int64_t deadline = MonotonicMs() + ms; MonotonicMs() < deadline; usleep(20 * 1000))
+    if (done()) return true;
+  return done();
+}
+
+class EtcdLocatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SetLogLevel(LogLevel::kWarn);
+    if (EtcdTestServer::Binary().empty())
+      GTEST_SKIP() << "no etcd binary (apt-get install etcd-server; deploy/install-deps.sh)";
+    Status st = etcd_.Start();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    client_ =
+        std::make_shared<EtcdClient>(std::vector<std::string>{etcd_.endpoint()}, EtcdClientOptions{2000, 300, 2000});
+  }
+  std::unique_ptr<EtcdLocator> NewLocator() {
+    EtcdLocator::Options o;
+    o.backoff_min_ms = 50;
+    o.backoff_max_ms = 400;
+    auto l = std::make_unique<EtcdLocator>(client_, o);
+    l->SetOnChange([this] { ++changes_; });
+    l->Start();
+    EXPECT_TRUE(l->WaitSynced(5000));
+    return l;
+  }
+  Status PutVm(const std::string& host, const std::string& vm, uint32_t tenant, std::vector<std::string> addrs) {
+    return client_->Put(VmKey(kDefaultPrefix, host, vm), EncodeVm({tenant, std::move(addrs)})).status();
+  }
+
+  EtcdTestServer etcd_;
+  std::shared_ptr<EtcdClient> client_;
+  std::atomic<int> changes_{0};
+};
+
+TEST_F(EtcdLocatorTest, FindFollowsAPutAndADelete) {
+  ASSERT_TRUE(PutVm("hostA", "vm1", 7, {"198.51.100.0/28"}).ok());
+  auto loc = NewLocator();
+  EXPECT_EQ(loc->Find(7, V4("198.51.100.3")), "hostA");  // from the first read
+  EXPECT_EQ(loc->Find(8, V4("198.51.100.3")), "");       // another tenant
+  ASSERT_TRUE(PutVm("hostB", "vm2", 7, {"198.51.100.3"}).ok());
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.3")) == "hostB"; }, 1000));
+  EXPECT_EQ(loc->Find(7, V4("198.51.100.4")), "hostA");  // the longest prefix wins
+  ASSERT_TRUE(client_->DeletePrefix(VmKey(kDefaultPrefix, "hostB", "vm2")).ok());
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.3")) == "hostA"; }, 1000));
+  EtcdLocatorHealth h = loc->Health();
+  EXPECT_TRUE(h.connected);
+  EXPECT_EQ(h.lag_ms, 0);
+  EXPECT_EQ(h.entries, 1u);
+  EXPECT_GT(changes_.load(), 2);
+  EXPECT_EQ(loc->Text(), "7 198.51.100.0/28 hostA\n");
+}
+
+TEST_F(EtcdLocatorTest, TheHostComesFromTheKeyAndMalformedRecordsAreIgnored) {
+  auto loc = NewLocator();
+  // A value cannot name another host; a bad record spoils nothing else.
+  ASSERT_TRUE(client_->Put(VmKey(kDefaultPrefix, "hostA", "bad"), "{\"tenant\":7,\"addresses\":[\"nope\"]}").ok());
+  ASSERT_TRUE(client_->Put("/vsocket/hosts/hostA/junk", "{}").ok());
+  ASSERT_TRUE(PutVm("hostA", "vm1", 7, {"198.51.100.9"}).ok());
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.9")) == "hostA"; }, 1000));
+  EXPECT_EQ(loc->Health().bad_records, 2u);
+}
+
+TEST_F(EtcdLocatorTest, AnswersFromTheCacheWhileEtcdIsDownAndResyncsAfterRestart) {
+  ASSERT_TRUE(PutVm("hostA", "vm1", 7, {"198.51.100.1"}).ok());
+  auto loc = NewLocator();
+  ASSERT_TRUE(Eventually([&] { return loc->Health().connected; }, 2000));
+  etcd_.Kill();
+  ASSERT_TRUE(Eventually([&] { return !loc->Health().connected; }, 3000));
+  int64_t t0 = MonotonicMs();
+  EXPECT_EQ(loc->Find(7, V4("198.51.100.1")), "hostA");
+  EXPECT_LT(MonotonicMs() - t0, 50) << "Find waited on etcd";
+  EtcdLocatorHealth down = loc->Health();
+  EXPECT_FALSE(down.last_error.empty());
+  EXPECT_TRUE(Eventually([&] { return loc->Health().lag_ms > 0; }, 1000));
+
+  Status st = etcd_.Start();  // same ports, same data
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_TRUE(PutVm("hostB", "vm2", 7, {"198.51.100.2"}).ok());
+  ASSERT_TRUE(client_->DeletePrefix(VmKey(kDefaultPrefix, "hostA", "vm1")).ok());
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.2")) == "hostB"; }, 5000));
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.1")).empty(); }, 5000));
+  EtcdLocatorHealth up = loc->Health();
+  EXPECT_TRUE(up.connected);
+  EXPECT_GT(up.revision, down.revision);
+  EXPECT_GE(up.connects, 2u);
+}
+
+TEST_F(EtcdLocatorTest, ReadsEverythingAgainWhenItsRevisionWasCompacted) {
+  ASSERT_TRUE(PutVm("hostA", "vm1", 7, {"198.51.100.1"}).ok());
+  // A long first backoff: etcd is back, changed and compacted past the
+  // locator's revision before it tries again.
+  EtcdLocator::Options o;
+  o.backoff_min_ms = 6000;
+  auto loc = std::make_unique<EtcdLocator>(client_, o);
+  loc->Start();
+  ASSERT_TRUE(loc->WaitSynced(5000));
+  ASSERT_TRUE(Eventually([&] { return loc->Health().connected; }, 2000));
+  etcd_.Kill();
+  ASSERT_TRUE(Eventually([&] { return !loc->Health().connected; }, 3000));
+  int64_t down_at = MonotonicMs();
+  ASSERT_TRUE(etcd_.Start().ok());
+  // The VM moved from hostA to hostB while the locator was away.
+  ASSERT_TRUE(PutVm("hostB", "vm1", 7, {"198.51.100.1"}).ok());
+  ASSERT_TRUE(client_->DeletePrefix(VmKey(kDefaultPrefix, "hostA", "vm1")).ok());
+  auto rev = client_->Put("/vsocket/unrelated", "x");
+  ASSERT_TRUE(rev.ok());
+  ASSERT_TRUE(client_->Compact(*rev).ok());
+  ASSERT_LT(MonotonicMs() - down_at, 5500) << "etcd restarted too slowly for this test";
+  EXPECT_EQ(loc->Find(7, V4("198.51.100.1")), "hostA");  // (the cache, until it is back)
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.1")) == "hostB"; }, 10000));
+  EXPECT_EQ(loc->Health().full_reads, 2u);
+  EXPECT_GE(loc->Health().revision, *rev);
+}
+
+TEST_F(EtcdLocatorTest, PublishersRecordsVanishWhenItsLeaseIsNotKeptAlive) {
+  auto loc = NewLocator();
+  EtcdPublisher::Options o;
+  o.ttl_s = 2;
+  auto pub = std::make_unique<EtcdPublisher>(client_, "hostA", HostRecord{"127.0.0.1:7300", {"tcp"}},
+                                             std::map<std::string, VmRecord>{{"vm1", {7, {"198.51.100.0/30"}}}}, o);
+  pub->Start();
+  ASSERT_TRUE(pub->WaitPublished(5000)) << pub->Health().last_error;
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.2")) == "hostA"; }, 1000));
+  EXPECT_EQ(loc->Health().hosts, 1u);
+  // Kept alive past several TTLs, it stays.
+  usleep(3000 * 1000);
+  EXPECT_EQ(loc->Find(7, V4("198.51.100.2")), "hostA");
+  EXPECT_EQ(pub->Health().publishes, 1u);
+  // A host that dies: nobody renews the lease.
+  pub->Stop(EtcdPublisher::StopMode::kLetExpire);
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.2")).empty(); }, 8000));
+  EXPECT_EQ(loc->Health().hosts, 0u);
+}
+
+TEST_F(EtcdLocatorTest, PublisherStopRevokesAtOnce) {
+  auto loc = NewLocator();
+  auto pub = std::make_unique<EtcdPublisher>(client_, "hostB", HostRecord{"127.0.0.1:7301", {"tcp"}},
+                                             std::map<std::string, VmRecord>{{"vm1", {7, {"198.51.100.7"}}}},
+                                             EtcdPublisher::Options{});
+  pub->Start();
+  ASSERT_TRUE(pub->WaitPublished(5000)) << pub->Health().last_error;
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.7")) == "hostB"; }, 1000));
+  pub->Stop();  // the TTL is 10 s: gone well before means revoked
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.7")).empty(); }, 2000));
+}
+
+TEST_F(EtcdLocatorTest, PublisherWritesAgainWhenItsLeaseIsGone) {
+  EtcdPublisher::Options o;
+  o.ttl_s = 2;
+  o.backoff_min_ms = 50;
+  o.backoff_max_ms = 200;
+  auto pub = std::make_unique<EtcdPublisher>(client_, "hostC", HostRecord{"127.0.0.1:7302", {"tcp"}},
+                                             std::map<std::string, VmRecord>{{"vm1", {9, {"198.51.100.8"}}}}, o);
+  pub->Start();
+  ASSERT_TRUE(pub->WaitPublished(5000));
+  auto loc = NewLocator();
+  EXPECT_TRUE(Eventually([&] { return loc->Find(9, V4("198.51.100.8")) == "hostC"; }, 1000));
+  // As when etcd expired it during a long outage: its next renewal finds it
+  // gone, and it writes everything again under a new one.
+  int64_t lease = pub->Health().lease;
+  ASSERT_TRUE(client_->Revoke(lease).ok());
+  EXPECT_TRUE(Eventually([&] { return pub->Health().publishes >= 2; }, 5000)) << pub->Health().last_error;
+  EXPECT_NE(pub->Health().lease, lease);
+  EXPECT_TRUE(Eventually([&] { return loc->Find(9, V4("198.51.100.8")) == "hostC"; }, 1000));
+  pub->Stop();
+}
+
+}  // namespace
+}  // namespace vsocket::directory

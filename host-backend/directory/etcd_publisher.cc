@@ -1,0 +1,144 @@
+#include "host-backend/directory/etcd_publisher.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "base/clock.h"
+#include "base/log.h"
+
+namespace vsocket::directory {
+
+EtcdPublisher::EtcdPublisher(std::shared_ptr<EtcdClient> client, std::string host, HostRecord record,
+                             std::map<std::string, VmRecord> vms, Options options)
+    : client_(std::move(client)),
+      host_(std::move(host)),
+      record_(std::move(record)),
+      vms_(std::move(vms)),
+      options_(std::move(options)) {}
+
+EtcdPublisher::~EtcdPublisher() {
+  if (thread_.joinable()) Stop(StopMode::kRevoke);
+}
+
+void EtcdPublisher::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
+
+void EtcdPublisher::Stop(StopMode mode) {
+  {
+    MutexLock lock(mu_);
+    stop_ = true;
+  }
+  cv_.NotifyAll();
+  if (thread_.joinable()) thread_.join();
+  int64_t lease;
+  {
+    MutexLock lock(mu_);
+    lease = lease_;
+    published_ = false;
+    lease_ = 0;
+  }
+  if (mode == StopMode::kRevoke && lease != 0) {
+    Status st = client_->Revoke(lease);
+    if (!st.ok())
+      VS_LOG(kWarn, "directory: revoking lease %lld: %s (the records go when it expires, within %d s)",
+             static_cast<long long>(lease), st.message().c_str(), options_.ttl_s);
+  }
+}
+
+bool EtcdPublisher::WaitPublished(int timeout_ms) {
+  int64_t deadline = MonotonicMs() + timeout_ms;
+  UniqueLock lock(mu_);
+  while (!published_ && !stop_) {
+    int64_t left = deadline - MonotonicMs();
+    if (left <= 0) return false;
+    cv_.WaitFor(lock, std::chrono::milliseconds(left));
+  }
+  return published_;
+}
+
+EtcdPublisherHealth EtcdPublisher::Health() const {
+  MutexLock lock(mu_);
+  return {published_, lease_, publishes_, last_error_};
+}
+
+Status EtcdPublisher::Publish() {
+  auto lease = client_->GrantLease(options_.ttl_s);
+  if (!lease.ok()) return lease.status();
+  {
+    MutexLock lock(mu_);
+    lease_ = *lease;  // (revoked by Stop even if the writes below fail)
+  }
+  auto put = client_->Put(HostKey(options_.prefix, host_), EncodeHost(record_), *lease);
+  if (!put.ok()) return put.status();
+  for (const auto& [vm, r] : vms_) {
+    put = client_->Put(VmKey(options_.prefix, host_, vm), EncodeVm(r), *lease);
+    if (!put.ok()) return put.status();
+  }
+  {
+    MutexLock lock(mu_);
+    published_ = true;
+    ++publishes_;
+  }
+  cv_.NotifyAll();
+  VS_LOG(kInfo, "directory: published host %s and %zu VM(s) under lease %lld (TTL %d s)", host_.c_str(), vms_.size(),
+         static_cast<long long>(*lease), options_.ttl_s);
+  return Status::Ok();
+}
+
+void EtcdPublisher::Run() {
+  int backoff = options_.backoff_min_ms;
+  // Renewed three times per TTL: two renewals may fail before it expires.
+  const int renew_ms = std::max(300, options_.ttl_s * 1000 / 3);
+  while (!stop_) {
+    bool published;
+    int64_t lease;
+    {
+      MutexLock lock(mu_);
+      published = published_;
+      lease = lease_;
+    }
+    Status st;
+    if (!published) {
+      st = Publish();
+    } else {
+      auto ttl = client_->KeepAlive(lease);
+      st = ttl.status();
+      if (st.code() == Code::kNotFound) {
+        // Expired while etcd was out of reach: the records are gone.
+        VS_LOG(kWarn, "directory: lease %lld expired; publishing again", static_cast<long long>(lease));
+        MutexLock lock(mu_);
+        published_ = false;
+        lease_ = 0;
+      }
+    }
+    if (st.ok()) {
+      backoff = options_.backoff_min_ms;
+      if (!Pause(renew_ms)) break;
+    } else {
+      Failed(st);
+      if (!Pause(backoff)) break;
+      backoff = std::min(backoff * 2, options_.backoff_max_ms);
+    }
+  }
+}
+
+void EtcdPublisher::Failed(const Status& why) {
+  MutexLock lock(mu_);
+  if (last_error_ != why.message())
+    VS_LOG(kWarn, "directory: publishing host %s: %s", host_.c_str(), why.message().c_str());
+  last_error_ = why.message();
+}
+
+bool EtcdPublisher::Pause(int ms) {
+  int64_t until = MonotonicMs() + ms;
+  UniqueLock lock(mu_);
+  while (!stop_) {
+    int64_t left = until - MonotonicMs();
+    if (left <= 0) return true;
+    cv_.WaitFor(lock, std::chrono::milliseconds(left));
+  }
+  return false;
+}
+
+}  // namespace vsocket::directory

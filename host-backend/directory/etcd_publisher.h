@@ -1,0 +1,74 @@
+// Publishes this host's records in the cluster directory (records.h) under
+// a lease of its own, and keeps the lease alive from a thread.
+//
+// The keys live only as long as the lease: a host that dies (or loses etcd
+// for longer than the TTL) disappears from every other host's locator once
+// etcd expires the lease. A lease found expired after an outage is replaced
+// by a new one and everything is written again. Stop() revokes the lease
+// (the keys go at once) or, as a crashed host would, lets it expire.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "base/mutex.h"
+#include "host-backend/directory/etcd_client.h"
+#include "host-backend/directory/records.h"
+
+namespace vsocket::directory {
+
+struct EtcdPublisherHealth {
+  bool published = false;  // the records are in etcd under a live lease
+  int64_t lease = 0;
+  uint64_t publishes = 0;  // times the records were written (a new lease each)
+  std::string last_error;
+};
+
+class EtcdPublisher {
+ public:
+  struct Options {
+    std::string prefix = kDefaultPrefix;
+    int ttl_s = 10;  // the lease: how long a dead host's records outlive it
+    int backoff_min_ms = 200;
+    int backoff_max_ms = 5000;
+  };
+  EtcdPublisher(std::shared_ptr<EtcdClient> client, std::string host, HostRecord record,
+                std::map<std::string, VmRecord> vms, Options options);
+  ~EtcdPublisher();  // Stop(kRevoke) unless stopped
+
+  void Start();
+  enum class StopMode { kRevoke, kLetExpire };
+  void Stop(StopMode mode = StopMode::kRevoke);
+  // Waits until the records are written: false if `timeout_ms` passed first.
+  bool WaitPublished(int timeout_ms) EXCLUDES(mu_);
+  EtcdPublisherHealth Health() const EXCLUDES(mu_);
+
+ private:
+  void Run();
+  // A new lease and every record under it.
+  Status Publish();
+  bool Pause(int ms) EXCLUDES(mu_);
+  void Failed(const Status& why) EXCLUDES(mu_);
+
+  const std::shared_ptr<EtcdClient> client_;
+  const std::string host_;
+  const HostRecord record_;
+  const std::map<std::string, VmRecord> vms_;
+  const Options options_;
+  std::atomic<bool> stop_{false};
+
+  mutable Mutex mu_;
+  CondVar cv_;  // published_ or stop_ changed
+  bool published_ GUARDED_BY(mu_) = false;
+  int64_t lease_ GUARDED_BY(mu_) = 0;
+  uint64_t publishes_ GUARDED_BY(mu_) = 0;
+  std::string last_error_ GUARDED_BY(mu_);
+
+  std::thread thread_;  // joined by Stop
+};
+
+}  // namespace vsocket::directory

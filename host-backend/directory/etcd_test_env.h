@@ -1,0 +1,38 @@
+// A real etcd for tests: one member on 127.0.0.1, free ports, a temporary
+// data directory; killed by PID (SIGKILL) and started again on the same
+// ports and data. Every wait is bounded.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+#include "base/status.h"
+
+namespace vsocket::directory {
+
+class EtcdTestServer {
+ public:
+  // The etcd binary ($VSOCKET_ETCD, else /usr/bin/etcd), or "" if missing.
+  static std::string Binary();
+
+  EtcdTestServer() = default;
+  ~EtcdTestServer();  // kills it and removes the data directory
+  EtcdTestServer(const EtcdTestServer&) = delete;
+  EtcdTestServer& operator=(const EtcdTestServer&) = delete;
+
+  // Starts it (the first time: new ports and data directory) and waits up
+  // to 15 s for it to answer.
+  Status Start();
+  // SIGKILL, and waits for it to be gone.
+  void Kill();
+  bool running() const { return pid_ > 0; }
+  std::string endpoint() const { return "127.0.0.1:" + std::to_string(client_port_); }
+
+ private:
+  pid_t pid_ = -1;
+  int client_port_ = 0, peer_port_ = 0;
+  std::string dir_;
+};
+
+}  // namespace vsocket::directory

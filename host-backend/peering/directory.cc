@@ -1,0 +1,103 @@
+// Peering's locator when it is the cluster directory in etcd
+// (locator = etcd://...): the EtcdLocator it asks, the EtcdPublisher of this
+// host's records, and their report for vsocketctl locator.
+#include <arpa/inet.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "base/log.h"
+#include "host-backend/peering/peers.h"
+
+namespace vsocket::backend {
+namespace {
+
+// How long Start waits for the first read of the directory before going on
+// with an empty cache (pairing across hosts then waits for it).
+constexpr int kDirectorySyncMs = 2000;
+
+std::string AddressText(const vhost::VmAddress& a) {
+  char buf[INET6_ADDRSTRLEN] = "";
+  inet_ntop(a.family == 6 ? AF_INET6 : AF_INET, a.addr.data(), buf, sizeof(buf));
+  return buf;
+}
+
+}  // namespace
+
+Status Peering::StartDirectory(const DaemonConfig& config) {
+  auto endpoints = EtcdEndpoints(config.locator);
+  if (!endpoints.ok()) return endpoints.status();
+  etcd_ = std::make_shared<directory::EtcdClient>(*endpoints);
+  directory_wake_.reset(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!directory_wake_) return Status::FromErrno("directory eventfd");
+  Watch(directory_wake_.get(), false);
+
+  etcd_locator_ = std::make_unique<directory::EtcdLocator>(etcd_, directory::EtcdLocator::Options{});
+  ConnManager* conns = conns_;
+  int wake = directory_wake_.get();
+  etcd_locator_->SetOnChange([conns, wake] {
+    // Pending connections look again where their peers run.
+    conns->RequestVmOp(ConnManager::kAllVms, ConnManager::VmOp::kRelocate);
+    uint64_t one = 1;
+    (void)!write(wake, &one, sizeof(one));
+  });
+  etcd_locator_->Start();
+  if (!etcd_locator_->WaitSynced(kDirectorySyncMs))
+    VS_LOG(kWarn, "directory: %s not read within %d ms (%s); starting with an empty cache, still trying",
+           etcd_locator_->Describe().c_str(), kDirectorySyncMs, etcd_locator_->Health().last_error.c_str());
+
+  // This host and the VMs that run here now (not those `away`).
+  directory::HostRecord host{config.peer_listen, {config.fabric}};
+  std::map<std::string, directory::VmRecord> vms;
+  for (const vhost::PortConfig& p : config.vms) {
+    if (p.away) continue;
+    directory::VmRecord r{p.tenant_id, {}};
+    for (const vhost::VmAddress& a : p.addresses) r.addresses.push_back(AddressText(a));
+    vms[p.vm_name] = std::move(r);
+  }
+  etcd_publisher_ = std::make_unique<directory::EtcdPublisher>(etcd_, host_name_, std::move(host), std::move(vms),
+                                                               directory::EtcdPublisher::Options{});
+  etcd_publisher_->Start();
+  return Status::Ok();
+}
+
+void Peering::StopDirectory() {
+  if (etcd_publisher_) etcd_publisher_->Stop(directory::EtcdPublisher::StopMode::kRevoke);
+  if (etcd_locator_) etcd_locator_->Stop();
+}
+
+std::string Peering::DirectoryReport(bool json) const {
+  directory::EtcdLocatorHealth h = etcd_locator_->Health();
+  directory::EtcdPublisherHealth p = etcd_publisher_->Health();
+  std::string text = etcd_locator_->Text();
+  if (json) {
+    nlohmann::json entries = nlohmann::json::array();
+    std::istringstream in(text);
+    for (std::string t, a, host; in >> t >> a >> host;)
+      entries.push_back({{"tenant", std::stoul(t)}, {"address", a}, {"host", host}});
+    nlohmann::json j = {{"locator", "etcd"},          {"endpoints", etcd_->endpoints()},
+                        {"endpoint", h.endpoint},     {"connected", h.connected},
+                        {"revision", h.revision},     {"lag_ms", h.lag_ms},
+                        {"last_error", h.last_error}, {"connects", h.connects},
+                        {"full_reads", h.full_reads}, {"bad_records", h.bad_records},
+                        {"hosts", h.hosts},           {"published", p.published},
+                        {"lease", p.lease},           {"publish_error", p.last_error},
+                        {"entries", entries}};
+    return j.dump() + "\n";
+  }
+  std::string out = "locator: " + etcd_locator_->Describe() + " (" + (h.connected ? "connected" : "NOT connected") +
+                    " to " + h.endpoint + ", revision " + std::to_string(h.revision) + ", lag " +
+                    std::to_string(h.lag_ms) + " ms, " + std::to_string(h.hosts) + " host(s), " +
+                    std::to_string(h.entries) + " entries, " + std::to_string(h.connects) + " connect(s), " +
+                    std::to_string(h.full_reads) + " full read(s), " + std::to_string(h.bad_records) +
+                    " bad record(s))\n";
+  if (!h.last_error.empty()) out += "last error: " + h.last_error + "\n";
+  out += "this host: " + std::string(p.published ? "published" : "NOT published") + " under lease " +
+         std::to_string(p.lease) + (p.last_error.empty() ? "" : " (last error: " + p.last_error + ")") + "\n";
+  return out + text;
+}
+
+}  // namespace vsocket::backend
