@@ -13,6 +13,8 @@
 # Sets the bed up once, runs the cases in order (a file per group of cases,
 # in name order: those that kill, drain or restart daemons last), takes the
 # bed down. Prints PASS/FAIL per case and ends with "N passed, N failed".
+# Cases listed in tests/e2e/known_failures.txt (a bug found, not fixed yet)
+# print SKIP instead, counted neither way; E2E_RUN_KNOWN=1 runs them.
 # tests/e2e/same_host.sh and cross_host.sh call it. Needs root (namespaces);
 # -l does not. E2E_KEEP=1 keeps the scratch directory; E2E_PORT_BASE moves
 # the ports the cases listen on (default from 7100 up); E2E_TIMEOUT bounds

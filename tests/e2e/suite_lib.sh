@@ -102,7 +102,9 @@ usage: tests/e2e/run.sh same_host|cross_host [-l] [-t REGEX] [BIN_DIR]
             it: '^redis$'), plus the cases they need (case_needs)
   BIN_DIR   Bazel output (default bazel-out/k8-opt/bin, from the repository root)
 Sets the bed up once, runs the selected cases in order, takes the bed down;
-prints PASS/FAIL per case and ends with "N passed, N failed".
+prints PASS/FAIL per case and ends with "N passed, N failed". Cases listed
+in tests/e2e/known_failures.txt print SKIP instead (", N skipped" is added)
+unless E2E_RUN_KNOWN=1.
 USAGE
   exit "${1:-2}"
 }
@@ -158,10 +160,40 @@ suite_select() {
   done
 }
 
+# Known failures: tests/e2e/known_failures.txt names cases that fail with
+# today's code (a bug found, not yet fixed), one case name a line, then a
+# comment saying why ("name  # why"; lines that are blank or start with #
+# say nothing). A run prints `SKIP name (known failure: why)` for such a
+# case instead of running it and counts it neither passed nor failed;
+# E2E_RUN_KNOWN=1 runs them anyway (with -t: the one case to reproduce).
+KNOWN_FAILURES_FILE=tests/e2e/known_failures.txt
+declare -A KNOWN_FAILURE=()  # name -> why (suite_known_failures)
+
+# suite_known_failures: KNOWN_FAILURE from KNOWN_FAILURES_FILE (the names of
+# other suites' cases are harmless: they are never selected here).
+suite_known_failures() {
+  local _kf_line _kf_name _kf_why
+  [ -f "$KNOWN_FAILURES_FILE" ] || return 0
+  while IFS= read -r _kf_line || [ -n "$_kf_line" ]; do
+    [[ $_kf_line =~ ^[[:space:]]*(#|$) ]] && continue
+    _kf_name=${_kf_line%%#*}
+    _kf_name=${_kf_name//[[:space:]]/}
+    _kf_why=""
+    [[ $_kf_line == *"#"* ]] && _kf_why=${_kf_line#*#}
+    _kf_why=${_kf_why#"${_kf_why%%[![:space:]]*}"}
+    KNOWN_FAILURE[$_kf_name]=${_kf_why:-listed in $KNOWN_FAILURES_FILE}
+  done <"$KNOWN_FAILURES_FILE"
+}
+
+# suite_skips NAME: true if NAME is a known failure this run skips.
+suite_skips() {
+  [ -n "${KNOWN_FAILURE[$1]+x}" ] && [ "${E2E_RUN_KNOWN:-0}" != 1 ]
+}
+
 # suite_run: after suite.sh and the groups are sourced (run.sh) and
 # suite_args: lists, or sets the bed up, runs the selected cases, tears down.
 suite_run() {
-  local _sr_i _sr_name _sr_next _sr_f
+  local _sr_i _sr_name _sr_next _sr_f _sr_torun=0
   suite_select
   if [ "$LIST_ONLY" -eq 1 ]; then
     [ ${#SELECTED[@]} -eq 0 ] || printf '%s\n' "${SELECTED[@]}"
@@ -171,6 +203,17 @@ suite_run() {
     echo "no $SUITE case matches '$CASE_REGEX' (tests/e2e/run.sh $SUITE -l lists them)"
     echo "0 passed, 0 failed"
     exit 1
+  fi
+  suite_known_failures
+  skipped=0
+  for _sr_name in "${SELECTED[@]}"; do suite_skips "$_sr_name" || _sr_torun=$((_sr_torun + 1)); done
+  if [ "$_sr_torun" -eq 0 ]; then
+    # Nothing to run: no bed.
+    for _sr_name in "${SELECTED[@]}"; do
+      echo "SKIP $_sr_name (known failure: ${KNOWN_FAILURE[$_sr_name]})"
+    done
+    echo "0 passed, 0 failed, ${#SELECTED[@]} skipped (known failures; E2E_RUN_KNOWN=1 runs them)"
+    exit 0
   fi
   BIN=$(realpath "${BIN_ARG:-bazel-out/k8-opt/bin}")
   LIB=$BIN/guest/libvsocket.so
@@ -193,13 +236,22 @@ suite_run() {
   fi
   for ((_sr_i = 0; _sr_i < ${#SELECTED[@]}; _sr_i++)); do
     _sr_name=${SELECTED[_sr_i]}
-    eval "${CASE_CMD[$_sr_name]}"
+    if suite_skips "$_sr_name"; then
+      echo "SKIP $_sr_name (known failure: ${KNOWN_FAILURE[$_sr_name]})"
+      skipped=$((skipped + 1))
+    else
+      eval "${CASE_CMD[$_sr_name]}"
+    fi
     _sr_next=${SELECTED[_sr_i + 1]:-}
     if [ -z "$_sr_next" ] || [ "${CASE_GROUP[$_sr_next]}" != "${CASE_GROUP[$_sr_name]}" ]; then
       for _sr_f in ${GROUP_TEARDOWN[${CASE_GROUP[$_sr_name]}]:-}; do "$_sr_f"; done
     fi
   done
   suite_finish
-  echo "$passed passed, $failed failed"
+  if [ "$skipped" -gt 0 ]; then
+    echo "$passed passed, $failed failed, $skipped skipped (known failures; E2E_RUN_KNOWN=1 runs them)"
+  else
+    echo "$passed passed, $failed failed"
+  fi
   [ "$failed" -eq 0 ]
 }

@@ -27,6 +27,11 @@ suite_prepare() {  # (REQUIRED: libvsocket, xfer, vsocketd)
 suite_setup() {
   groupadd -f "$E2E_GROUP" && usermod -aG "$E2E_GROUP" postgres && usermod -aG "$E2E_GROUP" redis ||
     echo "warning: could not make group $E2E_GROUP (postgres and redis are needed: deploy/install-deps.sh)"
+  # (apache's workers run as www-data, mariadbd as mysql: where installed)
+  local u
+  for u in www-data mysql; do
+    ! id "$u" >/dev/null 2>&1 || usermod -aG "$E2E_GROUP" "$u" || echo "warning: could not add $u to $E2E_GROUP"
+  done
   export VSOCKET_VM_VM2_GROUP=$E2E_GROUP
   echo "== test bed up"
   if ! VSOCKETD=$BIN/host-backend/vsocketd bash $TB up >"$WORK/up.log" 2>&1; then
@@ -169,4 +174,84 @@ bulk_and_rounds_wait() {
   done
   [ -z "$BR_BAD" ] ||
     BR_BAD+=$(tail -1 "$WORK/$name.bcli" "$WORK/$name.bsrv" "$WORK/$name.rcli" "$WORK/$name.rsrv" 2>/dev/null | tr '\n' ' ')
+}
+
+# ---- the application matrix (62_node.sh .. 78_haproxy_tcp.sh) -------------
+# Real applications under both policies, vm1 client, vm2 server, both
+# preloaded. Helpers: tests/e2e/apps/ (servers, clients, the wrk body check
+# wrk_body.lua, the report judge report_summary.py).
+
+APPS=tests/e2e/apps
+# The system's Python (its packages: python3-aiohttp, python3-grpcio), not
+# whatever python3 comes first in PATH.
+SYS_PY=/usr/bin/python3
+
+# daemon_counts [PORT...]: "CONNS DEVICES ACTIVE REGISTERED UPGRADES": the
+# connections vsocketd tracks to or from those ports now (any mode; all of
+# them without ports), the devices (attached guest processes) of vm1 and
+# vm2, and the counters active (registered connections not yet closed by
+# their guest), registered and upgrades.
+daemon_counts() {
+  bash $TB status 2>/dev/null | sed -n '/^{/,$p' | python3 "$APPS/daemon_view.py" counts "$@"
+}
+
+# leak_begin: LEAK0, the daemon's counts before a case starts its processes.
+leak_begin() { LEAK0=($(daemon_counts)); }
+
+# leak_untracked PORT...: after the client finished, while the server still
+# runs: until vsocketd tracks no connection to or from those ports (every
+# connection's close reached the daemon from both libraries; bounded: 10 s).
+# LEAK_IDLE: how many it still tracks (0 when none leaked).
+leak_untracked() {
+  local i c
+  for i in $(seq 50); do
+    c=($(daemon_counts "$@"))
+    [ "${c[0]}" -eq 0 ] && break
+    sleep 0.2
+  done
+  LEAK_IDLE=${c[0]}
+  LEAK_WHO=""
+  [ "$LEAK_IDLE" -eq 0 ] || LEAK_WHO=$(bash $TB status 2>/dev/null | sed -n '/^{/,$p' | python3 "$APPS/daemon_view.py" who "$@")
+}
+
+# leak_end: after every process of the case stopped: until the devices of
+# vm1 and vm2 and the active connections are back to LEAK0's (bounded:
+# 10 s). LEAK_MSG says what was seen, LEAK_BAD what is not back (empty if
+# all is), with LEAK_IDLE (leak_untracked) and the registrations and
+# upgrades the case made (LEAK_REG, LEAK_UPG).
+leak_end() {
+  local i c
+  for i in $(seq 50); do
+    c=($(daemon_counts))
+    [ "${c[1]}" -le "${LEAK0[1]}" ] && [ "${c[2]}" -le "${LEAK0[2]}" ] && break
+    sleep 0.2
+  done
+  LEAK_REG=$((c[3] - LEAK0[3])) LEAK_UPG=$((c[4] - LEAK0[4]))
+  LEAK_MSG="daemon: $LEAK_REG registered, $LEAK_UPG upgraded; left tracked after the load ${LEAK_IDLE:-?}; after the stop devices ${LEAK0[1]}->${c[1]}, active ${LEAK0[2]}->${c[2]}"
+  LEAK_BAD=""
+  [ "${LEAK_IDLE:-0}" -eq 0 ] || LEAK_BAD+="$LEAK_IDLE connections still tracked by vsocketd after the load ended (server running: $LEAK_WHO); "
+  [ "${c[1]}" -le "${LEAK0[1]}" ] || LEAK_BAD+="devices ${LEAK0[1]} -> ${c[1]} after every process stopped; "
+  [ "${c[2]}" -le "${LEAK0[2]}" ] || LEAK_BAD+="active connections ${LEAK0[2]} -> ${c[2]} after every process stopped; "
+}
+
+# region_full FILE...: the library's "shared region full" lines in those
+# logs (count, and the first one), empty if none.
+region_full() {
+  local n
+  n=$(cat "$@" 2>/dev/null | grep -c "shared region full")
+  [ "$n" -eq 0 ] || echo "$n 'shared region full' log lines, first: $(cat "$@" 2>/dev/null | grep -m1 "shared region full" | cut -c1-300)"
+}
+
+# wrk_judge OUT: wrk's result in OUT (its output); WRK_SUM: "N
+# requests, R req/s, bodies: ok/bad, errors"; false unless every body was
+# right and wrk saw no socket error or non-2xx answer.
+wrk_judge() {
+  local out=$1 n rps bodies errs
+  n=$(awk '/requests in/ {print $1}' "$out")
+  rps=$(awk '/Requests\/sec/ {print $2}' "$out")
+  bodies=$(grep -oE "bodies: [0-9]+ ok, [0-9]+ bad" "$out")
+  errs=$(grep -E "Socket errors|Non-2xx" "$out" | tr -s ' \n' ' ')
+  WRK_SUM="${n:-?} requests, ${rps:-?} req/s, ${bodies:-no body check}${errs:+, $errs}"
+  [ -n "$n" ] && [ "$n" -gt 0 ] && [ -z "$errs" ] && [[ $bodies =~ ^bodies:\ ([0-9]+)\ ok,\ 0\ bad$ ]] &&
+    [ "${BASH_REMATCH[1]}" -gt 0 ]
 }
