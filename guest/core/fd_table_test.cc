@@ -13,25 +13,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "guest/core/loopback_pair.h"
+
 namespace vsocket::guest {
 namespace {
-
-// A connected loopback TCP pair: {ours, peer}.
-std::pair<int, int> TcpPair() {
-  int l = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(sa);
-  EXPECT_EQ(bind(l, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
-  EXPECT_EQ(listen(l, 1), 0);
-  EXPECT_EQ(getsockname(l, reinterpret_cast<sockaddr*>(&sa), &len), 0);
-  int a = socket(AF_INET, SOCK_STREAM, 0);
-  EXPECT_EQ(connect(a, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
-  int b = accept(l, nullptr, nullptr);
-  close(l);
-  return {a, b};
-}
 
 // As registration records it.
 void Registered(int fd, Conn& c) {
@@ -42,13 +27,13 @@ void Registered(int fd, Conn& c) {
 }
 
 TEST(FdTable, ANewSocketUnderAnUnseenClosedNumberReclaimsTheOldConnection) {
-  auto [a, b] = TcpPair();
+  auto [a, b] = testing::LoopbackTcpPair();
   Adopt(a, false);
   std::shared_ptr<Conn> old = Lookup(a);
   ASSERT_NE(old, nullptr);
   uint64_t before = StaleReclaimed();
   syscall(SYS_close, a);  // as libuv closes: the library sees nothing
-  auto [c, d] = TcpPair();  // the lowest free number again
+  auto [c, d] = testing::LoopbackTcpPair();  // the lowest free number again
   ASSERT_EQ(c, a) << "the test wants the number reused";
   Adopt(c, false);
   EXPECT_EQ(StaleReclaimed(), before + 1);
@@ -59,11 +44,11 @@ TEST(FdTable, ANewSocketUnderAnUnseenClosedNumberReclaimsTheOldConnection) {
 }
 
 TEST(FdTable, TheRegionFullSweepReclaimsConnectionsWhoseNumbersNameAnotherFile) {
-  auto [a, b] = TcpPair();
+  auto [a, b] = testing::LoopbackTcpPair();
   Adopt(a, false);
   std::shared_ptr<Conn> conn = Lookup(a);
   Registered(a, *conn);
-  auto [keep, keep_peer] = TcpPair();  // a live one: left alone
+  auto [keep, keep_peer] = testing::LoopbackTcpPair();  // a live one: left alone
   Adopt(keep, false);
   Registered(keep, *Lookup(keep));
   uint64_t before = StaleReclaimed();

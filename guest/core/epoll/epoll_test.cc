@@ -11,11 +11,13 @@
 #include <unistd.h>
 
 #include <future>
+#include <tuple>
 #include <thread>
 
 #include "guest/core/epoll/emulated.h"
 #include "guest/core/fake_transport.h"
 #include "guest/core/fd_table.h"
+#include "guest/core/loopback_pair.h"
 #include "guest/core/poll_ops.h"
 #include "guest/core/session.h"
 #include "guest/sys/libc.h"
@@ -32,18 +34,8 @@ struct Pair {
   int a = -1, b = -1;
   std::shared_ptr<Conn> conn;
   Pair() {
-    int l = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(sa);
-    EXPECT_EQ(bind(l, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
-    EXPECT_EQ(listen(l, 1), 0);
-    EXPECT_EQ(getsockname(l, reinterpret_cast<sockaddr*>(&sa), &len), 0);
-    a = socket(AF_INET, SOCK_STREAM, 0);
-    EXPECT_EQ(connect(a, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
-    b = accept(l, nullptr, nullptr);
-    close(l);
+    std::tie(a, b) = testing::LoopbackTcpPair();
+    EXPECT_GE(a, 0);
     Adopt(a, false);
     conn = Lookup(a);
     conn->held.store(true);

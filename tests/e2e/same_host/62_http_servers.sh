@@ -71,11 +71,8 @@ case_http_server() {
   leak_untracked "$port"
   kill "$srv" 2>/dev/null
   wait "$srv" 2>/dev/null
-  leak_end
-  local full out
-  full=$(region_full "$WORK/$name.srv")
-  [ -z "$full" ] || bad+="server log: $full; "
-  [ -z "$LEAK_BAD" ] || bad+="leak: $LEAK_BAD"
+  leak_verdict "$WORK/$name.srv"
+  local out
   local min=0
   [ "$policy" = always ] && min=32
   out=$(python3 "$APPS/report_summary.py" --port "$port" --policy "$policy" --server "$srep" --client "$crep" \

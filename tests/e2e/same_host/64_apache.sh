@@ -103,11 +103,8 @@ case_apache() {
   leak_untracked "$port"
   kill "$srv" 2>/dev/null  # (SIGTERM: apache stops its workers, then exits)
   wait "$srv" 2>/dev/null
-  leak_end
-  local full out
-  full=$(region_full "$WORK/$name.srv" "$WORK/$name-error.log")
-  [ -z "$full" ] || bad+="server log: $full; "
-  [ -z "$LEAK_BAD" ] || bad+="leak: $LEAK_BAD"
+  leak_verdict "$WORK/$name.srv" "$WORK/$name-error.log"
+  local out
   local min=0
   [ "$policy" = always ] && min=64
   out=$(python3 "$APPS/report_summary.py" --port "$port" --policy "$policy" --server "$srep" --client "$crep" \

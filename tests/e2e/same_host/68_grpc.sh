@@ -36,11 +36,8 @@ case_grpc() {
   leak_untracked "$port"
   kill "$srv" 2>/dev/null
   wait "$srv" 2>/dev/null
-  leak_end
-  local full out
-  full=$(region_full "$WORK/$name.srv" "$WORK/$name.cli")
-  [ -z "$full" ] || bad+="logs: $full; "
-  [ -z "$LEAK_BAD" ] || bad+="leak: $LEAK_BAD"
+  leak_verdict "$WORK/$name.srv" "$WORK/$name.cli"
+  local out
   local min=0
   [ "$policy" = always ] && min=$((threads * channels))
   out=$(python3 "$APPS/report_summary.py" --port "$port" --policy "$policy" --server "$srep" --client "$crep" \

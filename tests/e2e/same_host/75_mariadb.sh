@@ -71,11 +71,8 @@ case_mariadb() {
   vm_run vm2 plain /dev/null mariadb-admin --socket="$d/run/mysqld.sock" -uroot shutdown >/dev/null 2>&1 ||
     kill "$srv" 2>/dev/null
   wait "$srv" 2>/dev/null
-  leak_end
-  local full out
-  full=$(region_full "$WORK/$name-error.log" "$WORK/$name.srv" "$WORK/$name.run")
-  [ -z "$full" ] || bad+="logs: $full; "
-  [ -z "$LEAK_BAD" ] || bad+="leak: $LEAK_BAD"
+  leak_verdict "$WORK/$name-error.log" "$WORK/$name.srv" "$WORK/$name.run"
+  local out
   local min=0
   [ "$policy" = always ] && min=16
   out=$(python3 "$APPS/report_summary.py" --port "$port" --policy "$policy" --server "$srep" --client "$crep" \

@@ -60,11 +60,8 @@ CFG
   sleep 0.5
   kill "$n1" "$n2" 2>/dev/null
   wait "$hap" "$n1" "$n2" 2>/dev/null
-  leak_end
-  local full out o1 o2 o3
-  full=$(region_full "$WORK/$name.hap" "$WORK/$name-n1.srv" "$WORK/$name-n2.srv" "$WORK/$name-n1-error.log" "$WORK/$name-n2-error.log")
-  [ -z "$full" ] || bad+="logs: $full; "
-  [ -z "$LEAK_BAD" ] || bad+="leak: $LEAK_BAD"
+  leak_verdict "$WORK/$name.hap" "$WORK/$name-n1.srv" "$WORK/$name-n2.srv" "$WORK/$name-n1-error.log" "$WORK/$name-n2-error.log"
+  local out o1 o2 o3
   local min=0 min_b=0
   [ "$policy" = always ] && min=32 min_b=16
   o1=$(python3 "$APPS/report_summary.py" --port "$port" --policy "$policy" --server "$hrep" --client "$crep" \

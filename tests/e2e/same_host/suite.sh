@@ -242,6 +242,16 @@ region_full() {
   [ "$n" -eq 0 ] || echo "$n 'shared region full' log lines, first: $(cat "$@" 2>/dev/null | grep -m1 "shared region full" | cut -c1-300)"
 }
 
+# leak_verdict LOG...: once the servers stopped: leak_end, and no LOG may say
+# "shared region full"; what is wrong is added to the caller's $bad.
+leak_verdict() {
+  leak_end
+  local full
+  full=$(region_full "$@")
+  [ -z "$full" ] || bad+="logs: $full; "
+  [ -z "$LEAK_BAD" ] || bad+="leak: $LEAK_BAD"
+}
+
 # wrk_judge OUT: wrk's result in OUT (its output); WRK_SUM: "N
 # requests, R req/s, bodies: ok/bad, errors"; false unless every body was
 # right and wrk saw no socket error or non-2xx answer.
