@@ -5,6 +5,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "host-backend/directory/pause.h"
 
 namespace vsocket::directory {
 
@@ -210,15 +211,6 @@ void EtcdLocator::Disconnected(const Status& why) {
   last_error_ = why.message();
 }
 
-bool EtcdLocator::Pause(int ms) {
-  int64_t until = MonotonicMs() + ms;
-  UniqueLock lock(mu_);
-  while (!stop_) {
-    int64_t left = until - MonotonicMs();
-    if (left <= 0) return true;
-    cv_.WaitFor(lock, std::chrono::milliseconds(left));
-  }
-  return false;
-}
+bool EtcdLocator::Pause(int ms) { return PauseUnlessStopped(mu_, cv_, stop_, ms); }
 
 }  // namespace vsocket::directory
