@@ -29,8 +29,18 @@ count_gtest() {
     p=$(grep -E '^\[  PASSED  \] [0-9]+ test' "$log" | tail -1 | awk '{print $4}')
     f=$(grep -E '^\[  FAILED  \] [0-9]+ test' "$log" | tail -1 | awk '{print $4}')
     if [ -z "$p" ] && [ -z "$f" ]; then
-      # A target that crashed before printing a summary counts as one failure.
-      if grep -q '^\[==========\]' "$log"; then :; else f=1; fi
+      # A GoogleTest target that crashed before printing a summary counts as
+      # one failure; a test that is not GoogleTest (an sh_test) counts as one
+      # test, passed if bazel's test.xml beside its log says so.
+      if grep -q '^\[==========\]' "$log"; then
+        :
+      elif grep -q '^\[ RUN      \]' "$log"; then
+        f=1
+      elif grep -qs 'failures="0" errors="0"' "${log%.log}.xml"; then
+        p=1
+      else
+        f=1
+      fi
     fi
     passed=$((passed + ${p:-0}))
     failed=$((failed + ${f:-0}))
