@@ -286,10 +286,15 @@ void FenceBeforeEndLocked(Conn& c) {
   if (s == nullptr || !s->alive() || !c.state.upgraded() || c.state.phase() != Phase::kUpgraded ||
       c.state.tx_on_ring() || c.state.draining())
     return;
+  (void)SwitchTxLocked(c);
+}
+
+Status SwitchTxLocked(Conn& c) {
   uint64_t sent = c.kernel_sent.load();
-  if (!s->Post({MsgType::kFence, 0, proto::ConnCounter{c.id, sent}}).ok()) return;
+  VS_RETURN_IF_ERROR(c.session->Post({MsgType::kFence, 0, proto::ConnCounter{c.id, sent}}));
   c.fence_sent.store(sent);
   c.state.SwitchTx();
+  return Status::Ok();
 }
 
 void PostShutWr(Conn& c) {

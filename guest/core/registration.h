@@ -42,6 +42,11 @@ void PostShutWr(Conn& c);
 // close may hold back until the peer's own FIN (AwaitPeerFin) — and a
 // lingering close there spun (Apache prefork: poll readable, read EAGAIN).
 void FenceBeforeEndLocked(Conn& c);
+// Under c.tx_mu, for an upgraded connection: posts its FENCE at the bytes
+// it sent on the kernel socket and switches its TX to the ring (the peer
+// reads exactly that many kernel bytes first). Not switched if the post
+// failed.
+Status SwitchTxLocked(Conn& c);
 // The end of a closed connection's registration: UNREGISTER.
 void Unregistered(Conn& c);
 // Under c.setup_mu: UNREGISTER of a registration the backend withdrew

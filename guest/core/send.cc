@@ -35,15 +35,12 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   if (c.state.accelerated() && !c.state.tx_on_ring() && !c.state.tx_ring_ended()) {
     // Switch-over: from here on this direction uses the ring; the peer reads
     // exactly kernel_sent bytes from its kernel socket first.
-    Status st = c.session->Post({MsgType::kFence, 0, proto::ConnCounter{c.id, c.kernel_sent.load()}});
-    if (!st.ok()) {
+    if (!SwitchTxLocked(c).ok()) {
       // Not switched: if the backend is gone, the kernel stream just goes on.
       if (!c.session->CheckBackend() && c.state.resynced()) return SendResynced(fd, c, iov, iovcnt, flags);
       c.state.Apply(ConnEvent::kFail, Reason::kBackendUnavailable);
       return Errno(ECONNRESET, "connection reset");
     }
-    c.fence_sent.store(c.kernel_sent.load());
-    c.state.SwitchTx();
   }
   if (!c.state.tx_on_ring()) {
     ssize_t n = KernelSendIov(fd, iov, iovcnt, flags);
