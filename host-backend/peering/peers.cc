@@ -129,7 +129,12 @@ Status Peering::Start(const DaemonConfig& config) {
   listener_.reset(socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   int one = 1;
   if (!listener_ || setsockopt(listener_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
-      bind(listener_.get(), reinterpret_cast<sockaddr*>(&ss), len) != 0 || listen(listener_.get(), 64) != 0)
+      bind(listener_.get(), reinterpret_cast<sockaddr*>(&ss), len) != 0 ||
+      // The kernel's cap (net.core.somaxconn), not 64: a flood of half-open
+      // connections is then accepted and shed by the handshaker's per-address
+      // limit, instead of filling the queue so a real peer's SYN is dropped
+      // and its connect waits for the retransmit.
+      listen(listener_.get(), SOMAXCONN) != 0)
     return Status::FromErrno("peer_listen " + config.peer_listen);
   VS_RETURN_IF_ERROR(
       handshaker_.Start(listener_.get(), tls_ctx_, &counters_, proto::kFrameHeaderSize + 32, Handshaker::Limits{}));

@@ -352,12 +352,18 @@ TEST_F(PeerForgeryTest, HandshakeFloodFromOneAddressLeavesRoomForThePeer) {
   // The real peer connects again while the flood hangs.
   Status st = rogue_.Connect(*daemon_);
   ASSERT_TRUE(st.ok()) << "the peer connects through the flood: " << st.ToString();
+  // Counted against the connections that got through the kernel's handshake
+  // (said: they took the byte): one whose SYN was dropped is not half-open in
+  // vsocketd at all (CI once saw 281 of 300 while 11 still waited for a SYN
+  // retransmit).
+  const long long expect_busy = static_cast<long long>(said) - 8;
   long long busy = 0;
-  for (int i = 0; i < 100 && busy < static_cast<long long>(flood.size()) - 8; ++i) {
+  for (int i = 0; i < 250 && busy < expect_busy; ++i) {
     busy = Daemon::Number(daemon_->Stats(), "refused_busy", "\"peering\"");
-    if (busy < static_cast<long long>(flood.size()) - 8) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (busy < expect_busy) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  EXPECT_GE(busy, static_cast<long long>(flood.size()) - 8) << "all but 8 of one address's half-open connections shed";
+  EXPECT_GT(said, 100u) << "the flood reached vsocketd";
+  EXPECT_GE(busy, expect_busy) << "all but 8 of one address's half-open connections shed (" << said << " took the byte)";
   EXPECT_EQ(WaitState("client", before.port, "accelerated fabric-down"), "accelerated fabric-down")
       << "(the reconnection ended the old session)";
   Conn after = Paired(*guest_, 1, 40801);
