@@ -159,6 +159,17 @@ bool Worker::Serve(Active& a) {
       counters_.broken_devices.fetch_add(1);
       return worked;
     }
+    if (chain.readable_bytes == 0) {
+      // Every vSocket request has bytes to read; a chain that is all
+      // device-writable is a network driver's receive buffer. Answering it
+      // would write into a foreign driver's packet (the guest kernel's
+      // virtio_net logged "bad gso"): stop the device without touching it.
+      dev.MarkBroken(
+          "request queue: a buffer with nothing to read (a receive buffer: a foreign driver, such as the guest "
+          "kernel's virtio_net, owns this device; bind vsocket-guestd to it, docs/vm-mode.md)");
+      counters_.broken_devices.fetch_add(1);
+      return worked;
+    }
     uint32_t written = service_->HandleRequest(dev, chain);
     rq.Push(chain.head, written);
     dev.counters().requests.fetch_add(1, std::memory_order_relaxed);
@@ -272,7 +283,7 @@ void Worker::Run() {
     }
     counters_.sleeps.fetch_add(1, std::memory_order_relaxed);
     // A call the vhost library could not take yet is retried soon.
-    int n = epoll_wait(epoll_.get(), events, 64, calls_owed ? 1 : -1);
+    int n = epoll_wait(epoll_.get(), events, 64, calls_owed ? 1 : service_->SleepTimeoutMs());
     HandleEvents(events, n);
     counters_.wakeups.fetch_add(1, std::memory_order_relaxed);
     DisableAllNotify();

@@ -41,6 +41,14 @@ bool ConnManager::EmitEvents(vhost::BackendDevice& device) {
       counters_.event_stalls.fetch_add(1, std::memory_order_relaxed);
       return wrote;  // the guest will kick when it posts buffers
     }
+    if (chain.num_readable != 0) {
+      // An event buffer is device-writable only; one with bytes for us to
+      // read is a network driver's transmit packet: not vSocket's driver.
+      device.MarkBroken(
+          "event queue: a buffer with bytes to read (a transmit packet: a foreign driver, such as the guest "
+          "kernel's virtio_net, owns this device)");
+      return wrote;
+    }
     // Pack as many events as fit into this buffer.
     std::array<uint8_t, 4096> buf;
     size_t cap = std::min<uint64_t>(chain.writable_bytes, buf.size());

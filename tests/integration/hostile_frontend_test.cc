@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <random>
+#include <vector>
 #include <thread>
 
 #include "proto/virtio_ring.h"
@@ -151,6 +152,41 @@ TEST_F(HostileFrontendTest, GarbageRequestGetsErrorNotBreakage) {
   EXPECT_EQ(m->type, proto::MsgType::kError);
   EXPECT_EQ(std::get<proto::Error>(m->body).code, proto::WireError::kBadMessage);
   EXPECT_EQ(Daemon::Number(daemon_.Stats(), "broken_devices"), 0);
+}
+
+// The guest kernel's virtio_net bound to a vSocket port (a QEMU
+// virtio-net-pci device): its receive queue (queue 0, our request queue) is
+// full of device-writable buffers. vsocketd must not answer them (an error
+// message written there is a corrupt packet to the guest: "bad gso") but
+// mark the device broken, naming the foreign driver.
+TEST_F(HostileFrontendTest, ForeignNetDriverReceiveBuffersBreakTheDeviceUntouched) {
+  auto fe = NewFrontend(bad());
+  ASSERT_TRUE(fe->Connect().ok());
+  long long before = Daemon::Number(daemon_.Stats(), "broken_devices");
+  constexpr uint32_t kRxBytes = 1526;  // virtio_net_hdr + an Ethernet frame
+  std::vector<uint8_t*> bufs;
+  for (uint64_t i = 0; i < 4; ++i) {
+    uint8_t* rx = fe->allocator().Allocate(kRxBytes);
+    ASSERT_NE(rx, nullptr);
+    std::memset(rx, 0x5a, kRxBytes);
+    bufs.push_back(rx);
+    vhost::VirtqueueDriver::Buf in{reinterpret_cast<uint64_t>(rx), kRxBytes};
+    ASSERT_TRUE(fe->queue(0).Add({}, {&in, 1}, i).ok());
+  }
+  fe->queue(0).Publish();
+  fe->Kick(0);
+  std::string s;
+  for (int i = 0; i < 300; ++i) {
+    s = daemon_.Stats();
+    if (Daemon::Number(s, "broken_devices") > before) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(Daemon::Number(s, "broken_devices"), before + 1) << s;
+  EXPECT_NE(s.find("foreign driver"), std::string::npos) << s;
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(fe->queue(0).PopUsed().has_value()) << "a receive buffer was returned";
+  for (uint8_t* rx : bufs)
+    for (uint32_t i = 0; i < kRxBytes; ++i) ASSERT_EQ(rx[i], 0x5a) << "vsocketd wrote into a receive buffer at " << i;
 }
 
 TEST_F(HostileFrontendTest, WrongFdCountsCloseOnlyThatConnection) {
