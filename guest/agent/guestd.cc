@@ -1,0 +1,111 @@
+// vsocket-guestd: the in-guest agent of VM mode (issue 35, decision 84).
+//
+// This increment owns the VM's vSocket device (QEMU's virtio-net-pci
+// attached to vsocketd over vhost-user) from user space through
+// uio_pci_generic, opens vSocket's session on it (HELLO) and checks the
+// data path with checksummed ECHOes. Serving the VM's applications over a
+// Unix socket comes next (docs/vm-mode.md).
+//
+// Usage: vsocket-guestd [--pci BDF] [--echo N] [--echo-bytes B] [--hold]
+//   --pci BDF        the function (default: the only 1af4:1041)
+//   --echo N         ECHO round trips after HELLO (default 16)
+//   --echo-bytes B   payload of each (default 4096, at most 4096)
+//   --huge-pages N   2 MiB pages for rings and buffers (default 2)
+//   --hold           keep the device and session until SIGTERM/SIGINT
+// Exit status: 0 on success, 1 on failure (the reason on stderr).
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "guest/agent/vm_device.h"
+
+namespace {
+
+volatile sig_atomic_t g_stop = 0;
+void OnSignal(int) { g_stop = 1; }
+
+int Usage(const char* why) {
+  fprintf(stderr, "vsocket-guestd: %s\nusage: vsocket-guestd [--pci BDF] [--echo N] [--echo-bytes B] "
+                  "[--huge-pages N] [--hold]\n", why);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace vsocket;
+  agent::VmDeviceOptions o;
+  long echoes = 16, echo_bytes = 4096;
+  bool hold = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    if (a == "--pci") {
+      const char* v = next();
+      if (!v) return Usage("--pci needs a BDF");
+      o.bdf = v;
+    } else if (a == "--echo" || a == "--echo-bytes" || a == "--huge-pages") {
+      const char* v = next();
+      char* end = nullptr;
+      long n = v ? strtol(v, &end, 10) : -1;
+      if (!v || *end != '\0' || n < 0) return Usage((a + " needs a number").c_str());
+      if (a == "--echo") echoes = n;
+      else if (a == "--echo-bytes") echo_bytes = n;
+      else o.huge_pages = static_cast<size_t>(n);
+    } else if (a == "--hold") {
+      hold = true;
+    } else if (a == "-h" || a == "--help") {
+      Usage("the in-guest agent of VM mode");
+      return 0;
+    } else {
+      return Usage(("unknown argument " + a).c_str());
+    }
+  }
+  if (echo_bytes < 1 || echo_bytes > static_cast<long>(proto::kMaxEchoPayload)) return Usage("--echo-bytes: 1..4096");
+
+  auto t0 = std::chrono::steady_clock::now();
+  auto ms = [&] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  };
+  auto dev = agent::VmDevice::Open(o);
+  if (!dev.ok()) {
+    fprintf(stderr, "vsocket-guestd: cannot own the device: %s\n", dev.status().ToString().c_str());
+    return 1;
+  }
+  agent::VmDevice& d = **dev;
+  printf("vsocket-guestd: %s bound to uio_pci_generic, features %#llx, queue size %u (%lld ms)\n", d.bdf().c_str(),
+         static_cast<unsigned long long>(d.features()), d.queue_size(), static_cast<long long>(ms()));
+  auto ack = d.Hello(0);
+  if (!ack.ok()) {
+    fprintf(stderr, "vsocket-guestd: HELLO failed: %s\n", ack.status().ToString().c_str());
+    return 1;
+  }
+  printf("vsocket-guestd: HELLO_ACK device %u, max_conns %u, features %#llx (%lld ms)\n", ack->device_id,
+         ack->max_conns, static_cast<unsigned long long>(ack->features), static_cast<long long>(ms()));
+  std::vector<uint8_t> payload(static_cast<size_t>(echo_bytes));
+  for (long i = 0; i < echoes; ++i) {
+    for (size_t k = 0; k < payload.size(); ++k) payload[k] = static_cast<uint8_t>(k * 31 + i * 7 + 1);
+    vsocket::Status st = d.Echo(payload);
+    if (!st.ok()) {
+      fprintf(stderr, "vsocket-guestd: ECHO %ld failed: %s\n", i, st.ToString().c_str());
+      return 1;
+    }
+  }
+  printf("vsocket-guestd: %ld ECHOes of %ld bytes checked (%lld ms; %llu interrupts, %llu polls)\n", echoes,
+         echo_bytes, static_cast<long long>(ms()), static_cast<unsigned long long>(d.counters().interrupts),
+         static_cast<unsigned long long>(d.counters().polls));
+  fflush(stdout);
+  if (hold) {
+    signal(SIGTERM, OnSignal);
+    signal(SIGINT, OnSignal);
+    while (!g_stop) pause();
+    printf("vsocket-guestd: stopping, device reset\n");
+  }
+  return 0;
+}
