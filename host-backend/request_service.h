@@ -31,6 +31,7 @@ class RequestService : public DeviceService {
   bool Poll() override {
     bool worked = conns_.ApplyDrainRequests();
     worked |= conns_.MoveData();
+    worked |= conns_.ExpireTentative();
     worked |= peering_.Poll();
     conns_.ServeSnapshots();  // (a report is not work: it does not keep the worker polling)
     return worked;
@@ -40,6 +41,7 @@ class RequestService : public DeviceService {
     return conns_.EmitEvents(device) || worked;
   }
   bool BeforeSleep() override { return conns_.ArmDoorbells(); }
+  int SleepTimeoutMs() override { return conns_.SleepTimeoutMs(); }
   uint64_t BytesMoved() const override { return conns_.counters().accel_bytes.load(std::memory_order_relaxed); }
   bool NeedsKick(vhost::BackendDevice& device, size_t q) override { return q == 0 || conns_.HasEventsWaiting(device); }
 

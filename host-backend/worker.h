@@ -42,6 +42,9 @@ class DeviceService {
   // (connections' doorbells). True if work turned up meanwhile (then it
   // does not sleep).
   virtual bool BeforeSleep() { return false; }
+  // The longest the worker may sleep with nothing to do (ms; -1: until
+  // woken): a timer of the service's that falls due.
+  virtual int SleepTimeoutMs() { return -1; }
   // Bytes moved between rings so far (a running total): a pass that moved a
   // quarter ring or more is followed by polling, not a nap (nap_us).
   virtual uint64_t BytesMoved() const { return 0; }

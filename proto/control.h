@@ -173,8 +173,15 @@ inline constexpr uint64_t kFeatureBulkHint = 1ull << 4;
 // for a pass (bytes produced, room made, a message posted) kicks the
 // request queue itself first.
 inline constexpr uint64_t kFeatureNaps = 1ull << 5;
+// kFeatureTentative: REGISTER_CONN may carry kRegisterTentative, and the
+// backend withdraws such a registration (DOWNGRADE before any upgrade,
+// reason peer-not-accelerated) if its peer has not registered within
+// kTentativeWaitMs (decision 83).
+inline constexpr uint64_t kFeatureTentative = 1ull << 6;
 inline constexpr uint64_t kKnownFeatures = kFeatureDoorbell | kFeatureRingHold | kFeatureFenceDelivered |
-                                           kFeatureCleanDowngrade | kFeatureBulkHint | kFeatureNaps;
+                                           kFeatureCleanDowngrade | kFeatureBulkHint | kFeatureNaps |
+                                           kFeatureTentative;
+inline constexpr int64_t kTentativeWaitMs = 500;
 struct DoorbellBlock {
   uint64_t tx_tail;        // guest writes: bytes produced into the TX ring (total)
   uint64_t consumed;       // guest writes: bytes consumed from the RX ring (total)
@@ -213,7 +220,7 @@ struct RegisterConn {
   uint64_t rx_ring_gpa = 0;
   uint32_t tx_ring_bytes = 0;  // power of two
   uint32_t rx_ring_bytes = 0;  // power of two
-  uint8_t flags = 0;           // kRegister* (kFeatureBulkHint only)
+  uint8_t flags = 0;           // kRegister* (each under its feature)
   bool operator==(const RegisterConn&) const = default;
 };
 // REGISTER_CONN flags. kRegisterBulk: the upgrade policy registered this
@@ -221,7 +228,12 @@ struct RegisterConn {
 // kBulkWriteBytes per call on average, more bytes out than in): copy-bound,
 // where a path that copies more than kernel TCP loses (decision 62).
 inline constexpr uint8_t kRegisterBulk = 1u << 0;
-inline constexpr uint8_t kKnownRegisterFlags = kRegisterBulk;
+// kRegisterTentative (kFeatureTentative only): the upgrade policy registered
+// this connection because its process's event loop is busy, not because
+// the connection streams; its peer's process may never be: the backend
+// withdraws it if no peer registers within kTentativeWaitMs (decision 83).
+inline constexpr uint8_t kRegisterTentative = 1u << 1;
+inline constexpr uint8_t kKnownRegisterFlags = kRegisterBulk | kRegisterTentative;
 inline constexpr uint64_t kBulkWriteBytes = 4096;
 inline constexpr uint32_t kMinRingBytes = 4096;
 inline constexpr uint32_t kMaxRingBytes = 64u << 20;

@@ -118,16 +118,22 @@ TEST(ControlTest, RegisterConnFieldValidation) {
   b[kHeaderSize + 8] = 3;
   EXPECT_FALSE(Decode(b).ok());
   b = MustEncode({MsgType::kRegisterConn, 1, good});
-  b[kHeaderSize + 11] = 2;
+  b[kHeaderSize + 11] = 4;
   EXPECT_FALSE(Decode(b).ok());
-  // The bulk flag (kFeatureBulkHint) is the byte's only known bit.
-  RegisterConn bulk = good;
-  bulk.flags = kRegisterBulk;
-  b = MustEncode({MsgType::kRegisterConn, 1, bulk});
-  EXPECT_EQ(b[kHeaderSize + 11], kRegisterBulk);
-  auto m = Decode(b);
-  ASSERT_TRUE(m.ok()) << m.status().ToString();
-  EXPECT_EQ(std::get<RegisterConn>(m->body), bulk);
+  // The bulk flag (kFeatureBulkHint) and the tentative flag
+  // (kFeatureTentative) are the byte's only known bits.
+  for (uint8_t flags : {kRegisterBulk, kRegisterTentative, uint8_t(kRegisterBulk | kRegisterTentative)}) {
+    RegisterConn with = good;
+    with.flags = flags;
+    b = MustEncode({MsgType::kRegisterConn, 1, with});
+    EXPECT_EQ(b[kHeaderSize + 11], flags);
+    auto m = Decode(b);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_EQ(std::get<RegisterConn>(m->body), with);
+  }
+  b = MustEncode({MsgType::kRegisterConn, 1, good});
+  b[kHeaderSize + 11] = 0x80;
+  EXPECT_FALSE(Decode(b).ok());
 }
 
 TEST(ControlTest, EnumsOutOfRangeAreRejected) {

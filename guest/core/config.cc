@@ -71,6 +71,7 @@ GuestConfig Load() {
       std::fprintf(stderr, "libvsocket: VSOCKET_UPGRADE=%s: want auto or always; using auto\n", v.c_str());
     }
   }
+  if (get("BUSY_EVENTS", &v)) c.busy_events = uint32_t(std::clamp(std::strtol(v.c_str(), nullptr, 10), 0L, 1024L));
   if (get("STREAM_KB", &v)) c.stream_window = uint32_t(std::clamp(std::strtol(v.c_str(), nullptr, 10), 4L, 65536L)) * 1024;
   if (get("REPORT", &v)) c.report_path = v;
   if (get("LOG_LEVEL", &v)) c.log_level = v;

@@ -218,6 +218,11 @@ void EnsureRegistered(int fd, Conn& c) {
   // keeps it on kernel TCP where its path copies more than the kernel's
   // (a peer across the tcp fabric; decision 62).
   if (c.held.load(std::memory_order_relaxed) && s->bulk_hint() && BulkWriter(c)) r.flags |= proto::kRegisterBulk;
+  // Registered because its process's loop is busy, not because it streams:
+  // withdrawn by the backend if the peer's process does not register it
+  // too within proto::kTentativeWaitMs (decision 83).
+  if (c.held.load(std::memory_order_relaxed) && c.stream.cause() == StreamDetector::Cause::kBusyLoop && s->tentative())
+    r.flags |= proto::kRegisterTentative;
   Message resp;
   Status st = s->Call({MsgType::kRegisterConn, 0, r}, &resp);
   const auto* ack = std::get_if<proto::RegisterAck>(&resp.body);

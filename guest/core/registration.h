@@ -2,6 +2,7 @@
 // UNREGISTER at its end.
 #pragma once
 
+#include "guest/core/busy_loop.h"
 #include "guest/core/config.h"
 #include "guest/core/conn.h"
 
@@ -23,7 +24,7 @@ bool BulkWriter(const Conn& c);
 // n bytes moved on c's kernel path in direction d: noted while the policy
 // holds c (a relaxed load otherwise).
 inline void NoteKernelIo(Conn& c, StreamDetector::Dir d, size_t n) {
-  if (c.held.load(std::memory_order_relaxed)) c.stream.Note(d, n, Config().stream_window);
+  if (c.held.load(std::memory_order_relaxed)) c.stream.Note(d, n, Config().stream_window, ProcessBusyLoop().busy());
 }
 // Urgent data (MSG_OOB) about to be sent on c: true if it may go (the
 // kernel's, on a connection that never registered: it never will now),

@@ -68,17 +68,28 @@ void WriteLine(const Conn& c, const char* event, const char* exec_program) {
     if (c.state.phase() == Phase::kUnprobed) mode = "kernel";
     exec_field = ",\"exec\":\"" + JsonText(exec_program, 256) + "\"";
   }
+  // Why it registered (the policy's side of "why is it where it is"): at
+  // its first I/O, because it streams, or because its process's loop is
+  // busy (decision 83); "" if it never did.
+  const char* registered_for = "";
+  if (!NeverRegistered(c)) {
+    switch (c.stream.cause()) {
+      case StreamDetector::Cause::kNone: registered_for = c.held.load() ? "" : "first-io"; break;
+      case StreamDetector::Cause::kStream: registered_for = "stream"; break;
+      case StreamDetector::Cause::kBusyLoop: registered_for = "busy-loop"; break;
+    }
+  }
   char line[1024];
   int n = std::snprintf(
       line, sizeof(line),
       "{\"pid\":%d,\"event\":\"%s\"%s,\"local\":\"%s:%u\",\"peer\":\"%s:%u\",\"mode\":\"%s\","
-      "\"reason\":\"%s\",\"upgraded\":%s,\"kernel_tx\":%llu,\"kernel_rx\":%llu,"
+      "\"reason\":\"%s\",\"registered_for\":\"%s\",\"upgraded\":%s,\"kernel_tx\":%llu,\"kernel_rx\":%llu,"
       "\"accel_tx\":%llu,\"accel_rx\":%llu,\"kernel_tx_after_upgrade\":%llu,"
       "\"kernel_rx_after_upgrade\":%llu,\"resynced\":%s,\"reupgrades\":%u,\"downgrades\":%u,\"last_downgrade\":\"%s\","
       "\"kernel_ms_after_downgrade\":%lld,\"resent_bytes\":%llu,\"fin_deferred\":%s,\"lingered\":%s,\"late_"
       "wakeups\":%u}\n",
       getpid(), event, exec_field.c_str(), local, c.local.port, peer, c.peer.port, mode, proto::ToString(reason),
-      c.state.upgraded() ? "true" : "false", static_cast<unsigned long long>(c.kernel_sent.load()),
+      registered_for, c.state.upgraded() ? "true" : "false", static_cast<unsigned long long>(c.kernel_sent.load()),
       static_cast<unsigned long long>(c.kernel_received.load()), static_cast<unsigned long long>(c.accel_tx.load()),
       static_cast<unsigned long long>(c.accel_rx.load()),
       // 0 once switched, until a RESYNC or a drain puts bytes on the kernel

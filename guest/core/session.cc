@@ -42,6 +42,7 @@ std::atomic<int64_t> g_retry_ns{kRetryMinNs};  // wait after the last attempt (g
 proto::Reason g_last_failure = proto::Reason::kBackendUnavailable;
 std::atomic<bool> g_sleep_at_once{false};
 std::atomic<bool> g_streams_only{false};
+std::atomic<bool> g_busy_rule{false};
 std::atomic<Session::LinkLostHandler> g_link_lost{nullptr};
 
 }  // namespace
@@ -96,6 +97,7 @@ Session* Session::Get(proto::Reason* why) {
   CpuShare share = cfg.poll_auto || auto_upgrade ? fresh->transport_->BackendCpus() : CpuShare{};
   g_sleep_at_once.store(cfg.poll_auto && share.sleep_at_once, std::memory_order_relaxed);
   g_streams_only.store(auto_upgrade && share.sleep_at_once, std::memory_order_relaxed);
+  g_busy_rule.store(auto_upgrade && share.sleep_at_once && fresh->tentative_, std::memory_order_relaxed);
   VS_LOG(kDebug, "session up in %.1f ms", (MonotonicNs() - now) / 1e6);
   if (share.sleep_at_once)
     VS_LOG(kInfo,
@@ -114,6 +116,7 @@ void Session::SetLinkLostHandler(LinkLostHandler h) { g_link_lost.store(h, std::
 bool Session::SleepAtOnce() { return g_sleep_at_once.load(std::memory_order_relaxed); }
 
 bool Session::RegistersStreamsOnly() { return g_streams_only.load(std::memory_order_relaxed); }
+bool Session::BusyLoopRule() { return g_busy_rule.load(std::memory_order_relaxed); }
 
 void Session::ForgetAfterFork() {
   // The child shares the parent's rings and vhost-user socket; using them
@@ -170,7 +173,8 @@ Status Session::Negotiate() {
   hello.pid = static_cast<uint32_t>(getpid());
   hello.features = (Config().doorbell ? proto::kFeatureDoorbell : 0) |
                    (Config().ring_hold ? proto::kFeatureRingHold : 0) | proto::kFeatureFenceDelivered |
-                   proto::kFeatureCleanDowngrade | proto::kFeatureBulkHint | proto::kFeatureNaps;
+                   proto::kFeatureCleanDowngrade | proto::kFeatureBulkHint | proto::kFeatureNaps |
+                   (Config().busy_events > 0 ? proto::kFeatureTentative : 0);
   proto::Message resp;
   VS_RETURN_IF_ERROR(Call({MsgType::kHello, 0, hello}, &resp));
   const auto* ack = std::get_if<proto::HelloAck>(&resp.body);
@@ -182,6 +186,7 @@ Status Session::Negotiate() {
   ring_hold_ = (ack->features & hello.features & proto::kFeatureRingHold) != 0;
   bulk_hint_ = (ack->features & hello.features & proto::kFeatureBulkHint) != 0;
   naps_ = (ack->features & hello.features & proto::kFeatureNaps) != 0;
+  tentative_ = (ack->features & hello.features & proto::kFeatureTentative) != 0;
   // Process mode: registrations name sockets this process proves it holds
   // (a port without a proof socket does not ask for it).
   Status proof = transport_->OpenProofs();

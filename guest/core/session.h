@@ -104,6 +104,10 @@ class Session {
   // process's few CPUs, where a request/response on the rings costs two
   // wake-ups for kernel TCP's one.
   static bool RegistersStreamsOnly();
+  // Held connections of a busy event loop register too, tentatively
+  // (decision 83): RegistersStreamsOnly() and the backend withdraws
+  // tentative registrations whose peer does not come (kFeatureTentative).
+  static bool BusyLoopRule();
   // What to do (under the session lock) with an upgraded connection whose
   // accelerated path was lost (its state just went resyncing): the socket
   // layer hands its resend to the background writer (resync.cc). Set once
@@ -115,6 +119,7 @@ class Session {
   bool doorbell() const { return doorbell_; }
   bool ring_hold() const { return ring_hold_; }
   bool bulk_hint() const { return bulk_hint_; }
+  bool tentative() const { return tentative_; }
 
   // The backend naps between passes, our kicks off (kFeatureNaps, decision
   // 67): what we did since our last kick waits for its next pass unless we
@@ -176,6 +181,7 @@ class Session {
   bool ring_hold_ = false;  // likewise: kFeatureRingHold
   bool bulk_hint_ = false;  // likewise: kFeatureBulkHint
   bool naps_ = false;       // likewise: kFeatureNaps
+  bool tentative_ = false;  // likewise: kFeatureTentative
   std::atomic<bool> owe_kick_{false};
   std::atomic<uint64_t> consumed_since_kick_{0};
   // Rings of connections being unregistered or held (by conn id); guarded

@@ -16,7 +16,7 @@ T Bump(std::atomic<T>& a, T by) {
 
 }  // namespace
 
-bool StreamDetector::Note(Dir d, uint64_t n, uint64_t window) {
+bool StreamDetector::Note(Dir d, uint64_t n, uint64_t window, bool loop_busy) {
   if (streaming()) return true;
   if (n == 0) return false;
   if (d == Dir::kOut) Bump<uint64_t>(calls_out_, 1);
@@ -25,15 +25,21 @@ bool StreamDetector::Note(Dir d, uint64_t n, uint64_t window) {
   if (prev != dir) last_.store(dir, std::memory_order_relaxed);
   if (prev != 0 && prev != dir) {
     Bump<uint32_t>(window_turns_, 1);
-    Bump<uint64_t>(turns_total_, 1);
+    if (Bump<uint64_t>(turns_total_, 1) >= kBusyTurns && loop_busy) {
+      cause_.store(static_cast<uint8_t>(Cause::kBusyLoop), std::memory_order_relaxed);
+      streaming_.store(true, std::memory_order_relaxed);
+      return true;
+    }
     run_calls_.store(1, std::memory_order_relaxed);
   } else if (Bump<uint32_t>(run_calls_, 1) >= kRunCalls) {
+    cause_.store(static_cast<uint8_t>(Cause::kStream), std::memory_order_relaxed);
     streaming_.store(true, std::memory_order_relaxed);
     return true;
   }
   uint64_t bytes = Bump<uint64_t>(window_bytes_, n);
   if (bytes < window) return false;
   if (window_turns_.load(std::memory_order_relaxed) <= kMaxTurnsPerWindow) {
+    cause_.store(static_cast<uint8_t>(Cause::kStream), std::memory_order_relaxed);
     streaming_.store(true, std::memory_order_relaxed);
     return true;
   }

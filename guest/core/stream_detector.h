@@ -22,6 +22,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "guest/core/busy_loop.h"
+
 namespace vsocket::guest {
 
 inline constexpr uint32_t kMaxTurnsPerWindow = 8;
@@ -30,11 +32,18 @@ inline constexpr uint32_t kRunCalls = 64;
 class StreamDetector {
  public:
   enum class Dir : uint8_t { kNone = 0, kOut = 1, kIn = 2 };
+  // Why the connection qualified: it streams, or it has turned kBusyTurns
+  // times while its process's event loop is busy (busy_loop.h).
+  enum class Cause : uint8_t { kNone = 0, kStream = 1, kBusyLoop = 2 };
 
-  // n bytes moved on the kernel path in direction d; true once the
-  // connection streams (and from then on).
-  bool Note(Dir d, uint64_t n, uint64_t window);
+  // n bytes moved on the kernel path in direction d (loop_busy: the
+  // process's event loop is busy now); true once the connection qualifies
+  // (and from then on).
+  bool Note(Dir d, uint64_t n, uint64_t window, bool loop_busy = false);
+  // Qualified for registration (it streams, or a busy loop's long-lived
+  // connection: cause()).
   bool streaming() const { return streaming_.load(std::memory_order_relaxed); }
+  Cause cause() const { return static_cast<Cause>(cause_.load(std::memory_order_relaxed)); }
 
   uint64_t turns() const { return turns_total_.load(std::memory_order_relaxed); }
   // Calls noted in direction kOut (until it streams): with the bytes sent,
@@ -49,6 +58,7 @@ class StreamDetector {
   std::atomic<uint64_t> turns_total_{0};
   std::atomic<uint64_t> calls_out_{0};
   std::atomic<bool> streaming_{false};
+  std::atomic<uint8_t> cause_{0};
 };
 
 }  // namespace vsocket::guest

@@ -92,6 +92,13 @@ class ConnManager {
   // Before the worker sleeps: arms every polled block. True if one moved
   // meanwhile (then do not sleep).
   bool ArmDoorbells();
+  // Tentative registrations (kRegisterTentative) whose time is up and that
+  // still wait for their peer are withdrawn: DOWNGRADE before any upgrade,
+  // reason peer-not-accelerated (decision 83). True if any was.
+  bool ExpireTentative();
+  // How long the worker may sleep before ExpireTentative has work: -1
+  // (forever) when no tentative registration waits.
+  int SleepTimeoutMs() const;
 
   // Cross-host. All on the worker thread.
   void SetRemoteHosts(RemoteHosts* hosts) { hosts_ = hosts; }
@@ -186,6 +193,7 @@ class ConnManager {
     bool clean_downgrade = false;                      // session took kFeatureCleanDowngrade
     bool bulk_hint = false;                            // session took kFeatureBulkHint
     bool naps = false;                                 // session took kFeatureNaps
+    bool tentative = false;                            // session took kFeatureTentative
     std::deque<uint64_t> released;                     // conn ids owed RINGS_RELEASED
   };
   // Doorbells (kFeatureDoorbell). Polling a connection's block means the
@@ -403,6 +411,9 @@ class ConnManager {
     int64_t expires_ms;
   };
   std::unordered_map<ConnKey, Declined, ConnKeyHash> declined_;
+  // Handles of tentative registrations, in registration (so expiry) order;
+  // a handle closed or paired meanwhile is skipped when it comes up.
+  std::deque<uint64_t> tentative_;
   std::unordered_map<uint32_t, size_t> declined_per_host_;
   void UnshareDecline(const Declined& d) {
     if (d.host != 0) --declined_per_host_[d.host];

@@ -298,6 +298,11 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
   dc.rings[c.tx.gpa] = c.tx.gpa + TxSpan(c);
   dc.rings[c.rx.gpa] = c.rx.gpa + c.rx.size;
   counters_.registered.fetch_add(1, std::memory_order_relaxed);
+  if ((r.flags & proto::kRegisterTentative) && dc.tentative) {
+    c.tentative_until_ms = MonotonicMs() + proto::kTentativeWaitMs;
+    tentative_.push_back(c.handle);
+    counters_.tentative_registered.fetch_add(1, std::memory_order_relaxed);
+  }
   VS_LOG(kDebug, "conn %lu registered: %s, port %u -> %u", static_cast<unsigned long>(c.handle),
          c.role == proto::Role::kClient ? "client" : "server", c.key.local.port, c.key.peer.port);
   vm_totals_[c.vm_index % kMaxVms].registrations.fetch_add(1, std::memory_order_relaxed);
@@ -323,6 +328,39 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
     (void)PairRemote(c);
   }
   return ack;
+}
+
+bool ConnManager::ExpireTentative() {
+  if (tentative_.empty()) return false;
+  int64_t now = MonotonicMs();
+  bool any = false;
+  while (!tentative_.empty()) {
+    auto it = conns_.find(tentative_.front());
+    BackendConn* c = it == conns_.end() ? nullptr : it->second.get();
+    if (c != nullptr && c->tentative_until_ms > now) break;  // the oldest is not due yet
+    tentative_.pop_front();
+    if (c == nullptr || !c->WaitsForPeer()) continue;  // closed, paired or asked for meanwhile
+    // Its peer's process is not busy (or not preloaded): the connection goes
+    // on on kernel TCP, as a PAIR_DECLINE would leave it (the library ends
+    // the registration, the rings are its own again).
+    c->tentative_until_ms = 0;
+    c->reason = Reason::kPeerNotAccelerated;
+    Raise(*c, kEvDowngrade);
+    counters_.tentative_expired.fetch_add(1, std::memory_order_relaxed);
+    CountFallback(c->vm_index, Reason::kPeerNotAccelerated);
+    any = true;
+  }
+  return any;
+}
+
+int ConnManager::SleepTimeoutMs() const {
+  for (uint64_t h : tentative_) {
+    auto it = conns_.find(h);
+    if (it == conns_.end()) continue;
+    int64_t left = it->second->tentative_until_ms - MonotonicMs();
+    return left <= 0 ? 0 : static_cast<int>(left) + 1;
+  }
+  return -1;
 }
 
 Message ConnManager::Unregister(DeviceConns& dc, uint64_t request_id, uint64_t conn_id) {

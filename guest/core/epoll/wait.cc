@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/clock.h"
+#include "guest/core/busy_loop.h"
 #include "guest/core/epoll/deferred.h"
 #include "guest/core/epoll/emulated.h"
 #include "guest/core/epoll/one_poll.h"
@@ -231,7 +232,9 @@ int EpollWaitFor(int epfd, epoll_event* events, int max, const EpTimeout& t, con
 
 int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms, const sigset_t* sigmask) {
   EpTimeout t{timeout_ms, nullptr, false, timeout_ms < 0 ? -1 : int64_t{timeout_ms} * 1000000};
-  return EpollWaitFor(epfd, events, max, t, sigmask);
+  int r = EpollWaitFor(epfd, events, max, t, sigmask);
+  if (r >= 0) NoteAppWait(r);  // (decision 83: how busy the application's loop is)
+  return r;
 }
 
 int EpollWait2(int epfd, epoll_event* events, int max, const timespec* ts, const sigset_t* sigmask) {
@@ -244,7 +247,9 @@ int EpollWait2(int epfd, epoll_event* events, int max, const timespec* ts, const
     int64_t ns = TimespecNs(*ts);
     t.ns = ns >= kForeverNs ? -1 : ns;
   }
-  return EpollWaitFor(epfd, events, max, t, sigmask);
+  int r = EpollWaitFor(epfd, events, max, t, sigmask);
+  if (r >= 0) NoteAppWait(r);
+  return r;
 }
 
 }  // namespace vsocket::guest

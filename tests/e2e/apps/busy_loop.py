@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Request/response over many connections at once, byte-checked (decision 83).
+
+  busy_loop.py server ADDR PORT CONNS
+      an epoll event loop answering CONNS connections: each request is a
+      4-byte length and that many bytes; the answer is the request's
+      sha256 followed by the request reversed. Exits when CONNS connections
+      have ended.
+  busy_loop.py loop ADDR PORT CONNS ROUNDS
+      one epoll event loop driving CONNS connections, ROUNDS round trips
+      each, every request in flight at once (a busy client: redis-benchmark,
+      wrk).
+  busy_loop.py threads ADDR PORT CONNS ROUNDS
+      CONNS threads, one blocking connection each (a client that is not an
+      event loop: its waits never batch).
+Each client checks every answer byte for byte and prints a summary.
+"""
+import hashlib
+import selectors
+import socket
+import struct
+import sys
+import threading
+import time
+
+
+def answer(req):
+    return hashlib.sha256(req).digest() + req[::-1]
+
+
+def request(conn_no, i):
+    size = 16 + (conn_no * 131 + i * 17) % 400
+    seed = hashlib.sha256(b"%d/%d" % (conn_no, i)).digest()
+    return (seed * (size // 32 + 1))[:size]
+
+
+def connect(addr, port):
+    for _ in range(200):
+        try:
+            return socket.create_connection((addr, port))
+        except ConnectionRefusedError:
+            time.sleep(0.05)
+    raise SystemExit("could not connect")
+
+
+def serve(addr, port, conns):
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind((addr, port))
+    ls.listen(128)
+    ls.setblocking(False)
+    sel = selectors.EpollSelector()
+    sel.register(ls, selectors.EVENT_READ, None)
+    ended = 0
+    bufs = {}
+    while ended < conns:
+        for key, _ in sel.select(60):
+            if key.data is None:
+                try:
+                    c, _ = ls.accept()
+                except BlockingIOError:
+                    continue
+                c.setblocking(False)
+                c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                bufs[c] = bytearray()
+                sel.register(c, selectors.EVENT_READ, c)
+                continue
+            c = key.data
+            try:
+                b = c.recv(65536)
+            except BlockingIOError:
+                continue
+            if not b:
+                sel.unregister(c)
+                c.close()
+                del bufs[c]
+                ended += 1
+                continue
+            buf = bufs[c]
+            buf.extend(b)
+            while len(buf) >= 4:
+                n = struct.unpack("!I", buf[:4])[0]
+                if len(buf) < 4 + n:
+                    break
+                req = bytes(buf[4:4 + n])
+                del buf[:4 + n]
+                c.setblocking(True)
+                c.sendall(answer(req))
+                c.setblocking(False)
+
+
+def client_loop(addr, port, conns, rounds):
+    sel = selectors.EpollSelector()
+    state = {}
+    for k in range(conns):
+        c = connect(addr, port)
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        state[c] = [k, 0, bytearray(), None]
+        sel.register(c, selectors.EVENT_READ, c)
+
+    def send_next(c):
+        st = state[c]
+        req = request(st[0], st[1])
+        st[3] = answer(req)
+        c.sendall(struct.pack("!I", len(req)) + req)
+
+    for c in list(state):
+        send_next(c)
+    done = 0
+    t0 = time.monotonic()
+    while done < conns:
+        events = sel.select(30)
+        if not events:
+            raise SystemExit("no answer for 30 s: %d of %d connections done" % (done, conns))
+        for key, _ in events:
+            c = key.data
+            st = state[c]
+            b = c.recv(65536)
+            if not b:
+                raise SystemExit("EOF on connection %d after %d round trips" % (st[0], st[1]))
+            st[2].extend(b)
+            want = st[3]
+            if len(st[2]) < len(want):
+                continue
+            if bytes(st[2]) != want:
+                raise SystemExit("connection %d round trip %d: the answer differs" % (st[0], st[1]))
+            st[2].clear()
+            st[1] += 1
+            if st[1] == rounds:
+                sel.unregister(c)
+                c.close()
+                done += 1
+            else:
+                send_next(c)
+    dt = time.monotonic() - t0
+    print("%d connections x %d round trips byte-exact (%.0f round trips/s)" % (conns, rounds, conns * rounds / dt))
+
+
+def client_threads(addr, port, conns, rounds):
+    errors = []
+
+    def one(k):
+        try:
+            c = connect(addr, port)
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for i in range(rounds):
+                req = request(k, i)
+                want = answer(req)
+                c.sendall(struct.pack("!I", len(req)) + req)
+                got = bytearray()
+                while len(got) < len(want):
+                    b = c.recv(len(want) - len(got))
+                    if not b:
+                        raise RuntimeError("EOF on connection %d after %d round trips" % (k, i))
+                    got.extend(b)
+                if bytes(got) != want:
+                    raise RuntimeError("connection %d round trip %d: the answer differs" % (k, i))
+            c.close()
+        except Exception as e:  # reported below
+            errors.append(str(e))
+
+    ts = [threading.Thread(target=one, args=(k,)) for k in range(conns)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    if errors or any(t.is_alive() for t in ts):
+        raise SystemExit("; ".join(errors[:3]) or "a thread hung")
+    print("%d threads x %d round trips byte-exact" % (conns, rounds))
+
+
+def main():
+    mode, addr, port, conns = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    if mode == "server":
+        serve(addr, port, conns)
+    elif mode == "loop":
+        client_loop(addr, port, conns, int(sys.argv[5]))
+    elif mode == "threads":
+        client_threads(addr, port, conns, int(sys.argv[5]))
+    else:
+        raise SystemExit("mode: server | loop | threads")
+
+
+if __name__ == "__main__":
+    main()

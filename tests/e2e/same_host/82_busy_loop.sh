@@ -1,0 +1,82 @@
+# The upgrade policy's busy-loop rule (decision 83): under the default
+# policy, with the applications on one CPU that vsocketd also runs on
+# (taskset: so on any machine), a busy event loop's long-lived
+# request/response connections are accelerated when the peer's process is
+# a busy event loop too, and stay on kernel TCP (tentative registration
+# withdrawn, reason peer-not-accelerated) when it is not. Every answer is
+# checked byte for byte (tests/e2e/apps/busy_loop.py); the reports and
+# vsocketd's counters prove the path.
+
+# busy_report_check FILE PORT WANT: every connection to or from PORT in the
+# report FILE matches WANT ("busy-accelerated": registered for the busy loop
+# and accelerated with bytes on the rings; "busy-withdrawn": registered for
+# the busy loop, then kernel, peer-not-accelerated, nothing on the rings;
+# "held": never registered, request-response). Prints a summary.
+busy_report_check() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import collections, json, sys
+path, port, want = sys.argv[1], sys.argv[2], sys.argv[3]
+lines = [json.loads(l) for l in open(path) if l.strip()]
+mine = [l for l in lines if l["local"].endswith(":" + port) or l["peer"].endswith(":" + port)]
+mine = [l for l in mine if l["event"] in ("close", "exit", "signal")]
+if not mine:
+    raise SystemExit("no connection of port %s reported" % port)
+bad = []
+for l in mine:
+    f = l.get("registered_for", "?")
+    accel = l["accel_tx"] + l["accel_rx"]
+    if want == "busy-accelerated":
+        ok = f == "busy-loop" and l["mode"] == "accelerated" and accel > 0
+    elif want == "busy-withdrawn":
+        ok = f == "busy-loop" and l["mode"] == "kernel" and l["reason"] == "peer-not-accelerated" and accel == 0
+    else:
+        ok = f == "" and l["mode"] == "kernel" and l["reason"] == "request-response"
+    if not ok:
+        bad.append("%s->%s mode=%s reason=%s registered_for=%s accel=%d" % (l["local"], l["peer"], l["mode"], l["reason"], f, accel))
+kinds = collections.Counter((l["mode"], l["reason"], l.get("registered_for", "?")) for l in mine)
+summary = ", ".join("%d %s/%s/%s" % (n, m, r, f or "-") for (m, r, f), n in sorted(kinds.items()))
+if bad:
+    raise SystemExit("%d of %d not %s: %s; all: %s" % (len(bad), len(mine), want, "; ".join(bad[:3]), summary))
+print("%d connection ends %s (%s)" % (len(mine), want, summary))
+PY
+}
+
+# case_busy_loop NAME CLIENT-MODE WANT-SERVER WANT-CLIENT: a busy epoll
+# server of 32 connections; the client is an epoll loop of 32 (busy) or 32
+# blocking threads (never busy).
+case_busy_loop() {
+  local name=$1 mode=$2 want_srv=$3 want_cli=$4
+  local port srep=$WORK/$name.srv.jsonl crep=$WORK/$name.cli.jsonl out bad=""
+  port=$(alloc_port)
+  local reg0 exp0 reg1 exp1
+  reg0=$(stat_field tentative_registered)
+  exp0=$(stat_field tentative_expired)
+  VSOCKET_UPGRADE=auto vm_bg vm2 preload "$srep" "$WORK/$name.srv" taskset -c 0 python3 "$APPS/busy_loop.py" server "$A2" "$port" 32
+  local srv=$BG
+  if ! out=$(VSOCKET_UPGRADE=auto E2E_TIMEOUT=120 vm_run vm1 preload "$crep" taskset -c 0 python3 "$APPS/busy_loop.py" "$mode" "$A2" "$port" 32 1500 2>&1); then
+    fail $name "client: $out"
+    kill "$srv" 2>/dev/null
+    wait "$srv" 2>/dev/null
+    return
+  fi
+  wait "$srv" 2>/dev/null
+  reg1=$(stat_field tentative_registered)
+  exp1=$(stat_field tentative_expired)
+  local srv_sum cli_sum
+  srv_sum=$(busy_report_check "$srep" "$port" "$want_srv") || bad+="server: $srv_sum; "
+  cli_sum=$(busy_report_check "$crep" "$port" "$want_cli") || bad+="client: $cli_sum; "
+  local reg=$((reg1 - reg0)) exp=$((exp1 - exp0))
+  if [ "$want_srv" = busy-withdrawn ]; then
+    [ "$exp" -ge 1 ] && [ "$exp" = "$reg" ] || bad+="vsocketd: $reg tentative registrations, $exp withdrawn (want all withdrawn); "
+  else
+    [ "$reg" -ge 64 ] && [ "$exp" = 0 ] || bad+="vsocketd: $reg tentative registrations, $exp withdrawn (want 64, none withdrawn); "
+  fi
+  if [ -n "$bad" ]; then
+    fail $name "$bad client: $out"
+    return
+  fi
+  pass "$name ($out; server: $srv_sum; client: $cli_sum; vsocketd: $reg tentative registrations, $exp withdrawn)"
+}
+
+register_case policy_busy_loops_accelerate case_busy_loop policy_busy_loops_accelerate loop busy-accelerated busy-accelerated
+register_case policy_busy_loop_one_sided_withdrawn case_busy_loop policy_busy_loop_one_sided_withdrawn threads busy-withdrawn held
