@@ -10,7 +10,9 @@
 #                   vsocketd marks that device broken with one log line,
 #                   writes nothing into its buffers (the guest logs no
 #                   "bad gso"), and a process-mode guest on another port
-#                   keeps working (HELLO + 200 ECHOes).
+#                   keeps working (HELLO + 200 ECHOes); then the agent
+#                   takes the function over and opens a session on a fresh
+#                   device.
 #
 # Usage: tests/vm/vm_mode.sh [--no-build] [CASE...]   (as root)
 # Prints "PASS CASE (Ns)" / "FAIL CASE: why" and ends with "N passed, N
@@ -146,6 +148,7 @@ JOB
 case_foreign_driver() {
   local R=$WORK/foreign t0=$SECONDS
   mkdir -p "$R"
+  cp "$BIN/guest/agent/vsocket-guestd" "$R/"
   cat > "$R/job.sh" <<'JOB'
 cd /run/vsocket-vm
 # The vhost-user NIC is the only network device (the 9p shares are not).
@@ -157,9 +160,13 @@ ip link set dev "$dev" up
 echo ready > ready
 for _ in $(seq 600); do [ -f done ] && break; sleep 0.1; done
 echo "bad gso: $(dmesg | grep -c 'bad gso')"
+# The agent takes the function from virtio_net: the reset ends the broken
+# device, DRIVER_OK starts a fresh one.
+./vsocket-guestd --echo 4 > agent.out 2>&1
+echo "agent exit $?"
 JOB
-  local broken0 echoes0
-  broken0=$(stat broken_devices) echoes0=$(stat echoes)
+  local broken0 echoes0 hellos0
+  broken0=$(stat broken_devices) echoes0=$(stat echoes) hellos0=$(stat hellos)
   vm_boot "$R" "$WORK/vmq.sock" 120 vsocket.virtio_net=1
   if ! wait_file "$R/ready" 90; then touch "$R/done"; vm_wait 30; fail foreign_driver "the guest never got ready"; return; fi
   local i broken=$broken0 devs=""
@@ -192,6 +199,11 @@ JOB
   [ "$echo_rc" = 0 ] && [ "$echoes" -ge $((echoes0 + 200)) ] ||
     { fail foreign_driver "process-mode guest failed: $echo_out"; return; }
   kill -0 "$D_PID" || { fail foreign_driver "vsocketd died"; return; }
+  local hellos
+  hellos=$(stat hellos)
+  echo "  then vsocket-guestd: $(tr '\n' ' ' < "$R/agent.out"); vsocketd hellos $hellos0 -> $hellos (the process guest's and the agent's)"
+  grep -q "agent exit 0" "$R/stdout" && [ "$hellos" -eq $((hellos0 + 2)) ] ||
+    { fail foreign_driver "the agent could not take the device over from virtio_net"; return; }
   pass foreign_driver $((SECONDS - t0))
 }
 
