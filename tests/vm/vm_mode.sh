@@ -13,6 +13,9 @@
 #                   keeps working (HELLO + 200 ECHOes); then the agent
 #                   takes the function over and opens a session on a fresh
 #                   device.
+#   qemu_killed     QEMU killed with SIGKILL while the agent holds a
+#                   session: vsocketd drops the device and lives; a new
+#                   QEMU on the same port gets a working session.
 #
 # Usage: tests/vm/vm_mode.sh [--no-build] [CASE...]   (as root)
 # Prints "PASS CASE (Ns)" / "FAIL CASE: why" and ends with "N passed, N
@@ -32,7 +35,7 @@ for a in "$@"; do
     *) CASES+=("$a") ;;
   esac
 done
-[ ${#CASES[@]} -gt 0 ] || CASES=(agent_hello foreign_driver)
+[ ${#CASES[@]} -gt 0 ] || CASES=(agent_hello foreign_driver qemu_killed)
 
 die() { echo "vm_mode.sh: $*" >&2; echo "0 passed, 1 failed"; exit 1; }
 bash tests/rdma/install-deps.sh || die "installing QEMU and busybox failed"
@@ -205,6 +208,60 @@ JOB
   grep -q "agent exit 0" "$R/stdout" && [ "$hellos" -eq $((hellos0 + 2)) ] ||
     { fail foreign_driver "the agent could not take the device over from virtio_net"; return; }
   pass foreign_driver $((SECONDS - t0))
+}
+
+# QEMU killed (SIGKILL) while the agent holds a session: vsocketd drops the
+# device and survives; a new QEMU on the same port gets a working session.
+case_qemu_killed() {
+  local R=$WORK/killed t0=$SECONDS
+  mkdir -p "$R"
+  cp "$BIN/guest/agent/vsocket-guestd" "$R/"
+  cat > "$R/job.sh" <<'JOB'
+cd /run/vsocket-vm
+./vsocket-guestd --echo 8 --hold > agent.out 2>&1 &
+pid=$!
+for _ in $(seq 600); do grep -q ECHOes agent.out && break; kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+echo ready > ready
+for _ in $(seq 600); do [ -f done ] && break; sleep 0.1; done
+kill -TERM $pid
+wait $pid
+echo "agent exit $?"
+JOB
+  local hellos0 stopped0 i
+  hellos0=$(stat hellos) stopped0=$(stat devices_stopped)
+  vm_boot "$R" "$WORK/vmq.sock" 150
+  if ! wait_file "$R/ready" 120; then touch "$R/done"; vm_wait 30; fail qemu_killed "the first guest never got ready"; return; fi
+  local devs_before
+  devs_before=$(vm_devices vmq)
+  kill -9 "$VM_PID"
+  wait "$VM_PID" 2>/dev/null
+  VM_PID=""
+  local devs_after="?"
+  for i in $(seq 50); do
+    devs_after=$(vm_devices vmq)
+    [ -z "$devs_after" ] && break
+    sleep 0.2
+  done
+  local stopped
+  stopped=$(stat devices_stopped)
+  echo "  first QEMU killed: vmq devices '${devs_before}' -> '${devs_after}', devices_stopped $stopped0 -> $stopped"
+  kill -0 "$D_PID" 2>/dev/null || { fail qemu_killed "vsocketd died with the QEMU"; return; }
+  [ -n "$devs_before" ] && [ -z "$devs_after" ] || { fail qemu_killed "the killed VM's device stayed: $devs_after"; return; }
+  # The same port, a new QEMU.
+  rm -f "$R/ready" "$R/done" "$R/agent.out"
+  vm_boot "$R" "$WORK/vmq.sock" 150
+  if ! wait_file "$R/ready" 120; then touch "$R/done"; vm_wait 30; fail qemu_killed "the second guest never got ready"; return; fi
+  local devs hellos
+  devs=$(vm_devices vmq) hellos=$(stat hellos)
+  touch "$R/done"
+  vm_wait 60
+  local rc=$?
+  echo "  second QEMU: vmq devices '${devs}', hellos $hellos0 -> $hellos; agent: $(tr '\n' ' ' < "$R/agent.out")"
+  [ "$rc" = 0 ] && grep -q "agent exit 0" "$R/stdout" || { fail qemu_killed "the second guest's agent failed"; return; }
+  [ "$hellos" -eq $((hellos0 + 2)) ] || { fail qemu_killed "vsocketd counted $((hellos - hellos0)) HELLOs, want 2"; return; }
+  read -r _ state _ <<< "$devs"
+  [ "$state" = ok ] || { fail qemu_killed "second device: $devs"; return; }
+  pass qemu_killed $((SECONDS - t0))
 }
 
 start_daemon || die "vsocketd did not start: $(tail -5 "$WORK/vsocketd.log")"
