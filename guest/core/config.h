@@ -41,7 +41,7 @@ struct GuestConfig {
   // (stream_detector.h). kAlways: at its first I/O.
   UpgradePolicy upgrade = UpgradePolicy::kAuto;
   uint32_t stream_window = 256 * 1024;  // VSOCKET_STREAM_KB: the detector's window
-  uint32_t busy_events = 4;  // VSOCKET_BUSY_EVENTS: events per wait that make a loop busy (0: never; decision 83)
+  uint32_t busy_events = 2;  // VSOCKET_BUSY_EVENTS: events per wait that make a loop busy (0: never; decision 83)
   std::string report_path;  // VSOCKET_REPORT: per-connection report at close/exit
   std::string log_level = "warn";      // VSOCKET_LOG_LEVEL
   std::vector<DestinationRule> rules;  // VSOCKET_RULES, comma-separated

@@ -5,6 +5,7 @@
 #include "guest/core/busy_loop.h"
 #include "guest/core/config.h"
 #include "guest/core/conn.h"
+#include "guest/core/session.h"
 
 namespace vsocket::guest {
 
@@ -24,7 +25,8 @@ bool BulkWriter(const Conn& c);
 // n bytes moved on c's kernel path in direction d: noted while the policy
 // holds c (a relaxed load otherwise).
 inline void NoteKernelIo(Conn& c, StreamDetector::Dir d, size_t n) {
-  if (c.held.load(std::memory_order_relaxed)) c.stream.Note(d, n, Config().stream_window, ProcessBusyLoop().busy());
+  if (c.held.load(std::memory_order_relaxed))
+    c.stream.Note(d, n, Config().stream_window, Session::BusyLoopRule() ? &ProcessBusyLoop() : nullptr);
 }
 // Urgent data (MSG_OOB) about to be sent on c: true if it may go (the
 // kernel's, on a connection that never registered: it never will now),

@@ -16,7 +16,7 @@ T Bump(std::atomic<T>& a, T by) {
 
 }  // namespace
 
-bool StreamDetector::Note(Dir d, uint64_t n, uint64_t window, bool loop_busy) {
+bool StreamDetector::Note(Dir d, uint64_t n, uint64_t window, BusyLoop* loop) {
   if (streaming()) return true;
   if (n == 0) return false;
   if (d == Dir::kOut) Bump<uint64_t>(calls_out_, 1);
@@ -25,7 +25,8 @@ bool StreamDetector::Note(Dir d, uint64_t n, uint64_t window, bool loop_busy) {
   if (prev != dir) last_.store(dir, std::memory_order_relaxed);
   if (prev != 0 && prev != dir) {
     Bump<uint32_t>(window_turns_, 1);
-    if (Bump<uint64_t>(turns_total_, 1) >= kBusyTurns && loop_busy) {
+    if (loop != nullptr) loop->NoteTurn(active_epoch_);
+    if (Bump<uint64_t>(turns_total_, 1) >= kBusyTurns && loop != nullptr && loop->busy()) {
       cause_.store(static_cast<uint8_t>(Cause::kBusyLoop), std::memory_order_relaxed);
       streaming_.store(true, std::memory_order_relaxed);
       return true;

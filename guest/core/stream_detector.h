@@ -36,10 +36,19 @@ class StreamDetector {
   // times while its process's event loop is busy (busy_loop.h).
   enum class Cause : uint8_t { kNone = 0, kStream = 1, kBusyLoop = 2 };
 
-  // n bytes moved on the kernel path in direction d (loop_busy: the
-  // process's event loop is busy now); true once the connection qualifies
-  // (and from then on).
-  bool Note(Dir d, uint64_t n, uint64_t window, bool loop_busy = false);
+  // n bytes moved on the kernel path in direction d; true once the
+  // connection qualifies (and from then on). loop: the process's busy-loop
+  // signal (its turns are counted there; null: no busy-loop rule).
+  bool Note(Dir d, uint64_t n, uint64_t window, BusyLoop* loop = nullptr);
+  // Bytes moved on the rings in direction d: only its turns, for the loop's
+  // activity (an accelerated connection is as active as a held one).
+  void NoteRingIo(Dir d, BusyLoop* loop) {
+    auto dir = static_cast<uint8_t>(d);
+    uint8_t prev = last_.load(std::memory_order_relaxed);
+    if (prev == dir) return;
+    last_.store(dir, std::memory_order_relaxed);
+    if (prev != 0 && loop != nullptr) loop->NoteTurn(active_epoch_);
+  }
   // Qualified for registration (it streams, or a busy loop's long-lived
   // connection: cause()).
   bool streaming() const { return streaming_.load(std::memory_order_relaxed); }
@@ -59,6 +68,7 @@ class StreamDetector {
   std::atomic<uint64_t> calls_out_{0};
   std::atomic<bool> streaming_{false};
   std::atomic<uint8_t> cause_{0};
+  std::atomic<uint32_t> active_epoch_{0};  // BusyLoop::NoteTurn's mark
 };
 
 }  // namespace vsocket::guest
