@@ -253,6 +253,8 @@ MEASUREMENTS = [
 APPS = [
     ("redis", lambda bed, accel, port, pg, s: sh.redis(bed, accel, port)),
     ("nginx_keepalive", lambda bed, accel, port, pg, s: sh.nginx(bed, accel, port, close=False, seconds=s)),
+    ("nginx_keepalive_32", lambda bed, accel, port, pg, s: sh.nginx(bed, accel, port, close=False, seconds=s, conns=32)),
+    ("node_keepalive_32", lambda bed, accel, port, pg, s: sh.node_http(bed, accel, port, seconds=s)),
     ("nginx_close", lambda bed, accel, port, pg, s: sh.nginx(bed, accel, port, close=True, seconds=s)),
     ("pgbench", lambda bed, accel, port, pg, s: sh.pgbench(bed, pg, accel, max(3, s))),
     ("socat", lambda bed, accel, port, pg, s: sh.socat(bed, accel, port)),

@@ -122,9 +122,9 @@ http {{
 """
 
 
-def nginx(bed, accel, port, close, seconds=2):
-    """wrk -t2 -c16 on a 4 KiB file, with "Connection: close" (a connection
-    per request) or keep-alive: {"rps", ["errors"]}."""
+def nginx(bed, accel, port, close, seconds=2, conns=16):
+    """wrk -t2 -c<conns> on a 4 KiB file, with "Connection: close" (a
+    connection per request) or keep-alive: {"rps", ["errors"]}."""
     d = tempfile.mkdtemp(prefix="vsocket-quick-")
     os.makedirs(f"{d}/www")
     os.makedirs(f"{d}/tmp")
@@ -136,16 +136,41 @@ def nginx(bed, accel, port, close, seconds=2):
     try:
         bed.wait_listening(bed.server_vm, port)
         hdr = ["-H", "Connection: close"] if close else []
-        r = bed.run(bed.client_vm, accel, ["wrk", "-t", "2", "-c", "16", "-d", str(seconds)] + hdr +
+        r = bed.run(bed.client_vm, accel, ["wrk", "-t", "2", "-c", str(conns), "-d", str(seconds)] + hdr +
                     [f"http://{bed.server_addr}:{port}/f4096"], timeout=seconds + 60)
     finally:
         srv.stop()
         shutil.rmtree(d, ignore_errors=True)
+    return wrk_result(r)
+
+
+def wrk_result(r):
     m = re.search(r"Requests/sec:\s+([0-9.]+)", r.stdout)
     res = {"rps": float(m.group(1)) if m else 0.0}
     if "Socket errors" in r.stdout:
         res["errors"] = re.search(r"Socket errors:.*", r.stdout).group(0)
+    if "Non-2xx" in r.stdout:
+        res["errors"] = re.search(r"Non-2xx.*", r.stdout).group(0)
     return res
+
+
+def node_http(bed, accel, port, seconds=2, conns=32):
+    """Node.js's http server (tests/e2e/apps/http_server.js: libuv) serving
+    a 4 KiB file to wrk -t2 -c<conns>, keep-alive: {"rps", ["errors"]}."""
+    d = tempfile.mkdtemp(prefix="vsocket-node-")
+    os.chmod(d, 0o755)
+    with open(f"{d}/f4096", "wb") as f:
+        f.write(os.urandom(4096))
+    app = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "e2e", "apps", "http_server.js")
+    srv = bed.start(bed.server_vm, accel, ["node", app, bed.server_addr, str(port), d], 120)
+    try:
+        bed.wait_listening(bed.server_vm, port, timeout_s=15.0)
+        r = bed.run(bed.client_vm, accel, ["wrk", "-t", "2", "-c", str(conns), "-d", str(seconds),
+                                           f"http://{bed.server_addr}:{port}/f4096"], timeout=seconds + 60)
+    finally:
+        srv.stop()
+        shutil.rmtree(d, ignore_errors=True)
+    return wrk_result(r)
 
 
 # PostgreSQL runs as the user postgres; it reaches vm2's socket through a
@@ -268,6 +293,8 @@ APP_METRICS = [
     ("redis SET, 100 clients, pipeline 16 (req/s)", "redis", "set_c100_p16_rps"),
     ("redis GET, 100 clients, pipeline 16 (req/s)", "redis", "get_c100_p16_rps"),
     ("nginx 4 KiB, keep-alive, wrk -c 16 (req/s)", "nginx_keepalive", "rps"),
+    ("nginx 4 KiB, keep-alive, wrk -c 32 (req/s)", "nginx_keepalive_32", "rps"),
+    ("Node.js http 4 KiB, keep-alive, wrk -c 32 (req/s)", "node_keepalive_32", "rps"),
     ("nginx 4 KiB, Connection: close, wrk -c 16 (req/s)", "nginx_close", "rps"),
     ("PostgreSQL TPC-B, pgbench -c 8 -j 2 (tps)", "pgbench", "tpcb_c8_tps"),
     ("PostgreSQL select-only, 1 client (tps)", "pgbench", "select_c1_tps"),
@@ -330,12 +357,13 @@ def connect_first_byte(bed, accel, peer_bin, port):
 
 
 # Request/response measurements, also run with VSOCKET_UPGRADE=always.
-RR = ("pingpong_16", "redis", "connect", "nginx_keepalive", "nginx_close", "pgbench")
+RR = ("pingpong_16", "redis", "connect", "nginx_keepalive", "nginx_keepalive_32", "node_keepalive_32", "nginx_close",
+      "pgbench")
 
 
 # The measurements, in the order a repetition runs them.
-STEPS = ("pingpong_16", "rate_16", "rate_1k", "bandwidth_64k", "redis", "connect", "nginx_keepalive", "nginx_close",
-         "pgbench", "socat", "socat_ring512")
+STEPS = ("pingpong_16", "rate_16", "rate_1k", "bandwidth_64k", "redis", "connect", "nginx_keepalive",
+         "nginx_keepalive_32", "node_keepalive_32", "nginx_close", "pgbench", "socat", "socat_ring512")
 
 
 def measure(bed, accel, seconds, port, peer, pg, only=None):
@@ -348,6 +376,8 @@ def measure(bed, accel, seconds, port, peer, pg, only=None):
              ("redis", lambda p: redis(bed, accel, p)),
              ("connect", lambda p: connect_first_byte(bed, accel, peer, p)),
              ("nginx_keepalive", lambda p: nginx(bed, accel, p, close=False, seconds=seconds)),
+             ("nginx_keepalive_32", lambda p: nginx(bed, accel, p, close=False, seconds=seconds, conns=32)),
+             ("node_keepalive_32", lambda p: node_http(bed, accel, p, seconds=seconds)),
              ("nginx_close", lambda p: nginx(bed, accel, p, close=True, seconds=seconds)),
              ("pgbench", lambda p: pgbench(bed, pg, accel, max(3, seconds))),
              ("socat", lambda p: socat(bed, accel, p)),
@@ -429,7 +459,7 @@ def main():
         ("CPU s per million 16 B msgs (server+daemon)", cpu_per_million, None, ""),
         ("connect to first byte, p50 (us)", lambda R: R["connect"].get("p50_us", 0), 1.5, "<="),
     ]
-    rr_metrics = ("RTT", "redis", "connect", "nginx", "PostgreSQL")
+    rr_metrics = ("RTT", "redis", "connect", "nginx", "Node.js", "PostgreSQL")
 
     def values(mode, fn):
         return rep_values(results["reps"][mode], fn)
