@@ -36,6 +36,10 @@ class DmaMemory {
   // The guest-physical address of p (inside this memory).
   uint64_t Gpa(const void* p) const;
   int fd() const { return fd_.get(); }
+  // Bytes handed out so far (from base()); the rest is free.
+  size_t used() const { return next_; }
+  uint64_t page_gpa(size_t i) const { return pages_[i]; }
+  size_t num_pages() const { return pages_.size(); }
   uint8_t* base() const { return base_; }
   size_t size() const { return pages_.size() * kHugePage; }
 

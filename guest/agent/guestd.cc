@@ -1,12 +1,16 @@
 // vsocket-guestd: the in-guest agent of VM mode (issue 35, decision 84).
 //
-// This increment owns the VM's vSocket device (QEMU's virtio-net-pci
-// attached to vsocketd over vhost-user) from user space through
-// uio_pci_generic, opens vSocket's session on it (HELLO) and checks the
-// data path with checksummed ECHOes. Serving the VM's applications over a
-// Unix socket comes next (docs/vm-mode.md).
+// Owns the VM's vSocket device (QEMU's virtio-net-pci attached to vsocketd
+// over vhost-user) from user space through uio_pci_generic. By default it
+// opens vSocket's session on it itself (HELLO) and checks the data path
+// with checksummed ECHOes; with --serve it hands the device to one
+// application process at a time over a Unix socket (agent_server.h,
+// grant.h), the process's session running on AgentTransport.
 //
 // Usage: vsocket-guestd [--pci BDF] [--echo N] [--echo-bytes B] [--hold]
+//        vsocket-guestd --serve [PATH] [--pci BDF] [--huge-pages N]
+//   --serve [PATH]   serve processes at PATH (default /run/vsocket/agent.sock)
+//                    until SIGTERM/SIGINT
 //   --pci BDF        the function (default: the only 1af4:1041)
 //   --echo N         ECHO round trips after HELLO (default 16)
 //   --echo-bytes B   payload of each (default 4096, at most 4096)
@@ -23,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "guest/agent/agent_server.h"
 #include "guest/agent/vm_device.h"
 
 namespace {
@@ -32,7 +37,7 @@ void OnSignal(int) { g_stop = 1; }
 
 int Usage(const char* why) {
   fprintf(stderr, "vsocket-guestd: %s\nusage: vsocket-guestd [--pci BDF] [--echo N] [--echo-bytes B] "
-                  "[--huge-pages N] [--hold]\n", why);
+                  "[--huge-pages N] [--hold | --serve [PATH]]\n", why);
   return 2;
 }
 
@@ -43,6 +48,7 @@ int main(int argc, char** argv) {
   agent::VmDeviceOptions o;
   long echoes = 16, echo_bytes = 4096;
   bool hold = false;
+  std::string serve;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
@@ -58,6 +64,9 @@ int main(int argc, char** argv) {
       if (a == "--echo") echoes = n;
       else if (a == "--echo-bytes") echo_bytes = n;
       else o.huge_pages = static_cast<size_t>(n);
+    } else if (a == "--serve") {
+      serve = "/run/vsocket/agent.sock";
+      if (i + 1 < argc && argv[i + 1][0] != '-') serve = argv[++i];
     } else if (a == "--hold") {
       hold = true;
     } else if (a == "-h" || a == "--help") {
@@ -69,6 +78,25 @@ int main(int argc, char** argv) {
   }
   if (echo_bytes < 1 || echo_bytes > static_cast<long>(proto::kMaxEchoPayload)) return Usage("--echo-bytes: 1..4096");
 
+  if (!serve.empty()) {
+    if (o.huge_pages < 8) o.huge_pages = 8;  // room for the session's connections' rings
+    auto server = agent::AgentServer::Listen(serve, o);
+    if (!server.ok()) {
+      fprintf(stderr, "vsocket-guestd: cannot serve: %s\n", server.status().ToString().c_str());
+      return 1;
+    }
+    signal(SIGTERM, OnSignal);
+    signal(SIGINT, OnSignal);
+    printf("vsocket-guestd: serving the VM's vSocket device on %s\n", serve.c_str());
+    fflush(stdout);
+    vsocket::Status st = (*server)->Run(&g_stop);
+    const agent::AgentServerCounters& c = (*server)->counters();
+    printf("vsocket-guestd: stopping: %llu grants, %llu refused (busy), %llu kicks, %llu interrupts\n",
+           static_cast<unsigned long long>(c.grants), static_cast<unsigned long long>(c.refused_busy),
+           static_cast<unsigned long long>(c.kicks), static_cast<unsigned long long>(c.interrupts));
+    if (!st.ok()) fprintf(stderr, "vsocket-guestd: %s\n", st.ToString().c_str());
+    return st.ok() ? 0 : 1;
+  }
   auto t0 = std::chrono::steady_clock::now();
   auto ms = [&] {
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();

@@ -111,7 +111,7 @@ Result<PciFunction> PciFunction::BindToUio(const std::string& bdf) {
   Result<std::string> node = UioNode(bdf);
   int uio = -1;
   for (int i = 0; i < 100 && node.ok(); ++i) {
-    uio = open(node->c_str(), O_RDWR | O_CLOEXEC);
+    uio = open(node->c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK);  // (read only after poll says so)
     if (uio >= 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

@@ -58,6 +58,8 @@ class PciFunction {
   // next Unmask()).
   Status Unmask() const;
   Result<bool> Wait(int timeout_ms) const;
+  // Readable when an interrupt came (read 4 bytes: the count).
+  int uio_fd() const { return uio_.get(); }
 
  private:
   PciFunction(std::string bdf, UniqueFd config, UniqueFd uio)

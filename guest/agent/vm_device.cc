@@ -65,10 +65,15 @@ Status VmDevice::Start(const VmDeviceOptions& o) {
     if (q == 0) queue_size_ = size;
     uint8_t* ring_mem = mem_->Allocate(vhost::SplitRing::BytesFor(size), 4096);
     if (ring_mem == nullptr) return Status(Code::kResourceExhausted, "DMA memory too small for the rings");
+    ring_offset_[q] = static_cast<uint64_t>(ring_mem - mem_->base());
     vhost::SplitRing ring = vhost::SplitRing::LayOut(ring_mem, size);
     queues_[q] = vhost::VirtqueueDriver(ring, (features_ & proto::kFeatureEventIdx) != 0);
     VS_RETURN_IF_ERROR(dev_->SetUpQueue(q, size, mem_->Gpa(ring.desc()), mem_->Gpa(ring.avail_base()),
                                         mem_->Gpa(ring.used_base())));
+  }
+  if (!o.own_session) {
+    VS_RETURN_IF_ERROR(dev_->DriverOk());
+    return dev_->pci().Unmask();
   }
   req_ = mem_->Allocate(kMsgBytes);
   resp_ = mem_->Allocate(kMsgBytes);

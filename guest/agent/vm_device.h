@@ -26,6 +26,9 @@ struct VmDeviceOptions {
   uint16_t queue_size = 256;  // or the device's maximum if smaller
   size_t huge_pages = 2;
   int call_timeout_ms = 10000;  // TCG guests are slow
+  // false: stop after DRIVER_OK; the queues' driver side is handed to an
+  // application process (grant.h), which posts buffers and says HELLO.
+  bool own_session = true;
 };
 
 struct VmDeviceCounters {
@@ -47,6 +50,10 @@ class VmDevice {
   Status Echo(std::span<const uint8_t> payload);
 
   const std::string& bdf() const { return dev_->pci().bdf(); }
+  VirtioDevice& device() { return *dev_; }
+  DmaMemory& memory() { return *mem_; }
+  // Where queue q's rings are in memory() (offset from its base).
+  uint64_t ring_offset(size_t q) const { return ring_offset_[q]; }
   uint64_t features() const { return features_; }
   uint16_t queue_size() const { return queue_size_; }
   const VmDeviceCounters& counters() const { return counters_; }
@@ -66,6 +73,7 @@ class VmDevice {
   std::unique_ptr<DmaMemory> mem_;
   std::unique_ptr<VirtioDevice> dev_;
   vhost::VirtqueueDriver queues_[2];
+  uint64_t ring_offset_[2] = {};
   uint8_t* req_ = nullptr;
   uint8_t* resp_ = nullptr;
   std::vector<uint8_t*> event_bufs_;

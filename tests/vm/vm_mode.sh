@@ -6,6 +6,10 @@
 #                   opens vSocket's session (HELLO) and runs 64 checksummed
 #                   4 KiB ECHOes; proven by vsocketd's own counters and its
 #                   device list while the agent holds the device.
+#   agent_serves    vsocket-guestd --serve hands the device to application
+#                   processes over its Unix socket: two processes in turn
+#                   open a session through AgentTransport (kicks and
+#                   wake-ups relayed by the agent), each on a fresh device.
 #   foreign_driver  the guest kernel's virtio_net bound to the device:
 #                   vsocketd marks that device broken with one log line,
 #                   writes nothing into its buffers (the guest logs no
@@ -35,18 +39,19 @@ for a in "$@"; do
     *) CASES+=("$a") ;;
   esac
 done
-[ ${#CASES[@]} -gt 0 ] || CASES=(agent_hello foreign_driver qemu_killed)
+[ ${#CASES[@]} -gt 0 ] || CASES=(agent_hello agent_serves foreign_driver qemu_killed)
 
 die() { echo "vm_mode.sh: $*" >&2; echo "0 passed, 1 failed"; exit 1; }
 bash tests/rdma/install-deps.sh || die "installing QEMU and busybox failed"
 bash tests/vm/prepare.sh || die "preparing the guest kernel and initramfs failed"
-TARGETS=(//host-backend:vsocketd //host-backend:vsocketctl //guest/agent:vsocket-guestd //tests/integration:echo_client)
+TARGETS=(//host-backend:vsocketd //host-backend:vsocketctl //guest/agent:vsocket-guestd //guest/agent:vsocket-agent-probe
+         //tests/integration:echo_client)
 if [ "$BUILD" = 1 ]; then
   flock -o /tmp/vsocket-bazel.lock bazel build "${TARGETS[@]}" >/dev/null 2>&1 || die "bazel build failed"
 fi
 BIN=$(bazel info bazel-bin 2>/dev/null) || die "bazel info failed"
 for t in vsocketd vsocketctl; do [ -x "$BIN/host-backend/$t" ] || die "$BIN/host-backend/$t not built"; done
-[ -x "$BIN/guest/agent/vsocket-guestd" ] || die "vsocket-guestd not built"
+for t in vsocket-guestd vsocket-agent-probe; do [ -x "$BIN/guest/agent/$t" ] || die "$t not built"; done
 [ -x "$BIN/tests/integration/echo_client" ] || die "echo_client not built"
 
 # The guest sees the host root read-only; its working directory (job,
@@ -262,6 +267,48 @@ JOB
   read -r _ state _ <<< "$devs"
   [ "$state" = ok ] || { fail qemu_killed "second device: $devs"; return; }
   pass qemu_killed $((SECONDS - t0))
+}
+
+# vsocket-guestd --serve hands the device to application processes over
+# its Unix socket; two processes one after the other each open a session
+# through AgentTransport (their kicks and wake-ups through the agent), each
+# on a fresh device.
+case_agent_serves() {
+  local R=$WORK/serves t0=$SECONDS
+  mkdir -p "$R"
+  cp "$BIN/guest/agent/vsocket-guestd" "$BIN/guest/agent/vsocket-agent-probe" "$R/"
+  cat > "$R/job.sh" <<'JOB'
+cd /run/vsocket-vm
+./vsocket-guestd --serve /run/agent.sock > agent.out 2>&1 &
+apid=$!
+for _ in $(seq 300); do [ -S /run/agent.sock ] && break; kill -0 $apid 2>/dev/null || break; sleep 0.1; done
+./vsocket-agent-probe --socket /run/agent.sock --echo 32 > probe1.out 2>&1; echo "probe1 exit $?"
+./vsocket-agent-probe --socket /run/agent.sock --echo 32 > probe2.out 2>&1; echo "probe2 exit $?"
+kill -TERM $apid
+wait $apid
+echo "agent exit $?"
+JOB
+  local hellos0 echoes0
+  hellos0=$(stat hellos) echoes0=$(stat echoes)
+  vm_boot "$R" "$WORK/vmq.sock" 150
+  vm_wait 150
+  local rc=$?
+  local hellos echoes
+  hellos=$(stat hellos) echoes=$(stat echoes)
+  echo "  guest: $(tr '\n' ' ' < "$R/stdout")"
+  echo "  agent: $(tr '\n' ' ' < "$R/agent.out" 2>/dev/null)"
+  echo "  processes: $(cat "$R/probe1.out" "$R/probe2.out" 2>/dev/null | tr '\n' ' ')"
+  echo "  vsocketd: hellos $hellos0 -> $hellos, echoes $echoes0 -> $echoes"
+  [ "$rc" = 0 ] || { fail agent_serves "guest job exit $rc"; return; }
+  grep -q "probe1 exit 0" "$R/stdout" && grep -q "probe2 exit 0" "$R/stdout" && grep -q "agent exit 0" "$R/stdout" ||
+    { fail agent_serves "a process or the agent failed"; return; }
+  [ "$hellos" -eq $((hellos0 + 2)) ] && [ "$echoes" -eq $((echoes0 + 64)) ] ||
+    { fail agent_serves "vsocketd counted $((hellos - hellos0)) HELLOs and $((echoes - echoes0)) ECHOes, want 2 and 64"; return; }
+  local d1 d2
+  d1=$(sed -n 's/.*HELLO_ACK device \([0-9]*\).*/\1/p' "$R/probe1.out")
+  d2=$(sed -n 's/.*HELLO_ACK device \([0-9]*\).*/\1/p' "$R/probe2.out")
+  [ -n "$d1" ] && [ -n "$d2" ] && [ "$d1" != "$d2" ] || { fail agent_serves "devices $d1 and $d2: want two"; return; }
+  pass agent_serves $((SECONDS - t0))
 }
 
 start_daemon || die "vsocketd did not start: $(tail -5 "$WORK/vsocketd.log")"

@@ -48,6 +48,26 @@ TEST(ShmRegionTest, HugePagesFallBackWhenUnavailable) {
   (*r)->base()[0] = 1;
 }
 
+TEST(RegionAllocatorTest, NoChunkCrossesTheBoundary) {
+  alignas(64) static uint8_t mem[4096];
+  RegionAllocator a(mem, sizeof(mem), 1024);
+  uint8_t* p = a.Allocate(700);
+  uint8_t* q = a.Allocate(700);  // would cross 1024: starts there
+  uint8_t* r = a.Allocate(200);  // fits before 1024 again
+  ASSERT_NE(p, nullptr);
+  ASSERT_NE(q, nullptr);
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(p, mem);
+  EXPECT_EQ(q, mem + 1024);
+  EXPECT_EQ(r, mem + 704);
+  EXPECT_EQ(a.Allocate(1025), nullptr) << "larger than the boundary";
+  for (uint8_t* x : {p, q, r}) {
+    size_t off = static_cast<size_t>(x - mem);
+    EXPECT_EQ(off / 1024, (off + 199) / 1024);
+  }
+  EXPECT_NE(a.Allocate(1024), nullptr);
+}
+
 TEST(RegionAllocatorTest, FirstFitAlignedNoOverlapAndReuse) {
   alignas(64) static uint8_t mem[4096];
   RegionAllocator a(mem, sizeof(mem));

@@ -52,10 +52,15 @@ ShmRegion::~ShmRegion() {
 
 uint8_t* RegionAllocator::Allocate(size_t size, size_t align) {
   if (size == 0 || align == 0 || (align & (align - 1)) != 0) return nullptr;
+  if (boundary_ != 0 && size > boundary_) return nullptr;
   size_t cursor = 0;
   size_t insert_at = 0;
   for (size_t i = 0; i <= used_.size(); ++i) {
     size_t start = (cursor + align - 1) & ~(align - 1);
+    // Across a boundary: start at the boundary instead (a multiple of any
+    // alignment up to it).
+    if (boundary_ != 0 && start / boundary_ != (start + size - 1) / boundary_)
+      start = (start / boundary_ + 1) * boundary_;
     size_t limit = i < used_.size() ? used_[i].offset : size_;
     if (start <= limit && limit - start >= size) {
       insert_at = i;

@@ -52,7 +52,12 @@ class ShmRegion {
 class RegionAllocator {
  public:
   RegionAllocator(uint8_t* base, size_t size) : base_(base), size_(size) {}
-  // nullptr when no chunk of that size is free. align must be a power of two.
+  // `boundary` (a power of two, 0: none): no chunk crosses a multiple of it
+  // (offsets from base). In a VM the memory is contiguous guest-physically
+  // only within each 2 MiB huge page (decision 84).
+  RegionAllocator(uint8_t* base, size_t size, size_t boundary) : base_(base), size_(size), boundary_(boundary) {}
+  // nullptr when no chunk of that size is free (or it is larger than the
+  // boundary). align must be a power of two.
   uint8_t* Allocate(size_t size, size_t align = 64);
   void Free(uint8_t* p);
   size_t bytes_in_use() const { return in_use_; }
@@ -64,6 +69,7 @@ class RegionAllocator {
   };
   uint8_t* base_;
   size_t size_;
+  size_t boundary_ = 0;
   size_t in_use_ = 0;
   std::vector<Chunk> used_;  // sorted by offset
 };

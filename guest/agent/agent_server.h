@@ -1,0 +1,55 @@
+// vsocket-guestd's service: hands the VM's vSocket device to one
+// application process at a time over a Unix socket (grant.h), and stands
+// between it and the hardware it cannot touch: the process's kicks
+// (eventfds) become doorbell writes, the device's interrupt (INTx through
+// uio) becomes the process's wake-ups. When the process goes, the device is
+// reset and set up afresh for the next one.
+#pragma once
+
+#include <signal.h>
+
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "base/unique_fd.h"
+#include "guest/agent/vm_device.h"
+
+namespace vsocket::agent {
+
+struct AgentServerCounters {
+  uint64_t grants = 0;
+  uint64_t refused_busy = 0;
+  uint64_t kicks = 0;
+  uint64_t interrupts = 0;
+};
+
+class AgentServer {
+ public:
+  // Listens on `path` (mode 0600: root's processes only until the agent
+  // proves sockets for them) and sets the device up.
+  static Result<std::unique_ptr<AgentServer>> Listen(const std::string& path, const VmDeviceOptions& options);
+  ~AgentServer();
+  // Serves until *stop is set (a signal handler's flag).
+  Status Run(const volatile sig_atomic_t* stop);
+  const AgentServerCounters& counters() const { return counters_; }
+
+ private:
+  AgentServer(std::string path, VmDeviceOptions options) : path_(std::move(path)), options_(std::move(options)) {}
+  Status OpenDevice();
+  Status Grant(UniqueFd client);
+  void Release();  // the process went: reset the device
+  Status Watch(int fd, uint64_t tag);
+
+  std::string path_;
+  VmDeviceOptions options_;
+  UniqueFd listen_;
+  UniqueFd epoll_;
+  std::unique_ptr<VmDevice> device_;
+  UniqueFd client_;
+  UniqueFd kick_[2];
+  UniqueFd call_[2];
+  AgentServerCounters counters_;
+};
+
+}  // namespace vsocket::agent

@@ -1,0 +1,135 @@
+#include "guest/agent/agent_transport.h"
+
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "proto/virtio_ring.h"
+#include "vhost/ring/split_ring.h"
+
+namespace vsocket::agent {
+namespace {
+
+// The grant is the agent's word, but checked like any shared input: a
+// ring or the pool outside the memory, or across a page, is refused.
+Status CheckGrant(const Grant& g, uint64_t memfd_bytes) {
+  if (g.magic != kGrantMagic || g.version != kGrantVersion) return Status(Code::kDataLoss, "not a grant");
+  if (g.status == GrantStatus::kBusy)
+    return Status(Code::kUnavailable, "another process holds the VM's vSocket device");
+  if (g.status != GrantStatus::kOk) return Status(Code::kUnavailable, "the agent has no working device");
+  if (g.num_pages == 0 || g.num_pages > kGrantMaxPages || g.memory_bytes != g.num_pages * kGrantPageBytes ||
+      memfd_bytes < g.memory_bytes)
+    return Status(Code::kDataLoss, "grant: memory and pages disagree");
+  if (!proto::IsValidQueueSize(g.queue_size)) return Status(Code::kDataLoss, "grant: bad queue size");
+  auto within_page = [&](uint64_t off, uint64_t len) {
+    return len != 0 && off < g.memory_bytes && len <= g.memory_bytes - off &&
+           off / kGrantPageBytes == (off + len - 1) / kGrantPageBytes;
+  };
+  for (uint64_t off : g.ring_offset)
+    if (off % 64 != 0 || !within_page(off, vhost::SplitRing::BytesFor(g.queue_size)))
+      return Status(Code::kDataLoss, "grant: a ring outside the memory or across a page");
+  if (g.pool_offset % 4096 != 0)
+    return Status(Code::kDataLoss, "grant: unaligned pool");
+  if (g.pool_bytes == 0 || g.pool_offset > g.memory_bytes || g.pool_bytes > g.memory_bytes - g.pool_offset)
+    return Status(Code::kDataLoss, "grant: pool outside the memory");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<guest::Transport>> AgentTransport::Open(const std::string& path) {
+  UniqueFd sock(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (sock.get() < 0) return Status::FromErrno("socket");
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) return Status(Code::kInvalidArgument, "agent socket path too long");
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  if (connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
+    return Status(Code::kUnavailable, "no vsocket-guestd at " + path + ": " + strerror(errno));
+  Grant g;
+  iovec iov{&g, sizeof(g)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int) * kGrantFds)] = {};
+  msg.msg_control = ctl;
+  msg.msg_controllen = sizeof(ctl);
+  // Bounded: an agent that accepted but never answers is not waited on.
+  pollfd p{sock.get(), POLLIN, 0};
+  if (poll(&p, 1, 5000) != 1) return Status(Code::kUnavailable, "vsocket-guestd did not answer");
+  ssize_t n = recvmsg(sock.get(), &msg, MSG_CMSG_CLOEXEC);
+  UniqueFd fds[kGrantFds];
+  size_t nfds = 0;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < k; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      if (nfds < kGrantFds) fds[nfds++] = UniqueFd(fd);
+      else close(fd);  // (every fd of a bad message is closed)
+    }
+  }
+  if (n != static_cast<ssize_t>(sizeof(g))) return Status(Code::kDataLoss, "short grant from vsocket-guestd");
+  if (g.status == GrantStatus::kOk && (nfds != kGrantFds || (msg.msg_flags & MSG_CTRUNC)))
+    return Status(Code::kDataLoss, "grant without its fds");
+  std::unique_ptr<AgentTransport> t(new AgentTransport());
+  VS_RETURN_IF_ERROR(t->Take(std::move(sock), g, fds));
+  return std::unique_ptr<guest::Transport>(std::move(t));
+}
+
+Status AgentTransport::Take(UniqueFd sock, const Grant& g, UniqueFd fds[kGrantFds]) {
+  struct stat st{};
+  uint64_t memfd_bytes = fds[0].get() >= 0 && fstat(fds[0].get(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+  VS_RETURN_IF_ERROR(CheckGrant(g, memfd_bytes));
+  void* p = mmap(nullptr, g.memory_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0].get(), 0);
+  if (p == MAP_FAILED) return Status::FromErrno("map the agent's memory");
+  grant_ = g;
+  base_ = static_cast<uint8_t*>(p);
+  sock_ = std::move(sock);
+  memfd_ = std::move(fds[0]);
+  for (int q = 0; q < 2; ++q) {
+    kick_[q] = std::move(fds[1 + q]);
+    call_[q] = std::move(fds[3 + q]);
+    // The device has seen nothing on these rings yet (DRIVER_OK with empty
+    // rings); the driver side starts here.
+    queues_[q] = vhost::VirtqueueDriver(vhost::SplitRing::LayOut(base_ + g.ring_offset[q], g.queue_size),
+                                        g.event_idx != 0);
+  }
+  allocator_ = std::make_unique<vhost::RegionAllocator>(base_ + g.pool_offset, g.pool_bytes, kGrantPageBytes);
+  return Status::Ok();
+}
+
+AgentTransport::~AgentTransport() {
+  if (base_ != nullptr) munmap(base_, grant_.memory_bytes);
+}
+
+void AgentTransport::Kick(guest::QueueId q) {
+  uint64_t one = 1;
+  (void)!write(kick_[static_cast<size_t>(q)].get(), &one, sizeof(one));
+}
+
+bool AgentTransport::BackendGone() const {
+  // The agent never writes after the grant: readable means it went away.
+  pollfd p{sock_.get(), POLLIN | POLLRDHUP, 0};
+  return poll(&p, 1, 0) == 1;
+}
+
+uint64_t AgentTransport::Gpa(const void* p) const {
+  uint64_t off = static_cast<uint64_t>(static_cast<const uint8_t*>(p) - base_);
+  return grant_.page_gpa[off / kGrantPageBytes] + off % kGrantPageBytes;
+}
+
+void AgentTransport::CloseFdsAfterFork() {
+  // Our copies of the fds only; the mapping stays (it is the parent's
+  // rings too) and is never unmapped by us.
+  for (UniqueFd* f : {&sock_, &memfd_, &kick_[0], &kick_[1], &call_[0], &call_[1]}) f->reset();
+  base_ = nullptr;
+}
+
+}  // namespace vsocket::agent

@@ -1,0 +1,57 @@
+// The guest session's transport inside a VM (guest/core/transport.h): the
+// queues and memory vsocket-guestd grants this process (grant.h). Kicks are
+// eventfd writes the agent turns into doorbell writes; wake-ups are the
+// eventfds the agent signals on the device's interrupt; the agent's socket
+// hanging up is the backend going away. Addresses are guest-physical, from
+// the grant's page table; allocations never cross a 2 MiB page.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "base/unique_fd.h"
+#include "guest/agent/grant.h"
+#include "guest/core/transport.h"
+
+namespace vsocket::agent {
+
+inline constexpr const char* kDefaultAgentSocket = "/run/vsocket/agent.sock";
+
+class AgentTransport final : public guest::Transport {
+ public:
+  // Connects to the agent at `path` and takes its grant (kUnavailable if
+  // no agent listens or another process holds the device).
+  static Result<std::unique_ptr<guest::Transport>> Open(const std::string& path);
+  ~AgentTransport() override;
+
+  vhost::VirtqueueDriver& queue(guest::QueueId q) override { return queues_[static_cast<size_t>(q)]; }
+  void Kick(guest::QueueId q) override;
+  int wake_fd(guest::QueueId q) const override { return call_[static_cast<size_t>(q)].get(); }
+  int liveness_fd() const override { return sock_.get(); }
+  bool BackendGone() const override;
+  vhost::RegionAllocator& allocator() override { return *allocator_; }
+  size_t memory_bytes() const override { return grant_.pool_bytes; }
+  uint64_t Gpa(const void* p) const override;
+  // The agent will vouch for sockets (issue 35); a VM port does not ask yet.
+  Status OpenProofs() override { return Status(Code::kNotFound, "the VM's port does not ask for proofs"); }
+  bool proves_sockets() const override { return false; }
+  Status ProveSocket(int) override { return Status::Ok(); }
+  void CloseFdsAfterFork() override;
+  // vsocketd runs outside the VM: its CPUs are not ours to see.
+  guest::CpuShare BackendCpus() const override { return guest::CpuShare{}; }
+
+ private:
+  AgentTransport() = default;
+  Status Take(UniqueFd sock, const Grant& g, UniqueFd fds[kGrantFds]);
+
+  Grant grant_;
+  UniqueFd sock_;
+  UniqueFd memfd_;
+  UniqueFd kick_[2];
+  UniqueFd call_[2];
+  uint8_t* base_ = nullptr;
+  vhost::VirtqueueDriver queues_[2];
+  std::unique_ptr<vhost::RegionAllocator> allocator_;
+};
+
+}  // namespace vsocket::agent
