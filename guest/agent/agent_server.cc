@@ -15,7 +15,10 @@
 namespace vsocket::agent {
 namespace {
 
-enum Tag : uint64_t { kListen = 1, kClient = 2, kUio = 3, kKick0 = 4, kKick1 = 5 };
+// epoll tags: the listening socket, or (slot << 3) | kind.
+constexpr uint64_t kListen = ~uint64_t{0};
+enum Kind : uint64_t { kClient = 0, kUio = 1, kKick0 = 2, kKick1 = 3 };
+uint64_t Tag(size_t slot, Kind k) { return (static_cast<uint64_t>(slot) << 3) | k; }
 
 Status SendGrant(int fd, const agent::Grant& g, const int* fds, size_t nfds) {
   iovec iov{const_cast<agent::Grant*>(&g), sizeof(g)};
@@ -38,25 +41,34 @@ Status SendGrant(int fd, const agent::Grant& g, const int* fds, size_t nfds) {
 
 }  // namespace
 
-Result<std::unique_ptr<AgentServer>> AgentServer::Listen(const std::string& path, const VmDeviceOptions& options) {
+Result<std::unique_ptr<AgentServer>> AgentServer::Listen(const std::string& path, const VmDeviceOptions& options,
+                                                         std::vector<std::string> bdfs) {
   std::unique_ptr<AgentServer> s(new AgentServer(path, options));
   s->options_.own_session = false;
+  if (bdfs.empty() && !options.bdf.empty()) bdfs.push_back(options.bdf);
+  if (bdfs.empty()) bdfs = PciFunction::Find(0x1af4, 0x1041);
+  if (bdfs.empty()) return Status(Code::kNotFound, "no virtio-net-pci function with disable-legacy=on (1af4:1041)");
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path)) return Status(Code::kInvalidArgument, "socket path too long: " + path);
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   s->listen_ = UniqueFd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (s->listen_.get() < 0) return Status::FromErrno("socket");
+  s->epoll_ = UniqueFd(epoll_create1(EPOLL_CLOEXEC));
+  if (s->epoll_.get() < 0) return Status::FromErrno("epoll_create1");
+  for (const std::string& bdf : bdfs) {
+    s->slots_.push_back(Slot{bdf, nullptr, UniqueFd(), {}, {}});
+    VS_RETURN_IF_ERROR(s->OpenDevice(s->slots_.size() - 1));
+  }
+  // The socket appears only once every device is up: a process that finds
+  // it can be served.
   unlink(path.c_str());
   mode_t old = umask(0077);
   int r = bind(s->listen_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   umask(old);
   if (r != 0) return Status::FromErrno("bind " + path);
   if (listen(s->listen_.get(), 16) != 0) return Status::FromErrno("listen " + path);
-  s->epoll_ = UniqueFd(epoll_create1(EPOLL_CLOEXEC));
-  if (s->epoll_.get() < 0) return Status::FromErrno("epoll_create1");
   VS_RETURN_IF_ERROR(s->Watch(s->listen_.get(), kListen));
-  VS_RETURN_IF_ERROR(s->OpenDevice());
   return s;
 }
 
@@ -66,108 +78,123 @@ AgentServer::~AgentServer() {
 
 Status AgentServer::Watch(int fd, uint64_t tag) {
   epoll_event ev{};
-  ev.events = EPOLLIN | (tag == kClient ? EPOLLRDHUP : 0);
+  ev.events = EPOLLIN | (tag != kListen && (tag & 7) == kClient ? EPOLLRDHUP : 0);
   ev.data.u64 = tag;
   if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) return Status::FromErrno("epoll_ctl add");
   return Status::Ok();
 }
 
-Status AgentServer::OpenDevice() {
-  auto d = VmDevice::Open(options_);
-  if (!d.ok()) return d.status();
-  device_ = std::move(d).value();
-  return Watch(device_->device().pci().uio_fd(), kUio);
+Status AgentServer::OpenDevice(size_t i) {
+  VmDeviceOptions o = options_;
+  o.bdf = slots_[i].bdf;
+  auto d = VmDevice::Open(o);
+  if (!d.ok()) return Status(d.status().code(), slots_[i].bdf + ": " + d.status().message());
+  slots_[i].device = std::move(d).value();
+  return Watch(slots_[i].device->device().pci().uio_fd(), Tag(i, kUio));
 }
 
 Status AgentServer::Grant(UniqueFd client) {
   agent::Grant g;
-  if (client_.get() >= 0 || device_ == nullptr) {
-    g.status = client_.get() >= 0 ? GrantStatus::kBusy : GrantStatus::kDeviceFailed;
-    counters_.refused_busy += client_.get() >= 0;
+  size_t i = 0;
+  while (i < slots_.size() && (slots_[i].client.get() >= 0 || !slots_[i].device)) ++i;
+  if (i == slots_.size()) {
+    // One session per device today: as many processes at once as the VM
+    // has vSocket functions (queue pairs per process: issue 35).
+    g.status = GrantStatus::kBusy;
+    ++counters_.refused_busy;
     (void)SendGrant(client.get(), g, nullptr, 0);
     return Status::Ok();
   }
-  DmaMemory& mem = device_->memory();
-  g.queue_size = device_->queue_size();
-  g.event_idx = (device_->features() & proto::kFeatureEventIdx) != 0;
+  Slot& s = slots_[i];
+  DmaMemory& mem = s.device->memory();
+  g.queue_size = s.device->queue_size();
+  g.event_idx = (s.device->features() & proto::kFeatureEventIdx) != 0;
   g.memory_bytes = mem.size();
-  g.ring_offset[0] = device_->ring_offset(0);
-  g.ring_offset[1] = device_->ring_offset(1);
+  g.ring_offset[0] = s.device->ring_offset(0);
+  g.ring_offset[1] = s.device->ring_offset(1);
   g.pool_offset = (mem.used() + 4095) & ~uint64_t{4095};
   g.pool_bytes = mem.size() > g.pool_offset ? mem.size() - g.pool_offset : 0;
   g.num_pages = static_cast<uint32_t>(mem.num_pages());
   if (g.num_pages > kGrantMaxPages) return Status(Code::kOutOfRange, "more DMA pages than a grant holds");
-  for (size_t i = 0; i < mem.num_pages(); ++i) g.page_gpa[i] = mem.page_gpa(i);
+  for (size_t k = 0; k < mem.num_pages(); ++k) g.page_gpa[k] = mem.page_gpa(k);
   for (int q = 0; q < 2; ++q) {
-    kick_[q] = UniqueFd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-    call_[q] = UniqueFd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-    if (kick_[q].get() < 0 || call_[q].get() < 0) return Status::FromErrno("eventfd");
+    s.kick[q] = UniqueFd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    s.call[q] = UniqueFd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (s.kick[q].get() < 0 || s.call[q].get() < 0) return Status::FromErrno("eventfd");
   }
-  int fds[kGrantFds] = {mem.fd(), kick_[0].get(), kick_[1].get(), call_[0].get(), call_[1].get()};
-  VS_RETURN_IF_ERROR(SendGrant(client.get(), g, fds, kGrantFds));
-  VS_RETURN_IF_ERROR(Watch(kick_[0].get(), kKick0));
-  VS_RETURN_IF_ERROR(Watch(kick_[1].get(), kKick1));
-  VS_RETURN_IF_ERROR(Watch(client.get(), kClient));
-  client_ = std::move(client);
+  int fds[kGrantFds] = {mem.fd(), s.kick[0].get(), s.kick[1].get(), s.call[0].get(), s.call[1].get()};
+  if (Status st = SendGrant(client.get(), g, fds, kGrantFds); !st.ok()) {
+    for (int q = 0; q < 2; ++q) s.kick[q] = UniqueFd(), s.call[q] = UniqueFd();
+    VS_LOG(kWarn, "vsocket-guestd: %s", st.ToString().c_str());
+    return Status::Ok();  // that process's problem, not the agent's
+  }
+  VS_RETURN_IF_ERROR(Watch(s.kick[0].get(), Tag(i, kKick0)));
+  VS_RETURN_IF_ERROR(Watch(s.kick[1].get(), Tag(i, kKick1)));
+  VS_RETURN_IF_ERROR(Watch(client.get(), Tag(i, kClient)));
+  s.client = std::move(client);
   ++counters_.grants;
-  VS_LOG(kInfo, "vsocket-guestd: device %s granted (grant %llu)", device_->bdf().c_str(),
-         static_cast<unsigned long long>(counters_.grants));
+  VS_LOG(kInfo, "vsocket-guestd: device %s granted", s.bdf.c_str());
   return Status::Ok();
 }
 
-void AgentServer::Release() {
-  client_ = UniqueFd();  // (closing an fd takes it out of the epoll set)
-  for (int q = 0; q < 2; ++q) {
-    kick_[q] = UniqueFd();
-    call_[q] = UniqueFd();
-  }
+void AgentServer::Release(size_t i) {
+  Slot& s = slots_[i];
+  s.client = UniqueFd();  // (closing an fd takes it out of the epoll set)
+  for (int q = 0; q < 2; ++q) s.kick[q] = UniqueFd(), s.call[q] = UniqueFd();
   // Reset before the memory goes (VmDevice's member order), then a fresh
   // device for the next process: vsocketd sees this one stop and a new one
   // start, as when a process-mode guest exits and another connects.
-  device_.reset();
-  Status st = OpenDevice();
-  if (!st.ok()) VS_LOG(kError, "vsocket-guestd: cannot set the device up again: %s", st.ToString().c_str());
+  s.device.reset();
+  Status st = OpenDevice(i);
+  if (!st.ok()) VS_LOG(kError, "vsocket-guestd: cannot set %s up again: %s", s.bdf.c_str(), st.ToString().c_str());
+}
+
+void AgentServer::OnEvent(uint64_t tag) {
+  size_t i = tag >> 3;
+  if (i >= slots_.size()) return;
+  Slot& s = slots_[i];
+  uint64_t v = 0;
+  switch (static_cast<Kind>(tag & 7)) {
+    case kClient:
+      if (s.client.get() >= 0) Release(i);
+      break;
+    case kKick0:
+    case kKick1: {
+      int q = (tag & 7) == kKick0 ? 0 : 1;
+      if (s.kick[q].get() >= 0 && read(s.kick[q].get(), &v, sizeof(v)) == sizeof(v) && s.device) {
+        s.device->device().Notify(static_cast<uint16_t>(q));
+        ++counters_.kicks;
+      }
+      break;
+    }
+    case kUio: {
+      if (!s.device) break;
+      uint32_t count;
+      if (read(s.device->device().pci().uio_fd(), &count, sizeof(count)) != sizeof(count)) break;
+      // Deassert (ISR read), let the next one through, wake the process:
+      // INTx does not say which queue, so both wake-ups fire.
+      s.device->device().ReadIsr();
+      (void)s.device->device().pci().Unmask();
+      ++counters_.interrupts;
+      v = 1;
+      for (auto& c : s.call)
+        if (c.get() >= 0) (void)!write(c.get(), &v, sizeof(v));
+      break;
+    }
+  }
 }
 
 Status AgentServer::Run(const volatile sig_atomic_t* stop) {
   while (!*stop) {
-    epoll_event evs[8];
-    int n = epoll_wait(epoll_.get(), evs, 8, 200);
+    epoll_event evs[16];
+    int n = epoll_wait(epoll_.get(), evs, 16, 200);
     if (n < 0 && errno != EINTR) return Status::FromErrno("epoll_wait");
     for (int i = 0; i < n; ++i) {
-      uint64_t v = 0;
-      switch (evs[i].data.u64) {
-        case kListen: {
-          int c = accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-          if (c >= 0) VS_RETURN_IF_ERROR(Grant(UniqueFd(c)));
-          break;
-        }
-        case kClient:
-          Release();
-          break;
-        case kKick0:
-        case kKick1: {
-          int q = evs[i].data.u64 == kKick0 ? 0 : 1;
-          if (kick_[q].get() >= 0 && read(kick_[q].get(), &v, sizeof(v)) == sizeof(v) && device_) {
-            device_->device().Notify(static_cast<uint16_t>(q));
-            ++counters_.kicks;
-          }
-          break;
-        }
-        case kUio: {
-          if (!device_) break;
-          uint32_t count;
-          if (read(device_->device().pci().uio_fd(), &count, sizeof(count)) != sizeof(count)) break;
-          // Deassert (ISR read), let the next one through, wake the process:
-          // INTx does not say which queue, so both wake-ups fire.
-          device_->device().ReadIsr();
-          (void)device_->device().pci().Unmask();
-          ++counters_.interrupts;
-          v = 1;
-          for (auto& c : call_)
-            if (c.get() >= 0) (void)!write(c.get(), &v, sizeof(v));
-          break;
-        }
+      if (evs[i].data.u64 == kListen) {
+        int c = accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+        if (c >= 0) VS_RETURN_IF_ERROR(Grant(UniqueFd(c)));
+      } else {
+        OnEvent(evs[i].data.u64);
       }
     }
   }

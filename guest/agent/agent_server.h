@@ -1,5 +1,6 @@
-// vsocket-guestd's service: hands the VM's vSocket device to one
-// application process at a time over a Unix socket (grant.h), and stands
+// vsocket-guestd's service: hands each of the VM's vSocket devices (one per
+// virtio-net-pci function attached to vsocketd) to one application process
+// at a time over a Unix socket (grant.h), and stands
 // between it and the hardware it cannot touch: the process's kicks
 // (eventfds) become doorbell writes, the device's interrupt (INTx through
 // uio) becomes the process's wake-ups. When the process goes, the device is
@@ -10,6 +11,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "base/unique_fd.h"
@@ -27,28 +29,36 @@ struct AgentServerCounters {
 class AgentServer {
  public:
   // Listens on `path` (mode 0600: root's processes only until the agent
-  // proves sockets for them) and sets the device up.
-  static Result<std::unique_ptr<AgentServer>> Listen(const std::string& path, const VmDeviceOptions& options);
+  // proves sockets for them) and sets the devices up: the functions in
+  // `bdfs` (empty: every 1af4:1041 function of the VM).
+  static Result<std::unique_ptr<AgentServer>> Listen(const std::string& path, const VmDeviceOptions& options,
+                                                     std::vector<std::string> bdfs = {});
   ~AgentServer();
   // Serves until *stop is set (a signal handler's flag).
   Status Run(const volatile sig_atomic_t* stop);
   const AgentServerCounters& counters() const { return counters_; }
 
  private:
+  // One device and the process it is granted to.
+  struct Slot {
+    std::string bdf;
+    std::unique_ptr<VmDevice> device;
+    UniqueFd client;
+    UniqueFd kick[2];
+    UniqueFd call[2];
+  };
   AgentServer(std::string path, VmDeviceOptions options) : path_(std::move(path)), options_(std::move(options)) {}
-  Status OpenDevice();
+  Status OpenDevice(size_t slot);
   Status Grant(UniqueFd client);
-  void Release();  // the process went: reset the device
+  void Release(size_t slot);  // the process went: reset the device
+  void OnEvent(uint64_t tag);
   Status Watch(int fd, uint64_t tag);
 
   std::string path_;
   VmDeviceOptions options_;
   UniqueFd listen_;
   UniqueFd epoll_;
-  std::unique_ptr<VmDevice> device_;
-  UniqueFd client_;
-  UniqueFd kick_[2];
-  UniqueFd call_[2];
+  std::vector<Slot> slots_;
   AgentServerCounters counters_;
 };
 

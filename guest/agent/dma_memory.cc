@@ -38,7 +38,8 @@ Result<std::unique_ptr<DmaMemory>> DmaMemory::Create(size_t pages) {
   const size_t bytes = pages * kHugePage;
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) return Status::FromErrno("size the huge-page memfd");
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  if (p == MAP_FAILED) return Status::FromErrno("mmap huge pages");
+  if (p == MAP_FAILED)
+    return Status::FromErrno("mmap " + std::to_string(pages) + " huge pages (too few free? vm.nr_hugepages)");
   auto* base = static_cast<uint8_t*>(p);
   // A hugetlb mapping without reserved pages faults with SIGBUS on touch;
   // MAP_SHARED reserves at mmap time, so a shortage is the mmap's ENOMEM

@@ -2,7 +2,7 @@
 # attached to a vhost-user socket (vsocketd's port), the host root over 9p,
 # and a job script. Source it; needs tests/vm/prepare.sh's cache.
 #
-#   vm_boot RESULTS SOCKET TIMEOUT [KERNEL_ARGS...]
+#   [VM_FUNCTIONS=N] vm_boot RESULTS SOCKET TIMEOUT [KERNEL_ARGS...]
 #       starts QEMU in the background (pid in VM_PID); RESULTS/job.sh must
 #       exist; the guest writes RESULTS/{stdout,stderr,rc,dmesg,console.log}
 #   vm_wait TIMEOUT      waits for it (bounded), kills it past TIMEOUT;
@@ -16,14 +16,22 @@ VM_PID=""
 # virtio-net-pci, every offload and control feature off (vsocketd offers
 # none; ctrl_rx without ctrl_vq makes a guest's virtio_net refuse it),
 # vectors=0 (QEMU 7.2 under TCG segfaults starting vhost with MSI-X).
-VM_NET_DEVICE="virtio-net-pci,netdev=vsn0,disable-legacy=on,vectors=0,romfile=,mrg_rxbuf=off,status=off,\
+VM_NET_DEVICE="virtio-net-pci,disable-legacy=on,vectors=0,romfile=,mrg_rxbuf=off,status=off,\
 csum=off,guest_csum=off,gso=off,guest_tso4=off,guest_tso6=off,guest_ecn=off,guest_ufo=off,guest_announce=off,\
 host_tso4=off,host_tso6=off,host_ecn=off,host_ufo=off,ctrl_vq=off,ctrl_rx=off,ctrl_vlan=off,ctrl_rx_extra=off,\
 ctrl_mac_addr=off,ctrl_guest_offloads=off,mq=off,indirect_desc=off"
 
 vm_boot() {
-  local results=$1 sock=$2 timeout=$3
+  local results=$1 sock=$2 timeout=$3 i
   shift 3
+  # VM_FUNCTIONS vSocket functions on the same port (one vhost-user
+  # connection, one vsocketd device each): one per process the agent serves
+  # at once.
+  local vs=()
+  for ((i = 0; i < ${VM_FUNCTIONS:-1}; i++)); do
+    vs+=(-chardev "socket,id=vs$i,path=$sock" -netdev "vhost-user,id=vsn$i,chardev=vs$i"
+         -device "$VM_NET_DEVICE,netdev=vsn$i")
+  done
   VM_RESULTS=$results
   rm -f "$results"/{stdout,ready,done,stderr,rc,rc.tmp,boot-error,dmesg,console.log}
   # Guest RAM is a sealed memfd shared with the backend (vsocketd refuses
@@ -35,8 +43,7 @@ vm_boot() {
     -chardev "file,id=con0,path=$results/console.log" -serial chardev:con0 \
     -kernel "$VM_CACHE/vmlinuz" -initrd "$VM_CACHE/initramfs.cpio.gz" \
     -append "console=ttyS0 quiet loglevel=3 panic=-1 vsocket.timeout=$((timeout - 20)) $*" \
-    -chardev "socket,id=vs0,path=$sock" -netdev vhost-user,id=vsn0,chardev=vs0 \
-    -device "$VM_NET_DEVICE" \
+    "${vs[@]}" \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
     -virtfs "local,path=$results,mount_tag=results,security_model=none" \
     </dev/null >"$results/qemu.log" 2>&1 &

@@ -311,6 +311,55 @@ JOB
   pass agent_serves $((SECONDS - t0))
 }
 
+# An unmodified program in the guest, accelerated: xfer's byte-checked
+# stream between two processes of the VM under libvsocket-vm.so, each
+# process on a vSocket function of its own that vsocket-guestd granted it.
+case_accelerated_in_guest() {
+  local R=$WORK/accel t0=$SECONDS bytes=2000000 port=5101
+  mkdir -p "$R"
+  cp "$BIN/guest/agent/vsocket-guestd" "$BIN/guest/agent/libvsocket-vm.so" "$BIN/tests/e2e/xfer" "$R/"
+  cat > "$R/job.sh" <<JOB
+cd /run/vsocket-vm
+ip link set lo up
+ip addr add 203.0.113.10/32 dev lo
+./vsocket-guestd --serve /run/agent.sock > agent.out 2>&1 &
+apid=\$!
+for _ in \$(seq 300); do [ -S /run/agent.sock ] && break; sleep 0.1; done
+export VSOCKET_SOCKET=/run/agent.sock VSOCKET_REPORT=/run/vsocket-vm/report.jsonl
+LD_PRELOAD=/run/vsocket-vm/libvsocket-vm.so ./xfer server 203.0.113.10 $port --conns 1 > server.out 2>&1 &
+spid=\$!
+for _ in \$(seq 300); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
+LD_PRELOAD=/run/vsocket-vm/libvsocket-vm.so ./xfer client 203.0.113.10 $port --conns 1 --bytes $bytes --pause-ms 500 > client.out 2>&1
+echo "client exit \$?"
+wait \$spid
+echo "server exit \$?"
+kill -TERM \$apid
+wait \$apid
+echo "agent exit \$?"
+JOB
+  local accel0 up0
+  accel0=$(stat accel_bytes) up0=$(stat upgrades)
+  VM_FUNCTIONS=2 vm_boot "$R" "$WORK/vmq.sock" 200 vsocket.hugepages=24
+  vm_wait 200
+  local rc=$?
+  local accel up
+  accel=$(stat accel_bytes) up=$(stat upgrades)
+  echo "  guest: $(tr '\n' ' ' < "$R/stdout")"
+  echo "  agent: $(tr '\n' ' ' < "$R/agent.out" 2>/dev/null)"
+  echo "  xfer: $(cat "$R/client.out" "$R/server.out" 2>/dev/null | tail -4 | tr '\n' ' ')"
+  echo "  vsocketd: upgrades $up0 -> $up, accel_bytes $accel0 -> $accel"
+  [ "$rc" = 0 ] || { fail accelerated_in_guest "guest job exit $rc"; return; }
+  grep -q "client exit 0" "$R/stdout" && grep -q "server exit 0" "$R/stdout" ||
+    { fail accelerated_in_guest "xfer failed (bytes not verified)"; return; }
+  local out
+  out=$(python3 tests/e2e/check_report.py "$R/report.jsonl" --port "$port" --expect-conns 2 --mode accelerated \
+      --reason accelerated --accel-min 1 --exact-total $((bytes + 16)) 2>&1) ||
+    { fail accelerated_in_guest "reports: $out"; return; }
+  [ $((accel - accel0)) -ge "$bytes" ] || { fail accelerated_in_guest "vsocketd moved $((accel - accel0)) B"; return; }
+  echo "  reports: $out"
+  pass accelerated_in_guest $((SECONDS - t0))
+}
+
 start_daemon || die "vsocketd did not start: $(tail -5 "$WORK/vsocketd.log")"
 for c in "${CASES[@]}"; do
   if declare -F "case_$c" >/dev/null; then "case_$c"; else echo "FAIL $c: no such case"; failed=$((failed + 1)); fi
