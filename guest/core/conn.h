@@ -64,6 +64,8 @@ struct Conn {
   bool KernelUntilOwnIo() const {
     if (session != nullptr) return false;
     return listening.load(std::memory_order_relaxed) || state.phase() == Phase::kKernel || HeldQuiet();
+    // (A withdrawn one still has its session: it ends the registration at
+    // its next call, then is one of these.)
   }
   // Before a held connection's thread sleeps in the kernel on it: true, and
   // it will not register until LeaveKernelSleep; false if it is registering
@@ -97,10 +99,6 @@ struct Conn {
   bool wrote_after_peer_gone = false;  // under tx_mu
   std::atomic<bool> shut_wr{false};
   std::atomic<bool> shut_wr_posted{false};  // our SHUTDOWN (write) went to the backend (PostShutWr)
-  // The backend withdrew the registration before any upgrade (DOWNGRADE
-  // while pending: the peer is not coming): the phase is kernel, but the
-  // registration and its rings are ours to end (EndWithdrawn).
-  std::atomic<bool> unregister_owed{false};
   // The application sent urgent data (MSG_OOB) on kernel TCP: never
   // registers (decision 79).
   std::atomic<bool> urgent{false};

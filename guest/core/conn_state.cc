@@ -31,7 +31,7 @@ constexpr Transition kTransitions[] = {
     // kernel stream exact: back to kernel TCP, never a reset.
     {Phase::kPending, ConnEvent::kUpgrade, Phase::kUpgraded},
     {Phase::kPending, ConnEvent::kKernelForGood, Phase::kKernel},  // the registration was refused
-    {Phase::kPending, ConnEvent::kPeerWithdrew, Phase::kKernel},
+    {Phase::kPending, ConnEvent::kPeerWithdrew, Phase::kWithdrawn},
     {Phase::kPending, ConnEvent::kBackendLost, Phase::kUnprobed},  // registers again with the next backend
     {Phase::kPending, ConnEvent::kForked, Phase::kKernel},
     {Phase::kPending, ConnEvent::kClose, Phase::kClosed},
@@ -69,6 +69,13 @@ constexpr Transition kTransitions[] = {
     {Phase::kReset, ConnEvent::kBackendLost, Phase::kReset},
     {Phase::kReset, ConnEvent::kForked, Phase::kReset},
     {Phase::kReset, ConnEvent::kClose, Phase::kClosed},
+    // Withdrawn before any upgrade: kernel TCP exact; our UNREGISTER ends
+    // it (or the close's, or the backend's loss, or the fork's parent).
+    {Phase::kWithdrawn, ConnEvent::kEndWithdrawn, Phase::kKernel},
+    {Phase::kWithdrawn, ConnEvent::kHoldAgain, Phase::kUnprobed},
+    {Phase::kWithdrawn, ConnEvent::kBackendLost, Phase::kKernel},
+    {Phase::kWithdrawn, ConnEvent::kForked, Phase::kKernel},
+    {Phase::kWithdrawn, ConnEvent::kClose, Phase::kClosed},
 };
 
 std::atomic<uint64_t> g_refused{0};
@@ -85,6 +92,7 @@ const char* ToString(Phase p) {
     case Phase::kLingering: return "lingering";
     case Phase::kReset: return "reset";
     case Phase::kClosed: return "closed";
+    case Phase::kWithdrawn: return "withdrawn";
   }
   return "?";
 }
@@ -104,6 +112,8 @@ const char* ToString(ConnEvent e) {
     case ConnEvent::kClose: return "close";
     case ConnEvent::kDrain: return "drain";
     case ConnEvent::kDrained: return "drained";
+    case ConnEvent::kEndWithdrawn: return "end-withdrawn";
+    case ConnEvent::kHoldAgain: return "hold-again";
   }
   return "?";
 }

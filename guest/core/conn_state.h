@@ -38,8 +38,12 @@ enum class Phase : uint8_t {
   kLingering,  // closed by the application; the peer has not consumed our bytes yet
   kReset,      // the accelerated path failed: the application sees ECONNRESET
   kClosed,     // unregistered: nothing more happens on the accelerated path
+  // The backend withdrew the registration before any upgrade (DOWNGRADE
+  // while pending: the peer is not coming): kernel TCP; the registration
+  // and its rings are ours to end (UNREGISTER at the next call or close).
+  kWithdrawn,
 };
-inline constexpr int kPhaseCount = 8;
+inline constexpr int kPhaseCount = 9;
 const char* ToString(Phase p);
 
 enum class ConnEvent : uint8_t {
@@ -56,8 +60,10 @@ enum class ConnEvent : uint8_t {
   kClose,          // UNREGISTER: the end of the registration
   kDrain,          // asked to leave the rings with clean fences (a drain, or the peer's ring end)
   kDrained,        // our ring stream ended and the peer consumed all of it: TX on kernel TCP
+  kEndWithdrawn,   // a withdrawn registration ended (UNREGISTER): kernel TCP for good
+  kHoldAgain,      // a tentative one ended (decision 83): held, to qualify again later
 };
-inline constexpr int kEventCount = 13;
+inline constexpr int kEventCount = 15;
 const char* ToString(ConnEvent e);
 
 // RX after a link loss: the bytes already in the ring, then the peer's

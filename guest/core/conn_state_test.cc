@@ -25,10 +25,10 @@ using P = Phase;
 using proto::Reason;
 
 const P kPhases[] = {P::kUnprobed,  P::kKernel,    P::kPending, P::kUpgraded,
-                     P::kResyncing, P::kLingering, P::kReset,   P::kClosed};
+                     P::kResyncing, P::kLingering, P::kReset,   P::kClosed, P::kWithdrawn};
 const E kEvents[] = {E::kRegistered,  E::kKernelForGood, E::kUpgrade,  E::kPeerWithdrew, E::kLinkLost, E::kFail,
                      E::kBackendLost, E::kForked,        E::kResynced, E::kLinger,       E::kClose,    E::kDrain,
-                     E::kDrained};
+                     E::kDrained,     E::kEndWithdrawn,  E::kHoldAgain};
 static_assert(std::size(kPhases) == kPhaseCount && std::size(kEvents) == kEventCount);
 
 // What each phase allows, written down from docs/connection-lifecycle.md's
@@ -41,7 +41,7 @@ const std::map<std::pair<P, E>, P>& Expected() {
       {{P::kUnprobed, E::kForked}, P::kKernel},
       {{P::kPending, E::kUpgrade}, P::kUpgraded},
       {{P::kPending, E::kKernelForGood}, P::kKernel},
-      {{P::kPending, E::kPeerWithdrew}, P::kKernel},
+      {{P::kPending, E::kPeerWithdrew}, P::kWithdrawn},
       {{P::kPending, E::kBackendLost}, P::kUnprobed},
       {{P::kPending, E::kForked}, P::kKernel},
       {{P::kPending, E::kClose}, P::kClosed},
@@ -70,6 +70,13 @@ const std::map<std::pair<P, E>, P>& Expected() {
       {{P::kReset, E::kBackendLost}, P::kReset},
       {{P::kReset, E::kForked}, P::kReset},
       {{P::kReset, E::kClose}, P::kClosed},
+      // Withdrawn: kernel TCP, the registration ours to end; a tentative
+      // one (decision 83) held again, to qualify later.
+      {{P::kWithdrawn, E::kEndWithdrawn}, P::kKernel},
+      {{P::kWithdrawn, E::kHoldAgain}, P::kUnprobed},
+      {{P::kWithdrawn, E::kBackendLost}, P::kKernel},
+      {{P::kWithdrawn, E::kForked}, P::kKernel},
+      {{P::kWithdrawn, E::kClose}, P::kClosed},
   };
   return m;
 }
@@ -100,6 +107,10 @@ void DriveTo(ConnState& s, P p) {
     case P::kClosed:
       apply(E::kRegistered);
       apply(E::kClose);
+      break;
+    case P::kWithdrawn:
+      apply(E::kRegistered);
+      apply(E::kPeerWithdrew);
       break;
   }
   ASSERT_EQ(s.phase(), p);

@@ -159,11 +159,10 @@ void AfterForkInChild() {
     new (&c.rx_mu) std::mutex();
     new (&c.setup_mu) std::mutex();
     c.state.AfterForkInChild();
-    c.unregister_owed.store(false, std::memory_order_relaxed);  // (the parent's registration)
     // One the parent upgraded and that now waits to register again is the
     // parent's too (its byte counts are the parent's).
     bool was_parents = c.state.phase() == Phase::kUnprobed && (c.lost_backend.load() || c.reupgrades.load() > 0);
-    if (!c.state.registered() && !was_parents) continue;
+    if (!c.state.registered() && !was_parents && c.state.phase() != Phase::kWithdrawn) continue;
     // The parent's session owns this registration. A connection that never
     // upgraded is still exact on kernel TCP; an upgraded one is not (reset).
     c.session = nullptr;

@@ -37,8 +37,7 @@ inline bool OnHeldPath(const Conn& c) {
 // Whether c is on kernel TCP for good with nothing left to do but its
 // kernel I/O (no resend after a resync, no registration to end).
 inline bool KernelForGood(const Conn& c) {
-  return c.state.phase() == Phase::kKernel && !c.state.resynced() &&
-         !c.unregister_owed.load(std::memory_order_acquire);
+  return c.state.phase() == Phase::kKernel && !c.state.resynced();
 }
 
 // A receive on c: `io()` is the kernel's call (recv, read, recvmsg, ...),

@@ -103,7 +103,6 @@ LossOutcome ApplyLoss(const std::shared_ptr<Conn>& cp, LossKind kind, uint64_t l
   if (!c.state.Apply(*o.event, why)) return o;
   Phase now = c.state.phase();
   if (now == Phase::kResyncing && before != Phase::kResyncing && on_resync != nullptr) on_resync(cp);
-  if (o.owe_unregister && now == Phase::kKernel) c.unregister_owed.store(true, std::memory_order_release);
   return o;
 }
 

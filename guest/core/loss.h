@@ -57,8 +57,8 @@ struct LossOutcome {
   // RESYNC (resync.cc).
   bool record_landed = false;
   bool mark_lost_backend = false;  // registers again once a backend is back
-  // A pending connection withdrawn to kernel TCP: its registration and
-  // rings are ours to end (EndWithdrawn).
+  // A pending connection withdrawn to kernel TCP (the phase table makes it
+  // kWithdrawn): its registration and rings are ours to end (EndWithdrawn).
   bool owe_unregister = false;
 
   bool operator==(const LossOutcome&) const = default;

@@ -4,6 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
+#include "guest/core/busy_loop.h"
+#include "guest/core/registration.h"
+
 namespace vsocket::guest {
 namespace {
 
@@ -144,8 +149,46 @@ TEST(ApplyLoss, APendingConnectionWithdrawnOwesItsUnregister) {
   auto c = std::make_shared<Conn>();
   ASSERT_TRUE(c->state.Apply(ConnEvent::kRegistered));
   ApplyLoss(c, LossKind::kPeerAborted, 0, false, proto::Reason::kPeerNotAccelerated, nullptr);
-  EXPECT_EQ(c->state.phase(), Phase::kKernel);
-  EXPECT_TRUE(c->unregister_owed.load());
+  EXPECT_EQ(c->state.phase(), Phase::kWithdrawn) << "kernel TCP, the registration ours to end";
+  EXPECT_EQ(c->state.reason(), proto::Reason::kPeerNotAccelerated);
+}
+
+// The end of a withdrawn registration (EndWithdrawnLocked, no session
+// here): kernel TCP for good, or, for a tentative one of a busy loop
+// (decision 83), held again with a pause before it may qualify again.
+TEST(ApplyLoss, AWithdrawnRegistrationEndsOnKernelTcpOrHeldAgain) {
+  auto plain = std::make_shared<Conn>();
+  ASSERT_TRUE(plain->state.Apply(ConnEvent::kRegistered));
+  ApplyLoss(plain, LossKind::kPeerAborted, 0, false, proto::Reason::kPeerNotAccelerated, nullptr);
+  {
+    std::lock_guard<std::mutex> lock(plain->setup_mu);
+    EndWithdrawnLocked(*plain);
+  }
+  EXPECT_EQ(plain->state.phase(), Phase::kKernel);
+
+  auto busy = std::make_shared<Conn>();
+  busy->held.store(true);
+  BusyLoop loop(2);
+  std::vector<std::atomic<uint32_t>> marks(32);
+  loop.set_epoch_for_testing(BusyLoop::Epoch());
+  for (auto& m : marks) loop.NoteTurnAt(m, BusyLoop::Epoch());
+  for (uint32_t i = 0; i < kBusyWindowWaits; ++i) loop.NoteWait(4);
+  ASSERT_TRUE(loop.busy());
+  bool q = false;
+  for (int i = 0; i < 100 && !q; ++i) q = busy->stream.Note(i % 2 ? StreamDetector::Dir::kIn : StreamDetector::Dir::kOut, 10, 1 << 20, &loop);
+  ASSERT_EQ(busy->stream.cause(), StreamDetector::Cause::kBusyLoop);
+  ASSERT_TRUE(busy->state.Apply(ConnEvent::kRegistered));
+  ApplyLoss(busy, LossKind::kPeerAborted, 0, false, proto::Reason::kPeerNotAccelerated, nullptr);
+  {
+    std::lock_guard<std::mutex> lock(busy->setup_mu);
+    EndWithdrawnLocked(*busy);
+  }
+  EXPECT_EQ(busy->state.phase(), Phase::kUnprobed) << "held again";
+  EXPECT_TRUE(busy->HeldQuiet());
+  EXPECT_EQ(busy->stream.withdrawals(), 1u);
+  // Busy and long-lived as before, but within its pause: not yet.
+  for (int i = 0; i < 200; ++i)
+    EXPECT_FALSE(busy->stream.Note(i % 2 ? StreamDetector::Dir::kIn : StreamDetector::Dir::kOut, 10, 1 << 20, &loop));
 }
 
 TEST(ApplyLoss, CountsThatDisagreeResetAndHandNothingOver) {

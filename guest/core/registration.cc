@@ -269,14 +269,14 @@ bool NoteUrgent(Conn& c) {
   if (c.urgent.load(std::memory_order_relaxed)) return true;
   std::lock_guard<std::mutex> lock(c.setup_mu);
   Phase p = c.state.phase();
-  if (p != Phase::kUnprobed && p != Phase::kKernel) return false;
+  if (p != Phase::kUnprobed && p != Phase::kKernel && p != Phase::kWithdrawn) return false;
   if (p == Phase::kKernel && c.state.resynced()) return false;  // (registered once: a resend may follow)
   c.urgent.store(true, std::memory_order_relaxed);
   return true;
 }
 
 void EndWithdrawnLocked(Conn& c) {
-  if (!c.unregister_owed.exchange(false, std::memory_order_acq_rel)) return;
+  if (c.state.phase() != Phase::kWithdrawn) return;
   Session* s = c.session;
   if (s != nullptr && s->alive()) {
     // Never upgraded: the backend hands the rings back at once.
@@ -284,6 +284,16 @@ void EndWithdrawnLocked(Conn& c) {
     if (!st.ok()) VS_LOG(kDebug, "unregister of a withdrawn registration: %s", st.ToString().c_str());
   }
   c.session = nullptr;
+  // Registered for its busy loop and withdrawn because the peer's process
+  // was not one (decision 83): held again, to qualify again after a pause
+  // that doubles with each withdrawal. Anything else: kernel TCP for good.
+  if (c.held.load(std::memory_order_relaxed) && c.stream.cause() == StreamDetector::Cause::kBusyLoop &&
+      c.state.reason() == Reason::kPeerNotAccelerated && !c.urgent.load(std::memory_order_relaxed) &&
+      c.state.Apply(ConnEvent::kHoldAgain)) {
+    c.stream.HoldAgain(MonotonicNs());
+    return;
+  }
+  (void)c.state.Apply(ConnEvent::kEndWithdrawn);
 }
 
 void FenceBeforeEndLocked(Conn& c) {

@@ -24,7 +24,8 @@ namespace {
 // Never registered in this process's history: not looked at, held by the
 // upgrade policy, or not connected yet (no backend loss, no RESYNC).
 bool NeverRegistered(const Conn& c) {
-  return c.state.phase() == Phase::kUnprobed && !c.lost_backend.load() && c.reupgrades.load() == 0;
+  return c.state.phase() == Phase::kUnprobed && !c.lost_backend.load() && c.reupgrades.load() == 0 &&
+         c.stream.withdrawals() == 0;
 }
 
 // s as the inside of a JSON string, cut to fit `cap` bytes.
@@ -83,13 +84,13 @@ void WriteLine(const Conn& c, const char* event, const char* exec_program) {
   int n = std::snprintf(
       line, sizeof(line),
       "{\"pid\":%d,\"event\":\"%s\"%s,\"local\":\"%s:%u\",\"peer\":\"%s:%u\",\"mode\":\"%s\","
-      "\"reason\":\"%s\",\"registered_for\":\"%s\",\"upgraded\":%s,\"kernel_tx\":%llu,\"kernel_rx\":%llu,"
+      "\"reason\":\"%s\",\"registered_for\":\"%s\",\"withdrawals\":%u,\"upgraded\":%s,\"kernel_tx\":%llu,\"kernel_rx\":%llu,"
       "\"accel_tx\":%llu,\"accel_rx\":%llu,\"kernel_tx_after_upgrade\":%llu,"
       "\"kernel_rx_after_upgrade\":%llu,\"resynced\":%s,\"reupgrades\":%u,\"downgrades\":%u,\"last_downgrade\":\"%s\","
       "\"kernel_ms_after_downgrade\":%lld,\"resent_bytes\":%llu,\"fin_deferred\":%s,\"lingered\":%s,\"late_"
       "wakeups\":%u}\n",
       getpid(), event, exec_field.c_str(), local, c.local.port, peer, c.peer.port, mode, proto::ToString(reason),
-      registered_for, c.state.upgraded() ? "true" : "false", static_cast<unsigned long long>(c.kernel_sent.load()),
+      registered_for, c.stream.withdrawals(), c.state.upgraded() ? "true" : "false", static_cast<unsigned long long>(c.kernel_sent.load()),
       static_cast<unsigned long long>(c.kernel_received.load()), static_cast<unsigned long long>(c.accel_tx.load()),
       static_cast<unsigned long long>(c.accel_rx.load()),
       // 0 once switched, until a RESYNC or a drain puts bytes on the kernel

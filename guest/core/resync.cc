@@ -190,7 +190,7 @@ bool RxDone(const Conn& c) {
 
 void MaybeReregister(int fd, Conn& c) {
   Phase phase = c.state.phase();
-  if (phase == Phase::kKernel && c.unregister_owed.load(std::memory_order_acquire)) {
+  if (phase == Phase::kWithdrawn) {
     std::unique_lock<std::mutex> setup(c.setup_mu, std::try_to_lock);
     if (setup.owns_lock()) EndWithdrawnLocked(c);
     return;

@@ -126,11 +126,12 @@ bool KernelSendFile(int fd, Conn& c, int in, off_t* offset, size_t count, Result
   MaybeReregister(fd, c);
   EnsureRegistered(fd, c);
   std::lock_guard<std::mutex> lock(c.tx_mu);
-  // Unprobed (held by the policy, or not connected yet) or kernel TCP for
-  // good. A registration racing this is harmless: an upgrade's FENCE is
-  // posted under tx_mu, after every kernel byte counted here.
+  // Unprobed (held by the policy, or not connected yet), kernel TCP for
+  // good, or withdrawn before any upgrade. A registration racing this is
+  // harmless: an upgrade's FENCE is posted under tx_mu, after every kernel
+  // byte counted here.
   Phase p = c.state.phase();
-  if ((p != Phase::kUnprobed && p != Phase::kKernel) || c.state.resynced()) return false;
+  if ((p != Phase::kUnprobed && p != Phase::kKernel && p != Phase::kWithdrawn) || c.state.resynced()) return false;
   ssize_t n = Libc().sendfile(fd, in, offset, count);
   if (n < 0) {
     *out = Errno(errno, "sendfile");

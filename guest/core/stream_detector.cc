@@ -1,5 +1,9 @@
 #include "guest/core/stream_detector.h"
 
+#include <algorithm>
+
+#include "base/clock.h"
+
 namespace vsocket::guest {
 namespace {
 
@@ -16,6 +20,23 @@ T Bump(std::atomic<T>& a, T by) {
 
 }  // namespace
 
+bool StreamDetector::BusyPauseOver() const {
+  int64_t not_before = busy_not_before_ns_.load(std::memory_order_relaxed);
+  return not_before == 0 || MonotonicNs() >= not_before;
+}
+
+void StreamDetector::HoldAgain(int64_t now_ns) {
+  uint32_t n = withdrawals_.load(std::memory_order_relaxed) + 1;
+  withdrawals_.store(n, std::memory_order_relaxed);
+  busy_turns_.store(turns_total_.load(std::memory_order_relaxed) + kBusyTurns, std::memory_order_relaxed);
+  int64_t pause = int64_t{1000000000} << std::min<uint32_t>(n - 1, 6);
+  busy_not_before_ns_.store(now_ns + pause, std::memory_order_relaxed);
+  run_calls_.store(0, std::memory_order_relaxed);
+  window_bytes_.store(0, std::memory_order_relaxed);
+  window_turns_.store(0, std::memory_order_relaxed);
+  streaming_.store(false, std::memory_order_relaxed);  // (cause_ says what it was)
+}
+
 bool StreamDetector::Note(Dir d, uint64_t n, uint64_t window, BusyLoop* loop) {
   if (streaming()) return true;
   if (n == 0) return false;
@@ -26,7 +47,8 @@ bool StreamDetector::Note(Dir d, uint64_t n, uint64_t window, BusyLoop* loop) {
   if (prev != 0 && prev != dir) {
     Bump<uint32_t>(window_turns_, 1);
     if (loop != nullptr) loop->NoteTurn(active_epoch_);
-    if (Bump<uint64_t>(turns_total_, 1) >= kBusyTurns && loop != nullptr && loop->busy()) {
+    if (Bump<uint64_t>(turns_total_, 1) >= busy_turns_.load(std::memory_order_relaxed) && loop != nullptr &&
+        loop->busy() && BusyPauseOver()) {
       cause_.store(static_cast<uint8_t>(Cause::kBusyLoop), std::memory_order_relaxed);
       streaming_.store(true, std::memory_order_relaxed);
       return true;

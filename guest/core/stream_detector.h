@@ -55,6 +55,13 @@ class StreamDetector {
   Cause cause() const { return static_cast<Cause>(cause_.load(std::memory_order_relaxed)); }
 
   uint64_t turns() const { return turns_total_.load(std::memory_order_relaxed); }
+  // Its tentative registration was withdrawn (decision 83) and it is held
+  // again at now_ns: it qualifies by the busy loop again only after
+  // another kBusyTurns turns and a pause of 1 s, doubled with each
+  // withdrawal (up to 64 s), so a peer that never comes costs a
+  // registration (and 500 ms pending) ever more rarely.
+  void HoldAgain(int64_t now_ns);
+  uint32_t withdrawals() const { return withdrawals_.load(std::memory_order_relaxed); }
   // Calls noted in direction kOut (until it streams): with the bytes sent,
   // the average write (REGISTER_CONN's kRegisterBulk, decision 62).
   uint64_t calls_out() const { return calls_out_.load(std::memory_order_relaxed); }
@@ -66,9 +73,13 @@ class StreamDetector {
   std::atomic<uint32_t> window_turns_{0};
   std::atomic<uint64_t> turns_total_{0};
   std::atomic<uint64_t> calls_out_{0};
+  bool BusyPauseOver() const;
   std::atomic<bool> streaming_{false};
   std::atomic<uint8_t> cause_{0};
   std::atomic<uint32_t> active_epoch_{0};  // BusyLoop::NoteTurn's mark
+  std::atomic<uint64_t> busy_turns_{kBusyTurns};  // turns before the busy loop takes it
+  std::atomic<int64_t> busy_not_before_ns_{0};    // ... and not before this time
+  std::atomic<uint32_t> withdrawals_{0};
 };
 
 }  // namespace vsocket::guest

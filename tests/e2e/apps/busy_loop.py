@@ -13,6 +13,9 @@
   busy_loop.py threads ADDR PORT CONNS ROUNDS
       CONNS threads, one blocking connection each (a client that is not an
       event loop: its waits never batch).
+  busy_loop.py threads-then-loop ADDR PORT CONNS SECONDS
+      the same connections driven by CONNS threads for SECONDS, then by one
+      epoll loop for 2 x SECONDS (a client that becomes busy late).
 Each client checks every answer byte for byte and prints a summary.
 """
 import hashlib
@@ -136,26 +139,38 @@ def client_loop(addr, port, conns, rounds):
     print("%d connections x %d round trips byte-exact (%.0f round trips/s)" % (conns, rounds, conns * rounds / dt))
 
 
-def client_threads(addr, port, conns, rounds):
+def round_trip(c, k, i):
+    req = request(k, i)
+    want = answer(req)
+    c.sendall(struct.pack("!I", len(req)) + req)
+    got = bytearray()
+    while len(got) < len(want):
+        b = c.recv(len(want) - len(got))
+        if not b:
+            raise RuntimeError("EOF on connection %d after %d round trips" % (k, i))
+        got.extend(b)
+    if bytes(got) != want:
+        raise RuntimeError("connection %d round trip %d: the answer differs" % (k, i))
+
+
+def client_threads(addr, port, conns, rounds, socks=None, until=None):
+    """Blocking round trips on each connection from a thread of its own:
+    `rounds` of them, or (until) as many as fit before that time. Returns
+    the sockets still open (socks given) and the round trips made."""
     errors = []
+    made = [0] * conns
 
     def one(k):
         try:
-            c = connect(addr, port)
+            c = socks[k] if socks else connect(addr, port)
             c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            for i in range(rounds):
-                req = request(k, i)
-                want = answer(req)
-                c.sendall(struct.pack("!I", len(req)) + req)
-                got = bytearray()
-                while len(got) < len(want):
-                    b = c.recv(len(want) - len(got))
-                    if not b:
-                        raise RuntimeError("EOF on connection %d after %d round trips" % (k, i))
-                    got.extend(b)
-                if bytes(got) != want:
-                    raise RuntimeError("connection %d round trip %d: the answer differs" % (k, i))
-            c.close()
+            i = 0
+            while (i < rounds) if until is None else (time.monotonic() < until):
+                round_trip(c, k, i)
+                i += 1
+            made[k] = i
+            if socks is None:
+                c.close()
         except Exception as e:  # reported below
             errors.append(str(e))
 
@@ -166,7 +181,57 @@ def client_threads(addr, port, conns, rounds):
         t.join(120)
     if errors or any(t.is_alive() for t in ts):
         raise SystemExit("; ".join(errors[:3]) or "a thread hung")
-    print("%d threads x %d round trips byte-exact" % (conns, rounds))
+    if until is None:
+        print("%d threads x %d round trips byte-exact" % (conns, rounds))
+    return made
+
+
+def client_threads_then_loop(addr, port, conns, seconds):
+    socks = [connect(addr, port) for _ in range(conns)]
+    made = client_threads(addr, port, conns, 0, socks=socks, until=time.monotonic() + seconds)
+    # The same connections, now one epoll loop's: every request in flight.
+    sel = selectors.EpollSelector()
+    state = {}
+    for k, c in enumerate(socks):
+        state[c] = [k, made[k], bytearray(), None]
+        sel.register(c, selectors.EVENT_READ, c)
+
+    def send_next(c):
+        st = state[c]
+        req = request(st[0], st[1])
+        st[3] = answer(req)
+        c.sendall(struct.pack("!I", len(req)) + req)
+
+    for c in socks:
+        send_next(c)
+    end = time.monotonic() + 2 * seconds
+    looped = 0
+    open_conns = conns
+    while open_conns:
+        events = sel.select(30)
+        if not events:
+            raise SystemExit("no answer for 30 s")
+        for key, _ in events:
+            c = key.data
+            st = state[c]
+            b = c.recv(65536)
+            if not b:
+                raise SystemExit("EOF on connection %d after %d round trips" % (st[0], st[1]))
+            st[2].extend(b)
+            if len(st[2]) < len(st[3]):
+                continue
+            if bytes(st[2]) != st[3]:
+                raise SystemExit("connection %d round trip %d: the answer differs" % (st[0], st[1]))
+            st[2].clear()
+            st[1] += 1
+            looped += 1
+            if time.monotonic() >= end:
+                sel.unregister(c)
+                c.close()
+                open_conns -= 1
+            else:
+                send_next(c)
+    print("%d connections: %d round trips from threads, then %d from one loop, byte-exact" % (conns, sum(made), looped))
 
 
 def main():
@@ -177,6 +242,8 @@ def main():
         client_loop(addr, port, conns, int(sys.argv[5]))
     elif mode == "threads":
         client_threads(addr, port, conns, int(sys.argv[5]))
+    elif mode == "threads-then-loop":
+        client_threads_then_loop(addr, port, conns, float(sys.argv[5]))
     else:
         raise SystemExit("mode: server | loop | threads")
 
