@@ -113,11 +113,12 @@ else
 fi
 
 # VM mode (issue 35): real QEMU TCG guests attached to vsocketd; the
-# in-guest agent opens a session and serves processes, a foreign driver
+# in-guest agent opens a session and serves processes, an unmodified
+# program's connection inside a guest is accelerated, a foreign driver
 # breaks only its device, a killed QEMU leaves vsocketd serving the port
-# (tests/vm/vm_mode.sh, about 60 s; needs root).
+# (tests/vm/vm_mode.sh, about 75 s; needs root).
 if bazel build //host-backend:vsocketd //host-backend:vsocketctl //guest/agent:vsocket-guestd //guest/agent:vsocket-agent-probe \
-    //tests/integration:echo_client \
+    //guest/agent:libvsocket-vm.so //tests/e2e:xfer //tests/integration:echo_client \
     >"$LOGDIR/vm-build.log" 2>&1; then
   bash tests/vm/vm_mode.sh --no-build >"$LOGDIR/vm.log" 2>&1
   grep -E "^(PASS|FAIL) " "$LOGDIR/vm.log" | sed 's/^/[vm] /'

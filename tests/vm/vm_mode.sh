@@ -10,6 +10,11 @@
 #                   processes over its Unix socket: two processes in turn
 #                   open a session through AgentTransport (kicks and
 #                   wake-ups relayed by the agent), each on a fresh device.
+#   accelerated_in_guest  xfer (unmodified) server and client in one guest
+#                   under libvsocket-vm.so, each process on a vSocket
+#                   function the agent granted it: 2,000,000 byte-checked
+#                   bytes each way over the rings (vsocketd's upgrades and
+#                   accel_bytes, both library reports "accelerated").
 #   foreign_driver  the guest kernel's virtio_net bound to the device:
 #                   vsocketd marks that device broken with one log line,
 #                   writes nothing into its buffers (the guest logs no
@@ -39,19 +44,20 @@ for a in "$@"; do
     *) CASES+=("$a") ;;
   esac
 done
-[ ${#CASES[@]} -gt 0 ] || CASES=(agent_hello agent_serves foreign_driver qemu_killed)
+[ ${#CASES[@]} -gt 0 ] || CASES=(agent_hello agent_serves accelerated_in_guest foreign_driver qemu_killed)
 
 die() { echo "vm_mode.sh: $*" >&2; echo "0 passed, 1 failed"; exit 1; }
 bash tests/rdma/install-deps.sh || die "installing QEMU and busybox failed"
 bash tests/vm/prepare.sh || die "preparing the guest kernel and initramfs failed"
 TARGETS=(//host-backend:vsocketd //host-backend:vsocketctl //guest/agent:vsocket-guestd //guest/agent:vsocket-agent-probe
-         //tests/integration:echo_client)
+         //guest/agent:libvsocket-vm.so //tests/e2e:xfer //tests/integration:echo_client)
 if [ "$BUILD" = 1 ]; then
   flock -o /tmp/vsocket-bazel.lock bazel build "${TARGETS[@]}" >/dev/null 2>&1 || die "bazel build failed"
 fi
 BIN=$(bazel info bazel-bin 2>/dev/null) || die "bazel info failed"
 for t in vsocketd vsocketctl; do [ -x "$BIN/host-backend/$t" ] || die "$BIN/host-backend/$t not built"; done
-for t in vsocket-guestd vsocket-agent-probe; do [ -x "$BIN/guest/agent/$t" ] || die "$t not built"; done
+for t in vsocket-guestd vsocket-agent-probe libvsocket-vm.so; do [ -e "$BIN/guest/agent/$t" ] || die "$t not built"; done
+[ -x "$BIN/tests/e2e/xfer" ] || die "xfer not built"
 [ -x "$BIN/tests/integration/echo_client" ] || die "echo_client not built"
 
 # The guest sees the host root read-only; its working directory (job,
