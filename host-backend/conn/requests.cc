@@ -6,6 +6,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "host-backend/conn/address.h"
+#include "host-backend/remote/frame.h"
 
 namespace vsocket::backend {
 
@@ -339,10 +340,23 @@ bool ConnManager::ExpireTentative() {
     BackendConn* c = it == conns_.end() ? nullptr : it->second.get();
     if (c != nullptr && c->tentative_until_ms > now) break;  // the oldest is not due yet
     tentative_.pop_front();
-    if (c == nullptr || !c->WaitsForPeer()) continue;  // closed, paired or asked for meanwhile
+    if (c == nullptr) continue;
+    // A client's request to the peer's host still unanswered (that host's
+    // guest has not registered its side: not a busy loop, or not
+    // preloaded) is withdrawn, as a locator change withdraws it; an accept
+    // crossing the cancel is cancelled back (OnPairingFrame), and the
+    // acceptor's guest upgrades only at our first link frame.
+    if (!c->gone && c->state == ConnState::kPending && c->reason == Reason::kPending && c->peer == nullptr &&
+        c->remote.stage == RemotePeer::Stage::kRequested && hosts_ != nullptr) {
+      hosts_->SendPairing(c->remote.host, Frame(proto::FrameType::kPairCancel, c->key.tenant, 0, c->handle), {});
+      DropRx(*c);
+      c->remote.stage = RemotePeer::Stage::kNone;
+    }
+    if (!c->WaitsForPeer()) continue;  // closed, paired, or accepted by a peer host meanwhile
     // Its peer's process is not busy (or not preloaded): the connection goes
     // on on kernel TCP, as a PAIR_DECLINE would leave it (the library ends
-    // the registration, the rings are its own again).
+    // the registration, the rings are its own again; a busy loop's library
+    // holds it again and may try once more later).
     c->tentative_until_ms = 0;
     c->reason = Reason::kPeerNotAccelerated;
     Raise(*c, kEvDowngrade);

@@ -6,6 +6,9 @@
       4-byte length and that many bytes; the answer is the request's
       sha256 followed by the request reversed. Exits when CONNS connections
       have ended.
+  busy_loop.py server-threads ADDR PORT CONNS
+      the same answers from a thread per connection, blocking (a server
+      that is not an event loop).
   busy_loop.py loop ADDR PORT CONNS ROUNDS
       one epoll event loop driving CONNS connections, ROUNDS round trips
       each, every request in flight at once (a busy client: redis-benchmark,
@@ -90,6 +93,39 @@ def serve(addr, port, conns):
                 c.setblocking(True)
                 c.sendall(answer(req))
                 c.setblocking(False)
+
+
+def serve_threads(addr, port, conns):
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind((addr, port))
+    ls.listen(128)
+
+    def one(c):
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = bytearray()
+        while True:
+            b = c.recv(65536)
+            if not b:
+                break
+            buf.extend(b)
+            while len(buf) >= 4:
+                n = struct.unpack("!I", buf[:4])[0]
+                if len(buf) < 4 + n:
+                    break
+                req = bytes(buf[4:4 + n])
+                del buf[:4 + n]
+                c.sendall(answer(req))
+        c.close()
+
+    ts = []
+    for _ in range(conns):
+        c, _ = ls.accept()
+        t = threading.Thread(target=one, args=(c,))
+        t.start()
+        ts.append(t)
+    for t in ts:
+        t.join()
 
 
 def client_loop(addr, port, conns, rounds):
@@ -238,6 +274,8 @@ def main():
     mode, addr, port, conns = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     if mode == "server":
         serve(addr, port, conns)
+    elif mode == "server-threads":
+        serve_threads(addr, port, conns)
     elif mode == "loop":
         client_loop(addr, port, conns, int(sys.argv[5]))
     elif mode == "threads":
