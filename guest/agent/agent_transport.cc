@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "proto/virtio_ring.h"
@@ -101,7 +102,15 @@ Status AgentTransport::Take(UniqueFd sock, const Grant& g, UniqueFd fds[kGrantFd
     queues_[q] = vhost::VirtqueueDriver(vhost::SplitRing::LayOut(base_ + g.ring_offset[q], g.queue_size),
                                         g.event_idx != 0);
   }
-  allocator_ = std::make_unique<vhost::RegionAllocator>(base_ + g.pool_offset, g.pool_bytes, kGrantPageBytes);
+  // The allocator spans the whole memory so that its boundaries are the
+  // pages' (a pool starting mid-page would shift them); what precedes the
+  // pool (the rings) is taken first, page by page, and never handed out.
+  allocator_ = std::make_unique<vhost::RegionAllocator>(base_, g.pool_offset + g.pool_bytes, kGrantPageBytes);
+  for (uint64_t taken = 0; taken < g.pool_offset;) {
+    uint64_t n = std::min<uint64_t>(kGrantPageBytes - taken % kGrantPageBytes, g.pool_offset - taken);
+    if (allocator_->Allocate(n, 1) != base_ + taken) return Status(Code::kInternal, "cannot set the pool apart");
+    taken += n;
+  }
   return Status::Ok();
 }
 
