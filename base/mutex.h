@@ -8,6 +8,14 @@
 //   CondVar        std::condition_variable for a UniqueLock
 //   SharedMutex    std::shared_mutex; ReaderMutexLock / WriterMutexLock
 //
+// A try-lock: clang 14's analysis does not understand a scoped guard whose
+// constructor only tries (TRY_ACQUIRE on a SCOPED_CAPABILITY constructor is
+// taken as an unconditional acquire, or not at all). Try the Mutex itself,
+// then hand the held lock to a guard with kAdoptLock, which REQUIRES it:
+//
+//   if (!mu_.try_lock()) return;       // TRY_ACQUIRE(true)
+//   MutexLock lock(mu_, kAdoptLock);   // released at the end of the scope
+//
 // A CondVar wait takes no predicate: write the loop, so that the analysis
 // sees the condition read with the lock held (a predicate lambda is a
 // function of its own, which holds nothing):
@@ -30,6 +38,13 @@
 
 namespace vsocket {
 
+// Tag for a guard that takes over a Mutex its caller holds already (as
+// std::adopt_lock): the guard releases it.
+struct AdoptLockT {
+  explicit AdoptLockT() = default;
+};
+inline constexpr AdoptLockT kAdoptLock{};
+
 class CAPABILITY("mutex") Mutex {
  public:
   Mutex() = default;
@@ -49,6 +64,8 @@ class CAPABILITY("mutex") Mutex {
 class SCOPED_CAPABILITY MutexLock {
  public:
   explicit MutexLock(Mutex& mu) ACQUIRE(mu) : mu_(mu) { mu_.lock(); }
+  // Takes over `mu`, held by the caller (a successful try_lock()).
+  MutexLock(Mutex& mu, AdoptLockT) REQUIRES(mu) : mu_(mu) {}
   ~MutexLock() RELEASE() { mu_.unlock(); }
   MutexLock(const MutexLock&) = delete;
   MutexLock& operator=(const MutexLock&) = delete;
@@ -63,6 +80,8 @@ class SCOPED_CAPABILITY MutexLock {
 class SCOPED_CAPABILITY UniqueLock {
  public:
   explicit UniqueLock(Mutex& mu) ACQUIRE(mu) : lock_(mu.mu_) {}
+  // Takes over `mu`, held by the caller (a successful try_lock()).
+  UniqueLock(Mutex& mu, AdoptLockT) REQUIRES(mu) : lock_(mu.mu_, std::adopt_lock) {}
   ~UniqueLock() RELEASE() = default;
   UniqueLock(const UniqueLock&) = delete;
   UniqueLock& operator=(const UniqueLock&) = delete;

@@ -121,6 +121,59 @@ TEST(UniqueLock, ReleasedAtDestructionOnlyIfHeld) {
   }
 }
 
+// The try-lock pattern (mutex.h): try the Mutex, then a guard adopts it.
+// The analysis checks that the guarded value is touched only on the path
+// where try_lock() succeeded, and the guard releases the mutex.
+bool IncrementIfFree(Guarded& g) EXCLUDES(g.mu) {
+  if (!g.mu.try_lock()) return false;
+  MutexLock lock(g.mu, kAdoptLock);
+  ++g.value;
+  return true;
+}
+
+TEST(MutexLock, AdoptsATriedLockAndReleasesIt) {
+  Guarded g;
+  EXPECT_TRUE(IncrementIfFree(g));
+  {
+    MutexLock lock(g.mu);  // (released by the adopting guard: free again)
+    EXPECT_EQ(g.value, 1);
+  }
+  {
+    MutexLock held(g.mu);
+    bool took = true;
+    std::thread([&] { took = IncrementIfFree(g); }).join();
+    EXPECT_FALSE(took);
+    EXPECT_EQ(g.value, 1);
+  }
+  EXPECT_TRUE(IncrementIfFree(g));
+  MutexLock lock(g.mu);
+  EXPECT_EQ(g.value, 2);
+}
+
+TEST(UniqueLock, AdoptsATriedLockLetsGoAndTakesItAgain) {
+  Guarded g;
+  if (!g.mu.try_lock()) {  // (not ASSERT_TRUE: the analysis needs the branch)
+    ADD_FAILURE() << "a free mutex could not be taken";
+    return;
+  }
+  {
+    UniqueLock lock(g.mu, kAdoptLock);
+    g.value = 1;
+    lock.unlock();
+    std::thread([&] {
+      MutexLock other(g.mu);
+      g.value = 2;
+    }).join();
+    lock.lock();
+    EXPECT_EQ(g.value, 2);
+  }  // (released here)
+  if (g.mu.try_lock()) {
+    g.mu.unlock();
+  } else {
+    ADD_FAILURE() << "the mutex is still held";
+  }
+}
+
 TEST(CondVar, WaitForReturnsFalseWhenItRunsOut) {
   Mutex mu;
   CondVar cv;

@@ -43,6 +43,30 @@ class Account {
     balance_ += n;
   }
 
+  // The try-lock pattern (mutex.h): the guard adopts only a held lock.
+  bool TryDeposit(int n) EXCLUDES(mu_) {
+#ifdef CASE_6  // expect: calling function 'MutexLock' requires holding mutex 'mu_' exclusively
+    mu_.try_lock();
+    MutexLock lock(mu_, kAdoptLock);
+#else
+    if (!mu_.try_lock()) return false;
+    MutexLock lock(mu_, kAdoptLock);
+#endif
+    balance_ += n;
+    return true;
+  }
+
+  bool TryPeek(int* out) EXCLUDES(mu_) {
+    bool held = mu_.try_lock();
+#ifdef CASE_7  // expect: reading variable 'balance_' requires holding mutex 'mu_'
+    *out = balance_;
+#endif
+    if (!held) return false;
+    MutexLock lock(mu_, kAdoptLock);
+    *out = balance_;
+    return true;
+  }
+
   int Rate() EXCLUDES(rates_mu_) {
     ReaderMutexLock lock(rates_mu_);
 #ifdef CASE_5  // expect: writing variable 'rate_' requires holding mutex 'rates_mu_' exclusively
@@ -65,6 +89,9 @@ int UseAccount() {
   a.Deposit(1);
   a.Audit();
   a.Refund(1);
+  (void)a.TryDeposit(1);
+  int peek = 0;
+  (void)a.TryPeek(&peek);
   return a.Balance() + a.Rate();
 }
 

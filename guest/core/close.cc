@@ -3,8 +3,6 @@
 #include <errno.h>
 #include <sys/socket.h>
 
-#include <mutex>
-
 #include "base/clock.h"
 #include "guest/core/conn_state.h"
 #include "guest/core/errors.h"
@@ -24,7 +22,7 @@ using proto::Reason;
 
 void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open, const char* event) {
   Conn& c = *self;
-  std::lock_guard<std::mutex> lock(c.setup_mu);
+  MutexLock lock(c.setup_mu);
   EndWithdrawnLocked(c);
   Session* s = c.session;
   // A backend that went away unnoticed: its connections resync first (the
@@ -43,7 +41,7 @@ void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open, const 
     // (After dup2/dup3 onto it the socket is gone already: no linger.)
     if (!abortive && still_open) lingering = Linger(fd, c);
     if (!abortive && !lingering) {
-      std::lock_guard<std::mutex> tx(c.tx_mu);
+      MutexLock tx(c.tx_mu);
       FenceBeforeEndLocked(c);
     }
     if (!abortive && !lingering && still_open) awaiting_fin = AwaitPeerFin(fd, c);
@@ -56,7 +54,7 @@ void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open, const 
     // Back on kernel TCP after a link loss: the bytes still owed to the
     // peer leave the TX ring before it is freed, and the writer finishes
     // sending them after this close (as the kernel does with its buffer).
-    std::lock_guard<std::mutex> tx(c.tx_mu);
+    MutexLock tx(c.tx_mu);
     if (PrepareResendLocked(c, fd) && c.resend_off < c.resend.size()) HandToWriter(self, fd);
   }
   if (!registered || lingering) return;  // (a linger unregisters when it ends)
@@ -80,9 +78,9 @@ bool Linger(int fd, Conn& c) {
   if (c.state.reset() || c.state.resynced() || c.peer_gone.load() || !c.state.accelerated() || !c.state.tx_on_ring())
     return false;
   if (c.credit.load(std::memory_order_acquire) >= c.tx_tail.load(std::memory_order_relaxed)) return false;
-  if (!c.shut_wr.load() && !Shutdown(fd, c, SHUT_WR, SetupMu::kHeld).ok()) return false;
+  if (!c.shut_wr.load() && !ShutdownSetupHeld(fd, c, SHUT_WR).ok()) return false;
   {
-    std::lock_guard<std::mutex> tx(c.tx_mu);
+    MutexLock tx(c.tx_mu);
     // The FIN went out already (everything consumed meanwhile), or follows
     // a resend already under way: nothing to wait for.
     if (!c.shut_after_resend || c.tx_resync_started) return false;
@@ -117,20 +115,28 @@ bool AwaitPeerFin(int fd, Conn& c) {
   return true;
 }
 
-Status Shutdown(int fd, Conn& c, int how, SetupMu setup) {
+namespace {
+
+// shutdown(2) up to the SHUTDOWN to the backend: true (and *out) if that is
+// all; else *defer_fin says whether the kernel FIN waits.
+bool ShutdownKernel(int fd, Conn& c, int how, Status* out, bool* defer_fin) EXCLUDES(c.tx_mu) {
+  *out = Status::Ok();
   bool wr = how == SHUT_WR || how == SHUT_RDWR;
   if (wr && c.state.resynced()) {
     // Bytes still owed to the peer after a link loss go before our FIN.
-    std::lock_guard<std::mutex> lock(c.tx_mu);
+    MutexLock lock(c.tx_mu);
     if (!c.shut_wr.load() && PrepareResendLocked(c, fd) && c.resend_off < c.resend.size()) {
       c.shut_after_resend = true;
       c.shut_wr.store(true);
       if (how == SHUT_RDWR) {
         c.shut_rd.store(true);
-        if (Libc().shutdown(fd, SHUT_RD) != 0) return Errno(errno, "shutdown");
+        if (Libc().shutdown(fd, SHUT_RD) != 0) {
+          *out = Errno(errno, "shutdown");
+          return true;
+        }
       }
       if (c.session != nullptr) c.session->WakeWaiters();
-      return Status::Ok();
+      return true;
     }
   }
   bool first_wr = wr && !c.shut_wr.exchange(true);
@@ -139,24 +145,30 @@ Status Shutdown(int fd, Conn& c, int how, SetupMu setup) {
   // consumed what we wrote, a link loss makes us resend it on the kernel
   // socket (RESYNC), which a FIN already sent would forbid; the peer
   // learns our EOF on the accelerated path meanwhile.
-  bool defer_fin = first_wr && c.state.tx_on_ring() && c.state.accelerated() && !c.state.resynced();
-  int kernel_how = defer_fin ? (how == SHUT_RDWR ? SHUT_RD : -1) : how;
+  *defer_fin = first_wr && c.state.tx_on_ring() && c.state.accelerated() && !c.state.resynced();
+  int kernel_how = *defer_fin ? (how == SHUT_RDWR ? SHUT_RD : -1) : how;
   // The kernel shutdown first: it also ends a sender blocked in the kernel,
   // and the flags end one waiting for ring space, so tx_mu frees up.
-  if (kernel_how >= 0 && Libc().shutdown(fd, kernel_how) != 0) return Errno(errno, "shutdown");
+  if (kernel_how >= 0 && Libc().shutdown(fd, kernel_how) != 0) {
+    *out = Errno(errno, "shutdown");
+    return true;
+  }
   if (Session* s = c.session; s != nullptr) s->WakeWaiters();
-  if (!first_wr) return Status::Ok();
-  // A registration another thread has under way says "registered" before
-  // its REGISTER_CONN leaves (its socket proof goes first): a SHUTDOWN
-  // posted meanwhile would reach vsocketd ahead of it, be dropped as naming
-  // no connection, and the peer, once paired, would wait on the rings for
-  // an EOF that never comes. It waits for the registration's answer.
-  std::unique_lock<std::mutex> registering(c.setup_mu, std::defer_lock);
-  if (setup == SetupMu::kTake) registering.lock();
+  return !first_wr;
+}
+
+// The SHUTDOWN (write) to the backend of a registered connection. A
+// registration another thread has under way says "registered" before its
+// REGISTER_CONN leaves (its socket proof goes first): a SHUTDOWN posted
+// meanwhile would reach vsocketd ahead of it, be dropped as naming no
+// connection, and the peer, once paired, would wait on the rings for an EOF
+// that never comes. It waits for the registration's answer: the caller
+// holds setup_mu.
+void ShutWrToBackendLocked(int fd, Conn& c, bool defer_fin) REQUIRES(c.setup_mu) EXCLUDES(c.tx_mu) {
   Session* s = c.session;
   if (c.state.registered() && s != nullptr) {
     // Under tx_mu: after every TX_TAIL a concurrent sender may still post.
-    std::lock_guard<std::mutex> lock(c.tx_mu);
+    MutexLock lock(c.tx_mu);
     if (defer_fin) {
       if (c.tx_resync_started) {
         // A link loss came first: the FIN follows its resend, if any is owed.
@@ -174,6 +186,24 @@ Status Shutdown(int fd, Conn& c, int how, SetupMu setup) {
   } else if (defer_fin) {
     (void)Libc().shutdown(fd, SHUT_WR);
   }
+}
+
+}  // namespace
+
+Status Shutdown(int fd, Conn& c, int how) {
+  Status st;
+  bool defer_fin = false;
+  if (ShutdownKernel(fd, c, how, &st, &defer_fin)) return st;
+  MutexLock registering(c.setup_mu);
+  ShutWrToBackendLocked(fd, c, defer_fin);
+  return Status::Ok();
+}
+
+Status ShutdownSetupHeld(int fd, Conn& c, int how) {
+  Status st;
+  bool defer_fin = false;
+  if (ShutdownKernel(fd, c, how, &st, &defer_fin)) return st;
+  ShutWrToBackendLocked(fd, c, defer_fin);
   return Status::Ok();
 }
 

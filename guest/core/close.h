@@ -14,7 +14,7 @@ namespace vsocket::guest {
 void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open, const char* event = "close");
 // close() before the peer consumed our accelerated bytes: true if the
 // connection lingers (the caller hands it to the background writer).
-bool Linger(int fd, Conn& c);
+bool Linger(int fd, Conn& c) REQUIRES(c.setup_mu);
 // close() after the peer's EOF came by the ring, before its kernel FIN: true
 // if the background writer keeps a dup until that FIN (the caller hands c
 // to it), so that our FIN does not go first.

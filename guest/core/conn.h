@@ -5,13 +5,15 @@
 // Locking: `tx_mu` serializes senders, `rx_mu` receivers (a blocked sender
 // never blocks a receiver). Lock order: tx_mu/rx_mu, then the session lock.
 // Fields written by event dispatch (under the session lock) are atomics.
+// The compiler checks the rest (-Wthread-safety): a field only ever touched
+// with a lock held says GUARDED_BY, a function that needs one REQUIRES it.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <vector>
 
+#include "base/mutex.h"
 #include "guest/core/conn_state.h"
 #include "guest/core/stream_detector.h"
 #include "proto/control.h"
@@ -28,9 +30,12 @@ struct Conn {
   proto::Role role = proto::Role::kClient;
   uint64_t id = 0;
 
-  std::mutex tx_mu;
-  std::mutex rx_mu;
-  std::mutex setup_mu;  // registration and teardown
+  Mutex tx_mu;
+  Mutex rx_mu;
+  // Registration and teardown. It guards no field by itself: what a
+  // registration sets (session, the rings, eligible, fd_hint, ...) is read
+  // by the I/O paths without it, published by the state's phase.
+  Mutex setup_mu;
   // Phase, reason, history and each direction's switch: every change of
   // them goes through this state machine (conn_state.h).
   ConnState state;
@@ -95,8 +100,8 @@ struct Conn {
   // Written under the side's mutex, read lock-free by poll/epoll.
   std::atomic<uint64_t> tx_tail{0};  // bytes produced into TX
   std::atomic<uint64_t> rx_head{0};  // bytes consumed from RX
-  uint64_t consumed_reported = 0;
-  bool wrote_after_peer_gone = false;  // under tx_mu
+  uint64_t consumed_reported GUARDED_BY(rx_mu) = 0;
+  bool wrote_after_peer_gone GUARDED_BY(tx_mu) = false;
   std::atomic<bool> shut_wr{false};
   std::atomic<bool> shut_wr_posted{false};  // our SHUTDOWN (write) went to the backend (PostShutWr)
   // The application sent urgent data (MSG_OOB) on kernel TCP: never
@@ -135,14 +140,16 @@ struct Conn {
   std::atomic<uint64_t> resync_landed{0};  // accelerated bytes in our RX ring, final
   // TX (under tx_mu): the RESYNC header and the unacknowledged TX bytes,
   // written on the kernel socket before any new byte.
-  bool tx_resync_started = false;
-  bool shut_after_resend = false;         // shutdown(SHUT_WR) waits for the resend
+  bool tx_resync_started GUARDED_BY(tx_mu) = false;
+  bool shut_after_resend GUARDED_BY(tx_mu) = false;  // shutdown(SHUT_WR) waits for the resend
   std::atomic<bool> fin_deferred{false};  // shutdown(SHUT_WR) kept the kernel FIN back (reported)
   std::atomic<int> resync_fd{-1};         // our dup of the socket while the resend is owed
   // close() before the peer consumed our accelerated bytes: the background
   // writer keeps this dup of the socket (no FIN yet) and the registration,
   // so a link loss can still be repaired by a resend (see Linger()).
   std::atomic<int> linger_fd{-1};
+  // (Written by close() before linger_fd is stored, read by the writer
+  // after it loaded it: published by that atomic, under no lock.)
   int64_t linger_start_ns = 0;
   // close() after the peer's EOF came by the ring but before its kernel
   // FIN did (it sends it once we consumed its bytes): the writer keeps this
@@ -150,7 +157,7 @@ struct Conn {
   // first is the one whose FIN goes first and which keeps TIME_WAIT, as
   // with kernel TCP.
   std::atomic<int> await_fin_fd{-1};
-  int64_t await_fin_start_ns = 0;
+  int64_t await_fin_start_ns = 0;  // (published by await_fin_fd, as linger_start_ns)
   int fd_hint = -1;                         // an fd of the app's naming it (set at registration)
   // The kernel socket's identity (fstat st_dev, st_ino) when it registered:
   // an fd that names something else now was closed behind our back
@@ -159,8 +166,8 @@ struct Conn {
   std::atomic<int64_t> resync_start_ns{0};  // (writer and event dispatch)
   std::atomic<uint32_t> reupgrades{0};      // times it registered again after a RESYNC
   std::atomic<uint64_t> resent_bytes{0};    // accelerated bytes sent again on kernel TCP (RESYNC)
-  std::vector<uint8_t> resend;
-  size_t resend_off = 0;
+  std::vector<uint8_t> resend GUARDED_BY(tx_mu);
+  size_t resend_off GUARDED_BY(tx_mu) = 0;
   // A drain (connection-lifecycle.md §9; its steps are the state's:
   // state.draining(), drain_tx(), drain_rx()): why, and where our ring
   // stream ended (stored before the tx-ring-end step, under tx_mu).
@@ -168,9 +175,9 @@ struct Conn {
   std::atomic<uint64_t> tx_ring_end{0};
   // RX (under rx_mu; state.rx_resync() says the step): the header read so
   // far, and the resent bytes still to skip.
-  uint8_t rx_hdr[16] = {};
-  uint32_t rx_hdr_got = 0;
-  uint64_t rx_skip = 0;
+  uint8_t rx_hdr[16] GUARDED_BY(rx_mu) = {};
+  uint32_t rx_hdr_got GUARDED_BY(rx_mu) = 0;
+  uint64_t rx_skip GUARDED_BY(rx_mu) = 0;
 
   // Statistics. fence_sent: kernel_sent when this side switched over.
   std::atomic<uint64_t> fence_sent{0};

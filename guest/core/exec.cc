@@ -49,7 +49,7 @@ void BeforeExec(const char* program, char* const envp[]) {
   ForEachConn([&](int fd, Conn& c) {
     int flags = Libc().fcntl(fd, F_GETFD);
     if (flags < 0 || (flags & FD_CLOEXEC) || !done.insert(&c).second) return;  // not passed on
-    std::lock_guard<std::mutex> setup(c.setup_mu);
+    MutexLock setup(c.setup_mu);
     // Never looked at (e.g. accepted, then handed to a re-executed server):
     // its addresses for the log and the report. Not a connection (a
     // listener, or not connected yet): nothing to say.

@@ -155,9 +155,9 @@ void AfterForkInChild() {
     Conn& c = *g_slots[fd].conn;
     // Only this thread exists in the child: locks another thread held at
     // fork time would never be released.
-    new (&c.tx_mu) std::mutex();
-    new (&c.rx_mu) std::mutex();
-    new (&c.setup_mu) std::mutex();
+    new (&c.tx_mu) Mutex();
+    new (&c.rx_mu) Mutex();
+    new (&c.setup_mu) Mutex();
     c.state.AfterForkInChild();
     // One the parent upgraded and that now waits to register again is the
     // parent's too (its byte counts are the parent's).

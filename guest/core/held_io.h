@@ -54,7 +54,7 @@ inline bool HeldRecv(Conn& c, int flags, Io io, ssize_t* out) {
   }
   ssize_t n;
   {
-    std::unique_lock<std::mutex> lock(c.rx_mu);
+    MutexLock lock(c.rx_mu);
     if (held && !sleeper && !c.HeldQuiet()) return false;  // registered meanwhile
     n = io();
     if (n > 0 && !(flags & MSG_PEEK)) c.kernel_received.fetch_add(static_cast<uint64_t>(n));
@@ -75,7 +75,7 @@ inline bool HeldSend(Conn& c, Io io, ssize_t* out) {
   if (!held && !KernelForGood(c)) return false;
   ssize_t n;
   {
-    std::lock_guard<std::mutex> lock(c.tx_mu);
+    MutexLock lock(c.tx_mu);
     if (held && !c.HeldQuiet()) return false;  // registered meanwhile
     n = io();
     if (n > 0) c.kernel_sent.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);

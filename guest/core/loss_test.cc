@@ -161,7 +161,7 @@ TEST(ApplyLoss, AWithdrawnRegistrationEndsOnKernelTcpOrHeldAgain) {
   ASSERT_TRUE(plain->state.Apply(ConnEvent::kRegistered));
   ApplyLoss(plain, LossKind::kPeerAborted, 0, false, proto::Reason::kPeerNotAccelerated, nullptr);
   {
-    std::lock_guard<std::mutex> lock(plain->setup_mu);
+    MutexLock lock(plain->setup_mu);
     EndWithdrawnLocked(*plain);
   }
   EXPECT_EQ(plain->state.phase(), Phase::kKernel);
@@ -180,7 +180,7 @@ TEST(ApplyLoss, AWithdrawnRegistrationEndsOnKernelTcpOrHeldAgain) {
   ASSERT_TRUE(busy->state.Apply(ConnEvent::kRegistered));
   ApplyLoss(busy, LossKind::kPeerAborted, 0, false, proto::Reason::kPeerNotAccelerated, nullptr);
   {
-    std::lock_guard<std::mutex> lock(busy->setup_mu);
+    MutexLock lock(busy->setup_mu);
     EndWithdrawnLocked(*busy);
   }
   EXPECT_EQ(busy->state.phase(), Phase::kUnprobed) << "held again";

@@ -38,7 +38,7 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
         sleeper = c.EnterKernelSleep();
       }
     }
-    std::unique_lock<std::mutex> lock(c.rx_mu);
+    MutexLock lock(c.rx_mu);
     ssize_t n = KernelRecvIov(fd, iov, iovcnt, flags);
     if (sleeper) c.LeaveKernelSleep();
     if (n < 0) return Errno(errno, "recvmsg");
@@ -48,7 +48,7 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     }
     return static_cast<size_t>(n);
   }
-  std::unique_lock<std::mutex> lock(c.rx_mu);
+  UniqueLock lock(c.rx_mu);
   size_t want = IovLen(iov, iovcnt);
   if (want == 0) {
     // As the kernel: a zero-length recv() still waits until the socket is

@@ -125,14 +125,14 @@ void EnsureRegistered(int fd, Conn& c) {
     // Request/response so far. (Held from birth: a report wants the
     // addresses once it is connected.)
     if (!Config().report_path.empty() && !c.addressed.load(std::memory_order_acquire)) {
-      std::lock_guard<std::mutex> lock(c.setup_mu);
+      MutexLock lock(c.setup_mu);
       if (!c.addressed.load(std::memory_order_relaxed)) (void)ReadAddresses(fd, c);
     }
     return;
   }
   if (c.lost_backend.load(std::memory_order_relaxed) && MonotonicNs() < c.retry_at_ns.load(std::memory_order_relaxed))
     return;  // waiting for a backend to come back
-  std::lock_guard<std::mutex> lock(c.setup_mu);
+  MutexLock lock(c.setup_mu);
   if (c.state.phase() != Phase::kUnprobed) return;
   if (!c.eligible) return KernelForGood(c, Reason::kInherited);
   if (c.urgent.load(std::memory_order_relaxed)) return KernelForGood(c, Reason::kUrgentData);
@@ -267,7 +267,7 @@ void EnsureRegistered(int fd, Conn& c) {
 
 bool NoteUrgent(Conn& c) {
   if (c.urgent.load(std::memory_order_relaxed)) return true;
-  std::lock_guard<std::mutex> lock(c.setup_mu);
+  MutexLock lock(c.setup_mu);
   Phase p = c.state.phase();
   if (p != Phase::kUnprobed && p != Phase::kKernel && p != Phase::kWithdrawn) return false;
   if (p == Phase::kKernel && c.state.resynced()) return false;  // (registered once: a resend may follow)

@@ -10,14 +10,15 @@
 namespace vsocket::guest {
 
 // fd's local and peer addresses, read from the kernel into c.local and
-// c.peer (kOtherFamily: not AF_INET/AF_INET6).
+// c.peer (kOtherFamily: not AF_INET/AF_INET6). Under c.setup_mu: one
+// thread at a time writes them (readers wait for `addressed`).
 enum class Addresses { kRead, kNotConnected, kOtherFamily };
-Addresses ReadAddresses(int fd, Conn& c);
+Addresses ReadAddresses(int fd, Conn& c) REQUIRES(c.setup_mu);
 
 // Registers an established connection with the backend, once, at its first
 // I/O (or, held by the upgrade policy, once it streams: decision 51). Data
 // keeps flowing on kernel TCP meanwhile.
-void EnsureRegistered(int fd, Conn& c);
+void EnsureRegistered(int fd, Conn& c) EXCLUDES(c.setup_mu);
 // Whether held connection c writes in large writes (kRegisterBulk): on
 // average at least proto::kBulkWriteBytes per call, and more bytes out
 // than in.
@@ -32,11 +33,12 @@ inline void NoteKernelIo(Conn& c, StreamDetector::Dir d, size_t n) {
 // kernel's, on a connection that never registered: it never will now),
 // false once c registered (the ring has no urgent mark; EOPNOTSUPP).
 // Decision 79.
-bool NoteUrgent(Conn& c);
+bool NoteUrgent(Conn& c) EXCLUDES(c.setup_mu);
 // SHUTDOWN (write) of registered connection c to the backend, once:
 // shutdown(SHUT_WR) posts it, and so does a registration that finds the
-// connection already shut down for writing.
-void PostShutWr(Conn& c);
+// connection already shut down for writing. Under c.setup_mu, so that it
+// never overtakes a REGISTER_CONN another thread has under way.
+void PostShutWr(Conn& c) REQUIRES(c.setup_mu);
 // Under c.tx_mu, before an upgraded connection's stream ends (shutdown for
 // writing, close): if its TX never switched to the ring (nothing written
 // since the upgrade), its FENCE goes first, so the peer knows its whole
@@ -44,18 +46,18 @@ void PostShutWr(Conn& c);
 // told of the end on the rings, waited for our kernel FIN — which our
 // close may hold back until the peer's own FIN (AwaitPeerFin) — and a
 // lingering close there spun (Apache prefork: poll readable, read EAGAIN).
-void FenceBeforeEndLocked(Conn& c);
+void FenceBeforeEndLocked(Conn& c) REQUIRES(c.tx_mu);
 // Under c.tx_mu, for an upgraded connection: posts its FENCE at the bytes
 // it sent on the kernel socket and switches its TX to the ring (the peer
 // reads exactly that many kernel bytes first). Not switched if the post
 // failed.
-Status SwitchTxLocked(Conn& c);
+Status SwitchTxLocked(Conn& c) REQUIRES(c.tx_mu);
 // The end of a closed connection's registration: UNREGISTER.
 void Unregistered(Conn& c);
 // Under c.setup_mu: UNREGISTER of a registration the backend withdrew
 // before any upgrade (Conn::unregister_owed), once; at the next socket
 // call (MaybeReregister) or at close, whichever comes first.
-void EndWithdrawnLocked(Conn& c);
+void EndWithdrawnLocked(Conn& c) REQUIRES(c.setup_mu);
 // The end of a closed connection that resets its peer: SHUTDOWN both ways,
 // then UNREGISTER.
 void Aborted(Conn& c);

@@ -191,19 +191,22 @@ bool RxDone(const Conn& c) {
 void MaybeReregister(int fd, Conn& c) {
   Phase phase = c.state.phase();
   if (phase == Phase::kWithdrawn) {
-    std::unique_lock<std::mutex> setup(c.setup_mu, std::try_to_lock);
-    if (setup.owns_lock()) EndWithdrawnLocked(c);
+    if (c.setup_mu.try_lock()) {
+      MutexLock setup(c.setup_mu, kAdoptLock);
+      EndWithdrawnLocked(c);
+    }
     return;
   }
   if (phase != Phase::kResyncing || !RxDone(c) || c.resync_fd.load() >= 0 || c.shut_wr.load() ||
       c.shut_rd.load() || c.peer_shut_wr.load() || c.peer_gone.load())
     return;
-  std::unique_lock<std::mutex> setup(c.setup_mu, std::try_to_lock);
-  if (!setup.owns_lock()) return;
-  std::unique_lock<std::mutex> tx(c.tx_mu, std::try_to_lock);
-  if (!tx.owns_lock()) return;
-  std::unique_lock<std::mutex> rx(c.rx_mu, std::try_to_lock);
-  if (!rx.owns_lock() || c.state.phase() != Phase::kResyncing || !RxDone(c) || !c.tx_resync_started ||
+  if (!c.setup_mu.try_lock()) return;
+  MutexLock setup(c.setup_mu, kAdoptLock);
+  if (!c.tx_mu.try_lock()) return;
+  MutexLock tx(c.tx_mu, kAdoptLock);
+  if (!c.rx_mu.try_lock()) return;
+  MutexLock rx(c.rx_mu, kAdoptLock);
+  if (c.state.phase() != Phase::kResyncing || !RxDone(c) || !c.tx_resync_started ||
       !c.resend.empty() || c.session == nullptr)
     return;
   Session* s = c.session;

@@ -25,7 +25,7 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   if ((flags & MSG_OOB) && !NoteUrgent(c)) return Errno(EOPNOTSUPP, "MSG_OOB on a registered connection");
   MaybeReregister(fd, c);
   EnsureRegistered(fd, c);
-  std::unique_lock<std::mutex> lock(c.tx_mu);
+  MutexLock lock(c.tx_mu);
   if (c.state.reset()) return Errno(ECONNRESET, "connection reset");
   if (c.state.resynced()) return SendResynced(fd, c, iov, iovcnt, flags);
   // A sender that never reads must still hear its UPGRADE.
@@ -125,7 +125,7 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
 bool KernelSendFile(int fd, Conn& c, int in, off_t* offset, size_t count, Result<size_t>* out) {
   MaybeReregister(fd, c);
   EnsureRegistered(fd, c);
-  std::lock_guard<std::mutex> lock(c.tx_mu);
+  MutexLock lock(c.tx_mu);
   // Unprobed (held by the policy, or not connected yet), kernel TCP for
   // good, or withdrawn before any upgrade. A registration racing this is
   // harmless: an upgrade's FENCE is posted under tx_mu, after every kernel

@@ -12,17 +12,17 @@
 namespace vsocket::guest {
 
 // flags: MSG_* as passed by the application.
-Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags);
-Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags);
+Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) EXCLUDES(c.tx_mu);
+Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) EXCLUDES(c.rx_mu);
 // sendfile(2) on c: the kernel's own while c is not registered (nothing to
 // fence: kernel_sent counts it), else false and the caller copies the file
 // through Send.
-bool KernelSendFile(int fd, Conn& c, int in, off_t* offset, size_t count, Result<size_t>* out);
-// shutdown(2). `setup` says whether the caller holds c.setup_mu already
-// (close()'s linger does); otherwise the SHUTDOWN to the backend waits for a
+bool KernelSendFile(int fd, Conn& c, int in, off_t* offset, size_t count, Result<size_t>* out) EXCLUDES(c.tx_mu);
+// shutdown(2). The SHUTDOWN to the backend waits (c.setup_mu) for a
 // registration another thread has under way.
-enum class SetupMu { kTake, kHeld };
-Status Shutdown(int fd, Conn& c, int how, SetupMu setup = SetupMu::kTake);
+Status Shutdown(int fd, Conn& c, int how) EXCLUDES(c.setup_mu);
+// The same, for a caller that holds c.setup_mu already (close()'s linger).
+Status ShutdownSetupHeld(int fd, Conn& c, int how) REQUIRES(c.setup_mu);
 // Bytes readable now (FIONREAD).
 Result<int> Readable(int fd, Conn& c);
 

@@ -255,12 +255,12 @@ void WriterLoop() {
       int fd = c.resync_fd.load();
       bool done = fd < 0;
       if (!done) {
-        std::unique_lock<std::mutex> tx(c.tx_mu, std::try_to_lock);
-        if (!tx.owns_lock()) {  // the application is sending: it flushes too
+        if (!c.tx_mu.try_lock()) {  // the application is sending: it flushes too
           busy = true;
           ++i;
           continue;
         }
+        MutexLock tx(c.tx_mu, kAdoptLock);
         if (c.state.draining() && !c.state.resynced()) {
           // A drain: our TX leaves the ring once the peer consumed it. The
           // application may not call us meanwhile: its events are ours to
