@@ -22,6 +22,23 @@ namespace vsocket::guest {
 
 class Session;
 
+// A Session* read and written by several threads without a lock.
+class SessionRef {
+ public:
+  SessionRef() = default;
+  SessionRef(const SessionRef&) = delete;
+  SessionRef& operator=(const SessionRef&) = delete;
+  SessionRef& operator=(Session* s) {
+    p_.store(s, std::memory_order_release);
+    return *this;
+  }
+  operator Session*() const { return p_.load(std::memory_order_acquire); }  // NOLINT: used as the pointer
+  Session* operator->() const { return p_.load(std::memory_order_acquire); }
+
+ private:
+  std::atomic<Session*> p_{nullptr};
+};
+
 struct Conn {
   // Identity (set once at registration).
   int family = 0;
@@ -45,7 +62,11 @@ struct Conn {
   std::atomic<bool> nonblocking{false};  // cached O_NONBLOCK of the open file
 
   bool eligible = false;       // created in this process (socket/accept): byte counts are exact
-  Session* session = nullptr;  // the session it is registered with
+  // The session it is registered with. Written under setup_mu (registration,
+  // its end, a fork) but read lock-free by the I/O and wait paths, so an
+  // atomic pointer (release store, acquire load: plain moves on x86), used
+  // like the raw pointer it was.
+  SessionRef session;
 
   // Held on kernel TCP by the upgrade policy until it streams (decision 51):
   // eligible, not registered; its kernel I/O is noted in `stream`.
