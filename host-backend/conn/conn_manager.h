@@ -81,7 +81,7 @@ class ConnManager {
   // The session on `device` said HELLO offering `features`; returns the ones
   // it gets, which its connections then use: every offered bit of
   // proto::kKnownFeatures (doorbell, ring hold, fence delivered, clean
-  // downgrade, bulk hint, naps), except kFeatureNaps unless the worker naps
+  // downgrade, bulk hint, naps, tentative), except kFeatureNaps unless the worker naps
   // (SetNaps). A HELLO again while the device has connections changes
   // nothing: it returns what the session has (its library sized rings by it).
   // 0 for a device not attached.
