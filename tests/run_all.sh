@@ -114,9 +114,10 @@ fi
 
 # VM mode (issue 35): real QEMU TCG guests attached to vsocketd; the
 # in-guest agent opens a session and serves processes, an unmodified
-# program's connection inside a guest is accelerated, a foreign driver
-# breaks only its device, a killed QEMU leaves vsocketd serving the port
-# (tests/vm/vm_mode.sh, about 75 s; needs root).
+# program's connections inside a guest are accelerated (and survive a
+# process killed mid-way), a foreign driver breaks only its device, a
+# killed QEMU leaves vsocketd serving the port (tests/vm/vm_mode.sh, about
+# 90 s; needs root).
 if bazel build //host-backend:vsocketd //host-backend:vsocketctl //guest/agent:vsocket-guestd //guest/agent:vsocket-agent-probe \
     //guest/agent:libvsocket-vm.so //tests/e2e:xfer //tests/integration:echo_client \
     >"$LOGDIR/vm-build.log" 2>&1; then

@@ -16,6 +16,10 @@
 #                   1,000,000 byte-checked bytes each way over rings in
 #                   several huge pages (vsocketd's upgrades and
 #                   accel_bytes, every library report "accelerated").
+#   process_killed_in_guest  a guest process SIGKILLed right after its last
+#                   write on an accelerated connection: the server gets
+#                   every byte, the agent takes the function back and the
+#                   next process gets it, accelerated.
 #   foreign_driver  the guest kernel's virtio_net bound to the device:
 #                   vsocketd marks that device broken with one log line,
 #                   writes nothing into its buffers (the guest logs no
@@ -45,7 +49,7 @@ for a in "$@"; do
     *) CASES+=("$a") ;;
   esac
 done
-[ ${#CASES[@]} -gt 0 ] || CASES=(agent_hello agent_serves accelerated_in_guest foreign_driver qemu_killed)
+[ ${#CASES[@]} -gt 0 ] || CASES=(agent_hello agent_serves accelerated_in_guest process_killed_in_guest foreign_driver qemu_killed)
 
 die() { echo "vm_mode.sh: $*" >&2; echo "0 passed, 1 failed"; exit 1; }
 bash tests/rdma/install-deps.sh || die "installing QEMU and busybox failed"
@@ -367,6 +371,58 @@ JOB
   [ $((accel - accel0)) -ge $((2 * conns * bytes)) ] || { fail accelerated_in_guest "vsocketd moved $((accel - accel0)) B"; return; }
   echo "  reports: $out"
   pass accelerated_in_guest $((SECONDS - t0))
+}
+
+# A process of the guest killed (SIGKILL, right after its last write) on
+# an accelerated connection: the server still gets every byte and then
+# EOF; the agent takes its function back (reset: vsocketd closes the
+# device's connections as for a process that exits) and the next process
+# gets it and is accelerated.
+case_process_killed_in_guest() {
+  local R=$WORK/pkill t0=$SECONDS bytes=1000000 port=5102
+  mkdir -p "$R"
+  cp "$BIN/guest/agent/vsocket-guestd" "$BIN/guest/agent/libvsocket-vm.so" "$BIN/tests/e2e/xfer" "$R/"
+  cat > "$R/job.sh" <<JOB
+cd /run/vsocket-vm
+ip link set lo up
+ip addr add 203.0.113.10/32 dev lo
+./vsocket-guestd --serve /run/agent.sock > agent.out 2>&1 &
+apid=\$!
+for _ in \$(seq 300); do [ -S /run/agent.sock ] && break; sleep 0.1; done
+export VSOCKET_SOCKET=/run/agent.sock LD_PRELOAD=/run/vsocket-vm/libvsocket-vm.so
+./xfer server 203.0.113.10 $port --conns 2 --one-way > server.out 2>&1 &
+spid=\$!
+for _ in \$(seq 300); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
+./xfer client 203.0.113.10 $port --conns 1 --bytes $bytes --one-way --pause-ms 500 --crash > client1.out 2>&1
+echo "client1 exit \$?"
+./xfer client 203.0.113.10 $port --conns 1 --bytes $bytes --one-way --pause-ms 500 > client2.out 2>&1
+echo "client2 exit \$?"
+wait \$spid
+echo "server exit \$?"
+unset LD_PRELOAD
+kill -TERM \$apid
+wait \$apid
+echo "agent exit \$?"
+JOB
+  local accel0 up0
+  accel0=$(stat accel_bytes) up0=$(stat upgrades)
+  VM_FUNCTIONS=2 vm_boot "$R" "$WORK/vmq.sock" 200 vsocket.hugepages=24
+  vm_wait 200
+  local rc=$?
+  local accel up
+  accel=$(stat accel_bytes) up=$(stat upgrades)
+  echo "  guest: $(tr '\n' ' ' < "$R/stdout")"
+  echo "  agent: $(tr '\n' ' ' < "$R/agent.out" 2>/dev/null)"
+  echo "  xfer server: $(tail -2 "$R/server.out" 2>/dev/null | tr '\n' ' ')"
+  echo "  vsocketd: upgrades $up0 -> $up, accel_bytes $accel0 -> $accel"
+  [ "$rc" = 0 ] || { fail process_killed_in_guest "guest job exit $rc"; return; }
+  grep -q "client1 exit 137" "$R/stdout" || { fail process_killed_in_guest "the first client did not die by SIGKILL"; return; }
+  grep -q "client2 exit 0" "$R/stdout" && grep -q "server exit 0" "$R/stdout" ||
+    { fail process_killed_in_guest "bytes not verified after the kill"; return; }
+  grep -q "3 grants" "$R/agent.out" || { fail process_killed_in_guest "the agent did not grant 3 times (server, killed client, next client)"; return; }
+  [ "$up" -ge $((up0 + 2)) ] && [ $((accel - accel0)) -ge $((2 * bytes)) ] ||
+    { fail process_killed_in_guest "not both connections accelerated"; return; }
+  pass process_killed_in_guest $((SECONDS - t0))
 }
 
 start_daemon || die "vsocketd did not start: $(tail -5 "$WORK/vsocketd.log")"
