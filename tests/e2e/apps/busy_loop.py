@@ -40,6 +40,18 @@ def request(conn_no, i):
     return (seed * (size // 32 + 1))[:size]
 
 
+def take_requests(buf):
+    """The complete requests at the front of buf (removed from it)."""
+    out = []
+    while len(buf) >= 4:
+        n = struct.unpack("!I", buf[:4])[0]
+        if len(buf) < 4 + n:
+            break
+        out.append(bytes(buf[4:4 + n]))
+        del buf[:4 + n]
+    return out
+
+
 def connect(addr, port):
     for _ in range(200):
         try:
@@ -82,14 +94,8 @@ def serve(addr, port, conns):
                 del bufs[c]
                 ended += 1
                 continue
-            buf = bufs[c]
-            buf.extend(b)
-            while len(buf) >= 4:
-                n = struct.unpack("!I", buf[:4])[0]
-                if len(buf) < 4 + n:
-                    break
-                req = bytes(buf[4:4 + n])
-                del buf[:4 + n]
+            bufs[c].extend(b)
+            for req in take_requests(bufs[c]):
                 c.setblocking(True)
                 c.sendall(answer(req))
                 c.setblocking(False)
@@ -109,12 +115,7 @@ def serve_threads(addr, port, conns):
             if not b:
                 break
             buf.extend(b)
-            while len(buf) >= 4:
-                n = struct.unpack("!I", buf[:4])[0]
-                if len(buf) < 4 + n:
-                    break
-                req = bytes(buf[4:4 + n])
-                del buf[:4 + n]
+            for req in take_requests(buf):
                 c.sendall(answer(req))
         c.close()
 
@@ -128,13 +129,16 @@ def serve_threads(addr, port, conns):
         t.join()
 
 
-def client_loop(addr, port, conns, rounds):
+def drive_loop(socks, first, done):
+    """One epoll loop driving every connection of socks (connection k's
+    next round trip is first[k]), every request in flight at once, each
+    answer checked; done(round trips made on it) says when a connection
+    ends. Returns the round trips made."""
     sel = selectors.EpollSelector()
     state = {}
-    for k in range(conns):
-        c = connect(addr, port)
+    for k, c in enumerate(socks):
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        state[c] = [k, 0, bytearray(), None]
+        state[c] = [k, first[k], bytearray(), None]
         sel.register(c, selectors.EVENT_READ, c)
 
     def send_next(c):
@@ -143,14 +147,13 @@ def client_loop(addr, port, conns, rounds):
         st[3] = answer(req)
         c.sendall(struct.pack("!I", len(req)) + req)
 
-    for c in list(state):
+    for c in socks:
         send_next(c)
-    done = 0
-    t0 = time.monotonic()
-    while done < conns:
+    made, open_conns = 0, len(socks)
+    while open_conns:
         events = sel.select(30)
         if not events:
-            raise SystemExit("no answer for 30 s: %d of %d connections done" % (done, conns))
+            raise SystemExit("no answer for 30 s: %d of %d connections open" % (open_conns, len(socks)))
         for key, _ in events:
             c = key.data
             st = state[c]
@@ -158,19 +161,26 @@ def client_loop(addr, port, conns, rounds):
             if not b:
                 raise SystemExit("EOF on connection %d after %d round trips" % (st[0], st[1]))
             st[2].extend(b)
-            want = st[3]
-            if len(st[2]) < len(want):
+            if len(st[2]) < len(st[3]):
                 continue
-            if bytes(st[2]) != want:
+            if bytes(st[2]) != st[3]:
                 raise SystemExit("connection %d round trip %d: the answer differs" % (st[0], st[1]))
             st[2].clear()
             st[1] += 1
-            if st[1] == rounds:
+            made += 1
+            if done(st[1] - first[st[0]]):
                 sel.unregister(c)
                 c.close()
-                done += 1
+                open_conns -= 1
             else:
                 send_next(c)
+    return made
+
+
+def client_loop(addr, port, conns, rounds):
+    socks = [connect(addr, port) for _ in range(conns)]
+    t0 = time.monotonic()
+    drive_loop(socks, [0] * conns, lambda n: n == rounds)
     dt = time.monotonic() - t0
     print("%d connections x %d round trips byte-exact (%.0f round trips/s)" % (conns, rounds, conns * rounds / dt))
 
@@ -225,48 +235,9 @@ def client_threads(addr, port, conns, rounds, socks=None, until=None):
 def client_threads_then_loop(addr, port, conns, seconds):
     socks = [connect(addr, port) for _ in range(conns)]
     made = client_threads(addr, port, conns, 0, socks=socks, until=time.monotonic() + seconds)
-    # The same connections, now one epoll loop's: every request in flight.
-    sel = selectors.EpollSelector()
-    state = {}
-    for k, c in enumerate(socks):
-        state[c] = [k, made[k], bytearray(), None]
-        sel.register(c, selectors.EVENT_READ, c)
-
-    def send_next(c):
-        st = state[c]
-        req = request(st[0], st[1])
-        st[3] = answer(req)
-        c.sendall(struct.pack("!I", len(req)) + req)
-
-    for c in socks:
-        send_next(c)
+    # The same connections, now one epoll loop's.
     end = time.monotonic() + 2 * seconds
-    looped = 0
-    open_conns = conns
-    while open_conns:
-        events = sel.select(30)
-        if not events:
-            raise SystemExit("no answer for 30 s")
-        for key, _ in events:
-            c = key.data
-            st = state[c]
-            b = c.recv(65536)
-            if not b:
-                raise SystemExit("EOF on connection %d after %d round trips" % (st[0], st[1]))
-            st[2].extend(b)
-            if len(st[2]) < len(st[3]):
-                continue
-            if bytes(st[2]) != st[3]:
-                raise SystemExit("connection %d round trip %d: the answer differs" % (st[0], st[1]))
-            st[2].clear()
-            st[1] += 1
-            looped += 1
-            if time.monotonic() >= end:
-                sel.unregister(c)
-                c.close()
-                open_conns -= 1
-            else:
-                send_next(c)
+    looped = drive_loop(socks, made, lambda n: time.monotonic() >= end)
     print("%d connections: %d round trips from threads, then %d from one loop, byte-exact" % (conns, sum(made), looped))
 
 

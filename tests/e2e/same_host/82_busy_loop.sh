@@ -44,6 +44,24 @@ print("%d connection ends %s (%s)" % (len(mine), want, summary))
 PY
 }
 
+# busy_run NAME PORT SERVER-CONNS SERVER-REPORT CLIENT-REPORT CLIENT-ARGS...:
+# busy_loop.py's epoll server in vm2, its client in vm1 (both on CPU 0,
+# default policy); the client's output in BUSY_OUT. Fails NAME (status 1)
+# if the client failed.
+busy_run() {
+  local name=$1 port=$2 sconns=$3 srep=$4 crep=$5
+  shift 5
+  VSOCKET_UPGRADE=auto vm_bg vm2 preload "$srep" "$WORK/$name.srv" taskset -c 0 python3 "$APPS/busy_loop.py" server "$A2" "$port" "$sconns"
+  local srv=$BG
+  if ! BUSY_OUT=$(VSOCKET_UPGRADE=auto E2E_TIMEOUT=120 vm_run vm1 preload "$crep" taskset -c 0 python3 "$APPS/busy_loop.py" "$1" "$A2" "$port" "${@:2}" 2>&1); then
+    fail $name "client: $BUSY_OUT"
+    kill "$srv" 2>/dev/null
+    wait "$srv" 2>/dev/null
+    return 1
+  fi
+  wait "$srv" 2>/dev/null
+}
+
 # case_busy_loop NAME CLIENT-MODE CONNS WANT-SERVER WANT-CLIENT: an epoll
 # server of CONNS connections; the client is an epoll loop of CONNS (busy
 # from 16) or CONNS blocking threads (never busy).
@@ -54,15 +72,8 @@ case_busy_loop() {
   local reg0 exp0 reg1 exp1
   reg0=$(stat_field tentative_registered)
   exp0=$(stat_field tentative_expired)
-  VSOCKET_UPGRADE=auto vm_bg vm2 preload "$srep" "$WORK/$name.srv" taskset -c 0 python3 "$APPS/busy_loop.py" server "$A2" "$port" "$conns"
-  local srv=$BG
-  if ! out=$(VSOCKET_UPGRADE=auto E2E_TIMEOUT=120 vm_run vm1 preload "$crep" taskset -c 0 python3 "$APPS/busy_loop.py" "$mode" "$A2" "$port" "$conns" 1500 2>&1); then
-    fail $name "client: $out"
-    kill "$srv" 2>/dev/null
-    wait "$srv" 2>/dev/null
-    return
-  fi
-  wait "$srv" 2>/dev/null
+  busy_run "$name" "$port" "$conns" "$srep" "$crep" "$mode" "$conns" 1500 || return
+  out=$BUSY_OUT
   reg1=$(stat_field tentative_registered)
   exp1=$(stat_field tentative_expired)
   local srv_sum cli_sum
@@ -104,15 +115,8 @@ case_busy_loop_late_peer() {
   port=$(alloc_port)
   local exp0 exp1
   exp0=$(stat_field tentative_expired)
-  VSOCKET_UPGRADE=auto vm_bg vm2 preload "$srep" "$WORK/$name.srv" taskset -c 0 python3 "$APPS/busy_loop.py" server "$A2" "$port" 32
-  local srv=$BG
-  if ! out=$(VSOCKET_UPGRADE=auto E2E_TIMEOUT=120 vm_run vm1 preload "$crep" taskset -c 0 python3 "$APPS/busy_loop.py" threads-then-loop "$A2" "$port" 32 1.5 2>&1); then
-    fail $name "client: $out"
-    kill "$srv" 2>/dev/null
-    wait "$srv" 2>/dev/null
-    return
-  fi
-  wait "$srv" 2>/dev/null
+  busy_run "$name" "$port" 32 "$srep" "$crep" threads-then-loop 32 1.5 || return
+  out=$BUSY_OUT
   exp1=$(stat_field tentative_expired)
   local sum
   sum=$(python3 - "$srep" "$crep" "$port" <<'PY'
