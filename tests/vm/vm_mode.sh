@@ -125,13 +125,15 @@ fail() {
   tail -10 "$VM_RESULTS/stdout" "$VM_RESULTS/stderr" "$VM_RESULTS/agent.out" "$VM_RESULTS/console.log" 2>/dev/null
 }
 
-case_agent_hello() {
-  local R=$WORK/agent t0=$SECONDS
-  mkdir -p "$R"
-  cp "$BIN/guest/agent/vsocket-guestd" "$R/"
-  cat > "$R/job.sh" <<'JOB'
+# hold_agent_job DIR ECHOES: the guest job (DIR/job.sh, with the agent
+# beside it) that starts vsocket-guestd checking ECHOES ECHOes and holding
+# its session, says "ready" once they are done, and stops the agent when the
+# host writes "done".
+hold_agent_job() {
+  cp "$BIN/guest/agent/vsocket-guestd" "$1/"
+  sed "s/@ECHOES@/$2/" > "$1/job.sh" <<'JOB'
 cd /run/vsocket-vm
-./vsocket-guestd --echo 64 --hold > agent.out 2>&1 &
+./vsocket-guestd --echo @ECHOES@ --hold > agent.out 2>&1 &
 pid=$!
 for _ in $(seq 600); do grep -q ECHOes agent.out && break; kill -0 $pid 2>/dev/null || break; sleep 0.1; done
 echo ready > ready
@@ -140,6 +142,12 @@ kill -TERM $pid
 wait $pid
 echo "agent exit $?"
 JOB
+}
+
+case_agent_hello() {
+  local R=$WORK/agent t0=$SECONDS
+  mkdir -p "$R"
+  hold_agent_job "$R" 64
   local hellos0 echoes0 bytes0
   hellos0=$(stat hellos) echoes0=$(stat echoes) bytes0=$(stat echo_bytes)
   vm_boot "$R" "$WORK/vmq.sock" 150
@@ -231,18 +239,7 @@ JOB
 case_qemu_killed() {
   local R=$WORK/killed t0=$SECONDS
   mkdir -p "$R"
-  cp "$BIN/guest/agent/vsocket-guestd" "$R/"
-  cat > "$R/job.sh" <<'JOB'
-cd /run/vsocket-vm
-./vsocket-guestd --echo 8 --hold > agent.out 2>&1 &
-pid=$!
-for _ in $(seq 600); do grep -q ECHOes agent.out && break; kill -0 $pid 2>/dev/null || break; sleep 0.1; done
-echo ready > ready
-for _ in $(seq 600); do [ -f done ] && break; sleep 0.1; done
-kill -TERM $pid
-wait $pid
-echo "agent exit $?"
-JOB
+  hold_agent_job "$R" 8
   local hellos0 stopped0 i
   hellos0=$(stat hellos) stopped0=$(stat devices_stopped)
   vm_boot "$R" "$WORK/vmq.sock" 150
