@@ -62,8 +62,10 @@ BusyLoop& ProcessBusyLoop() {
   return *loop;
 }
 
+BusyLoop* ActiveBusyLoop() { return Session::BusyLoopRule() ? &ProcessBusyLoop() : nullptr; }
+
 void NoteAppWait(int ready) {
-  if (Session::BusyLoopRule()) ProcessBusyLoop().NoteWait(ready);
+  if (BusyLoop* loop = ActiveBusyLoop()) loop->NoteWait(ready);
 }
 
 }  // namespace vsocket::guest

@@ -80,6 +80,8 @@ class BusyLoop {
 // registrations: Session::BusyLoopRule), read by the stream detector's
 // callers.
 BusyLoop& ProcessBusyLoop();
+// ProcessBusyLoop() while the rule is on, else null (nothing to note).
+BusyLoop* ActiveBusyLoop();
 // The application's wait returned `ready`: noted if the rule is on.
 void NoteAppWait(int ready);
 

@@ -236,7 +236,7 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       head += n;
       c.rx_head.store(head, std::memory_order_release);
       c.accel_rx.fetch_add(n, std::memory_order_relaxed);
-      if (Session::BusyLoopRule()) c.stream.NoteRingIo(StreamDetector::Dir::kIn, &ProcessBusyLoop());
+      if (BusyLoop* loop = ActiveBusyLoop()) c.stream.NoteRingIo(StreamDetector::Dir::kIn, loop);
       c.session->NoteConsumed(n, size);
       got += n;
       // Return credit in quarters of the ring, and whenever we caught up, so

@@ -5,7 +5,6 @@
 #include "guest/core/busy_loop.h"
 #include "guest/core/config.h"
 #include "guest/core/conn.h"
-#include "guest/core/session.h"
 
 namespace vsocket::guest {
 
@@ -27,7 +26,7 @@ bool BulkWriter(const Conn& c);
 // holds c (a relaxed load otherwise).
 inline void NoteKernelIo(Conn& c, StreamDetector::Dir d, size_t n) {
   if (c.held.load(std::memory_order_relaxed))
-    c.stream.Note(d, n, Config().stream_window, Session::BusyLoopRule() ? &ProcessBusyLoop() : nullptr);
+    c.stream.Note(d, n, Config().stream_window, ActiveBusyLoop());
 }
 // Urgent data (MSG_OOB) about to be sent on c: true if it may go (the
 // kernel's, on a connection that never registered: it never will now),
@@ -55,8 +54,9 @@ Status SwitchTxLocked(Conn& c) REQUIRES(c.tx_mu);
 // The end of a closed connection's registration: UNREGISTER.
 void Unregistered(Conn& c);
 // Under c.setup_mu: UNREGISTER of a registration the backend withdrew
-// before any upgrade (Conn::unregister_owed), once; at the next socket
-// call (MaybeReregister) or at close, whichever comes first.
+// before any upgrade (phase withdrawn), once; at the next socket call
+// (MaybeReregister) or at close, whichever comes first. Then kernel TCP for
+// good, or, for a busy loop's tentative registration, held again.
 void EndWithdrawnLocked(Conn& c) REQUIRES(c.setup_mu);
 // The end of a closed connection that resets its peer: SHUTDOWN both ways,
 // then UNREGISTER.

@@ -116,7 +116,7 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     }
     c.session->NoteProduced();
     c.accel_tx.fetch_add(n, std::memory_order_relaxed);
-    if (Session::BusyLoopRule()) c.stream.NoteRingIo(StreamDetector::Dir::kOut, &ProcessBusyLoop());
+    if (BusyLoop* loop = ActiveBusyLoop()) c.stream.NoteRingIo(StreamDetector::Dir::kOut, loop);
     sent += n;
   }
   return sent;

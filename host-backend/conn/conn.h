@@ -130,9 +130,6 @@ struct BackendConn {
   ConnState state = ConnState::kPending;
   proto::Reason reason = proto::Reason::kPending;
   bool cross_tenant_mirror = false;  // another tenant registered the mirror 4-tuple
-  // kRegisterTentative: withdrawn at this time (MonotonicMs) if it still
-  // waits for its peer then (ConnManager::ExpireTentative; 0: not tentative).
-  int64_t tentative_until_ms = 0;
 
   // Upgraded data path, all totals since the upgrade.
   bool fence_received = false;

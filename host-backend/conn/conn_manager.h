@@ -316,6 +316,11 @@ class ConnManager {
     }
   }
   void RequestRemotePair(BackendConn& c, uint32_t host);
+  // c's PAIR_REQUEST, unanswered (stage kRequested), withdrawn: the peer's
+  // host forgets it (PAIR_CANCEL; an accept crossing it is cancelled back),
+  // our RX registrations for it go (the peer never wrote), and c may ask
+  // again.
+  void WithdrawPairRequest(BackendConn& c);
   void AcceptRemote(BackendConn& c, const PendingRemote& r);
   void UpgradeRemote(BackendConn& c);
   void Owe(BackendConn& c, uint32_t bits);
@@ -411,9 +416,13 @@ class ConnManager {
     int64_t expires_ms;
   };
   std::unordered_map<ConnKey, Declined, ConnKeyHash> declined_;
-  // Handles of tentative registrations, in registration (so expiry) order;
-  // a handle closed or paired meanwhile is skipped when it comes up.
-  std::deque<uint64_t> tentative_;
+  // Tentative registrations and when each is due, in registration (so
+  // expiry) order; one closed or paired meanwhile is skipped when due.
+  struct Tentative {
+    uint64_t handle;
+    int64_t due_ms;  // MonotonicMs
+  };
+  std::deque<Tentative> tentative_;
   std::unordered_map<uint32_t, size_t> declined_per_host_;
   void UnshareDecline(const Declined& d) {
     if (d.host != 0) --declined_per_host_[d.host];

@@ -199,10 +199,7 @@ void ConnManager::Relocate() {
     if (x.gone || x.remote.stage != RemotePeer::Stage::kRequested || x.state != ConnState::kPending) continue;
     bool here = LocalPortFor(x.key.tenant, x.key.peer) != nullptr;
     if (!here && hosts_->Locate(x.key.tenant, x.key.peer) == x.remote.host) continue;
-    proto::FrameHeader cancel = Frame(proto::FrameType::kPairCancel, x.key.tenant, 0, x.handle);
-    hosts_->SendPairing(x.remote.host, cancel, {});
-    DropRx(x);
-    x.remote.stage = RemotePeer::Stage::kNone;
+    WithdrawPairRequest(x);
     ++withdrawn;
   }
   if (withdrawn > 0) VS_LOG(kInfo, "locator changed: %zu pairing request(s) withdrawn to ask again", withdrawn);

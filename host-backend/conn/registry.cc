@@ -6,6 +6,7 @@
 
 #include "base/log.h"
 #include "host-backend/conn/ring_copy.h"
+#include "host-backend/remote/frame.h"
 #include "vhost/backend/vhost_backend.h"
 
 namespace vsocket::backend {
@@ -123,20 +124,18 @@ void ConnManager::Orphan(BackendConn& c) {
       MaybeAnnounceShutdown(c);
       break;
     case RemotePeer::Stage::kRequested:
-    case RemotePeer::Stage::kAccepted: {
-      // Withdraw: the peer backend forgets the request (or the acceptance).
-      proto::FrameHeader h;
-      h.type = proto::FrameType::kPairCancel;
-      h.tenant = c.key.tenant;
-      if (c.remote.stage == RemotePeer::Stage::kAccepted) h.handle = c.remote.handle;
-      h.value = c.handle;
-      if (hosts_) hosts_->SendPairing(c.remote.host, h, {});
-      // A requester never sent a frame: its peer cannot write yet. An
-      // acceptor's peer may: its registration lives until the conn is gone.
-      if (c.remote.stage == RemotePeer::Stage::kRequested) DropRx(c);
+      // Withdraw: the peer backend forgets the request. A requester never
+      // sent a frame: its peer cannot write yet.
+      WithdrawPairRequest(c);
+      break;
+    case RemotePeer::Stage::kAccepted:
+      // Withdraw: the peer backend forgets the acceptance. An acceptor's
+      // peer may write: its registration lives until the conn is gone.
+      if (hosts_)
+        hosts_->SendPairing(c.remote.host,
+                            Frame(proto::FrameType::kPairCancel, c.key.tenant, c.remote.handle, c.handle), {});
       c.remote.stage = RemotePeer::Stage::kNone;
       break;
-    }
     default: break;
   }
   counters_.active.fetch_sub(1, std::memory_order_relaxed);

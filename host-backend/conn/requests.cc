@@ -6,7 +6,6 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "host-backend/conn/address.h"
-#include "host-backend/remote/frame.h"
 
 namespace vsocket::backend {
 
@@ -304,9 +303,8 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
   dc.rings[c.tx.gpa] = c.tx.gpa + TxSpan(c);
   dc.rings[c.rx.gpa] = c.rx.gpa + c.rx.size;
   counters_.registered.fetch_add(1, std::memory_order_relaxed);
-  if ((r.flags & proto::kRegisterTentative) && dc.tentative) {
-    c.tentative_until_ms = MonotonicMs() + proto::kTentativeWaitMs;
-    tentative_.push_back(c.handle);
+  if (tentative) {
+    tentative_.push_back({c.handle, MonotonicMs() + proto::kTentativeWaitMs});
     counters_.tentative_registered.fetch_add(1, std::memory_order_relaxed);
   }
   VS_LOG(kDebug, "conn %lu registered: %s, port %u -> %u", static_cast<unsigned long>(c.handle),
@@ -340,29 +338,24 @@ bool ConnManager::ExpireTentative() {
   if (tentative_.empty()) return false;
   int64_t now = MonotonicMs();
   bool any = false;
-  while (!tentative_.empty()) {
-    auto it = conns_.find(tentative_.front());
-    BackendConn* c = it == conns_.end() ? nullptr : it->second.get();
-    if (c != nullptr && c->tentative_until_ms > now) break;  // the oldest is not due yet
+  while (!tentative_.empty() && tentative_.front().due_ms <= now) {
+    auto it = conns_.find(tentative_.front().handle);
     tentative_.pop_front();
-    if (c == nullptr) continue;
+    if (it == conns_.end()) continue;  // closed meanwhile
+    BackendConn* c = it->second.get();
     // A client's request to the peer's host still unanswered (that host's
     // guest has not registered its side: not a busy loop, or not
     // preloaded) is withdrawn, as a locator change withdraws it; an accept
     // crossing the cancel is cancelled back (OnPairingFrame), and the
     // acceptor's guest upgrades only at our first link frame.
     if (!c->gone && c->state == ConnState::kPending && c->reason == Reason::kPending && c->peer == nullptr &&
-        c->remote.stage == RemotePeer::Stage::kRequested && hosts_ != nullptr) {
-      hosts_->SendPairing(c->remote.host, Frame(proto::FrameType::kPairCancel, c->key.tenant, 0, c->handle), {});
-      DropRx(*c);
-      c->remote.stage = RemotePeer::Stage::kNone;
-    }
+        c->remote.stage == RemotePeer::Stage::kRequested && hosts_ != nullptr)
+      WithdrawPairRequest(*c);
     if (!c->WaitsForPeer()) continue;  // closed, paired, or accepted by a peer host meanwhile
     // Its peer's process is not busy (or not preloaded): the connection goes
     // on on kernel TCP, as a PAIR_DECLINE would leave it (the library ends
     // the registration, the rings are its own again; a busy loop's library
     // holds it again and may try once more later).
-    c->tentative_until_ms = 0;
     c->reason = Reason::kPeerNotAccelerated;
     Raise(*c, kEvDowngrade);
     counters_.tentative_expired.fetch_add(1, std::memory_order_relaxed);
@@ -373,13 +366,9 @@ bool ConnManager::ExpireTentative() {
 }
 
 int ConnManager::SleepTimeoutMs() const {
-  for (uint64_t h : tentative_) {
-    auto it = conns_.find(h);
-    if (it == conns_.end()) continue;
-    int64_t left = it->second->tentative_until_ms - MonotonicMs();
-    return left <= 0 ? 0 : static_cast<int>(left) + 1;
-  }
-  return -1;
+  if (tentative_.empty()) return -1;
+  int64_t left = tentative_.front().due_ms - MonotonicMs();
+  return left <= 0 ? 0 : static_cast<int>(left) + 1;
 }
 
 Message ConnManager::Unregister(DeviceConns& dc, uint64_t request_id, uint64_t conn_id) {

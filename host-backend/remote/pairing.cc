@@ -171,6 +171,12 @@ void ConnManager::AcceptRemote(BackendConn& c, const PendingRemote& r) {
          static_cast<unsigned long>(r.handle));
 }
 
+void ConnManager::WithdrawPairRequest(BackendConn& c) {
+  if (hosts_ != nullptr) hosts_->SendPairing(c.remote.host, Frame(FrameType::kPairCancel, c.key.tenant, 0, c.handle), {});
+  DropRx(c);
+  c.remote.stage = RemotePeer::Stage::kNone;
+}
+
 void ConnManager::UpgradeRemote(BackendConn& c) {
   c.remote.stage = RemotePeer::Stage::kPaired;
   c.state = ConnState::kUpgraded;
