@@ -319,6 +319,21 @@ JOB
   pass agent_serves $((SECONDS - t0))
 }
 
+# xfer_guest_run DIR: boots the guest with two vSocket functions and 24
+# huge pages to run DIR/job.sh, waits for it (rc: its exit), reads
+# vsocketd's accel_bytes and upgrades before and after (accel0/accel,
+# up0/up: the caller's locals) and prints the guest's and the agent's
+# output.
+xfer_guest_run() {
+  accel0=$(stat accel_bytes) up0=$(stat upgrades)
+  VM_FUNCTIONS=2 vm_boot "$1" "$WORK/vmq.sock" 200 vsocket.hugepages=24
+  vm_wait 200
+  rc=$?
+  accel=$(stat accel_bytes) up=$(stat upgrades)
+  echo "  guest: $(tr '\n' ' ' < "$1/stdout")"
+  echo "  agent: $(tr '\n' ' ' < "$1/agent.out" 2>/dev/null)"
+}
+
 # An unmodified program in the guest, accelerated: xfer's byte-checked
 # stream between two processes of the VM under libvsocket-vm.so, each
 # process on a vSocket function of its own that vsocket-guestd granted it.
@@ -347,15 +362,8 @@ kill -TERM \$apid
 wait \$apid
 echo "agent exit \$?"
 JOB
-  local accel0 up0
-  accel0=$(stat accel_bytes) up0=$(stat upgrades)
-  VM_FUNCTIONS=2 vm_boot "$R" "$WORK/vmq.sock" 200 vsocket.hugepages=24
-  vm_wait 200
-  local rc=$?
-  local accel up
-  accel=$(stat accel_bytes) up=$(stat upgrades)
-  echo "  guest: $(tr '\n' ' ' < "$R/stdout")"
-  echo "  agent: $(tr '\n' ' ' < "$R/agent.out" 2>/dev/null)"
+  local accel0 up0 accel up rc
+  xfer_guest_run "$R"
   echo "  xfer: $(cat "$R/client.out" "$R/server.out" 2>/dev/null | tail -4 | tr '\n' ' ')"
   echo "  vsocketd: upgrades $up0 -> $up, accel_bytes $accel0 -> $accel"
   [ "$rc" = 0 ] || { fail accelerated_in_guest "guest job exit $rc"; return; }
@@ -410,15 +418,8 @@ kill -TERM \$apid
 wait \$apid
 echo "agent exit \$?"
 JOB
-  local accel0 up0
-  accel0=$(stat accel_bytes) up0=$(stat upgrades)
-  VM_FUNCTIONS=2 vm_boot "$R" "$WORK/vmq.sock" 200 vsocket.hugepages=24
-  vm_wait 200
-  local rc=$?
-  local accel up
-  accel=$(stat accel_bytes) up=$(stat upgrades)
-  echo "  guest: $(tr '\n' ' ' < "$R/stdout")"
-  echo "  agent: $(tr '\n' ' ' < "$R/agent.out" 2>/dev/null)"
+  local accel0 up0 accel up rc
+  xfer_guest_run "$R"
   echo "  xfer server: $(tail -2 "$R/server.out" 2>/dev/null | tr '\n' ' ')"
   echo "  vsocketd: upgrades $up0 -> $up, accel_bytes $accel0 -> $accel"
   [ "$rc" = 0 ] || { fail process_killed_in_guest "guest job exit $rc"; return; }
