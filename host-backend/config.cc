@@ -133,6 +133,10 @@ Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& 
       if (!endpoints.ok()) return Bad(where, endpoints.status().message());
     }
     c->locator = value;
+  } else if (key == "etcd_user") {
+    c->etcd_user = value;
+  } else if (key == "etcd_password_file") {
+    c->etcd_password_file = value;
   } else if (key == "fabric") {
     if (value != "tcp" && value != "rdma") return Bad(where, "fabric must be tcp or rdma");
     c->fabric = value;
@@ -163,7 +167,8 @@ Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& 
         where,
         "unknown key '" + key +
             "' (daemon keys: ctl_socket, poll_us, poll_max_us, nap_us, eal_mem_mb, cpus, log_level, metrics_addr, metrics_port, "
-            "host_name, peer_listen, tls_cert, tls_key, tls_ca, tls_crl, locator, fabric, rdma_device, "
+            "host_name, peer_listen, tls_cert, tls_key, tls_ca, tls_crl, locator, etcd_user, etcd_password_file, "
+            "fabric, rdma_device, "
             "rdma_gid_index, links_per_peer, orphan_mb_per_vm, orphan_mb_total, max_devices_per_vm, "
             "max_conns_per_vm, drain_timeout_ms)");
   }
@@ -345,6 +350,8 @@ Status ApplyEnv(char** env, DaemonConfig* config) {
                  {"VSOCKET_TLS_CA", "tls_ca"},
                  {"VSOCKET_TLS_CRL", "tls_crl"},
                  {"VSOCKET_LOCATOR", "locator"},
+                 {"VSOCKET_ETCD_USER", "etcd_user"},
+                 {"VSOCKET_ETCD_PASSWORD_FILE", "etcd_password_file"},
                  {"VSOCKET_FABRIC", "fabric"},
                  {"VSOCKET_RDMA_DEVICE", "rdma_device"},
                  {"VSOCKET_RDMA_GID_INDEX", "rdma_gid_index"},

@@ -57,6 +57,11 @@ struct DaemonConfig {
   // The locator: a static file (its path), or the cluster directory in
   // etcd, etcd://HOST:PORT[,HOST:PORT...] (docs/multi-host.md).
   std::string locator;
+  // locator = etcd://...: this host's etcd user (by default none: etcd
+  // without auth) and the file holding its password (docs/multi-host.md,
+  // "Permissions").
+  std::string etcd_user;
+  std::string etcd_password_file;
   std::string fabric = "tcp";  // tcp | rdma
   // fabric = rdma: the RDMA device (empty: the first one) and the GID index
   // of its port 1 (-1: the IPv4-mapped RoCEv2 GID). A missing device is a

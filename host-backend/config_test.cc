@@ -312,5 +312,12 @@ TEST(LocatorConfig, EtcdEndpointsParseAndAFileStaysAFile) {
     EXPECT_FALSE(ParseConfig(std::string(bad) + "\n", "f").ok()) << bad;
 }
 
+TEST(LocatorConfig, EtcdUserAndPasswordFileAreTakenAsGiven) {
+  auto c = ParseConfig("locator = etcd://127.0.0.1:2379\netcd_user = hostA\netcd_password_file = /etc/vsocket/pw\n", "f");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->etcd_user, "hostA");
+  EXPECT_EQ(c->etcd_password_file, "/etc/vsocket/pw");
+}
+
 }  // namespace
 }  // namespace vsocket::backend

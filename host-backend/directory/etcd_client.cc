@@ -15,31 +15,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr char kBase64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-std::string Base64(const std::string& in) {
-  std::string out;
-  out.reserve((in.size() + 2) / 3 * 4);
-  size_t i = 0;
-  for (; i + 2 < in.size(); i += 3) {
-    uint32_t v = uint8_t(in[i]) << 16 | uint8_t(in[i + 1]) << 8 | uint8_t(in[i + 2]);
-    for (int s = 18; s >= 0; s -= 6) out += kBase64[(v >> s) & 63];
-  }
-  if (i + 1 == in.size()) {
-    uint32_t v = uint8_t(in[i]) << 16;
-    out += kBase64[v >> 18];
-    out += kBase64[(v >> 12) & 63];
-    out += "==";
-  } else if (i + 2 == in.size()) {
-    uint32_t v = uint8_t(in[i]) << 16 | uint8_t(in[i + 1]) << 8;
-    out += kBase64[v >> 18];
-    out += kBase64[(v >> 12) & 63];
-    out += kBase64[(v >> 6) & 63];
-    out += '=';
-  }
-  return out;
-}
-
 // Decodes standard base64 (padding optional); false on any other byte.
 bool Unbase64(const std::string& in, std::string* out) {
   out->clear();
@@ -89,6 +64,11 @@ Status ErrorOf(const Json& j, const std::string& what) {
   std::string msg = what + ": " + j.value("message", j.value("error", std::string("error")));
   if (code == 5) return Status(Code::kNotFound, msg);
   if (code == 11) return Status(Code::kOutOfRange, msg);
+  // PERMISSION_DENIED (RBAC), UNAUTHENTICATED (a bad token), and the two
+  // INVALID_ARGUMENTs of auth: a wrong password, no user at all.
+  if (code == 7 || code == 16 || msg.find("authentication failed") != std::string::npos ||
+      msg.find("user name is empty") != std::string::npos)
+    return Status(Code::kPermissionDenied, msg);
   if (code == 3) return Status(Code::kInvalidArgument, msg);
   return Status(Code::kUnavailable, msg);
 }
@@ -150,8 +130,11 @@ CurlPtr NewRequest(const std::string& endpoint, const std::string& path, const s
   return c;
 }
 
-std::unique_ptr<curl_slist, SlistDeleter> JsonHeaders() {
-  return std::unique_ptr<curl_slist, SlistDeleter>(curl_slist_append(nullptr, "Content-Type: application/json"));
+// The gateway hands an Authorization header to etcd as the token.
+std::unique_ptr<curl_slist, SlistDeleter> JsonHeaders(const std::string& token) {
+  curl_slist* l = curl_slist_append(nullptr, "Content-Type: application/json");
+  if (!token.empty()) l = curl_slist_append(l, ("Authorization: " + token).c_str());
+  return std::unique_ptr<curl_slist, SlistDeleter>(l);
 }
 
 int64_t NowMs() {
@@ -171,6 +154,23 @@ struct WatchState {
   std::string pending;  // bytes of an incomplete message
 };
 
+// A watch etcd canceled for another reason than compaction: refused (RBAC,
+// an invalid token) or given up by the server.
+Status CanceledStatus(const std::string& reason) {
+  bool refused = reason.find("PermissionDenied") != std::string::npos ||
+                 reason.find("permission denied") != std::string::npos ||
+                 reason.find("auth token") != std::string::npos;
+  return Status(refused ? Code::kPermissionDenied : Code::kUnavailable, "watch canceled: " + reason);
+}
+
+// Whether a reply is etcd's "etcdserver: invalid auth token" (the token
+// expired, or the member restarted and forgot it).
+bool InvalidToken(const std::string& reply) {
+  if (reply.find("auth token") == std::string::npos) return false;
+  Json j = Json::parse(reply, nullptr, false);
+  return j.is_object() && Int(j, "code") == 16;
+}
+
 // One message of the stream: {"result":{...}} (or {"error":{...}}).
 bool OnWatchMessage(WatchState* w, const std::string& text) {
   Json j = Json::parse(text, nullptr, false);
@@ -189,7 +189,7 @@ bool OnWatchMessage(WatchState* w, const std::string& text) {
     w->error = w->compact_revision > 0
                    ? Status(Code::kOutOfRange,
                             "watch: revision compacted (oldest kept: " + std::to_string(w->compact_revision) + ")")
-                   : Status(Code::kUnavailable, "watch canceled: " + r.value("cancel_reason", std::string("?")));
+                   : CanceledStatus(r.value("cancel_reason", std::string("?")));
     return false;
   }
   std::vector<EtcdEvent> events;
@@ -244,6 +244,31 @@ int OnWatchProgress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) 
 
 }  // namespace
 
+constexpr char kBase64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+std::string Base64(const std::string& in) {
+  std::string out;
+  out.reserve((in.size() + 2) / 3 * 4);
+  size_t i = 0;
+  for (; i + 2 < in.size(); i += 3) {
+    uint32_t v = uint8_t(in[i]) << 16 | uint8_t(in[i + 1]) << 8 | uint8_t(in[i + 2]);
+    for (int s = 18; s >= 0; s -= 6) out += kBase64[(v >> s) & 63];
+  }
+  if (i + 1 == in.size()) {
+    uint32_t v = uint8_t(in[i]) << 16;
+    out += kBase64[v >> 18];
+    out += kBase64[(v >> 12) & 63];
+    out += "==";
+  } else if (i + 2 == in.size()) {
+    uint32_t v = uint8_t(in[i]) << 16 | uint8_t(in[i + 1]) << 8;
+    out += kBase64[v >> 18];
+    out += kBase64[(v >> 12) & 63];
+    out += kBase64[(v >> 6) & 63];
+    out += '=';
+  }
+  return out;
+}
+
 std::string PrefixEnd(const std::string& prefix) {
   std::string end = prefix;
   while (!end.empty()) {
@@ -263,9 +288,38 @@ std::string EtcdClient::endpoint() const {
   return endpoints_.empty() ? "" : endpoints_[current_.load() % endpoints_.size()];
 }
 
+Result<std::string> EtcdClient::Token(bool renew) {
+  if (options_.user.empty()) return std::string();
+  {
+    MutexLock lock(token_mu_);
+    if (renew) token_.clear();
+    if (!token_.empty()) return token_;
+  }
+  Json req = {{"name", options_.user}, {"password", options_.password}};
+  auto body = CallOnce("/v3/auth/authenticate", req.dump(), "");
+  if (!body.ok()) return body.status();
+  auto j = Parse(*body, "authenticate as " + options_.user);
+  if (!j.ok()) return j.status();
+  std::string token = j->value("token", "");
+  if (token.empty()) return Status(Code::kPermissionDenied, "authenticate as " + options_.user + ": no token");
+  MutexLock lock(token_mu_);
+  token_ = token;
+  return token;
+}
+
 Result<std::string> EtcdClient::Call(const std::string& path, const std::string& body) {
+  auto token = Token(false);
+  if (!token.ok()) return token.status();
+  auto reply = CallOnce(path, body, *token);
+  if (!reply.ok() || token->empty() || !InvalidToken(*reply)) return reply;
+  token = Token(true);  // expired (etcd's --auth-token-ttl) or forgotten: once more with a new one
+  if (!token.ok()) return token.status();
+  return CallOnce(path, body, *token);
+}
+
+Result<std::string> EtcdClient::CallOnce(const std::string& path, const std::string& body, const std::string& token) {
   if (endpoints_.empty()) return Status(Code::kFailedPrecondition, "etcd: no endpoints");
-  auto headers = JsonHeaders();
+  auto headers = JsonHeaders(token);
   std::string errors;
   size_t first = current_.load();
   for (size_t i = 0; i < endpoints_.size(); ++i) {
@@ -284,6 +338,12 @@ Result<std::string> EtcdClient::Call(const std::string& path, const std::string&
     errors += std::string(errors.empty() ? "" : "; ") + endpoints_[at] + ": " + curl_easy_strerror(rc);
   }
   return Status(Code::kUnavailable, "etcd " + path + ": " + errors);
+}
+
+Status EtcdClient::Admin(const std::string& path, const std::string& json_body) {
+  auto body = Call(path, json_body);
+  if (!body.ok()) return body.status();
+  return Parse(*body, path).status();
 }
 
 Result<int64_t> EtcdClient::Put(const std::string& key, const std::string& value, int64_t lease) {
@@ -362,7 +422,9 @@ Status EtcdClient::Watch(const std::string& prefix, int64_t start_revision, cons
   Json create = {{"key", Base64(prefix)}, {"range_end", Base64(PrefixEnd(prefix))}};
   if (start_revision > 0) create["start_revision"] = std::to_string(start_revision);
   std::string body = Json{{"create_request", create}}.dump();
-  auto headers = JsonHeaders();
+  auto token = Token(false);
+  if (!token.ok()) return token.status();
+  auto headers = JsonHeaders(*token);
   size_t at = current_.load() % endpoints_.size();
   CurlPtr c = NewRequest(endpoints_[at], "/v3/watch", body, headers.get(), options_.connect_timeout_ms);
   if (!c) return Status(Code::kResourceExhausted, "etcd: curl_easy_init failed");
@@ -379,6 +441,7 @@ Status EtcdClient::Watch(const std::string& prefix, int64_t start_revision, cons
   if (w.done) return Status::Ok();
   if (!w.error.ok()) {
     if (compact_revision != nullptr) *compact_revision = w.compact_revision;
+    if (w.error.code() == Code::kPermissionDenied && !token->empty()) (void)Token(true);  // (maybe only expired)
     return w.error;
   }
   // Another endpoint next time (this one failed or closed the stream).

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 
 namespace vsocket::directory {
@@ -38,10 +39,23 @@ struct EtcdEvent {
 };
 
 struct EtcdClientOptions {
+  // Timeouts alone (the rest as default).
+  static EtcdClientOptions Timeouts(int timeout_ms, int connect_timeout_ms, int watch_create_timeout_ms) {
+    EtcdClientOptions o;
+    o.timeout_ms = timeout_ms;
+    o.connect_timeout_ms = connect_timeout_ms;
+    o.watch_create_timeout_ms = watch_create_timeout_ms;
+    return o;
+  }
   int timeout_ms = 2000;          // a whole unary call, per endpoint tried
   int connect_timeout_ms = 1000;  // TCP connect, per endpoint tried
   // A watch whose stream has not said "created" by then is given up.
   int watch_create_timeout_ms = 2000;
+  // etcd's auth (RBAC, docs/multi-host.md "Permissions"): with a user, every
+  // call carries a token from /v3/auth/authenticate, fetched at the first
+  // call and again when etcd says it is no longer valid.
+  std::string user;
+  std::string password;
 };
 
 class EtcdClient {
@@ -76,22 +90,35 @@ class EtcdClient {
   Status Watch(const std::string& prefix, int64_t start_revision, const WatchFn& on_change,
                const std::atomic<bool>* stop, int64_t* compact_revision);
 
+  // An administrative call (/v3/auth/...) whose reply says nothing but
+  // success; `json_body` is the request message as JSON.
+  Status Admin(const std::string& path, const std::string& json_body);
+
   // The endpoint the next call tries first.
   std::string endpoint() const;
   const std::vector<std::string>& endpoints() const { return endpoints_; }
 
  private:
   struct Reply;
-  // POSTs `body` to `path` on each endpoint in turn until one answers.
+  // POSTs `body` to `path` on each endpoint in turn until one answers;
+  // with a user, as that user (a token refused as invalid is renewed once).
   Result<std::string> Call(const std::string& path, const std::string& body);
+  Result<std::string> CallOnce(const std::string& path, const std::string& body, const std::string& token);
+  // The auth token ("" without a user); `renew` forgets the one held.
+  Result<std::string> Token(bool renew) EXCLUDES(token_mu_);
 
   const std::vector<std::string> endpoints_;
   const EtcdClientOptions options_;
   std::atomic<size_t> current_{0};  // index into endpoints_ of the last that answered
+  Mutex token_mu_;
+  std::string token_ GUARDED_BY(token_mu_);
 };
 
 // The end of the key range holding every key that starts with `prefix`
 // (etcd's range_end: the prefix with its last byte incremented).
 std::string PrefixEnd(const std::string& prefix);
+
+// Standard base64, as the gateway carries keys and values.
+std::string Base64(const std::string& in);
 
 }  // namespace vsocket::directory

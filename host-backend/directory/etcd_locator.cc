@@ -1,10 +1,12 @@
 #include "host-backend/directory/etcd_locator.h"
 
 #include <algorithm>
+#include <sstream>
 #include <utility>
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "host-backend/directory/claims.h"
 #include "host-backend/directory/pause.h"
 
 namespace vsocket::directory {
@@ -61,6 +63,7 @@ EtcdLocatorHealth EtcdLocator::Health() const {
   h.connects = connects_;
   h.full_reads = full_reads_;
   h.bad_records = bad_records_;
+  h.conflicts = conflicts_;
   h.hosts = hosts_.size();
   h.entries = matcher_ ? matcher_->size() : 0;
   return h;
@@ -69,6 +72,11 @@ EtcdLocatorHealth EtcdLocator::Health() const {
 std::string EtcdLocator::Text() const {
   MutexLock lock(mu_);
   return matcher_ ? matcher_->Text() : "";
+}
+
+std::string EtcdLocator::ConflictsText() const {
+  MutexLock lock(mu_);
+  return conflicts_text_;
 }
 
 std::string EtcdLocator::Describe() const {
@@ -195,8 +203,27 @@ void EtcdLocator::Erase(const std::string& key) {
 }
 
 void EtcdLocator::Rebuild() {
-  std::string text;
-  for (const auto& [key, lines] : vms_) text += lines;
+  std::vector<Claim> claims;
+  for (const auto& [key, lines] : vms_) {
+    std::istringstream in(lines);
+    for (Claim c; in >> c.tenant >> c.address >> c.host;) claims.push_back(c);
+  }
+  // Addresses two hosts claim are believed of neither (claims.h).
+  std::vector<bool> contested = Contested(claims);
+  std::string text, conflicts;
+  size_t n = 0;
+  for (size_t i = 0; i < claims.size(); ++i) {
+    std::string line = std::to_string(claims[i].tenant) + " " + claims[i].address + " " + claims[i].host + "\n";
+    (contested[i] ? conflicts : text) += line;
+    n += contested[i];
+  }
+  if (conflicts != conflicts_text_) {
+    if (!conflicts.empty())
+      VS_LOG(kWarn, "directory: %zu address claim(s) contradict another host's, ignored (kernel TCP):\n%s", n,
+             conflicts.c_str());
+    conflicts_text_ = conflicts;
+  }
+  conflicts_ = n;
   auto parsed = fabric::StaticLocator::Parse(text, "directory");
   if (parsed.ok()) matcher_ = std::shared_ptr<const fabric::StaticLocator>(std::move(parsed).value());
 }

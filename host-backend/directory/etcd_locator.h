@@ -35,6 +35,7 @@ struct EtcdLocatorHealth {
   uint64_t connects = 0;     // watches set up
   uint64_t full_reads = 0;   // reads of the whole prefix (the first, and after compaction)
   uint64_t bad_records = 0;  // keys or values ignored as malformed
+  size_t conflicts = 0;      // address claims ignored: another host claims the same (claims.h)
   size_t hosts = 0;          // host records in the cache
   size_t entries = 0;        // (tenant, address) entries in the cache
 };
@@ -62,6 +63,8 @@ class EtcdLocator : public fabric::Locator {
   EtcdLocatorHealth Health() const EXCLUDES(mu_);
   // The cached entries in the static locator's file format.
   std::string Text() const EXCLUDES(mu_);
+  // The claims ignored as contradicting another host's, in the same format.
+  std::string ConflictsText() const EXCLUDES(mu_);
   std::string Describe() const;  // "etcd://A,B"
 
  private:
@@ -97,6 +100,8 @@ class EtcdLocator : public fabric::Locator {
   uint64_t connects_ GUARDED_BY(mu_) = 0;
   uint64_t full_reads_ GUARDED_BY(mu_) = 0;
   uint64_t bad_records_ GUARDED_BY(mu_) = 0;
+  size_t conflicts_ GUARDED_BY(mu_) = 0;
+  std::string conflicts_text_ GUARDED_BY(mu_);
 
   std::thread thread_;  // last: joined before the members above go
 };

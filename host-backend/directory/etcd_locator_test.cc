@@ -38,7 +38,7 @@ class EtcdLocatorTest : public ::testing::Test {
     Status st = etcd_.Start();
     ASSERT_TRUE(st.ok()) << st.ToString();
     client_ =
-        std::make_shared<EtcdClient>(std::vector<std::string>{etcd_.endpoint()}, EtcdClientOptions{2000, 300, 2000});
+        std::make_shared<EtcdClient>(std::vector<std::string>{etcd_.endpoint()}, EtcdClientOptions::Timeouts(2000, 300, 2000));
   }
   std::unique_ptr<EtcdLocator> NewLocator() {
     EtcdLocator::Options o;
@@ -64,17 +64,39 @@ TEST_F(EtcdLocatorTest, FindFollowsAPutAndADelete) {
   auto loc = NewLocator();
   EXPECT_EQ(loc->Find(7, V4("198.51.100.3")), "hostA");  // from the first read
   EXPECT_EQ(loc->Find(8, V4("198.51.100.3")), "");       // another tenant
-  ASSERT_TRUE(PutVm("hostB", "vm2", 7, {"198.51.100.3"}).ok());
-  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.3")) == "hostB"; }, 1000));
-  EXPECT_EQ(loc->Find(7, V4("198.51.100.4")), "hostA");  // the longest prefix wins
-  ASSERT_TRUE(client_->DeletePrefix(VmKey(kDefaultPrefix, "hostB", "vm2")).ok());
-  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.3")) == "hostA"; }, 1000));
+  ASSERT_TRUE(PutVm("hostA", "vm3", 7, {"198.51.100.64"}).ok());
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.64")) == "hostA"; }, 1000));
+  ASSERT_TRUE(client_->DeletePrefix(VmKey(kDefaultPrefix, "hostA", "vm3")).ok());
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.64")).empty(); }, 1000));
   EtcdLocatorHealth h = loc->Health();
   EXPECT_TRUE(h.connected);
   EXPECT_EQ(h.lag_ms, 0);
   EXPECT_EQ(h.entries, 1u);
   EXPECT_GT(changes_.load(), 2);
   EXPECT_EQ(loc->Text(), "7 198.51.100.0/28 hostA\n");
+}
+
+TEST_F(EtcdLocatorTest, AnAddressTwoHostsClaimIsBelievedOfNeither) {
+  ASSERT_TRUE(PutVm("hostA", "vm1", 7, {"198.51.100.0/28"}).ok());
+  ASSERT_TRUE(PutVm("hostA", "vm2", 7, {"198.51.100.77"}).ok());
+  auto loc = NewLocator();
+  EXPECT_EQ(loc->Find(7, V4("198.51.100.3")), "hostA");
+  // hostB says it runs one of hostA's addresses: were the longest prefix
+  // believed, it would be asked to pair for hostA's VM.
+  ASSERT_TRUE(PutVm("hostB", "evil", 7, {"198.51.100.3", "198.51.100.77"}).ok());
+  EXPECT_TRUE(Eventually([&] { return loc->Health().conflicts == 4u; }, 1000));
+  EXPECT_EQ(loc->Find(7, V4("198.51.100.3")), "");
+  EXPECT_EQ(loc->Find(7, V4("198.51.100.4")), "");  // (hostA's whole /28 is in doubt)
+  EXPECT_EQ(loc->Find(7, V4("198.51.100.77")), "");
+  EXPECT_NE(loc->ConflictsText().find("7 198.51.100.3 hostB"), std::string::npos) << loc->ConflictsText();
+  // Another tenant's same address is no conflict.
+  ASSERT_TRUE(PutVm("hostB", "vm9", 8, {"198.51.100.3"}).ok());
+  EXPECT_TRUE(Eventually([&] { return loc->Find(8, V4("198.51.100.3")) == "hostB"; }, 1000));
+  // Withdrawn: hostA's addresses are its own again.
+  ASSERT_TRUE(client_->DeletePrefix(VmKey(kDefaultPrefix, "hostB", "evil")).ok());
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.3")) == "hostA"; }, 1000));
+  EXPECT_EQ(loc->Find(7, V4("198.51.100.77")), "hostA");
+  EXPECT_EQ(loc->Health().conflicts, 0u);
 }
 
 TEST_F(EtcdLocatorTest, TheHostComesFromTheKeyAndMalformedRecordsAreIgnored) {

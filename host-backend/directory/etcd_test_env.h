@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 
@@ -21,8 +22,11 @@ class EtcdTestServer {
   EtcdTestServer(const EtcdTestServer&) = delete;
   EtcdTestServer& operator=(const EtcdTestServer&) = delete;
 
+  // More command-line flags (--auth-token-ttl=1, TLS files), from the next
+  // Start on.
+  void set_extra_args(std::vector<std::string> args) { extra_args_ = std::move(args); }
   // Starts it (the first time: new ports and data directory) and waits up
-  // to 15 s for it to answer.
+  // to 15 s for it to answer (a refusal by its auth is an answer).
   Status Start();
   // SIGKILL, and waits for it to be gone.
   void Kill();
@@ -33,6 +37,7 @@ class EtcdTestServer {
   pid_t pid_ = -1;
   int client_port_ = 0, peer_port_ = 0;
   std::string dir_;
+  std::vector<std::string> extra_args_;
 };
 
 }  // namespace vsocket::directory

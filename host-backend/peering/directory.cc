@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -25,12 +26,27 @@ std::string AddressText(const vhost::VmAddress& a) {
   return buf;
 }
 
+// How this host reaches etcd: as its etcd user if configured.
+Result<directory::EtcdClientOptions> EtcdAccess(const DaemonConfig& config) {
+  directory::EtcdClientOptions o;
+  if (config.etcd_user.empty()) return o;
+  if (config.etcd_password_file.empty())
+    return Status(Code::kInvalidArgument, "etcd_user is set but etcd_password_file is not");
+  std::ifstream in(config.etcd_password_file);
+  if (!in || !std::getline(in, o.password))
+    return Status(Code::kInvalidArgument, "etcd_password_file " + config.etcd_password_file + " cannot be read");
+  o.user = config.etcd_user;
+  return o;
+}
+
 }  // namespace
 
 Status Peering::StartDirectory(const DaemonConfig& config) {
   auto endpoints = EtcdEndpoints(config.locator);
   if (!endpoints.ok()) return endpoints.status();
-  etcd_ = std::make_shared<directory::EtcdClient>(*endpoints);
+  auto access = EtcdAccess(config);
+  if (!access.ok()) return access.status();
+  etcd_ = std::make_shared<directory::EtcdClient>(*endpoints, *access);
   directory_wake_.reset(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!directory_wake_) return Status::FromErrno("directory eventfd");
   Watch(directory_wake_.get(), false);

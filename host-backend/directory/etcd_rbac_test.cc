@@ -1,0 +1,131 @@
+// A host's etcd credentials against a real etcd with auth on (skipped
+// without the etcd binary): it writes its own keys, reads everyone's, and
+// cannot write, delete or publish under another host's name.
+#include "host-backend/directory/etcd_rbac.h"
+
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "gtest/gtest.h"
+#include "host-backend/directory/etcd_locator.h"
+#include "host-backend/directory/etcd_publisher.h"
+#include "host-backend/directory/etcd_test_env.h"
+
+namespace vsocket::directory {
+namespace {
+
+template <typename Fn>
+bool Eventually(Fn done, int ms) {
+  for (int64_t deadline = MonotonicMs() + ms; MonotonicMs() < deadline; usleep(20 * 1000))
+    if (done()) return true;
+  return done();
+}
+
+proto::Endpoint V4(const char* a) {
+  proto::Endpoint e;
+  inet_pton(AF_INET, a, e.addr.data());
+  return e;
+}
+
+class EtcdRbacTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SetLogLevel(LogLevel::kError);
+    if (EtcdTestServer::Binary().empty())
+      GTEST_SKIP() << "no etcd binary (apt-get install etcd-server; deploy/install-deps.sh)";
+    // Tokens that expire after 1 s idle: the clients must renew them.
+    etcd_.set_extra_args({"--auth-token-ttl=1"});
+    Status st = etcd_.Start();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EtcdClient anonymous({etcd_.endpoint()});
+    st = EnableAuth(anonymous, "rootpw");
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    root_ = As("root", "rootpw");
+    for (const char* host : {"hostA", "hostB"}) {
+      st = GrantHost(*root_, kDefaultPrefix, host, std::string(host) + "-pw");
+      ASSERT_TRUE(st.ok()) << host << ": " << st.ToString();
+    }
+  }
+  std::shared_ptr<EtcdClient> As(const std::string& user, const std::string& password) {
+    EtcdClientOptions o;
+    o.user = user;
+    o.password = password;
+    return std::make_shared<EtcdClient>(std::vector<std::string>{etcd_.endpoint()}, o);
+  }
+  static std::string Vm(uint32_t tenant, const char* addr) { return EncodeVm({tenant, {addr}}); }
+
+  EtcdTestServer etcd_;
+  std::shared_ptr<EtcdClient> root_;
+};
+
+TEST_F(EtcdRbacTest, AHostWritesItsOwnKeysOnly) {
+  auto a = As("hostA", "hostA-pw");
+  EXPECT_TRUE(a->Put(HostKey(kDefaultPrefix, "hostA"), EncodeHost({"192.0.2.1:7300", {"tcp"}})).ok());
+  EXPECT_TRUE(a->Put(VmKey(kDefaultPrefix, "hostA", "vm1"), Vm(7, "198.51.100.1")).ok());
+  ASSERT_TRUE(root_->Put(VmKey(kDefaultPrefix, "hostB", "vm2"), Vm(7, "198.51.100.2")).ok());
+  // Under hostB's name, or a name that merely starts with hostA's.
+  for (const std::string& key :
+       {HostKey(kDefaultPrefix, "hostB"), VmKey(kDefaultPrefix, "hostB", "vm2"), VmKey(kDefaultPrefix, "hostB", "x"),
+        HostKey(kDefaultPrefix, "hostAB"), VmKey(kDefaultPrefix, "hostAB", "x"), std::string("/vsocket/other")}) {
+    auto put = a->Put(key, Vm(7, "198.51.100.2"));
+    EXPECT_EQ(put.status().code(), Code::kPermissionDenied) << key << ": " << put.status().ToString();
+  }
+  EXPECT_EQ(a->DeletePrefix(HostKey(kDefaultPrefix, "hostB") + "/").status().code(), Code::kPermissionDenied);
+  // It reads the whole directory (to follow it), hostB's record untouched.
+  auto all = a->GetPrefix(kDefaultPrefix);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  ASSERT_EQ(all->kvs.size(), 3u);
+  EXPECT_EQ(all->kvs[2].key, VmKey(kDefaultPrefix, "hostB", "vm2"));
+  EXPECT_EQ(all->kvs[2].value, Vm(7, "198.51.100.2"));
+}
+
+TEST_F(EtcdRbacTest, WrongPasswordAndNoCredentialsAreRefused) {
+  EXPECT_EQ(As("hostA", "guess")->Put(HostKey(kDefaultPrefix, "hostA"), "{}").status().code(),
+            Code::kPermissionDenied);
+  EtcdClient anonymous({etcd_.endpoint()});
+  EXPECT_EQ(anonymous.Put(HostKey(kDefaultPrefix, "hostA"), "{}").status().code(), Code::kPermissionDenied);
+  EXPECT_EQ(anonymous.GetPrefix(kDefaultPrefix).status().code(), Code::kPermissionDenied);
+}
+
+TEST_F(EtcdRbacTest, AnExpiredTokenIsRenewed) {
+  auto a = As("hostA", "hostA-pw");
+  ASSERT_TRUE(a->Put(HostKey(kDefaultPrefix, "hostA"), "{}").ok());
+  usleep(2500 * 1000);  // past --auth-token-ttl
+  auto put = a->Put(HostKey(kDefaultPrefix, "hostA"), "{}");
+  EXPECT_TRUE(put.ok()) << put.status().ToString();
+}
+
+TEST_F(EtcdRbacTest, APublisherUnderAnotherHostsNameIsRefusedAndPeersNeverSeeIt) {
+  auto a = As("hostA", "hostA-pw");
+  EtcdLocator::Options lo;
+  lo.backoff_min_ms = 50;
+  EtcdLocator loc(a, lo);  // hostA follows the directory with its own credentials
+  loc.Start();
+  ASSERT_TRUE(loc.WaitSynced(5000)) << loc.Health().last_error;
+
+  EtcdPublisher::Options po;
+  po.backoff_min_ms = 50;
+  po.backoff_max_ms = 200;
+  EtcdPublisher liar(a, "hostB", HostRecord{"192.0.2.1:7300", {"tcp"}},
+                     std::map<std::string, VmRecord>{{"vm9", {7, {"198.51.100.9"}}}}, po);
+  liar.Start();
+  EXPECT_FALSE(liar.WaitPublished(1500));
+  EXPECT_NE(liar.Health().last_error.find("permission denied"), std::string::npos) << liar.Health().last_error;
+  liar.Stop();
+
+  // hostB's real publisher, with its own credentials: hostA's locator
+  // follows it (its watch carries hostA's token).
+  EtcdPublisher real(As("hostB", "hostB-pw"), "hostB", HostRecord{"192.0.2.2:7300", {"tcp"}},
+                     std::map<std::string, VmRecord>{{"vm9", {7, {"198.51.100.9"}}}}, po);
+  real.Start();
+  ASSERT_TRUE(real.WaitPublished(5000)) << real.Health().last_error;
+  EXPECT_TRUE(Eventually([&] { return loc.Find(7, V4("198.51.100.9")) == "hostB"; }, 2000));
+  EXPECT_EQ(loc.Health().hosts, 1u);
+  real.Stop();
+  loc.Stop();
+}
+
+}  // namespace
+}  // namespace vsocket::directory
