@@ -137,6 +137,12 @@ Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& 
     c->etcd_user = value;
   } else if (key == "etcd_password_file") {
     c->etcd_password_file = value;
+  } else if (key == "etcd_ca") {
+    c->etcd_ca = value;
+  } else if (key == "etcd_cert") {
+    c->etcd_cert = value;
+  } else if (key == "etcd_key") {
+    c->etcd_key = value;
   } else if (key == "fabric") {
     if (value != "tcp" && value != "rdma") return Bad(where, "fabric must be tcp or rdma");
     c->fabric = value;
@@ -168,6 +174,7 @@ Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& 
         "unknown key '" + key +
             "' (daemon keys: ctl_socket, poll_us, poll_max_us, nap_us, eal_mem_mb, cpus, log_level, metrics_addr, metrics_port, "
             "host_name, peer_listen, tls_cert, tls_key, tls_ca, tls_crl, locator, etcd_user, etcd_password_file, "
+            "etcd_ca, etcd_cert, etcd_key, "
             "fabric, rdma_device, "
             "rdma_gid_index, links_per_peer, orphan_mb_per_vm, orphan_mb_total, max_devices_per_vm, "
             "max_conns_per_vm, drain_timeout_ms)");
@@ -352,6 +359,9 @@ Status ApplyEnv(char** env, DaemonConfig* config) {
                  {"VSOCKET_LOCATOR", "locator"},
                  {"VSOCKET_ETCD_USER", "etcd_user"},
                  {"VSOCKET_ETCD_PASSWORD_FILE", "etcd_password_file"},
+                 {"VSOCKET_ETCD_CA", "etcd_ca"},
+                 {"VSOCKET_ETCD_CERT", "etcd_cert"},
+                 {"VSOCKET_ETCD_KEY", "etcd_key"},
                  {"VSOCKET_FABRIC", "fabric"},
                  {"VSOCKET_RDMA_DEVICE", "rdma_device"},
                  {"VSOCKET_RDMA_GID_INDEX", "rdma_gid_index"},
@@ -431,13 +441,17 @@ Status Validate(DaemonConfig* config) {
   return Status::Ok();
 }
 
-bool IsEtcdLocator(const std::string& locator) { return locator.rfind("etcd://", 0) == 0; }
+bool IsEtcdLocator(const std::string& locator) {
+  return locator.rfind("etcd://", 0) == 0 || EtcdLocatorUsesTls(locator);
+}
+
+bool EtcdLocatorUsesTls(const std::string& locator) { return locator.rfind("etcds://", 0) == 0; }
 
 Result<std::vector<std::string>> EtcdEndpoints(const std::string& locator) {
-  static const std::string kUsage = "locator = etcd://HOST:PORT[,HOST:PORT...]";
+  static const std::string kUsage = "locator = etcd[s]://HOST:PORT[,HOST:PORT...]";
   if (!IsEtcdLocator(locator)) return Status(Code::kInvalidArgument, kUsage);
   std::vector<std::string> out;
-  std::string rest = locator.substr(7);
+  std::string rest = locator.substr(EtcdLocatorUsesTls(locator) ? 8 : 7);
   for (size_t start = 0; start <= rest.size();) {
     size_t comma = rest.find(',', start);
     std::string e = rest.substr(start, comma == std::string::npos ? std::string::npos : comma - start);

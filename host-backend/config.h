@@ -55,13 +55,18 @@ struct DaemonConfig {
   std::string tls_cert, tls_key, tls_ca;
   std::string tls_crl;  // optional: revocation lists, re-read when the file changes
   // The locator: a static file (its path), or the cluster directory in
-  // etcd, etcd://HOST:PORT[,HOST:PORT...] (docs/multi-host.md).
+  // etcd, etcd[s]://HOST:PORT[,HOST:PORT...] (docs/multi-host.md).
   std::string locator;
   // locator = etcd://...: this host's etcd user (by default none: etcd
   // without auth) and the file holding its password (docs/multi-host.md,
   // "Permissions").
   std::string etcd_user;
   std::string etcd_password_file;
+  // locator = etcds://...: https to etcd; etcd's certificate is checked
+  // against etcd_ca (empty: the system's CAs), and etcd_cert/etcd_key are
+  // this host's client certificate (without a CommonName when etcd's auth is
+  // on: its gateway refuses one).
+  std::string etcd_ca, etcd_cert, etcd_key;
   std::string fabric = "tcp";  // tcp | rdma
   // fabric = rdma: the RDMA device (empty: the first one) and the GID index
   // of its port 1 (-1: the IPv4-mapped RoCEv2 GID). A missing device is a
@@ -110,6 +115,7 @@ Status ParseAddresses(const std::string& text, std::vector<vhost::VmAddress>* ou
 // locator = etcd://...: the cluster directory in etcd, and its endpoints
 // (HOST:PORT each); anything else names a static locator file.
 bool IsEtcdLocator(const std::string& locator);
+bool EtcdLocatorUsesTls(const std::string& locator);  // etcds://
 Result<std::vector<std::string>> EtcdEndpoints(const std::string& locator);
 // Parses "IPV4:PORT" or "[IPV6]:PORT" into a sockaddr (for peer addresses).
 Status ParseHostPort(const std::string& text, sockaddr_storage* out, unsigned* len);

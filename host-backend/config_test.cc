@@ -319,5 +319,23 @@ TEST(LocatorConfig, EtcdUserAndPasswordFileAreTakenAsGiven) {
   EXPECT_EQ(c->etcd_password_file, "/etc/vsocket/pw");
 }
 
+TEST(LocatorConfig, EtcdsIsEtcdOverTlsWithItsFiles) {
+  auto c = ParseConfig(
+      "locator = etcds://192.0.2.10:2379,192.0.2.11:2379\netcd_ca = /etc/vsocket/etcd-ca.crt\n"
+      "etcd_cert = /etc/vsocket/etcd.crt\netcd_key = /etc/vsocket/etcd.key\n",
+      "f");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(IsEtcdLocator(c->locator));
+  EXPECT_TRUE(EtcdLocatorUsesTls(c->locator));
+  EXPECT_FALSE(EtcdLocatorUsesTls("etcd://192.0.2.10:2379"));
+  auto e = EtcdEndpoints(c->locator);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e.value(), (std::vector<std::string>{"192.0.2.10:2379", "192.0.2.11:2379"}));
+  EXPECT_EQ(c->etcd_ca, "/etc/vsocket/etcd-ca.crt");
+  EXPECT_EQ(c->etcd_cert, "/etc/vsocket/etcd.crt");
+  EXPECT_EQ(c->etcd_key, "/etc/vsocket/etcd.key");
+  EXPECT_FALSE(ParseConfig("locator = etcds://\n", "f").ok());
+}
+
 }  // namespace
 }  // namespace vsocket::backend

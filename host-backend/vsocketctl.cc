@@ -61,7 +61,7 @@ constexpr char kUsage[] =
     "  migrate end VM     VM runs here (it arrived, or its move was called off):\n"
     "                its port opens, its connections accelerate again\n"
     "  locator       the static locator's entries (TENANT ADDRESS HOST); with\n"
-    "                locator = etcd://...: its health and the cached entries\n"
+    "                locator = etcd[s]://...: its health and the cached entries\n"
     "  locator set TENANT ADDRESS[/PREFIX] HOST   where a guest address runs now\n"
     "  locator reload     read the locator file again\n"
     "  attest VM     run inside VM's network namespace (ip netns exec, nsenter):\n"

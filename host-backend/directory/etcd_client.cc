@@ -75,7 +75,14 @@ Status ErrorOf(const Json& j, const std::string& what) {
 
 Result<Json> Parse(const std::string& body, const std::string& what) {
   Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return Status(Code::kDataLoss, what + ": reply is not JSON");
+  if (j.is_discarded() || !j.is_object()) {
+    std::string text = body.substr(0, 200);
+    while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+    // etcd's gateway refuses, as plain text, a client certificate with a
+    // CommonName when its auth is on (it cannot pass the CN on as the user).
+    if (text.find("CommonName") != std::string::npos) return Status(Code::kPermissionDenied, what + ": " + text);
+    return Status(Code::kDataLoss, what + ": reply is not JSON: " + text);
+  }
   if (j.contains("error") || (j.contains("code") && !j.contains("header") && !j.contains("result")))
     return ErrorOf(j, what);
   return j;
@@ -110,13 +117,21 @@ int TuneSocket(void*, curl_socket_t fd, curlsocktype) {
   return CURL_SOCKOPT_OK;
 }
 
-// One POST of JSON to http://endpoint/path; the caller sets the writer.
+// One POST of JSON to http(s)://endpoint/path; the caller sets the writer.
 CurlPtr NewRequest(const std::string& endpoint, const std::string& path, const std::string& body,
-                   const curl_slist* headers, int connect_timeout_ms) {
+                   const curl_slist* headers, const EtcdClientOptions& o) {
   InitCurlOnce();
   CurlPtr c(curl_easy_init());
   if (!c) return c;
-  std::string url = "http://" + endpoint + path;
+  std::string url = (o.tls ? "https://" : "http://") + endpoint + path;
+  if (o.tls) {
+    // (curl verifies the peer's certificate and name by default; said anyway)
+    curl_easy_setopt(c.get(), CURLOPT_SSL_VERIFYPEER, 1L);
+    curl_easy_setopt(c.get(), CURLOPT_SSL_VERIFYHOST, 2L);
+    if (!o.ca_file.empty()) curl_easy_setopt(c.get(), CURLOPT_CAINFO, o.ca_file.c_str());
+    if (!o.cert_file.empty()) curl_easy_setopt(c.get(), CURLOPT_SSLCERT, o.cert_file.c_str());
+    if (!o.key_file.empty()) curl_easy_setopt(c.get(), CURLOPT_SSLKEY, o.key_file.c_str());
+  }
   curl_easy_setopt(c.get(), CURLOPT_URL, url.c_str());
   curl_easy_setopt(c.get(), CURLOPT_NOPROXY, "*");  // never an http_proxy from the environment
   curl_easy_setopt(c.get(), CURLOPT_NOSIGNAL, 1L);
@@ -124,7 +139,7 @@ CurlPtr NewRequest(const std::string& endpoint, const std::string& path, const s
   curl_easy_setopt(c.get(), CURLOPT_POSTFIELDSIZE, long(body.size()));
   curl_easy_setopt(c.get(), CURLOPT_COPYPOSTFIELDS, body.c_str());
   curl_easy_setopt(c.get(), CURLOPT_HTTPHEADER, headers);
-  curl_easy_setopt(c.get(), CURLOPT_CONNECTTIMEOUT_MS, long(connect_timeout_ms));
+  curl_easy_setopt(c.get(), CURLOPT_CONNECTTIMEOUT_MS, long(o.connect_timeout_ms));
   curl_easy_setopt(c.get(), CURLOPT_TCP_KEEPALIVE, 1L);
   curl_easy_setopt(c.get(), CURLOPT_SOCKOPTFUNCTION, TuneSocket);
   return c;
@@ -324,7 +339,7 @@ Result<std::string> EtcdClient::CallOnce(const std::string& path, const std::str
   size_t first = current_.load();
   for (size_t i = 0; i < endpoints_.size(); ++i) {
     size_t at = (first + i) % endpoints_.size();
-    CurlPtr c = NewRequest(endpoints_[at], path, body, headers.get(), options_.connect_timeout_ms);
+    CurlPtr c = NewRequest(endpoints_[at], path, body, headers.get(), options_);
     if (!c) return Status(Code::kResourceExhausted, "etcd: curl_easy_init failed");
     std::string reply;
     curl_easy_setopt(c.get(), CURLOPT_TIMEOUT_MS, long(options_.timeout_ms));
@@ -426,7 +441,7 @@ Status EtcdClient::Watch(const std::string& prefix, int64_t start_revision, cons
   if (!token.ok()) return token.status();
   auto headers = JsonHeaders(*token);
   size_t at = current_.load() % endpoints_.size();
-  CurlPtr c = NewRequest(endpoints_[at], "/v3/watch", body, headers.get(), options_.connect_timeout_ms);
+  CurlPtr c = NewRequest(endpoints_[at], "/v3/watch", body, headers.get(), options_);
   if (!c) return Status(Code::kResourceExhausted, "etcd: curl_easy_init failed");
   WatchState w;
   w.on_change = &on_change;

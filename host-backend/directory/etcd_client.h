@@ -56,11 +56,22 @@ struct EtcdClientOptions {
   // call and again when etcd says it is no longer valid.
   std::string user;
   std::string password;
+  // TLS (https to every endpoint) when `tls`: etcd's certificate is checked
+  // against `ca_file` (empty: the system's CAs) and the endpoint's name;
+  // `cert_file`/`key_file` are this host's client certificate, which etcd
+  // started with --client-cert-auth requires. With etcd's auth on as well,
+  // its gateway refuses a certificate that has a CommonName (it cannot pass
+  // the CN on as the user): the certificate then has none, and the user is
+  // `user`, by password.
+  bool tls = false;
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
 };
 
 class EtcdClient {
  public:
-  // `endpoints`: HOST:PORT each (plain HTTP).
+  // `endpoints`: HOST:PORT each (http, or https with options.tls).
   explicit EtcdClient(std::vector<std::string> endpoints, EtcdClientOptions options = {});
 
   // The store's revision after the put.
@@ -97,6 +108,7 @@ class EtcdClient {
   // The endpoint the next call tries first.
   std::string endpoint() const;
   const std::vector<std::string>& endpoints() const { return endpoints_; }
+  bool tls() const { return options_.tls; }
 
  private:
   struct Reply;

@@ -80,8 +80,9 @@ std::string EtcdLocator::ConflictsText() const {
 }
 
 std::string EtcdLocator::Describe() const {
-  std::string s = "etcd://";
-  for (const std::string& e : client_->endpoints()) s += (s.size() > 7 ? "," : "") + e;
+  const std::string scheme = client_->tls() ? "etcds://" : "etcd://";
+  std::string s = scheme;
+  for (const std::string& e : client_->endpoints()) s += (s.size() > scheme.size() ? "," : "") + e;
   return s;
 }
 

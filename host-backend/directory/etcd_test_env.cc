@@ -65,7 +65,7 @@ Status EtcdTestServer::Start() {
     if (client_port_ == 0 || peer_port_ == 0 || client_port_ == peer_port_)
       return Status(Code::kUnavailable, "no free ports");
   }
-  std::string client = "http://" + endpoint();
+  std::string client = (tls_ ? "https://" : "http://") + endpoint();
   std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
   std::vector<std::string> args = {bin,
                                    "--name=test",
@@ -94,7 +94,7 @@ Status EtcdTestServer::Start() {
     _exit(127);
   }
   pid_ = pid;
-  EtcdClient probe({endpoint()}, EtcdClientOptions::Timeouts(500, 200, 500));
+  EtcdClient probe({tls_ ? "localhost:" + std::to_string(client_port_) : endpoint()}, probe_);
   for (int64_t deadline = MonotonicMs() + 15000; MonotonicMs() < deadline;) {
     int status;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "host-backend/directory/etcd_client.h"
 
 namespace vsocket::directory {
 
@@ -25,6 +26,13 @@ class EtcdTestServer {
   // More command-line flags (--auth-token-ttl=1, TLS files), from the next
   // Start on.
   void set_extra_args(std::vector<std::string> args) { extra_args_ = std::move(args); }
+  // Serves clients over https (the TLS files among the extra args); Start
+  // probes it at localhost:PORT with `probe` (a client certificate if etcd
+  // asks for one).
+  void set_tls(EtcdClientOptions probe) {
+    tls_ = true;
+    probe_ = std::move(probe);
+  }
   // Starts it (the first time: new ports and data directory) and waits up
   // to 15 s for it to answer (a refusal by its auth is an answer).
   Status Start();
@@ -32,12 +40,15 @@ class EtcdTestServer {
   void Kill();
   bool running() const { return pid_ > 0; }
   std::string endpoint() const { return "127.0.0.1:" + std::to_string(client_port_); }
+  int port() const { return client_port_; }
 
  private:
   pid_t pid_ = -1;
   int client_port_ = 0, peer_port_ = 0;
   std::string dir_;
   std::vector<std::string> extra_args_;
+  bool tls_ = false;
+  EtcdClientOptions probe_ = EtcdClientOptions::Timeouts(500, 200, 500);
 };
 
 }  // namespace vsocket::directory

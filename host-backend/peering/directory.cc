@@ -29,6 +29,14 @@ std::string AddressText(const vhost::VmAddress& a) {
 // How this host reaches etcd: as its etcd user if configured.
 Result<directory::EtcdClientOptions> EtcdAccess(const DaemonConfig& config) {
   directory::EtcdClientOptions o;
+  o.tls = EtcdLocatorUsesTls(config.locator);
+  if (!o.tls && !(config.etcd_ca + config.etcd_cert + config.etcd_key).empty())
+    return Status(Code::kInvalidArgument, "etcd_ca, etcd_cert and etcd_key are for locator = etcds://...");
+  if (config.etcd_cert.empty() != config.etcd_key.empty())
+    return Status(Code::kInvalidArgument, "etcd_cert and etcd_key go together");
+  o.ca_file = config.etcd_ca;
+  o.cert_file = config.etcd_cert;
+  o.key_file = config.etcd_key;
   if (config.etcd_user.empty()) return o;
   if (config.etcd_password_file.empty())
     return Status(Code::kInvalidArgument, "etcd_user is set but etcd_password_file is not");

@@ -1,0 +1,1 @@
+../../deploy/make-certs.sh
