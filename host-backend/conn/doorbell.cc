@@ -58,10 +58,12 @@ constexpr uint32_t kDoorbellIdlePasses = 64;
 // Asks the guest for messages again, then takes one last look: a count the
 // guest published before it could see the flags is found here (both sides
 // fence between their store and their load).
-void ArmBlock(proto::DoorbellBlock* db) {
+void ArmBlock(const vhost::GuestMemory& mem, proto::DoorbellBlock* db) {
   std::atomic_ref<uint32_t>(db->want_tx).store(1, std::memory_order_relaxed);
   std::atomic_ref<uint32_t>(db->want_consumed).store(1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
+  mem.MarkWritten(&db->want_tx, sizeof(db->want_tx));
+  mem.MarkWritten(&db->want_consumed, sizeof(db->want_consumed));
 }
 }  // namespace
 
@@ -70,7 +72,7 @@ void ArmBlock(proto::DoorbellBlock* db) {
 int ConnManager::ArmDoorbell(BackendConn& c) {
   proto::DoorbellBlock* db = DoorbellOf(c);
   if (db == nullptr) return 0;
-  ArmBlock(db);
+  ArmBlock(c.device->memory(), db);
   counters_.doorbell_arms.fetch_add(1, std::memory_order_relaxed);
   c.doorbell_idle = 0;
   return ReadDoorbell(c);

@@ -48,6 +48,7 @@ uint64_t ConnManager::Move(BackendConn& c) {
   uint64_t n = std::min(avail, space);
   if (n == 0) return 0;
   RingCopy(p->rx.host, p->rx.size, p->rx_tail, src, src_size, src_pos, n);
+  MarkRingWritten(p->device->memory(), p->rx.host, p->rx.size, p->rx_tail, n);
   if (c.gone) c.orphan_off += n;
   c.tx_copied += n;
   p->rx_tail += n;

@@ -20,4 +20,14 @@ void RingCopy(uint8_t* dst, uint32_t dst_size, uint64_t dst_pos, const uint8_t* 
   }
 }
 
+void MarkRingWritten(const vhost::GuestMemory& mem, const uint8_t* ring, uint32_t size, uint64_t pos, uint64_t n) {
+  if (!mem.logging()) [[likely]]
+    return;
+  n = std::min<uint64_t>(n, size);
+  uint64_t off = pos & (size - 1);
+  uint64_t first = std::min<uint64_t>(n, size - off);
+  mem.MarkWritten(ring + off, first);
+  if (first < n) mem.MarkWritten(ring, n - first);
+}
+
 }  // namespace vsocket::backend

@@ -3,6 +3,7 @@
 #include "host-backend/conn/conn_manager.h"
 
 #include "base/log.h"
+#include "host-backend/conn/ring_copy.h"
 #include "host-backend/remote/link_sink.h"
 
 namespace vsocket::backend {
@@ -132,7 +133,12 @@ void ConnManager::OnLinkFrame(uint32_t host, const FrameHeader& h) {
       c->accel_bytes_in.fetch_add(h.len, std::memory_order_relaxed);
       vm_totals_[c->vm_index % kMaxVms].accel_bytes_in.fetch_add(h.len, std::memory_order_relaxed);
       counters_.fabric_bytes_in.fetch_add(h.len, std::memory_order_relaxed);
-      if (c->rx.host != nullptr) Raise(*c, kEvRxTail);
+      if (c->rx.host != nullptr) {
+        // The payload is in the ring (readv, a staged copy, or placed
+        // one-sidedly): marked for a live migration now that it landed.
+        MarkRingWritten(c->device->memory(), c->rx.host, c->rx.size, c->rx_tail - h.len, h.len);
+        Raise(*c, kEvRxTail);
+      }
       break;
     case FrameType::kFence:
       if (c->remote.fence_seen) {

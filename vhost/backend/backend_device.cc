@@ -39,7 +39,29 @@ Status CheckRegionFile(const rte_vhost_mem_region& r, uint32_t i) {
   return Status::Ok();
 }
 
+// rte_vhost marks the range in the frontend's log (SET_LOG_BASE, which it
+// handles itself) if LOG_ALL is negotiated and a log is mapped.
+void LogToFrontend(int vid, uint64_t gpa, uint64_t len) { rte_vhost_log_write(vid, gpa, len); }
+// VSOCKET_DEBUG_NO_DIRTY_LOG=1: count what would be marked, mark nothing.
+// Only for the dirty-log completeness test's negative control
+// (tests/vm/migrate.sh --no-dirty-log): a migration then copies stale pages.
+void CountOnly(int, uint64_t, uint64_t) {}
+
+DirtyLog::Sink LogSink() {
+  static const DirtyLog::Sink sink = [] {
+    const char* v = std::getenv("VSOCKET_DEBUG_NO_DIRTY_LOG");
+    if (v == nullptr || std::string(v) != "1") return &LogToFrontend;
+    VS_LOG(kWarn, "VSOCKET_DEBUG_NO_DIRTY_LOG=1: writes into guest memory are NOT logged during live migration "
+                  "(a migrated VM gets stale memory; tests only)");
+    return &CountOnly;
+  }();
+  return sink;
+}
+
 }  // namespace
+
+BackendDevice::BackendDevice(int vid, uint64_t id, const PortConfig* port, DirtyLogCounters* log_counters)
+    : vid_(vid), id_(id), port_(port), log_(LogSink(), vid, log_counters) {}
 
 Status BackendDevice::Load() {
   if (rte_vhost_get_negotiated_features(vid_, &features_) != 0)
@@ -74,6 +96,10 @@ Status BackendDevice::Load() {
   auto memory = GuestMemory::Create(std::move(regions));
   if (!memory.ok()) return memory.status();
   memory_ = std::move(memory).value();
+  memory_.set_log(&log_);
+  // (Load runs after every message that changes features, SET_FEATURES
+  // with LOG_ALL included, with the data path detached.)
+  log_.Set((features_ & proto::kFeatureLogAll) != 0);
 
   queues_.clear();
   kick_fds_.clear();

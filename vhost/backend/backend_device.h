@@ -29,7 +29,8 @@ struct DeviceCounters {
 
 class BackendDevice {
  public:
-  BackendDevice(int vid, uint64_t id, const PortConfig* port) : vid_(vid), id_(id), port_(port) {}
+  // `log_counters`: where the dirty log counts what it marks (may be null).
+  BackendDevice(int vid, uint64_t id, const PortConfig* port, DirtyLogCounters* log_counters = nullptr);
 
   // (Re)reads memory table, vrings and kick fds from rte_vhost and validates
   // them: exactly port->num_queues vrings, every ring inside guest memory,
@@ -52,6 +53,9 @@ class BackendDevice {
   uint64_t features() const { return features_; }
 
   const GuestMemory& memory() const { return memory_; }
+  // The frontend's dirty log (live migration): on while VHOST_F_LOG_ALL is
+  // negotiated, as of the last Load(). memory().MarkWritten marks in it.
+  bool logging() const { return log_.on(); }
   // Tests: guest memory without rte_vhost behind it (instead of Load(); the
   // device has no queues then).
   void SetMemoryForTesting(GuestMemory memory) { memory_ = std::move(memory); }
@@ -82,6 +86,7 @@ class BackendDevice {
   const PortConfig* const port_;
   uint64_t features_ = 0;
   bool event_idx_ = false;
+  DirtyLog log_;  // before memory_, which points at it
   GuestMemory memory_;
   std::vector<VirtqueueDevice> queues_;
   std::vector<UniqueFd> kick_fds_;  // our dups: immune to the library closing its fd

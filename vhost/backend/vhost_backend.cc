@@ -70,9 +70,12 @@ bool IsReadOnly(uint32_t request) {
   }
 }
 
+// LOG_ALL and LOG_SHMFD: without them QEMU refuses to migrate the VM
+// (decision 87). rte_vhost maps the log (SET_LOG_BASE); the data path marks
+// its writes (GuestMemory::MarkWritten).
 constexpr uint64_t kDeviceFeatures =
-    proto::kFeatureVersion1 | proto::kFeatureVhostUserProtocol | proto::kFeatureEventIdx;
-constexpr uint64_t kProtocolFeatures = user::kProtoReplyAck | user::kProtoStatus;
+    proto::kFeatureVersion1 | proto::kFeatureVhostUserProtocol | proto::kFeatureEventIdx | proto::kFeatureLogAll;
+constexpr uint64_t kProtocolFeatures = user::kProtoReplyAck | user::kProtoStatus | user::kProtoLogShmfd;
 
 // The gid of group `name` (a port's `group` key), from the system's group
 // database (NSS), looked up before the socket exists so that a typo stops the
@@ -287,7 +290,8 @@ int VhostBackend::OnNewDevice(int vid) {
     if (it == conns_.end()) return -1;
     port = it->second.port;
   }
-  auto device = std::make_shared<BackendDevice>(vid, next_device_id_.fetch_add(1), &port->config);
+  auto device = std::make_shared<BackendDevice>(vid, next_device_id_.fetch_add(1), &port->config,
+                                                &counters_.dirty_log);
   Status st = device->Load();
   if (!st.ok()) {
     counters_.devices_rejected.fetch_add(1);
@@ -340,7 +344,14 @@ int VhostBackend::OnFeaturesChanged(int vid, uint64_t features) {
     changed = it->second.logging != logging;
     it->second.logging = logging;
   }
-  if (device && changed) Listener(*port).MigrationChanged(device.get(), logging);
+  if (!changed) return 0;
+  (logging ? counters_.dirty_log_starts : counters_.dirty_log_stops).fetch_add(1);
+  VS_LOG(kInfo, "vm %s: vid %d: dirty log %s (VHOST_F_LOG_ALL%s); all devices so far: %lu ranges, %lu bytes marked",
+         port->config.vm_name.c_str(), vid, logging ? "on" : "off",
+         logging ? " set: live migration began" : " cleared: live migration ended",
+         static_cast<unsigned long>(counters_.dirty_log.writes.load()),
+         static_cast<unsigned long>(counters_.dirty_log.bytes.load()));
+  if (device) Listener(*port).MigrationChanged(device.get(), logging);
   return 0;
 }
 

@@ -80,6 +80,9 @@ struct BackendCounters {
   std::atomic<uint64_t> devices_stopped{0};
   std::atomic<uint64_t> reconfigurations{0};  // messages handled while running
   std::atomic<uint64_t> connections_refused{0};  // beyond a VM's max_devices
+  std::atomic<uint64_t> dirty_log_starts{0};     // LOG_ALL set on a device (live migration began)
+  std::atomic<uint64_t> dirty_log_stops{0};      // LOG_ALL cleared (migration ended or was cancelled)
+  DirtyLogCounters dirty_log;                    // what the devices marked while it was on
   ProofCounters proofs;                           // the ports' proof sockets
 };
 

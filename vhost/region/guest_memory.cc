@@ -43,4 +43,16 @@ bool GuestMemory::ContainsLocal(const void* p, uint64_t len) const {
   return false;
 }
 
+void GuestMemory::MarkWrittenSlow(const void* p, uint64_t len) const {
+  auto a = reinterpret_cast<uintptr_t>(p);
+  for (const MemRegion& r : regions_) {
+    auto base = reinterpret_cast<uintptr_t>(r.local);
+    if (a < base || a - base >= r.size) continue;
+    uint64_t off = a - base;
+    // (Callers write inside one region: translations never span two.)
+    log_->Mark(r.gpa + off, std::min<uint64_t>(len, r.size - off));
+    return;
+  }
+}
+
 }  // namespace vsocket::vhost

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "vhost/region/dirty_log.h"
 
 namespace vsocket::vhost {
 
@@ -35,8 +36,22 @@ class GuestMemory {
 
   const std::vector<MemRegion>& regions() const { return regions_; }
 
+  // Every write into this memory calls MarkWritten(p, len) with the range it
+  // wrote (this process's address), after writing: during a live migration
+  // the range goes into the frontend's dirty log (dirty_log.h), else this is
+  // one branch. `log` must outlive this object.
+  void set_log(const DirtyLog* log) { log_ = log; }
+  bool logging() const { return log_->on(); }
+  void MarkWritten(const void* p, uint64_t len) const {
+    if (log_->on()) [[unlikely]]
+      MarkWrittenSlow(p, len);
+  }
+
  private:
+  void MarkWrittenSlow(const void* p, uint64_t len) const;
+
   std::vector<MemRegion> regions_;
+  const DirtyLog* log_ = &DirtyLog::Never();
 };
 
 }  // namespace vsocket::vhost

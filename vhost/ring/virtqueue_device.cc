@@ -10,6 +10,17 @@ using proto::kDescFlagIndirect;
 using proto::kDescFlagNext;
 using proto::kDescFlagWrite;
 
+namespace {
+// Where the device-written words of the used ring lie (split_ring.h), for
+// the dirty log: flags, idx, then the slots, then avail_event.
+const uint16_t* UsedFlagsWord(const SplitRing& r) { return static_cast<const uint16_t*>(r.used_base()); }
+const uint16_t* UsedIdxWord(const SplitRing& r) { return UsedFlagsWord(r) + 1; }
+const uint16_t* AvailEventWord(const SplitRing& r) {
+  return reinterpret_cast<const uint16_t*>(reinterpret_cast<const proto::VringUsedElem*>(UsedFlagsWord(r) + 2) +
+                                           r.size());
+}
+}  // namespace
+
 size_t DescChain::CopyOut(std::span<uint8_t> out) const {
   size_t done = 0;
   for (uint8_t i = 0; i < num_readable && done < out.size(); ++i) {
@@ -26,6 +37,7 @@ size_t DescChain::CopyIn(std::span<const uint8_t> in) const {
     const Segment& s = segs[num_readable + i];
     size_t n = std::min<size_t>(s.len, in.size() - done);
     std::memcpy(s.data, in.data() + done, n);
+    if (mem != nullptr) mem->MarkWritten(s.data, n);
     done += n;
   }
   return done;
@@ -59,6 +71,7 @@ PopResult VirtqueueDevice::Pop(DescChain* out) {
 
   DescChain chain;
   chain.head = head;
+  chain.mem = mem_;
   uint16_t idx = head;
   for (uint32_t count = 0;; ++count) {
     if (count >= ring_.size()) return Break("descriptor chain loops");
@@ -89,7 +102,9 @@ PopResult VirtqueueDevice::Pop(DescChain* out) {
 
 void VirtqueueDevice::Push(uint16_t head, uint32_t written) {
   proto::VringUsedElem e{head, written};
-  std::memcpy(&ring_.used_slot(used_shadow_), &e, sizeof(e));
+  proto::VringUsedElem* slot = &ring_.used_slot(used_shadow_);
+  std::memcpy(slot, &e, sizeof(e));
+  mem_->MarkWritten(slot, sizeof(e));
   ++used_shadow_;
 }
 
@@ -101,6 +116,7 @@ bool VirtqueueDevice::PublishUsed() {
   // D2: release orders the used slots written by Push() before the index;
   // pairs with the driver's acquire load of used->idx (A2).
   ring_.used_idx().store(new_idx, std::memory_order_release);
+  mem_->MarkWritten(UsedIdxWord(ring_), sizeof(uint16_t));
   used_published_ = new_idx;
   // F1: store(used->idx) must be ordered before load(used_event/flags); pairs
   // with the driver's fence F2 between writing used_event and re-reading
@@ -115,8 +131,10 @@ bool VirtqueueDevice::EnableNotify() {
   if (event_idx_) {
     // Kick me when avail->idx moves past what I have consumed.
     ring_.avail_event().store(last_avail_, std::memory_order_relaxed);
+    mem_->MarkWritten(AvailEventWord(ring_), sizeof(uint16_t));
   } else {
     ring_.used_flags().store(0, std::memory_order_relaxed);
+    mem_->MarkWritten(UsedFlagsWord(ring_), sizeof(uint16_t));
   }
   // F3: order the avail_event/flags store before re-reading avail->idx; pairs
   // with the driver's fence F4 between publishing avail->idx and reading
@@ -127,7 +145,10 @@ bool VirtqueueDevice::EnableNotify() {
 
 void VirtqueueDevice::DisableNotify() {
   // With event-idx a stale avail_event suppresses kicks by itself.
-  if (!event_idx_ && !broken()) ring_.used_flags().store(proto::kUsedFlagNoNotify, std::memory_order_relaxed);
+  if (!event_idx_ && !broken()) {
+    ring_.used_flags().store(proto::kUsedFlagNoNotify, std::memory_order_relaxed);
+    mem_->MarkWritten(UsedFlagsWord(ring_), sizeof(uint16_t));
+  }
 }
 
 }  // namespace vsocket::vhost

@@ -23,6 +23,8 @@ struct Segment {
 };
 
 // A validated descriptor chain: readable segments first, then writable ones.
+// Whoever writes into a writable segment other than through CopyIn calls
+// mem->MarkWritten for it.
 struct DescChain {
   uint16_t head = 0;
   uint8_t num_readable = 0;
@@ -30,12 +32,14 @@ struct DescChain {
   uint64_t readable_bytes = 0;
   uint64_t writable_bytes = 0;
   std::array<Segment, kMaxChainSegments> segs;
+  const GuestMemory* mem = nullptr;  // where segs lie (CopyIn marks what it writes)
 
   const Segment* readable() const { return segs.data(); }
   const Segment* writable() const { return segs.data() + num_readable; }
   // Gathers up to out.size() readable bytes; returns bytes copied.
   size_t CopyOut(std::span<uint8_t> out) const;
-  // Scatters `in` into the writable segments; returns bytes copied.
+  // Scatters `in` into the writable segments; returns bytes copied. (Marked
+  // in the dirty log: GuestMemory::MarkWritten.)
   size_t CopyIn(std::span<const uint8_t> in) const;
 };
 

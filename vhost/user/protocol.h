@@ -39,6 +39,7 @@ inline constexpr uint32_t kFlagVersionMask = 0x3;
 
 // Protocol feature bits (GET/SET_PROTOCOL_FEATURES).
 inline constexpr uint64_t kProtoMq = 1ull << 0;
+inline constexpr uint64_t kProtoLogShmfd = 1ull << 1;  // SET_LOG_BASE passes the dirty log's fd
 inline constexpr uint64_t kProtoReplyAck = 1ull << 3;
 inline constexpr uint64_t kProtoConfig = 1ull << 9;
 inline constexpr uint64_t kProtoStatus = 1ull << 16;

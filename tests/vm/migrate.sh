@@ -1,0 +1,319 @@
+#!/usr/bin/env bash
+# Live migration of a QEMU (TCG) guest attached to vsocketd (issue 36,
+# first increment; decision 87): the dirty-log completeness check.
+#
+#   migrate_under_load  A guest whose agent (vsocket-guestd) owns two
+#                   vSocket functions runs xfer (unmodified, under
+#                   libvsocket-vm.so) server and client, 2 accelerated
+#                   connections streaming both ways through vsocketd A.
+#                   While they stream, QMP `migrate` moves the guest to a
+#                   destination QEMU (-incoming, -S) attached to vsocketd B.
+#                   The migration must complete; then the guest memory of
+#                   the source (stopped) and of the destination (paused) is
+#                   saved (QMP pmemsave) and compared page by page: every
+#                   page equal means no write vsocketd made into the guest
+#                   during the migration was left out of QEMU's dirty log.
+#                   vsocketd A must have counted the log on and the bytes it
+#                   marked; the destination, continued, must run the guest
+#                   on (its console ticks).
+#   migrate_without_dirty_log  The negative control: the same with
+#                   vsocketd A started with VSOCKET_DEBUG_NO_DIRTY_LOG=1
+#                   (it counts what it would mark and marks nothing). Pages
+#                   must differ: the comparison does see missed writes.
+#
+# What the guest's connections do across the move is not checked yet (they
+# stall: the guest-side fallback is issue 36's next increment).
+#
+# Usage: tests/vm/migrate.sh [--no-build] [CASE...]   (as root)
+# VSOCKETD=PATH runs both daemons from another build (e.g. one from before
+# decision 87, which QEMU refuses to migrate).
+# Prints "PASS CASE (Ns)" / "FAIL CASE: why" and ends with "N passed, N
+# failed". Every wait is bounded; QEMU and vsocketd are stopped by PID on
+# exit. Run it under `flock /tmp/vsocket-e2e.lock` on shared machines.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+VM_CACHE=${VSOCKET_VM_CACHE:-/var/cache/vsocket-vm}
+. tests/vm/lib.sh
+
+BUILD=1
+CASES=()
+for a in "$@"; do
+  case "$a" in
+    --no-build) BUILD=0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
+    *) CASES+=("$a") ;;
+  esac
+done
+[ ${#CASES[@]} -gt 0 ] || CASES=(migrate_under_load migrate_without_dirty_log)
+
+die() { echo "migrate.sh: $*" >&2; echo "0 passed, 1 failed"; exit 1; }
+bash tests/rdma/install-deps.sh || die "installing QEMU and busybox failed"
+bash tests/vm/prepare.sh || die "preparing the guest kernel and initramfs failed"
+TARGETS=(//host-backend:vsocketd //host-backend:vsocketctl //guest/agent:vsocket-guestd //guest/agent:libvsocket-vm.so
+         //tests/e2e:xfer)
+if [ "$BUILD" = 1 ]; then
+  flock -o /tmp/vsocket-bazel.lock bazel build "${TARGETS[@]}" >/dev/null 2>&1 || die "bazel build failed"
+fi
+BIN=$(bazel info bazel-bin 2>/dev/null) || die "bazel info failed"
+for t in host-backend/vsocketd host-backend/vsocketctl guest/agent/vsocket-guestd guest/agent/libvsocket-vm.so \
+         tests/e2e/xfer; do
+  [ -e "$BIN/$t" ] || die "$t not built"
+done
+
+VSOCKETD=${VSOCKETD:-$BIN/host-backend/vsocketd}
+WORK=$(mktemp -d /tmp/vsocket-mig-XXXXXX)
+RAM_MB=256
+# PIDs this script started: the two QEMUs, the two daemons.
+SRC_PID="" DST_PID="" DA_PID="" DB_PID=""
+stop_pid() {
+  local pid=$1 i
+  [ -n "$pid" ] || return 0
+  kill "$pid" 2>/dev/null || return 0
+  for i in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$pid" 2>/dev/null || break; sleep 0.3; done
+  kill -9 "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+stop_all() {
+  stop_pid "$SRC_PID"; stop_pid "$DST_PID"; stop_pid "$DA_PID"; stop_pid "$DB_PID"
+  SRC_PID="" DST_PID="" DA_PID="" DB_PID=""
+}
+cleanup() { stop_all; rm -rf "$WORK"; }
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+qmp() { timeout 40 python3 tests/vm/qmp.py "$@"; }
+# stat CTL KEY: a counter of the daemon on control socket CTL
+stat() {
+  "$BIN/host-backend/vsocketctl" --socket "$1" stats 2>/dev/null | python3 -c "
+import json, sys
+s = json.load(sys.stdin)
+print(next((g[sys.argv[1]] for g in s.values() if isinstance(g, dict) and sys.argv[1] in g), -1))" "$2"
+}
+
+# The guest's initramfs: prepare.sh's (modules, busybox) with this test's
+# /init, job and binaries appended as a second archive (the kernel unpacks
+# both, the later files winning).
+make_initrd() {
+  local stage=$WORK/stage f
+  rm -rf "$stage"
+  mkdir -p "$stage/stage"
+  cp tests/vm/migrate-init.sh "$stage/init"
+  chmod 755 "$stage/init"
+  cp "$BIN/guest/agent/vsocket-guestd" "$BIN/guest/agent/libvsocket-vm.so" "$BIN/tests/e2e/xfer" "$stage/stage/"
+  for f in $(ldd "$BIN/guest/agent/vsocket-guestd" "$BIN/guest/agent/libvsocket-vm.so" "$BIN/tests/e2e/xfer" |
+             awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// && $2 ~ /^\(/ { print $1 }' | sort -u); do
+    mkdir -p "$stage$(dirname "$f")"
+    cp -L "$f" "$stage$f"
+  done
+  # Two processes, each on a vSocket function of its own (the agent grants
+  # one per process): xfer's server and client, 2 connections streaming
+  # both ways, far longer than the migration takes. A tick a second shows
+  # the guest runs (on the destination too, once continued).
+  cat > "$stage/stage/job.sh" <<'JOB'
+export LD_LIBRARY_PATH=/lib/x86_64-linux-gnu:/usr/lib/x86_64-linux-gnu
+( i=0; while :; do echo "mig: tick $i"; i=$((i + 1)); sleep 1; done ) &
+ip link set lo up
+ip addr add 203.0.113.10/32 dev lo
+./vsocket-guestd --serve /run/agent.sock > /tmp/agent.out 2>&1 &
+for _ in $(seq 300); do [ -S /run/agent.sock ] && break; sleep 0.1; done
+export VSOCKET_SOCKET=/run/agent.sock
+LD_PRELOAD=/stage/libvsocket-vm.so ./xfer server 203.0.113.10 5301 --conns 2 > /tmp/server.out 2>&1 &
+for _ in $(seq 300); do netstat -ltn | grep -q ':5301 ' && break; sleep 0.1; done
+LD_PRELOAD=/stage/libvsocket-vm.so ./xfer client 203.0.113.10 5301 --conns 2 --bytes 4000000000 --pause-ms 500 \
+  > /tmp/client.out 2>&1 &
+echo "mig: load started"
+wait $!
+echo "mig: client exit $?"
+sed 's/^/mig: client: /' /tmp/client.out
+sed 's/^/mig: server: /' /tmp/server.out
+sed 's/^/mig: agent: /' /tmp/agent.out
+JOB
+  (cd "$stage" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc --quiet -R 0:0) | gzip -1 > "$WORK/extra.cpio.gz"
+  cat "$VM_CACHE/initramfs.cpio.gz" "$WORK/extra.cpio.gz" > "$WORK/initrd"
+}
+
+# start_daemon NAME [ENV...]: vsocketd NAME with the guest's port (vmq,
+# tenant 1, 203.0.113.10) on $WORK/NAME.sock, control socket
+# $WORK/NAME.ctl; pid in DAEMON_PID.
+start_daemon() {
+  local name=$1 i
+  shift
+  env "$@" VSOCKET_VM_VMQ_PROVE_SOCKETS=false "$VSOCKETD" --ctl "$WORK/$name.ctl" --log-level info \
+    --port "$WORK/$name.sock,vmq,1,203.0.113.10" >"$WORK/$name.log" 2>&1 &
+  DAEMON_PID=$!
+  for i in $(seq 100); do
+    "$BIN/host-backend/vsocketctl" --socket "$WORK/$name.ctl" counters >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# start_qemu NAME SOCKET [QEMU ARGS...]: the guest (two vSocket functions on
+# vhost-user SOCKET), QMP on $WORK/NAME.qmp, console in $WORK/NAME.console;
+# pid in QEMU_PID. Source and destination differ only in their arguments.
+start_qemu() {
+  local name=$1 sock=$2 i
+  shift 2
+  local vs=()
+  for i in 0 1; do
+    vs+=(-chardev "socket,id=vs$i,path=$sock" -netdev "vhost-user,id=vsn$i,chardev=vs$i"
+         -device "$VM_NET_DEVICE,netdev=vsn$i")
+  done
+  qemu-system-x86_64 \
+    -accel tcg,thread=multi -cpu max -smp 1 -m "$RAM_MB" \
+    -object "memory-backend-memfd,id=mem0,size=${RAM_MB}M,share=on" -machine memory-backend=mem0 \
+    -display none -vga none -monitor none -no-reboot -nodefaults \
+    -chardev "file,id=con0,path=$WORK/$name.console" -serial chardev:con0 \
+    -qmp "unix:$WORK/$name.qmp,server=on,wait=off" \
+    -kernel "$VM_CACHE/vmlinuz" -initrd "$WORK/initrd" \
+    -append "console=ttyS0 quiet loglevel=3 panic=-1 vsocket.timeout=280 vsocket.hugepages=24" \
+    "${vs[@]}" "$@" \
+    </dev/null >"$WORK/$name.qemu.log" 2>&1 &
+  QEMU_PID=$!
+}
+
+# wait_for SECS CMD...: runs CMD every 0.5 s until it succeeds (0) or SECS pass (1).
+wait_for() {
+  local deadline=$(( $(date +%s) + $1 ))
+  shift
+  while ! "$@"; do
+    [ "$(date +%s)" -lt "$deadline" ] || return 1
+    sleep 0.5
+  done
+}
+console_has() { grep -q "$2" "$WORK/$1.console" 2>/dev/null; }
+accel_moving() { [ "$(stat "$WORK/a.ctl" accel_bytes)" -gt "$1" ]; }
+migration_done() {
+  MIG=$(qmp "$WORK/src.qmp" query-migrate 2>/dev/null) || return 1
+  MIG_STATUS=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1]).get("status", "none"))' "$MIG")
+  case "$MIG_STATUS" in completed|failed|cancelled) return 0 ;; *) return 1 ;; esac
+}
+status_is() { qmp "$WORK/$1.qmp" query-status 2>/dev/null | grep -q "\"status\": \"$2\""; }
+ticks() { grep -c "^mig: tick" "$WORK/$1.console" 2>/dev/null; }
+
+passed=0 failed=0
+pass() { echo "PASS $1 ($2s)"; passed=$((passed + 1)); }
+fail() {
+  echo "FAIL $1: $2"
+  failed=$((failed + 1))
+  local f
+  for f in a.log b.log src.console dst.console src.qemu.log dst.qemu.log; do
+    [ -s "$WORK/$f" ] && { echo "--- $f (tail)"; tail -8 "$WORK/$f"; }
+  done
+}
+
+# run_migration CASE [ENV for vsocketd A...]: boots the source on vsocketd A
+# and the destination on vsocketd B, migrates under load, compares guest
+# memory. Sets DIFF_PAGES, PAGES and the figures the cases print; returns 1
+# (after fail) if the migration itself did not happen.
+run_migration() {
+  local case=$1
+  shift
+  stop_all
+  rm -f "$WORK"/{a,b}.{log,ctl,sock} "$WORK"/{src,dst}.{console,qmp,qemu.log} "$WORK"/*.ram
+  start_daemon a "$@" || { fail "$case" "vsocketd A did not start"; return 1; }
+  DA_PID=$DAEMON_PID
+  start_daemon b || { fail "$case" "vsocketd B did not start"; return 1; }
+  DB_PID=$DAEMON_PID
+  local port
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  start_qemu src "$WORK/a.sock"
+  SRC_PID=$QEMU_PID
+  local accel0
+  accel0=$(stat "$WORK/a.ctl" accel_bytes)
+  wait_for 120 console_has src "mig: load started" || { fail "$case" "the source guest never started its load"; return 1; }
+  wait_for 60 accel_moving $((accel0 + 4000000)) ||
+    { fail "$case" "no accelerated stream through vsocketd A (accel_bytes $(stat "$WORK/a.ctl" accel_bytes))"; return 1; }
+  # The destination: same machine, attached to vsocketd B, paused once the
+  # state is in (-S) so that nothing runs there before the comparison.
+  start_qemu dst "$WORK/b.sock" -incoming "tcp:127.0.0.1:$port" -S
+  DST_PID=$QEMU_PID
+  wait_for 30 status_is dst inmigrate || { fail "$case" "the destination QEMU did not come up"; return 1; }
+  ACCEL_BEFORE=$(stat "$WORK/a.ctl" accel_bytes)
+  qmp "$WORK/src.qmp" migrate-set-parameters '{"max-bandwidth": 1073741824, "downtime-limit": 300}' >/dev/null
+  local t0=$SECONDS
+  MIG_OUT=$(qmp "$WORK/src.qmp" migrate "{\"uri\": \"tcp:127.0.0.1:$port\"}" 2>&1) ||
+    { fail "$case" "QEMU refused the migration: $MIG_OUT"; return 1; }
+  MIG_STATUS=none
+  wait_for 150 migration_done || { fail "$case" "the migration did not end within 150 s (status $MIG_STATUS)"; return 1; }
+  MIG_SECS=$((SECONDS - t0))
+  ACCEL_AFTER=$(stat "$WORK/a.ctl" accel_bytes)
+  [ "$MIG_STATUS" = completed ] || { fail "$case" "migration $MIG_STATUS: $MIG"; return 1; }
+  wait_for 30 status_is dst paused || { fail "$case" "the destination is not paused after the migration"; return 1; }
+  wait_for 30 status_is src postmigrate || { fail "$case" "the source is not stopped after the migration"; return 1; }
+  # Both stopped: save and compare every page of guest RAM.
+  qmp "$WORK/src.qmp" pmemsave "{\"val\": 0, \"size\": $((RAM_MB << 20)), \"filename\": \"$WORK/src.ram\"}" >/dev/null &&
+    qmp "$WORK/dst.qmp" pmemsave "{\"val\": 0, \"size\": $((RAM_MB << 20)), \"filename\": \"$WORK/dst.ram\"}" >/dev/null ||
+    { fail "$case" "pmemsave failed"; return 1; }
+  read -r PAGES DIFF_PAGES DIFF_LIST < <(python3 - "$WORK/src.ram" "$WORK/dst.ram" <<'PY'
+import sys
+a, b = open(sys.argv[1], "rb"), open(sys.argv[2], "rb")
+pages, diff = 0, []
+while True:
+    x, y = a.read(4096), b.read(4096)
+    if not x and not y:
+        break
+    if x != y:
+        diff.append(pages)
+    pages += 1
+print(pages, len(diff), " ".join("0x%x" % (p * 4096) for p in diff[:12]) or "-")
+PY
+)
+  rm -f "$WORK/src.ram" "$WORK/dst.ram"
+  LOG_STARTS=$(stat "$WORK/a.ctl" dirty_log_starts) LOG_BYTES=$(stat "$WORK/a.ctl" dirty_log_bytes)
+  LOG_RANGES=$(stat "$WORK/a.ctl" dirty_log_writes)
+  MIG_FIGURES=$(python3 -c '
+import json, sys
+m = json.loads(sys.argv[1]); r = m.get("ram", {})
+print("total %s ms, downtime %s ms, %s MiB transferred, %s dirty-sync rounds" % (m.get("total-time"), m.get("downtime"),
+      r.get("transferred", 0) >> 20, r.get("dirty-sync-count")))' "$MIG")
+  echo "  migration: $MIG_FIGURES (under ${MIG_SECS}s); vsocketd A accel_bytes during it: $((ACCEL_AFTER - ACCEL_BEFORE))"
+  echo "  vsocketd A dirty log: $LOG_STARTS starts, $LOG_RANGES ranges, $LOG_BYTES bytes marked"
+  echo "  guest memory: $PAGES pages of 4 KiB compared, $DIFF_PAGES differ (first: $DIFF_LIST)"
+  return 0
+}
+
+case_migrate_under_load() {
+  local t0=$SECONDS
+  run_migration migrate_under_load || return
+  [ "$DIFF_PAGES" = 0 ] || { fail migrate_under_load "$DIFF_PAGES pages of the destination differ from the source's"; return; }
+  [ "$PAGES" -eq $((RAM_MB * 256)) ] || { fail migrate_under_load "compared $PAGES pages, want $((RAM_MB * 256))"; return; }
+  [ $((ACCEL_AFTER - ACCEL_BEFORE)) -gt 0 ] || { fail migrate_under_load "no accelerated bytes moved during the migration"; return; }
+  [ "$LOG_STARTS" -ge 2 ] && [ "$LOG_BYTES" -gt 0 ] ||
+    { fail migrate_under_load "vsocketd A: dirty log started $LOG_STARTS times (want one per device, 2), marked $LOG_BYTES B"; return; }
+  grep -q "dirty log on (VHOST_F_LOG_ALL set" "$WORK/a.log" || { fail migrate_under_load "no 'dirty log on' in vsocketd A's log"; return; }
+  # The destination runs the guest on.
+  local n
+  n=$(ticks dst)
+  qmp "$WORK/dst.qmp" cont >/dev/null || { fail migrate_under_load "cont on the destination failed"; return; }
+  tick_after() { [ "$(ticks dst)" -gt "$n" ]; }
+  wait_for 30 tick_after || { fail migrate_under_load "the migrated guest does not run on the destination"; return; }
+  echo "  destination continued: the guest ticks on ($(grep "^mig: tick" "$WORK/dst.console" | tail -1))"
+  # Not checked yet (issue 36's next increment): what the guest's
+  # connections do on a backend that never saw them. Shown for the record.
+  sleep 3
+  echo "  vsocketd A after: $(grep -E "dirty log|device [0-9]+ stopped" "$WORK/a.log" | sed 's/^[A-Z] [0-9.]* vsocketd: //' | tail -3 | tr '\n' ';')"
+  echo "  vsocketd B after cont: $(grep -vE "^vsocketd: ready|listening|naps|ready:" "$WORK/b.log" | sed 's/^[A-Z] [0-9.]* vsocketd: //' | tail -4 | tr '\n' ';')"
+  kill -0 "$DA_PID" && kill -0 "$DB_PID" || { fail migrate_under_load "a vsocketd died"; return; }
+  stop_all
+  pass migrate_under_load $((SECONDS - t0))
+}
+
+case_migrate_without_dirty_log() {
+  local t0=$SECONDS
+  run_migration migrate_without_dirty_log VSOCKET_DEBUG_NO_DIRTY_LOG=1 || return
+  grep -q "VSOCKET_DEBUG_NO_DIRTY_LOG=1" "$WORK/a.log" || { fail migrate_without_dirty_log "vsocketd A did not take the switch"; return; }
+  [ "$DIFF_PAGES" -gt 0 ] ||
+    { fail migrate_without_dirty_log "no page differs although vsocketd A marked nothing: the comparison cannot see missed writes"; return; }
+  stop_all
+  pass migrate_without_dirty_log $((SECONDS - t0))
+}
+
+command -v qemu-system-x86_64 >/dev/null || die "no qemu-system-x86_64"
+make_initrd
+for c in "${CASES[@]}"; do
+  if declare -F "case_$c" >/dev/null; then "case_$c"; else echo "FAIL $c: no such case"; failed=$((failed + 1)); fi
+done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

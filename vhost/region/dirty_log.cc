@@ -1,0 +1,10 @@
+#include "vhost/region/dirty_log.h"
+
+namespace vsocket::vhost {
+
+const DirtyLog& DirtyLog::Never() {
+  static const DirtyLog never;
+  return never;
+}
+
+}  // namespace vsocket::vhost
