@@ -7,7 +7,8 @@
 #   3. each libFuzzer target for a bounded time from its seed corpus;
 #   4. the end-to-end suites on the same-host test bed (tests/e2e/same_host.sh)
 #      and on the two-host test bed (tests/e2e/cross_host.sh, tcp fabric);
-#   5. VM mode: QEMU TCG guests attached to vsocketd (tests/vm/vm_mode.sh);
+#   5. VM mode: QEMU TCG guests attached to vsocketd (tests/vm/vm_mode.sh),
+#      and their live migration between two vsocketds (tests/vm/migrate.sh);
 #   6. the Debian packages: build, install, the demo from the installed files,
 #      purge (tests/packaging/deb_test.sh).
 # Prints one line per step and ends with "N passed, N failed", where N counts
@@ -124,6 +125,13 @@ if bazel build //host-backend:vsocketd //host-backend:vsocketctl //guest/agent:v
   bash tests/vm/vm_mode.sh --no-build >"$LOGDIR/vm.log" 2>&1
   grep -E "^(PASS|FAIL) " "$LOGDIR/vm.log" | sed 's/^/[vm] /'
   read -r p f < <(tail -1 "$LOGDIR/vm.log" | awk '/passed,/ {print $1, $3}')
+  passed=$((passed + ${p:-0}))
+  failed=$((failed + ${f:-1}))
+  # Live migration under load, guest memory compared page by page on
+  # both sides, and its negative control (decision 88; about 35 s).
+  bash tests/vm/migrate.sh --no-build >"$LOGDIR/vm-migrate.log" 2>&1
+  grep -E "^(PASS|FAIL) " "$LOGDIR/vm-migrate.log" | sed 's/^/[vm] /'
+  read -r p f < <(tail -1 "$LOGDIR/vm-migrate.log" | awk '/passed,/ {print $1, $3}')
   passed=$((passed + ${p:-0}))
   failed=$((failed + ${f:-1}))
 else

@@ -213,7 +213,7 @@ void ConnManager::OnAttach(vhost::BackendDevice& device) {
     // During a live migration, the whole RX ring of a fabric connection is
     // marked written: the stash just copied, a frame's first part landed
     // before the pause (its end is marked only where it lands), one-sided
-    // placements meanwhile (decision 87).
+    // placements meanwhile (decision 88).
     if (c->remote.paired()) MarkRingWritten(device.memory(), c->rx.host, c->rx.size, 0, c->rx.size);
     // Registered again off the worker; the peer learns the RX ring's by
     // PLACEMENT (until then its bytes are staged, ours copied).

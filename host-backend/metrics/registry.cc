@@ -96,7 +96,7 @@ std::vector<Metric<D>> Daemon() {
        .help = "vhost-user messages handled while a device ran.",
        .read = [](const D& c) -> uint64_t { return c.backend.reconfigurations.load(); },
        .group = "backend"},
-      // Live migration (decision 87).
+      // Live migration (decision 88).
       {.name = "dirty_log_starts",
        .type = kCounter,
        .help = "Times a device's frontend turned the dirty log on (VHOST_F_LOG_ALL: a live migration began).",

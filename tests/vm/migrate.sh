@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Live migration of a QEMU (TCG) guest attached to vsocketd (issue 36,
-# first increment; decision 87): the dirty-log completeness check.
+# first increment; decision 88): the dirty-log completeness check.
 #
 #   migrate_under_load  A guest whose agent (vsocket-guestd) owns two
 #                   vSocket functions runs xfer (unmodified, under
@@ -26,7 +26,7 @@
 #
 # Usage: tests/vm/migrate.sh [--no-build] [CASE...]   (as root)
 # VSOCKETD=PATH runs both daemons from another build (e.g. one from before
-# decision 87, which QEMU refuses to migrate).
+# decision 88, which QEMU refuses to migrate).
 # Prints "PASS CASE (Ns)" / "FAIL CASE: why" and ends with "N passed, N
 # failed". Every wait is bounded; QEMU and vsocketd are stopped by PID on
 # exit. Run it under `flock /tmp/vsocket-e2e.lock` on shared machines.

@@ -71,7 +71,7 @@ bool IsReadOnly(uint32_t request) {
 }
 
 // LOG_ALL and LOG_SHMFD: without them QEMU refuses to migrate the VM
-// (decision 87). rte_vhost maps the log (SET_LOG_BASE); the data path marks
+// (decision 88). rte_vhost maps the log (SET_LOG_BASE); the data path marks
 // its writes (GuestMemory::MarkWritten).
 constexpr uint64_t kDeviceFeatures =
     proto::kFeatureVersion1 | proto::kFeatureVhostUserProtocol | proto::kFeatureEventIdx | proto::kFeatureLogAll;
