@@ -99,7 +99,8 @@ std::string Stats(const Report& rep) {
     Field(out, "wakeups", d->counters().wakeups.load(), false);
     out += "}";
   }
-  out += "]," + Group("conn_counters", counters) + "," + Group("peering", counters) + ",\"links\":[";
+  out += "]," + Group("conn_counters", counters) + "," + Group("peering", counters) + "," +
+         Group("directory", counters) + ",\"links\":[";
   first = true;
   for (const PeerSnapshot& p : rep.peers) {
     if (!first) out += ",";

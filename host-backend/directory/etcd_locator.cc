@@ -12,7 +12,10 @@
 namespace vsocket::directory {
 
 EtcdLocator::EtcdLocator(std::shared_ptr<EtcdClient> client, Options options)
-    : client_(std::move(client)), options_(std::move(options)) {
+    : client_(std::move(client)),
+      options_(std::move(options)),
+      counters_(options_.counters != nullptr ? options_.counters : &own_counters_) {
+  counters_->enabled = 1;
   MutexLock lock(mu_);
   stale_since_ms_ = MonotonicMs();
 }
@@ -63,6 +66,7 @@ EtcdLocatorHealth EtcdLocator::Health() const {
   h.connects = connects_;
   h.full_reads = full_reads_;
   h.bad_records = bad_records_;
+  h.watch_events = watch_events_;
   h.conflicts = conflicts_;
   h.hosts = hosts_.size();
   h.entries = matcher_ ? matcher_->size() : 0;
@@ -138,6 +142,7 @@ void EtcdLocator::Load(const EtcdRange& range) {
     revision_ = range.revision;
     ++full_reads_;
     Rebuild();
+    Publish();
     synced_ = true;
   }
   cv_.NotifyAll();
@@ -153,8 +158,10 @@ void EtcdLocator::Apply(int64_t revision, const std::vector<EtcdEvent>& events) 
       // The watch is set up (the empty batch that says so, or events).
       connected_ = true;
       ++connects_;
+      Publish();
     }
     if (events.empty()) return;
+    watch_events_ += events.size();
     for (const EtcdEvent& e : events) {
       if (e.type == EtcdEvent::Type::kPut) {
         if (!Put(e.kv)) ++bad_records_;
@@ -164,6 +171,7 @@ void EtcdLocator::Apply(int64_t revision, const std::vector<EtcdEvent>& events) 
     }
     revision_ = std::max(revision_, revision);
     Rebuild();
+    Publish();
   }
   if (on_change_) on_change_();
 }
@@ -237,6 +245,20 @@ void EtcdLocator::Disconnected(const Status& why) {
   if (connected_) stale_since_ms_ = MonotonicMs();
   connected_ = false;
   last_error_ = why.message();
+  Publish();
+}
+
+void EtcdLocator::Publish() {
+  DirectoryCounters& c = *counters_;
+  c.connected = connected_ ? 1 : 0;
+  c.revision = uint64_t(revision_);
+  c.hosts = hosts_.size();
+  c.entries = matcher_ ? matcher_->size() : 0;
+  c.conflicts = conflicts_;
+  c.watch_events = watch_events_;
+  c.connects = connects_;
+  c.full_reads = full_reads_;
+  c.bad_records = bad_records_;
 }
 
 bool EtcdLocator::Pause(int ms) { return PauseUnlessStopped(mu_, cv_, stop_, ms); }

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "base/mutex.h"
+#include "host-backend/directory/counters.h"
 #include "host-backend/directory/etcd_client.h"
 #include "host-backend/directory/records.h"
 #include "host-backend/fabric/locator.h"
@@ -32,6 +33,7 @@ struct EtcdLocatorHealth {
   int64_t lag_ms = 0;        // how long the cache has gone without a live watch (0: live)
   std::string last_error;    // the last failure ("" if none yet)
   std::string endpoint;      // the etcd endpoint in use
+  uint64_t watch_events = 0;  // changes applied from the watch
   uint64_t connects = 0;     // watches set up
   uint64_t full_reads = 0;   // reads of the whole prefix (the first, and after compaction)
   uint64_t bad_records = 0;  // keys or values ignored as malformed
@@ -46,6 +48,8 @@ class EtcdLocator : public fabric::Locator {
     std::string prefix = kDefaultPrefix;
     int backoff_min_ms = 200;
     int backoff_max_ms = 5000;
+    // Where its numbers go (the daemon's metrics); null: its own.
+    DirectoryCounters* counters = nullptr;
   };
   EtcdLocator(std::shared_ptr<EtcdClient> client, Options options);
   ~EtcdLocator() override;
@@ -78,6 +82,8 @@ class EtcdLocator : public fabric::Locator {
   void Erase(const std::string& key) REQUIRES(mu_);
   // Compiles vms_ into the matcher Find uses.
   void Rebuild() REQUIRES(mu_);
+  // Copies the cache's numbers to counters_.
+  void Publish() REQUIRES(mu_);
   void Disconnected(const Status& why) EXCLUDES(mu_);
   // Sleeps up to `ms` unless stopped: false once stopped.
   bool Pause(int ms) EXCLUDES(mu_);
@@ -85,6 +91,8 @@ class EtcdLocator : public fabric::Locator {
   const std::shared_ptr<EtcdClient> client_;
   const Options options_;
   std::function<void()> on_change_;
+  DirectoryCounters own_counters_;
+  DirectoryCounters* const counters_;  // options_.counters or own_counters_
   std::atomic<bool> stop_{false};  // (read by the watch's progress callback)
 
   mutable Mutex mu_;
@@ -100,6 +108,7 @@ class EtcdLocator : public fabric::Locator {
   uint64_t connects_ GUARDED_BY(mu_) = 0;
   uint64_t full_reads_ GUARDED_BY(mu_) = 0;
   uint64_t bad_records_ GUARDED_BY(mu_) = 0;
+  uint64_t watch_events_ GUARDED_BY(mu_) = 0;
   size_t conflicts_ GUARDED_BY(mu_) = 0;
   std::string conflicts_text_ GUARDED_BY(mu_);
 

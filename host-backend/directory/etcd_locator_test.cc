@@ -40,8 +40,9 @@ class EtcdLocatorTest : public ::testing::Test {
     client_ =
         std::make_shared<EtcdClient>(std::vector<std::string>{etcd_.endpoint()}, EtcdClientOptions::Timeouts(2000, 300, 2000));
   }
-  std::unique_ptr<EtcdLocator> NewLocator() {
+  std::unique_ptr<EtcdLocator> NewLocator(DirectoryCounters* counters = nullptr) {
     EtcdLocator::Options o;
+    o.counters = counters;
     o.backoff_min_ms = 50;
     o.backoff_max_ms = 400;
     auto l = std::make_unique<EtcdLocator>(client_, o);
@@ -111,7 +112,11 @@ TEST_F(EtcdLocatorTest, TheHostComesFromTheKeyAndMalformedRecordsAreIgnored) {
 
 TEST_F(EtcdLocatorTest, AnswersFromTheCacheWhileEtcdIsDownAndResyncsAfterRestart) {
   ASSERT_TRUE(PutVm("hostA", "vm1", 7, {"198.51.100.1"}).ok());
-  auto loc = NewLocator();
+  DirectoryCounters counters;
+  auto loc = NewLocator(&counters);
+  EXPECT_EQ(counters.enabled.load(), 1u);
+  EXPECT_EQ(counters.entries.load(), 1u);
+  EXPECT_EQ(counters.full_reads.load(), 1u);
   ASSERT_TRUE(Eventually([&] { return loc->Health().connected; }, 2000));
   etcd_.Kill();
   ASSERT_TRUE(Eventually([&] { return !loc->Health().connected; }, 3000));
@@ -121,6 +126,7 @@ TEST_F(EtcdLocatorTest, AnswersFromTheCacheWhileEtcdIsDownAndResyncsAfterRestart
   EtcdLocatorHealth down = loc->Health();
   EXPECT_FALSE(down.last_error.empty());
   EXPECT_TRUE(Eventually([&] { return loc->Health().lag_ms > 0; }, 1000));
+  EXPECT_EQ(counters.connected.load(), 0u);
 
   Status st = etcd_.Start();  // same ports, same data
   ASSERT_TRUE(st.ok()) << st.ToString();
@@ -132,6 +138,12 @@ TEST_F(EtcdLocatorTest, AnswersFromTheCacheWhileEtcdIsDownAndResyncsAfterRestart
   EXPECT_TRUE(up.connected);
   EXPECT_GT(up.revision, down.revision);
   EXPECT_GE(up.connects, 2u);
+  // The metrics say the same.
+  EXPECT_EQ(counters.connected.load(), 1u);
+  EXPECT_EQ(counters.revision.load(), uint64_t(up.revision));
+  EXPECT_EQ(counters.connects.load(), up.connects);
+  EXPECT_EQ(counters.watch_events.load(), 2u);  // hostB's put, hostA's delete
+  EXPECT_EQ(counters.entries.load(), 1u);
 }
 
 TEST_F(EtcdLocatorTest, ReadsEverythingAgainWhenItsRevisionWasCompacted) {
@@ -210,6 +222,7 @@ TEST_F(EtcdLocatorTest, PublisherWritesAgainWhenItsLeaseIsGone) {
   ASSERT_TRUE(client_->Revoke(lease).ok());
   EXPECT_TRUE(Eventually([&] { return pub->Health().publishes >= 2; }, 5000)) << pub->Health().last_error;
   EXPECT_NE(pub->Health().lease, lease);
+  EXPECT_GE(pub->Health().keepalive_failures, 1u);  // (the renewal that found it gone)
   EXPECT_TRUE(Eventually([&] { return loc->Find(9, V4("198.51.100.8")) == "hostC"; }, 1000));
   pub->Stop();
 }

@@ -15,7 +15,8 @@ EtcdPublisher::EtcdPublisher(std::shared_ptr<EtcdClient> client, std::string hos
       host_(std::move(host)),
       record_(std::move(record)),
       vms_(std::move(vms)),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      counters_(options_.counters != nullptr ? options_.counters : &own_counters_) {}
 
 EtcdPublisher::~EtcdPublisher() {
   if (thread_.joinable()) Stop(StopMode::kRevoke);
@@ -39,6 +40,7 @@ void EtcdPublisher::Stop(StopMode mode) {
     published_ = false;
     lease_ = 0;
   }
+  counters_->published = 0;
   if (mode == StopMode::kRevoke && lease != 0) {
     Status st = client_->Revoke(lease);
     if (!st.ok())
@@ -60,7 +62,7 @@ bool EtcdPublisher::WaitPublished(int timeout_ms) {
 
 EtcdPublisherHealth EtcdPublisher::Health() const {
   MutexLock lock(mu_);
-  return {published_, lease_, publishes_, last_error_};
+  return {published_, lease_, publishes_, counters_->keepalive_failures.load(), last_error_};
 }
 
 Status EtcdPublisher::Publish() {
@@ -81,6 +83,8 @@ Status EtcdPublisher::Publish() {
     published_ = true;
     ++publishes_;
   }
+  counters_->published = 1;
+  counters_->publishes.fetch_add(1, std::memory_order_relaxed);
   cv_.NotifyAll();
   VS_LOG(kInfo, "directory: published host %s and %zu VM(s) under lease %lld (TTL %d s)", host_.c_str(), vms_.size(),
          static_cast<long long>(*lease), options_.ttl_s);
@@ -105,9 +109,11 @@ void EtcdPublisher::Run() {
     } else {
       auto ttl = client_->KeepAlive(lease);
       st = ttl.status();
+      if (!st.ok()) counters_->keepalive_failures.fetch_add(1, std::memory_order_relaxed);
       if (st.code() == Code::kNotFound) {
         // Expired while etcd was out of reach: the records are gone.
         VS_LOG(kWarn, "directory: lease %lld expired; publishing again", static_cast<long long>(lease));
+        counters_->published = 0;
         MutexLock lock(mu_);
         published_ = false;
         lease_ = 0;

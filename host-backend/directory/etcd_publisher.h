@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "base/mutex.h"
+#include "host-backend/directory/counters.h"
 #include "host-backend/directory/etcd_client.h"
 #include "host-backend/directory/records.h"
 
@@ -25,6 +26,7 @@ struct EtcdPublisherHealth {
   bool published = false;  // the records are in etcd under a live lease
   int64_t lease = 0;
   uint64_t publishes = 0;  // times the records were written (a new lease each)
+  uint64_t keepalive_failures = 0;  // renewals that failed
   std::string last_error;
 };
 
@@ -35,6 +37,8 @@ class EtcdPublisher {
     int ttl_s = 10;  // the lease: how long a dead host's records outlive it
     int backoff_min_ms = 200;
     int backoff_max_ms = 5000;
+    // Where its numbers go (the daemon's metrics); null: its own.
+    DirectoryCounters* counters = nullptr;
   };
   EtcdPublisher(std::shared_ptr<EtcdClient> client, std::string host, HostRecord record,
                 std::map<std::string, VmRecord> vms, Options options);
@@ -59,6 +63,8 @@ class EtcdPublisher {
   const HostRecord record_;
   const std::map<std::string, VmRecord> vms_;
   const Options options_;
+  DirectoryCounters own_counters_;
+  DirectoryCounters* const counters_;  // options_.counters or own_counters_
   std::atomic<bool> stop_{false};
 
   mutable Mutex mu_;

@@ -59,7 +59,9 @@ Status Peering::StartDirectory(const DaemonConfig& config) {
   if (!directory_wake_) return Status::FromErrno("directory eventfd");
   Watch(directory_wake_.get(), false);
 
-  etcd_locator_ = std::make_unique<directory::EtcdLocator>(etcd_, directory::EtcdLocator::Options{});
+  directory::EtcdLocator::Options locator_options;
+  locator_options.counters = &counters_.directory;
+  etcd_locator_ = std::make_unique<directory::EtcdLocator>(etcd_, locator_options);
   ConnManager* conns = conns_;
   int wake = directory_wake_.get();
   etcd_locator_->SetOnChange([conns, wake] {
@@ -82,8 +84,10 @@ Status Peering::StartDirectory(const DaemonConfig& config) {
     for (const vhost::VmAddress& a : p.addresses) r.addresses.push_back(AddressText(a));
     vms[p.vm_name] = std::move(r);
   }
+  directory::EtcdPublisher::Options publisher_options;
+  publisher_options.counters = &counters_.directory;
   etcd_publisher_ = std::make_unique<directory::EtcdPublisher>(etcd_, host_name_, std::move(host), std::move(vms),
-                                                               directory::EtcdPublisher::Options{});
+                                                               publisher_options);
   etcd_publisher_->Start();
   return Status::Ok();
 }
@@ -109,7 +113,11 @@ std::string Peering::DirectoryReport(bool json) const {
                         {"full_reads", h.full_reads}, {"bad_records", h.bad_records},
                         {"hosts", h.hosts},           {"published", p.published},
                         {"lease", p.lease},           {"publish_error", p.last_error},
-                        {"entries", entries}};
+                        {"entries", entries},         {"watch_events", h.watch_events},
+                        {"conflicts", h.conflicts},   {"publishes", p.publishes},
+                        {"keepalive_failures", p.keepalive_failures},
+                        {"unavailable_fallbacks", counters_.directory.unavailable_fallbacks.load()},
+                        {"conflicting", etcd_locator_->ConflictsText()}};
     return j.dump() + "\n";
   }
   std::string out = "locator: " + etcd_locator_->Describe() + " (" + (h.connected ? "connected" : "NOT connected") +
@@ -117,11 +125,19 @@ std::string Peering::DirectoryReport(bool json) const {
                     std::to_string(h.lag_ms) + " ms, " + std::to_string(h.hosts) + " host(s), " +
                     std::to_string(h.entries) + " entries, " + std::to_string(h.connects) + " connect(s), " +
                     std::to_string(h.full_reads) + " full read(s), " + std::to_string(h.bad_records) +
-                    " bad record(s))\n";
+                    " bad record(s), " + std::to_string(h.watch_events) + " watch event(s), " +
+                    std::to_string(h.conflicts) + " conflict(s))\n";
   if (!h.last_error.empty()) out += "last error: " + h.last_error + "\n";
   out += "this host: " + std::string(p.published ? "published" : "NOT published") + " under lease " +
-         std::to_string(p.lease) + (p.last_error.empty() ? "" : " (last error: " + p.last_error + ")") + "\n";
-  return out + text;
+         std::to_string(p.lease) + " (" + std::to_string(p.publishes) + " publish(es), " +
+         std::to_string(p.keepalive_failures) + " keepalive failure(s))" +
+         (p.last_error.empty() ? "" : " (last error: " + p.last_error + ")") + "\n";
+  out += "directory-unavailable fallbacks: " + std::to_string(counters_.directory.unavailable_fallbacks.load()) + "\n";
+  out += text;
+  // (commented out, so that the entries read as a locator file still)
+  std::istringstream conflicting(etcd_locator_->ConflictsText());
+  for (std::string line; std::getline(conflicting, line);) out += "# conflicting, ignored: " + line + "\n";
+  return out;
 }
 
 }  // namespace vsocket::backend

@@ -39,6 +39,7 @@
 #include "base/unique_fd.h"
 #include "host-backend/config.h"
 #include "host-backend/conn/conn_manager.h"
+#include "host-backend/directory/counters.h"
 #include "host-backend/directory/etcd_client.h"
 #include "host-backend/directory/etcd_locator.h"
 #include "host-backend/directory/etcd_publisher.h"
@@ -75,6 +76,7 @@ struct PeeringCounters {
   std::atomic<uint64_t> refused_link{0};  // data link with an unknown key
   std::atomic<uint64_t> refused_revoked{0};  // link cut: a new tls_crl no longer accepts the peer
   std::atomic<uint64_t> refused_busy{0};     // beyond the half-open limits (per address, in all)
+  directory::DirectoryCounters directory;    // locator = etcd[s]://... (all 0 otherwise)
 };
 
 // A link's counters as plain totals (summed over the links a peer had).

@@ -29,6 +29,12 @@ Status NotStatic(const std::string& locator) {
 
 uint32_t Peering::Locate(uint32_t tenant, const proto::Endpoint& addr) {
   std::string name = HostOf(tenant, addr);
+  if (name.empty() && etcd_locator_ && counters_.directory.connected.load(std::memory_order_relaxed) == 0) {
+    // Not in the cache, and etcd cannot be asked: kernel TCP for now
+    // (pending connections look again when the directory changes).
+    counters_.directory.unavailable_fallbacks.fetch_add(1, std::memory_order_relaxed);
+    VS_LOG(kDebug, "directory-unavailable: tenant %u port %u not in the cache, etcd unreachable", tenant, addr.port);
+  }
   if (name.empty() || name == host_name_) return 0;
   Host* h = ByName(name);
   return h != nullptr && h->state == State::kUp ? h->id : 0;
