@@ -18,13 +18,24 @@
 #   deploy/testbed2.sh move VM HOST               move VM (its namespace's link, its
 #                                                 vsocketd) to HOST, as a migration would
 #   deploy/testbed2.sh host VM                    where VM runs now
+#   deploy/testbed2.sh etcd-stop | etcd-start | etcdctl ARGS...
+#                                                 (etcd mode) stop or start the bed's
+#                                                 etcd; etcdctl as its root user
+#
+# Etcd mode (VSOCKET_TESTBED2_LOCATOR=etcd): no locator file; one etcd in a
+# namespace of its own (192.0.2.10:2379, routed through hostA: 192.0.2.1)
+# with its auth on, each host its etcd user restricted to its own keys
+# (docs/multi-host.md "Permissions"), and both vsocketds publish and follow
+# the directory there (locator = etcd://192.0.2.10:2379). `move` is for the
+# file mode only (re-publishing at migration is not done yet).
 #
 # Environment: VSOCKETD, VSOCKETCTL (binaries), VSOCKET_LOG_LEVEL,
 # VSOCKET_TESTBED2_DIR (state, default /run/vsocket-testbed2), VSOCKETD_ARGS,
 # VSOCKET_TESTBED2_NS_PREFIX (namespace names, default vs2: a second bed
 # with another prefix and state directory can run alongside),
 # VSOCKET_TESTBED2_LINKS (links_per_peer, default 1),
-# VSOCKET_TESTBED2_FABRIC (tcp, the default, or rdma), and for rdma
+# VSOCKET_TESTBED2_LOCATOR (file, the default, or etcd; etcd mode needs
+# etcd-server and etcd-client), VSOCKET_TESTBED2_FABRIC (tcp, the default, or rdma), and for rdma
 # VSOCKET_TESTBED2_RDMA_DEVICE (default: the first device) and
 # VSOCKET_TESTBED2_RDMA_GID_INDEX_HOSTA / _HOSTB (default: automatic).
 set -euo pipefail
@@ -49,6 +60,10 @@ NS_PREFIX=${VSOCKET_TESTBED2_NS_PREFIX:-vs2}
 ns_of() { echo "$NS_PREFIX$1"; } # vs2hostA, vs2vmA1, ...
 FABRIC=${VSOCKET_TESTBED2_FABRIC:-tcp}
 case $FABRIC in tcp | rdma) ;; *) die "VSOCKET_TESTBED2_FABRIC must be tcp or rdma" ;; esac
+LOCATOR=${VSOCKET_TESTBED2_LOCATOR:-file}
+case $LOCATOR in file | etcd) ;; *) die "VSOCKET_TESTBED2_LOCATOR must be file or etcd" ;; esac
+ETCD_ADDR=192.0.2.10 # its own namespace, behind hostA (192.0.2.1)
+ETCD_URL=http://$ETCD_ADDR:2379
 LINKS=${VSOCKET_TESTBED2_LINKS:-1}
 [[ $LINKS =~ ^([1-9]|1[0-6])$ ]] || die "VSOCKET_TESTBED2_LINKS must be 1-16"
 underlay_of() { case $1 in hostA) echo 203.0.113.1 ;; hostB) echo 203.0.113.2 ;; esac; }
@@ -79,18 +94,102 @@ host_daemon_pid() { daemon_pid "$(pid_file "$1")" "$(ctl_sock "$1")"; } # HOST
 # (15 s: SIGTERM drains for up to drain_timeout_ms, 10 s, first.)
 stop_host_daemon() { stop_daemon "$(pid_file "$1")" "$(ctl_sock "$1")" "${2:-TERM}" 15 || true; } # HOST [SIGNAL]
 
-# The locator (shared by both backends) and each host's configuration, from
-# where each VM runs now: every VM is configured on both hosts (either may
-# become its host), `away = true` where it does not run.
+# The etcd of etcd mode: a member in its own namespace, its data in
+# $STATE/etcd (kept across etcd-stop/etcd-start), killed by its PID.
+etcd_pid() {
+  local pid
+  pid=$(read_pid_file "$STATE/etcd/etcd.pid") || return 1
+  pid_alive "$pid" && tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -qxF -- "--data-dir=$STATE/etcd/data" ||
+    return 1
+  echo "$pid"
+}
+etcd_start() {
+  local i code
+  etcd_pid >/dev/null && die "etcd runs already"
+  command -v etcd >/dev/null || die "no etcd (apt-get install etcd-server etcd-client)"
+  mkdir -p "$STATE/etcd"
+  ip netns exec "$(ns_of etcd)" setsid etcd --name bed --data-dir="$STATE/etcd/data" \
+    --listen-client-urls "$ETCD_URL" --advertise-client-urls "$ETCD_URL" \
+    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+    --initial-cluster bed=http://127.0.0.1:2380 --logger zap --log-level warn \
+    </dev/null >>"$STATE/etcd/etcd.log" 2>&1 &
+  echo $! >"$STATE/etcd/etcd.pid"
+  for ((i = 0; i < 100; i++)); do
+    code=$(ip netns exec "$(ns_of etcd)" curl -s -o /dev/null -m 1 -w '%{http_code}' "$ETCD_URL/health" || true)
+    [ "${code:-000}" != 000 ] && return 0
+    etcd_pid >/dev/null || { log_tail "$STATE/etcd/etcd.log" 20; die "etcd exited"; }
+    sleep 0.1
+  done
+  log_tail "$STATE/etcd/etcd.log" 20
+  die "etcd not answering after 10 s"
+}
+etcd_stop() { # etcd_stop [SIGNAL]
+  local pid i
+  pid=$(etcd_pid) || return 0
+  kill "-${1:-TERM}" "$pid" 2>/dev/null || true
+  for ((i = 0; i < 50; i++)); do
+    pid_alive "$pid" || return 0
+    sleep 0.1
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+}
+etcdctl_root() { # etcdctl as root (once auth is on)
+  ip netns exec "$(ns_of etcd)" etcdctl --endpoints "$ETCD_URL" --command-timeout=3s \
+    --user "root:$(cat "$STATE/etcd/root.pw")" "$@"
+}
+new_password() { head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
+# Auth on, and each host an etcd user whose role writes only its own keys
+# (the etcdctl commands of docs/multi-host.md "Permissions").
+etcd_provision() {
+  local h pw role plain=(ip netns exec "$(ns_of etcd)" etcdctl --endpoints "$ETCD_URL" --command-timeout=3s)
+  new_password >"$STATE/etcd/root.pw"
+  chmod 600 "$STATE/etcd/root.pw"
+  { "${plain[@]}" role add root && "${plain[@]}" user add "root:$(cat "$STATE/etcd/root.pw")" &&
+    "${plain[@]}" user grant-role root root && "${plain[@]}" auth enable; } >/dev/null || die "etcd: auth enable failed"
+  for h in $HOSTS; do
+    role=vsocket-host-$h
+    mkdir -p "$STATE/$h"
+    pw=$(new_password)
+    (umask 077 && echo "$pw" >"$STATE/$h/etcd.pw")
+    { etcdctl_root role add "$role" &&
+      etcdctl_root role grant-permission "$role" readwrite "/vsocket/hosts/$h" &&
+      etcdctl_root role grant-permission "$role" readwrite --prefix "/vsocket/hosts/$h/" &&
+      etcdctl_root role grant-permission "$role" read --prefix /vsocket/hosts/ &&
+      etcdctl_root user add "$h:$pw" && etcdctl_root user grant-role "$h" "$role"; } >/dev/null ||
+      die "etcd: user $h failed"
+  done
+}
+etcd_up() {
+  local ns
+  ns=$(ns_of etcd)
+  ip netns add "$ns"
+  ip -n "$ns" link set lo up
+  ip link add vs2eta netns "$ns" type veth peer name vs2etb netns "$(ns_of hostA)"
+  ip -n "$ns" addr add "$ETCD_ADDR/24" dev vs2eta
+  ip -n "$(ns_of hostA)" addr add 192.0.2.1/24 dev vs2etb
+  ip -n "$ns" link set vs2eta up
+  ip -n "$(ns_of hostA)" link set vs2etb up
+  ip -n "$ns" route add default via 192.0.2.1
+  ip -n "$(ns_of hostB)" route add 192.0.2.0/24 via 203.0.113.1
+  etcd_start
+  etcd_provision
+}
+
+# The locator (shared by both backends; the file mode's) and each host's
+# configuration, from where each VM runs now: every VM is configured on
+# both hosts (either may become its host), `away = true` where it does not
+# run.
 write_configs() {
   local h v name host tenant addr
-  {
-    echo "# tenant address host (shared by both backends)"
-    for v in $VMS; do
-      IFS=: read -r name host tenant addr <<<"$v"
-      echo "$tenant $addr $(host_of "$name")"
-    done
-  } >"$STATE/locator"
+  if [ "$LOCATOR" = file ]; then
+    {
+      echo "# tenant address host (shared by both backends)"
+      for v in $VMS; do
+        IFS=: read -r name host tenant addr <<<"$v"
+        echo "$tenant $addr $(host_of "$name")"
+      done
+    } >"$STATE/locator"
+  fi
   for h in $HOSTS; do
     mkdir -p "$STATE/$h"
     {
@@ -101,7 +200,13 @@ write_configs() {
       echo "tls_cert = $STATE/certs/$h.crt"
       echo "tls_key = $STATE/certs/$h.key"
       echo "tls_ca = $STATE/certs/ca.crt"
-      echo "locator = $STATE/locator"
+      if [ "$LOCATOR" = etcd ]; then
+        echo "locator = etcd://$ETCD_ADDR:2379"
+        echo "etcd_user = $h"
+        echo "etcd_password_file = $STATE/$h/etcd.pw"
+      else
+        echo "locator = $STATE/locator"
+      fi
       echo "links_per_peer = $LINKS"
       if [ "$FABRIC" = rdma ]; then
         local gid_var="VSOCKET_TESTBED2_RDMA_GID_INDEX_${h^^}"
@@ -166,7 +271,8 @@ wait_links_up() { # both daemons report the link up (20 s: the initiator's
 cmd_down() {
   local h v ns
   for h in $HOSTS; do stop_host_daemon "$h"; done
-  for v in $VMS $HOSTS; do
+  etcd_stop
+  for v in $VMS $HOSTS etcd; do
     ns=$(ns_of "${v%%:*}")
     ns_exists "$ns" && ip netns del "$ns"
   done
@@ -214,6 +320,7 @@ cmd_up() {
     ip -n "$nsv" link set eth0 up
     ip -n "$nsv" route add default via "$(bridge_addr_of "$host")"
   done
+  [ "$LOCATOR" = file ] || etcd_up
   mkdir -p "$STATE/certs" "$STATE/placement" "$STATE/vms"
   bash "$REPO_ROOT/deploy/make-certs.sh" "$STATE/certs" hostA hostB >/dev/null
   for v in $VMS; do
@@ -237,7 +344,7 @@ cmd_up() {
     done
   done
   wait_links_up
-  say "up: hostA (vmA1 vmA2) <-> hostB (vmB1 vmB2), $FABRIC fabric up ($LINKS link(s)); state in $STATE"
+  say "up: hostA (vmA1 vmA2) <-> hostB (vmB1 vmB2), $FABRIC fabric up ($LINKS link(s)), locator: $LOCATOR; state in $STATE"
 }
 
 # move VM HOST: what a migration does, in the order that lets every
@@ -255,6 +362,7 @@ cmd_move() {
   local vm=$1 dst=$2 src name host tenant addr ctl out
   vm_field "$vm" 2 >/dev/null
   need_host "$dst"
+  [ "$LOCATOR" = file ] || die "move: etcd mode does not re-publish a VM that moves yet (issue 38)"
   src=$(host_of "$vm")
   [ "$src" != "$dst" ] || die "$vm runs on $dst already"
   tenant=$(vm_field "$vm" 3)
@@ -336,6 +444,9 @@ main() {
     kill) need_host "${1:-}"; stop_host_daemon "$1" KILL ;;
     move) [ "$#" -eq 2 ] || die "usage: move VM HOST"; cmd_move "$1" "$2" ;;
     host) host_of "${1:-}" ;;
+    etcd-stop) [ "$LOCATOR" = etcd ] || die "not in etcd mode"; etcd_stop "${1:-TERM}" ;;
+    etcd-start) [ "$LOCATOR" = etcd ] || die "not in etcd mode"; etcd_start ;;
+    etcdctl) [ "$LOCATOR" = etcd ] || die "not in etcd mode"; etcdctl_root "$@" ;;
     *) sed -n '2,/^[^#]/p' "$SELF" | sed -n 's/^# \{0,1\}//p' >&2; exit 2 ;; # the header comment
   esac
 }

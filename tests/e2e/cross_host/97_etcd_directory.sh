@@ -1,0 +1,137 @@
+# The cluster directory in etcd (issue 38): the bed again in etcd mode
+# (deploy/testbed2.sh, VSOCKET_TESTBED2_LOCATOR=etcd: one etcd in its own
+# namespace with its auth on, no locator file), pairing found through the
+# directory, etcd stopped and back, a host killed. Last: they take the bed
+# down and up again in etcd mode (or find it so, when the whole suite runs
+# that way), and the host-death case kills hostB's vsocketd.
+
+# dir_field HOST FIELD: one field of `vsocketctl locator --json`;
+# dir_has HOST ADDRESS OWNER: the directory cache places ADDRESS on OWNER.
+dir_field() {
+  bash $TB ctl "$1" --json locator 2>/dev/null | python3 -c "import json,sys; print(json.load(sys.stdin)['$2'])"
+}
+dir_has() {
+  bash $TB ctl "$1" --json locator 2>/dev/null | python3 -c "
+import json, sys
+sys.exit(0 if any(e['address'].split('/')[0] == '$2' and e['host'] == '$3' for e in json.load(sys.stdin)['entries']) else 1)"
+}
+# until_true SECONDS CMD...: CMD every 0.2 s until it succeeds (bounded).
+until_true() {
+  local secs=$1 i
+  shift
+  for ((i = 0; i < secs * 5; i++)); do
+    "$@" && return 0
+    sleep 0.2
+  done
+  "$@"
+}
+dir_lacks() { ! dir_has "$@"; }
+dir_connected_is() { [ "$(dir_field "$1" connected)" = "$2" ]; }
+
+etcd_bed() { # the bed in etcd mode (brought up so unless it is)
+  export VSOCKET_TESTBED2_LOCATOR=etcd
+  grep -q "^locator = etcd://" "$VSOCKET_TESTBED2_DIR/hostA/vsocketd.conf" 2>/dev/null && return 0
+  bash $TB down >"$WORK/etcd_up.log" 2>&1
+  if ! bash $TB up >>"$WORK/etcd_up.log" 2>&1; then
+    E2E_MSG="deploy/testbed2.sh up in etcd mode: $(tail -3 "$WORK/etcd_up.log" | tr '\n' ' ')"
+    return 1
+  fi
+}
+
+# No locator file anywhere: each host publishes its VMs in etcd under its
+# own etcd user, and follows the others there; vmA1 finds vmB1's host in the
+# directory and the connections cross the fabric, byte-checked.
+case_etcd_pairs() {
+  local name=etcd_directory_pairs out
+  etcd_bed || { fail $name "$E2E_MSG"; return; }
+  [ ! -e "$VSOCKET_TESTBED2_DIR/locator" ] || { fail $name "a locator file exists"; return; }
+  until_true 10 dir_has hostA "$B1" hostB || { fail $name "hostA's directory cache does not place $B1 on hostB"; return; }
+  dir_has hostB "$A1" hostA || { fail $name "hostB's directory cache does not place $A1 on hostA"; return; }
+  [ "$(dir_field hostA hosts)" = 2 ] && [ "$(dir_field hostA published)" = True ] ||
+    { fail $name "hostA: hosts $(dir_field hostA hosts), published $(dir_field hostA published)"; return; }
+  # hostA's etcd user cannot write hostB's keys (etcd RBAC).
+  local pw
+  pw=$(cat "$VSOCKET_TESTBED2_DIR/hostA/etcd.pw")
+  if out=$(ip netns exec "${VSOCKET_TESTBED2_NS_PREFIX:-vs2}etcd" etcdctl --endpoints http://192.0.2.10:2379 \
+      --user "hostA:$pw" put /vsocket/hosts/hostB/vms/evil '{"tenant":1,"addresses":["198.51.100.18"]}' 2>&1) ||
+      [[ $out != *"permission denied"* ]]; then
+    fail $name "hostA's etcd user wrote under hostB's prefix (or another error): $out"
+    return
+  fi
+  fabric_xfer etcd_pairs vmA1 vmB1 "$B1" 2 2097152 "$(alloc_port)" ||
+    { fail $name "not accelerated through the directory: $XFER_MSG"; return; }
+  [ "$(counter hostA directory_connected)" = 1 ] && [ "$(counter hostA directory_entries)" -ge 4 ] ||
+    { fail $name "hostA's metrics: connected $(counter hostA directory_connected), entries $(counter hostA directory_entries)"; return; }
+  pass "$name (no locator file: hostA found $B1 on hostB in etcd; hostA's etcd user refused under hostB's prefix; $XFER_MSG)"
+}
+
+# etcd stopped: accelerated connections go on; a new connection to an
+# address the cache lacks (vmB1's record withdrawn just before: a VM hostA
+# has not heard of) stays on kernel TCP, counted as directory-unavailable;
+# etcd back: hostA's watch resumes, the record is back, and a new connection
+# to vmB1 accelerates again. No vsocketd restarted.
+case_etcd_unavailable() {
+  local name=etcd_down_keeps_connections_falls_back key=/vsocket/hosts/hostB/vms/vmB1 rr kport value lease
+  local c0 f0 f1 out
+  etcd_bed || { fail $name "$E2E_MSG"; return; }
+  rr=$(alloc_port)
+  kport=$(alloc_port)
+  # 2 request/response connections for about 8 s, accelerated first.
+  xfer_bg etcd_rr "$rr" 2 4096000 --rounds 400 --gap-ms 20
+  conns_accelerated hostA "$rr" 2 || { fail $name "the long-lived connections did not accelerate"; xfer_wait etcd_rr; return; }
+  # vmB1's record, withdrawn by the operator (kept to put back under hostB's lease).
+  out=$(bash $TB etcdctl get "$key" -w json) || { fail $name "etcdctl get: $out"; return; }
+  value=$(python3 -c "import json,sys,base64; print(base64.b64decode(json.load(sys.stdin)['kvs'][0]['value']).decode())" <<<"$out")
+  lease=$(python3 -c "import json,sys; print('%x' % json.load(sys.stdin)['kvs'][0]['lease'])" <<<"$out")
+  bash $TB etcdctl del "$key" >/dev/null || { fail $name "etcdctl del failed"; return; }
+  until_true 5 dir_lacks hostA "$B1" hostB || { fail $name "hostA still places $B1 on hostB"; return; }
+  c0=$(dir_field hostA connects)
+  bash $TB etcd-stop
+  until_true 20 dir_connected_is hostA False || { fail $name "hostA did not notice etcd stop"; return; }
+  f0=$(counter hostA directory_unavailable_fallbacks)
+  XFER_CHECK="--mode kernel-pending" run_xfer etcd_unknown vmA1 vmB1 "$B1" 1 1048576 "$kport" ||
+    { fail $name "new connection to an unknown address: $XFER_MSG"; bash $TB etcd-start; xfer_wait etcd_rr; return; }
+  local unknown=$XFER_MSG
+  f1=$(counter hostA directory_unavailable_fallbacks)
+  [ "$f1" -gt "$f0" ] || { fail $name "directory_unavailable_fallbacks $f0 -> $f1"; bash $TB etcd-start; xfer_wait etcd_rr; return; }
+  # The connections paired before carry on, every byte checked.
+  xfer_wait etcd_rr || { fail $name "long-lived connections: $E2E_MSG"; bash $TB etcd-start; return; }
+  out=$(python3 $CHECK "$WORK/etcd_rr.jsonl" --port "$rr" --expect-conns 4 --mode accelerated --reason accelerated) ||
+    { fail $name "long-lived connections: $out"; bash $TB etcd-start; return; }
+  [ "$(bash $TB ctl hostA locator)" != "" ] || { fail $name "vsocketctl locator failed while etcd was down"; return; }
+  # etcd back: the watch resumes (a reconnect, no restart) and follows the record put back.
+  bash $TB etcd-start >"$WORK/etcd_start.log" 2>&1 || { fail $name "etcd-start: $(tail -2 "$WORK/etcd_start.log")"; return; }
+  until_true 15 dir_connected_is hostA True || { fail $name "hostA did not reconnect to etcd"; return; }
+  out=$(bash $TB etcdctl put "$key" "$value" --lease="$lease" 2>&1) || { fail $name "etcdctl put: $out"; return; }
+  until_true 5 dir_has hostA "$B1" hostB || { fail $name "hostA did not learn $B1 again"; return; }
+  [ "$(dir_field hostA connects)" -gt "$c0" ] || { fail $name "connects $c0 -> $(dir_field hostA connects)"; return; }
+  fabric_xfer etcd_back vmA1 vmB1 "$B1" 1 1048576 "$(alloc_port)" ||
+    { fail $name "not accelerated after etcd came back: $XFER_MSG"; return; }
+  pass "$name (etcd stopped: 2 accelerated connections went on byte-exact; a new one to an address not in the cache stayed on kernel TCP ($unknown), directory_unavailable_fallbacks $f0 -> $f1; etcd back: hostA reconnected (connects $c0 -> $(dir_field hostA connects)) and paired across the fabric again: $XFER_MSG)"
+}
+
+# hostB's vsocketd killed -9: its lease is not renewed, and its records
+# leave hostA's cache when etcd expires it (TTL 10 s; bounded: 25 s); back
+# once it restarts and publishes again.
+case_etcd_host_death() {
+  local name=etcd_dead_host_expires t0 t1
+  etcd_bed || { fail $name "$E2E_MSG"; return; }
+  until_true 5 dir_has hostA "$B1" hostB || { fail $name "hostA does not place $B1 on hostB to begin with"; return; }
+  t0=$(date +%s%N)
+  bash $TB kill hostB
+  until_true 25 dir_lacks hostA "$B1" hostB || { fail $name "hostB's records still in hostA's cache 25 s after kill -9"; return; }
+  t1=$(date +%s%N)
+  [ "$(dir_field hostA hosts)" = 1 ] || { fail $name "hostA still counts $(dir_field hostA hosts) hosts"; return; }
+  if ! bash $TB restart hostB >"$WORK/etcd_restart.log" 2>&1; then
+    fail $name "restart: $(tail -3 "$WORK/etcd_restart.log" | tr '\n' ' ')"
+    return
+  fi
+  until_true 10 dir_has hostA "$B1" hostB || { fail $name "hostB's records not back after its restart"; return; }
+  fabric_xfer etcd_after_death vmA1 vmB1 "$B1" 1 1048576 "$(alloc_port)" ||
+    { fail $name "not accelerated after hostB came back: $XFER_MSG"; return; }
+  pass "$name (hostB's vsocketd killed -9: gone from hostA's directory after $(((t1 - t0) / 1000000)) ms (lease TTL 10 s); restarted, published again and paired: $XFER_MSG)"
+}
+
+register_case etcd_directory_pairs case_etcd_pairs
+register_case etcd_down_keeps_connections_falls_back case_etcd_unavailable
+register_case etcd_dead_host_expires case_etcd_host_death
