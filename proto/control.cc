@@ -235,7 +235,7 @@ Status Get(WireReader& r, Downgrade* b, std::span<const uint8_t>) {
   uint64_t pad = r.U8() | uint64_t{r.U32()};
   b->bytes_received = r.U64();
   VS_RETURN_IF_ERROR(CheckReserved(pad));
-  if (b->flags & ~(kDowngradeFenceAcked | kDowngradeDrain)) return Bad("unknown DOWNGRADE flags");
+  if (b->flags & ~(kDowngradeFenceAcked | kDowngradeDrain | kDowngradeResendFrom)) return Bad("unknown DOWNGRADE flags");
   return CheckReason(reason, &b->reason);
 }
 Status Get(WireReader& r, Error* b, std::span<const uint8_t>) {

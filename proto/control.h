@@ -178,9 +178,17 @@ inline constexpr uint64_t kFeatureNaps = 1ull << 5;
 // reason peer-not-accelerated) if its peer has not registered within
 // kTentativeWaitMs (decision 83).
 inline constexpr uint64_t kFeatureTentative = 1ull << 6;
+// kFeatureForkResync: the library takes a connection it shares with a
+// forked child back to kernel TCP before the child exists (decision 85):
+// it sends DOWNGRADE(reason forked, kDowngradeResendFrom, bytes_received =
+// what its application consumed from the RX ring) and its peer's library,
+// told by a DOWNGRADE with the same flag, resends its ring stream from
+// that byte on the kernel socket with no RESYNC header. Both sessions of a
+// same-host pair must have taken it.
+inline constexpr uint64_t kFeatureForkResync = 1ull << 7;
 inline constexpr uint64_t kKnownFeatures = kFeatureDoorbell | kFeatureRingHold | kFeatureFenceDelivered |
                                            kFeatureCleanDowngrade | kFeatureBulkHint | kFeatureNaps |
-                                           kFeatureTentative;
+                                           kFeatureTentative | kFeatureForkResync;
 inline constexpr int64_t kTentativeWaitMs = 500;
 struct DoorbellBlock {
   uint64_t tx_tail;        // guest writes: bytes produced into the TX ring (total)
@@ -278,6 +286,14 @@ inline constexpr uint8_t kDowngradeFenceAcked = 1;
 // TCP with clean fences (SHUTDOWN kRingEnd); `reason` says why (operator,
 // migration); bytes_received is not used.
 inline constexpr uint8_t kDowngradeDrain = 2;
+// ResendFrom (kFeatureForkResync only), reason forked. Guest -> backend: a
+// request to leave the rings for good because the process forks;
+// bytes_received = the bytes its application consumed from the RX ring
+// (the rest of the ring is dropped). Backend -> the peer's guest: resend
+// the ring stream from byte bytes_received on the kernel socket, right
+// after the bytes sent there before the FENCE, with no RESYNC header; the
+// landed count is the peer's own RX tail (every RX_TAIL came before).
+inline constexpr uint8_t kDowngradeResendFrom = 4;
 
 // The RESYNC header a library writes on the kernel socket after a link
 // loss, right after the bytes it sent there before its FENCE: "the
@@ -292,7 +308,7 @@ struct Downgrade {
   uint64_t conn_id = 0;
   Reason reason = Reason::kNone;
   uint64_t bytes_received = 0;  // accelerated bytes landed in the RX ring (RESYNC)
-  uint8_t flags = 0;            // kDowngradeFenceAcked, kDowngradeDrain
+  uint8_t flags = 0;            // kDowngradeFenceAcked, kDowngradeDrain, kDowngradeResendFrom
   bool operator==(const Downgrade&) const = default;
 };
 

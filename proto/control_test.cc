@@ -147,7 +147,9 @@ TEST(ControlTest, EnumsOutOfRangeAreRejected) {
   ASSERT_TRUE(Decode(b).ok());
   b[kHeaderSize + 10] = kDowngradeDrain;
   ASSERT_TRUE(Decode(b).ok());
-  b[kHeaderSize + 10] = 4;  // an unknown flag
+  b[kHeaderSize + 10] = kDowngradeResendFrom;
+  ASSERT_TRUE(Decode(b).ok());
+  b[kHeaderSize + 10] = 8;  // an unknown flag
   EXPECT_FALSE(Decode(b).ok());
   b = MustEncode({MsgType::kShutdown, 0, Shutdown{1, ShutdownHow::kBoth}});
   b[kHeaderSize + 8] = static_cast<uint8_t>(ShutdownHow::kRingEnd);

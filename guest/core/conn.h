@@ -162,6 +162,11 @@ struct Conn {
   std::atomic<bool> lost_backend{false};
   std::atomic<int64_t> retry_at_ns{0};
   std::atomic<uint64_t> resync_landed{0};  // accelerated bytes in our RX ring, final
+  // The peer's process forked (decision 85): our ring stream goes on on
+  // the kernel socket from byte resend_from (what the peer's application
+  // consumed), with no RESYNC header. Stored before the phase changes.
+  std::atomic<bool> resend_headerless{false};
+  std::atomic<uint64_t> resend_from{0};
   // TX (under tx_mu): the RESYNC header and the unacknowledged TX bytes,
   // written on the kernel socket before any new byte.
   bool tx_resync_started GUARDED_BY(tx_mu) = false;

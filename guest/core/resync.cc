@@ -35,6 +35,37 @@ void ResetKernel(int fd, Conn& c) {
   c.state.Apply(ConnEvent::kFail, Reason::kFabricDown);
 }
 
+namespace {
+
+// The peer's process forked (decision 85): it dropped the part of our ring
+// stream it had not read, so we resend from what it consumed, right after
+// the bytes we sent before our FENCE, with no header (it reads its kernel
+// socket as plain kernel TCP from now on). What it consumed lies between
+// what it reported (our credit) and our tail: still in our TX ring.
+bool PrepareHeaderlessResendLocked(Conn& c, int fd) REQUIRES(c.tx_mu) {
+  uint64_t from = c.resend_from.load(std::memory_order_relaxed);
+  uint64_t credit = c.credit.load(std::memory_order_acquire);
+  uint64_t tail = c.tx_tail.load(std::memory_order_relaxed);
+  if (from < credit || from > tail || tail - from > c.ring_size || c.tx == nullptr ||
+      (from < tail && c.shut_wr.load() && !c.shut_after_resend)) {
+    VS_LOG(kWarn, "conn %lu: cannot resend from %lu (credit %lu, tail %lu) for a forked peer: connection reset",
+           static_cast<unsigned long>(c.id), static_cast<unsigned long>(from), static_cast<unsigned long>(credit),
+           static_cast<unsigned long>(tail));
+    ResetKernel(fd, c);
+    return false;
+  }
+  c.resend.resize(tail - from);
+  iovec v{c.resend.data(), static_cast<size_t>(tail - from)};
+  CopyIovRing<false>(c.tx, c.ring_size, from, &v, 1, 0, tail - from);
+  c.resend_off = 0;
+  c.resent_bytes.fetch_add(tail - from, std::memory_order_relaxed);
+  VS_LOG(kInfo, "conn %lu: the peer forked: back on kernel TCP, resending %lu bytes from %lu",
+         static_cast<unsigned long>(c.id), static_cast<unsigned long>(tail - from), static_cast<unsigned long>(from));
+  return true;
+}
+
+}  // namespace
+
 // Under tx_mu: decides, once, what this side owes the peer on the kernel
 // socket. False if the connection had to be reset.
 bool PrepareResendLocked(Conn& c, int fd) {
@@ -43,6 +74,7 @@ bool PrepareResendLocked(Conn& c, int fd) {
   // Never switched: the kernel stream simply goes on, and the peer (which
   // never got our FENCE) expects no header.
   if (!c.state.tx_on_ring()) return true;
+  if (c.resend_headerless.load(std::memory_order_relaxed)) return PrepareHeaderlessResendLocked(c, fd);
   if (!c.resync_fence_acked.load()) {
     // The peer may not know where our kernel bytes end, so it could not
     // tell our header from data: reset rather than guess.
@@ -216,6 +248,14 @@ void MaybeReregister(int fd, Conn& c) {
     return;
   }
   c.session = nullptr;
+  if (c.resend_headerless.load(std::memory_order_relaxed)) {
+    // The peer's process forked: its end stays on kernel TCP for good
+    // (decision 85), so ours would wait for it in vain.
+    c.state.Apply(ConnEvent::kKernelForGood, Reason::kForked);
+    VS_LOG(kInfo, "conn %lu: resynced on kernel TCP; the peer forked, so it stays there",
+           static_cast<unsigned long>(c.id));
+    return;
+  }
   // A fresh accelerated state; the kernel byte counts go on (fences are
   // positions in the kernel stream). The phase changes last: a thread that
   // sees it unprobed registers the connection again.
@@ -230,6 +270,8 @@ void MaybeReregister(int fd, Conn& c) {
   c.resync_fence_acked.store(false);
   c.fence_delivered.store(false);
   c.resync_landed.store(0);
+  c.resend_headerless.store(false);
+  c.resend_from.store(0);
   c.tx_resync_started = false;
   c.shut_after_resend = false;
   c.rx_hdr_got = 0;

@@ -120,6 +120,7 @@ class Session {
   bool ring_hold() const { return ring_hold_; }
   bool bulk_hint() const { return bulk_hint_; }
   bool tentative() const { return tentative_; }
+  bool fork_resync() const { return fork_resync_; }
 
   // The backend naps between passes, our kicks off (kFeatureNaps, decision
   // 67): what we did since our last kick waits for its next pass unless we
@@ -182,6 +183,7 @@ class Session {
   bool bulk_hint_ = false;  // likewise: kFeatureBulkHint
   bool naps_ = false;       // likewise: kFeatureNaps
   bool tentative_ = false;  // likewise: kFeatureTentative
+  bool fork_resync_ = false;  // likewise: kFeatureForkResync
   std::atomic<bool> owe_kick_{false};
   std::atomic<uint64_t> consumed_since_kick_{0};
   // Rings of connections being unregistered or held (by conn id); guarded

@@ -11,6 +11,7 @@
 #include "base/own_fd.h"
 #include "guest/core/config.h"
 #include "guest/core/fd_table.h"
+#include "guest/core/fork.h"
 #include "guest/core/poll_ops.h"
 #include "guest/core/report.h"
 #include "guest/core/resync.h"
@@ -67,6 +68,7 @@ __attribute__((constructor)) void Init() {
   // forking thread's state was (a fork from a signal handler that
   // interrupted a wrapper would otherwise leave the guard set for good).
   pthread_atfork([] {
+    LeaveRingsBeforeFork();  // (decision 85)
     EpollSettleAll();  // the child shares the epoll objects
     BeforeFork();
   }, AfterForkInParent, [] {

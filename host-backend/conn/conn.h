@@ -154,6 +154,12 @@ struct BackendConn {
   // it by the RESYNC rules, which may resend.
   std::atomic<bool> leaving{false};
   proto::Reason ev_drain_reason = proto::Reason::kOperator;
+  // Fork resync (kFeatureForkResync, decision 85).
+  bool fork_resync = false;  // the session took the feature
+  // The DOWNGRADE owed to our guest asks it to resend its ring stream from
+  // ev_resend_from with no RESYNC header (its peer's process forked).
+  bool ev_resend = false;
+  uint64_t ev_resend_from = 0;
   bool shut_announced = false;
   bool gone = false;            // guest closed or died; data may still drain
   std::vector<uint8_t> orphan;  // TX bytes not yet moved when the guest left

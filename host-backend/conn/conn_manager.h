@@ -194,6 +194,7 @@ class ConnManager {
     bool bulk_hint = false;                            // session took kFeatureBulkHint
     bool naps = false;                                 // session took kFeatureNaps
     bool tentative = false;                            // session took kFeatureTentative
+    bool fork_resync = false;                          // session took kFeatureForkResync
     std::deque<uint64_t> released;                     // conn ids owed RINGS_RELEASED
   };
   // Doorbells (kFeatureDoorbell). Polling a connection's block means the
@@ -232,6 +233,7 @@ class ConnManager {
   RequestResult OnTxTail(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
   RequestResult OnConsumed(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
   RequestResult OnShutdown(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
+  RequestResult OnDowngrade(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
   RequestResult RepollDoorbell(DeviceConns& dc, BackendConn& c, bool allowed, const char* violation);
   proto::Message Register(DeviceConns& dc, uint64_t request_id, const proto::RegisterConn& r);
   proto::Message Unregister(DeviceConns& dc, uint64_t request_id, uint64_t conn_id);

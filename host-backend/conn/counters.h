@@ -69,6 +69,8 @@ struct ConnManagerCounters {
   std::atomic<uint64_t> vms_left{0};          // VMs that left this host (migrate begin)
   std::atomic<uint64_t> vms_arrived{0};       // VMs that run here from then on (migrate end)
   std::atomic<uint64_t> migration_resets{0};  // connections a leaving VM still had on the rings: reset
+  std::atomic<uint64_t> fork_resyncs{0};      // connections a forking process took back to kernel TCP
+  std::atomic<uint64_t> fork_refused{0};      // ... that could not be (the child is told ECONNRESET)
   std::atomic<uint64_t> pair_moved{0};        // PAIR_REQUESTs answered or refused "the VM moved"
 };
 

@@ -81,7 +81,10 @@ bool ConnManager::EmitEvents(vhost::BackendDevice& device) {
       if (bits & kEvPeerGone) out[n++] = {MsgType::kShutdown, 0, proto::Shutdown{c.conn_id, proto::ShutdownHow::kRead}};
       if (bits & kEvFenceDelivered)
         out[n++] = {MsgType::kFenceDelivered, 0, proto::ConnCounter{c.conn_id, c.fence_bytes}};
-      if (bits & kEvDowngrade)
+      if ((bits & kEvDowngrade) && c.ev_resend)
+        out[n++] = {MsgType::kDowngrade, 0,
+                    proto::Downgrade{c.conn_id, c.reason, c.ev_resend_from, proto::kDowngradeResendFrom}};
+      else if (bits & kEvDowngrade)
         out[n++] = {MsgType::kDowngrade, 0,
                     proto::Downgrade{c.conn_id, c.reason, c.rx_tail,
                                      c.remote.fence_acked ? proto::kDowngradeFenceAcked : uint8_t{0}}};

@@ -40,6 +40,7 @@ constinit const ConnManager::RequestHandler ConnManager::kRequestHandlers[] = {
     {MsgType::kTxTail, &ConnManager::OnTxTail, true, false},
     {MsgType::kConsumed, &ConnManager::OnConsumed, true, false},
     {MsgType::kShutdown, &ConnManager::OnShutdown, true, false},
+    {MsgType::kDowngrade, &ConnManager::OnDowngrade, true, true},
 };
 
 bool ConnManager::Serves(MsgType type) {
@@ -62,6 +63,7 @@ RequestResult ConnManager::Handle(vhost::BackendDevice& device, const Message& m
   uint64_t conn_id = 0;
   if (auto* c = std::get_if<proto::ConnCounter>(&msg.body)) conn_id = c->conn_id;
   else if (auto* s = std::get_if<proto::Shutdown>(&msg.body)) conn_id = s->conn_id;
+  else if (auto* d = std::get_if<proto::Downgrade>(&msg.body)) conn_id = d->conn_id;
   else {
     *reply = BadMessage(msg.request_id);
     return RequestResult::kReply;
@@ -177,6 +179,63 @@ void ConnManager::AbortTx(BackendConn& c) {
   if (c.remote.paired()) Owe(c, kOweAbort);
 }
 
+// DOWNGRADE from a guest (kFeatureForkResync, decision 85): its process is
+// about to fork, and a connection it shares with the child leaves the
+// rings for good first. From here nothing more moves between c's rings
+// and its peer's: the peer's guest is told to resend its ring stream from
+// the byte c's application consumed (no RESYNC header, the rest of c's RX
+// ring is dropped), and c's library resends its own TX ring from the
+// peer's credit after a RESYNC header, as after a link loss. Refused (the
+// library then leaves the connection as it is, and the child is told
+// ECONNRESET) where that cannot be exact: a peer that shut down writing
+// (its FIN may be out), a drain or shutdown under way, a peer on another
+// host (not yet), or a peer's library without the feature. A pending
+// connection needs nothing here: its library unregisters it.
+RequestResult ConnManager::OnDowngrade(DeviceConns&, BackendConn* conn, const Message& msg, Message* reply) {
+  BackendConn& c = *conn;
+  const auto& d = std::get<proto::Downgrade>(msg.body);
+  if (!c.fork_resync || d.reason != Reason::kForked || d.flags != proto::kDowngradeResendFrom) {
+    *reply = BadMessage(msg.request_id);
+    return RequestResult::kReply;
+  }
+  auto refuse = [&](const char* why) {
+    counters_.fork_refused.fetch_add(1, std::memory_order_relaxed);
+    VS_LOG(kInfo, "conn %lu: fork resync refused: %s", static_cast<unsigned long>(c.conn_id), why);
+    *reply = Ack(msg.request_id, c.conn_id, WireError::kNotPaired, Reason::kForked);
+    return RequestResult::kReply;
+  };
+  if (c.state != ConnState::kUpgraded) {
+    *reply = Ack(msg.request_id, c.conn_id, WireError::kOk, c.reason);  // never upgraded: nothing to move
+    return RequestResult::kReply;
+  }
+  BackendConn* p = c.peer;
+  if (p == nullptr) return refuse(c.remote.paired() ? "the peer is on another host" : "the peer is gone");
+  if (c.gone || c.write_shut || c.drain_asked || c.ring_ended || c.shut_announced)
+    return refuse("shutting down or draining");
+  if (p->gone || p->write_shut || p->drain_asked || p->ring_ended || !p->fork_resync || p->state != ConnState::kUpgraded)
+    return refuse("the peer is shutting down, draining, or its library cannot resend");
+  // What the guest consumed lies between what it reported and what landed.
+  if (d.bytes_received > c.rx_tail || d.bytes_received < c.rx_consumed) {
+    Violation(c, "fork DOWNGRADE outside the RX ring's bytes");
+    *reply = Ack(msg.request_id, c.conn_id, WireError::kBadMessage, Reason::kProtocolError);
+    return RequestResult::kReply;
+  }
+  // Every RX_TAIL the peer's guest was owed goes out before its DOWNGRADE
+  // (one buffer, in order): its landed count is final with it.
+  p->reason = Reason::kForked;
+  p->ev_resend = true;
+  p->ev_resend_from = d.bytes_received;
+  Raise(*p, kEvDowngrade);
+  c.reason = Reason::kForked;
+  p->peer = nullptr;
+  c.peer = nullptr;
+  counters_.fork_resyncs.fetch_add(1, std::memory_order_relaxed);
+  VS_LOG(kDebug, "conn %lu: leaves the rings for a fork; its peer resends from %lu", static_cast<unsigned long>(c.conn_id),
+         static_cast<unsigned long>(d.bytes_received));
+  *reply = Ack(msg.request_id, c.conn_id, WireError::kOk, Reason::kForked);
+  return RequestResult::kReply;
+}
+
 RequestResult ConnManager::OnShutdown(DeviceConns&, BackendConn* conn, const Message& msg, Message*) {
   BackendConn& c = *conn;
   auto how = std::get<proto::Shutdown>(msg.body).how;
@@ -276,6 +335,7 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
   c.ring_hold = dc.ring_hold;
   c.fence_delivered = dc.fence_delivered;
   c.clean_downgrade = dc.clean_downgrade;
+  c.fork_resync = dc.fork_resync;
   // A doorbell block must be 64-byte aligned (its counts are atomics).
   if ((c.doorbell && r.tx_ring_gpa % proto::kDoorbellBytes != 0) || !ResolveRings(c) ||
       (c.doorbell && reinterpret_cast<uintptr_t>(c.tx.host) % proto::kDoorbellBytes != 0)) {

@@ -161,6 +161,29 @@ class RawGuest {
     return Status::Ok();
   }
 
+  // HELLO offering `features`; the features taken (~0 if no answer).
+  uint64_t Hello(uint64_t features) {
+    proto::Message resp;
+    proto::Hello h;
+    h.features = features;
+    if (!ch_ || !ch_->Call({proto::MsgType::kHello, 0, h}, &resp, scratch_).ok()) return ~uint64_t{0};
+    const auto* ack = std::get_if<proto::HelloAck>(&resp.body);
+    return ack ? ack->features : ~uint64_t{0};
+  }
+  // DOWNGRADE(reason, bytes, flags) for id, as a library's fork sends it;
+  // the answer: "ok <reason>", "<wire error> <reason>", "error" (an ERROR
+  // message) or "" (no answer).
+  std::string Downgrade(uint64_t id, proto::Reason why, uint64_t bytes, uint8_t flags) {
+    proto::Message resp;
+    if (!ch_ || !ch_->Call({proto::MsgType::kDowngrade, 0, proto::Downgrade{id, why, bytes, flags}}, &resp, scratch_).ok())
+      return "";
+    if (resp.type == proto::MsgType::kError) return "error";
+    const auto* ack = std::get_if<proto::RegisterAck>(&resp.body);
+    if (ack == nullptr) return "";
+    return std::string(ack->status == proto::WireError::kOk ? "ok" : proto::ToString(ack->status)) + " " +
+           proto::ToString(ack->reason);
+  }
+
   std::string Unregister(uint64_t id) {
     proto::Message resp;
     if (!ch_ || !ch_->Call({proto::MsgType::kUnregister, 0, proto::Unregister{id}}, &resp, scratch_).ok()) return "";

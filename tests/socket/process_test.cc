@@ -121,6 +121,71 @@ TEST(Fork, AChildWaitingOnItsParentsConnectionInUseIsAnsweredNeverLeftWaiting) {
   EXPECT_TRUE(ExitedWith(status, 0)) << "status " << status << " (exit 1: the child's poll waited 10 s)";
 }
 
+// A connection both ends of which this process had in use (accelerated
+// under --upgrade always), with bytes the parent has not read yet when it
+// forks: as over kernel TCP, the child reads them and what follows, and
+// writes; the parent goes on with the connection after the child is done
+// (decision 85: it left the rings before the child existed). Before, the
+// child's reads failed with ECONNRESET (rsync's forked receiver).
+TEST(Fork, BothProcessesUseAConnectionUpgradedBeforeTheFork) {
+  SetTestBudgetSeconds(60);
+  Connection c = ConnectedPairInUse();
+  ASSERT_TRUE(c.ok());
+  const int client_fd = c.client.get();
+  const std::string before = StreamBytes(TestSeed() + 1, 20000);
+  const std::string after = StreamBytes(TestSeed() + 2, 30000);
+  const std::string up = StreamBytes(TestSeed() + 3, 30000);
+  ASSERT_TRUE(SendAll(c.server.get(), before));
+  ASSERT_EQ(WaitForInq(client_fd, static_cast<int>(before.size())), static_cast<int>(before.size()));
+  pid_t pid = ForkChild([&] {
+    std::string got;
+    if (!ChildRecvExactly(client_fd, before.size() + after.size(), &got)) return 1;
+    if (got != before + after) return 2;
+    if (!ChildSendAll(client_fd, up)) return 3;
+    return 0;
+  });
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(SendAll(c.server.get(), after));
+  EXPECT_EQ(RecvExactly(c.server.get(), up.size()), up);
+  int status = WaitChild(pid, 30000);
+  EXPECT_TRUE(ExitedWith(status, 0)) << "status " << status
+                                     << " (exit 1: the child could not read, 2: it read other bytes, 3: it could not write)";
+  ASSERT_TRUE(SendAll(client_fd, "parent;"));
+  EXPECT_EQ(RecvExactly(c.server.get(), 7), "parent;");
+  ASSERT_TRUE(SendAll(c.server.get(), "to the parent"));
+  EXPECT_EQ(RecvExactly(client_fd, 13), "to the parent");
+}
+
+// The same with the peer in another process (an echo server), its echo of
+// our last message still unread at the fork: the child reads that echo,
+// then talks to the peer itself; then the parent does.
+TEST(Fork, AChildTalksToAnotherProcessOnItsParentsAcceleratedConnection) {
+  SetTestBudgetSeconds(60);
+  EchoPeer peer = StartEchoPeer();
+  ASSERT_TRUE(peer.conn.valid());
+  const int fd = peer.conn.get();
+  ASSERT_TRUE(SendAll(fd, "ping"));
+  ASSERT_EQ(RecvExactly(fd, 4), "ping");
+  const std::string pending = StreamBytes(TestSeed() + 4, 10000);
+  const std::string more = StreamBytes(TestSeed() + 5, 50000);
+  ASSERT_TRUE(SendAll(fd, pending));
+  ASSERT_EQ(WaitForInq(fd, static_cast<int>(pending.size())), static_cast<int>(pending.size()));
+  pid_t pid = ForkChild([&] {
+    std::string got;
+    if (!ChildRecvExactly(fd, pending.size(), &got)) return 1;
+    if (got != pending) return 2;
+    if (!ChildSendAll(fd, more)) return 3;
+    if (!ChildRecvExactly(fd, more.size(), &got)) return 4;
+    if (got != more) return 5;
+    return 0;
+  });
+  ASSERT_GT(pid, 0);
+  int status = WaitChild(pid, 30000);
+  EXPECT_TRUE(ExitedWith(status, 0)) << "status " << status;
+  ASSERT_TRUE(SendAll(fd, "parent"));
+  EXPECT_EQ(RecvExactly(fd, 6), "parent");
+}
+
 TEST(Fork, ChildExitDoesNotCloseOrDisturbParentsConnection) {
   Connection c = ConnectedPair();
   ASSERT_TRUE(c.ok());

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""daemon_view.py counts|who [PORT...] < STATS-JSON (deploy/testbed.sh status):
+"""daemon_view.py counts|who [PORT...] | counter NAME < STATS-JSON (deploy/testbed.sh status):
 
   counts  "CONNS DEVICES ACTIVE REGISTERED UPGRADES": the connections
           vsocketd tracks to or from those ports (any mode; every one
@@ -13,13 +13,17 @@ import collections
 import json
 import sys
 
-what, ports = sys.argv[1], {int(p) for p in sys.argv[2:]}
+what = sys.argv[1]
 text = sys.stdin.read()
 try:
     d = json.loads(text[text.index("{"):])
 except Exception:
-    print("-1 -1 -1 -1 -1" if what == "counts" else "(no stats)")
+    print({"counts": "-1 -1 -1 -1 -1", "counter": "-1"}.get(what, "(no stats)"))
     sys.exit()
+if what == "counter":
+    print(d.get("conn_counters", {}).get(sys.argv[2], -1))
+    sys.exit()
+ports = {int(p) for p in sys.argv[2:]}
 
 
 def port(ep):

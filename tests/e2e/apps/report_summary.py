@@ -4,7 +4,7 @@ application matrix: tests/e2e/same_host/6x_*.sh, 7x_*.sh).
 
   report_summary.py --port P --policy always|auto [--server FILE]
                     [--client FILE] [--min-accel N] [--both-ends]
-                    [--slack FRACTION]
+                    [--slack FRACTION] [--forked N]
 
 Reads libvsocket's JSON-lines reports (VSOCKET_REPORT) of the server's
 processes (--server) and of the client's (--client); selects the lines of
@@ -21,6 +21,9 @@ when:
   * --policy always: more than SLACK (default 1%, at least 2 ends) of the
     ends that carried data are not accelerated, or fewer than N
     (--min-accel) ends are;
+  * --forked N: fewer than N ends report reason "forked" (a connection
+    shared with a forked child goes back to kernel TCP at the fork, at both
+    ends: decision 85); such ends are not counted as "not accelerated";
   * --both-ends: the server reported fewer connection ends than the client
     (beyond the same slack): connections the server's library lost track of
     (closed behind its back, e.g. syscall(SYS_close)) write no line.
@@ -40,6 +43,7 @@ p.add_argument("--client", action="append", default=[])
 p.add_argument("--min-accel", type=int, default=0)
 p.add_argument("--both-ends", action="store_true")
 p.add_argument("--slack", type=float, default=0.01)
+p.add_argument("--forked", type=int, default=0)
 a = p.parse_args()
 
 
@@ -96,11 +100,14 @@ kbytes = sum(l["kernel_tx"] + l["kernel_rx"] for l in ends)
 carrying = [l for l in ends if total(l) > 0]
 slack = max(2, int(a.slack * len(carrying)))
 if a.policy == "always":
-    slow = [l for l in carrying if not accelerated(l)]
+    slow = [l for l in carrying if not accelerated(l) and not (a.forked and l["reason"] == "forked")]
     if len(slow) > slack:
         errors.append(f"{len(slow)} of {len(carrying)} data-carrying ends not accelerated (allowed {slack})")
     if sacc + cacc < a.min_accel:
         errors.append(f"only {sacc + cacc} ends accelerated, want at least {a.min_accel}")
+forked = sum(l["reason"] == "forked" for l in ends)
+if forked < a.forked:
+    errors.append(f"{forked} ends report reason forked, want at least {a.forked}")
 if a.both_ends and len(srv) + max(2, int(a.slack * len(cli))) < len(cli):
     errors.append(f"the server reported {len(srv)} connection ends, the client {len(cli)}")
 summary = (f"{stext}; {ctext}; {abytes / 1048576:.1f} MiB accelerated, {kbytes / 1048576:.1f} MiB on kernel TCP "

@@ -195,6 +195,11 @@ daemon_counts() {
   bash $TB status 2>/dev/null | sed -n '/^{/,$p' | python3 "$APPS/daemon_view.py" counts "$@"
 }
 
+# daemon_counter NAME: vsocketd's conn_counters NAME now (-1 if absent).
+daemon_counter() {
+  bash $TB status 2>/dev/null | sed -n '/^{/,$p' | python3 "$APPS/daemon_view.py" counter "$1"
+}
+
 # leak_begin: LEAK0, the daemon's counts before a case starts its processes.
 leak_begin() { LEAK0=($(daemon_counts)); }
 
