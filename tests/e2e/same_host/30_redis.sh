@@ -1,24 +1,26 @@
 # redis between vm1 and vm2: the server as the unprivileged user redis
-# (values byte-exact, redis-benchmark), and the epoll churn of a
-# single-client event loop under the default policy.
+# (values byte-exact, redis-benchmark) under --upgrade always and under the
+# default policy, and the epoll churn of a single-client event loop under
+# the default policy.
 
 # The server runs as the unprivileged user redis, which reaches vm2's
 # socket through its group (E2E_GROUP, suite.sh).
 case_redis() {
-  local name=redis rep=$WORK/redis.jsonl port lib
+  local name=$1 policy=$2 rep=$WORK/$1.jsonl port lib
+  local -x VSOCKET_UPGRADE=$policy
   port=$(alloc_port)
   lib=$(shared_lib)
   touch "$rep" && chmod 0666 "$rep"
-  vm_bg vm2 plain /dev/null "$WORK/redis.srv" runuser -u redis -- env LD_PRELOAD="$lib" VSOCKET_REPORT="$rep" \
+  vm_bg vm2 plain /dev/null "$WORK/$name.srv" runuser -u redis -- env LD_PRELOAD="$lib" VSOCKET_REPORT="$rep" \
     redis-server --bind "$A2" --port $port --save '' --appendonly no --protected-mode no --dir /tmp
   local srv=$BG
-  wait_for_text "$WORK/redis.srv" "Ready to accept" 50
+  wait_for_text "$WORK/$name.srv" "Ready to accept" 50
   # Byte check: a 1 MiB random value through SET and GET.
-  head -c 1048576 /dev/urandom | base64 -w0 >"$WORK/redis.val"
+  head -c 1048576 /dev/urandom | base64 -w0 >"$WORK/$name.val"
   local ok=1
-  vm_run vm1 preload "$rep" redis-cli -h "$A2" -p $port -x set blob <"$WORK/redis.val" >/dev/null 2>&1 || ok=0
-  vm_run vm1 preload "$rep" redis-cli -h "$A2" -p $port --raw get blob 2>/dev/null | head -c -1 >"$WORK/redis.got"
-  cmp -s "$WORK/redis.val" "$WORK/redis.got" || ok=0
+  vm_run vm1 preload "$rep" redis-cli -h "$A2" -p $port -x set blob <"$WORK/$name.val" >/dev/null 2>&1 || ok=0
+  vm_run vm1 preload "$rep" redis-cli -h "$A2" -p $port --raw get blob 2>/dev/null | head -c -1 >"$WORK/$name.got"
+  cmp -s "$WORK/$name.val" "$WORK/$name.got" || ok=0
   local b1 b2
   b1=$(vm_run vm1 preload "$rep" redis-benchmark -h "$A2" -p $port -t set,get -n 50000 -c 50 -q 2>&1 | tr '\r' '\n' | grep -E "^(SET|GET): [0-9]" | awk '{print $1 $2}' | tr '\n' ' ')
   b2=$(vm_run vm1 preload "$rep" redis-benchmark -h "$A2" -p $port -t set,get -n 200000 -c 50 -P 16 -q 2>&1 | tr '\r' '\n' | grep -E "^(SET|GET): [0-9]" | awk '{print $1 $2}' | tr '\n' ' ')
@@ -33,6 +35,11 @@ case_redis() {
     return
   fi
   local out
+  if [ "$policy" = auto ]; then
+    out=$(judge_auto "$rep" $port) || { fail $name "$out"; return; }
+    pass "$name (server as user redis; 1 MiB SET/GET byte-exact; -c 50: $b1; -c 50 -P 16: $b2; $out)"
+    return
+  fi
   if ! out=$(python3 $CHECK "$rep" --port $port --mode accelerated --accel-min 1); then
     fail $name "$out"
     return
@@ -87,5 +94,7 @@ case_epoll_churn() {
   pass "$name (epoll_ctl for $n requests: kernel $k, with the library $v; 64 KiB SET/GET byte-exact; $out)"
 }
 
-register_case redis case_redis
+# app: redis (server as the user redis) | redis-cli SET/GET of a 1 MiB value; redis-benchmark -c 50, and -c 50 -P 16 | the value byte-exact | redis
+register_case redis_always case_redis redis_always always
+register_case redis_auto case_redis redis_auto auto
 register_case epoll_churn_redis case_epoll_churn

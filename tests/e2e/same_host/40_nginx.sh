@@ -1,17 +1,21 @@
 # nginx in vm2 (sendfile) and wrk/curl in vm1: files of every size
 # sha256-checked, Connection: close (TIME_WAIT on the side that closed
-# first, rings given back), and the epoll churn of wrk's event loop under the
-# default policy. nginx_conf: tests/e2e/lib.sh.
+# first, rings given back), each under --upgrade always and under the
+# default policy, and the epoll churn of wrk's event loop under the default
+# policy. nginx_conf: tests/e2e/lib.sh.
 
+# app: nginx, sendfile | curl of files 0 B-256 MiB; wrk -c 20 keep-alive | sha256 of every file | nginx_sendfile
+# app: nginx, `Connection: close` | 20 curl of 300 kB; wrk -c 16, a connection per request | every response byte-exact; TIME_WAIT on the server's side as with kernel TCP; rings given back (a 4 MiB region) | nginx_connection_close
 case_nginx() {
-  local name=nginx_sendfile rep=$WORK/nginx.jsonl port www=$WORK/www
+  local name=$1 policy=$2 rep=$WORK/$1.jsonl port www=$WORK/www
+  local -x VSOCKET_UPGRADE=$policy
   port=$(alloc_port)
   mkdir -p "$www"
   for s in 0 1 4095 65536 1048577 16777216 268435456; do head -c $s /dev/urandom >"$www/f$s"; done
-  nginx_conf nginx "$A2" $port "$www" "tcp_nopush on;"
-  vm_bg vm2 preload "$rep" "$WORK/nginx.srv" nginx -c "$WORK/nginx.conf"
+  nginx_conf $name "$A2" $port "$www" "tcp_nopush on;"
+  vm_bg vm2 preload "$rep" "$WORK/$name.srv" nginx -c "$WORK/$name.conf"
   local srv=$BG
-  for _ in $(seq 50); do [ -s "$WORK/nginx.pid" ] && break; sleep 0.1; done
+  for _ in $(seq 50); do [ -s "$WORK/$name.pid" ] && break; sleep 0.1; done
   sleep 0.3
   local bad=""
   for s in 0 1 4095 65536 1048577 16777216 268435456; do
@@ -22,7 +26,7 @@ case_nginx() {
   done
   local rps
   rps=$(vm_run vm1 preload "$rep" wrk -t 2 -c 20 -d 2 "http://$A2:$port/f4095" 2>&1 | awk '/Requests\/sec/ {print $2}')
-  kill -QUIT "$(cat "$WORK/nginx.pid" 2>/dev/null)" 2>/dev/null
+  kill -QUIT "$(cat "$WORK/$name.pid" 2>/dev/null)" 2>/dev/null
   sleep 0.5
   kill "$srv" 2>/dev/null
   wait "$srv" 2>/dev/null
@@ -30,9 +34,14 @@ case_nginx() {
     fail $name "sha256 mismatch for:$bad"
     return
   fi
+  local out
+  if [ "$policy" = auto ]; then
+    out=$(judge_auto "$rep" $port) || { fail $name "$out"; return; }
+    pass "$name (0 B..256 MiB files sha256-verified through curl; wrk $rps req/s; $out)"
+    return
+  fi
   # Every connection that carried real data went the accelerated way
   # (a connection closed before both ends registered may stay pending).
-  local out
   if ! out=$(python3 - "$rep" <<'PY'
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
@@ -61,16 +70,17 @@ PY
 # tw_tuples VM: the VM's TIME_WAIT sockets, one sorted "local peer" line each.
 tw_tuples() { bash $TB exec "$1" ss -Htan state time-wait | awk '{print $3, $4}' | sort; }
 case_nginx_close() {
-  local name=nginx_connection_close rep=$WORK/nginx-close.jsonl port www=$WORK/www-close
+  local name=$1 policy=$2 rep=$WORK/$1.jsonl port www=$WORK/www-close
+  local -x VSOCKET_UPGRADE=$policy
   port=$(alloc_port)
   mkdir -p "$www"
   head -c 4095 /dev/urandom >"$www/f4095"
   head -c 300000 /dev/urandom >"$www/f300000"
-  nginx_conf nginx-close "$A2" $port "$www"
+  nginx_conf $name "$A2" $port "$www"
   # A small shared region (32 connections of 2 x 64 KiB per worker, 16 of
   # them wrk's): a closed connection must give its rings back as soon as its
   # peer consumed the response, not pile up until the region is full.
-  VSOCKET_REGION_MB=4 VSOCKET_RING_KB=64 vm_bg vm2 preload "$rep" "$WORK/nginx-close.srv" nginx -c "$WORK/nginx-close.conf"
+  VSOCKET_REGION_MB=4 VSOCKET_RING_KB=64 vm_bg vm2 preload "$rep" "$WORK/$name.srv" nginx -c "$WORK/$name.conf"
   local srv=$BG
   wait_listen vm2 $port
   local bad=0 i want
@@ -88,18 +98,27 @@ case_nginx_close() {
   errs=$(grep -E "Socket errors|Non-2xx" <<<"$out" | tr '\n' ' ')
   twc=$(tw_tuples vm1 | comm -13 "$WORK/tw0c" - | wc -l)
   tws=$(tw_tuples vm2 | comm -13 "$WORK/tw0s" - | wc -l)
-  kill -QUIT "$(cat "$WORK/nginx-close.pid" 2>/dev/null)" 2>/dev/null
+  kill -QUIT "$(cat "$WORK/$name.pid" 2>/dev/null)" 2>/dev/null
   sleep 0.5
   kill "$srv" 2>/dev/null
   wait "$srv" 2>/dev/null
   [ $bad -eq 0 ] || { fail $name "$bad of 20 responses not byte-exact"; return; }
   [ -n "$rps" ] && [ -z "$errs" ] || { fail $name "wrk: ${errs:-no result}"; return; }
   # As with kernel TCP, the server (which closed first) holds the TIME_WAITs.
-  if [ "$tws" -lt 100 ] || [ $((twc * 10)) -gt "$tws" ]; then
+  # (Kernel TCP itself leaves some with wrk, which may close right after the
+  # last byte of a response it counted, before nginx's FIN: 13.5% of the
+  # server's here with the library disabled, 1,765/12,942 and 1,741/12,952;
+  # under the default policy most connections are kernel TCP's. Accelerated,
+  # the FIN follows the ring's end: ~1%.)
+  local share=10
+  [ "$policy" = auto ] && share=4
+  if [ "$tws" -lt 100 ] || [ $((twc * share)) -gt "$tws" ]; then
     fail $name "TIME_WAIT: client +$twc, server +$tws (the server closed first: it should hold them)"
     return
   fi
-  if ! out=$(python3 - "$rep" <<'PY'
+  if [ "$policy" = auto ]; then
+    out=$(judge_auto "$rep" $port) || { fail $name "$out"; return; }
+  elif ! out=$(python3 - "$rep" <<'PY'
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 short = [l for l in lines if l["reason"] == "resource-limit"]
@@ -171,6 +190,8 @@ case_epoll_churn_wrk() {
   pass "$name (epoll_ctl: kernel $k for $nk requests, with the library $v for $nv; bodies byte-exact; $out)"
 }
 
-register_case nginx_sendfile case_nginx
-register_case nginx_connection_close case_nginx_close
+register_case nginx_sendfile_always case_nginx nginx_sendfile_always always
+register_case nginx_sendfile_auto case_nginx nginx_sendfile_auto auto
+register_case nginx_connection_close_always case_nginx_close nginx_connection_close_always always
+register_case nginx_connection_close_auto case_nginx_close nginx_connection_close_auto auto
 register_case epoll_churn_wrk case_epoll_churn_wrk

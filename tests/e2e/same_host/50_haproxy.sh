@@ -7,6 +7,7 @@
 # (strace counts the tee our emulation makes for each), and
 # that all four of haproxy's connections ended accelerated with nothing on
 # kernel TCP after their upgrade.
+# app: HAProxy, splice (`option splice-request/-response`) | two connections of 16 MiB each way through the proxy | every byte (xfer); the splices took the rings | haproxy_splice
 case_haproxy_splice() {
   local name policy=$1 port rep cfg
   port=$(alloc_port 2)

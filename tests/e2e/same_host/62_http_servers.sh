@@ -84,6 +84,9 @@ case_http_server() {
   pass "$name (files 0 B..4 MiB byte-exact; $wrk_sum; ${curl_sum:+$curl_sum; }$out; $LEAK_MSG)"
 }
 
+# app: Node.js `http` (libuv; closes with syscall(SYS_close)) | keep-alive: wrk -c 32, bodies 0 B-4 MiB | every body (curl's sha256, every wrk response); leak check | node_http_keepalive
+# app: Node.js `http`, short connections | wrk `Connection: close` and 300 curl | every body; leak check (the region must not fill) | node_http_close
+# app: Python asyncio (aiohttp) | keep-alive: wrk -c 32 | every body; leak check | aiohttp_keepalive
 register_case node_http_keepalive_auto case_http_server node_http_keepalive_auto node auto keepalive
 register_case node_http_keepalive_always case_http_server node_http_keepalive_always node always keepalive
 register_case node_http_close_auto case_http_server node_http_close_auto node auto close

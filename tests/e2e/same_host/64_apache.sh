@@ -116,6 +116,8 @@ case_apache() {
   pass "$name (files 0 B..4 MiB byte-exact; $ab_sum; $out; $LEAK_MSG)"
 }
 
+# app: Apache httpd, mpm_prefork, no keep-alive | ab -n 20000 -c 64 (a connection per request, lingering close) | files byte-exact (curl), every request complete and of one length; leak check | apache_prefork_close
+# app: Apache httpd, mpm_prefork, keep-alive | ab -n 20000 -c 64 -k | as above | apache_prefork_keepalive
 register_case apache_prefork_close_auto case_apache apache_prefork_close_auto auto ""
 register_case apache_prefork_close_always case_apache apache_prefork_close_always always ""
 register_case apache_prefork_keepalive_auto case_apache apache_prefork_keepalive_auto auto -k

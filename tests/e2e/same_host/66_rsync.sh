@@ -95,5 +95,6 @@ CONF
   pass "$name ($sum, every sha256 equal; $out; $LEAK_MSG)"
 }
 
+# app: rsync daemon (`rsync://`; the client forks its receiver onto the connection) | a pull of 320 files (18 MB) | sha256 of every file; under always both ends `forked` (decision 85); leak check | rsync_daemon
 register_case rsync_daemon_auto case_rsync rsync_daemon_auto auto
 register_case rsync_daemon_always case_rsync rsync_daemon_always always

@@ -49,6 +49,8 @@ case_grpc() {
   pass "$name (grpc $sum; $out; $LEAK_MSG)"
 }
 
+# app: gRPC (python grpcio; dual-stack IPv6 sockets) | unary calls and server streaming, 4 threads x 25 channels | every answer (sha256) and stream message; leak check | grpc
+# app: gRPC, short channels | 8 threads x 100 channels, 3 unary calls and a stream of 20 x 16 KiB each | as above | grpc_short_channels
 register_case grpc_auto case_grpc grpc_auto auto 4 25 20 64
 register_case grpc_always case_grpc grpc_always always 4 25 20 64
 # Many short channels (8 threads x 100, 3 unary calls and a stream of 20 x

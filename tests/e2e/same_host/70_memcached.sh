@@ -1,7 +1,9 @@
-# memcached in vm2, memccp/memccat and memcaslap in vm1, accelerated.
+# memcached in vm2, memccp/memccat and memcaslap in vm1, under --upgrade
+# always (accelerated) and under the default policy.
 
 case_memcached() {
-  local name=memcached rep=$WORK/mc.jsonl port
+  local name=$1 policy=$2 rep=$WORK/$1.jsonl port
+  local -x VSOCKET_UPGRADE=$policy
   port=$(alloc_port)
   vm_bg vm2 preload "$rep" "$WORK/mc.srv" memcached -u root -l "$A2" -p $port -t 2
   local srv=$BG
@@ -19,11 +21,15 @@ case_memcached() {
   [ $ok -eq 1 ] || { fail $name "100 KB value did not come back byte-exact"; return; }
   [ -n "$tps" ] || { fail $name "memcaslap failed"; return; }
   local out
-  if ! out=$(python3 $CHECK "$rep" --port $port --mode accelerated --accel-min 1); then
+  if [ "$policy" = auto ]; then
+    out=$(judge_auto "$rep" $port) || { fail $name "$out"; return; }
+  elif ! out=$(python3 $CHECK "$rep" --port $port --mode accelerated --accel-min 1); then
     fail $name "$out"
     return
   fi
   pass "$name (100 KB value byte-exact via memccp/memccat; memcaslap $tps; $out)"
 }
 
-register_case memcached case_memcached
+# app: memcached | memccp/memccat of a 100 KB value; memcaslap -c 16 | the value byte-exact | memcached
+register_case memcached_always case_memcached memcached_always always
+register_case memcached_auto case_memcached memcached_auto auto

@@ -84,5 +84,6 @@ case_mariadb() {
   pass "$name (server as user mysql; $sum; $out; $LEAK_MSG)"
 }
 
+# app: MariaDB (mariadbd as the user mysql) | sysbench oltp_read_only, 8 threads | a 10,000-row read byte-exact; sysbench without error; leak check | mariadb_sysbench
 register_case mariadb_sysbench_auto case_mariadb mariadb_sysbench_auto auto
 register_case mariadb_sysbench_always case_mariadb mariadb_sysbench_always always

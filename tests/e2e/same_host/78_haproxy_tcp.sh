@@ -81,5 +81,6 @@ CFG
   pass "$name (files 0 B..4 MiB byte-exact; wrk -c 32 keep-alive: $WRK_SUM; $out; $LEAK_MSG)"
 }
 
+# app: HAProxy, TCP mode, before two nginx | wrk -c 32 keep-alive and curl through the proxy | files byte-exact, every wrk body; both nginx served; three legs' reports; leak check | haproxy_tcp_nginx
 register_case haproxy_tcp_nginx_auto case_haproxy_tcp haproxy_tcp_nginx_auto auto
 register_case haproxy_tcp_nginx_always case_haproxy_tcp haproxy_tcp_nginx_always always

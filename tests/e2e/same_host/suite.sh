@@ -195,6 +195,14 @@ daemon_counts() {
   bash $TB status 2>/dev/null | sed -n '/^{/,$p' | python3 "$APPS/daemon_view.py" counts "$@"
 }
 
+# judge_auto REP PORT: an application case under the default policy: the
+# reports of both ends (one file) judged as report_summary.py judges them
+# (no missed wake-up, no kernel bytes after an upgrade without a RESYNC,
+# no reason that is a failure); prints its summary, false if it fails.
+judge_auto() {
+  python3 "$APPS/report_summary.py" --port "$2" --policy auto --server "$1" --client "$1"
+}
+
 # daemon_counter NAME: vsocketd's conn_counters NAME now (-1 if absent).
 daemon_counter() {
   bash $TB status 2>/dev/null | sed -n '/^{/,$p' | python3 "$APPS/daemon_view.py" counter "$1"
