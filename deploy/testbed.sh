@@ -78,6 +78,7 @@ CTL_SOCK=$STATE/ctl.sock
 PID_FILE=$STATE/vsocketd.pid
 LOG_FILE=$STATE/vsocketd.log
 ARGS_FILE=$STATE/vsocketd.args
+ENV_FILE=$STATE/vsocketd.env  # the VSOCKET_VM_* settings given at up (a VM's group, ...)
 CONF_FILE=$STATE/$CONF_NAME
 
 # --- VM list ----------------------------------------------------------------
@@ -422,6 +423,10 @@ cmd_up() {
   [ -z "${VSOCKETD_ARGS:-}" ] || read -r -a extra <<<"$VSOCKETD_ARGS"
   args+=("${extra[@]}")
   printf '%s\n' "$bin" "${args[@]}" >"$ARGS_FILE"
+  # VM keys given through the environment at up (VSOCKET_VM_<NAME>_GROUP:
+  # who may open the VM's socket) hold for every later start and restart
+  # too, whatever that caller's environment says.
+  env | grep -E '^VSOCKET_VM_[A-Z0-9_]+=' >"$ENV_FILE" || :
   start_daemon
   # Each VM's network namespace, attested from inside it: socket proofs
   # from any other namespace are refused (docs/security.md, threat 9). The
@@ -443,20 +448,21 @@ cmd_up() {
 }
 
 # start_daemon: starts vsocketd as $ARGS_FILE says (binary, then one
-# argument a line) and waits until its control socket and every VM socket
-# exist.
+# argument a line), with the VM settings $ENV_FILE recorded at up, and
+# waits until its control socket and every VM socket exist.
 start_daemon() {
-  local args=() bin
+  local args=() bin envs=()
   mapfile -t args <"$ARGS_FILE"
+  [ ! -f "$ENV_FILE" ] || mapfile -t envs <"$ENV_FILE"
   bin=${args[0]}
   args=("${args[@]:1}")
   say "starting $bin"
   # Own session (no terminal signals); fd 9 is the up/down lock and must not be inherited.
   local pid
   if command -v setsid >/dev/null 2>&1; then
-    setsid "$bin" "${args[@]}" </dev/null >>"$LOG_FILE" 2>&1 9<&- &
+    env "${envs[@]}" setsid "$bin" "${args[@]}" </dev/null >>"$LOG_FILE" 2>&1 9<&- &
   else
-    nohup "$bin" "${args[@]}" </dev/null >>"$LOG_FILE" 2>&1 9<&- &
+    env "${envs[@]}" nohup "$bin" "${args[@]}" </dev/null >>"$LOG_FILE" 2>&1 9<&- &
   fi
   pid=$!
   echo "$pid" >"$PID_FILE"

@@ -38,3 +38,24 @@ print("exact" if got == data else "differs")
 }
 
 register_case no_socket_permission_says_why case_no_socket_permission
+
+# vsocketd killed (-9) and started again by a caller whose environment lacks
+# the VM's group setting (VSOCKET_VM_VM2_GROUP, given at up): vm2's socket
+# must still be 0660 in that group, or the unprivileged servers of the
+# later cases (redis, postgres, apache, mariadb) would silently fall back
+# with backend-unavailable (issue 34: testbed start lost it).
+case_start_keeps_vm_group() {
+  local name=testbed_start_keeps_vm_group sock before after
+  sock=$(bash $TB socket vm2)
+  before=$(stat -c '%a %G' "$sock")
+  [ "$before" = "660 $E2E_GROUP" ] || { fail $name "vm2's socket before: $before"; return; }
+  kill -KILL "$(bash $TB daemon-pid)" 2>/dev/null
+  for _ in $(seq 50); do bash $TB daemon-pid >/dev/null 2>&1 || break; sleep 0.1; done
+  env -u VSOCKET_VM_VM2_GROUP bash $TB start >"$WORK/$name.start" 2>&1 ||
+    { fail $name "start: $(tail -2 "$WORK/$name.start" | tr '\n' ' ')"; return; }
+  after=$(stat -c '%a %G' "$sock")
+  [ "$after" = "660 $E2E_GROUP" ] || { fail $name "vm2's socket after kill -9 and start without the setting: $after (was $before)"; return; }
+  pass "$name (vm2's socket $after after kill -9 and start)"
+}
+
+register_case testbed_start_keeps_vm_group case_start_keeps_vm_group
