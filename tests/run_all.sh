@@ -128,7 +128,8 @@ if bazel build //host-backend:vsocketd //host-backend:vsocketctl //guest/agent:v
   passed=$((passed + ${p:-0}))
   failed=$((failed + ${f:-1}))
   # Live migration under load, guest memory compared page by page on
-  # both sides, and its negative control (decision 88; about 35 s).
+  # both sides; a cancelled one; the comparison's negative control
+  # (decision 88; about 50 s).
   bash tests/vm/migrate.sh --no-build >"$LOGDIR/vm-migrate.log" 2>&1
   grep -E "^(PASS|FAIL) " "$LOGDIR/vm-migrate.log" | sed 's/^/[vm] /'
   read -r p f < <(tail -1 "$LOGDIR/vm-migrate.log" | awk '/passed,/ {print $1, $3}')

@@ -16,6 +16,11 @@
 #                   vsocketd A must have counted the log on and the bytes it
 #                   marked; the destination, continued, must run the guest
 #                   on (its console, empty while paused, goes on).
+#   migrate_cancelled  The same guest, the migration cancelled during the
+#                   pre-copy (QMP migrate_cancel): vsocketd A's dirty log
+#                   goes on, then off (counted, logged, nothing marked
+#                   after), the guest stays running on the source and its
+#                   connections go on streaming accelerated through A.
 #   migrate_without_dirty_log  The negative control: the same with
 #                   vsocketd A started with VSOCKET_DEBUG_NO_DIRTY_LOG=1
 #                   (it counts what it would mark and marks nothing). Pages
@@ -44,7 +49,7 @@ for a in "$@"; do
     *) CASES+=("$a") ;;
   esac
 done
-[ ${#CASES[@]} -gt 0 ] || CASES=(migrate_under_load migrate_without_dirty_log)
+[ ${#CASES[@]} -gt 0 ] || CASES=(migrate_under_load migrate_cancelled migrate_without_dirty_log)
 
 die() { echo "migrate.sh: $*" >&2; echo "0 passed, 1 failed"; exit 1; }
 bash tests/rdma/install-deps.sh || die "installing QEMU and busybox failed"
@@ -202,11 +207,11 @@ fail() {
   done
 }
 
-# run_migration CASE [ENV for vsocketd A...]: boots the source on vsocketd A
-# and the destination on vsocketd B, migrates under load, compares guest
-# memory. Sets DIFF_PAGES, PAGES and the figures the cases print; returns 1
-# (after fail) if the migration itself did not happen.
-run_migration() {
+# boot_pair CASE [ENV for vsocketd A...]: both daemons, the source guest
+# streaming through A, the destination QEMU waiting (-incoming, -S) on B;
+# the migration's port in MIG_PORT. Returns 1 (after fail) if any of it
+# does not come up.
+boot_pair() {
   local case=$1
   shift
   stop_all
@@ -215,8 +220,7 @@ run_migration() {
   DA_PID=$DAEMON_PID
   start_daemon b || { fail "$case" "vsocketd B did not start"; return 1; }
   DB_PID=$DAEMON_PID
-  local port
-  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  MIG_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   start_qemu src "$WORK/a.sock"
   SRC_PID=$QEMU_PID
   local accel0
@@ -226,13 +230,22 @@ run_migration() {
     { fail "$case" "no accelerated stream through vsocketd A (accel_bytes $(stat "$WORK/a.ctl" accel_bytes))"; return 1; }
   # The destination: same machine, attached to vsocketd B, paused once the
   # state is in (-S) so that nothing runs there before the comparison.
-  start_qemu dst "$WORK/b.sock" -incoming "tcp:127.0.0.1:$port" -S
+  start_qemu dst "$WORK/b.sock" -incoming "tcp:127.0.0.1:$MIG_PORT" -S
   DST_PID=$QEMU_PID
   wait_for 30 status_is dst inmigrate || { fail "$case" "the destination QEMU did not come up"; return 1; }
+}
+
+# run_migration CASE [ENV for vsocketd A...]: boot_pair, then migrates
+# under load and compares guest memory. Sets DIFF_PAGES, PAGES and the
+# figures the cases print; returns 1 (after fail) if the migration itself
+# did not happen.
+run_migration() {
+  local case=$1
+  boot_pair "$@" || return 1
   ACCEL_BEFORE=$(stat "$WORK/a.ctl" accel_bytes)
   qmp "$WORK/src.qmp" migrate-set-parameters '{"max-bandwidth": 1073741824, "downtime-limit": 300}' >/dev/null
   local t0=$SECONDS
-  MIG_OUT=$(qmp "$WORK/src.qmp" migrate "{\"uri\": \"tcp:127.0.0.1:$port\"}" 2>&1) ||
+  MIG_OUT=$(qmp "$WORK/src.qmp" migrate "{\"uri\": \"tcp:127.0.0.1:$MIG_PORT\"}" 2>&1) ||
     { fail "$case" "QEMU refused the migration: $MIG_OUT"; return 1; }
   MIG_STATUS=none
   wait_for 150 migration_done || { fail "$case" "the migration did not end within 150 s (status $MIG_STATUS)"; return 1; }
@@ -259,6 +272,27 @@ while True:
 print(pages, len(diff), " ".join("0x%x" % (p * 4096) for p in diff[:12]) or "-")
 PY
 )
+  # What differs in the first few pages: byte ranges, source vs destination.
+  [ "$DIFF_PAGES" = 0 ] || python3 - "$WORK/src.ram" "$WORK/dst.ram" $DIFF_LIST <<'PY'
+import sys
+a, b = open(sys.argv[1], "rb"), open(sys.argv[2], "rb")
+for gpa in sys.argv[3:6]:
+    off = int(gpa, 16)
+    a.seek(off); b.seek(off)
+    x, y = a.read(4096), b.read(4096)
+    runs, i = [], 0
+    while i < 4096:
+        if x[i] != y[i]:
+            j = i
+            while j < 4096 and x[j] != y[j]:
+                j += 1
+            runs.append((i, j))
+            i = j
+        else:
+            i += 1
+    desc = ", ".join("+0x%x..0x%x src %s dst %s" % (i, j, x[i:min(j, i + 8)].hex(), y[i:min(j, i + 8)].hex()) for i, j in runs[:4])
+    print("  page %s: %d bytes differ in %d runs: %s" % (gpa, sum(j - i for i, j in runs), len(runs), desc))
+PY
   rm -f "$WORK/src.ram" "$WORK/dst.ram"
   LOG_STARTS=$(stat "$WORK/a.ctl" dirty_log_starts) LOG_BYTES=$(stat "$WORK/a.ctl" dirty_log_bytes)
   LOG_RANGES=$(stat "$WORK/a.ctl" dirty_log_writes)
@@ -307,6 +341,47 @@ case_migrate_without_dirty_log() {
     { fail migrate_without_dirty_log "no page differs although vsocketd A marked nothing: the comparison cannot see missed writes"; return; }
   stop_all
   pass migrate_without_dirty_log $((SECONDS - t0))
+}
+
+# A migration cancelled during the pre-copy: the dirty log goes on and off
+# again (a reconfiguration of the running devices each way: SET_FEATURES,
+# SET_LOG_BASE, the rings' log flag) and the guest stays on the source,
+# its connections streaming accelerated through vsocketd A all along.
+case_migrate_cancelled() {
+  local t0=$SECONDS
+  boot_pair migrate_cancelled || return
+  # Slow enough to still be copying when cancelled (256 MiB at 16 MiB/s).
+  qmp "$WORK/src.qmp" migrate-set-parameters '{"max-bandwidth": 16777216}' >/dev/null
+  local out
+  out=$(qmp "$WORK/src.qmp" migrate "{\"uri\": \"tcp:127.0.0.1:$MIG_PORT\"}" 2>&1) ||
+    { fail migrate_cancelled "QEMU refused the migration: $out"; return; }
+  log_on() { [ "$(stat "$WORK/a.ctl" dirty_log_starts)" -ge 2 ]; }
+  wait_for 30 log_on || { fail migrate_cancelled "vsocketd A's dirty log never went on"; return; }
+  sleep 2
+  local marked0
+  marked0=$(stat "$WORK/a.ctl" dirty_log_bytes)
+  qmp "$WORK/src.qmp" migrate_cancel >/dev/null || { fail migrate_cancelled "migrate_cancel failed"; return; }
+  MIG_STATUS=none
+  wait_for 30 migration_done || { fail migrate_cancelled "the migration did not end after migrate_cancel ($MIG_STATUS)"; return; }
+  [ "$MIG_STATUS" = cancelled ] || { fail migrate_cancelled "migration $MIG_STATUS, not cancelled"; return; }
+  log_off() { [ "$(stat "$WORK/a.ctl" dirty_log_stops)" -ge 2 ]; }
+  wait_for 30 log_off || { fail migrate_cancelled "vsocketd A's dirty log did not go off ($(stat "$WORK/a.ctl" dirty_log_stops) stops)"; return; }
+  status_is src running || { fail migrate_cancelled "the source is not running after the cancel"; return; }
+  # On the source, after the log went off: still accelerated, nothing marked.
+  local accel1 marked1 accel2 marked2
+  accel1=$(stat "$WORK/a.ctl" accel_bytes) marked1=$(stat "$WORK/a.ctl" dirty_log_bytes)
+  sleep 3
+  accel2=$(stat "$WORK/a.ctl" accel_bytes) marked2=$(stat "$WORK/a.ctl" dirty_log_bytes)
+  echo "  vsocketd A: dirty log $(stat "$WORK/a.ctl" dirty_log_starts) on, $(stat "$WORK/a.ctl" dirty_log_stops) off; marked $marked0 B before the cancel, $marked1 B at the end"
+  echo "  after the cancel: vsocketd A moved $((accel2 - accel1)) accelerated bytes in 3 s and marked $((marked2 - marked1)) B"
+  [ "$marked0" -gt 0 ] || { fail migrate_cancelled "nothing marked during the pre-copy"; return; }
+  [ "$marked2" = "$marked1" ] || { fail migrate_cancelled "vsocketd A still marks after the log went off"; return; }
+  [ $((accel2 - accel1)) -gt 0 ] || { fail migrate_cancelled "the connections stopped streaming on the source"; return; }
+  grep -q "mig: client exit" "$WORK/src.console" && { fail migrate_cancelled "the guest's client ended: $(grep "mig: client" "$WORK/src.console" | head -3)"; return; }
+  grep -q "dirty log off (VHOST_F_LOG_ALL cleared" "$WORK/a.log" || { fail migrate_cancelled "no 'dirty log off' in vsocketd A's log"; return; }
+  kill -0 "$DA_PID" || { fail migrate_cancelled "vsocketd A died"; return; }
+  stop_all
+  pass migrate_cancelled $((SECONDS - t0))
 }
 
 command -v qemu-system-x86_64 >/dev/null || die "no qemu-system-x86_64"
