@@ -1,0 +1,438 @@
+#!/usr/bin/env python3
+"""Load test of the cluster directory (issue 38, deliverable 5) against a
+real etcd started here on loopback (127.0.0.1, free ports, a temporary data
+directory; killed by its PID at the end).
+
+A simulated fleet of HOSTS hypervisors x VMS VMs publishes the directory's
+keys as vsocketd does (docs/multi-host.md, "The etcd directory"): per host
+one lease (TTL 10 s) and, under it, /vsocket/hosts/<host> and one
+/vsocket/hosts/<host>/vms/<vm> per VM (one transaction per host). Then, for
+a bounded steady phase, every lease is renewed every TTL/3 (as vsocketd
+does), N migrations per minute each move one VM's record to another host
+(one transaction: delete from the old host, put under the new host's lease),
+and WATCHERS watch streams of the whole prefix (what every vsocketd has)
+time each migration from its write to its arrival (publish->watch latency).
+
+Measured: publish rate, the keepalive rate reached against the one needed,
+publish->watch latency p50/p99, etcd's CPU (utime+stime from /proc) and RSS
+in each phase, the database size, and one full read of the prefix (what a
+starting vsocketd does). Everything is bounded: each phase has a deadline
+and the whole run stops itself.
+
+  bench/directory_load.py [--hosts 1000,10000] [--vms 50] [--migrations-per-min 600]
+                          [--watchers 8] [--steady-s 30] [--out bench/results]
+
+Writes bench/results/directory-load-latest.{json,md}. Uses etcd's JSON
+gateway over keep-alive HTTP connections, as vsocketd's client does.
+"""
+import argparse
+import base64
+import http.client
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+PREFIX = "/vsocket/hosts/"
+TTL_S = 10
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def b64(s):
+    return base64.b64encode(s.encode()).decode()
+
+
+def prefix_end(p):
+    return p[:-1] + chr(ord(p[-1]) + 1)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Etcd:
+    """One etcd member on loopback, its data in a temporary directory."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="vsocket-dirload-")
+        self.port, peer = free_port(), free_port()
+        url, purl = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{peer}"
+        self.log = open(os.path.join(self.dir, "etcd.log"), "w")
+        self.proc = subprocess.Popen(
+            ["etcd", "--name=load", f"--data-dir={self.dir}/data", f"--listen-client-urls={url}",
+             f"--advertise-client-urls={url}", f"--listen-peer-urls={purl}", f"--initial-advertise-peer-urls={purl}",
+             f"--initial-cluster=load={purl}", "--logger=zap", "--log-level=warn",
+             "--quota-backend-bytes=4294967296"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            try:
+                Client(self.port).call("/v3/kv/range", {"key": b64("/probe")})
+                return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("etcd did not answer within 15 s")
+
+    def cpu_s(self):
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+    def rss_mb(self):
+        with open(f"/proc/{self.proc.pid}/statm") as f:
+            return int(f.read().split()[1]) * PAGE / 2**20
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Client:
+    """Unary calls over one keep-alive HTTP connection (one per thread)."""
+
+    def __init__(self, port, timeout=10):
+        self.port, self.timeout, self.conn = port, timeout, None
+
+    def call(self, path, body):
+        for attempt in (0, 1):
+            try:
+                if self.conn is None:
+                    self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
+                self.conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+                r = self.conn.getresponse()
+                data = r.read()
+                return json.loads(data)
+            except (OSError, http.client.HTTPException):
+                self.conn = None
+                if attempt:
+                    raise
+
+
+_local = threading.local()
+
+
+def client(port):
+    c = getattr(_local, "c", None)
+    if c is None:
+        c = _local.c = Client(port)
+    return c
+
+
+def host_key(h):
+    return f"{PREFIX}h{h:05d}"
+
+
+def vm_key(h, v):
+    return f"{PREFIX}h{h:05d}/vms/vm{v:02d}"
+
+
+def host_value(h):
+    return json.dumps({"fabric_address": f"203.0.{h // 250 % 256}.{h % 250 + 1}:7300", "fabrics": ["tcp"]})
+
+
+def vm_value(h, v, stamp=None):
+    n = h * 64 + v
+    r = {"tenant": 1 + n % 1000, "addresses": [f"10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}"]}
+    if stamp is not None:
+        r["t"] = stamp  # (the load test's write time: the watchers' latency)
+    return json.dumps(r)
+
+
+def publish_host(port, h, vms):
+    c = client(port)
+    lease = c.call("/v3/lease/grant", {"TTL": str(TTL_S)})["ID"]
+    ops = [{"request_put": {"key": b64(host_key(h)), "value": b64(host_value(h)), "lease": lease}}]
+    ops += [{"request_put": {"key": b64(vm_key(h, v)), "value": b64(vm_value(h, v)), "lease": lease}}
+            for v in range(vms)]
+    r = c.call("/v3/kv/txn", {"success": ops})
+    if not r.get("succeeded"):
+        raise RuntimeError(f"publish h{h}: {r}")
+    return lease
+
+
+class Watcher(threading.Thread):
+    """One watch stream of the whole prefix (what each vsocketd holds); times
+    the events whose value carries the load test's write time."""
+
+    def __init__(self, port, start_rev, stop):
+        super().__init__(daemon=True)
+        self.port, self.start_rev, self.stop = port, start_rev, stop
+        self.latencies, self.events, self.error, self.ready = [], 0, None, threading.Event()
+
+    def run(self):
+        try:
+            # (the stream is idle at times: a long timeout; the thread is a
+            # daemon, and etcd is killed at the end)
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+            body = {"create_request": {"key": b64(PREFIX), "range_end": b64(prefix_end(PREFIX)),
+                                       "start_revision": str(self.start_rev)}}
+            conn.request("POST", "/v3/watch", json.dumps(body), {"Content-Type": "application/json"})
+            r = conn.getresponse()
+            buf = b""
+            while not self.stop.is_set():
+                chunk = r.readline()  # (HTTPResponse undoes the chunked encoding)
+                if not chunk:
+                    break
+                buf += chunk
+                if not buf.endswith(b"\n"):
+                    continue
+                line, buf = buf.strip(), b""
+                if not line:
+                    continue
+                now = time.time()
+                msg = json.loads(line).get("result", {})
+                if msg.get("created"):
+                    self.ready.set()
+                for e in msg.get("events", []):
+                    self.events += 1
+                    if e.get("type", "PUT") == "PUT":
+                        v = base64.b64decode(e["kv"].get("value", ""))
+                        if b'"t"' in v:
+                            self.latencies.append(now - json.loads(v)["t"])
+        except Exception as ex:  # reported in the results
+            self.error = repr(ex)
+            self.ready.set()
+
+
+def cpu_of(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def pct(xs, p):
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
+
+
+def renew_process(port, hosts, part, renewers, leases, renewals, stop):
+    """Renews every `renewers`-th host's lease every TTL/3, as vsocketd does,
+    from its own process (3 threads), until `stop`."""
+    mine = list(range(part, hosts, renewers))
+    period = TTL_S / 3
+
+    def loop(sub):
+        slot = 2 * (3 * part + sub)  # this thread's (done, failed)
+        while not stop.is_set():
+            start = time.time()
+            for h in mine[sub::3]:
+                if stop.is_set():
+                    break
+                if leases[h] == 0:
+                    continue
+                try:
+                    r = client(port).call("/v3/lease/keepalive", {"ID": str(leases[h])})
+                    ok = int(r.get("result", r).get("TTL", 0)) > 0
+                except OSError:
+                    ok = False
+                renewals[slot + (0 if ok else 1)] += 1
+            stop.wait(max(0.0, period - (time.time() - start)))
+
+    ts = [threading.Thread(target=loop, args=(i,)) for i in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def run_scale(hosts, vms, migrations_per_min, watchers, steady_s, threads, renewers):
+    etcd = Etcd()
+    res = {"hosts": hosts, "vms_per_host": vms, "keys": hosts * (vms + 1), "migrations_per_min": migrations_per_min,
+           "watchers": watchers, "steady_s": steady_s, "lease_ttl_s": TTL_S,
+           "loadavg_at_start": round(os.getloadavg()[0], 2)}
+    # Lease IDs (0: not granted yet) and renewal counts, shared with the
+    # renewing processes: renewals must not wait on this process's GIL
+    # (watchers parsing events, publishers), or leases expire for the load
+    # generator's sake, not etcd's.
+    leases = multiprocessing.Array("q", hosts, lock=False)
+    renewals = multiprocessing.Array("q", 6 * renewers, lock=False)  # per renewing thread: done, failed
+    stop_renew = multiprocessing.Event()
+    procs = [multiprocessing.Process(target=renew_process, args=(etcd.port, hosts, p, renewers, leases, renewals,
+                                                                 stop_renew), daemon=True)
+             for p in range(renewers)]
+    for pr in procs:
+        pr.start()
+
+    def renew_counts():
+        return sum(renewals[0::2]), sum(renewals[1::2])
+
+    try:
+        # 1. Every host publishes (a lease and one transaction each).
+        cpu0, t0 = etcd.cpu_s(), time.time()
+        with ThreadPoolExecutor(threads) as pool:
+            futs = {pool.submit(publish_host, etcd.port, h, vms): h for h in range(hosts)}
+            for f in futs:
+                leases[futs[f]] = int(f.result(timeout=max(1, 150 - (time.time() - t0))))
+        dt = time.time() - t0
+        res["publish_s"] = round(dt, 2)
+        res["publish_keys_per_s"] = round(hosts * (vms + 1) / dt)
+        res["publish_etcd_cpu_pct"] = round(100 * (etcd.cpu_s() - cpu0) / dt, 1)
+
+        # 2. One full read of the prefix, as a starting vsocketd does (by
+        # curl: the time to receive it, the parse being the reader's).
+        body = json.dumps({"key": b64(PREFIX), "range_end": b64(prefix_end(PREFIX))})
+        out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-m", "60", "-w", "%{time_total} %{size_download}",
+                              "-X", "POST", f"http://127.0.0.1:{etcd.port}/v3/kv/range", "-d", body],
+                             capture_output=True, text=True, timeout=70).stdout.split()
+        res["full_read_s"] = round(float(out[0]), 2)
+        res["full_read_mb"] = round(int(out[1]) / 2**20, 1)
+        head = Client(etcd.port).call("/v3/kv/range", {"key": b64(PREFIX), "range_end": b64(prefix_end(PREFIX)),
+                                                       "count_only": True})
+        res["full_read_keys"] = int(head.get("count", 0))
+        rev = int(head["header"]["revision"])
+
+        # 3. Steady state: renewals go on; migrations; watchers time them.
+        stop = threading.Event()
+        ws = [Watcher(etcd.port, rev + 1, stop) for _ in range(watchers)]
+        for w in ws:
+            w.start()
+        for w in ws:
+            w.ready.wait(10)
+        placement = {}  # (h, v) -> (the host it runs on now, its key)
+        migrations = []
+        deadline = time.time() + steady_s
+
+        def migrate_loop():
+            interval = 60.0 / migrations_per_min
+            i, nxt = 0, time.time()
+            while time.time() < deadline:
+                stop.wait(max(0, nxt - time.time()))
+                nxt += interval
+                h, v = (i * 7919) % hosts, i % vms
+                i += 1
+                src, old = placement.get((h, v), (h, vm_key(h, v)))
+                dst = (src + 1 + i % (hosts - 1)) % hosts
+                t = time.time()
+                new = f"{PREFIX}h{dst:05d}/vms/m{h:05d}-{v:02d}"
+                ops = [{"request_delete_range": {"key": b64(old)}},
+                       {"request_put": {"key": b64(new), "value": b64(vm_value(h, v, t)), "lease": str(leases[dst])}}]
+                client(etcd.port).call("/v3/kv/txn", {"success": ops})
+                placement[(h, v)] = (dst, new)
+                migrations.append(time.time() - t)
+
+        done0, failed0 = renew_counts()
+        gen_cpu = lambda: sum(os.times()[:2]) + sum(cpu_of(pr.pid) for pr in procs)
+        cpu0, gen0, t0 = etcd.cpu_s(), gen_cpu(), time.time()
+        mt = threading.Thread(target=migrate_loop, daemon=True)
+        if migrations_per_min > 0:
+            mt.start()
+            mt.join(steady_s + 30)
+        else:
+            stop.wait(steady_s)
+        dt = time.time() - t0
+        res["steady_etcd_cpu_pct"] = round(100 * (etcd.cpu_s() - cpu0) / dt, 1)
+        res["load_generator_cpu_pct"] = round(100 * (gen_cpu() - gen0) / dt, 1)
+        done, failed = renew_counts()
+        done, failed = done - done0, failed - failed0
+        time.sleep(1)  # the last events reach the watchers
+        stop.set()
+        res["keepalives_needed_per_s"] = round(hosts / (TTL_S / 3), 1)
+        res["keepalives_per_s"] = round(done / dt, 1)
+        res["keepalive_failures"] = failed
+        res["migrations"] = len(migrations)
+        res["migration_write_p50_ms"] = round(1000 * pct(migrations, 50), 2) if migrations else None
+        lat = [x for w in ws for x in w.latencies]
+        res["watch_latency_samples"] = len(lat)
+        res["publish_to_watch_p50_ms"] = round(1000 * pct(lat, 50), 2) if lat else None
+        res["publish_to_watch_p99_ms"] = round(1000 * pct(lat, 99), 2) if lat else None
+        res["publish_to_watch_max_ms"] = round(1000 * max(lat), 2) if lat else None
+        res["watch_events_per_watcher"] = round(statistics.mean(w.events for w in ws)) if ws else 0
+        res["watcher_errors"] = [w.error for w in ws if w.error]
+        st = Client(etcd.port).call("/v3/maintenance/status", {})
+        res["db_size_mb"] = round(int(st.get("dbSize", 0)) / 2**20, 1)
+        res["etcd_rss_mb"] = round(etcd.rss_mb(), 1)
+        res["keys_left"] = int(Client(etcd.port, timeout=60).call(
+            "/v3/kv/range", {"key": b64(PREFIX), "range_end": b64(prefix_end(PREFIX)), "count_only": True}
+        ).get("count", 0))
+    finally:
+        stop_renew.set()
+        for pr in procs:
+            pr.join(10)
+            if pr.is_alive():
+                pr.kill()
+        etcd.stop()
+    return res
+
+
+def markdown(results, args):
+    rows = [
+        ("hosts x VMs (keys)", lambda r: f"{r['hosts']} x {r['vms_per_host']} ({r['keys']})"),
+        ("publish: time, keys/s, etcd CPU", lambda r: f"{r['publish_s']} s, {r['publish_keys_per_s']}/s, {r['publish_etcd_cpu_pct']} %"),
+        ("full read of the prefix", lambda r: f"{r['full_read_s']} s ({r['full_read_keys']} keys, {r['full_read_mb']} MB of JSON)"),
+        ("keepalives needed / reached per s", lambda r: f"{r['keepalives_needed_per_s']} / {r['keepalives_per_s']} ({r['keepalive_failures']} failed)"),
+        ("keys at the end (leases alive)", lambda r: f"{r['keys_left']} of {r['keys']}"),
+        ("migrations (per min)", lambda r: f"{r['migrations']} in {r['steady_s']} s ({r['migrations_per_min']}/min)"),
+        ("publish->watch p50 / p99 / max", lambda r: f"{r['publish_to_watch_p50_ms']} / {r['publish_to_watch_p99_ms']} / {r['publish_to_watch_max_ms']} ms ({r['watch_latency_samples']} samples, {r['watchers']} watchers)"),
+        ("CPU, steady phase (% of one core): etcd, load generator", lambda r: f"{r['steady_etcd_cpu_pct']} %, {r['load_generator_cpu_pct']} %"),
+        ("etcd RSS, database", lambda r: f"{r['etcd_rss_mb']} MB, {r['db_size_mb']} MB"),
+        ("machine load average at the start", lambda r: f"{r['loadavg_at_start']}"),
+    ]
+    out = ["# Directory load test (bench/directory_load.py)", "",
+           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, etcd {etcd_version()} on loopback, "
+           f"{os.cpu_count()} CPUs shared with the load generator; lease TTL {TTL_S} s renewed every TTL/3.", "",
+           "| | " + " | ".join(f"{r['hosts']} hosts" for r in results) + " |",
+           "|---|" + "---|" * len(results)]
+    for name, f in rows:
+        out.append(f"| {name} | " + " | ".join(f(r) for r in results) + " |")
+    errs = [e for r in results for e in r.get("watcher_errors", [])]
+    if errs:
+        out += ["", "Watcher errors: " + "; ".join(errs)]
+    return "\n".join(out) + "\n"
+
+
+def etcd_version():
+    try:
+        return subprocess.run(["etcd", "--version"], capture_output=True, text=True, timeout=10).stdout.split()[2]
+    except Exception:
+        return "?"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--hosts", default="1000,10000")
+    p.add_argument("--vms", type=int, default=50)
+    p.add_argument("--migrations-per-min", type=int, default=600)
+    p.add_argument("--watchers", type=int, default=8)
+    p.add_argument("--steady-s", type=int, default=30)
+    p.add_argument("--threads", type=int, default=8, help="publishing threads")
+    p.add_argument("--renewers", type=int, default=2, help="processes renewing leases (3 threads each)")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    a = p.parse_args()
+    if shutil.which("etcd") is None:
+        sys.exit("no etcd (apt-get install etcd-server)")
+    if a.steady_s > 120:
+        sys.exit("--steady-s: at most 120 (each run stays under ~3 min)")
+    results = []
+    for hosts in (int(x) for x in a.hosts.split(",")):
+        print(f"== {hosts} hosts x {a.vms} VMs", flush=True)
+        r = run_scale(hosts, a.vms, a.migrations_per_min, a.watchers, a.steady_s, a.threads, a.renewers)
+        print(json.dumps(r), flush=True)
+        results.append(r)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "directory-load-latest.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    md = markdown(results, a)
+    with open(os.path.join(a.out, "directory-load-latest.md"), "w") as f:
+        f.write(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
