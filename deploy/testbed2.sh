@@ -26,8 +26,8 @@
 # namespace of its own (192.0.2.10:2379, routed through hostA: 192.0.2.1)
 # with its auth on, each host its etcd user restricted to its own keys
 # (docs/multi-host.md "Permissions"), and both vsocketds publish and follow
-# the directory there (locator = etcd://192.0.2.10:2379). `move` is for the
-# file mode only (re-publishing at migration is not done yet).
+# the directory there (locator = etcd://192.0.2.10:2379); a VM that moves is
+# withdrawn by the host it leaves and published by the one it reaches.
 #
 # Environment: VSOCKETD, VSOCKETCTL (binaries), VSOCKET_LOG_LEVEL,
 # VSOCKET_TESTBED2_DIR (state, default /run/vsocket-testbed2), VSOCKETD_ARGS,
@@ -354,7 +354,8 @@ cmd_up() {
 # 2. its network link moves to HOST's bridge (the two bridges are one L2
 #    segment, stretched like a cloud overlay: the VM keeps its address and
 #    its kernel TCP connections);
-# 3. both locators learn where it runs (`locator set`, and the file);
+# 3. both locators learn where it runs (`locator set`, and the file; in
+#    etcd mode the hosts' records, at detach and at `migrate end`);
 # 4. HOST's vsocketd takes it: `migrate end` (its port opens);
 # 5. its socket path leads to HOST's port: its libraries connect there
 #    (within a second, at their next call) and its connections re-upgrade.
@@ -362,7 +363,6 @@ cmd_move() {
   local vm=$1 dst=$2 src name host tenant addr ctl out
   vm_field "$vm" 2 >/dev/null
   need_host "$dst"
-  [ "$LOCATOR" = file ] || die "move: etcd mode does not re-publish a VM that moves yet (issue 38)"
   src=$(host_of "$vm")
   [ "$src" != "$dst" ] || die "$vm runs on $dst already"
   tenant=$(vm_field "$vm" 3)
@@ -392,11 +392,15 @@ cmd_move() {
   { ip -n "$(ns_of "$src")" link set "p$vm" netns "$(ns_of "$dst")" &&
     ip -n "$(ns_of "$dst")" link set "p$vm" master br0 up; } || undo "could not move $vm's link to $dst"
   # The locators first, then the new host takes the VM (either order works:
-  # requests that come before it arrives are kept for it).
-  for h in $HOSTS; do
-    "$ctl" --socket "$(ctl_sock "$h")" locator set "$tenant" "$addr" "$dst" >/dev/null ||
-      undo "$h: locator set $tenant $addr $dst failed"
-  done
+  # requests that come before it arrives are kept for it). In etcd mode the
+  # directory follows by itself: the old host withdrew the VM's record at
+  # detach, the new one publishes it at `migrate end`.
+  if [ "$LOCATOR" = file ]; then
+    for h in $HOSTS; do
+      "$ctl" --socket "$(ctl_sock "$h")" locator set "$tenant" "$addr" "$dst" >/dev/null ||
+        undo "$h: locator set $tenant $addr $dst failed"
+    done
+  fi
   echo "$dst" >"$STATE/placement/$vm"
   write_configs  # (a daemon restarted later keeps the placement)
   out=$("$ctl" --socket "$(ctl_sock "$dst")" migrate end "$vm") || undo "$dst: migrate end $vm: $out"

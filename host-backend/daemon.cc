@@ -251,6 +251,7 @@ std::string Daemon::MigrateCommand(const std::vector<std::string>& words, bool j
         port_open_[port->index] = false;
       }
     }
+    peering_.DirectoryVmAway(vm);  // (withdrawn before the new host publishes it: decision 86)
     VS_LOG(kInfo, "operator: migrate detach %s: left this host, %lu connection(s) reset", vm.c_str(),
            static_cast<unsigned long>(reset));
     return answer("away", "left this host: its vhost-user port is closed; " + std::to_string(reset) +
@@ -272,6 +273,7 @@ std::string Daemon::MigrateCommand(const std::vector<std::string>& words, bool j
   }
   if (!Apply(port->index, ConnManager::VmOp::kArrive))
     return error("vsocketd's worker did not answer in 5 s: " + vm + "'s port is open, it may not pair yet");
+  peering_.DirectoryVmHere(*port);
   VS_LOG(kInfo, "operator: migrate end %s: %s", vm.c_str(), away ? "arrived" : "stays");
   return answer("here", away ? "runs here: its vhost-user port is open" : "runs here (its move was called off)");
 }

@@ -397,6 +397,14 @@ Result<int64_t> EtcdClient::DeletePrefix(const std::string& prefix) {
   return Int(*j, "deleted");
 }
 
+Result<int64_t> EtcdClient::Delete(const std::string& key) {
+  auto body = Call("/v3/kv/deleterange", Json{{"key", Base64(key)}}.dump());
+  if (!body.ok()) return body.status();
+  auto j = Parse(*body, "delete " + key);
+  if (!j.ok()) return j.status();
+  return Int(*j, "deleted");
+}
+
 Result<int64_t> EtcdClient::GrantLease(int ttl_s) {
   auto body = Call("/v3/lease/grant", Json{{"TTL", std::to_string(ttl_s)}}.dump());
   if (!body.ok()) return body.status();

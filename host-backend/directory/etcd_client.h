@@ -80,6 +80,8 @@ class EtcdClient {
   Result<EtcdRange> GetPrefix(const std::string& prefix);
   // Deletes every key starting with `prefix`: how many there were.
   Result<int64_t> DeletePrefix(const std::string& prefix);
+  // Deletes the key `key` alone: 1, or 0 if there was none.
+  Result<int64_t> Delete(const std::string& key);
   // A lease of `ttl_s` seconds (etcd may round it up to its minimum): its ID.
   Result<int64_t> GrantLease(int ttl_s);
   // Renews the lease: its TTL in seconds. kNotFound once it has expired (or

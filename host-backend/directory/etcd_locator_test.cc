@@ -227,5 +227,34 @@ TEST_F(EtcdLocatorTest, PublisherWritesAgainWhenItsLeaseIsGone) {
   pub->Stop();
 }
 
+TEST_F(EtcdLocatorTest, AVmThatArrivesOrLeavesIsPublishedOrWithdrawnAtOnce) {
+  auto loc = NewLocator();
+  EtcdPublisher::Options o;
+  o.backoff_min_ms = 50;
+  o.backoff_max_ms = 200;
+  auto pub = std::make_unique<EtcdPublisher>(client_, "hostA", HostRecord{"127.0.0.1:7300", {"tcp"}},
+                                             std::map<std::string, VmRecord>{{"vm1", {7, {"198.51.100.1"}}}}, o);
+  pub->Start();
+  ASSERT_TRUE(pub->WaitPublished(5000)) << pub->Health().last_error;
+  // vm10 arrives; vm1 leaves (its key alone: not vm10's, which it prefixes).
+  pub->SetVm("vm10", {7, {"198.51.100.10"}});
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.10")) == "hostA"; }, 1000));
+  pub->RemoveVm("vm1");
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.1")).empty(); }, 1000));
+  EXPECT_EQ(loc->Find(7, V4("198.51.100.10")), "hostA");
+  EXPECT_EQ(client_->GetPrefix(VmKey(kDefaultPrefix, "hostA", "vm10"))->kvs.at(0).lease, pub->Health().lease);
+
+  // While etcd is down: vm10 leaves, vm2 arrives. Written when it is back
+  // (the lease outlives a short outage: etcd renews leases at restart).
+  etcd_.Kill();
+  pub->RemoveVm("vm10");
+  pub->SetVm("vm2", {7, {"198.51.100.2"}});
+  ASSERT_TRUE(etcd_.Start().ok());
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.2")) == "hostA"; }, 8000)) << pub->Health().last_error;
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.10")).empty(); }, 2000));
+  EXPECT_EQ(pub->Health().publishes, 1u);  // (the same lease all along)
+  pub->Stop();
+}
+
 }  // namespace
 }  // namespace vsocket::directory

@@ -14,9 +14,11 @@ EtcdPublisher::EtcdPublisher(std::shared_ptr<EtcdClient> client, std::string hos
     : client_(std::move(client)),
       host_(std::move(host)),
       record_(std::move(record)),
-      vms_(std::move(vms)),
       options_(std::move(options)),
-      counters_(options_.counters != nullptr ? options_.counters : &own_counters_) {}
+      counters_(options_.counters != nullptr ? options_.counters : &own_counters_) {
+  MutexLock lock(mu_);
+  vms_ = std::move(vms);
+}
 
 EtcdPublisher::~EtcdPublisher() {
   if (thread_.joinable()) Stop(StopMode::kRevoke);
@@ -65,16 +67,82 @@ EtcdPublisherHealth EtcdPublisher::Health() const {
   return {published_, lease_, publishes_, counters_->keepalive_failures.load(), last_error_};
 }
 
+void EtcdPublisher::SetVm(const std::string& vm, VmRecord record) {
+  int64_t lease;
+  {
+    MutexLock lock(mu_);
+    vms_[vm] = record;
+    removed_.erase(vm);
+    ++changes_;
+    lease = published_ ? lease_ : 0;
+  }
+  if (lease == 0) return;  // (written with the rest when it publishes)
+  auto put = client_->Put(VmKey(options_.prefix, host_, vm), EncodeVm(record), lease);
+  if (!put.ok()) return NeedResync(put.status());
+  VS_LOG(kInfo, "directory: VM %s runs here: published", vm.c_str());
+}
+
+void EtcdPublisher::RemoveVm(const std::string& vm) {
+  int64_t lease;
+  {
+    MutexLock lock(mu_);
+    if (vms_.erase(vm) == 0) return;
+    removed_.insert(vm);
+    ++changes_;
+    lease = published_ ? lease_ : 0;
+  }
+  if (lease == 0) return;  // (its key went with the lease, or was never written)
+  auto del = client_->Delete(VmKey(options_.prefix, host_, vm));
+  if (!del.ok()) return NeedResync(del.status());
+  VS_LOG(kInfo, "directory: VM %s left this host: withdrawn", vm.c_str());
+}
+
+void EtcdPublisher::NeedResync(const Status& why) {
+  Failed(why);
+  MutexLock lock(mu_);
+  resync_ = true;
+}
+
+Status EtcdPublisher::Resync(int64_t lease) {
+  std::map<std::string, VmRecord> vms;
+  std::set<std::string> removed;
+  uint64_t changes;
+  {
+    MutexLock lock(mu_);
+    vms = vms_;
+    removed = removed_;
+    changes = changes_;
+  }
+  for (const std::string& vm : removed) {
+    auto del = client_->Delete(VmKey(options_.prefix, host_, vm));
+    if (!del.ok()) return del.status();
+  }
+  for (const auto& [vm, r] : vms) {
+    auto put = client_->Put(VmKey(options_.prefix, host_, vm), EncodeVm(r), lease);
+    if (!put.ok()) return put.status();
+  }
+  MutexLock lock(mu_);
+  if (changes_ == changes) {  // (else another round: a change came meanwhile)
+    resync_ = false;
+    removed_.clear();
+  }
+  return Status::Ok();
+}
+
 Status EtcdPublisher::Publish() {
   auto lease = client_->GrantLease(options_.ttl_s);
   if (!lease.ok()) return lease.status();
+  std::map<std::string, VmRecord> vms;
+  uint64_t changes;
   {
     MutexLock lock(mu_);
     lease_ = *lease;  // (revoked by Stop even if the writes below fail)
+    vms = vms_;
+    changes = changes_;
   }
   auto put = client_->Put(HostKey(options_.prefix, host_), EncodeHost(record_), *lease);
   if (!put.ok()) return put.status();
-  for (const auto& [vm, r] : vms_) {
+  for (const auto& [vm, r] : vms) {
     put = client_->Put(VmKey(options_.prefix, host_, vm), EncodeVm(r), *lease);
     if (!put.ok()) return put.status();
   }
@@ -82,11 +150,19 @@ Status EtcdPublisher::Publish() {
     MutexLock lock(mu_);
     published_ = true;
     ++publishes_;
+    // Keys of VMs removed before went with the old lease; a change during
+    // the writes above is written by a resync.
+    if (changes_ == changes) {
+      removed_.clear();
+      resync_ = false;
+    } else {
+      resync_ = true;
+    }
   }
   counters_->published = 1;
   counters_->publishes.fetch_add(1, std::memory_order_relaxed);
   cv_.NotifyAll();
-  VS_LOG(kInfo, "directory: published host %s and %zu VM(s) under lease %lld (TTL %d s)", host_.c_str(), vms_.size(),
+  VS_LOG(kInfo, "directory: published host %s and %zu VM(s) under lease %lld (TTL %d s)", host_.c_str(), vms.size(),
          static_cast<long long>(*lease), options_.ttl_s);
   return Status::Ok();
 }
@@ -96,20 +172,21 @@ void EtcdPublisher::Run() {
   // Renewed three times per TTL: two renewals may fail before it expires.
   const int renew_ms = std::max(300, options_.ttl_s * 1000 / 3);
   while (!stop_) {
-    bool published;
+    bool published, resync;
     int64_t lease;
     {
       MutexLock lock(mu_);
       published = published_;
       lease = lease_;
+      resync = resync_;
     }
     Status st;
     if (!published) {
       st = Publish();
     } else {
-      auto ttl = client_->KeepAlive(lease);
-      st = ttl.status();
-      if (!st.ok()) counters_->keepalive_failures.fetch_add(1, std::memory_order_relaxed);
+      // A resync puts under the lease (refused once it expired) or renews it.
+      st = resync ? Resync(lease) : client_->KeepAlive(lease).status();
+      if (!st.ok() && !resync) counters_->keepalive_failures.fetch_add(1, std::memory_order_relaxed);
       if (st.code() == Code::kNotFound) {
         // Expired while etcd was out of reach: the records are gone.
         VS_LOG(kWarn, "directory: lease %lld expired; publishing again", static_cast<long long>(lease));

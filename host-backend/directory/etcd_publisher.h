@@ -6,12 +6,18 @@
 // etcd expires the lease. A lease found expired after an outage is replaced
 // by a new one and everything is written again. Stop() revokes the lease
 // (the keys go at once) or, as a crashed host would, lets it expire.
+//
+// A VM that arrives or leaves (vsocketctl migrate end / detach) is written
+// or deleted at once (SetVm, RemoveVm); if etcd cannot be reached then, the
+// publisher's thread writes the whole set again once it can (or the next
+// publish under a new lease carries it).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -50,18 +56,26 @@ class EtcdPublisher {
   // Waits until the records are written: false if `timeout_ms` passed first.
   bool WaitPublished(int timeout_ms) EXCLUDES(mu_);
   EtcdPublisherHealth Health() const EXCLUDES(mu_);
+  // VM `vm` runs here now (with `record`) / no longer runs here. From any
+  // thread; waits for etcd (its timeouts) only while published.
+  void SetVm(const std::string& vm, VmRecord record) EXCLUDES(mu_);
+  void RemoveVm(const std::string& vm) EXCLUDES(mu_);
 
  private:
   void Run();
   // A new lease and every record under it.
   Status Publish();
+  // Writes every VM record under the current lease and deletes those of
+  // VMs removed since (after a change that could not be written at once).
+  Status Resync(int64_t lease);
+  // A change was not written (or raced a publish): Run resyncs.
+  void NeedResync(const Status& why) EXCLUDES(mu_);
   bool Pause(int ms) EXCLUDES(mu_);
   void Failed(const Status& why) EXCLUDES(mu_);
 
   const std::shared_ptr<EtcdClient> client_;
   const std::string host_;
   const HostRecord record_;
-  const std::map<std::string, VmRecord> vms_;
   const Options options_;
   DirectoryCounters own_counters_;
   DirectoryCounters* const counters_;  // options_.counters or own_counters_
@@ -73,6 +87,10 @@ class EtcdPublisher {
   int64_t lease_ GUARDED_BY(mu_) = 0;
   uint64_t publishes_ GUARDED_BY(mu_) = 0;
   std::string last_error_ GUARDED_BY(mu_);
+  std::map<std::string, VmRecord> vms_ GUARDED_BY(mu_);  // the VMs that run here
+  std::set<std::string> removed_ GUARDED_BY(mu_);        // left since the last full write
+  uint64_t changes_ GUARDED_BY(mu_) = 0;                 // SetVm/RemoveVm calls
+  bool resync_ GUARDED_BY(mu_) = false;
 
   std::thread thread_;  // joined by Stop
 };

@@ -26,6 +26,12 @@ std::string AddressText(const vhost::VmAddress& a) {
   return buf;
 }
 
+directory::VmRecord VmRecordOf(const vhost::PortConfig& p) {
+  directory::VmRecord r{p.tenant_id, {}};
+  for (const vhost::VmAddress& a : p.addresses) r.addresses.push_back(AddressText(a));
+  return r;
+}
+
 // How this host reaches etcd: as its etcd user if configured.
 Result<directory::EtcdClientOptions> EtcdAccess(const DaemonConfig& config) {
   directory::EtcdClientOptions o;
@@ -78,18 +84,22 @@ Status Peering::StartDirectory(const DaemonConfig& config) {
   // This host and the VMs that run here now (not those `away`).
   directory::HostRecord host{config.peer_listen, {config.fabric}};
   std::map<std::string, directory::VmRecord> vms;
-  for (const vhost::PortConfig& p : config.vms) {
-    if (p.away) continue;
-    directory::VmRecord r{p.tenant_id, {}};
-    for (const vhost::VmAddress& a : p.addresses) r.addresses.push_back(AddressText(a));
-    vms[p.vm_name] = std::move(r);
-  }
+  for (const vhost::PortConfig& p : config.vms)
+    if (!p.away) vms[p.vm_name] = VmRecordOf(p);
   directory::EtcdPublisher::Options publisher_options;
   publisher_options.counters = &counters_.directory;
   etcd_publisher_ = std::make_unique<directory::EtcdPublisher>(etcd_, host_name_, std::move(host), std::move(vms),
                                                                publisher_options);
   etcd_publisher_->Start();
   return Status::Ok();
+}
+
+void Peering::DirectoryVmHere(const vhost::PortConfig& vm) {
+  if (etcd_publisher_) etcd_publisher_->SetVm(vm.vm_name, VmRecordOf(vm));
+}
+
+void Peering::DirectoryVmAway(const std::string& vm) {
+  if (etcd_publisher_) etcd_publisher_->RemoveVm(vm);
 }
 
 void Peering::StopDirectory() {

@@ -129,6 +129,11 @@ class Peering : public RemoteHosts {
   // health, this host's publishing and the cached entries.
   const directory::EtcdLocator* etcd_locator() const { return etcd_locator_.get(); }
   std::string DirectoryReport(bool json) const;
+  // A VM arrived here / left this host (vsocketctl migrate end / detach):
+  // with the etcd directory, its record is written under this host's name
+  // or withdrawn at once (nothing with a static file). Any thread.
+  void DirectoryVmHere(const vhost::PortConfig& vm);
+  void DirectoryVmAway(const std::string& vm);
   // Revokes this host's lease (its records leave the directory) and stops
   // following the directory. Daemon::Stop; also at destruction.
   void StopDirectory();

@@ -1,7 +1,7 @@
 # The cluster directory in etcd (issue 38): the bed again in etcd mode
 # (deploy/testbed2.sh, VSOCKET_TESTBED2_LOCATOR=etcd: one etcd in its own
 # namespace with its auth on, no locator file), pairing found through the
-# directory, etcd stopped and back, a host killed. Last: they take the bed
+# directory, etcd stopped and back, a VM moved, a host killed. Last: they take the bed
 # down and up again in etcd mode (or find it so, when the whole suite runs
 # that way), and the host-death case kills hostB's vsocketd.
 
@@ -110,6 +110,55 @@ case_etcd_unavailable() {
   pass "$name (etcd stopped: 2 accelerated connections went on byte-exact; a new one to an address not in the cache stayed on kernel TCP ($unknown), directory_unavailable_fallbacks $f0 -> $f1; etcd back: hostA reconnected (connects $c0 -> $(dir_field hostA connects)) and paired across the fabric again: $XFER_MSG)"
 }
 
+# vmA1 moves to hostB and back (deploy/testbed2.sh move: migrate begin,
+# detach, end) while it runs byte-checked request/response connections to
+# vmB1: no locator file is touched; the host it leaves withdraws its record,
+# the one it reaches publishes it, both caches follow within a second, and
+# the connections re-upgrade where it lands (same-host on hostB, across the
+# fabric again back on hostA).
+vm_vias() { # vm_vias HOST VIA N: vmA1's connections on HOST to vmB1 accelerated via VIA reach N (bounded: 15 s)
+  local end=$((SECONDS + 15))
+  while [ $SECONDS -lt $end ]; do
+    [ "$(via_count "$1" vmA1 "$2" "$B1")" -ge "$3" ] && return 0
+    sleep 0.2
+  done
+  E2E_MSG="vmA1 on $1: $(via_count "$1" vmA1 "$2" "$B1") connection(s) to vmB1 via $2 (want $3)"
+  return 1
+}
+case_etcd_move() {
+  local name=etcd_move_follows port conns=2 out dst h t0 waits=() pids=()
+  etcd_bed || { fail $name "$E2E_MSG"; return; }
+  port=$(alloc_port)
+  local rounds="--bytes 7680000 --rounds 2000 --gap-ms 10"
+  vm_bg vmB1 preload "$WORK/$name.jsonl" "$WORK/$name.srv" "$XFER" server "$B1" "$port" --conns $conns $rounds
+  pids+=("$BG")
+  sleep 0.3
+  vm_bg vmA1 preload "$WORK/$name.jsonl" "$WORK/$name.cli" "$XFER" client "$B1" "$port" --conns $conns $rounds
+  pids+=("$BG")
+  local stop="kill ${pids[*]} 2>/dev/null; wait ${pids[*]} 2>/dev/null; bash $TB host vmA1 | grep -q hostA || bash $TB move vmA1 hostA >/dev/null 2>&1"
+  vm_vias hostA hostB $conns || { fail $name "before: $E2E_MSG"; eval "$stop"; return; }
+  for dst in hostB hostA; do
+    out=$(bash $TB move vmA1 $dst 2>&1) || { fail $name "move to $dst: $out"; eval "$stop"; return; }
+    t0=$(date +%s%N)
+    for h in hostA hostB; do
+      until_true 2 dir_has $h "$A1" $dst || { fail $name "$h's cache does not place $A1 on $dst 2 s after the move"; eval "$stop"; return; }
+    done
+    waits+=("$dst $((($(date +%s%N) - t0) / 1000000)) ms")
+    if [ $dst = hostB ]; then
+      vm_vias hostB same-host $conns || { fail $name "on hostB: $E2E_MSG"; eval "$stop"; return; }
+    else
+      vm_vias hostA hostB $conns || { fail $name "back on hostA: $E2E_MSG"; eval "$stop"; return; }
+    fi
+  done
+  local p rc=0
+  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  [ $rc -eq 0 ] || { fail $name "an application failed (rc $rc): $(tail -n 2 "$WORK/$name".cli | tr '\n' ' ')"; return; }
+  out=$(python3 $CHECK "$WORK/$name.jsonl" --port "$port" --expect-conns $((2 * conns)) --reupgraded --no-resend \
+    --downgrade-cause migration --moves 2) || { fail $name "$out"; return; }
+  [ ! -e "$VSOCKET_TESTBED2_DIR/locator" ] || { fail $name "a locator file exists"; return; }
+  pass "$name (vmA1 moved to hostB and back with no locator file: both caches placed it on its new host within ${waits[*]}; $conns request/response connections to vmB1 byte-exact, fabric -> same-host -> fabric ($out))"
+}
+
 # hostB's vsocketd killed -9: its lease is not renewed, and its records
 # leave hostA's cache when etcd expires it (TTL 10 s; bounded: 25 s); back
 # once it restarts and publishes again.
@@ -134,4 +183,5 @@ case_etcd_host_death() {
 
 register_case etcd_directory_pairs case_etcd_pairs
 register_case etcd_down_keeps_connections_falls_back case_etcd_unavailable
+register_case etcd_move_follows case_etcd_move
 register_case etcd_dead_host_expires case_etcd_host_death
