@@ -20,6 +20,9 @@ accelerated path's own cost) —
   - redis-benchmark with 100 clients and 16 requests pipelined
   - nginx serving a 4 KiB file to wrk -c 16, keep-alive and with
     "Connection: close" (a connection per request)
+  - Apache httpd, mpm_prefork (workers as www-data, through vm2's group)
+    serving a 4 KiB file to ab -c 64, keep-alive (-k) and a connection per
+    request
   - PostgreSQL (server as the user postgres, through vm2's group): pgbench
     TPC-B with 8 clients on 2 threads, select-only with 1 and 8 clients
   - socat copying 1 GiB one way, default 8 KiB buffers, into `wc -c` (a
@@ -173,23 +176,97 @@ def node_http(bed, accel, port, seconds=2, conns=32):
     return wrk_result(r)
 
 
-# PostgreSQL runs as the user postgres; it reaches vm2's socket through a
-# group of the run's own (vsocketd's `group =`, VSOCKET_VM_VM2_GROUP),
-# removed at the end, and loads a copy of the library it can read.
+# PostgreSQL runs as the user postgres, Apache's workers as www-data; they
+# reach vm2's socket through a group of the run's own (vsocketd's `group =`,
+# VSOCKET_VM_VM2_GROUP), removed at the end, and load a copy of the library
+# they can read (Postgres.lib).
 PG_GROUP = "vsocket-bench-vm2"
+PG_GROUP_USERS = ("postgres", "www-data")
 
 
 def add_pg_group(bed, vm):
-    """Before the bed is up: the user postgres joins PG_GROUP, which vm's
-    socket is opened to (VSOCKET_VM_<VM>_GROUP). remove_pg_group undoes it."""
+    """Before the bed is up: the users postgres and www-data join
+    PG_GROUP, which vm's socket is opened to (VSOCKET_VM_<VM>_GROUP).
+    remove_pg_group undoes it."""
     subprocess.run(["groupadd", "-f", PG_GROUP], check=True)
-    subprocess.run(["usermod", "-aG", PG_GROUP, "postgres"], check=False)
+    for u in PG_GROUP_USERS:
+        subprocess.run(["usermod", "-aG", PG_GROUP, u], check=False, capture_output=True)
     bed.base_env[f"VSOCKET_VM_{vm.upper()}_GROUP"] = PG_GROUP
 
 
 def remove_pg_group():
-    subprocess.run(["gpasswd", "-d", "postgres", PG_GROUP], capture_output=True)
+    for u in PG_GROUP_USERS:
+        subprocess.run(["gpasswd", "-d", u, PG_GROUP], capture_output=True)
     subprocess.run(["groupdel", PG_GROUP], capture_output=True)
+
+
+APACHE_CONF = """ServerRoot /etc/apache2
+LoadModule mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork.so
+LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so
+LoadModule mime_module /usr/lib/apache2/modules/mod_mime.so
+ServerName vm2
+Listen {addr}:{port}
+PidFile {d}/apache.pid
+DefaultRuntimeDir {d}/run
+ErrorLog {d}/error.log
+LogLevel warn
+User www-data
+Group www-data
+StartServers 72
+MinSpareServers 72
+MaxSpareServers 96
+ServerLimit 96
+MaxRequestWorkers 96
+MaxConnectionsPerChild 0
+KeepAlive On
+MaxKeepAliveRequests 0
+KeepAliveTimeout 5
+Timeout 20
+TypesConfig /etc/mime.types
+DocumentRoot {d}/www
+<Directory />
+  Require all denied
+</Directory>
+<Directory {d}/www>
+  Require all granted
+</Directory>
+"""
+
+
+def apache(bed, accel, port, lib, keepalive, seconds=2, conns=64):
+    """Apache httpd, mpm_prefork, 72 workers as www-data (the library a
+    copy they can read, `lib`), serving a 4 KiB file to ab -c <conns> for
+    `seconds`, with -k (keep-alive) or a connection per request:
+    {"rps", ["errors"]}."""
+    if not os.path.exists("/usr/sbin/apache2"):
+        return {"rps": 0.0, "errors": "apache2 not installed"}
+    d = tempfile.mkdtemp(prefix="vsocket-apache-")
+    os.chmod(d, 0o755)
+    os.makedirs(f"{d}/www")
+    os.makedirs(f"{d}/run")
+    with open(f"{d}/www/f4096", "wb") as f:
+        f.write(os.urandom(4096))
+    os.chmod(f"{d}/www/f4096", 0o644)
+    with open(f"{d}/apache.conf", "w") as f:
+        f.write(APACHE_CONF.format(d=d, addr=bed.server_addr, port=port))
+    env = ["env", "-u", "LD_PRELOAD"]
+    if accel:
+        env = ["env", f"LD_PRELOAD={lib}", "VSOCKET_UPGRADE=" + ("always" if accel == "always" else "auto")]
+    srv = bed.start(bed.server_vm, False, env + ["/usr/sbin/apache2", "-f", f"{d}/apache.conf", "-DFOREGROUND"], 120)
+    try:
+        bed.wait_listening(bed.server_vm, port, 15)
+        time.sleep(0.5)  # (the 72 workers forked)
+        r = bed.run(bed.client_vm, accel, ["ab", "-q", "-t", str(seconds), "-n", "10000000", "-c", str(conns)] +
+                    (["-k"] if keepalive else []) + [f"http://{bed.server_addr}:{port}/f4096"], timeout=seconds + 60)
+    finally:
+        srv.stop()
+        shutil.rmtree(d, ignore_errors=True)
+    m = re.search(r"Requests per second:\s+([0-9.]+)", r.stdout)
+    res = {"rps": float(m.group(1)) if m else 0.0}
+    failed = re.search(r"Failed requests:\s+([0-9]+)", r.stdout)
+    if not m or (failed and int(failed.group(1))):
+        res["errors"] = (failed.group(0) if failed else r.stderr[-200:])
+    return res
 
 
 class Postgres:
@@ -296,6 +373,8 @@ APP_METRICS = [
     ("nginx 4 KiB, keep-alive, wrk -c 32 (req/s)", "nginx_keepalive_32", "rps"),
     ("Node.js http 4 KiB, keep-alive, wrk -c 32 (req/s)", "node_keepalive_32", "rps"),
     ("nginx 4 KiB, Connection: close, wrk -c 16 (req/s)", "nginx_close", "rps"),
+    ("Apache prefork 4 KiB, keep-alive, ab -c 64 -k (req/s)", "apache_keepalive", "rps"),
+    ("Apache prefork 4 KiB, a connection per request, ab -c 64 (req/s)", "apache_close", "rps"),
     ("PostgreSQL TPC-B, pgbench -c 8 -j 2 (tps)", "pgbench", "tpcb_c8_tps"),
     ("PostgreSQL select-only, 1 client (tps)", "pgbench", "select_c1_tps"),
     ("PostgreSQL select-only, 8 clients (tps)", "pgbench", "select_c8_tps"),
@@ -358,12 +437,13 @@ def connect_first_byte(bed, accel, peer_bin, port):
 
 # Request/response measurements, also run with VSOCKET_UPGRADE=always.
 RR = ("pingpong_16", "redis", "connect", "nginx_keepalive", "nginx_keepalive_32", "node_keepalive_32", "nginx_close",
-      "pgbench")
+      "apache_keepalive", "apache_close", "pgbench")
 
 
 # The measurements, in the order a repetition runs them.
 STEPS = ("pingpong_16", "rate_16", "rate_1k", "bandwidth_64k", "redis", "connect", "nginx_keepalive",
-         "nginx_keepalive_32", "node_keepalive_32", "nginx_close", "pgbench", "socat", "socat_ring512")
+         "nginx_keepalive_32", "node_keepalive_32", "nginx_close", "apache_keepalive", "apache_close", "pgbench", "socat",
+         "socat_ring512")
 
 
 def measure(bed, accel, seconds, port, peer, pg, only=None):
@@ -379,6 +459,8 @@ def measure(bed, accel, seconds, port, peer, pg, only=None):
              ("nginx_keepalive_32", lambda p: nginx(bed, accel, p, close=False, seconds=seconds, conns=32)),
              ("node_keepalive_32", lambda p: node_http(bed, accel, p, seconds=seconds)),
              ("nginx_close", lambda p: nginx(bed, accel, p, close=True, seconds=seconds)),
+             ("apache_keepalive", lambda p: apache(bed, accel, p, pg.lib, keepalive=True, seconds=seconds)),
+             ("apache_close", lambda p: apache(bed, accel, p, pg.lib, keepalive=False, seconds=seconds)),
              ("pgbench", lambda p: pgbench(bed, pg, accel, max(3, seconds))),
              ("socat", lambda p: socat(bed, accel, p)),
              # Twice the default rings: as many bytes in flight as a sender
@@ -459,7 +541,7 @@ def main():
         ("CPU s per million 16 B msgs (server+daemon)", cpu_per_million, None, ""),
         ("connect to first byte, p50 (us)", lambda R: R["connect"].get("p50_us", 0), 1.5, "<="),
     ]
-    rr_metrics = ("RTT", "redis", "connect", "nginx", "Node.js", "PostgreSQL")
+    rr_metrics = ("RTT", "redis", "connect", "nginx", "Node.js", "Apache", "PostgreSQL")
 
     def values(mode, fn):
         return rep_values(results["reps"][mode], fn)
