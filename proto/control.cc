@@ -308,7 +308,7 @@ const char* ToString(WireError error) {
 const char* ToString(Reason reason) {
   static constexpr const char* kNames[] = {"accelerated",
                                            "pending",
-                                           "peer-not-accelerated",
+                                           "peer-not-registered",
                                            "cross-tenant",
                                            "backend-unavailable",
                                            "disabled-by-rule",

@@ -79,7 +79,7 @@ const char* ToString(WireError error);
 enum class Reason : uint16_t {
   kNone = 0,     // accelerated
   kPending = 1,  // registered, peer not (yet) seen
-  kPeerNotAccelerated = 2,
+  kPeerNotRegistered = 2,
   kCrossTenant = 3,
   kBackendUnavailable = 4,
   kDisabledByRule = 5,
@@ -175,7 +175,7 @@ inline constexpr uint64_t kFeatureBulkHint = 1ull << 4;
 inline constexpr uint64_t kFeatureNaps = 1ull << 5;
 // kFeatureTentative: REGISTER_CONN may carry kRegisterTentative, and the
 // backend withdraws such a registration (DOWNGRADE before any upgrade,
-// reason peer-not-accelerated) if its peer has not registered within
+// reason peer-not-registered) if its peer has not registered within
 // kTentativeWaitMs (decision 83).
 inline constexpr uint64_t kFeatureTentative = 1ull << 6;
 // kFeatureForkResync: the library takes a connection it shares with a

@@ -114,12 +114,12 @@ void OnDowngrade(const EventCtx& e) {
     return;
   }
   // fabric-down: the link is gone, the kernel connection is not.
-  // peer-not-accelerated: the peer withdrew before it ever upgraded (it
+  // peer-not-registered: the peer withdrew before it ever upgraded (it
   // closed while our CONFIRM was still on the way), so its whole stream is
   // on the kernel socket. Either way: finish on the kernel connection
   // without losing a byte (resync.cc, RESYNC). Anything else: the peer is
   // not coming, or aborted.
-  bool link = d.reason == proto::Reason::kFabricDown || d.reason == proto::Reason::kPeerNotAccelerated;
+  bool link = d.reason == proto::Reason::kFabricDown || d.reason == proto::Reason::kPeerNotRegistered;
   ApplyLoss(e.conn, link ? LossKind::kLinkDown : LossKind::kPeerAborted, d.bytes_received,
             (d.flags & proto::kDowngradeFenceAcked) != 0, d.reason, e.on_resync);
 }

@@ -3,7 +3,7 @@
 //
 // The ways (LossKind): the fabric link to the peer's host went, or the peer
 // withdrew before it ever upgraded (DOWNGRADE fabric-down /
-// peer-not-accelerated: the kernel connection is still there, RESYNC); the
+// peer-not-registered: the kernel connection is still there, RESYNC); the
 // peer aborted or the backend refused (any other DOWNGRADE); vsocketd went
 // away (its transport's liveness); vsocketd broke the queue protocol; an
 // ERROR event. DecideLoss is a pure function of the connection's state and
@@ -23,7 +23,7 @@
 namespace vsocket::guest {
 
 enum class LossKind : uint8_t {
-  kLinkDown,        // DOWNGRADE fabric-down or peer-not-accelerated: RESYNC on the kernel connection
+  kLinkDown,        // DOWNGRADE fabric-down or peer-not-registered: RESYNC on the kernel connection
   kPeerAborted,     // any other (non-drain) DOWNGRADE: pending: kernel for good; upgraded: reset
   kBackendGone,     // vsocketd went away (crash, kill -9, restart): RESYNC, register again later
   kBackendBroken,   // vsocketd broke the queue protocol: nothing proves where bytes are

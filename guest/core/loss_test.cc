@@ -148,9 +148,9 @@ TEST(ApplyLoss, ALostLinkRecordsTheCountsAndHandsTheResendOverOnce) {
 TEST(ApplyLoss, APendingConnectionWithdrawnOwesItsUnregister) {
   auto c = std::make_shared<Conn>();
   ASSERT_TRUE(c->state.Apply(ConnEvent::kRegistered));
-  ApplyLoss(c, LossKind::kPeerAborted, 0, false, proto::Reason::kPeerNotAccelerated, nullptr);
+  ApplyLoss(c, LossKind::kPeerAborted, 0, false, proto::Reason::kPeerNotRegistered, nullptr);
   EXPECT_EQ(c->state.phase(), Phase::kWithdrawn) << "kernel TCP, the registration ours to end";
-  EXPECT_EQ(c->state.reason(), proto::Reason::kPeerNotAccelerated);
+  EXPECT_EQ(c->state.reason(), proto::Reason::kPeerNotRegistered);
 }
 
 // The end of a withdrawn registration (EndWithdrawnLocked, no session
@@ -159,7 +159,7 @@ TEST(ApplyLoss, APendingConnectionWithdrawnOwesItsUnregister) {
 TEST(ApplyLoss, AWithdrawnRegistrationEndsOnKernelTcpOrHeldAgain) {
   auto plain = std::make_shared<Conn>();
   ASSERT_TRUE(plain->state.Apply(ConnEvent::kRegistered));
-  ApplyLoss(plain, LossKind::kPeerAborted, 0, false, proto::Reason::kPeerNotAccelerated, nullptr);
+  ApplyLoss(plain, LossKind::kPeerAborted, 0, false, proto::Reason::kPeerNotRegistered, nullptr);
   {
     MutexLock lock(plain->setup_mu);
     EndWithdrawnLocked(*plain);
@@ -178,7 +178,7 @@ TEST(ApplyLoss, AWithdrawnRegistrationEndsOnKernelTcpOrHeldAgain) {
   for (int i = 0; i < 100 && !q; ++i) q = busy->stream.Note(i % 2 ? StreamDetector::Dir::kIn : StreamDetector::Dir::kOut, 10, 1 << 20, &loop);
   ASSERT_EQ(busy->stream.cause(), StreamDetector::Cause::kBusyLoop);
   ASSERT_TRUE(busy->state.Apply(ConnEvent::kRegistered));
-  ApplyLoss(busy, LossKind::kPeerAborted, 0, false, proto::Reason::kPeerNotAccelerated, nullptr);
+  ApplyLoss(busy, LossKind::kPeerAborted, 0, false, proto::Reason::kPeerNotRegistered, nullptr);
   {
     MutexLock lock(busy->setup_mu);
     EndWithdrawnLocked(*busy);

@@ -288,7 +288,7 @@ void EndWithdrawnLocked(Conn& c) {
   // was not one (decision 83): held again, to qualify again after a pause
   // that doubles with each withdrawal. Anything else: kernel TCP for good.
   if (c.held.load(std::memory_order_relaxed) && c.stream.cause() == StreamDetector::Cause::kBusyLoop &&
-      c.state.reason() == Reason::kPeerNotAccelerated && !c.urgent.load(std::memory_order_relaxed) &&
+      c.state.reason() == Reason::kPeerNotRegistered && !c.urgent.load(std::memory_order_relaxed) &&
       c.state.Apply(ConnEvent::kHoldAgain)) {
     c.stream.HoldAgain(MonotonicNs());
     return;

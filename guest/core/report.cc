@@ -58,7 +58,7 @@ void WriteLine(const Conn& c, const char* event, const char* exec_program) {
   inet_ntop(af, c.peer.addr.data(), peer, sizeof(peer));
   // Still pending at the end: the peer never registered (not preloaded,
   // NAT, no backend on its side).
-  Reason reason = c.state.phase() == Phase::kPending ? Reason::kPeerNotAccelerated : c.state.reason();
+  Reason reason = c.state.phase() == Phase::kPending ? Reason::kPeerNotRegistered : c.state.reason();
   // Held by the upgrade policy and never streamed: request/response.
   if (NeverRegistered(c) && c.held.load()) reason = Reason::kRequestResponse;
   if (c.urgent.load() && c.state.phase() != Phase::kUnprobed) reason = Reason::kUrgentData;  // (never registers)

@@ -94,7 +94,7 @@ class ConnManager {
   bool ArmDoorbells();
   // Tentative registrations (kRegisterTentative) whose time is up and that
   // still wait for their peer are withdrawn: DOWNGRADE before any upgrade,
-  // reason peer-not-accelerated (decision 83). True if any was.
+  // reason peer-not-registered (decision 83). True if any was.
   bool ExpireTentative();
   // How long the worker may sleep before ExpireTentative has work: -1
   // (forever) when no tentative registration waits.

@@ -79,7 +79,7 @@ inline constexpr size_t kMaxVms = 1024;
 // The reasons vsocketd gives a guest for kernel TCP, counted per VM
 // (VmTotals::fallbacks) in this order; any other (a peer host's) last.
 inline constexpr proto::Reason kCountedFallbacks[] = {
-    proto::Reason::kPeerNotAccelerated, proto::Reason::kCrossTenant,  proto::Reason::kSpoofedAddress,
+    proto::Reason::kPeerNotRegistered, proto::Reason::kCrossTenant,  proto::Reason::kSpoofedAddress,
     proto::Reason::kResourceLimit,      proto::Reason::kProtocolError, proto::Reason::kFabricDown,
     proto::Reason::kPeerDowngraded,     proto::Reason::kKernelFaster};
 inline constexpr size_t kFallbackReasons = std::size(kCountedFallbacks) + 1;

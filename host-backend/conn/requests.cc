@@ -416,10 +416,10 @@ bool ConnManager::ExpireTentative() {
     // on on kernel TCP, as a PAIR_DECLINE would leave it (the library ends
     // the registration, the rings are its own again; a busy loop's library
     // holds it again and may try once more later).
-    c->reason = Reason::kPeerNotAccelerated;
+    c->reason = Reason::kPeerNotRegistered;
     Raise(*c, kEvDowngrade);
     counters_.tentative_expired.fetch_add(1, std::memory_order_relaxed);
-    CountFallback(c->vm_index, Reason::kPeerNotAccelerated);
+    CountFallback(c->vm_index, Reason::kPeerNotRegistered);
     any = true;
   }
   return any;
@@ -438,7 +438,7 @@ Message ConnManager::Unregister(DeviceConns& dc, uint64_t request_id, uint64_t c
   dc.by_id.erase(it);
   // Never paired and never told why: its peer did not come (in this tenant).
   if (c->state == ConnState::kPending && c->reason == Reason::kPending)
-    CountFallback(c->vm_index, c->cross_tenant_mirror ? Reason::kCrossTenant : Reason::kPeerNotAccelerated);
+    CountFallback(c->vm_index, c->cross_tenant_mirror ? Reason::kCrossTenant : Reason::kPeerNotRegistered);
   dc.rings.erase(c->tx.gpa);
   dc.rings.erase(c->rx.gpa);
   Orphan(*c);

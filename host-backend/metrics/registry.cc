@@ -237,7 +237,7 @@ std::vector<Metric<D>> Daemon() {
       {.name = "tentative_expired",
        .type = kCounter,
        .help = "Tentative registrations withdrawn because no peer registered within 500 ms: those "
-               "connections stay on kernel TCP (reason peer-not-accelerated).",
+               "connections stay on kernel TCP (reason peer-not-registered).",
        .read = [](const D& c) -> uint64_t { return c.conns.tentative_expired.load(); },
        .prom = {"vsocket_tentative_expired_total"},
        .group = "conn_counters"},
@@ -679,11 +679,11 @@ constexpr std::string_view kFallbackHelp =
 std::vector<Metric<V>> Fallbacks() {
   using R = proto::Reason;
   return {
-      {.name = "peer_not_accelerated",
+      {.name = "peer_not_registered",
        .type = kCounter,
        .help = kFallbackHelp,
-       .read = &Fallbacks<R::kPeerNotAccelerated>,
-       .prom = {"vsocket_fallbacks_total", "reason=\"peer-not-accelerated\""}},
+       .read = &Fallbacks<R::kPeerNotRegistered>,
+       .prom = {"vsocket_fallbacks_total", "reason=\"peer-not-registered\""}},
       {.name = "cross_tenant",
        .type = kCounter,
        .help = kFallbackHelp,

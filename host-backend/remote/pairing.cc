@@ -251,7 +251,7 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
         bool resynced = c && c->state == ConnState::kUpgraded &&
                         (c->remote.stage == RemotePeer::Stage::kDetached || c->ring_ended);
         if (!available && !resynced)
-          return refuse(Reason::kPeerNotAccelerated, "connection is not available for pairing");
+          return refuse(Reason::kPeerNotRegistered, "connection is not available for pairing");
       }
       // Our guest has not registered yet: keep the request for a while.
       VS_LOG(kDebug, "host %u conn %lu (port %u -> %u): PAIR_REQUEST kept until our guest registers", host,
@@ -340,10 +340,10 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
         if (c == nullptr || c->remote.host != host || c->remote.handle != h.value) return;
         if (c->remote.stage == RemotePeer::Stage::kAccepted) {
           c->remote.stage = RemotePeer::Stage::kNone;
-          c->reason = Reason::kPeerNotAccelerated;
+          c->reason = Reason::kPeerNotRegistered;
           Raise(*c, kEvDowngrade);  // a guest waiting on kernel EOF learns it is final
         } else if (c->remote.paired()) {
-          DetachRemote(*c, Reason::kPeerNotAccelerated);
+          DetachRemote(*c, Reason::kPeerNotRegistered);
         }
         return;
       }

@@ -181,8 +181,8 @@ TEST_F(PeerForgeryTest, RejectOrDowngradeReasonOutsideTheValidSetReadsAsProtocol
   // Valid reasons pass as given.
   Conn rejected = Request(*guest_, 1, port++);
   ASSERT_TRUE(rogue_.SendControl(
-      Frame(FrameType::kPairReject, 1, rejected.mine, 0, static_cast<uint32_t>(proto::Reason::kPeerNotAccelerated))));
-  EXPECT_EQ(WaitState("client", rejected.port, "kernel peer-not-accelerated"), "kernel peer-not-accelerated");
+      Frame(FrameType::kPairReject, 1, rejected.mine, 0, static_cast<uint32_t>(proto::Reason::kPeerNotRegistered))));
+  EXPECT_EQ(WaitState("client", rejected.port, "kernel peer-not-registered"), "kernel peer-not-registered");
   Conn downgraded = Paired(*guest_, 1, port++);
   ASSERT_TRUE(rogue_.SendLink(
       Frame(FrameType::kDowngrade, 1, downgraded.mine, 0, static_cast<uint32_t>(proto::Reason::kFabricDown))));
@@ -296,7 +296,7 @@ TEST_F(PeerForgeryTest, PairingFramesNamingAnotherTenantsConnectionAreDropped) {
   long long cross = Counter("frames_cross_tenant");
   Conn asked = Request(other, 2, 40710);
   ASSERT_TRUE(rogue_.SendControl(
-      Frame(FrameType::kPairReject, 1, asked.mine, 0, static_cast<uint32_t>(proto::Reason::kPeerNotAccelerated))));
+      Frame(FrameType::kPairReject, 1, asked.mine, 0, static_cast<uint32_t>(proto::Reason::kPeerNotRegistered))));
   ASSERT_TRUE(rogue_.SendControl(Frame(FrameType::kPairCancel, 1, asked.mine, asked.theirs)));
   // Control frames are applied in order: once the accept pairs it, the two
   // before it were looked at.

@@ -3,7 +3,7 @@
 # (taskset: so on any machine), a busy event loop's long-lived
 # request/response connections are accelerated when the peer's process is
 # a busy event loop too, and stay on kernel TCP (tentative registration
-# withdrawn, reason peer-not-accelerated) when it is not. Every answer is
+# withdrawn, reason peer-not-registered) when it is not. Every answer is
 # checked byte for byte (tests/e2e/apps/busy_loop.py); the reports and
 # vsocketd's counters prove the path.
 
@@ -11,7 +11,7 @@
 # report FILE matches WANT ("busy-accelerated": registered for the busy loop
 # and accelerated with bytes on the rings; "busy-withdrawn": registered for
 # the busy loop and withdrawn at least once, nothing on the rings, on
-# kernel TCP (held again: peer-not-accelerated) or pending again at the end
+# kernel TCP (held again: peer-not-registered) or pending again at the end
 # (a later try); "held": never registered, request-response). Prints a
 # summary, or what is wrong (and fails).
 busy_report_check() {
@@ -31,7 +31,7 @@ for l in mine:
         ok = f == "busy-loop" and l["mode"] == "accelerated" and accel > 0
     elif want == "busy-withdrawn":
         ok = (f == "busy-loop" and l["withdrawals"] >= 1 and accel == 0 and
-              (l["mode"], l["reason"]) in (("kernel", "peer-not-accelerated"), ("kernel-pending", "peer-not-accelerated")))
+              (l["mode"], l["reason"]) in (("kernel", "peer-not-registered"), ("kernel-pending", "peer-not-registered")))
     else:
         ok = f == "" and l["mode"] == "kernel" and l["reason"] == "request-response"
     if not ok:

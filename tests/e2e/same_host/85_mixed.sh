@@ -42,14 +42,14 @@ errs = []
 # peer was plain, per VM and summed per tenant, and in Prometheus.
 fb = {(r["vm"], r["tenant"]): r for r in json.loads(sys.argv[3])}
 for name in ("vm1", "vm2"):
-    if fb[(name, 1)]["peer_not_accelerated"] == 0:
-        errs.append(f"{name} counts no peer-not-accelerated fallback")
-if fb[("*", 1)]["peer_not_accelerated"] != fb[("vm1", 1)]["peer_not_accelerated"] + fb[("vm2", 1)]["peer_not_accelerated"]:
+    if fb[(name, 1)]["peer_not_registered"] == 0:
+        errs.append(f"{name} counts no peer-not-registered fallback")
+if fb[("*", 1)]["peer_not_registered"] != fb[("vm1", 1)]["peer_not_registered"] + fb[("vm2", 1)]["peer_not_registered"]:
     errs.append("tenant 1's fallbacks are not the sum of its VMs'")
 if fb[("vm3", 2)]["cross_tenant"] + fb[("vm2", 1)]["cross_tenant"] == 0:
     errs.append("the cross-tenant connection counts no cross-tenant fallback")
-prom = re.search(r'^vsocket_fallbacks_total\{vm="vm1",tenant="1",reason="peer-not-accelerated"\} (\d+)$', m, re.M)
-if not prom or int(prom.group(1)) != fb[("vm1", 1)]["peer_not_accelerated"]:
+prom = re.search(r'^vsocket_fallbacks_total\{vm="vm1",tenant="1",reason="peer-not-registered"\} (\d+)$', m, re.M)
+if not prom or int(prom.group(1)) != fb[("vm1", 1)]["peer_not_registered"]:
     errs.append("vsocket_fallbacks_total for vm1 missing or different from vsocketctl's")
 for name in ("vm1", "vm2"):
     if vms[name]["accel_bytes_out"] == 0 or vms[name]["upgrades"] == 0:
@@ -66,7 +66,7 @@ if not counts or int(counts[0].split()[1]) == 0:
 if errs:
     print("; ".join(errs)); sys.exit(1)
 print(f'vm1 moved {vms["vm1"]["accel_bytes_out"]} B out, vm2 {vms["vm2"]["accel_bytes_out"]} B; vm3 never upgraded; '
-      f'fallbacks peer-not-accelerated vm1 {fb[("vm1", 1)]["peer_not_accelerated"]}, vm2 {fb[("vm2", 1)]["peer_not_accelerated"]}, '
+      f'fallbacks peer-not-registered vm1 {fb[("vm1", 1)]["peer_not_registered"]}, vm2 {fb[("vm2", 1)]["peer_not_registered"]}, '
       f'cross-tenant {fb[("vm3", 2)]["cross_tenant"] + fb[("vm2", 1)]["cross_tenant"]}')
 PY
   ); then
@@ -76,10 +76,10 @@ PY
   pass "$name ($out)"
 }
 
-register_case preloaded_client_plain_server case_mixed preloaded_client_plain_server vm1 preload plain peer-not-accelerated 2
-register_case plain_client_preloaded_server case_mixed plain_client_preloaded_server vm1 plain preload peer-not-accelerated 2
+register_case preloaded_client_plain_server case_mixed preloaded_client_plain_server vm1 preload plain peer-not-registered 2
+register_case plain_client_preloaded_server case_mixed plain_client_preloaded_server vm1 plain preload peer-not-registered 2
 # Tenants never learn about each other: to tenant 2's client, tenant 1's
 # server is simply not accelerated.
-register_case cross_tenant case_mixed cross_tenant vm3 preload preload peer-not-accelerated 4
+register_case cross_tenant case_mixed cross_tenant vm3 preload preload peer-not-registered 4
 register_case vsocketctl_and_metrics case_operator_views
 case_needs vsocketctl_and_metrics xfer_one_connection preloaded_client_plain_server plain_client_preloaded_server cross_tenant
