@@ -262,6 +262,9 @@ std::string Daemon::MigrateCommand(const std::vector<std::string>& words, bool j
   // worker applied the arrival waits pending, and pairs with it.
   if (!away && conns_.draining(port->index) != proto::Reason::kMigration)
     return error(vm + " runs here and is not leaving");
+  // Published (and seen) before its port opens: the hosts its connections
+  // pair with must already place it here (decision 90).
+  peering_.DirectoryVmHere(*port);
   {
     MutexLock lock(ports_mu_);
     if (stopping_) return error("vsocketd is stopping");
@@ -273,7 +276,6 @@ std::string Daemon::MigrateCommand(const std::vector<std::string>& words, bool j
   }
   if (!Apply(port->index, ConnManager::VmOp::kArrive))
     return error("vsocketd's worker did not answer in 5 s: " + vm + "'s port is open, it may not pair yet");
-  peering_.DirectoryVmHere(*port);
   VS_LOG(kInfo, "operator: migrate end %s: %s", vm.c_str(), away ? "arrived" : "stays");
   return answer("here", away ? "runs here: its vhost-user port is open" : "runs here (its move was called off)");
 }

@@ -371,21 +371,52 @@ Result<int64_t> EtcdClient::Put(const std::string& key, const std::string& value
   return Int((*j)["header"], "revision");
 }
 
-Result<EtcdRange> EtcdClient::GetPrefix(const std::string& prefix) {
-  Json req = {{"key", Base64(prefix)}, {"range_end", Base64(PrefixEnd(prefix))}};
-  auto body = Call("/v3/kv/range", req.dump());
-  if (!body.ok()) return body.status();
-  auto j = Parse(*body, "range " + prefix);
-  if (!j.ok()) return j.status();
-  EtcdRange range;
-  range.revision = Int((*j)["header"], "revision");
-  if (auto it = j->find("kvs"); it != j->end() && it->is_array())
-    for (const Json& e : *it) {
-      EtcdKeyValue kv;
-      if (!KeyValueOf(e, &kv)) return Status(Code::kDataLoss, "range " + prefix + ": a key is not base64");
-      range.kvs.push_back(std::move(kv));
+Result<int64_t> EtcdClient::PutAll(const std::vector<std::pair<std::string, std::string>>& kvs, int64_t lease) {
+  int64_t revision = 0;
+  for (size_t at = 0; at < kvs.size(); at += kMaxTxnPuts) {
+    Json ops = Json::array();
+    for (size_t i = at; i < std::min(kvs.size(), at + kMaxTxnPuts); ++i) {
+      Json put = {{"key", Base64(kvs[i].first)}, {"value", Base64(kvs[i].second)}};
+      if (lease != 0) put["lease"] = std::to_string(lease);
+      ops.push_back({{"request_put", put}});
     }
-  return range;
+    auto body = Call("/v3/kv/txn", Json{{"success", ops}}.dump());
+    if (!body.ok()) return body.status();
+    auto j = Parse(*body, "txn of " + std::to_string(ops.size()) + " puts");
+    if (!j.ok()) return j.status();
+    revision = Int((*j)["header"], "revision");
+  }
+  return revision;
+}
+
+Result<EtcdRange> EtcdClient::GetPrefix(const std::string& prefix) {
+  // In pages of range_page_keys, every page at the first one's revision:
+  // one consistent view without one response as large as the directory
+  // (104 MB of JSON at 10,000 hosts x 50 VMs: decision 89).
+  EtcdRange range;
+  const std::string end = PrefixEnd(prefix);
+  std::string from = prefix;
+  for (int page = 0;; ++page) {
+    Json req = {{"key", Base64(from)}, {"range_end", Base64(end)}};
+    if (options_.range_page_keys > 0) req["limit"] = std::to_string(options_.range_page_keys);
+    if (page > 0) req["revision"] = std::to_string(range.revision);
+    auto body = Call("/v3/kv/range", req.dump());
+    if (!body.ok()) return body.status();
+    auto j = Parse(*body, "range " + prefix);
+    if (!j.ok()) return j.status();
+    if (page == 0) range.revision = Int((*j)["header"], "revision");
+    size_t before = range.kvs.size();
+    if (auto it = j->find("kvs"); it != j->end() && it->is_array())
+      for (const Json& e : *it) {
+        EtcdKeyValue kv;
+        if (!KeyValueOf(e, &kv)) return Status(Code::kDataLoss, "range " + prefix + ": a key is not base64");
+        range.kvs.push_back(std::move(kv));
+      }
+    if (!j->value("more", false)) return range;
+    if (range.kvs.size() == before)
+      return Status(Code::kDataLoss, "range " + prefix + ": 'more' with an empty page");
+    from = range.kvs.back().key + std::string(1, '\0');  // (the next key after the last)
+  }
 }
 
 Result<int64_t> EtcdClient::DeletePrefix(const std::string& prefix) {

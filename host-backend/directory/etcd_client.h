@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/mutex.h"
@@ -51,6 +52,8 @@ struct EtcdClientOptions {
   int connect_timeout_ms = 1000;  // TCP connect, per endpoint tried
   // A watch whose stream has not said "created" by then is given up.
   int watch_create_timeout_ms = 2000;
+  // GetPrefix reads in pages of this many keys (0: one response).
+  int range_page_keys = 1000;
   // etcd's auth (RBAC, docs/multi-host.md "Permissions"): with a user, every
   // call carries a token from /v3/auth/authenticate, fetched at the first
   // call and again when etcd says it is no longer valid.
@@ -76,7 +79,14 @@ class EtcdClient {
 
   // The store's revision after the put.
   Result<int64_t> Put(const std::string& key, const std::string& value, int64_t lease = 0);
-  // Every key starting with `prefix`.
+  // Puts every (key, value) under `lease`, in transactions of up to
+  // kMaxTxnPuts puts (each all or nothing; etcd's --max-txn-ops default is
+  // 128): the revision after the last.
+  static constexpr size_t kMaxTxnPuts = 100;
+  Result<int64_t> PutAll(const std::vector<std::pair<std::string, std::string>>& kvs, int64_t lease = 0);
+  // Every key starting with `prefix`, as of one revision (read in pages of
+  // options.range_page_keys; kOutOfRange if that revision is compacted
+  // between two pages).
   Result<EtcdRange> GetPrefix(const std::string& prefix);
   // Deletes every key starting with `prefix`: how many there were.
   Result<int64_t> DeletePrefix(const std::string& prefix);

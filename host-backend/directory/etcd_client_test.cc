@@ -48,6 +48,43 @@ TEST_F(EtcdClientTest, PutThenGetPrefixReturnsOnlyThePrefixWithRevision) {
   EXPECT_TRUE(client_->GetPrefix("/t/")->kvs.empty());
 }
 
+TEST_F(EtcdClientTest, APagedReadReturnsEveryKeyInOrderAtOneRevision) {
+  EtcdClientOptions o;
+  o.range_page_keys = 2;
+  EtcdClient paged({etcd_.endpoint()}, o);
+  std::vector<std::pair<std::string, std::string>> kvs;
+  for (const char* k : {"/p/a", "/p/b", "/p/b\x01", "/p/c", "/p/d"}) kvs.emplace_back(k, std::string("v") + k);
+  auto rev = paged.PutAll(kvs, 0);
+  ASSERT_TRUE(rev.ok()) << rev.status().ToString();
+  ASSERT_TRUE(paged.Put("/p0", "outside").ok());
+  auto range = paged.GetPrefix("/p/");
+  ASSERT_TRUE(range.ok()) << range.status().ToString();
+  ASSERT_EQ(range->kvs.size(), 5u);
+  for (size_t i = 0; i < kvs.size(); ++i) {
+    EXPECT_EQ(range->kvs[i].key, kvs[i].first);
+    EXPECT_EQ(range->kvs[i].value, kvs[i].second);
+    EXPECT_EQ(range->kvs[i].mod_revision, *rev);  // (one transaction)
+  }
+  EXPECT_EQ(range->revision, *rev + 1);
+}
+
+TEST_F(EtcdClientTest, PutAllSplitsIntoTransactionsAndDeleteTakesOneKeyAlone) {
+  std::vector<std::pair<std::string, std::string>> kvs;
+  for (int i = 0; i < 250; ++i) kvs.emplace_back("/many/vm" + std::to_string(i), "x");
+  auto lease = client_->GrantLease(60);
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(client_->PutAll(kvs, *lease).ok());
+  auto range = client_->GetPrefix("/many/");
+  ASSERT_TRUE(range.ok());
+  EXPECT_EQ(range->kvs.size(), 250u);
+  EXPECT_EQ(range->kvs[0].lease, *lease);
+  auto deleted = client_->Delete("/many/vm1");  // not vm10..vm19, vm100..
+  ASSERT_TRUE(deleted.ok());
+  EXPECT_EQ(*deleted, 1);
+  EXPECT_EQ(client_->GetPrefix("/many/")->kvs.size(), 249u);
+  EXPECT_EQ(client_->Delete("/many/vm1").value(), 0);
+}
+
 TEST_F(EtcdClientTest, KeyOfAnUnrenewedShortLeaseDisappearsAtExpiry) {
   auto lease = client_->GrantLease(2);
   ASSERT_TRUE(lease.ok()) << lease.status().ToString();

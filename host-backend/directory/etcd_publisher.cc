@@ -117,10 +117,10 @@ Status EtcdPublisher::Resync(int64_t lease) {
     auto del = client_->Delete(VmKey(options_.prefix, host_, vm));
     if (!del.ok()) return del.status();
   }
-  for (const auto& [vm, r] : vms) {
-    auto put = client_->Put(VmKey(options_.prefix, host_, vm), EncodeVm(r), lease);
-    if (!put.ok()) return put.status();
-  }
+  std::vector<std::pair<std::string, std::string>> records;
+  for (const auto& [vm, r] : vms) records.emplace_back(VmKey(options_.prefix, host_, vm), EncodeVm(r));
+  auto put = client_->PutAll(records, lease);
+  if (!put.ok()) return put.status();
   MutexLock lock(mu_);
   if (changes_ == changes) {  // (else another round: a change came meanwhile)
     resync_ = false;
@@ -140,12 +140,12 @@ Status EtcdPublisher::Publish() {
     vms = vms_;
     changes = changes_;
   }
-  auto put = client_->Put(HostKey(options_.prefix, host_), EncodeHost(record_), *lease);
+  // The host and its VMs in one transaction (a hundred keys per
+  // transaction at most): a peer never sees half of them.
+  std::vector<std::pair<std::string, std::string>> records = {{HostKey(options_.prefix, host_), EncodeHost(record_)}};
+  for (const auto& [vm, r] : vms) records.emplace_back(VmKey(options_.prefix, host_, vm), EncodeVm(r));
+  auto put = client_->PutAll(records, *lease);
   if (!put.ok()) return put.status();
-  for (const auto& [vm, r] : vms) {
-    put = client_->Put(VmKey(options_.prefix, host_, vm), EncodeVm(r), *lease);
-    if (!put.ok()) return put.status();
-  }
   {
     MutexLock lock(mu_);
     published_ = true;

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "host-backend/peering/peers.h"
 
@@ -19,6 +20,8 @@ namespace {
 // How long Start waits for the first read of the directory before going on
 // with an empty cache (pairing across hosts then waits for it).
 constexpr int kDirectorySyncMs = 2000;
+// How long an arriving VM's publication waits to be seen by our own watch.
+constexpr int kDirectoryFollowMs = 1000;
 
 std::string AddressText(const vhost::VmAddress& a) {
   char buf[INET6_ADDRSTRLEN] = "";
@@ -95,7 +98,20 @@ Status Peering::StartDirectory(const DaemonConfig& config) {
 }
 
 void Peering::DirectoryVmHere(const vhost::PortConfig& vm) {
-  if (etcd_publisher_) etcd_publisher_->SetVm(vm.vm_name, VmRecordOf(vm));
+  if (!etcd_publisher_) return;
+  etcd_publisher_->SetVm(vm.vm_name, VmRecordOf(vm));
+  if (vm.addresses.empty()) return;
+  // Until our own watch shows the record (bounded: 1 s): the other hosts'
+  // watches see it about as soon, and a pairing request from here for the
+  // VM's connections is refused by a host whose cache does not place its
+  // address here yet (Runs).
+  proto::Endpoint addr;
+  addr.family = vm.addresses[0].family == 6 ? proto::Family::kIpv6 : proto::Family::kIpv4;
+  addr.addr = vm.addresses[0].addr;
+  for (int64_t deadline = MonotonicMs() + kDirectoryFollowMs; MonotonicMs() < deadline; usleep(10 * 1000))
+    if (etcd_locator_->Find(vm.tenant_id, addr) == host_name_) return;
+  VS_LOG(kWarn, "directory: VM %s published, but not yet seen by this host's watch after %d ms", vm.vm_name.c_str(),
+         kDirectoryFollowMs);
 }
 
 void Peering::DirectoryVmAway(const std::string& vm) {
