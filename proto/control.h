@@ -186,9 +186,15 @@ inline constexpr uint64_t kFeatureTentative = 1ull << 6;
 // that byte on the kernel socket with no RESYNC header. Both sessions of a
 // same-host pair must have taken it.
 inline constexpr uint64_t kFeatureForkResync = 1ull << 7;
+// kFeatureMoveBack: the library may ask vsocketd to drain one of its
+// connections (DOWNGRADE guest -> backend, kDowngradeDrain, reason
+// kernel-faster): a connection its busy event loop registered (decision 83)
+// whose loop has not been busy for a while goes back to kernel TCP with
+// clean fences at both ends, and is held again (decision 92).
+inline constexpr uint64_t kFeatureMoveBack = 1ull << 8;
 inline constexpr uint64_t kKnownFeatures = kFeatureDoorbell | kFeatureRingHold | kFeatureFenceDelivered |
                                            kFeatureCleanDowngrade | kFeatureBulkHint | kFeatureNaps |
-                                           kFeatureTentative | kFeatureForkResync;
+                                           kFeatureTentative | kFeatureForkResync | kFeatureMoveBack;
 inline constexpr int64_t kTentativeWaitMs = 500;
 struct DoorbellBlock {
   uint64_t tx_tail;        // guest writes: bytes produced into the TX ring (total)

@@ -51,6 +51,7 @@ void BusyLoop::NoteWait(int ready) {
                  : events >= uint64_t{on_events_} * waits && conns >= kBusyConns;
   if (now != was) {
     busy_.store(now, std::memory_order_relaxed);
+    since_ns_.store(MonotonicNs(), std::memory_order_relaxed);
     flips_.store(flips_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     VS_LOG(kDebug, "event loop %s: %.1f ready per wait, %u connections active", now ? "busy" : "no longer busy",
            static_cast<double>(events) / waits, conns);

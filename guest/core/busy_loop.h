@@ -54,6 +54,11 @@ class BusyLoop {
   uint32_t active() const { return active(Epoch()); }
   // Times the loop turned busy or back (the hysteresis at work).
   uint64_t flips() const { return flips_.load(std::memory_order_relaxed); }
+  // How long it has been not busy (0 while busy): since its last flip, or
+  // since it was made.
+  int64_t quiet_ns(int64_t now_ns) const {
+    return busy() ? 0 : now_ns - since_ns_.load(std::memory_order_relaxed);
+  }
   // Every wait noted, and their ready events (reports, tuning).
   uint64_t waits_total() const { return waits_total_.load(std::memory_order_relaxed); }
   uint64_t ready_total() const { return ready_total_.load(std::memory_order_relaxed); }
@@ -67,6 +72,7 @@ class BusyLoop {
   std::atomic<uint64_t> events_{0};
   std::atomic<bool> busy_{false};
   std::atomic<uint64_t> flips_{0};
+  std::atomic<int64_t> since_ns_{0};  // MonotonicNs() of the last flip
   std::atomic<uint64_t> waits_total_{0};
   std::atomic<uint64_t> ready_total_{0};
   std::atomic<uint32_t> epoch_{0};

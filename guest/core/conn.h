@@ -201,6 +201,9 @@ struct Conn {
   // state.draining(), drain_tx(), drain_rx()): why, and where our ring
   // stream ended (stored before the tx-ring-end step, under tx_mu).
   std::atomic<proto::Reason> drain_reason{proto::Reason::kOperator};
+  // Its busy loop went quiet and vsocketd was asked to move it back to
+  // kernel TCP (decision 92), once per registration.
+  std::atomic<bool> move_back_asked{false};
   std::atomic<uint64_t> tx_ring_end{0};
   // RX (under rx_mu; state.rx_resync() says the step): the header read so
   // far, and the resent bytes still to skip.

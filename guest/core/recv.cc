@@ -25,6 +25,7 @@ using proto::Reason;
 
 Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   MaybeReregister(fd, c);
+  MaybeMoveBack(c);
   EnsureRegistered(fd, c);
   if (!c.state.registered()) {
     // Not registered: the kernel socket alone, exactly as without us. A

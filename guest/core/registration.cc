@@ -275,6 +275,24 @@ bool NoteUrgent(Conn& c) {
   return true;
 }
 
+void MaybeMoveBack(Conn& c) {
+  if (c.stream.cause() != StreamDetector::Cause::kBusyLoop) return;
+  BusyLoop* loop = ActiveBusyLoop();
+  if (loop == nullptr || loop->busy() || loop->quiet_ns(MonotonicNs()) < kMoveBackAfterNs) return;
+  Session* s = c.session;
+  if (s == nullptr || !s->move_back() || c.state.phase() != Phase::kUpgraded || c.state.draining() ||
+      c.move_back_asked.exchange(true))
+    return;
+  Message resp;
+  Status st = s->Call(
+      {MsgType::kDowngrade, 0, proto::Downgrade{c.id, Reason::kKernelFaster, 0, proto::kDowngradeDrain}}, &resp, 1000);
+  const auto* ack = std::get_if<proto::RegisterAck>(&resp.body);
+  VS_LOG(kDebug, "conn %lu: its event loop is no longer busy: %s", static_cast<unsigned long>(c.id),
+         st.ok() && ack != nullptr && ack->status == proto::WireError::kOk ? "back to kernel TCP (drain asked)"
+                                                                          : "stays on the rings (drain refused)");
+  s->TryDrain();  // (the DOWNGRADE(drain) it raised)
+}
+
 void EndWithdrawnLocked(Conn& c) {
   if (c.state.phase() != Phase::kWithdrawn) return;
   Session* s = c.session;

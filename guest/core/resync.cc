@@ -248,6 +248,12 @@ void MaybeReregister(int fd, Conn& c) {
     return;
   }
   c.session = nullptr;
+  // Drained because its busy loop went quiet (decision 92): held again,
+  // not registered again at once (the pause before it may qualify doubles
+  // with each move: no flapping).
+  bool hold_again = c.held.load(std::memory_order_relaxed) &&
+                    c.stream.cause() == StreamDetector::Cause::kBusyLoop &&
+                    c.drain_reason.load(std::memory_order_relaxed) == Reason::kKernelFaster;
   if (c.resend_headerless.load(std::memory_order_relaxed)) {
     // The peer's process forked: its end stays on kernel TCP for good
     // (decision 85), so ours would wait for it in vain.
@@ -277,7 +283,14 @@ void MaybeReregister(int fd, Conn& c) {
   c.rx_hdr_got = 0;
   c.rx_skip = 0;
   c.tx_ring_end.store(0);  // (the drain's steps start afresh with the phase: kResynced)
+  c.move_back_asked.store(false);
+  if (hold_again) c.stream.HoldAgain(MonotonicNs());
   c.state.Apply(ConnEvent::kResynced);
+  if (hold_again) {
+    VS_LOG(kDebug, "conn %lu: back on kernel TCP, held again (its event loop is no longer busy)",
+           static_cast<unsigned long>(c.id));
+    return;
+  }
   c.reupgrades.fetch_add(1, std::memory_order_relaxed);
   VS_LOG(kInfo, "conn %lu: resynced on kernel TCP; registering again to re-upgrade", static_cast<unsigned long>(c.id));
 }

@@ -24,6 +24,7 @@ using proto::Reason;
 Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   if ((flags & MSG_OOB) && !NoteUrgent(c)) return Errno(EOPNOTSUPP, "MSG_OOB on a registered connection");
   MaybeReregister(fd, c);
+  MaybeMoveBack(c);
   EnsureRegistered(fd, c);
   MutexLock lock(c.tx_mu);
   if (c.state.reset()) return Errno(ECONNRESET, "connection reset");
@@ -124,6 +125,7 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
 
 bool KernelSendFile(int fd, Conn& c, int in, off_t* offset, size_t count, Result<size_t>* out) {
   MaybeReregister(fd, c);
+  MaybeMoveBack(c);
   EnsureRegistered(fd, c);
   MutexLock lock(c.tx_mu);
   // Unprobed (held by the policy, or not connected yet), kernel TCP for

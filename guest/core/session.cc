@@ -174,7 +174,8 @@ Status Session::Negotiate() {
   hello.features = (Config().doorbell ? proto::kFeatureDoorbell : 0) |
                    (Config().ring_hold ? proto::kFeatureRingHold : 0) | proto::kFeatureFenceDelivered |
                    proto::kFeatureCleanDowngrade | proto::kFeatureBulkHint | proto::kFeatureNaps |
-                   (Config().busy_events > 0 ? proto::kFeatureTentative : 0) | proto::kFeatureForkResync;
+                   (Config().busy_events > 0 ? proto::kFeatureTentative | proto::kFeatureMoveBack : 0) |
+                   proto::kFeatureForkResync;
   proto::Message resp;
   VS_RETURN_IF_ERROR(Call({MsgType::kHello, 0, hello}, &resp));
   const auto* ack = std::get_if<proto::HelloAck>(&resp.body);
@@ -188,6 +189,7 @@ Status Session::Negotiate() {
   naps_ = (ack->features & hello.features & proto::kFeatureNaps) != 0;
   tentative_ = (ack->features & hello.features & proto::kFeatureTentative) != 0;
   fork_resync_ = (ack->features & hello.features & proto::kFeatureForkResync) != 0;
+  move_back_ = (ack->features & hello.features & proto::kFeatureMoveBack) != 0;
   // Process mode: registrations name sockets this process proves it holds
   // (a port without a proof socket does not ask for it).
   Status proof = transport_->OpenProofs();

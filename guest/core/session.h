@@ -121,6 +121,7 @@ class Session {
   bool bulk_hint() const { return bulk_hint_; }
   bool tentative() const { return tentative_; }
   bool fork_resync() const { return fork_resync_; }
+  bool move_back() const { return move_back_; }
 
   // The backend naps between passes, our kicks off (kFeatureNaps, decision
   // 67): what we did since our last kick waits for its next pass unless we
@@ -184,6 +185,7 @@ class Session {
   bool naps_ = false;       // likewise: kFeatureNaps
   bool tentative_ = false;  // likewise: kFeatureTentative
   bool fork_resync_ = false;  // likewise: kFeatureForkResync
+  bool move_back_ = false;    // likewise: kFeatureMoveBack
   std::atomic<bool> owe_kick_{false};
   std::atomic<uint64_t> consumed_since_kick_{0};
   // Rings of connections being unregistered or held (by conn id); guarded

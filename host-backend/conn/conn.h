@@ -156,6 +156,7 @@ struct BackendConn {
   proto::Reason ev_drain_reason = proto::Reason::kOperator;
   // Fork resync (kFeatureForkResync, decision 85).
   bool fork_resync = false;  // the session took the feature
+  bool move_back = false;    // the session took kFeatureMoveBack (decision 92)
   // The DOWNGRADE owed to our guest asks it to resend its ring stream from
   // ev_resend_from with no RESYNC header (its peer's process forked).
   bool ev_resend = false;

@@ -195,6 +195,7 @@ class ConnManager {
     bool naps = false;                                 // session took kFeatureNaps
     bool tentative = false;                            // session took kFeatureTentative
     bool fork_resync = false;                          // session took kFeatureForkResync
+    bool move_back = false;                            // session took kFeatureMoveBack
     std::deque<uint64_t> released;                     // conn ids owed RINGS_RELEASED
   };
   // Doorbells (kFeatureDoorbell). Polling a connection's block means the
@@ -234,6 +235,7 @@ class ConnManager {
   RequestResult OnConsumed(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
   RequestResult OnShutdown(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
   RequestResult OnDowngrade(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
+  RequestResult MoveBack(BackendConn& c, const proto::Downgrade& d, uint64_t request_id, proto::Message* reply);
   RequestResult RepollDoorbell(DeviceConns& dc, BackendConn& c, bool allowed, const char* violation);
   proto::Message Register(DeviceConns& dc, uint64_t request_id, const proto::RegisterConn& r);
   proto::Message Unregister(DeviceConns& dc, uint64_t request_id, uint64_t conn_id);

@@ -71,6 +71,7 @@ struct ConnManagerCounters {
   std::atomic<uint64_t> migration_resets{0};  // connections a leaving VM still had on the rings: reset
   std::atomic<uint64_t> fork_resyncs{0};      // connections a forking process took back to kernel TCP
   std::atomic<uint64_t> fork_refused{0};      // ... that could not be (the child is told ECONNRESET)
+  std::atomic<uint64_t> moved_back{0};        // busy-loop connections drained back to kernel TCP (decision 92)
   std::atomic<uint64_t> pair_moved{0};        // PAIR_REQUESTs answered or refused "the VM moved"
 };
 

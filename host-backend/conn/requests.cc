@@ -194,6 +194,7 @@ void ConnManager::AbortTx(BackendConn& c) {
 RequestResult ConnManager::OnDowngrade(DeviceConns&, BackendConn* conn, const Message& msg, Message* reply) {
   BackendConn& c = *conn;
   const auto& d = std::get<proto::Downgrade>(msg.body);
+  if (d.flags == proto::kDowngradeDrain) return MoveBack(c, d, msg.request_id, reply);
   if (!c.fork_resync || d.reason != Reason::kForked || d.flags != proto::kDowngradeResendFrom) {
     *reply = BadMessage(msg.request_id);
     return RequestResult::kReply;
@@ -233,6 +234,23 @@ RequestResult ConnManager::OnDowngrade(DeviceConns&, BackendConn* conn, const Me
   VS_LOG(kDebug, "conn %lu: leaves the rings for a fork; its peer resends from %lu", static_cast<unsigned long>(c.conn_id),
          static_cast<unsigned long>(d.bytes_received));
   *reply = Ack(msg.request_id, c.conn_id, WireError::kOk, Reason::kForked);
+  return RequestResult::kReply;
+}
+
+// DOWNGRADE(drain, kernel-faster) from a guest (kFeatureMoveBack, decision
+// 92): the busy event loop that registered c is not busy any more, and a
+// lone request/response connection is faster on kernel TCP where vsocketd
+// shares the CPUs. Drained as an operator's drain is (AskDrain: c's guest
+// ends its ring stream, the peer's follows with the same reason, nothing
+// resent), then both libraries hold the connection on kernel TCP again.
+RequestResult ConnManager::MoveBack(BackendConn& c, const proto::Downgrade& d, uint64_t request_id, Message* reply) {
+  if (!c.move_back || d.reason != Reason::kKernelFaster) {
+    *reply = BadMessage(request_id);
+    return RequestResult::kReply;
+  }
+  bool asked = AskDrain(c, Reason::kKernelFaster);
+  if (asked) counters_.moved_back.fetch_add(1, std::memory_order_relaxed);
+  *reply = Ack(request_id, c.conn_id, asked ? WireError::kOk : WireError::kNotPaired, Reason::kKernelFaster);
   return RequestResult::kReply;
 }
 
@@ -336,6 +354,7 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
   c.fence_delivered = dc.fence_delivered;
   c.clean_downgrade = dc.clean_downgrade;
   c.fork_resync = dc.fork_resync;
+  c.move_back = dc.move_back;
   // A doorbell block must be 64-byte aligned (its counts are atomics).
   if ((c.doorbell && r.tx_ring_gpa % proto::kDoorbellBytes != 0) || !ResolveRings(c) ||
       (c.doorbell && reinterpret_cast<uintptr_t>(c.tx.host) % proto::kDoorbellBytes != 0)) {

@@ -265,6 +265,13 @@ std::vector<Metric<D>> Daemon() {
        .read = [](const D& c) -> uint64_t { return c.conns.fork_resyncs.load(); },
        .prom = {"vsocket_fork_resyncs_total"},
        .group = "conn_counters"},
+      {.name = "moved_back",
+       .type = kCounter,
+       .help = "Connections a busy event loop had registered, drained back to kernel TCP once the loop was no "
+               "longer busy (decision 92).",
+       .read = [](const D& c) -> uint64_t { return c.conns.moved_back.load(); },
+       .prom = {"vsocket_moved_back_total"},
+       .group = "conn_counters"},
       {.name = "fork_refused",
        .type = kCounter,
        .help = "Such requests refused (a peer on another host, a shutdown or drain under way): the child is "

@@ -1,8 +1,10 @@
-// A library's DOWNGRADE before a fork (decision 85) as vsocketd sees it,
-// against an unmodified vsocketd: taken only from a session that took
-// FORK_RESYNC, for a same-host pair whose peer's session took it too, with
-// a count inside what landed in the RX ring; anything else is refused or
-// is a violation of that connection alone.
+// A library's own DOWNGRADE requests as vsocketd sees them, against an
+// unmodified vsocketd. Before a fork (decision 85): taken only from a
+// session that took FORK_RESYNC, for a same-host pair whose peer's session
+// took it too, with a count inside what landed in the RX ring. A drain
+// because its busy loop went quiet (decision 92): only from a session that
+// took MOVE_BACK, reason kernel-faster. Anything else is refused or is a
+// violation of that connection alone.
 #include <gtest/gtest.h>
 
 #include "tests/hostile/raw_guest.h"
@@ -102,6 +104,39 @@ TEST_F(ForkResyncTest, APeerWhoseLibraryCannotResendIsRefused) {
   long long refused = Counter("fork_refused");
   EXPECT_EQ(server.Downgrade(1, Reason::kForked, 0, proto::kDowngradeResendFrom), "NOT_PAIRED forked");
   EXPECT_EQ(Counter("fork_refused"), refused + 1);
+  EXPECT_EQ(State("server", 80), "accelerated accelerated");
+}
+
+// A session that took MOVE_BACK asks for a drain (reason kernel-faster):
+// vsocketd asks that end to leave the rings, as an operator's drain would,
+// and counts it; the other connection is untouched.
+TEST_F(ForkResyncTest, AMoveBackIsADrainOfThatConnection) {
+  RawGuest client(daemon_.socket_path("client")), server(daemon_.socket_path("server"));
+  ASSERT_TRUE(client.ok() && server.ok()) << client.error() << server.error();
+  uint64_t f = kFeatures | proto::kFeatureMoveBack;
+  ASSERT_EQ(client.Hello(f) & proto::kFeatureMoveBack, proto::kFeatureMoveBack);
+  server.Hello(f);
+  Pair(client, server, 41040);
+  long long moved = Counter("moved_back"), asked = Counter("drains_asked");
+  EXPECT_EQ(server.Downgrade(1, Reason::kKernelFaster, 0, proto::kDowngradeDrain), "ok kernel-faster");
+  EXPECT_EQ(Counter("moved_back"), moved + 1);
+  EXPECT_EQ(Counter("drains_asked"), asked + 1);
+  // Asked once: a second request finds it draining already.
+  EXPECT_EQ(server.Downgrade(1, Reason::kKernelFaster, 0, proto::kDowngradeDrain), "NOT_PAIRED kernel-faster");
+  EXPECT_EQ(State("server", 81), "accelerated accelerated") << "the other connection is untouched";
+}
+
+// Without the feature, or with another reason (a guest may not drain a
+// connection as the operator or for a migration), it is an ERROR.
+TEST_F(ForkResyncTest, AMoveBackWithoutTheFeatureOrForAnotherReasonIsABadMessage) {
+  RawGuest client(daemon_.socket_path("client")), server(daemon_.socket_path("server"));
+  ASSERT_TRUE(client.ok() && server.ok()) << client.error() << server.error();
+  server.Hello(kFeatures);  // no MOVE_BACK
+  Pair(client, server, 41050);
+  long long asked = Counter("drains_asked");
+  EXPECT_EQ(server.Downgrade(1, Reason::kKernelFaster, 0, proto::kDowngradeDrain), "error");
+  EXPECT_EQ(client.Downgrade(1, Reason::kOperator, 0, proto::kDowngradeDrain), "error");
+  EXPECT_EQ(Counter("drains_asked"), asked);
   EXPECT_EQ(State("server", 80), "accelerated accelerated");
 }
 

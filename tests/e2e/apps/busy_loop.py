@@ -19,6 +19,10 @@
   busy_loop.py threads-then-loop ADDR PORT CONNS SECONDS
       the same connections driven by CONNS threads for SECONDS, then by one
       epoll loop for 2 x SECONDS (a client that becomes busy late).
+  busy_loop.py loop-then-one ADDR PORT CONNS SECONDS
+      one epoll loop driving CONNS connections for SECONDS, then closing
+      all but the first and driving that one alone, still from the loop,
+      for 2 x SECONDS (a busy loop that goes quiet: decision 92).
 Each client checks every answer byte for byte and prints a summary.
 """
 import hashlib
@@ -129,7 +133,7 @@ def serve_threads(addr, port, conns):
         t.join()
 
 
-def drive_loop(socks, first, done):
+def drive_loop(socks, first, done, close=True):
     """One epoll loop driving every connection of socks (connection k's
     next round trip is first[k]), every request in flight at once, each
     answer checked; done(round trips made on it) says when a connection
@@ -170,7 +174,8 @@ def drive_loop(socks, first, done):
             made += 1
             if done(st[1] - first[st[0]]):
                 sel.unregister(c)
-                c.close()
+                if close:
+                    c.close()
                 open_conns -= 1
             else:
                 send_next(c)
@@ -241,6 +246,20 @@ def client_threads_then_loop(addr, port, conns, seconds):
     print("%d connections: %d round trips from threads, then %d from one loop, byte-exact" % (conns, sum(made), looped))
 
 
+def client_loop_then_one(addr, port, conns, seconds):
+    socks = [connect(addr, port) for _ in range(conns)]
+    end = time.monotonic() + seconds
+    busy = drive_loop(socks, [0] * conns, lambda n: time.monotonic() >= end, close=False)
+    for c in socks[1:]:
+        c.close()
+    # (Round trip numbers go on from far ahead: the answer depends on the
+    # request alone.)
+    end = time.monotonic() + 2 * seconds
+    alone = drive_loop(socks[:1], [10 ** 6], lambda n: time.monotonic() >= end)
+    print("%d connections: %d round trips from one busy loop, then %d on one connection alone, byte-exact" %
+          (conns, busy, alone))
+
+
 def main():
     mode, addr, port, conns = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     if mode == "server":
@@ -253,6 +272,8 @@ def main():
         client_threads(addr, port, conns, int(sys.argv[5]))
     elif mode == "threads-then-loop":
         client_threads_then_loop(addr, port, conns, float(sys.argv[5]))
+    elif mode == "loop-then-one":
+        client_loop_then_one(addr, port, conns, float(sys.argv[5]))
     else:
         raise SystemExit("mode: server | loop | threads")
 

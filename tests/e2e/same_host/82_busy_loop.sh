@@ -149,3 +149,63 @@ PY
 }
 
 register_case policy_busy_loop_withdrawn_then_accelerated case_busy_loop_late_peer
+
+# A busy loop that goes quiet (decision 92): 32 connections in one epoll
+# loop for 2 s (both ends register for the busy loop and are accelerated),
+# then 31 closed and the first driven alone for 4 s. A lone
+# request/response connection is faster on kernel TCP where vsocketd
+# shares the CPUs: once the loops have not been busy for 250 ms, the
+# connection goes back to kernel TCP at both ends with clean fences (a
+# drain, reason kernel-faster, nothing resent) and is held again. Checked:
+# every answer byte for byte; the lone connection's ends report a
+# downgrade kernel-faster, a withdrawal (held again) and bytes on the
+# rings before it, on kernel TCP at the end; vsocketd counted the move
+# (moved_back); the 31 others ended accelerated.
+case_busy_loop_goes_quiet() {
+  local name=policy_busy_loop_goes_quiet_moves_back
+  local port srep=$WORK/$name.srv.jsonl crep=$WORK/$name.cli.jsonl out bad=""
+  port=$(alloc_port)
+  local mb0 mb1
+  mb0=$(stat_field moved_back)
+  busy_run "$name" "$port" 32 "$srep" "$crep" loop-then-one 32 2 || return
+  out=$BUSY_OUT
+  mb1=$(stat_field moved_back)
+  local sum
+  sum=$(python3 - "$srep" "$crep" "$port" <<'PY'
+import json, sys
+port = sys.argv[3]
+def ends(path, side):
+    ls = [json.loads(l) for l in open(path) if l.strip()]
+    key = "local" if side == "server" else "peer"
+    return [l for l in ls if l[key].endswith(":" + port) and l["event"] in ("close", "exit")]
+srv, cli = ends(sys.argv[1], "server"), ends(sys.argv[2], "client")
+bad = []
+if len(srv) != 32 or len(cli) != 32:
+    bad.append("%d server and %d client connection ends reported (want 32 each)" % (len(srv), len(cli)))
+def moved(l):
+    return (l["last_downgrade"] == "kernel-faster" and l["downgrades"] >= 1 and l["withdrawals"] >= 1 and
+            l["mode"] == "kernel" and l["accel_rx"] + l["accel_tx"] > 0 and not l["kernel_tx_after_upgrade"] == -1)
+mv_s, mv_c = [l for l in srv if moved(l)], [l for l in cli if moved(l)]
+acc_s = [l for l in srv if l["mode"] == "accelerated" and l["accel_rx"] > 0]
+acc_c = [l for l in cli if l["mode"] == "accelerated" and l["accel_tx"] > 0]
+if len(mv_s) != 1 or len(mv_c) != 1:
+    bad.append("%d server and %d client ends moved back (want 1 each): %s" % (len(mv_s), len(mv_c),
+               sorted(set((l["mode"], l["reason"], l["last_downgrade"], l["withdrawals"]) for l in srv + cli))))
+if len(acc_s) < 31 or len(acc_c) < 31:
+    bad.append("%d server and %d client ends accelerated (want 31 each)" % (len(acc_s), len(acc_c)))
+if bad:
+    raise SystemExit("; ".join(bad))
+l = mv_c[0]
+print("the lone connection moved back (client: %d B on the rings, then kernel TCP, %d downgrade(s), %d hold(s)); "
+      "31 others accelerated" % (l["accel_tx"] + l["accel_rx"], l["downgrades"], l["withdrawals"]))
+PY
+) || bad+="reports: $sum; "
+  [ $((mb1 - mb0)) -ge 1 ] || bad+="vsocketd moved back $((mb1 - mb0)) connections (want >= 1); "
+  if [ -n "$bad" ]; then
+    fail $name "$bad client: $out"
+    return
+  fi
+  pass "$name ($out; $sum; vsocketd moved back $((mb1 - mb0)))"
+}
+
+register_case policy_busy_loop_goes_quiet_moves_back case_busy_loop_goes_quiet
