@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <vector>
 
@@ -49,7 +50,7 @@ EtcdTestServer::~EtcdTestServer() {
   }
 }
 
-Status EtcdTestServer::Start() {
+Status EtcdTestServer::Start(bool wait) {
   std::string bin = Binary();
   if (bin.empty()) return Status(Code::kNotFound, "no etcd binary");
   if (running()) return Status(Code::kFailedPrecondition, "etcd already running");
@@ -60,21 +61,23 @@ Status EtcdTestServer::Start() {
     buf.push_back('\0');
     if (mkdtemp(buf.data()) == nullptr) return Status::FromErrno("mkdtemp " + templ);
     dir_ = buf.data();
-    client_port_ = FreePort();
-    peer_port_ = FreePort();
+    if (client_port_ == 0) {
+      client_port_ = FreePort();
+      peer_port_ = FreePort();
+    }
     if (client_port_ == 0 || peer_port_ == 0 || client_port_ == peer_port_)
       return Status(Code::kUnavailable, "no free ports");
   }
   std::string client = (tls_ ? "https://" : "http://") + endpoint();
   std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
   std::vector<std::string> args = {bin,
-                                   "--name=test",
+                                   "--name=" + name_,
                                    "--data-dir=" + dir_ + "/data",
                                    "--listen-client-urls=" + client,
                                    "--advertise-client-urls=" + client,
                                    "--listen-peer-urls=" + peer,
                                    "--initial-advertise-peer-urls=" + peer,
-                                   "--initial-cluster=test=" + peer,
+                                   "--initial-cluster=" + (initial_cluster_.empty() ? name_ + "=" + peer : initial_cluster_),
                                    "--logger=zap",
                                    "--log-level=warn"};
   args.insert(args.end(), extra_args_.begin(), extra_args_.end());
@@ -94,6 +97,7 @@ Status EtcdTestServer::Start() {
     _exit(127);
   }
   pid_ = pid;
+  if (!wait) return Status::Ok();
   EtcdClient probe({tls_ ? "localhost:" + std::to_string(client_port_) : endpoint()}, probe_);
   for (int64_t deadline = MonotonicMs() + 15000; MonotonicMs() < deadline;) {
     int status;
@@ -115,6 +119,45 @@ void EtcdTestServer::Kill() {
   int status;
   while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {}
   pid_ = -1;
+}
+
+EtcdTestCluster::EtcdTestCluster(int members) {
+  std::vector<int> ports;
+  auto fresh = [&] {
+    for (int tries = 0; tries < 20; ++tries) {
+      int p = FreePort();
+      if (p != 0 && std::find(ports.begin(), ports.end(), p) == ports.end()) {
+        ports.push_back(p);
+        return p;
+      }
+    }
+    return 0;
+  };
+  std::string cluster;
+  std::vector<std::pair<int, int>> member_ports;
+  for (int i = 0; i < members; ++i) {
+    int client = fresh(), peer = fresh();
+    member_ports.emplace_back(client, peer);
+    cluster += (i ? "," : "") + std::string("m") + std::to_string(i) + "=http://127.0.0.1:" + std::to_string(peer);
+  }
+  for (int i = 0; i < members; ++i) {
+    members_.push_back(std::make_unique<EtcdTestServer>());
+    members_.back()->set_member("m" + std::to_string(i), cluster, member_ports[i].first, member_ports[i].second);
+  }
+}
+
+Status EtcdTestCluster::Start() {
+  for (auto& m : members_) VS_RETURN_IF_ERROR(m->Start(false));
+  EtcdClient probe(endpoints(), EtcdClientOptions::Timeouts(500, 200, 500));
+  for (int64_t deadline = MonotonicMs() + 20000; MonotonicMs() < deadline; usleep(100 * 1000))
+    if (probe.Put("/probe", "1").ok()) return Status::Ok();
+  return Status(Code::kDeadlineExceeded, "the etcd cluster took no write within 20 s");
+}
+
+std::vector<std::string> EtcdTestCluster::endpoints() const {
+  std::vector<std::string> out;
+  for (const auto& m : members_) out.push_back(m->endpoint());
+  return out;
 }
 
 }  // namespace vsocket::directory

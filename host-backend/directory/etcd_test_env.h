@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,9 +34,18 @@ class EtcdTestServer {
     tls_ = true;
     probe_ = std::move(probe);
   }
-  // Starts it (the first time: new ports and data directory) and waits up
-  // to 15 s for it to answer (a refusal by its auth is an answer).
-  Status Start();
+  // A member of a cluster (EtcdTestCluster): its name, the cluster's
+  // --initial-cluster, and the ports it listens on. Before the first Start.
+  void set_member(std::string name, std::string initial_cluster, int client_port, int peer_port) {
+    name_ = std::move(name);
+    initial_cluster_ = std::move(initial_cluster);
+    client_port_ = client_port;
+    peer_port_ = peer_port;
+  }
+  // Starts it (the first time: a data directory, and new ports unless
+  // set_member gave them) and, if `wait`, waits up to 15 s for it to answer
+  // (a refusal by its auth is an answer).
+  Status Start(bool wait = true);
   // SIGKILL, and waits for it to be gone.
   void Kill();
   bool running() const { return pid_ > 0; }
@@ -47,8 +57,26 @@ class EtcdTestServer {
   int client_port_ = 0, peer_port_ = 0;
   std::string dir_;
   std::vector<std::string> extra_args_;
+  std::string name_ = "test";
+  std::string initial_cluster_;  // "" : this member alone
   bool tls_ = false;
   EtcdClientOptions probe_ = EtcdClientOptions::Timeouts(500, 200, 500);
+};
+
+// A cluster of `members` etcd members on 127.0.0.1 (free ports, a data
+// directory each), for the fault cases: a member killed (SIGKILL) and
+// started again on its ports and data.
+class EtcdTestCluster {
+ public:
+  explicit EtcdTestCluster(int members = 3);
+  // Starts every member and waits up to 20 s for the cluster to take a write.
+  Status Start();
+  void Kill(int member) { members_[member]->Kill(); }
+  Status Restart(int member) { return members_[member]->Start(false); }
+  std::vector<std::string> endpoints() const;
+
+ private:
+  std::vector<std::unique_ptr<EtcdTestServer>> members_;
 };
 
 }  // namespace vsocket::directory
