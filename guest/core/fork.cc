@@ -1,5 +1,6 @@
 #include "guest/core/fork.h"
 
+#include <fcntl.h>
 #include <poll.h>
 
 #include <memory>
@@ -127,6 +128,19 @@ bool Leave(Session* s, int fd, Conn& c, const std::shared_ptr<Conn>& cp, int64_t
   return false;
 }
 
+// A connection the program marked close-on-exec (its only fd has
+// FD_CLOEXEC) is one it does not mean to hand to another program: the
+// common fork() then is fork-and-exec (a subprocess, a CGI, redis's BGSAVE
+// child that never touches its clients), where taking every connection
+// back to kernel TCP for good would cost the parent its acceleration for
+// nothing. It stays on the rings; a child that uses it before an exec is
+// told ECONNRESET (decision 85).
+bool CloseOnExec(const Conn& c) {
+  if (c.fd_refs.load(std::memory_order_relaxed) != 1) return false;  // (another fd may be inherited)
+  int flags = Libc().fcntl(c.fd_hint, F_GETFD, 0);
+  return flags >= 0 && (flags & FD_CLOEXEC) != 0;
+}
+
 }  // namespace
 
 void LeaveRingsBeforeFork() {
@@ -137,7 +151,7 @@ void LeaveRingsBeforeFork() {
   auto candidate = [&](const Conn& c) {
     Phase phase = c.state.phase();
     if (phase != Phase::kPending && phase != Phase::kUpgraded && phase != Phase::kResyncing) return false;
-    return c.fd_hint >= 0 && Lookup(c.fd_hint).get() == &c && c.session == s;
+    return c.fd_hint >= 0 && Lookup(c.fd_hint).get() == &c && c.session == s && !CloseOnExec(c);
   };
   // Two rounds: a peer in this process that its own connection's DOWNGRADE
   // put back on kernel TCP is finished in the second. (Another thread

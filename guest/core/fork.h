@@ -21,7 +21,10 @@ namespace vsocket::guest {
 //     here when what it needs is at hand (its resend written, the peer's
 //     header read; what the application has not read of its RX ring is
 //     dropped, since the peer resends from its credit anyway).
-// A connection another thread is using right now, one vsocketd refuses
+// A connection the program marked close-on-exec (FD_CLOEXEC on its only
+// fd: one it does not mean to hand on, the fork-and-exec case: a
+// subprocess, redis's BGSAVE child), another thread is using right now, one
+// vsocketd refuses
 // (a peer on another host, a shutdown or drain under way), or one that
 // cannot finish within the budget (~2 s in all) stays as it was: the
 // parent keeps it accelerated and the child is told ECONNRESET when it

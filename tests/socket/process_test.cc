@@ -186,6 +186,33 @@ TEST(Fork, AChildTalksToAnotherProcessOnItsParentsAcceleratedConnection) {
   EXPECT_EQ(RecvExactly(fd, 6), "parent");
 }
 
+// A connection marked close-on-exec is one the program does not mean to
+// hand on (fork-and-exec): the library leaves it where it is at a fork
+// (decision 85). Over kernel TCP the child could still use it; through the
+// library, accelerated, the child is told at once (ECONNRESET) and the
+// parent goes on with it undisturbed.
+TEST(Fork, ACloseOnExecConnectionStaysTheParents) {
+  SetTestBudgetSeconds(60);
+  EchoPeer peer = StartEchoPeer();
+  ASSERT_TRUE(peer.conn.valid());
+  const int fd = peer.conn.get();
+  ASSERT_EQ(fcntl(fd, F_SETFD, FD_CLOEXEC), 0);
+  ASSERT_TRUE(SendAll(fd, "ping"));
+  ASSERT_EQ(RecvExactly(fd, 4), "ping");
+  pid_t pid = ForkChild([&] {
+    char b[8];
+    ssize_t n = recv(fd, b, sizeof b, MSG_DONTWAIT);
+    if (n < 0 && errno == ECONNRESET) return 0;                        // accelerated: told at once
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;  // kernel TCP: nothing to read
+    return 2;
+  });
+  ASSERT_GT(pid, 0);
+  EXPECT_TRUE(ExitedWith(WaitChild(pid, 20000), 0));
+  const std::string more = StreamBytes(TestSeed() + 6, 50000);
+  ASSERT_TRUE(SendAll(fd, more));
+  EXPECT_EQ(RecvExactly(fd, more.size()), more);
+}
+
 TEST(Fork, ChildExitDoesNotCloseOrDisturbParentsConnection) {
   Connection c = ConnectedPair();
   ASSERT_TRUE(c.ok());

