@@ -200,37 +200,18 @@ def remove_pg_group():
     subprocess.run(["groupdel", PG_GROUP], capture_output=True)
 
 
-APACHE_CONF = """ServerRoot /etc/apache2
-LoadModule mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork.so
-LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so
-LoadModule mime_module /usr/lib/apache2/modules/mod_mime.so
-ServerName vm2
-Listen {addr}:{port}
-PidFile {d}/apache.pid
-DefaultRuntimeDir {d}/run
-ErrorLog {d}/error.log
-LogLevel warn
-User www-data
-Group www-data
-StartServers 72
-MinSpareServers 72
-MaxSpareServers 96
-ServerLimit 96
-MaxRequestWorkers 96
-MaxConnectionsPerChild 0
-KeepAlive On
-MaxKeepAliveRequests 0
-KeepAliveTimeout 5
-Timeout 20
-TypesConfig /etc/mime.types
-DocumentRoot {d}/www
-<Directory />
-  Require all denied
-</Directory>
-<Directory {d}/www>
-  Require all granted
-</Directory>
-"""
+APACHE_CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "e2e", "apps",
+                           "apache_prefork.conf")
+
+
+def apache_conf(d, addr, port):
+    """tests/e2e/apps/apache_prefork.conf (the application matrix's too),
+    its files under d."""
+    text = open(APACHE_CONF).read()
+    for k, v in (("@LISTEN@", f"{addr}:{port}"), ("@PIDFILE@", f"{d}/apache.pid"), ("@RUNDIR@", f"{d}/run"),
+                 ("@ERRORLOG@", f"{d}/error.log"), ("@WWW@", f"{d}/www")):
+        text = text.replace(k, v)
+    return text
 
 
 def apache(bed, accel, port, lib, keepalive, seconds=2, conns=64):
@@ -248,7 +229,7 @@ def apache(bed, accel, port, lib, keepalive, seconds=2, conns=64):
         f.write(os.urandom(4096))
     os.chmod(f"{d}/www/f4096", 0o644)
     with open(f"{d}/apache.conf", "w") as f:
-        f.write(APACHE_CONF.format(d=d, addr=bed.server_addr, port=port))
+        f.write(apache_conf(d, bed.server_addr, port))
     env = ["env", "-u", "LD_PRELOAD"]
     if accel:
         env = ["env", f"LD_PRELOAD={lib}", "VSOCKET_UPGRADE=" + ("always" if accel == "always" else "auto")]

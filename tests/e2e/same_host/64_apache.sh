@@ -10,43 +10,13 @@
 # nothing left tracked by vsocketd after the load, devices and active
 # connections back after the stop, no "shared region full").
 
-# apache_conf TAG PORT WWW: $WORK/TAG.conf, prefork with 72 workers from the
-# start (ab's 64 connections never wait for a fork), as www-data.
+# apache_conf TAG PORT WWW: $WORK/TAG.conf from tests/e2e/apps/apache_prefork.conf
+# (prefork with 72 workers from the start, as www-data).
 apache_conf() {
-  local tag=$1 port=$2 www=$3 m=/usr/lib/apache2/modules
+  local tag=$1 port=$2 www=$3
   mkdir -p "$WORK/$tag-run"
-  cat >"$WORK/$tag.conf" <<CONF
-ServerRoot /etc/apache2
-LoadModule mpm_prefork_module $m/mod_mpm_prefork.so
-LoadModule authz_core_module $m/mod_authz_core.so
-LoadModule mime_module $m/mod_mime.so
-ServerName vm2
-Listen $A2:$port
-PidFile $WORK/$tag.pid
-DefaultRuntimeDir $WORK/$tag-run
-ErrorLog $WORK/$tag-error.log
-LogLevel warn
-User www-data
-Group www-data
-StartServers 72
-MinSpareServers 72
-MaxSpareServers 96
-ServerLimit 96
-MaxRequestWorkers 96
-MaxConnectionsPerChild 0
-KeepAlive On
-MaxKeepAliveRequests 0
-KeepAliveTimeout 5
-Timeout 20
-TypesConfig /etc/mime.types
-DocumentRoot $www
-<Directory />
-  Require all denied
-</Directory>
-<Directory $www>
-  Require all granted
-</Directory>
-CONF
+  sed -e "s|@LISTEN@|$A2:$port|" -e "s|@PIDFILE@|$WORK/$tag.pid|" -e "s|@RUNDIR@|$WORK/$tag-run|" \
+    -e "s|@ERRORLOG@|$WORK/$tag-error.log|" -e "s|@WWW@|$www|g" "$APPS/apache_prefork.conf" >"$WORK/$tag.conf"
 }
 
 # case_apache NAME POLICY KEEPALIVE: KEEPALIVE is "" (a connection per
