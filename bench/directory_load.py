@@ -415,6 +415,9 @@ def main():
     p.add_argument("--renewers", type=int, default=2, help="processes renewing leases (3 threads each)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     a = p.parse_args()
+    # A SIGTERM (a timeout, a CI stop) unwinds like an error: etcd is killed
+    # and its directory removed by run_scale's finally.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("directory_load: terminated"))
     if shutil.which("etcd") is None:
         sys.exit("no etcd (apt-get install etcd-server)")
     if a.steady_s > 120:

@@ -18,11 +18,12 @@
 #   deploy/testbed2.sh move VM HOST               move VM (its namespace's link, its
 #                                                 vsocketd) to HOST, as a migration would
 #   deploy/testbed2.sh host VM                    where VM runs now
-#   deploy/testbed2.sh etcd-stop | etcd-start | etcdctl ARGS...
+#   deploy/testbed2.sh etcd-stop | etcd-start | etcdctl ARGS... | etcdctl-as HOST ARGS...
 #                                                 (etcd mode) stop or start the bed's
-#                                                 etcd; etcdctl as its root user
+#                                                 etcd; etcdctl as its root user, or HOST's
 #
-# Etcd mode (VSOCKET_TESTBED2_LOCATOR=etcd): no locator file; one etcd in a
+# Etcd mode (VSOCKET_TESTBED2_LOCATOR=etcd; VSOCKET_TESTBED2_ETCD_TLS=1 adds
+# TLS with client certificates, locator = etcds://...): no locator file; one etcd in a
 # namespace of its own (192.0.2.10:2379, routed through hostA: 192.0.2.1)
 # with its auth on, each host its etcd user restricted to its own keys
 # (docs/multi-host.md "Permissions"), and both vsocketds publish and follow
@@ -63,7 +64,9 @@ case $FABRIC in tcp | rdma) ;; *) die "VSOCKET_TESTBED2_FABRIC must be tcp or rd
 LOCATOR=${VSOCKET_TESTBED2_LOCATOR:-file}
 case $LOCATOR in file | etcd) ;; *) die "VSOCKET_TESTBED2_LOCATOR must be file or etcd" ;; esac
 ETCD_ADDR=192.0.2.10 # its own namespace, behind hostA (192.0.2.1)
-ETCD_URL=http://$ETCD_ADDR:2379
+ETCD_TLS=${VSOCKET_TESTBED2_ETCD_TLS:-0}
+case $ETCD_TLS in 0 | 1) ;; *) die "VSOCKET_TESTBED2_ETCD_TLS must be 0 or 1" ;; esac
+if [ "$ETCD_TLS" = 1 ]; then ETCD_URL=https://$ETCD_ADDR:2379; else ETCD_URL=http://$ETCD_ADDR:2379; fi
 LINKS=${VSOCKET_TESTBED2_LINKS:-1}
 [[ $LINKS =~ ^([1-9]|1[0-6])$ ]] || die "VSOCKET_TESTBED2_LINKS must be 1-16"
 underlay_of() { case $1 in hostA) echo 203.0.113.1 ;; hostB) echo 203.0.113.2 ;; esac; }
@@ -103,19 +106,57 @@ etcd_pid() {
     return 1
   echo "$pid"
 }
+# TLS (VSOCKET_TESTBED2_ETCD_TLS=1): a CA of its own, etcd's certificate for
+# 192.0.2.10 (server and client use: the gateway calls etcd with it), and one
+# client certificate without a CommonName (etcd's gateway refuses one with a
+# CN once its auth is on; the hosts are their etcd users by password:
+# decision 87), used by the vsocketds and by etcdctl.
+ETCD_TLS_FLAGS=()
+ETCD_CLIENT_TLS=()
+etcd_tls_files() {
+  local d=$STATE/etcd/tls
+  mkdir -p "$d"
+  [ -f "$d/client.crt" ] && return 0
+  (
+    cd "$d" &&
+      openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key -out ca.crt \
+        -subj /CN=vsocket-testbed2-etcd-ca -days 2 &&
+      openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout server.key -out server.csr \
+        -subj /CN=etcd-server &&
+      printf 'subjectAltName=IP:%s\nextendedKeyUsage=serverAuth,clientAuth\n' "$ETCD_ADDR" >server.ext &&
+      openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 -extfile server.ext \
+        -out server.crt &&
+      openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout client.key -out client.csr \
+        -subj /O=vsocket &&
+      printf 'extendedKeyUsage=clientAuth\n' >client.ext &&
+      openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 -extfile client.ext \
+        -out client.crt && chmod 600 ./*.key
+  ) >/dev/null 2>&1 || die "etcd TLS: openssl failed"
+}
+etcd_tls_setup() {
+  [ "$ETCD_TLS" = 1 ] || return 0
+  local d=$STATE/etcd/tls
+  ETCD_TLS_FLAGS=(--cert-file="$d/server.crt" --key-file="$d/server.key" --trusted-ca-file="$d/ca.crt"
+    --client-cert-auth)
+  ETCD_CLIENT_TLS=(--cacert "$d/ca.crt" --cert "$d/client.crt" --key "$d/client.key")
+}
+etcd_tls_setup
+
 etcd_start() {
   local i code
   etcd_pid >/dev/null && die "etcd runs already"
   command -v etcd >/dev/null || die "no etcd (apt-get install etcd-server etcd-client)"
   mkdir -p "$STATE/etcd"
+  [ "$ETCD_TLS" = 1 ] && etcd_tls_files
   ip netns exec "$(ns_of etcd)" setsid etcd --name bed --data-dir="$STATE/etcd/data" \
     --listen-client-urls "$ETCD_URL" --advertise-client-urls "$ETCD_URL" \
     --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
-    --initial-cluster bed=http://127.0.0.1:2380 --logger zap --log-level warn \
+    --initial-cluster bed=http://127.0.0.1:2380 --logger zap --log-level warn "${ETCD_TLS_FLAGS[@]}" \
     </dev/null >>"$STATE/etcd/etcd.log" 2>&1 &
   echo $! >"$STATE/etcd/etcd.pid"
   for ((i = 0; i < 100; i++)); do
-    code=$(ip netns exec "$(ns_of etcd)" curl -s -o /dev/null -m 1 -w '%{http_code}' "$ETCD_URL/health" || true)
+    code=$(ip netns exec "$(ns_of etcd)" curl -s -o /dev/null -m 1 -w '%{http_code}' "${ETCD_CLIENT_TLS[@]}" \
+      "$ETCD_URL/health" || true)
     [ "${code:-000}" != 000 ] && return 0
     etcd_pid >/dev/null || { log_tail "$STATE/etcd/etcd.log" 20; die "etcd exited"; }
     sleep 0.1
@@ -134,14 +175,20 @@ etcd_stop() { # etcd_stop [SIGNAL]
   kill -KILL "$pid" 2>/dev/null || true
 }
 etcdctl_root() { # etcdctl as root (once auth is on)
-  ip netns exec "$(ns_of etcd)" etcdctl --endpoints "$ETCD_URL" --command-timeout=3s \
-    --user "root:$(cat "$STATE/etcd/root.pw")" "$@"
+  etcdctl_as "root:$(cat "$STATE/etcd/root.pw")" "$@"
+}
+etcdctl_as() { # etcdctl_as USER:PASSWORD ARGS...
+  local user=$1
+  shift
+  ip netns exec "$(ns_of etcd)" etcdctl --endpoints "$ETCD_URL" --command-timeout=3s "${ETCD_CLIENT_TLS[@]}" \
+    --user "$user" "$@"
 }
 new_password() { head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
 # Auth on, and each host an etcd user whose role writes only its own keys
 # (the etcdctl commands of docs/multi-host.md "Permissions").
 etcd_provision() {
-  local h pw role plain=(ip netns exec "$(ns_of etcd)" etcdctl --endpoints "$ETCD_URL" --command-timeout=3s)
+  local h pw role plain=(ip netns exec "$(ns_of etcd)" etcdctl --endpoints "$ETCD_URL" --command-timeout=3s
+    "${ETCD_CLIENT_TLS[@]}")
   new_password >"$STATE/etcd/root.pw"
   chmod 600 "$STATE/etcd/root.pw"
   { "${plain[@]}" role add root && "${plain[@]}" user add "root:$(cat "$STATE/etcd/root.pw")" &&
@@ -200,8 +247,15 @@ write_configs() {
       echo "tls_cert = $STATE/certs/$h.crt"
       echo "tls_key = $STATE/certs/$h.key"
       echo "tls_ca = $STATE/certs/ca.crt"
-      if [ "$LOCATOR" = etcd ]; then
+      if [ "$LOCATOR" = etcd ] && [ "$ETCD_TLS" = 1 ]; then
+        echo "locator = etcds://$ETCD_ADDR:2379"
+        echo "etcd_ca = $STATE/etcd/tls/ca.crt"
+        echo "etcd_cert = $STATE/etcd/tls/client.crt"
+        echo "etcd_key = $STATE/etcd/tls/client.key"
+      elif [ "$LOCATOR" = etcd ]; then
         echo "locator = etcd://$ETCD_ADDR:2379"
+      fi
+      if [ "$LOCATOR" = etcd ]; then
         echo "etcd_user = $h"
         echo "etcd_password_file = $STATE/$h/etcd.pw"
       else
@@ -451,6 +505,13 @@ main() {
     etcd-stop) [ "$LOCATOR" = etcd ] || die "not in etcd mode"; etcd_stop "${1:-TERM}" ;;
     etcd-start) [ "$LOCATOR" = etcd ] || die "not in etcd mode"; etcd_start ;;
     etcdctl) [ "$LOCATOR" = etcd ] || die "not in etcd mode"; etcdctl_root "$@" ;;
+    etcdctl-as) # etcdctl-as HOST ARGS...: as HOST's etcd user
+      [ "$LOCATOR" = etcd ] || die "not in etcd mode"
+      need_host "${1:-}"
+      local h=$1
+      shift
+      etcdctl_as "$h:$(cat "$STATE/$h/etcd.pw")" "$@"
+      ;;
     *) sed -n '2,/^[^#]/p' "$SELF" | sed -n 's/^# \{0,1\}//p' >&2; exit 2 ;; # the header comment
   esac
 }

@@ -4,6 +4,7 @@
 # directory, etcd stopped and back, a VM moved, a host killed. Last: they take the bed
 # down and up again in etcd mode (or find it so, when the whole suite runs
 # that way), and the host-death case kills hostB's vsocketd.
+# VSOCKET_TESTBED2_ETCD_TLS=1 runs them with etcd over TLS (etcds://).
 
 # dir_field HOST FIELD: one field of `vsocketctl locator --json`;
 # dir_has HOST ADDRESS OWNER: the directory cache places ADDRESS on OWNER.
@@ -30,7 +31,9 @@ dir_connected_is() { [ "$(dir_field "$1" connected)" = "$2" ]; }
 
 etcd_bed() { # the bed in etcd mode (brought up so unless it is)
   export VSOCKET_TESTBED2_LOCATOR=etcd
-  grep -q "^locator = etcd://" "$VSOCKET_TESTBED2_DIR/hostA/vsocketd.conf" 2>/dev/null && return 0
+  local want="^locator = etcd://"
+  [ "${VSOCKET_TESTBED2_ETCD_TLS:-0}" = 1 ] && want="^locator = etcds://"
+  grep -q "$want" "$VSOCKET_TESTBED2_DIR/hostA/vsocketd.conf" 2>/dev/null && return 0
   bash $TB down >"$WORK/etcd_up.log" 2>&1
   if ! bash $TB up >>"$WORK/etcd_up.log" 2>&1; then
     E2E_MSG="deploy/testbed2.sh up in etcd mode: $(tail -3 "$WORK/etcd_up.log" | tr '\n' ' ')"
@@ -50,10 +53,7 @@ case_etcd_pairs() {
   [ "$(dir_field hostA hosts)" = 2 ] && [ "$(dir_field hostA published)" = True ] ||
     { fail $name "hostA: hosts $(dir_field hostA hosts), published $(dir_field hostA published)"; return; }
   # hostA's etcd user cannot write hostB's keys (etcd RBAC).
-  local pw
-  pw=$(cat "$VSOCKET_TESTBED2_DIR/hostA/etcd.pw")
-  if out=$(ip netns exec "${VSOCKET_TESTBED2_NS_PREFIX:-vs2}etcd" etcdctl --endpoints http://192.0.2.10:2379 \
-      --user "hostA:$pw" put /vsocket/hosts/hostB/vms/evil '{"tenant":1,"addresses":["198.51.100.18"]}' 2>&1) ||
+  if out=$(bash $TB etcdctl-as hostA put /vsocket/hosts/hostB/vms/evil '{"tenant":1,"addresses":["198.51.100.18"]}' 2>&1) ||
       [[ $out != *"permission denied"* ]]; then
     fail $name "hostA's etcd user wrote under hostB's prefix (or another error): $out"
     return
@@ -62,7 +62,9 @@ case_etcd_pairs() {
     { fail $name "not accelerated through the directory: $XFER_MSG"; return; }
   [ "$(counter hostA directory_connected)" = 1 ] && [ "$(counter hostA directory_entries)" -ge 4 ] ||
     { fail $name "hostA's metrics: connected $(counter hostA directory_connected), entries $(counter hostA directory_entries)"; return; }
-  pass "$name (no locator file: hostA found $B1 on hostB in etcd; hostA's etcd user refused under hostB's prefix; $XFER_MSG)"
+  local via="etcd"
+  grep -q "^locator = etcds://" "$VSOCKET_TESTBED2_DIR/hostA/vsocketd.conf" && via="etcd over TLS (client certificates)"
+  pass "$name (no locator file: hostA found $B1 on hostB in $via; hostA's etcd user refused under hostB's prefix; $XFER_MSG)"
 }
 
 # etcd stopped: accelerated connections go on; a new connection to an
@@ -129,7 +131,8 @@ case_etcd_move() {
   local name=etcd_move_follows port conns=2 out dst h t0 waits=() pids=()
   etcd_bed || { fail $name "$E2E_MSG"; return; }
   port=$(alloc_port)
-  local rounds="--bytes 7680000 --rounds 2000 --gap-ms 10"
+  # (About 45 s: the streams outlive both moves, a few seconds each.)
+  local rounds="--bytes 15360000 --rounds 4000 --gap-ms 10"
   vm_bg vmB1 preload "$WORK/$name.jsonl" "$WORK/$name.srv" "$XFER" server "$B1" "$port" --conns $conns $rounds
   pids+=("$BG")
   sleep 0.3
@@ -145,9 +148,11 @@ case_etcd_move() {
     done
     waits+=("$dst $((($(date +%s%N) - t0) / 1000000)) ms")
     if [ $dst = hostB ]; then
-      vm_vias hostB same-host $conns || { fail $name "on hostB: $E2E_MSG"; eval "$stop"; return; }
+      vm_vias hostB same-host $conns ||
+        { fail $name "on hostB: $E2E_MSG; hostB has: $(conn_rows hostB "$port" | sort | uniq -c | tr -s ' \n' ' ')"; eval "$stop"; return; }
     else
-      vm_vias hostA hostB $conns || { fail $name "back on hostA: $E2E_MSG"; eval "$stop"; return; }
+      vm_vias hostA hostB $conns ||
+        { fail $name "back on hostA: $E2E_MSG; hostA has: $(conn_rows hostA "$port" | sort | uniq -c | tr -s ' \n' ' ')"; eval "$stop"; return; }
     fi
   done
   local p rc=0
