@@ -204,6 +204,9 @@ struct Conn {
   // Its busy loop went quiet and vsocketd was asked to move it back to
   // kernel TCP (decision 92), once per registration.
   std::atomic<bool> move_back_asked{false};
+  // Its turns (+1) when it was first seen with its loop quiet (0: not
+  // since the loop was last busy); MaybeMoveBack.
+  std::atomic<uint64_t> quiet_turns_mark{0};
   std::atomic<uint64_t> tx_ring_end{0};
   // RX (under rx_mu; state.rx_resync() says the step): the header read so
   // far, and the resent bytes still to skip.

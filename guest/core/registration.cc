@@ -278,7 +278,23 @@ bool NoteUrgent(Conn& c) {
 void MaybeMoveBack(Conn& c) {
   if (c.stream.cause() != StreamDetector::Cause::kBusyLoop) return;
   BusyLoop* loop = ActiveBusyLoop();
-  if (loop == nullptr || loop->busy() || loop->quiet_ns(MonotonicNs()) < kMoveBackAfterNs) return;
+  if (loop == nullptr) return;
+  if (loop->busy()) {
+    if (c.quiet_turns_mark.load(std::memory_order_relaxed) != 0) c.quiet_turns_mark.store(0, std::memory_order_relaxed);
+    return;
+  }
+  if (loop->quiet_ns(MonotonicNs()) < kMoveBackAfterNs) return;
+  // Only a connection that went on turning while its loop was quiet: one
+  // idle through the lull and active again as the loop gets busy again
+  // stays where it is (the busy signal is judged once a window of waits,
+  // in which each of a busy loop's connections turns tens of times).
+  uint64_t turns = c.stream.turns() + 1;  // (0: no mark yet)
+  uint64_t mark = c.quiet_turns_mark.load(std::memory_order_relaxed);
+  if (mark == 0) {
+    c.quiet_turns_mark.store(turns, std::memory_order_relaxed);
+    return;
+  }
+  if (turns - mark < kMoveBackTurns) return;
   Session* s = c.session;
   if (s == nullptr || !s->move_back() || c.state.phase() != Phase::kUpgraded || c.state.draining() ||
       c.move_back_asked.exchange(true))

@@ -52,12 +52,14 @@ void FenceBeforeEndLocked(Conn& c) REQUIRES(c.tx_mu);
 // failed.
 Status SwitchTxLocked(Conn& c) REQUIRES(c.tx_mu);
 // A connection its busy event loop registered (decision 83), on the rings,
-// whose loop has not been busy for kMoveBackAfterNs: asks vsocketd, once,
+// whose loop has not been busy for kMoveBackAfterNs and which has turned
+// kMoveBackTurns times since it first saw the loop quiet: asks vsocketd, once,
 // to drain it back to kernel TCP at both ends (DOWNGRADE drain, reason
 // kernel-faster); its library then holds it again (MaybeReregister), and it
 // may qualify again once its loop is busy after a pause that doubles with
 // each move (decision 92). Cheap when it does not apply: a relaxed load.
 inline constexpr int64_t kMoveBackAfterNs = 250'000'000;
+inline constexpr uint64_t kMoveBackTurns = 256;  // (several of the busy signal's windows: kBusyWindowWaits)
 void MaybeMoveBack(Conn& c) EXCLUDES(c.setup_mu, c.tx_mu, c.rx_mu);
 // The end of a closed connection's registration: UNREGISTER.
 void Unregistered(Conn& c);

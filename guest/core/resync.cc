@@ -284,6 +284,7 @@ void MaybeReregister(int fd, Conn& c) {
   c.rx_skip = 0;
   c.tx_ring_end.store(0);  // (the drain's steps start afresh with the phase: kResynced)
   c.move_back_asked.store(false);
+  c.quiet_turns_mark.store(0);
   if (hold_again) c.stream.HoldAgain(MonotonicNs());
   c.state.Apply(ConnEvent::kResynced);
   if (hold_again) {

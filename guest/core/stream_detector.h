@@ -47,7 +47,9 @@ class StreamDetector {
     uint8_t prev = last_.load(std::memory_order_relaxed);
     if (prev == dir) return;
     last_.store(dir, std::memory_order_relaxed);
-    if (prev != 0 && loop != nullptr) loop->NoteTurn(active_epoch_);
+    if (prev == 0) return;
+    turns_total_.store(turns_total_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    if (loop != nullptr) loop->NoteTurn(active_epoch_);
   }
   // Qualified for registration (it streams, or a busy loop's long-lived
   // connection: cause()).

@@ -23,6 +23,9 @@
       one epoll loop driving CONNS connections for SECONDS, then closing
       all but the first and driving that one alone, still from the loop,
       for 2 x SECONDS (a busy loop that goes quiet: decision 92).
+  busy_loop.py loop-one-loop ADDR PORT CONNS SECONDS
+      the same, the others left open and idle meanwhile, then all CONNS
+      from the loop again for 2 x SECONDS (busy, quiet, busy again).
 Each client checks every answer byte for byte and prints a summary.
 """
 import hashlib
@@ -260,6 +263,20 @@ def client_loop_then_one(addr, port, conns, seconds):
           (conns, busy, alone))
 
 
+def client_loop_one_loop(addr, port, conns, seconds):
+    socks = [connect(addr, port) for _ in range(conns)]
+    made = [0] * conns
+    n = 0
+    for phase, (some, length) in enumerate(((conns, seconds), (1, 2 * seconds), (conns, 2 * seconds))):
+        end = time.monotonic() + length
+        # (Round trip numbers go on from far ahead each phase: the answer
+        # depends on the request alone.)
+        n += drive_loop(socks[:some], [(phase + 1) * 10 ** 6] * some, lambda k: time.monotonic() >= end, close=False)
+    for c in socks:
+        c.close()
+    print("%d connections: %d round trips, busy, then one alone, then all again, byte-exact" % (conns, n))
+
+
 def main():
     mode, addr, port, conns = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     if mode == "server":
@@ -274,6 +291,8 @@ def main():
         client_threads_then_loop(addr, port, conns, float(sys.argv[5]))
     elif mode == "loop-then-one":
         client_loop_then_one(addr, port, conns, float(sys.argv[5]))
+    elif mode == "loop-one-loop":
+        client_loop_one_loop(addr, port, conns, float(sys.argv[5]))
     else:
         raise SystemExit("mode: server | loop | threads")
 

@@ -171,7 +171,7 @@ case_busy_loop_goes_quiet() {
   out=$BUSY_OUT
   mb1=$(stat_field moved_back)
   local sum
-  sum=$(python3 - "$srep" "$crep" "$port" <<'PY'
+  sum=$(python3 - "$srep" "$crep" "$port" 2>&1 <<'PY'
 import json, sys
 port = sys.argv[3]
 def ends(path, side):
@@ -209,3 +209,58 @@ PY
 }
 
 register_case policy_busy_loop_goes_quiet_moves_back case_busy_loop_goes_quiet
+
+# Busy, quiet, busy again (decisions 92 and 83): 32 connections in one loop
+# for 1.5 s, then the first alone for 3 s (the 31 others open and idle),
+# then all 32 again for 3 s. The lone connection moves back to kernel TCP
+# and, once the loop is busy again and its pause (1 s) is over, is
+# accelerated again: a connection that changed paths three times, every
+# answer byte-checked. The 31 idle ones, active again while the busy
+# signal still says quiet (it lags by a window), do not move: they had not
+# turned while it was quiet.
+case_busy_quiet_busy() {
+  local name=policy_busy_loop_quiet_then_busy_again
+  local port srep=$WORK/$name.srv.jsonl crep=$WORK/$name.cli.jsonl out bad=""
+  port=$(alloc_port)
+  local mb0 mb1
+  mb0=$(stat_field moved_back)
+  busy_run "$name" "$port" 32 "$srep" "$crep" loop-one-loop 32 1.5 || return
+  out=$BUSY_OUT
+  mb1=$(stat_field moved_back)
+  local sum
+  sum=$(python3 - "$srep" "$crep" "$port" 2>&1 <<'PY'
+import json, sys
+port = sys.argv[3]
+def ends(path, side):
+    ls = [json.loads(l) for l in open(path) if l.strip()]
+    key = "local" if side == "server" else "peer"
+    return [l for l in ls if l[key].endswith(":" + port) and l["event"] in ("close", "exit")]
+srv, cli = ends(sys.argv[1], "server"), ends(sys.argv[2], "client")
+bad = []
+if len(srv) != 32 or len(cli) != 32:
+    bad.append("%d server and %d client connection ends reported (want 32 each)" % (len(srv), len(cli)))
+back = [l for l in srv + cli if l["last_downgrade"] == "kernel-faster" and l["withdrawals"] >= 1 and
+        l["mode"] == "accelerated" and l["reupgrades"] == 0 and l["accel_rx"] + l["accel_tx"] > 0]
+moved = [l for l in srv + cli if l["downgrades"] >= 1]
+acc = [l for l in srv + cli if l["mode"] == "accelerated" and l["accel_rx"] + l["accel_tx"] > 0]
+if len(back) != 2:
+    bad.append("%d connection ends moved back and accelerated again (want the lone connection's 2): %s" %
+               (len(back), sorted(set((l["mode"], l["last_downgrade"], l["withdrawals"], l["downgrades"]) for l in moved))))
+if len(moved) != 2:
+    bad.append("%d connection ends moved at all (want 2)" % len(moved))
+if len(acc) != 64:
+    bad.append("%d of 64 ends accelerated at the end" % len(acc))
+if bad:
+    raise SystemExit("; ".join(bad))
+print("the lone connection moved back and was accelerated again (both ends); 62 others never moved; 64 ends accelerated at the end")
+PY
+) || bad+="reports: $sum; "
+  [ $((mb1 - mb0)) -ge 1 ] || bad+="vsocketd moved back $((mb1 - mb0)) connections (want >= 1); "
+  if [ -n "$bad" ]; then
+    fail $name "$bad client: $out"
+    return
+  fi
+  pass "$name ($out; $sum; vsocketd moved back $((mb1 - mb0)))"
+}
+
+register_case policy_busy_loop_quiet_then_busy_again case_busy_quiet_busy
