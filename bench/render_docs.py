@@ -315,8 +315,17 @@ def placement():
     return out
 
 
+def directory():
+    """directory-load-latest.md (bench/directory_load.py): its line saying
+    when and on what, and its table."""
+    text = open(os.path.join(RESULTS, "directory-load-latest.md")).read()
+    lines = text.splitlines()
+    when = next((l for l in lines if l and not l.startswith(("#", "|"))), "")
+    return [f"{when} From `bench/results/directory-load-latest.md`.", ""] + [l for l in lines if l.startswith("|")]
+
+
 BLOCKS = {"channel": channel, "same-host": same_host, "cross-host": cross_host, "conn-scale": conn_scale,
-          "quick": quick, "days": days, "placement": placement}
+          "quick": quick, "days": days, "placement": placement, "directory": directory}
 
 
 def render(doc):
