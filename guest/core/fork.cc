@@ -13,6 +13,7 @@
 #include "guest/core/loss.h"
 #include "guest/core/resync.h"
 #include "guest/core/session.h"
+#include "guest/core/wait.h"
 #include "guest/sys/libc.h"
 
 namespace vsocket::guest {
@@ -29,11 +30,6 @@ namespace {
 constexpr int64_t kForkBudgetNs = 2'000'000'000;
 constexpr int kForkCallMs = 1000;
 
-int RemainingMs(int64_t deadline) {
-  int64_t left = deadline - MonotonicNs();
-  return left <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left / 1'000'000 + 1, 50));
-}
-
 // Writes what c owes the peer on the kernel socket (its RESYNC header and
 // resend), waiting for room until the deadline. False (connection reset)
 // if it could not.
@@ -42,8 +38,7 @@ bool FlushBy(Conn& c, int fd, int64_t deadline) REQUIRES(c.tx_mu) {
     Status st = FlushResendLocked(c, fd);
     if (st.ok()) return true;
     if (st.sys_errno() != EAGAIN || MonotonicNs() >= deadline) break;
-    pollfd p{fd, POLLOUT, 0};
-    (void)Libc().poll(&p, 1, RemainingMs(deadline));
+    (void)WaitKernel(fd, POLLOUT, 0, &deadline);  // (the deadline is ours: no SO_SNDTIMEO)
   }
   if (!c.state.reset()) ResetKernel(fd, c);
   return false;
@@ -70,8 +65,7 @@ bool RxToKernelBy(Conn& c, int fd, int64_t deadline) REQUIRES(c.rx_mu) {
     Status st = ConsumeResyncLocked(fd, c);
     if (st.ok()) return true;
     if (st.sys_errno() != EAGAIN || MonotonicNs() >= deadline) return false;
-    pollfd p{fd, POLLIN, 0};
-    (void)Libc().poll(&p, 1, RemainingMs(deadline));
+    (void)WaitKernel(fd, POLLIN, 0, &deadline);
   }
 }
 

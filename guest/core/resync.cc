@@ -37,6 +37,18 @@ void ResetKernel(int fd, Conn& c) {
 
 namespace {
 
+// Under tx_mu: what is owed is our TX ring's bytes [from, tail), after a
+// RESYNC header saying `from` if `header`.
+void FillResendLocked(Conn& c, uint64_t from, uint64_t tail, bool header) REQUIRES(c.tx_mu) {
+  size_t hdr = header ? proto::kResyncHeaderSize : 0;
+  c.resend.resize(hdr + (tail - from));
+  if (header) proto::EncodeResync(from, c.resend.data());
+  iovec v{c.resend.data() + hdr, static_cast<size_t>(tail - from)};
+  CopyIovRing<false>(c.tx, c.ring_size, from, &v, 1, 0, tail - from);
+  c.resend_off = 0;
+  c.resent_bytes.fetch_add(tail - from, std::memory_order_relaxed);
+}
+
 // The peer's process forked (decision 85): it dropped the part of our ring
 // stream it had not read, so we resend from what it consumed, right after
 // the bytes we sent before our FENCE, with no header (it reads its kernel
@@ -54,11 +66,7 @@ bool PrepareHeaderlessResendLocked(Conn& c, int fd) REQUIRES(c.tx_mu) {
     ResetKernel(fd, c);
     return false;
   }
-  c.resend.resize(tail - from);
-  iovec v{c.resend.data(), static_cast<size_t>(tail - from)};
-  CopyIovRing<false>(c.tx, c.ring_size, from, &v, 1, 0, tail - from);
-  c.resend_off = 0;
-  c.resent_bytes.fetch_add(tail - from, std::memory_order_relaxed);
+  FillResendLocked(c, from, tail, /*header=*/false);
   VS_LOG(kInfo, "conn %lu: the peer forked: back on kernel TCP, resending %lu bytes from %lu",
          static_cast<unsigned long>(c.id), static_cast<unsigned long>(tail - from), static_cast<unsigned long>(from));
   return true;
@@ -94,12 +102,7 @@ bool PrepareResendLocked(Conn& c, int fd) {
     ResetKernel(fd, c);
     return false;
   }
-  c.resend.resize(proto::kResyncHeaderSize + (tail - from));
-  proto::EncodeResync(from, c.resend.data());
-  iovec v{c.resend.data() + proto::kResyncHeaderSize, static_cast<size_t>(tail - from)};
-  CopyIovRing<false>(c.tx, c.ring_size, from, &v, 1, 0, tail - from);
-  c.resend_off = 0;
-  c.resent_bytes.fetch_add(tail - from, std::memory_order_relaxed);
+  FillResendLocked(c, from, tail, /*header=*/true);
   VS_LOG(kInfo, "conn %lu: %s: back on kernel TCP, resending %lu bytes from %lu", static_cast<unsigned long>(c.id),
          c.state.draining() && !c.state.drain_broken() ? "drained" : "accelerated path lost",
          static_cast<unsigned long>(tail - from), static_cast<unsigned long>(from));

@@ -179,8 +179,9 @@ void ConnManager::AbortTx(BackendConn& c) {
   if (c.remote.paired()) Owe(c, kOweAbort);
 }
 
-// DOWNGRADE from a guest (kFeatureForkResync, decision 85): its process is
-// about to fork, and a connection it shares with the child leaves the
+// DOWNGRADE from a guest: with flag DRAIN, its busy loop went quiet
+// (MoveBack, below); with RESEND_FROM (kFeatureForkResync, decision 85),
+// its process is about to fork, and a connection it shares with the child leaves the
 // rings for good first. From here nothing more moves between c's rings
 // and its peer's: the peer's guest is told to resend its ring stream from
 // the byte c's application consumed (no RESYNC header, the rest of c's RX

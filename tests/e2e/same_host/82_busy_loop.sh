@@ -150,30 +150,38 @@ PY
 
 register_case policy_busy_loop_withdrawn_then_accelerated case_busy_loop_late_peer
 
-# A busy loop that goes quiet (decision 92): 32 connections in one epoll
-# loop for 2 s (both ends register for the busy loop and are accelerated),
-# then 31 closed and the first driven alone for 4 s. A lone
-# request/response connection is faster on kernel TCP where vsocketd
-# shares the CPUs: once the loops have not been busy for 250 ms, the
-# connection goes back to kernel TCP at both ends with clean fences (a
-# drain, reason kernel-faster, nothing resent) and is held again. Checked:
-# every answer byte for byte; the lone connection's ends report a
-# downgrade kernel-faster, a withdrawal (held again) and bytes on the
-# rings before it, on kernel TCP at the end; vsocketd counted the move
-# (moved_back); the 31 others ended accelerated.
-case_busy_loop_goes_quiet() {
-  local name=policy_busy_loop_goes_quiet_moves_back
+# A busy loop whose activity changes shape (decision 92), the client's
+# connections driven by busy_loop.py MODE (32 connections, SECONDS),
+# every answer checked byte for byte; WANT says what the reports must show:
+#   moved-back (loop-then-one: 32 connections in one epoll loop for 2 s,
+#     both ends registered for the busy loop and accelerated, then 31
+#     closed and the first driven alone for 4 s). A lone request/response
+#     connection is faster on kernel TCP where vsocketd shares the CPUs:
+#     once the loops have not been busy for 250 ms, it goes back to kernel
+#     TCP at both ends with clean fences (a drain, reason kernel-faster,
+#     nothing resent) and is held again: its ends report a downgrade
+#     kernel-faster, a withdrawal (held again) and bytes on the rings
+#     before it, kernel TCP at the end; the 31 others ended accelerated.
+#   back-again (loop-one-loop: busy 1.5 s, the first alone 3 s with the 31
+#     others open and idle, then all 32 again for 3 s). The lone connection
+#     moves back and, once the loop is busy again and its pause (1 s) is
+#     over, is accelerated again: three paths in turn. The 31 idle ones,
+#     active again while the busy signal still says quiet (it lags by a
+#     window), do not move: they had not turned while it was quiet.
+# Either way vsocketd counted the move (moved_back).
+case_busy_moves() {
+  local name=$1 mode=$2 seconds=$3 want=$4
   local port srep=$WORK/$name.srv.jsonl crep=$WORK/$name.cli.jsonl out bad=""
   port=$(alloc_port)
   local mb0 mb1
   mb0=$(stat_field moved_back)
-  busy_run "$name" "$port" 32 "$srep" "$crep" loop-then-one 32 2 || return
+  busy_run "$name" "$port" 32 "$srep" "$crep" "$mode" 32 "$seconds" || return
   out=$BUSY_OUT
   mb1=$(stat_field moved_back)
   local sum
-  sum=$(python3 - "$srep" "$crep" "$port" 2>&1 <<'PY'
+  sum=$(python3 - "$srep" "$crep" "$port" "$want" 2>&1 <<'PY'
 import json, sys
-port = sys.argv[3]
+port, want = sys.argv[3], sys.argv[4]
 def ends(path, side):
     ls = [json.loads(l) for l in open(path) if l.strip()]
     key = "local" if side == "server" else "peer"
@@ -182,22 +190,39 @@ srv, cli = ends(sys.argv[1], "server"), ends(sys.argv[2], "client")
 bad = []
 if len(srv) != 32 or len(cli) != 32:
     bad.append("%d server and %d client connection ends reported (want 32 each)" % (len(srv), len(cli)))
-def moved(l):
-    return (l["last_downgrade"] == "kernel-faster" and l["downgrades"] >= 1 and l["withdrawals"] >= 1 and
-            l["mode"] == "kernel" and l["accel_rx"] + l["accel_tx"] > 0 and not l["kernel_tx_after_upgrade"] == -1)
-mv_s, mv_c = [l for l in srv if moved(l)], [l for l in cli if moved(l)]
-acc_s = [l for l in srv if l["mode"] == "accelerated" and l["accel_rx"] > 0]
-acc_c = [l for l in cli if l["mode"] == "accelerated" and l["accel_tx"] > 0]
-if len(mv_s) != 1 or len(mv_c) != 1:
-    bad.append("%d server and %d client ends moved back (want 1 each): %s" % (len(mv_s), len(mv_c),
-               sorted(set((l["mode"], l["reason"], l["last_downgrade"], l["withdrawals"]) for l in srv + cli))))
-if len(acc_s) < 31 or len(acc_c) < 31:
-    bad.append("%d server and %d client ends accelerated (want 31 each)" % (len(acc_s), len(acc_c)))
+if want == "moved-back":
+    def moved(l):
+        return (l["last_downgrade"] == "kernel-faster" and l["downgrades"] >= 1 and l["withdrawals"] >= 1 and
+                l["mode"] == "kernel" and l["accel_rx"] + l["accel_tx"] > 0)
+    mv_s, mv_c = [l for l in srv if moved(l)], [l for l in cli if moved(l)]
+    acc_s = [l for l in srv if l["mode"] == "accelerated" and l["accel_rx"] > 0]
+    acc_c = [l for l in cli if l["mode"] == "accelerated" and l["accel_tx"] > 0]
+    if len(mv_s) != 1 or len(mv_c) != 1:
+        bad.append("%d server and %d client ends moved back (want 1 each): %s" % (len(mv_s), len(mv_c),
+                   sorted(set((l["mode"], l["reason"], l["last_downgrade"], l["withdrawals"]) for l in srv + cli))))
+    if len(acc_s) < 31 or len(acc_c) < 31:
+        bad.append("%d server and %d client ends accelerated (want 31 each)" % (len(acc_s), len(acc_c)))
+    if not bad:
+        l = mv_c[0]
+        summary = ("the lone connection moved back (client: %d B on the rings, then kernel TCP, %d downgrade(s), "
+                   "%d hold(s)); 31 others accelerated" % (l["accel_tx"] + l["accel_rx"], l["downgrades"], l["withdrawals"]))
+else:
+    back = [l for l in srv + cli if l["last_downgrade"] == "kernel-faster" and l["withdrawals"] >= 1 and
+            l["mode"] == "accelerated" and l["reupgrades"] == 0 and l["accel_rx"] + l["accel_tx"] > 0]
+    moved = [l for l in srv + cli if l["downgrades"] >= 1]
+    acc = [l for l in srv + cli if l["mode"] == "accelerated" and l["accel_rx"] + l["accel_tx"] > 0]
+    if len(back) != 2:
+        bad.append("%d connection ends moved back and accelerated again (want the lone connection's 2): %s" %
+                   (len(back), sorted(set((l["mode"], l["last_downgrade"], l["withdrawals"], l["downgrades"]) for l in moved))))
+    if len(moved) != 2:
+        bad.append("%d connection ends moved at all (want 2)" % len(moved))
+    if len(acc) != 64:
+        bad.append("%d of 64 ends accelerated at the end" % len(acc))
+    summary = ("the lone connection moved back and was accelerated again (both ends); 62 others never moved; "
+               "64 ends accelerated at the end")
 if bad:
     raise SystemExit("; ".join(bad))
-l = mv_c[0]
-print("the lone connection moved back (client: %d B on the rings, then kernel TCP, %d downgrade(s), %d hold(s)); "
-      "31 others accelerated" % (l["accel_tx"] + l["accel_rx"], l["downgrades"], l["withdrawals"]))
+print(summary)
 PY
 ) || bad+="reports: $sum; "
   [ $((mb1 - mb0)) -ge 1 ] || bad+="vsocketd moved back $((mb1 - mb0)) connections (want >= 1); "
@@ -208,59 +233,7 @@ PY
   pass "$name ($out; $sum; vsocketd moved back $((mb1 - mb0)))"
 }
 
-register_case policy_busy_loop_goes_quiet_moves_back case_busy_loop_goes_quiet
-
-# Busy, quiet, busy again (decisions 92 and 83): 32 connections in one loop
-# for 1.5 s, then the first alone for 3 s (the 31 others open and idle),
-# then all 32 again for 3 s. The lone connection moves back to kernel TCP
-# and, once the loop is busy again and its pause (1 s) is over, is
-# accelerated again: a connection that changed paths three times, every
-# answer byte-checked. The 31 idle ones, active again while the busy
-# signal still says quiet (it lags by a window), do not move: they had not
-# turned while it was quiet.
-case_busy_quiet_busy() {
-  local name=policy_busy_loop_quiet_then_busy_again
-  local port srep=$WORK/$name.srv.jsonl crep=$WORK/$name.cli.jsonl out bad=""
-  port=$(alloc_port)
-  local mb0 mb1
-  mb0=$(stat_field moved_back)
-  busy_run "$name" "$port" 32 "$srep" "$crep" loop-one-loop 32 1.5 || return
-  out=$BUSY_OUT
-  mb1=$(stat_field moved_back)
-  local sum
-  sum=$(python3 - "$srep" "$crep" "$port" 2>&1 <<'PY'
-import json, sys
-port = sys.argv[3]
-def ends(path, side):
-    ls = [json.loads(l) for l in open(path) if l.strip()]
-    key = "local" if side == "server" else "peer"
-    return [l for l in ls if l[key].endswith(":" + port) and l["event"] in ("close", "exit")]
-srv, cli = ends(sys.argv[1], "server"), ends(sys.argv[2], "client")
-bad = []
-if len(srv) != 32 or len(cli) != 32:
-    bad.append("%d server and %d client connection ends reported (want 32 each)" % (len(srv), len(cli)))
-back = [l for l in srv + cli if l["last_downgrade"] == "kernel-faster" and l["withdrawals"] >= 1 and
-        l["mode"] == "accelerated" and l["reupgrades"] == 0 and l["accel_rx"] + l["accel_tx"] > 0]
-moved = [l for l in srv + cli if l["downgrades"] >= 1]
-acc = [l for l in srv + cli if l["mode"] == "accelerated" and l["accel_rx"] + l["accel_tx"] > 0]
-if len(back) != 2:
-    bad.append("%d connection ends moved back and accelerated again (want the lone connection's 2): %s" %
-               (len(back), sorted(set((l["mode"], l["last_downgrade"], l["withdrawals"], l["downgrades"]) for l in moved))))
-if len(moved) != 2:
-    bad.append("%d connection ends moved at all (want 2)" % len(moved))
-if len(acc) != 64:
-    bad.append("%d of 64 ends accelerated at the end" % len(acc))
-if bad:
-    raise SystemExit("; ".join(bad))
-print("the lone connection moved back and was accelerated again (both ends); 62 others never moved; 64 ends accelerated at the end")
-PY
-) || bad+="reports: $sum; "
-  [ $((mb1 - mb0)) -ge 1 ] || bad+="vsocketd moved back $((mb1 - mb0)) connections (want >= 1); "
-  if [ -n "$bad" ]; then
-    fail $name "$bad client: $out"
-    return
-  fi
-  pass "$name ($out; $sum; vsocketd moved back $((mb1 - mb0)))"
-}
-
-register_case policy_busy_loop_quiet_then_busy_again case_busy_quiet_busy
+register_case policy_busy_loop_goes_quiet_moves_back case_busy_moves policy_busy_loop_goes_quiet_moves_back \
+  loop-then-one 2 moved-back
+register_case policy_busy_loop_quiet_then_busy_again case_busy_moves policy_busy_loop_quiet_then_busy_again \
+  loop-one-loop 1.5 back-again
