@@ -14,19 +14,11 @@
 namespace vsocket::directory {
 namespace {
 
-proto::Endpoint V4(const char* a) {
+proto::Endpoint V4Http(const char* a) {
   proto::Endpoint e;
   inet_pton(AF_INET, a, e.addr.data());
   e.port = 80;
   return e;
-}
-
-// Polls `done` every 20 ms for up to `ms`.
-template <typename Fn>
-bool Eventually(Fn done, int ms) {
-  for (int64_t deadline = MonotonicMs() + ms; MonotonicMs() < deadline; usleep(20 * 1000))
-    if (done()) return true;
-  return done();
 }
 
 class EtcdLocatorTest : public ::testing::Test {
@@ -63,12 +55,12 @@ class EtcdLocatorTest : public ::testing::Test {
 TEST_F(EtcdLocatorTest, FindFollowsAPutAndADelete) {
   ASSERT_TRUE(PutVm("hostA", "vm1", 7, {"198.51.100.0/28"}).ok());
   auto loc = NewLocator();
-  EXPECT_EQ(loc->Find(7, V4("198.51.100.3")), "hostA");  // from the first read
-  EXPECT_EQ(loc->Find(8, V4("198.51.100.3")), "");       // another tenant
+  EXPECT_EQ(loc->Find(7, V4Http("198.51.100.3")), "hostA");  // from the first read
+  EXPECT_EQ(loc->Find(8, V4Http("198.51.100.3")), "");       // another tenant
   ASSERT_TRUE(PutVm("hostA", "vm3", 7, {"198.51.100.64"}).ok());
-  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.64")) == "hostA"; }, 1000));
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.64")) == "hostA"; }, 1000));
   ASSERT_TRUE(client_->DeletePrefix(VmKey(kDefaultPrefix, "hostA", "vm3")).ok());
-  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.64")).empty(); }, 1000));
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.64")).empty(); }, 1000));
   EtcdLocatorHealth h = loc->Health();
   EXPECT_TRUE(h.connected);
   EXPECT_EQ(h.lag_ms, 0);
@@ -81,22 +73,22 @@ TEST_F(EtcdLocatorTest, AnAddressTwoHostsClaimIsBelievedOfNeither) {
   ASSERT_TRUE(PutVm("hostA", "vm1", 7, {"198.51.100.0/28"}).ok());
   ASSERT_TRUE(PutVm("hostA", "vm2", 7, {"198.51.100.77"}).ok());
   auto loc = NewLocator();
-  EXPECT_EQ(loc->Find(7, V4("198.51.100.3")), "hostA");
+  EXPECT_EQ(loc->Find(7, V4Http("198.51.100.3")), "hostA");
   // hostB says it runs one of hostA's addresses: were the longest prefix
   // believed, it would be asked to pair for hostA's VM.
   ASSERT_TRUE(PutVm("hostB", "evil", 7, {"198.51.100.3", "198.51.100.77"}).ok());
   EXPECT_TRUE(Eventually([&] { return loc->Health().conflicts == 4u; }, 1000));
-  EXPECT_EQ(loc->Find(7, V4("198.51.100.3")), "");
-  EXPECT_EQ(loc->Find(7, V4("198.51.100.4")), "");  // (hostA's whole /28 is in doubt)
-  EXPECT_EQ(loc->Find(7, V4("198.51.100.77")), "");
+  EXPECT_EQ(loc->Find(7, V4Http("198.51.100.3")), "");
+  EXPECT_EQ(loc->Find(7, V4Http("198.51.100.4")), "");  // (hostA's whole /28 is in doubt)
+  EXPECT_EQ(loc->Find(7, V4Http("198.51.100.77")), "");
   EXPECT_NE(loc->ConflictsText().find("7 198.51.100.3 hostB"), std::string::npos) << loc->ConflictsText();
   // Another tenant's same address is no conflict.
   ASSERT_TRUE(PutVm("hostB", "vm9", 8, {"198.51.100.3"}).ok());
-  EXPECT_TRUE(Eventually([&] { return loc->Find(8, V4("198.51.100.3")) == "hostB"; }, 1000));
+  EXPECT_TRUE(Eventually([&] { return loc->Find(8, V4Http("198.51.100.3")) == "hostB"; }, 1000));
   // Withdrawn: hostA's addresses are its own again.
   ASSERT_TRUE(client_->DeletePrefix(VmKey(kDefaultPrefix, "hostB", "evil")).ok());
-  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.3")) == "hostA"; }, 1000));
-  EXPECT_EQ(loc->Find(7, V4("198.51.100.77")), "hostA");
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.3")) == "hostA"; }, 1000));
+  EXPECT_EQ(loc->Find(7, V4Http("198.51.100.77")), "hostA");
   EXPECT_EQ(loc->Health().conflicts, 0u);
 }
 
@@ -106,7 +98,7 @@ TEST_F(EtcdLocatorTest, TheHostComesFromTheKeyAndMalformedRecordsAreIgnored) {
   ASSERT_TRUE(client_->Put(VmKey(kDefaultPrefix, "hostA", "bad"), "{\"tenant\":7,\"addresses\":[\"nope\"]}").ok());
   ASSERT_TRUE(client_->Put("/vsocket/hosts/hostA/junk", "{}").ok());
   ASSERT_TRUE(PutVm("hostA", "vm1", 7, {"198.51.100.9"}).ok());
-  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.9")) == "hostA"; }, 1000));
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.9")) == "hostA"; }, 1000));
   EXPECT_EQ(loc->Health().bad_records, 2u);
 }
 
@@ -121,7 +113,7 @@ TEST_F(EtcdLocatorTest, AnswersFromTheCacheWhileEtcdIsDownAndResyncsAfterRestart
   etcd_.Kill();
   ASSERT_TRUE(Eventually([&] { return !loc->Health().connected; }, 3000));
   int64_t t0 = MonotonicMs();
-  EXPECT_EQ(loc->Find(7, V4("198.51.100.1")), "hostA");
+  EXPECT_EQ(loc->Find(7, V4Http("198.51.100.1")), "hostA");
   EXPECT_LT(MonotonicMs() - t0, 50) << "Find waited on etcd";
   EtcdLocatorHealth down = loc->Health();
   EXPECT_FALSE(down.last_error.empty());
@@ -132,8 +124,8 @@ TEST_F(EtcdLocatorTest, AnswersFromTheCacheWhileEtcdIsDownAndResyncsAfterRestart
   ASSERT_TRUE(st.ok()) << st.ToString();
   ASSERT_TRUE(PutVm("hostB", "vm2", 7, {"198.51.100.2"}).ok());
   ASSERT_TRUE(client_->DeletePrefix(VmKey(kDefaultPrefix, "hostA", "vm1")).ok());
-  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.2")) == "hostB"; }, 5000));
-  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.1")).empty(); }, 5000));
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.2")) == "hostB"; }, 5000));
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.1")).empty(); }, 5000));
   EtcdLocatorHealth up = loc->Health();
   EXPECT_TRUE(up.connected);
   EXPECT_GT(up.revision, down.revision);
@@ -167,8 +159,8 @@ TEST_F(EtcdLocatorTest, ReadsEverythingAgainWhenItsRevisionWasCompacted) {
   ASSERT_TRUE(rev.ok());
   ASSERT_TRUE(client_->Compact(*rev).ok());
   ASSERT_LT(MonotonicMs() - down_at, 5500) << "etcd restarted too slowly for this test";
-  EXPECT_EQ(loc->Find(7, V4("198.51.100.1")), "hostA");  // (the cache, until it is back)
-  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.1")) == "hostB"; }, 10000));
+  EXPECT_EQ(loc->Find(7, V4Http("198.51.100.1")), "hostA");  // (the cache, until it is back)
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.1")) == "hostB"; }, 10000));
   EXPECT_EQ(loc->Health().full_reads, 2u);
   EXPECT_GE(loc->Health().revision, *rev);
 }
@@ -181,15 +173,15 @@ TEST_F(EtcdLocatorTest, PublishersRecordsVanishWhenItsLeaseIsNotKeptAlive) {
                                              std::map<std::string, VmRecord>{{"vm1", {7, {"198.51.100.0/30"}}}}, o);
   pub->Start();
   ASSERT_TRUE(pub->WaitPublished(5000)) << pub->Health().last_error;
-  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.2")) == "hostA"; }, 1000));
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.2")) == "hostA"; }, 1000));
   EXPECT_EQ(loc->Health().hosts, 1u);
   // Kept alive past several TTLs, it stays.
   usleep(3000 * 1000);
-  EXPECT_EQ(loc->Find(7, V4("198.51.100.2")), "hostA");
+  EXPECT_EQ(loc->Find(7, V4Http("198.51.100.2")), "hostA");
   EXPECT_EQ(pub->Health().publishes, 1u);
   // A host that dies: nobody renews the lease.
   pub->Stop(EtcdPublisher::StopMode::kLetExpire);
-  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.2")).empty(); }, 8000));
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.2")).empty(); }, 8000));
   EXPECT_EQ(loc->Health().hosts, 0u);
 }
 
@@ -200,9 +192,9 @@ TEST_F(EtcdLocatorTest, PublisherStopRevokesAtOnce) {
                                              EtcdPublisher::Options{});
   pub->Start();
   ASSERT_TRUE(pub->WaitPublished(5000)) << pub->Health().last_error;
-  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.7")) == "hostB"; }, 1000));
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.7")) == "hostB"; }, 1000));
   pub->Stop();  // the TTL is 10 s: gone well before means revoked
-  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.7")).empty(); }, 2000));
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.7")).empty(); }, 2000));
 }
 
 TEST_F(EtcdLocatorTest, PublisherWritesAgainWhenItsLeaseIsGone) {
@@ -215,7 +207,7 @@ TEST_F(EtcdLocatorTest, PublisherWritesAgainWhenItsLeaseIsGone) {
   pub->Start();
   ASSERT_TRUE(pub->WaitPublished(5000));
   auto loc = NewLocator();
-  EXPECT_TRUE(Eventually([&] { return loc->Find(9, V4("198.51.100.8")) == "hostC"; }, 1000));
+  EXPECT_TRUE(Eventually([&] { return loc->Find(9, V4Http("198.51.100.8")) == "hostC"; }, 1000));
   // As when etcd expired it during a long outage: its next renewal finds it
   // gone, and it writes everything again under a new one.
   int64_t lease = pub->Health().lease;
@@ -223,7 +215,7 @@ TEST_F(EtcdLocatorTest, PublisherWritesAgainWhenItsLeaseIsGone) {
   EXPECT_TRUE(Eventually([&] { return pub->Health().publishes >= 2; }, 5000)) << pub->Health().last_error;
   EXPECT_NE(pub->Health().lease, lease);
   EXPECT_GE(pub->Health().keepalive_failures, 1u);  // (the renewal that found it gone)
-  EXPECT_TRUE(Eventually([&] { return loc->Find(9, V4("198.51.100.8")) == "hostC"; }, 1000));
+  EXPECT_TRUE(Eventually([&] { return loc->Find(9, V4Http("198.51.100.8")) == "hostC"; }, 1000));
   pub->Stop();
 }
 
@@ -238,10 +230,10 @@ TEST_F(EtcdLocatorTest, AVmThatArrivesOrLeavesIsPublishedOrWithdrawnAtOnce) {
   ASSERT_TRUE(pub->WaitPublished(5000)) << pub->Health().last_error;
   // vm10 arrives; vm1 leaves (its key alone: not vm10's, which it prefixes).
   pub->SetVm("vm10", {7, {"198.51.100.10"}});
-  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.10")) == "hostA"; }, 1000));
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.10")) == "hostA"; }, 1000));
   pub->RemoveVm("vm1");
-  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.1")).empty(); }, 1000));
-  EXPECT_EQ(loc->Find(7, V4("198.51.100.10")), "hostA");
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.1")).empty(); }, 1000));
+  EXPECT_EQ(loc->Find(7, V4Http("198.51.100.10")), "hostA");
   EXPECT_EQ(client_->GetPrefix(VmKey(kDefaultPrefix, "hostA", "vm10"))->kvs.at(0).lease, pub->Health().lease);
 
   // While etcd is down: vm10 leaves, vm2 arrives. Written when it is back
@@ -250,8 +242,8 @@ TEST_F(EtcdLocatorTest, AVmThatArrivesOrLeavesIsPublishedOrWithdrawnAtOnce) {
   pub->RemoveVm("vm10");
   pub->SetVm("vm2", {7, {"198.51.100.2"}});
   ASSERT_TRUE(etcd_.Start().ok());
-  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.2")) == "hostA"; }, 8000)) << pub->Health().last_error;
-  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4("198.51.100.10")).empty(); }, 2000));
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.2")) == "hostA"; }, 8000)) << pub->Health().last_error;
+  EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.10")).empty(); }, 2000));
   EXPECT_EQ(pub->Health().publishes, 1u);  // (the same lease all along)
   pub->Stop();
 }

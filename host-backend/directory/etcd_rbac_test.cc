@@ -16,19 +16,6 @@
 namespace vsocket::directory {
 namespace {
 
-template <typename Fn>
-bool Eventually(Fn done, int ms) {
-  for (int64_t deadline = MonotonicMs() + ms; MonotonicMs() < deadline; usleep(20 * 1000))
-    if (done()) return true;
-  return done();
-}
-
-proto::Endpoint V4(const char* a) {
-  proto::Endpoint e;
-  inet_pton(AF_INET, a, e.addr.data());
-  return e;
-}
-
 class EtcdRbacTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -3,16 +3,35 @@
 // ports and data. Every wait is bounded.
 #pragma once
 
+#include <arpa/inet.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "base/clock.h"
 #include "base/status.h"
 #include "host-backend/directory/etcd_client.h"
+#include "proto/control.h"
 
 namespace vsocket::directory {
+
+// Polls `done` every 20 ms for up to `ms`; its last answer.
+template <typename Fn>
+bool Eventually(Fn done, int ms) {
+  for (int64_t deadline = MonotonicMs() + ms; MonotonicMs() < deadline; usleep(20 * 1000))
+    if (done()) return true;
+  return done();
+}
+
+// An IPv4 endpoint (port 0) from its dotted text.
+inline proto::Endpoint V4(const char* a) {
+  proto::Endpoint e;
+  inet_pton(AF_INET, a, e.addr.data());
+  return e;
+}
 
 class EtcdTestServer {
  public:

@@ -18,19 +18,6 @@
 namespace vsocket::directory {
 namespace {
 
-template <typename Fn>
-bool Eventually(Fn done, int ms) {
-  for (int64_t deadline = MonotonicMs() + ms; MonotonicMs() < deadline; usleep(20 * 1000))
-    if (done()) return true;
-  return done();
-}
-
-proto::Endpoint V4(const char* a) {
-  proto::Endpoint e;
-  inet_pton(AF_INET, a, e.addr.data());
-  return e;
-}
-
 // host-backend/directory/make-certs.sh links to deploy/make-certs.sh (BUILD).
 bool MakeCerts(const std::string& args) {
   std::string script = "host-backend/directory/make-certs.sh";
