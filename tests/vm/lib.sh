@@ -12,6 +12,28 @@
 VM_CACHE=${VSOCKET_VM_CACHE:-/var/cache/vsocket-vm}
 VM_PID=""
 
+# vm_script_args DEFAULT-CASE... -- ARGS...: a test script's arguments:
+# BUILD (0 with --no-build) and CASES (those named, else the defaults);
+# --help prints the script's header comment and exits.
+vm_script_args() {
+  local defaults=() a
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do
+    defaults+=("$1")
+    shift
+  done
+  shift
+  BUILD=1
+  CASES=()
+  for a in "$@"; do
+    case "$a" in
+      --no-build) BUILD=0 ;;
+      -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
+      *) CASES+=("$a") ;;
+    esac
+  done
+  [ ${#CASES[@]} -gt 0 ] || CASES=("${defaults[@]}")
+}
+
 # The device as docs/vm-mode.md gives it to operators: modern-only
 # virtio-net-pci, every offload and control feature off (vsocketd offers
 # none; ctrl_rx without ctrl_vq makes a guest's virtio_net refuse it),

@@ -37,19 +37,9 @@
 # exit. Run it under `flock /tmp/vsocket-e2e.lock` on shared machines.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-VM_CACHE=${VSOCKET_VM_CACHE:-/var/cache/vsocket-vm}
 . tests/vm/lib.sh
 
-BUILD=1
-CASES=()
-for a in "$@"; do
-  case "$a" in
-    --no-build) BUILD=0 ;;
-    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
-    *) CASES+=("$a") ;;
-  esac
-done
-[ ${#CASES[@]} -gt 0 ] || CASES=(migrate_under_load migrate_cancelled migrate_without_dirty_log)
+vm_script_args migrate_under_load migrate_cancelled migrate_without_dirty_log -- "$@"
 
 die() { echo "migrate.sh: $*" >&2; echo "0 passed, 1 failed"; exit 1; }
 bash tests/rdma/install-deps.sh || die "installing QEMU and busybox failed"

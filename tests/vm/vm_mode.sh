@@ -40,16 +40,7 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 . tests/vm/lib.sh
 
-BUILD=1
-CASES=()
-for a in "$@"; do
-  case "$a" in
-    --no-build) BUILD=0 ;;
-    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
-    *) CASES+=("$a") ;;
-  esac
-done
-[ ${#CASES[@]} -gt 0 ] || CASES=(agent_hello agent_serves accelerated_in_guest process_killed_in_guest foreign_driver qemu_killed)
+vm_script_args agent_hello agent_serves accelerated_in_guest process_killed_in_guest foreign_driver qemu_killed -- "$@"
 
 die() { echo "vm_mode.sh: $*" >&2; echo "0 passed, 1 failed"; exit 1; }
 bash tests/rdma/install-deps.sh || die "installing QEMU and busybox failed"
