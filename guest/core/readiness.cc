@@ -22,8 +22,11 @@ bool KernelFeedsReads(const Conn& c) {
   return !(c.peer_fence_known.load() && c.kernel_received.load() == c.peer_fence.load());
 }
 
+// What poll says of a reset TCP socket (tcp_poll after tcp_reset).
+constexpr int kResetEvents = POLLIN | POLLOUT | POLLERR | POLLHUP | POLLRDHUP;
+
 int Readiness(int fd, Conn& c) {
-  if (c.state.reset()) return POLLIN | POLLOUT | POLLERR | POLLHUP;
+  if (c.state.reset()) return kResetEvents;
   if (!c.state.accelerated()) return -1;
   if (c.state.resynced()) {
     // Back on kernel TCP: only bytes still in the ring (or the EOF after
@@ -56,6 +59,9 @@ int Readiness(int fd, Conn& c) {
     // on poll-readable, read-EAGAIN).
     pollfd p{fd, POLLIN | POLLRDHUP, 0};
     if (Libc().poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR))) r |= POLLIN;
+    // The peer's RST (an abortive close) can come before the backend's word
+    // of it: the connection is reset, and the next read says ECONNRESET.
+    if (p.revents & POLLERR) return kResetEvents;
   }
   if (shut) r |= POLLRDHUP;
   uint64_t used = c.tx_tail.load() - c.credit.load();

@@ -32,7 +32,9 @@ case_semantics() {
   local summary
   summary=$(grep -E "^\[  (PASSED|FAILED)  \]" "$WORK/sem-$tag.log" | tr '\n' ' ')
   if [ $rc -ne 0 ]; then
-    fail "$name" "$summary $(grep -E '^\[  FAILED  \] [A-Z]' "$WORK/sem-$tag.log" | head -5 | tr '\n' ' ')"
+    # (what failed, with gtest's own words: CI keeps only this line)
+    fail "$name" "$summary $(grep -E '^\[  FAILED  \] [A-Z]' "$WORK/sem-$tag.log" | head -5 | tr '\n' ' ') \
+$(grep -A5 -E ': Failure$' "$WORK/sem-$tag.log" | head -12 | tr '\n' ' ')"
     return
   fi
   if [ "$how" = preload ]; then
