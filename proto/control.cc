@@ -70,7 +70,7 @@ Status CheckEndpoint(const Endpoint& e, const char* which) {
 Status CheckReserved(uint64_t v) { return v == 0 ? Status::Ok() : Bad("reserved field is not zero"); }
 
 Status CheckReason(uint16_t r, Reason* out) {
-  if (r > kMaxReason) return Bad("unknown reason code " + std::to_string(r));
+  if (!IsWireReason(r)) return Bad("unknown reason code " + std::to_string(r));
   *out = static_cast<Reason>(r);
   return Status::Ok();
 }
@@ -325,7 +325,9 @@ const char* ToString(Reason reason) {
                                            "rings-held",
                                            "kernel-faster",
                                            "request-response",
-                                           "urgent-data"};
+                                           "urgent-data",
+                                           "directory-unavailable"};
+  static_assert(std::size(kNames) == kMaxReason + 1, "a name for every reason");
   auto i = static_cast<size_t>(reason);
   return i < std::size(kNames) ? kNames[i] : "unknown";
 }

@@ -110,8 +110,21 @@ enum class Reason : uint16_t {
   // byte counts a registration fences on would miss the out-of-band byte
   // (decision 79).
   kUrgentData = 19,
+  // On the wire, to a library only with kFeatureDirectoryUnavailable (an
+  // older one is told peer-not-registered instead), between hosts always:
+  // the cluster directory (etcd) could not be asked where the peer runs
+  // and its cache does not name a host, so the connection stays on kernel
+  // TCP (decision 95).
+  kDirectoryUnavailable = 20,
 };
-inline constexpr uint16_t kMaxReason = 17;  // the last reason the wire carries
+// Numbers are never reused. A new reason of either kind takes the next free
+// number; a library-only one is also listed in IsLibraryOnly, so that the
+// wire refuses it (the library-only 18 and 19 sit below kMaxReason).
+inline constexpr uint16_t kMaxReason = 20;  // the largest reason the wire carries
+constexpr bool IsLibraryOnly(Reason r) { return r == Reason::kRequestResponse || r == Reason::kUrgentData; }
+// Whether a reason code read from the wire (control message or fabric
+// frame) is one the wire may carry.
+constexpr bool IsWireReason(uint32_t r) { return r <= kMaxReason && !IsLibraryOnly(static_cast<Reason>(r)); }
 const char* ToString(Reason reason);
 
 enum class Role : uint8_t { kClient = 1, kServer = 2 };
@@ -192,9 +205,15 @@ inline constexpr uint64_t kFeatureForkResync = 1ull << 7;
 // whose loop has not been busy for a while goes back to kernel TCP with
 // clean fences at both ends, and is held again (decision 92).
 inline constexpr uint64_t kFeatureMoveBack = 1ull << 8;
+// kFeatureDirectoryUnavailable: the library knows Reason::kDirectoryUnavailable
+// (a REGISTER_ACK or DOWNGRADE may carry it); without it the backend says
+// peer-not-registered there, which an older library reads the same way
+// (kernel TCP for good), decision 95.
+inline constexpr uint64_t kFeatureDirectoryUnavailable = 1ull << 9;
 inline constexpr uint64_t kKnownFeatures = kFeatureDoorbell | kFeatureRingHold | kFeatureFenceDelivered |
                                            kFeatureCleanDowngrade | kFeatureBulkHint | kFeatureNaps |
-                                           kFeatureTentative | kFeatureForkResync | kFeatureMoveBack;
+                                           kFeatureTentative | kFeatureForkResync | kFeatureMoveBack |
+                                           kFeatureDirectoryUnavailable;
 inline constexpr int64_t kTentativeWaitMs = 500;
 struct DoorbellBlock {
   uint64_t tx_tail;        // guest writes: bytes produced into the TX ring (total)

@@ -143,6 +143,17 @@ TEST(ControlTest, EnumsOutOfRangeAreRejected) {
   b = MustEncode({MsgType::kDowngrade, 0, Downgrade{1, Reason::kMigration, 5}});
   b[kHeaderSize + 8] = kMaxReason + 1;
   EXPECT_FALSE(Decode(b).ok());
+  // The library-only reasons sit below kMaxReason and are refused all the
+  // same; directory-unavailable, above them, is the wire's (decision 95).
+  for (Reason r : {Reason::kRequestResponse, Reason::kUrgentData}) {
+    b[kHeaderSize + 8] = static_cast<uint8_t>(r);
+    EXPECT_FALSE(Decode(b).ok()) << ToString(r);
+  }
+  b = MustEncode({MsgType::kDowngrade, 0, Downgrade{1, Reason::kDirectoryUnavailable, 5}});
+  auto dir = Decode(b);
+  ASSERT_TRUE(dir.ok()) << dir.status().ToString();
+  EXPECT_EQ(std::get<Downgrade>(dir->body).reason, Reason::kDirectoryUnavailable);
+  EXPECT_STREQ(ToString(Reason::kDirectoryUnavailable), "directory-unavailable");
   b = MustEncode({MsgType::kDowngrade, 0, Downgrade{1, Reason::kFabricDown, 5, kDowngradeFenceAcked}});
   ASSERT_TRUE(Decode(b).ok());
   b[kHeaderSize + 10] = kDowngradeDrain;

@@ -111,10 +111,10 @@ Result<FrameHeader> DecodeFrameHeader(std::span<const uint8_t, kFrameHeaderSize>
   if (h.type == FrameType::kPairDecline && (h.tenant == 0 || h.handle != 0 || h.value != 0))
     return Bad("PAIR_DECLINE without tenant, or with a handle");
   if (h.type == FrameType::kShutWr && h.aux != 0 &&
-      ((h.aux & 0xff) != kShutRingEnd || (h.aux >> 8) == 0 || (h.aux >> 8) > kMaxReason))
+      ((h.aux & 0xff) != kShutRingEnd || (h.aux >> 8) == 0 || !IsWireReason(h.aux >> 8)))
     return Bad("unknown SHUT_WR flags");
   if (h.type == FrameType::kDowngrade || h.type == FrameType::kPairReject || h.type == FrameType::kPairDecline) {
-    if (h.aux > kMaxReason) return Bad("unknown reason code");
+    if (!IsWireReason(h.aux)) return Bad("unknown reason code");
   }
   return h;
 }

@@ -45,6 +45,15 @@ TEST(FabricFrame, RejectsWhatTheTypeDoesNotAllow) {
   EXPECT_TRUE(bad({FrameType::kPairDecline, 7, 3, 0, kPairInfoSize, faster}));      // a handle
   EXPECT_TRUE(bad({FrameType::kPairDecline, 7, 0, 0, 0, faster}));                  // no PairInfo
   EXPECT_TRUE(bad({FrameType::kPairDecline, 7, 0, 0, kPairInfoSize, kMaxReason + 1}));
+  // Library-only reasons never cross; directory-unavailable does (decision 95).
+  for (Reason r : {Reason::kRequestResponse, Reason::kUrgentData}) {
+    EXPECT_TRUE(bad({FrameType::kPairDecline, 7, 0, 0, kPairInfoSize, static_cast<uint32_t>(r)})) << ToString(r);
+    EXPECT_TRUE(bad({FrameType::kDowngrade, 7, 1, 0, 0, static_cast<uint32_t>(r)})) << ToString(r);
+    EXPECT_TRUE(bad({FrameType::kShutWr, 7, 1, 0, 0, ShutRingEndAux(r)})) << ToString(r);
+  }
+  const uint32_t dir = static_cast<uint32_t>(Reason::kDirectoryUnavailable);
+  EXPECT_FALSE(bad({FrameType::kPairDecline, 7, 0, 0, kPairInfoSize, dir}));
+  EXPECT_FALSE(bad({FrameType::kPairReject, 7, 1, 0, 0, dir}));
   auto b = Encoded({FrameType::kCredit, 7, 1, 0, 0, 0});
   b[0] ^= 1;
   EXPECT_NE(DecodeFrameHeader(b).status().message().find("bad magic"), std::string::npos);

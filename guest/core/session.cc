@@ -175,7 +175,9 @@ Status Session::Negotiate() {
                    (Config().ring_hold ? proto::kFeatureRingHold : 0) | proto::kFeatureFenceDelivered |
                    proto::kFeatureCleanDowngrade | proto::kFeatureBulkHint | proto::kFeatureNaps |
                    (Config().busy_events > 0 ? proto::kFeatureTentative | proto::kFeatureMoveBack : 0) |
-                   proto::kFeatureForkResync;
+                   proto::kFeatureForkResync |
+                   // (Only a reason's name: proto::ToString names it in the report.)
+                   proto::kFeatureDirectoryUnavailable;
   proto::Message resp;
   VS_RETURN_IF_ERROR(Call({MsgType::kHello, 0, hello}, &resp));
   const auto* ack = std::get_if<proto::HelloAck>(&resp.body);

@@ -111,6 +111,15 @@ inline proto::Reason PeerReason(uint32_t aux) {
   return static_cast<proto::Reason>(aux);
 }
 
+// The reason as a guest's library may be told it: directory-unavailable
+// only to one that took kFeatureDirectoryUnavailable (decision 95); an
+// older library hears peer-not-registered, which it reads the same way
+// (kernel TCP for good), as it did before the reason existed.
+inline proto::Reason ForGuest(proto::Reason why, bool knows_directory) {
+  if (why == proto::Reason::kDirectoryUnavailable && !knows_directory) return proto::Reason::kPeerNotRegistered;
+  return why;
+}
+
 // rdma fabric: a guest RX ring registered for peer `host` to write, in
 // that host's protection domain.
 struct RxRegion {
@@ -157,6 +166,7 @@ struct BackendConn {
   // Fork resync (kFeatureForkResync, decision 85).
   bool fork_resync = false;  // the session took the feature
   bool move_back = false;    // the session took kFeatureMoveBack (decision 92)
+  bool knows_directory = false;  // the session took kFeatureDirectoryUnavailable (decision 95)
   // The DOWNGRADE owed to our guest asks it to resend its ring stream from
   // ev_resend_from with no RESYNC header (its peer's process forked).
   bool ev_resend = false;

@@ -196,6 +196,7 @@ class ConnManager {
     bool tentative = false;                            // session took kFeatureTentative
     bool fork_resync = false;                          // session took kFeatureForkResync
     bool move_back = false;                            // session took kFeatureMoveBack
+    bool knows_directory = false;                      // session took kFeatureDirectoryUnavailable
     std::deque<uint64_t> released;                     // conn ids owed RINGS_RELEASED
   };
   // Doorbells (kFeatureDoorbell). Polling a connection's block means the
@@ -256,6 +257,16 @@ class ConnManager {
   void DeclineRemote(uint32_t tenant, const proto::RegisterConn& r, proto::Reason why);
   std::optional<proto::Reason> TakeDecline(const ConnKey& key, bool from_peer);
   void RememberDecline(const ConnKey& key, uint32_t host, proto::Reason why);
+  // Decision 95: a client registration whose peer no VM here has and the
+  // directory cannot place now (etcd unreachable, not in its cache); its
+  // peer's side, wherever it runs, is told by a PAIR_DECLINE to every host
+  // up (at most kMaxDirectoryDeclinesPerSecond frames a second).
+  bool DirectoryCannotPlace(uint32_t tenant, const proto::RegisterConn& r);
+  void DeclineEverywhere(uint32_t tenant, const proto::RegisterConn& r, proto::Reason why);
+  // A peer host asked to pair with our guest's registration, and the
+  // directory cannot place the requester's address: our side (registered
+  // or to come) is told why.
+  void DeclineHere(uint32_t host, const ConnKey& key, proto::Role their_role, proto::Reason why);
   bool ResolveRings(BackendConn& c);
   // The guest is gone: keep its unsent TX bytes, tell the peer.
   void Orphan(BackendConn& c);
@@ -428,6 +439,9 @@ class ConnManager {
   };
   std::deque<Tentative> tentative_;
   std::unordered_map<uint32_t, size_t> declined_per_host_;
+  // Decline frames broadcast in the current second (DeclineEverywhere).
+  int64_t decline_second_ = 0;
+  size_t decline_frames_ = 0;
   void UnshareDecline(const Declined& d) {
     if (d.host != 0) --declined_per_host_[d.host];
   }

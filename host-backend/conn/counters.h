@@ -37,6 +37,9 @@ struct ConnManagerCounters {
   // declines heard from peer hosts.
   std::atomic<uint64_t> pair_declines_sent{0};
   std::atomic<uint64_t> pair_declines_received{0};
+  // Registrations left on kernel TCP by an unreachable directory whose
+  // decline went to no peer host (over kMaxDirectoryDeclinesPerSecond).
+  std::atomic<uint64_t> pair_declines_unsent{0};
   std::atomic<uint64_t> remote_upgrades{0};
   std::atomic<uint64_t> fabric_bytes_out{0};
   std::atomic<uint64_t> fabric_bytes_in{0};
@@ -82,7 +85,7 @@ inline constexpr size_t kMaxVms = 1024;
 inline constexpr proto::Reason kCountedFallbacks[] = {
     proto::Reason::kPeerNotRegistered, proto::Reason::kCrossTenant,  proto::Reason::kSpoofedAddress,
     proto::Reason::kResourceLimit,      proto::Reason::kProtocolError, proto::Reason::kFabricDown,
-    proto::Reason::kPeerDowngraded,     proto::Reason::kKernelFaster};
+    proto::Reason::kPeerDowngraded,     proto::Reason::kKernelFaster,  proto::Reason::kDirectoryUnavailable};
 inline constexpr size_t kFallbackReasons = std::size(kCountedFallbacks) + 1;
 constexpr size_t FallbackSlot(proto::Reason r) {
   for (size_t i = 0; i < std::size(kCountedFallbacks); ++i)

@@ -83,10 +83,11 @@ bool ConnManager::EmitEvents(vhost::BackendDevice& device) {
         out[n++] = {MsgType::kFenceDelivered, 0, proto::ConnCounter{c.conn_id, c.fence_bytes}};
       if ((bits & kEvDowngrade) && c.ev_resend)
         out[n++] = {MsgType::kDowngrade, 0,
-                    proto::Downgrade{c.conn_id, c.reason, c.ev_resend_from, proto::kDowngradeResendFrom}};
+                    proto::Downgrade{c.conn_id, ForGuest(c.reason, c.knows_directory), c.ev_resend_from,
+                                     proto::kDowngradeResendFrom}};
       else if (bits & kEvDowngrade)
         out[n++] = {MsgType::kDowngrade, 0,
-                    proto::Downgrade{c.conn_id, c.reason, c.rx_tail,
+                    proto::Downgrade{c.conn_id, ForGuest(c.reason, c.knows_directory), c.rx_tail,
                                      c.remote.fence_acked ? proto::kDowngradeFenceAcked : uint8_t{0}}};
       // All of one connection's events go in one buffer, in order.
       size_t need = 0;

@@ -28,7 +28,8 @@ uint64_t ConnManager::OnHello(vhost::BackendDevice& device, uint64_t features) {
            (dc->fence_delivered ? proto::kFeatureFenceDelivered : 0) |
            (dc->clean_downgrade ? proto::kFeatureCleanDowngrade : 0) | (dc->bulk_hint ? proto::kFeatureBulkHint : 0) |
            (dc->naps ? proto::kFeatureNaps : 0) | (dc->tentative ? proto::kFeatureTentative : 0) |
-           (dc->fork_resync ? proto::kFeatureForkResync : 0) | (dc->move_back ? proto::kFeatureMoveBack : 0);
+           (dc->fork_resync ? proto::kFeatureForkResync : 0) | (dc->move_back ? proto::kFeatureMoveBack : 0) |
+           (dc->knows_directory ? proto::kFeatureDirectoryUnavailable : 0);
   uint64_t taken = features & proto::kKnownFeatures & (naps_ ? ~uint64_t{0} : ~proto::kFeatureNaps);
   dc->doorbell = (taken & proto::kFeatureDoorbell) != 0;
   dc->ring_hold = (taken & proto::kFeatureRingHold) != 0;
@@ -39,6 +40,7 @@ uint64_t ConnManager::OnHello(vhost::BackendDevice& device, uint64_t features) {
   dc->tentative = (taken & proto::kFeatureTentative) != 0;
   dc->fork_resync = (taken & proto::kFeatureForkResync) != 0;
   dc->move_back = (taken & proto::kFeatureMoveBack) != 0;
+  dc->knows_directory = (taken & proto::kFeatureDirectoryUnavailable) != 0;
   if (dc->doorbell) counters_.doorbell_sessions.fetch_add(1, std::memory_order_relaxed);
   return taken;
 }

@@ -332,8 +332,17 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
     // Its peer's host kept the other side on kernel TCP already.
     if (auto why = TakeDecline(ConnKey{port.tenant_id, 0, r.local, r.peer}, true)) {
       CountFallback(port.index, *why);
-      return Ack(request_id, r.conn_id, WireError::kNotPaired, *why);
+      return Ack(request_id, r.conn_id, WireError::kNotPaired, ForGuest(*why, dc.knows_directory));
     }
+  }
+  if (r.role == proto::Role::kClient && !Draining(port.index) && DirectoryCannotPlace(port.tenant_id, r)) {
+    // Its peer runs on no host the directory's cache names, and the
+    // directory cannot be asked (etcd unreachable): kernel TCP, and both
+    // ends say why (decision 95).
+    CountFallback(port.index, Reason::kDirectoryUnavailable);
+    DeclineEverywhere(port.tenant_id, r, Reason::kDirectoryUnavailable);
+    return Ack(request_id, r.conn_id, WireError::kNotPaired,
+               ForGuest(Reason::kDirectoryUnavailable, dc.knows_directory));
   }
   if (dc.by_id.count(r.conn_id) || dc.by_id.size() >= kMaxConnsPerDevice || vm_open_[port.index] >= conns_per_vm_) {
     counters_.rejected_other.fetch_add(1, std::memory_order_relaxed);
@@ -356,6 +365,7 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
   c.clean_downgrade = dc.clean_downgrade;
   c.fork_resync = dc.fork_resync;
   c.move_back = dc.move_back;
+  c.knows_directory = dc.knows_directory;
   // A doorbell block must be 64-byte aligned (its counts are atomics).
   if ((c.doorbell && r.tx_ring_gpa % proto::kDoorbellBytes != 0) || !ResolveRings(c) ||
       (c.doorbell && reinterpret_cast<uintptr_t>(c.tx.host) % proto::kDoorbellBytes != 0)) {

@@ -107,6 +107,8 @@ class Peering : public RemoteHosts {
   uint32_t Locate(uint32_t tenant, const proto::Endpoint& addr) override;
   bool BulkSlowerThanKernel() const override { return fabric_ != "rdma"; }
   bool Runs(uint32_t host, uint32_t tenant, const proto::Endpoint& addr) override;
+  bool DirectoryCannotPlace(uint32_t tenant, const proto::Endpoint& addr) override;
+  std::vector<uint32_t> HostsUp() const override;
   bool SendPairing(uint32_t host, const proto::FrameHeader& h, std::span<const uint8_t> payload) override;
   fabric::Link* LinkTo(uint32_t host, uint64_t conn) override;
   RegisterFn Registering(uint32_t host, void* addr, size_t len, bool remote_write) override;

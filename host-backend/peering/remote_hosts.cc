@@ -29,15 +29,26 @@ Status NotStatic(const std::string& locator) {
 
 uint32_t Peering::Locate(uint32_t tenant, const proto::Endpoint& addr) {
   std::string name = HostOf(tenant, addr);
-  if (name.empty() && etcd_locator_ && counters_.directory.connected.load(std::memory_order_relaxed) == 0) {
-    // Not in the cache, and etcd cannot be asked: kernel TCP for now
-    // (pending connections look again when the directory changes).
-    counters_.directory.unavailable_fallbacks.fetch_add(1, std::memory_order_relaxed);
-    VS_LOG(kDebug, "directory-unavailable: tenant %u port %u not in the cache, etcd unreachable", tenant, addr.port);
-  }
   if (name.empty() || name == host_name_) return 0;
   Host* h = ByName(name);
   return h != nullptr && h->state == State::kUp ? h->id : 0;
+}
+
+bool Peering::DirectoryCannotPlace(uint32_t tenant, const proto::Endpoint& addr) {
+  if (!etcd_locator_ || counters_.directory.connected.load(std::memory_order_relaxed) != 0) return false;
+  if (!HostOf(tenant, addr).empty()) return false;
+  // Not in the cache, and etcd cannot be asked: that connection stays on
+  // kernel TCP (decision 95).
+  counters_.directory.unavailable_fallbacks.fetch_add(1, std::memory_order_relaxed);
+  VS_LOG(kDebug, "directory-unavailable: tenant %u port %u not in the cache, etcd unreachable", tenant, addr.port);
+  return true;
+}
+
+std::vector<uint32_t> Peering::HostsUp() const {
+  std::vector<uint32_t> up;
+  for (const auto& h : hosts_)
+    if (h->state == State::kUp && h->tls) up.push_back(h->id);
+  return up;
 }
 
 bool Peering::Runs(uint32_t host, uint32_t tenant, const proto::Endpoint& addr) {

@@ -24,6 +24,11 @@ constexpr size_t kMaxPendingRemotePerTenant = kMaxPendingRemote / 4;
 constexpr int64_t kPendingRemoteMs = 30000;
 constexpr size_t kMaxDeclined = 16384;
 constexpr size_t kMaxDeclinedPerHost = kMaxDeclined / 4;
+// Decision 95: PAIR_DECLINE frames one second's directory-unavailable
+// fallbacks may broadcast (one per host up each): with 64 hosts, 64
+// connections a second; beyond it a peer's side is not told and waits as
+// for a peer that never registers.
+constexpr size_t kMaxDirectoryDeclinesPerSecond = 4096;
 
 // The connection as this side sees it, for PAIR_REQUEST and PAIR_ACCEPT.
 std::array<uint8_t, proto::kPairInfoSize> PairPayload(const BackendConn& c, uint64_t rx_addr, uint32_t rx_rkey) {
@@ -33,6 +38,17 @@ std::array<uint8_t, proto::kPairInfoSize> PairPayload(const BackendConn& c, uint
   info.role = c.role;
   info.rx_addr = rx_addr;
   info.rx_rkey = rx_rkey;
+  std::array<uint8_t, proto::kPairInfoSize> payload;
+  proto::EncodePairInfo(info, payload.data());
+  return payload;
+}
+
+// A registration as PAIR_DECLINE describes it (rx_addr/rx_rkey 0).
+std::array<uint8_t, proto::kPairInfoSize> DeclinePayload(const proto::RegisterConn& r) {
+  proto::PairInfo info;
+  info.local = r.local;
+  info.peer = r.peer;
+  info.role = r.role;
   std::array<uint8_t, proto::kPairInfoSize> payload;
   proto::EncodePairInfo(info, payload.data());
   return payload;
@@ -99,15 +115,59 @@ void ConnManager::DeclineRemote(uint32_t tenant, const proto::RegisterConn& r, R
   RememberDecline(key, 0, why);
   uint32_t host = hosts_->Locate(tenant, r.peer);
   if (host == 0) return;
-  proto::PairInfo info;
-  info.local = r.local;
-  info.peer = r.peer;
-  info.role = r.role;
-  std::array<uint8_t, proto::kPairInfoSize> payload;
-  proto::EncodePairInfo(info, payload.data());
   FrameHeader h = Frame(FrameType::kPairDecline, tenant, 0, 0, static_cast<uint32_t>(why));
   h.len = proto::kPairInfoSize;
-  if (hosts_->SendPairing(host, h, payload)) counters_.pair_declines_sent.fetch_add(1, std::memory_order_relaxed);
+  if (hosts_->SendPairing(host, h, DeclinePayload(r)))
+    counters_.pair_declines_sent.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool ConnManager::DirectoryCannotPlace(uint32_t tenant, const proto::RegisterConn& r) {
+  if (hosts_ == nullptr || IsLoopback(r.local) || IsLoopback(r.peer) || LocalPortFor(tenant, r.peer) != nullptr)
+    return false;
+  // (A peer host that asked already knows where we are: PairRemote answers it.)
+  if (pending_remote_.count(ConnKey{tenant, 0, r.local, r.peer}) != 0) return false;
+  return hosts_->DirectoryCannotPlace(tenant, r.peer);
+}
+
+void ConnManager::DeclineEverywhere(uint32_t tenant, const proto::RegisterConn& r, Reason why) {
+  // Where the peer runs is what the directory cannot say: every host up is
+  // told, and only one that runs a VM with the peer's address keeps it
+  // (the PAIR_DECLINE case of OnPairingFrame).
+  std::vector<uint32_t> up = hosts_->HostsUp();
+  if (up.empty()) return;
+  int64_t second = MonotonicMs() / 1000;
+  if (second != decline_second_) {
+    decline_second_ = second;
+    decline_frames_ = 0;
+  }
+  if (decline_frames_ + up.size() > kMaxDirectoryDeclinesPerSecond) {
+    counters_.pair_declines_unsent.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  decline_frames_ += up.size();
+  FrameHeader h = Frame(FrameType::kPairDecline, tenant, 0, 0, static_cast<uint32_t>(why));
+  h.len = proto::kPairInfoSize;
+  std::array<uint8_t, proto::kPairInfoSize> payload = DeclinePayload(r);
+  size_t sent = 0;
+  for (uint32_t host : up) sent += hosts_->SendPairing(host, h, payload);
+  if (sent > 0) counters_.pair_declines_sent.fetch_add(1, std::memory_order_relaxed);
+  VS_LOG(kDebug, "tenant %u port %u -> %u: %s, PAIR_DECLINE to %zu of %zu host(s)", tenant, r.local.port,
+         r.peer.port, proto::ToString(why), sent, up.size());
+}
+
+void ConnManager::DeclineHere(uint32_t host, const ConnKey& key, proto::Role their_role, Reason why) {
+  uint64_t mine = 0;
+  if (registry_.find(key, mine)) {
+    auto it = conns_.find(mine);
+    BackendConn* c = it == conns_.end() ? nullptr : it->second.get();
+    if (c != nullptr && c->WaitsForPeer() && c->role != their_role) {
+      c->reason = why;
+      Raise(*c, kEvDowngrade);  // before any upgrade: kernel TCP for good
+    }
+    // (Asked, accepted or paired: that pairing answers for itself.)
+    return;
+  }
+  RememberDecline(key, host, why);
 }
 
 void ConnManager::RememberDecline(const ConnKey& key, uint32_t host, Reason why) {
@@ -218,8 +278,16 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
       if (!proto::IsValidRingSize(h.aux)) return refuse(Reason::kProtocolError, "window is not a valid ring size");
       // The requester may only speak for addresses it runs, and only about
       // our VMs of the same tenant.
-      if (!hosts_->Runs(host, h.tenant, info->local))
+      if (!hosts_->Runs(host, h.tenant, info->local)) {
+        if (LocalPortFor(h.tenant, info->peer, true) != nullptr && hosts_->DirectoryCannotPlace(h.tenant, info->local)) {
+          // Not a lie we can tell: the directory cannot be asked (etcd
+          // unreachable) and its cache lacks the address. Both sides stay
+          // on kernel TCP and say why (decision 95).
+          DeclineHere(host, ConnKey{h.tenant, 0, info->peer, info->local}, info->role, Reason::kDirectoryUnavailable);
+          return refuse(Reason::kDirectoryUnavailable, "the directory cannot place the requester's address now");
+        }
         return refuse(Reason::kCrossTenant, "requester does not run that tenant address");
+      }
       // A VM configured here that runs elsewhere (away) may be about to
       // arrive: the request is kept as for one whose guest has not
       // registered yet (a VM that leaves refuses what was kept for it as
@@ -318,19 +386,10 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
         VS_LOG(kWarn, "peer host %u: PAIR_DECLINE for what it does not run: ignored", host);
         return;
       }
-      ConnKey key{h.tenant, 0, info->peer, info->local};
-      Reason why = PeerReason(h.aux);
-      uint64_t mine = 0;
-      if (registry_.find(key, mine)) {
-        BackendConn* c = conn(mine);
-        if (c != nullptr && c->WaitsForPeer() && c->role != info->role) {
-          c->reason = why;
-          Raise(*c, kEvDowngrade);
-        }
-        // (Asked, accepted or paired: that pairing answers for itself.)
-        return;
-      }
-      RememberDecline(key, host, why);
+      // No VM here has the address (a decline broadcast because the
+      // directory could not say where it runs, decision 95): not ours.
+      if (LocalPortFor(h.tenant, info->peer, true) == nullptr) return;
+      DeclineHere(host, ConnKey{h.tenant, 0, info->peer, info->local}, info->role, PeerReason(h.aux));
       return;
     }
     case FrameType::kPairCancel: {

@@ -54,8 +54,12 @@ class FakeHosts : public RemoteHosts {
     return true;
   }
   fabric::Link* LinkTo(uint32_t, uint64_t) override { return nullptr; }
+  // As a directory whose etcd is unreachable: no address it does not place
+  // can be placed now.
+  bool DirectoryCannotPlace(uint32_t, const Endpoint&) override { return directory_down; }
 
   std::vector<std::pair<uint32_t, FrameHeader>> sent;
+  bool directory_down = false;
 };
 
 class PairingTest : public ::testing::Test {
@@ -196,6 +200,48 @@ TEST_F(PairingTest, AVmThatLeavesRefusesWhatWasKeptForItAsMoved) {
   cm_.OnPairingFrame(1, h, body);
   ASSERT_EQ(hosts_.sent.size(), 1u);
   EXPECT_EQ(hosts_.sent[0].second.aux, static_cast<uint32_t>(proto::Reason::kCrossTenant));
+}
+
+// Decision 95: a request from an address the locator does not place on its
+// host is refused as cross-tenant, unless the locator is a directory that
+// cannot be asked now (etcd unreachable): then the refusal says
+// directory-unavailable, so that the requester's guest reports why; for an
+// address no VM here has it stays cross-tenant.
+TEST_F(PairingTest, ARequesterTheDirectoryCannotPlaceIsRefusedDirectoryUnavailable) {
+  // 10.0.0.x is placed on no host (FakeHosts::Runs: 192.x only).
+  auto ask_from_unplaced = [&](Endpoint peer) {
+    proto::PairInfo info;
+    info.local = V4(1, 7000);
+    info.local.addr = {10, 0, 0, 1};
+    info.peer = peer;
+    info.role = proto::Role::kClient;
+    std::array<uint8_t, proto::kPairInfoSize> body;
+    proto::EncodePairInfo(info, body.data());
+    FrameHeader h = Frame(FrameType::kPairRequest, kTenant, 0, 91, 1u << 16);
+    h.len = proto::kPairInfoSize;
+    hosts_.sent.clear();
+    cm_.OnPairingFrame(1, h, body);
+    EXPECT_EQ(hosts_.sent.size(), 1u);
+    return hosts_.sent.empty() ? -1 : static_cast<int64_t>(hosts_.sent.back().second.aux);
+  };
+  const auto cross = static_cast<int64_t>(proto::Reason::kCrossTenant);
+  const auto dir = static_cast<int64_t>(proto::Reason::kDirectoryUnavailable);
+  EXPECT_EQ(ask_from_unplaced(Ours(80)), cross);
+  hosts_.directory_down = true;
+  EXPECT_EQ(ask_from_unplaced(Ours(80)), dir);
+  EXPECT_EQ(ask_from_unplaced(V4(99, 80)), cross) << "no VM here has 192.0.2.99";
+  EXPECT_EQ(cm_.counters().pair_refused.load(), 3u);
+}
+
+// What a guest's library is told: the new reason only if it said in HELLO
+// that it knows it; an older library hears peer-not-registered (kernel TCP
+// for good either way). Other reasons pass as they are.
+TEST(ForGuest, DirectoryUnavailableOnlyToALibraryThatKnowsIt) {
+  using proto::Reason;
+  EXPECT_EQ(ForGuest(Reason::kDirectoryUnavailable, true), Reason::kDirectoryUnavailable);
+  EXPECT_EQ(ForGuest(Reason::kDirectoryUnavailable, false), Reason::kPeerNotRegistered);
+  EXPECT_EQ(ForGuest(Reason::kKernelFaster, false), Reason::kKernelFaster);
+  EXPECT_EQ(ForGuest(Reason::kFabricDown, true), Reason::kFabricDown);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "base/status.h"
 #include "host-backend/fabric/link.h"
@@ -22,6 +23,13 @@ class RemoteHosts {
   virtual uint32_t Locate(uint32_t tenant, const proto::Endpoint& addr) = 0;
   // Whether (tenant, addr) is located on `host` (checks what a peer claims).
   virtual bool Runs(uint32_t host, uint32_t tenant, const proto::Endpoint& addr) = 0;
+  // Whether the locator is a directory that cannot place (tenant, addr) now:
+  // no host in its cache, and the directory itself cannot be asked (etcd
+  // unreachable). Asked once per connection that stays on kernel TCP for it
+  // (decision 95); the directory counts each.
+  virtual bool DirectoryCannotPlace(uint32_t /*tenant*/, const proto::Endpoint& /*addr*/) { return false; }
+  // The peer hosts whose control channel is up now (ids).
+  virtual std::vector<uint32_t> HostsUp() const { return {}; }
   // Whether this fabric copies a stream more than kernel TCP does between
   // hosts (tcp: kernel TCP plus a copy at each end), so that a bulk stream
   // across it is slower than kernel TCP (decision 62).

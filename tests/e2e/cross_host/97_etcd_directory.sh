@@ -27,6 +27,13 @@ until_true() {
   "$@"
 }
 dir_lacks() { ! dir_has "$@"; }
+# fallbacks_of HOST VM COLUMN: one column of `vsocketctl fallbacks` (the
+# connections of VM on HOST left on kernel TCP, by reason).
+fallbacks_of() {
+  bash $TB ctl "$1" fallbacks 2>/dev/null | awk -v vm="$2" -v col="$3" '
+    NR == 1 { for (i = 1; i <= NF; i++) if ($i == col) c = i; next }
+    $1 == vm && c { print $c; found = 1 } END { if (!found) print "none" }'
+}
 dir_connected_is() { [ "$(dir_field "$1" connected)" = "$2" ]; }
 
 etcd_bed() { # the bed in etcd mode (brought up so unless it is)
@@ -69,12 +76,14 @@ case_etcd_pairs() {
 
 # etcd stopped: accelerated connections go on; a new connection to an
 # address the cache lacks (vmB1's record withdrawn just before: a VM hostA
-# has not heard of) stays on kernel TCP, counted as directory-unavailable;
+# has not heard of) stays on kernel TCP, and both its ends say why: their
+# libraries' reports name directory-unavailable (decision 95), and so do
+# both hosts' per-VM fallbacks; hostA counts it as directory-unavailable;
 # etcd back: hostA's watch resumes, the record is back, and a new connection
 # to vmB1 accelerates again. No vsocketd restarted.
 case_etcd_unavailable() {
   local name=etcd_down_keeps_connections_falls_back key=/vsocket/hosts/hostB/vms/vmB1 rr kport value lease
-  local c0 f0 f1 out
+  local c0 f0 f1 out a0 b0 a1 b1
   etcd_bed || { fail $name "$E2E_MSG"; return; }
   rr=$(alloc_port)
   kport=$(alloc_port)
@@ -91,11 +100,17 @@ case_etcd_unavailable() {
   bash $TB etcd-stop
   until_true 20 dir_connected_is hostA False || { fail $name "hostA did not notice etcd stop"; return; }
   f0=$(counter hostA directory_unavailable_fallbacks)
-  XFER_CHECK="--mode kernel-pending" run_xfer etcd_unknown vmA1 vmB1 "$B1" 1 1048576 "$kport" ||
+  a0=$(fallbacks_of hostA vmA1 directory_unavailable)
+  b0=$(fallbacks_of hostB vmB1 directory_unavailable)
+  XFER_CHECK="--mode kernel --reason directory-unavailable" run_xfer etcd_unknown vmA1 vmB1 "$B1" 1 1048576 "$kport" ||
     { fail $name "new connection to an unknown address: $XFER_MSG"; bash $TB etcd-start; xfer_wait etcd_rr; return; }
   local unknown=$XFER_MSG
   f1=$(counter hostA directory_unavailable_fallbacks)
   [ "$f1" -gt "$f0" ] || { fail $name "directory_unavailable_fallbacks $f0 -> $f1"; bash $TB etcd-start; xfer_wait etcd_rr; return; }
+  a1=$(fallbacks_of hostA vmA1 directory_unavailable)
+  b1=$(fallbacks_of hostB vmB1 directory_unavailable)
+  [[ $a0 =~ ^[0-9]+$ && $b0 =~ ^[0-9]+$ && $a1 =~ ^[0-9]+$ && $b1 =~ ^[0-9]+$ ]] && [ "$a1" -gt "$a0" ] && [ "$b1" -gt "$b0" ] ||
+    { fail $name "fallbacks directory_unavailable: hostA vmA1 $a0 -> $a1, hostB vmB1 $b0 -> $b1"; bash $TB etcd-start; xfer_wait etcd_rr; return; }
   # The connections paired before carry on, every byte checked.
   xfer_wait etcd_rr || { fail $name "long-lived connections: $E2E_MSG"; bash $TB etcd-start; return; }
   out=$(python3 $CHECK "$WORK/etcd_rr.jsonl" --port "$rr" --expect-conns 4 --mode accelerated --reason accelerated) ||
@@ -109,7 +124,7 @@ case_etcd_unavailable() {
   [ "$(dir_field hostA connects)" -gt "$c0" ] || { fail $name "connects $c0 -> $(dir_field hostA connects)"; return; }
   fabric_xfer etcd_back vmA1 vmB1 "$B1" 1 1048576 "$(alloc_port)" ||
     { fail $name "not accelerated after etcd came back: $XFER_MSG"; return; }
-  pass "$name (etcd stopped: 2 accelerated connections went on byte-exact; a new one to an address not in the cache stayed on kernel TCP ($unknown), directory_unavailable_fallbacks $f0 -> $f1; etcd back: hostA reconnected (connects $c0 -> $(dir_field hostA connects)) and paired across the fabric again: $XFER_MSG)"
+  pass "$name (etcd stopped: 2 accelerated connections went on byte-exact; a new one to an address not in the cache stayed on kernel TCP, both ends reporting directory-unavailable ($unknown), directory_unavailable_fallbacks $f0 -> $f1, per-VM fallbacks hostA vmA1 $a0 -> $a1, hostB vmB1 $b0 -> $b1; etcd back: hostA reconnected (connects $c0 -> $(dir_field hostA connects)) and paired across the fabric again: $XFER_MSG)"
 }
 
 # vmA1 moves to hostB and back (deploy/testbed2.sh move: migrate begin,
