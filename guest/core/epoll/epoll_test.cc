@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -112,6 +113,32 @@ TEST(EpollDeferred, EdgeTriggeredChangesAreNeverDeferred) {
   ASSERT_EQ(EpollCtl(ep, EPOLL_CTL_DEL, p.a, nullptr), 0);
   EXPECT_FALSE(EpollHasDeferred());
   CloseSet(ep);
+}
+
+// Closing a connection drops its node in every set that has one, also when
+// the set that took the last node is gone (the look-up of that set alone,
+// EpollForget's usual case, then falls back to every set): the fd number's
+// next connection is a new one to the set that kept the old.
+TEST(EpollForget, AClosedConnectionLeavesEverySetAlsoWhenItsLastSetClosedFirst) {
+  int ep1 = epoll_create1(EPOLL_CLOEXEC), ep2 = epoll_create1(EPOLL_CLOEXEC);
+  int fd;
+  {
+    Pair p;
+    fd = p.a;
+    epoll_event ev = Ev(EPOLLIN, 1);
+    ASSERT_EQ(EpollCtl(ep1, EPOLL_CTL_ADD, p.a, &ev), 0);
+    ASSERT_EQ(EpollCtl(ep2, EPOLL_CTL_ADD, p.a, &ev), 0);
+    CloseSet(ep2);  // the set that took the last node
+  }  // (~Pair: EpollForget, Forget, close as the close() wrapper does)
+  Pair q;
+  ASSERT_EQ(q.a, fd) << "the fd number was not reused: the check below proves nothing";
+  epoll_event ev = Ev(EPOLLIN, 2);
+  ASSERT_EQ(EpollCtl(ep1, EPOLL_CTL_ADD, q.a, &ev), 0) << strerror(errno) << ": the old connection's node stayed";
+  q.PeerWrites();
+  epoll_event out[4];
+  ASSERT_EQ(EpollWait(ep1, out, 4, 1000, nullptr), 1);
+  EXPECT_EQ(out[0].data.u64, 2u);
+  CloseSet(ep1);
 }
 
 TEST(EpollOnePoll, AnAskForWritingIsAnsweredByOnePollThenTheKernelWaitsNext) {
