@@ -18,6 +18,7 @@
 #   deploy/testbed2.sh move VM HOST               move VM (its namespace's link, its
 #                                                 vsocketd) to HOST, as a migration would
 #   deploy/testbed2.sh host VM                    where VM runs now
+#   deploy/testbed2.sh configure                  write the daemons' configurations again
 #   deploy/testbed2.sh etcd-stop | etcd-start | etcdctl ARGS... | etcdctl-as HOST ARGS...
 #                                                 (etcd mode) stop or start the bed's
 #                                                 etcd; etcdctl as its root user, or HOST's
@@ -29,6 +30,10 @@
 # (docs/multi-host.md "Permissions"), and both vsocketds publish and follow
 # the directory there (locator = etcd://192.0.2.10:2379); a VM that moves is
 # withdrawn by the host it leaves and published by the one it reaches.
+# VSOCKET_TESTBED2_DIRECTORY_PEERS="hostA hostB" (etcd mode): those hosts'
+# configurations have no [peer] section; their peers come from the
+# directory (decision 96). `configure` writes the configurations again
+# (a daemon reads its own at its next restart).
 #
 # Environment: VSOCKETD, VSOCKETCTL (binaries), VSOCKET_LOG_LEVEL,
 # VSOCKET_TESTBED2_DIR (state, default /run/vsocket-testbed2), VSOCKETD_ARGS,
@@ -268,9 +273,13 @@ write_configs() {
         [ -z "${VSOCKET_TESTBED2_RDMA_DEVICE:-}" ] || echo "rdma_device = $VSOCKET_TESTBED2_RDMA_DEVICE"
         [ -z "${!gid_var:-}" ] || echo "rdma_gid_index = ${!gid_var}"
       fi
-      echo
-      echo "[peer $(other_of "$h")]"
-      echo "address = $(underlay_of "$(other_of "$h")"):$PEER_PORT"
+      if [ "$LOCATOR" = etcd ] && [[ " ${VSOCKET_TESTBED2_DIRECTORY_PEERS:-} " == *" $h "* ]]; then
+        echo "# no [peer] section: the peers are the hosts in the directory"
+      else
+        echo
+        echo "[peer $(other_of "$h")]"
+        echo "address = $(underlay_of "$(other_of "$h")"):$PEER_PORT"
+      fi
       for v in $VMS; do
         IFS=: read -r name host tenant addr <<<"$v"
         echo
@@ -500,6 +509,7 @@ main() {
     daemon-pid) need_host "${1:-}"; host_daemon_pid "$1" ;;
     restart) need_host "${1:-}"; stop_host_daemon "$1" "${2:-TERM}"; start_daemon "$1"; wait_links_up ;;
     kill) need_host "${1:-}"; stop_host_daemon "$1" KILL ;;
+    configure) write_configs ;;
     move) [ "$#" -eq 2 ] || die "usage: move VM HOST"; cmd_move "$1" "$2" ;;
     host) host_of "${1:-}" ;;
     etcd-stop) [ "$LOCATOR" = etcd ] || die "not in etcd mode"; etcd_stop "${1:-TERM}" ;;

@@ -417,9 +417,12 @@ Status Validate(DaemonConfig* config) {
     if (vm.addresses.empty())
       VS_LOG(kWarn, "%s has no addresses: its guests can only accelerate loopback connections", what.c_str());
   }
-  if (!config->peers.empty()) {
-    auto need = [](const std::string& v, const char* key) {
-      return v.empty() ? Status(Code::kInvalidArgument, std::string("peers are configured but ") + key + " is not set")
+  // Peer hosts come from [peer] sections or, with the etcd directory, from
+  // the directory (decision 96): either way this host needs its identity.
+  if (!config->peers.empty() || IsEtcdLocator(config->locator)) {
+    const char* why = config->peers.empty() ? "locator = etcd (peers from the directory)" : "peers are configured";
+    auto need = [why](const std::string& v, const char* key) {
+      return v.empty() ? Status(Code::kInvalidArgument, std::string(why) + " but " + key + " is not set")
                        : Status::Ok();
     };
     for (auto [v, k] : {std::pair{&config->host_name, "host_name"},

@@ -312,6 +312,23 @@ TEST(LocatorConfig, EtcdEndpointsParseAndAFileStaysAFile) {
     EXPECT_FALSE(ParseConfig(std::string(bad) + "\n", "f").ok()) << bad;
 }
 
+// Decision 96: with the etcd directory the peers may all come from it (no
+// [peer] section), but the host still needs its own identity and listener.
+TEST(ConfigTest, AnEtcdLocatorWithoutPeersNeedsTheHostsIdentity) {
+  const std::string vm = "[vm a]\nsocket = /tmp/a.sock\ntenant = 1\naddresses = 198.51.100.1\n";
+  auto c = ParseConfig("locator = etcd://192.0.2.10:2379\n" + vm, "f");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  Status st = Validate(&*c);
+  EXPECT_NE(st.message().find("locator = etcd (peers from the directory) but host_name is not set"), std::string::npos)
+      << st.ToString();
+  c = ParseConfig(
+      "locator = etcd://192.0.2.10:2379\nhost_name = hostB\npeer_listen = 192.0.2.2:7300\n"
+      "tls_cert = /c\ntls_key = /k\ntls_ca = /ca\n" + vm, "f");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(Validate(&*c).ok());
+  EXPECT_TRUE(c->peers.empty());
+}
+
 TEST(LocatorConfig, EtcdUserAndPasswordFileAreTakenAsGiven) {
   auto c = ParseConfig("locator = etcd://127.0.0.1:2379\netcd_user = hostA\netcd_password_file = /etc/vsocket/pw\n", "f");
   ASSERT_TRUE(c.ok()) << c.status().ToString();

@@ -206,6 +206,16 @@ bool EtcdLocator::Put(const EtcdKeyValue& kv) {
   return true;
 }
 
+std::map<std::string, HostRecord> EtcdLocator::Hosts() const {
+  std::map<std::string, HostRecord> out;
+  MutexLock lock(mu_);
+  for (const auto& [key, record] : hosts_) {
+    KeyName name;
+    if (ParseKey(options_.prefix, key, &name) && name.vm.empty()) out.emplace(name.host, record);
+  }
+  return out;
+}
+
 void EtcdLocator::Erase(const std::string& key) {
   hosts_.erase(key);
   vms_.erase(key);

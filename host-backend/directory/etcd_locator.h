@@ -65,6 +65,10 @@ class EtcdLocator : public fabric::Locator {
 
   std::string Find(uint32_t tenant, const proto::Endpoint& addr) const override EXCLUDES(mu_);
   EtcdLocatorHealth Health() const EXCLUDES(mu_);
+  // The host records in the cache, by host name (the <host> of each key:
+  // with etcd RBAC only that host can write it, decision 86), as the
+  // hosts' fabric peers are found (decision 96).
+  std::map<std::string, HostRecord> Hosts() const EXCLUDES(mu_);
   // The cached entries in the static locator's file format.
   std::string Text() const EXCLUDES(mu_);
   // The claims ignored as contradicting another host's, in the same format.

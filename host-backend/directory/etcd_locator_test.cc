@@ -92,6 +92,24 @@ TEST_F(EtcdLocatorTest, AnAddressTwoHostsClaimIsBelievedOfNeither) {
   EXPECT_EQ(loc->Health().conflicts, 0u);
 }
 
+// Decision 96: the hosts a vsocketd links to are the host records in the
+// cache, named by their keys; a record's host goes with its key (a lease
+// that expired, a stop).
+TEST_F(EtcdLocatorTest, HostsAreTheHostRecordsByTheirKeysName) {
+  auto loc = NewLocator();
+  EXPECT_TRUE(loc->Hosts().empty());
+  ASSERT_TRUE(client_->Put(HostKey(kDefaultPrefix, "hostB"), EncodeHost({"203.0.113.2:7300", {"tcp"}})).ok());
+  ASSERT_TRUE(client_->Put(HostKey(kDefaultPrefix, "hostC"), EncodeHost({"203.0.113.3:7300", {"rdma"}})).ok());
+  ASSERT_TRUE(PutVm("hostB", "vm1", 7, {"198.51.100.9"}).ok());  // (a VM is no host)
+  ASSERT_TRUE(Eventually([&] { return loc->Hosts().size() == 2u; }, 1000));
+  auto hosts = loc->Hosts();
+  EXPECT_EQ(hosts["hostB"].fabric_address, "203.0.113.2:7300");
+  EXPECT_EQ(hosts["hostB"].fabrics, std::vector<std::string>{"tcp"});
+  EXPECT_EQ(hosts["hostC"].fabrics, std::vector<std::string>{"rdma"});
+  ASSERT_TRUE(client_->DeletePrefix(HostKey(kDefaultPrefix, "hostC")).ok());  // (takes hostC/ too)
+  EXPECT_TRUE(Eventually([&] { return loc->Hosts().size() == 1u && loc->Hosts().count("hostB") == 1; }, 1000));
+}
+
 TEST_F(EtcdLocatorTest, TheHostComesFromTheKeyAndMalformedRecordsAreIgnored) {
   auto loc = NewLocator();
   // A value cannot name another host; a bad record spoils nothing else.

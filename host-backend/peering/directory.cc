@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -95,6 +96,91 @@ Status Peering::StartDirectory(const DaemonConfig& config) {
                                                                publisher_options);
   etcd_publisher_->Start();
   return Status::Ok();
+}
+
+// Decision 96: every host the directory lists (but this one) that offers our
+// fabric is a peer, dialled at its fabric_address if its name sorts after
+// ours; its identity is the name in its record's key, which only it may
+// write (etcd RBAC, decision 86), and its certificate must name it as a
+// configured peer's must. A [peer] section of the same name wins.
+void Peering::FollowDirectoryHosts() {
+  if (!etcd_locator_) return;
+  std::map<std::string, directory::HostRecord> listed = etcd_locator_->Hosts();
+  auto skip = [&](const std::string& name, const std::string& why) {
+    std::string& was = directory_skipped_[name];
+    if (was != why) VS_LOG(kWarn, "directory: host %s is not taken as a peer: %s", name.c_str(), why.c_str());
+    was = why;
+  };
+  for (const auto& [name, record] : listed) {
+    if (name == host_name_) continue;
+    Host* h = ByName(name);
+    if (h != nullptr && !h->from_directory) continue;  // configured
+    const auto& f = record.fabrics;
+    if (std::find(f.begin(), f.end(), fabric_) == f.end()) {
+      skip(name, "it does not offer the " + fabric_ + " fabric");
+      if (h != nullptr && h->listed) Unlist(*h, "it no longer offers the " + fabric_ + " fabric");
+      continue;
+    }
+    sockaddr_storage addr;
+    unsigned alen;
+    if (Status st = ParseHostPort(record.fabric_address, &addr, &alen); !st.ok()) {
+      skip(name, "fabric_address: " + st.message());
+      if (h != nullptr && h->listed) Unlist(*h, "its fabric_address cannot be used");
+      continue;
+    }
+    directory_skipped_.erase(name);
+    if (h == nullptr) {
+      if (Status st = AddHost(name, record.fabric_address, true); !st.ok()) {
+        skip(name, st.message());
+        continue;
+      }
+      VS_LOG(kInfo, "peer %s (%s): found in the directory%s", name.c_str(), record.fabric_address.c_str(),
+             host_name_ < name ? ", dialling it" : ", it dials this host");
+      continue;
+    }
+    State s = h->state;
+    bool idle = s == State::kIdle || s == State::kBackoff || s == State::kRetired;
+    if (record.fabric_address != h->address && idle) {
+      // (A session up or being set up keeps the address it has.)
+      VS_LOG(kInfo, "peer %s: fabric_address %s -> %s (the directory)", name.c_str(), h->address.c_str(),
+             record.fabric_address.c_str());
+      MutexLock lock(h->mu);  // (Snapshot reads address)
+      h->address = record.fabric_address;
+      h->addr = addr;
+      h->addr_len = alen;
+    }
+    if (!h->listed) {
+      h->listed = true;
+      VS_LOG(kInfo, "peer %s (%s): back in the directory", name.c_str(), h->address.c_str());
+      if (s == State::kRetired) {
+        h->backoff_ms = 0;
+        h->retry_at_ms = MonotonicMs();
+        h->state = h->initiator ? State::kBackoff : State::kIdle;
+      }
+    }
+  }
+  for (auto& h : hosts_)
+    if (h->from_directory && h->listed && listed.count(h->name) == 0)
+      Unlist(*h, "its records left the directory (its lease expired, or it stopped)");
+  ArmTimer();
+}
+
+void Peering::Unlist(Host& h, const std::string& why) {
+  h.listed = false;
+  State s = h.state;
+  if (s == State::kUp) {
+    // Its connections stay until the session fails; it is not dialled again.
+    VS_LOG(kInfo, "peer %s: %s; its session stays up while it lasts", h.name.c_str(), why.c_str());
+    return;
+  }
+  VS_LOG(kInfo, "peer %s: %s; not dialled or accepted any more", h.name.c_str(), why.c_str());
+  if (s == State::kIdle || s == State::kBackoff || s == State::kRetired) {
+    MutexLock lock(h.mu);
+    h.state = State::kRetired;
+    h.last_error = why;
+    return;
+  }
+  HostDown(h, why);  // (a setup under way: abandoned, and retired)
 }
 
 void Peering::DirectoryVmHere(const vhost::PortConfig& vm) {

@@ -86,13 +86,14 @@ void Peering::AcceptTls(std::unique_ptr<peering::TlsChannel> tls, const std::str
   Host* h = nullptr;
   int named = 0;
   for (auto& candidate : hosts_) {
-    if (!tls->PeerIs(candidate->name)) continue;
+    // (A host that left the directory is no peer now: decision 96.)
+    if (!candidate->listed || !tls->PeerIs(candidate->name)) continue;
     h = candidate.get();
     ++named;
   }
   if (named != 1)
     return refuse("authenticated as " + tls->PeerNames() + ", which " +
-                  (named == 0 ? "is not a configured peer" : "names several peers"));
+                  (named == 0 ? "is neither a configured peer nor a host in the directory" : "names several peers"));
   if (h->initiator) return refuse("'" + h->name + "' connected, but this host is the one that connects to it");
   if (h->state != State::kIdle) HostDown(*h, "peer reconnected");
   h->tls = std::move(tls);

@@ -50,6 +50,7 @@ const char* Peering::ToString(State s) {
     case State::kWaitLink: return "waiting-for-link";
     case State::kWaitReady: return "waiting-for-ready";
     case State::kUp: return "up";
+    case State::kRetired: return "retired";
   }
   return "?";
 }
@@ -74,7 +75,8 @@ Peering::~Peering() {
 }
 
 Status Peering::Start(const DaemonConfig& config) {
-  if (config.peers.empty()) return Status::Ok();
+  if (config.peers.empty() && !IsEtcdLocator(config.locator)) return Status::Ok();
+  enabled_ = true;
   host_name_ = config.host_name;
   fabric_ = config.fabric;
   links_per_peer_ = std::clamp(config.links_per_peer, 1, kMaxLinksPerPeer);
@@ -140,27 +142,11 @@ Status Peering::Start(const DaemonConfig& config) {
       handshaker_.Start(listener_.get(), tls_ctx_, &counters_, proto::kFrameHeaderSize + 32, Handshaker::Limits{}));
   Watch(handshaker_.ready_fd(), false);
 
-  for (const PeerHostConfig& p : config.peers) {
-    auto h = std::make_unique<Host>();
-    h->id = static_cast<uint32_t>(hosts_.size() + 1);
-    h->name = p.name;
-    h->address = p.address;
-    unsigned alen;
-    VS_RETURN_IF_ERROR(ParseHostPort(p.address, &h->addr, &alen));
-    h->addr_len = alen;
-    h->initiator = host_name_ < p.name;
-    h->state = h->initiator ? State::kBackoff : State::kIdle;
-    h->retry_at_ms = MonotonicMs();
-    if (rdma_) {
-      auto pd = rdma_->Domain();
-      if (!pd.ok()) return Status(pd.status().code(), "peer " + p.name + ": " + pd.status().message());
-      h->rdma = std::move(pd).value();
-    }
-    hosts_.push_back(std::move(h));
-  }
+  for (const PeerHostConfig& p : config.peers) VS_RETURN_IF_ERROR(AddHost(p.name, p.address, false));
   if (IsEtcdLocator(config.locator)) {
     VS_RETURN_IF_ERROR(StartDirectory(config));
     locations = etcd_locator_->Health().entries;
+    FollowDirectoryHosts();
   }
   conns_->SetRemoteHosts(this);
   VS_LOG(kInfo,
@@ -236,6 +222,28 @@ Peering::Host* Peering::ByName(const std::string& name) {
   for (auto& h : hosts_)
     if (h->name == name) return h.get();
   return nullptr;
+}
+
+Status Peering::AddHost(const std::string& name, const std::string& address, bool from_directory) {
+  auto h = std::make_unique<Host>();
+  h->id = static_cast<uint32_t>(hosts_.size() + 1);
+  h->name = name;
+  h->address = address;
+  unsigned alen;
+  VS_RETURN_IF_ERROR(ParseHostPort(address, &h->addr, &alen));
+  h->addr_len = alen;
+  h->initiator = host_name_ < name;
+  h->from_directory = from_directory;
+  h->state = h->initiator ? State::kBackoff : State::kIdle;
+  h->retry_at_ms = MonotonicMs();
+  if (rdma_) {
+    auto pd = rdma_->Domain();
+    if (!pd.ok()) return Status(pd.status().code(), "peer " + name + ": " + pd.status().message());
+    h->rdma = std::move(pd).value();
+  }
+  MutexLock lock(hosts_mu_);
+  hosts_.push_back(std::move(h));
+  return Status::Ok();
 }
 
 // A non-blocking TCP connect to the peer's peer_listen address (null, with
@@ -372,7 +380,7 @@ void Peering::HostDown(Host& h, const std::string& why) {
     old.swap(h.lanes);
     h.rdma_cq.reset();  // goes with the last of the old lanes
     h.last_error = why;
-    h.state = h.initiator ? State::kBackoff : State::kIdle;
+    h.state = !h.listed ? State::kRetired : h.initiator ? State::kBackoff : State::kIdle;
   }
   h.tls.reset();
   h.connecting.reset();
@@ -380,7 +388,7 @@ void Peering::HostDown(Host& h, const std::string& why) {
   // Connections on it leave the fabric (before the link objects go away).
   conns_->OnHostDown(h.id);
   old.clear();
-  if (h.initiator) {
+  if (h.initiator && h.listed) {
     h.backoff_ms = h.backoff_ms == 0 ? kBackoffMinMs : std::min(kBackoffMaxMs, h.backoff_ms * 2);
     static thread_local std::minstd_rand rng(static_cast<unsigned>(MonotonicNs()));
     h.retry_at_ms = MonotonicMs() + h.backoff_ms / 2 + static_cast<int64_t>(rng() % (h.backoff_ms / 2 + 1));
@@ -401,6 +409,7 @@ void Peering::Step(Host& h) {
   }
   switch (h.state) {
     case State::kIdle:
+    case State::kRetired:
     case State::kUp: return;
     case State::kBackoff:
       if (now >= h.retry_at_ms) StartConnect(h);
@@ -513,7 +522,7 @@ bool Peering::ServiceUp(Host& h) {
 }
 
 bool Peering::Poll() {
-  if (hosts_.empty()) return false;
+  if (!enabled_) return false;
   epoll_event evs[64];
   int n = epoll_wait(epoll_.get(), evs, 64, 0);
   bool any_out = false;
@@ -530,6 +539,7 @@ bool Peering::Poll() {
       if (directory_wake_ && evs[i].data.fd == directory_wake_.get()) {
         uint64_t v;
         (void)!read(directory_wake_.get(), &v, sizeof(v));  // (the relocation is the connections')
+        FollowDirectoryHosts();
         worked = true;
       }
       if (evs[i].data.fd == timer_.get()) {
@@ -576,7 +586,8 @@ bool Peering::Poll() {
 
 std::vector<PeerSnapshot> Peering::Snapshot() const {
   std::vector<PeerSnapshot> out;
-  for (const auto& h : hosts_) {  // (fixed after Start)
+  MutexLock hosts_lock(hosts_mu_);
+  for (const auto& h : hosts_) {
     MutexLock lock(h->mu);
     LinkTotals t = h->old;
     std::vector<uint64_t> per_link;

@@ -30,6 +30,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -92,9 +93,12 @@ class Peering : public RemoteHosts {
   ~Peering() override;
 
   // Loads certificates and the locator, opens the listener. No peers
-  // configured: does nothing (and the daemon links to nobody).
+  // configured and no etcd directory: does nothing (and the daemon links to
+  // nobody). With the directory, the peer hosts are also those it lists
+  // (decision 96): linked to when they appear, not dialled again once their
+  // records are gone.
   Status Start(const DaemonConfig& config);
-  bool enabled() const { return !hosts_.empty(); }
+  bool enabled() const { return enabled_; }
   // The worker sleeps on this (readable when anything here needs a Poll).
   int wake_fd() const { return epoll_.get(); }
 
@@ -150,7 +154,20 @@ class Peering : public RemoteHosts {
   static constexpr int kSetupTimeoutMs = 5000;
   // How often tls_crl is looked at for a change.
   static constexpr int kCrlCheckMs = 5000;
-  enum class State { kIdle, kBackoff, kConnecting, kHandshake, kLinkConnecting, kWaitLink, kWaitReady, kUp };
+  // kRetired: a host found in the directory whose records are gone (its
+  // lease expired, it stopped, it no longer offers our fabric): neither
+  // dialled nor accepted until it is listed again.
+  enum class State {
+    kIdle,
+    kBackoff,
+    kConnecting,
+    kHandshake,
+    kLinkConnecting,
+    kWaitLink,
+    kWaitReady,
+    kUp,
+    kRetired
+  };
   // One data link of a host pair (a TCP connection or an RC QP).
   struct Lane {
     std::unique_ptr<fabric::Link> link;
@@ -166,6 +183,11 @@ class Peering : public RemoteHosts {
     sockaddr_storage addr;
     socklen_t addr_len;
     bool initiator;
+    // Found in the directory (decision 96), not a [peer] section; and
+    // whether it is listed now (a [peer] always is). An unlisted host keeps
+    // a session that is up until it fails, and is then retired.
+    bool from_directory = false;
+    bool listed = true;
     std::atomic<State> state{State::kIdle};  // (read by Snapshot)
     std::unique_ptr<peering::TlsChannel> tls;
     UniqueFd connecting;  // TCP connect of the TLS channel in progress
@@ -195,6 +217,13 @@ class Peering : public RemoteHosts {
   };
 
   Host* ByName(const std::string& name);
+  // A peer host, id = hosts_.size() + 1 (ids are never reused: a host that
+  // leaves the directory is retired, and listed again if it comes back).
+  Status AddHost(const std::string& name, const std::string& address, bool from_directory);
+  // locator = etcd://...: the hosts the directory lists now, as peers
+  // (decision 96); at Start and after each change of the directory.
+  void FollowDirectoryHosts();
+  void Unlist(Host& h, const std::string& why);
   void Step(Host& h);
   void StartConnect(Host& h);
   UniqueFd ConnectTo(Host& h, std::string* error);
@@ -259,7 +288,14 @@ class Peering : public RemoteHosts {
   std::shared_ptr<directory::EtcdClient> etcd_;
   std::unique_ptr<directory::EtcdLocator> etcd_locator_;
   std::unique_ptr<directory::EtcdPublisher> etcd_publisher_;
-  std::vector<std::unique_ptr<Host>> hosts_;  // index = id - 1; fixed after Start
+  // index = id - 1. The worker is the only writer (it adds hosts found in
+  // the directory, with hosts_mu_ held) and reads it without the lock;
+  // Snapshot (another thread) reads it with hosts_mu_.
+  std::vector<std::unique_ptr<Host>> hosts_;
+  mutable Mutex hosts_mu_;
+  bool enabled_ = false;  // fixed after Start
+  // Directory hosts not taken as peers, and why (logged when it changes).
+  std::map<std::string, std::string> directory_skipped_;
   UniqueFd listener_;
   Handshaker handshaker_;  // accepts on listener_ (stopped before it closes)
   UniqueFd epoll_;

@@ -201,7 +201,86 @@ case_etcd_host_death() {
   pass "$name (hostB's vsocketd killed -9: gone from hostA's directory after $(((t1 - t0) / 1000000)) ms (lease TTL 10 s); restarted, published again and paired: $XFER_MSG)"
 }
 
+# Decision 96: neither host has a [peer] section (the bed's
+# VSOCKET_TESTBED2_DIRECTORY_PEERS): hostB restarted so accepts hostA from
+# the directory alone, then hostA restarted so dials hostB at the
+# fabric_address hostB published; connections pair both ways across the
+# fabric. hostB killed -9: once its lease expires hostA retires it and
+# dials it no more; hostB restarted: listed again, linked, paired. The bed
+# gets its [peer] sections back at the end.
+# peer_of HOST PEER FIELD: a field of HOST's `vsocketctl links` row for PEER
+# ("none" if it has no such row).
+peer_of() {
+  bash $TB ctl "$1" --json links 2>/dev/null | python3 -c "
+import json, sys
+d = json.load(sys.stdin)
+rows = d.get('links', d) if isinstance(d, dict) else d
+print(next((str(r.get('$3')) for r in rows if r.get('peer') == '$2'), 'none'))" 2>/dev/null || echo none
+}
+peer_state_is() { [ "$(peer_of "$1" "$2" state)" = "$3" ]; }
+case_etcd_peers_from_directory() {
+  local name=etcd_peers_from_directory h out t0 t1 ab ba
+  etcd_bed || { fail $name "$E2E_MSG"; return; }
+  local restore="unset VSOCKET_TESTBED2_DIRECTORY_PEERS; bash $TB configure; bash $TB restart hostB >/dev/null 2>&1; bash $TB restart hostA >/dev/null 2>&1"
+  export VSOCKET_TESTBED2_DIRECTORY_PEERS="hostA hostB"
+  bash $TB configure || { fail $name "configure failed"; eval "$restore"; return; }
+  for h in hostA hostB; do
+    ! grep -q '^\[peer ' "$VSOCKET_TESTBED2_DIR/$h/vsocketd.conf" || { fail $name "$h still has a [peer] section"; eval "$restore"; return; }
+  done
+  # hostB first: it accepts hostA (which still has its [peer] section).
+  out=$(bash $TB restart hostB 2>&1) || { fail $name "hostB without [peer]: $(tail -3 <<<"$out" | tr '\n' ' ')"; eval "$restore"; return; }
+  # Then hostA, which dials hostB found in the directory.
+  out=$(bash $TB restart hostA 2>&1) || { fail $name "hostA without [peer]: $(tail -3 <<<"$out" | tr '\n' ' ')"; eval "$restore"; return; }
+  ab=$(peer_of hostA hostB address)
+  ba=$(peer_of hostB hostA address)
+  peer_state_is hostA hostB up && peer_state_is hostB hostA up ||
+    { fail $name "links: hostA sees hostB $(peer_of hostA hostB state), hostB sees hostA $(peer_of hostB hostA state)"; eval "$restore"; return; }
+  until_true 10 dir_has hostA "$B1" hostB || { fail $name "hostA's cache does not place $B1 on hostB"; eval "$restore"; return; }
+  until_true 10 dir_has hostB "$A1" hostA || { fail $name "hostB's cache does not place $A1 on hostA"; eval "$restore"; return; }
+  fabric_xfer etcd_dirpeers_ab vmA1 vmB1 "$B1" 2 1048576 "$(alloc_port)" ||
+    { fail $name "vmA1 -> vmB1: $XFER_MSG"; eval "$restore"; return; }
+  local first=$XFER_MSG
+  fabric_xfer etcd_dirpeers_ba vmB1 vmA1 "$A1" 2 1048576 "$(alloc_port)" ||
+    { fail $name "vmB1 -> vmA1: $XFER_MSG"; eval "$restore"; return; }
+  local second=$XFER_MSG
+  # An identity its certificate does not carry: a record for hostC (only
+  # etcd's root can write it: RBAC) at hostB's fabric address. hostA dials
+  # it and refuses hostB's certificate, which does not name hostC; hostC
+  # is retired once its record goes.
+  local r0 r1 impostor
+  r0=$(counter hostA peers_refused_tls)
+  out=$(bash $TB etcdctl put /vsocket/hosts/hostC "{\"fabric_address\":\"$ab\",\"fabrics\":[\"tcp\"]}" 2>&1) ||
+    { fail $name "etcdctl put hostC: $out"; eval "$restore"; return; }
+  refused_more() { [ "$(counter hostA peers_refused_tls)" -gt "$r0" ]; }
+  until_true 10 refused_more || { fail $name "hostA did not refuse hostB's certificate for hostC ($(peer_of hostA hostC state))"; eval "$restore"; return; }
+  r1=$(counter hostA peers_refused_tls)
+  impostor="$(peer_of hostA hostC state): $(peer_of hostA hostC last_error)"
+  [ "$(peer_of hostA hostC state)" != up ] || { fail $name "hostA linked to hostB as hostC"; eval "$restore"; return; }
+  bash $TB etcdctl del /vsocket/hosts/hostC >/dev/null
+  until_true 5 peer_state_is hostA hostC retired || { fail $name "hostC not retired: $(peer_of hostA hostC state)"; eval "$restore"; return; }
+  # hostB dies: its lease expires, hostA retires it and dials it no more.
+  t0=$(date +%s%N)
+  bash $TB kill hostB
+  until_true 25 peer_state_is hostA hostB retired ||
+    { fail $name "hostA still has hostB $(peer_of hostA hostB state) 25 s after kill -9"; eval "$restore"; return; }
+  t1=$(date +%s%N)
+  dir_lacks hostA "$B1" hostB || { fail $name "hostB retired but its VM still in hostA's cache"; eval "$restore"; return; }
+  local i
+  for ((i = 0; i < 15; i++)); do
+    peer_state_is hostA hostB retired || { fail $name "retired hostB went $(peer_of hostA hostB state) while dead"; eval "$restore"; return; }
+    sleep 0.2
+  done
+  out=$(bash $TB restart hostB 2>&1) || { fail $name "hostB back: $(tail -3 <<<"$out" | tr '\n' ' ')"; eval "$restore"; return; }
+  until_true 10 dir_has hostA "$B1" hostB || { fail $name "hostB's records not back"; eval "$restore"; return; }
+  fabric_xfer etcd_dirpeers_back vmA1 vmB1 "$B1" 1 1048576 "$(alloc_port)" ||
+    { fail $name "after hostB came back: $XFER_MSG"; eval "$restore"; return; }
+  local third=$XFER_MSG
+  eval "$restore"
+  pass "$name (no [peer] section on either host: hostA dialled hostB at $ab, hostB accepted hostA ($ba), from the directory alone; vmA1 -> vmB1: $first; vmB1 -> vmA1: $second; a record for hostC at hostB's address: hostA refused hostB's certificate (peers_refused_tls $r0 -> $r1; $impostor), hostC retired once deleted; hostB killed -9: retired by hostA after $(((t1 - t0) / 1000000)) ms and not dialled for 3 s; restarted, linked and paired again: $third)"
+}
+
 register_case etcd_directory_pairs case_etcd_pairs
 register_case etcd_down_keeps_connections_falls_back case_etcd_unavailable
 register_case etcd_move_follows case_etcd_move
 register_case etcd_dead_host_expires case_etcd_host_death
+register_case etcd_peers_from_directory case_etcd_peers_from_directory
