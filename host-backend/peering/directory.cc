@@ -105,7 +105,8 @@ Status Peering::StartDirectory(const DaemonConfig& config) {
 // configured peer's must. A [peer] section of the same name wins.
 void Peering::FollowDirectoryHosts() {
   if (!etcd_locator_) return;
-  std::map<std::string, directory::HostRecord> listed = etcd_locator_->Hosts();
+  directory_hosts_ = etcd_locator_->Hosts();
+  const std::map<std::string, directory::HostRecord>& listed = directory_hosts_;
   auto skip = [&](const std::string& name, const std::string& why) {
     std::string& was = directory_skipped_[name];
     if (was != why) VS_LOG(kWarn, "directory: host %s is not taken as a peer: %s", name.c_str(), why.c_str());
@@ -139,16 +140,9 @@ void Peering::FollowDirectoryHosts() {
       continue;
     }
     State s = h->state;
-    bool idle = s == State::kIdle || s == State::kBackoff || s == State::kRetired;
-    if (record.fabric_address != h->address && idle) {
-      // (A session up or being set up keeps the address it has.)
-      VS_LOG(kInfo, "peer %s: fabric_address %s -> %s (the directory)", name.c_str(), h->address.c_str(),
-             record.fabric_address.c_str());
-      MutexLock lock(h->mu);  // (Snapshot reads address)
-      h->address = record.fabric_address;
-      h->addr = addr;
-      h->addr_len = alen;
-    }
+    // (A session up or being set up keeps the address it has; the next
+    // dial takes the new one: StartConnect.)
+    if (s == State::kIdle || s == State::kBackoff || s == State::kRetired) FollowAddress(*h);
     if (!h->listed) {
       h->listed = true;
       VS_LOG(kInfo, "peer %s (%s): back in the directory", name.c_str(), h->address.c_str());
@@ -163,6 +157,21 @@ void Peering::FollowDirectoryHosts() {
     if (h->from_directory && h->listed && listed.count(h->name) == 0)
       Unlist(*h, "its records left the directory (its lease expired, or it stopped)");
   ArmTimer();
+}
+
+void Peering::FollowAddress(Host& h) {
+  if (!h.from_directory) return;
+  auto it = directory_hosts_.find(h.name);
+  if (it == directory_hosts_.end() || it->second.fabric_address == h.address) return;
+  sockaddr_storage addr;
+  unsigned alen;
+  if (!ParseHostPort(it->second.fabric_address, &addr, &alen).ok()) return;  // (FollowDirectoryHosts says so)
+  VS_LOG(kInfo, "peer %s: fabric_address %s -> %s (the directory)", h.name.c_str(), h.address.c_str(),
+         it->second.fabric_address.c_str());
+  MutexLock lock(h.mu);  // (Snapshot reads address)
+  h.address = it->second.fabric_address;
+  h.addr = addr;
+  h.addr_len = alen;
 }
 
 void Peering::Unlist(Host& h, const std::string& why) {

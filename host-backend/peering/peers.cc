@@ -264,6 +264,7 @@ UniqueFd Peering::ConnectTo(Host& h, std::string* error) {
 
 // Starts the TLS channel's TCP connect (and the setup deadline).
 void Peering::StartConnect(Host& h) {
+  FollowAddress(h);  // (a directory host that moved its peer_listen while linked)
   std::string error;
   UniqueFd fd = ConnectTo(h, &error);
   if (!fd) return HostDown(h, "connect " + error);

@@ -224,6 +224,9 @@ class Peering : public RemoteHosts {
   // (decision 96); at Start and after each change of the directory.
   void FollowDirectoryHosts();
   void Unlist(Host& h, const std::string& why);
+  // A directory host's fabric_address as its record says now (worker; not
+  // while its session is up or being set up).
+  void FollowAddress(Host& h);
   void Step(Host& h);
   void StartConnect(Host& h);
   UniqueFd ConnectTo(Host& h, std::string* error);
@@ -296,6 +299,8 @@ class Peering : public RemoteHosts {
   bool enabled_ = false;  // fixed after Start
   // Directory hosts not taken as peers, and why (logged when it changes).
   std::map<std::string, std::string> directory_skipped_;
+  // The host records of the directory as last followed (worker only).
+  std::map<std::string, directory::HostRecord> directory_hosts_;
   UniqueFd listener_;
   Handshaker handshaker_;  // accepts on listener_ (stopped before it closes)
   UniqueFd epoll_;
