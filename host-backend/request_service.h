@@ -8,6 +8,7 @@
 
 #include "host-backend/conn/conn_manager.h"
 #include "host-backend/conn/request_result.h"
+#include "host-backend/migration.h"
 #include "host-backend/peering/peers.h"
 #include "host-backend/worker.h"
 
@@ -19,14 +20,22 @@ struct ServiceCounters {
   std::atomic<uint64_t> echo_bytes{0};
   std::atomic<uint64_t> bad_messages{0};
   std::atomic<uint64_t> checksum_errors{0};
+  MigrationCounters migration;  // (migration.h)
 };
 
 class RequestService : public DeviceService {
  public:
-  RequestService(ConnManager* conns, Peering* peering) : conns_(*conns), peering_(*peering) {}
+  RequestService(ConnManager* conns, Peering* peering) : conns_(*conns), peering_(*peering), migrations_(conns, &counters_.migration) {}
 
-  void OnAttach(vhost::BackendDevice& device) override { conns_.OnAttach(device); }
-  void OnDetach(vhost::BackendDevice& device) override { conns_.OnDetach(device); }
+  void OnAttach(vhost::BackendDevice& device) override {
+    conns_.OnAttach(device);
+    migrations_.OnAttach(device);
+  }
+  void OnDetach(vhost::BackendDevice& device) override {
+    conns_.OnDetach(device);
+    migrations_.OnDetach(device);
+  }
+  void OnDirtyLog(vhost::BackendDevice& device, bool logging) override { migrations_.DirtyLogChanged(device, logging); }
   uint32_t HandleRequest(vhost::BackendDevice& device, const vhost::DescChain& chain) override;
   bool Poll() override {
     bool worked = conns_.ApplyDrainRequests();
@@ -38,12 +47,15 @@ class RequestService : public DeviceService {
   }
   bool Pump(vhost::BackendDevice& device) override {
     bool worked = conns_.PollDoorbells(device);
+    worked |= migrations_.Pump(device);
     return conns_.EmitEvents(device) || worked;
   }
   bool BeforeSleep() override { return conns_.ArmDoorbells(); }
   int SleepTimeoutMs() override { return conns_.SleepTimeoutMs(); }
   uint64_t BytesMoved() const override { return conns_.counters().accel_bytes.load(std::memory_order_relaxed); }
-  bool NeedsKick(vhost::BackendDevice& device, size_t q) override { return q == 0 || conns_.HasEventsWaiting(device); }
+  bool NeedsKick(vhost::BackendDevice& device, size_t q) override {
+    return q == 0 || conns_.HasEventsWaiting(device) || migrations_.WaitsForBuffer(device);
+  }
 
   const ServiceCounters& counters() const { return counters_; }
 
@@ -63,6 +75,7 @@ class RequestService : public DeviceService {
   ServiceCounters counters_;
   ConnManager& conns_;
   Peering& peering_;
+  Migrations migrations_;
 };
 
 }  // namespace vsocket::backend

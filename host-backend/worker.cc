@@ -85,7 +85,9 @@ void Worker::Detach(vhost::BackendDevice* device) {
 
 void Worker::MigrationChanged(vhost::BackendDevice* device, bool logging) {
   VS_LOG(kInfo, "device %lu: live migration %s", static_cast<unsigned long>(device->id()),
-         logging ? "started" : "ended");
+         logging ? "started" : device->stopping() ? "device stopped while logging" : "ended");
+  service_->OnDirtyLog(*device, logging);  // (decision 093: the VM's drain, or its lifting)
+  Wake();
 }
 
 bool Worker::ProcessMailbox() {

@@ -25,6 +25,10 @@ class DeviceService {
   virtual ~DeviceService() = default;
   virtual void OnAttach(vhost::BackendDevice& device) {}
   virtual void OnDetach(vhost::BackendDevice& device) {}
+  // The vhost thread (not the worker's): the device's dirty log went on or
+  // off (a live migration; off with device.stopping(): the device stopped
+  // with it on). The worker is woken after.
+  virtual void OnDirtyLog(vhost::BackendDevice& device, bool logging) {}
   // Handles one chain from the request queue (queue 0). Returns the number
   // of bytes written into the chain's writable part.
   virtual uint32_t HandleRequest(vhost::BackendDevice& device, const vhost::DescChain& chain) = 0;

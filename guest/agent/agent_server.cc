@@ -57,7 +57,7 @@ Result<std::unique_ptr<AgentServer>> AgentServer::Listen(const std::string& path
   s->epoll_ = UniqueFd(epoll_create1(EPOLL_CLOEXEC));
   if (s->epoll_.get() < 0) return Status::FromErrno("epoll_create1");
   for (const std::string& bdf : bdfs) {
-    s->slots_.push_back(Slot{bdf, nullptr, UniqueFd(), {}, {}});
+    s->slots_.push_back(Slot{bdf, nullptr, UniqueFd(), 0, {}, {}});
     VS_RETURN_IF_ERROR(s->OpenDevice(s->slots_.size() - 1));
   }
   // The socket appears only once every device is up: a process that finds
@@ -95,6 +95,22 @@ Status AgentServer::OpenDevice(size_t i) {
 
 Status AgentServer::Grant(UniqueFd client) {
   agent::Grant g;
+  // A process that holds a device and asks again has lost its session on
+  // it: the VM arrived at another host's vsocketd, which does not know the
+  // session (decision 094), or its library gave up on the backend. It gets
+  // that device afresh: reset (vsocketd: that device stops) and set up
+  // again, its old grant's socket closed. Its old mapping of the memory is
+  // its own until it exits (its connections may still resend from there).
+  ucred cred{};
+  socklen_t cred_len = sizeof(cred);
+  pid_t pid = getsockopt(client.get(), SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) == 0 ? cred.pid : 0;
+  for (size_t k = 0; k < slots_.size() && pid > 0; ++k) {
+    if (slots_[k].client.get() < 0 || slots_[k].pid != pid) continue;
+    VS_LOG(kInfo, "vsocket-guestd: process %d asks again for a device: %s reset and granted afresh",
+           static_cast<int>(pid), slots_[k].bdf.c_str());
+    Release(k);
+    ++counters_.regrants;
+  }
   size_t i = 0;
   while (i < slots_.size() && (slots_[i].client.get() >= 0 || !slots_[i].device)) ++i;
   if (i == slots_.size()) {
@@ -132,6 +148,7 @@ Status AgentServer::Grant(UniqueFd client) {
   VS_RETURN_IF_ERROR(Watch(s.kick[1].get(), Tag(i, kKick1)));
   VS_RETURN_IF_ERROR(Watch(client.get(), Tag(i, kClient)));
   s.client = std::move(client);
+  s.pid = pid;
   ++counters_.grants;
   VS_LOG(kInfo, "vsocket-guestd: device %s granted", s.bdf.c_str());
   return Status::Ok();
@@ -140,6 +157,7 @@ Status AgentServer::Grant(UniqueFd client) {
 void AgentServer::Release(size_t i) {
   Slot& s = slots_[i];
   s.client = UniqueFd();  // (closing an fd takes it out of the epoll set)
+  s.pid = 0;
   for (int q = 0; q < 2; ++q) s.kick[q] = UniqueFd(), s.call[q] = UniqueFd();
   // Reset before the memory goes (VmDevice's member order), then a fresh
   // device for the next process: vsocketd sees this one stop and a new one

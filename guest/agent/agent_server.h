@@ -22,6 +22,7 @@ namespace vsocket::agent {
 struct AgentServerCounters {
   uint64_t grants = 0;
   uint64_t refused_busy = 0;
+  uint64_t regrants = 0;  // a process that held a device asked again: that device afresh
   uint64_t kicks = 0;
   uint64_t interrupts = 0;
 };
@@ -44,6 +45,7 @@ class AgentServer {
     std::string bdf;
     std::unique_ptr<VmDevice> device;
     UniqueFd client;
+    pid_t pid = 0;  // the client's (SO_PEERCRED)
     UniqueFd kick[2];
     UniqueFd call[2];
   };

@@ -245,8 +245,10 @@ void MaybeReregister(int fd, Conn& c) {
       !c.resend.empty() || c.session == nullptr)
     return;
   Session* s = c.session;
-  // A backend that went away forgot the registration with everything else.
-  if (s->alive() && !s->Unregister(c).ok()) {
+  // A backend that went away forgot the registration with everything else
+  // (also one that went while we asked: a VM that arrived elsewhere hears
+  // so while its UNREGISTER waits, decision 094).
+  if (s->alive() && !s->Unregister(c).ok() && s->alive()) {
     c.state.Apply(ConnEvent::kKernelForGood, Reason::kBackendUnavailable);
     return;
   }

@@ -393,6 +393,11 @@ bool Session::DrainLocked() {
     BackendLost();
     changed = true;
   }
+  if (session_unknown_ && !lost_) {
+    VS_LOG(kWarn, "vsocketd does not know this session (the VM moved to another host): opening a new one");
+    BackendLost();
+    changed = true;
+  }
   if (changed) NotifyWaitersLocked();
   if (sleepers_ > 0) {
     eq.EnableInterrupts();
@@ -402,6 +407,13 @@ bool Session::DrainLocked() {
 }
 
 void Session::Dispatch(const Message& m) {
+  // ERROR for connection 0 (the session as a whole) as an event: this
+  // vsocketd never saw our session (the VM arrived from another host,
+  // decision 094). DrainLocked then takes the backend for gone.
+  if (m.type == MsgType::kError && std::get<proto::Error>(m.body).conn_id == 0) {
+    session_unknown_ = true;
+    return;
+  }
   if (m.type == MsgType::kRingsReleased) {
     auto it = closing_.find(std::get<proto::ConnCounter>(m.body).conn_id);
     if (it == closing_.end()) return;  // not ours to free (a confused backend)

@@ -179,6 +179,7 @@ class Session {
   std::atomic<int64_t> unanswered_since_ns_{0};
   pid_t owner_pid_ = 0;
   bool lost_ GUARDED_BY(mu_) = false;  // BackendLost ran
+  bool session_unknown_ GUARDED_BY(mu_) = false;  // the backend said so (Dispatch; decision 094)
   bool doorbell_ = false;   // set once, before the session is handed out
   bool ring_hold_ = false;  // likewise: kFeatureRingHold
   bool bulk_hint_ = false;  // likewise: kFeatureBulkHint

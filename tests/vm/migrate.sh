@@ -1,33 +1,40 @@
 #!/usr/bin/env bash
-# Live migration of a QEMU (TCG) guest attached to vsocketd (issue 36,
-# first increment; decision 88): the dirty-log completeness check.
+# Live migration of a QEMU (TCG) guest attached to vsocketd (issue 36;
+# decisions 88, 93, 94): the dirty-log completeness check, and the guest's
+# accelerated connections across the move.
 #
-#   migrate_under_load  A guest whose agent (vsocket-guestd) owns two
-#                   vSocket functions runs xfer (unmodified, under
-#                   libvsocket-vm.so) server and client, 2 accelerated
-#                   connections streaming both ways through vsocketd A.
-#                   While they stream, QMP `migrate` moves the guest to a
+# The guest's load: its agent (vsocket-guestd) owns two vSocket functions;
+# xfer (unmodified, under libvsocket-vm.so) server and client, one process
+# each, run 2 connections of XFER_BYTES (200,000,000) each way in 400
+# request/response rounds, every byte checked by xfer; the libraries'
+# reports (VSOCKET_REPORT) come back on the serial console.
+#
+#   migrate_under_load  While the connections stream accelerated through
+#                   vsocketd A, QMP `migrate` moves the guest to a
 #                   destination QEMU (-incoming, -S) attached to vsocketd B.
 #                   The migration must complete; then the guest memory of
 #                   the source (stopped) and of the destination (paused) is
 #                   saved (QMP pmemsave) and compared page by page: every
 #                   page equal means no write vsocketd made into the guest
 #                   during the migration was left out of QEMU's dirty log.
-#                   vsocketd A must have counted the log on and the bytes it
-#                   marked; the destination, continued, must run the guest
-#                   on (its console, empty while paused, goes on).
+#                   Continued, the destination runs the transfer to its end:
+#                   xfer's client and server exit 0, and every connection
+#                   end's report says it left the rings (a downgrade, cause
+#                   migration: vsocketd A drained it when the dirty log went
+#                   on), was accelerated again (a re-upgrade, accelerated at
+#                   its close) and carried every byte; vsocketd A asked the
+#                   drains, vsocketd B told the arrived sessions and upgraded
+#                   the connections again.
 #   migrate_cancelled  The same guest, the migration cancelled during the
 #                   pre-copy (QMP migrate_cancel): vsocketd A's dirty log
-#                   goes on, then off (counted, logged, nothing marked
-#                   after), the guest stays running on the source and its
-#                   connections go on streaming accelerated through A.
+#                   goes on (the connections leave the rings), then off
+#                   (counted, logged, nothing marked after); the guest stays
+#                   on the source, its connections are accelerated again
+#                   through A, and the transfer ends with the same checks.
 #   migrate_without_dirty_log  The negative control: the same with
 #                   vsocketd A started with VSOCKET_DEBUG_NO_DIRTY_LOG=1
 #                   (it counts what it would mark and marks nothing). Pages
 #                   must differ: the comparison does see missed writes.
-#
-# What the guest's connections do across the move is not checked yet (they
-# stall: the guest-side fallback is issue 36's next increment).
 #
 # Usage: tests/vm/migrate.sh [--no-build] [CASE...]   (as root)
 # VSOCKETD=PATH runs both daemons from another build (e.g. one from before
@@ -58,6 +65,9 @@ done
 VSOCKETD=${VSOCKETD:-$BIN/host-backend/vsocketd}
 WORK=$(mktemp -d /tmp/vsocket-mig-XXXXXX)
 RAM_MB=256
+# Bytes each of the guest's 2 connections carries each way (xfer checks
+# every one): enough to outlast the migration and the re-upgrade after.
+XFER_BYTES=${XFER_BYTES:-200000000}
 # PIDs this script started: the two QEMUs, the two daemons.
 SRC_PID="" DST_PID="" DA_PID="" DB_PID=""
 stop_pid() {
@@ -113,9 +123,10 @@ ip addr add 203.0.113.10/32 dev lo
 ./vsocket-guestd --serve /run/agent.sock > /tmp/agent.out 2>&1 &
 for _ in $(seq 300); do [ -S /run/agent.sock ] && break; sleep 0.1; done
 export VSOCKET_SOCKET=/run/agent.sock
-LD_PRELOAD=/stage/libvsocket-vm.so ./xfer server 203.0.113.10 5301 --conns 2 > /tmp/server.out 2>&1 &
+export VSOCKET_REPORT=/tmp/report.jsonl VSOCKET_LOG_LEVEL=info
+LD_PRELOAD=/stage/libvsocket-vm.so ./xfer server 203.0.113.10 5301 --conns 2 --rounds 400 > /tmp/server.out 2>&1 &
 for _ in $(seq 300); do netstat -ltn | grep -q ':5301 ' && break; sleep 0.1; done
-LD_PRELOAD=/stage/libvsocket-vm.so ./xfer client 203.0.113.10 5301 --conns 2 --bytes 4000000000 --pause-ms 500 \
+LD_PRELOAD=/stage/libvsocket-vm.so ./xfer client 203.0.113.10 5301 --conns 2 --bytes $(cat /stage/bytes) --rounds 400 --pause-ms 500 \
   > /tmp/client.out 2>&1 &
 echo "mig: load started"
 wait $!
@@ -123,7 +134,11 @@ echo "mig: client exit $?"
 sed 's/^/mig: client: /' /tmp/client.out
 sed 's/^/mig: server: /' /tmp/server.out
 sed 's/^/mig: agent: /' /tmp/agent.out
+sleep 1
+sed 's/^/mig: report: /' /tmp/report.jsonl
+echo "mig: job done"
 JOB
+  echo "$XFER_BYTES" > "$stage/stage/bytes"
   (cd "$stage" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc --quiet -R 0:0) | gzip -1 > "$WORK/extra.cpio.gz"
   cat "$VM_CACHE/initramfs.cpio.gz" "$WORK/extra.cpio.gz" > "$WORK/initrd"
 }
@@ -162,7 +177,7 @@ start_qemu() {
     -chardev "file,id=con0,path=$WORK/$name.console" -serial chardev:con0 \
     -qmp "unix:$WORK/$name.qmp,server=on,wait=off" \
     -kernel "$VM_CACHE/vmlinuz" -initrd "$WORK/initrd" \
-    -append "console=ttyS0 quiet loglevel=3 panic=-1 vsocket.timeout=280 vsocket.hugepages=24" \
+    -append "console=ttyS0 quiet loglevel=3 panic=-1 vsocket.timeout=280 vsocket.hugepages=40" \
     "${vs[@]}" "$@" \
     </dev/null >"$WORK/$name.qemu.log" 2>&1 &
   QEMU_PID=$!
@@ -192,6 +207,8 @@ fail() {
   echo "FAIL $1: $2"
   failed=$((failed + 1))
   local f
+  # Kept for a look after the run (the work directory goes at exit).
+  mkdir -p /tmp/vsocket-mig-last && cp "$WORK"/*.log "$WORK"/*.console /tmp/vsocket-mig-last/ 2>/dev/null
   for f in a.log b.log src.console dst.console src.qemu.log dst.qemu.log; do
     [ -s "$WORK/$f" ] && { echo "--- $f (tail)"; tail -8 "$WORK/$f"; }
   done
@@ -297,6 +314,33 @@ print("total %s ms, downtime %s ms, %s MiB transferred, %s dirty-sync rounds" % 
   return 0
 }
 
+# job_checks CASE NAME: the guest's job on QEMU NAME ends (bounded) with
+# xfer's client and server exiting 0 (every byte of every connection
+# checked both ways), and the libraries' reports (4 connection ends) say:
+# each carried every byte (the stream and xfer's 16-byte header, one way),
+# left the rings at least once and was accelerated
+# again at its close (--moves 1 --mode accelerated).
+job_checks() {
+  local case=$1 name=$2 out
+  wait_for 200 console_has "$name" "^mig: job done" ||
+    { fail "$case" "the guest's transfer did not end within 200 s: $(grep "^mig: " "$WORK/$name.console" | grep -v tick | tail -3 | tr '\n' ';')"; return 1; }
+  echo "  libraries on $name: $(grep -E "^mig: (client|server): .*(vsocketd|session|backend)" "$WORK/$name.console" | head -6 | tr '\n' ';')"
+  grep -q "^mig: client exit 0" "$WORK/$name.console" ||
+    { fail "$case" "the guest's client failed: $(grep -E "^mig: (client|server)" "$WORK/$name.console" | head -6 | tr '\n' ';')"; return 1; }
+  grep "^mig: report: " "$WORK/$name.console" | sed 's/^mig: report: //' | tr -d '\r' > "$WORK/report.jsonl"
+  out=$(python3 tests/e2e/check_report.py "$WORK/report.jsonl" --port 5301 --expect-conns 4 --moves 1 --mode accelerated \
+        --exact-total $((XFER_BYTES + 16)) 2>&1) || { fail "$case" "reports: $out"; return 1; }
+  echo "  reports: $out"
+  echo "  downgrades: $(python3 -c '
+import collections, json, sys
+c = collections.Counter()
+for l in open(sys.argv[1]):
+    j = json.loads(l)
+    if j.get("event") in ("close", "exit"):
+        c["%s x%d, %d re-upgrade(s)" % (j.get("last_downgrade"), j.get("downgrades", 0), j.get("reupgrades", 0))] += 1
+print("; ".join("%d end(s) %s" % (n, k) for k, n in c.items()))' "$WORK/report.jsonl")"
+}
+
 case_migrate_under_load() {
   local t0=$SECONDS retried=""
   run_migration migrate_under_load || return
@@ -322,11 +366,17 @@ case_migrate_under_load() {
   qmp "$WORK/dst.qmp" cont >/dev/null || { fail migrate_under_load "cont on the destination failed"; return; }
   wait_for 30 console_has dst "^mig: " || { fail migrate_under_load "the migrated guest does not run on the destination"; return; }
   echo "  destination continued, the guest runs on: $(grep "^mig: " "$WORK/dst.console" | grep -v tick | head -3 | tr '\n' ';')"
-  # Not checked yet (issue 36's next increment): what the guest's
-  # connections do on a backend that never saw them. Shown for the record.
-  sleep 3
-  echo "  vsocketd A after: $(grep -E "dirty log|device [0-9]+ stopped" "$WORK/a.log" | sed 's/^[A-Z] [0-9.]* vsocketd: //' | tail -3 | tr '\n' ';')"
-  echo "  vsocketd B after cont: $(grep -vE "^vsocketd: ready|listening|naps|ready:" "$WORK/b.log" | sed 's/^[A-Z] [0-9.]* vsocketd: //' | tail -4 | tr '\n' ';')"
+  # The connections go on on the destination: every byte checked by xfer,
+  # each end left the rings during the copy and is accelerated again at its
+  # close, through vsocketd B (decisions 093, 094).
+  job_checks migrate_under_load dst
+  local checked=$?
+  echo "  vsocketd A: drains asked $(stat "$WORK/a.ctl" drains_asked), done $(stat "$WORK/a.ctl" drains_done); vsocketd B: arrivals $(stat "$WORK/b.ctl" migration_arrivals), told $(stat "$WORK/b.ctl" migration_sessions_told), hellos $(stat "$WORK/b.ctl" hellos), upgrades $(stat "$WORK/b.ctl" upgrades), accel_bytes $(stat "$WORK/b.ctl" accel_bytes)"
+  [ "$checked" = 0 ] || return
+  [ "$(stat "$WORK/a.ctl" drains_asked)" -ge 2 ] ||
+    { fail migrate_under_load "vsocketd A asked $(stat "$WORK/a.ctl" drains_asked) connection ends to leave the rings, want 4"; return; }
+  [ "$(stat "$WORK/b.ctl" upgrades)" -ge 2 ] && [ "$(stat "$WORK/b.ctl" accel_bytes)" -gt 0 ] ||
+    { fail migrate_under_load "nothing accelerated through vsocketd B after the move"; return; }
   kill -0 "$DA_PID" && kill -0 "$DB_PID" || { fail migrate_under_load "a vsocketd died"; return; }
   stop_all
   [ -z "$retried" ] || echo "  ${retried#; }"
@@ -367,17 +417,21 @@ case_migrate_cancelled() {
   log_off() { [ "$(stat "$WORK/a.ctl" dirty_log_stops)" -ge 2 ]; }
   wait_for 30 log_off || { fail migrate_cancelled "vsocketd A's dirty log did not go off ($(stat "$WORK/a.ctl" dirty_log_stops) stops)"; return; }
   status_is src running || { fail migrate_cancelled "the source is not running after the cancel"; return; }
-  # On the source, after the log went off: still accelerated, nothing marked.
-  local accel1 marked1 accel2 marked2
+  # On the source, after the log went off: accelerated again (decision
+  # 093: the drain for the migration is lifted, the connections register
+  # again and pair), nothing marked.
+  local accel1 marked1 accel2 marked2 t1=$SECONDS
   accel1=$(stat "$WORK/a.ctl" accel_bytes) marked1=$(stat "$WORK/a.ctl" dirty_log_bytes)
-  sleep 3
+  wait_for 30 accel_moving $((accel1 + 4000000)) ||
+    { fail migrate_cancelled "not accelerated again on the source after the cancel (accel_bytes $accel1 -> $(stat "$WORK/a.ctl" accel_bytes))"; return; }
   accel2=$(stat "$WORK/a.ctl" accel_bytes) marked2=$(stat "$WORK/a.ctl" dirty_log_bytes)
   echo "  vsocketd A: dirty log $(stat "$WORK/a.ctl" dirty_log_starts) on, $(stat "$WORK/a.ctl" dirty_log_stops) off; marked $marked0 B before the cancel, $marked1 B at the end"
-  echo "  after the cancel: vsocketd A moved $((accel2 - accel1)) accelerated bytes in 3 s and marked $((marked2 - marked1)) B"
+  echo "  after the cancel: vsocketd A moved $((accel2 - accel1)) accelerated bytes within $((SECONDS - t1)) s and marked $((marked2 - marked1)) B; drains asked $(stat "$WORK/a.ctl" drains_asked), upgrades $(stat "$WORK/a.ctl" upgrades)"
   [ "$marked0" -gt 0 ] || { fail migrate_cancelled "nothing marked during the pre-copy"; return; }
   [ "$marked2" = "$marked1" ] || { fail migrate_cancelled "vsocketd A still marks after the log went off"; return; }
-  [ $((accel2 - accel1)) -gt 0 ] || { fail migrate_cancelled "the connections stopped streaming on the source"; return; }
-  grep -q "mig: client exit" "$WORK/src.console" && { fail migrate_cancelled "the guest's client ended: $(grep "mig: client" "$WORK/src.console" | head -3)"; return; }
+  [ "$(stat "$WORK/a.ctl" drains_asked)" -ge 2 ] ||
+    { fail migrate_cancelled "vsocketd A asked $(stat "$WORK/a.ctl" drains_asked) connection ends to leave the rings during the pre-copy"; return; }
+  job_checks migrate_cancelled src || return
   grep -q "dirty log off (VHOST_F_LOG_ALL cleared" "$WORK/a.log" || { fail migrate_cancelled "no 'dirty log off' in vsocketd A's log"; return; }
   kill -0 "$DA_PID" || { fail migrate_cancelled "vsocketd A died"; return; }
   stop_all

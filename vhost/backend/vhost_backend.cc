@@ -313,6 +313,7 @@ int VhostBackend::OnNewDevice(int vid) {
 void VhostBackend::OnDestroyDevice(int vid) {
   std::shared_ptr<BackendDevice> device;
   Port* port = nullptr;
+  bool logging = false;
   {
     MutexLock lock(mu_);
     auto it = conns_.find(vid);
@@ -324,6 +325,15 @@ void VhostBackend::OnDestroyDevice(int vid) {
   if (!device) return;
   device->set_stopping();
   Listener(*port).Detach(device.get());
+  {
+    MutexLock lock(mu_);
+    auto it = conns_.find(vid);
+    logging = it != conns_.end() && it->second.logging;
+    if (logging) it->second.logging = false;  // (the next device's follows its own features)
+  }
+  // Stopped with its log on: the switchover of a live migration (or its
+  // QEMU went): the listener lifts what the log's start began (decision 093).
+  if (logging) Listener(*port).MigrationChanged(device.get(), false);
   // GET_VRING_BASE replies with the library's last_avail_idx: make it ours.
   device->SyncBase();
   counters_.devices_stopped.fetch_add(1);

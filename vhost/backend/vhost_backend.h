@@ -69,7 +69,8 @@ class DeviceListener {
   // Stops serving it; must not return while the data path may still touch
   // its memory. Idempotent. Must never wait on rte_vhost locks.
   virtual void Detach(BackendDevice* device) = 0;
-  // VHOST_F_LOG_ALL toggled: live migration began (true) or ended (false).
+  // VHOST_F_LOG_ALL toggled: live migration began (true) or ended (false);
+  // also false when a device stops with its log on (device->stopping()).
   virtual void MigrationChanged(BackendDevice* device, bool logging) = 0;
 };
 
