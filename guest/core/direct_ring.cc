@@ -1,0 +1,127 @@
+#include "guest/core/direct_ring.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <string>
+
+#include "proto/control.h"
+
+namespace vsocket::guest {
+
+namespace {
+
+template <typename T>
+std::atomic_ref<T> Word(T& v) {
+  return std::atomic_ref<T>(v);
+}
+
+Status Corrupt(const char* what, uint64_t got, uint64_t lo, uint64_t hi) {
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "direct peer's %s %llu outside [%llu, %llu]", what,
+                static_cast<unsigned long long>(got), static_cast<unsigned long long>(lo),
+                static_cast<unsigned long long>(hi));
+  return Status(Code::kDataLoss, buf);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<DirectRing>> DirectRing::Map(int memfd, int side) {
+  if (side != 0 && side != 1) return Status(Code::kInvalidArgument, "direct side must be 0 or 1");
+  // Sealed, or the peer could shrink the file under us (SIGBUS) or seal it
+  // against our writes.
+  constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  int seals = fcntl(memfd, F_GET_SEALS);
+  if (seals < 0) return Status::FromErrno("direct memory: F_GET_SEALS");
+  if ((seals & kSeals) != kSeals) return Status(Code::kPermissionDenied, "direct memory is not sealed");
+  struct stat st {};
+  if (fstat(memfd, &st) != 0) return Status::FromErrno("direct memory: fstat");
+  size_t size = static_cast<size_t>(st.st_size);
+  if (size < proto::kDirectRingsOffset) return Status(Code::kInvalidArgument, "direct memory too small");
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+  if (p == MAP_FAILED) return Status::FromErrno("direct memory: mmap");
+  std::unique_ptr<DirectRing> r(new DirectRing());
+  r->base_ = p;
+  r->bytes_ = size;
+  // The header is read once (the peer may rewrite it later: we keep ours).
+  auto* h = static_cast<proto::DirectHeader*>(p);
+  uint32_t magic = Word(h->magic).load(std::memory_order_acquire);
+  uint16_t version = Word(h->version).load(std::memory_order_relaxed);
+  uint32_t ring = Word(h->ring_bytes).load(std::memory_order_relaxed);
+  if (magic != proto::kDirectMagic || version != proto::kDirectVersion)
+    return Status(Code::kInvalidArgument, "direct memory: bad magic or version");
+  if (!proto::IsValidRingSize(ring) || size != proto::DirectBytes(ring))
+    return Status(Code::kInvalidArgument, "direct memory: ring size " + std::to_string(ring) + " does not fit " +
+                                              std::to_string(size) + " bytes");
+  auto* b = static_cast<uint8_t*>(p);
+  r->side_ = side;
+  r->ring_bytes_ = ring;
+  r->sides_[0] = reinterpret_cast<proto::DirectSide*>(b + proto::kDirectSideOffset[0]);
+  r->sides_[1] = reinterpret_cast<proto::DirectSide*>(b + proto::kDirectSideOffset[1]);
+  r->tx_ = b + proto::DirectRingOffset(side, ring);
+  r->rx_ = b + proto::DirectRingOffset(1 - side, ring);
+  return r;
+}
+
+DirectRing::~DirectRing() {
+  if (base_ != nullptr) munmap(base_, bytes_);
+}
+
+Result<DirectRing::Peer> DirectRing::ReadPeer(uint64_t rx_head, uint64_t rx_tail, uint64_t tx_tail,
+                                              uint64_t credit) const {
+  proto::DirectSide* s = peer();
+  Peer v;
+  // Flags first, counts after (acquire): a shut_wr or ring_end seen means
+  // every count stored before it is seen too.
+  v.shut_wr = Word(s->shut_wr).load(std::memory_order_acquire) != 0;
+  v.ring_end = Word(s->ring_end).load(std::memory_order_acquire);
+  v.produced = Word(s->produced).load(std::memory_order_acquire);
+  v.consumed = Word(s->consumed).load(std::memory_order_acquire);
+  if (v.produced < rx_tail || v.produced > rx_head + ring_bytes_)
+    return Corrupt("produced count", v.produced, rx_tail, rx_head + ring_bytes_);
+  if (v.consumed < credit || v.consumed > tx_tail) return Corrupt("consumed count", v.consumed, credit, tx_tail);
+  if (v.ring_end != proto::kDirectOpen && (v.ring_end < rx_tail || v.produced > v.ring_end))
+    return Corrupt("ring end", v.ring_end, rx_tail, v.produced);
+  return v;
+}
+
+bool DirectRing::TakeAsk(uint32_t proto::DirectSide::*want) {
+  // (The doorbell pattern: our store, a full fence, then the peer's ask.)
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  auto flag = Word(mine()->*want);
+  return flag.load(std::memory_order_relaxed) != 0 && flag.exchange(0, std::memory_order_acq_rel) != 0;
+}
+
+bool DirectRing::PublishProduced(uint64_t produced) {
+  Word(mine()->produced).store(produced, std::memory_order_release);
+  return TakeAsk(&proto::DirectSide::want_produced);
+}
+
+bool DirectRing::PublishConsumed(uint64_t consumed) {
+  Word(mine()->consumed).store(consumed, std::memory_order_release);
+  return TakeAsk(&proto::DirectSide::want_consumed);
+}
+
+bool DirectRing::PublishShutWr() {
+  Word(mine()->shut_wr).store(1, std::memory_order_release);
+  return TakeAsk(&proto::DirectSide::want_produced);
+}
+
+bool DirectRing::PublishRingEnd(uint64_t end) {
+  Word(mine()->ring_end).store(end, std::memory_order_release);
+  return TakeAsk(&proto::DirectSide::want_produced);
+}
+
+void DirectRing::WantProduced() {
+  Word(peer()->want_produced).store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+void DirectRing::WantConsumed() {
+  Word(peer()->want_consumed).store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+}  // namespace vsocket::guest
