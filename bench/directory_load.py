@@ -20,9 +20,16 @@ starting vsocketd does). Everything is bounded: each phase has a deadline
 and the whole run stops itself.
 
   bench/directory_load.py [--hosts 1000,10000] [--vms 50] [--migrations-per-min 600]
-                          [--watchers 8] [--steady-s 30] [--out bench/results]
+                          [--watchers 8] [--watch-scope prefix|host] [--steady-s 30]
+                          [--out bench/results] [--out-name directory-load-latest]
 
-Writes bench/results/directory-load-latest.{json,md}. Uses etcd's JSON
+--watch-scope host: watcher i watches one host's keys (PREFIX<host i>/)
+instead of the whole prefix, as a host would that follows only what
+concerns it: the same number of watch streams, a fraction of the
+deliveries (decision 96's fan-out measurement).
+
+Writes bench/results/directory-load-latest.{json,md} (--out-name changes
+the name: the docs are generated from the default one). Uses etcd's JSON
 gateway over keep-alive HTTP connections, as vsocketd's client does.
 """
 import argparse
@@ -169,9 +176,9 @@ class Watcher(threading.Thread):
     """One watch stream of the whole prefix (what each vsocketd holds); times
     the events whose value carries the load test's write time."""
 
-    def __init__(self, port, start_rev, stop):
+    def __init__(self, port, start_rev, stop, prefix=PREFIX):
         super().__init__(daemon=True)
-        self.port, self.start_rev, self.stop = port, start_rev, stop
+        self.port, self.start_rev, self.stop, self.prefix = port, start_rev, stop, prefix
         self.latencies, self.events, self.error, self.ready = [], 0, None, threading.Event()
 
     def run(self):
@@ -179,7 +186,7 @@ class Watcher(threading.Thread):
             # (the stream is idle at times: a long timeout; the thread is a
             # daemon, and etcd is killed at the end)
             conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
-            body = {"create_request": {"key": b64(PREFIX), "range_end": b64(prefix_end(PREFIX)),
+            body = {"create_request": {"key": b64(self.prefix), "range_end": b64(prefix_end(self.prefix)),
                                        "start_revision": str(self.start_rev)}}
             conn.request("POST", "/v3/watch", json.dumps(body), {"Content-Type": "application/json"})
             r = conn.getresponse()
@@ -252,10 +259,10 @@ def renew_process(port, hosts, part, renewers, leases, renewals, stop):
         t.join()
 
 
-def run_scale(hosts, vms, migrations_per_min, watchers, steady_s, threads, renewers):
+def run_scale(hosts, vms, migrations_per_min, watchers, steady_s, threads, renewers, watch_scope="prefix"):
     etcd = Etcd()
     res = {"hosts": hosts, "vms_per_host": vms, "keys": hosts * (vms + 1), "migrations_per_min": migrations_per_min,
-           "watchers": watchers, "steady_s": steady_s, "lease_ttl_s": TTL_S,
+           "watchers": watchers, "watch_scope": watch_scope, "steady_s": steady_s, "lease_ttl_s": TTL_S,
            "loadavg_at_start": round(os.getloadavg()[0], 2)}
     # Lease IDs (0: not granted yet) and renewal counts, shared with the
     # renewing processes: renewals must not wait on this process's GIL
@@ -300,7 +307,8 @@ def run_scale(hosts, vms, migrations_per_min, watchers, steady_s, threads, renew
 
         # 3. Steady state: renewals go on; migrations; watchers time them.
         stop = threading.Event()
-        ws = [Watcher(etcd.port, rev + 1, stop) for _ in range(watchers)]
+        scope = (lambda i: PREFIX) if watch_scope == "prefix" else (lambda i: host_key(i % hosts) + "/")
+        ws = [Watcher(etcd.port, rev + 1, stop, scope(i)) for i in range(watchers)]
         for w in ws:
             w.start()
         for w in ws:
@@ -354,6 +362,7 @@ def run_scale(hosts, vms, migrations_per_min, watchers, steady_s, threads, renew
         res["publish_to_watch_p99_ms"] = round(1000 * pct(lat, 99), 2) if lat else None
         res["publish_to_watch_max_ms"] = round(1000 * max(lat), 2) if lat else None
         res["watch_events_per_watcher"] = round(statistics.mean(w.events for w in ws)) if ws else 0
+        res["watch_events_delivered_per_s"] = round(sum(w.events for w in ws) / dt, 1)
         res["watcher_errors"] = [w.error for w in ws if w.error]
         st = Client(etcd.port).call("/v3/maintenance/status", {})
         res["db_size_mb"] = round(int(st.get("dbSize", 0)) / 2**20, 1)
@@ -380,6 +389,7 @@ def markdown(results, args):
         ("keys at the end (leases alive)", lambda r: f"{r['keys_left']} of {r['keys']}"),
         ("migrations (per min)", lambda r: f"{r['migrations']} in {r['steady_s']} s ({r['migrations_per_min']}/min)"),
         ("publish->watch p50 / p99 / max", lambda r: f"{r['publish_to_watch_p50_ms']} / {r['publish_to_watch_p99_ms']} / {r['publish_to_watch_max_ms']} ms ({r['watch_latency_samples']} samples, {r['watchers']} watchers)"),
+        ("watch streams: scope, events delivered per s", lambda r: f"{r['watchers']} x {r.get('watch_scope', 'prefix')}, {r.get('watch_events_delivered_per_s', '?')}/s"),
         ("CPU, steady phase (% of one core): etcd, load generator", lambda r: f"{r['steady_etcd_cpu_pct']} %, {r['load_generator_cpu_pct']} %"),
         ("etcd RSS, database", lambda r: f"{r['etcd_rss_mb']} MB, {r['db_size_mb']} MB"),
         ("machine load average at the start", lambda r: f"{r['loadavg_at_start']}"),
@@ -410,6 +420,8 @@ def main():
     p.add_argument("--vms", type=int, default=50)
     p.add_argument("--migrations-per-min", type=int, default=600)
     p.add_argument("--watchers", type=int, default=8)
+    p.add_argument("--watch-scope", choices=["prefix", "host"], default="prefix")
+    p.add_argument("--out-name", default="directory-load-latest")
     p.add_argument("--steady-s", type=int, default=30)
     p.add_argument("--threads", type=int, default=8, help="publishing threads")
     p.add_argument("--renewers", type=int, default=2, help="processes renewing leases (3 threads each)")
@@ -425,14 +437,15 @@ def main():
     results = []
     for hosts in (int(x) for x in a.hosts.split(",")):
         print(f"== {hosts} hosts x {a.vms} VMs", flush=True)
-        r = run_scale(hosts, a.vms, a.migrations_per_min, a.watchers, a.steady_s, a.threads, a.renewers)
+        r = run_scale(hosts, a.vms, a.migrations_per_min, a.watchers, a.steady_s, a.threads, a.renewers,
+                      a.watch_scope)
         print(json.dumps(r), flush=True)
         results.append(r)
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "directory-load-latest.json"), "w") as f:
+    with open(os.path.join(a.out, a.out_name + ".json"), "w") as f:
         json.dump(results, f, indent=1)
     md = markdown(results, a)
-    with open(os.path.join(a.out, "directory-load-latest.md"), "w") as f:
+    with open(os.path.join(a.out, a.out_name + ".md"), "w") as f:
         f.write(md)
     print(md)
 
