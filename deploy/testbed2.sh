@@ -22,6 +22,8 @@
 #   deploy/testbed2.sh etcd-stop | etcd-start | etcdctl ARGS... | etcdctl-as HOST ARGS...
 #                                                 (etcd mode) stop or start the bed's
 #                                                 etcd; etcdctl as its root user, or HOST's
+#   deploy/testbed2.sh etcd-stop-member I [SIGNAL] | etcd-start-member I
+#                                                 (etcd mode) one member of a 3-member etcd
 #
 # Etcd mode (VSOCKET_TESTBED2_LOCATOR=etcd; VSOCKET_TESTBED2_ETCD_TLS=1 adds
 # TLS with client certificates, locator = etcds://...): no locator file; one etcd in a
@@ -30,6 +32,9 @@
 # (docs/multi-host.md "Permissions"), and both vsocketds publish and follow
 # the directory there (locator = etcd://192.0.2.10:2379); a VM that moves is
 # withdrawn by the host it leaves and published by the one it reaches.
+# VSOCKET_TESTBED2_ETCD_MEMBERS=3 (etcd mode, at `up`): a 3-member etcd
+# cluster instead of one member, all on 192.0.2.10 (client ports 2379,
+# 2479, 2579), and the hosts' locator lists the three.
 # VSOCKET_TESTBED2_DIRECTORY_PEERS="hostA hostB" (etcd mode): those hosts'
 # configurations have no [peer] section; their peers come from the
 # directory (decision 96). `configure` writes the configurations again
@@ -71,7 +76,8 @@ case $LOCATOR in file | etcd) ;; *) die "VSOCKET_TESTBED2_LOCATOR must be file o
 ETCD_ADDR=192.0.2.10 # its own namespace, behind hostA (192.0.2.1)
 ETCD_TLS=${VSOCKET_TESTBED2_ETCD_TLS:-0}
 case $ETCD_TLS in 0 | 1) ;; *) die "VSOCKET_TESTBED2_ETCD_TLS must be 0 or 1" ;; esac
-if [ "$ETCD_TLS" = 1 ]; then ETCD_URL=https://$ETCD_ADDR:2379; else ETCD_URL=http://$ETCD_ADDR:2379; fi
+if [ "$ETCD_TLS" = 1 ]; then ETCD_SCHEME=https; else ETCD_SCHEME=http; fi
+case ${VSOCKET_TESTBED2_ETCD_MEMBERS:-1} in 1 | 3) ;; *) die "VSOCKET_TESTBED2_ETCD_MEMBERS must be 1 or 3" ;; esac
 LINKS=${VSOCKET_TESTBED2_LINKS:-1}
 [[ $LINKS =~ ^([1-9]|1[0-6])$ ]] || die "VSOCKET_TESTBED2_LINKS must be 1-16"
 underlay_of() { case $1 in hostA) echo 203.0.113.1 ;; hostB) echo 203.0.113.2 ;; esac; }
@@ -102,14 +108,31 @@ host_daemon_pid() { daemon_pid "$(pid_file "$1")" "$(ctl_sock "$1")"; } # HOST
 # (15 s: SIGTERM drains for up to drain_timeout_ms, 10 s, first.)
 stop_host_daemon() { stop_daemon "$(pid_file "$1")" "$(ctl_sock "$1")" "${2:-TERM}" 15 || true; } # HOST [SIGNAL]
 
-# The etcd of etcd mode: a member in its own namespace, its data in
-# $STATE/etcd (kept across etcd-stop/etcd-start), killed by its PID.
-etcd_pid() {
+# The etcd of etcd mode: one member (or three: VSOCKET_TESTBED2_ETCD_MEMBERS,
+# kept in $STATE/etcd/members at `up`) in its own namespace, member I's
+# client port 2379 + 100 I on 192.0.2.10 (its peer port on loopback, +1),
+# its data in $STATE/etcd/data (member 0) or data<I> (kept across
+# etcd-stop/etcd-start), killed by its PID.
+etcd_members() { cat "$STATE/etcd/members" 2>/dev/null || echo "${VSOCKET_TESTBED2_ETCD_MEMBERS:-1}"; }
+etcd_port() { echo $((2379 + 100 * $1)); } # I
+etcd_suffix() { [ "$1" = 0 ] || echo "$1"; } # I
+etcd_endpoints() { # ADDR:PORT of every member, comma-separated
+  local i out=
+  for ((i = 0; i < $(etcd_members); i++)); do out+="${out:+,}$ETCD_ADDR:$(etcd_port $i)"; done
+  echo "$out"
+}
+etcd_urls() { etcd_endpoints | sed "s|\([^,]*\)|$ETCD_SCHEME://\1|g"; }
+etcd_member_pid() { # I
   local pid
-  pid=$(read_pid_file "$STATE/etcd/etcd.pid") || return 1
-  pid_alive "$pid" && tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -qxF -- "--data-dir=$STATE/etcd/data" ||
-    return 1
+  pid=$(read_pid_file "$STATE/etcd/etcd$(etcd_suffix "$1").pid") || return 1
+  pid_alive "$pid" && tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null |
+    grep -qxF -- "--data-dir=$STATE/etcd/data$(etcd_suffix "$1")" || return 1
   echo "$pid"
+}
+etcd_pid() { # the PID of any member running
+  local i
+  for ((i = 0; i < $(etcd_members); i++)); do etcd_member_pid $i && return 0; done
+  return 1
 }
 # TLS (VSOCKET_TESTBED2_ETCD_TLS=1): a CA of its own, etcd's certificate for
 # 192.0.2.10 (server and client use: the gateway calls etcd with it), and one
@@ -147,37 +170,55 @@ etcd_tls_setup() {
 }
 etcd_tls_setup
 
-etcd_start() {
+etcd_start_member() { # I: starts member I (if it is not running) without waiting
+  local i=$1 cluster= j url sfx
+  etcd_member_pid "$i" >/dev/null && return 0
+  for ((j = 0; j < $(etcd_members); j++)); do cluster+="${cluster:+,}bed$(etcd_suffix $j)=http://127.0.0.1:$(($(etcd_port $j) + 1))"; done
+  url=$ETCD_SCHEME://$ETCD_ADDR:$(etcd_port "$i")
+  sfx=$(etcd_suffix "$i")
+  ip netns exec "$(ns_of etcd)" setsid etcd --name "bed$sfx" --data-dir="$STATE/etcd/data$sfx" \
+    --listen-client-urls "$url" --advertise-client-urls "$url" \
+    --listen-peer-urls "http://127.0.0.1:$(($(etcd_port "$i") + 1))" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$(($(etcd_port "$i") + 1))" \
+    --initial-cluster "$cluster" --logger zap --log-level warn "${ETCD_TLS_FLAGS[@]}" \
+    </dev/null >>"$STATE/etcd/etcd$sfx.log" 2>&1 &
+  echo $! >"$STATE/etcd/etcd$sfx.pid"
+}
+etcd_wait_member() { # I: member I answers its health check (the cluster has a leader; 15 s)
   local i code
+  for ((i = 0; i < 150; i++)); do
+    code=$(ip netns exec "$(ns_of etcd)" curl -s -o /dev/null -m 1 -w '%{http_code}' "${ETCD_CLIENT_TLS[@]}" \
+      "$ETCD_SCHEME://$ETCD_ADDR:$(etcd_port "$1")/health" || true)
+    [ "${code:-000}" = 200 ] && return 0
+    etcd_member_pid "$1" >/dev/null || { log_tail "$STATE/etcd/etcd$(etcd_suffix "$1").log" 20; die "etcd member $1 exited"; }
+    sleep 0.1
+  done
+  log_tail "$STATE/etcd/etcd$(etcd_suffix "$1").log" 20
+  die "etcd member $1 not healthy after 15 s"
+}
+etcd_start() {
+  local i
   etcd_pid >/dev/null && die "etcd runs already"
   command -v etcd >/dev/null || die "no etcd (apt-get install etcd-server etcd-client)"
   mkdir -p "$STATE/etcd"
+  [ -f "$STATE/etcd/members" ] || echo "${VSOCKET_TESTBED2_ETCD_MEMBERS:-1}" >"$STATE/etcd/members"
   [ "$ETCD_TLS" = 1 ] && etcd_tls_files
-  ip netns exec "$(ns_of etcd)" setsid etcd --name bed --data-dir="$STATE/etcd/data" \
-    --listen-client-urls "$ETCD_URL" --advertise-client-urls "$ETCD_URL" \
-    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
-    --initial-cluster bed=http://127.0.0.1:2380 --logger zap --log-level warn "${ETCD_TLS_FLAGS[@]}" \
-    </dev/null >>"$STATE/etcd/etcd.log" 2>&1 &
-  echo $! >"$STATE/etcd/etcd.pid"
-  for ((i = 0; i < 100; i++)); do
-    code=$(ip netns exec "$(ns_of etcd)" curl -s -o /dev/null -m 1 -w '%{http_code}' "${ETCD_CLIENT_TLS[@]}" \
-      "$ETCD_URL/health" || true)
-    [ "${code:-000}" != 000 ] && return 0
-    etcd_pid >/dev/null || { log_tail "$STATE/etcd/etcd.log" 20; die "etcd exited"; }
-    sleep 0.1
-  done
-  log_tail "$STATE/etcd/etcd.log" 20
-  die "etcd not answering after 10 s"
+  for ((i = 0; i < $(etcd_members); i++)); do etcd_start_member $i; done
+  for ((i = 0; i < $(etcd_members); i++)); do etcd_wait_member $i; done
 }
-etcd_stop() { # etcd_stop [SIGNAL]
+etcd_stop_member() { # I [SIGNAL]
   local pid i
-  pid=$(etcd_pid) || return 0
-  kill "-${1:-TERM}" "$pid" 2>/dev/null || true
+  pid=$(etcd_member_pid "$1") || return 0
+  kill "-${2:-TERM}" "$pid" 2>/dev/null || true
   for ((i = 0; i < 50; i++)); do
     pid_alive "$pid" || return 0
     sleep 0.1
   done
   kill -KILL "$pid" 2>/dev/null || true
+}
+etcd_stop() { # etcd_stop [SIGNAL]: every member
+  local i
+  for ((i = 0; i < $(etcd_members); i++)); do etcd_stop_member $i "${1:-TERM}"; done
 }
 etcdctl_root() { # etcdctl as root (once auth is on)
   etcdctl_as "root:$(cat "$STATE/etcd/root.pw")" "$@"
@@ -185,14 +226,14 @@ etcdctl_root() { # etcdctl as root (once auth is on)
 etcdctl_as() { # etcdctl_as USER:PASSWORD ARGS...
   local user=$1
   shift
-  ip netns exec "$(ns_of etcd)" etcdctl --endpoints "$ETCD_URL" --command-timeout=3s "${ETCD_CLIENT_TLS[@]}" \
+  ip netns exec "$(ns_of etcd)" etcdctl --endpoints "$(etcd_urls)" --command-timeout=3s "${ETCD_CLIENT_TLS[@]}" \
     --user "$user" "$@"
 }
 new_password() { head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
 # Auth on, and each host an etcd user whose role writes only its own keys
 # (the etcdctl commands of docs/multi-host.md "Permissions").
 etcd_provision() {
-  local h pw role plain=(ip netns exec "$(ns_of etcd)" etcdctl --endpoints "$ETCD_URL" --command-timeout=3s
+  local h pw role plain=(ip netns exec "$(ns_of etcd)" etcdctl --endpoints "$(etcd_urls)" --command-timeout=3s
     "${ETCD_CLIENT_TLS[@]}")
   new_password >"$STATE/etcd/root.pw"
   chmod 600 "$STATE/etcd/root.pw"
@@ -223,6 +264,8 @@ etcd_up() {
   ip -n "$(ns_of hostA)" link set vs2etb up
   ip -n "$ns" route add default via 192.0.2.1
   ip -n "$(ns_of hostB)" route add 192.0.2.0/24 via 203.0.113.1
+  mkdir -p "$STATE/etcd"
+  echo "${VSOCKET_TESTBED2_ETCD_MEMBERS:-1}" >"$STATE/etcd/members"
   etcd_start
   etcd_provision
 }
@@ -253,12 +296,12 @@ write_configs() {
       echo "tls_key = $STATE/certs/$h.key"
       echo "tls_ca = $STATE/certs/ca.crt"
       if [ "$LOCATOR" = etcd ] && [ "$ETCD_TLS" = 1 ]; then
-        echo "locator = etcds://$ETCD_ADDR:2379"
+        echo "locator = etcds://$(etcd_endpoints)"
         echo "etcd_ca = $STATE/etcd/tls/ca.crt"
         echo "etcd_cert = $STATE/etcd/tls/client.crt"
         echo "etcd_key = $STATE/etcd/tls/client.key"
       elif [ "$LOCATOR" = etcd ]; then
-        echo "locator = etcd://$ETCD_ADDR:2379"
+        echo "locator = etcd://$(etcd_endpoints)"
       fi
       if [ "$LOCATOR" = etcd ]; then
         echo "etcd_user = $h"
@@ -514,6 +557,14 @@ main() {
     host) host_of "${1:-}" ;;
     etcd-stop) [ "$LOCATOR" = etcd ] || die "not in etcd mode"; etcd_stop "${1:-TERM}" ;;
     etcd-start) [ "$LOCATOR" = etcd ] || die "not in etcd mode"; etcd_start ;;
+    etcd-stop-member) # etcd-stop-member I [SIGNAL]: one member of the cluster
+      [ "$LOCATOR" = etcd ] || die "not in etcd mode"
+      [[ ${1:-} =~ ^[0-9]$ ]] && [ "$1" -lt "$(etcd_members)" ] || die "usage: etcd-stop-member I (0..$(($(etcd_members) - 1)))"
+      etcd_stop_member "$1" "${2:-TERM}" ;;
+    etcd-start-member)
+      [ "$LOCATOR" = etcd ] || die "not in etcd mode"
+      [[ ${1:-} =~ ^[0-9]$ ]] && [ "$1" -lt "$(etcd_members)" ] || die "usage: etcd-start-member I (0..$(($(etcd_members) - 1)))"
+      etcd_start_member "$1"; etcd_wait_member "$1" ;;
     etcdctl) [ "$LOCATOR" = etcd ] || die "not in etcd mode"; etcdctl_root "$@" ;;
     etcdctl-as) # etcdctl-as HOST ARGS...: as HOST's etcd user
       [ "$LOCATOR" = etcd ] || die "not in etcd mode"

@@ -279,8 +279,68 @@ case_etcd_peers_from_directory() {
   pass "$name (no [peer] section on either host: hostA dialled hostB at $ab, hostB accepted hostA ($ba), from the directory alone; vmA1 -> vmB1: $first; vmB1 -> vmA1: $second; a record for hostC at hostB's address: hostA refused hostB's certificate (peers_refused_tls $r0 -> $r1; $impostor), hostC retired once deleted; hostB killed -9: retired by hostA after $(((t1 - t0) / 1000000)) ms and not dialled for 3 s; restarted, linked and paired again: $third)"
 }
 
+# One member of a 3-member etcd down changes nothing visible (the bed again
+# with VSOCKET_TESTBED2_ETCD_MEMBERS=3; the hosts' locator lists the three):
+# member 0, the one both hosts' clients use first, is stopped while two
+# accelerated request/response connections run; hostA's watch moves to
+# another member and follows a record withdrawn and put back through the
+# other two; a new connection pairs across the fabric; both hosts' leases
+# outlive the TTL (12 s) with every record in place; the member rejoins.
+etcd_cluster_bed() {
+  export VSOCKET_TESTBED2_LOCATOR=etcd VSOCKET_TESTBED2_ETCD_MEMBERS=3
+  grep -q '^locator = etcds\?://192\.0\.2\.10:2379,192\.0\.2\.10:2479,192\.0\.2\.10:2579$' \
+    "$VSOCKET_TESTBED2_DIR/hostA/vsocketd.conf" 2>/dev/null && return 0
+  bash $TB down >"$WORK/etcd_cluster_up.log" 2>&1
+  if ! bash $TB up >>"$WORK/etcd_cluster_up.log" 2>&1; then
+    E2E_MSG="deploy/testbed2.sh up with 3 etcd members: $(tail -3 "$WORK/etcd_cluster_up.log" | tr '\n' ' ')"
+    return 1
+  fi
+}
+case_etcd_member_down() {
+  local name=etcd_member_down_changes_nothing key=/vsocket/hosts/hostB/vms/vmB1 out value lease c0 c1 t0 rr h
+  etcd_cluster_bed || { fail $name "$E2E_MSG"; return; }
+  until_true 10 dir_has hostA "$B1" hostB || { fail $name "hostA's cache does not place $B1 on hostB"; return; }
+  rr=$(alloc_port)
+  xfer_bg etcd_member_rr "$rr" 2 4096000 --rounds 400 --gap-ms 20
+  conns_accelerated hostA "$rr" 2 || { fail $name "the long-lived connections did not accelerate"; xfer_wait etcd_member_rr; return; }
+  c0=$(dir_field hostA connects)
+  t0=$SECONDS
+  local back="bash $TB etcd-start-member 0 >/dev/null 2>&1"
+  bash $TB etcd-stop-member 0 || { fail $name "etcd-stop-member 0 failed"; eval "$back"; xfer_wait etcd_member_rr; return; }
+  # The directory still changes, and hostA still follows it.
+  out=$(bash $TB etcdctl get "$key" -w json) || { fail $name "etcdctl get with member 0 down: $out"; eval "$back"; xfer_wait etcd_member_rr; return; }
+  value=$(python3 -c "import json,sys,base64; print(base64.b64decode(json.load(sys.stdin)['kvs'][0]['value']).decode())" <<<"$out")
+  lease=$(python3 -c "import json,sys; print('%x' % json.load(sys.stdin)['kvs'][0]['lease'])" <<<"$out")
+  bash $TB etcdctl del "$key" >/dev/null || { fail $name "etcdctl del failed"; eval "$back"; xfer_wait etcd_member_rr; return; }
+  until_true 15 dir_lacks hostA "$B1" hostB || { fail $name "hostA did not follow a delete with member 0 down"; eval "$back"; xfer_wait etcd_member_rr; return; }
+  out=$(bash $TB etcdctl put "$key" "$value" --lease="$lease" 2>&1) || { fail $name "etcdctl put: $out"; eval "$back"; xfer_wait etcd_member_rr; return; }
+  until_true 5 dir_has hostA "$B1" hostB || { fail $name "hostA did not follow the put back"; eval "$back"; xfer_wait etcd_member_rr; return; }
+  c1=$(dir_field hostA connects)
+  [ "$c1" -gt "$c0" ] && [ "$(dir_field hostA connected)" = True ] ||
+    { fail $name "hostA's watch: connects $c0 -> $c1, connected $(dir_field hostA connected)"; eval "$back"; xfer_wait etcd_member_rr; return; }
+  # (run_xfer: the fabric's counters carry the long-lived connections too.)
+  run_xfer etcd_member_new vmA1 vmB1 "$B1" 1 1048576 "$(alloc_port)" ||
+    { fail $name "a new connection with member 0 down: $XFER_MSG"; eval "$back"; xfer_wait etcd_member_rr; return; }
+  local fresh=$XFER_MSG
+  xfer_wait etcd_member_rr || { fail $name "long-lived connections: $E2E_MSG"; eval "$back"; return; }
+  out=$(python3 $CHECK "$WORK/etcd_member_rr.jsonl" --port "$rr" --expect-conns 4 --mode accelerated --reason accelerated) ||
+    { fail $name "long-lived connections: $out"; eval "$back"; return; }
+  # Past the lease TTL (10 s) the leases live on, renewed through the others.
+  while [ $((SECONDS - t0)) -lt 12 ]; do sleep 0.5; done
+  for h in hostA hostB; do
+    [ "$(dir_field $h published)" = True ] && [ "$(dir_field $h hosts)" = 2 ] ||
+      { fail $name "$h $((SECONDS - t0)) s after the stop: published $(dir_field $h published), hosts $(dir_field $h hosts)"; eval "$back"; return; }
+  done
+  dir_has hostA "$B1" hostB && dir_has hostB "$A1" hostA || { fail $name "records lost $((SECONDS - t0)) s after the stop"; eval "$back"; return; }
+  bash $TB etcd-start-member 0 >"$WORK/etcd_member_start.log" 2>&1 || { fail $name "member 0 did not rejoin: $(tail -2 "$WORK/etcd_member_start.log")"; return; }
+  out=$(bash $TB etcdctl endpoint health 2>&1) && [ "$(grep -c 'is healthy' <<<"$out")" = 3 ] ||
+    { fail $name "after the restart: $(tr '\n' ' ' <<<"$out")"; return; }
+  pass "$name (3 members, member 0 stopped: hostA's watch moved (connects $c0 -> $c1) and followed a delete and a put made through the others; 2 accelerated request/response connections went on byte-exact; a new one paired across the fabric ($fresh); $((SECONDS - t0)) s after the stop both hosts still published with every record; member 0 rejoined, 3 of 3 healthy)"
+}
+
 register_case etcd_directory_pairs case_etcd_pairs
 register_case etcd_down_keeps_connections_falls_back case_etcd_unavailable
 register_case etcd_move_follows case_etcd_move
 register_case etcd_dead_host_expires case_etcd_host_death
 register_case etcd_peers_from_directory case_etcd_peers_from_directory
+register_case etcd_member_down_changes_nothing case_etcd_member_down
