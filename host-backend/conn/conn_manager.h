@@ -439,6 +439,9 @@ class ConnManager {
   };
   std::deque<Tentative> tentative_;
   std::unordered_map<uint32_t, size_t> declined_per_host_;
+  // How long a PAIR_REQUEST waits for its guest's registration, and a
+  // decline for the registration or request it answers.
+  static constexpr int64_t kPendingRemoteMs = 30000;
   // Decline frames broadcast in the current second (DeclineEverywhere).
   int64_t decline_second_ = 0;
   size_t decline_frames_ = 0;
