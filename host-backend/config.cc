@@ -212,8 +212,15 @@ Status SetVmKey(vhost::PortConfig* vm, const std::string& key, const std::string
   } else if (key == "prove_sockets") {
     if (value != "true" && value != "false") return Bad(where, "prove_sockets must be true or false");
     vm->prove_sockets = value == "true";
+  } else if (key == "direct") {
+    using D = vhost::PortConfig::Direct;
+    if (value == "off") vm->direct = D::kOff;
+    else if (value == "same-tenant") vm->direct = D::kSameTenant;
+    else if (value == "same-vm") vm->direct = D::kSameVm;
+    else return Bad(where, "direct must be off, same-tenant or same-vm");
   } else {
-    return Bad(where, "unknown key '" + key + "' (VM keys: socket, tenant, addresses, group, away, prove_sockets)");
+    return Bad(where,
+               "unknown key '" + key + "' (VM keys: socket, tenant, addresses, group, away, prove_sockets, direct)");
   }
   return Status::Ok();
 }

@@ -268,6 +268,23 @@ TEST(VmConfig, ProveSocketsIsOnUnlessTurnedOff) {
       << bad.status().message();
 }
 
+// Direct pairs (decision 97) are off unless a VM turns them on, and only
+// the three settings are taken.
+TEST(VmConfig, DirectIsOffUnlessAVmSaysWhichPeersMayShareMemory) {
+  auto c = ParseConfig("[vm a]\nsocket = /s\ntenant = 1\ndirect = same-tenant\n[vm b]\nsocket = /t\ntenant = 1\n"
+                       "direct = same-vm\n[vm c]\nsocket = /u\ntenant = 1\n",
+                       "f");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  using D = vhost::PortConfig::Direct;
+  EXPECT_EQ(c->vms[0].direct, D::kSameTenant);
+  EXPECT_EQ(c->vms[1].direct, D::kSameVm);
+  EXPECT_EQ(c->vms[2].direct, D::kOff);
+  auto bad = ParseConfig("[vm a]\ndirect = yes\n", "f");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("f:2: direct must be off, same-tenant or same-vm"), std::string::npos)
+      << bad.status().message();
+}
+
 TEST(VmConfig, GroupOpensThePortSocketToOneGroup) {
   auto c = ParseConfig("[vm a]\nsocket = /s\ntenant = 1\ngroup = vsocket-db\n[vm b]\nsocket = /t\ntenant = 1\n", "f");
   ASSERT_TRUE(c.ok()) << c.status().ToString();

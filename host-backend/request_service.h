@@ -36,6 +36,9 @@ class RequestService : public DeviceService {
     migrations_.OnDetach(device);
   }
   void OnDirtyLog(vhost::BackendDevice& device, bool logging) override { migrations_.DirtyLogChanged(device, logging); }
+  Status FetchDirect(const vhost::BackendDevice* device, uint64_t token, vhost::DirectGrant* out) override {
+    return conns_.FetchDirect(device, token, out);
+  }
   uint32_t HandleRequest(vhost::BackendDevice& device, const vhost::DescChain& chain) override;
   bool Poll() override {
     bool worked = conns_.ApplyDrainRequests();

@@ -29,6 +29,11 @@ class DeviceService {
   // off (a live migration; off with device.stopping(): the device stopped
   // with it on). The worker is woken after.
   virtual void OnDirtyLog(vhost::BackendDevice& device, bool logging) {}
+  // The proof thread (not the worker's): a direct pair's memory for a
+  // connection of `device` (decision 97).
+  virtual Status FetchDirect(const vhost::BackendDevice* device, uint64_t token, vhost::DirectGrant* out) {
+    return Status(Code::kNotFound, "no direct pairs here");
+  }
   // Handles one chain from the request queue (queue 0). Returns the number
   // of bytes written into the chain's writable part.
   virtual uint32_t HandleRequest(vhost::BackendDevice& device, const vhost::DescChain& chain) = 0;
@@ -96,6 +101,9 @@ class Worker : public vhost::DeviceListener {
   void Attach(std::shared_ptr<vhost::BackendDevice> device) override;
   void Detach(vhost::BackendDevice* device) override;
   void MigrationChanged(vhost::BackendDevice* device, bool logging) override;
+  Status FetchDirect(vhost::BackendDevice* device, uint64_t token, vhost::DirectGrant* out) override {
+    return service_->FetchDirect(device, token, out);
+  }
 
   const WorkerCounters& counters() const { return counters_; }
 

@@ -44,6 +44,7 @@ constexpr Spec kSpecs[] = {
     {MsgType::kPairingQuery, "PAIRING_QUERY", IndexOf<ConnCounter>(), 16},
     {MsgType::kRingsReleased, "RINGS_RELEASED", IndexOf<ConnCounter>(), 16},
     {MsgType::kFenceDelivered, "FENCE_DELIVERED", IndexOf<ConnCounter>(), 16},
+    {MsgType::kDirect, "DIRECT", IndexOf<ConnCounter>(), 16},
 };
 
 const Spec* FindSpec(uint8_t type) {

@@ -54,6 +54,11 @@ enum class MsgType : uint8_t {
   // the backend disappears, a RESYNC header on the kernel stream is safe:
   // the peer knows where our kernel bytes end.
   kFenceDelivered = 18,
+  // backend -> guest (kFeatureDirect): the connection goes direct (decision
+  // 97): before its UPGRADE, the token that fetches the pair's memory and
+  // the peer's wake eventfd on the proof channel (vhost/user/proof.h).
+  // Body ConnCounter{conn_id, token}.
+  kDirect = 19,
 };
 const char* ToString(MsgType type);
 
@@ -210,10 +215,17 @@ inline constexpr uint64_t kFeatureMoveBack = 1ull << 8;
 // peer-not-registered there, which an older library reads the same way
 // (kernel TCP for good), decision 95.
 inline constexpr uint64_t kFeatureDirectoryUnavailable = 1ull << 9;
+// kFeatureDirect: the library takes direct pairs (decision 97): a DIRECT
+// event before a connection's UPGRADE names a token; the library fetches
+// the pair's memory with it on its proof channel, keeps its ring stream
+// and counts there (proto/direct.h) and wakes its peer through the peer's
+// wake eventfd, and posts no TX_TAIL or CONSUMED for that connection.
+// Its control messages (FENCE, SHUTDOWN, UNREGISTER) go as before.
+inline constexpr uint64_t kFeatureDirect = 1ull << 10;
 inline constexpr uint64_t kKnownFeatures = kFeatureDoorbell | kFeatureRingHold | kFeatureFenceDelivered |
                                            kFeatureCleanDowngrade | kFeatureBulkHint | kFeatureNaps |
                                            kFeatureTentative | kFeatureForkResync | kFeatureMoveBack |
-                                           kFeatureDirectoryUnavailable;
+                                           kFeatureDirectoryUnavailable | kFeatureDirect;
 inline constexpr int64_t kTentativeWaitMs = 500;
 struct DoorbellBlock {
   uint64_t tx_tail;        // guest writes: bytes produced into the TX ring (total)

@@ -33,6 +33,7 @@ const std::vector<Message>& SampleMessages() {
         {MsgType::kRegisterAck, 10, RegisterAck{11, WireError::kOk, Reason::kRingsHeld, 0}},
         {MsgType::kRingsReleased, 0, ConnCounter{11, 0}},
         {MsgType::kFenceDelivered, 0, ConnCounter{11, 4096}},
+        {MsgType::kDirect, 0, ConnCounter{11, 0x5eed5eed5eed5eedull}},
     };
   }();
   return kSamples;

@@ -52,7 +52,9 @@ struct DirectSide {
   uint32_t shut_wr;         // 1: this side shut down writing after `produced`
   uint32_t want_produced;   // the other side sleeps until produced grows (it sets, we clear)
   uint32_t want_consumed;   // the other side waits for room (it sets, we clear)
-  uint8_t reserved[28];
+  uint32_t fence_set;       // 1: `fence` holds this side's FENCE (set once, before its kernel FIN)
+  uint64_t fence;           // bytes this side sent on the kernel path before its ring stream
+  uint8_t reserved[16];
 };
 static_assert(sizeof(DirectSide) == 64);
 

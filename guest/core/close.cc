@@ -5,6 +5,7 @@
 
 #include "base/clock.h"
 #include "guest/core/conn_state.h"
+#include "guest/core/direct.h"
 #include "guest/core/errors.h"
 #include "guest/core/registration.h"
 #include "guest/core/report.h"
@@ -75,6 +76,12 @@ void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open, const 
 // A process that exits meanwhile closes the dup (as before: the backend
 // still delivers over a live link).
 bool Linger(int fd, Conn& c) {
+  if (c.direct && c.state.accelerated() && !c.state.reset() && !c.state.resynced()) {
+    // A direct pair's bytes are in memory the peer maps as long as it
+    // lives: nothing to keep the registration for. Our EOF follows them.
+    PublishDirectShutWr(c);
+    return false;
+  }
   if (c.state.reset() || c.state.resynced() || c.peer_gone.load() || !c.state.accelerated() || !c.state.tx_on_ring())
     return false;
   if (c.credit.load(std::memory_order_acquire) >= c.tx_tail.load(std::memory_order_relaxed)) return false;

@@ -64,6 +64,7 @@ GuestConfig Load() {
   if (get("POLL_AUTO", &v)) c.poll_auto = v != "0" && v != "false" && v != "no";
   if (get("DOORBELL", &v)) c.doorbell = v != "0" && v != "false" && v != "no";
   if (get("RING_HOLD", &v)) c.ring_hold = v != "0" && v != "false" && v != "no";
+  if (get("DIRECT", &v)) c.direct = v != "0" && v != "false" && v != "no";
   if (get("UPGRADE", &v)) {
     if (v == "always") {
       c.upgrade = UpgradePolicy::kAlways;

@@ -35,6 +35,7 @@ struct GuestConfig {
   bool poll_auto = true;    // VSOCKET_POLL_AUTO=0: poll even where vsocketd shares our few CPUs (cpu_share.h)
   bool doorbell = true;     // VSOCKET_DOORBELL=0: one TX_TAIL/CONSUMED message per count (A/B runs)
   bool ring_hold = true;    // VSOCKET_RING_HOLD=0: do not offer kFeatureRingHold (the fabric then copies)
+  bool direct = true;       // VSOCKET_DIRECT=0: do not offer kFeatureDirect (decision 97: no direct pairs)
   // VSOCKET_UPGRADE: when a connection registers for acceleration (decision 51).
   // kAuto: at its first I/O where vsocketd has CPUs of its own; where it
   // shares this process's few CPUs, only once the connection streams

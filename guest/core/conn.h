@@ -11,10 +11,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "base/mutex.h"
+#include "base/own_fd.h"
 #include "guest/core/conn_state.h"
+#include "guest/core/direct_ring.h"
 #include "guest/core/stream_detector.h"
 #include "proto/control.h"
 
@@ -136,6 +139,23 @@ struct Conn {
   uint8_t* rx = nullptr;
   proto::DoorbellBlock* db = nullptr;  // after tx, when the session has the doorbell
   uint32_t ring_size = 0;
+  // A direct pair (decision 97, guest/core/direct.h): set by the DIRECT
+  // event before the UPGRADE, then never changed. tx, rx and ring_size are
+  // then the pair's own memory's; the rings the registration gave the
+  // backend stay ours (region_tx/rx) until the session frees them.
+  std::unique_ptr<DirectRing> direct;
+  // The peer process's wake eventfd, one of the library's own fds.
+  struct OwnedFd {
+    int fd = -1;
+    ~OwnedFd() {
+      if (fd >= 0) CloseOwnFd(fd);
+    }
+  } direct_wake;
+  std::atomic<bool> direct_broken{false};  // the peer's counts were impossible (reset)
+  uint8_t* region_tx = nullptr;
+  uint8_t* region_rx = nullptr;
+  uint8_t* owned_tx() const { return region_tx != nullptr ? region_tx : tx; }
+  uint8_t* owned_rx() const { return region_rx != nullptr ? region_rx : rx; }
   int64_t registered_ns = 0;
 
   // Written by event dispatch.

@@ -69,22 +69,27 @@ DirectRing::~DirectRing() {
   if (base_ != nullptr) munmap(base_, bytes_);
 }
 
-Result<DirectRing::Peer> DirectRing::ReadPeer(uint64_t rx_head, uint64_t rx_tail, uint64_t tx_tail,
-                                              uint64_t credit) const {
+DirectRing::Peer DirectRing::Load() const {
   proto::DirectSide* s = peer();
   Peer v;
   // Flags first, counts after (acquire): a shut_wr or ring_end seen means
   // every count stored before it is seen too.
+  v.fence_set = Word(s->fence_set).load(std::memory_order_acquire) != 0;
+  if (v.fence_set) v.fence = Word(s->fence).load(std::memory_order_relaxed);
   v.shut_wr = Word(s->shut_wr).load(std::memory_order_acquire) != 0;
   v.ring_end = Word(s->ring_end).load(std::memory_order_acquire);
   v.produced = Word(s->produced).load(std::memory_order_acquire);
   v.consumed = Word(s->consumed).load(std::memory_order_acquire);
+  return v;
+}
+
+Status DirectRing::Check(const Peer& v, uint64_t rx_tail, uint64_t credit, uint64_t rx_head, uint64_t tx_tail) const {
   if (v.produced < rx_tail || v.produced > rx_head + ring_bytes_)
     return Corrupt("produced count", v.produced, rx_tail, rx_head + ring_bytes_);
   if (v.consumed < credit || v.consumed > tx_tail) return Corrupt("consumed count", v.consumed, credit, tx_tail);
   if (v.ring_end != proto::kDirectOpen && (v.ring_end < rx_tail || v.produced > v.ring_end))
     return Corrupt("ring end", v.ring_end, rx_tail, v.produced);
-  return v;
+  return Status::Ok();
 }
 
 bool DirectRing::TakeAsk(uint32_t proto::DirectSide::*want) {
@@ -106,6 +111,12 @@ bool DirectRing::PublishConsumed(uint64_t consumed) {
 
 bool DirectRing::PublishShutWr() {
   Word(mine()->shut_wr).store(1, std::memory_order_release);
+  return TakeAsk(&proto::DirectSide::want_produced);
+}
+
+bool DirectRing::PublishFence(uint64_t fence) {
+  Word(mine()->fence).store(fence, std::memory_order_relaxed);
+  Word(mine()->fence_set).store(1, std::memory_order_release);
   return TakeAsk(&proto::DirectSide::want_produced);
 }
 

@@ -34,16 +34,31 @@ class DirectRing {
   uint8_t* tx() const { return tx_; }  // ours: we write it
   uint8_t* rx() const { return rx_; }  // the peer's: we read it
 
-  // What the peer published, checked. `rx_head`: bytes we consumed of its
-  // ring; `rx_tail`: its produced count we took last; `tx_tail`: bytes we
-  // wrote into ours; `credit`: its consumed count we took last.
+  // What the peer published: Load() once, then Check() it. The bounds the
+  // caller passes are read in this order, so that threads that take the
+  // counts concurrently never see a true count as impossible: `rx_tail`
+  // (its produced count taken last) and `credit` (its consumed count taken
+  // last) before Load; `rx_head` (bytes we consumed of its ring) and
+  // `tx_tail` (bytes we wrote into ours) after it (the peer wrote only what
+  // our published consumed count, never above rx_head, let it; it consumed
+  // only what our produced count, never above tx_tail, showed).
   struct Peer {
     uint64_t produced = 0;
     uint64_t consumed = 0;
     uint64_t ring_end = proto::kDirectOpen;
     bool shut_wr = false;
+    bool fence_set = false;
+    uint64_t fence = 0;  // (only with fence_set; checked by the caller, as a FENCE message is)
   };
-  Result<Peer> ReadPeer(uint64_t rx_head, uint64_t rx_tail, uint64_t tx_tail, uint64_t credit) const;
+  Peer Load() const;
+  Status Check(const Peer& p, uint64_t rx_tail, uint64_t credit, uint64_t rx_head, uint64_t tx_tail) const;
+  // Load and Check with counts no other thread changes meanwhile.
+  Result<Peer> ReadPeer(uint64_t rx_head, uint64_t rx_tail, uint64_t tx_tail, uint64_t credit) const {
+    Peer p = Load();
+    Status st = Check(p, rx_tail, credit, rx_head, tx_tail);
+    if (!st.ok()) return st;
+    return p;
+  }
 
   // Publishes our counts. True if the peer asked to be woken for it (then
   // the caller wakes it: one write to its wake eventfd); the ask is taken.
@@ -51,6 +66,9 @@ class DirectRing {
   bool PublishConsumed(uint64_t consumed);
   // Our EOF after `produced` (stored after the last byte's count).
   bool PublishShutWr();
+  // Our FENCE (also posted to vsocketd): the peer learns it here even when
+  // our kernel FIN overtakes the backend's event.
+  bool PublishFence(uint64_t fence);
   bool PublishRingEnd(uint64_t end);
   // Before sleeping until the peer produces (or consumes): asks it to wake
   // us; the caller reads the peer once more after this and sleeps only if

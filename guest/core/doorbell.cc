@@ -2,6 +2,7 @@
 
 #include <atomic>
 
+#include "guest/core/direct.h"
 #include "guest/core/session.h"
 
 namespace vsocket::guest {
@@ -16,6 +17,11 @@ using proto::MsgType;
 // the two always sees the other's (proto/control.h).
 Status Announce(Conn& c, uint64_t proto::DoorbellBlock::*count, uint32_t proto::DoorbellBlock::*want, MsgType type,
                 uint64_t value) {
+  if (c.direct) {
+    // A direct pair: the count goes to the pair's memory (direct.h).
+    AnnounceDirect(c, count == &proto::DoorbellBlock::tx_tail, value);
+    return Status::Ok();
+  }
   if (c.db == nullptr) return c.session->Post({type, 0, proto::ConnCounter{c.id, value}});
   std::atomic_ref<uint64_t>(c.db->*count).store(value, std::memory_order_release);
   std::atomic_thread_fence(std::memory_order_seq_cst);

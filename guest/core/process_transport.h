@@ -31,6 +31,12 @@ class ProcessTransport final : public Transport {
   Status OpenProofs() override { return fe_->OpenProofChannel(); }
   bool proves_sockets() const override { return fe_->proves_sockets(); }
   Status ProveSocket(int fd) override { return fe_->ProveSocket(fd); }
+  Result<DirectFds> FetchDirect(uint64_t token) override {
+    DirectFds out;
+    Status st = fe_->FetchDirect(token, &out.memory, &out.wake, &out.side);
+    if (!st.ok()) return st;
+    return out;
+  }
   void CloseFdsAfterFork() override { fe_->CloseFdsAfterFork(); }
   CpuShare BackendCpus() const override { return BackendCpuShare(fe_->socket_fd()); }
 

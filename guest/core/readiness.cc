@@ -1,6 +1,7 @@
 #include <poll.h>
 #include <sys/ioctl.h>
 
+#include "guest/core/direct.h"
 #include "guest/core/socket_ops.h"
 #include "guest/sys/libc.h"
 
@@ -28,6 +29,7 @@ constexpr int kResetEvents = POLLIN | POLLOUT | POLLERR | POLLHUP | POLLRDHUP;
 int Readiness(int fd, Conn& c) {
   if (c.state.reset()) return kResetEvents;
   if (!c.state.accelerated()) return -1;
+  if (c.direct) PullDirect(c);  // (its counts are in the pair's memory)
   if (c.state.resynced()) {
     // Back on kernel TCP: only bytes still in the ring (or the EOF after
     // them) are ours to report; the kernel socket says the rest.

@@ -242,8 +242,9 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       got += n;
       // Return credit in quarters of the ring, and whenever we caught up, so
       // a sender waiting for space always hears of it. With the doorbell,
-      // every count goes to the block (free while the backend polls).
-      if (c.db != nullptr) {
+      // every count goes to the block (free while the backend polls), and
+      // a direct pair's to its memory (direct.h).
+      if (c.db != nullptr || c.direct) {
         (void)Announce(c, &proto::DoorbellBlock::consumed, &proto::DoorbellBlock::want_consumed, MsgType::kConsumed,
                        head);
       } else if (head - c.consumed_reported >= size / 4 || head == tail) {

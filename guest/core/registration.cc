@@ -11,6 +11,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "guest/core/config.h"
+#include "guest/core/direct.h"
 #include "guest/core/conn_state.h"
 #include "guest/core/fd_table.h"
 #include "guest/core/poll_ops.h"
@@ -340,6 +341,7 @@ void FenceBeforeEndLocked(Conn& c) {
 
 Status SwitchTxLocked(Conn& c) {
   uint64_t sent = c.kernel_sent.load();
+  PublishDirectFence(c, sent);  // (before any ring byte and before our kernel FIN)
   VS_RETURN_IF_ERROR(c.session->Post({MsgType::kFence, 0, proto::ConnCounter{c.id, sent}}));
   c.fence_sent.store(sent);
   c.state.SwitchTx();
@@ -349,6 +351,7 @@ Status SwitchTxLocked(Conn& c) {
 void PostShutWr(Conn& c) {
   Session* s = c.session;
   if (s == nullptr || c.shut_wr_posted.exchange(true)) return;
+  PublishDirectShutWr(c);  // (a direct peer sees it at once; the backend passes it on too)
   (void)s->Post({MsgType::kShutdown, 0, proto::Shutdown{c.id, proto::ShutdownHow::kWrite}});
 }
 

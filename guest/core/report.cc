@@ -88,7 +88,7 @@ void WriteLine(const Conn& c, const char* event, const char* exec_program) {
       "\"accel_tx\":%llu,\"accel_rx\":%llu,\"kernel_tx_after_upgrade\":%llu,"
       "\"kernel_rx_after_upgrade\":%llu,\"resynced\":%s,\"reupgrades\":%u,\"downgrades\":%u,\"last_downgrade\":\"%s\","
       "\"kernel_ms_after_downgrade\":%lld,\"resent_bytes\":%llu,\"fin_deferred\":%s,\"lingered\":%s,\"late_"
-      "wakeups\":%u}\n",
+      "wakeups\":%u,\"path\":\"%s\"}\n",
       getpid(), event, exec_field.c_str(), local, c.local.port, peer, c.peer.port, mode, proto::ToString(reason),
       registered_for, c.stream.withdrawals(), c.state.upgraded() ? "true" : "false", static_cast<unsigned long long>(c.kernel_sent.load()),
       static_cast<unsigned long long>(c.kernel_received.load()), static_cast<unsigned long long>(c.accel_tx.load()),
@@ -101,7 +101,8 @@ void WriteLine(const Conn& c, const char* event, const char* exec_program) {
       c.state.resynced() || c.reupgrades.load() ? "true" : "false", c.reupgrades.load(), c.state.downgrades(),
       c.state.downgrades() ? proto::ToString(c.state.last_downgrade()) : "",
       static_cast<long long>(c.state.kernel_ns_after_downgrades(MonotonicNs()) / 1000000),
-      static_cast<unsigned long long>(c.resent_bytes.load()), c.fin_deferred.load() ? "true" : "false", c.state.lingered() ? "true" : "false", c.late_wakeups.load());
+      static_cast<unsigned long long>(c.resent_bytes.load()), c.fin_deferred.load() ? "true" : "false", c.state.lingered() ? "true" : "false", c.late_wakeups.load(),
+      c.direct ? "direct" : c.state.upgraded() ? "backend" : "kernel");
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return;
   (void)!Libc().write(fd, line, static_cast<size_t>(n));

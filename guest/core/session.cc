@@ -14,6 +14,7 @@
 #include "guest/core/config.h"
 #include "guest/core/conn_events.h"
 #include "guest/core/cpu_share.h"
+#include "guest/core/direct.h"
 #include "guest/core/writer.h"
 #include "guest/sys/libc.h"
 
@@ -175,7 +176,7 @@ Status Session::Negotiate() {
                    (Config().ring_hold ? proto::kFeatureRingHold : 0) | proto::kFeatureFenceDelivered |
                    proto::kFeatureCleanDowngrade | proto::kFeatureBulkHint | proto::kFeatureNaps |
                    (Config().busy_events > 0 ? proto::kFeatureTentative | proto::kFeatureMoveBack : 0) |
-                   proto::kFeatureForkResync |
+                   proto::kFeatureForkResync | (Config().direct ? proto::kFeatureDirect : 0) |
                    // (Only a reason's name: proto::ToString names it in the report.)
                    proto::kFeatureDirectoryUnavailable;
   proto::Message resp;
@@ -192,6 +193,7 @@ Status Session::Negotiate() {
   tentative_ = (ack->features & hello.features & proto::kFeatureTentative) != 0;
   fork_resync_ = (ack->features & hello.features & proto::kFeatureForkResync) != 0;
   move_back_ = (ack->features & hello.features & proto::kFeatureMoveBack) != 0;
+  direct_ = (ack->features & hello.features & proto::kFeatureDirect) != 0;
   // Process mode: registrations name sockets this process proves it holds
   // (a port without a proof socket does not ask for it).
   Status proof = transport_->OpenProofs();
@@ -398,6 +400,7 @@ bool Session::DrainLocked() {
     BackendLost();
     changed = true;
   }
+  if (!direct_conns_.empty()) changed |= PullDirectLocked();
   if (changed) NotifyWaitersLocked();
   if (sleepers_ > 0) {
     eq.EnableInterrupts();
@@ -429,7 +432,47 @@ void Session::Dispatch(const Message& m) {
   }
   auto it = conns_.find(EventConnId(m));
   if (it == conns_.end()) return;  // closed meanwhile
-  DispatchConnEvent(it->second, m, g_link_lost.load(std::memory_order_acquire));
+  const std::shared_ptr<Conn>& c = it->second;
+  if (m.type == MsgType::kDirect) {
+    // (Before its UPGRADE: no ring byte has moved yet.)
+    Status st = direct_ ? AttachDirect(*c, *transport_, std::get<proto::ConnCounter>(m.body).bytes)
+                        : Status(Code::kFailedPrecondition, "the session did not take kFeatureDirect");
+    if (st.ok()) {
+      direct_conns_.push_back(c);
+    } else {
+      VS_LOG(kWarn, "conn %lu: no direct ring pair: %s: connection reset", static_cast<unsigned long>(c->id),
+             st.ToString().c_str());
+      DispatchConnEvent(c, {MsgType::kError, 0, proto::Error{c->id, proto::WireError::kBadRing, proto::Reason::kProtocolError}},
+                        g_link_lost.load(std::memory_order_acquire));
+    }
+    return;
+  }
+  if (c->direct) {
+    // Its counts come from the pair's memory, never from the backend; an
+    // EOF the backend passes on follows the counts before it there.
+    if (m.type == MsgType::kRxTail || m.type == MsgType::kCredit) return;
+    if (m.type == MsgType::kShutdown || m.type == MsgType::kDowngrade) PullDirect(*c);
+  }
+  DispatchConnEvent(c, m, g_link_lost.load(std::memory_order_acquire));
+}
+
+bool Session::PullDirectLocked() {
+  bool changed = false;
+  for (size_t i = 0; i < direct_conns_.size();) {
+    const std::shared_ptr<Conn>& c = direct_conns_[i];
+    changed |= PullDirect(*c);
+    if (c->direct_broken.load(std::memory_order_relaxed)) {
+      // The peer wrote a count that cannot be: this connection is reset.
+      DispatchConnEvent(c, {MsgType::kError, 0, proto::Error{c->id, proto::WireError::kBadRing, proto::Reason::kProtocolError}},
+                        g_link_lost.load(std::memory_order_acquire));
+      direct_conns_[i] = std::move(direct_conns_.back());
+      direct_conns_.pop_back();
+      changed = true;
+      continue;
+    }
+    ++i;
+  }
+  return changed;
 }
 
 void Session::NotifyWaitersLocked() {
@@ -458,6 +501,11 @@ bool Session::PrepareSleep() {
   ++sleepers_;
   bool pending = transport_->queue(QueueId::kEvents).EnableInterrupts();
   pending |= transport_->queue(QueueId::kRequests).EnableInterrupts();
+  if (!direct_conns_.empty()) {
+    // Direct peers wake us only when asked (direct.h), then one last look.
+    for (const auto& c : direct_conns_) ArmDirect(*c);
+    pending |= PullDirectLocked();
+  }
   if (pending) {
     --sleepers_;
     DrainLocked();
@@ -508,9 +556,9 @@ Status Session::AllocRings(Conn& c, uint32_t ring_bytes) {
 
 void Session::FreeRings(Conn& c) {
   MutexLock lock(mu_);
-  transport_->allocator().Free(c.tx);
-  transport_->allocator().Free(c.rx);
-  c.tx = c.rx = nullptr;
+  transport_->allocator().Free(c.owned_tx());
+  transport_->allocator().Free(c.owned_rx());
+  c.tx = c.rx = c.region_tx = c.region_rx = nullptr;
   c.db = nullptr;
 }
 
@@ -520,13 +568,13 @@ Status Session::Unregister(Conn& c) {
     // are never reused (it may still use them when it wakes up).
     Status st = Post({MsgType::kUnregister, 0, proto::Unregister{c.id}});
     Untrack(c.id);
-    c.tx = c.rx = nullptr;
+    c.tx = c.rx = c.region_tx = c.region_rx = nullptr;
     c.db = nullptr;
     return st.ok() ? Status(Code::kDeadlineExceeded, "backend not answering: rings left to it") : st;
   }
   {
     MutexLock lock(mu_);
-    closing_[c.id] = Closing{c.tx, c.rx};
+    closing_[c.id] = Closing{c.owned_tx(), c.owned_rx()};
   }
   Message resp;
   Status st = Call({MsgType::kUnregister, 0, proto::Unregister{c.id}}, &resp);
@@ -542,11 +590,11 @@ Status Session::Unregister(Conn& c) {
     VS_LOG(kDebug, "conn %lu: rings held until the backend's sends and peer writes are done",
            static_cast<unsigned long>(c.id));
   } else {
-    transport_->allocator().Free(c.tx);
-    transport_->allocator().Free(c.rx);
+    transport_->allocator().Free(c.owned_tx());
+    transport_->allocator().Free(c.owned_rx());
     closing_.erase(it);
   }
-  c.tx = c.rx = nullptr;
+  c.tx = c.rx = c.region_tx = c.region_rx = nullptr;
   c.db = nullptr;
   return st;
 }
@@ -572,6 +620,7 @@ void Session::Track(const std::shared_ptr<Conn>& c) {
 void Session::Untrack(uint64_t conn_id) {
   MutexLock lock(mu_);
   conns_.erase(conn_id);
+  std::erase_if(direct_conns_, [&](const std::shared_ptr<Conn>& c) { return c->id == conn_id; });
 }
 
 // Requires mu_. Every connection finishes on kernel TCP without losing a

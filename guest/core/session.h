@@ -182,6 +182,11 @@ class Session {
   bool session_unknown_ GUARDED_BY(mu_) = false;  // the backend said so (Dispatch; decision 094)
   bool doorbell_ = false;   // set once, before the session is handed out
   bool ring_hold_ = false;  // likewise: kFeatureRingHold
+  bool direct_ = false;     // likewise: kFeatureDirect (decision 97)
+  // Direct connections (direct.h): their counts are pulled at every drain
+  // and their peers asked to wake us before any sleep.
+  std::vector<std::shared_ptr<Conn>> direct_conns_ GUARDED_BY(mu_);
+  bool PullDirectLocked() REQUIRES(mu_);
   bool bulk_hint_ = false;  // likewise: kFeatureBulkHint
   bool naps_ = false;       // likewise: kFeatureNaps
   bool tentative_ = false;  // likewise: kFeatureTentative

@@ -18,6 +18,7 @@
 #include <memory>
 
 #include "base/status.h"
+#include "base/unique_fd.h"
 #include "guest/core/cpu_share.h"
 #include "vhost/region/shm_region.h"
 #include "vhost/ring/virtqueue_driver.h"
@@ -60,6 +61,18 @@ class Transport {
   virtual Status OpenProofs() = 0;
   virtual bool proves_sockets() const = 0;
   virtual Status ProveSocket(int fd) = 0;
+
+  // A direct pair's memory and its peer's wake eventfd (decision 97), by the
+  // token of the connection's DIRECT event; which side of the memory is
+  // ours. kNotFound where the transport cannot (no proof channel).
+  struct DirectFds {
+    UniqueFd memory, wake;
+    uint32_t side = 0;
+  };
+  virtual Result<DirectFds> FetchDirect(uint64_t token) {
+    (void)token;
+    return Status(Code::kNotFound, "this transport has no direct pairs");
+  }
 
   // In a fork child: close our copies of the device's fds, touching none of
   // its memory (the parent's session goes on using it).

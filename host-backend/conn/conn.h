@@ -60,6 +60,7 @@ enum EventBit : uint32_t {
   kEvFenceDelivered = 1u << 7,  // our FENCE is in the peer guest's event queue (kFeatureFenceDelivered)
   kEvPeerRingEnd = 1u << 8,     // the peer left the rings (a drain): its stream goes on on kernel TCP after rx_tail
   kEvDrain = 1u << 9,           // leave the rings with clean fences (kFeatureCleanDowngrade), ev_drain_reason
+  kEvDirect = 1u << 10,         // the pair goes direct (kFeatureDirect, decision 97): ev_direct_token, before UPGRADE
 };
 
 // Frames owed to a remote peer's backend (coalesced like events; sent in
@@ -167,6 +168,11 @@ struct BackendConn {
   bool fork_resync = false;  // the session took the feature
   bool move_back = false;    // the session took kFeatureMoveBack (decision 92)
   bool knows_directory = false;  // the session took kFeatureDirectoryUnavailable (decision 95)
+  bool takes_direct = false;     // the session took kFeatureDirect (decision 97)
+  // A direct pair (decision 97): the two libraries share a ring pair of
+  // their own; no byte of it passes here (no TX_TAIL, CONSUMED or doorbell).
+  bool direct = false;
+  uint64_t ev_direct_token = 0;
   // The DOWNGRADE owed to our guest asks it to resend its ring stream from
   // ev_resend_from with no RESYNC header (its peer's process forked).
   bool ev_resend = false;

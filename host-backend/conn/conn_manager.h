@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "base/mutex.h"
+#include "base/unique_fd.h"
 #include "host-backend/conn/conn.h"
 #include "host-backend/conn/counters.h"
 #include "host-backend/conn/request_result.h"
@@ -48,6 +49,8 @@
 #include "proto/control.h"
 #include "proto/fabric.h"
 #include "vhost/backend/backend_device.h"
+#include "vhost/backend/proof_server.h"
+#include "vhost/backend/vhost_backend.h"
 
 namespace vsocket::backend {
 
@@ -176,6 +179,11 @@ class ConnManager {
   // Worker, every pass: makes the copy Snapshot() waits for, if one was asked.
   void ServeSnapshots() EXCLUDES(snapshot_mu_);
   const ConnManagerCounters& counters() const { return counters_; }
+  // The proof thread (decision 97): the memory and the peer's wake fd of a
+  // direct pair, for the connection of `device` whose DIRECT event named
+  // `token`; once. kNotFound: no such token for that device.
+  Status FetchDirect(const vhost::BackendDevice* device, uint64_t token, vhost::DirectGrant* out)
+      EXCLUDES(direct_mu_);
   const VmTotals& vm_totals(size_t vm_index) const { return vm_totals_[vm_index % kMaxVms]; }
 
  private:
@@ -197,6 +205,7 @@ class ConnManager {
     bool fork_resync = false;                          // session took kFeatureForkResync
     bool move_back = false;                            // session took kFeatureMoveBack
     bool knows_directory = false;                      // session took kFeatureDirectoryUnavailable
+    bool direct = false;                               // session took kFeatureDirect
     std::deque<uint64_t> released;                     // conn ids owed RINGS_RELEASED
   };
   // Doorbells (kFeatureDoorbell). Polling a connection's block means the
@@ -245,6 +254,12 @@ class ConnManager {
   void PeerViolation(BackendConn& c, const char* what);
   static bool RingsOverlap(const DeviceConns& dc, const BackendConn& c);
   void Pair(BackendConn& a, BackendConn& b);
+  // Decision 97 (conn/direct.cc): a pair both of whose sessions and VMs
+  // allow it gets a ring pair of its own; each side's DIRECT event names
+  // the token its library fetches the memory with (FetchDirect).
+  void MaybeGoDirect(BackendConn& a, BackendConn& b);
+  bool DirectAllowed(const BackendConn& a, const BackendConn& b) const;
+  void DropDirectOffers(uint64_t handle) EXCLUDES(direct_mu_);
   // Registration and undrain: pairs c with its mirror on this host, or with
   // a peer host (requests.cc).
   bool PairWithMirror(BackendConn& c);
@@ -465,6 +480,15 @@ class ConnManager {
     proto::Reason why;
     uint64_t seq;
   };
+  // Direct pairs' memory waiting for its libraries to fetch it, by token.
+  struct DirectOffer {
+    const vhost::BackendDevice* device = nullptr;
+    uint64_t handle = 0;
+    UniqueFd memory, wake;
+    uint32_t side = 0;
+  };
+  Mutex direct_mu_;
+  std::unordered_map<uint64_t, DirectOffer> direct_offers_ GUARDED_BY(direct_mu_);
   Mutex drain_mu_;
   std::vector<DrainRequest> drain_requests_ GUARDED_BY(drain_mu_);
   std::atomic<bool> drain_requested_{false};

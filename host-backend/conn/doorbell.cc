@@ -7,7 +7,8 @@
 namespace vsocket::backend {
 
 proto::DoorbellBlock* ConnManager::DoorbellOf(BackendConn& c) {
-  if (!c.doorbell || c.tx.host == nullptr) return nullptr;
+  // (A direct pair's counts are in its own memory, not here: decision 97.)
+  if (!c.doorbell || c.direct || c.tx.host == nullptr) return nullptr;
   return reinterpret_cast<proto::DoorbellBlock*>(c.tx.host + c.tx.size);
 }
 

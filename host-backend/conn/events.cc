@@ -10,8 +10,8 @@ using proto::Message;
 using proto::MsgType;
 
 namespace {
-// One connection's events at most: ten messages of up to 40 bytes.
-constexpr size_t kMaxEventBytes = 10 * 40;
+// One connection's events at most: eleven messages of up to 40 bytes.
+constexpr size_t kMaxEventBytes = 11 * 40;
 }  // namespace
 
 void ConnManager::Raise(BackendConn& c, uint32_t bits) {
@@ -64,9 +64,10 @@ bool ConnManager::EmitEvents(vhost::BackendDevice& device) {
     }
     while (!dc->events.empty()) {
       BackendConn& c = *dc->events.front();
-      std::array<Message, 10> out;
+      std::array<Message, 11> out;
       size_t n = 0;
       uint32_t bits = c.pending_events;
+      if (bits & kEvDirect) out[n++] = {MsgType::kDirect, 0, proto::ConnCounter{c.conn_id, c.ev_direct_token}};
       if (bits & kEvUpgrade) out[n++] = {MsgType::kUpgrade, 0, proto::Upgrade{c.conn_id, c.ev_peer_rx_window, 64}};
       if (bits & kEvFence) out[n++] = {MsgType::kFence, 0, proto::ConnCounter{c.conn_id, c.ev_peer_fence}};
       if (bits & kEvRxTail) out[n++] = {MsgType::kRxTail, 0, proto::ConnCounter{c.conn_id, c.rx_tail}};

@@ -29,7 +29,7 @@ uint64_t ConnManager::OnHello(vhost::BackendDevice& device, uint64_t features) {
            (dc->clean_downgrade ? proto::kFeatureCleanDowngrade : 0) | (dc->bulk_hint ? proto::kFeatureBulkHint : 0) |
            (dc->naps ? proto::kFeatureNaps : 0) | (dc->tentative ? proto::kFeatureTentative : 0) |
            (dc->fork_resync ? proto::kFeatureForkResync : 0) | (dc->move_back ? proto::kFeatureMoveBack : 0) |
-           (dc->knows_directory ? proto::kFeatureDirectoryUnavailable : 0);
+           (dc->knows_directory ? proto::kFeatureDirectoryUnavailable : 0) | (dc->direct ? proto::kFeatureDirect : 0);
   uint64_t taken = features & proto::kKnownFeatures & (naps_ ? ~uint64_t{0} : ~proto::kFeatureNaps);
   dc->doorbell = (taken & proto::kFeatureDoorbell) != 0;
   dc->ring_hold = (taken & proto::kFeatureRingHold) != 0;
@@ -41,6 +41,7 @@ uint64_t ConnManager::OnHello(vhost::BackendDevice& device, uint64_t features) {
   dc->fork_resync = (taken & proto::kFeatureForkResync) != 0;
   dc->move_back = (taken & proto::kFeatureMoveBack) != 0;
   dc->knows_directory = (taken & proto::kFeatureDirectoryUnavailable) != 0;
+  dc->direct = (taken & proto::kFeatureDirect) != 0;
   if (dc->doorbell) counters_.doorbell_sessions.fetch_add(1, std::memory_order_relaxed);
   return taken;
 }
@@ -68,6 +69,7 @@ void ConnManager::Pair(BackendConn& a, BackendConn& b) {
   vm_totals_[b.vm_index % kMaxVms].upgrades.fetch_add(1, std::memory_order_relaxed);
   a.ev_peer_rx_window = b.rx.size;
   b.ev_peer_rx_window = a.rx.size;
+  MaybeGoDirect(a, b);  // (its DIRECT events go out before the UPGRADEs)
   Raise(a, kEvUpgrade);
   Raise(b, kEvUpgrade);
   // A side that shut down its write direction before the pairing: its peer
@@ -176,6 +178,7 @@ void ConnManager::MaybeDestroy(BackendConn* c) {
       dc->events.erase(std::remove(dc->events.begin(), dc->events.end(), c), dc->events.end());
   }
   RemoveDoorbell(*c);
+  if (c->direct) DropDirectOffers(c->handle);  // (a library that never fetched its memory)
   DropRx(*c);
   WithdrawTx(*c);  // nothing in flight reads it (Busy above): dropped at once
   if (!c->orphan.empty()) {

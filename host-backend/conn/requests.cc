@@ -216,8 +216,10 @@ RequestResult ConnManager::OnDowngrade(DeviceConns&, BackendConn* conn, const Me
     return refuse("shutting down or draining");
   if (p->gone || p->write_shut || p->drain_asked || p->ring_ended || !p->fork_resync || p->state != ConnState::kUpgraded)
     return refuse("the peer is shutting down, draining, or its library cannot resend");
-  // What the guest consumed lies between what it reported and what landed.
-  if (d.bytes_received > c.rx_tail || d.bytes_received < c.rx_consumed) {
+  // What the guest consumed lies between what it reported and what landed
+  // (a direct pair's counts never pass here: the peer's library checks it
+  // against its own, PrepareHeaderlessResendLocked).
+  if (!c.direct && (d.bytes_received > c.rx_tail || d.bytes_received < c.rx_consumed)) {
     Violation(c, "fork DOWNGRADE outside the RX ring's bytes");
     *reply = Ack(msg.request_id, c.conn_id, WireError::kBadMessage, Reason::kProtocolError);
     return RequestResult::kReply;
@@ -366,6 +368,7 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
   c.fork_resync = dc.fork_resync;
   c.move_back = dc.move_back;
   c.knows_directory = dc.knows_directory;
+  c.takes_direct = dc.direct;
   // A doorbell block must be 64-byte aligned (its counts are atomics).
   if ((c.doorbell && r.tx_ring_gpa % proto::kDoorbellBytes != 0) || !ResolveRings(c) ||
       (c.doorbell && reinterpret_cast<uintptr_t>(c.tx.host) % proto::kDoorbellBytes != 0)) {
@@ -535,6 +538,10 @@ bool ConnManager::PairRemote(BackendConn& c) {
 }
 
 bool ConnManager::ApplyTxTail(BackendConn& c, uint64_t tail) {
+  if (c.direct) {
+    Violation(c, "TX_TAIL for a direct connection (its bytes never pass here)");
+    return false;
+  }
   uint64_t credit = c.peer ? c.peer->rx_consumed : c.remote.paired() ? c.remote.credit : c.tx_copied;
   // The guest may fill its TX ring only up to what the peer has freed.
   if (c.state != ConnState::kUpgraded || !c.fence_received || c.write_shut || tail < c.tx_tail ||
@@ -548,6 +555,10 @@ bool ConnManager::ApplyTxTail(BackendConn& c, uint64_t tail) {
 }
 
 bool ConnManager::ApplyConsumed(BackendConn& c, uint64_t consumed) {
+  if (c.direct) {
+    Violation(c, "CONSUMED for a direct connection (its bytes never pass here)");
+    return false;
+  }
   if (c.state != ConnState::kUpgraded || consumed < c.rx_consumed || consumed > c.rx_tail) {
     Violation(c, "CONSUMED beyond what was delivered");
     return false;

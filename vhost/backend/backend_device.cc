@@ -103,6 +103,7 @@ Status BackendDevice::Load() {
 
   queues_.clear();
   kick_fds_.clear();
+  call_fds_.clear();
   for (uint16_t q = 0; q < nr; ++q) {
     rte_vhost_vring vr{};
     if (rte_vhost_get_vhost_vring(vid_, q, &vr) != 0)
@@ -126,6 +127,9 @@ Status BackendDevice::Load() {
     // frontend must not be able to stall it.
     int fl = fcntl(kick, F_GETFL);
     if (fl < 0 || fcntl(kick, F_SETFL, fl | O_NONBLOCK) != 0) return Status::FromErrno("set kick fd non-blocking");
+    // The guest's call eventfd (our dup; -1 if it gave none): a direct
+    // peer wakes this process's sleepers through it (decision 97).
+    call_fds_.emplace_back(vr.callfd >= 0 ? fcntl(vr.callfd, F_DUPFD_CLOEXEC, 0) : -1);
     uint16_t last_avail = 0, last_used = 0;
     rte_vhost_get_vring_base(vid_, q, &last_avail, &last_used);
     queues_.emplace_back(SplitRing(vr.desc, vr.avail, vr.used, vr.size), &memory_, event_idx_, last_avail, last_used);

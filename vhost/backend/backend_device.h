@@ -49,6 +49,8 @@ class BackendDevice {
   size_t num_queues() const { return queues_.size(); }
   VirtqueueDevice& queue(size_t i) { return queues_[i]; }
   int kick_fd(size_t i) const { return kick_fds_[i].get(); }
+  // The guest's call eventfd of queue i (-1: none), as of the last Load.
+  int call_fd(size_t i) const { return i < call_fds_.size() ? call_fds_[i].get() : -1; }
   bool event_idx() const { return event_idx_; }
   uint64_t features() const { return features_; }
 
@@ -90,6 +92,7 @@ class BackendDevice {
   GuestMemory memory_;
   std::vector<VirtqueueDevice> queues_;
   std::vector<UniqueFd> kick_fds_;  // our dups: immune to the library closing its fd
+  std::vector<UniqueFd> call_fds_;  // likewise
   std::atomic<bool> broken_{false};
   std::atomic<bool> stopping_{false};
   std::string broken_reason_;  // written once, before broken_ is set

@@ -98,9 +98,11 @@ void ProofServer::Accept(const Listener& l) {
 bool ProofServer::Serve(Channel& c) {
   // At most a few requests per pass: one guest cannot keep the others waiting.
   for (int served = 0; served < 64; ++served) {
+    // (Room for the largest request: a larger one is truncated, MSG_TRUNC.)
+    alignas(8) uint8_t buf[sizeof(proof::DirectFetch) + 1];
     proof::Request req;
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
-    iovec iov{&req, sizeof(req)};
+    iovec iov{buf, sizeof(buf)};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
@@ -119,6 +121,14 @@ bool ProofServer::Serve(Channel& c) {
         std::memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
         fds.emplace_back(f);
       }
+    }
+    if (n >= static_cast<ssize_t>(sizeof(req))) std::memcpy(&req, buf, sizeof(req));
+    if (n == sizeof(proof::DirectFetch) && req.magic == proof::kMagic && req.op == proof::Op::kDirectFetch &&
+        fds.empty() && !(msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC))) {
+      proof::DirectFetch f;
+      std::memcpy(&f, buf, sizeof(f));
+      if (!ServeDirectFetch(c, f.token)) return false;
+      continue;
     }
     proof::Reply reply;
     if (n != sizeof(req) || req.magic != proof::kMagic || fds.size() != 1 || (msg.msg_flags & MSG_CTRUNC)) {
@@ -160,6 +170,39 @@ bool ProofServer::Serve(Channel& c) {
     if (send(c.fd.get(), &reply, sizeof(reply), MSG_DONTWAIT | MSG_NOSIGNAL) != sizeof(reply)) return false;
   }
   return true;
+}
+
+bool ProofServer::ServeDirectFetch(Channel& c, uint64_t token) {
+  proof::DirectReply reply;
+  DirectGrant grant;
+  std::shared_ptr<BackendDevice> d = c.device.lock();
+  if (!c.bound || d == nullptr) {
+    reply.error = EPERM;
+  } else if (Status st = fetch_ ? fetch_(c.port_path, d.get(), token, &grant) : Status(Code::kNotFound, "");
+             !st.ok()) {
+    reply.error = ENOENT;
+  }
+  reply.side = grant.side;
+  iovec iov{&reply, sizeof(reply)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 2)] = {};
+  if (reply.error == 0) {
+    int fds[2] = {grant.memory.get(), grant.wake.get()};
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(fds));
+    std::memcpy(CMSG_DATA(cm), fds, sizeof(fds));
+    counters_.direct_fetched.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    counters_.direct_refused.fetch_add(1, std::memory_order_relaxed);
+  }
+  // (Our copies of the fds close when grant goes: the process has its own.)
+  return sendmsg(c.fd.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(reply));
 }
 
 void ProofServer::Run() {

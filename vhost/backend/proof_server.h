@@ -21,6 +21,13 @@ namespace vsocket::vhost {
 
 class BackendDevice;
 
+// A direct pair's memory handed to one of its processes (decision 97).
+struct DirectGrant {
+  UniqueFd memory;  // the pair's sealed memfd
+  UniqueFd wake;    // the peer process's wake eventfd (its event queue's call fd)
+  uint32_t side = 0;
+};
+
 struct ProofCounters {
   std::atomic<uint64_t> channels{0};        // proof channels accepted
   std::atomic<uint64_t> channels_refused{0};  // beyond a port's bound
@@ -28,6 +35,8 @@ struct ProofCounters {
   std::atomic<uint64_t> proved{0};          // sockets proved
   std::atomic<uint64_t> refused{0};         // not a connected TCP socket, or before a bind
   std::atomic<uint64_t> wrong_netns{0};     // a socket of another network namespace than the VM's attested one
+  std::atomic<uint64_t> direct_fetched{0};  // direct pair memories handed over (decision 97)
+  std::atomic<uint64_t> direct_refused{0};  // fetches with no such token for that device
 };
 
 class ProofServer {
@@ -38,8 +47,12 @@ class ProofServer {
   // The network namespace the operator attested for the port's VM
   // (SO_NETNS_COOKIE; 0: none attested).
   using AttestedNetns = std::function<uint64_t(const std::string& port_path)>;
-  ProofServer(FindDevice find, AttestedNetns netns, ProofCounters* counters)
-      : find_(std::move(find)), netns_(std::move(netns)), counters_(*counters) {}
+  // The grant behind a DIRECT token for a connection of `device` (the
+  // port's data path keeps them); kNotFound if there is none.
+  using FetchDirect =
+      std::function<Status(const std::string& port_path, BackendDevice* device, uint64_t token, DirectGrant* out)>;
+  ProofServer(FindDevice find, AttestedNetns netns, FetchDirect fetch, ProofCounters* counters)
+      : find_(std::move(find)), netns_(std::move(netns)), fetch_(std::move(fetch)), counters_(*counters) {}
   ~ProofServer();
 
   // Opens PATH.proof next to the port socket at port_path, with its mode and
@@ -65,9 +78,12 @@ class ProofServer {
   void Accept(const Listener& l);
   // False: the channel is done (closed, or broke the protocol).
   bool Serve(Channel& c);
+  // A kDirectFetch: answered with its fds (false: the channel broke).
+  bool ServeDirectFetch(Channel& c, uint64_t token);
 
   FindDevice find_;
   AttestedNetns netns_;
+  FetchDirect fetch_;
   ProofCounters& counters_;
   UniqueFd wake_;
   std::thread thread_;

@@ -208,9 +208,21 @@ ProofServer& VhostBackend::Proofs() {
   std::call_once(proofs_once_, [this] {
     proofs_ = std::make_unique<ProofServer>(
         [this](const std::string& path, const FileId& f) { return DeviceWithRegionFile(path, f); },
-        [this](const std::string& path) { return AttestedNetns(path); }, &counters_.proofs);
+        [this](const std::string& path) { return AttestedNetns(path); },
+        [this](const std::string& path, BackendDevice* d, uint64_t token, DirectGrant* out) {
+          DeviceListener* l = ListenerOf(path);
+          return l != nullptr ? l->FetchDirect(d, token, out) : Status(Code::kNotFound, "no such port");
+        },
+        &counters_.proofs);
   });
   return *proofs_;
+}
+
+DeviceListener* VhostBackend::ListenerOf(const std::string& port_path) {
+  MutexLock lock(mu_);
+  for (const auto& p : ports_)
+    if (p->config.path == port_path) return p->listener;
+  return nullptr;
 }
 
 void VhostBackend::AttestNetns(const std::string& port_path, uint64_t cookie) {

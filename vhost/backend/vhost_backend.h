@@ -58,6 +58,11 @@ struct PortConfig {
   // it holds (PATH.proof; socket_proof.h). Off for frontends that cannot
   // (QEMU VMs, raw-protocol tests).
   bool prove_sockets = true;
+  // Direct pairs (decision 97): which of this VM's same-host pairs vsocketd
+  // hands a ring pair of their own and leaves. kSameTenant: a peer of the
+  // same tenant; kSameVm: only a peer in this VM; kOff: none.
+  enum class Direct : uint8_t { kOff, kSameTenant, kSameVm };
+  Direct direct = Direct::kOff;
 };
 
 // Implemented by the data path. All calls come from the vhost-user thread.
@@ -72,6 +77,12 @@ class DeviceListener {
   // VHOST_F_LOG_ALL toggled: live migration began (true) or ended (false);
   // also false when a device stops with its log on (device->stopping()).
   virtual void MigrationChanged(BackendDevice* device, bool logging) = 0;
+  // From the proof thread: the direct pair memory behind `token` for a
+  // connection of `device` (decision 97), once; kNotFound if none.
+  virtual Status FetchDirect(BackendDevice* device, uint64_t token, DirectGrant* out) {
+    (void)device, (void)token, (void)out;
+    return Status(Code::kNotFound, "no direct pairs here");
+  }
 };
 
 struct BackendCounters {
@@ -128,6 +139,9 @@ class VhostBackend {
   VhostBackend() = default;
   std::shared_ptr<BackendDevice> DeviceWithRegionFile(const std::string& port_path, const FileId& f) EXCLUDES(mu_);
   ProofServer& Proofs();
+  // The data path of the port at port_path (listeners live as long as the
+  // backend: a port removed keeps its listener object).
+  DeviceListener* ListenerOf(const std::string& port_path) EXCLUDES(mu_);
   // The way to a port's listener, never with mu_ held: Detach waits for the
   // worker's pass, and our lock held meanwhile would stall the control
   // socket (Devices) and the proof thread (DeviceWithRegionFile).

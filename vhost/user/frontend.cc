@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "base/clock.h"
 #include "base/log.h"
@@ -281,6 +282,64 @@ Status VhostUserFrontend::ProveSocket(int fd) {
   // A channel that failed (not an answer) is not used again.
   if (!st.ok() && st.code() == Code::kUnavailable) proof_.reset();
   return st;
+}
+
+Status VhostUserFrontend::FetchDirect(uint64_t token, UniqueFd* memory, UniqueFd* wake, uint32_t* side) {
+  MutexLock lock(proof_mu_);
+  if (!proof_) {
+    Status st = OpenProofChannelLocked();
+    if (!st.ok()) return st;
+  }
+  proof::DirectFetch req;
+  req.token = token;
+  ssize_t n;
+  do n = send(proof_.get(), &req, sizeof(req), MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(sizeof(req))) {
+    proof_.reset();
+    return Status(Code::kUnavailable, "proof channel: send failed");
+  }
+  pollfd p{proof_.get(), POLLIN, 0};
+  for (int64_t deadline = MonotonicMs() + kProofTimeoutMs;;) {
+    int64_t left = deadline - MonotonicMs();
+    if (left <= 0) {
+      proof_.reset();
+      return Status(Code::kUnavailable, "proof channel: no answer");
+    }
+    int r = poll(&p, 1, static_cast<int>(left));
+    if (r > 0) break;
+    if (r < 0 && errno != EINTR) return Status(Code::kUnavailable, "proof channel: poll failed");
+  }
+  proof::DirectReply reply;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 2)] = {};
+  iovec iov{&reply, sizeof(reply)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  do n = recvmsg(proof_.get(), &msg, MSG_CMSG_CLOEXEC);
+  while (n < 0 && errno == EINTR);
+  std::vector<UniqueFd> fds;
+  for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
+    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+    size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int f;
+      std::memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+      fds.emplace_back(f);
+    }
+  }
+  if (n != static_cast<ssize_t>(sizeof(reply)) || reply.magic != proof::kMagic) {
+    proof_.reset();
+    return Status(Code::kUnavailable, "proof channel: closed");
+  }
+  if (reply.error != 0) return Status(Code::kNotFound, std::string("direct fetch refused: ") + strerror(static_cast<int>(reply.error)));
+  if (fds.size() != 2 || reply.side > 1) return Status(Code::kDataLoss, "direct fetch: a malformed answer");
+  *memory = std::move(fds[0]);
+  *wake = std::move(fds[1]);
+  *side = reply.side;
+  return Status::Ok();
 }
 
 // One request with one fd, one reply.

@@ -69,6 +69,9 @@ class VhostUserFrontend {
   // Proves that this process holds connected TCP socket `fd`: the backend
   // then accepts one registration of its 4-tuple. Thread-safe.
   Status ProveSocket(int fd) EXCLUDES(proof_mu_);
+  // A direct pair's memory and its peer's wake eventfd, by the token of a
+  // DIRECT event (proof::Op::kDirectFetch; decision 97).
+  Status FetchDirect(uint64_t token, UniqueFd* memory, UniqueFd* wake, uint32_t* side) EXCLUDES(proof_mu_);
 
   VirtqueueDriver& queue(size_t i) { return queues_[i].driver; }
   size_t num_queues() const { return queues_.size(); }

@@ -6,6 +6,11 @@
 //           to the device whose memory it is (once, first).
 //   kProve: a connected TCP socket; its 4-tuple may then be registered by
 //           that device, once.
+//   kDirectFetch (no fd; DirectFetch, answered by DirectReply): the memory
+//           of a direct pair vsocketd made for one of this device's
+//           connections (decision 97) and the peer process's wake eventfd,
+//           two fds attached to the reply; the token came in the
+//           connection's DIRECT event, and serves once.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +19,7 @@
 namespace vsocket::vhost::proof {
 
 inline constexpr uint32_t kMagic = 0x46505356;  // "VSPF"
-enum class Op : uint32_t { kBind = 1, kProve = 2 };
+enum class Op : uint32_t { kBind = 1, kProve = 2, kDirectFetch = 3 };
 
 struct Request {
   uint32_t magic = kMagic;
@@ -30,6 +35,24 @@ struct Reply {
   uint32_t error = 0;
 };
 static_assert(sizeof(Reply) == 8);
+
+struct DirectFetch {
+  uint32_t magic = kMagic;
+  Op op = Op::kDirectFetch;
+  uint64_t token = 0;
+};
+static_assert(sizeof(DirectFetch) == 16);
+
+// error 0: the memfd then the wake eventfd attached, and which side of the
+// pair's memory is this connection's. ENOENT: no such token for this
+// device (the pair went, or it was fetched); EPERM: not bound yet.
+struct DirectReply {
+  uint32_t magic = kMagic;
+  uint32_t error = 0;
+  uint32_t side = 0;
+  uint32_t reserved = 0;
+};
+static_assert(sizeof(DirectReply) == 16);
 
 inline std::string SocketPath(const std::string& port_path) { return port_path + ".proof"; }
 

@@ -1,0 +1,111 @@
+#include "guest/core/direct.h"
+
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "guest/core/writer.h"
+#include "guest/sys/libc.h"
+
+namespace vsocket::guest {
+
+namespace {
+
+// v becomes max(v, x); true if it grew.
+bool RaiseTo(std::atomic<uint64_t>& v, uint64_t x) {
+  uint64_t cur = v.load(std::memory_order_relaxed);
+  while (x > cur)
+    if (v.compare_exchange_weak(cur, x, std::memory_order_release, std::memory_order_relaxed)) return true;
+  return false;
+}
+
+void Wake(const Conn& c) {
+  uint64_t one = 1;
+  if (c.direct_wake.fd >= 0) (void)!Libc().write(c.direct_wake.fd, &one, sizeof(one));
+}
+
+}  // namespace
+
+Status AttachDirect(Conn& c, Transport& t, uint64_t token) {
+  if (c.direct) return Status(Code::kFailedPrecondition, "already direct");
+  auto fds = t.FetchDirect(token);
+  if (!fds.ok()) return fds.status();
+  auto ring = DirectRing::Map(fds->memory.get(), static_cast<int>(fds->side));
+  Libc().close(fds->memory.release());  // (the mapping stays)
+  if (!ring.ok()) {
+    Libc().close(fds->wake.release());
+    return ring.status();
+  }
+  c.region_tx = c.tx;
+  c.region_rx = c.rx;
+  c.tx = (*ring)->tx();
+  c.rx = (*ring)->rx();
+  c.ring_size = (*ring)->ring_bytes();
+  c.db = nullptr;
+  c.direct_wake.fd = OwnFd(fds->wake.release());
+  c.direct = std::move(*ring);
+  return Status::Ok();
+}
+
+bool PullDirect(Conn& c) {
+  DirectRing* d = c.direct.get();
+  if (d == nullptr || c.direct_broken.load(std::memory_order_relaxed)) return false;
+  // Back on kernel TCP (a fork's resync, a loss): the counts are final.
+  if (c.state.resynced() || c.state.reset()) return false;
+  // (The order of these loads is what DirectRing::Check needs.)
+  uint64_t rx_tail = c.rx_tail.load(std::memory_order_acquire);
+  uint64_t credit = c.credit.load(std::memory_order_acquire);
+  DirectRing::Peer p = d->Load();
+  uint64_t rx_head = c.rx_head.load(std::memory_order_acquire);
+  uint64_t tx_tail = c.tx_tail.load(std::memory_order_acquire);
+  if (Status st = d->Check(p, rx_tail, credit, rx_head, tx_tail); !st.ok()) {
+    if (!c.direct_broken.exchange(true))
+      VS_LOG(kWarn, "conn %lu: %s: connection reset", static_cast<unsigned long>(c.id), st.message().c_str());
+    return true;
+  }
+  bool changed = false;
+  // (As FENCE: where the peer's kernel stream ends. Set once.)
+  if (p.fence_set && !c.peer_fence_known.load(std::memory_order_acquire)) {
+    c.peer_fence.store(p.fence, std::memory_order_relaxed);
+    c.peer_fence_known.store(true, std::memory_order_release);
+    changed = true;
+  }
+  if (RaiseTo(c.rx_tail, p.produced)) {
+    c.rx_event_ns.store(MonotonicNs(), std::memory_order_relaxed);
+    changed = true;
+  }
+  if (RaiseTo(c.credit, p.consumed)) {
+    changed = true;
+    // (As CREDIT: a lingering close or a drain's end may wait for it.)
+    if (c.state.lingered() && p.consumed >= tx_tail) WakeWriter();
+  }
+  // The EOF after every count above (its flag was loaded first).
+  if (p.shut_wr && !c.peer_shut_wr.load(std::memory_order_acquire)) {
+    c.rx_event_ns.store(MonotonicNs(), std::memory_order_relaxed);
+    c.peer_shut_wr.store(true, std::memory_order_release);
+    changed = true;
+  }
+  if (changed) c.gen.fetch_add(1, std::memory_order_acq_rel);
+  return changed;
+}
+
+void AnnounceDirect(Conn& c, bool produced, uint64_t value) {
+  DirectRing* d = c.direct.get();
+  if (produced ? d->PublishProduced(value) : d->PublishConsumed(value)) Wake(c);
+}
+
+void PublishDirectFence(Conn& c, uint64_t fence) {
+  if (c.direct && c.direct->PublishFence(fence)) Wake(c);
+}
+
+void PublishDirectShutWr(Conn& c) {
+  if (c.direct && c.direct->PublishShutWr()) Wake(c);
+}
+
+void ArmDirect(Conn& c) {
+  if (!c.direct) return;
+  c.direct->WantProduced();
+  c.direct->WantConsumed();
+}
+
+}  // namespace vsocket::guest

@@ -1,0 +1,37 @@
+// Direct pairs in the library (decision 97, issue 37): a connection whose
+// peer is a process of this host that vsocketd let share memory with us
+// gets a ring pair of its own (direct_ring.h). Its bytes then never pass
+// through vsocketd: we publish our counts in the pair's memory and wake the
+// peer through its wake eventfd when it asked, and take its counts from
+// there as vsocketd's RX_TAIL, CREDIT and SHUTDOWN events would bring them.
+// Its control messages (FENCE, SHUTDOWN, UNREGISTER) still go to vsocketd.
+#pragma once
+
+#include <cstdint>
+
+#include "base/status.h"
+#include "guest/core/conn.h"
+#include "guest/core/transport.h"
+
+namespace vsocket::guest {
+
+// The DIRECT event (dispatch, under the session lock; before the UPGRADE):
+// fetches the pair's memory with `token` and makes its rings c's.
+Status AttachDirect(Conn& c, Transport& t, uint64_t token);
+
+// Any thread: takes what the peer published into c's counts, never
+// backwards. True if anything changed (c's generation was bumped). A count
+// that cannot be sets c.direct_broken instead; the session resets c.
+bool PullDirect(Conn& c);
+
+// Publishes our TX tail (produced) or our RX consumed count, and wakes the
+// peer if it asked to be woken for it.
+void AnnounceDirect(Conn& c, bool produced, uint64_t value);
+// Our FENCE, in the pair's memory too.
+void PublishDirectFence(Conn& c, uint64_t fence);
+// Our EOF, in the pair's memory (after the last byte's count).
+void PublishDirectShutWr(Conn& c);
+// Before this process sleeps: asks c's peer to wake it at its next count.
+void ArmDirect(Conn& c);
+
+}  // namespace vsocket::guest

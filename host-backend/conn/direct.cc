@@ -1,0 +1,91 @@
+// Direct pairs (decision 97): a same-host pair whose two processes may
+// share memory gets a ring pair of its own, made here and fetched by each
+// library on its proof channel; vsocketd then moves none of its bytes.
+#include <fcntl.h>
+#include <sys/random.h>
+
+#include <algorithm>
+
+#include "base/log.h"
+#include "host-backend/conn/conn_manager.h"
+#include "proto/direct.h"
+
+namespace vsocket::backend {
+
+namespace {
+
+using Direct = vhost::PortConfig::Direct;
+
+// Whether the VM's setting lets its connection share memory with that peer.
+bool Lets(Direct d, bool same_vm) { return d == Direct::kSameTenant || (d == Direct::kSameVm && same_vm); }
+
+uint64_t NewToken() {
+  uint64_t t = 0;
+  while (t == 0)
+    if (getrandom(&t, sizeof(t), 0) != static_cast<ssize_t>(sizeof(t))) t = 0;
+  return t;
+}
+
+}  // namespace
+
+bool ConnManager::DirectAllowed(const BackendConn& a, const BackendConn& b) const {
+  if (!a.takes_direct || !b.takes_direct || a.device == nullptr || b.device == nullptr) return false;
+  const vhost::PortConfig* pa = a.device->port();
+  const vhost::PortConfig* pb = b.device->port();
+  // Process mode only: the memory and fds go over the proof channel (a
+  // QEMU VM's processes get theirs from its agent: not yet).
+  if (pa == nullptr || pb == nullptr || !pa->prove_sockets || !pb->prove_sockets) return false;
+  if (a.key.tenant != b.key.tenant) return false;  // (never paired anyway)
+  bool same_vm = a.vm_index == b.vm_index;
+  return Lets(pa->direct, same_vm) && Lets(pb->direct, same_vm) && a.device->call_fd(1) >= 0 &&
+         b.device->call_fd(1) >= 0;
+}
+
+void ConnManager::MaybeGoDirect(BackendConn& a, BackendConn& b) {
+  if (!DirectAllowed(a, b)) return;
+  uint32_t ring = std::min({a.tx.size, a.rx.size, b.tx.size, b.rx.size});
+  auto memory = proto::MakeDirectMemory(ring, a.conn_id, b.conn_id);
+  DirectOffer oa, ob;
+  if (memory.ok()) {
+    oa = {a.device, a.handle, UniqueFd(fcntl(memory->get(), F_DUPFD_CLOEXEC, 0)),
+          UniqueFd(fcntl(b.device->call_fd(1), F_DUPFD_CLOEXEC, 0)), 0};
+    ob = {b.device, b.handle, std::move(*memory), UniqueFd(fcntl(a.device->call_fd(1), F_DUPFD_CLOEXEC, 0)), 1};
+  }
+  if (!memory.ok() || !oa.memory || !oa.wake || !ob.wake) {
+    counters_.direct_failed.fetch_add(1, std::memory_order_relaxed);
+    VS_LOG(kWarn, "conn %lu <-> %lu: no direct ring pair (%s): through vsocketd",
+           static_cast<unsigned long>(a.handle), static_cast<unsigned long>(b.handle),
+           memory.ok() ? "dup failed" : memory.status().ToString().c_str());
+    return;
+  }
+  a.ev_direct_token = NewToken();
+  b.ev_direct_token = NewToken();
+  {
+    MutexLock lock(direct_mu_);
+    direct_offers_[a.ev_direct_token] = std::move(oa);
+    direct_offers_[b.ev_direct_token] = std::move(ob);
+  }
+  a.direct = b.direct = true;
+  counters_.direct_pairs.fetch_add(1, std::memory_order_relaxed);
+  Raise(a, kEvDirect);
+  Raise(b, kEvDirect);
+}
+
+Status ConnManager::FetchDirect(const vhost::BackendDevice* device, uint64_t token, vhost::DirectGrant* out) {
+  MutexLock lock(direct_mu_);
+  auto it = direct_offers_.find(token);
+  if (it == direct_offers_.end() || it->second.device != device)
+    return Status(Code::kNotFound, "no direct pair for that token here");
+  out->memory = std::move(it->second.memory);
+  out->wake = std::move(it->second.wake);
+  out->side = it->second.side;
+  direct_offers_.erase(it);
+  return Status::Ok();
+}
+
+void ConnManager::DropDirectOffers(uint64_t handle) {
+  MutexLock lock(direct_mu_);
+  std::erase_if(direct_offers_, [&](const auto& kv) { return kv.second.handle == handle; });
+}
+
+}  // namespace vsocket::backend
