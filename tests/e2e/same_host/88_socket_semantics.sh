@@ -14,6 +14,7 @@ case_semantics() {
     preload_polling) how=preload env=(VSOCKET_POLL_AUTO=0) ;;
     preload_sleeping) how=preload env=(VSOCKET_POLL_US=0 VSOCKET_POLL_MAX_US=0) ;;
     preload_default) how=preload env=(VSOCKET_UPGRADE=auto) ;;  # what a user gets: held connections
+    preload_direct) how=preload ;;  # (run by case_direct, 97_direct.sh, with direct pairs on)
   esac
   local bin=$BIN/tests/socket/socket_semantics_test peer=$BIN/tests/socket/socket_peer
   [ -x "$bin" ] || { fail "$name" "missing $bin"; return; }
