@@ -55,7 +55,9 @@ class WaitRecorder {
   WaitRecorder& operator=(const WaitRecorder&) = delete;
   ~WaitRecorder();
   // Starts the clock (once) and returns the time to poll until.
-  int64_t Waiting();
+  // `direct`: for a direct pair's peer (decision 97), which polling can
+  // see without vsocketd.
+  int64_t Waiting(bool direct = false);
 
  private:
   int64_t start_ = 0;
@@ -94,7 +96,7 @@ Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events =
   if (s == nullptr) return Status(Code::kUnavailable, "no backend session", ECONNRESET);
   if (ready()) return Status::Ok();
   WaitRecorder wait;
-  int64_t spin_until = wait.Waiting();
+  int64_t spin_until = wait.Waiting(c.direct != nullptr);
   s->KickIfOwed();
   for (uint32_t i = 0; MonotonicNs() < spin_until; ++i) {
     if (ready()) return Status::Ok();
