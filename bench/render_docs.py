@@ -324,8 +324,18 @@ def directory():
     return [f"{when} From `bench/results/directory-load-latest.md`.", ""] + [l for l in lines if l.startswith("|")]
 
 
+def direct():
+    """direct-latest.md (bench/direct_bench.py): its line saying when and on
+    what, and its table."""
+    text = open(os.path.join(RESULTS, "direct-latest.md")).read()
+    lines = text.splitlines()
+    when = next((l for l in lines if l and not l.startswith(("#", "|"))), "")
+    return [f"{when} From `bench/results/direct-latest.md`.", ""] + [l for l in lines if l.startswith("|")]
+
+
 BLOCKS = {"channel": channel, "same-host": same_host, "cross-host": cross_host, "conn-scale": conn_scale,
-          "quick": quick, "days": days, "placement": placement, "directory": directory}
+          "quick": quick, "days": days, "placement": placement, "directory": directory,
+          "direct": direct}
 
 
 def render(doc):
