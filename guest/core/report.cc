@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <unordered_set>
 
@@ -102,7 +103,7 @@ void WriteLine(const Conn& c, const char* event, const char* exec_program) {
       c.state.downgrades() ? proto::ToString(c.state.last_downgrade()) : "",
       static_cast<long long>(c.state.kernel_ns_after_downgrades(MonotonicNs()) / 1000000),
       static_cast<unsigned long long>(c.resent_bytes.load()), c.fin_deferred.load() ? "true" : "false", c.state.lingered() ? "true" : "false", c.late_wakeups.load(),
-      c.direct ? "direct" : c.state.upgraded() ? "backend" : "kernel");
+      std::strcmp(mode, "accelerated") != 0 ? "kernel" : c.direct ? "direct" : "backend");
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return;
   (void)!Libc().write(fd, line, static_cast<size_t>(n));

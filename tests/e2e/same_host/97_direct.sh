@@ -4,13 +4,36 @@
 # direct and vsocketd must move no byte (accel_bytes unchanged) while it
 # counts the pairs; and the whole socket-semantics suite, every pair direct.
 
-# direct_restart on|off: vsocketd again, with or without direct pairs.
+# direct_restart on|off [SIGNAL]: vsocketd again (the old one stopped by
+# SIGNAL, TERM by default), with or without direct pairs.
 direct_restart() {
   if [ "$1" = on ]; then
-    VSOCKET_VM_VM1_DIRECT=same-tenant VSOCKET_VM_VM2_DIRECT=same-tenant bash $TB restart TERM >"$WORK/direct-$1.restart" 2>&1
+    VSOCKET_VM_VM1_DIRECT=same-tenant VSOCKET_VM_VM2_DIRECT=same-tenant bash $TB restart "${2:-TERM}" \
+      >"$WORK/direct-$1.restart" 2>&1
   else
-    bash $TB restart TERM >"$WORK/direct-$1.restart" 2>&1
+    bash $TB restart "${2:-TERM}" >"$WORK/direct-$1.restart" 2>&1
   fi
+}
+
+# vsocketd killed (SIGKILL) under two direct 1 GiB streams each way and
+# started again (direct still on): every byte arrives, checked by xfer at
+# both ends. Today the direct connections go back to kernel TCP through
+# RESYNC like the others (decision 97: not yet left undisturbed).
+direct_daemon_killed() {
+  local name=$1 port rep=$WORK/$1-kill.jsonl
+  port=$(alloc_port)
+  vm_bg vm2 preload "$rep" "$WORK/$name.ksrv" "$XFER" server "$A2" "$port" --conns 2
+  local srv=$BG
+  vm_bg vm1 preload "$rep" "$WORK/$name.kcli" "$XFER" client "$A2" "$port" --conns 2 --bytes $((1 << 30))
+  local cli=$BG
+  sleep 1.5
+  direct_restart on KILL || { echo "restart after SIGKILL: $(tail -1 "$WORK/direct-on.restart"); "; return; }
+  wait "$cli" || echo "client after the kill: $(tail -2 "$WORK/$name.kcli" | tr '\n' ' '); "
+  wait "$srv" || echo "server after the kill: $(tail -2 "$WORK/$name.ksrv" | tr '\n' ' '); "
+  local direct_ends
+  direct_ends=$(grep -c '"path":"direct"' "$rep")
+  [ "$direct_ends" = 0 ] || echo "$direct_ends ends still direct after the daemon's death (they resync today); "
+  grep -q '"resynced":true' "$rep" || echo "no end went through RESYNC; "
 }
 
 case_direct() {
@@ -41,9 +64,10 @@ case_direct() {
   local sem=$WORK/sem-preload_direct.jsonl sem_direct
   sem_direct=$(grep -c '"path":"direct"' "$sem" 2>/dev/null)
   [ "${sem_direct:-0}" -gt 100 ] || bad+="the semantics suite's ends on direct pairs: ${sem_direct:-0}; "
+  bad+=$(direct_daemon_killed $name)
   direct_restart off || bad+="restart with direct off: $(tail -1 "$WORK/direct-off.restart"); "
   [ -z "$bad" ] || { fail $name "$bad"; return; }
-  pass "$name ($conns conns x $bytes B each way byte-checked, $direct_ends ends path direct, vsocketd counted $((pairs1 - pairs0)) direct pairs and moved 0 B of them; semantics suite: $sem_direct ends direct)"
+  pass "$name ($conns conns x $bytes B each way byte-checked, $direct_ends ends path direct, vsocketd counted $((pairs1 - pairs0)) direct pairs and moved 0 B of them; semantics suite: $sem_direct ends direct; vsocketd SIGKILLed under two direct 1 GiB streams each way: byte-exact through RESYNC)"
 }
 
 register_case direct_pairs case_direct
