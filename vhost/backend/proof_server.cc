@@ -112,16 +112,7 @@ bool ProofServer::Serve(Channel& c) {
     if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
     if (n == 0) return false;
     // Every descriptor that came along is ours to close.
-    std::vector<UniqueFd> fds;
-    for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
-      if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
-      size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int f;
-        std::memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-        fds.emplace_back(f);
-      }
-    }
+    std::vector<UniqueFd> fds = proof::TakeFds(&msg);
     if (n >= static_cast<ssize_t>(sizeof(req))) std::memcpy(&req, buf, sizeof(req));
     if (n == sizeof(proof::DirectFetch) && req.magic == proof::kMagic && req.op == proof::Op::kDirectFetch &&
         fds.empty() && !(msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC))) {
@@ -187,16 +178,10 @@ bool ProofServer::ServeDirectFetch(Channel& c, uint64_t token) {
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 2)] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 2)];
   if (reply.error == 0) {
     int fds[2] = {grant.memory.get(), grant.wake.get()};
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(fds));
-    std::memcpy(CMSG_DATA(cm), fds, sizeof(fds));
+    proof::AttachFds(&msg, control, sizeof(control), fds, 2);
     counters_.direct_fetched.fetch_add(1, std::memory_order_relaxed);
   } else {
     counters_.direct_refused.fetch_add(1, std::memory_order_relaxed);

@@ -299,16 +299,9 @@ Status VhostUserFrontend::FetchDirect(uint64_t token, UniqueFd* memory, UniqueFd
     proof_.reset();
     return Status(Code::kUnavailable, "proof channel: send failed");
   }
-  pollfd p{proof_.get(), POLLIN, 0};
-  for (int64_t deadline = MonotonicMs() + kProofTimeoutMs;;) {
-    int64_t left = deadline - MonotonicMs();
-    if (left <= 0) {
-      proof_.reset();
-      return Status(Code::kUnavailable, "proof channel: no answer");
-    }
-    int r = poll(&p, 1, static_cast<int>(left));
-    if (r > 0) break;
-    if (r < 0 && errno != EINTR) return Status(Code::kUnavailable, "proof channel: poll failed");
+  if (Status st = AwaitProofAnswer(); !st.ok()) {
+    proof_.reset();
+    return st;
   }
   proof::DirectReply reply;
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 2)] = {};
@@ -320,16 +313,7 @@ Status VhostUserFrontend::FetchDirect(uint64_t token, UniqueFd* memory, UniqueFd
   msg.msg_controllen = sizeof(control);
   do n = recvmsg(proof_.get(), &msg, MSG_CMSG_CLOEXEC);
   while (n < 0 && errno == EINTR);
-  std::vector<UniqueFd> fds;
-  for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
-    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
-    size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < count; ++i) {
-      int f;
-      std::memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-      fds.emplace_back(f);
-    }
-  }
+  std::vector<UniqueFd> fds = proof::TakeFds(&msg);
   if (n != static_cast<ssize_t>(sizeof(reply)) || reply.magic != proof::kMagic) {
     proof_.reset();
     return Status(Code::kUnavailable, "proof channel: closed");
@@ -342,35 +326,33 @@ Status VhostUserFrontend::FetchDirect(uint64_t token, UniqueFd* memory, UniqueFd
   return Status::Ok();
 }
 
+// Waits up to kProofTimeoutMs for the answer to the request just sent.
+Status VhostUserFrontend::AwaitProofAnswer() {
+  pollfd p{proof_.get(), POLLIN, 0};
+  for (int64_t deadline = MonotonicMs() + kProofTimeoutMs;;) {
+    int64_t left = deadline - MonotonicMs();
+    if (left <= 0) return Status(Code::kUnavailable, "proof channel: no answer");
+    int r = poll(&p, 1, static_cast<int>(left));
+    if (r > 0) return Status::Ok();
+    if (r < 0 && errno != EINTR) return Status(Code::kUnavailable, "proof channel: poll failed");
+  }
+}
+
 // One request with one fd, one reply.
 Status VhostUserFrontend::ProofRequest(uint32_t op, int fd) {
   proof::Request req;
   req.op = static_cast<proof::Op>(op);
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
   iovec iov{&req, sizeof(req)};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+  proof::AttachFds(&msg, control, sizeof(control), &fd, 1);
   ssize_t n;
   do n = sendmsg(proof_.get(), &msg, MSG_NOSIGNAL);
   while (n < 0 && errno == EINTR);
   if (n != static_cast<ssize_t>(sizeof(req))) return Status(Code::kUnavailable, "proof channel: send failed");
-  pollfd p{proof_.get(), POLLIN, 0};
-  int64_t deadline = MonotonicMs() + kProofTimeoutMs;
-  for (;;) {
-    int64_t left = deadline - MonotonicMs();
-    if (left <= 0) return Status(Code::kUnavailable, "proof channel: no answer");
-    int r = poll(&p, 1, static_cast<int>(left));
-    if (r > 0) break;
-    if (r < 0 && errno != EINTR) return Status(Code::kUnavailable, "proof channel: poll failed");
-  }
+  VS_RETURN_IF_ERROR(AwaitProofAnswer());
   proof::Reply reply;
   do n = recv(proof_.get(), &reply, sizeof(reply), 0);
   while (n < 0 && errno == EINTR);

@@ -116,6 +116,7 @@ class VhostUserFrontend {
   Mutex proof_mu_;  // one request at a time on the proof channel
   UniqueFd proof_ GUARDED_BY(proof_mu_);
   Status ProofRequest(uint32_t op, int fd) REQUIRES(proof_mu_);
+  Status AwaitProofAnswer() REQUIRES(proof_mu_);
   Status OpenProofChannelLocked() REQUIRES(proof_mu_);
   std::atomic<bool> proof_wanted_{false};  // the port has a proof socket (the last open found one)
 };

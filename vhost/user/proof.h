@@ -13,8 +13,14 @@
 //           connection's DIRECT event, and serves once.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <vector>
+
+#include "base/unique_fd.h"
 
 namespace vsocket::vhost::proof {
 
@@ -53,6 +59,33 @@ struct DirectReply {
   uint32_t reserved = 0;
 };
 static_assert(sizeof(DirectReply) == 16);
+
+// SCM_RIGHTS, for both ends of the channel. AttachFds: `fds` go with msg,
+// in `control` (at least CMSG_SPACE(n * sizeof(int)) bytes, cmsghdr-aligned).
+inline void AttachFds(msghdr* msg, char* control, size_t control_len, const int* fds, size_t n) {
+  std::memset(control, 0, control_len);
+  msg->msg_control = control;
+  msg->msg_controllen = CMSG_SPACE(n * sizeof(int));
+  cmsghdr* cm = CMSG_FIRSTHDR(msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(n * sizeof(int));
+  std::memcpy(CMSG_DATA(cm), fds, n * sizeof(int));
+}
+// Every fd a received msg carried, now the caller's.
+inline std::vector<UniqueFd> TakeFds(msghdr* msg) {
+  std::vector<UniqueFd> fds;
+  for (cmsghdr* cm = CMSG_FIRSTHDR(msg); cm != nullptr; cm = CMSG_NXTHDR(msg, cm)) {
+    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+    size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int f;
+      std::memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+      fds.emplace_back(f);
+    }
+  }
+  return fds;
+}
 
 inline std::string SocketPath(const std::string& port_path) { return port_path + ".proof"; }
 
