@@ -31,35 +31,15 @@ void StartDrain(const EventCtx& e, proto::Reason why) {
 
 void OnUpgrade(const EventCtx& e) { e.conn->state.Apply(ConnEvent::kUpgrade); }  // (refused unless pending)
 
-void OnFence(const EventCtx& e) {
-  e.conn->peer_fence.store(Count(e.m), std::memory_order_relaxed);
-  e.conn->peer_fence_known.store(true, std::memory_order_release);
-}
+void OnFence(const EventCtx& e) { TakePeerFence(*e.conn, Count(e.m)); }
 
-void OnRxTail(const EventCtx& e) {
-  Conn& c = *e.conn;
-  uint64_t v = Count(e.m);
-  if (v <= c.rx_tail.load(std::memory_order_relaxed)) return;  // counts never go back
-  c.rx_event_ns.store(MonotonicNs(), std::memory_order_relaxed);
-  c.rx_tail.store(v, std::memory_order_release);
-}
+void OnRxTail(const EventCtx& e) { (void)TakeRxTail(*e.conn, Count(e.m)); }
 
 void OnFenceDelivered(const EventCtx& e) {
   e.conn->fence_delivered.store(true, std::memory_order_release);  // (may come before our SwitchTx)
 }
 
-void OnCredit(const EventCtx& e) {
-  Conn& c = *e.conn;
-  uint64_t v = Count(e.m);
-  if (v <= c.credit.load(std::memory_order_relaxed)) return;
-  c.credit.store(v, std::memory_order_release);
-  // A closed connection lingers until its peer consumed everything
-  // (close.cc Linger): its end is the writer's, now.
-  if (c.state.lingered() && v >= c.tx_tail.load(std::memory_order_relaxed)) WakeWriter();
-  // A drain's TX moves once the peer consumed its ring stream.
-  if (c.state.tx_ring_ended() && v >= c.tx_ring_end.load(std::memory_order_relaxed))
-    WakeWriter();
-}
+void OnCredit(const EventCtx& e) { (void)TakeCredit(*e.conn, Count(e.m)); }
 
 void OnShutdown(const EventCtx& e) {
   Conn& c = *e.conn;
@@ -84,8 +64,7 @@ void OnShutdown(const EventCtx& e) {
   VS_LOG(kDebug, "conn %lu: peer shut down %s", static_cast<unsigned long>(c.id),
          how == proto::ShutdownHow::kWrite ? "writing" : "reading");
   if (how == proto::ShutdownHow::kWrite) {
-    c.rx_event_ns.store(MonotonicNs(), std::memory_order_relaxed);
-    c.peer_shut_wr.store(true, std::memory_order_release);
+    TakePeerShutWr(c);
   } else {
     c.peer_gone.store(true, std::memory_order_release);
   }
@@ -145,7 +124,43 @@ constexpr EventSpec kEventHandlers[] = {
     {MsgType::kError, OnError},
 };
 
+// v becomes max(v, x); true if it grew (direct pairs' counts are taken by
+// any thread, not only under the session lock).
+bool RaiseTo(std::atomic<uint64_t>& v, uint64_t x) {
+  uint64_t cur = v.load(std::memory_order_relaxed);
+  while (x > cur)
+    if (v.compare_exchange_weak(cur, x, std::memory_order_release, std::memory_order_relaxed)) return true;
+  return false;
+}
+
 }  // namespace
+
+void TakePeerFence(Conn& c, uint64_t fence) {
+  c.peer_fence.store(fence, std::memory_order_relaxed);
+  c.peer_fence_known.store(true, std::memory_order_release);
+}
+
+bool TakeRxTail(Conn& c, uint64_t v) {
+  if (v <= c.rx_tail.load(std::memory_order_relaxed)) return false;  // counts never go back
+  c.rx_event_ns.store(MonotonicNs(), std::memory_order_relaxed);       // (before the count it dates)
+  return RaiseTo(c.rx_tail, v);
+}
+
+bool TakeCredit(Conn& c, uint64_t v) {
+  if (!RaiseTo(c.credit, v)) return false;
+  // A closed connection lingers until its peer consumed everything
+  // (close.cc Linger): its end is the writer's, now.
+  if (c.state.lingered() && v >= c.tx_tail.load(std::memory_order_relaxed)) WakeWriter();
+  // A drain's TX moves once the peer consumed its ring stream.
+  if (c.state.tx_ring_ended() && v >= c.tx_ring_end.load(std::memory_order_relaxed))
+    WakeWriter();
+  return true;
+}
+
+void TakePeerShutWr(Conn& c) {
+  c.rx_event_ns.store(MonotonicNs(), std::memory_order_relaxed);
+  c.peer_shut_wr.store(true, std::memory_order_release);
+}
 
 uint64_t EventConnId(const Message& m) {
   if (auto* c = std::get_if<proto::ConnCounter>(&m.body)) return c->conn_id;

@@ -16,6 +16,14 @@ namespace vsocket::guest {
 // generation (epoll edge-triggered waits see something happened).
 void DispatchConnEvent(const std::shared_ptr<Conn>& c, const proto::Message& m, LinkLostHandler on_resync);
 
+// What FENCE, RX_TAIL, CREDIT and SHUTDOWN(write) do to c, also for a
+// direct pair's counts taken from its memory (direct.h) by any thread:
+// counts never go back; true if it grew.
+void TakePeerFence(Conn& c, uint64_t fence);
+bool TakeRxTail(Conn& c, uint64_t v);
+bool TakeCredit(Conn& c, uint64_t v);
+void TakePeerShutWr(Conn& c);
+
 // The connection a per-connection event names (0: none).
 uint64_t EventConnId(const proto::Message& m);
 

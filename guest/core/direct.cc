@@ -2,22 +2,13 @@
 
 #include <unistd.h>
 
-#include "base/clock.h"
 #include "base/log.h"
-#include "guest/core/writer.h"
+#include "guest/core/conn_events.h"
 #include "guest/sys/libc.h"
 
 namespace vsocket::guest {
 
 namespace {
-
-// v becomes max(v, x); true if it grew.
-bool RaiseTo(std::atomic<uint64_t>& v, uint64_t x) {
-  uint64_t cur = v.load(std::memory_order_relaxed);
-  while (x > cur)
-    if (v.compare_exchange_weak(cur, x, std::memory_order_release, std::memory_order_relaxed)) return true;
-  return false;
-}
 
 void Wake(const Conn& c) {
   uint64_t one = 1;
@@ -63,26 +54,17 @@ bool PullDirect(Conn& c) {
       VS_LOG(kWarn, "conn %lu: %s: connection reset", static_cast<unsigned long>(c.id), st.message().c_str());
     return true;
   }
+  // As the backend's FENCE, RX_TAIL, CREDIT and SHUTDOWN events would.
   bool changed = false;
-  // (As FENCE: where the peer's kernel stream ends. Set once.)
-  if (p.fence_set && !c.peer_fence_known.load(std::memory_order_acquire)) {
-    c.peer_fence.store(p.fence, std::memory_order_relaxed);
-    c.peer_fence_known.store(true, std::memory_order_release);
+  if (p.fence_set && !c.peer_fence_known.load(std::memory_order_acquire)) {  // (set once)
+    TakePeerFence(c, p.fence);
     changed = true;
   }
-  if (RaiseTo(c.rx_tail, p.produced)) {
-    c.rx_event_ns.store(MonotonicNs(), std::memory_order_relaxed);
-    changed = true;
-  }
-  if (RaiseTo(c.credit, p.consumed)) {
-    changed = true;
-    // (As CREDIT: a lingering close or a drain's end may wait for it.)
-    if (c.state.lingered() && p.consumed >= tx_tail) WakeWriter();
-  }
+  changed |= TakeRxTail(c, p.produced);
+  changed |= TakeCredit(c, p.consumed);
   // The EOF after every count above (its flag was loaded first).
   if (p.shut_wr && !c.peer_shut_wr.load(std::memory_order_acquire)) {
-    c.rx_event_ns.store(MonotonicNs(), std::memory_order_relaxed);
-    c.peer_shut_wr.store(true, std::memory_order_release);
+    TakePeerShutWr(c);
     changed = true;
   }
   if (changed) c.gen.fetch_add(1, std::memory_order_acq_rel);

@@ -442,8 +442,7 @@ void Session::Dispatch(const Message& m) {
     } else {
       VS_LOG(kWarn, "conn %lu: no direct ring pair: %s: connection reset", static_cast<unsigned long>(c->id),
              st.ToString().c_str());
-      DispatchConnEvent(c, {MsgType::kError, 0, proto::Error{c->id, proto::WireError::kBadRing, proto::Reason::kProtocolError}},
-                        g_link_lost.load(std::memory_order_acquire));
+      ResetDirectLocked(c);
     }
     return;
   }
@@ -456,6 +455,12 @@ void Session::Dispatch(const Message& m) {
   DispatchConnEvent(c, m, g_link_lost.load(std::memory_order_acquire));
 }
 
+void Session::ResetDirectLocked(const std::shared_ptr<Conn>& c) {
+  // (As the backend's ERROR for it: ECONNRESET.)
+  DispatchConnEvent(c, {MsgType::kError, 0, proto::Error{c->id, proto::WireError::kBadRing, proto::Reason::kProtocolError}},
+                    g_link_lost.load(std::memory_order_acquire));
+}
+
 bool Session::PullDirectLocked() {
   bool changed = false;
   for (size_t i = 0; i < direct_conns_.size();) {
@@ -463,8 +468,7 @@ bool Session::PullDirectLocked() {
     changed |= PullDirect(*c);
     if (c->direct_broken.load(std::memory_order_relaxed)) {
       // The peer wrote a count that cannot be: this connection is reset.
-      DispatchConnEvent(c, {MsgType::kError, 0, proto::Error{c->id, proto::WireError::kBadRing, proto::Reason::kProtocolError}},
-                        g_link_lost.load(std::memory_order_acquire));
+      ResetDirectLocked(c);
       direct_conns_[i] = std::move(direct_conns_.back());
       direct_conns_.pop_back();
       changed = true;

@@ -187,6 +187,9 @@ class Session {
   // and their peers asked to wake us before any sleep.
   std::vector<std::shared_ptr<Conn>> direct_conns_ GUARDED_BY(mu_);
   bool PullDirectLocked() REQUIRES(mu_);
+  // A direct connection whose pair's memory could not be had or held an
+  // impossible count: reset, as an ERROR from the backend would.
+  void ResetDirectLocked(const std::shared_ptr<Conn>& c) REQUIRES(mu_);
   bool bulk_hint_ = false;  // likewise: kFeatureBulkHint
   bool naps_ = false;       // likewise: kFeatureNaps
   bool tentative_ = false;  // likewise: kFeatureTentative
