@@ -13,6 +13,11 @@
 #   vsocket.timeout=SECS   bound on the job inside the guest
 #   vsocket.virtio_net=1   load virtio_net (it binds every virtio-net device)
 #   vsocket.hugepages=N    2 MiB pages to reserve (default 8)
+#   vsocket.nic=ADDR/LEN   the guest's ordinary NIC (a transitional
+#                          virtio-net-pci, 1af4:1000) up with ADDR/LEN: the
+#                          vSocket functions (1af4:1041) go to
+#                          uio_pci_generic first, then virtio_net is loaded
+#                          and binds the NIC alone
 /bin/busybox --install -s
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
 
@@ -30,23 +35,43 @@ fail() {
   sleep 5; poweroff -f
 }
 
-TIMEOUT=120 VIRTIO_NET=0 HUGEPAGES=8
+TIMEOUT=120 VIRTIO_NET=0 HUGEPAGES=8 NIC=
 # shellcheck disable=SC2013  # the kernel command line is words
 for arg in $(cat /proc/cmdline); do
   case "$arg" in
     vsocket.timeout=*) TIMEOUT=${arg#*=} ;;
     vsocket.virtio_net=*) VIRTIO_NET=${arg#*=} ;;
     vsocket.hugepages=*) HUGEPAGES=${arg#*=} ;;
+    vsocket.nic=*) NIC=${arg#*=} ;;
   esac
 done
 
 while read -r m; do
   insmod "/lib/modules/$m.ko" || fail "insmod $m failed"
 done < /etc/modules.order
-if [ "$VIRTIO_NET" = 1 ]; then
+if [ -n "$NIC" ]; then
+  # virtio_net binds every virtio-net device: hand the vSocket functions
+  # to uio_pci_generic before it is loaded (vsocket-guestd finds them
+  # bound already), so that it takes only the ordinary NIC.
+  for d in /sys/bus/pci/devices/*; do
+    [ "$(cat "$d/vendor"):$(cat "$d/device")" = 0x1af4:0x1041 ] || continue
+    [ -e "$d/driver" ] && echo "${d##*/}" > "$d/driver/unbind"
+    echo uio_pci_generic > "$d/driver_override"
+    echo "${d##*/}" > /sys/bus/pci/drivers_probe
+  done
+fi
+if [ "$VIRTIO_NET" = 1 ] || [ -n "$NIC" ]; then
   while read -r m; do
     insmod "/lib/modules/$m.ko" || fail "insmod $m failed"
   done < /etc/modules.net
+fi
+if [ -n "$NIC" ]; then
+  ip link set lo up
+  for n in /sys/class/net/*; do
+    [ "${n##*/}" = lo ] || nic=${n##*/}
+  done
+  [ -n "${nic:-}" ] || fail "vsocket.nic: no network device"
+  ip addr add "$NIC" dev "$nic" && ip link set "$nic" up || fail "cannot configure $nic with $NIC"
 fi
 
 P9="trans=virtio,version=9p2000.L,msize=524288"

@@ -2,15 +2,26 @@
 # attached to a vhost-user socket (vsocketd's port), the host root over 9p,
 # and a job script. Source it; needs tests/vm/prepare.sh's cache.
 #
-#   [VM_FUNCTIONS=N] vm_boot RESULTS SOCKET TIMEOUT [KERNEL_ARGS...]
-#       starts QEMU in the background (pid in VM_PID); RESULTS/job.sh must
-#       exist; the guest writes RESULTS/{stdout,stderr,rc,dmesg,console.log}
-#   vm_wait TIMEOUT      waits for it (bounded), kills it past TIMEOUT;
-#                        returns the job's exit code (124: timed out,
-#                        125: no exit code)
-#   vm_kill              stops it (the EXIT trap's part)
+#   [VM_FUNCTIONS=N] [VM_NIC=NETNS,TAP,MAC] vm_boot RESULTS SOCKET TIMEOUT [KERNEL_ARGS...]
+#       starts QEMU in the background (pid in VM_PID, also added to
+#       VM_PIDS); RESULTS/job.sh must exist; the guest writes
+#       RESULTS/{stdout,stderr,rc,dmesg,console.log}. VM_NIC: QEMU runs in
+#       network namespace NETNS with an ordinary NIC on its tap device TAP
+#       (vm_net_up), a transitional virtio-net-pci (1af4:1000) with MAC;
+#       give the guest its address with vsocket.nic=ADDR/LEN.
+#   vm_wait TIMEOUT      waits for the last booted one (bounded), kills it
+#                        past TIMEOUT; returns the job's exit code (124:
+#                        timed out, 125: no exit code)
+#   vm_wait_for PID RESULTS TIMEOUT   the same for one of several guests
+#   vm_kill              stops the last booted one
+#   vm_kill_all          stops every guest booted (the EXIT trap's part)
+#   vm_net_up NETNS TAP...  a network namespace with a bridge and a tap
+#                        device on it per guest: the guests' ordinary NICs
+#                        (their kernel TCP) meet there, and nowhere else
+#   vm_net_down NETNS    removes it (the EXIT trap's part)
 VM_CACHE=${VSOCKET_VM_CACHE:-/var/cache/vsocket-vm}
 VM_PID=""
+VM_PIDS=()
 
 # vm_script_args DEFAULT-CASE... -- ARGS...: a test script's arguments:
 # BUILD (0 with --no-build) and CASES (those named, else the defaults);
@@ -54,22 +65,71 @@ vm_boot() {
     vs+=(-chardev "socket,id=vs$i,path=$sock" -netdev "vhost-user,id=vsn$i,chardev=vs$i"
          -device "$VM_NET_DEVICE,netdev=vsn$i")
   done
+  local nic=() ns=()
+  if [ -n "${VM_NIC:-}" ]; then
+    local nic_ns nic_tap nic_mac
+    IFS=, read -r nic_ns nic_tap nic_mac <<< "$VM_NIC"
+    ns=(ip netns exec "$nic_ns")
+    nic=(-netdev "tap,id=nic0,ifname=$nic_tap,script=no,downscript=no"
+         -device "virtio-net-pci,netdev=nic0,mac=$nic_mac,romfile=")
+  fi
   VM_RESULTS=$results
   rm -f "$results"/{stdout,ready,done,stderr,rc,rc.tmp,boot-error,dmesg,console.log}
   # Guest RAM is a sealed memfd shared with the backend (vsocketd refuses
   # memory that could shrink under it).
-  qemu-system-x86_64 \
+  "${ns[@]}" qemu-system-x86_64 \
     -accel tcg,thread=multi -cpu max -smp 1 -m 512 \
     -object memory-backend-memfd,id=mem0,size=512M,share=on -machine memory-backend=mem0 \
     -nographic -monitor none -no-reboot \
     -chardev "file,id=con0,path=$results/console.log" -serial chardev:con0 \
     -kernel "$VM_CACHE/vmlinuz" -initrd "$VM_CACHE/initramfs.cpio.gz" \
     -append "console=ttyS0 quiet loglevel=3 panic=-1 vsocket.timeout=$((timeout - 20)) $*" \
-    "${vs[@]}" \
+    "${vs[@]}" "${nic[@]}" \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
     -virtfs "local,path=$results,mount_tag=results,security_model=none" \
     </dev/null >"$results/qemu.log" 2>&1 &
   VM_PID=$!
+  VM_PIDS+=("$VM_PID")
+}
+
+vm_wait_for() {
+  local saved_pid=$VM_PID saved_results=$VM_RESULTS rc
+  VM_PID=$1 VM_RESULTS=$2
+  vm_wait "$3"
+  rc=$?
+  VM_PID=$saved_pid VM_RESULTS=$saved_results
+  [ "$saved_pid" = "$1" ] && VM_PID=""
+  return $rc
+}
+
+vm_kill_all() {
+  # Only this shell's own QEMUs still running (a reaped PID may be
+  # another process's by now).
+  local p live
+  live=" $(jobs -p | tr '\n' ' ') "
+  for p in "${VM_PIDS[@]}"; do
+    [[ "$live" == *" $p "* ]] || continue
+    VM_PID=$p
+    vm_kill
+  done
+  VM_PIDS=()
+}
+
+vm_net_up() {
+  local ns=$1 tap
+  shift
+  ip netns add "$ns" || return 1
+  ip -n "$ns" link add br0 type bridge || return 1
+  ip -n "$ns" link set br0 up || return 1
+  for tap in "$@"; do
+    ip -n "$ns" tuntap add dev "$tap" mode tap || return 1
+    ip -n "$ns" link set "$tap" master br0 up || return 1
+  done
+}
+
+vm_net_down() {
+  ip netns list 2>/dev/null | grep -qw "^$1" || return 0
+  ip netns delete "$1"
 }
 
 vm_wait() {

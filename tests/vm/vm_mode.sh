@@ -30,6 +30,9 @@
 #   qemu_killed     QEMU killed with SIGKILL while the agent holds a
 #                   session: vsocketd drops the device and lives; a new
 #                   QEMU on the same port gets a working session.
+#   vm_to_vm        three guests at once: xfer and redis between two VMs
+#                   of one tenant accelerated, a third tenant's VM on kernel
+#                   TCP with its reason (tests/vm/pair_cases.sh).
 #
 # Usage: tests/vm/vm_mode.sh [--no-build] [CASE...]   (as root)
 # Prints "PASS CASE (Ns)" / "FAIL CASE: why" and ends with "N passed, N
@@ -39,8 +42,10 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 . tests/vm/lib.sh
+. tests/vm/pair_cases.sh
 
-vm_script_args agent_hello agent_serves accelerated_in_guest process_killed_in_guest foreign_driver qemu_killed -- "$@"
+vm_script_args agent_hello agent_serves accelerated_in_guest process_killed_in_guest foreign_driver qemu_killed \
+  vm_to_vm -- "$@"
 
 die() { echo "vm_mode.sh: $*" >&2; echo "0 passed, 1 failed"; exit 1; }
 bash tests/rdma/install-deps.sh || die "installing QEMU and busybox failed"
@@ -63,7 +68,8 @@ for t in vsocket-guestd vsocket-agent-probe libvsocket-vm.so; do [ -e "$BIN/gues
 WORK=$(mktemp -d /tmp/vsocket-vm-XXXXXX)
 D_PID=""
 cleanup() {
-  vm_kill
+  vm_kill_all
+  vm_net_down "$PAIR_NS"
   if [ -n "$D_PID" ] && kill -0 "$D_PID" 2>/dev/null; then
     kill "$D_PID" 2>/dev/null
     for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$D_PID" 2>/dev/null || break; sleep 0.3; done
@@ -94,11 +100,14 @@ wait_file() {
 }
 
 start_daemon() {
-  # Both VMs in tenant 1. vmq is the QEMU guest's port; QEMU cannot prove
-  # sockets (its memory is QEMU's), so that port does not ask for proofs.
+  # vmq and proc in tenant 1. vmq is the QEMU guest's port; QEMU cannot
+  # prove sockets (its memory is QEMU's), so that port does not ask for
+  # proofs. vma, vmb (tenant 1) and vmc (tenant 2): vm_to_vm's guests.
   VSOCKET_VM_VMQ_PROVE_SOCKETS=false VSOCKET_VM_PROC_PROVE_SOCKETS=false \
+  VSOCKET_VM_VMA_PROVE_SOCKETS=false VSOCKET_VM_VMB_PROVE_SOCKETS=false VSOCKET_VM_VMC_PROVE_SOCKETS=false \
     "$BIN/host-backend/vsocketd" --ctl "$WORK/ctl.sock" --log-level info \
     --port "$WORK/vmq.sock,vmq,1,203.0.113.10" --port "$WORK/proc.sock,proc,1,203.0.113.11" \
+    --port "$WORK/vma.sock,vma,1,$PAIR_A" --port "$WORK/vmb.sock,vmb,1,$PAIR_B" --port "$WORK/vmc.sock,vmc,2,$PAIR_C" \
     >"$WORK/vsocketd.log" 2>&1 &
   D_PID=$!
   local i

@@ -1,0 +1,211 @@
+# VM <-> VM on one host (issue 35; decision 100): sourced by vm_mode.sh,
+# whose daemon serves the three VMs' ports (vma, vmb: tenant 1; vmc:
+# tenant 2) and whose helpers (ctl, stat, pass, fail, wait_file) it uses.
+#
+#   vm_to_vm        three TCG guests at once, each on its own vsocketd
+#                   port, their ordinary NICs (kernel TCP) taps on one
+#                   bridge in a network namespace of the test's own:
+#     vm_to_vm_xfer          xfer (unmodified, under libvsocket-vm.so):
+#                            4 connections of 1,000,000 byte-checked bytes
+#                            each way between a process of guest A and one
+#                            of guest B, accelerated (vsocketd's upgrades and
+#                            accel_bytes, A's and B's per-VM counters, all 8
+#                            library reports "accelerated")
+#     vm_to_vm_redis         redis-benchmark in A against redis-server in B,
+#                            both under vsocket-run --lib libvsocket-vm.so
+#                            (VSOCKET_UPGRADE=always): every request answered,
+#                            every benchmark connection accelerated; the same
+#                            benchmark against a plain redis-server in B on
+#                            kernel TCP in the same run, for the ratio
+#     vm_to_vm_cross_tenant  guest C (tenant 2) to the same xfer server
+#                            program in B: byte-exact on kernel TCP, both
+#                            ends' reason peer-not-registered, vsocketd's
+#                            cross_tenant counter moves, no upgrade
+
+PAIR_NS=vsvm-$$
+PAIR_A=198.51.100.11 PAIR_B=198.51.100.12 PAIR_C=198.51.100.13
+
+# vm_stat VM KEY: a per-VM counter (vsocketctl --json vms)
+vm_stat() {
+  ctl --json vms 2>/dev/null | python3 -c "
+import json, sys
+print(next((v[sys.argv[2]] for v in json.load(sys.stdin) if v['vm'] == sys.argv[1]), -1))" "$1" "$2"
+}
+
+# pair_job_server DIR: guest B's job: the agent, two xfer servers (A's
+# and C's), redis-server preloaded on 6379 and plain on 6380; "ready" once
+# all listen, then waits for the host's "stop".
+pair_job_server() {
+  cat > "$1/job.sh" <<JOB
+cd /run/vsocket-vm
+./vsocket-guestd --serve /run/agent.sock > agent.out 2>&1 &
+apid=\$!
+for _ in \$(seq 300); do [ -S /run/agent.sock ] && break; sleep 0.1; done
+export VSOCKET_SOCKET=/run/agent.sock VSOCKET_REPORT=/run/vsocket-vm/report.jsonl
+LD_PRELOAD=/run/vsocket-vm/libvsocket-vm.so ./xfer server $PAIR_B 5201 --conns 4 > xfer-a.out 2>&1 &
+xa=\$!
+LD_PRELOAD=/run/vsocket-vm/libvsocket-vm.so ./xfer server $PAIR_B 5202 --conns 1 > xfer-c.out 2>&1 &
+xc=\$!
+./vsocket-run --lib /run/vsocket-vm/libvsocket-vm.so --upgrade always \\
+  redis-server --bind $PAIR_B --port 6379 --save '' --appendonly no --protected-mode no --dir /run/vsocket-vm \\
+  > redis.out 2>&1 &
+rs=\$!
+redis-server --bind $PAIR_B --port 6380 --save '' --appendonly no --protected-mode no --dir /tmp > redis-plain.out 2>&1 &
+rp=\$!
+for p in 5201 5202 6379 6380; do
+  for _ in \$(seq 300); do ss -Hltn "sport = :\$p" | grep -q . && break; sleep 0.1; done
+done
+echo ready > ready
+wait \$xa; echo "xfer server A exit \$?"
+wait \$xc; echo "xfer server C exit \$?"
+for _ in \$(seq 900); do [ -f stop ] && break; sleep 0.1; done
+kill -TERM \$rs \$rp; wait \$rs; wait \$rp
+kill -TERM \$apid
+wait \$apid
+echo "agent exit \$?"
+JOB
+}
+
+# pair_job_client DIR COMMANDS: a client guest's job: the agent, then
+# COMMANDS once the host says "go".
+pair_job_client() {
+  cat > "$1/job.sh" <<JOB
+cd /run/vsocket-vm
+./vsocket-guestd --serve /run/agent.sock > agent.out 2>&1 &
+apid=\$!
+for _ in \$(seq 300); do [ -S /run/agent.sock ] && break; sleep 0.1; done
+export VSOCKET_SOCKET=/run/agent.sock VSOCKET_REPORT=/run/vsocket-vm/report.jsonl
+echo ready > ready
+for _ in \$(seq 900); do [ -f go ] && break; sleep 0.1; done
+$2
+kill -TERM \$apid
+wait \$apid
+echo "agent exit \$?"
+JOB
+}
+
+case_vm_to_vm() {
+  local t0=$SECONDS RA=$WORK/pair-a RB=$WORK/pair-b RC=$WORK/pair-c bytes=1000000 conns=4 n=4000 c=8
+  local d
+  for d in "$RA" "$RB" "$RC"; do
+    mkdir -p "$d"
+    cp "$BIN/guest/agent/vsocket-guestd" "$BIN/guest/agent/libvsocket-vm.so" "$BIN/tests/e2e/xfer" \
+       "$ROOT/guest/vsocket-run" "$d/"
+    rm -f "$d"/{go,stop,report.jsonl}
+  done
+  pair_job_server "$RB"
+  local bench="redis-benchmark -h $PAIR_B -n $n -c $c -t set,get --csv"
+  pair_job_client "$RA" "
+LD_PRELOAD=/run/vsocket-vm/libvsocket-vm.so ./xfer client $PAIR_B 5201 --conns $conns --bytes $bytes --pause-ms 500 > client.out 2>&1
+echo \"client exit \$?\"
+$bench -p 6380 > redis-kernel.out 2>&1; echo \"redis kernel exit \$?\"
+./vsocket-run --lib /run/vsocket-vm/libvsocket-vm.so --upgrade always $bench -p 6379 > redis-vsocket.out 2>&1
+echo \"redis vsocket exit \$?\""
+  pair_job_client "$RC" "
+LD_PRELOAD=/run/vsocket-vm/libvsocket-vm.so ./xfer client $PAIR_B 5202 --conns 1 --bytes $bytes > client.out 2>&1
+echo \"client exit \$?\""
+  vm_net_down "$PAIR_NS"
+  vm_net_up "$PAIR_NS" tapa tapb tapc || { fail vm_to_vm "cannot make the guests' bridge"; return; }
+  local up0 accel0 xt0 a_up0 b_up0 a_out0 b_out0
+  up0=$(stat upgrades) accel0=$(stat accel_bytes) xt0=$(stat cross_tenant)
+  a_up0=$(vm_stat vma upgrades) b_up0=$(vm_stat vmb upgrades)
+  a_out0=$(vm_stat vma accel_bytes_out) b_out0=$(vm_stat vmb accel_bytes_out)
+  local pa pb pc
+  VM_FUNCTIONS=3 VM_NIC=$PAIR_NS,tapb,52:54:00:00:51:12 \
+    vm_boot "$RB" "$WORK/vmb.sock" 300 vsocket.hugepages=24 vsocket.nic=$PAIR_B/24
+  pb=$VM_PID
+  VM_FUNCTIONS=2 VM_NIC=$PAIR_NS,tapa,52:54:00:00:51:11 \
+    vm_boot "$RA" "$WORK/vma.sock" 300 vsocket.hugepages=16 vsocket.nic=$PAIR_A/24
+  pa=$VM_PID
+  VM_FUNCTIONS=1 VM_NIC=$PAIR_NS,tapc,52:54:00:00:51:13 \
+    vm_boot "$RC" "$WORK/vmc.sock" 300 vsocket.hugepages=8 vsocket.nic=$PAIR_C/24
+  pc=$VM_PID
+  local ok=1
+  for d in "$RB" "$RA" "$RC"; do
+    local i
+    for ((i = 0; i < 900; i++)); do [ -e "$d/ready" ] || [ -e "$d/rc" ] && break; sleep 0.2; done
+    [ -e "$d/ready" ] || ok=0
+  done
+  touch "$RA/go" "$RC/go"
+  local rca=125 rcc=125 rcb=125
+  if [ "$ok" = 1 ]; then
+    vm_wait_for "$pa" "$RA" 240; rca=$?
+    vm_wait_for "$pc" "$RC" 60; rcc=$?
+  fi
+  local up accel xt a_up b_up a_out b_out
+  up=$(stat upgrades) accel=$(stat accel_bytes) xt=$(stat cross_tenant)
+  a_up=$(vm_stat vma upgrades) b_up=$(vm_stat vmb upgrades)
+  a_out=$(vm_stat vma accel_bytes_out) b_out=$(vm_stat vmb accel_bytes_out)
+  touch "$RB/stop"
+  vm_wait_for "$pb" "$RB" 60; rcb=$?
+  vm_kill_all
+  vm_net_down "$PAIR_NS"
+  echo "  guest A: $(tr '\n' ' ' < "$RA/stdout" 2>/dev/null); agent: $(tail -1 "$RA/agent.out" 2>/dev/null)"
+  echo "  guest B: $(tr '\n' ' ' < "$RB/stdout" 2>/dev/null); agent: $(tail -1 "$RB/agent.out" 2>/dev/null)"
+  echo "  guest C: $(tr '\n' ' ' < "$RC/stdout" 2>/dev/null); agent: $(tail -1 "$RC/agent.out" 2>/dev/null)"
+  echo "  vsocketd: upgrades $up0 -> $up, accel_bytes $accel0 -> $accel, cross_tenant $xt0 -> $xt;" \
+       "vma upgrades $a_up0 -> $a_up, accel_bytes_out $a_out0 -> $a_out; vmb upgrades $b_up0 -> $b_up, accel_bytes_out $b_out0 -> $b_out"
+  if [ "$ok" != 1 ] || [ "$rcb" != 0 ]; then
+    fail vm_to_vm "a guest never got ready or B's job failed (A $rca, B $rcb, C $rcc)"
+    return
+  fi
+  cat "$RA/report.jsonl" "$RB/report.jsonl" > "$WORK/pair.jsonl" 2>/dev/null
+  cat "$RC/report.jsonl" "$RB/report.jsonl" > "$WORK/pair-c.jsonl" 2>/dev/null
+
+  # xfer A <-> B
+  local out
+  if [ "$rca" != 0 ] || ! grep -q "client exit 0" "$RA/stdout" || ! grep -q "xfer server A exit 0" "$RB/stdout"; then
+    fail vm_to_vm_xfer "xfer failed (bytes not verified): $(tail -2 "$RA/client.out" "$RB/xfer-a.out" 2>/dev/null | tr '\n' ' ')"
+  elif ! out=$(python3 tests/e2e/check_report.py "$WORK/pair.jsonl" --port 5201 --expect-conns $((2 * conns)) \
+      --mode accelerated --reason accelerated --accel-min 1 --exact-total $((bytes + 16)) 2>&1); then
+    fail vm_to_vm_xfer "reports: $out"
+  else
+    if [ $((a_up - a_up0)) -lt "$conns" ] || [ $((b_up - b_up0)) -lt "$conns" ]; then
+      fail vm_to_vm_xfer "per-VM upgrades: vma +$((a_up - a_up0)), vmb +$((b_up - b_up0)), want >= $conns each"
+    elif [ $((a_out - a_out0)) -lt "$((conns * bytes * 9 / 10))" ] || [ $((b_out - b_out0)) -lt "$((conns * bytes * 9 / 10))" ]; then
+      fail vm_to_vm_xfer "accelerated bytes out: vma +$((a_out - a_out0)), vmb +$((b_out - b_out0)), want most of $((conns * bytes)) each"
+    else
+      echo "  xfer reports: $out"
+      pass vm_to_vm_xfer $((SECONDS - t0))
+    fi
+  fi
+
+  # redis A -> B
+  local rk rv
+  rk=$(tr '\n' ' ' < "$RA/redis-kernel.out" 2>/dev/null) rv=$(tr '\n' ' ' < "$RA/redis-vsocket.out" 2>/dev/null)
+  echo "  redis-benchmark -n $n -c $c, kernel TCP: $rk"
+  echo "  redis-benchmark -n $n -c $c, vSocket:    $rv"
+  if ! grep -q "redis vsocket exit 0" "$RA/stdout" || ! grep -q '"GET"' "$RA/redis-vsocket.out"; then
+    fail vm_to_vm_redis "redis-benchmark under vsocket-run failed: $rv"
+  elif ! out=$(python3 - "$WORK/pair.jsonl" "$c" <<'PY'
+import json, sys
+ends = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+ends = [e for e in ends if "local" in e and 6379 in (int(e["local"].rsplit(":", 1)[1]), int(e["peer"].rsplit(":", 1)[1]))]
+accel = [e for e in ends if e.get("mode") == "accelerated"]
+want = 2 * 2 * int(sys.argv[2])  # set and get, each -c clients, both ends
+if len(accel) < want:
+    sys.exit(f"{len(accel)} of {len(ends)} redis ends accelerated, want at least {want}: "
+             + ", ".join(sorted({e.get('reason', '?') for e in ends if e.get('mode') != 'accelerated'})))
+print(f"{len(accel)} of {len(ends)} redis connection ends accelerated, "
+      f"{sum(e.get('accel_tx', 0) for e in accel)} B sent on the rings")
+PY
+  ); then
+    fail vm_to_vm_redis "$out"
+  else
+    echo "  redis reports: $out"
+    pass vm_to_vm_redis $((SECONDS - t0))
+  fi
+
+  # Cross-tenant C -> B
+  if [ "$rcc" != 0 ] || ! grep -q "client exit 0" "$RC/stdout" || ! grep -q "xfer server C exit 0" "$RB/stdout"; then
+    fail vm_to_vm_cross_tenant "xfer failed (bytes not verified): $(tail -2 "$RC/client.out" "$RB/xfer-c.out" 2>/dev/null | tr '\n' ' ')"
+  elif ! out=$(python3 tests/e2e/check_report.py "$WORK/pair-c.jsonl" --port 5202 --expect-conns 2 \
+      --reason peer-not-registered --exact-total $((bytes + 16)) 2>&1); then
+    fail vm_to_vm_cross_tenant "reports: $out"
+  elif [ "$xt" -le "$xt0" ]; then
+    fail vm_to_vm_cross_tenant "vsocketd's cross_tenant stayed $xt0"
+  else
+    echo "  cross-tenant reports: $out"
+    pass vm_to_vm_cross_tenant $((SECONDS - t0))
+  fi
+}
