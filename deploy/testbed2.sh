@@ -239,6 +239,8 @@ etcd_provision() {
   chmod 600 "$STATE/etcd/root.pw"
   { "${plain[@]}" role add root && "${plain[@]}" user add "root:$(cat "$STATE/etcd/root.pw")" &&
     "${plain[@]}" user grant-role root root && "${plain[@]}" auth enable; } >/dev/null || die "etcd: auth enable failed"
+  local tenants t
+  tenants=$(for v in $VMS; do echo "$v" | cut -d: -f3; done | sort -un)
   for h in $HOSTS; do
     role=vsocket-host-$h
     mkdir -p "$STATE/$h"
@@ -246,10 +248,17 @@ etcd_provision() {
     (umask 077 && echo "$pw" >"$STATE/$h/etcd.pw")
     { etcdctl_root role add "$role" &&
       etcdctl_root role grant-permission "$role" readwrite "/vsocket/hosts/$h" &&
-      etcdctl_root role grant-permission "$role" readwrite --prefix "/vsocket/hosts/$h/" &&
       etcdctl_root role grant-permission "$role" read --prefix /vsocket/hosts/ &&
       etcdctl_root user add "$h:$pw" && etcdctl_root user grant-role "$h" "$role"; } >/dev/null ||
       die "etcd: user $h failed"
+    # The tenants it may serve (every VM is configured on both hosts):
+    # its VM records of each, and reading where the tenant's others run
+    # (decision 103).
+    for t in $tenants; do
+      { etcdctl_root role grant-permission "$role" readwrite --prefix "/vsocket/tenants/$t/$h/" &&
+        etcdctl_root role grant-permission "$role" read --prefix "/vsocket/tenants/$t/"; } >/dev/null ||
+        die "etcd: tenant $t for $h failed"
+    done
   done
 }
 etcd_up() {

@@ -25,6 +25,10 @@ struct DirectoryCounters {
   std::atomic<uint64_t> bad_records{0};         // keys or values ignored as malformed
   std::atomic<uint64_t> publishes{0};           // this host's records written (a new lease each)
   std::atomic<uint64_t> keepalive_failures{0};  // lease renewals that failed (etcd away, lease gone)
+  // Lookups the cache answered with a host: where a connection's peer runs
+  // (the host to ask to pair), and whether a pairing request's source runs
+  // on the host that sent it.
+  std::atomic<uint64_t> placements{0};
   // New pairings across hosts given up because the address was not in the
   // cache while etcd was unreachable: kernel TCP, "directory-unavailable".
   std::atomic<uint64_t> unavailable_fallbacks{0};

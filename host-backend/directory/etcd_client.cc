@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -159,10 +160,12 @@ int64_t NowMs() {
 
 // The watch stream's state, shared with curl's callbacks.
 struct WatchState {
-  const EtcdClient::WatchFn* on_change = nullptr;
+  const EtcdClient::RangesFn* on_change = nullptr;
   const std::atomic<bool>* stop = nullptr;
   int64_t create_deadline_ms = 0;
-  bool created = false;
+  size_t ranges = 1;                   // create_requests sent, in order
+  std::map<int64_t, size_t> range_of;  // etcd's watch ID -> index of its range
+  bool created = false;                // every watch is set up
   bool done = false;  // on_change said stop
   Status error;       // the stream said something that ends it
   int64_t compact_revision = 0;
@@ -207,6 +210,31 @@ bool OnWatchMessage(WatchState* w, const std::string& text) {
                    : CanceledStatus(r.value("cancel_reason", std::string("?")));
     return false;
   }
+  // etcd answers the create_requests in the order they were sent, each
+  // "created" naming its watch's ID (absent: 0, proto3's default), and
+  // sends a watch's events only after its "created".
+  int64_t id = Int(r, "watch_id");
+  if (r.value("created", false)) {
+    if (w->range_of.size() >= w->ranges || w->range_of.count(id) != 0) {
+      w->error = Status(Code::kDataLoss, "watch: more watches set up than asked for");
+      return false;
+    }
+    size_t index = w->range_of.size();
+    w->range_of[id] = index;
+    if (w->range_of.size() == w->ranges) {
+      w->created = true;
+      if (!(*w->on_change)(0, 0, {})) {
+        w->done = true;
+        return false;
+      }
+    }
+    return true;
+  }
+  auto range = w->range_of.find(id);
+  if (range == w->range_of.end()) {
+    w->error = Status(Code::kDataLoss, "watch: events for a watch never set up (" + std::to_string(id) + ")");
+    return false;
+  }
   std::vector<EtcdEvent> events;
   int64_t revision = 0;
   if (auto it = r.find("events"); it != r.end() && it->is_array()) {
@@ -221,9 +249,8 @@ bool OnWatchMessage(WatchState* w, const std::string& text) {
       events.push_back(std::move(ev));
     }
   }
-  if (r.value("created", false)) w->created = true;
-  if (!w->created) return true;
-  if (!(*w->on_change)(revision, events)) {
+  if (events.empty()) return true;  // (a progress notice: none are asked for)
+  if (!(*w->on_change)(range->second, revision, events)) {
     w->done = true;
     return false;
   }
@@ -389,22 +416,23 @@ Result<int64_t> EtcdClient::PutAll(const std::vector<std::pair<std::string, std:
   return revision;
 }
 
-Result<EtcdRange> EtcdClient::GetPrefix(const std::string& prefix) {
+Result<EtcdRange> EtcdClient::GetPrefix(const std::string& prefix, int64_t at_revision) {
   // In pages of range_page_keys, every page at the first one's revision:
   // one consistent view without one response as large as the directory
   // (104 MB of JSON at 10,000 hosts x 50 VMs: decision 89).
   EtcdRange range;
+  range.revision = at_revision;
   const std::string end = PrefixEnd(prefix);
   std::string from = prefix;
   for (int page = 0;; ++page) {
     Json req = {{"key", Base64(from)}, {"range_end", Base64(end)}};
     if (options_.range_page_keys > 0) req["limit"] = std::to_string(options_.range_page_keys);
-    if (page > 0) req["revision"] = std::to_string(range.revision);
+    if (page > 0 || at_revision > 0) req["revision"] = std::to_string(range.revision);
     auto body = Call("/v3/kv/range", req.dump());
     if (!body.ok()) return body.status();
     auto j = Parse(*body, "range " + prefix);
     if (!j.ok()) return j.status();
-    if (page == 0) range.revision = Int((*j)["header"], "revision");
+    if (page == 0 && at_revision == 0) range.revision = Int((*j)["header"], "revision");
     size_t before = range.kvs.size();
     if (auto it = j->find("kvs"); it != j->end() && it->is_array())
       for (const Json& e : *it) {
@@ -472,10 +500,24 @@ Status EtcdClient::Compact(int64_t revision) {
 
 Status EtcdClient::Watch(const std::string& prefix, int64_t start_revision, const WatchFn& on_change,
                          const std::atomic<bool>* stop, int64_t* compact_revision) {
+  RangesFn each = [&](size_t, int64_t revision, const std::vector<EtcdEvent>& events) {
+    return on_change(revision, events);
+  };
+  return WatchRanges({{prefix, start_revision}}, each, stop, compact_revision);
+}
+
+Status EtcdClient::WatchRanges(const std::vector<Range>& ranges, const RangesFn& on_change,
+                               const std::atomic<bool>* stop, int64_t* compact_revision) {
   if (endpoints_.empty()) return Status(Code::kFailedPrecondition, "etcd: no endpoints");
-  Json create = {{"key", Base64(prefix)}, {"range_end", Base64(PrefixEnd(prefix))}};
-  if (start_revision > 0) create["start_revision"] = std::to_string(start_revision);
-  std::string body = Json{{"create_request", create}}.dump();
+  if (ranges.empty()) return Status(Code::kInvalidArgument, "etcd: a watch of nothing");
+  // The gateway reads the request body as a stream of WatchRequests, one
+  // JSON object after the other, and sends each on the gRPC stream.
+  std::string body;
+  for (const Range& r : ranges) {
+    Json create = {{"key", Base64(r.prefix)}, {"range_end", Base64(PrefixEnd(r.prefix))}};
+    if (r.start_revision > 0) create["start_revision"] = std::to_string(r.start_revision);
+    body += Json{{"create_request", create}}.dump() + "\n";
+  }
   auto token = Token(false);
   if (!token.ok()) return token.status();
   auto headers = JsonHeaders(*token);
@@ -485,6 +527,7 @@ Status EtcdClient::Watch(const std::string& prefix, int64_t start_revision, cons
   WatchState w;
   w.on_change = &on_change;
   w.stop = stop;
+  w.ranges = ranges.size();
   w.create_deadline_ms = NowMs() + options_.watch_create_timeout_ms;
   curl_easy_setopt(c.get(), CURLOPT_WRITEFUNCTION, OnWatchBytes);
   curl_easy_setopt(c.get(), CURLOPT_WRITEDATA, &w);

@@ -84,10 +84,11 @@ class EtcdClient {
   // 128): the revision after the last.
   static constexpr size_t kMaxTxnPuts = 100;
   Result<int64_t> PutAll(const std::vector<std::pair<std::string, std::string>>& kvs, int64_t lease = 0);
-  // Every key starting with `prefix`, as of one revision (read in pages of
-  // options.range_page_keys; kOutOfRange if that revision is compacted
-  // between two pages).
-  Result<EtcdRange> GetPrefix(const std::string& prefix);
+  // Every key starting with `prefix`, as of one revision: `at_revision`
+  // if given (several prefixes read as of one moment), else the store's
+  // latest (read in pages of options.range_page_keys; kOutOfRange if that
+  // revision is compacted, or compacted between two pages).
+  Result<EtcdRange> GetPrefix(const std::string& prefix, int64_t at_revision = 0);
   // Deletes every key starting with `prefix`: how many there were.
   Result<int64_t> DeletePrefix(const std::string& prefix);
   // Deletes the key `key` alone: 1, or 0 if there was none.
@@ -112,6 +113,19 @@ class EtcdClient {
   using WatchFn = std::function<bool(int64_t revision, const std::vector<EtcdEvent>& events)>;
   Status Watch(const std::string& prefix, int64_t start_revision, const WatchFn& on_change,
                const std::atomic<bool>* stop, int64_t* compact_revision);
+
+  // Several prefixes watched on one stream (one HTTP response, one TCP
+  // connection: a create_request each, etcd's watch IDs told apart), each
+  // from its own start revision. `on_change` gets each batch with the index
+  // of its range in `ranges` and the highest revision in it, and one empty
+  // batch (range 0, revision 0) once every watch is set up. Ends as Watch.
+  struct Range {
+    std::string prefix;
+    int64_t start_revision = 0;
+  };
+  using RangesFn = std::function<bool(size_t range, int64_t revision, const std::vector<EtcdEvent>& events)>;
+  Status WatchRanges(const std::vector<Range>& ranges, const RangesFn& on_change, const std::atomic<bool>* stop,
+                     int64_t* compact_revision);
 
   // An administrative call (/v3/auth/...) whose reply says nothing but
   // success; `json_body` is the request message as JSON.

@@ -28,6 +28,7 @@ TEST(EtcdClusterTest, OneMemberDownTheDirectoryKeepsWorking) {
   };
   auto a = client_of();
   EtcdLocator::Options lo;
+  lo.tenants = {7};
   lo.backoff_min_ms = 50;
   lo.backoff_max_ms = 400;
   EtcdLocator loc(a, lo);
@@ -69,8 +70,9 @@ TEST(EtcdClusterTest, OneMemberDownTheDirectoryKeepsWorking) {
   EtcdClient only_it({eps[down]}, EtcdClientOptions::Timeouts(1000, 300, 1000));
   EXPECT_TRUE(Eventually(
       [&] {
-        auto r = only_it.GetPrefix(kDefaultPrefix);
-        return r.ok() && r->kvs.size() == 4;  // two hosts, a VM each
+        auto hosts = only_it.GetPrefix(kDefaultPrefix);
+        auto vms = only_it.GetPrefix(TenantPrefix(kDefaultTenantPrefix, 7));
+        return hosts.ok() && hosts->kvs.size() == 2 && vms.ok() && vms->kvs.size() == 2;  // two hosts, a VM each
       },
       10000));
   hostB.Stop();

@@ -52,12 +52,15 @@ std::string EtcdLocator::Find(uint32_t tenant, const proto::Endpoint& addr) cons
     MutexLock lock(mu_);
     matcher = matcher_;
   }
-  return matcher ? matcher->Find(tenant, addr) : "";
+  std::string host = matcher ? matcher->Find(tenant, addr) : "";
+  if (!host.empty()) counters_->placements.fetch_add(1, std::memory_order_relaxed);
+  return host;
 }
 
 EtcdLocatorHealth EtcdLocator::Health() const {
   EtcdLocatorHealth h;
   h.endpoint = client_->endpoint();
+  h.tenants.assign(options_.tenants.begin(), options_.tenants.end());
   MutexLock lock(mu_);
   h.connected = connected_;
   h.revision = revision_;
@@ -90,12 +93,29 @@ std::string EtcdLocator::Describe() const {
   return s;
 }
 
+std::vector<std::string> EtcdLocator::Ranges() const {
+  std::vector<std::string> out = {options_.prefix};
+  for (uint32_t t : options_.tenants) out.push_back(TenantPrefix(options_.tenant_prefix, t));
+  return out;
+}
+
 void EtcdLocator::Run() {
+  const std::vector<std::string> prefixes = Ranges();
   int backoff = options_.backoff_min_ms;
   bool need_read = true;
   while (!stop_) {
     if (need_read) {
-      auto range = client_->GetPrefix(options_.prefix);
+      // The host records, then each tenant's VM records as of the same
+      // revision: one consistent view.
+      auto range = client_->GetPrefix(prefixes[0]);
+      for (size_t i = 1; i < prefixes.size() && range.ok(); ++i) {
+        auto more = client_->GetPrefix(prefixes[i], range->revision);
+        if (!more.ok()) {
+          range = more.status();
+          break;
+        }
+        for (EtcdKeyValue& kv : more->kvs) range->kvs.push_back(std::move(kv));
+      }
       if (!range.ok()) {
         Disconnected(range.status());
         if (!Pause(backoff)) break;
@@ -105,25 +125,25 @@ void EtcdLocator::Run() {
       Load(*range);
       need_read = false;
     }
-    int64_t from;
+    std::vector<EtcdClient::Range> ranges;
     {
       MutexLock lock(mu_);
-      from = revision_ + 1;
+      for (size_t i = 0; i < prefixes.size(); ++i) ranges.push_back({prefixes[i], range_revisions_[i] + 1});
     }
     int64_t compacted = 0;
-    Status st = client_->Watch(
-        options_.prefix, from,
-        [&](int64_t revision, const std::vector<EtcdEvent>& events) {
+    Status st = client_->WatchRanges(
+        ranges,
+        [&](size_t range, int64_t revision, const std::vector<EtcdEvent>& events) {
           backoff = options_.backoff_min_ms;
-          Apply(revision, events);
+          Apply(range, revision, events);
           return !stop_;
         },
         &stop_, &compacted);
-    VS_LOG(kDebug, "directory: watch from %lld ended: %s", static_cast<long long>(from), st.ToString().c_str());
+    VS_LOG(kDebug, "directory: watch of %zu prefix(es) ended: %s", ranges.size(), st.ToString().c_str());
     if (stop_) break;
     if (st.code() == Code::kOutOfRange) {
       // What we missed is gone from etcd's history: read it all again.
-      VS_LOG(kWarn, "directory: %s; reading %s again", st.message().c_str(), options_.prefix.c_str());
+      VS_LOG(kWarn, "directory: %s; reading the directory again", st.message().c_str());
       need_read = true;
       continue;
     }
@@ -140,22 +160,24 @@ void EtcdLocator::Load(const EtcdRange& range) {
     vms_.clear();
     for (const EtcdKeyValue& kv : range.kvs) bad_records_ += !Put(kv);
     revision_ = range.revision;
+    range_revisions_.assign(Ranges().size(), range.revision);
     ++full_reads_;
     Rebuild();
     Publish();
     synced_ = true;
   }
   cv_.NotifyAll();
-  VS_LOG(kInfo, "directory: read %zu key(s) under %s at revision %lld", range.kvs.size(), options_.prefix.c_str(),
+  VS_LOG(kInfo, "directory: read %zu key(s) (hosts under %s, %zu tenant(s) under %s) at revision %lld",
+         range.kvs.size(), options_.prefix.c_str(), options_.tenants.size(), options_.tenant_prefix.c_str(),
          static_cast<long long>(range.revision));
   if (on_change_) on_change_();
 }
 
-void EtcdLocator::Apply(int64_t revision, const std::vector<EtcdEvent>& events) {
+void EtcdLocator::Apply(size_t range, int64_t revision, const std::vector<EtcdEvent>& events) {
   {
     MutexLock lock(mu_);
     if (!connected_) {
-      // The watch is set up (the empty batch that says so, or events).
+      // The watches are set up (the empty batch that says so, or events).
       connected_ = true;
       ++connects_;
       Publish();
@@ -169,6 +191,7 @@ void EtcdLocator::Apply(int64_t revision, const std::vector<EtcdEvent>& events) 
         Erase(e.kv.key);
       }
     }
+    if (range < range_revisions_.size()) range_revisions_[range] = std::max(range_revisions_[range], revision);
     revision_ = std::max(revision_, revision);
     Rebuild();
     Publish();
@@ -178,11 +201,7 @@ void EtcdLocator::Apply(int64_t revision, const std::vector<EtcdEvent>& events) 
 
 bool EtcdLocator::Put(const EtcdKeyValue& kv) {
   KeyName name;
-  if (!ParseKey(options_.prefix, kv.key, &name)) {
-    VS_LOG(kWarn, "directory: ignoring key %s (not HOST or HOST/vms/VM)", kv.key.c_str());
-    return false;
-  }
-  if (name.vm.empty()) {
+  if (ParseKey(options_.prefix, kv.key, &name)) {
     auto host = DecodeHost(kv.value);
     if (!host.ok()) {
       VS_LOG(kWarn, "directory: %s: %s", kv.key.c_str(), host.status().message().c_str());
@@ -191,7 +210,15 @@ bool EtcdLocator::Put(const EtcdKeyValue& kv) {
     hosts_[kv.key] = std::move(host).value();
     return true;
   }
+  if (!ParseVmKey(options_.tenant_prefix, kv.key, &name) || options_.tenants.count(name.tenant) == 0) {
+    VS_LOG(kWarn, "directory: ignoring key %s (not %sHOST or %sTENANT/HOST/VM of a tenant served here)",
+           kv.key.c_str(), options_.prefix.c_str(), options_.tenant_prefix.c_str());
+    return false;
+  }
   auto vm = DecodeVm(kv.value);
+  if (vm.ok() && vm->tenant != name.tenant)
+    vm = Status(Code::kInvalidArgument, "VM record of tenant " + std::to_string(vm->tenant) + " under tenant " +
+                                            std::to_string(name.tenant) + "'s prefix");
   std::string lines;
   if (vm.ok())
     for (const std::string& a : vm->addresses) lines += std::to_string(vm->tenant) + " " + a + " " + name.host + "\n";
@@ -211,7 +238,7 @@ std::map<std::string, HostRecord> EtcdLocator::Hosts() const {
   MutexLock lock(mu_);
   for (const auto& [key, record] : hosts_) {
     KeyName name;
-    if (ParseKey(options_.prefix, key, &name) && name.vm.empty()) out.emplace(name.host, record);
+    if (ParseKey(options_.prefix, key, &name)) out.emplace(name.host, record);
   }
   return out;
 }

@@ -1,14 +1,16 @@
 // The Locator of a cluster directory in etcd (records.h has the keys).
 //
-// A background thread reads the directory's whole prefix once, then
-// watches it from the revision that read returned, and keeps a cache:
+// It follows the host records and the VM records of the tenants this host
+// serves, no others (decision 103): a background thread reads those
+// prefixes once (as of one revision), then watches them on one stream, each
+// from that read's revision, and keeps a cache:
 // Find() answers from the cache alone and never waits on etcd. When etcd
 // cannot be reached the cache stays as it was (entries of hosts that die
 // meanwhile stay too, until etcd is back and their leases' expiry reaches
 // us); the thread reconnects with backoff (0.2 s doubling to 5 s) and
-// resumes the watch after the last revision it applied, so nothing is
-// missed. If etcd compacted that revision away, it reads the whole prefix
-// again.
+// resumes each prefix's watch after the last revision it applied to it, so
+// nothing is missed. If etcd compacted that revision away, it reads
+// everything again.
 #pragma once
 
 #include <atomic>
@@ -16,8 +18,10 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "base/mutex.h"
 #include "host-backend/directory/counters.h"
@@ -33,6 +37,7 @@ struct EtcdLocatorHealth {
   int64_t lag_ms = 0;        // how long the cache has gone without a live watch (0: live)
   std::string last_error;    // the last failure ("" if none yet)
   std::string endpoint;      // the etcd endpoint in use
+  std::vector<uint32_t> tenants;  // the tenants whose VM records are followed
   uint64_t watch_events = 0;  // changes applied from the watch
   uint64_t connects = 0;     // watches set up
   uint64_t full_reads = 0;   // reads of the whole prefix (the first, and after compaction)
@@ -45,7 +50,11 @@ struct EtcdLocatorHealth {
 class EtcdLocator : public fabric::Locator {
  public:
   struct Options {
-    std::string prefix = kDefaultPrefix;
+    std::string prefix = kDefaultPrefix;               // host records
+    std::string tenant_prefix = kDefaultTenantPrefix;  // VM records, by tenant
+    // The tenants this host serves (its VMs', here or away): only their VM
+    // records are read and watched, and Find knows no other tenant.
+    std::set<uint32_t> tenants;
     int backoff_min_ms = 200;
     int backoff_max_ms = 5000;
     // Where its numbers go (the daemon's metrics); null: its own.
@@ -79,8 +88,10 @@ class EtcdLocator : public fabric::Locator {
   void Run();
   // Replaces the cache with a full read.
   void Load(const EtcdRange& range) EXCLUDES(mu_);
-  // Applies a watch batch.
-  void Apply(int64_t revision, const std::vector<EtcdEvent>& events) EXCLUDES(mu_);
+  // Applies a watch batch of range `range` (Ranges()).
+  void Apply(size_t range, int64_t revision, const std::vector<EtcdEvent>& events) EXCLUDES(mu_);
+  // The prefixes followed: the host records', then each tenant's.
+  std::vector<std::string> Ranges() const;
   // Puts one key into `hosts_`/`vms_` (false: malformed, ignored).
   bool Put(const EtcdKeyValue& kv) REQUIRES(mu_);
   void Erase(const std::string& key) REQUIRES(mu_);
@@ -106,7 +117,10 @@ class EtcdLocator : public fabric::Locator {
   std::shared_ptr<const fabric::StaticLocator> matcher_ GUARDED_BY(mu_);
   bool synced_ GUARDED_BY(mu_) = false;
   bool connected_ GUARDED_BY(mu_) = false;
-  int64_t revision_ GUARDED_BY(mu_) = 0;
+  int64_t revision_ GUARDED_BY(mu_) = 0;  // the highest of range_revisions_
+  // Per range (Ranges()): the last revision applied to it, where its watch
+  // resumes (one stream's watches need not deliver in one order).
+  std::vector<int64_t> range_revisions_ GUARDED_BY(mu_);
   int64_t stale_since_ms_ GUARDED_BY(mu_) = 0;
   std::string last_error_ GUARDED_BY(mu_);
   uint64_t connects_ GUARDED_BY(mu_) = 0;

@@ -35,6 +35,7 @@ class EtcdLocatorTest : public ::testing::Test {
   std::unique_ptr<EtcdLocator> NewLocator(DirectoryCounters* counters = nullptr) {
     EtcdLocator::Options o;
     o.counters = counters;
+    o.tenants = {7, 8, 9};
     o.backoff_min_ms = 50;
     o.backoff_max_ms = 400;
     auto l = std::make_unique<EtcdLocator>(client_, o);
@@ -44,7 +45,10 @@ class EtcdLocatorTest : public ::testing::Test {
     return l;
   }
   Status PutVm(const std::string& host, const std::string& vm, uint32_t tenant, std::vector<std::string> addrs) {
-    return client_->Put(VmKey(kDefaultPrefix, host, vm), EncodeVm({tenant, std::move(addrs)})).status();
+    return client_->Put(Key(tenant, host, vm), EncodeVm({tenant, std::move(addrs)})).status();
+  }
+  static std::string Key(uint32_t tenant, const std::string& host, const std::string& vm) {
+    return VmKey(kDefaultTenantPrefix, tenant, host, vm);
   }
 
   EtcdTestServer etcd_;
@@ -59,7 +63,7 @@ TEST_F(EtcdLocatorTest, FindFollowsAPutAndADelete) {
   EXPECT_EQ(loc->Find(8, V4Http("198.51.100.3")), "");       // another tenant
   ASSERT_TRUE(PutVm("hostA", "vm3", 7, {"198.51.100.64"}).ok());
   EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.64")) == "hostA"; }, 1000));
-  ASSERT_TRUE(client_->DeletePrefix(VmKey(kDefaultPrefix, "hostA", "vm3")).ok());
+  ASSERT_TRUE(client_->Delete(Key(7, "hostA", "vm3")).ok());
   EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.64")).empty(); }, 1000));
   EtcdLocatorHealth h = loc->Health();
   EXPECT_TRUE(h.connected);
@@ -86,7 +90,7 @@ TEST_F(EtcdLocatorTest, AnAddressTwoHostsClaimIsBelievedOfNeither) {
   ASSERT_TRUE(PutVm("hostB", "vm9", 8, {"198.51.100.3"}).ok());
   EXPECT_TRUE(Eventually([&] { return loc->Find(8, V4Http("198.51.100.3")) == "hostB"; }, 1000));
   // Withdrawn: hostA's addresses are its own again.
-  ASSERT_TRUE(client_->DeletePrefix(VmKey(kDefaultPrefix, "hostB", "evil")).ok());
+  ASSERT_TRUE(client_->Delete(Key(7, "hostB", "evil")).ok());
   EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.3")) == "hostA"; }, 1000));
   EXPECT_EQ(loc->Find(7, V4Http("198.51.100.77")), "hostA");
   EXPECT_EQ(loc->Health().conflicts, 0u);
@@ -113,11 +117,13 @@ TEST_F(EtcdLocatorTest, HostsAreTheHostRecordsByTheirKeysName) {
 TEST_F(EtcdLocatorTest, TheHostComesFromTheKeyAndMalformedRecordsAreIgnored) {
   auto loc = NewLocator();
   // A value cannot name another host; a bad record spoils nothing else.
-  ASSERT_TRUE(client_->Put(VmKey(kDefaultPrefix, "hostA", "bad"), "{\"tenant\":7,\"addresses\":[\"nope\"]}").ok());
+  ASSERT_TRUE(client_->Put(Key(7, "hostA", "bad"), "{\"tenant\":7,\"addresses\":[\"nope\"]}").ok());
   ASSERT_TRUE(client_->Put("/vsocket/hosts/hostA/junk", "{}").ok());
+  ASSERT_TRUE(client_->Put(Key(8, "hostA", "liar"), EncodeVm({7, {"198.51.100.10"}})).ok());  // (tenant 7 under 8's prefix)
   ASSERT_TRUE(PutVm("hostA", "vm1", 7, {"198.51.100.9"}).ok());
   EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.9")) == "hostA"; }, 1000));
-  EXPECT_EQ(loc->Health().bad_records, 2u);
+  EXPECT_EQ(loc->Health().bad_records, 3u);
+  EXPECT_EQ(loc->Find(7, V4Http("198.51.100.10")), "");
 }
 
 TEST_F(EtcdLocatorTest, AnswersFromTheCacheWhileEtcdIsDownAndResyncsAfterRestart) {
@@ -141,8 +147,10 @@ TEST_F(EtcdLocatorTest, AnswersFromTheCacheWhileEtcdIsDownAndResyncsAfterRestart
   Status st = etcd_.Start();  // same ports, same data
   ASSERT_TRUE(st.ok()) << st.ToString();
   ASSERT_TRUE(PutVm("hostB", "vm2", 7, {"198.51.100.2"}).ok());
-  ASSERT_TRUE(client_->DeletePrefix(VmKey(kDefaultPrefix, "hostA", "vm1")).ok());
+  ASSERT_TRUE(client_->Delete(Key(7, "hostA", "vm1")).ok());
+  ASSERT_TRUE(PutVm("hostB", "vm8", 8, {"198.51.100.8"}).ok());  // (another tenant's watch, same stream)
   EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.2")) == "hostB"; }, 5000));
+  EXPECT_TRUE(Eventually([&] { return loc->Find(8, V4Http("198.51.100.8")) == "hostB"; }, 5000));
   EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.1")).empty(); }, 5000));
   EtcdLocatorHealth up = loc->Health();
   EXPECT_TRUE(up.connected);
@@ -152,8 +160,8 @@ TEST_F(EtcdLocatorTest, AnswersFromTheCacheWhileEtcdIsDownAndResyncsAfterRestart
   EXPECT_EQ(counters.connected.load(), 1u);
   EXPECT_EQ(counters.revision.load(), uint64_t(up.revision));
   EXPECT_EQ(counters.connects.load(), up.connects);
-  EXPECT_EQ(counters.watch_events.load(), 2u);  // hostB's put, hostA's delete
-  EXPECT_EQ(counters.entries.load(), 1u);
+  EXPECT_EQ(counters.watch_events.load(), 3u);  // hostB's two puts, hostA's delete
+  EXPECT_EQ(counters.entries.load(), 2u);
 }
 
 TEST_F(EtcdLocatorTest, ReadsEverythingAgainWhenItsRevisionWasCompacted) {
@@ -161,6 +169,7 @@ TEST_F(EtcdLocatorTest, ReadsEverythingAgainWhenItsRevisionWasCompacted) {
   // A long first backoff: etcd is back, changed and compacted past the
   // locator's revision before it tries again.
   EtcdLocator::Options o;
+  o.tenants = {7};
   o.backoff_min_ms = 6000;
   auto loc = std::make_unique<EtcdLocator>(client_, o);
   loc->Start();
@@ -172,7 +181,7 @@ TEST_F(EtcdLocatorTest, ReadsEverythingAgainWhenItsRevisionWasCompacted) {
   ASSERT_TRUE(etcd_.Start().ok());
   // The VM moved from hostA to hostB while the locator was away.
   ASSERT_TRUE(PutVm("hostB", "vm1", 7, {"198.51.100.1"}).ok());
-  ASSERT_TRUE(client_->DeletePrefix(VmKey(kDefaultPrefix, "hostA", "vm1")).ok());
+  ASSERT_TRUE(client_->Delete(Key(7, "hostA", "vm1")).ok());
   auto rev = client_->Put("/vsocket/unrelated", "x");
   ASSERT_TRUE(rev.ok());
   ASSERT_TRUE(client_->Compact(*rev).ok());
@@ -252,7 +261,7 @@ TEST_F(EtcdLocatorTest, AVmThatArrivesOrLeavesIsPublishedOrWithdrawnAtOnce) {
   pub->RemoveVm("vm1");
   EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.1")).empty(); }, 1000));
   EXPECT_EQ(loc->Find(7, V4Http("198.51.100.10")), "hostA");
-  EXPECT_EQ(client_->GetPrefix(VmKey(kDefaultPrefix, "hostA", "vm10"))->kvs.at(0).lease, pub->Health().lease);
+  EXPECT_EQ(client_->GetPrefix(Key(7, "hostA", "vm10"))->kvs.at(0).lease, pub->Health().lease);
 
   // While etcd is down: vm10 leaves, vm2 arrives. Written when it is back
   // (the lease outlives a short outage: etcd renews leases at restart).
@@ -264,6 +273,44 @@ TEST_F(EtcdLocatorTest, AVmThatArrivesOrLeavesIsPublishedOrWithdrawnAtOnce) {
   EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.10")).empty(); }, 2000));
   EXPECT_EQ(pub->Health().publishes, 1u);  // (the same lease all along)
   pub->Stop();
+}
+
+// Decision 103: a host follows only the VM records of the tenants it
+// serves; another tenant's records are neither read at start nor watched
+// (no event reaches it), and its addresses are unknown here.
+TEST_F(EtcdLocatorTest, OnlyTheTenantsThisHostServesAreReadAndWatched) {
+  ASSERT_TRUE(PutVm("hostB", "other0", 5, {"198.51.100.50"}).ok());
+  ASSERT_TRUE(PutVm("hostB", "mine0", 7, {"198.51.100.70"}).ok());
+  DirectoryCounters counters;
+  EtcdLocator::Options o;
+  o.counters = &counters;
+  o.tenants = {7};
+  o.backoff_min_ms = 50;
+  EtcdLocator loc(client_, o);
+  loc.Start();
+  ASSERT_TRUE(loc.WaitSynced(5000));
+  ASSERT_TRUE(Eventually([&] { return loc.Health().connected; }, 2000));
+  EXPECT_EQ(loc.Find(7, V4Http("198.51.100.70")), "hostB");
+  EXPECT_EQ(loc.Find(5, V4Http("198.51.100.50")), "");
+  EXPECT_EQ(counters.entries.load(), 1u);
+  EXPECT_EQ(loc.Health().tenants, std::vector<uint32_t>{7});
+  // 50 changes of tenant 5 (and of 70, whose number starts with 7's), then
+  // one of tenant 7: only that one reaches this host.
+  for (int i = 0; i < 25; ++i) {
+    ASSERT_TRUE(PutVm("hostB", "other" + std::to_string(i), 5, {"198.51.100." + std::to_string(100 + i)}).ok());
+    ASSERT_TRUE(PutVm("hostB", "seventy" + std::to_string(i), 70, {"198.51.100." + std::to_string(100 + i)}).ok());
+  }
+  ASSERT_TRUE(PutVm("hostB", "mine1", 7, {"198.51.100.71"}).ok());
+  ASSERT_TRUE(Eventually([&] { return loc.Find(7, V4Http("198.51.100.71")) == "hostB"; }, 2000));
+  usleep(200 * 1000);  // (anything else on its way would be here by now)
+  EXPECT_EQ(counters.watch_events.load(), 1u);
+  EXPECT_EQ(loc.Find(5, V4Http("198.51.100.100")), "");
+  EXPECT_EQ(loc.Find(70, V4Http("198.51.100.100")), "");
+  EXPECT_EQ(loc.Health().bad_records, 0u);
+  // A host record still reaches every host (its peers, decision 96).
+  ASSERT_TRUE(client_->Put(HostKey(kDefaultPrefix, "hostB"), EncodeHost({"203.0.113.2:7300", {"tcp"}})).ok());
+  EXPECT_TRUE(Eventually([&] { return loc.Hosts().count("hostB") == 1; }, 2000));
+  loc.Stop();
 }
 
 }  // namespace

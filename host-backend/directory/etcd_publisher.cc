@@ -67,32 +67,50 @@ EtcdPublisherHealth EtcdPublisher::Health() const {
   return {published_, lease_, publishes_, counters_->keepalive_failures.load(), last_error_};
 }
 
+std::string EtcdPublisher::KeyOf(const std::string& vm, const VmRecord& r) const {
+  return VmKey(options_.tenant_prefix, r.tenant, host_, vm);
+}
+
 void EtcdPublisher::SetVm(const std::string& vm, VmRecord record) {
   int64_t lease;
+  std::string stale;  // its key under another tenant, if its tenant changed
   {
     MutexLock lock(mu_);
+    auto was = vms_.find(vm);
+    if (was != vms_.end() && was->second.tenant != record.tenant) {
+      stale = KeyOf(vm, was->second);
+      removed_.insert(stale);
+    }
     vms_[vm] = record;
-    removed_.erase(vm);
+    removed_.erase(KeyOf(vm, record));
     ++changes_;
     lease = published_ ? lease_ : 0;
   }
   if (lease == 0) return;  // (written with the rest when it publishes)
-  auto put = client_->Put(VmKey(options_.prefix, host_, vm), EncodeVm(record), lease);
+  if (!stale.empty()) {
+    auto del = client_->Delete(stale);
+    if (!del.ok()) return NeedResync(del.status());
+  }
+  auto put = client_->Put(KeyOf(vm, record), EncodeVm(record), lease);
   if (!put.ok()) return NeedResync(put.status());
   VS_LOG(kInfo, "directory: VM %s runs here: published", vm.c_str());
 }
 
 void EtcdPublisher::RemoveVm(const std::string& vm) {
   int64_t lease;
+  std::string key;
   {
     MutexLock lock(mu_);
-    if (vms_.erase(vm) == 0) return;
-    removed_.insert(vm);
+    auto it = vms_.find(vm);
+    if (it == vms_.end()) return;
+    key = KeyOf(vm, it->second);
+    vms_.erase(it);
+    removed_.insert(key);
     ++changes_;
     lease = published_ ? lease_ : 0;
   }
   if (lease == 0) return;  // (its key went with the lease, or was never written)
-  auto del = client_->Delete(VmKey(options_.prefix, host_, vm));
+  auto del = client_->Delete(key);
   if (!del.ok()) return NeedResync(del.status());
   VS_LOG(kInfo, "directory: VM %s left this host: withdrawn", vm.c_str());
 }
@@ -113,12 +131,12 @@ Status EtcdPublisher::Resync(int64_t lease) {
     removed = removed_;
     changes = changes_;
   }
-  for (const std::string& vm : removed) {
-    auto del = client_->Delete(VmKey(options_.prefix, host_, vm));
+  for (const std::string& key : removed) {
+    auto del = client_->Delete(key);
     if (!del.ok()) return del.status();
   }
   std::vector<std::pair<std::string, std::string>> records;
-  for (const auto& [vm, r] : vms) records.emplace_back(VmKey(options_.prefix, host_, vm), EncodeVm(r));
+  for (const auto& [vm, r] : vms) records.emplace_back(KeyOf(vm, r), EncodeVm(r));
   auto put = client_->PutAll(records, lease);
   if (!put.ok()) return put.status();
   MutexLock lock(mu_);
@@ -143,7 +161,7 @@ Status EtcdPublisher::Publish() {
   // The host and its VMs in one transaction (a hundred keys per
   // transaction at most): a peer never sees half of them.
   std::vector<std::pair<std::string, std::string>> records = {{HostKey(options_.prefix, host_), EncodeHost(record_)}};
-  for (const auto& [vm, r] : vms) records.emplace_back(VmKey(options_.prefix, host_, vm), EncodeVm(r));
+  for (const auto& [vm, r] : vms) records.emplace_back(KeyOf(vm, r), EncodeVm(r));
   auto put = client_->PutAll(records, *lease);
   if (!put.ok()) return put.status();
   {

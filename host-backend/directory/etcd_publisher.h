@@ -39,7 +39,8 @@ struct EtcdPublisherHealth {
 class EtcdPublisher {
  public:
   struct Options {
-    std::string prefix = kDefaultPrefix;
+    std::string prefix = kDefaultPrefix;               // the host record's
+    std::string tenant_prefix = kDefaultTenantPrefix;  // the VM records' (by tenant)
     int ttl_s = 10;  // the lease: how long a dead host's records outlive it
     int backoff_min_ms = 200;
     int backoff_max_ms = 5000;
@@ -72,6 +73,7 @@ class EtcdPublisher {
   void NeedResync(const Status& why) EXCLUDES(mu_);
   bool Pause(int ms) EXCLUDES(mu_);
   void Failed(const Status& why) EXCLUDES(mu_);
+  std::string KeyOf(const std::string& vm, const VmRecord& r) const;
 
   const std::shared_ptr<EtcdClient> client_;
   const std::string host_;
@@ -88,7 +90,7 @@ class EtcdPublisher {
   uint64_t publishes_ GUARDED_BY(mu_) = 0;
   std::string last_error_ GUARDED_BY(mu_);
   std::map<std::string, VmRecord> vms_ GUARDED_BY(mu_);  // the VMs that run here
-  std::set<std::string> removed_ GUARDED_BY(mu_);        // left since the last full write
+  std::set<std::string> removed_ GUARDED_BY(mu_);        // keys of VMs left since the last full write
   uint64_t changes_ GUARDED_BY(mu_) = 0;                 // SetVm/RemoveVm calls
   bool resync_ GUARDED_BY(mu_) = false;
 

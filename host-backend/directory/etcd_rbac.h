@@ -10,6 +10,7 @@
 // them through the gateway.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "base/status.h"
@@ -25,10 +26,17 @@ std::string HostRole(const std::string& host);
 Status EnableAuth(EtcdClient& client, const std::string& root_password);
 
 // Adds the user `host` (with `password`) and its role: read and write on
-// the key PREFIX<host> and on the keys under PREFIX<host>/, read on every
-// key under PREFIX. `root`: a client of the root user (or any before auth is
-// on). Also right for a host that authenticates with a certificate (etcd
-// ignores the password then).
+// the key PREFIX<host> (its host record), read on every key under PREFIX
+// (the host records: its peers). `root`: a client of the root user (or any
+// before auth is on). Also right for a host that authenticates with a
+// certificate (etcd ignores the password then).
 Status GrantHost(EtcdClient& root, const std::string& prefix, const std::string& host, const std::string& password);
+
+// Lets `host` serve `tenant` (decision 103): read and write on the keys
+// under TENANTS<tenant>/<host>/ (its VM records of that tenant), read on
+// every key under TENANTS<tenant>/ (where the tenant's other VMs run). The
+// operator grants it when a VM of the tenant is first placed on the host;
+// without it, the host can neither publish nor follow that tenant.
+Status GrantTenant(EtcdClient& root, const std::string& tenant_prefix, const std::string& host, uint32_t tenant);
 
 }  // namespace vsocket::directory

@@ -33,7 +33,11 @@ class EtcdRbacTest : public ::testing::Test {
     for (const char* host : {"hostA", "hostB"}) {
       st = GrantHost(*root_, kDefaultPrefix, host, std::string(host) + "-pw");
       ASSERT_TRUE(st.ok()) << host << ": " << st.ToString();
+      st = GrantTenant(*root_, kDefaultTenantPrefix, host, 7);  // (both serve tenant 7; hostB also 8)
+      ASSERT_TRUE(st.ok()) << host << ": " << st.ToString();
     }
+    st = GrantTenant(*root_, kDefaultTenantPrefix, "hostB", 8);
+    ASSERT_TRUE(st.ok()) << st.ToString();
   }
   std::shared_ptr<EtcdClient> As(const std::string& user, const std::string& password) {
     EtcdClientOptions o;
@@ -47,25 +51,38 @@ class EtcdRbacTest : public ::testing::Test {
   std::shared_ptr<EtcdClient> root_;
 };
 
+static std::string Key(uint32_t tenant, const char* host, const char* vm) {
+  return VmKey(kDefaultTenantPrefix, tenant, host, vm);
+}
+
 TEST_F(EtcdRbacTest, AHostWritesItsOwnKeysOnly) {
   auto a = As("hostA", "hostA-pw");
   EXPECT_TRUE(a->Put(HostKey(kDefaultPrefix, "hostA"), EncodeHost({"192.0.2.1:7300", {"tcp"}})).ok());
-  EXPECT_TRUE(a->Put(VmKey(kDefaultPrefix, "hostA", "vm1"), Vm(7, "198.51.100.1")).ok());
-  ASSERT_TRUE(root_->Put(VmKey(kDefaultPrefix, "hostB", "vm2"), Vm(7, "198.51.100.2")).ok());
-  // Under hostB's name, or a name that merely starts with hostA's.
+  EXPECT_TRUE(a->Put(Key(7, "hostA", "vm1"), Vm(7, "198.51.100.1")).ok());
+  ASSERT_TRUE(root_->Put(Key(7, "hostB", "vm2"), Vm(7, "198.51.100.2")).ok());
+  // Under hostB's name, or a name that merely starts with hostA's, or in a
+  // tenant hostA was not granted (8; 70, whose number starts with 7's).
   for (const std::string& key :
-       {HostKey(kDefaultPrefix, "hostB"), VmKey(kDefaultPrefix, "hostB", "vm2"), VmKey(kDefaultPrefix, "hostB", "x"),
-        HostKey(kDefaultPrefix, "hostAB"), VmKey(kDefaultPrefix, "hostAB", "x"), std::string("/vsocket/other")}) {
+       {HostKey(kDefaultPrefix, "hostB"), Key(7, "hostB", "vm2"), Key(7, "hostB", "x"), HostKey(kDefaultPrefix, "hostAB"),
+        Key(7, "hostAB", "x"), Key(8, "hostA", "x"), Key(70, "hostA", "x"), HostKey(kDefaultPrefix, "hostA") + "/x",
+        std::string("/vsocket/other")}) {
     auto put = a->Put(key, Vm(7, "198.51.100.2"));
     EXPECT_EQ(put.status().code(), Code::kPermissionDenied) << key << ": " << put.status().ToString();
   }
-  EXPECT_EQ(a->DeletePrefix(HostKey(kDefaultPrefix, "hostB") + "/").status().code(), Code::kPermissionDenied);
-  // It reads the whole directory (to follow it), hostB's record untouched.
-  auto all = a->GetPrefix(kDefaultPrefix);
-  ASSERT_TRUE(all.ok()) << all.status().ToString();
-  ASSERT_EQ(all->kvs.size(), 3u);
-  EXPECT_EQ(all->kvs[2].key, VmKey(kDefaultPrefix, "hostB", "vm2"));
-  EXPECT_EQ(all->kvs[2].value, Vm(7, "198.51.100.2"));
+  EXPECT_EQ(a->DeletePrefix(TenantPrefix(kDefaultTenantPrefix, 7) + "hostB/").status().code(),
+            Code::kPermissionDenied);
+  // It reads the host records and its tenants' records (to follow them),
+  // hostB's untouched; not another tenant's.
+  auto hosts = a->GetPrefix(kDefaultPrefix);
+  ASSERT_TRUE(hosts.ok()) << hosts.status().ToString();
+  EXPECT_EQ(hosts->kvs.size(), 1u);
+  auto seven = a->GetPrefix(TenantPrefix(kDefaultTenantPrefix, 7));
+  ASSERT_TRUE(seven.ok()) << seven.status().ToString();
+  ASSERT_EQ(seven->kvs.size(), 2u);
+  EXPECT_EQ(seven->kvs[1].key, Key(7, "hostB", "vm2"));
+  EXPECT_EQ(seven->kvs[1].value, Vm(7, "198.51.100.2"));
+  ASSERT_TRUE(As("hostB", "hostB-pw")->Put(Key(8, "hostB", "vm8"), Vm(8, "198.51.100.8")).ok());
+  EXPECT_EQ(a->GetPrefix(TenantPrefix(kDefaultTenantPrefix, 8)).status().code(), Code::kPermissionDenied);
 }
 
 TEST_F(EtcdRbacTest, WrongPasswordAndNoCredentialsAreRefused) {
@@ -88,6 +105,7 @@ TEST_F(EtcdRbacTest, APublisherUnderAnotherHostsNameIsRefusedAndPeersNeverSeeIt)
   auto a = As("hostA", "hostA-pw");
   EtcdLocator::Options lo;
   lo.backoff_min_ms = 50;
+  lo.tenants = {7};
   EtcdLocator loc(a, lo);  // hostA follows the directory with its own credentials
   loc.Start();
   ASSERT_TRUE(loc.WaitSynced(5000)) << loc.Health().last_error;

@@ -74,6 +74,7 @@ TEST_F(EtcdTlsTest, WithItsCertificateAHostPublishesAndFollowsTheDirectory) {
   EXPECT_EQ(got->kvs.at(0).value, "v");
   EtcdLocator::Options lo;
   lo.backoff_min_ms = 50;
+  lo.tenants = {7};
   EtcdLocator loc(a, lo);
   loc.Start();
   ASSERT_TRUE(loc.WaitSynced(5000)) << loc.Health().last_error;
@@ -122,12 +123,15 @@ TEST_F(EtcdTlsTest, WithAuthOnAHostIsItsUserOverACertificateWithoutCommonName) {
   for (const char* host : {"hostA", "hostB"}) {
     st = GrantHost(*root, kDefaultPrefix, host, std::string(host) + "-pw");
     ASSERT_TRUE(st.ok()) << st.ToString();
+    st = GrantTenant(*root, kDefaultTenantPrefix, host, 7);
+    ASSERT_TRUE(st.ok()) << st.ToString();
   }
   auto a = as("nocn", "hostA", "hostA-pw");
   auto own = a->Put(HostKey(kDefaultPrefix, "hostA"), "{}");
   EXPECT_TRUE(own.ok()) << own.status().ToString();
   EXPECT_EQ(a->Put(HostKey(kDefaultPrefix, "hostB"), "{}").status().code(), Code::kPermissionDenied);
-  EXPECT_EQ(a->Put(VmKey(kDefaultPrefix, "hostB", "vm1"), "{}").status().code(), Code::kPermissionDenied);
+  EXPECT_EQ(a->Put(VmKey(kDefaultTenantPrefix, 7, "hostB", "vm1"), "{}").status().code(), Code::kPermissionDenied);
+  EXPECT_TRUE(a->Put(VmKey(kDefaultTenantPrefix, 7, "hostA", "vm1"), "{}").ok());
   EXPECT_TRUE(a->GetPrefix(kDefaultPrefix).ok());
   // A certificate naming hostA does not make its holder hostA: refused.
   auto cn = as("hostA", "hostA", "hostA-pw")->Put(HostKey(kDefaultPrefix, "hostA"), "{}");

@@ -31,22 +31,38 @@ std::vector<std::string> Strings(const Json& j, const char* name, bool* ok) {
 
 std::string HostKey(const std::string& prefix, const std::string& host) { return prefix + host; }
 
-std::string VmKey(const std::string& prefix, const std::string& host, const std::string& vm) {
-  return prefix + host + "/vms/" + vm;
+std::string TenantPrefix(const std::string& tenant_prefix, uint32_t tenant) {
+  return tenant_prefix + std::to_string(tenant) + "/";
+}
+
+std::string VmKey(const std::string& tenant_prefix, uint32_t tenant, const std::string& host, const std::string& vm) {
+  return TenantPrefix(tenant_prefix, tenant) + host + "/" + vm;
 }
 
 bool ParseKey(const std::string& prefix, const std::string& key, KeyName* name) {
   if (key.compare(0, prefix.size(), prefix) != 0) return false;
-  std::string rest = key.substr(prefix.size());
-  size_t slash = rest.find('/');
-  name->host = rest.substr(0, slash);
+  name->tenant = 0;
+  name->host = key.substr(prefix.size());
   name->vm.clear();
-  if (!ValidName(name->host)) return false;
-  if (slash == std::string::npos) return true;
-  static const std::string kVms = "/vms/";
-  if (rest.compare(slash, kVms.size(), kVms) != 0) return false;
-  name->vm = rest.substr(slash + kVms.size());
-  return ValidName(name->vm);
+  return ValidName(name->host);
+}
+
+bool ParseVmKey(const std::string& tenant_prefix, const std::string& key, KeyName* name) {
+  if (key.compare(0, tenant_prefix.size(), tenant_prefix) != 0) return false;
+  std::string rest = key.substr(tenant_prefix.size());
+  size_t a = rest.find('/');
+  if (a == std::string::npos) return false;
+  size_t b = rest.find('/', a + 1);
+  if (b == std::string::npos) return false;
+  std::string tenant = rest.substr(0, a);
+  // Written plainly (no sign, no leading zero): one tenant, one prefix.
+  if (tenant.empty() || tenant.size() > 10 || tenant[0] == '0' ||
+      tenant.find_first_not_of("0123456789") != std::string::npos || std::stoull(tenant) > UINT32_MAX)
+    return false;
+  name->tenant = static_cast<uint32_t>(std::stoull(tenant));
+  name->host = rest.substr(a + 1, b - a - 1);
+  name->vm = rest.substr(b + 1);
+  return ValidName(name->host) && ValidName(name->vm);
 }
 
 std::string EncodeHost(const HostRecord& r) {

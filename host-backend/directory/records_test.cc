@@ -9,20 +9,33 @@ TEST(DirectoryKeys, HostAndVmKeysParseBackToTheirNames) {
   KeyName n;
   ASSERT_TRUE(ParseKey(kDefaultPrefix, HostKey(kDefaultPrefix, "hostA"), &n));
   EXPECT_EQ(n.host, "hostA");
+  EXPECT_EQ(n.tenant, 0u);
   EXPECT_EQ(n.vm, "");
-  ASSERT_TRUE(ParseKey(kDefaultPrefix, VmKey(kDefaultPrefix, "hostA", "vm1"), &n));
+  EXPECT_EQ(VmKey(kDefaultTenantPrefix, 7, "hostA", "vm1"), "/vsocket/tenants/7/hostA/vm1");
+  ASSERT_TRUE(ParseVmKey(kDefaultTenantPrefix, VmKey(kDefaultTenantPrefix, 7, "hostA", "vm1"), &n));
+  EXPECT_EQ(n.tenant, 7u);
   EXPECT_EQ(n.host, "hostA");
   EXPECT_EQ(n.vm, "vm1");
+  // A tenant's prefix does not take in another's whose number starts alike.
+  EXPECT_EQ(TenantPrefix(kDefaultTenantPrefix, 1), "/vsocket/tenants/1/");
+  EXPECT_NE(VmKey(kDefaultTenantPrefix, 10, "h", "v").rfind(TenantPrefix(kDefaultTenantPrefix, 1), 0), 0u);
 }
 
 TEST(DirectoryKeys, OtherShapesAreRefused) {
   KeyName n;
   EXPECT_FALSE(ParseKey(kDefaultPrefix, "/other/hostA", &n));
   EXPECT_FALSE(ParseKey(kDefaultPrefix, "/vsocket/hosts/", &n));
-  EXPECT_FALSE(ParseKey(kDefaultPrefix, "/vsocket/hosts/hostA/vms/", &n));
-  EXPECT_FALSE(ParseKey(kDefaultPrefix, "/vsocket/hosts/hostA/other/vm1", &n));
-  EXPECT_FALSE(ParseKey(kDefaultPrefix, "/vsocket/hosts/hostA/vms/vm1/x", &n));
+  EXPECT_FALSE(ParseKey(kDefaultPrefix, "/vsocket/hosts/hostA/vms/vm1", &n));  // (the layout before decision 103)
   EXPECT_FALSE(ParseKey(kDefaultPrefix, "/vsocket/hosts/host A", &n));
+  EXPECT_FALSE(ParseVmKey(kDefaultTenantPrefix, "/vsocket/tenants/7/hostA", &n));
+  EXPECT_FALSE(ParseVmKey(kDefaultTenantPrefix, "/vsocket/tenants/7/hostA/", &n));
+  EXPECT_FALSE(ParseVmKey(kDefaultTenantPrefix, "/vsocket/tenants/7/hostA/vm1/x", &n));
+  EXPECT_FALSE(ParseVmKey(kDefaultTenantPrefix, "/vsocket/tenants//hostA/vm1", &n));
+  EXPECT_FALSE(ParseVmKey(kDefaultTenantPrefix, "/vsocket/tenants/07/hostA/vm1", &n));
+  EXPECT_FALSE(ParseVmKey(kDefaultTenantPrefix, "/vsocket/tenants/0/hostA/vm1", &n));
+  EXPECT_FALSE(ParseVmKey(kDefaultTenantPrefix, "/vsocket/tenants/-7/hostA/vm1", &n));
+  EXPECT_FALSE(ParseVmKey(kDefaultTenantPrefix, "/vsocket/tenants/4294967296/hostA/vm1", &n));
+  EXPECT_FALSE(ParseVmKey(kDefaultTenantPrefix, "/vsocket/hosts/hostA/vm1", &n));
 }
 
 TEST(DirectoryRecords, RoundTripAndRefuseMalformed) {

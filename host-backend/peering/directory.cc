@@ -71,6 +71,9 @@ Status Peering::StartDirectory(const DaemonConfig& config) {
 
   directory::EtcdLocator::Options locator_options;
   locator_options.counters = &counters_.directory;
+  // Only the tenants this host serves, its VMs' here or away (an away VM
+  // may arrive): decision 103.
+  for (const vhost::PortConfig& p : config.vms) locator_options.tenants.insert(p.tenant_id);
   etcd_locator_ = std::make_unique<directory::EtcdLocator>(etcd_, locator_options);
   ConnManager* conns = conns_;
   int wake = directory_wake_.get();
@@ -238,7 +241,8 @@ std::string Peering::DirectoryReport(bool json) const {
                         {"conflicts", h.conflicts},   {"publishes", p.publishes},
                         {"keepalive_failures", p.keepalive_failures},
                         {"unavailable_fallbacks", counters_.directory.unavailable_fallbacks.load()},
-                        {"conflicting", etcd_locator_->ConflictsText()}};
+                        {"conflicting", etcd_locator_->ConflictsText()},
+                        {"tenants", h.tenants}};
     return j.dump() + "\n";
   }
   std::string out = "locator: " + etcd_locator_->Describe() + " (" + (h.connected ? "connected" : "NOT connected") +
@@ -248,6 +252,9 @@ std::string Peering::DirectoryReport(bool json) const {
                     std::to_string(h.full_reads) + " full read(s), " + std::to_string(h.bad_records) +
                     " bad record(s), " + std::to_string(h.watch_events) + " watch event(s), " +
                     std::to_string(h.conflicts) + " conflict(s))\n";
+  out += "tenants followed:";
+  for (uint32_t t : h.tenants) out += " " + std::to_string(t);
+  out += h.tenants.empty() ? " none\n" : "\n";
   if (!h.last_error.empty()) out += "last error: " + h.last_error + "\n";
   out += "this host: " + std::string(p.published ? "published" : "NOT published") + " under lease " +
          std::to_string(p.lease) + " (" + std::to_string(p.publishes) + " publish(es), " +

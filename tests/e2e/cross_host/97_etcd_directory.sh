@@ -59,19 +59,73 @@ case_etcd_pairs() {
   dir_has hostB "$A1" hostA || { fail $name "hostB's directory cache does not place $A1 on hostA"; return; }
   [ "$(dir_field hostA hosts)" = 2 ] && [ "$(dir_field hostA published)" = True ] ||
     { fail $name "hostA: hosts $(dir_field hostA hosts), published $(dir_field hostA published)"; return; }
-  # hostA's etcd user cannot write hostB's keys (etcd RBAC).
-  if out=$(bash $TB etcdctl-as hostA put /vsocket/hosts/hostB/vms/evil '{"tenant":1,"addresses":["198.51.100.18"]}' 2>&1) ||
-      [[ $out != *"permission denied"* ]]; then
-    fail $name "hostA's etcd user wrote under hostB's prefix (or another error): $out"
-    return
-  fi
+  # hostA's etcd user cannot write hostB's keys, nor in a tenant it was not
+  # granted (etcd RBAC; decisions 86 and 103).
+  local key
+  for key in /vsocket/tenants/1/hostB/evil /vsocket/tenants/3/hostA/evil; do
+    if out=$(bash $TB etcdctl-as hostA put $key '{"tenant":1,"addresses":["198.51.100.18"]}' 2>&1) ||
+        [[ $out != *"permission denied"* ]]; then
+      fail $name "hostA's etcd user wrote $key (or another error): $out"
+      return
+    fi
+  done
   fabric_xfer etcd_pairs vmA1 vmB1 "$B1" 2 2097152 "$(alloc_port)" ||
     { fail $name "not accelerated through the directory: $XFER_MSG"; return; }
   [ "$(counter hostA directory_connected)" = 1 ] && [ "$(counter hostA directory_entries)" -ge 4 ] ||
     { fail $name "hostA's metrics: connected $(counter hostA directory_connected), entries $(counter hostA directory_entries)"; return; }
   local via="etcd"
   grep -q "^locator = etcds://" "$VSOCKET_TESTBED2_DIR/hostA/vsocketd.conf" && via="etcd over TLS (client certificates)"
-  pass "$name (no locator file: hostA found $B1 on hostB in $via; hostA's etcd user refused under hostB's prefix; $XFER_MSG)"
+  pass "$name (no locator file: hostA found $B1 on hostB in $via; hostA's etcd user refused under hostB's name and in a tenant not granted; $XFER_MSG)"
+}
+
+# Decision 103: a vsocketd follows only the tenants it serves. hostA
+# restarted without vmB2 (tenant 2; the bed configures every VM on both
+# hosts): hostA follows tenant 1 alone, hostB tenants 1 and 2; hostB's own
+# record of vmB2 is in hostB's cache, not in hostA's; 20 records written
+# under tenant 2 and one under tenant 1 (as etcd's root) reach hostB's watch
+# (21 events) and only the tenant-1 one reaches hostA's (1 event); vmA1 to
+# vmB1 still pairs across the fabric. hostA gets vmB2 back at the end.
+case_etcd_watch_scoped() {
+  local name=etcd_watch_scoped_per_tenant i a0 a1 b0 b1 out
+  etcd_bed || { fail $name "$E2E_MSG"; return; }
+  local restore="bash $TB configure; bash $TB restart hostA >/dev/null 2>&1; bash $TB etcdctl del --prefix /vsocket/tenants/2/hostB/extra >/dev/null 2>&1; bash $TB etcdctl del /vsocket/tenants/1/hostB/extra >/dev/null 2>&1"
+  python3 - "$VSOCKET_TESTBED2_DIR/hostA/vsocketd.conf" <<'PY' || { fail $name "could not drop vmB2 from hostA's configuration"; eval "$restore"; return; }
+import re, sys
+p = sys.argv[1]
+s = open(p).read()
+t = re.sub(r"\n\[vm vmB2\]\n(?:[^\[\n][^\n]*\n)*", "\n", s)
+assert t != s
+open(p, "w").write(t)
+PY
+  out=$(bash $TB restart hostA 2>&1) || { fail $name "hostA without vmB2: $(tail -3 <<<"$out" | tr '\n' ' ')"; eval "$restore"; return; }
+  until_true 10 dir_has hostA "$B1" hostB || { fail $name "hostA's cache does not place $B1 on hostB"; eval "$restore"; return; }
+  dir_has hostB "$B2" hostB || { fail $name "hostB's cache does not place its own $B2 (tenant 2)"; eval "$restore"; return; }
+  if dir_has hostA "$B2" hostB; then
+    fail $name "hostA, which serves no VM of tenant 2, has $B2 (tenant 2) in its cache"; eval "$restore"; return
+  fi
+  [ "$(dir_field hostA tenants)" = "[1]" ] && [ "$(dir_field hostB tenants)" = "[1, 2]" ] ||
+    { fail $name "tenants followed: hostA $(dir_field hostA tenants), hostB $(dir_field hostB tenants)"; eval "$restore"; return; }
+  a0=$(dir_field hostA watch_events)
+  b0=$(dir_field hostB watch_events)
+  for ((i = 0; i < 20; i++)); do
+    bash $TB etcdctl put /vsocket/tenants/2/hostB/extra$i "{\"tenant\":2,\"addresses\":[\"203.0.113.$((100 + i))\"]}" >/dev/null ||
+      { fail $name "etcdctl put (tenant 2) failed"; eval "$restore"; return; }
+  done
+  bash $TB etcdctl put /vsocket/tenants/1/hostB/extra '{"tenant":1,"addresses":["203.0.113.99"]}' >/dev/null ||
+    { fail $name "etcdctl put (tenant 1) failed"; eval "$restore"; return; }
+  until_true 5 dir_has hostA 203.0.113.99 hostB || { fail $name "hostA did not follow a tenant-1 record"; eval "$restore"; return; }
+  b_has_all() { [ $(($(dir_field hostB watch_events) - b0)) -ge 21 ]; }
+  until_true 5 b_has_all || { fail $name "hostB's watch saw $(($(dir_field hostB watch_events) - b0)) of 21 events"; eval "$restore"; return; }
+  sleep 0.5  # (anything else on its way to hostA would be there by now)
+  a1=$(dir_field hostA watch_events)
+  b1=$(dir_field hostB watch_events)
+  [ $((a1 - a0)) -eq 1 ] || { fail $name "hostA's watch saw $((a1 - a0)) events, want 1 (tenant 1's alone)"; eval "$restore"; return; }
+  ! dir_has hostA 203.0.113.100 hostB || { fail $name "hostA has a tenant-2 record"; eval "$restore"; return; }
+  fabric_xfer etcd_scoped vmA1 vmB1 "$B1" 1 1048576 "$(alloc_port)" ||
+    { fail $name "vmA1 -> vmB1 with hostA following tenant 1 alone: $XFER_MSG"; eval "$restore"; return; }
+  eval "$restore"
+  [ "$(dir_field hostA tenants)" = "[1, 2]" ] || { fail $name "hostA after the restore follows $(dir_field hostA tenants)"; return; }
+  pass "$name (hostA without vmB2 follows tenant 1 alone, hostB tenants 1 and 2; vmB2 ($B2) in hostB's cache, not hostA's; 21 changes (20 of tenant 2): hostB's watch $b0 -> $b1, hostA's $a0 -> $a1; $XFER_MSG)"
 }
 
 # etcd stopped: accelerated connections go on; a new connection to an
@@ -82,7 +136,7 @@ case_etcd_pairs() {
 # etcd back: hostA's watch resumes, the record is back, and a new connection
 # to vmB1 accelerates again. No vsocketd restarted.
 case_etcd_unavailable() {
-  local name=etcd_down_keeps_connections_falls_back key=/vsocket/hosts/hostB/vms/vmB1 rr kport value lease
+  local name=etcd_down_keeps_connections_falls_back key=/vsocket/tenants/1/hostB/vmB1 rr kport value lease
   local c0 f0 f1 out a0 b0 a1 b1
   etcd_bed || { fail $name "$E2E_MSG"; return; }
   rr=$(alloc_port)
@@ -297,7 +351,7 @@ etcd_cluster_bed() {
   fi
 }
 case_etcd_member_down() {
-  local name=etcd_member_down_changes_nothing key=/vsocket/hosts/hostB/vms/vmB1 out value lease c0 c1 t0 rr h
+  local name=etcd_member_down_changes_nothing key=/vsocket/tenants/1/hostB/vmB1 out value lease c0 c1 t0 rr h
   etcd_cluster_bed || { fail $name "$E2E_MSG"; return; }
   until_true 10 dir_has hostA "$B1" hostB || { fail $name "hostA's cache does not place $B1 on hostB"; return; }
   rr=$(alloc_port)
@@ -339,6 +393,7 @@ case_etcd_member_down() {
 }
 
 register_case etcd_directory_pairs case_etcd_pairs
+register_case etcd_watch_scoped_per_tenant case_etcd_watch_scoped
 register_case etcd_down_keeps_connections_falls_back case_etcd_unavailable
 register_case etcd_move_follows case_etcd_move
 register_case etcd_dead_host_expires case_etcd_host_death
