@@ -321,6 +321,9 @@ class ConnManager {
     uint64_t rdma_addr;
     uint32_t rdma_rkey;
     int64_t expires_ms;
+    // The directory did not place the requester's address on its host when
+    // it came: accepted only once it does (decision 104; remote/pairing.cc).
+    bool unconfirmed = false;
   };
   // PAIR_REQUESTs kept until our guest registers, bounded in all, per peer
   // host and per tenant (neither one host nor one tenant can crowd out the

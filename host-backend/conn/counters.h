@@ -32,6 +32,9 @@ struct ConnManagerCounters {
   std::atomic<uint64_t> pair_requests_sent{0};
   std::atomic<uint64_t> pair_requests_received{0};
   std::atomic<uint64_t> pair_refused{0};  // a peer host asked for what it does not run
+  // Pairing requests kept until the directory places their requester on
+  // its host (decision 104).
+  std::atomic<uint64_t> pair_unconfirmed{0};
   // Decision 63: registrations kept on kernel TCP (kernel-faster) told to the
   // peer's host (PAIR_DECLINE, or PAIR_REJECT of its kept request), and
   // declines heard from peer hosts.

@@ -523,6 +523,8 @@ bool ConnManager::PairRemote(BackendConn& c) {
   if (c.reason != Reason::kPending || c.key.scope != 0 || Draining(c.vm_index)) return false;
   auto pr = pending_remote_.find(c.key);
   if (pr != pending_remote_.end()) {
+    // (Decision 104: until the directory places the requester there.)
+    if (pr->second.unconfirmed && !hosts_->Runs(pr->second.host, c.key.tenant, c.key.peer)) return false;
     PendingRemote r = pr->second;
     ErasePendingRemote(pr);
     if (r.expires_ms < MonotonicMs()) return false;

@@ -112,6 +112,7 @@ class Peering : public RemoteHosts {
   bool BulkSlowerThanKernel() const override { return fabric_ != "rdma"; }
   bool Runs(uint32_t host, uint32_t tenant, const proto::Endpoint& addr) override;
   bool DirectoryCannotPlace(uint32_t tenant, const proto::Endpoint& addr) override;
+  bool DirectoryMayLag() const override { return etcd_locator_ != nullptr; }
   std::vector<uint32_t> HostsUp() const override;
   bool SendPairing(uint32_t host, const proto::FrameHeader& h, std::span<const uint8_t> payload) override;
   fabric::Link* LinkTo(uint32_t host, uint64_t conn) override;

@@ -152,6 +152,7 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
       if (!proto::IsValidRingSize(h.aux)) return refuse(Reason::kProtocolError, "window is not a valid ring size");
       // The requester may only speak for addresses it runs, and only about
       // our VMs of the same tenant.
+      bool unconfirmed = false;
       if (!hosts_->Runs(host, h.tenant, info->local)) {
         if (LocalPortFor(h.tenant, info->peer, true) != nullptr && hosts_->DirectoryCannotPlace(h.tenant, info->local)) {
           // Not a lie we can tell: the directory cannot be asked (etcd
@@ -160,7 +161,19 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
           DeclineHere(host, ConnKey{h.tenant, 0, info->peer, info->local}, info->role, Reason::kDirectoryUnavailable);
           return refuse(Reason::kDirectoryUnavailable, "the directory cannot place the requester's address now");
         }
-        return refuse(Reason::kCrossTenant, "requester does not run that tenant address");
+        if (LocalPortFor(h.tenant, info->peer, true) == nullptr || !hosts_->DirectoryMayLag())
+          return refuse(Reason::kCrossTenant, "requester does not run that tenant address");
+        // Our watch may not have caught up with a VM that has just moved
+        // to the requester (its host published it, and saw it, before it
+        // let the VM's connections ask): the request waits, kept like one
+        // whose guest has not registered, and is accepted only once the
+        // directory places the requester there (PairRemote: at our guest's
+        // registration, or at the next change of the directory, Relocate);
+        // else it expires unanswered (decision 104).
+        unconfirmed = true;
+        counters_.pair_unconfirmed.fetch_add(1, std::memory_order_relaxed);
+        VS_LOG(kInfo, "peer host %u: pairing request for tenant %u port %u -> %u kept until the directory places its "
+               "requester on that host", host, h.tenant, info->local.port, info->peer.port);
       }
       // A VM configured here that runs elsewhere (away) may be about to
       // arrive: the request is kept as for one whose guest has not
@@ -176,9 +189,10 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
                             {});
         return;
       }
-      PendingRemote r{host, h.value, h.aux, info->rx_addr, info->rx_rkey, MonotonicMs() + kPendingRemoteMs};
+      PendingRemote r{host, h.value, h.aux, info->rx_addr, info->rx_rkey, MonotonicMs() + kPendingRemoteMs,
+                      unconfirmed};
       uint64_t mine = 0;
-      if (registry_.find(key, mine)) {
+      if (!unconfirmed && registry_.find(key, mine)) {
         BackendConn* c = conn(mine);
         bool available = c && c->WaitsForPeer() && c->role != info->role;
         if (available && !Draining(c->vm_index)) {

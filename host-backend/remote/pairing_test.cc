@@ -57,9 +57,12 @@ class FakeHosts : public RemoteHosts {
   // As a directory whose etcd is unreachable: no address it does not place
   // can be placed now.
   bool DirectoryCannotPlace(uint32_t, const Endpoint&) override { return directory_down; }
+  // As an etcd directory, followed by a watch (decision 104).
+  bool DirectoryMayLag() const override { return directory_lags; }
 
   std::vector<std::pair<uint32_t, FrameHeader>> sent;
   bool directory_down = false;
+  bool directory_lags = false;
 };
 
 class PairingTest : public ::testing::Test {
@@ -231,6 +234,37 @@ TEST_F(PairingTest, ARequesterTheDirectoryCannotPlaceIsRefusedDirectoryUnavailab
   EXPECT_EQ(ask_from_unplaced(Ours(80)), dir);
   EXPECT_EQ(ask_from_unplaced(V4(99, 80)), cross) << "no VM here has 192.0.2.99";
   EXPECT_EQ(cm_.counters().pair_refused.load(), 3u);
+}
+
+// Decision 104: with a directory followed by a watch, a request whose
+// requester our cache does not place on its host (yet: a VM that has just
+// moved there) is kept, not refused, as one for a guest not registered yet;
+// with a static file, or for an address no VM here has, it is refused.
+TEST_F(PairingTest, ARequesterTheDirectoryDoesNotPlaceYetWaitsForIt) {
+  auto ask_from_unplaced = [&](Endpoint peer, uint16_t port) {
+    proto::PairInfo info;
+    info.local = V4(1, port);
+    info.local.addr = {10, 0, 0, 1};  // placed on no host (FakeHosts::Runs: 192.x only)
+    info.peer = peer;
+    info.role = proto::Role::kClient;
+    std::array<uint8_t, proto::kPairInfoSize> body;
+    proto::EncodePairInfo(info, body.data());
+    FrameHeader h = Frame(FrameType::kPairRequest, kTenant, 0, port, 1u << 16);
+    h.len = proto::kPairInfoSize;
+    hosts_.sent.clear();
+    cm_.OnPairingFrame(1, h, body);
+    return hosts_.sent.empty() ? -1 : static_cast<int64_t>(hosts_.sent.back().second.aux);
+  };
+  const auto cross = static_cast<int64_t>(proto::Reason::kCrossTenant);
+  EXPECT_EQ(ask_from_unplaced(Ours(80), 7001), cross) << "a static file is as its operator wrote it";
+  hosts_.directory_lags = true;
+  EXPECT_EQ(ask_from_unplaced(Ours(80), 7002), -1) << "kept until the directory places the requester";
+  EXPECT_EQ(ask_from_unplaced(V4(99, 80), 7003), cross) << "no VM here has 192.0.2.99";
+  EXPECT_EQ(cm_.counters().pair_unconfirmed.load(), 1u);
+  EXPECT_EQ(cm_.counters().pair_refused.load(), 2u);
+  // The directory unreachable as well: decision 95's answer, at once.
+  hosts_.directory_down = true;
+  EXPECT_EQ(ask_from_unplaced(Ours(80), 7004), static_cast<int64_t>(proto::Reason::kDirectoryUnavailable));
 }
 
 // What a guest's library is told: the new reason only if it said in HELLO

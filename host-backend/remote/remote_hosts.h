@@ -28,6 +28,13 @@ class RemoteHosts {
   // unreachable). Asked once per connection that stays on kernel TCP for it
   // (decision 95); the directory counts each.
   virtual bool DirectoryCannotPlace(uint32_t /*tenant*/, const proto::Endpoint& /*addr*/) { return false; }
+  // Whether the locator is a directory each host follows by a watch (etcd):
+  // its cache can be a moment behind another host's, so a pairing request
+  // it does not place on its sender may be one it has not heard of yet
+  // (a VM that just moved there). Such a request waits for the cache
+  // instead of being refused (decision 104). A static file is as its
+  // operator wrote it: false.
+  virtual bool DirectoryMayLag() const { return false; }
   // The peer hosts whose control channel is up now (ids).
   virtual std::vector<uint32_t> HostsUp() const { return {}; }
   // Whether this fabric copies a stream more than kernel TCP does between

@@ -233,6 +233,74 @@ case_etcd_move() {
   pass "$name (vmA1 moved to hostB and back with no locator file: both caches placed it on its new host within ${waits[*]}; $conns request/response connections to vmB1 byte-exact, fabric -> same-host -> fabric ($out))"
 }
 
+# Decision 104: the host a VM moves back to asks its peer host to pair
+# before that host's watch has caught up (the cause of etcd_move_follows'
+# intermittent failure under load: hostB answered from a cache that still
+# placed vmA1 on hostB, or nowhere, and refused for good). Made certain
+# here: hostB's watch stream is held (nft drops what etcd sends on it)
+# from before the move back until 3 s after it; hostA's pairing requests
+# wait at hostB for the directory instead of being refused, and once the
+# watch delivers, vmA1's connections re-upgrade across the fabric.
+# watch_port HOST: the local port of HOST's watch on etcd (its one
+# long-lived connection there; unary calls each open their own).
+watch_port() {
+  local ns=${VSOCKET_TESTBED2_NS_PREFIX:-vs2}$1 a b p
+  a=$(ip netns exec "$ns" ss -Htn state established dst 192.0.2.10 | awk '{sub(/.*:/, "", $3); print $3}' | sort)
+  sleep 0.7
+  b=$(ip netns exec "$ns" ss -Htn state established dst 192.0.2.10 | awk '{sub(/.*:/, "", $3); print $3}' | sort)
+  p=$(comm -12 <(echo "$a") <(echo "$b") | head -1)
+  [ -n "$p" ] && echo "$p"
+}
+hold_watch() { # hold_watch HOST PORT: drop what etcd sends on that connection
+  ip netns exec "${VSOCKET_TESTBED2_NS_PREFIX:-vs2}$1" nft -f - <<NFT
+table inet vsocket_late_watch {
+  chain in { type filter hook input priority 0; ip saddr 192.0.2.10 tcp sport 2379 tcp dport $2 drop; }
+}
+NFT
+}
+release_watch() { ip netns exec "${VSOCKET_TESTBED2_NS_PREFIX:-vs2}$1" nft delete table inet vsocket_late_watch 2>/dev/null; }
+case_etcd_move_late_watch() {
+  local name=etcd_move_follows_a_late_watch port conns=2 out wp pids=() r0 r1 t0 t1
+  etcd_bed || { fail $name "$E2E_MSG"; return; }
+  port=$(alloc_port)
+  local rounds="--bytes 11520000 --rounds 3000 --gap-ms 10"
+  vm_bg vmB1 preload "$WORK/$name.jsonl" "$WORK/$name.srv" "$XFER" server "$B1" "$port" --conns $conns $rounds
+  pids+=("$BG")
+  sleep 0.3
+  vm_bg vmA1 preload "$WORK/$name.jsonl" "$WORK/$name.cli" "$XFER" client "$B1" "$port" --conns $conns $rounds
+  pids+=("$BG")
+  local stop="release_watch hostB; kill ${pids[*]} 2>/dev/null; wait ${pids[*]} 2>/dev/null; bash $TB host vmA1 | grep -q hostA || bash $TB move vmA1 hostA >/dev/null 2>&1"
+  vm_vias hostA hostB $conns || { fail $name "before: $E2E_MSG"; eval "$stop"; return; }
+  out=$(bash $TB move vmA1 hostB 2>&1) || { fail $name "move to hostB: $out"; eval "$stop"; return; }
+  vm_vias hostB same-host $conns || { fail $name "on hostB: $E2E_MSG"; eval "$stop"; return; }
+  wp=$(watch_port hostB) || { fail $name "hostB's watch connection not found"; eval "$stop"; return; }
+  r0=$(counter hostB pair_refused)
+  local u0 u1
+  u0=$(counter hostB pair_unconfirmed)
+  hold_watch hostB "$wp" || { fail $name "nft failed"; eval "$stop"; return; }
+  t0=$(date +%s%N)
+  out=$(bash $TB move vmA1 hostA 2>&1) || { fail $name "move back to hostA: $out"; eval "$stop"; return; }
+  until_true 2 dir_has hostA "$A1" hostA || { fail $name "hostA's own cache does not place $A1 on hostA"; eval "$stop"; return; }
+  # hostB's cache is behind: it does not place vmA1 on hostA yet.
+  if dir_has hostB "$A1" hostA; then fail $name "hostB's watch was not held (it placed $A1 on hostA)"; eval "$stop"; return; fi
+  while [ $((($(date +%s%N) - t0) / 1000000)) -lt 3000 ]; do sleep 0.1; done
+  release_watch hostB
+  until_true 10 dir_has hostB "$A1" hostA || { fail $name "hostB's cache did not catch up after the watch was released"; eval "$stop"; return; }
+  t1=$(date +%s%N)
+  vm_vias hostA hostB $conns ||
+    { fail $name "back on hostA: $E2E_MSG; hostA has: $(conn_rows hostA "$port" | sort | uniq -c | tr -s ' \n' ' '); hostB refused $(($(counter hostB pair_refused) - r0)) pairing request(s)"; eval "$stop"; return; }
+  r1=$(counter hostB pair_refused)
+  local p rc=0
+  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  [ $rc -eq 0 ] || { fail $name "an application failed (rc $rc): $(tail -n 2 "$WORK/$name".cli | tr '\n' ' ')"; return; }
+  out=$(python3 $CHECK "$WORK/$name.jsonl" --port "$port" --expect-conns $((2 * conns)) --reupgraded --no-resend \
+    --downgrade-cause migration --moves 2) || { fail $name "$out"; return; }
+  [ "$r1" = "$r0" ] || { fail $name "hostB refused $((r1 - r0)) pairing request(s)"; return; }
+  u1=$(counter hostB pair_unconfirmed)
+  [ $((u1 - u0)) -ge $conns ] || { fail $name "hostB kept $((u1 - u0)) request(s) for the directory, want $conns"; return; }
+  pass "$name (hostB's watch held from before the move back until 3 s after it (caught up $(((t1 - t0) / 1000000)) ms after the move began); $((u1 - u0)) pairing request(s) of hostA's waited at hostB for its directory (pair_unconfirmed), none refused; $conns request/response connections to vmB1 byte-exact, fabric -> same-host -> fabric ($out))"
+}
+
 # hostB's vsocketd killed -9: its lease is not renewed, and its records
 # leave hostA's cache when etcd expires it (TTL 10 s; bounded: 25 s); back
 # once it restarts and publishes again.
@@ -396,6 +464,7 @@ register_case etcd_directory_pairs case_etcd_pairs
 register_case etcd_watch_scoped_per_tenant case_etcd_watch_scoped
 register_case etcd_down_keeps_connections_falls_back case_etcd_unavailable
 register_case etcd_move_follows case_etcd_move
+register_case etcd_move_follows_a_late_watch case_etcd_move_late_watch
 register_case etcd_dead_host_expires case_etcd_host_death
 register_case etcd_peers_from_directory case_etcd_peers_from_directory
 register_case etcd_member_down_changes_nothing case_etcd_member_down
