@@ -42,6 +42,33 @@ class SessionRef {
   std::atomic<Session*> p_{nullptr};
 };
 
+// A connection's direct pair's memory (decision 97), read without a lock
+// by readiness checks (poll, epoll) while the connection's owner may retire
+// it. A retired pair's mapping stays until the connection is destroyed, so
+// such a reader never touches unmapped memory; the slot itself says null at
+// once. (Each move away from the rings and back costs one mapping of a
+// pair's rings; moves are paced by the drain and hold-again rules.)
+class DirectSlot {
+ public:
+  DirectSlot() = default;
+  DirectSlot(const DirectSlot&) = delete;
+  DirectSlot& operator=(const DirectSlot&) = delete;
+  // Requires the connection's setup (registration) path.
+  void Set(std::unique_ptr<DirectRing> ring) {
+    maps_.push_back(std::move(ring));
+    p_.store(maps_.back().get(), std::memory_order_release);
+  }
+  void Retire() { p_.store(nullptr, std::memory_order_release); }
+  DirectRing* get() const { return p_.load(std::memory_order_acquire); }
+  DirectRing* operator->() const { return get(); }
+  explicit operator bool() const { return get() != nullptr; }
+  size_t mappings() const { return maps_.size(); }
+
+ private:
+  std::atomic<DirectRing*> p_{nullptr};
+  std::vector<std::unique_ptr<DirectRing>> maps_;
+};
+
 struct Conn {
   // Identity (set once at registration).
   int family = 0;
@@ -140,10 +167,12 @@ struct Conn {
   proto::DoorbellBlock* db = nullptr;  // after tx, when the session has the doorbell
   uint32_t ring_size = 0;
   // A direct pair (decision 97, guest/core/direct.h): set by the DIRECT
-  // event before the UPGRADE, then never changed. tx, rx and ring_size are
-  // then the pair's own memory's; the rings the registration gave the
-  // backend stay ours (region_tx/rx) until the session frees them.
-  std::unique_ptr<DirectRing> direct;
+  // event before the UPGRADE; tx, rx and ring_size are then the pair's own
+  // memory's, and the rings the registration gave the backend stay ours
+  // (region_tx/rx) until the session frees them. Retired (RetireDirect)
+  // when the connection, back on kernel TCP, leaves its registration to
+  // register again: its next pair is a new one.
+  DirectSlot direct;
   // The peer process's wake eventfd, one of the library's own fds.
   struct OwnedFd {
     int fd = -1;

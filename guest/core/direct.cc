@@ -34,15 +34,27 @@ Status AttachDirect(Conn& c, Transport& t, uint64_t token) {
   c.ring_size = (*ring)->ring_bytes();
   c.db = nullptr;
   c.direct_wake.fd = OwnFd(fds->wake.release());
-  c.direct = std::move(*ring);
+  c.direct.Set(std::move(*ring));
   return Status::Ok();
+}
+
+void RetireDirect(Conn& c) {
+  if (!c.direct) return;
+  c.direct.Retire();
+  if (c.direct_wake.fd >= 0) CloseOwnFd(c.direct_wake.fd);
+  c.direct_wake.fd = -1;
+  c.direct_broken.store(false, std::memory_order_relaxed);
+  c.tx = c.rx = c.region_tx = c.region_rx = nullptr;
+  c.ring_size = 0;
 }
 
 bool PullDirect(Conn& c) {
   DirectRing* d = c.direct.get();
   if (d == nullptr || c.direct_broken.load(std::memory_order_relaxed)) return false;
   // Back on kernel TCP (a fork's resync, a loss): the counts are final.
-  if (c.state.resynced() || c.state.reset()) return false;
+  // But a drain's RX reads the ring to the peer's ring end, also after our
+  // own TX moved (ring_final: not before that end).
+  if (c.state.reset() || (c.state.resynced() && c.state.ring_final())) return false;
   // (The order of these loads is what DirectRing::Check needs.)
   uint64_t rx_tail = c.rx_tail.load(std::memory_order_acquire);
   uint64_t credit = c.credit.load(std::memory_order_acquire);
@@ -78,6 +90,10 @@ void AnnounceDirect(Conn& c, bool produced, uint64_t value) {
 
 void PublishDirectFence(Conn& c, uint64_t fence) {
   if (c.direct && c.direct->PublishFence(fence)) Wake(c);
+}
+
+void PublishDirectRingEnd(Conn& c, uint64_t end) {
+  if (c.direct) c.direct->PublishRingEnd(end);  // (the SHUTDOWN that follows wakes the peer)
 }
 
 void PublishDirectShutWr(Conn& c) {

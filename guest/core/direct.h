@@ -19,6 +19,11 @@ namespace vsocket::guest {
 // fetches the pair's memory with `token` and makes its rings c's.
 Status AttachDirect(Conn& c, Transport& t, uint64_t token);
 
+// Back on kernel TCP with its registration given back (c's setup, TX and
+// RX locks held): the pair is over; a later registration may get a new
+// one. The peer's wake fd is closed, the mapping kept (DirectSlot).
+void RetireDirect(Conn& c);
+
 // Any thread: takes what the peer published into c's counts, never
 // backwards. True if anything changed (c's generation was bumped). A count
 // that cannot be sets c.direct_broken instead; the session resets c.
@@ -29,6 +34,9 @@ bool PullDirect(Conn& c);
 void AnnounceDirect(Conn& c, bool produced, uint64_t value);
 // Our FENCE, in the pair's memory too.
 void PublishDirectFence(Conn& c, uint64_t fence);
+// Where our ring stream ends (a drain's SHUTDOWN ring end), in the pair's
+// memory too: the peer's checks then refuse any count past it.
+void PublishDirectRingEnd(Conn& c, uint64_t end);
 // Our EOF, in the pair's memory (after the last byte's count).
 void PublishDirectShutWr(Conn& c);
 // Before this process sleeps: asks c's peer to wake it at its next count.

@@ -10,6 +10,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "guest/core/conn_state.h"
+#include "guest/core/direct.h"
 #include "guest/core/errors.h"
 #include "guest/core/registration.h"
 #include "guest/core/fd_table.h"
@@ -253,6 +254,7 @@ void MaybeReregister(int fd, Conn& c) {
     return;
   }
   c.session = nullptr;
+  RetireDirect(c);
   // Drained because its busy loop went quiet (decision 92): held again,
   // not registered again at once (the pause before it may qualify doubles
   // with each move: no flapping).
@@ -315,6 +317,7 @@ bool DrainTxLocked(Conn& c) {
   if (!c.state.tx_ring_ended()) {
     Session* s = c.session;
     if (s == nullptr || !s->alive()) return false;  // BackendLost moves it on
+    PublishDirectRingEnd(c, c.tx_tail.load(std::memory_order_relaxed));
     if (!s->Post({MsgType::kShutdown, 0, proto::Shutdown{c.id, proto::ShutdownHow::kRingEnd}}).ok()) return false;
     c.tx_ring_end.store(c.tx_tail.load(std::memory_order_relaxed), std::memory_order_relaxed);
     c.state.ApplyDrain(DrainEvent::kTxRingEnd);

@@ -96,7 +96,7 @@ Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events =
   if (s == nullptr) return Status(Code::kUnavailable, "no backend session", ECONNRESET);
   if (ready()) return Status::Ok();
   WaitRecorder wait;
-  int64_t spin_until = wait.Waiting(c.direct != nullptr);
+  int64_t spin_until = wait.Waiting(static_cast<bool>(c.direct));
   s->KickIfOwed();
   for (uint32_t i = 0; MonotonicNs() < spin_until; ++i) {
     if (ready()) return Status::Ok();

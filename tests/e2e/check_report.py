@@ -10,6 +10,7 @@ no --port), and fails (exit 1, with the reason) unless:
   --mode M           every line has mode M (accelerated, kernel, kernel-pending),
   --reason R         every line has reason R,
   --accel-min B      every line moved at least B bytes accelerated (tx+rx),
+  --path P           every line's path is P (direct, backend, kernel),
 and always: no line counts kernel bytes after its upgrade, and no line
 counts a missed wake-up (late_wakeups: a wait that slept on data that had
 arrived, guest/core/wait.h NoteLateWakeup).
@@ -41,6 +42,7 @@ p.add_argument("--reason")
 p.add_argument("--accel-min", type=int)
 p.add_argument("--exact-total", type=int)
 p.add_argument("--min-accel", type=int)
+p.add_argument("--path", help="every line's path (direct, backend, kernel)")
 p.add_argument("--resynced", action="store_true")
 p.add_argument("--reupgraded", action="store_true")
 p.add_argument("--no-resend", action="store_true")
@@ -74,6 +76,8 @@ for l in sel:
     who = f'{l["local"]}->{l["peer"]} (pid {l["pid"]})'
     if a.mode and l["mode"] != a.mode:
         errors.append(f'{who}: mode {l["mode"]}, expected {a.mode}')
+    if a.path and l.get("path") != a.path:
+        errors.append(f'{who}: path {l.get("path")}, expected {a.path}')
     if a.reason and l["reason"] != a.reason:
         errors.append(f'{who}: reason {l["reason"]}, expected {a.reason}')
     if a.resynced and not (l["upgraded"] or l.get("resynced")):

@@ -2,7 +2,8 @@
 # same-tenant for vm1 and vm2, then restarted as before. While it is on:
 # xfer's byte-checked streams, where every connection end must report path
 # direct and vsocketd must move no byte (accel_bytes unchanged) while it
-# counts the pairs; and the whole socket-semantics suite, every pair direct.
+# counts the pairs; the whole socket-semantics suite, every pair direct;
+# vsocketd's death under direct streams; a drain and undrain.
 
 # direct_restart on|off [SIGNAL]: vsocketd again (the old one stopped by
 # SIGNAL, TERM by default), with or without direct pairs.
@@ -36,6 +37,30 @@ direct_daemon_killed() {
   grep -q '"resynced":true' "$rep" || echo "no end went through RESYNC; "
 }
 
+# vsocketctl drain under direct pairs (a 4 GiB stream and four
+# request/response connections), then undrain: each direct pair leaves its
+# rings with clean fences like any other (no byte resent; cause operator),
+# and the request/response ones go direct again after the undrain (their
+# last report line: path direct, re-upgraded).
+direct_drained() {
+  local name=$1-drain port rep=$WORK/$1-drain.jsonl out drained bad=""
+  port=$(alloc_port 2)
+  bulk_and_rounds $name "$rep" "$port" 500 || { echo "drain: not every connection was direct before the drain; "; return; }
+  local d0
+  d0=$(stat_field drains_done)
+  drained=$(bash $TB ctl drain --wait 10 2>&1) || bad+="vsocketctl drain --wait 10: $drained; "
+  sleep 0.3
+  bash $TB ctl undrain >"$WORK/$name.undrain" 2>&1 || bad+="undrain: $(cat "$WORK/$name.undrain"); "
+  bulk_and_rounds_wait $name
+  bad+=$BR_BAD
+  out=$(python3 $CHECK "$rep" --port "$port" --expect-conns 2 --downgrade-cause operator --no-resend) ||
+    bad+="drain, bulk: $out; "
+  out=$(python3 $CHECK "$rep" --port $((port + 1)) --expect-conns 8 --reupgraded --downgrade-cause operator \
+    --no-resend --path direct) || bad+="drain, request/response (direct again after the undrain): $out; "
+  [ "$(stat_field drains_done)" -gt "$d0" ] || bad+="drain: vsocketd counted no drain done; "
+  echo -n "$bad"
+}
+
 case_direct() {
   local name=direct_pairs conns=4 bytes=$((32 << 20)) port bad=""
   direct_restart on || { fail $name "restart with direct on: $(tail -1 "$WORK/direct-on.restart")"; direct_restart off; return; }
@@ -65,9 +90,10 @@ case_direct() {
   sem_direct=$(grep -c '"path":"direct"' "$sem" 2>/dev/null)
   [ "${sem_direct:-0}" -gt 100 ] || bad+="the semantics suite's ends on direct pairs: ${sem_direct:-0}; "
   bad+=$(direct_daemon_killed $name)
+  bad+=$(direct_drained $name)
   direct_restart off || bad+="restart with direct off: $(tail -1 "$WORK/direct-off.restart"); "
   [ -z "$bad" ] || { fail $name "$bad"; return; }
-  pass "$name ($conns conns x $bytes B each way byte-checked, $direct_ends ends path direct, vsocketd counted $((pairs1 - pairs0)) direct pairs and moved 0 B of them; semantics suite: $sem_direct ends direct; vsocketd SIGKILLed under two direct 1 GiB streams each way: byte-exact through RESYNC)"
+  pass "$name ($conns conns x $bytes B each way byte-checked, $direct_ends ends path direct, vsocketd counted $((pairs1 - pairs0)) direct pairs and moved 0 B of them; semantics suite: $sem_direct ends direct; vsocketd SIGKILLed under two direct 1 GiB streams each way: byte-exact through RESYNC; vsocketctl drain under a direct 4 GiB stream and 4 request/response pairs, then undrain: clean fences, nothing resent, the 4 pairs direct again)"
 }
 
 register_case direct_pairs case_direct
