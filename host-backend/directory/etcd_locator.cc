@@ -62,6 +62,7 @@ EtcdLocatorHealth EtcdLocator::Health() const {
   h.endpoint = client_->endpoint();
   h.tenants.assign(options_.tenants.begin(), options_.tenants.end());
   MutexLock lock(mu_);
+  h.refused_tenants = refused_tenants_;
   h.connected = connected_;
   h.revision = revision_;
   h.lag_ms = connected_ ? 0 : MonotonicMs() - stale_since_ms_;
@@ -100,7 +101,8 @@ std::vector<std::string> EtcdLocator::Ranges() const {
 }
 
 void EtcdLocator::Run() {
-  const std::vector<std::string> prefixes = Ranges();
+  std::vector<std::string> prefixes = Ranges();
+  std::vector<uint32_t> tenants(options_.tenants.begin(), options_.tenants.end());  // of prefixes[1...]
   int backoff = options_.backoff_min_ms;
   bool need_read = true;
   while (!stop_) {
@@ -110,6 +112,23 @@ void EtcdLocator::Run() {
       auto range = client_->GetPrefix(prefixes[0]);
       for (size_t i = 1; i < prefixes.size() && range.ok(); ++i) {
         auto more = client_->GetPrefix(prefixes[i], range->revision);
+        if (more.status().code() == Code::kPermissionDenied) {
+          // This host's etcd role lacks the tenant's grant (decision 103):
+          // that tenant is not followed (its VMs here pair on this host
+          // only), the others are.
+          uint32_t t = tenants[i - 1];
+          VS_LOG(kWarn, "directory: tenant %u not followed: %s (grant it to this host's etcd role)", t,
+                 more.status().message().c_str());
+          {
+            MutexLock lock(mu_);
+            refused_tenants_.push_back(t);
+            last_error_ = "tenant " + std::to_string(t) + ": " + more.status().message();
+          }
+          prefixes.erase(prefixes.begin() + long(i));
+          tenants.erase(tenants.begin() + long(i - 1));
+          --i;
+          continue;
+        }
         if (!more.ok()) {
           range = more.status();
           break;
@@ -122,7 +141,7 @@ void EtcdLocator::Run() {
         backoff = std::min(backoff * 2, options_.backoff_max_ms);
         continue;
       }
-      Load(*range);
+      Load(*range, prefixes.size());
       need_read = false;
     }
     std::vector<EtcdClient::Range> ranges;
@@ -153,14 +172,14 @@ void EtcdLocator::Run() {
   }
 }
 
-void EtcdLocator::Load(const EtcdRange& range) {
+void EtcdLocator::Load(const EtcdRange& range, size_t ranges) {
   {
     MutexLock lock(mu_);
     hosts_.clear();
     vms_.clear();
     for (const EtcdKeyValue& kv : range.kvs) bad_records_ += !Put(kv);
     revision_ = range.revision;
-    range_revisions_.assign(Ranges().size(), range.revision);
+    range_revisions_.assign(ranges, range.revision);
     ++full_reads_;
     Rebuild();
     Publish();

@@ -37,7 +37,8 @@ struct EtcdLocatorHealth {
   int64_t lag_ms = 0;        // how long the cache has gone without a live watch (0: live)
   std::string last_error;    // the last failure ("" if none yet)
   std::string endpoint;      // the etcd endpoint in use
-  std::vector<uint32_t> tenants;  // the tenants whose VM records are followed
+  std::vector<uint32_t> tenants;  // the tenants whose VM records are to be followed
+  std::vector<uint32_t> refused_tenants;  // of those, the ones etcd refused to this host (no grant)
   uint64_t watch_events = 0;  // changes applied from the watch
   uint64_t connects = 0;     // watches set up
   uint64_t full_reads = 0;   // reads of the whole prefix (the first, and after compaction)
@@ -86,8 +87,8 @@ class EtcdLocator : public fabric::Locator {
 
  private:
   void Run();
-  // Replaces the cache with a full read.
-  void Load(const EtcdRange& range) EXCLUDES(mu_);
+  // Replaces the cache with a full read of `ranges` prefixes.
+  void Load(const EtcdRange& range, size_t ranges) EXCLUDES(mu_);
   // Applies a watch batch of range `range` (Ranges()).
   void Apply(size_t range, int64_t revision, const std::vector<EtcdEvent>& events) EXCLUDES(mu_);
   // The prefixes followed: the host records', then each tenant's.
@@ -121,6 +122,7 @@ class EtcdLocator : public fabric::Locator {
   // Per range (Ranges()): the last revision applied to it, where its watch
   // resumes (one stream's watches need not deliver in one order).
   std::vector<int64_t> range_revisions_ GUARDED_BY(mu_);
+  std::vector<uint32_t> refused_tenants_ GUARDED_BY(mu_);  // read refused: not followed
   int64_t stale_since_ms_ GUARDED_BY(mu_) = 0;
   std::string last_error_ GUARDED_BY(mu_);
   uint64_t connects_ GUARDED_BY(mu_) = 0;

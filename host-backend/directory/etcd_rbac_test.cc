@@ -132,5 +132,25 @@ TEST_F(EtcdRbacTest, APublisherUnderAnotherHostsNameIsRefusedAndPeersNeverSeeIt)
   loc.Stop();
 }
 
+// Decision 103: a tenant this host's role was not granted is refused by
+// etcd; that tenant alone is not followed, the others are.
+TEST_F(EtcdRbacTest, ATenantNotGrantedIsNotFollowedTheOthersAre) {
+  ASSERT_TRUE(As("hostB", "hostB-pw")->Put(Key(7, "hostB", "vm7"), Vm(7, "198.51.100.7")).ok());
+  ASSERT_TRUE(As("hostB", "hostB-pw")->Put(Key(8, "hostB", "vm8"), Vm(8, "198.51.100.8")).ok());
+  EtcdLocator::Options lo;
+  lo.backoff_min_ms = 50;
+  lo.tenants = {7, 8};  // hostA has 7 only
+  EtcdLocator loc(As("hostA", "hostA-pw"), lo);
+  loc.Start();
+  ASSERT_TRUE(loc.WaitSynced(5000)) << loc.Health().last_error;
+  EXPECT_EQ(loc.Find(7, V4("198.51.100.7")), "hostB");
+  EXPECT_EQ(loc.Find(8, V4("198.51.100.8")), "");
+  EXPECT_EQ(loc.Health().refused_tenants, std::vector<uint32_t>{8});
+  ASSERT_TRUE(Eventually([&] { return loc.Health().connected; }, 2000)) << loc.Health().last_error;
+  ASSERT_TRUE(As("hostB", "hostB-pw")->Put(Key(7, "hostB", "vm7b"), Vm(7, "198.51.100.17")).ok());
+  EXPECT_TRUE(Eventually([&] { return loc.Find(7, V4("198.51.100.17")) == "hostB"; }, 2000));
+  loc.Stop();
+}
+
 }  // namespace
 }  // namespace vsocket::directory

@@ -242,7 +242,8 @@ std::string Peering::DirectoryReport(bool json) const {
                         {"keepalive_failures", p.keepalive_failures},
                         {"unavailable_fallbacks", counters_.directory.unavailable_fallbacks.load()},
                         {"conflicting", etcd_locator_->ConflictsText()},
-                        {"tenants", h.tenants}};
+                        {"tenants", h.tenants},
+                        {"tenants_refused", h.refused_tenants}};
     return j.dump() + "\n";
   }
   std::string out = "locator: " + etcd_locator_->Describe() + " (" + (h.connected ? "connected" : "NOT connected") +
@@ -254,7 +255,9 @@ std::string Peering::DirectoryReport(bool json) const {
                     std::to_string(h.conflicts) + " conflict(s))\n";
   out += "tenants followed:";
   for (uint32_t t : h.tenants) out += " " + std::to_string(t);
-  out += h.tenants.empty() ? " none\n" : "\n";
+  out += h.tenants.empty() ? " none" : "";
+  for (uint32_t t : h.refused_tenants) out += " (" + std::to_string(t) + ": refused by etcd, not followed)";
+  out += "\n";
   if (!h.last_error.empty()) out += "last error: " + h.last_error + "\n";
   out += "this host: " + std::string(p.published ? "published" : "NOT published") + " under lease " +
          std::to_string(p.lease) + " (" + std::to_string(p.publishes) + " publish(es), " +
