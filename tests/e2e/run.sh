@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The end-to-end suites, whole or case by case:
 #
-#   tests/e2e/run.sh same_host|cross_host [-l] [-t REGEX] [BIN_DIR]
+#   tests/e2e/run.sh same_host|cross_host [-l] [-t REGEX] [-x REGEX] [BIN_DIR]
 #
 #   same_host   the same-host bed (deploy/testbed.sh): tests/e2e/same_host/
 #   cross_host  the two-host bed (deploy/testbed2.sh, tcp fabric): tests/e2e/cross_host/
 #   -l          list the case names, in run order (with -t: those it selects)
 #   -t REGEX    run only the cases whose name matches (e.g. '^redis$'), and
 #               the cases they judge the aftermath of (case_needs)
+#   -x REGEX    leave out the cases whose name matches
 #   BIN_DIR     Bazel output (default bazel-out/k8-opt/bin)
 #
 # Sets the bed up once, runs the cases in order (a file per group of cases,

@@ -95,11 +95,13 @@ alloc_port() {
 
 suite_usage() {
   cat >&2 <<'USAGE'
-usage: tests/e2e/run.sh same_host|cross_host [-l] [-t REGEX] [BIN_DIR]
+usage: tests/e2e/run.sh same_host|cross_host [-l] [-t REGEX] [-x REGEX] [BIN_DIR]
   -l        list the case names (those -t selects, with the cases they
             need), one a line, in run order; nothing is started
   -t REGEX  run only the cases whose name matches REGEX (bash ERE; anchor
             it: '^redis$'), plus the cases they need (case_needs)
+  -x REGEX  leave out the cases whose name matches REGEX (after -t; a case
+            another one needs still runs)
   BIN_DIR   Bazel output (default bazel-out/k8-opt/bin, from the repository root)
 Sets the bed up once, runs the selected cases in order, takes the bed down;
 prints PASS/FAIL per case and ends with "N passed, N failed". Cases listed
@@ -112,11 +114,12 @@ USAGE
 # suite_args ARGS...: SUITE, CASE_REGEX, LIST_ONLY, BIN_ARG from the
 # command line (suite_usage on a mistake).
 suite_args() {
-  SUITE="" CASE_REGEX="" LIST_ONLY=0 BIN_ARG=""
+  SUITE="" CASE_REGEX="" SKIP_REGEX="" LIST_ONLY=0 BIN_ARG=""
   while [ $# -gt 0 ]; do
     case $1 in
       -l) LIST_ONLY=1 ;;
       -t) [ $# -ge 2 ] || suite_usage; CASE_REGEX=$2; shift ;;
+      -x) [ $# -ge 2 ] || suite_usage; SKIP_REGEX=$2; shift ;;
       -h | --help) suite_usage 0 ;;
       -*) suite_usage ;;
       *)
@@ -134,12 +137,13 @@ suite_args() {
   [ -n "$SUITE" ] && [ -f "tests/e2e/$SUITE/suite.sh" ] || suite_usage
 }
 
-# suite_select: SELECTED, the registered cases CASE_REGEX matches and the
-# cases they need, in registration order.
+# suite_select: SELECTED, the registered cases CASE_REGEX matches and
+# SKIP_REGEX does not, and the cases they need, in registration order.
 suite_select() {
   local _ss_name _ss_dep _ss_more=1
   local -A _ss_want=()
   for _ss_name in "${CASE_NAMES[@]}"; do
+    if [ -n "$SKIP_REGEX" ] && [[ $_ss_name =~ $SKIP_REGEX ]]; then continue; fi
     if [ -z "$CASE_REGEX" ] || [[ $_ss_name =~ $CASE_REGEX ]]; then _ss_want[$_ss_name]=1; fi
   done
   while [ $_ss_more -eq 1 ]; do
@@ -229,7 +233,7 @@ suite_run() {
   done
   WORK=$(mktemp -d "/tmp/$WORK_PREFIX-XXXXXX")
   trap 'e2e_cleanup; suite_cleanup' EXIT  # e2e_cleanup: tests/e2e/lib.sh
-  [ -z "$CASE_REGEX" ] || echo "== $SUITE: ${#SELECTED[@]} of ${#CASE_NAMES[@]} cases: ${SELECTED[*]}"
+  [ -z "$CASE_REGEX$SKIP_REGEX" ] || echo "== $SUITE: ${#SELECTED[@]} of ${#CASE_NAMES[@]} cases: ${SELECTED[*]}"
   if ! suite_setup; then
     echo "$passed passed, $failed failed"
     exit 1

@@ -128,6 +128,29 @@ PY
   pass "$name (hostA without vmB2 follows tenant 1 alone, hostB tenants 1 and 2; vmB2 ($B2) in hostB's cache, not hostA's; 21 changes (20 of tenant 2): hostB's watch $b0 -> $b1, hostA's $a0 -> $a1; $XFER_MSG)"
 }
 
+# A VM taken off hostB and put back at runtime (vsocketctl migrate
+# begin/detach, then migrate end, on hostB alone: vsocketd has no
+# `vm add`; a configured VM comes and goes so): hostA's cache loses it and
+# finds it again through the directory within a second, and a new
+# connection from vmA1 pairs across the fabric; nothing is done on hostA.
+case_etcd_vm_runtime() {
+  local name=etcd_vm_removed_and_added_at_runtime out t0 t1 t2 ctlB="bash $TB ctl hostB"
+  etcd_bed || { fail $name "$E2E_MSG"; return; }
+  until_true 10 dir_has hostA "$B1" hostB || { fail $name "hostA does not place $B1 on hostB to begin with"; return; }
+  local back="$ctlB migrate end vmB1 >/dev/null 2>&1"
+  out=$($ctlB migrate begin vmB1 --wait 5 2>&1) && out=$($ctlB migrate detach vmB1 2>&1) ||
+    { fail $name "removing vmB1 on hostB: $out"; eval "$back"; return; }
+  t0=$(date +%s%N)
+  until_true 2 dir_lacks hostA "$B1" hostB || { fail $name "hostA still places $B1 on hostB 2 s after it left"; eval "$back"; return; }
+  t1=$(date +%s%N)
+  out=$($ctlB migrate end vmB1 2>&1) || { fail $name "adding vmB1 back on hostB: $out"; return; }
+  until_true 2 dir_has hostA "$B1" hostB || { fail $name "hostA does not place $B1 on hostB 2 s after it came back"; return; }
+  t2=$(date +%s%N)
+  fabric_xfer etcd_vm_runtime vmA1 vmB1 "$B1" 1 1048576 "$(alloc_port)" ||
+    { fail $name "vmA1 -> vmB1 after vmB1 came back: $XFER_MSG"; return; }
+  pass "$name (vmB1 taken off hostB: gone from hostA's cache in $(((t1 - t0) / 1000000)) ms; put back: in hostA's cache $(((t2 - t1) / 1000000)) ms after, both read by polling every 0.2 s; nothing done on hostA; $XFER_MSG)"
+}
+
 # etcd stopped: accelerated connections go on; a new connection to an
 # address the cache lacks (vmB1's record withdrawn just before: a VM hostA
 # has not heard of) stays on kernel TCP, and both its ends say why: their
@@ -462,6 +485,7 @@ case_etcd_member_down() {
 
 register_case etcd_directory_pairs case_etcd_pairs
 register_case etcd_watch_scoped_per_tenant case_etcd_watch_scoped
+register_case etcd_vm_removed_and_added_at_runtime case_etcd_vm_runtime
 register_case etcd_down_keeps_connections_falls_back case_etcd_unavailable
 register_case etcd_move_follows case_etcd_move
 register_case etcd_move_follows_a_late_watch case_etcd_move_late_watch

@@ -6,6 +6,11 @@
 # and both daemons' fabric counters that the data crossed the fabric link,
 # not kernel TCP.
 #
+# VSOCKET_TESTBED2_LOCATOR=etcd runs every case with the etcd directory as
+# the locator (tests/run_all.sh runs the suite both ways): the bed has no
+# locator file, and every fabric transfer (fabric_xfer) also proves by the
+# directory's counters that its pairings were placed by the directory.
+#
 # This file: the bed's setup and teardown, and the helpers that cases of
 # several groups use. The cases: the NN_*.sh files next to it, run in name
 # order (tests/e2e/suite_lib.sh says how).
@@ -34,7 +39,27 @@ suite_setup() {
   A2=$(bash $TB addr vmA2)
   B1=$(bash $TB addr vmB1)
   B2=$(bash $TB addr vmB2)
+  if [ "${VSOCKET_TESTBED2_LOCATOR:-file}" = etcd ]; then
+    # The whole suite through the directory: no file to fall back on, both
+    # hosts following etcd and published.
+    local h ok=1 why=
+    [ ! -e "$VSOCKET_TESTBED2_DIR/locator" ] || { ok=0; why="a locator file exists"; }
+    for h in hostA hostB; do
+      [ "$(counter $h directory_enabled)" = 1 ] && [ "$(counter $h directory_published)" = 1 ] || {
+        ok=0
+        why+=" $h: directory enabled $(counter $h directory_enabled), published $(counter $h directory_published);"
+      }
+    done
+    [ $ok = 1 ] || { fail testbed2 "etcd mode: $why"; return 1; }
+    echo "== locator = etcd: no locator file, both hosts follow and publish in the directory"
+  fi
 }
+
+# bed_is_etcd: the bed runs with the etcd directory as its locator.
+bed_is_etcd() { grep -q '^locator = etcds\?://' "$VSOCKET_TESTBED2_DIR/hostA/vsocketd.conf" 2>/dev/null; }
+# placements: both hosts' directory_placements (lookups the directory
+# answered with a host), summed.
+placements() { echo $(($(counter hostA directory_placements) + $(counter hostB directory_placements))); }
 
 suite_finish() {
   local h
@@ -43,6 +68,8 @@ suite_finish() {
     for h in hostA hostB; do
       echo "== $h: vsocketd.log, warnings and errors (last 20)"
       grep -E "^[WE] " "$VSOCKET_TESTBED2_DIR/$h/vsocketd.log" 2>/dev/null | tail -20
+      # (E2E_KEEP=1: the whole log stays with the scratch directory.)
+      [ -z "${E2E_KEEP:-}" ] || cp "$VSOCKET_TESTBED2_DIR/$h/vsocketd.log" "$WORK/$h.vsocketd.log" 2>/dev/null
     done
   fi
 }
@@ -127,13 +154,20 @@ run_xfer() {
 
 # fabric_xfer: run_xfer across hosts, plus: every byte the libraries sent
 # accelerated crossed the fabric, and most of the stream did (the rest went
-# on kernel TCP before the upgrade).
+# on kernel TCP before the upgrade). With the etcd directory: each
+# connection's pairing asked it twice at least (the requester where the peer
+# runs, the acceptor whether the requester runs its address).
 fabric_xfer() {
   local name=$1 conns=$5 bytes=$6
-  local a0 b0 da db accel
+  local a0 b0 da db accel p0= dp=
   a0=$(counter hostA fabric_bytes_out)
   b0=$(counter hostB fabric_bytes_out)
+  bed_is_etcd && p0=$(placements)
   run_xfer "$@" || return 1
+  if [ -n "$p0" ]; then
+    dp=$(($(placements) - p0))
+    [ "$dp" -ge $((2 * conns)) ] || { XFER_MSG="the directory placed $dp lookup(s) for $conns pairing(s)"; return 1; }
+  fi
   da=$(($(counter hostA fabric_bytes_out) - a0))
   db=$(($(counter hostB fabric_bytes_out) - b0))
   accel=$(python3 -c "import json,sys; print(sum(json.loads(l)['accel_tx'] for l in open(sys.argv[1]) if l.strip()))" "$WORK/$name.jsonl")
@@ -141,7 +175,7 @@ fabric_xfer() {
     XFER_MSG="fabric carried $da B A->B + $db B B->A, libraries sent $accel B accelerated of $((2 * conns * bytes))"
     return 1
   fi
-  XFER_MSG="$XFER_MSG; fabric A->B $da B, B->A $db B"
+  XFER_MSG="$XFER_MSG; fabric A->B $da B, B->A $db B${dp:+; directory placements +$dp}"
 }
 
 # xfer_bg NAME PORT CONNS BYTES [xfer args for both sides]: an xfer server in
