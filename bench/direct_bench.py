@@ -6,9 +6,12 @@ benchmark of the first increment (direct = same-tenant for vm1 and vm2).
   bench/direct_bench.py [--bin BAZEL_BIN] [--reps N] [--seconds S] [--out DIR]
 
 Modes, alternating within each repetition: kernel TCP (no library),
-through vsocketd (libvsocket.so, VSOCKET_UPGRADE=always, VSOCKET_DIRECT=0)
-and direct (libvsocket.so, VSOCKET_UPGRADE=always: the default policy does
-not yet upgrade request/response connections between direct peers).
+through vsocketd (libvsocket.so, VSOCKET_UPGRADE=always, VSOCKET_DIRECT=0),
+direct (libvsocket.so, VSOCKET_UPGRADE=always: every connection direct) and
+the default policy with direct pairs allowed (libvsocket.so as a user gets
+it: streams, busy loops and, decision 98, request/response connections of
+16 turns or more between direct peers register; a connection per request
+stays on kernel TCP).
 Measures sockperf ping-pong (16 B: one-way p50 and p99), redis-benchmark
 SET/GET with 1 and 50 clients and nginx 4 KiB with wrk -c16 keep-alive and
 "Connection: close". Reports medians (min-max) and each mode's median of
@@ -24,7 +27,8 @@ import sys
 import benchlib as bl
 import same_host_bench as sh
 
-MODES = ("kernel", "backend", "direct")
+MODES = ("kernel", "backend", "direct", "default")
+ACCEL = ("backend", "direct", "default")
 
 
 class DirectBed(bl.Bed):
@@ -38,9 +42,9 @@ class DirectBed(bl.Bed):
 
     def env(self, accel, report=None, extra=None):
         e = dict(self.base_env)
-        if accel in ("backend", "direct"):
+        if accel in ACCEL:
             e["LD_PRELOAD"] = self.lib
-            e["VSOCKET_UPGRADE"] = "always"
+            e["VSOCKET_UPGRADE"] = "auto" if accel == "default" else "always"
             if accel == "backend":
                 e["VSOCKET_DIRECT"] = "0"
         if report:
@@ -88,7 +92,7 @@ def table(reps):
             vals = [key(R[mode]) for R in reps if key(R[mode])]
             row[mode] = statistics.median(vals) if vals else None
             row[mode + "_range"] = [min(vals), max(vals)] if vals else None
-        for mode in ("backend", "direct"):
+        for mode in ACCEL:
             ratios = [key(R[mode]) / key(R["kernel"]) for R in reps if key(R[mode]) and key(R["kernel"])]
             row[mode + "_ratio"] = statistics.median(ratios) if ratios else None
         rows.append(row)
@@ -111,11 +115,13 @@ def markdown(res):
              f"{res['date']} on {machine_text(res['machine'])}, {res['reps_n']} repetitions of {res['seconds']} s per test, "
              "the modes alternating; medians (min–max); ratios are the medians of each repetition's ratio to kernel "
              "TCP. Direct runs: vsocketd counted " + res["direct_check"] + ".", "",
-             "| metric | kernel TCP | through vsocketd | direct | through vsocketd/kernel | direct/kernel |",
-             "|---|--:|--:|--:|--:|--:|"]
+             "| metric | kernel TCP | through vsocketd | direct | default policy, direct allowed | "
+             "through vsocketd/kernel | direct/kernel | default/kernel |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|"]
     for row in res["table"]:
         lines.append(f"| {row['metric']} | {spread(row, 'kernel')} | {spread(row, 'backend')} | {spread(row, 'direct')} "
-                     f"| {num(row['backend_ratio'])} | {num(row['direct_ratio'])} |")
+                     f"| {spread(row, 'default')} | {num(row['backend_ratio'])} | {num(row['direct_ratio'])} "
+                     f"| {num(row.get('default_ratio'))} |")
     return "\n".join(lines) + "\n"
 
 

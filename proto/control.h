@@ -278,7 +278,14 @@ inline constexpr uint8_t kRegisterBulk = 1u << 0;
 // the connection streams; its peer's process may never be: the backend
 // withdraws it if no peer registers within kTentativeWaitMs (decision 83).
 inline constexpr uint8_t kRegisterTentative = 1u << 1;
-inline constexpr uint8_t kKnownRegisterFlags = kRegisterBulk | kRegisterTentative;
+// kRegisterDirect (with kRegisterTentative, kFeatureDirect only): the
+// upgrade policy registered this request/response connection only because
+// its peer may be a process this one shares a direct pair with (decision
+// 98): through vsocketd it would be slower than kernel TCP. The backend
+// withdraws it (DOWNGRADE before any upgrade, reason kernel-faster) unless
+// the pair it makes is direct.
+inline constexpr uint8_t kRegisterDirect = 1u << 2;
+inline constexpr uint8_t kKnownRegisterFlags = kRegisterBulk | kRegisterTentative | kRegisterDirect;
 inline constexpr uint64_t kBulkWriteBytes = 4096;
 inline constexpr uint32_t kMinRingBytes = 4096;
 inline constexpr uint32_t kMaxRingBytes = 64u << 20;

@@ -118,11 +118,12 @@ TEST(ControlTest, RegisterConnFieldValidation) {
   b[kHeaderSize + 8] = 3;
   EXPECT_FALSE(Decode(b).ok());
   b = MustEncode({MsgType::kRegisterConn, 1, good});
-  b[kHeaderSize + 11] = 4;
+  b[kHeaderSize + 11] = 8;
   EXPECT_FALSE(Decode(b).ok());
-  // The bulk flag (kFeatureBulkHint) and the tentative flag
-  // (kFeatureTentative) are the byte's only known bits.
-  for (uint8_t flags : {kRegisterBulk, kRegisterTentative, uint8_t(kRegisterBulk | kRegisterTentative)}) {
+  // The bulk flag (kFeatureBulkHint), the tentative flag (kFeatureTentative)
+  // and the direct flag (decision 98) are the byte's only known bits.
+  for (uint8_t flags : {kRegisterBulk, kRegisterTentative, uint8_t(kRegisterBulk | kRegisterTentative),
+                        uint8_t(kRegisterTentative | kRegisterDirect)}) {
     RegisterConn with = good;
     with.flags = flags;
     b = MustEncode({MsgType::kRegisterConn, 1, with});

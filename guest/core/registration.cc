@@ -224,6 +224,11 @@ void EnsureRegistered(int fd, Conn& c) {
   // too within proto::kTentativeWaitMs (decision 83).
   if (c.held.load(std::memory_order_relaxed) && c.stream.cause() == StreamDetector::Cause::kBusyLoop && s->tentative())
     r.flags |= proto::kRegisterTentative;
+  // Registered only because its peer may be a direct pair's (decision 98):
+  // withdrawn too if the pair would not be direct.
+  if (c.held.load(std::memory_order_relaxed) && c.stream.cause() == StreamDetector::Cause::kDirectPeer &&
+      s->tentative() && s->direct())
+    r.flags |= proto::kRegisterTentative | proto::kRegisterDirect;
   Message resp;
   Status st = s->Call({MsgType::kRegisterConn, 0, r}, &resp);
   const auto* ack = std::get_if<proto::RegisterAck>(&resp.body);
@@ -326,6 +331,18 @@ void EndWithdrawnLocked(Conn& c) {
       c.state.reason() == Reason::kPeerNotRegistered && !c.urgent.load(std::memory_order_relaxed) &&
       c.state.Apply(ConnEvent::kHoldAgain)) {
     c.stream.HoldAgain(MonotonicNs());
+    return;
+  }
+  // Registered for a direct pair (decision 98): the peer's process did not
+  // register in time (held again, to try after the same doubling pause),
+  // or the pair could not be direct (kernel-faster: held again, never for
+  // that rule again; the stream and busy-loop rules still apply).
+  Reason why = c.state.reason();
+  if (c.held.load(std::memory_order_relaxed) && c.stream.cause() == StreamDetector::Cause::kDirectPeer &&
+      !c.urgent.load(std::memory_order_relaxed) && (why == Reason::kPeerNotRegistered || why == Reason::kKernelFaster) &&
+      c.state.Apply(ConnEvent::kHoldAgain)) {
+    if (why == Reason::kKernelFaster) c.stream.NoDirectPeer();
+    else c.stream.HoldAgain(MonotonicNs());
     return;
   }
   (void)c.state.Apply(ConnEvent::kEndWithdrawn);

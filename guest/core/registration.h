@@ -5,6 +5,7 @@
 #include "guest/core/busy_loop.h"
 #include "guest/core/config.h"
 #include "guest/core/conn.h"
+#include "guest/core/session.h"
 
 namespace vsocket::guest {
 
@@ -26,7 +27,7 @@ bool BulkWriter(const Conn& c);
 // holds c (a relaxed load otherwise).
 inline void NoteKernelIo(Conn& c, StreamDetector::Dir d, size_t n) {
   if (c.held.load(std::memory_order_relaxed))
-    c.stream.Note(d, n, Config().stream_window, ActiveBusyLoop());
+    c.stream.Note(d, n, Config().stream_window, ActiveBusyLoop(), Session::DirectPeerRule());
 }
 // Urgent data (MSG_OOB) about to be sent on c: true if it may go (the
 // kernel's, on a connection that never registered: it never will now),

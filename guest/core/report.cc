@@ -79,6 +79,7 @@ void WriteLine(const Conn& c, const char* event, const char* exec_program) {
       case StreamDetector::Cause::kNone: registered_for = c.held.load() ? "" : "first-io"; break;
       case StreamDetector::Cause::kStream: registered_for = "stream"; break;
       case StreamDetector::Cause::kBusyLoop: registered_for = "busy-loop"; break;
+      case StreamDetector::Cause::kDirectPeer: registered_for = "direct-peer"; break;
     }
   }
   char line[1024];

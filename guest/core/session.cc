@@ -44,6 +44,7 @@ proto::Reason g_last_failure = proto::Reason::kBackendUnavailable;
 std::atomic<bool> g_sleep_at_once{false};
 std::atomic<bool> g_streams_only{false};
 std::atomic<bool> g_busy_rule{false};
+std::atomic<bool> g_direct_rule{false};
 std::atomic<Session::LinkLostHandler> g_link_lost{nullptr};
 
 }  // namespace
@@ -99,6 +100,8 @@ Session* Session::Get(proto::Reason* why) {
   g_sleep_at_once.store(cfg.poll_auto && share.sleep_at_once, std::memory_order_relaxed);
   g_streams_only.store(auto_upgrade && share.sleep_at_once, std::memory_order_relaxed);
   g_busy_rule.store(auto_upgrade && share.sleep_at_once && fresh->tentative_, std::memory_order_relaxed);
+  g_direct_rule.store(auto_upgrade && share.sleep_at_once && fresh->tentative_ && fresh->direct_,
+                      std::memory_order_relaxed);
   VS_LOG(kDebug, "session up in %.1f ms", (MonotonicNs() - now) / 1e6);
   if (share.sleep_at_once)
     VS_LOG(kInfo,
@@ -118,6 +121,7 @@ bool Session::SleepAtOnce() { return g_sleep_at_once.load(std::memory_order_rela
 
 bool Session::RegistersStreamsOnly() { return g_streams_only.load(std::memory_order_relaxed); }
 bool Session::BusyLoopRule() { return g_busy_rule.load(std::memory_order_relaxed); }
+bool Session::DirectPeerRule() { return g_direct_rule.load(std::memory_order_relaxed); }
 
 void Session::ForgetAfterFork() {
   // The child shares the parent's rings and vhost-user socket; using them

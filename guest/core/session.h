@@ -108,6 +108,11 @@ class Session {
   // (decision 83): RegistersStreamsOnly() and the backend withdraws
   // tentative registrations whose peer does not come (kFeatureTentative).
   static bool BusyLoopRule();
+  // Held connections whose peer may be a direct pair's register too, once
+  // they have turned kDirectTurns times, tentatively (decision 98):
+  // RegistersStreamsOnly() and the backend offered direct pairs to this
+  // session's VM (kFeatureDirect) and takes tentative registrations.
+  static bool DirectPeerRule();
   // What to do (under the session lock) with an upgraded connection whose
   // accelerated path was lost (its state just went resyncing): the socket
   // layer hands its resend to the background writer (resync.cc). Set once
@@ -120,6 +125,7 @@ class Session {
   bool ring_hold() const { return ring_hold_; }
   bool bulk_hint() const { return bulk_hint_; }
   bool tentative() const { return tentative_; }
+  bool direct() const { return direct_; }
   bool fork_resync() const { return fork_resync_; }
   bool move_back() const { return move_back_; }
 

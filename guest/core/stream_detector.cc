@@ -29,6 +29,7 @@ void StreamDetector::HoldAgain(int64_t now_ns) {
   uint32_t n = withdrawals_.load(std::memory_order_relaxed) + 1;
   withdrawals_.store(n, std::memory_order_relaxed);
   busy_turns_.store(turns_total_.load(std::memory_order_relaxed) + kBusyTurns, std::memory_order_relaxed);
+  direct_turns_.store(turns_total_.load(std::memory_order_relaxed) + kDirectTurns, std::memory_order_relaxed);
   int64_t pause = int64_t{1000000000} << std::min<uint32_t>(n - 1, 6);
   busy_not_before_ns_.store(now_ns + pause, std::memory_order_relaxed);
   run_calls_.store(0, std::memory_order_relaxed);
@@ -37,7 +38,13 @@ void StreamDetector::HoldAgain(int64_t now_ns) {
   streaming_.store(false, std::memory_order_relaxed);  // (cause_ says what it was)
 }
 
-bool StreamDetector::Note(Dir d, uint64_t n, uint64_t window, BusyLoop* loop) {
+void StreamDetector::NoDirectPeer() {
+  direct_off_.store(true, std::memory_order_relaxed);
+  cause_.store(static_cast<uint8_t>(Cause::kNone), std::memory_order_relaxed);
+  streaming_.store(false, std::memory_order_relaxed);
+}
+
+bool StreamDetector::Note(Dir d, uint64_t n, uint64_t window, BusyLoop* loop, bool direct_rule) {
   if (streaming()) return true;
   if (n == 0) return false;
   if (d == Dir::kOut) Bump<uint64_t>(calls_out_, 1);
@@ -47,9 +54,15 @@ bool StreamDetector::Note(Dir d, uint64_t n, uint64_t window, BusyLoop* loop) {
   if (prev != 0 && prev != dir) {
     Bump<uint32_t>(window_turns_, 1);
     if (loop != nullptr) loop->NoteTurn(active_epoch_);
-    if (Bump<uint64_t>(turns_total_, 1) >= busy_turns_.load(std::memory_order_relaxed) && loop != nullptr &&
-        loop->busy() && BusyPauseOver()) {
+    uint64_t turns = Bump<uint64_t>(turns_total_, 1);
+    if (turns >= busy_turns_.load(std::memory_order_relaxed) && loop != nullptr && loop->busy() && BusyPauseOver()) {
       cause_.store(static_cast<uint8_t>(Cause::kBusyLoop), std::memory_order_relaxed);
+      streaming_.store(true, std::memory_order_relaxed);
+      return true;
+    }
+    if (direct_rule && turns >= direct_turns_.load(std::memory_order_relaxed) &&
+        !direct_off_.load(std::memory_order_relaxed) && BusyPauseOver()) {
+      cause_.store(static_cast<uint8_t>(Cause::kDirectPeer), std::memory_order_relaxed);
       streaming_.store(true, std::memory_order_relaxed);
       return true;
     }

@@ -28,18 +28,24 @@ namespace vsocket::guest {
 
 inline constexpr uint32_t kMaxTurnsPerWindow = 8;
 inline constexpr uint32_t kRunCalls = 64;
+// A held connection's turns before the direct-peer rule registers it
+// (decision 98): a keep-alive conversation, never a connection per request.
+inline constexpr uint64_t kDirectTurns = 16;
 
 class StreamDetector {
  public:
   enum class Dir : uint8_t { kNone = 0, kOut = 1, kIn = 2 };
   // Why the connection qualified: it streams, or it has turned kBusyTurns
-  // times while its process's event loop is busy (busy_loop.h).
-  enum class Cause : uint8_t { kNone = 0, kStream = 1, kBusyLoop = 2 };
+  // times while its process's event loop is busy (busy_loop.h), or it has
+  // turned kDirectTurns times where its peer may be a direct pair's
+  // (decision 98).
+  enum class Cause : uint8_t { kNone = 0, kStream = 1, kBusyLoop = 2, kDirectPeer = 3 };
 
   // n bytes moved on the kernel path in direction d; true once the
   // connection qualifies (and from then on). loop: the process's busy-loop
   // signal (its turns are counted there; null: no busy-loop rule).
-  bool Note(Dir d, uint64_t n, uint64_t window, BusyLoop* loop = nullptr);
+  // direct_rule: the direct-peer rule applies (Session::DirectPeerRule).
+  bool Note(Dir d, uint64_t n, uint64_t window, BusyLoop* loop = nullptr, bool direct_rule = false);
   // Bytes moved on the rings in direction d: only its turns, for the loop's
   // activity (an accelerated connection is as active as a held one).
   void NoteRingIo(Dir d, BusyLoop* loop) {
@@ -63,6 +69,12 @@ class StreamDetector {
   // withdrawal (up to 64 s), so a peer that never comes costs a
   // registration (and 500 ms pending) ever more rarely.
   void HoldAgain(int64_t now_ns);
+  // Its registration for a direct pair was declined (its peer is not a
+  // process this one may share memory with, decision 98): held again, at
+  // once, and never registered for that rule again (the others still
+  // apply).
+  void NoDirectPeer();
+  bool direct_peer_declined() const { return direct_off_.load(std::memory_order_relaxed); }
   uint32_t withdrawals() const { return withdrawals_.load(std::memory_order_relaxed); }
   // Calls noted in direction kOut (until it streams): with the bytes sent,
   // the average write (REGISTER_CONN's kRegisterBulk, decision 62).
@@ -82,6 +94,8 @@ class StreamDetector {
   std::atomic<uint64_t> busy_turns_{kBusyTurns};  // turns before the busy loop takes it
   std::atomic<int64_t> busy_not_before_ns_{0};    // ... and not before this time
   std::atomic<uint32_t> withdrawals_{0};
+  std::atomic<uint64_t> direct_turns_{kDirectTurns};  // turns before the direct-peer rule takes it
+  std::atomic<bool> direct_off_{false};               // declined: never for that rule again
 };
 
 }  // namespace vsocket::guest

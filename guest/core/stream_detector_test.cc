@@ -21,6 +21,31 @@ TEST(StreamDetector, OneWayBulkStreams) {
   EXPECT_TRUE(d.Note(Dir::kIn, 1, kWindow)) << "for good";
 }
 
+// Decision 98: where the direct-peer rule applies, a ping-pong qualifies
+// after kDirectTurns turns (cause kDirectPeer), never before; without the
+// rule it never does; declined once, never again by that rule.
+TEST(StreamDetector, DirectPeerRuleTakesAKeepAliveConversation) {
+  StreamDetector d;
+  uint64_t turns = 0;
+  bool qualified = false;
+  for (int i = 0; i < 100 && !qualified; ++i) {
+    qualified = d.Note(i % 2 ? Dir::kIn : Dir::kOut, 64, kWindow, nullptr, true);
+    if (!qualified) turns = d.turns();
+  }
+  ASSERT_TRUE(qualified);
+  EXPECT_EQ(d.cause(), StreamDetector::Cause::kDirectPeer);
+  EXPECT_EQ(d.turns(), kDirectTurns);
+  EXPECT_EQ(turns, kDirectTurns - 1) << "not before kDirectTurns turns";
+
+  StreamDetector off;
+  for (int i = 0; i < 200; ++i) ASSERT_FALSE(off.Note(i % 2 ? Dir::kIn : Dir::kOut, 64, kWindow)) << i;
+
+  d.NoDirectPeer();
+  EXPECT_FALSE(d.streaming());
+  EXPECT_TRUE(d.direct_peer_declined());
+  for (int i = 0; i < 200; ++i) ASSERT_FALSE(d.Note(i % 2 ? Dir::kIn : Dir::kOut, 64, kWindow, nullptr, true)) << i;
+}
+
 TEST(StreamDetector, ReceivingSideStreamsToo) {
   StreamDetector d;
   bool seen = false;

@@ -169,6 +169,9 @@ struct BackendConn {
   bool move_back = false;    // the session took kFeatureMoveBack (decision 92)
   bool knows_directory = false;  // the session took kFeatureDirectoryUnavailable (decision 95)
   bool takes_direct = false;     // the session took kFeatureDirect (decision 97)
+  // Registered only for a direct pair (kRegisterDirect, decision 98):
+  // withdrawn (kernel-faster) rather than paired through vsocketd.
+  bool direct_only = false;
   // A direct pair (decision 97): the two libraries share a ring pair of
   // their own; no byte of it passes here (no TX_TAIL, CONSUMED or doorbell).
   bool direct = false;

@@ -259,6 +259,11 @@ class ConnManager {
   // the token its library fetches the memory with (FetchDirect).
   void MaybeGoDirect(BackendConn& a, BackendConn& b);
   bool DirectAllowed(const BackendConn& a, const BackendConn& b) const;
+  // Decision 98: whether c's peer address is served here by a VM whose
+  // processes c's may share a pair with (by both VMs' settings), and the
+  // withdrawal of a direct-only registration that cannot be direct.
+  bool DirectPossible(const BackendConn& c) const;
+  void DeclineDirect(BackendConn& c);
   void DropDirectOffers(uint64_t handle) EXCLUDES(direct_mu_);
   // Registration and undrain: pairs c with its mirror on this host, or with
   // a peer host (requests.cc).

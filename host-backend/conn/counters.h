@@ -67,6 +67,7 @@ struct ConnManagerCounters {
   std::atomic<uint64_t> kept_kernel_faster{0};  // bulk registrations kept on kernel TCP (decision 62)
   std::atomic<uint64_t> tentative_registered{0};  // registrations of busy loops' connections (decision 83)
   std::atomic<uint64_t> tentative_expired{0};     // of those, withdrawn: no peer registered in time
+  std::atomic<uint64_t> direct_declined{0};       // registrations for a direct pair that could not have one (decision 98)
   // Drains (docs/connection-lifecycle.md §9).
   std::atomic<uint64_t> drains_asked{0};  // connections asked to leave the rings
   std::atomic<uint64_t> ring_ends{0};     // SHUTDOWN(ring end)s from guests: directions that left the rings

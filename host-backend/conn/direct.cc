@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "base/log.h"
+#include "host-backend/conn/address.h"
 #include "host-backend/conn/conn_manager.h"
 #include "proto/direct.h"
 
@@ -39,6 +40,23 @@ bool ConnManager::DirectAllowed(const BackendConn& a, const BackendConn& b) cons
   bool same_vm = a.vm_index == b.vm_index;
   return Lets(pa->direct, same_vm) && Lets(pb->direct, same_vm) && a.device->call_fd(1) >= 0 &&
          b.device->call_fd(1) >= 0;
+}
+
+bool ConnManager::DirectPossible(const BackendConn& c) const {
+  const vhost::PortConfig* mine = c.device != nullptr ? c.device->port() : nullptr;
+  if (mine == nullptr || !c.takes_direct || !mine->prove_sockets) return false;
+  // A loopback peer is a process of the same VM.
+  const vhost::PortConfig* theirs = IsLoopback(c.key.peer) ? mine : LocalPortFor(c.key.tenant, c.key.peer);
+  if (theirs == nullptr || !theirs->prove_sockets) return false;
+  bool same_vm = theirs->index == mine->index;
+  return Lets(mine->direct, same_vm) && Lets(theirs->direct, same_vm);
+}
+
+void ConnManager::DeclineDirect(BackendConn& c) {
+  c.reason = proto::Reason::kKernelFaster;
+  Raise(c, kEvDowngrade);  // (before any upgrade: the library takes it as a withdrawal)
+  counters_.direct_declined.fetch_add(1, std::memory_order_relaxed);
+  CountFallback(c.vm_index, proto::Reason::kKernelFaster);
 }
 
 void ConnManager::MaybeGoDirect(BackendConn& a, BackendConn& b) {

@@ -31,6 +31,11 @@ uint64_t ConnManager::OnHello(vhost::BackendDevice& device, uint64_t features) {
            (dc->fork_resync ? proto::kFeatureForkResync : 0) | (dc->move_back ? proto::kFeatureMoveBack : 0) |
            (dc->knows_directory ? proto::kFeatureDirectoryUnavailable : 0) | (dc->direct ? proto::kFeatureDirect : 0);
   uint64_t taken = features & proto::kKnownFeatures & (naps_ ? ~uint64_t{0} : ~proto::kFeatureNaps);
+  // Direct pairs only where the VM's setting allows some (decision 98: the
+  // library's direct-peer rule runs only in such sessions).
+  const vhost::PortConfig* port = device.port();
+  if (port == nullptr || port->direct == vhost::PortConfig::Direct::kOff || !port->prove_sockets)
+    taken &= ~proto::kFeatureDirect;
   dc->doorbell = (taken & proto::kFeatureDoorbell) != 0;
   dc->ring_hold = (taken & proto::kFeatureRingHold) != 0;
   dc->fence_delivered = (taken & proto::kFeatureFenceDelivered) != 0;

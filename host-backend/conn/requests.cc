@@ -369,6 +369,7 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
   c.move_back = dc.move_back;
   c.knows_directory = dc.knows_directory;
   c.takes_direct = dc.direct;
+  c.direct_only = tentative && (r.flags & proto::kRegisterDirect) && dc.direct;
   // A doorbell block must be 64-byte aligned (its counts are atomics).
   if ((c.doorbell && r.tx_ring_gpa % proto::kDoorbellBytes != 0) || !ResolveRings(c) ||
       (c.doorbell && reinterpret_cast<uintptr_t>(c.tx.host) % proto::kDoorbellBytes != 0)) {
@@ -408,6 +409,13 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
 
   Message ack =
       Ack(request_id, r.conn_id, WireError::kOk, Reason::kPending, std::min(r.tx_ring_bytes, r.rx_ring_bytes));
+  if (c.direct_only && !DirectPossible(c)) {
+    // Its peer is no process it may share a pair with (another tenant's,
+    // another host's, or a VM whose `direct` says no): through vsocketd
+    // this request/response connection would be slower than kernel TCP.
+    DeclineDirect(c);
+    return ack;
+  }
   if (!PairWithMirror(c)) {
     // The mirror 4-tuple registered by another tenant is counted for the
     // operator, never told to either tenant: it is none of their business,
@@ -501,8 +509,17 @@ bool ConnManager::PairWithMirror(BackendConn& c) {
   auto it = conns_.find(peer_handle);
   if (it == conns_.end()) return true;
   BackendConn* p = it->second.get();
-  if (p->WaitsForPeer() && p->role != c.role && !Draining(c.vm_index) && !Draining(p->vm_index))
+  if (p->WaitsForPeer() && p->role != c.role && !Draining(c.vm_index) && !Draining(p->vm_index)) {
+    if ((c.direct_only || p->direct_only) && !DirectAllowed(c, *p)) {
+      // A side registered only for a direct pair, and this one would not
+      // be (decision 98): that side goes back to kernel TCP; the other
+      // waits as for any peer that has not registered.
+      if (c.direct_only) DeclineDirect(c);
+      if (p->direct_only) DeclineDirect(*p);
+      return true;
+    }
     Pair(c, *p);
+  }
   return true;
 }
 

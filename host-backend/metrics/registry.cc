@@ -319,6 +319,14 @@ std::vector<Metric<D>> Daemon() {
        .read = [](const D& c) -> uint64_t { return c.conns.direct_failed.load(); },
        .prom = {"vsocket_direct_failed_total"},
        .group = "conn_counters"},
+      {.name = "direct_declined",
+       .type = kCounter,
+       .help = "Request/response connections registered only for a direct pair whose pair could not be direct "
+               "(another tenant's or host's peer, a VM whose direct setting says no): back to kernel TCP, reason "
+               "kernel-faster (decision 98).",
+       .read = [](const D& c) -> uint64_t { return c.conns.direct_declined.load(); },
+       .prom = {"vsocket_direct_declined_total"},
+       .group = "conn_counters"},
       {.name = "fork_refused",
        .type = kCounter,
        .help = "Such requests refused (a peer on another host, a shutdown or drain under way): the child is "

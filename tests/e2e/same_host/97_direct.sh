@@ -61,6 +61,46 @@ direct_drained() {
   echo -n "$bad"
 }
 
+# The default policy (decision 98): a request/response connection between
+# two processes that may share a pair registers after 16 turns and goes
+# direct (report: path direct, registered_for direct-peer); a connection
+# per request never registers; one to another tenant's VM (vm3) registers
+# for a direct pair, is declined (direct_declined) and stays held.
+direct_policy() {
+  local name=$1-policy port rep=$WORK/$1-policy.jsonl out bad="" d0 d1 dp0 dp1
+  port=$(alloc_port 3)
+  d0=$(stat_field direct_declined)
+  dp0=$(stat_field direct_pairs)
+  vm_bg vm2 preload "$rep" "$WORK/$name.srv" env VSOCKET_UPGRADE=auto "$XFER" server "$A2" "$port" --conns 2 --rounds 2000
+  local srv=$BG
+  vm_bg vm2 preload "$rep" "$WORK/$name.srv1" env VSOCKET_UPGRADE=auto "$XFER" server "$A2" $((port + 1)) --conns 8 --rounds 1
+  local srv1=$BG
+  vm_bg vm3 preload "$rep" "$WORK/$name.srv3" env VSOCKET_UPGRADE=auto "$XFER" server "$A3" $((port + 2)) --conns 1 --rounds 2000
+  local srv3=$BG
+  sleep 0.3
+  vm_run vm1 preload "$rep" env VSOCKET_UPGRADE=auto "$XFER" client "$A2" "$port" --conns 2 --bytes 128000 --rounds 2000 \
+    >"$WORK/$name.cli" 2>&1 || bad+="policy, rounds client: $(tail -1 "$WORK/$name.cli"); "
+  vm_run vm1 preload "$rep" env VSOCKET_UPGRADE=auto "$XFER" client "$A2" $((port + 1)) --conns 8 --bytes 4096 --rounds 1 \
+    >"$WORK/$name.cli1" 2>&1 || bad+="policy, one-round client: $(tail -1 "$WORK/$name.cli1"); "
+  vm_run vm1 preload "$rep" env VSOCKET_UPGRADE=auto "$XFER" client "$A3" $((port + 2)) --conns 1 --bytes 128000 --rounds 2000 \
+    >"$WORK/$name.cli3" 2>&1 || bad+="policy, client to vm3: $(tail -1 "$WORK/$name.cli3"); "
+  wait "$srv" || bad+="policy, rounds server: $(tail -1 "$WORK/$name.srv"); "
+  wait "$srv1" || bad+="policy, one-round server: $(tail -1 "$WORK/$name.srv1"); "
+  wait "$srv3" || bad+="policy, vm3 server: $(tail -1 "$WORK/$name.srv3"); "
+  out=$(python3 $CHECK "$rep" --port "$port" --expect-conns 4 --mode accelerated --path direct --exact-total 128016) ||
+    bad+="policy, 2000 rounds: $out; "
+  [ "$(grep -c '"registered_for":"direct-peer"' "$rep")" = 4 ] || bad+="policy: $(grep -c '"registered_for":"direct-peer"' "$rep") ends registered for direct-peer, expected 4; "
+  out=$(python3 $CHECK "$rep" --port $((port + 1)) --expect-conns 16 --mode kernel --reason request-response) ||
+    bad+="policy, a connection per request: $out; "
+  out=$(python3 $CHECK "$rep" --port $((port + 2)) --expect-conns 2 --mode kernel --reason request-response) ||
+    bad+="policy, another tenant's peer: $out; "
+  d1=$(stat_field direct_declined)
+  dp1=$(stat_field direct_pairs)
+  [ $((d1 - d0)) -ge 1 ] || bad+="policy: vsocketd declined $((d1 - d0)) direct registrations for vm3; "
+  [ $((dp1 - dp0)) = 2 ] || bad+="policy: vsocketd made $((dp1 - dp0)) direct pairs, expected 2; "
+  echo -n "$bad"
+}
+
 case_direct() {
   local name=direct_pairs conns=4 bytes=$((32 << 20)) port bad=""
   direct_restart on || { fail $name "restart with direct on: $(tail -1 "$WORK/direct-on.restart")"; direct_restart off; return; }
@@ -91,9 +131,10 @@ case_direct() {
   [ "${sem_direct:-0}" -gt 100 ] || bad+="the semantics suite's ends on direct pairs: ${sem_direct:-0}; "
   bad+=$(direct_daemon_killed $name)
   bad+=$(direct_drained $name)
+  bad+=$(direct_policy $name)
   direct_restart off || bad+="restart with direct off: $(tail -1 "$WORK/direct-off.restart"); "
   [ -z "$bad" ] || { fail $name "$bad"; return; }
-  pass "$name ($conns conns x $bytes B each way byte-checked, $direct_ends ends path direct, vsocketd counted $((pairs1 - pairs0)) direct pairs and moved 0 B of them; semantics suite: $sem_direct ends direct; vsocketd SIGKILLed under two direct 1 GiB streams each way: byte-exact through RESYNC; vsocketctl drain under a direct 4 GiB stream and 4 request/response pairs, then undrain: clean fences, nothing resent, the 4 pairs direct again)"
+  pass "$name ($conns conns x $bytes B each way byte-checked, $direct_ends ends path direct, vsocketd counted $((pairs1 - pairs0)) direct pairs and moved 0 B of them; semantics suite: $sem_direct ends direct; vsocketd SIGKILLed under two direct 1 GiB streams each way: byte-exact through RESYNC; vsocketctl drain under a direct 4 GiB stream and 4 request/response pairs, then undrain: clean fences, nothing resent, the 4 pairs direct again; default policy: 2000-round connections direct after 16 turns, a connection per request held, a peer of another tenant declined and held)"
 }
 
 register_case direct_pairs case_direct
