@@ -11,6 +11,8 @@
 # and the library makes that path cheaper: docs/decisions.md, 51 and 61),
 # and a stream of 16-byte messages (sockperf throughput: accelerated through
 # shared memory, and across hosts over the fabric).
+# VSOCKET_TESTBED2_LOCATOR=etcd: the two hypervisors find each other's VMs
+# in an etcd cluster directory (docs/multi-host.md), no locator file.
 # Installs dependencies, builds, and removes everything it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -100,4 +102,9 @@ echo "== vsocketctl links on hostA (the shared fabric link to hostB)"
 bash deploy/testbed2.sh ctl hostA links | sed 's/^/   /'
 echo "== hostA counters"
 bash deploy/testbed2.sh ctl hostA counters | grep -E "remote_upgrades|fabric_bytes|fabric_downgrades" | sed 's/^/   /'
+if [ "${VSOCKET_TESTBED2_LOCATOR:-file}" = etcd ]; then
+  echo "== vsocketctl locator on hostA (the etcd directory: where each VM of its tenants runs)"
+  bash deploy/testbed2.sh ctl hostA locator | sed 's/^/   /'
+  bash deploy/testbed2.sh ctl hostA counters | grep -E "directory_(connected|placements|watch_events)" | sed 's/^/   /'
+fi
 echo "== done (test beds removed)"
