@@ -227,6 +227,7 @@ bool EtcdLocator::Put(const EtcdKeyValue& kv) {
       return false;
     }
     hosts_[kv.key] = std::move(host).value();
+    seen_[kv.key] = {kv.lease, MonotonicMs()};
     return true;
   }
   if (!ParseVmKey(options_.tenant_prefix, kv.key, &name) || options_.tenants.count(name.tenant) == 0) {
@@ -246,9 +247,11 @@ bool EtcdLocator::Put(const EtcdKeyValue& kv) {
   if (!st.ok()) {
     VS_LOG(kWarn, "directory: %s: %s", kv.key.c_str(), st.message().c_str());
     vms_.erase(kv.key);
+    seen_.erase(kv.key);
     return false;
   }
   vms_[kv.key] = std::move(lines);
+  seen_[kv.key] = {kv.lease, MonotonicMs()};
   return true;
 }
 
@@ -262,7 +265,45 @@ std::map<std::string, HostRecord> EtcdLocator::Hosts() const {
   return out;
 }
 
+std::vector<DirectoryHostView> EtcdLocator::View() const {
+  std::map<std::string, DirectoryHostView> by_name;
+  const int64_t now = MonotonicMs();
+  MutexLock lock(mu_);
+  auto seen = [&](const std::string& key, int64_t* lease, int64_t* age_ms) REQUIRES(mu_) {
+    auto it = seen_.find(key);
+    if (it == seen_.end()) return;
+    *lease = it->second.lease;
+    *age_ms = now - it->second.at_ms;
+  };
+  for (const auto& [key, record] : hosts_) {
+    KeyName name;
+    if (!ParseKey(options_.prefix, key, &name)) continue;
+    DirectoryHostView& h = by_name[name.host];
+    h.name = name.host;
+    h.listed = true;
+    h.record = record;
+    seen(key, &h.lease, &h.age_ms);
+  }
+  for (const auto& [key, lines] : vms_) {
+    KeyName name;
+    if (!ParseVmKey(options_.tenant_prefix, key, &name)) continue;
+    DirectoryHostView& h = by_name[name.host];
+    h.name = name.host;
+    DirectoryVmView vm;
+    vm.name = name.vm;
+    vm.tenant = name.tenant;
+    std::istringstream in(lines);
+    for (std::string t, a, host; in >> t >> a >> host;) vm.addresses.push_back(a);
+    seen(key, &vm.lease, &vm.age_ms);
+    h.vms.push_back(std::move(vm));
+  }
+  std::vector<DirectoryHostView> out;
+  for (auto& [name, h] : by_name) out.push_back(std::move(h));
+  return out;
+}
+
 void EtcdLocator::Erase(const std::string& key) {
+  seen_.erase(key);
   hosts_.erase(key);
   vms_.erase(key);
 }

@@ -48,6 +48,25 @@ struct EtcdLocatorHealth {
   size_t entries = 0;        // (tenant, address) entries in the cache
 };
 
+// The cache as vsocketctl locator shows it: each host with its VMs, every
+// record with the lease it lives under and how long ago this host's cache
+// last saw it written.
+struct DirectoryVmView {
+  std::string name;
+  uint32_t tenant = 0;
+  std::vector<std::string> addresses;
+  int64_t lease = 0;
+  int64_t age_ms = 0;
+};
+struct DirectoryHostView {
+  std::string name;
+  bool listed = false;  // it has a host record (else only VM records, for a moment)
+  HostRecord record;
+  int64_t lease = 0;
+  int64_t age_ms = 0;
+  std::vector<DirectoryVmView> vms;
+};
+
 class EtcdLocator : public fabric::Locator {
  public:
   struct Options {
@@ -79,6 +98,8 @@ class EtcdLocator : public fabric::Locator {
   // with etcd RBAC only that host can write it, decision 86), as the
   // hosts' fabric peers are found (decision 96).
   std::map<std::string, HostRecord> Hosts() const EXCLUDES(mu_);
+  // Every host in the cache with its VMs (of the tenants followed), by name.
+  std::vector<DirectoryHostView> View() const EXCLUDES(mu_);
   // The cached entries in the static locator's file format.
   std::string Text() const EXCLUDES(mu_);
   // The claims ignored as contradicting another host's, in the same format.
@@ -115,6 +136,11 @@ class EtcdLocator : public fabric::Locator {
   CondVar cv_;                                               // synced_ or stop_ changed
   std::map<std::string, HostRecord> hosts_ GUARDED_BY(mu_);  // by key
   std::map<std::string, std::string> vms_ GUARDED_BY(mu_);   // key -> entry lines
+  struct Seen {
+    int64_t lease = 0;
+    int64_t at_ms = 0;  // MonotonicMs when the cache took it
+  };
+  std::map<std::string, Seen> seen_ GUARDED_BY(mu_);  // key of hosts_ or vms_ -> its last write
   std::shared_ptr<const fabric::StaticLocator> matcher_ GUARDED_BY(mu_);
   bool synced_ GUARDED_BY(mu_) = false;
   bool connected_ GUARDED_BY(mu_) = false;

@@ -212,6 +212,35 @@ TEST_F(EtcdLocatorTest, PublishersRecordsVanishWhenItsLeaseIsNotKeptAlive) {
   EXPECT_EQ(loc->Health().hosts, 0u);
 }
 
+// vsocketctl locator's view: each host with its VMs, each record with its
+// lease and how long ago the cache saw it written.
+TEST_F(EtcdLocatorTest, TheViewListsEachHostWithItsVmsAndTheirLeases) {
+  auto loc = NewLocator();
+  auto pub = std::make_unique<EtcdPublisher>(
+      client_, "hostB", HostRecord{"203.0.113.2:7300", {"tcp"}},
+      std::map<std::string, VmRecord>{{"vm1", {7, {"198.51.100.7"}}}, {"vm2", {8, {"198.51.100.8", "198.51.100.9"}}}},
+      EtcdPublisher::Options{});
+  pub->Start();
+  ASSERT_TRUE(pub->WaitPublished(5000)) << pub->Health().last_error;
+  ASSERT_TRUE(Eventually([&] { return loc->View().size() == 1 && loc->View()[0].vms.size() == 2; }, 2000));
+  std::vector<DirectoryHostView> view = loc->View();
+  const DirectoryHostView& h = view[0];
+  EXPECT_EQ(h.name, "hostB");
+  EXPECT_TRUE(h.listed);
+  EXPECT_EQ(h.record.fabric_address, "203.0.113.2:7300");
+  EXPECT_EQ(h.lease, pub->Health().lease);
+  EXPECT_GE(h.age_ms, 0);
+  EXPECT_LT(h.age_ms, 2000);
+  EXPECT_EQ(h.vms[0].name, "vm1");
+  EXPECT_EQ(h.vms[0].tenant, 7u);
+  EXPECT_EQ(h.vms[0].addresses, std::vector<std::string>{"198.51.100.7"});
+  EXPECT_EQ(h.vms[1].name, "vm2");
+  EXPECT_EQ(h.vms[1].addresses.size(), 2u);
+  EXPECT_EQ(h.vms[1].lease, pub->Health().lease);
+  pub->Stop();
+  EXPECT_TRUE(Eventually([&] { return loc->View().empty(); }, 2000));
+}
+
 TEST_F(EtcdLocatorTest, PublisherStopRevokesAtOnce) {
   auto loc = NewLocator();
   auto pub = std::make_unique<EtcdPublisher>(client_, "hostB", HostRecord{"127.0.0.1:7301", {"tcp"}},

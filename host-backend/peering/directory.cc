@@ -225,6 +225,7 @@ std::string Peering::DirectoryReport(bool json) const {
   directory::EtcdLocatorHealth h = etcd_locator_->Health();
   directory::EtcdPublisherHealth p = etcd_publisher_->Health();
   std::string text = etcd_locator_->Text();
+  std::vector<directory::DirectoryHostView> view = etcd_locator_->View();
   if (json) {
     nlohmann::json entries = nlohmann::json::array();
     std::istringstream in(text);
@@ -244,6 +245,16 @@ std::string Peering::DirectoryReport(bool json) const {
                         {"conflicting", etcd_locator_->ConflictsText()},
                         {"tenants", h.tenants},
                         {"tenants_refused", h.refused_tenants}};
+    nlohmann::json hosts = nlohmann::json::array();
+    for (const directory::DirectoryHostView& v : view) {
+      nlohmann::json vms = nlohmann::json::array();
+      for (const directory::DirectoryVmView& vm : v.vms)
+        vms.push_back({{"vm", vm.name}, {"tenant", vm.tenant}, {"addresses", vm.addresses}, {"lease", vm.lease},
+                       {"age_ms", vm.age_ms}});
+      hosts.push_back({{"host", v.name}, {"listed", v.listed}, {"fabric_address", v.record.fabric_address},
+                       {"fabrics", v.record.fabrics}, {"lease", v.lease}, {"age_ms", v.age_ms}, {"vms", vms}});
+    }
+    j["host_records"] = hosts;
     return j.dump() + "\n";
   }
   std::string out = "locator: " + etcd_locator_->Describe() + " (" + (h.connected ? "connected" : "NOT connected") +
@@ -264,6 +275,20 @@ std::string Peering::DirectoryReport(bool json) const {
          std::to_string(p.keepalive_failures) + " keepalive failure(s))" +
          (p.last_error.empty() ? "" : " (last error: " + p.last_error + ")") + "\n";
   out += "directory-unavailable fallbacks: " + std::to_string(counters_.directory.unavailable_fallbacks.load()) + "\n";
+  // Each host and its VMs, with their leases and how long ago the cache saw
+  // them written (as comments: the entries below still read as a locator file).
+  for (const directory::DirectoryHostView& v : view) {
+    std::string fabrics;
+    for (const std::string& f : v.record.fabrics) fabrics += (fabrics.empty() ? "" : ",") + f;
+    out += "# host " + v.name + (v.listed ? " (" + v.record.fabric_address + ", " + fabrics + ")" : " (no host record)") +
+           ": lease " + std::to_string(v.lease) + ", written " + std::to_string(v.age_ms / 1000) + " s ago\n";
+    for (const directory::DirectoryVmView& vm : v.vms) {
+      std::string addrs;
+      for (const std::string& a : vm.addresses) addrs += (addrs.empty() ? "" : " ") + a;
+      out += "#   vm " + vm.name + " (tenant " + std::to_string(vm.tenant) + ": " + addrs + "): lease " +
+             std::to_string(vm.lease) + ", written " + std::to_string(vm.age_ms / 1000) + " s ago\n";
+    }
+  }
   out += text;
   // (commented out, so that the entries read as a locator file still)
   std::istringstream conflicting(etcd_locator_->ConflictsText());
