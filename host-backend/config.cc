@@ -210,8 +210,12 @@ Status SetVmKey(vhost::PortConfig* vm, const std::string& key, const std::string
     if (value != "true" && value != "false") return Bad(where, "away must be true or false");
     vm->away = value == "true";
   } else if (key == "prove_sockets") {
-    if (value != "true" && value != "false") return Bad(where, "prove_sockets must be true or false");
-    vm->prove_sockets = value == "true";
+    // agent: a QEMU VM whose agent (vsocket-guestd) vouches for its
+    // processes' sockets on PATH.agent (decision 100).
+    if (value != "true" && value != "false" && value != "agent")
+      return Bad(where, "prove_sockets must be true, false or agent");
+    vm->prove_sockets = value != "false";
+    vm->proofs_by_agent = value == "agent";
   } else if (key == "direct") {
     using D = vhost::PortConfig::Direct;
     if (value == "off") vm->direct = D::kOff;

@@ -262,9 +262,15 @@ TEST(VmConfig, ProveSocketsIsOnUnlessTurnedOff) {
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_FALSE(c->vms[0].prove_sockets);
   EXPECT_TRUE(c->vms[1].prove_sockets);
+  EXPECT_FALSE(c->vms[1].proofs_by_agent);
+  // A QEMU VM's agent vouches for its processes' sockets (decision 100).
+  auto agent = ParseConfig("[vm q]\nsocket = /q\ntenant = 1\nprove_sockets = agent\n", "f");
+  ASSERT_TRUE(agent.ok()) << agent.status().ToString();
+  EXPECT_TRUE(agent->vms[0].prove_sockets);
+  EXPECT_TRUE(agent->vms[0].proofs_by_agent);
   auto bad = ParseConfig("[vm a]\nprove_sockets = no\n", "f");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("f:2: prove_sockets must be true or false"), std::string::npos)
+  EXPECT_NE(bad.status().message().find("f:2: prove_sockets must be true, false or agent"), std::string::npos)
       << bad.status().message();
 }
 

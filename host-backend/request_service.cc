@@ -4,6 +4,7 @@
 
 #include "base/log.h"
 #include "proto/control.h"
+#include "vhost/backend/vhost_backend.h"
 
 namespace vsocket::backend {
 
@@ -22,6 +23,7 @@ constexpr uint32_t kMaxOutstanding = 64;
 constinit const RequestService::RequestHandler RequestService::kRequestHandlers[] = {
     {MsgType::kHello, &RequestService::OnHello},
     {MsgType::kEcho, &RequestService::OnEcho},
+    {MsgType::kVouch, &RequestService::OnVouch},
 };
 
 uint32_t RequestService::HandleRequest(vhost::BackendDevice& device, const vhost::DescChain& chain) {
@@ -59,6 +61,10 @@ RequestResult RequestService::OnHello(vhost::BackendDevice& device, const Messag
   proto::HelloAck ack{proto::WireError::kOk, static_cast<uint32_t>(device.id()), kMaxConns, kMaxOutstanding, 0};
   if (hello.abi_major != proto::kControlVersion) ack.status = proto::WireError::kUnsupportedVersion;
   else ack.features = conns_.OnHello(device, hello.features);
+  // The VM's agent asks on each of its functions; only the one QEMU
+  // attached to the port's agent socket is told it is the authority.
+  if (ack.status == proto::WireError::kOk && device.authority() && (hello.features & proto::kFeatureProofAuthority))
+    ack.features |= proto::kFeatureProofAuthority;
   *reply = {MsgType::kHelloAck, req.request_id, ack};
   return RequestResult::kReply;
 }
@@ -74,6 +80,34 @@ RequestResult RequestService::OnEcho(vhost::BackendDevice&, const Message& req, 
   counters_.echoes.fetch_add(1, std::memory_order_relaxed);
   counters_.echo_bytes.fetch_add(echo.payload.size(), std::memory_order_relaxed);
   *reply = {MsgType::kEcho, req.request_id, proto::Echo{crc, echo.payload}};
+  return RequestResult::kReply;
+}
+
+// A VM's agent vouches for a socket one of its processes proved it holds
+// (decision 100): recorded for the device the agent granted that process,
+// exactly as a process-mode proof is recorded for its own device.
+RequestResult RequestService::OnVouch(vhost::BackendDevice& device, const Message& req, Message* reply) {
+  const auto& v = std::get<proto::Vouch>(req.body);
+  const vhost::PortConfig& port = *device.port();
+  auto refuse = [&](proto::WireError e, const char* why) {
+    counters_.vouches_refused.fetch_add(1, std::memory_order_relaxed);
+    VS_LOG(kWarn, "vm %s: VOUCH from device %lu refused: %s", port.vm_name.c_str(),
+           static_cast<unsigned long>(device.id()), why);
+    *reply = {MsgType::kRegisterAck, req.request_id, proto::RegisterAck{0, e, proto::Reason::kSpoofedAddress, 0}};
+    return RequestResult::kReply;
+  };
+  if (!device.authority() || !port.proofs_by_agent) return refuse(proto::WireError::kBadMessage, "not the VM's agent");
+  auto target = vhost::VhostBackend::Instance().DeviceWithRequestRing(&port, v.device_ring_gpa);
+  if (!target) return refuse(proto::WireError::kUnknownConnection, "no running device has its request ring there");
+  vhost::SocketTuple t;
+  t.family = v.local.family == proto::Family::kIpv4 ? 4 : 6;
+  t.local_addr = v.local.addr;
+  t.peer_addr = v.peer.addr;
+  t.local_port = v.local.port;
+  t.peer_port = v.peer.port;
+  target->proofs().Add(t);
+  counters_.vouches.fetch_add(1, std::memory_order_relaxed);
+  *reply = {MsgType::kRegisterAck, req.request_id, proto::RegisterAck{0, proto::WireError::kOk, proto::Reason::kNone, 0}};
   return RequestResult::kReply;
 }
 

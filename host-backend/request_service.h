@@ -20,6 +20,8 @@ struct ServiceCounters {
   std::atomic<uint64_t> echo_bytes{0};
   std::atomic<uint64_t> bad_messages{0};
   std::atomic<uint64_t> checksum_errors{0};
+  std::atomic<uint64_t> vouches{0};          // sockets a VM's agent vouched for (decision 100)
+  std::atomic<uint64_t> vouches_refused{0};  // not from the VM's authority, or for no device of it
   MigrationCounters migration;  // (migration.h)
 };
 
@@ -74,6 +76,7 @@ class RequestService : public DeviceService {
   RequestResult Dispatch(vhost::BackendDevice& device, const proto::Message& req, proto::Message* reply);
   RequestResult OnHello(vhost::BackendDevice& device, const proto::Message& req, proto::Message* reply);
   RequestResult OnEcho(vhost::BackendDevice& device, const proto::Message& req, proto::Message* reply);
+  RequestResult OnVouch(vhost::BackendDevice& device, const proto::Message& req, proto::Message* reply);
 
   ServiceCounters counters_;
   ConnManager& conns_;

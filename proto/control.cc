@@ -45,6 +45,7 @@ constexpr Spec kSpecs[] = {
     {MsgType::kRingsReleased, "RINGS_RELEASED", IndexOf<ConnCounter>(), 16},
     {MsgType::kFenceDelivered, "FENCE_DELIVERED", IndexOf<ConnCounter>(), 16},
     {MsgType::kDirect, "DIRECT", IndexOf<ConnCounter>(), 16},
+    {MsgType::kVouch, "VOUCH", IndexOf<Vouch>(), 48},
 };
 
 const Spec* FindSpec(uint8_t type) {
@@ -152,6 +153,16 @@ void Put(WireWriter& w, const Echo& b) {
   w.Bytes(b.payload.data(), b.payload.size());
 }
 void Put(WireWriter& w, const Unregister& b) { w.U64(b.conn_id); }
+void Put(WireWriter& w, const Vouch& b) {
+  w.U64(b.device_ring_gpa);
+  w.U8(static_cast<uint8_t>(b.local.family));
+  w.U8(static_cast<uint8_t>(b.peer.family));
+  w.U16(b.local.port);
+  w.U16(b.peer.port);
+  w.U16(0);
+  PutEndpointAddr(w, b.local);
+  PutEndpointAddr(w, b.peer);
+}
 
 // ---- bodies: decode -------------------------------------------------------
 
@@ -260,6 +271,22 @@ Status Get(WireReader& r, Unregister* b, std::span<const uint8_t>) {
   b->conn_id = r.U64();
   return Status::Ok();
 }
+Status Get(WireReader& r, Vouch* b, std::span<const uint8_t>) {
+  b->device_ring_gpa = r.U64();
+  b->local.family = static_cast<Family>(r.U8());
+  b->peer.family = static_cast<Family>(r.U8());
+  b->local.port = r.U16();
+  b->peer.port = r.U16();
+  uint16_t reserved = r.U16();
+  r.Bytes(b->local.addr.data(), b->local.addr.size());
+  r.Bytes(b->peer.addr.data(), b->peer.addr.size());
+  VS_RETURN_IF_ERROR(CheckReserved(reserved));
+  VS_RETURN_IF_ERROR(CheckEndpoint(b->local, "local"));
+  VS_RETURN_IF_ERROR(CheckEndpoint(b->peer, "peer"));
+  if (b->local.family != b->peer.family) return Bad("local and peer families differ");
+  if (b->device_ring_gpa % 16 != 0) return Bad("descriptor table address is not 16-byte aligned");
+  return Status::Ok();
+}
 
 template <typename T>
 Status DecodeInto(WireReader& r, std::span<const uint8_t> body, Body* out) {
@@ -274,7 +301,7 @@ using DecodeFn = Status (*)(WireReader&, std::span<const uint8_t>, Body*);
 constexpr DecodeFn kDecoders[] = {
     &DecodeInto<Hello>,   &DecodeInto<HelloAck>,    &DecodeInto<RegisterConn>, &DecodeInto<RegisterAck>,
     &DecodeInto<Upgrade>, &DecodeInto<ConnCounter>, &DecodeInto<Shutdown>,     &DecodeInto<Downgrade>,
-    &DecodeInto<Error>,   &DecodeInto<Echo>,        &DecodeInto<Unregister>,
+    &DecodeInto<Error>,   &DecodeInto<Echo>,        &DecodeInto<Unregister>,  &DecodeInto<Vouch>,
 };
 static_assert(std::size(kDecoders) == std::variant_size_v<Body>);
 

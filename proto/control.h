@@ -59,6 +59,15 @@ enum class MsgType : uint8_t {
   // the peer's wake eventfd on the proof channel (vhost/user/proof.h).
   // Body ConnCounter{conn_id, token}.
   kDirect = 19,
+  // guest -> backend, from a VM's socket-proof authority only (its agent,
+  // decision 100; kFeatureProofAuthority): a process of the VM proved to
+  // the agent that it holds the TCP socket `local`/`peer`; the device whose
+  // request queue's descriptor table is at `device_ring_gpa` (the function
+  // the agent granted that process) may register it, once. Answered with
+  // REGISTER_ACK{conn_id 0}: status OK, UNKNOWN_CONNECTION (no running
+  // device of this VM has its request ring there) or BAD_MESSAGE (the
+  // sender is not the VM's authority). Body Vouch.
+  kVouch = 20,
 };
 const char* ToString(MsgType type);
 
@@ -222,6 +231,12 @@ inline constexpr uint64_t kFeatureDirectoryUnavailable = 1ull << 9;
 // wake eventfd, and posts no TX_TAIL or CONSUMED for that connection.
 // Its control messages (FENCE, SHUTDOWN, UNREGISTER) go as before.
 inline constexpr uint64_t kFeatureDirect = 1ull << 10;
+// kFeatureProofAuthority: offered by vsocket-guestd --proofs on the
+// function it keeps for itself; answered only on the device attached to
+// the port's agent socket (PATH.agent, a port with `prove_sockets = agent`): this device is
+// the VM's socket-proof authority and may send VOUCH (decision 100). Not a
+// session feature: never in kKnownFeatures.
+inline constexpr uint64_t kFeatureProofAuthority = 1ull << 11;
 inline constexpr uint64_t kKnownFeatures = kFeatureDoorbell | kFeatureRingHold | kFeatureFenceDelivered |
                                            kFeatureCleanDowngrade | kFeatureBulkHint | kFeatureNaps |
                                            kFeatureTentative | kFeatureForkResync | kFeatureMoveBack |
@@ -375,8 +390,15 @@ struct Unregister {
   bool operator==(const Unregister&) const = default;
 };
 
+struct Vouch {
+  uint64_t device_ring_gpa = 0;  // the vouched-for device's request descriptor table
+  Endpoint local;
+  Endpoint peer;
+  bool operator==(const Vouch&) const = default;
+};
+
 using Body = std::variant<Hello, HelloAck, RegisterConn, RegisterAck, Upgrade, ConnCounter, Shutdown, Downgrade, Error,
-                          Echo, Unregister>;
+                          Echo, Unregister, Vouch>;
 
 struct Message {
   MsgType type = MsgType::kHello;

@@ -4,12 +4,24 @@
 // buffers posted, HELLO, checksummed ECHOes, each answer awaited on the
 // wake-up fd the agent signals. What libvsocket's session will do in a VM.
 //
-// Usage: vsocket-agent-probe [--socket PATH] [--echo N]
+// --steal ADDR PORT: the socket proofs of decision 100. A child process
+// opens a TCP connection on ADDR (listening on PORT) and holds both ends;
+// this process, which holds neither, registers the child's connection on
+// its own device and must be refused (SPOOFED_ADDRESS), also after proving
+// a socket of its own; then it proves its own connection to the agent and
+// registers it, which must be taken.
+//
+// Usage: vsocket-agent-probe [--socket PATH] [--echo N] [--steal ADDR PORT]
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -63,17 +75,127 @@ struct Probe {
   }
 };
 
+using vsocket::proto::Endpoint;
+using vsocket::proto::Message;
+using vsocket::proto::MsgType;
+using vsocket::proto::RegisterAck;
+using vsocket::proto::WireError;
+
+// A connection to ADDR:PORT, both ends held by the caller; local/peer are
+// the client end's as the kernel names them.
+struct Pair {
+  int listener = -1, client = -1, server = -1;
+  Endpoint local, peer;
+};
+bool Connect(const char* addr, uint16_t port, Pair* p) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  if (inet_pton(AF_INET, addr, &a.sin_addr) != 1) return false;
+  int one = 1;
+  p->listener = socket(AF_INET, SOCK_STREAM, 0);
+  setsockopt(p->listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(p->listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(p->listener, 1) != 0) return false;
+  p->client = socket(AF_INET, SOCK_STREAM, 0);
+  if (connect(p->client, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return false;
+  p->server = accept(p->listener, nullptr, nullptr);
+  sockaddr_in l{};
+  socklen_t len = sizeof(l);
+  if (p->server < 0 || getsockname(p->client, reinterpret_cast<sockaddr*>(&l), &len) != 0) return false;
+  p->local = Endpoint{vsocket::proto::Family::kIpv4, {}, ntohs(l.sin_port)};
+  std::memcpy(p->local.addr.data(), &l.sin_addr, 4);
+  p->peer = Endpoint{vsocket::proto::Family::kIpv4, {}, port};
+  std::memcpy(p->peer.addr.data(), &a.sin_addr, 4);
+  return true;
+}
+
+// REGISTER_CONN for local/peer on this device (rings in our memory); the
+// answer's status.
+Result<WireError> Register(Probe& p, uint64_t conn_id, const Endpoint& local, const Endpoint& peer) {
+  vsocket::vhost::RegionAllocator& mem = p.t.allocator();
+  uint8_t* tx = mem.Allocate(4096, 4096);
+  uint8_t* rx = mem.Allocate(4096, 4096);
+  if (tx == nullptr || rx == nullptr) return Status(Code::kResourceExhausted, "no ring memory");
+  vsocket::proto::RegisterConn r{conn_id, vsocket::proto::Role::kClient, local, peer, p.t.Gpa(tx), p.t.Gpa(rx), 4096,
+                                 4096};
+  auto a = p.Call({MsgType::kRegisterConn, 100 + conn_id, r});
+  if (!a.ok()) return a.status();
+  const auto* ack = std::get_if<RegisterAck>(&a->body);
+  if (ack == nullptr) return Status(Code::kDataLoss, "REGISTER_CONN not answered with REGISTER_ACK");
+  return ack->status;
+}
+
+int Steal(Probe& p, Transport& t, const char* addr, uint16_t port) {
+  if (Status st = t.OpenProofs(); !st.ok()) {
+    fprintf(stderr, "vsocket-agent-probe: the agent proves no sockets: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  // The victim: a child holding both ends of its connection; we learn its
+  // 4-tuple (as anyone in the VM can, from ss or /proc/net/tcp), not its fds.
+  int to_child[2], from_child[2];
+  if (pipe(to_child) != 0 || pipe(from_child) != 0) return 1;
+  pid_t child = fork();
+  if (child == 0) {
+    close(to_child[1]);
+    close(from_child[0]);
+    Pair v;
+    bool ok = Connect(addr, port, &v);
+    Endpoint e[2] = {v.local, v.peer};
+    (void)!write(from_child[1], ok ? e : nullptr, ok ? sizeof(e) : 0);
+    close(from_child[1]);
+    char c;
+    (void)!read(to_child[0], &c, 1);  // until the parent is done (EOF)
+    _exit(0);
+  }
+  close(to_child[0]);
+  close(from_child[1]);
+  Endpoint victim[2];
+  bool got = read(from_child[0], victim, sizeof(victim)) == static_cast<ssize_t>(sizeof(victim));
+  int rc = 0;
+  auto expect = [&](const char* what, Result<WireError> r, WireError want) {
+    printf("vsocket-agent-probe: %s: %s\n", what, r.ok() ? vsocket::proto::ToString(*r) : r.status().ToString().c_str());
+    if (!r.ok() || *r != want) rc = 1;
+  };
+  if (!got) {
+    fprintf(stderr, "vsocket-agent-probe: the child could not connect to %s:%u\n", addr, port);
+    rc = 1;
+  } else {
+    expect("the child's connection registered without its socket", Register(p, 1, victim[0], victim[1]),
+           WireError::kSpoofedAddress);
+    Pair mine;
+    if (!Connect(addr, static_cast<uint16_t>(port + 1), &mine)) {
+      fprintf(stderr, "vsocket-agent-probe: cannot connect to %s:%u\n", addr, port + 1);
+      rc = 1;
+    } else {
+      Status proved = t.ProveSocket(mine.client);
+      printf("vsocket-agent-probe: our own socket proved to the agent: %s\n", proved.ToString().c_str());
+      if (!proved.ok()) rc = 1;
+      expect("the child's connection registered after proving our own", Register(p, 2, victim[0], victim[1]),
+             WireError::kSpoofedAddress);
+      proved = t.ProveSocket(mine.client);
+      if (!proved.ok()) rc = 1;
+      expect("our own proved connection registered", Register(p, 3, mine.local, mine.peer), WireError::kOk);
+    }
+  }
+  close(to_child[1]);
+  waitpid(child, nullptr, 0);
+  return rc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string path = vsocket::agent::kDefaultAgentSocket;
   long echoes = 16;
+  const char* steal_addr = nullptr;
+  long steal_port = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--socket") path = argv[i + 1];
     else if (a == "--echo") echoes = strtol(argv[i + 1], nullptr, 10);
+    else if (a == "--steal" && i + 2 < argc) steal_addr = argv[i + 1], steal_port = strtol(argv[i + 2], nullptr, 10), ++i;
     else {
-      fprintf(stderr, "usage: vsocket-agent-probe [--socket PATH] [--echo N]\n");
+      fprintf(stderr, "usage: vsocket-agent-probe [--socket PATH] [--echo N] [--steal ADDR PORT]\n");
       return 2;
     }
   }
@@ -106,6 +228,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   printf("vsocket-agent-probe: HELLO_ACK device %u through the agent\n", ack->device_id);
+  if (steal_addr != nullptr) {
+    if (steal_port < 1 || steal_port > 65534) return 2;
+    return Steal(p, tr, steal_addr, static_cast<uint16_t>(steal_port));
+  }
   std::vector<uint8_t> payload(4096);
   for (long i = 0; i < echoes; ++i) {
     for (size_t k = 0; k < payload.size(); ++k) payload[k] = static_cast<uint8_t>(k * 13 + i + getpid());

@@ -7,16 +7,22 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "base/log.h"
 #include "guest/agent/grant.h"
+#include "vhost/backend/socket_proof.h"
+#include "vhost/user/proof.h"
 
 namespace vsocket::agent {
 namespace {
 
-// epoll tags: the listening socket, or (slot << 3) | kind.
+// epoll tags: the listening sockets, a proof channel (kProofChannel |
+// index), or (slot << 3) | kind.
 constexpr uint64_t kListen = ~uint64_t{0};
+constexpr uint64_t kProofListen = ~uint64_t{1};
+constexpr uint64_t kProofChannel = uint64_t{1} << 62;
 enum Kind : uint64_t { kClient = 0, kUio = 1, kKick0 = 2, kKick1 = 3 };
 uint64_t Tag(size_t slot, Kind k) { return (static_cast<uint64_t>(slot) << 3) | k; }
 
@@ -42,7 +48,7 @@ Status SendGrant(int fd, const agent::Grant& g, const int* fds, size_t nfds) {
 }  // namespace
 
 Result<std::unique_ptr<AgentServer>> AgentServer::Listen(const std::string& path, const VmDeviceOptions& options,
-                                                         std::vector<std::string> bdfs) {
+                                                         bool proofs, std::vector<std::string> bdfs) {
   std::unique_ptr<AgentServer> s(new AgentServer(path, options));
   s->options_.own_session = false;
   if (bdfs.empty() && !options.bdf.empty()) bdfs.push_back(options.bdf);
@@ -56,6 +62,14 @@ Result<std::unique_ptr<AgentServer>> AgentServer::Listen(const std::string& path
   if (s->listen_.get() < 0) return Status::FromErrno("socket");
   s->epoll_ = UniqueFd(epoll_create1(EPOLL_CLOEXEC));
   if (s->epoll_.get() < 0) return Status::FromErrno("epoll_create1");
+  if (proofs) {
+    // The last function (QEMU numbers them in command-line order): the
+    // operator attaches the agent's own last, on PATH.agent.
+    if (bdfs.size() < 2) return Status(Code::kNotFound, "--proofs needs two vSocket functions: the agent's and one for processes");
+    std::sort(bdfs.begin(), bdfs.end());
+    VS_RETURN_IF_ERROR(s->OpenAuthority(bdfs.back()));
+    bdfs.pop_back();
+  }
   for (const std::string& bdf : bdfs) {
     s->slots_.push_back(Slot{bdf, nullptr, UniqueFd(), 0, {}, {}});
     VS_RETURN_IF_ERROR(s->OpenDevice(s->slots_.size() - 1));
@@ -69,11 +83,113 @@ Result<std::unique_ptr<AgentServer>> AgentServer::Listen(const std::string& path
   if (r != 0) return Status::FromErrno("bind " + path);
   if (listen(s->listen_.get(), 16) != 0) return Status::FromErrno("listen " + path);
   VS_RETURN_IF_ERROR(s->Watch(s->listen_.get(), kListen));
+  if (s->authority_) {
+    const std::string proof_path = vhost::proof::SocketPath(path);
+    sockaddr_un paddr{};
+    paddr.sun_family = AF_UNIX;
+    if (proof_path.size() >= sizeof(paddr.sun_path)) return Status(Code::kInvalidArgument, "path too long: " + proof_path);
+    std::memcpy(paddr.sun_path, proof_path.c_str(), proof_path.size() + 1);
+    s->proof_listen_ = UniqueFd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (s->proof_listen_.get() < 0) return Status::FromErrno("socket");
+    unlink(proof_path.c_str());
+    old = umask(0077);
+    r = bind(s->proof_listen_.get(), reinterpret_cast<sockaddr*>(&paddr), sizeof(paddr));
+    umask(old);
+    if (r != 0) return Status::FromErrno("bind " + proof_path);
+    if (listen(s->proof_listen_.get(), 16) != 0) return Status::FromErrno("listen " + proof_path);
+    VS_RETURN_IF_ERROR(s->Watch(s->proof_listen_.get(), kProofListen));
+  }
   return s;
+}
+
+Status AgentServer::OpenAuthority(const std::string& bdf) {
+  VmDeviceOptions o = options_;
+  o.bdf = bdf;
+  o.own_session = true;
+  o.huge_pages = 1;  // two rings and a few buffers
+  auto d = VmDevice::Open(o);
+  if (!d.ok()) return Status(d.status().code(), bdf + ": " + d.status().message());
+  auto ack = (*d)->Hello(proto::kFeatureProofAuthority);
+  if (!ack.ok()) return Status(ack.status().code(), bdf + ": HELLO: " + ack.status().message());
+  if (!(ack->features & proto::kFeatureProofAuthority))
+    return Status(Code::kFailedPrecondition,
+                  "vsocketd does not take " + bdf +
+                      " for the VM's socket-proof authority: attach the agent's function last, on the port's agent "
+                      "socket (PATH.agent, prove_sockets = agent; docs/vm-mode.md)");
+  authority_ = std::move(d).value();
+  authority_bdf_ = bdf;
+  VS_LOG(kInfo, "vsocket-guestd: %s is the VM's socket-proof authority (vsocketd device %u)", bdf.c_str(),
+         ack->device_id);
+  return Status::Ok();
+}
+
+void AgentServer::AcceptProof() {
+  int c = accept4(proof_listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  if (c < 0) return;
+  size_t k = 0;
+  while (k < proofs_.size() && proofs_[k].fd.get() >= 0) ++k;
+  if (k == proofs_.size()) proofs_.emplace_back();
+  proofs_[k] = ProofChannel{UniqueFd(c), SIZE_MAX, 0};
+  if (Status st = Watch(c, kProofChannel | k); !st.ok()) proofs_[k].fd.reset();
+}
+
+// vhost/user/proof.h's protocol, as vsocketd serves it in process mode,
+// with the grant's memfd for the region's: kBind ties the channel to the
+// process's grant, kProve reads the socket's 4-tuple from this kernel and
+// vouches for it to vsocketd for the device granted to that process.
+bool AgentServer::ServeProof(ProofChannel& c) {
+  vhost::proof::Request req;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 2)] = {};
+  iovec iov{&req, sizeof(req)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n = recvmsg(c.fd.get(), &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
+  std::vector<UniqueFd> fds = vhost::proof::TakeFds(&msg);  // (all closed on every path)
+  if (n != static_cast<ssize_t>(sizeof(req)) || req.magic != vhost::proof::kMagic || fds.size() != 1 ||
+      (msg.msg_flags & MSG_CTRUNC))
+    return false;
+  uint32_t err = 0;
+  auto granted = [&](size_t k) { return k < slots_.size() && slots_[k].client.get() >= 0 && slots_[k].device; };
+  if (req.op == vhost::proof::Op::kBind) {
+    auto id = vhost::FileIdOf(fds[0].get());
+    err = ENODEV;
+    for (size_t k = 0; k < slots_.size() && id.ok(); ++k) {
+      if (!granted(k)) continue;
+      auto mine = vhost::FileIdOf(slots_[k].device->memory().fd());
+      if (mine.ok() && *mine == *id) c.slot = k, c.grant_serial = slots_[k].grant_serial, err = 0;
+    }
+  } else if (req.op == vhost::proof::Op::kProve) {
+    auto t = vhost::InspectTcpSocket(fds[0].get());
+    if (!granted(c.slot) || slots_[c.slot].grant_serial != c.grant_serial) {
+      err = EPERM;
+    } else if (!t.ok()) {
+      err = EINVAL;
+    } else {
+      proto::Family f = t->family == 4 ? proto::Family::kIpv4 : proto::Family::kIpv6;
+      proto::Endpoint local{f, t->local_addr, t->local_port}, peer{f, t->peer_addr, t->peer_port};
+      Status st = authority_->Vouch(slots_[c.slot].device->ring_gpa(0), local, peer);
+      if (!st.ok()) {
+        VS_LOG(kWarn, "vsocket-guestd: %s: %s", slots_[c.slot].bdf.c_str(), st.ToString().c_str());
+        err = EACCES;
+      }
+    }
+  } else {
+    err = EINVAL;
+  }
+  if (err != 0) ++counters_.proofs_refused;
+  else if (req.op == vhost::proof::Op::kProve) ++counters_.proved;
+  vhost::proof::Reply reply;
+  reply.error = err;
+  return send(c.fd.get(), &reply, sizeof(reply), MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(reply));
 }
 
 AgentServer::~AgentServer() {
   if (listen_.get() >= 0) unlink(path_.c_str());
+  if (proof_listen_.get() >= 0) unlink(vhost::proof::SocketPath(path_).c_str());
 }
 
 Status AgentServer::Watch(int fd, uint64_t tag) {
@@ -149,6 +265,7 @@ Status AgentServer::Grant(UniqueFd client) {
   VS_RETURN_IF_ERROR(Watch(client.get(), Tag(i, kClient)));
   s.client = std::move(client);
   s.pid = pid;
+  s.grant_serial = next_grant_serial_++;
   ++counters_.grants;
   VS_LOG(kInfo, "vsocket-guestd: device %s granted", s.bdf.c_str());
   return Status::Ok();
@@ -208,9 +325,15 @@ Status AgentServer::Run(const volatile sig_atomic_t* stop) {
     int n = epoll_wait(epoll_.get(), evs, 16, 200);
     if (n < 0 && errno != EINTR) return Status::FromErrno("epoll_wait");
     for (int i = 0; i < n; ++i) {
-      if (evs[i].data.u64 == kListen) {
+      uint64_t tag = evs[i].data.u64;
+      if (tag == kListen) {
         int c = accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC);
         if (c >= 0) VS_RETURN_IF_ERROR(Grant(UniqueFd(c)));
+      } else if (tag == kProofListen) {
+        AcceptProof();
+      } else if (tag & kProofChannel) {
+        size_t k = tag & ~kProofChannel;
+        if (k < proofs_.size() && proofs_[k].fd.get() >= 0 && !ServeProof(proofs_[k])) proofs_[k].fd.reset();
       } else {
         OnEvent(evs[i].data.u64);
       }

@@ -21,6 +21,8 @@ namespace vsocket::agent {
 
 struct AgentServerCounters {
   uint64_t grants = 0;
+  uint64_t proved = 0;          // sockets vouched for to vsocketd (decision 100)
+  uint64_t proofs_refused = 0;  // not a connected TCP socket, not bound, or vsocketd said no
   uint64_t refused_busy = 0;
   uint64_t regrants = 0;  // a process that held a device asked again: that device afresh
   uint64_t kicks = 0;
@@ -29,15 +31,25 @@ struct AgentServerCounters {
 
 class AgentServer {
  public:
-  // Listens on `path` (mode 0600: root's processes only until the agent
-  // proves sockets for them) and sets the devices up: the functions in
-  // `bdfs` (empty: every 1af4:1041 function of the VM).
+  // Listens on `path` (mode 0600: root's processes only, see
+  // docs/vm-mode.md) and sets the devices up: the functions in `bdfs`
+  // (empty: every 1af4:1041 function of the VM). With `proofs` (the VM's
+  // port has prove_sockets = agent) the last of them is the agent's own:
+  // it opens a session there and vsocketd must answer its HELLO with
+  // kFeatureProofAuthority (it does only for the function QEMU attached to
+  // the port's agent socket), or Listen fails; that function is never
+  // granted, and processes prove their sockets at PATH.proof
+  // (vhost/user/proof.h: kBind with the grant's memfd, then kProve per
+  // socket; decision 100). Without `proofs` no function is asked (a
+  // function reset before a live migration has been seen to stall that
+  // migration's drain: docs/vm-mode.md) and there is no PATH.proof.
   static Result<std::unique_ptr<AgentServer>> Listen(const std::string& path, const VmDeviceOptions& options,
-                                                     std::vector<std::string> bdfs = {});
+                                                     bool proofs = false, std::vector<std::string> bdfs = {});
   ~AgentServer();
   // Serves until *stop is set (a signal handler's flag).
   Status Run(const volatile sig_atomic_t* stop);
   const AgentServerCounters& counters() const { return counters_; }
+  bool proves_sockets() const { return authority_ != nullptr; }
 
  private:
   // One device and the process it is granted to.
@@ -48,9 +60,23 @@ class AgentServer {
     pid_t pid = 0;  // the client's (SO_PEERCRED)
     UniqueFd kick[2];
     UniqueFd call[2];
+    uint64_t grant_serial = 0;  // which grant the current client holds
+  };
+  // A process's proof channel: bound to the slot whose memory it passed,
+  // for that grant only.
+  struct ProofChannel {
+    UniqueFd fd;
+    size_t slot = SIZE_MAX;
+    uint64_t grant_serial = 0;
   };
   AgentServer(std::string path, VmDeviceOptions options) : path_(std::move(path)), options_(std::move(options)) {}
   Status OpenDevice(size_t slot);
+  // Opens `bdf` with a session of the agent's own, which vsocketd must
+  // take for the VM's authority (kept in authority_).
+  Status OpenAuthority(const std::string& bdf);
+  void AcceptProof();
+  // One message on channel c; false: the channel is done.
+  bool ServeProof(ProofChannel& c);
   Status Grant(UniqueFd client);
   void Release(size_t slot);  // the process went: reset the device
   void OnEvent(uint64_t tag);
@@ -61,6 +87,11 @@ class AgentServer {
   UniqueFd listen_;
   UniqueFd epoll_;
   std::vector<Slot> slots_;
+  std::unique_ptr<VmDevice> authority_;  // the VM's socket-proof authority, if any
+  std::string authority_bdf_;
+  UniqueFd proof_listen_;
+  std::vector<ProofChannel> proofs_;  // (a closed one's fd is -1: its entry is reused)
+  uint64_t next_grant_serial_ = 1;
   AgentServerCounters counters_;
 };
 

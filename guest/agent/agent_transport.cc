@@ -12,6 +12,7 @@
 
 #include "proto/virtio_ring.h"
 #include "vhost/ring/split_ring.h"
+#include "vhost/user/proof.h"
 
 namespace vsocket::agent {
 namespace {
@@ -80,6 +81,7 @@ Result<std::unique_ptr<guest::Transport>> AgentTransport::Open(const std::string
   if (g.status == GrantStatus::kOk && (nfds != kGrantFds || (msg.msg_flags & MSG_CTRUNC)))
     return Status(Code::kDataLoss, "grant without its fds");
   std::unique_ptr<AgentTransport> t(new AgentTransport());
+  t->path_ = path;
   VS_RETURN_IF_ERROR(t->Take(std::move(sock), g, fds));
   return std::unique_ptr<guest::Transport>(std::move(t));
 }
@@ -134,10 +136,49 @@ uint64_t AgentTransport::Gpa(const void* p) const {
   return grant_.page_gpa[off / kGrantPageBytes] + off % kGrantPageBytes;
 }
 
-void AgentTransport::CloseFdsAfterFork() {
+namespace {
+constexpr int64_t kProofTimeoutMs = 5000;  // the agent asks vsocketd in turn (TCG guests are slow)
+}  // namespace
+
+Status AgentTransport::OpenProofs() {
+  MutexLock lock(proof_mu_);
+  return OpenProofsLocked();
+}
+
+Status AgentTransport::OpenProofsLocked() {
+  const std::string p = vhost::proof::SocketPath(path_);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (p.size() >= sizeof(addr.sun_path)) return Status(Code::kInvalidArgument, "proof socket path too long");
+  std::memcpy(addr.sun_path, p.c_str(), p.size() + 1);
+  UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (fd.get() < 0) return Status::FromErrno("socket");
+  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    if (errno == ENOENT || errno == ECONNREFUSED)
+      return Status(Code::kNotFound, "the agent proves no sockets (no " + p + ")");
+    return Status::FromErrno("connect " + p);
+  }
+  // Bound by the memory only this process (and the agent) holds.
+  Status st = vhost::proof::Ask(fd.get(), vhost::proof::Op::kBind, memfd_.get(), kProofTimeoutMs);
+  if (!st.ok()) return Status(st.code() == Code::kNotFound ? Code::kFailedPrecondition : st.code(), st.message());
+  proof_ = std::move(fd);
+  proves_.store(true, std::memory_order_release);
+  return Status::Ok();
+}
+
+Status AgentTransport::ProveSocket(int fd) {
+  MutexLock lock(proof_mu_);
+  if (proof_.get() < 0) VS_RETURN_IF_ERROR(OpenProofsLocked());  // (closed after a failure)
+  Status st = vhost::proof::Ask(proof_.get(), vhost::proof::Op::kProve, fd, kProofTimeoutMs);
+  if (!st.ok() && st.code() == Code::kUnavailable) proof_.reset();
+  return st;
+}
+
+void AgentTransport::CloseFdsAfterFork() NO_THREAD_SAFETY_ANALYSIS {
   // Our copies of the fds only; the mapping stays (it is the parent's
-  // rings too) and is never unmapped by us.
-  for (UniqueFd* f : {&sock_, &memfd_, &kick_[0], &kick_[1], &call_[0], &call_[1]}) f->reset();
+  // rings too) and is never unmapped by us. (Not under proof_mu_: another
+  // thread of the parent may have held it at the fork.)
+  for (UniqueFd* f : {&sock_, &memfd_, &kick_[0], &kick_[1], &call_[0], &call_[1], &proof_}) f->reset();
   base_ = nullptr;
 }
 

@@ -6,9 +6,11 @@
 // the grant's page table; allocations never cross a 2 MiB page.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 
+#include "base/mutex.h"
 #include "base/unique_fd.h"
 #include "guest/agent/grant.h"
 #include "guest/core/transport.h"
@@ -32,10 +34,12 @@ class AgentTransport final : public guest::Transport {
   vhost::RegionAllocator& allocator() override { return *allocator_; }
   size_t memory_bytes() const override { return grant_.pool_bytes; }
   uint64_t Gpa(const void* p) const override;
-  // The agent will vouch for sockets (issue 35); a VM port does not ask yet.
-  Status OpenProofs() override { return Status(Code::kNotFound, "the VM's port does not ask for proofs"); }
-  bool proves_sockets() const override { return false; }
-  Status ProveSocket(int) override { return Status::Ok(); }
+  // Socket proofs go to the agent (decision 100): PATH.proof, bound by the
+  // grant's memfd; kNotFound where the agent has none (the VM's port does
+  // not ask for proofs).
+  Status OpenProofs() override EXCLUDES(proof_mu_);
+  bool proves_sockets() const override { return proves_.load(std::memory_order_acquire); }
+  Status ProveSocket(int fd) override EXCLUDES(proof_mu_);
   void CloseFdsAfterFork() override;
   // vsocketd runs outside the VM: its CPUs are not ours to see.
   guest::CpuShare BackendCpus() const override { return guest::CpuShare{}; }
@@ -44,6 +48,9 @@ class AgentTransport final : public guest::Transport {
   AgentTransport() = default;
   Status Take(UniqueFd sock, const Grant& g, UniqueFd fds[kGrantFds]);
 
+  Status OpenProofsLocked() REQUIRES(proof_mu_);
+
+  std::string path_;
   Grant grant_;
   UniqueFd sock_;
   UniqueFd memfd_;
@@ -52,6 +59,9 @@ class AgentTransport final : public guest::Transport {
   uint8_t* base_ = nullptr;
   vhost::VirtqueueDriver queues_[2];
   std::unique_ptr<vhost::RegionAllocator> allocator_;
+  Mutex proof_mu_;
+  UniqueFd proof_ GUARDED_BY(proof_mu_);
+  std::atomic<bool> proves_{false};
 };
 
 }  // namespace vsocket::agent

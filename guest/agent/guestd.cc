@@ -8,9 +8,13 @@
 // grant.h), the process's session running on AgentTransport.
 //
 // Usage: vsocket-guestd [--pci BDF] [--echo N] [--echo-bytes B] [--hold]
-//        vsocket-guestd --serve [PATH] [--pci BDF] [--huge-pages N]
+//        vsocket-guestd --serve [PATH] [--proofs] [--pci BDF] [--huge-pages N]
 //   --serve [PATH]   serve processes at PATH (default /run/vsocket/agent.sock)
 //                    until SIGTERM/SIGINT
+//   --proofs         the VM's port proves sockets through this agent
+//                    (prove_sockets = agent, decision 100): the last vSocket
+//                    function is the agent's own, its socket-proof authority;
+//                    processes prove their sockets at PATH.proof
 //   --pci BDF        the function (default: the only 1af4:1041)
 //   --echo N         ECHO round trips after HELLO (default 16)
 //   --echo-bytes B   payload of each (default 4096, at most 4096)
@@ -37,7 +41,7 @@ void OnSignal(int) { g_stop = 1; }
 
 int Usage(const char* why) {
   fprintf(stderr, "vsocket-guestd: %s\nusage: vsocket-guestd [--pci BDF] [--echo N] [--echo-bytes B] "
-                  "[--huge-pages N] [--hold | --serve [PATH]]\n", why);
+                  "[--huge-pages N] [--hold | --serve [PATH] [--proofs]]\n", why);
   return 2;
 }
 
@@ -47,7 +51,7 @@ int main(int argc, char** argv) {
   using namespace vsocket;
   agent::VmDeviceOptions o;
   long echoes = 16, echo_bytes = 4096;
-  bool hold = false;
+  bool hold = false, proofs = false;
   std::string serve;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -69,6 +73,8 @@ int main(int argc, char** argv) {
       if (i + 1 < argc && argv[i + 1][0] != '-') serve = argv[++i];
     } else if (a == "--hold") {
       hold = true;
+    } else if (a == "--proofs") {
+      proofs = true;
     } else if (a == "-h" || a == "--help") {
       Usage("the in-guest agent of VM mode");
       return 0;
@@ -80,20 +86,23 @@ int main(int argc, char** argv) {
 
   if (!serve.empty()) {
     if (o.huge_pages < 8) o.huge_pages = 8;  // room for the session's connections' rings
-    auto server = agent::AgentServer::Listen(serve, o);
+    auto server = agent::AgentServer::Listen(serve, o, proofs);
     if (!server.ok()) {
       fprintf(stderr, "vsocket-guestd: cannot serve: %s\n", server.status().ToString().c_str());
       return 1;
     }
     signal(SIGTERM, OnSignal);
     signal(SIGINT, OnSignal);
-    printf("vsocket-guestd: serving the VM's vSocket device on %s\n", serve.c_str());
+    printf("vsocket-guestd: serving the VM's vSocket device on %s%s\n", serve.c_str(),
+           (*server)->proves_sockets() ? " (socket proofs: the VM's authority)" : "");
     fflush(stdout);
     vsocket::Status st = (*server)->Run(&g_stop);
     const agent::AgentServerCounters& c = (*server)->counters();
-    printf("vsocket-guestd: stopping: %llu grants, %llu refused (busy), %llu kicks, %llu interrupts\n",
+    printf("vsocket-guestd: stopping: %llu grants, %llu refused (busy), %llu kicks, %llu interrupts, "
+           "%llu sockets vouched for, %llu proofs refused\n",
            static_cast<unsigned long long>(c.grants), static_cast<unsigned long long>(c.refused_busy),
-           static_cast<unsigned long long>(c.kicks), static_cast<unsigned long long>(c.interrupts));
+           static_cast<unsigned long long>(c.kicks), static_cast<unsigned long long>(c.interrupts),
+           static_cast<unsigned long long>(c.proved), static_cast<unsigned long long>(c.proofs_refused));
     if (!st.ok()) fprintf(stderr, "vsocket-guestd: %s\n", st.ToString().c_str());
     return st.ok() ? 0 : 1;
   }

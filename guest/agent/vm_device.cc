@@ -158,4 +158,18 @@ Status VmDevice::Echo(std::span<const uint8_t> payload) {
   return Status::Ok();
 }
 
+Status VmDevice::Vouch(uint64_t device_ring_gpa, const proto::Endpoint& local, const proto::Endpoint& peer) {
+  auto resp = Call({proto::MsgType::kVouch, next_request_id_++, proto::Vouch{device_ring_gpa, local, peer}});
+  if (!resp.ok()) return resp.status();
+  const auto* ack = std::get_if<proto::RegisterAck>(&resp->body);
+  if (resp->type != proto::MsgType::kRegisterAck || ack == nullptr)
+    return Status(Code::kDataLoss, std::string("VOUCH answered with ") + proto::ToString(resp->type));
+  switch (ack->status) {
+    case proto::WireError::kOk: return Status::Ok();
+    case proto::WireError::kUnknownConnection: return Status(Code::kNotFound, "VOUCH: vsocketd has no such device");
+    default:
+      return Status(Code::kPermissionDenied, std::string("VOUCH refused: ") + proto::ToString(ack->status));
+  }
+}
+
 }  // namespace vsocket::agent

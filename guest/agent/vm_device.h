@@ -48,12 +48,21 @@ class VmDevice {
   // ECHO: the payload travels to vsocketd and back; the answer's checksum
   // and bytes are checked.
   Status Echo(std::span<const uint8_t> payload);
+  // VOUCH (this device is the VM's socket-proof authority, decision 100):
+  // the device whose request descriptor table is at device_ring_gpa may
+  // register local/peer once. kNotFound: vsocketd has no such device
+  // running; kPermissionDenied: it does not take this device for the
+  // authority.
+  Status Vouch(uint64_t device_ring_gpa, const proto::Endpoint& local, const proto::Endpoint& peer);
 
   const std::string& bdf() const { return dev_->pci().bdf(); }
   VirtioDevice& device() { return *dev_; }
   DmaMemory& memory() { return *mem_; }
   // Where queue q's rings are in memory() (offset from its base).
   uint64_t ring_offset(size_t q) const { return ring_offset_[q]; }
+  // Queue q's descriptor table's guest-physical address (what vsocketd
+  // names this device by in a VOUCH).
+  uint64_t ring_gpa(size_t q) const { return mem_->Gpa(mem_->base() + ring_offset_[q]); }
   uint64_t features() const { return features_; }
   uint16_t queue_size() const { return queue_size_; }
   const VmDeviceCounters& counters() const { return counters_; }

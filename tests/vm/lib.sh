@@ -2,13 +2,16 @@
 # attached to a vhost-user socket (vsocketd's port), the host root over 9p,
 # and a job script. Source it; needs tests/vm/prepare.sh's cache.
 #
-#   [VM_FUNCTIONS=N] [VM_NIC=NETNS,TAP,MAC] vm_boot RESULTS SOCKET TIMEOUT [KERNEL_ARGS...]
+#   [VM_FUNCTIONS=N] [VM_AGENT_FUNCTION=1] [VM_NIC=NETNS,TAP,MAC] vm_boot RESULTS SOCKET TIMEOUT [KERNEL_ARGS...]
 #       starts QEMU in the background (pid in VM_PID, also added to
 #       VM_PIDS); RESULTS/job.sh must exist; the guest writes
 #       RESULTS/{stdout,stderr,rc,dmesg,console.log}. VM_NIC: QEMU runs in
 #       network namespace NETNS with an ordinary NIC on its tap device TAP
 #       (vm_net_up), a transitional virtio-net-pci (1af4:1000) with MAC;
 #       give the guest its address with vsocket.nic=ADDR/LEN.
+#       VM_AGENT_FUNCTION=1: one more function, on SOCKET.agent: the agent's
+#       own, the VM's socket-proof authority (a port with prove_sockets =
+#       agent, decision 100).
 #   vm_wait TIMEOUT      waits for the last booted one (bounded), kills it
 #                        past TIMEOUT; returns the job's exit code (124:
 #                        timed out, 125: no exit code)
@@ -65,6 +68,10 @@ vm_boot() {
     vs+=(-chardev "socket,id=vs$i,path=$sock" -netdev "vhost-user,id=vsn$i,chardev=vs$i"
          -device "$VM_NET_DEVICE,netdev=vsn$i")
   done
+  if [ "${VM_AGENT_FUNCTION:-0}" = 1 ]; then
+    vs+=(-chardev "socket,id=vsa,path=$sock.agent" -netdev "vhost-user,id=vsna,chardev=vsa"
+         -device "$VM_NET_DEVICE,netdev=vsna")
+  fi
   local nic=() ns=()
   if [ -n "${VM_NIC:-}" ]; then
     local nic_ns nic_tap nic_mac

@@ -21,6 +21,17 @@
 #                            program in B: byte-exact on kernel TCP, both
 #                            ends' reason peer-not-registered, vsocketd's
 #                            cross_tenant counter moves, no upgrade
+#     vm_to_vm_proofs        every port proves sockets through its VM's
+#                            agent (prove_sockets = agent, each guest's last
+#                            function on PATH.agent, vsocket-guestd --proofs;
+#                            decision 100):
+#                            the cases above ran so (vsocketd's vouches
+#                            count every registration), and in A
+#                            vsocket-agent-probe --steal registers a
+#                            connection another process holds: refused
+#                            (SPOOFED_ADDRESS, rejected_unproven), also
+#                            after proving a socket of its own; its own
+#                            proved connection is taken
 
 PAIR_NS=vsvm-$$
 PAIR_A=198.51.100.11 PAIR_B=198.51.100.12 PAIR_C=198.51.100.13
@@ -38,7 +49,7 @@ print(next((v[sys.argv[2]] for v in json.load(sys.stdin) if v['vm'] == sys.argv[
 pair_job_server() {
   cat > "$1/job.sh" <<JOB
 cd /run/vsocket-vm
-./vsocket-guestd --serve /run/agent.sock > agent.out 2>&1 &
+./vsocket-guestd --serve /run/agent.sock --proofs > agent.out 2>&1 &
 apid=\$!
 for _ in \$(seq 300); do [ -S /run/agent.sock ] && break; sleep 0.1; done
 export VSOCKET_SOCKET=/run/agent.sock VSOCKET_REPORT=/run/vsocket-vm/report.jsonl
@@ -71,7 +82,7 @@ JOB
 pair_job_client() {
   cat > "$1/job.sh" <<JOB
 cd /run/vsocket-vm
-./vsocket-guestd --serve /run/agent.sock > agent.out 2>&1 &
+./vsocket-guestd --serve /run/agent.sock --proofs > agent.out 2>&1 &
 apid=\$!
 for _ in \$(seq 300); do [ -S /run/agent.sock ] && break; sleep 0.1; done
 export VSOCKET_SOCKET=/run/agent.sock VSOCKET_REPORT=/run/vsocket-vm/report.jsonl
@@ -90,7 +101,7 @@ case_vm_to_vm() {
   for d in "$RA" "$RB" "$RC"; do
     mkdir -p "$d"
     cp "$BIN/guest/agent/vsocket-guestd" "$BIN/guest/agent/libvsocket-vm.so" "$BIN/tests/e2e/xfer" \
-       "$ROOT/guest/vsocket-run" "$d/"
+       "$BIN/guest/agent/vsocket-agent-probe" "$ROOT/guest/vsocket-run" "$d/"
     rm -f "$d"/{go,stop,report.jsonl}
   done
   pair_job_server "$RB"
@@ -100,25 +111,28 @@ LD_PRELOAD=/run/vsocket-vm/libvsocket-vm.so ./xfer client $PAIR_B 5201 --conns $
 echo \"client exit \$?\"
 $bench -p 6380 > redis-kernel.out 2>&1; echo \"redis kernel exit \$?\"
 ./vsocket-run --lib /run/vsocket-vm/libvsocket-vm.so --upgrade always $bench -p 6379 > redis-vsocket.out 2>&1
-echo \"redis vsocket exit \$?\""
+echo \"redis vsocket exit \$?\"
+./vsocket-agent-probe --socket /run/agent.sock --steal $PAIR_A 5301 > steal.out 2>&1
+echo \"steal exit \$?\""
   pair_job_client "$RC" "
 LD_PRELOAD=/run/vsocket-vm/libvsocket-vm.so ./xfer client $PAIR_B 5202 --conns 1 --bytes $bytes > client.out 2>&1
 echo \"client exit \$?\""
   vm_net_down "$PAIR_NS"
   vm_net_up "$PAIR_NS" tapa tapb tapc || { fail vm_to_vm "cannot make the guests' bridge"; return; }
-  local up0 accel0 xt0 a_up0 b_up0 a_out0 b_out0
+  local up0 accel0 xt0 a_up0 b_up0 a_out0 b_out0 v0 vr0 ru0
   up0=$(stat upgrades) accel0=$(stat accel_bytes) xt0=$(stat cross_tenant)
+  v0=$(stat vouches) vr0=$(stat vouches_refused) ru0=$(stat rejected_unproven)
   a_up0=$(vm_stat vma upgrades) b_up0=$(vm_stat vmb upgrades)
   a_out0=$(vm_stat vma accel_bytes_out) b_out0=$(vm_stat vmb accel_bytes_out)
   local pa pb pc
-  VM_FUNCTIONS=3 VM_NIC=$PAIR_NS,tapb,52:54:00:00:51:12 \
-    vm_boot "$RB" "$WORK/vmb.sock" 300 vsocket.hugepages=24 vsocket.nic=$PAIR_B/24
+  VM_FUNCTIONS=3 VM_AGENT_FUNCTION=1 VM_NIC=$PAIR_NS,tapb,52:54:00:00:51:12 \
+    vm_boot "$RB" "$WORK/vmb.sock" 300 vsocket.hugepages=25 vsocket.nic=$PAIR_B/24
   pb=$VM_PID
-  VM_FUNCTIONS=2 VM_NIC=$PAIR_NS,tapa,52:54:00:00:51:11 \
-    vm_boot "$RA" "$WORK/vma.sock" 300 vsocket.hugepages=16 vsocket.nic=$PAIR_A/24
+  VM_FUNCTIONS=2 VM_AGENT_FUNCTION=1 VM_NIC=$PAIR_NS,tapa,52:54:00:00:51:11 \
+    vm_boot "$RA" "$WORK/vma.sock" 300 vsocket.hugepages=17 vsocket.nic=$PAIR_A/24
   pa=$VM_PID
-  VM_FUNCTIONS=1 VM_NIC=$PAIR_NS,tapc,52:54:00:00:51:13 \
-    vm_boot "$RC" "$WORK/vmc.sock" 300 vsocket.hugepages=8 vsocket.nic=$PAIR_C/24
+  VM_FUNCTIONS=1 VM_AGENT_FUNCTION=1 VM_NIC=$PAIR_NS,tapc,52:54:00:00:51:13 \
+    vm_boot "$RC" "$WORK/vmc.sock" 300 vsocket.hugepages=9 vsocket.nic=$PAIR_C/24
   pc=$VM_PID
   local ok=1
   for d in "$RB" "$RA" "$RC"; do
@@ -132,8 +146,9 @@ echo \"client exit \$?\""
     vm_wait_for "$pa" "$RA" 240; rca=$?
     vm_wait_for "$pc" "$RC" 60; rcc=$?
   fi
-  local up accel xt a_up b_up a_out b_out
+  local up accel xt a_up b_up a_out b_out v vr ru
   up=$(stat upgrades) accel=$(stat accel_bytes) xt=$(stat cross_tenant)
+  v=$(stat vouches) vr=$(stat vouches_refused) ru=$(stat rejected_unproven)
   a_up=$(vm_stat vma upgrades) b_up=$(vm_stat vmb upgrades)
   a_out=$(vm_stat vma accel_bytes_out) b_out=$(vm_stat vmb accel_bytes_out)
   touch "$RB/stop"
@@ -144,7 +159,8 @@ echo \"client exit \$?\""
   echo "  guest B: $(tr '\n' ' ' < "$RB/stdout" 2>/dev/null); agent: $(tail -1 "$RB/agent.out" 2>/dev/null)"
   echo "  guest C: $(tr '\n' ' ' < "$RC/stdout" 2>/dev/null); agent: $(tail -1 "$RC/agent.out" 2>/dev/null)"
   echo "  vsocketd: upgrades $up0 -> $up, accel_bytes $accel0 -> $accel, cross_tenant $xt0 -> $xt;" \
-       "vma upgrades $a_up0 -> $a_up, accel_bytes_out $a_out0 -> $a_out; vmb upgrades $b_up0 -> $b_up, accel_bytes_out $b_out0 -> $b_out"
+       "vma upgrades $a_up0 -> $a_up, accel_bytes_out $a_out0 -> $a_out; vmb upgrades $b_up0 -> $b_up, accel_bytes_out $b_out0 -> $b_out;" \
+       "vouches $v0 -> $v, vouches_refused $vr0 -> $vr, rejected_unproven $ru0 -> $ru"
   if [ "$ok" != 1 ] || [ "$rcb" != 0 ]; then
     fail vm_to_vm "a guest never got ready or B's job failed (A $rca, B $rcb, C $rcc)"
     return
@@ -207,5 +223,21 @@ PY
   else
     echo "  cross-tenant reports: $out"
     pass vm_to_vm_cross_tenant $((SECONDS - t0))
+  fi
+
+  # Proofs by the agents. Registrations that were vouched for: both ends
+  # of xfer's 4 connections and redis' 2 x 17, C's client and B's server
+  # end of C's connection; the probe's own one. Refused: the probe's two
+  # attempts at the child's connection (its other registrations: none).
+  echo "  probe: $(tr '\n' ' ' < "$RA/steal.out" 2>/dev/null)"
+  echo "  agents: A: $(grep -h "authority" "$RA/agent.out" | head -1); proofs A/B/C: $(grep -ho "[0-9]* sockets vouched for, [0-9]* proofs refused" "$RA/agent.out" "$RB/agent.out" "$RC/agent.out" | tr '\n' ' ')"
+  if ! grep -q "steal exit 0" "$RA/stdout"; then
+    fail vm_to_vm_proofs "vsocket-agent-probe --steal: $(tr '\n' ' ' < "$RA/steal.out" 2>/dev/null)"
+  elif [ $((ru - ru0)) -ne 2 ]; then
+    fail vm_to_vm_proofs "rejected_unproven $ru0 -> $ru: want the probe's 2 refusals and no other"
+  elif [ $((v - v0)) -lt $((2 * conns + 2 * 2 * c + 2 + 1)) ] || [ "$vr" != "$vr0" ]; then
+    fail vm_to_vm_proofs "vouches +$((v - v0)), vouches_refused +$((vr - vr0)): want every registration vouched for, none refused"
+  else
+    pass vm_to_vm_proofs $((SECONDS - t0))
   fi
 }

@@ -102,9 +102,10 @@ wait_file() {
 start_daemon() {
   # vmq and proc in tenant 1. vmq is the QEMU guest's port; QEMU cannot
   # prove sockets (its memory is QEMU's), so that port does not ask for
-  # proofs. vma, vmb (tenant 1) and vmc (tenant 2): vm_to_vm's guests.
+  # proofs. vma, vmb (tenant 1) and vmc (tenant 2): vm_to_vm's guests,
+  # whose agents vouch for their processes' sockets (decision 100).
   VSOCKET_VM_VMQ_PROVE_SOCKETS=false VSOCKET_VM_PROC_PROVE_SOCKETS=false \
-  VSOCKET_VM_VMA_PROVE_SOCKETS=false VSOCKET_VM_VMB_PROVE_SOCKETS=false VSOCKET_VM_VMC_PROVE_SOCKETS=false \
+  VSOCKET_VM_VMA_PROVE_SOCKETS=agent VSOCKET_VM_VMB_PROVE_SOCKETS=agent VSOCKET_VM_VMC_PROVE_SOCKETS=agent \
     "$BIN/host-backend/vsocketd" --ctl "$WORK/ctl.sock" --log-level info \
     --port "$WORK/vmq.sock,vmq,1,203.0.113.10" --port "$WORK/proc.sock,proc,1,203.0.113.11" \
     --port "$WORK/vma.sock,vma,1,$PAIR_A" --port "$WORK/vmb.sock,vmb,1,$PAIR_B" --port "$WORK/vmc.sock,vmc,2,$PAIR_C" \

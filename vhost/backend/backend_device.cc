@@ -60,8 +60,9 @@ DirtyLog::Sink LogSink() {
 
 }  // namespace
 
-BackendDevice::BackendDevice(int vid, uint64_t id, const PortConfig* port, DirtyLogCounters* log_counters)
-    : vid_(vid), id_(id), port_(port), log_(LogSink(), vid, log_counters) {}
+BackendDevice::BackendDevice(int vid, uint64_t id, const PortConfig* port, DirtyLogCounters* log_counters,
+                             bool authority)
+    : vid_(vid), id_(id), port_(port), authority_(authority), log_(LogSink(), vid, log_counters) {}
 
 Status BackendDevice::Load() {
   if (rte_vhost_get_negotiated_features(vid_, &features_) != 0)
@@ -133,6 +134,13 @@ Status BackendDevice::Load() {
     uint16_t last_avail = 0, last_used = 0;
     rte_vhost_get_vring_base(vid_, q, &last_avail, &last_used);
     queues_.emplace_back(SplitRing(vr.desc, vr.avail, vr.used, vr.size), &memory_, event_idx_, last_avail, last_used);
+    if (q == 0) {
+      // (Inside guest memory: checked above.)
+      const auto* desc = reinterpret_cast<const uint8_t*>(vr.desc);
+      for (const MemRegion& r : memory_.regions())
+        if (desc >= r.local && desc < r.local + r.size)
+          request_ring_gpa_.store(r.gpa + static_cast<uint64_t>(desc - r.local), std::memory_order_release);
+    }
   }
   return Status::Ok();
 }

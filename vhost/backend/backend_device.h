@@ -30,7 +30,8 @@ struct DeviceCounters {
 class BackendDevice {
  public:
   // `log_counters`: where the dirty log counts what it marks (may be null).
-  BackendDevice(int vid, uint64_t id, const PortConfig* port, DirtyLogCounters* log_counters = nullptr);
+  BackendDevice(int vid, uint64_t id, const PortConfig* port, DirtyLogCounters* log_counters = nullptr,
+                bool authority = false);
 
   // (Re)reads memory table, vrings and kick fds from rte_vhost and validates
   // them: exactly port->num_queues vrings, every ring inside guest memory,
@@ -46,6 +47,12 @@ class BackendDevice {
   int vid() const { return vid_; }
   uint64_t id() const { return id_; }
   const PortConfig* port() const { return port_; }
+  // Attached on its port's agent socket (PATH.agent): the VM's socket-proof
+  // authority, which may VOUCH for its other devices (decision 100).
+  bool authority() const { return authority_; }
+  // Guest-physical address of queue 0's descriptor table, as of the last
+  // Load (what the VM's agent names this device by in a VOUCH).
+  uint64_t request_ring_gpa() const { return request_ring_gpa_.load(std::memory_order_acquire); }
   size_t num_queues() const { return queues_.size(); }
   VirtqueueDevice& queue(size_t i) { return queues_[i]; }
   int kick_fd(size_t i) const { return kick_fds_[i].get(); }
@@ -86,6 +93,8 @@ class BackendDevice {
   const int vid_;
   const uint64_t id_;
   const PortConfig* const port_;
+  const bool authority_;
+  std::atomic<uint64_t> request_ring_gpa_{0};
   uint64_t features_ = 0;
   bool event_idx_ = false;
   DirtyLog log_;  // before memory_, which points at it

@@ -153,16 +153,13 @@ Status VhostBackend::AddPort(const PortConfig& config, DeviceListener* listener)
     gid = *g;
   }
   unlink(path);  // a stale socket from a previous run
-  if (rte_vhost_driver_register(path, 0) != 0)
-    return Status(Code::kInternal, "rte_vhost_driver_register " + config.path + " failed");
+  VS_RETURN_IF_ERROR(RegisterDriver(config.path));
   auto fail = [&](const char* what) {
     rte_vhost_driver_unregister(path);
     return Status(Code::kInternal, std::string(what) + " failed for " + config.path);
   };
-  // Setting features takes rte_vhost out of its built-in virtio-net mode.
-  if (rte_vhost_driver_set_features(path, kDeviceFeatures) != 0) return fail("set_features");
-  if (rte_vhost_driver_set_protocol_features(path, kProtocolFeatures) != 0) return fail("set_protocol_features");
-  if (rte_vhost_driver_callback_register(path, &kDeviceOps) != 0) return fail("callback_register");
+  const std::string agent_path = AgentSocketPath(config.path);
+  const bool by_agent = config.prove_sockets && config.proofs_by_agent;
   {
     // A port removed and added again (a VM that migrated away and back)
     // keeps its entry: devices of its first life may still name it.
@@ -175,7 +172,7 @@ Status VhostBackend::AddPort(const PortConfig& config, DeviceListener* listener)
   }
   // The proof socket listens before the port does: a guest that connected
   // may open it at once. (Its mode and group follow the port's below.)
-  if (config.prove_sockets) {
+  if (config.prove_sockets && !by_agent) {
     Status st = Proofs().Listen(config.path, config.max_devices);
     if (!st.ok()) {
       rte_vhost_driver_unregister(path);
@@ -183,24 +180,58 @@ Status VhostBackend::AddPort(const PortConfig& config, DeviceListener* listener)
     }
   }
   if (rte_vhost_driver_start(path) != 0) {
-    if (config.prove_sockets) Proofs().Close(config.path);
+    if (config.prove_sockets && !by_agent) Proofs().Close(config.path);
     return fail("driver_start");
+  }
+  if (by_agent) {
+    // The agent's own function (decision 100): a socket of its own, so that
+    // which device is the VM's authority is QEMU's wiring, never a guest's
+    // claim.
+    unlink(agent_path.c_str());
+    Status st = RegisterDriver(agent_path);
+    if (st.ok() && rte_vhost_driver_start(agent_path.c_str()) != 0) {
+      rte_vhost_driver_unregister(agent_path.c_str());
+      st = Status(Code::kInternal, "driver_start failed for " + agent_path);
+    }
+    if (!st.ok()) {
+      rte_vhost_driver_unregister(path);
+      return st;
+    }
   }
   // driver_start has bound the socket (server mode binds synchronously); until
   // the chmod it has the mode the umask gave it, which is never wider than
   // 0660 under the unit's UMask=0077 (and owner-only for connect under 022).
   if (!config.group.empty()) {
     Status st = OpenToGroup(config.path, config.group, gid);
-    if (st.ok() && config.prove_sockets) st = OpenToGroup(proof::SocketPath(config.path), config.group, gid);
+    if (st.ok() && config.prove_sockets && !by_agent)
+      st = OpenToGroup(proof::SocketPath(config.path), config.group, gid);
+    if (st.ok() && by_agent) st = OpenToGroup(agent_path, config.group, gid);
     if (!st.ok()) {
-      if (config.prove_sockets) Proofs().Close(config.path);
+      if (config.prove_sockets && !by_agent) Proofs().Close(config.path);
+      if (by_agent) rte_vhost_driver_unregister(agent_path.c_str());
       rte_vhost_driver_unregister(path);
       return Status(st.code(), "vm " + config.vm_name + ": " + st.message());
     }
   }
   VS_LOG(kInfo, "vhost-user port %s (vm %s, tenant %u%s%s%s) listening", path, config.vm_name.c_str(),
          config.tenant_id, config.group.empty() ? "" : ", group ", config.group.c_str(),
-         config.prove_sockets ? ", sockets proved on " : ", registrations not bound to sockets");
+         by_agent ? ", sockets proved by the VM's agent on " : config.prove_sockets ? ", sockets proved on " : "",
+         by_agent ? agent_path.c_str() : config.prove_sockets ? proof::SocketPath(config.path).c_str()
+                                                              : "registrations not bound to sockets");
+  return Status::Ok();
+}
+
+Status VhostBackend::RegisterDriver(const std::string& p) {
+  const char* path = p.c_str();
+  if (rte_vhost_driver_register(path, 0) != 0) return Status(Code::kInternal, "rte_vhost_driver_register " + p + " failed");
+  auto fail = [&](const char* what) {
+    rte_vhost_driver_unregister(path);
+    return Status(Code::kInternal, std::string(what) + " failed for " + p);
+  };
+  // Setting features takes rte_vhost out of its built-in virtio-net mode.
+  if (rte_vhost_driver_set_features(path, kDeviceFeatures) != 0) return fail("set_features");
+  if (rte_vhost_driver_set_protocol_features(path, kProtocolFeatures) != 0) return fail("set_protocol_features");
+  if (rte_vhost_driver_callback_register(path, &kDeviceOps) != 0) return fail("callback_register");
   return Status::Ok();
 }
 
@@ -246,6 +277,7 @@ std::shared_ptr<BackendDevice> VhostBackend::DeviceWithRegionFile(const std::str
 
 Status VhostBackend::RemovePort(const std::string& path) {
   if (rte_vhost_driver_unregister(path.c_str()) != 0) return Status(Code::kNotFound, "no vhost-user port " + path);
+  rte_vhost_driver_unregister(AgentSocketPath(path).c_str());  // (if it has one)
   if (proofs_) proofs_->Close(path);
   // Unregistering destroyed the port's devices but calls no
   // destroy_connection: forget its connections here (a port opened again
@@ -266,26 +298,47 @@ std::vector<std::shared_ptr<BackendDevice>> VhostBackend::Devices() {
   return out;
 }
 
+std::shared_ptr<BackendDevice> VhostBackend::DeviceWithRequestRing(const PortConfig* port, uint64_t gpa) {
+  MutexLock lock(mu_);
+  for (auto& [vid, conn] : conns_) {
+    const auto& d = conn.device;
+    if (d && !conn.authority && !conn.paused && d->port() == port && !d->stopping() && !d->broken() &&
+        d->request_ring_gpa() == gpa)
+      return d;
+  }
+  return nullptr;
+}
+
 int VhostBackend::OnNewConnection(int vid) {
   char ifname[256] = {};
   rte_vhost_get_ifname(vid, ifname, sizeof(ifname));
   MutexLock lock(mu_);
   Port* port = nullptr;
-  for (auto& p : ports_)
+  bool authority = false;
+  for (auto& p : ports_) {
     if (p->config.path == ifname) port = p.get();
+    if (p->config.proofs_by_agent && AgentSocketPath(p->config.path) == ifname) port = p.get(), authority = true;
+  }
   if (port == nullptr) return -1;
-  size_t open = 0;
-  for (const auto& [v, c] : conns_) open += c.port == port;
+  size_t open = 0, authorities = 0;
+  for (const auto& [v, c] : conns_) open += c.port == port, authorities += c.port == port && c.authority;
+  if (authority && authorities > 0) {
+    counters_.connections_refused.fetch_add(1);
+    VS_LOG(kWarn, "vm %s: a second frontend on the agent socket refused: one function is the VM's authority",
+           port->config.vm_name.c_str());
+    return -1;
+  }
   if (open >= port->config.max_devices) {
     counters_.connections_refused.fetch_add(1);
     VS_LOG(kWarn, "vm %s: frontend refused: %zu devices open, max_devices_per_vm is %u", port->config.vm_name.c_str(),
            open, port->config.max_devices);
     return -1;
   }
-  conns_[vid] = Conn{port, nullptr, false, false};
+  conns_[vid] = Conn{port, authority, nullptr, false, false};
   counters_.connections.fetch_add(1);
   rte_vhost_extern_callback_register(vid, &kExternOps, nullptr);
-  VS_LOG(kInfo, "vm %s: frontend connected (vid %d)", port->config.vm_name.c_str(), vid);
+  VS_LOG(kInfo, "vm %s: frontend connected (vid %d%s)", port->config.vm_name.c_str(), vid,
+         authority ? ", the agent's: the VM's socket-proof authority" : "");
   return 0;
 }
 
@@ -296,14 +349,16 @@ void VhostBackend::OnDestroyConnection(int vid) {
 
 int VhostBackend::OnNewDevice(int vid) {
   Port* port;
+  bool authority;
   {
     MutexLock lock(mu_);
     auto it = conns_.find(vid);
     if (it == conns_.end()) return -1;
     port = it->second.port;
+    authority = it->second.authority;
   }
   auto device = std::make_shared<BackendDevice>(vid, next_device_id_.fetch_add(1), &port->config,
-                                                &counters_.dirty_log);
+                                                &counters_.dirty_log, authority);
   Status st = device->Load();
   if (!st.ok()) {
     counters_.devices_rejected.fetch_add(1);

@@ -58,12 +58,21 @@ struct PortConfig {
   // it holds (PATH.proof; socket_proof.h). Off for frontends that cannot
   // (QEMU VMs, raw-protocol tests).
   bool prove_sockets = true;
+  // VM mode (decision 100): the proofs come from the VM's agent, not from
+  // PATH.proof. vsocketd opens a second vhost-user socket, PATH.agent, for
+  // the one function the agent keeps for itself; the device attached there
+  // is the VM's socket-proof authority (VOUCH). Only with prove_sockets.
+  bool proofs_by_agent = false;
   // Direct pairs (decision 97): which of this VM's same-host pairs vsocketd
   // hands a ring pair of their own and leaves. kSameTenant: a peer of the
   // same tenant; kSameVm: only a peer in this VM; kOff: none.
   enum class Direct : uint8_t { kOff, kSameTenant, kSameVm };
   Direct direct = Direct::kOff;
 };
+
+// The port's agent socket (PortConfig::proofs_by_agent): the VM's agent's
+// own function attaches here.
+inline std::string AgentSocketPath(const std::string& port_path) { return port_path + ".agent"; }
 
 // Implemented by the data path. All calls come from the vhost-user thread.
 class DeviceListener {
@@ -114,6 +123,9 @@ class VhostBackend {
   const BackendCounters& counters() const { return counters_; }
   // Devices currently connected (running or not), for reporting.
   std::vector<std::shared_ptr<BackendDevice>> Devices() EXCLUDES(mu_);
+  // The running device of `port` (not its authority) whose request queue's
+  // descriptor table is at `gpa` (a VOUCH's target, decision 100).
+  std::shared_ptr<BackendDevice> DeviceWithRequestRing(const PortConfig* port, uint64_t gpa) EXCLUDES(mu_);
 
   // rte_vhost entry points (public for the C callback shims only).
   int OnNewConnection(int vid) EXCLUDES(mu_);
@@ -131,12 +143,15 @@ class VhostBackend {
   };
   struct Conn {
     Port* port = nullptr;
+    bool authority = false;  // on the port's agent socket (PATH.agent)
     std::shared_ptr<BackendDevice> device;  // while running
     bool paused = false;                    // detached around a message
     bool logging = false;
   };
 
   VhostBackend() = default;
+  // rte_vhost_driver_register + our features and callbacks, not started.
+  Status RegisterDriver(const std::string& path);
   std::shared_ptr<BackendDevice> DeviceWithRegionFile(const std::string& port_path, const FileId& f) EXCLUDES(mu_);
   ProofServer& Proofs();
   // The data path of the port at port_path (listeners live as long as the

@@ -327,41 +327,11 @@ Status VhostUserFrontend::FetchDirect(uint64_t token, UniqueFd* memory, UniqueFd
 }
 
 // Waits up to kProofTimeoutMs for the answer to the request just sent.
-Status VhostUserFrontend::AwaitProofAnswer() {
-  pollfd p{proof_.get(), POLLIN, 0};
-  for (int64_t deadline = MonotonicMs() + kProofTimeoutMs;;) {
-    int64_t left = deadline - MonotonicMs();
-    if (left <= 0) return Status(Code::kUnavailable, "proof channel: no answer");
-    int r = poll(&p, 1, static_cast<int>(left));
-    if (r > 0) return Status::Ok();
-    if (r < 0 && errno != EINTR) return Status(Code::kUnavailable, "proof channel: poll failed");
-  }
-}
+Status VhostUserFrontend::AwaitProofAnswer() { return proof::AwaitAnswer(proof_.get(), kProofTimeoutMs); }
 
 // One request with one fd, one reply.
 Status VhostUserFrontend::ProofRequest(uint32_t op, int fd) {
-  proof::Request req;
-  req.op = static_cast<proof::Op>(op);
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  iovec iov{&req, sizeof(req)};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  proof::AttachFds(&msg, control, sizeof(control), &fd, 1);
-  ssize_t n;
-  do n = sendmsg(proof_.get(), &msg, MSG_NOSIGNAL);
-  while (n < 0 && errno == EINTR);
-  if (n != static_cast<ssize_t>(sizeof(req))) return Status(Code::kUnavailable, "proof channel: send failed");
-  VS_RETURN_IF_ERROR(AwaitProofAnswer());
-  proof::Reply reply;
-  do n = recv(proof_.get(), &reply, sizeof(reply), 0);
-  while (n < 0 && errno == EINTR);
-  if (n != static_cast<ssize_t>(sizeof(reply)) || reply.magic != proof::kMagic)
-    return Status(Code::kUnavailable, "proof channel: closed");
-  if (reply.error != 0)
-    return Status(reply.error == ENODEV ? Code::kNotFound : Code::kPermissionDenied,
-                  std::string("proof refused: ") + strerror(static_cast<int>(reply.error)));
-  return Status::Ok();
+  return proof::Ask(proof_.get(), static_cast<proof::Op>(op), fd, kProofTimeoutMs);
 }
 
 // Not under proof_mu_: in the child only this thread exists, and a copy of

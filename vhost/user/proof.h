@@ -13,13 +13,17 @@
 //           connection's DIRECT event, and serves once.
 #pragma once
 
+#include <poll.h>
 #include <sys/socket.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "base/clock.h"
+#include "base/status.h"
 #include "base/unique_fd.h"
 
 namespace vsocket::vhost::proof {
@@ -85,6 +89,46 @@ inline std::vector<UniqueFd> TakeFds(msghdr* msg) {
     }
   }
   return fds;
+}
+
+// Waits up to timeout_ms for the answer to a request just sent on channel.
+inline Status AwaitAnswer(int channel, int64_t timeout_ms) {
+  pollfd p{channel, POLLIN, 0};
+  for (int64_t deadline = MonotonicMs() + timeout_ms;;) {
+    int64_t left = deadline - MonotonicMs();
+    if (left <= 0) return Status(Code::kUnavailable, "proof channel: no answer");
+    int r = poll(&p, 1, static_cast<int>(left));
+    if (r > 0) return Status::Ok();
+    if (r < 0 && errno != EINTR) return Status(Code::kUnavailable, "proof channel: poll failed");
+  }
+}
+
+// One request with one fd, one Reply: kNotFound for ENODEV (no device has
+// that memory), kPermissionDenied for any other refusal, kUnavailable if
+// the channel failed (send, no answer in timeout_ms, closed).
+inline Status Ask(int channel, Op op, int fd, int64_t timeout_ms) {
+  Request req;
+  req.op = op;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  iovec iov{&req, sizeof(req)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  AttachFds(&msg, control, sizeof(control), &fd, 1);
+  ssize_t n;
+  do n = sendmsg(channel, &msg, MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(sizeof(req))) return Status(Code::kUnavailable, "proof channel: send failed");
+  if (Status st = AwaitAnswer(channel, timeout_ms); !st.ok()) return st;
+  Reply reply;
+  do n = recv(channel, &reply, sizeof(reply), 0);
+  while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(sizeof(reply)) || reply.magic != kMagic)
+    return Status(Code::kUnavailable, "proof channel: closed");
+  if (reply.error != 0)
+    return Status(reply.error == ENODEV ? Code::kNotFound : Code::kPermissionDenied,
+                  std::string("proof refused: ") + strerror(static_cast<int>(reply.error)));
+  return Status::Ok();
 }
 
 inline std::string SocketPath(const std::string& port_path) { return port_path + ".proof"; }
