@@ -219,19 +219,38 @@ vm_vias() { # vm_vias HOST VIA N: vmA1's connections on HOST to vmB1 accelerated
   E2E_MSG="vmA1 on $1: $(via_count "$1" vmA1 "$2" "$B1") connection(s) to vmB1 via $2 (want $3)"
   return 1
 }
+# move_rr_start NAME PORT CONNS ROUNDS: CONNS request/response connections
+# of ROUNDS rounds (3,840 B each way each, 10 ms apart) from vmA1 to vmB1
+# in the background, accelerated across the fabric before it returns (else
+# 1, the reason in E2E_MSG). MOVE_STOP: what undoes it (the applications
+# stopped, vmA1 back on hostA). move_rr_finish NAME PORT CONNS: both ends
+# exited 0, every connection re-upgraded after 2 moves, nothing resent
+# (else 1, the reason in E2E_MSG); the check's summary in MOVE_OUT.
+move_rr_start() {
+  local name=$1 port=$2 conns=$3 rounds="--bytes $((3840 * $4)) --rounds $4 --gap-ms 10"
+  MOVE_PIDS=()
+  vm_bg vmB1 preload "$WORK/$name.jsonl" "$WORK/$name.srv" "$XFER" server "$B1" "$port" --conns $conns $rounds
+  MOVE_PIDS+=("$BG")
+  sleep 0.3
+  vm_bg vmA1 preload "$WORK/$name.jsonl" "$WORK/$name.cli" "$XFER" client "$B1" "$port" --conns $conns $rounds
+  MOVE_PIDS+=("$BG")
+  MOVE_STOP="kill ${MOVE_PIDS[*]} 2>/dev/null; wait ${MOVE_PIDS[*]} 2>/dev/null; [ \"\$(bash $TB host vmA1)\" = hostA ] || bash $TB move vmA1 hostA >/dev/null 2>&1"
+  vm_vias hostA hostB $conns || { E2E_MSG="before: $E2E_MSG"; return 1; }
+}
+move_rr_finish() {
+  local name=$1 port=$2 conns=$3 p rc=0
+  for p in "${MOVE_PIDS[@]}"; do wait "$p" || rc=$?; done
+  [ $rc -eq 0 ] || { E2E_MSG="an application failed (rc $rc): $(tail -n 2 "$WORK/$name".cli | tr '\n' ' ')"; return 1; }
+  MOVE_OUT=$(python3 $CHECK "$WORK/$name.jsonl" --port "$port" --expect-conns $((2 * conns)) --reupgraded --no-resend \
+    --downgrade-cause migration --moves 2) || { E2E_MSG=$MOVE_OUT; return 1; }
+}
 case_etcd_move() {
-  local name=etcd_move_follows port conns=2 out dst h t0 waits=() pids=()
+  local name=etcd_move_follows port conns=2 out dst h t0 waits=()
   etcd_bed || { fail $name "$E2E_MSG"; return; }
   port=$(alloc_port)
   # (About 45 s: the streams outlive both moves, a few seconds each.)
-  local rounds="--bytes 15360000 --rounds 4000 --gap-ms 10"
-  vm_bg vmB1 preload "$WORK/$name.jsonl" "$WORK/$name.srv" "$XFER" server "$B1" "$port" --conns $conns $rounds
-  pids+=("$BG")
-  sleep 0.3
-  vm_bg vmA1 preload "$WORK/$name.jsonl" "$WORK/$name.cli" "$XFER" client "$B1" "$port" --conns $conns $rounds
-  pids+=("$BG")
-  local stop="kill ${pids[*]} 2>/dev/null; wait ${pids[*]} 2>/dev/null; bash $TB host vmA1 | grep -q hostA || bash $TB move vmA1 hostA >/dev/null 2>&1"
-  vm_vias hostA hostB $conns || { fail $name "before: $E2E_MSG"; eval "$stop"; return; }
+  move_rr_start $name "$port" $conns 4000 || { fail $name "$E2E_MSG"; eval "$MOVE_STOP"; return; }
+  local stop=$MOVE_STOP
   for dst in hostB hostA; do
     out=$(bash $TB move vmA1 $dst 2>&1) || { fail $name "move to $dst: $out"; eval "$stop"; return; }
     t0=$(date +%s%N)
@@ -247,13 +266,9 @@ case_etcd_move() {
         { fail $name "back on hostA: $E2E_MSG; hostA has: $(conn_rows hostA "$port" | sort | uniq -c | tr -s ' \n' ' ')"; eval "$stop"; return; }
     fi
   done
-  local p rc=0
-  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
-  [ $rc -eq 0 ] || { fail $name "an application failed (rc $rc): $(tail -n 2 "$WORK/$name".cli | tr '\n' ' ')"; return; }
-  out=$(python3 $CHECK "$WORK/$name.jsonl" --port "$port" --expect-conns $((2 * conns)) --reupgraded --no-resend \
-    --downgrade-cause migration --moves 2) || { fail $name "$out"; return; }
+  move_rr_finish $name "$port" $conns || { fail $name "$E2E_MSG"; return; }
   [ ! -e "$VSOCKET_TESTBED2_DIR/locator" ] || { fail $name "a locator file exists"; return; }
-  pass "$name (vmA1 moved to hostB and back with no locator file: both caches placed it on its new host within ${waits[*]}; $conns request/response connections to vmB1 byte-exact, fabric -> same-host -> fabric ($out))"
+  pass "$name (vmA1 moved to hostB and back with no locator file: both caches placed it on its new host within ${waits[*]}; $conns request/response connections to vmB1 byte-exact, fabric -> same-host -> fabric ($MOVE_OUT))"
 }
 
 # Decision 104: the host a VM moves back to asks its peer host to pair
@@ -283,17 +298,11 @@ NFT
 }
 release_watch() { ip netns exec "${VSOCKET_TESTBED2_NS_PREFIX:-vs2}$1" nft delete table inet vsocket_late_watch 2>/dev/null; }
 case_etcd_move_late_watch() {
-  local name=etcd_move_follows_a_late_watch port conns=2 out wp pids=() r0 r1 t0 t1
+  local name=etcd_move_follows_a_late_watch port conns=2 out wp r0 r1 t0 t1
   etcd_bed || { fail $name "$E2E_MSG"; return; }
   port=$(alloc_port)
-  local rounds="--bytes 11520000 --rounds 3000 --gap-ms 10"
-  vm_bg vmB1 preload "$WORK/$name.jsonl" "$WORK/$name.srv" "$XFER" server "$B1" "$port" --conns $conns $rounds
-  pids+=("$BG")
-  sleep 0.3
-  vm_bg vmA1 preload "$WORK/$name.jsonl" "$WORK/$name.cli" "$XFER" client "$B1" "$port" --conns $conns $rounds
-  pids+=("$BG")
-  local stop="release_watch hostB; kill ${pids[*]} 2>/dev/null; wait ${pids[*]} 2>/dev/null; bash $TB host vmA1 | grep -q hostA || bash $TB move vmA1 hostA >/dev/null 2>&1"
-  vm_vias hostA hostB $conns || { fail $name "before: $E2E_MSG"; eval "$stop"; return; }
+  move_rr_start $name "$port" $conns 3000 || { fail $name "$E2E_MSG"; eval "$MOVE_STOP"; return; }
+  local stop="release_watch hostB; $MOVE_STOP"
   out=$(bash $TB move vmA1 hostB 2>&1) || { fail $name "move to hostB: $out"; eval "$stop"; return; }
   vm_vias hostB same-host $conns || { fail $name "on hostB: $E2E_MSG"; eval "$stop"; return; }
   wp=$(watch_port hostB) || { fail $name "hostB's watch connection not found"; eval "$stop"; return; }
@@ -313,15 +322,11 @@ case_etcd_move_late_watch() {
   vm_vias hostA hostB $conns ||
     { fail $name "back on hostA: $E2E_MSG; hostA has: $(conn_rows hostA "$port" | sort | uniq -c | tr -s ' \n' ' '); hostB refused $(($(counter hostB pair_refused) - r0)) pairing request(s)"; eval "$stop"; return; }
   r1=$(counter hostB pair_refused)
-  local p rc=0
-  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
-  [ $rc -eq 0 ] || { fail $name "an application failed (rc $rc): $(tail -n 2 "$WORK/$name".cli | tr '\n' ' ')"; return; }
-  out=$(python3 $CHECK "$WORK/$name.jsonl" --port "$port" --expect-conns $((2 * conns)) --reupgraded --no-resend \
-    --downgrade-cause migration --moves 2) || { fail $name "$out"; return; }
+  move_rr_finish $name "$port" $conns || { fail $name "$E2E_MSG"; return; }
   [ "$r1" = "$r0" ] || { fail $name "hostB refused $((r1 - r0)) pairing request(s)"; return; }
   u1=$(counter hostB pair_unconfirmed)
   [ $((u1 - u0)) -ge $conns ] || { fail $name "hostB kept $((u1 - u0)) request(s) for the directory, want $conns"; return; }
-  pass "$name (hostB's watch held from before the move back until 3 s after it (caught up $(((t1 - t0) / 1000000)) ms after the move began); $((u1 - u0)) pairing request(s) of hostA's waited at hostB for its directory (pair_unconfirmed), none refused; $conns request/response connections to vmB1 byte-exact, fabric -> same-host -> fabric ($out))"
+  pass "$name (hostB's watch held from before the move back until 3 s after it (caught up $(((t1 - t0) / 1000000)) ms after the move began); $((u1 - u0)) pairing request(s) of hostA's waited at hostB for its directory (pair_unconfirmed), none refused; $conns request/response connections to vmB1 byte-exact, fabric -> same-host -> fabric ($MOVE_OUT))"
 }
 
 # hostB's vsocketd killed -9: its lease is not renewed, and its records
