@@ -128,6 +128,10 @@ struct RxRegion {
   uint32_t host = 0;
 };
 
+// A direct pair's first page, mapped read-only by vsocketd for the pair's
+// byte counts (conn/direct.cc FoldDirect); shared by the pair's two ends.
+struct DirectPage;
+
 struct BackendConn {
   uint64_t handle = 0;  // daemon-wide unique
   vhost::BackendDevice* device = nullptr;
@@ -176,6 +180,12 @@ struct BackendConn {
   // their own; no byte of it passes here (no TX_TAIL, CONSUMED or doorbell).
   bool direct = false;
   uint64_t ev_direct_token = 0;
+  // Its bytes are counted from its side's `produced` count there (untrusted:
+  // it only ever adds to this connection's, its VM's and the daemon's
+  // statistics, never to anything that moves data).
+  std::shared_ptr<const DirectPage> direct_page;
+  int direct_side = 0;
+  uint64_t direct_counted = 0;
   // The DOWNGRADE owed to our guest asks it to resend its ring stream from
   // ev_resend_from with no RESYNC header (its peer's process forked).
   bool ev_resend = false;

@@ -264,6 +264,11 @@ class ConnManager {
   // withdrawal of a direct-only registration that cannot be direct.
   bool DirectPossible(const BackendConn& c) const;
   void DeclineDirect(BackendConn& c);
+  // Adds what c's library produced on its direct pair since the last look
+  // to the byte counts (c's, its peer's, both VMs', direct_bytes): when a
+  // snapshot is asked for and when c goes.
+  void CountDirect(BackendConn& c);
+  void CountAllDirect();
   void DropDirectOffers(uint64_t handle) EXCLUDES(direct_mu_);
   // Registration and undrain: pairs c with its mirror on this host, or with
   // a peer host (requests.cc).

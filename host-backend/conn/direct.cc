@@ -2,6 +2,7 @@
 // share memory gets a ring pair of its own, made here and fetched by each
 // library on its proof channel; vsocketd then moves none of its bytes.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 
 #include <algorithm>
@@ -12,6 +13,18 @@
 #include "proto/direct.h"
 
 namespace vsocket::backend {
+
+struct DirectPage {
+  void* at = MAP_FAILED;
+  ~DirectPage() {
+    if (at != MAP_FAILED) munmap(at, proto::kDirectRingsOffset);
+  }
+  uint64_t produced(int side) const {
+    const auto* s = reinterpret_cast<const proto::DirectSide*>(static_cast<const uint8_t*>(at) +
+                                                               proto::kDirectSideOffset[side & 1]);
+    return __atomic_load_n(&s->produced, __ATOMIC_RELAXED);
+  }
+};
 
 namespace {
 
@@ -76,6 +89,14 @@ void ConnManager::MaybeGoDirect(BackendConn& a, BackendConn& b) {
            memory.ok() ? "dup failed" : memory.status().ToString().c_str());
     return;
   }
+  auto page = std::make_shared<DirectPage>();
+  page->at = mmap(nullptr, proto::kDirectRingsOffset, PROT_READ, MAP_SHARED, ob.memory.get(), 0);
+  if (page->at != MAP_FAILED) {
+    a.direct_page = b.direct_page = page;
+    a.direct_side = 0;
+    b.direct_side = 1;
+    a.direct_counted = b.direct_counted = 0;
+  }
   a.ev_direct_token = NewToken();
   b.ev_direct_token = NewToken();
   {
@@ -87,6 +108,26 @@ void ConnManager::MaybeGoDirect(BackendConn& a, BackendConn& b) {
   counters_.direct_pairs.fetch_add(1, std::memory_order_relaxed);
   Raise(a, kEvDirect);
   Raise(b, kEvDirect);
+}
+
+void ConnManager::CountDirect(BackendConn& c) {
+  if (!c.direct_page) return;
+  uint64_t produced = c.direct_page->produced(c.direct_side);
+  if (produced <= c.direct_counted) return;
+  uint64_t n = produced - c.direct_counted;
+  c.direct_counted = produced;
+  c.accel_bytes_out.fetch_add(n, std::memory_order_relaxed);
+  vm_totals_[c.vm_index % kMaxVms].accel_bytes_out.fetch_add(n, std::memory_order_relaxed);
+  if (c.peer != nullptr) {
+    c.peer->accel_bytes_in.fetch_add(n, std::memory_order_relaxed);
+    vm_totals_[c.peer->vm_index % kMaxVms].accel_bytes_in.fetch_add(n, std::memory_order_relaxed);
+  }
+  counters_.direct_bytes.fetch_add(n, std::memory_order_relaxed);
+}
+
+void ConnManager::CountAllDirect() {
+  for (auto& [h, c] : conns_)
+    if (c->direct_page) CountDirect(*c);
 }
 
 Status ConnManager::FetchDirect(const vhost::BackendDevice* device, uint64_t token, vhost::DirectGrant* out) {

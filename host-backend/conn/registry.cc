@@ -173,6 +173,7 @@ void ConnManager::MaybeDestroy(BackendConn* c) {
     Owe(*c, kOweRelease);  // the peer backend forgets it too; we follow once sent
     return;
   }
+  if (c->direct_page) CountDirect(*c);  // (while its peer is still its peer)
   if (c->peer) {
     // A peer that is gone too may have been waiting only on us.
     if (c->peer->gone) MarkMovable(*c->peer);
@@ -313,6 +314,7 @@ void ConnManager::ServeSnapshots() {
     asked = snapshots_asked_;
   }
   // Made after every request up to `asked` came: it answers them all.
+  CountAllDirect();  // (a direct pair's bytes never pass here: counted from its counts)
   std::vector<ConnSnapshot> copy = MakeSnapshot();
   {
     MutexLock lock(snapshot_mu_);

@@ -329,6 +329,14 @@ std::vector<Metric<D>> Daemon() {
        .read = [](const D& c) -> uint64_t { return c.conns.direct_failed.load(); },
        .prom = {"vsocket_direct_failed_total"},
        .group = "conn_counters"},
+      {.name = "direct_bytes",
+       .type = kCounter,
+       .help = "Bytes direct pairs moved, from their libraries' counts in the pair's memory (vsocketd copies none "
+               "of them; counted when vsocketctl connections asks and when a connection goes). Also in the "
+               "connections' and VMs' accelerated bytes, not in accel_bytes (what vsocketd copied).",
+       .read = [](const D& c) -> uint64_t { return c.conns.direct_bytes.load(); },
+       .prom = {"vsocket_direct_bytes_total"},
+       .group = "conn_counters"},
       {.name = "direct_declined",
        .type = kCounter,
        .help = "Request/response connections registered only for a direct pair whose pair could not be direct "

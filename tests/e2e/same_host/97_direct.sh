@@ -105,9 +105,10 @@ case_direct() {
   local name=direct_pairs conns=4 bytes=$((32 << 20)) port bad=""
   direct_restart on || { fail $name "restart with direct on: $(tail -1 "$WORK/direct-on.restart")"; direct_restart off; return; }
   port=$(alloc_port)
-  local rep=$WORK/$name.jsonl pairs0 moved0 pairs1 moved1
+  local rep=$WORK/$name.jsonl pairs0 moved0 pairs1 moved1 db0 db1
   pairs0=$(stat_field direct_pairs)
   moved0=$(stat_field accel_bytes)
+  db0=$(stat_field direct_bytes)
   vm_bg vm2 preload "$rep" "$WORK/$name.srv" "$XFER" server "$A2" "$port" --conns $conns
   local srv=$BG
   if ! vm_run vm1 preload "$rep" "$XFER" client "$A2" "$port" --conns $conns --bytes $bytes >"$WORK/$name.cli" 2>&1; then
@@ -117,6 +118,18 @@ case_direct() {
   wait "$srv" || bad+="server: $(tail -2 "$WORK/$name.srv" | tr '\n' ' '); "
   pairs1=$(stat_field direct_pairs)
   moved1=$(stat_field accel_bytes)
+  # vsocketd counts a direct pair's bytes from its counts when its ends go
+  # (their UNREGISTERs may still be on their way): every ring byte the
+  # reports name, within a few seconds.
+  local ring_bytes i
+  ring_bytes=$(python3 -c "
+import json, sys
+print(sum(l.get('accel_tx', 0) for l in map(json.loads, open(sys.argv[1])) if 'local' in l))" "$rep")
+  for i in $(seq 50); do
+    db1=$(stat_field direct_bytes)
+    [ $((db1 - db0)) -ge "$ring_bytes" ] && break
+    sleep 0.1
+  done
   local out direct_ends
   out=$(python3 $CHECK "$rep" --port "$port" --expect-conns $((2 * conns)) --mode accelerated --reason accelerated \
     --accel-min 1 --exact-total $((bytes + 16))) || bad+="$out; "
@@ -124,6 +137,9 @@ case_direct() {
   [ "$direct_ends" = $((2 * conns)) ] || bad+="$direct_ends of $((2 * conns)) ends report path direct; "
   [ $((pairs1 - pairs0)) -ge $conns ] || bad+="vsocketd counted $((pairs1 - pairs0)) direct pairs; "
   [ "$moved1" = "$moved0" ] || bad+="vsocketd moved $((moved1 - moved0)) B of direct pairs; "
+  [ "$ring_bytes" -gt 0 ] || bad+="the reports name no ring bytes; "
+  [ $((db1 - db0)) -ge "$ring_bytes" ] ||
+    bad+="vsocketd counted $((db1 - db0)) B moved by direct pairs, the reports $ring_bytes; "
   # The whole suite, every pair direct (its own PASS/FAIL line).
   case_semantics preload_direct
   local sem=$WORK/sem-preload_direct.jsonl sem_direct
@@ -134,7 +150,7 @@ case_direct() {
   bad+=$(direct_policy $name)
   direct_restart off || bad+="restart with direct off: $(tail -1 "$WORK/direct-off.restart"); "
   [ -z "$bad" ] || { fail $name "$bad"; return; }
-  pass "$name ($conns conns x $bytes B each way byte-checked, $direct_ends ends path direct, vsocketd counted $((pairs1 - pairs0)) direct pairs and moved 0 B of them; semantics suite: $sem_direct ends direct; vsocketd SIGKILLed under two direct 1 GiB streams each way: byte-exact through RESYNC; vsocketctl drain under a direct 4 GiB stream and 4 request/response pairs, then undrain: clean fences, nothing resent, the 4 pairs direct again; default policy: 2000-round connections direct after 16 turns, a connection per request held, a peer of another tenant declined and held)"
+  pass "$name ($conns conns x $bytes B each way byte-checked, $direct_ends ends path direct, vsocketd counted $((pairs1 - pairs0)) direct pairs and $((db1 - db0)) B they moved, and copied 0 B of them; semantics suite: $sem_direct ends direct; vsocketd SIGKILLed under two direct 1 GiB streams each way: byte-exact through RESYNC; vsocketctl drain under a direct 4 GiB stream and 4 request/response pairs, then undrain: clean fences, nothing resent, the 4 pairs direct again; default policy: 2000-round connections direct after 16 turns, a connection per request held, a peer of another tenant declined and held)"
 }
 
 register_case direct_pairs case_direct
