@@ -184,6 +184,20 @@ class RawGuest {
            proto::ToString(ack->reason);
   }
 
+  // Process mode: guest-physical == virtual (decision 3), so the request
+  // queue's descriptor table is where it is mapped here.
+  uint64_t RequestRingGpa() {
+    return ch_ ? reinterpret_cast<uint64_t>(ch_->frontend().queue(0).ring().desc()) : 0;
+  }
+  // VOUCH (decision 100): "OK", the answer's wire error, or "" (no answer).
+  std::string Vouch(uint64_t device_ring_gpa, proto::Endpoint local, proto::Endpoint peer) {
+    proto::Message resp;
+    if (!ch_ || !ch_->Call({proto::MsgType::kVouch, 0, proto::Vouch{device_ring_gpa, local, peer}}, &resp, scratch_).ok())
+      return "";
+    const auto* ack = std::get_if<proto::RegisterAck>(&resp.body);
+    return ack ? proto::ToString(ack->status) : "";
+  }
+
   std::string Unregister(uint64_t id) {
     proto::Message resp;
     if (!ch_ || !ch_->Call({proto::MsgType::kUnregister, 0, proto::Unregister{id}}, &resp, scratch_).ok()) return "";

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -55,7 +56,8 @@ class Daemon {
         std::string env;
         for (char ch : name) env += ch == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
         bool prove = prove_vm_.count(name) ? prove_vm_[name] : prove_sockets_;
-        setenv(("VSOCKET_VM_" + env + "_PROVE_SOCKETS").c_str(), prove ? "true" : "false", 1);
+        const char* value = agent_vms_.count(name) ? "agent" : prove ? "true" : "false";
+        setenv(("VSOCKET_VM_" + env + "_PROVE_SOCKETS").c_str(), value, 1);
       }
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
@@ -75,6 +77,9 @@ class Daemon {
   // default; off for raw-protocol guests). Before Start().
   void set_prove_sockets(bool on) { prove_sockets_ = on; }
   void set_prove_sockets(const std::string& vm, bool on) { prove_vm_[vm] = on; }
+  // prove_sockets = agent (decision 100): the VM's authority attaches at
+  // socket_path(vm) + ".agent". Before Start().
+  void set_proofs_by_agent(const std::string& vm) { agent_vms_.insert(vm); }
 
   // True if the process is still running.
   bool Alive() {
@@ -153,6 +158,7 @@ class Daemon {
   pid_t pid_ = -1;
   bool prove_sockets_ = false;
   std::map<std::string, bool> prove_vm_;
+  std::set<std::string> agent_vms_;
 };
 
 }  // namespace vsocket::testing
