@@ -14,6 +14,7 @@
 #include "guest/core/direct.h"
 #include "guest/core/conn_state.h"
 #include "guest/core/fd_table.h"
+#include "guest/core/loss.h"
 #include "guest/core/poll_ops.h"
 #include "guest/core/session.h"
 #include "guest/core/writer.h"
@@ -240,6 +241,12 @@ void EnsureRegistered(int fd, Conn& c) {
       // events upgraded it). Registered again with the next backend.
       c.retry_at_ns.store(MonotonicNs() + kRegisterRetryNs, std::memory_order_relaxed);
       s->Untrack(c.id);
+      // BackendLost may have looked at its connections before this one was
+      // pending (between Track and kRegistered, or before Track): it moved
+      // nothing then. Still pending on a dead session, a reader would ask
+      // it for ever (recv's kernel-EOF path: a spin): as BackendLost would.
+      if (c.state.phase() == Phase::kPending)
+        (void)ApplyLoss(self, LossKind::kBackendGone, 0, false, Reason::kBackendUnavailable, nullptr);
       return;
     }
     // (kernel-faster is the backend's choice for the application's sake,
