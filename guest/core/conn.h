@@ -62,7 +62,6 @@ class DirectSlot {
   DirectRing* get() const { return p_.load(std::memory_order_acquire); }
   DirectRing* operator->() const { return get(); }
   explicit operator bool() const { return get() != nullptr; }
-  size_t mappings() const { return maps_.size(); }
 
  private:
   std::atomic<DirectRing*> p_{nullptr};

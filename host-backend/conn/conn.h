@@ -129,7 +129,7 @@ struct RxRegion {
 };
 
 // A direct pair's first page, mapped read-only by vsocketd for the pair's
-// byte counts (conn/direct.cc FoldDirect); shared by the pair's two ends.
+// byte counts (conn/direct.cc CountDirect); shared by the pair's two ends.
 struct DirectPage;
 
 struct BackendConn {

@@ -33,6 +33,16 @@ using Direct = vhost::PortConfig::Direct;
 // Whether the VM's setting lets its connection share memory with that peer.
 bool Lets(Direct d, bool same_vm) { return d == Direct::kSameTenant || (d == Direct::kSameVm && same_vm); }
 
+// Whether two VMs' settings let a connection of one share a pair with a
+// process of the other (the same VM: a == b). Process mode only: the memory
+// and fds go over the proof channel (a QEMU VM's processes get theirs from
+// its agent: not yet).
+bool PortsLet(const vhost::PortConfig* a, const vhost::PortConfig* b) {
+  if (a == nullptr || b == nullptr || !a->prove_sockets || !b->prove_sockets) return false;
+  bool same_vm = a->index == b->index;
+  return Lets(a->direct, same_vm) && Lets(b->direct, same_vm);
+}
+
 uint64_t NewToken() {
   uint64_t t = 0;
   while (t == 0)
@@ -44,25 +54,15 @@ uint64_t NewToken() {
 
 bool ConnManager::DirectAllowed(const BackendConn& a, const BackendConn& b) const {
   if (!a.takes_direct || !b.takes_direct || a.device == nullptr || b.device == nullptr) return false;
-  const vhost::PortConfig* pa = a.device->port();
-  const vhost::PortConfig* pb = b.device->port();
-  // Process mode only: the memory and fds go over the proof channel (a
-  // QEMU VM's processes get theirs from its agent: not yet).
-  if (pa == nullptr || pb == nullptr || !pa->prove_sockets || !pb->prove_sockets) return false;
   if (a.key.tenant != b.key.tenant) return false;  // (never paired anyway)
-  bool same_vm = a.vm_index == b.vm_index;
-  return Lets(pa->direct, same_vm) && Lets(pb->direct, same_vm) && a.device->call_fd(1) >= 0 &&
-         b.device->call_fd(1) >= 0;
+  return PortsLet(a.device->port(), b.device->port()) && a.device->call_fd(1) >= 0 && b.device->call_fd(1) >= 0;
 }
 
 bool ConnManager::DirectPossible(const BackendConn& c) const {
-  const vhost::PortConfig* mine = c.device != nullptr ? c.device->port() : nullptr;
-  if (mine == nullptr || !c.takes_direct || !mine->prove_sockets) return false;
+  if (!c.takes_direct || c.device == nullptr) return false;
+  const vhost::PortConfig* mine = c.device->port();
   // A loopback peer is a process of the same VM.
-  const vhost::PortConfig* theirs = IsLoopback(c.key.peer) ? mine : LocalPortFor(c.key.tenant, c.key.peer);
-  if (theirs == nullptr || !theirs->prove_sockets) return false;
-  bool same_vm = theirs->index == mine->index;
-  return Lets(mine->direct, same_vm) && Lets(theirs->direct, same_vm);
+  return PortsLet(mine, IsLoopback(c.key.peer) ? mine : LocalPortFor(c.key.tenant, c.key.peer));
 }
 
 void ConnManager::DeclineDirect(BackendConn& c) {
