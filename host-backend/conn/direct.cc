@@ -67,9 +67,10 @@ bool ConnManager::DirectPossible(const BackendConn& c) const {
 
 void ConnManager::DeclineDirect(BackendConn& c) {
   c.reason = proto::Reason::kKernelFaster;
-  Raise(c, kEvDowngrade);  // (before any upgrade: the library takes it as a withdrawal)
+  // (Before any upgrade: the library takes it as a withdrawal. Its fallback
+  // is counted as the DOWNGRADE goes out, events.cc.)
+  Raise(c, kEvDowngrade);
   counters_.direct_declined.fetch_add(1, std::memory_order_relaxed);
-  CountFallback(c.vm_index, proto::Reason::kKernelFaster);
 }
 
 void ConnManager::MaybeGoDirect(BackendConn& a, BackendConn& b) {

@@ -458,9 +458,8 @@ bool ConnManager::ExpireTentative() {
     // the registration, the rings are its own again; a busy loop's library
     // holds it again and may try once more later).
     c->reason = Reason::kPeerNotRegistered;
-    Raise(*c, kEvDowngrade);
+    Raise(*c, kEvDowngrade);  // (its fallback counted as it goes out, events.cc)
     counters_.tentative_expired.fetch_add(1, std::memory_order_relaxed);
-    CountFallback(c->vm_index, Reason::kPeerNotRegistered);
     any = true;
   }
   return any;

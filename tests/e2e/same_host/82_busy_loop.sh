@@ -69,13 +69,15 @@ case_busy_loop() {
   local name=$1 mode=$2 conns=$3 want_srv=$4 want_cli=$5
   local port srep=$WORK/$name.srv.jsonl crep=$WORK/$name.cli.jsonl out bad=""
   port=$(alloc_port)
-  local reg0 exp0 reg1 exp1
+  local reg0 exp0 reg1 exp1 fb0 fb1
   reg0=$(stat_field tentative_registered)
   exp0=$(stat_field tentative_expired)
+  fb0=$(vm_fallbacks vm2 peer_not_registered)
   busy_run "$name" "$port" "$conns" "$srep" "$crep" "$mode" "$conns" 1500 || return
   out=$BUSY_OUT
   reg1=$(stat_field tentative_registered)
   exp1=$(stat_field tentative_expired)
+  fb1=$(vm_fallbacks vm2 peer_not_registered)
   local srv_sum cli_sum
   srv_sum=$(busy_report_check "$srep" "$port" "$want_srv") || bad+="server: $srv_sum; "
   cli_sum=$(busy_report_check "$crep" "$port" "$want_cli") || bad+="client: $cli_sum; "
@@ -85,7 +87,11 @@ case_busy_loop() {
       # Each connection withdrawn once at least; a later try (held again,
       # after a pause) may still be waiting when the client ends.
       [ "$exp" -ge "$conns" ] && [ "$exp" -le "$reg" ] && [ $((reg - exp)) -le "$conns" ] ||
-        bad+="vsocketd: $reg tentative registrations, $exp withdrawn (want each withdrawn, none accelerated); " ;;
+        bad+="vsocketd: $reg tentative registrations, $exp withdrawn (want each withdrawn, none accelerated); "
+      # One fallback (peer-not-registered) per withdrawal, and per try still
+      # pending when the server closed: counted once each.
+      [ $((fb1 - fb0)) -ge "$exp" ] && [ $((fb1 - fb0)) -le "$reg" ] ||
+        bad+="vsocketd: vm2's peer-not-registered fallbacks grew by $((fb1 - fb0)) for $exp withdrawals of $reg tentative registrations; " ;;
     busy-accelerated)
       [ "$reg" = $((2 * conns)) ] && [ "$exp" = 0 ] ||
         bad+="vsocketd: $reg tentative registrations, $exp withdrawn (want $((2 * conns)), none withdrawn); " ;;

@@ -67,9 +67,10 @@ direct_drained() {
 # per request never registers; one to another tenant's VM (vm3) registers
 # for a direct pair, is declined (direct_declined) and stays held.
 direct_policy() {
-  local name=$1-policy port rep=$WORK/$1-policy.jsonl out bad="" d0 d1 dp0 dp1
+  local name=$1-policy port rep=$WORK/$1-policy.jsonl out bad="" d0 d1 dp0 dp1 kf0 kf1
   port=$(alloc_port 3)
   d0=$(stat_field direct_declined)
+  kf0=$(vm_fallbacks vm1 kernel_faster)
   dp0=$(stat_field direct_pairs)
   vm_bg vm2 preload "$rep" "$WORK/$name.srv" env VSOCKET_UPGRADE=auto "$XFER" server "$A2" "$port" --conns 2 --rounds 2000
   local srv=$BG
@@ -96,7 +97,11 @@ direct_policy() {
     bad+="policy, another tenant's peer: $out; "
   d1=$(stat_field direct_declined)
   dp1=$(stat_field direct_pairs)
+  kf1=$(vm_fallbacks vm1 kernel_faster)
   [ $((d1 - d0)) -ge 1 ] || bad+="policy: vsocketd declined $((d1 - d0)) direct registrations for vm3; "
+  # Each declined connection is one fallback (kernel-faster), counted once.
+  [ $((kf1 - kf0)) = $((d1 - d0)) ] ||
+    bad+="policy: vm1's kernel-faster fallbacks grew by $((kf1 - kf0)) for $((d1 - d0)) declined registrations; "
   [ $((dp1 - dp0)) = 2 ] || bad+="policy: vsocketd made $((dp1 - dp0)) direct pairs, expected 2; "
   echo -n "$bad"
 }

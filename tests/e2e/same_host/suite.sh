@@ -48,6 +48,14 @@ suite_finish() { :; }
 
 suite_cleanup() { groupdel "$E2E_GROUP" 2>/dev/null; }
 
+# vm_fallbacks VM REASON: VM's connections left on kernel TCP for REASON
+# (a column of vsocketctl fallbacks: kernel_faster, peer_not_registered...).
+vm_fallbacks() {
+  bash $TB ctl fallbacks --json 2>/dev/null | python3 -c "
+import json, sys
+print(sum(r[sys.argv[2]] for r in json.load(sys.stdin) if r['vm'] == sys.argv[1]))" "$1" "$2"
+}
+
 stat_field() {  # stat_field KEY: a number from the daemon's stats JSON
   python3 - "$(bash $TB status 2>/dev/null | sed -n '/^{/,$p')" "$1" <<'PY'
 import json, sys
