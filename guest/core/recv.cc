@@ -167,14 +167,7 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
           if (!PairingInFlight(c)) {
             // The backend may have gone while we asked, its last events
             // upgrading (and resyncing) the connection: look again.
-            if (c.state.phase() != Phase::kPending) continue;
-            if (!c.session->alive()) {
-              // Pending on a session that died without moving it on (it
-              // registered as BackendLost ran): never upgraded, so the
-              // kernel stream is all of it. Looking again would spin.
-              c.lost_backend.store(true, std::memory_order_relaxed);
-              (void)c.state.Apply(ConnEvent::kBackendLost, Reason::kBackendUnavailable);
-            }
+            if (c.state.phase() != Phase::kPending || !c.session->alive()) continue;
             return got;  // plain kernel EOF
           }
           kernel_eof = true;  // wait for the UPGRADE (or DOWNGRADE) event

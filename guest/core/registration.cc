@@ -14,7 +14,6 @@
 #include "guest/core/direct.h"
 #include "guest/core/conn_state.h"
 #include "guest/core/fd_table.h"
-#include "guest/core/loss.h"
 #include "guest/core/poll_ops.h"
 #include "guest/core/session.h"
 #include "guest/core/writer.h"
@@ -213,8 +212,13 @@ void EnsureRegistered(int fd, Conn& c) {
     VS_LOG(kInfo, "fd %d: socket not proved to the backend: %s", fd, proof.ToString().c_str());
   std::shared_ptr<Conn> self = Lookup(fd);
   // Tracked and pending before the request: the UPGRADE can race the ack.
-  s->Track(self);
-  c.state.Apply(ConnEvent::kRegistered);
+  if (!s->TrackPending(self)) {
+    // The session was lost meanwhile (it moved its connections on without
+    // this one): registered again with the next backend, as they are.
+    c.lost_backend.store(true, std::memory_order_relaxed);
+    c.retry_at_ns.store(MonotonicNs() + kRegisterRetryNs, std::memory_order_relaxed);
+    return;
+  }
   proto::RegisterConn r{c.id, c.role, c.local, c.peer, s->Gpa(c.tx), s->Gpa(c.rx), c.ring_size, c.ring_size};
   // Registered by the policy because it streams: in large writes, vsocketd
   // keeps it on kernel TCP where its path copies more than the kernel's
@@ -241,12 +245,6 @@ void EnsureRegistered(int fd, Conn& c) {
       // events upgraded it). Registered again with the next backend.
       c.retry_at_ns.store(MonotonicNs() + kRegisterRetryNs, std::memory_order_relaxed);
       s->Untrack(c.id);
-      // BackendLost may have looked at its connections before this one was
-      // pending (between Track and kRegistered, or before Track): it moved
-      // nothing then. Still pending on a dead session, a reader would ask
-      // it for ever (recv's kernel-EOF path: a spin): as BackendLost would.
-      if (c.state.phase() == Phase::kPending)
-        (void)ApplyLoss(self, LossKind::kBackendGone, 0, false, Reason::kBackendUnavailable, nullptr);
       return;
     }
     // (kernel-faster is the backend's choice for the application's sake,

@@ -625,6 +625,14 @@ void Session::Track(const std::shared_ptr<Conn>& c) {
   conns_[c->id] = c;
 }
 
+bool Session::TrackPending(const std::shared_ptr<Conn>& c) {
+  MutexLock lock(mu_);
+  if (lost_) return false;
+  conns_[c->id] = c;
+  c->state.Apply(ConnEvent::kRegistered);
+  return true;
+}
+
 void Session::Untrack(uint64_t conn_id) {
   MutexLock lock(mu_);
   conns_.erase(conn_id);

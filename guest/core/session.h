@@ -54,6 +54,11 @@ class Session {
   uint64_t Gpa(const void* p) const { return transport_->Gpa(p); }
 
   void Track(const std::shared_ptr<Conn>& c);
+  // A registration about to be sent: c is tracked and made pending in one
+  // step under the session lock, so BackendLost (under the same lock) either
+  // sees it pending and moves it on, or came first: then false, and c stays
+  // as it was (unprobed).
+  bool TrackPending(const std::shared_ptr<Conn>& c);
   void Untrack(uint64_t conn_id);
   // The tracked connections, copied.
   std::vector<std::shared_ptr<Conn>> Tracked() const;

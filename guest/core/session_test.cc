@@ -115,6 +115,26 @@ TEST_F(SessionTest, ALostBackendMovesEveryConnectionOn) {
   EXPECT_EQ(Session::Existing(), nullptr);
 }
 
+// A registration racing the session's loss (e2e daemon_restart_grpc_auto:
+// one left pending on a dead session, its reader spinning): made pending
+// under the session lock, it is either moved on by BackendLost or refused
+// because BackendLost came first, never left pending.
+TEST_F(SessionTest, ARegistrationNeverStaysPendingOnALostSession) {
+  Session* s = Up(0);
+  ASSERT_NE(s, nullptr);
+  auto before = std::make_shared<Conn>();
+  before->id = 1;
+  ASSERT_TRUE(s->TrackPending(before));
+  EXPECT_EQ(before->state.phase(), Phase::kPending);
+  g_fake->KillBackend();
+  EXPECT_FALSE(s->CheckBackend());
+  EXPECT_EQ(before->state.phase(), Phase::kUnprobed) << "moved on by BackendLost";
+  auto after = std::make_shared<Conn>();
+  after->id = 2;
+  EXPECT_FALSE(s->TrackPending(after));
+  EXPECT_EQ(after->state.phase(), Phase::kUnprobed) << "refused: never pending";
+}
+
 TEST_F(SessionTest, AWedgedBackendTimesOutAndIsNotAnswering) {
   Session* s = Up(0);
   ASSERT_NE(s, nullptr);
