@@ -32,15 +32,7 @@ Status SendGrant(int fd, const agent::Grant& g, const int* fds, size_t nfds) {
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int) * kGrantFds)] = {};
-  if (nfds > 0) {
-    msg.msg_control = ctl;
-    msg.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
-    std::memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
-  }
+  if (nfds > 0) vhost::proof::AttachFds(&msg, ctl, sizeof(ctl), fds, nfds);
   if (sendmsg(fd, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(g))) return Status::FromErrno("send grant");
   return Status::Ok();
 }
@@ -139,18 +131,12 @@ void AgentServer::AcceptProof() {
 // vouches for it to vsocketd for the device granted to that process.
 bool AgentServer::ServeProof(ProofChannel& c) {
   vhost::proof::Request req;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 2)] = {};
-  iovec iov{&req, sizeof(req)};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  ssize_t n = recvmsg(c.fd.get(), &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+  std::vector<UniqueFd> fds;  // (all closed on every path)
+  int msg_flags = 0;
+  ssize_t n = vhost::proof::RecvWithFds<2>(c.fd.get(), &req, sizeof(req), MSG_DONTWAIT, &fds, &msg_flags);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
-  std::vector<UniqueFd> fds = vhost::proof::TakeFds(&msg);  // (all closed on every path)
   if (n != static_cast<ssize_t>(sizeof(req)) || req.magic != vhost::proof::kMagic || fds.size() != 1 ||
-      (msg.msg_flags & MSG_CTRUNC))
+      (msg_flags & MSG_CTRUNC))
     return false;
   uint32_t err = 0;
   auto granted = [&](size_t k) { return k < slots_.size() && slots_[k].client.get() >= 0 && slots_[k].device; };

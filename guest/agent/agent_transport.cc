@@ -54,32 +54,17 @@ Result<std::unique_ptr<guest::Transport>> AgentTransport::Open(const std::string
   if (connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
     return Status(Code::kUnavailable, "no vsocket-guestd at " + path + ": " + strerror(errno));
   Grant g;
-  iovec iov{&g, sizeof(g)};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int) * kGrantFds)] = {};
-  msg.msg_control = ctl;
-  msg.msg_controllen = sizeof(ctl);
   // Bounded: an agent that accepted but never answers is not waited on.
   pollfd p{sock.get(), POLLIN, 0};
   if (poll(&p, 1, 5000) != 1) return Status(Code::kUnavailable, "vsocket-guestd did not answer");
-  ssize_t n = recvmsg(sock.get(), &msg, MSG_CMSG_CLOEXEC);
-  UniqueFd fds[kGrantFds];
-  size_t nfds = 0;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < k; ++i) {
-      int fd;
-      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      if (nfds < kGrantFds) fds[nfds++] = UniqueFd(fd);
-      else close(fd);  // (every fd of a bad message is closed)
-    }
-  }
+  std::vector<UniqueFd> got;  // (every fd of a bad message is closed)
+  int msg_flags = 0;
+  ssize_t n = vhost::proof::RecvWithFds<kGrantFds>(sock.get(), &g, sizeof(g), 0, &got, &msg_flags);
   if (n != static_cast<ssize_t>(sizeof(g))) return Status(Code::kDataLoss, "short grant from vsocket-guestd");
-  if (g.status == GrantStatus::kOk && (nfds != kGrantFds || (msg.msg_flags & MSG_CTRUNC)))
+  if (g.status == GrantStatus::kOk && (got.size() != kGrantFds || (msg_flags & MSG_CTRUNC)))
     return Status(Code::kDataLoss, "grant without its fds");
+  UniqueFd fds[kGrantFds];
+  for (size_t i = 0; i < kGrantFds && i < got.size(); ++i) fds[i] = std::move(got[i]);
   std::unique_ptr<AgentTransport> t(new AgentTransport());
   t->path_ = path;
   VS_RETURN_IF_ERROR(t->Take(std::move(sock), g, fds));

@@ -101,28 +101,22 @@ bool ProofServer::Serve(Channel& c) {
     // (Room for the largest request: a larger one is truncated, MSG_TRUNC.)
     alignas(8) uint8_t buf[sizeof(proof::DirectFetch) + 1];
     proof::Request req;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
-    iovec iov{buf, sizeof(buf)};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    ssize_t n = recvmsg(c.fd.get(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    // Every descriptor that came along is ours to close.
+    std::vector<UniqueFd> fds;
+    int msg_flags = 0;
+    ssize_t n = proof::RecvWithFds<4>(c.fd.get(), buf, sizeof(buf), MSG_DONTWAIT, &fds, &msg_flags);
     if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
     if (n == 0) return false;
-    // Every descriptor that came along is ours to close.
-    std::vector<UniqueFd> fds = proof::TakeFds(&msg);
     if (n >= static_cast<ssize_t>(sizeof(req))) std::memcpy(&req, buf, sizeof(req));
     if (n == sizeof(proof::DirectFetch) && req.magic == proof::kMagic && req.op == proof::Op::kDirectFetch &&
-        fds.empty() && !(msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC))) {
+        fds.empty() && !(msg_flags & (MSG_CTRUNC | MSG_TRUNC))) {
       proof::DirectFetch f;
       std::memcpy(&f, buf, sizeof(f));
       if (!ServeDirectFetch(c, f.token)) return false;
       continue;
     }
     proof::Reply reply;
-    if (n != sizeof(req) || req.magic != proof::kMagic || fds.size() != 1 || (msg.msg_flags & MSG_CTRUNC)) {
+    if (n != sizeof(req) || req.magic != proof::kMagic || fds.size() != 1 || (msg_flags & MSG_CTRUNC)) {
       reply.error = EINVAL;
       counters_.refused.fetch_add(1, std::memory_order_relaxed);
     } else if (req.op == proof::Op::kBind) {

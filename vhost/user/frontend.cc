@@ -304,16 +304,10 @@ Status VhostUserFrontend::FetchDirect(uint64_t token, UniqueFd* memory, UniqueFd
     return st;
   }
   proof::DirectReply reply;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 2)] = {};
-  iovec iov{&reply, sizeof(reply)};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  do n = recvmsg(proof_.get(), &msg, MSG_CMSG_CLOEXEC);
+  std::vector<UniqueFd> fds;
+  int msg_flags = 0;
+  do n = proof::RecvWithFds<2>(proof_.get(), &reply, sizeof(reply), 0, &fds, &msg_flags);
   while (n < 0 && errno == EINTR);
-  std::vector<UniqueFd> fds = proof::TakeFds(&msg);
   if (n != static_cast<ssize_t>(sizeof(reply)) || reply.magic != proof::kMagic) {
     proof_.reset();
     return Status(Code::kUnavailable, "proof channel: closed");

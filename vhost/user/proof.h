@@ -91,6 +91,31 @@ inline std::vector<UniqueFd> TakeFds(msghdr* msg) {
   return fds;
 }
 
+// One message of `len` bytes into buf with at most kMaxFds descriptors
+// (SCM_RIGHTS, close-on-exec), for both ends of the channel and for the
+// guest agent's grants: what recvmsg returned; *fds gets every descriptor
+// that came, now the caller's (closed on every path), and *msg_flags the
+// message's flags (MSG_CTRUNC: more descriptors were sent than fit,
+// MSG_TRUNC: the message was longer than len).
+template <size_t kMaxFds>
+ssize_t RecvWithFds(int sock, void* buf, size_t len, int flags, std::vector<UniqueFd>* fds, int* msg_flags) {
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)] = {};
+  iovec iov{buf, len};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n = recvmsg(sock, &msg, flags | MSG_CMSG_CLOEXEC);
+  fds->clear();
+  *msg_flags = 0;
+  if (n >= 0) {
+    *fds = TakeFds(&msg);
+    *msg_flags = msg.msg_flags;
+  }
+  return n;
+}
+
 // Waits up to timeout_ms for the answer to a request just sent on channel.
 inline Status AwaitAnswer(int channel, int64_t timeout_ms) {
   pollfd p{channel, POLLIN, 0};
