@@ -46,6 +46,7 @@ class RequestService : public DeviceService {
     bool worked = conns_.ApplyDrainRequests();
     worked |= conns_.MoveData();
     worked |= conns_.ExpireTentative();
+    worked |= conns_.ExpireLeftWithVm();
     worked |= peering_.Poll();
     conns_.ServeSnapshots();  // (a report is not work: it does not keep the worker polling)
     return worked;

@@ -194,6 +194,12 @@ struct BackendConn {
   bool gone = false;            // guest closed or died; data may still drain
   std::vector<uint8_t> orphan;  // TX bytes not yet moved when the guest left
   size_t orphan_off = 0;
+  // When its device stopped with its dirty log on while its peer, in the
+  // same VM, still ran (MonotonicMs; 0: not so). Its peer is told nothing
+  // until its own device stops (the VM moved: neither is told anything)
+  // or kLeftWithVmMs passed (a process that exited during the pre-copy:
+  // told as any close). Decision 106.
+  int64_t left_with_vm_ms = 0;
 
   // Values owed with pending events, captured when raised (the peer may be
   // gone by the time they are emitted).

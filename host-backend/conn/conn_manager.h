@@ -99,8 +99,12 @@ class ConnManager {
   // still wait for their peer are withdrawn: DOWNGRADE before any upgrade,
   // reason peer-not-registered (decision 83). True if any was.
   bool ExpireTentative();
-  // How long the worker may sleep before ExpireTentative has work: -1
-  // (forever) when no tentative registration waits.
+  // Connections whose device stopped with its dirty log on while their
+  // peer's did not within kLeftWithVmMs: their peer hears of the close now.
+  // True if any did.
+  bool ExpireLeftWithVm();
+  // How long the worker may sleep before ExpireTentative (or
+  // ExpireLeftWithVm) has work: -1 (forever) when nothing waits.
   int SleepTimeoutMs() const;
 
   // Cross-host. All on the worker thread.
@@ -295,6 +299,15 @@ class ConnManager {
   bool ResolveRings(BackendConn& c);
   // The guest is gone: keep its unsent TX bytes, tell the peer.
   void Orphan(BackendConn& c);
+  // c's device is stopping with its dirty log on: its VM moved (a live
+  // migration's switchover) or one of its processes went during the
+  // pre-copy (decision 106). A connection paired with another of the same
+  // VM keeps its news from its peer until the peer's device stops too
+  // (then both go as if this vsocketd had died for them: nothing kept of
+  // their TX rings, which the guest resends through RESYNC where it runs
+  // now, and nothing said) or kLeftWithVmMs pass (then its peer hears of
+  // the close as usual: ExpireLeftWithVm).
+  void LeaveWithVm(BackendConn& c);
   // One connection of VM vm_index on kernel TCP for `why` (VmTotals::fallbacks).
   void CountFallback(uint32_t vm_index, proto::Reason why) {
     vm_totals_[vm_index % kMaxVms].fallbacks[FallbackSlot(why)].fetch_add(1, std::memory_order_relaxed);
@@ -466,6 +479,12 @@ class ConnManager {
     int64_t due_ms;  // MonotonicMs
   };
   std::deque<Tentative> tentative_;
+  // LeaveWithVm's connections waiting for their peer's device to stop, in
+  // stop (so expiry) order; handles, as tentative_.
+  std::deque<Tentative> left_with_vm_;
+  // How long a VM's devices may take to stop at a switchover (QEMU stops
+  // them one after the other, a fraction of a millisecond apart here).
+  static constexpr int64_t kLeftWithVmMs = 2000;
   std::unordered_map<uint32_t, size_t> declined_per_host_;
   // How long a PAIR_REQUEST waits for its guest's registration, and a
   // decline for the registration or request it answers.

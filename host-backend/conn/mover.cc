@@ -15,7 +15,7 @@ void ConnManager::MarkMovable(BackendConn& c) {
 
 void ConnManager::MaybeAnnounceShutdown(BackendConn& c) {
   // EOF reaches the peer only after every byte did.
-  if (!c.write_shut || c.shut_announced || (!c.peer && !c.remote.paired())) return;
+  if (!c.write_shut || c.shut_announced || (!c.peer && !c.remote.paired()) || c.left_with_vm_ms != 0) return;
   bool drained = c.gone ? c.orphan_off == c.orphan.size() : c.tx_copied == c.tx_tail;
   if (!drained && !(c.remote.paired() && c.remote.gone)) return;
   c.shut_announced = true;
@@ -28,7 +28,7 @@ void ConnManager::MaybeAnnounceShutdown(BackendConn& c) {
 uint64_t ConnManager::Move(BackendConn& c) {
   if (c.remote.paired()) return MoveRemote(c);
   BackendConn* p = c.peer;
-  if (p == nullptr || p->gone || p->rx.host == nullptr || !c.fence_received) return 0;
+  if (p == nullptr || p->gone || p->rx.host == nullptr || !c.fence_received || c.left_with_vm_ms != 0) return 0;
   const uint8_t* src;
   uint32_t src_size;
   uint64_t src_pos, avail;

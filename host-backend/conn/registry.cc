@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "host-backend/conn/ring_copy.h"
 #include "host-backend/remote/frame.h"
@@ -123,7 +124,7 @@ void ConnManager::Orphan(BackendConn& c) {
   VS_LOG(kDebug, "conn %lu (guest id %lu) closed, %zu bytes orphaned, peer %lu", static_cast<unsigned long>(c.handle),
          static_cast<unsigned long>(c.conn_id), c.orphan.size(),
          static_cast<unsigned long>(c.peer ? c.peer->handle : 0));
-  if (c.peer) {
+  if (c.peer && c.left_with_vm_ms == 0) {
     Raise(*c.peer, kEvPeerGone);
     MarkMovable(c);
     MaybeAnnounceShutdown(c);
@@ -157,7 +158,7 @@ void ConnManager::Orphan(BackendConn& c) {
 void ConnManager::MaybeDestroy(BackendConn* c) {
   // A gone connection lives until its orphaned bytes reached the peer (or
   // the peer is gone too).
-  if (!c->gone) return;
+  if (!c->gone || c->left_with_vm_ms != 0) return;  // (LeaveWithVm: its peer's device may stop next)
   if (c->peer && !c->peer->gone && c->orphan_off < c->orphan.size()) return;
   if (c->in_move_list || c->in_owed_list || c->in_reap_list) return;  // removed by the sweeps
   if (c->txh && c->txh->Busy()) {
@@ -242,6 +243,74 @@ void ConnManager::OnAttach(vhost::BackendDevice& device) {
   }
 }
 
+void ConnManager::LeaveWithVm(BackendConn& c) {
+  // Only a same-host pair on the rings whose two ends are this VM's: a
+  // pending connection has nothing to say to anyone, and a peer elsewhere
+  // (another VM here, or on a peer host) still hears its peer closed, as
+  // before: its connection would have to finish on kernel TCP through
+  // RESYNC instead (issue 36, not done yet). A direct pair is process
+  // mode's.
+  BackendConn* p = c.peer;
+  if (c.gone || p == nullptr || p->vm_index != c.vm_index || c.state != ConnState::kUpgraded || c.remote.paired() ||
+      c.direct)
+    return;
+  if (p->left_with_vm_ms == 0) {
+    // The first end to stop: Orphan keeps its bytes as for any close, and
+    // keeps its news from the peer for now (Move, MaybeAnnounceShutdown,
+    // MaybeDestroy wait).
+    c.left_with_vm_ms = MonotonicMs();
+    left_with_vm_.push_back({c.handle, c.left_with_vm_ms + kLeftWithVmMs});
+    return;
+  }
+  // Its peer's device stopped first, with its log on too: the VM moved.
+  // Neither end keeps anything or says anything: the guest that wrote their
+  // rings runs elsewhere now, with every byte either peer did not consume
+  // still in its TX ring (credit is consumption-based), and resends them
+  // itself when its session there turns out unknown (decision 094), as
+  // when vsocketd dies.
+  counters_.migration_leaves.fetch_add(2, std::memory_order_relaxed);
+  VS_LOG(kDebug, "conn %lu (guest id %lu) left with its VM, as did its peer %lu", static_cast<unsigned long>(c.handle),
+         static_cast<unsigned long>(c.conn_id), static_cast<unsigned long>(p->handle));
+  p->left_with_vm_ms = 0;
+  if (!p->orphan.empty()) {
+    vm_totals_[p->vm_index % kMaxVms].orphan_bytes.fetch_sub(p->orphan.size(), std::memory_order_relaxed);
+    counters_.orphan_bytes.fetch_sub(p->orphan.size(), std::memory_order_relaxed);
+    p->orphan.clear();
+    p->orphan_off = 0;
+  }
+  c.tx.host = c.rx.host = nullptr;  // (Orphan keeps nothing of it)
+  ++c.map_epoch;
+  c.pending_events = 0;
+  c.peer = nullptr;
+  p->peer = nullptr;
+  MaybeDestroy(p);
+}
+
+bool ConnManager::ExpireLeftWithVm() {
+  if (left_with_vm_.empty()) return false;
+  int64_t now = MonotonicMs();
+  bool any = false;
+  while (!left_with_vm_.empty() && left_with_vm_.front().due_ms <= now) {
+    auto it = conns_.find(left_with_vm_.front().handle);
+    left_with_vm_.pop_front();
+    if (it == conns_.end() || it->second->left_with_vm_ms == 0) continue;  // left with its peer meanwhile
+    BackendConn& c = *it->second;
+    c.left_with_vm_ms = 0;
+    // Its peer's device still runs here: not a move, a process that went
+    // during the pre-copy. Its peer hears of the close as Orphan says it.
+    VS_LOG(kInfo, "conn %lu: its device stopped during a live migration, its peer's did not: the peer is told it closed",
+           static_cast<unsigned long>(c.handle));
+    if (c.peer) {
+      Raise(*c.peer, kEvPeerGone);
+      MarkMovable(c);
+      MaybeAnnounceShutdown(c);
+    }
+    MaybeDestroy(&c);
+    any = true;
+  }
+  return any;
+}
+
 void ConnManager::OnDetach(vhost::BackendDevice& device) {
   DeviceConns* dc = Find(device);
   if (dc == nullptr) return;
@@ -259,12 +328,16 @@ void ConnManager::OnDetach(vhost::BackendDevice& device) {
     return;
   }
   // The guest process is gone: its connections close as if it exited.
+  // Unless the device stopped with its dirty log on (as of its last Load):
+  // then the VM moved on, and its connections leave with it (decision 106).
+  const bool moved = device.logging();
   std::vector<BackendConn*> conns;
   for (auto& [id, c] : dc->by_id) conns.push_back(c);
   for (BackendConn* c : dc->events) c->in_event_list = false;
   for (BackendConn* c : dc->doorbells) c->in_doorbell_set = false;
   devices_.erase(&device);
   for (BackendConn* c : conns) {
+    if (moved) LeaveWithVm(*c);
     c->device = nullptr;
     Orphan(*c);
     MaybeDestroy(c);

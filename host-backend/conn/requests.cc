@@ -466,8 +466,11 @@ bool ConnManager::ExpireTentative() {
 }
 
 int ConnManager::SleepTimeoutMs() const {
-  if (tentative_.empty()) return -1;
-  int64_t left = tentative_.front().due_ms - MonotonicMs();
+  if (tentative_.empty() && left_with_vm_.empty()) return -1;
+  int64_t due = INT64_MAX;
+  if (!tentative_.empty()) due = tentative_.front().due_ms;
+  if (!left_with_vm_.empty()) due = std::min(due, left_with_vm_.front().due_ms);  // (LeaveWithVm)
+  int64_t left = due - MonotonicMs();
   return left <= 0 ? 0 : static_cast<int>(left) + 1;
 }
 

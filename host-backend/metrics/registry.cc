@@ -137,6 +137,13 @@ std::vector<Metric<D>> Daemon() {
        .read = [](const D& c) -> uint64_t { return c.service.migration.arrivals.load(); },
        .prom = {"vsocket_migration_arrivals_total"},
        .group = "backend"},
+      {.name = "migration_leaves",
+       .type = kCounter,
+       .help = "Connections still on the rings when their VM's devices stopped with the dirty log on (the switchover): "
+               "closed without a word to the VM's own peers (they resync where the VM runs now).",
+       .read = [](const D& c) -> uint64_t { return c.conns.migration_leaves.load(); },
+       .prom = {"vsocket_migration_leaves_total"},
+       .group = "backend"},
       {.name = "migration_sessions_told",
        .type = kCounter,
        .help = "Arrived devices whose library was told its session is unknown here (it opens a new one).",
