@@ -111,6 +111,8 @@ Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& 
     auto n = ParseInt(value, 0, 65535, where);
     if (!n.ok()) return n.status();
     c->metrics_port = *n;
+  } else if (key == "vms_dir") {
+    c->vms_dir = value;
   } else if (key == "host_name") {
     c->host_name = value;
   } else if (key == "peer_listen") {
@@ -177,7 +179,7 @@ Status SetDaemonKey(DaemonConfig* c, const std::string& key, const std::string& 
             "etcd_ca, etcd_cert, etcd_key, "
             "fabric, rdma_device, "
             "rdma_gid_index, links_per_peer, orphan_mb_per_vm, orphan_mb_total, max_devices_per_vm, "
-            "max_conns_per_vm, drain_timeout_ms)");
+            "max_conns_per_vm, drain_timeout_ms, vms_dir)");
   }
   return Status::Ok();
 }
@@ -381,7 +383,8 @@ Status ApplyEnv(char** env, DaemonConfig* config) {
                  {"VSOCKET_ORPHAN_MB_TOTAL", "orphan_mb_total"},
                  {"VSOCKET_MAX_DEVICES_PER_VM", "max_devices_per_vm"},
                  {"VSOCKET_MAX_CONNS_PER_VM", "max_conns_per_vm"},
-                 {"VSOCKET_DRAIN_TIMEOUT_MS", "drain_timeout_ms"}};
+                 {"VSOCKET_DRAIN_TIMEOUT_MS", "drain_timeout_ms"},
+                 {"VSOCKET_VMS_DIR", "vms_dir"}};
   for (char** e = env; e && *e; ++e) {
     std::string kv = *e;
     size_t eq = kv.find('=');

@@ -49,6 +49,9 @@ struct DaemonConfig {
   std::string metrics_addr = "127.0.0.1";
   int metrics_port = 0;  // 0: no HTTP metrics listener (still on the ctl socket)
   std::vector<vhost::PortConfig> vms;
+  // Where `vsocketctl vm add` keeps the VMs it adds, a file each, read
+  // again at every start (vms_dir.h, decision 105); empty: CTL_SOCKET.vms.d.
+  std::string vms_dir;
   // Multi-host (all empty: this host links to no other).
   std::string host_name;    // this host's name, the CN of tls_cert
   std::string peer_listen;  // ADDR:PORT other backends connect to
@@ -104,7 +107,7 @@ Result<DaemonConfig> ParseConfig(const std::string& text, const std::string& nam
 // VSOCKET_PEER_LISTEN, VSOCKET_TLS_{CERT,KEY,CA}, VSOCKET_LOCATOR,
 // VSOCKET_FABRIC, VSOCKET_RDMA_DEVICE, VSOCKET_RDMA_GID_INDEX, VSOCKET_LINKS_PER_PEER,
 // VSOCKET_ORPHAN_MB_PER_VM, VSOCKET_ORPHAN_MB_TOTAL, VSOCKET_MAX_DEVICES_PER_VM,
-// VSOCKET_MAX_CONNS_PER_VM, per peer
+// VSOCKET_MAX_CONNS_PER_VM, VSOCKET_VMS_DIR, per peer
 // VSOCKET_PEER_<NAME>_ADDRESS, and per VM VSOCKET_VM_<NAME>_{SOCKET,TENANT,ADDRESSES,GROUP} (NAME upper-cased, '-' -> '_').
 Status ApplyEnv(char** env, DaemonConfig* config);
 // Checks the whole configuration (at least one VM, unique names, sockets

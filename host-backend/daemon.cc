@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <algorithm>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -13,13 +14,10 @@
 #include "vhost/backend/vhost_backend.h"
 
 namespace vsocket::backend {
-namespace {
 
 std::string CtlError(const std::string& msg, bool json) {
   return json ? "{\"error\":\"" + msg + "\"}\n" : "error: " + msg + "\n";
 }
-
-}  // namespace
 
 Daemon::Daemon(DaemonConfig config)
     : config_(std::move(config)),
@@ -27,7 +25,9 @@ Daemon::Daemon(DaemonConfig config)
       worker_(&service_, WorkerOptions{config_.poll_us, config_.poll_max_us, 64, nap_us_}) {}
 
 Status Daemon::Start() {
-  conns_.SetLocalPorts(&config_.vms);
+  // The worker's own reference to the VM list (vm add/remove replace it
+  // through its queue: RequestLocalPorts).
+  conns_.SetLocalPorts(vms_.Get());
   conns_.SetOrphanBudgets(uint64_t(config_.orphan_mb_per_vm) << 20, uint64_t(config_.orphan_mb_total) << 20);
   conns_.SetConnsPerVm(static_cast<uint32_t>(config_.max_conns_per_vm));
   conns_.SetNaps(nap_us_ > 0);
@@ -37,8 +37,8 @@ Status Daemon::Start() {
   for (const vhost::PortConfig& p : config_.vms)
     if (p.away) conns_.StartAway(p.index);
   {
-    MutexLock lock(ports_mu_);  // (before the control socket can ask)
-    port_open_.assign(config_.vms.size(), false);
+    MutexLock lock(vm_ops_mu_);  // (before the control socket can ask)
+    for (const vhost::PortConfig& p : config_.vms) next_index_ = std::max(next_index_, p.index + 1);
   }
   LoadAttested();
   Status st = peering_.Start(config_);
@@ -81,7 +81,7 @@ Status Daemon::Start() {
       VS_LOG(kError, "%s", st.ToString().c_str());
       return st;
     }
-    port_open_[p.index] = true;
+    port_open_.insert(p.index);
   }
   return Status::Ok();
 }
@@ -103,11 +103,8 @@ void Daemon::Stop() {
   conns_.SetWorker(nullptr);  // (a report asked meanwhile is made by whoever asked)
   {
     MutexLock lock(ports_mu_);
-    for (const vhost::PortConfig& p : config_.vms)
-      if (p.index < port_open_.size() && port_open_[p.index]) {
-        (void)vhost::VhostBackend::Instance().RemovePort(p.path);
-        port_open_[p.index] = false;
-      }
+    for (const vhost::PortConfig& p : *vms_.Get())
+      if (port_open_.erase(p.index) != 0) (void)vhost::VhostBackend::Instance().RemovePort(p.path);
   }
   peering_.StopDirectory();  // (this host's records leave the directory)
   metrics_.Stop();
@@ -153,14 +150,15 @@ std::string Daemon::CtlCommand(const std::string& line) {
   if (!words.empty() && words[0] == "migrate") return MigrateCommand(words, json);
   if (!words.empty() && words[0] == "locator") return LocatorCommand(words, json);
   if (!words.empty() && words[0] == "attest") return AttestCommand(words, json);
+  if (!words.empty() && words[0] == "vm") return VmCommand(words, json);
   if (words.empty() || (words[0] != "drain" && words[0] != "undrain" && words[0] != "drained"))
     return HandleCtlCommand(line, reporting_);
   auto error = [&](const std::string& msg) { return CtlError(msg, json); };
   if (words.size() > 2) return error("usage: " + words[0] + " [VM]");
   std::string vm = words.size() == 2 ? words[1] : "";
-  const vhost::PortConfig* port = PortNamed(vm);
-  if (!vm.empty() && port == nullptr) return error("no VM named '" + vm + "' (vsocketctl vms lists them)");
-  if (port != nullptr && conns_.away(port->index)) {
+  std::optional<vhost::PortConfig> port = PortNamed(vm);
+  if (!vm.empty() && !port) return error("no VM named '" + vm + "' (vsocketctl vms lists them)");
+  if (port && conns_.away(port->index)) {
     if (words[0] != "drained")
       return error(vm + " runs on another host (vsocketctl migrate end " + vm + " when it is back)");
     return json ? "{\"vm\":\"" + vm + "\",\"draining\":true,\"away\":true,\"leaving\":0,\"accelerated\":0}\n"
@@ -175,7 +173,7 @@ std::string Daemon::CtlCommand(const std::string& line) {
   bool draining = words[0] == "drain";
   if (words[0] == "drained") {
     draining = true;
-    for (const vhost::PortConfig& p : config_.vms)
+    for (const vhost::PortConfig& p : *vms_.Get())
       if ((vm.empty() || p.vm_name == vm) && !conns_.away(p.index) && conns_.draining(p.index) == proto::Reason::kNone)
         draining = false;
   }
@@ -191,10 +189,10 @@ std::string Daemon::CtlCommand(const std::string& line) {
 
 namespace vsocket::backend {
 
-const vhost::PortConfig* Daemon::PortNamed(const std::string& vm) const {
-  for (const vhost::PortConfig& p : config_.vms)
-    if (p.vm_name == vm) return &p;
-  return nullptr;
+std::optional<vhost::PortConfig> Daemon::PortNamed(const std::string& vm) const {
+  for (const vhost::PortConfig& p : *vms_.Get())
+    if (p.vm_name == vm) return p;
+  return std::nullopt;
 }
 
 // Moving a guest to another host (docs/operator-guide.md "Moving guests"):
@@ -209,8 +207,9 @@ std::string Daemon::MigrateCommand(const std::vector<std::string>& words, bool j
   if (words.size() != 3 || (words[1] != "begin" && words[1] != "detach" && words[1] != "end"))
     return error("usage: migrate begin|end VM");
   const std::string& vm = words[2];
-  const vhost::PortConfig* port = PortNamed(vm);
-  if (port == nullptr) return error("no VM named '" + vm + "' (vsocketctl vms lists them)");
+  MutexLock ops(vm_ops_mu_);  // (the VM stays while it moves)
+  std::optional<vhost::PortConfig> port = PortNamed(vm);
+  if (!port) return error("no VM named '" + vm + "' (vsocketctl vms lists them)");
   auto answer = [&](const std::string& state, const std::string& text) {
     size_t accel = 0, left = Leaving(vm, &accel);
     if (json)
@@ -242,13 +241,12 @@ std::string Daemon::MigrateCommand(const std::vector<std::string>& words, bool j
     {
       MutexLock lock(ports_mu_);
       if (stopping_) return error("vsocketd is stopping");
-      if (port_open_[port->index]) {
+      if (port_open_.erase(port->index) != 0) {
         // Ends its vhost-user sessions: its libraries go on on kernel TCP
         // (everything moved already, or was reset just now) and connect
         // again wherever the VM's socket path leads next.
         Status st = vhost::VhostBackend::Instance().RemovePort(port->path);
         if (!st.ok()) VS_LOG(kWarn, "vm %s: %s", vm.c_str(), st.ToString().c_str());
-        port_open_[port->index] = false;
       }
     }
     peering_.DirectoryVmAway(vm);  // (withdrawn before the new host publishes it: decision 86)
@@ -268,10 +266,10 @@ std::string Daemon::MigrateCommand(const std::vector<std::string>& words, bool j
   {
     MutexLock lock(ports_mu_);
     if (stopping_) return error("vsocketd is stopping");
-    if (!port_open_[port->index]) {
+    if (port_open_.count(port->index) == 0) {
       Status st = vhost::VhostBackend::Instance().AddPort(*port, &worker_);
       if (!st.ok()) return error(vm + ": " + st.message());
-      port_open_[port->index] = true;
+      port_open_.insert(port->index);
     }
   }
   if (!Apply(port->index, ConnManager::VmOp::kArrive))
@@ -322,12 +320,20 @@ std::string Daemon::AttestCommand(const std::vector<std::string>& words, bool js
   unsigned long long cookie = words.size() == 3 ? std::strtoull(words[2].c_str(), &end, 10) : 0;
   if (words.size() != 3 || *end != '\0' || cookie == 0)
     return error("usage: attest VM COOKIE (vsocketctl attest VM, run inside the VM's network namespace, finds it)");
-  const vhost::PortConfig* port = PortNamed(words[1]);
-  if (port == nullptr) return error("no VM named '" + words[1] + "' (vsocketctl vms lists them)");
+  std::optional<vhost::PortConfig> port = PortNamed(words[1]);
+  if (!port) return error("no VM named '" + words[1] + "' (vsocketctl vms lists them)");
   vhost::VhostBackend::Instance().AttestNetns(port->path, cookie);
-  // Kept for the next start: written whole, then renamed over the old.
+  SaveAttested();
+  VS_LOG(kInfo, "operator: attest %s (network namespace cookie %llu)", words[1].c_str(), cookie);
+  std::string c = std::to_string(cookie);
+  return json ? "{\"vm\":\"" + words[1] + "\",\"netns_cookie\":" + c + "}\n"
+              : words[1] + ": network namespace " + c + " attested: socket proofs from any other are refused\n";
+}
+
+// Kept for the next start: written whole, then renamed over the old.
+void Daemon::SaveAttested() {
   std::string text;
-  for (const vhost::PortConfig& p : config_.vms)
+  for (const vhost::PortConfig& p : *vms_.Get())
     if (uint64_t c = vhost::VhostBackend::Instance().AttestedNetns(p.path); c != 0)
       text += p.vm_name + " " + std::to_string(c) + "\n";
   std::string path = config_.ctl_socket + ".attested", tmp = path + ".tmp";
@@ -337,10 +343,6 @@ std::string Daemon::AttestCommand(const std::vector<std::string>& words, bool js
     if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0)
       VS_LOG(kWarn, "attest: %s not written: the attestation lasts until vsocketd stops", path.c_str());
   }
-  VS_LOG(kInfo, "operator: attest %s (network namespace cookie %llu)", words[1].c_str(), cookie);
-  std::string c = std::to_string(cookie);
-  return json ? "{\"vm\":\"" + words[1] + "\",\"netns_cookie\":" + c + "}\n"
-              : words[1] + ": network namespace " + c + " attested: socket proofs from any other are refused\n";
 }
 
 void Daemon::LoadAttested() {
@@ -349,7 +351,7 @@ void Daemon::LoadAttested() {
   char name[256];
   unsigned long long cookie;
   while (std::fscanf(f, "%255s %llu", name, &cookie) == 2)
-    if (const vhost::PortConfig* p = PortNamed(name)) vhost::VhostBackend::Instance().AttestNetns(p->path, cookie);
+    if (std::optional<vhost::PortConfig> p = PortNamed(name)) vhost::VhostBackend::Instance().AttestNetns(p->path, cookie);
   std::fclose(f);
 }
 

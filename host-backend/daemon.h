@@ -8,6 +8,8 @@
 //   CtlServer       the control socket (vsocketctl), MetricsServer (Prometheus)
 #pragma once
 
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,9 +22,13 @@
 #include "host-backend/peering/peers.h"
 #include "host-backend/request_service.h"
 #include "host-backend/stats.h"
+#include "host-backend/vm_table.h"
 #include "host-backend/worker.h"
 
 namespace vsocket::backend {
+
+// A control command's error answer ("error: MSG", or {"error":"MSG"}).
+std::string CtlError(const std::string& msg, bool json);
 
 class Daemon {
  public:
@@ -58,22 +64,37 @@ class Daemon {
   // (namespace cookies are never reused until the host reboots).
   std::string AttestCommand(const std::vector<std::string>& words, bool json);
   void LoadAttested();
-  const vhost::PortConfig* PortNamed(const std::string& vm) const;
+  void SaveAttested();  // (the VMs' attestations now, in CTL_SOCKET.attested)
+  // vsocketctl vm add NAME --KEY VALUE... | vm remove NAME (decision 105):
+  // a VM added or removed at runtime, kept in the VMs directory.
+  std::string VmCommand(const std::vector<std::string>& words, bool json);
+  std::string VmAdd(const std::vector<std::string>& words, bool json);
+  // begin (vm remove-begin, vsocketctl's first step): checks, then drains.
+  std::string VmRemove(const std::string& vm, bool json, bool begin);
+  // The tenants of the VMs in `vms` (the directory follows those).
+  static std::set<uint32_t> TenantsOf(const VmTable::Vms& vms);
+  // The VM named `vm` as the table has it now (a copy: the table may change).
+  std::optional<vhost::PortConfig> PortNamed(const std::string& vm) const;
+  // Serialises vm add, vm remove and migrate (each reads the table, then
+  // changes it or the VM's port): taken before ports_mu_.
+  Mutex vm_ops_mu_ ACQUIRED_BEFORE(ports_mu_);
+  uint32_t next_index_ GUARDED_BY(vm_ops_mu_) = 0;  // the index vm add gives next (never one used before)
   // Held while ports open and close (VhostBackend::AddPort/RemovePort, which
   // take the backend's own lock, and may wait for the worker to let a
   // device go): never taken by anything those call.
   Mutex ports_mu_;
-  std::vector<bool> port_open_ GUARDED_BY(ports_mu_);  // per VM index: its vhost-user port is open (not away)
+  std::set<uint32_t> port_open_ GUARDED_BY(ports_mu_);  // VM indices whose vhost-user port is open (not away)
   bool stopping_ GUARDED_BY(ports_mu_) = false;        // Stop() began: no port opens or closes any more
   // Members are constructed in this order (each after the parts it uses)
   // and destroyed in reverse.
-  const DaemonConfig config_;
+  const DaemonConfig config_;  // as started (its vms: the table's first list; vms_ has them now)
+  VmTable vms_{config_.vms};
   const int nap_us_;  // EffectiveNapUs (before worker_, which takes it)
   ConnManager conns_;
   Peering peering_{&conns_};
   RequestService service_{&conns_, &peering_};
   Worker worker_;
-  const Reporting reporting_{conns_, peering_, service_.counters(), worker_.counters(), config_.vms};
+  const Reporting reporting_{conns_, peering_, service_.counters(), worker_.counters(), vms_};
   CtlServer ctl_;
   MetricsServer metrics_;
 };

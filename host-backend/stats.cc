@@ -48,13 +48,14 @@ enum Part : uint32_t { kDevices = 1, kVms = 2, kPeers = 4, kConns = 8, kAll = 15
 
 Report Collect(const Reporting& r, uint32_t parts) {
   auto& backend = vhost::VhostBackend::Instance();
-  Report rep{{backend.counters(), r.worker, r.service, r.conns.counters(), r.peering.counters()}, {}, {}, {}, {}};
+  Report rep{{backend.counters(), r.worker, r.service, r.conns.counters(), r.peering.counters()}, {}, {}, {}, {}, {}};
   if (parts & (kDevices | kVms)) rep.devices = backend.Devices();
   if (parts & (kConns | kVms)) rep.conns = r.conns.Snapshot();
   if (parts & kPeers) rep.peers = r.peering.Snapshot();
   if (parts & kVms) {
     // Every VM of the configuration, with what is attached and registered now.
-    for (const vhost::PortConfig& vm : r.vms) {
+    rep.vm_list = r.vms.Get();
+    for (const vhost::PortConfig& vm : *rep.vm_list) {
       VmRow row{&vm, 0, 0, 0, &r.conns.vm_totals(vm.index)};
       for (const auto& d : rep.devices) row.devices += d->port()->vm_name == vm.vm_name;
       for (const auto& c : rep.conns) {

@@ -10,6 +10,7 @@
 #include "host-backend/metrics/registry.h"
 #include "host-backend/peering/peers.h"
 #include "host-backend/request_service.h"
+#include "host-backend/vm_table.h"
 #include "host-backend/worker.h"
 #include "vhost/backend/vhost_backend.h"
 
@@ -21,7 +22,7 @@ struct Reporting {
   const Peering& peering;
   const ServiceCounters& service;
   const WorkerCounters& worker;
-  const std::vector<vhost::PortConfig>& vms;
+  const VmTable& vms;  // (a report takes the list as it is when it starts)
 };
 
 // Commands (a line; "--json" anywhere selects JSON):
@@ -40,6 +41,7 @@ struct Report {
   std::vector<metrics::VmRow> vms;
   std::vector<PeerSnapshot> peers;
   std::vector<ConnSnapshot> conns;
+  std::shared_ptr<const VmTable::Vms> vm_list;  // what the vms rows point into
 };
 
 // HandleCtlCommand and PrometheusMetrics on a report (tests).

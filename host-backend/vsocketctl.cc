@@ -17,6 +17,8 @@
 //     migrate end VM                  VM runs here (arrived, or its move called off)
 //     locator [set TENANT ADDRESS HOST | reload]   the static locator
 //     attest VM     run inside VM's network namespace: that namespace is VM's
+//     vm add NAME --socket PATH --tenant T [--addresses A[,B...]] [--KEY VALUE...]
+//     vm remove NAME [--wait SEC]   VMs added and removed at runtime (decision 105)
 // The socket defaults to $VSOCKET_CTL_SOCKET, else /run/vsocket/vsocketd.sock.
 #include <poll.h>
 #include <sys/socket.h>
@@ -68,6 +70,17 @@ constexpr char kUsage[] =
     "                vsocketd then refuses socket proofs from any other (a\n"
     "                look-alike connection a guest process built in a\n"
     "                namespace of its own)\n"
+    "  vm add NAME --socket PATH --tenant T [--addresses A[,B...]] [--group G]\n"
+    "                [--prove-sockets true|false|agent] [--direct off|same-tenant|same-vm]\n"
+    "                a VM added at runtime (every VM key of vsocketd.conf but away):\n"
+    "                its port opens, its addresses pair, it is published in the etcd\n"
+    "                directory, and it is kept in the VMs directory (vms_dir) so\n"
+    "                that vsocketd finds it again when it restarts. After `vm`,\n"
+    "                --socket is the VM's: vsocketctl's own goes before the command\n"
+    "  vm remove NAME    a VM vm add added: its connections leave the rings with\n"
+    "                clean fences (like drain; those still on them after --wait\n"
+    "                SEC, default 10, are reset), its port closes, its record\n"
+    "                leaves the directory and its file the VMs directory\n"
     "  -s, --socket PATH   vsocketd's control socket (default $VSOCKET_CTL_SOCKET,\n"
     "                      else /run/vsocket/vsocketd.sock; root or group vsocket)\n"
     "  -j, --json          JSON instead of a table\n"
@@ -142,6 +155,14 @@ int main(int argc, char** argv) {
   int wait_s = -1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    if (command == "vm" || command.rfind("vm ", 0) == 0) {
+      // Everything after `vm` is the VM's (--socket too), but --json and --wait.
+      if (a == "--json" || a == "-j") json = true;
+      else if (a == "--wait" && i + 1 < argc) wait_s = std::atoi(argv[++i]);
+      else if (a.empty() || a.find_first_of(" \t\n") != std::string::npos) return Usage();
+      else command += " " + a;
+      continue;
+    }
     if ((a == "--socket" || a == "-s") && i + 1 < argc) path = argv[++i];
     else if (a == "--json" || a == "-j") json = true;
     else if (a == "--wait" && i + 1 < argc) wait_s = std::atoi(argv[++i]);
@@ -169,7 +190,31 @@ int main(int argc, char** argv) {
     command += " " + std::to_string(cookie);
   }
   bool migrate_begin = command.rfind("migrate begin ", 0) == 0;
-  if (wait_s >= 0 && command.rfind("drain ", 0) != 0 && command != "drain" && !migrate_begin) return Usage();
+  bool vm_remove = command.rfind("vm remove ", 0) == 0 && command.find(' ', 10) == std::string::npos;
+  if (wait_s >= 0 && command.rfind("drain ", 0) != 0 && command != "drain" && !migrate_begin && !vm_remove)
+    return Usage();
+  if (vm_remove) {
+    // Its connections leave the rings first, with clean fences (a drain),
+    // until none is left on them or --wait SEC (default 10) passed; then
+    // vsocketd removes it (what is still on the rings is reset).
+    // (vsocketd checks that it may remove the VM before it drains it.)
+    std::string vm = command.substr(10), out;
+    if (!Ask(path, "vm remove-begin " + vm + (json ? " --json" : "") + "\n", &out)) return 1;
+    if (IsError(out)) {
+      std::fwrite(out.data(), 1, out.size(), stdout);
+      return 1;
+    }
+    for (int i = 0; out.find("draining") != std::string::npos && i <= (wait_s < 0 ? 10 : wait_s) * 10; ++i) {
+      if (!Ask(path, "drained " + vm + "\n", &out)) return 1;
+      if (IsError(out) || (NoneLeaving(out) && out.find(", 0 accelerated") != std::string::npos)) break;
+      out = "draining";
+      usleep(100000);
+    }
+    if (!Ask(path, command + (json ? " --json" : "") + "\n", &out)) return 1;
+    if (IsError(out)) (void)Ask(path, "undrain " + vm + "\n", &command);  // (not removed: as it was)
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    return IsError(out) ? 1 : 0;
+  }
   std::string out;
   if (!Ask(path, command + (json ? " --json" : "") + "\n", &out)) return 1;
   if (migrate_begin && !IsError(out)) {

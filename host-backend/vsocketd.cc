@@ -21,6 +21,7 @@
 #include "base/log.h"
 #include "host-backend/config.h"
 #include "host-backend/daemon.h"
+#include "host-backend/vms_dir.h"
 #include "vhost/backend/vhost_backend.h"
 
 namespace vsocket::backend {
@@ -163,6 +164,9 @@ DaemonConfig LoadConfig(int argc, char** argv) {
       Usage(("unknown argument " + a).c_str());
     }
   }
+  // The VMs vsocketctl vm add added (decision 105), after the configuration's.
+  st = LoadVmsDir(VmsDir(c), &c);
+  if (!st.ok()) ConfigError(st);
   st = Validate(&c);
   if (!st.ok()) ConfigError(st);
   return c;

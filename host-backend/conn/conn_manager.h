@@ -111,6 +111,15 @@ class ConnManager {
   void SetRemoteHosts(RemoteHosts* hosts) { hosts_ = hosts; }
   // This host's VMs (for checking what a peer host asks for).
   void SetLocalPorts(const std::vector<vhost::PortConfig>* ports) { ports_ = ports; }
+  void SetLocalPorts(std::shared_ptr<const std::vector<vhost::PortConfig>> ports) {
+    ports_held_ = std::move(ports);
+    ports_ = ports_held_.get();
+  }
+  // Any thread: this host's VMs from the worker's next pass on (vsocketctl
+  // vm add/remove, decision 105): the worker swaps the list in as it
+  // applies VM operations (kPorts), so its pairing reads it without a lock.
+  // Applied once drains_applied() reaches the returned number.
+  uint64_t RequestLocalPorts(std::shared_ptr<const std::vector<vhost::PortConfig>> ports) EXCLUDES(drain_mu_);
   // Registered connections not yet closed, at most, per VM
   // (DaemonConfig::max_conns_per_vm).
   void SetConnsPerVm(uint32_t n) { conns_per_vm_ = n; }
@@ -145,8 +154,11 @@ class ConnManager {
   // still on the rings are reset, peer hosts' requests for its addresses
   // are refused as moved, its addresses are no longer local); kArrive: it
   // runs here from now on (as an undrain). kRelocate: the locator changed,
-  // pending connections look again where their peers run.
-  enum class VmOp : uint8_t { kDrain, kUndrain, kLeave, kArrive, kRelocate };
+  // pending connections look again where their peers run. kRemove: the VM
+  // is removed from this host (vsocketctl vm remove, decision 105): as
+  // kLeave, its connections still on the rings reset for `why`, but it did
+  // not move (vms_left is not counted). kPorts: RequestLocalPorts.
+  enum class VmOp : uint8_t { kDrain, kUndrain, kLeave, kArrive, kRelocate, kRemove, kPorts };
   // Returns the request's number: applied once drains_applied() reaches it.
   uint64_t RequestVmOp(uint32_t vm_index, VmOp op, proto::Reason why = proto::Reason::kOperator) EXCLUDES(drain_mu_);
   uint64_t RequestDrain(uint32_t vm_index, bool drain, proto::Reason why) {
@@ -327,7 +339,7 @@ class ConnManager {
   void MaybeLeft(BackendConn& c);
   void PairPending(uint32_t vm_index);
   // VM vm_index left this host (VmOp::kLeave).
-  void Leave(uint32_t vm_index);
+  void Leave(uint32_t vm_index, proto::Reason why = proto::Reason::kMigration);
   // The locator changed (VmOp::kRelocate).
   void Relocate();
   // A peer host refused c's PAIR_REQUEST because the peer's VM moved: c
@@ -447,6 +459,7 @@ class ConnManager {
   std::vector<BackendConn*> movable_;
   RemoteHosts* hosts_ = nullptr;
   const std::vector<vhost::PortConfig>* ports_ = nullptr;
+  std::shared_ptr<const std::vector<vhost::PortConfig>> ports_held_;  // what ports_ points into (RequestLocalPorts)
   uint64_t orphan_budget_vm_ = 256u << 20;
   uint64_t orphan_budget_total_ = 1024u << 20;
   uint32_t conns_per_vm_ = 65536;
@@ -511,6 +524,7 @@ class ConnManager {
     VmOp op;
     proto::Reason why;
     uint64_t seq;
+    std::shared_ptr<const std::vector<vhost::PortConfig>> ports = nullptr;  // kPorts
   };
   // Direct pairs' memory waiting for its libraries to fetch it, by token.
   struct DirectOffer {

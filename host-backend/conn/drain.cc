@@ -19,6 +19,13 @@ uint64_t ConnManager::RequestVmOp(uint32_t vm_index, VmOp op, Reason why) {
   return drain_seq_;
 }
 
+uint64_t ConnManager::RequestLocalPorts(std::shared_ptr<const std::vector<vhost::PortConfig>> ports) {
+  MutexLock lock(drain_mu_);
+  drain_requests_.push_back({kAllVms, VmOp::kPorts, Reason::kNone, ++drain_seq_, std::move(ports)});
+  drain_requested_.store(true, std::memory_order_release);
+  return drain_seq_;
+}
+
 bool ConnManager::ApplyDrainRequests() {
   if (!drain_requested_.load(std::memory_order_acquire)) return false;
   std::vector<DrainRequest> todo;
@@ -59,6 +66,15 @@ bool ConnManager::ApplyDrainRequests() {
       case VmOp::kLeave:
         for (uint32_t vm : vms) Leave(vm);
         break;
+      case VmOp::kRemove:
+        for (uint32_t vm : vms) Leave(vm, r.why);
+        break;
+      case VmOp::kPorts:
+        // (The old list stays alive until here: nothing on this thread
+        // points into it past this pass.)
+        ports_held_ = r.ports;
+        ports_ = ports_held_.get();
+        break;
       case VmOp::kArrive:
         for (uint32_t vm : vms) {
           bool was_away = away_[vm].exchange(false, std::memory_order_acq_rel);
@@ -86,17 +102,19 @@ bool ConnManager::ApplyDrainRequests() {
 // with its bytes accounted for: it is reset at both ends, never left to end
 // short. Peer hosts' PAIR_REQUESTs kept for the VM are refused as moved:
 // their requesters ask again where the locator then says.
-void ConnManager::Leave(uint32_t vm) {
+// kRemove (why not kMigration): the VM is removed, not moved; the same,
+// but not counted as a VM that left.
+void ConnManager::Leave(uint32_t vm, Reason why) {
   if (away_[vm].exchange(true, std::memory_order_acq_rel)) return;
   drain_[vm].store(static_cast<uint16_t>(Reason::kMigration), std::memory_order_release);
-  counters_.vms_left.fetch_add(1, std::memory_order_relaxed);
+  if (why == Reason::kMigration) counters_.vms_left.fetch_add(1, std::memory_order_relaxed);
   size_t reset = 0;
   for (auto& [h, c] : conns_) {
     BackendConn& x = *c;
     if (x.vm_index % kMaxVms != vm || x.gone || x.state != ConnState::kUpgraded ||
         x.moved.load(std::memory_order_relaxed))
       continue;
-    x.reason = Reason::kMigration;
+    x.reason = why;
     x.leaving.store(false, std::memory_order_relaxed);
     Raise(x, kEvDowngrade);  // an upgraded guest takes it as a reset
     AbortTx(x);              // and so does its peer

@@ -18,6 +18,7 @@ EtcdLocator::EtcdLocator(std::shared_ptr<EtcdClient> client, Options options)
   counters_->enabled = 1;
   MutexLock lock(mu_);
   stale_since_ms_ = MonotonicMs();
+  tenants_ = options_.tenants;
 }
 
 EtcdLocator::~EtcdLocator() { Stop(); }
@@ -30,9 +31,18 @@ void EtcdLocator::Stop() {
   {
     MutexLock lock(mu_);
     stop_ = true;
+    interrupt_ = true;
   }
   cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();  // (a watch notices stop_ within a second)
+}
+
+void EtcdLocator::SetTenants(std::set<uint32_t> tenants) {
+  MutexLock lock(mu_);
+  if (tenants == tenants_) return;
+  tenants_ = std::move(tenants);
+  retarget_ = true;
+  interrupt_ = true;  // (the watch's stop flag: it ends, and Run reads again)
 }
 
 bool EtcdLocator::WaitSynced(int timeout_ms) {
@@ -60,8 +70,8 @@ std::string EtcdLocator::Find(uint32_t tenant, const proto::Endpoint& addr) cons
 EtcdLocatorHealth EtcdLocator::Health() const {
   EtcdLocatorHealth h;
   h.endpoint = client_->endpoint();
-  h.tenants.assign(options_.tenants.begin(), options_.tenants.end());
   MutexLock lock(mu_);
+  h.tenants.assign(tenants_.begin(), tenants_.end());
   h.refused_tenants = refused_tenants_;
   h.connected = connected_;
   h.revision = revision_;
@@ -96,16 +106,31 @@ std::string EtcdLocator::Describe() const {
 
 std::vector<std::string> EtcdLocator::Ranges() const {
   std::vector<std::string> out = {options_.prefix};
-  for (uint32_t t : options_.tenants) out.push_back(TenantPrefix(options_.tenant_prefix, t));
+  for (uint32_t t : tenants_) out.push_back(TenantPrefix(options_.tenant_prefix, t));
   return out;
 }
 
 void EtcdLocator::Run() {
-  std::vector<std::string> prefixes = Ranges();
-  std::vector<uint32_t> tenants(options_.tenants.begin(), options_.tenants.end());  // of prefixes[1...]
+  std::vector<std::string> prefixes;
+  std::vector<uint32_t> tenants;  // of prefixes[1...]
   int backoff = options_.backoff_min_ms;
   bool need_read = true;
   while (!stop_) {
+    {
+      // The tenants as they are now: at the first read, and whenever
+      // SetTenants changed them (then everything is read again).
+      MutexLock lock(mu_);
+      if (stop_) break;
+      if (need_read || retarget_) {
+        if (retarget_) VS_LOG(kInfo, "directory: the tenants followed changed; reading the directory again");
+        retarget_ = false;
+        interrupt_ = false;
+        need_read = true;
+        prefixes = Ranges();
+        tenants.assign(tenants_.begin(), tenants_.end());
+        refused_tenants_.clear();
+      }
+    }
     if (need_read) {
       // The host records, then each tenant's VM records as of the same
       // revision: one consistent view.
@@ -155,11 +180,12 @@ void EtcdLocator::Run() {
         [&](size_t range, int64_t revision, const std::vector<EtcdEvent>& events) {
           backoff = options_.backoff_min_ms;
           Apply(range, revision, events);
-          return !stop_;
+          return !interrupt_;
         },
-        &stop_, &compacted);
+        &interrupt_, &compacted);
     VS_LOG(kDebug, "directory: watch of %zu prefix(es) ended: %s", ranges.size(), st.ToString().c_str());
     if (stop_) break;
+    if (interrupt_) continue;  // SetTenants: read again (the top of the loop)
     if (st.code() == Code::kOutOfRange) {
       // What we missed is gone from etcd's history: read it all again.
       VS_LOG(kWarn, "directory: %s; reading the directory again", st.message().c_str());
@@ -186,8 +212,8 @@ void EtcdLocator::Load(const EtcdRange& range, size_t ranges) {
     synced_ = true;
   }
   cv_.NotifyAll();
-  VS_LOG(kInfo, "directory: read %zu key(s) (hosts under %s, %zu tenant(s) under %s) at revision %lld",
-         range.kvs.size(), options_.prefix.c_str(), options_.tenants.size(), options_.tenant_prefix.c_str(),
+  VS_LOG(kInfo, "directory: read %zu key(s) (hosts under %s, %zu prefix(es) of tenants under %s) at revision %lld",
+         range.kvs.size(), options_.prefix.c_str(), ranges - 1, options_.tenant_prefix.c_str(),
          static_cast<long long>(range.revision));
   if (on_change_) on_change_();
 }
@@ -230,7 +256,7 @@ bool EtcdLocator::Put(const EtcdKeyValue& kv) {
     seen_[kv.key] = {kv.lease, MonotonicMs()};
     return true;
   }
-  if (!ParseVmKey(options_.tenant_prefix, kv.key, &name) || options_.tenants.count(name.tenant) == 0) {
+  if (!ParseVmKey(options_.tenant_prefix, kv.key, &name) || tenants_.count(name.tenant) == 0) {
     VS_LOG(kWarn, "directory: ignoring key %s (not %sHOST or %sTENANT/HOST/VM of a tenant served here)",
            kv.key.c_str(), options_.prefix.c_str(), options_.tenant_prefix.c_str());
     return false;

@@ -88,6 +88,12 @@ class EtcdLocator : public fabric::Locator {
   void SetOnChange(std::function<void()> fn) { on_change_ = std::move(fn); }
   void Start();
   void Stop();
+  // The tenants to follow from now on (vsocketctl vm add/remove brought
+  // the first VM of a tenant to this host, or took its last away: decision
+  // 105). If they changed, the watch ends within a second and the
+  // directory is read again, these tenants' prefixes as of one revision,
+  // then watched: records of a tenant no longer followed leave the cache.
+  void SetTenants(std::set<uint32_t> tenants) EXCLUDES(mu_);
   // Waits until the first read of the directory is in the cache: false if
   // `timeout_ms` passed first (Find then answers "" until it is).
   bool WaitSynced(int timeout_ms) EXCLUDES(mu_);
@@ -113,7 +119,7 @@ class EtcdLocator : public fabric::Locator {
   // Applies a watch batch of range `range` (Ranges()).
   void Apply(size_t range, int64_t revision, const std::vector<EtcdEvent>& events) EXCLUDES(mu_);
   // The prefixes followed: the host records', then each tenant's.
-  std::vector<std::string> Ranges() const;
+  std::vector<std::string> Ranges() const REQUIRES(mu_);
   // Puts one key into `hosts_`/`vms_` (false: malformed, ignored).
   bool Put(const EtcdKeyValue& kv) REQUIRES(mu_);
   void Erase(const std::string& key) REQUIRES(mu_);
@@ -131,11 +137,16 @@ class EtcdLocator : public fabric::Locator {
   DirectoryCounters own_counters_;
   DirectoryCounters* const counters_;  // options_.counters or own_counters_
   std::atomic<bool> stop_{false};  // (read by the watch's progress callback)
+  // Ends the watch: set with stop_, and by SetTenants (then the thread
+  // reads again and clears it). The watch's own stop flag.
+  std::atomic<bool> interrupt_{false};
 
   mutable Mutex mu_;
   CondVar cv_;                                               // synced_ or stop_ changed
   std::map<std::string, HostRecord> hosts_ GUARDED_BY(mu_);  // by key
   std::map<std::string, std::string> vms_ GUARDED_BY(mu_);   // key -> entry lines
+  std::set<uint32_t> tenants_ GUARDED_BY(mu_);               // followed (Options::tenants, then SetTenants)
+  bool retarget_ GUARDED_BY(mu_) = false;                    // tenants_ changed: read again
   struct Seen {
     int64_t lease = 0;
     int64_t at_ms = 0;  // MonotonicMs when the cache took it

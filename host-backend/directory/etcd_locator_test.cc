@@ -342,5 +342,53 @@ TEST_F(EtcdLocatorTest, OnlyTheTenantsThisHostServesAreReadAndWatched) {
   loc.Stop();
 }
 
+// vsocketctl vm add brings a tenant's first VM to a host, vm remove takes
+// its last away (decision 105): the locator follows the new set of tenants
+// without a restart: the new tenant's records (written before and after)
+// are in its cache, the dropped tenant's leave it and its changes no
+// longer arrive; the host records stay followed throughout.
+TEST_F(EtcdLocatorTest, SetTenantsFollowsATenantAddedAndForgetsOneDropped) {
+  ASSERT_TRUE(PutVm("hostB", "mine0", 7, {"198.51.100.70"}).ok());
+  ASSERT_TRUE(PutVm("hostB", "new0", 9, {"198.51.100.90"}).ok());
+  ASSERT_TRUE(client_->Put(HostKey(kDefaultPrefix, "hostB"), EncodeHost({"203.0.113.2:7300", {"tcp"}})).ok());
+  DirectoryCounters counters;
+  EtcdLocator::Options o;
+  o.counters = &counters;
+  o.tenants = {7};
+  o.backoff_min_ms = 50;
+  EtcdLocator loc(client_, o);
+  loc.Start();
+  ASSERT_TRUE(loc.WaitSynced(5000));
+  ASSERT_TRUE(Eventually([&] { return loc.Health().connected; }, 2000));
+  EXPECT_EQ(loc.Find(9, V4Http("198.51.100.90")), "");
+  uint64_t reads0 = counters.full_reads.load();
+
+  loc.SetTenants({7, 9});
+  EXPECT_TRUE(Eventually([&] { return loc.Find(9, V4Http("198.51.100.90")) == "hostB"; }, 3000))
+      << "tenant 9's record, written before, not in the cache 3 s after SetTenants";
+  EXPECT_EQ(loc.Health().tenants, (std::vector<uint32_t>{7, 9}));
+  EXPECT_EQ(counters.full_reads.load(), reads0 + 1);
+  EXPECT_EQ(loc.Find(7, V4Http("198.51.100.70")), "hostB");
+  ASSERT_TRUE(Eventually([&] { return loc.Health().connected; }, 2000));
+  ASSERT_TRUE(PutVm("hostB", "new1", 9, {"198.51.100.91"}).ok());
+  EXPECT_TRUE(Eventually([&] { return loc.Find(9, V4Http("198.51.100.91")) == "hostB"; }, 2000))
+      << "a tenant-9 record written after SetTenants not followed";
+
+  loc.SetTenants({9});
+  EXPECT_TRUE(Eventually([&] { return loc.Find(7, V4Http("198.51.100.70")).empty(); }, 3000))
+      << "tenant 7, no longer served, still in the cache";
+  EXPECT_EQ(loc.Health().tenants, std::vector<uint32_t>{9});
+  ASSERT_TRUE(Eventually([&] { return loc.Health().connected; }, 2000));
+  uint64_t events0 = counters.watch_events.load();
+  ASSERT_TRUE(PutVm("hostB", "mine1", 7, {"198.51.100.71"}).ok());
+  ASSERT_TRUE(PutVm("hostB", "new2", 9, {"198.51.100.92"}).ok());
+  ASSERT_TRUE(Eventually([&] { return loc.Find(9, V4Http("198.51.100.92")) == "hostB"; }, 2000));
+  usleep(200 * 1000);
+  EXPECT_EQ(counters.watch_events.load(), events0 + 1) << "a change of tenant 7 reached a host that left it";
+  EXPECT_EQ(loc.Find(7, V4Http("198.51.100.71")), "");
+  EXPECT_EQ(loc.Hosts().count("hostB"), 1u);
+  loc.Stop();
+}
+
 }  // namespace
 }  // namespace vsocket::directory

@@ -21,8 +21,6 @@ namespace {
 // How long Start waits for the first read of the directory before going on
 // with an empty cache (pairing across hosts then waits for it).
 constexpr int kDirectorySyncMs = 2000;
-// How long an arriving VM's publication waits to be seen by our own watch.
-constexpr int kDirectoryFollowMs = 1000;
 
 std::string AddressText(const vhost::VmAddress& a) {
   char buf[INET6_ADDRSTRLEN] = "";
@@ -195,7 +193,11 @@ void Peering::Unlist(Host& h, const std::string& why) {
   HostDown(h, why);  // (a setup under way: abandoned, and retired)
 }
 
-void Peering::DirectoryVmHere(const vhost::PortConfig& vm) {
+void Peering::DirectoryTenants(std::set<uint32_t> tenants) {
+  if (etcd_locator_) etcd_locator_->SetTenants(std::move(tenants));
+}
+
+void Peering::DirectoryVmHere(const vhost::PortConfig& vm, int follow_ms) {
   if (!etcd_publisher_) return;
   etcd_publisher_->SetVm(vm.vm_name, VmRecordOf(vm));
   if (vm.addresses.empty()) return;
@@ -206,10 +208,10 @@ void Peering::DirectoryVmHere(const vhost::PortConfig& vm) {
   proto::Endpoint addr;
   addr.family = vm.addresses[0].family == 6 ? proto::Family::kIpv6 : proto::Family::kIpv4;
   addr.addr = vm.addresses[0].addr;
-  for (int64_t deadline = MonotonicMs() + kDirectoryFollowMs; MonotonicMs() < deadline; usleep(10 * 1000))
+  for (int64_t deadline = MonotonicMs() + follow_ms; MonotonicMs() < deadline; usleep(10 * 1000))
     if (etcd_locator_->Find(vm.tenant_id, addr) == host_name_) return;
   VS_LOG(kWarn, "directory: VM %s published, but not yet seen by this host's watch after %d ms", vm.vm_name.c_str(),
-         kDirectoryFollowMs);
+         follow_ms);
 }
 
 void Peering::DirectoryVmAway(const std::string& vm) {

@@ -32,6 +32,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -139,8 +140,14 @@ class Peering : public RemoteHosts {
   // A VM arrived here / left this host (vsocketctl migrate end / detach):
   // with the etcd directory, its record is written under this host's name
   // or withdrawn at once (nothing with a static file). Any thread.
-  void DirectoryVmHere(const vhost::PortConfig& vm);
+  // DirectoryVmHere waits (up to follow_ms) until this host's own watch
+  // shows the record.
+  void DirectoryVmHere(const vhost::PortConfig& vm, int follow_ms = 1000);
   void DirectoryVmAway(const std::string& vm);
+  // The tenants this host's VMs (here or away) have, after vsocketctl vm
+  // add/remove (decision 105): the directory follows those (decision 103).
+  // Any thread; nothing with a static file.
+  void DirectoryTenants(std::set<uint32_t> tenants);
   // Revokes this host's lease (its records leave the directory) and stops
   // following the directory. Daemon::Stop; also at destruction.
   void StopDirectory();

@@ -151,6 +151,84 @@ case_etcd_vm_runtime() {
   pass "$name (vmB1 taken off hostB: gone from hostA's cache in $(((t1 - t0) / 1000000)) ms; put back: in hostA's cache $(((t2 - t1) / 1000000)) ms after, both read by polling every 0.2 s; nothing done on hostA; $XFER_MSG)"
 }
 
+# A VM new to the bed added on hostB at runtime (vsocketctl vm add,
+# decision 105): vmB3, tenant 1, 198.51.100.20, a namespace on hostB's
+# bridge made here. Nothing is done on hostA: its cache places the address
+# on hostB at once, and vmA1's connections to it cross the fabric
+# accelerated and byte-checked (the fabric and the directory's placements
+# count them). Removed again (vsocketctl vm remove): its record leaves etcd
+# and hostA's cache, and a new connection from vmA1 to it stays on kernel
+# TCP with a reason (its own end: no vsocketd port; vmA1's: the directory
+# places no host), every byte there.
+B3=198.51.100.20
+vmB3_up() {
+  local ns="${VSOCKET_TESTBED2_NS_PREFIX:-vs2}vmB3" nsh="${VSOCKET_TESTBED2_NS_PREFIX:-vs2}hostB"
+  vmB3_down
+  ip netns add "$ns" && ip -n "$ns" link set lo up &&
+    ip link add tvmB3 netns "$ns" type veth peer name pvmB3 netns "$nsh" &&
+    ip -n "$ns" link set tvmB3 name eth0 && ip -n "$nsh" link set pvmB3 master br0 up &&
+    ip -n "$ns" addr add "$B3/28" dev eth0 && ip -n "$ns" link set eth0 up &&
+    ip -n "$ns" route add default via 198.51.100.17 &&
+    ln -sfn ../hostB/vmB3.sock "$VSOCKET_TESTBED2_DIR/vms/vmB3.sock"
+}
+# end_reasons REPORT PORT: "ADDRESS:MODE/REASON" of each connection end on
+# PORT; 1 if any of them moved a byte accelerated.
+end_reasons() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+ends, accel = [], 0
+for line in open(sys.argv[1]):
+    l = json.loads(line) if line.strip() else {}
+    if "local" in l and sys.argv[2] in (l["local"].rsplit(":", 1)[1], l["peer"].rsplit(":", 1)[1]):
+        ends.append(l["local"].rsplit(":", 1)[0] + ":" + l["mode"] + "/" + (l["reason"] or "-"))
+        accel += l["accel_tx"] + l["accel_rx"]
+print(" ".join(sorted(ends)) + (f" ({accel} B accelerated)" if accel else ""))
+sys.exit(1 if accel else 0)
+PY
+}
+vmB3_down() {
+  bash $TB ctl hostB vm remove vmB3 --wait 2 >/dev/null 2>&1
+  ip netns del "${VSOCKET_TESTBED2_NS_PREFIX:-vs2}vmB3" 2>/dev/null
+  rm -f "$VSOCKET_TESTBED2_DIR/vms/vmB3.sock"
+  true
+}
+case_etcd_vm_add() {
+  local name=etcd_vm_added_and_removed_with_vsocketctl out t0 t1 t2 t3 msg1 rec port reasons
+  etcd_bed || { fail $name "$E2E_MSG"; return; }
+  vmB3_up || { fail $name "could not make vmB3's namespace on hostB's bridge"; vmB3_down; return; }
+  until_true 10 dir_has hostA "$B1" hostB || { fail $name "hostA does not place $B1 on hostB to begin with"; vmB3_down; return; }
+  dir_lacks hostA "$B3" hostB || { fail $name "hostA places $B3 before vmB3 was added"; vmB3_down; return; }
+  t0=$(date +%s%N)
+  out=$(bash $TB ctl hostB vm add vmB3 --socket "$VSOCKET_TESTBED2_DIR/hostB/vmB3.sock" --tenant 1 --addresses "$B3" 2>&1) ||
+    { fail $name "vsocketctl vm add on hostB: $out"; vmB3_down; return; }
+  until_true 2 dir_has hostA "$B3" hostB || { fail $name "hostA does not place $B3 on hostB 2 s after vm add"; vmB3_down; return; }
+  t1=$(date +%s%N)
+  fabric_xfer etcd_vm_add vmA1 vmB3 "$B3" 2 1048576 "$(alloc_port)" ||
+    { fail $name "vmA1 -> vmB3 (added at runtime): $XFER_MSG"; vmB3_down; return; }
+  msg1=$XFER_MSG
+  t2=$(date +%s%N)
+  out=$(bash $TB ctl hostB vm remove vmB3 --wait 5 2>&1) || { fail $name "vsocketctl vm remove on hostB: $out"; vmB3_down; return; }
+  until_true 2 dir_lacks hostA "$B3" hostB || { fail $name "hostA still places $B3 on hostB 2 s after vm remove"; vmB3_down; return; }
+  t3=$(date +%s%N)
+  rec=$(bash $TB etcdctl get --prefix /vsocket/tenants/1/hostB/vmB3 2>&1)
+  [ -z "$rec" ] || { fail $name "vmB3's record is still in etcd after vm remove: $rec"; vmB3_down; return; }
+  ! bash $TB ctl hostB vms 2>/dev/null | grep -q '^vmB3 ' || { fail $name "hostB still lists vmB3"; vmB3_down; return; }
+  port=$(alloc_port)
+  # (Judged below: every byte on kernel TCP, each end's mode and reason.)
+  XFER_CHECK="--expect-conns 2" run_xfer etcd_vm_removed vmA1 vmB3 "$B3" 1 262144 "$port" ||
+    { fail $name "vmA1 -> vmB3 after vm remove: $XFER_MSG"; vmB3_down; return; }
+  # vmA1's end: registered on hostA, whose directory places the address on
+  # no host: it stays on kernel TCP, its peer never registered
+  # (peer-not-registered, decision 91; it would pair if vmB3 came back);
+  # vmB3's end: its port is gone (backend-unavailable).
+  reasons=$(end_reasons "$WORK/etcd_vm_removed.jsonl" "$port") &&
+    [[ " $reasons " == *" 198.51.100.2:kernel-pending/peer-not-registered "* ]] &&
+    [[ " $reasons " == *" $B3:kernel/backend-unavailable "* ]] ||
+    { fail $name "after vm remove, the ends: $reasons (want vmA1's kernel-pending/peer-not-registered, vmB3's kernel/backend-unavailable, no byte accelerated)"; vmB3_down; return; }
+  vmB3_down
+  pass "$name (vm add on hostB: $B3 in hostA's cache $(((t1 - t0) / 1000000)) ms later; $msg1; vm remove: gone from hostA's cache in $(((t3 - t2) / 1000000)) ms and from etcd; a new connection then on kernel TCP, ends' reasons: $reasons; nothing done on hostA)"
+}
+
 # etcd stopped: accelerated connections go on; a new connection to an
 # address the cache lacks (vmB1's record withdrawn just before: a VM hostA
 # has not heard of) stays on kernel TCP, and both its ends say why: their
@@ -491,6 +569,7 @@ case_etcd_member_down() {
 register_case etcd_directory_pairs case_etcd_pairs
 register_case etcd_watch_scoped_per_tenant case_etcd_watch_scoped
 register_case etcd_vm_removed_and_added_at_runtime case_etcd_vm_runtime
+register_case etcd_vm_added_and_removed_with_vsocketctl case_etcd_vm_add
 register_case etcd_down_keeps_connections_falls_back case_etcd_unavailable
 register_case etcd_move_follows case_etcd_move
 register_case etcd_move_follows_a_late_watch case_etcd_move_late_watch
