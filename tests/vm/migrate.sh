@@ -415,15 +415,24 @@ case_migrate_without_dirty_log() {
   # switchover is taken for a process that exited, as before decision 106,
   # so that vsocketd writes its orphaned bytes and its close into the VM's
   # other device, still running. Those unmarked writes are what the
-  # comparison shows (0 pages differ without them, 145 with them, on
-  # 2026-11-29: the pre-copy's unmarked RX ring writes, 32 MB, reached the
-  # destination anyway; not understood yet).
-  GUEST_LOAD=4000000000,0 run_migration migrate_without_dirty_log VSOCKET_DEBUG_NO_DIRTY_LOG=1 VSOCKET_DEBUG_NO_MIGRATION_DRAIN=1 \
-    VSOCKET_DEBUG_SWITCHOVER_AS_EXIT=1 || return
-  grep -q "VSOCKET_DEBUG_NO_DIRTY_LOG=1" "$WORK/a.log" || { fail migrate_without_dirty_log "vsocketd A did not take the switch"; return; }
-  grep -q "VSOCKET_DEBUG_NO_MIGRATION_DRAIN=1" "$WORK/a.log" || { fail migrate_without_dirty_log "vsocketd A drained the VM anyway"; return; }
+  # comparison shows (0 pages differ without them, 145-217 with them, on
+  # 2026-11-29: the pre-copy's unmarked RX ring writes, 23-32 MB, reached
+  # the destination anyway; not understood yet). They land only if the
+  # worker passes between the two devices' stops (a fraction of a
+  # millisecond): 6 runs of 7 did; so up to 3 migrations, the first with
+  # pages different passing.
+  local try tries=""
+  for try in 1 2 3; do
+    GUEST_LOAD=4000000000,0 run_migration migrate_without_dirty_log VSOCKET_DEBUG_NO_DIRTY_LOG=1 \
+      VSOCKET_DEBUG_NO_MIGRATION_DRAIN=1 VSOCKET_DEBUG_SWITCHOVER_AS_EXIT=1 || return
+    grep -q "VSOCKET_DEBUG_NO_DIRTY_LOG=1" "$WORK/a.log" || { fail migrate_without_dirty_log "vsocketd A did not take the switch"; return; }
+    grep -q "VSOCKET_DEBUG_NO_MIGRATION_DRAIN=1" "$WORK/a.log" || { fail migrate_without_dirty_log "vsocketd A drained the VM anyway"; return; }
+    tries="$tries $DIFF_PAGES"
+    [ "$DIFF_PAGES" = 0 ] || break
+  done
+  echo "  pages different per migration:$tries"
   [ "$DIFF_PAGES" -gt 0 ] ||
-    { fail migrate_without_dirty_log "no page differs although vsocketd A marked nothing: the comparison cannot see missed writes"; return; }
+    { fail migrate_without_dirty_log "no page differs in 3 migrations although vsocketd A marked nothing: the comparison cannot see missed writes"; return; }
   stop_all
   pass migrate_without_dirty_log $((SECONDS - t0))
 }
