@@ -138,8 +138,10 @@ if bazel build //host-backend:vsocketd //host-backend:vsocketctl //guest/agent:v
   passed=$((passed + ${p:-0}))
   failed=$((failed + ${f:-1}))
   # Live migration under load, guest memory compared page by page on
-  # both sides; a cancelled one; the comparison's negative control
-  # (decision 88; about 50 s).
+  # both sides; the comparison's negative control (decision 88); every
+  # other ending: cancelled, failed on the destination, vsocketd killed on
+  # the source, a destination without vsocketd, connections still on the
+  # rings at the switchover (decisions 93, 94, 106, 107; about 4 min).
   bash tests/vm/migrate.sh --no-build >"$LOGDIR/vm-migrate.log" 2>&1
   grep -E "^(PASS|FAIL) " "$LOGDIR/vm-migrate.log" | sed 's/^/[vm] /'
   read -r p f < <(tail -1 "$LOGDIR/vm-migrate.log" | awk '/passed,/ {print $1, $3}')
