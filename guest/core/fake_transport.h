@@ -51,6 +51,15 @@ class FakeTransport final : public Transport {
   Status ProveSocket(int) override { return Status::Ok(); }
   void CloseFdsAfterFork() override;
   CpuShare BackendCpus() const override { return CpuShare{}; }
+  // Direct pairs (decision 97): the next FetchDirect hands out these (any
+  // token), or refuses once they are taken.
+  void set_direct(UniqueFd memory, UniqueFd wake, uint32_t side) {
+    direct_ = DirectFds{std::move(memory), std::move(wake), side};
+  }
+  Result<DirectFds> FetchDirect(uint64_t) override {
+    if (!direct_.memory) return Status(Code::kNotFound, "the fake has no direct pair to give");
+    return std::move(direct_);
+  }
 
  private:
   static size_t Index(QueueId q) { return static_cast<size_t>(q); }
@@ -70,6 +79,7 @@ class FakeTransport final : public Transport {
   Responder responder_;
   std::vector<proto::Message> requests_;
   bool wedged_ = false;
+  DirectFds direct_;
 };
 
 }  // namespace vsocket::guest::testing

@@ -512,7 +512,14 @@ bool Session::PrepareSleep() {
   if (!direct_conns_.empty()) {
     // Direct peers wake us only when asked (direct.h), then one last look.
     for (const auto& c : direct_conns_) ArmDirect(*c);
-    pending |= PullDirectLocked();
+    if (PullDirectLocked()) {
+      // What that look took may be another thread's to read, and that
+      // thread may have looked before it and sleep after it: the peer, not
+      // asked then, wakes nobody (pgbench -j 2 stalled for good). As a
+      // drain that dispatched something, wake every waiter.
+      NotifyWaitersLocked();
+      pending = true;
+    }
   }
   if (pending) {
     --sleepers_;

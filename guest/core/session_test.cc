@@ -4,9 +4,14 @@
 #include "guest/core/session.h"
 
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <stdlib.h>
+#include <sys/eventfd.h>
 
+#include "guest/core/direct.h"
+#include "guest/core/direct_ring.h"
 #include "guest/core/fake_transport.h"
+#include "proto/direct.h"
 
 namespace vsocket::guest {
 namespace {
@@ -133,6 +138,48 @@ TEST_F(SessionTest, ARegistrationNeverStaysPendingOnALostSession) {
   after->id = 2;
   EXPECT_FALSE(s->TrackPending(after));
   EXPECT_EQ(after->state.phase(), Phase::kUnprobed) << "refused: never pending";
+}
+
+// Two threads on one session, a direct pair (decision 97) read by one of
+// them (pgbench -j 2 with every connection direct stalled for good): the
+// owner looked at its connection before the peer's bytes came and sleeps
+// after; the other thread's last look before sleeping (PrepareSleep) took
+// the peer's new count. That thread does not sleep, and the owner must hear
+// of it: the peer asked for no wake-up after the owner's look, so nothing
+// else would wake it.
+TEST_F(SessionTest, ADirectCountTakenBeforeASleepWakesTheOtherWaiters) {
+  Session* s = Up(proto::kFeatureDirect);
+  ASSERT_NE(s, nullptr);
+  constexpr uint32_t kRing = 4096;
+  auto memory = proto::MakeDirectMemory(kRing, 7, 99);
+  ASSERT_TRUE(memory.ok()) << memory.status().ToString();
+  UniqueFd peer_fd(dup(memory->get()));
+  g_fake->set_direct(std::move(*memory), UniqueFd(eventfd(0, EFD_CLOEXEC)), 0);
+  auto peer = DirectRing::Map(peer_fd.get(), 1);
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+  auto c = std::make_shared<Conn>();
+  c->id = 7;
+  ASSERT_TRUE(c->state.Apply(ConnEvent::kRegistered));
+  s->Track(c);
+  ASSERT_TRUE(g_fake->PostEvent({MsgType::kDirect, 0, proto::ConnCounter{7, 1}}));
+  ASSERT_TRUE(g_fake->PostEvent({MsgType::kUpgrade, 0, proto::Upgrade{7, kRing, 16}}));
+  s->Drain();
+  ASSERT_TRUE(static_cast<bool>(c->direct));
+  ASSERT_EQ(c->state.phase(), Phase::kUpgraded);
+  // The owner (thread B) waits on the session; the peer writes 100 bytes
+  // while nobody asked to be woken.
+  UniqueFd owner(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  s->AddWaiter(owner.get());
+  (*peer)->PublishFence(0);
+  (*peer)->PublishProduced(100);
+  // Thread A's last look before it sleeps takes the count: A stays awake,
+  // and B is woken.
+  EXPECT_FALSE(s->PrepareSleep());
+  EXPECT_EQ(c->rx_tail.load(), 100u);
+  pollfd p{owner.get(), POLLIN, 0};
+  EXPECT_EQ(poll(&p, 1, 0), 1) << "the connection's reader was not woken";
+  s->RemoveWaiter(owner.get());
+  s->Untrack(7);
 }
 
 TEST_F(SessionTest, AWedgedBackendTimesOutAndIsNotAnswering) {
