@@ -36,12 +36,25 @@
 #                   (it counts what it would mark and marks nothing) and
 #                   VSOCKET_DEBUG_NO_MIGRATION_DRAIN=1 (the connections stay
 #                   on the rings, so that vsocketd writes during the
-#                   pre-copy). Pages must differ: the comparison does see
+#                   pre-copy) and VSOCKET_DEBUG_SWITCHOVER_AS_EXIT=1 (see
+#                   the case). Pages must differ: the comparison does see
 #                   missed writes.
+#   migrate_failed_on_destination  As migrate_cancelled, the destination
+#                   QEMU killed instead (decision 107).
+#   migrate_drain_unfinished  No drain (VSOCKET_DEBUG_NO_MIGRATION_DRAIN=1):
+#                   every connection on the rings at the switchover; no
+#                   "peer closed" to the VM's own peers, RESYNC at the
+#                   destination, accelerated again (decision 106).
+#   migrate_source_daemon_killed  vsocketd A SIGKILLed in the pre-copy: the
+#                   migration completes, accelerated again through B.
+#   migrate_destination_without_vsocketd  vsocketd B gone before the
+#                   migration: kernel TCP on arrival, every byte; B started
+#                   again later (decision 107).
 #
 # Usage: tests/vm/migrate.sh [--no-build] [CASE...]   (as root)
 # VSOCKETD=PATH runs both daemons from another build (e.g. one from before
-# decision 88, which QEMU refuses to migrate).
+# decision 88, which QEMU refuses to migrate); VSOCKET_MIG_BIN=DIR takes
+# every binary from DIR (bazel-bin's layout).
 # Prints "PASS CASE (Ns)" / "FAIL CASE: why" and ends with "N passed, N
 # failed". Every wait is bounded; QEMU and vsocketd are stopped by PID on
 # exit. Run it under `flock /tmp/vsocket-e2e.lock` on shared machines.
