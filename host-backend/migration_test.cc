@@ -1,12 +1,16 @@
 // Migrations (decision 093): which dirty-log changes drain a VM for
 // reason migration and which lift that drain; an operator's drain is never
 // taken over. The worker's part is ConnManager::ApplyDrainRequests, run
-// here by hand.
+// here by hand. And ConnManager::LeaveWithVm (decision 106): what a device
+// that stops with its log on says to its VM's other devices.
 #include "host-backend/migration.h"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <memory>
+#include <thread>
+#include <vector>
 
 #include "base/log.h"
 #include "vhost/backend/vhost_backend.h"
@@ -77,6 +81,116 @@ TEST_F(MigrationsTest, ALogTurnedOnTwiceCountsOnce) {
   migrations_.DirtyLogChanged(*dev1_, false);
   EXPECT_EQ(Applied(), Reason::kNone);
   EXPECT_EQ(counters_.drains.load(), 1u);
+}
+
+// Decision 106: a same-VM pair on the rings whose devices stop with their
+// log on (the switchover). Two functions of one VM, a client on the first
+// and a server on the second, paired and streaming through the worker.
+class LeaveWithVmTest : public ::testing::Test {
+ protected:
+  static constexpr uint64_t kBase = 1u << 20;
+  static constexpr uint32_t kRing = 1u << 16;
+  LeaveWithVmTest() : mem1_(2 * kRing), mem2_(2 * kRing) {
+    SetLogLevel(LogLevel::kError);
+    port_.vm_name = "vm";
+    port_.index = 3;
+    port_.tenant_id = 7;
+    port_.prove_sockets = false;
+    dev1_ = Device(1, mem1_);
+    dev2_ = Device(2, mem2_);
+    EXPECT_TRUE(Register(*dev1_, 1, proto::Role::kClient, 40000, 80));
+    EXPECT_TRUE(Register(*dev2_, 2, proto::Role::kServer, 80, 40000));
+    Count(*dev1_, proto::MsgType::kFence, 1, 0);
+    Count(*dev2_, proto::MsgType::kFence, 2, 0);
+    // 4 KiB moved to the server; 4 KiB more written, not moved yet.
+    Count(*dev1_, proto::MsgType::kTxTail, 1, 4096);
+    Pass();
+    Count(*dev1_, proto::MsgType::kTxTail, 1, 8192);
+  }
+  std::shared_ptr<vhost::BackendDevice> Device(uint64_t id, std::vector<uint8_t>& mem) {
+    auto d = std::make_shared<vhost::BackendDevice>(-1, id, &port_);
+    auto m = vhost::GuestMemory::Create({{kBase, mem.size(), mem.data()}});
+    EXPECT_TRUE(m.ok());
+    d->SetMemoryForTesting(std::move(m).value());
+    cm_.OnAttach(*d);
+    return d;
+  }
+  static proto::Endpoint Addr(uint16_t port) {
+    proto::Endpoint e;
+    e.family = proto::Family::kIpv4;
+    e.addr = {127, 0, 0, 1};
+    e.port = port;
+    return e;
+  }
+  bool Register(vhost::BackendDevice& d, uint64_t id, proto::Role role, uint16_t local, uint16_t peer) {
+    proto::RegisterConn r;
+    r.conn_id = id;
+    r.role = role;
+    r.local = Addr(local);
+    r.peer = Addr(peer);
+    r.tx_ring_gpa = kBase;
+    r.rx_ring_gpa = kBase + kRing;
+    r.tx_ring_bytes = r.rx_ring_bytes = kRing;
+    proto::Message ack;
+    (void)cm_.Handle(d, proto::Message{proto::MsgType::kRegisterConn, id, r}, &ack);
+    auto* a = std::get_if<proto::RegisterAck>(&ack.body);
+    return a != nullptr && a->status == proto::WireError::kOk;
+  }
+  void Count(vhost::BackendDevice& d, proto::MsgType type, uint64_t id, uint64_t bytes) {
+    proto::Message reply;
+    (void)cm_.Handle(d, proto::Message{type, 0, proto::ConnCounter{id, bytes}}, &reply);
+  }
+  void Pass() {
+    (void)cm_.ApplyDrainRequests();
+    (void)cm_.MoveData();
+  }
+  // A device stopping, as VhostBackend::OnDestroyDevice hands it over.
+  void Stop(vhost::BackendDevice& d, bool logging) {
+    d.SetLoggingForTesting(logging);
+    d.set_stopping();
+    cm_.OnDetach(d);
+    Pass();
+  }
+  // The server's bytes in (moved into its RX ring), -1 once it is gone.
+  int64_t ServerIn() {
+    for (const ConnSnapshot& s : cm_.Snapshot())
+      if (s.device_id == 2) return static_cast<int64_t>(s.accel_in);
+    return -1;
+  }
+
+  vhost::PortConfig port_;
+  std::vector<uint8_t> mem1_, mem2_;
+  ConnManager cm_;
+  std::shared_ptr<vhost::BackendDevice> dev1_, dev2_;
+};
+
+TEST_F(LeaveWithVmTest, ASwitchoverTellsTheVmsOwnPeerNothing) {
+  ASSERT_EQ(ServerIn(), 4096);
+  Stop(*dev1_, true);
+  EXPECT_EQ(ServerIn(), 4096);  // its last 4 KiB stay in the guest's TX ring, which moved
+  EXPECT_FALSE(cm_.ExpireLeftWithVm());
+  Stop(*dev2_, true);
+  EXPECT_EQ(ServerIn(), -1);
+  EXPECT_EQ(cm_.counters().migration_leaves.load(), 2u);
+  EXPECT_EQ(cm_.counters().orphan_bytes.load(), 0u);
+}
+
+TEST_F(LeaveWithVmTest, AProcessThatExitsDuringThePreCopyIsAClose2sLater) {
+  Stop(*dev1_, true);
+  EXPECT_EQ(ServerIn(), 4096);
+  EXPECT_EQ(cm_.counters().orphan_bytes.load(), 4096u);  // kept, as for any close
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));  // (kLeftWithVmMs: its peer's device still runs)
+  EXPECT_TRUE(cm_.ExpireLeftWithVm());
+  Pass();
+  EXPECT_EQ(ServerIn(), 8192);  // then delivered, as after any exit
+  EXPECT_EQ(cm_.counters().migration_leaves.load(), 0u);
+}
+
+TEST_F(LeaveWithVmTest, AStopWithoutTheLogIsAnExitAsBefore) {
+  Stop(*dev1_, false);
+  EXPECT_EQ(ServerIn(), 8192);
+  EXPECT_FALSE(cm_.ExpireLeftWithVm());
+  EXPECT_EQ(cm_.counters().migration_leaves.load(), 0u);
 }
 
 }  // namespace

@@ -68,6 +68,9 @@ class BackendDevice {
   // Tests: guest memory without rte_vhost behind it (instead of Load(); the
   // device has no queues then).
   void SetMemoryForTesting(GuestMemory memory) { memory_ = std::move(memory); }
+  // Tests: the dirty log on or off, as a Load after SET_FEATURES with or
+  // without VHOST_F_LOG_ALL leaves it (what logging() says).
+  void SetLoggingForTesting(bool on) { log_.Set(on); }
 
   // Set when the guest is gone for good (not just paused for a
   // reconfiguration): its connections must be released.
