@@ -4,29 +4,30 @@ real etcd started here on loopback (127.0.0.1, free ports, a temporary data
 directory; killed by its PID at the end).
 
 A simulated fleet of HOSTS hypervisors x VMS VMs publishes the directory's
-keys as vsocketd does (docs/multi-host.md, "The etcd directory"): per host
-one lease (TTL 10 s) and, under it, /vsocket/hosts/<host> and one
-/vsocket/hosts/<host>/vms/<vm> per VM (one transaction per host). Then, for
-a bounded steady phase, every lease is renewed every TTL/3 (as vsocketd
-does), N migrations per minute each move one VM's record to another host
-(one transaction: delete from the old host, put under the new host's lease),
-and WATCHERS watch streams of the whole prefix (what every vsocketd has)
-time each migration from its write to its arrival (publish->watch latency).
+keys as vsocketd does (docs/multi-host.md, "The etcd directory"; the layout
+of decision 103): per host one lease (TTL 10 s) and, under it,
+/vsocket/hosts/<host> and one /vsocket/tenants/<tenant>/<host>/<vm> per VM
+(one transaction per host; VM n of the fleet is of tenant 1 + n % TENANTS).
+Then, for a bounded steady phase, every lease is renewed every TTL/3 (as
+vsocketd does), N migrations per minute each move one VM's record to
+another host (one transaction: delete from the old host, put under the new
+host's lease), and WATCHERS simulated hosts (the first ones) follow the
+directory as vsocketd does: one watch stream each, with a watch of the
+host records and one per tenant of its VMs (--watch-scope tenants, the
+default), or of every record (--watch-scope all, the layout before
+decision 103); each times the migrations it is told of from their write to
+their arrival (publish->watch latency).
 
 Measured: publish rate, the keepalive rate reached against the one needed,
-publish->watch latency p50/p99, etcd's CPU (utime+stime from /proc) and RSS
-in each phase, the database size, and one full read of the prefix (what a
-starting vsocketd does). Everything is bounded: each phase has a deadline
-and the whole run stops itself.
+publish->watch latency p50/p99, the events each watcher received, etcd's
+CPU (utime+stime from /proc) and RSS in each phase, the database size, and
+the first read of a starting vsocketd (the host records, then its tenants'
+records as of that revision). Everything is bounded: each phase has a
+deadline and the whole run stops itself.
 
-  bench/directory_load.py [--hosts 1000,10000] [--vms 50] [--migrations-per-min 600]
-                          [--watchers 8] [--watch-scope prefix|host] [--steady-s 30]
+  bench/directory_load.py [--hosts 1000,10000] [--vms 50] [--tenants 1000] [--migrations-per-min 600]
+                          [--watchers 8] [--watch-scope tenants|all] [--steady-s 30]
                           [--out bench/results] [--out-name directory-load-latest]
-
---watch-scope host: watcher i watches one host's keys (PREFIX<host i>/)
-instead of the whole prefix, as a host would that follows only what
-concerns it: the same number of watch streams, a fraction of the
-deliveries (decision 96's fan-out measurement).
 
 Writes bench/results/directory-load-latest.{json,md} (--out-name changes
 the name: the docs are generated from the default one). Uses etcd's JSON
@@ -49,7 +50,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-PREFIX = "/vsocket/hosts/"
+PREFIX = "/vsocket/hosts/"           # host records
+TENANT_PREFIX = "/vsocket/tenants/"  # VM records, by tenant (decision 103)
+ROOT = "/vsocket/"
+TENANTS = 1000                       # --tenants
 TTL_S = 10
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -144,8 +148,21 @@ def host_key(h):
     return f"{PREFIX}h{h:05d}"
 
 
-def vm_key(h, v):
-    return f"{PREFIX}h{h:05d}/vms/vm{v:02d}"
+def tenant_of(h, v):
+    return 1 + (h * 64 + v) % TENANTS
+
+
+def tenant_prefix(t):
+    return f"{TENANT_PREFIX}{t}/"
+
+
+def vm_key(h, v, host=None, name=None):
+    """VM v of host h's record, on `host` (default h) under `name`."""
+    return f"{tenant_prefix(tenant_of(h, v))}h{(h if host is None else host):05d}/{name or f'vm{v:02d}'}"
+
+
+def host_tenants(h, vms):
+    return sorted({tenant_of(h, v) for v in range(vms)})
 
 
 def host_value(h):
@@ -154,7 +171,7 @@ def host_value(h):
 
 def vm_value(h, v, stamp=None):
     n = h * 64 + v
-    r = {"tenant": 1 + n % 1000, "addresses": [f"10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}"]}
+    r = {"tenant": tenant_of(h, v), "addresses": [f"10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}"]}
     if stamp is not None:
         r["t"] = stamp  # (the load test's write time: the watchers' latency)
     return json.dumps(r)
@@ -173,12 +190,13 @@ def publish_host(port, h, vms):
 
 
 class Watcher(threading.Thread):
-    """One watch stream of the whole prefix (what each vsocketd holds); times
-    the events whose value carries the load test's write time."""
+    """One watch stream with a watch per prefix (what each vsocketd holds:
+    EtcdClient::WatchRanges, several create_requests in one request body);
+    times the events whose value carries the load test's write time."""
 
-    def __init__(self, port, start_rev, stop, prefix=PREFIX):
+    def __init__(self, port, start_rev, stop, prefixes):
         super().__init__(daemon=True)
-        self.port, self.start_rev, self.stop, self.prefix = port, start_rev, stop, prefix
+        self.port, self.start_rev, self.stop, self.prefixes = port, start_rev, stop, prefixes
         self.latencies, self.events, self.error, self.ready = [], 0, None, threading.Event()
 
     def run(self):
@@ -186,9 +204,11 @@ class Watcher(threading.Thread):
             # (the stream is idle at times: a long timeout; the thread is a
             # daemon, and etcd is killed at the end)
             conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
-            body = {"create_request": {"key": b64(self.prefix), "range_end": b64(prefix_end(self.prefix)),
-                                       "start_revision": str(self.start_rev)}}
-            conn.request("POST", "/v3/watch", json.dumps(body), {"Content-Type": "application/json"})
+            body = "".join(json.dumps({"create_request": {"key": b64(p), "range_end": b64(prefix_end(p)),
+                                                          "start_revision": str(self.start_rev)}})
+                           for p in self.prefixes)
+            conn.request("POST", "/v3/watch", body, {"Content-Type": "application/json"})
+            created = 0
             r = conn.getresponse()
             buf = b""
             while not self.stop.is_set():
@@ -204,7 +224,9 @@ class Watcher(threading.Thread):
                 now = time.time()
                 msg = json.loads(line).get("result", {})
                 if msg.get("created"):
-                    self.ready.set()
+                    created += 1
+                    if created == len(self.prefixes):
+                        self.ready.set()
                 for e in msg.get("events", []):
                     self.events += 1
                     if e.get("type", "PUT") == "PUT":
@@ -259,11 +281,12 @@ def renew_process(port, hosts, part, renewers, leases, renewals, stop):
         t.join()
 
 
-def run_scale(hosts, vms, migrations_per_min, watchers, steady_s, threads, renewers, watch_scope="prefix"):
+def run_scale(hosts, vms, migrations_per_min, watchers, steady_s, threads, renewers, watch_scope="tenants",
+              publish_rate=0):
     etcd = Etcd()
     res = {"hosts": hosts, "vms_per_host": vms, "keys": hosts * (vms + 1), "migrations_per_min": migrations_per_min,
-           "watchers": watchers, "watch_scope": watch_scope, "steady_s": steady_s, "lease_ttl_s": TTL_S,
-           "loadavg_at_start": round(os.getloadavg()[0], 2)}
+           "watchers": watchers, "watch_scope": watch_scope, "tenants": TENANTS, "steady_s": steady_s,
+           "lease_ttl_s": TTL_S, "layout": "tenants (decision 103)", "loadavg_at_start": round(os.getloadavg()[0], 2)}
     # Lease IDs (0: not granted yet) and renewal counts, shared with the
     # renewing processes: renewals must not wait on this process's GIL
     # (watchers parsing events, publishers), or leases expire for the load
@@ -283,32 +306,55 @@ def run_scale(hosts, vms, migrations_per_min, watchers, steady_s, threads, renew
     try:
         # 1. Every host publishes (a lease and one transaction each).
         cpu0, t0 = etcd.cpu_s(), time.time()
+        # (publish_rate: hosts a second at most, a fleet coming up in a
+        # staggered way; 0: as fast as etcd takes them)
+        budget = 150 + (hosts / publish_rate if publish_rate else 0)
         with ThreadPoolExecutor(threads) as pool:
-            futs = {pool.submit(publish_host, etcd.port, h, vms): h for h in range(hosts)}
+            futs = {}
+            for h in range(hosts):
+                if publish_rate:
+                    time.sleep(max(0.0, t0 + h / publish_rate - time.time()))
+                f = pool.submit(publish_host, etcd.port, h, vms)
+                # (renewed from the moment it is granted, not once all are)
+                f.add_done_callback(lambda f, h=h: leases.__setitem__(h, int(f.result())) if not f.exception() else None)
+                futs[f] = h
             for f in futs:
-                leases[futs[f]] = int(f.result(timeout=max(1, 150 - (time.time() - t0))))
+                leases[futs[f]] = int(f.result(timeout=max(1, budget - (time.time() - t0))))
         dt = time.time() - t0
         res["publish_s"] = round(dt, 2)
+        res["publish_hosts_per_s_cap"] = publish_rate
         res["publish_keys_per_s"] = round(hosts * (vms + 1) / dt)
         res["publish_etcd_cpu_pct"] = round(100 * (etcd.cpu_s() - cpu0) / dt, 1)
 
-        # 2. One full read of the prefix, as a starting vsocketd does (by
-        # curl: the time to receive it, the parse being the reader's).
-        body = json.dumps({"key": b64(PREFIX), "range_end": b64(prefix_end(PREFIX))})
-        out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-m", "60", "-w", "%{time_total} %{size_download}",
-                              "-X", "POST", f"http://127.0.0.1:{etcd.port}/v3/kv/range", "-d", body],
-                             capture_output=True, text=True, timeout=70).stdout.split()
-        res["full_read_s"] = round(float(out[0]), 2)
-        res["full_read_mb"] = round(int(out[1]) / 2**20, 1)
+        # 2. The first read of a starting vsocketd (host 0): the host
+        # records, then each of its tenants' records as of that revision
+        # (by curl: the time to receive them, the parse being the reader's).
         head = Client(etcd.port).call("/v3/kv/range", {"key": b64(PREFIX), "range_end": b64(prefix_end(PREFIX)),
                                                        "count_only": True})
-        res["full_read_keys"] = int(head.get("count", 0))
         rev = int(head["header"]["revision"])
+        read_s, read_bytes, read_keys = 0.0, 0, 0
+        for i, p in enumerate([PREFIX] + [tenant_prefix(t) for t in host_tenants(0, vms)]):
+            q = {"key": b64(p), "range_end": b64(prefix_end(p))}
+            if i > 0:
+                q["revision"] = str(rev)
+            out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-m", "60", "-w", "%{time_total} %{size_download}",
+                                  "-X", "POST", f"http://127.0.0.1:{etcd.port}/v3/kv/range", "-d", json.dumps(q)],
+                                 capture_output=True, text=True, timeout=70).stdout.split()
+            read_s += float(out[0])
+            read_bytes += int(out[1])
+            read_keys += int(Client(etcd.port).call("/v3/kv/range", dict(q, count_only=True)).get("count", 0))
+        res["full_read_s"] = round(read_s, 2)
+        res["full_read_mb"] = round(read_bytes / 2**20, 1)
+        res["full_read_keys"] = read_keys
+        res["full_read_prefixes"] = 1 + len(host_tenants(0, vms))
 
         # 3. Steady state: renewals go on; migrations; watchers time them.
         stop = threading.Event()
-        scope = (lambda i: PREFIX) if watch_scope == "prefix" else (lambda i: host_key(i % hosts) + "/")
+        # Watcher i is host i: the host records and its tenants' (or all).
+        scope = ((lambda i: [ROOT]) if watch_scope == "all"
+                 else (lambda i: [PREFIX] + [tenant_prefix(t) for t in host_tenants(i % hosts, vms)]))
         ws = [Watcher(etcd.port, rev + 1, stop, scope(i)) for i in range(watchers)]
+        res["watches_per_stream"] = round(statistics.mean(len(w.prefixes) for w in ws), 1) if ws else 0
         for w in ws:
             w.start()
         for w in ws:
@@ -328,7 +374,7 @@ def run_scale(hosts, vms, migrations_per_min, watchers, steady_s, threads, renew
                 src, old = placement.get((h, v), (h, vm_key(h, v)))
                 dst = (src + 1 + i % (hosts - 1)) % hosts
                 t = time.time()
-                new = f"{PREFIX}h{dst:05d}/vms/m{h:05d}-{v:02d}"
+                new = vm_key(h, v, dst, f"m{h:05d}-{v:02d}")
                 ops = [{"request_delete_range": {"key": b64(old)}},
                        {"request_put": {"key": b64(new), "value": b64(vm_value(h, v, t)), "lease": str(leases[dst])}}]
                 client(etcd.port).call("/v3/kv/txn", {"success": ops})
@@ -368,7 +414,7 @@ def run_scale(hosts, vms, migrations_per_min, watchers, steady_s, threads, renew
         res["db_size_mb"] = round(int(st.get("dbSize", 0)) / 2**20, 1)
         res["etcd_rss_mb"] = round(etcd.rss_mb(), 1)
         res["keys_left"] = int(Client(etcd.port, timeout=60).call(
-            "/v3/kv/range", {"key": b64(PREFIX), "range_end": b64(prefix_end(PREFIX)), "count_only": True}
+            "/v3/kv/range", {"key": b64(ROOT), "range_end": b64(prefix_end(ROOT)), "count_only": True}
         ).get("count", 0))
     finally:
         stop_renew.set()
@@ -383,20 +429,21 @@ def run_scale(hosts, vms, migrations_per_min, watchers, steady_s, threads, renew
 def markdown(results, args):
     rows = [
         ("hosts x VMs (keys)", lambda r: f"{r['hosts']} x {r['vms_per_host']} ({r['keys']})"),
-        ("publish: time, keys/s, etcd CPU", lambda r: f"{r['publish_s']} s, {r['publish_keys_per_s']}/s, {r['publish_etcd_cpu_pct']} %"),
-        ("full read of the prefix", lambda r: f"{r['full_read_s']} s ({r['full_read_keys']} keys, {r['full_read_mb']} MB of JSON)"),
+        ("publish: time, keys/s, etcd CPU", lambda r: f"{r['publish_s']} s, {r['publish_keys_per_s']}/s, {r['publish_etcd_cpu_pct']} %" + (f" (at most {r['publish_hosts_per_s_cap']:g} hosts/s)" if r.get('publish_hosts_per_s_cap') else "")),
+        ("a starting host's first read (host records + its tenants)", lambda r: f"{r['full_read_s']} s ({r.get('full_read_prefixes', 1)} prefixes, {r['full_read_keys']} keys, {r['full_read_mb']} MB of JSON)"),
         ("keepalives needed / reached per s", lambda r: f"{r['keepalives_needed_per_s']} / {r['keepalives_per_s']} ({r['keepalive_failures']} failed)"),
         ("keys at the end (leases alive)", lambda r: f"{r['keys_left']} of {r['keys']}"),
         ("migrations (per min)", lambda r: f"{r['migrations']} in {r['steady_s']} s ({r['migrations_per_min']}/min)"),
         ("publish->watch p50 / p99 / max", lambda r: f"{r['publish_to_watch_p50_ms']} / {r['publish_to_watch_p99_ms']} / {r['publish_to_watch_max_ms']} ms ({r['watch_latency_samples']} samples, {r['watchers']} watchers)"),
-        ("watch streams: scope, events delivered per s", lambda r: f"{r['watchers']} x {r.get('watch_scope', 'prefix')}, {r.get('watch_events_delivered_per_s', '?')}/s"),
+        ("watch streams: scope (watches each), events per watcher, delivered per s", lambda r: f"{r['watchers']} x {r.get('watch_scope', 'prefix')} ({r.get('watches_per_stream', 1)}), {r.get('watch_events_per_watcher', '?')}, {r.get('watch_events_delivered_per_s', '?')}/s"),
         ("CPU, steady phase (% of one core): etcd, load generator", lambda r: f"{r['steady_etcd_cpu_pct']} %, {r['load_generator_cpu_pct']} %"),
         ("etcd RSS, database", lambda r: f"{r['etcd_rss_mb']} MB, {r['db_size_mb']} MB"),
         ("machine load average at the start", lambda r: f"{r['loadavg_at_start']}"),
     ]
     out = ["# Directory load test (bench/directory_load.py)", "",
            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, etcd {etcd_version()} on loopback, "
-           f"{os.cpu_count()} CPUs shared with the load generator; lease TTL {TTL_S} s renewed every TTL/3.", "",
+           f"{os.cpu_count()} CPUs shared with the load generator; lease TTL {TTL_S} s renewed every TTL/3; "
+           f"keys of decision 103 (VM records by tenant, {results[0].get('tenants', TENANTS)} tenants).", "",
            "| | " + " | ".join(f"{r['hosts']} hosts" for r in results) + " |",
            "|---|" + "---|" * len(results)]
     for name, f in rows:
@@ -420,10 +467,14 @@ def main():
     p.add_argument("--vms", type=int, default=50)
     p.add_argument("--migrations-per-min", type=int, default=600)
     p.add_argument("--watchers", type=int, default=8)
-    p.add_argument("--watch-scope", choices=["prefix", "host"], default="prefix")
+    p.add_argument("--tenants", type=int, default=1000, help="tenants the fleet's VMs belong to (VM n: 1 + n %% T)")
+    p.add_argument("--watch-scope", choices=["tenants", "all"], default="tenants",
+                   help="tenants: each watcher follows its host's tenants (decision 103); all: every record")
     p.add_argument("--out-name", default="directory-load-latest")
     p.add_argument("--steady-s", type=int, default=30)
     p.add_argument("--threads", type=int, default=8, help="publishing threads")
+    p.add_argument("--publish-hosts-per-s", type=float, default=0,
+                   help="hosts published a second at most (a staggered start; 0: as fast as etcd takes them)")
     p.add_argument("--renewers", type=int, default=2, help="processes renewing leases (3 threads each)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     a = p.parse_args()
@@ -434,11 +485,13 @@ def main():
         sys.exit("no etcd (apt-get install etcd-server)")
     if a.steady_s > 120:
         sys.exit("--steady-s: at most 120 (each run stays under ~3 min)")
+    global TENANTS
+    TENANTS = a.tenants
     results = []
     for hosts in (int(x) for x in a.hosts.split(",")):
         print(f"== {hosts} hosts x {a.vms} VMs", flush=True)
         r = run_scale(hosts, a.vms, a.migrations_per_min, a.watchers, a.steady_s, a.threads, a.renewers,
-                      a.watch_scope)
+                      a.watch_scope, a.publish_hosts_per_s)
         print(json.dumps(r), flush=True)
         results.append(r)
     os.makedirs(a.out, exist_ok=True)
