@@ -224,6 +224,7 @@ Status SetVmKey(vhost::PortConfig* vm, const std::string& key, const std::string
     else if (value == "same-tenant") vm->direct = D::kSameTenant;
     else if (value == "same-vm") vm->direct = D::kSameVm;
     else return Bad(where, "direct must be off, same-tenant or same-vm");
+    vm->direct_set = true;
   } else {
     return Bad(where,
                "unknown key '" + key + "' (VM keys: socket, tenant, addresses, group, away, prove_sockets, direct)");
@@ -428,6 +429,14 @@ Status Validate(DaemonConfig* config) {
     if (!sockets.insert(vm.path).second)
       return Status(Code::kInvalidArgument, what + ": socket " + vm.path + " is used twice");
     if (vm.tenant_id == 0) return Status(Code::kInvalidArgument, what + " has no tenant");
+    // Direct pairs are for process mode (decision 102: same-tenant there by
+    // default); a QEMU VM's processes cannot get them yet.
+    if (!vhost::DirectCapable(vm)) {
+      if (vm.direct_set && vm.direct != vhost::PortConfig::Direct::kOff)
+        return Status(Code::kInvalidArgument,
+                      what + ": direct pairs need process mode (prove_sockets = true); set direct = off");
+      vm.direct = vhost::PortConfig::Direct::kOff;
+    }
     if (vm.addresses.empty())
       VS_LOG(kWarn, "%s has no addresses: its guests can only accelerate loopback connections", what.c_str());
   }

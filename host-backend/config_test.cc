@@ -274,21 +274,46 @@ TEST(VmConfig, ProveSocketsIsOnUnlessTurnedOff) {
       << bad.status().message();
 }
 
-// Direct pairs (decision 97) are off unless a VM turns them on, and only
-// the three settings are taken.
-TEST(VmConfig, DirectIsOffUnlessAVmSaysWhichPeersMayShareMemory) {
-  auto c = ParseConfig("[vm a]\nsocket = /s\ntenant = 1\ndirect = same-tenant\n[vm b]\nsocket = /t\ntenant = 1\n"
+// Direct pairs (decision 97): same-tenant by default in process mode
+// (decision 102), narrowed or turned off per VM; only the three settings
+// are taken.
+TEST(VmConfig, DirectIsSameTenantUnlessAVmNarrowsIt) {
+  auto c = ParseConfig("[vm a]\nsocket = /s\ntenant = 1\ndirect = off\n[vm b]\nsocket = /t\ntenant = 1\n"
                        "direct = same-vm\n[vm c]\nsocket = /u\ntenant = 1\n",
                        "f");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(Validate(&*c).ok());
   using D = vhost::PortConfig::Direct;
-  EXPECT_EQ(c->vms[0].direct, D::kSameTenant);
+  EXPECT_EQ(c->vms[0].direct, D::kOff);
   EXPECT_EQ(c->vms[1].direct, D::kSameVm);
-  EXPECT_EQ(c->vms[2].direct, D::kOff);
+  EXPECT_EQ(c->vms[2].direct, D::kSameTenant);
   auto bad = ParseConfig("[vm a]\ndirect = yes\n", "f");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("f:2: direct must be off, same-tenant or same-vm"), std::string::npos)
       << bad.status().message();
+}
+
+// A QEMU VM's processes (proofs by its agent) and a port without socket
+// proofs cannot get direct pairs: off by default there, and asking for
+// them is an error rather than a setting silently ignored.
+TEST(VmConfig, DirectIsOffWhereProcessesCannotFetchAPair) {
+  auto c = ParseConfig("[vm q]\nsocket = /s\ntenant = 1\nprove_sockets = agent\n"
+                       "[vm r]\nsocket = /t\ntenant = 1\nprove_sockets = false\n"
+                       "[vm s]\nsocket = /u\ntenant = 1\nprove_sockets = agent\ndirect = off\n",
+                       "f");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(Validate(&*c).ok());
+  using D = vhost::PortConfig::Direct;
+  EXPECT_EQ(c->vms[0].direct, D::kOff);
+  EXPECT_EQ(c->vms[1].direct, D::kOff);
+  EXPECT_EQ(c->vms[2].direct, D::kOff);
+  auto asked = ParseConfig("[vm q]\nsocket = /s\ntenant = 1\ndirect = same-vm\nprove_sockets = agent\n", "f");
+  ASSERT_TRUE(asked.ok()) << asked.status().ToString();
+  Status st = Validate(&*asked);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("VM 'q': direct pairs need process mode (prove_sockets = true); set direct = off"),
+            std::string::npos)
+      << st.message();
 }
 
 TEST(VmConfig, GroupOpensThePortSocketToOneGroup) {

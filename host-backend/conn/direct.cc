@@ -38,7 +38,7 @@ bool Lets(Direct d, bool same_vm) { return d == Direct::kSameTenant || (d == Dir
 // and fds go over the proof channel (a QEMU VM's processes get theirs from
 // its agent: not yet).
 bool PortsLet(const vhost::PortConfig* a, const vhost::PortConfig* b) {
-  if (a == nullptr || b == nullptr || !a->prove_sockets || !b->prove_sockets) return false;
+  if (a == nullptr || b == nullptr || !vhost::DirectCapable(*a) || !vhost::DirectCapable(*b)) return false;
   bool same_vm = a->index == b->index;
   return Lets(a->direct, same_vm) && Lets(b->direct, same_vm);
 }

@@ -37,7 +37,7 @@ uint64_t ConnManager::OnHello(vhost::BackendDevice& device, uint64_t features) {
   // Direct pairs only where the VM's setting allows some (decision 98: the
   // library's direct-peer rule runs only in such sessions).
   const vhost::PortConfig* port = device.port();
-  if (port == nullptr || port->direct == vhost::PortConfig::Direct::kOff || !port->prove_sockets)
+  if (port == nullptr || port->direct == vhost::PortConfig::Direct::kOff || !vhost::DirectCapable(*port))
     taken &= ~proto::kFeatureDirect;
   dc->doorbell = (taken & proto::kFeatureDoorbell) != 0;
   dc->ring_hold = (taken & proto::kFeatureRingHold) != 0;

@@ -83,6 +83,9 @@ class Environment : public ::testing::Environment {
     // Small budgets, so that the floods below reach them.
     setenv("VSOCKET_MAX_DEVICES_PER_VM", "8", 1);
     setenv("VSOCKET_ORPHAN_MB_PER_VM", "1", 1);
+    // The attacks are on vsocketd: the victim's bytes go through it, not
+    // over a direct pair of its own (decision 102's default).
+    setenv("VSOCKET_VM_VICTIM_DIRECT", "off", 1);
     // The victim (tenant 1, loopback; its processes prove their sockets),
     // an attacker VM of another tenant with the victim's addresses, and a
     // raw-protocol attacker VM (no proofs: it registers made-up 4-tuples).
@@ -92,6 +95,7 @@ class Environment : public ::testing::Environment {
     g.pid = g.daemon->pid();
     unsetenv("VSOCKET_MAX_DEVICES_PER_VM");
     unsetenv("VSOCKET_ORPHAN_MB_PER_VM");
+    unsetenv("VSOCKET_VM_VICTIM_DIRECT");
 #if defined(__SANITIZE_ADDRESS__)
     // (An ASan build cannot preload the library into xfer: the attacks
     // still run, against the same daemon.)

@@ -65,10 +65,18 @@ struct PortConfig {
   bool proofs_by_agent = false;
   // Direct pairs (decision 97): which of this VM's same-host pairs vsocketd
   // hands a ring pair of their own and leaves. kSameTenant: a peer of the
-  // same tenant; kSameVm: only a peer in this VM; kOff: none.
+  // same tenant; kSameVm: only a peer in this VM; kOff: none. Process mode
+  // only (prove_sockets without proofs_by_agent): same-tenant by default
+  // there (decision 102), off elsewhere (config Validate).
   enum class Direct : uint8_t { kOff, kSameTenant, kSameVm };
-  Direct direct = Direct::kOff;
+  Direct direct = Direct::kSameTenant;
+  bool direct_set = false;  // `direct` given in the configuration (not the default)
 };
+
+// Whether the port's processes may get direct pairs at all: process mode
+// (their libraries fetch the pair's memory on PATH.proof; a QEMU VM's
+// processes cannot yet).
+inline bool DirectCapable(const PortConfig& p) { return p.prove_sockets && !p.proofs_by_agent; }
 
 // The port's agent socket (PortConfig::proofs_by_agent): the VM's agent's
 // own function attaches here.

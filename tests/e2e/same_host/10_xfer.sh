@@ -8,8 +8,10 @@ case_xfer() {  # name conns bytes extra-server-args
   shift 3
   port=$(alloc_port)
   local rep=$WORK/$name.jsonl
-  local before
-  before=$(stat_field accel_bytes)
+  local before path=direct
+  # (Direct pairs by default between vm1 and vm2, one tenant's: decision 102.)
+  [ "${VSOCKET_DIRECT:-1}" != 0 ] || path=backend
+  before=$(moved_bytes)
   vm_bg vm2 preload "$rep" "$WORK/$name.srv" "$XFER" server "$A2" "$port" --conns "$conns" "$@"
   local srv=$BG
   if ! vm_run vm1 preload "$rep" "$XFER" client "$A2" "$port" --conns "$conns" --bytes "$bytes" >"$WORK/$name.cli" 2>&1; then
@@ -23,17 +25,17 @@ case_xfer() {  # name conns bytes extra-server-args
   fi
   local out
   if ! out=$(python3 $CHECK "$rep" --port "$port" --expect-conns $((2 * conns)) --mode accelerated \
-      --reason accelerated --accel-min 1 --exact-total $((bytes + 16))); then
+      --reason accelerated --accel-min 1 --exact-total $((bytes + 16)) --path $path); then
     fail "$name" "$out"
     return
   fi
-  local after
-  after=$(stat_field accel_bytes)
-  if [ $((after - before)) -lt $((conns * bytes)) ]; then
-    fail "$name" "daemon moved only $((after - before)) bytes"
+  local moved
+  moved=$(wait_moved "$before" $((conns * bytes)))
+  if [ "$moved" -lt $((conns * bytes)) ]; then
+    fail "$name" "vsocketd counted only $moved B on the accelerated path ($path)"
     return
   fi
-  pass "$name ($conns conns x $bytes B each way, byte-checked; $out; daemon moved $((after - before)) B)"
+  pass "$name ($conns conns x $bytes B each way, byte-checked; $out; path $path, $moved B counted by vsocketd)"
 }
 
 # doorbell_negotiation reads the daemon's doorbell sessions before the first
@@ -44,11 +46,12 @@ case_xfer_doorbell() {  # case_xfer's arguments
   [ -n "$DOORBELL_D0" ] || DOORBELL_D0=$(stat_field doorbell_sessions)
   case_xfer "$@"
 }
-# The same with the doorbell turned off in the library: one TX_TAIL and
-# CONSUMED message per count, as an older library would send them.
+# The same through vsocketd with the doorbell turned off in the library: one
+# TX_TAIL and CONSUMED message per count, as an older library would send
+# them.
 case_xfer_without_doorbell() {  # case_xfer's arguments
   DOORBELL_D1=$(stat_field doorbell_sessions)
-  VSOCKET_DOORBELL=0 case_xfer "$@"
+  VSOCKET_DOORBELL=0 through_vsocketd case_xfer "$@"
   DOORBELL_D2=$(stat_field doorbell_sessions)
 }
 case_doorbell_negotiation() {
@@ -74,7 +77,9 @@ case_sender_killed() {
 register_case xfer_one_connection case_xfer_doorbell xfer_one_connection 1 67108864
 register_case xfer_64_connections case_xfer_doorbell xfer_64_connections 64 1048576
 register_case xfer_fork_per_connection case_xfer_doorbell xfer_fork_per_connection 8 1048576 --fork
+register_case xfer_through_vsocketd through_vsocketd case_xfer_doorbell xfer_through_vsocketd 4 33554432
 register_case xfer_without_doorbell case_xfer_without_doorbell xfer_without_doorbell 4 8388608
 register_case doorbell_negotiation case_doorbell_negotiation
-case_needs doorbell_negotiation xfer_one_connection xfer_64_connections xfer_fork_per_connection xfer_without_doorbell
+case_needs doorbell_negotiation xfer_one_connection xfer_64_connections xfer_fork_per_connection xfer_through_vsocketd \
+  xfer_without_doorbell
 register_case xfer_sender_killed case_sender_killed

@@ -97,4 +97,4 @@ case_epoll_churn() {
 # app: redis (server as the user redis) | redis-cli SET/GET of a 1 MiB value; redis-benchmark -c 50, and -c 50 -P 16 | the value byte-exact | redis
 register_case redis_always case_redis redis_always always
 register_case redis_auto case_redis redis_auto auto
-register_case epoll_churn_redis case_epoll_churn
+register_case epoll_churn_redis through_vsocketd case_epoll_churn

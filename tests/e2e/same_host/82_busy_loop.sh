@@ -104,11 +104,11 @@ case_busy_loop() {
   pass "$name ($out; server: $srv_sum; client: $cli_sum; vsocketd: $reg tentative registrations, $exp withdrawn)"
 }
 
-register_case policy_busy_loops_accelerate case_busy_loop policy_busy_loops_accelerate loop 32 busy-accelerated busy-accelerated
-register_case policy_busy_loop_one_sided_withdrawn case_busy_loop policy_busy_loop_one_sided_withdrawn threads 32 busy-withdrawn held
+register_case policy_busy_loops_accelerate through_vsocketd case_busy_loop policy_busy_loops_accelerate loop 32 busy-accelerated busy-accelerated
+register_case policy_busy_loop_one_sided_withdrawn through_vsocketd case_busy_loop policy_busy_loop_one_sided_withdrawn threads 32 busy-withdrawn held
 # Eight connections in a loop (redis-benchmark -c 8: the rings lose there,
 # 0.4-0.8x): held, however many ready each wait finds.
-register_case policy_small_loop_held case_busy_loop policy_small_loop_held loop 8 held held
+register_case policy_small_loop_held through_vsocketd case_busy_loop policy_small_loop_held loop 8 held held
 
 # A busy server whose client becomes busy late (32 blocking threads for
 # 1.5 s, then one epoll loop on the same connections for 3 s): the server's
@@ -154,7 +154,7 @@ PY
   pass "$name ($out; $sum; vsocketd withdrew $((exp1 - exp0)))"
 }
 
-register_case policy_busy_loop_withdrawn_then_accelerated case_busy_loop_late_peer
+register_case policy_busy_loop_withdrawn_then_accelerated through_vsocketd case_busy_loop_late_peer
 
 # A busy loop whose activity changes shape (decision 92), the client's
 # connections driven by busy_loop.py MODE (32 connections, SECONDS),
@@ -239,7 +239,7 @@ PY
   pass "$name ($out; $sum; vsocketd moved back $((mb1 - mb0)))"
 }
 
-register_case policy_busy_loop_goes_quiet_moves_back case_busy_moves policy_busy_loop_goes_quiet_moves_back \
+register_case policy_busy_loop_goes_quiet_moves_back through_vsocketd case_busy_moves policy_busy_loop_goes_quiet_moves_back \
   loop-then-one 2 moved-back
-register_case policy_busy_loop_quiet_then_busy_again case_busy_moves policy_busy_loop_quiet_then_busy_again \
+register_case policy_busy_loop_quiet_then_busy_again through_vsocketd case_busy_moves policy_busy_loop_quiet_then_busy_again \
   loop-one-loop 1.5 back-again

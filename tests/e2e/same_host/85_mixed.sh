@@ -81,5 +81,5 @@ register_case plain_client_preloaded_server case_mixed plain_client_preloaded_se
 # Tenants never learn about each other: to tenant 2's client, tenant 1's
 # server is simply not accelerated.
 register_case cross_tenant case_mixed cross_tenant vm3 preload preload peer-not-registered 4
-register_case vsocketctl_and_metrics case_operator_views
+register_case vsocketctl_and_metrics through_vsocketd case_operator_views
 case_needs vsocketctl_and_metrics xfer_one_connection preloaded_client_plain_server plain_client_preloaded_server cross_tenant

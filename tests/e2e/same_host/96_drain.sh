@@ -2,23 +2,12 @@
 # and the daemon restarts (98_daemon_restart.sh) run last: they stop the
 # daemon or take every connection off the rings.
 
-# ctl_counter NAME: one of the daemon's counters, through vsocketctl (fast:
-# `status` takes a second or more under load).
-ctl_counter() {
-  bash $TB ctl counters --json 2>/dev/null | python3 -c "
-import json, sys
-try:
-    print(next(c['value'] for c in json.load(sys.stdin) if c['counter'] == sys.argv[1]))
-except Exception:
-    print(-1)" "$1"
-}
-
 # vsocketctl drain during a 4 GiB byte-checked stream and four
 # request/response connections, then undrain (or a restart by SIGTERM, which
 # drains too): every connection leaves the rings with clean fences (no byte
 # resent: resent_bytes 0 in every report line; the daemon counts the
 # drains), nothing moves on the rings while drained (the daemon's
-# accel_bytes stands still for half a second), and afterwards the
+# moved_bytes stand still for half a second), and afterwards the
 # connections register again and re-upgrade (report: re-upgraded, last
 # downgrade "operator"; bytes moved on the rings again).
 case_drain() {  # case_drain NAME undrain|restart
@@ -37,9 +26,9 @@ case_drain() {  # case_drain NAME undrain|restart
   fi
   took=$(python3 -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.2f}')" "$t0")
   sleep 0.2
-  a0=$(ctl_counter accel_bytes)
+  a0=$(moved_bytes)
   sleep 0.5
-  a1=$(ctl_counter accel_bytes)
+  a1=$(moved_bytes)
   bad=""
   [ "$a0" = "$a1" ] || bad+="$((a1 - a0)) B moved on the rings while drained; "
   if [ "$how" = restart ]; then
@@ -56,7 +45,7 @@ case_drain() {  # case_drain NAME undrain|restart
   out2=$(python3 $CHECK "$rep" --port $((port + 1)) --expect-conns $((2 * conns)) --reupgraded --downgrade-cause operator \
     --no-resend) || bad+="request/response: $out2; "
   [ -z "$bad" ] || { fail $name "$bad"; return; }
-  after=$(ctl_counter accel_bytes)
+  after=$(moved_bytes)
   drains=$(ctl_counter drains_done)
   if [ "$how" = restart ]; then
     [ "$after" -gt 0 ] || { fail $name "the new vsocketd moved no bytes"; return; }

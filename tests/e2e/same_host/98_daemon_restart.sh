@@ -37,7 +37,7 @@ case_daemon_restart() {  # case_daemon_restart SIG REP
   out2=$(python3 $CHECK "$rep" --port $((port + 1)) --expect-conns $((2 * conns)) --reupgraded "${cause[@]}") ||
     bad+="request/response: $out2; "
   [ -z "$bad" ] || { fail $name "$bad"; return; }
-  after=$(stat_field accel_bytes)
+  after=$(moved_bytes)
   [ "$after" -gt 0 ] || { fail $name "the new vsocketd moved no bytes"; return; }
   pass "$name (vsocketd $old SIG$sig mid-transfer, $new started: 4 GiB bulk byte-exact ($out); $conns request/response connections byte-exact and re-upgraded ($out2); new daemon moved $after B)"
 }

@@ -56,6 +56,47 @@ import json, sys
 print(sum(r[sys.argv[2]] for r in json.load(sys.stdin) if r['vm'] == sys.argv[1]))" "$1" "$2"
 }
 
+# ctl_counter NAME: one of the daemon's counters, through vsocketctl (fast:
+# `status` takes a second or more under load).
+ctl_counter() {
+  bash $TB ctl counters --json 2>/dev/null | python3 -c "
+import json, sys
+try:
+    print(next(c['value'] for c in json.load(sys.stdin) if c['counter'] == sys.argv[1]))
+except Exception:
+    print(-1)" "$1"
+}
+
+# moved_bytes: what the accelerated path carried, as vsocketd counts it: the
+# bytes it copied (accel_bytes) and those direct pairs moved without it
+# (direct_bytes, decision 97: counted from the pairs' counts, brought up to
+# date by a look at the connections).
+moved_bytes() {
+  bash $TB ctl connections >/dev/null 2>&1
+  echo $(($(ctl_counter accel_bytes) + $(ctl_counter direct_bytes)))
+}
+# wait_moved BEFORE MIN: moved_bytes - BEFORE once it reaches MIN (a direct
+# pair's last bytes are counted as its ends' UNREGISTERs arrive), or what
+# it is after 5 s.
+wait_moved() {
+  local i d
+  for i in $(seq 50); do
+    d=$(($(moved_bytes) - $1))
+    [ "$d" -ge "$2" ] && break
+    sleep 0.1
+  done
+  echo "$d"
+}
+
+# through_vsocketd CMD...: runs a case whose subject is vsocketd's own data
+# path or the policy for connections through it (decisions 51, 83, 92):
+# its libraries take no direct pairs (VSOCKET_DIRECT=0), which the product
+# makes by default between processes of one tenant (decision 102).
+through_vsocketd() {
+  local -x VSOCKET_DIRECT=0
+  "$@"
+}
+
 stat_field() {  # stat_field KEY: a number from the daemon's stats JSON
   python3 - "$(bash $TB status 2>/dev/null | sed -n '/^{/,$p')" "$1" <<'PY'
 import json, sys
