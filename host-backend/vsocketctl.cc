@@ -95,8 +95,10 @@ int Usage() {
 
 namespace {
 
-// Sends one command line; false (after saying why) if there is no answer.
-bool Ask(const std::string& path, const std::string& line, std::string* out) {
+// Sends one command line; false (after saying why) if there is no answer
+// within timeout_ms (vm add waits for the worker, up to 5 s, and for its
+// directory record to come back, up to 3 s: vm commands get longer).
+bool Ask(const std::string& path, const std::string& line, std::string* out, int timeout_ms = 5000) {
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -119,7 +121,7 @@ bool Ask(const std::string& path, const std::string& line, std::string* out) {
   char buf[65536];
   for (;;) {
     pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 5000) <= 0) {
+    if (poll(&p, 1, timeout_ms) <= 0) {
       std::fprintf(stderr, "vsocketctl: no answer from vsocketd\n");
       close(fd);
       return false;
@@ -199,7 +201,7 @@ int main(int argc, char** argv) {
     // vsocketd removes it (what is still on the rings is reset).
     // (vsocketd checks that it may remove the VM before it drains it.)
     std::string vm = command.substr(10), out;
-    if (!Ask(path, "vm remove-begin " + vm + (json ? " --json" : "") + "\n", &out)) return 1;
+    if (!Ask(path, "vm remove-begin " + vm + (json ? " --json" : "") + "\n", &out, 15000)) return 1;
     if (IsError(out)) {
       std::fwrite(out.data(), 1, out.size(), stdout);
       return 1;
@@ -210,13 +212,13 @@ int main(int argc, char** argv) {
       out = "draining";
       usleep(100000);
     }
-    if (!Ask(path, command + (json ? " --json" : "") + "\n", &out)) return 1;
+    if (!Ask(path, command + (json ? " --json" : "") + "\n", &out, 15000)) return 1;
     if (IsError(out)) (void)Ask(path, "undrain " + vm + "\n", &command);  // (not removed: as it was)
     std::fwrite(out.data(), 1, out.size(), stdout);
     return IsError(out) ? 1 : 0;
   }
   std::string out;
-  if (!Ask(path, command + (json ? " --json" : "") + "\n", &out)) return 1;
+  if (!Ask(path, command + (json ? " --json" : "") + "\n", &out, command.rfind("vm ", 0) == 0 ? 15000 : 5000)) return 1;
   if (migrate_begin && !IsError(out)) {
     // Until the drain moved every connection off the rings (or --wait SEC,
     // default 10, passed: one that cannot move, half-closed, gets that long
