@@ -100,10 +100,21 @@ void PublishDirectShutWr(Conn& c) {
   if (c.direct && c.direct->PublishShutWr()) Wake(c);
 }
 
+bool WaitsForConsumption(const Conn& c) {
+  uint64_t used = c.tx_tail.load(std::memory_order_relaxed) - c.credit.load(std::memory_order_acquire);
+  if (used == 0) return false;
+  // Leaving the rings (a drain, a resync, a close): what waits there waits
+  // for the peer to consume everything.
+  if (c.state.phase() != Phase::kUpgraded || c.state.draining() || c.state.tx_ring_ended() || c.state.resynced())
+    return true;
+  // Open: a writer waits only for room (send, POLLOUT: a full ring).
+  return used >= c.ring_size / 2;
+}
+
 void ArmDirect(Conn& c) {
   if (!c.direct) return;
   c.direct->WantProduced();
-  c.direct->WantConsumed();
+  if (WaitsForConsumption(c)) c.direct->WantConsumed();
 }
 
 }  // namespace vsocket::guest

@@ -39,7 +39,14 @@ void PublishDirectFence(Conn& c, uint64_t fence);
 void PublishDirectRingEnd(Conn& c, uint64_t end);
 // Our EOF, in the pair's memory (after the last byte's count).
 void PublishDirectShutWr(Conn& c);
-// Before this process sleeps: asks c's peer to wake it at its next count.
+// Before this process sleeps: asks c's peer to wake it when it writes, and
+// when it consumes if something here may wait for that (WaitsForConsumption).
+// Asking for every consumption cost a request/response client two wake-ups
+// per round trip: one when the server read the request, one for the answer.
 void ArmDirect(Conn& c);
+// Whether a wait of this process may be for c's peer to consume what c
+// wrote: a ring half full or more (a writer waits only for room), or a
+// connection leaving the rings (its drain or close waits for everything).
+bool WaitsForConsumption(const Conn& c);
 
 }  // namespace vsocket::guest

@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 
 #include "guest/core/direct.h"
 #include "guest/core/direct_ring.h"
@@ -179,6 +180,49 @@ TEST_F(SessionTest, ADirectCountTakenBeforeASleepWakesTheOtherWaiters) {
   pollfd p{owner.get(), POLLIN, 0};
   EXPECT_EQ(poll(&p, 1, 0), 1) << "the connection's reader was not woken";
   s->RemoveWaiter(owner.get());
+  s->Untrack(7);
+}
+
+// Before sleeping, a process asks its direct peers to wake it when they
+// write, and when they consume only where something may wait for that: a
+// request/response client asked at every sleep was woken twice per round
+// trip (the server reading the request, then its answer).
+TEST_F(SessionTest, ASleeperAsksForConsumptionOnlyWhereAWriterCouldWait) {
+  Session* s = Up(proto::kFeatureDirect);
+  ASSERT_NE(s, nullptr);
+  constexpr uint32_t kRing = 4096;
+  auto memory = proto::MakeDirectMemory(kRing, 7, 99);
+  ASSERT_TRUE(memory.ok()) << memory.status().ToString();
+  UniqueFd peer_fd(dup(memory->get()));
+  g_fake->set_direct(std::move(*memory), UniqueFd(eventfd(0, EFD_CLOEXEC)), 0);
+  auto c = std::make_shared<Conn>();
+  c->id = 7;
+  ASSERT_TRUE(c->state.Apply(ConnEvent::kRegistered));
+  s->Track(c);
+  ASSERT_TRUE(g_fake->PostEvent({MsgType::kDirect, 0, proto::ConnCounter{7, 1}}));
+  ASSERT_TRUE(g_fake->PostEvent({MsgType::kUpgrade, 0, proto::Upgrade{7, kRing, 16}}));
+  s->Drain();
+  ASSERT_TRUE(static_cast<bool>(c->direct));
+  auto* peer_side = reinterpret_cast<proto::DirectSide*>(
+      static_cast<uint8_t*>(mmap(nullptr, 4096, PROT_READ, MAP_SHARED, peer_fd.get(), 0)) + proto::kDirectSideOffset[1]);
+  auto asked = [&] { return std::pair{peer_side->want_produced != 0, peer_side->want_consumed != 0}; };
+  // Nothing in flight: wake me when you write.
+  ArmDirect(*c);
+  EXPECT_EQ(asked(), std::pair(true, false));
+  EXPECT_FALSE(WaitsForConsumption(*c));
+  // A request in flight (100 B of 4 KiB): still only when you write.
+  c->tx_tail.store(100);
+  EXPECT_FALSE(WaitsForConsumption(*c));
+  // Half the ring or more: a writer may soon wait for room.
+  c->tx_tail.store(kRing / 2);
+  EXPECT_TRUE(WaitsForConsumption(*c));
+  ArmDirect(*c);
+  EXPECT_EQ(asked(), std::pair(true, true));
+  // Leaving the rings (a drain): its wait is for everything consumed.
+  c->tx_tail.store(100);
+  ASSERT_TRUE(c->state.Apply(ConnEvent::kDrain));
+  EXPECT_TRUE(WaitsForConsumption(*c));
+  munmap(reinterpret_cast<uint8_t*>(peer_side) - proto::kDirectSideOffset[1], 4096);
   s->Untrack(7);
 }
 
