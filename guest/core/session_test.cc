@@ -55,6 +55,27 @@ class SessionTest : public ::testing::Test {
     Session::DestroyForTesting();
     g_fake = nullptr;
   }
+  // Connection `id`, registered, then paired direct (decision 97) with a
+  // ring of kDirectRing each way and upgraded; *peer_fd: the pair's memory,
+  // which the test maps as the peer's side (1).
+  static constexpr uint32_t kDirectRing = 4096;
+  std::shared_ptr<Conn> DirectConn(Session* s, uint64_t id, UniqueFd* peer_fd) {
+    auto memory = proto::MakeDirectMemory(kDirectRing, id, 99);
+    EXPECT_TRUE(memory.ok()) << memory.status().ToString();
+    if (!memory.ok()) return nullptr;
+    *peer_fd = UniqueFd(dup(memory->get()));
+    g_fake->set_direct(std::move(*memory), UniqueFd(eventfd(0, EFD_CLOEXEC)), 0);
+    auto c = std::make_shared<Conn>();
+    c->id = id;
+    EXPECT_TRUE(c->state.Apply(ConnEvent::kRegistered));
+    s->Track(c);
+    EXPECT_TRUE(g_fake->PostEvent({MsgType::kDirect, 0, proto::ConnCounter{id, 1}}));
+    EXPECT_TRUE(g_fake->PostEvent({MsgType::kUpgrade, 0, proto::Upgrade{id, kDirectRing, 16}}));
+    s->Drain();
+    EXPECT_TRUE(static_cast<bool>(c->direct));
+    EXPECT_EQ(c->state.phase(), Phase::kUpgraded);
+    return c;
+  }
   Session* Up(uint64_t features) {
     g_ack_features = features;
     proto::Reason why{};
@@ -151,22 +172,11 @@ TEST_F(SessionTest, ARegistrationNeverStaysPendingOnALostSession) {
 TEST_F(SessionTest, ADirectCountTakenBeforeASleepWakesTheOtherWaiters) {
   Session* s = Up(proto::kFeatureDirect);
   ASSERT_NE(s, nullptr);
-  constexpr uint32_t kRing = 4096;
-  auto memory = proto::MakeDirectMemory(kRing, 7, 99);
-  ASSERT_TRUE(memory.ok()) << memory.status().ToString();
-  UniqueFd peer_fd(dup(memory->get()));
-  g_fake->set_direct(std::move(*memory), UniqueFd(eventfd(0, EFD_CLOEXEC)), 0);
+  UniqueFd peer_fd;
+  auto c = DirectConn(s, 7, &peer_fd);
+  ASSERT_TRUE(c && c->direct);
   auto peer = DirectRing::Map(peer_fd.get(), 1);
   ASSERT_TRUE(peer.ok()) << peer.status().ToString();
-  auto c = std::make_shared<Conn>();
-  c->id = 7;
-  ASSERT_TRUE(c->state.Apply(ConnEvent::kRegistered));
-  s->Track(c);
-  ASSERT_TRUE(g_fake->PostEvent({MsgType::kDirect, 0, proto::ConnCounter{7, 1}}));
-  ASSERT_TRUE(g_fake->PostEvent({MsgType::kUpgrade, 0, proto::Upgrade{7, kRing, 16}}));
-  s->Drain();
-  ASSERT_TRUE(static_cast<bool>(c->direct));
-  ASSERT_EQ(c->state.phase(), Phase::kUpgraded);
   // The owner (thread B) waits on the session; the peer writes 100 bytes
   // while nobody asked to be woken.
   UniqueFd owner(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
@@ -190,19 +200,10 @@ TEST_F(SessionTest, ADirectCountTakenBeforeASleepWakesTheOtherWaiters) {
 TEST_F(SessionTest, ASleeperAsksForConsumptionOnlyWhereAWriterCouldWait) {
   Session* s = Up(proto::kFeatureDirect);
   ASSERT_NE(s, nullptr);
-  constexpr uint32_t kRing = 4096;
-  auto memory = proto::MakeDirectMemory(kRing, 7, 99);
-  ASSERT_TRUE(memory.ok()) << memory.status().ToString();
-  UniqueFd peer_fd(dup(memory->get()));
-  g_fake->set_direct(std::move(*memory), UniqueFd(eventfd(0, EFD_CLOEXEC)), 0);
-  auto c = std::make_shared<Conn>();
-  c->id = 7;
-  ASSERT_TRUE(c->state.Apply(ConnEvent::kRegistered));
-  s->Track(c);
-  ASSERT_TRUE(g_fake->PostEvent({MsgType::kDirect, 0, proto::ConnCounter{7, 1}}));
-  ASSERT_TRUE(g_fake->PostEvent({MsgType::kUpgrade, 0, proto::Upgrade{7, kRing, 16}}));
-  s->Drain();
-  ASSERT_TRUE(static_cast<bool>(c->direct));
+  UniqueFd peer_fd;
+  auto c = DirectConn(s, 7, &peer_fd);
+  ASSERT_TRUE(c && c->direct);
+  constexpr uint32_t kRing = kDirectRing;
   auto* peer_side = reinterpret_cast<proto::DirectSide*>(
       static_cast<uint8_t*>(mmap(nullptr, 4096, PROT_READ, MAP_SHARED, peer_fd.get(), 0)) + proto::kDirectSideOffset[1]);
   auto asked = [&] { return std::pair{peer_side->want_produced != 0, peer_side->want_consumed != 0}; };
