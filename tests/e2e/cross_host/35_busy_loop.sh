@@ -9,11 +9,18 @@
 # thread per connection: the client kernel-faster, the server held
 # (request-response). Every answer is checked byte for byte
 # (tests/e2e/apps/busy_loop.py), no stream byte crosses the fabric.
+#
+# The libraries take no direct pairs here (VSOCKET_DIRECT=0): with them
+# (the default, decision 102) the direct-peer rule (decision 98) comes
+# first, at a connection's 16th turn, and vsocketd keeps that registration
+# kernel-faster too (a pair across hosts is never direct): the same outcome
+# for the application, but this case is the busy-loop rule's.
 
 # case_cross_busy NAME SERVER-MODE SERVER-WANT: SERVER-WANT kernel-faster |
 # held.
 case_cross_busy() {
   local name=$1 smode=$2 want=$3
+  local -x VSOCKET_DIRECT=0
   local port rep=$WORK/$name.jsonl out bad=""
   port=$(alloc_port)
   local e0 f0 e1 f1
