@@ -55,7 +55,7 @@ METRICS = [
 
 
 # vsocketd counters read around each repetition: how it went.
-ACCEL_COUNTERS = ("upgrades", "accel_bytes", "rejected_spoofed", "rejected_unproven", "rejected_other")
+ACCEL_COUNTERS = ("upgrades", "accel_bytes", "direct_bytes", "rejected_spoofed", "rejected_unproven", "rejected_other")
 
 
 def as_meant(R, mode):
@@ -123,7 +123,8 @@ def main():
     verdict = "quick-bench: OK" if not bad else "quick-bench: REGRESSION " + ", ".join(bad)
     v = [R["daemon"] for R in results["vsocket"]]
     md += ["", "vSocket repetitions, as vsocketd counted them: " + "; ".join(
-        f"{d['upgrades']} upgrades, {d['accel_bytes'] / 1e6:.1f} MB accelerated, "
+        f"{d['upgrades']} upgrades, {d['accel_bytes'] / 1e6:.1f} MB through vsocketd and "
+        f"{d.get('direct_bytes', 0) / 1e6:.1f} MB by direct pairs (decision 102), "
         f"{d['rejected_spoofed'] + d['rejected_unproven'] + d['rejected_other']} registrations refused" for d in v)]
     md += ["", f"({results['seconds']} s)", "", verdict]
     text = "\n".join(md) + "\n"
