@@ -124,7 +124,7 @@ def main():
     v = [R["daemon"] for R in results["vsocket"]]
     md += ["", "vSocket repetitions, as vsocketd counted them: " + "; ".join(
         f"{d['upgrades']} upgrades, {d['accel_bytes'] / 1e6:.1f} MB through vsocketd and "
-        f"{d.get('direct_bytes', 0) / 1e6:.1f} MB by direct pairs (decision 102), "
+        f"{d['direct_bytes'] / 1e6:.1f} MB by direct pairs (decision 102), "
         f"{d['rejected_spoofed'] + d['rejected_unproven'] + d['rejected_other']} registrations refused" for d in v)]
     md += ["", f"({results['seconds']} s)", "", verdict]
     text = "\n".join(md) + "\n"

@@ -56,15 +56,17 @@ import json, sys
 print(sum(r[sys.argv[2]] for r in json.load(sys.stdin) if r['vm'] == sys.argv[1]))" "$1" "$2"
 }
 
-# ctl_counter NAME: one of the daemon's counters, through vsocketctl (fast:
-# `status` takes a second or more under load).
+# ctl_counter NAME...: one of the daemon's counters (the sum of several, read
+# at once), through vsocketctl (fast: `status` takes a second or more under
+# load); -1 if one is missing.
 ctl_counter() {
   bash $TB ctl counters --json 2>/dev/null | python3 -c "
 import json, sys
 try:
-    print(next(c['value'] for c in json.load(sys.stdin) if c['counter'] == sys.argv[1]))
+    values = {c['counter']: c['value'] for c in json.load(sys.stdin)}
+    print(sum(values[name] for name in sys.argv[1:]))
 except Exception:
-    print(-1)" "$1"
+    print(-1)" "$@"
 }
 
 # moved_bytes: what the accelerated path carried, as vsocketd counts it: the
@@ -73,7 +75,7 @@ except Exception:
 # date by a look at the connections).
 moved_bytes() {
   bash $TB ctl connections >/dev/null 2>&1
-  echo $(($(ctl_counter accel_bytes) + $(ctl_counter direct_bytes)))
+  ctl_counter accel_bytes direct_bytes
 }
 # wait_moved BEFORE MIN: moved_bytes - BEFORE once it reaches MIN (a direct
 # pair's last bytes are counted as its ends' UNREGISTERs arrive), or what
