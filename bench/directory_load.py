@@ -286,7 +286,7 @@ def run_scale(hosts, vms, migrations_per_min, watchers, steady_s, threads, renew
     etcd = Etcd()
     res = {"hosts": hosts, "vms_per_host": vms, "keys": hosts * (vms + 1), "migrations_per_min": migrations_per_min,
            "watchers": watchers, "watch_scope": watch_scope, "tenants": TENANTS, "steady_s": steady_s,
-           "lease_ttl_s": TTL_S, "layout": "tenants (decision 103)", "loadavg_at_start": round(os.getloadavg()[0], 2)}
+           "lease_ttl_s": TTL_S, "renewing_threads": 3 * renewers, "layout": "tenants (decision 103)", "loadavg_at_start": round(os.getloadavg()[0], 2)}
     # Lease IDs (0: not granted yet) and renewal counts, shared with the
     # renewing processes: renewals must not wait on this process's GIL
     # (watchers parsing events, publishers), or leases expire for the load
@@ -431,7 +431,7 @@ def markdown(results, args):
         ("hosts x VMs (keys)", lambda r: f"{r['hosts']} x {r['vms_per_host']} ({r['keys']})"),
         ("publish: time, keys/s, etcd CPU", lambda r: f"{r['publish_s']} s, {r['publish_keys_per_s']}/s, {r['publish_etcd_cpu_pct']} %" + (f" (at most {r['publish_hosts_per_s_cap']:g} hosts/s)" if r.get('publish_hosts_per_s_cap') else "")),
         ("a starting host's first read (host records + its tenants)", lambda r: f"{r['full_read_s']} s ({r.get('full_read_prefixes', 1)} prefixes, {r['full_read_keys']} keys, {r['full_read_mb']} MB of JSON)"),
-        ("keepalives needed / reached per s", lambda r: f"{r['keepalives_needed_per_s']} / {r['keepalives_per_s']} ({r['keepalive_failures']} failed)"),
+        ("keepalives needed / reached per s (renewing threads)", lambda r: f"{r['keepalives_needed_per_s']} / {r['keepalives_per_s']} ({r['keepalive_failures']} failed; {r.get('renewing_threads', 6)} threads)"),
         ("keys at the end (leases alive)", lambda r: f"{r['keys_left']} of {r['keys']}"),
         ("migrations (per min)", lambda r: f"{r['migrations']} in {r['steady_s']} s ({r['migrations_per_min']}/min)"),
         ("publish->watch p50 / p99 / max", lambda r: f"{r['publish_to_watch_p50_ms']} / {r['publish_to_watch_p99_ms']} / {r['publish_to_watch_max_ms']} ms ({r['watch_latency_samples']} samples, {r['watchers']} watchers)"),
@@ -475,7 +475,11 @@ def main():
     p.add_argument("--threads", type=int, default=8, help="publishing threads")
     p.add_argument("--publish-hosts-per-s", type=float, default=0,
                    help="hosts published a second at most (a staggered start; 0: as fast as etcd takes them)")
-    p.add_argument("--renewers", type=int, default=2, help="processes renewing leases (3 threads each)")
+    p.add_argument("--renewers", type=int, default=0,
+                   help="processes renewing leases (3 threads each; 0: one per 1,700 hosts, at least 2). Each "
+                        "thread renews its leases one after the other, so at 10,000 hosts 2 processes (6 threads) "
+                        "need a keepalive answered in 2 ms; while etcd is busy they fall behind and the leases of "
+                        "the fleet expire for the load generator's sake")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     a = p.parse_args()
     # A SIGTERM (a timeout, a CI stop) unwinds like an error: etcd is killed
@@ -490,7 +494,8 @@ def main():
     results = []
     for hosts in (int(x) for x in a.hosts.split(",")):
         print(f"== {hosts} hosts x {a.vms} VMs", flush=True)
-        r = run_scale(hosts, a.vms, a.migrations_per_min, a.watchers, a.steady_s, a.threads, a.renewers,
+        renewers = a.renewers or max(2, -(-hosts // 1700))
+        r = run_scale(hosts, a.vms, a.migrations_per_min, a.watchers, a.steady_s, a.threads, renewers,
                       a.watch_scope, a.publish_hosts_per_s)
         print(json.dumps(r), flush=True)
         results.append(r)

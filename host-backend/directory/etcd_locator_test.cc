@@ -200,12 +200,22 @@ TEST_F(EtcdLocatorTest, PublishersRecordsVanishWhenItsLeaseIsNotKeptAlive) {
                                              std::map<std::string, VmRecord>{{"vm1", {7, {"198.51.100.0/30"}}}}, o);
   pub->Start();
   ASSERT_TRUE(pub->WaitPublished(5000)) << pub->Health().last_error;
+  // vsocketctl locator's "this host": the lease as etcd granted it.
+  EXPECT_EQ(pub->Health().lease_ttl_s, 2);
+  EXPECT_GE(pub->Health().lease_confirmed_ms_ago, 0);
   EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.2")) == "hostA"; }, 1000));
   EXPECT_EQ(loc->Health().hosts, 1u);
   // Kept alive past several TTLs, it stays.
   usleep(3000 * 1000);
   EXPECT_EQ(loc->Find(7, V4Http("198.51.100.2")), "hostA");
   EXPECT_EQ(pub->Health().publishes, 1u);
+  // ...each renewal confirming its TTL (renewed every 2/3 s: confirmed
+  // within the last TTL, never as old as the 3 s slept).
+  EtcdPublisherHealth h = pub->Health();
+  EXPECT_GE(h.lease_ttl_s, 1);
+  EXPECT_LE(h.lease_ttl_s, 2);
+  EXPECT_GE(h.lease_confirmed_ms_ago, 0);
+  EXPECT_LT(h.lease_confirmed_ms_ago, 2000);
   // A host that dies: nobody renews the lease.
   pub->Stop(EtcdPublisher::StopMode::kLetExpire);
   EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.2")).empty(); }, 8000));

@@ -64,7 +64,12 @@ bool EtcdPublisher::WaitPublished(int timeout_ms) {
 
 EtcdPublisherHealth EtcdPublisher::Health() const {
   MutexLock lock(mu_);
-  return {published_, lease_, publishes_, counters_->keepalive_failures.load(), last_error_};
+  EtcdPublisherHealth h{published_, lease_, publishes_, counters_->keepalive_failures.load(), last_error_};
+  if (published_ && lease_confirmed_ms_ != 0) {
+    h.lease_ttl_s = lease_ttl_s_;
+    h.lease_confirmed_ms_ago = MonotonicMs() - lease_confirmed_ms_;
+  }
+  return h;
 }
 
 std::string EtcdPublisher::KeyOf(const std::string& vm, const VmRecord& r) const {
@@ -148,6 +153,7 @@ Status EtcdPublisher::Resync(int64_t lease) {
 }
 
 Status EtcdPublisher::Publish() {
+  const int64_t granted_ms = MonotonicMs();
   auto lease = client_->GrantLease(options_.ttl_s);
   if (!lease.ok()) return lease.status();
   std::map<std::string, VmRecord> vms;
@@ -168,6 +174,8 @@ Status EtcdPublisher::Publish() {
     MutexLock lock(mu_);
     published_ = true;
     ++publishes_;
+    lease_ttl_s_ = options_.ttl_s;
+    lease_confirmed_ms_ = granted_ms;
     // Keys of VMs removed before went with the old lease; a change during
     // the writes above is written by a resync.
     if (changes_ == changes) {
@@ -203,7 +211,20 @@ void EtcdPublisher::Run() {
       st = Publish();
     } else {
       // A resync puts under the lease (refused once it expired) or renews it.
-      st = resync ? Resync(lease) : client_->KeepAlive(lease).status();
+      if (resync) {
+        st = Resync(lease);
+      } else {
+        const int64_t asked_ms = MonotonicMs();
+        auto ttl = client_->KeepAlive(lease);
+        st = ttl.status();
+        if (ttl.ok()) {
+          MutexLock lock(mu_);
+          if (lease_ == lease) {
+            lease_ttl_s_ = *ttl;
+            lease_confirmed_ms_ = asked_ms;  // (the TTL runs from before the answer)
+          }
+        }
+      }
       if (!st.ok() && !resync) counters_->keepalive_failures.fetch_add(1, std::memory_order_relaxed);
       if (st.code() == Code::kNotFound) {
         // Expired while etcd was out of reach: the records are gone.

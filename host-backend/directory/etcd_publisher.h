@@ -34,6 +34,11 @@ struct EtcdPublisherHealth {
   uint64_t publishes = 0;  // times the records were written (a new lease each)
   uint64_t keepalive_failures = 0;  // renewals that failed
   std::string last_error;
+  // The lease as etcd last confirmed it (granted or renewed): its TTL then,
+  // in seconds, and how long ago that was (-1: never). What is left of it
+  // is lease_ttl_s * 1000 - lease_confirmed_ms_ago.
+  int64_t lease_ttl_s = 0;
+  int64_t lease_confirmed_ms_ago = -1;
 };
 
 class EtcdPublisher {
@@ -87,6 +92,8 @@ class EtcdPublisher {
   CondVar cv_;  // published_ or stop_ changed
   bool published_ GUARDED_BY(mu_) = false;
   int64_t lease_ GUARDED_BY(mu_) = 0;
+  int64_t lease_ttl_s_ GUARDED_BY(mu_) = 0;         // as etcd last confirmed it
+  int64_t lease_confirmed_ms_ GUARDED_BY(mu_) = 0;  // when (MonotonicMs; 0: never)
   uint64_t publishes_ GUARDED_BY(mu_) = 0;
   std::string last_error_ GUARDED_BY(mu_);
   std::map<std::string, VmRecord> vms_ GUARDED_BY(mu_);  // the VMs that run here

@@ -240,6 +240,7 @@ std::string Peering::DirectoryReport(bool json) const {
                         {"full_reads", h.full_reads}, {"bad_records", h.bad_records},
                         {"hosts", h.hosts},           {"published", p.published},
                         {"lease", p.lease},           {"publish_error", p.last_error},
+                        {"lease_ttl_s", p.lease_ttl_s}, {"lease_confirmed_ms_ago", p.lease_confirmed_ms_ago},
                         {"entries", entries},         {"watch_events", h.watch_events},
                         {"conflicts", h.conflicts},   {"publishes", p.publishes},
                         {"keepalive_failures", p.keepalive_failures},
@@ -272,8 +273,15 @@ std::string Peering::DirectoryReport(bool json) const {
   for (uint32_t t : h.refused_tenants) out += " (" + std::to_string(t) + ": refused by etcd, not followed)";
   out += "\n";
   if (!h.last_error.empty()) out += "last error: " + h.last_error + "\n";
+  std::string lease_left;  // what is left of our lease as etcd last confirmed it
+  if (p.lease_confirmed_ms_ago >= 0) {
+    int64_t left_ms = std::max<int64_t>(0, p.lease_ttl_s * 1000 - p.lease_confirmed_ms_ago);
+    lease_left = ", TTL " + std::to_string(p.lease_ttl_s) + " s confirmed " +
+                 std::to_string(p.lease_confirmed_ms_ago) + " ms ago, " + std::to_string(left_ms / 1000) + "." +
+                 std::to_string(left_ms % 1000 / 100) + " s left";
+  }
   out += "this host: " + std::string(p.published ? "published" : "NOT published") + " under lease " +
-         std::to_string(p.lease) + " (" + std::to_string(p.publishes) + " publish(es), " +
+         std::to_string(p.lease) + lease_left + " (" + std::to_string(p.publishes) + " publish(es), " +
          std::to_string(p.keepalive_failures) + " keepalive failure(s))" +
          (p.last_error.empty() ? "" : " (last error: " + p.last_error + ")") + "\n";
   out += "directory-unavailable fallbacks: " + std::to_string(counters_.directory.unavailable_fallbacks.load()) + "\n";
