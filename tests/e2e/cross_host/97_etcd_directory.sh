@@ -59,6 +59,14 @@ case_etcd_pairs() {
   dir_has hostB "$A1" hostA || { fail $name "hostB's directory cache does not place $A1 on hostA"; return; }
   [ "$(dir_field hostA hosts)" = 2 ] && [ "$(dir_field hostA published)" = True ] ||
     { fail $name "hostA: hosts $(dir_field hostA hosts), published $(dir_field hostA published)"; return; }
+  # Its lease as etcd last confirmed it: a TTL of 10 s at most, renewed
+  # every 10/3 s (confirmed within the TTL), and the text says what is left.
+  local ttl ago
+  ttl=$(dir_field hostA lease_ttl_s)
+  ago=$(dir_field hostA lease_confirmed_ms_ago)
+  [ "$ttl" -ge 1 ] && [ "$ttl" -le 10 ] && [ "$ago" -ge 0 ] && [ "$ago" -lt 10000 ] &&
+    bash $TB ctl hostA locator | grep -q "^this host: published under lease [0-9]*, TTL [0-9]* s confirmed [0-9]* ms ago, [0-9.]* s left" ||
+    { fail $name "hostA's lease: TTL '$ttl' s confirmed '$ago' ms ago; $(bash $TB ctl hostA locator | grep '^this host')"; return; }
   # hostA's etcd user cannot write hostB's keys, nor in a tenant it was not
   # granted (etcd RBAC; decisions 86 and 103).
   local key
