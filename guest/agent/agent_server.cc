@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "base/log.h"
@@ -67,7 +68,12 @@ Result<std::unique_ptr<AgentServer>> AgentServer::Listen(const std::string& path
     VS_RETURN_IF_ERROR(s->OpenDevice(s->slots_.size() - 1));
   }
   // The socket appears only once every device is up: a process that finds
-  // it can be served.
+  // it can be served. Its directory (/run/vsocket by default, a tmpfs at
+  // boot) is made if missing.
+  if (size_t slash = path.rfind('/'); slash != std::string::npos && slash > 0) {
+    const std::string dir = path.substr(0, slash);
+    if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return Status::FromErrno("mkdir " + dir);
+  }
   unlink(path.c_str());
   mode_t old = umask(0077);
   int r = bind(s->listen_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));

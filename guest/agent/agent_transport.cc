@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "proto/virtio_ring.h"
@@ -45,14 +46,28 @@ Status CheckGrant(const Grant& g, uint64_t memfd_bytes) {
 }  // namespace
 
 Result<std::unique_ptr<guest::Transport>> AgentTransport::Open(const std::string& path) {
+  auto sock = Connect(path);
+  if (!sock.ok()) return Status(Code::kUnavailable, sock.status().message());
+  return OpenConnected(std::move(sock).value(), path);
+}
+
+Result<UniqueFd> AgentTransport::Connect(const std::string& path, int* err) {
+  if (err != nullptr) *err = 0;
   UniqueFd sock(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (sock.get() < 0) return Status::FromErrno("socket");
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path)) return Status(Code::kInvalidArgument, "agent socket path too long");
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  if (connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
-    return Status(Code::kUnavailable, "no vsocket-guestd at " + path + ": " + strerror(errno));
+  if (connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    int e = errno;
+    if (err != nullptr) *err = e;
+    return Status(Code::kUnavailable, "no vsocket-guestd at " + path + ": " + strerror(e));
+  }
+  return sock;
+}
+
+Result<std::unique_ptr<guest::Transport>> AgentTransport::OpenConnected(UniqueFd sock, const std::string& path) {
   Grant g;
   // Bounded: an agent that accepted but never answers is not waited on.
   pollfd p{sock.get(), POLLIN, 0};

@@ -13,17 +13,23 @@
 #include "base/mutex.h"
 #include "base/unique_fd.h"
 #include "guest/agent/grant.h"
+#include "guest/core/config.h"
 #include "guest/core/transport.h"
 
 namespace vsocket::agent {
 
-inline constexpr const char* kDefaultAgentSocket = "/run/vsocket/agent.sock";
+inline constexpr const char* kDefaultAgentSocket = guest::kDefaultAgentSocket;
 
 class AgentTransport final : public guest::Transport {
  public:
   // Connects to the agent at `path` and takes its grant (kUnavailable if
   // no agent listens or another process holds the device).
   static Result<std::unique_ptr<guest::Transport>> Open(const std::string& path);
+  // The same in two steps: a SOCK_SEQPACKET connection to `path` (*err:
+  // connect's errno, EPROTOTYPE for a stream socket there such as
+  // vsocketd's port), then the grant on it (transport_choice.h).
+  static Result<UniqueFd> Connect(const std::string& path, int* err = nullptr);
+  static Result<std::unique_ptr<guest::Transport>> OpenConnected(UniqueFd sock, const std::string& path);
   ~AgentTransport() override;
 
   vhost::VirtqueueDriver& queue(guest::QueueId q) override { return queues_[static_cast<size_t>(q)]; }

@@ -1,19 +1,14 @@
-// Makes a library build talk to vsocket-guestd instead of being its own
-// vhost-user frontend: the session's transport factory (transport.h) opens
-// AgentTransport at VSOCKET_SOCKET (the agent's socket inside the VM).
-// Linked into libvsocket-vm.so (the VM build of the library) only.
-#include "guest/agent/agent_transport.h"
-#include "guest/core/config.h"
+// Makes libvsocket.so choose its transport at run time (transport_choice.h,
+// decision 108): vsocket-guestd's inside a VM, vsocketd's vhost-user port
+// in process mode. Linked into the library only (unit tests install their
+// own factory or none).
+#include "guest/agent/transport_choice.h"
 
 namespace vsocket::agent {
 namespace {
 
-Result<std::unique_ptr<guest::Transport>> OpenAgentTransport() {
-  return AgentTransport::Open(guest::Config().socket_path);
-}
-
 // (Only stores a function pointer: safe before anything else is set up.)
-__attribute__((constructor)) void InstallAgentTransport() { guest::SetTransportFactory(&OpenAgentTransport); }
+__attribute__((constructor)) void InstallTransportChoice() { guest::SetTransportFactory(&OpenChosenTransport); }
 
 }  // namespace
 }  // namespace vsocket::agent

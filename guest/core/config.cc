@@ -50,7 +50,10 @@ GuestConfig Load() {
     return true;
   };
   std::string v;
-  if (get("SOCKET", &v)) c.socket_path = v;
+  if (get("SOCKET", &v)) {
+    c.socket_path = v;
+    c.socket_is_default = false;
+  }
   if (get("ENABLE", &v)) c.enabled = v != "0" && v != "false" && v != "no";
   if (get("RING_KB", &v)) {
     long kb = std::strtol(v.c_str(), nullptr, 10);

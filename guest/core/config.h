@@ -12,6 +12,11 @@
 
 namespace vsocket::guest {
 
+// Where the library looks for vSocket when VSOCKET_SOCKET (or SOCKET= in
+// /etc/vsocket/vsocket.conf) names nothing: vsocket-guestd's socket, the
+// agent's default inside a VM (docs/vm-mode.md, decision 108).
+inline constexpr const char* kDefaultAgentSocket = "/run/vsocket/agent.sock";
+
 // One per-destination rule: "accel|kernel ADDR[/PREFIX][:PORT]" ("*" for
 // any address); the first rule matching a connection's peer decides.
 struct DestinationRule {
@@ -26,7 +31,11 @@ struct DestinationRule {
 enum class UpgradePolicy : uint8_t { kAuto, kAlways };
 
 struct GuestConfig {
-  std::string socket_path;           // VSOCKET_SOCKET: the VM's vhost-user socket; empty = off
+  // VSOCKET_SOCKET: vsocketd's port (process mode) or vsocket-guestd's
+  // socket (in a VM); which one, the library finds out (decision 108).
+  // Unset: kDefaultAgentSocket (socket_is_default); set empty: off.
+  std::string socket_path = kDefaultAgentSocket;
+  bool socket_is_default = true;
   bool enabled = true;               // VSOCKET_ENABLE=0 turns acceleration off
   uint32_t ring_bytes = 256 * 1024;  // VSOCKET_RING_KB: per direction and connection
   size_t region_bytes = 64u << 20;   // VSOCKET_REGION_MB: shared region per process

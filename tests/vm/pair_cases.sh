@@ -5,15 +5,16 @@
 #   vm_to_vm        three TCG guests at once, each on its own vsocketd
 #                   port, their ordinary NICs (kernel TCP) taps on one
 #                   bridge in a network namespace of the test's own:
-#     vm_to_vm_xfer          xfer (unmodified, under libvsocket-vm.so):
+#     vm_to_vm_xfer          xfer (unmodified, under libvsocket.so, which
+#                            finds the agent at its default path):
 #                            4 connections of 1,000,000 byte-checked bytes
 #                            each way between a process of guest A and one
 #                            of guest B, accelerated (vsocketd's upgrades and
 #                            accel_bytes, A's and B's per-VM counters, all 8
 #                            library reports "accelerated")
 #     vm_to_vm_redis         redis-benchmark in A against redis-server in B,
-#                            both under vsocket-run --lib libvsocket-vm.so
-#                            (VSOCKET_UPGRADE=always): every request answered,
+#                            both under plain vsocket-run --upgrade always
+#                            (no --lib, no --socket): every request answered,
 #                            every benchmark connection accelerated; the same
 #                            benchmark against a plain redis-server in B on
 #                            kernel TCP in the same run, for the ratio
@@ -49,15 +50,15 @@ print(next((v[sys.argv[2]] for v in json.load(sys.stdin) if v['vm'] == sys.argv[
 pair_job_server() {
   cat > "$1/job.sh" <<JOB
 cd /run/vsocket-vm
-./vsocket-guestd --serve /run/agent.sock --proofs > agent.out 2>&1 &
+./vsocket-guestd --serve --proofs > agent.out 2>&1 &
 apid=\$!
-for _ in \$(seq 300); do [ -S /run/agent.sock ] && break; sleep 0.1; done
-export VSOCKET_SOCKET=/run/agent.sock VSOCKET_REPORT=/run/vsocket-vm/report.jsonl
-LD_PRELOAD=/run/vsocket-vm/libvsocket-vm.so ./xfer server $PAIR_B 5201 --conns 4 > xfer-a.out 2>&1 &
+for _ in \$(seq 300); do [ -S /run/vsocket/agent.sock ] && break; sleep 0.1; done
+export VSOCKET_REPORT=/run/vsocket-vm/report.jsonl
+LD_PRELOAD=/run/vsocket-vm/libvsocket.so ./xfer server $PAIR_B 5201 --conns 4 > xfer-a.out 2>&1 &
 xa=\$!
-LD_PRELOAD=/run/vsocket-vm/libvsocket-vm.so ./xfer server $PAIR_B 5202 --conns 1 > xfer-c.out 2>&1 &
+LD_PRELOAD=/run/vsocket-vm/libvsocket.so ./xfer server $PAIR_B 5202 --conns 1 > xfer-c.out 2>&1 &
 xc=\$!
-./vsocket-run --lib /run/vsocket-vm/libvsocket-vm.so --upgrade always \\
+./vsocket-run --upgrade always \\
   redis-server --bind $PAIR_B --port 6379 --save '' --appendonly no --protected-mode no --dir /run/vsocket-vm \\
   > redis.out 2>&1 &
 rs=\$!
@@ -82,10 +83,10 @@ JOB
 pair_job_client() {
   cat > "$1/job.sh" <<JOB
 cd /run/vsocket-vm
-./vsocket-guestd --serve /run/agent.sock --proofs > agent.out 2>&1 &
+./vsocket-guestd --serve --proofs > agent.out 2>&1 &
 apid=\$!
-for _ in \$(seq 300); do [ -S /run/agent.sock ] && break; sleep 0.1; done
-export VSOCKET_SOCKET=/run/agent.sock VSOCKET_REPORT=/run/vsocket-vm/report.jsonl
+for _ in \$(seq 300); do [ -S /run/vsocket/agent.sock ] && break; sleep 0.1; done
+export VSOCKET_REPORT=/run/vsocket-vm/report.jsonl
 echo ready > ready
 for _ in \$(seq 900); do [ -f go ] && break; sleep 0.1; done
 $2
@@ -100,22 +101,22 @@ case_vm_to_vm() {
   local d
   for d in "$RA" "$RB" "$RC"; do
     mkdir -p "$d"
-    cp "$BIN/guest/agent/vsocket-guestd" "$BIN/guest/agent/libvsocket-vm.so" "$BIN/tests/e2e/xfer" \
+    cp "$BIN/guest/agent/vsocket-guestd" "$BIN/guest/libvsocket.so" "$BIN/tests/e2e/xfer" \
        "$BIN/guest/agent/vsocket-agent-probe" "$ROOT/guest/vsocket-run" "$d/"
     rm -f "$d"/{go,stop,report.jsonl}
   done
   pair_job_server "$RB"
   local bench="redis-benchmark -h $PAIR_B -n $n -c $c -t set,get --csv"
   pair_job_client "$RA" "
-LD_PRELOAD=/run/vsocket-vm/libvsocket-vm.so ./xfer client $PAIR_B 5201 --conns $conns --bytes $bytes --pause-ms 500 > client.out 2>&1
+LD_PRELOAD=/run/vsocket-vm/libvsocket.so ./xfer client $PAIR_B 5201 --conns $conns --bytes $bytes --pause-ms 500 > client.out 2>&1
 echo \"client exit \$?\"
 $bench -p 6380 > redis-kernel.out 2>&1; echo \"redis kernel exit \$?\"
-./vsocket-run --lib /run/vsocket-vm/libvsocket-vm.so --upgrade always $bench -p 6379 > redis-vsocket.out 2>&1
+./vsocket-run --upgrade always $bench -p 6379 > redis-vsocket.out 2>&1
 echo \"redis vsocket exit \$?\"
-./vsocket-agent-probe --socket /run/agent.sock --steal $PAIR_A 5301 > steal.out 2>&1
+./vsocket-agent-probe --steal $PAIR_A 5301 > steal.out 2>&1
 echo \"steal exit \$?\""
   pair_job_client "$RC" "
-LD_PRELOAD=/run/vsocket-vm/libvsocket-vm.so ./xfer client $PAIR_B 5202 --conns 1 --bytes $bytes > client.out 2>&1
+LD_PRELOAD=/run/vsocket-vm/libvsocket.so ./xfer client $PAIR_B 5202 --conns 1 --bytes $bytes > client.out 2>&1
 echo \"client exit \$?\""
   vm_net_down "$PAIR_NS"
   vm_net_up "$PAIR_NS" tapa tapb tapc || { fail vm_to_vm "cannot make the guests' bridge"; return; }

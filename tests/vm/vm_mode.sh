@@ -11,11 +11,16 @@
 #                   open a session through AgentTransport (kicks and
 #                   wake-ups relayed by the agent), each on a fresh device.
 #   accelerated_in_guest  xfer (unmodified) server and client in one guest
-#                   under libvsocket-vm.so, each process on a vSocket
+#                   under libvsocket.so, the one library (decision 108:
+#                   no VSOCKET_SOCKET, the agent at its default path
+#                   /run/vsocket/agent.sock), each process on a vSocket
 #                   function the agent granted it: 4 connections of
 #                   1,000,000 byte-checked bytes each way over rings in
 #                   several huge pages (vsocketd's upgrades and
-#                   accel_bytes, every library report "accelerated").
+#                   accel_bytes, every library report "accelerated", the
+#                   agent's grants); before the agent starts, the same
+#                   library leaves a connection on kernel TCP, byte-exact,
+#                   reason backend-unavailable.
 #   process_killed_in_guest  a guest process SIGKILLed right after its last
 #                   write on an accelerated connection: the server gets
 #                   every byte, the agent takes the function back and the
@@ -51,13 +56,14 @@ die() { echo "vm_mode.sh: $*" >&2; echo "0 passed, 1 failed"; exit 1; }
 bash tests/rdma/install-deps.sh || die "installing QEMU and busybox failed"
 bash tests/vm/prepare.sh || die "preparing the guest kernel and initramfs failed"
 TARGETS=(//host-backend:vsocketd //host-backend:vsocketctl //guest/agent:vsocket-guestd //guest/agent:vsocket-agent-probe
-         //guest/agent:libvsocket-vm.so //tests/e2e:xfer //tests/integration:echo_client)
+         //guest:libvsocket.so //tests/e2e:xfer //tests/integration:echo_client)
 if [ "$BUILD" = 1 ]; then
   flock -o /tmp/vsocket-bazel.lock bazel build "${TARGETS[@]}" >/dev/null 2>&1 || die "bazel build failed"
 fi
 BIN=$(bazel info bazel-bin 2>/dev/null) || die "bazel info failed"
 for t in vsocketd vsocketctl; do [ -x "$BIN/host-backend/$t" ] || die "$BIN/host-backend/$t not built"; done
-for t in vsocket-guestd vsocket-agent-probe libvsocket-vm.so; do [ -e "$BIN/guest/agent/$t" ] || die "$t not built"; done
+for t in vsocket-guestd vsocket-agent-probe; do [ -e "$BIN/guest/agent/$t" ] || die "$t not built"; done
+[ -e "$BIN/guest/libvsocket.so" ] || die "libvsocket.so not built"
 [ -x "$BIN/tests/e2e/xfer" ] || die "xfer not built"
 [ -x "$BIN/tests/integration/echo_client" ] || die "echo_client not built"
 
@@ -336,26 +342,39 @@ xfer_guest_run() {
 }
 
 # An unmodified program in the guest, accelerated: xfer's byte-checked
-# stream between two processes of the VM under libvsocket-vm.so, each
+# stream between two processes of the VM under libvsocket.so (the one
+# library: it finds the agent at its default path, decision 108), each
 # process on a vSocket function of its own that vsocket-guestd granted it.
+# First, with no agent yet, the same library keeps a connection on kernel
+# TCP with its reason.
 case_accelerated_in_guest() {
   # 4 connections: 8 rings of 256 KiB in each process's memory, so rings
   # lie in more than one huge page (each page's own GPA).
-  local R=$WORK/accel t0=$SECONDS bytes=1000000 conns=4 port=5101
+  local R=$WORK/accel t0=$SECONDS bytes=1000000 conns=4 port=5101 nport=5103
   mkdir -p "$R"
-  cp "$BIN/guest/agent/vsocket-guestd" "$BIN/guest/agent/libvsocket-vm.so" "$BIN/tests/e2e/xfer" "$R/"
+  cp "$BIN/guest/agent/vsocket-guestd" "$BIN/guest/libvsocket.so" "$BIN/tests/e2e/xfer" "$R/"
   cat > "$R/job.sh" <<JOB
 cd /run/vsocket-vm
 ip link set lo up
 ip addr add 203.0.113.10/32 dev lo
-./vsocket-guestd --serve /run/agent.sock > agent.out 2>&1 &
+unset VSOCKET_SOCKET
+export LD_PRELOAD=/run/vsocket-vm/libvsocket.so
+VSOCKET_REPORT=/run/vsocket-vm/none.jsonl ./xfer server 203.0.113.10 $nport --conns 1 > none-server.out 2>&1 &
+spid=\$!
+for _ in \$(seq 300); do ss -Hltn "sport = :$nport" | grep -q . && break; sleep 0.1; done
+VSOCKET_REPORT=/run/vsocket-vm/none.jsonl ./xfer client 203.0.113.10 $nport --conns 1 --bytes 100000 > none-client.out 2>&1
+echo "no agent: client exit \$?"
+wait \$spid
+echo "no agent: server exit \$?"
+unset LD_PRELOAD
+./vsocket-guestd --serve > agent.out 2>&1 &
 apid=\$!
-for _ in \$(seq 300); do [ -S /run/agent.sock ] && break; sleep 0.1; done
-export VSOCKET_SOCKET=/run/agent.sock VSOCKET_REPORT=/run/vsocket-vm/report.jsonl
-LD_PRELOAD=/run/vsocket-vm/libvsocket-vm.so ./xfer server 203.0.113.10 $port --conns $conns > server.out 2>&1 &
+for _ in \$(seq 300); do [ -S /run/vsocket/agent.sock ] && break; sleep 0.1; done
+export VSOCKET_REPORT=/run/vsocket-vm/report.jsonl
+LD_PRELOAD=/run/vsocket-vm/libvsocket.so ./xfer server 203.0.113.10 $port --conns $conns > server.out 2>&1 &
 spid=\$!
 for _ in \$(seq 300); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
-LD_PRELOAD=/run/vsocket-vm/libvsocket-vm.so ./xfer client 203.0.113.10 $port --conns $conns --bytes $bytes --pause-ms 500 > client.out 2>&1
+LD_PRELOAD=/run/vsocket-vm/libvsocket.so ./xfer client 203.0.113.10 $port --conns $conns --bytes $bytes --pause-ms 500 > client.out 2>&1
 echo "client exit \$?"
 wait \$spid
 echo "server exit \$?"
@@ -368,12 +387,20 @@ JOB
   echo "  xfer: $(cat "$R/client.out" "$R/server.out" 2>/dev/null | tail -4 | tr '\n' ' ')"
   echo "  vsocketd: upgrades $up0 -> $up, accel_bytes $accel0 -> $accel"
   [ "$rc" = 0 ] || { fail accelerated_in_guest "guest job exit $rc"; return; }
+  grep -q "no agent: client exit 0" "$R/stdout" && grep -q "no agent: server exit 0" "$R/stdout" ||
+    { fail accelerated_in_guest "xfer without the agent failed (bytes not verified)"; return; }
+  local out
+  out=$(python3 tests/e2e/check_report.py "$R/none.jsonl" --port "$nport" --expect-conns 2 --mode kernel \
+      --reason backend-unavailable --exact-total $((100000 + 16)) 2>&1) ||
+    { fail accelerated_in_guest "reports without the agent: $out"; return; }
+  echo "  without the agent: $out"
   grep -q "client exit 0" "$R/stdout" && grep -q "server exit 0" "$R/stdout" ||
     { fail accelerated_in_guest "xfer failed (bytes not verified)"; return; }
-  local out
   out=$(python3 tests/e2e/check_report.py "$R/report.jsonl" --port "$port" --expect-conns $((2 * conns)) --mode accelerated \
       --reason accelerated --accel-min 1 --exact-total $((bytes + 16)) 2>&1) ||
     { fail accelerated_in_guest "reports: $out"; return; }
+  # Both processes' sessions came through the agent at its default path.
+  grep -q "2 grants" "$R/agent.out" || { fail accelerated_in_guest "the agent did not grant twice: $(tail -1 "$R/agent.out")"; return; }
   # What the libraries sent on the rings (each byte once, at its sender),
   # vsocketd moved: all of it, and it is most of the stream (under TCG a
   # connection may upgrade after its first bytes went on kernel TCP; the
@@ -396,15 +423,15 @@ print(sum(json.loads(l).get("accel_tx", 0) for l in open(sys.argv[1]) if l.strip
 case_process_killed_in_guest() {
   local R=$WORK/pkill t0=$SECONDS bytes=1000000 port=5102
   mkdir -p "$R"
-  cp "$BIN/guest/agent/vsocket-guestd" "$BIN/guest/agent/libvsocket-vm.so" "$BIN/tests/e2e/xfer" "$R/"
+  cp "$BIN/guest/agent/vsocket-guestd" "$BIN/guest/libvsocket.so" "$BIN/tests/e2e/xfer" "$R/"
   cat > "$R/job.sh" <<JOB
 cd /run/vsocket-vm
 ip link set lo up
 ip addr add 203.0.113.10/32 dev lo
-./vsocket-guestd --serve /run/agent.sock > agent.out 2>&1 &
+./vsocket-guestd --serve > agent.out 2>&1 &
 apid=\$!
-for _ in \$(seq 300); do [ -S /run/agent.sock ] && break; sleep 0.1; done
-export VSOCKET_SOCKET=/run/agent.sock LD_PRELOAD=/run/vsocket-vm/libvsocket-vm.so
+for _ in \$(seq 300); do [ -S /run/vsocket/agent.sock ] && break; sleep 0.1; done
+export LD_PRELOAD=/run/vsocket-vm/libvsocket.so
 ./xfer server 203.0.113.10 $port --conns 2 --one-way > server.out 2>&1 &
 spid=\$!
 for _ in \$(seq 300); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
