@@ -11,7 +11,9 @@
 #       give the guest its address with vsocket.nic=ADDR/LEN.
 #       VM_AGENT_FUNCTION=1: one more function, on SOCKET.agent: the agent's
 #       own, the VM's socket-proof authority (a port with prove_sockets =
-#       agent, decision 100).
+#       agent, decision 100). VM_CHARDEV_OPTS: appended to each vSocket
+#       function's chardev (",reconnect=1": QEMU reconnects to a vsocketd
+#       that restarted).
 #   vm_wait TIMEOUT      waits for the last booted one (bounded), kills it
 #                        past TIMEOUT; returns the job's exit code (124:
 #                        timed out, 125: no exit code)
@@ -65,11 +67,11 @@ vm_boot() {
   # at once.
   local vs=()
   for ((i = 0; i < ${VM_FUNCTIONS:-1}; i++)); do
-    vs+=(-chardev "socket,id=vs$i,path=$sock" -netdev "vhost-user,id=vsn$i,chardev=vs$i"
+    vs+=(-chardev "socket,id=vs$i,path=$sock${VM_CHARDEV_OPTS:-}" -netdev "vhost-user,id=vsn$i,chardev=vs$i"
          -device "$VM_NET_DEVICE,netdev=vsn$i")
   done
   if [ "${VM_AGENT_FUNCTION:-0}" = 1 ]; then
-    vs+=(-chardev "socket,id=vsa,path=$sock.agent" -netdev "vhost-user,id=vsna,chardev=vsa"
+    vs+=(-chardev "socket,id=vsa,path=$sock.agent${VM_CHARDEV_OPTS:-}" -netdev "vhost-user,id=vsna,chardev=vsa"
          -device "$VM_NET_DEVICE,netdev=vsna")
   fi
   local nic=() ns=()

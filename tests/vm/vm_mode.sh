@@ -35,6 +35,12 @@
 #   qemu_killed     QEMU killed with SIGKILL while the agent holds a
 #                   session: vsocketd drops the device and lives; a new
 #                   QEMU on the same port gets a working session.
+#   daemon_killed_under_vm_stream  vsocketd killed (SIGKILL) under a
+#                   byte-checked request/response stream between two
+#                   processes of a guest (QEMU's chardevs reconnect=1) and
+#                   started again: both ends finish byte-exact, each end
+#                   resynced to kernel TCP (cause backend-unavailable) and
+#                   re-upgraded through the new vsocketd (its counters move).
 #   vm_to_vm        three guests at once: xfer and redis between two VMs
 #                   of one tenant accelerated, a third tenant's VM on kernel
 #                   TCP with its reason (tests/vm/pair_cases.sh).
@@ -50,7 +56,7 @@ ROOT=$PWD
 . tests/vm/pair_cases.sh
 
 vm_script_args agent_hello agent_serves accelerated_in_guest process_killed_in_guest foreign_driver qemu_killed \
-  vm_to_vm -- "$@"
+  daemon_killed_under_vm_stream vm_to_vm -- "$@"
 
 die() { echo "vm_mode.sh: $*" >&2; echo "0 passed, 1 failed"; exit 1; }
 bash tests/rdma/install-deps.sh || die "installing QEMU and busybox failed"
@@ -120,6 +126,19 @@ start_daemon() {
   local i
   for i in $(seq 100); do ctl counters >/dev/null 2>&1 && return 0; sleep 0.1; done
   return 1
+}
+
+# restart_daemon: vsocketd killed (SIGKILL, a crash) and started again with
+# the same ports; its log goes on in the same file.
+restart_daemon() {
+  kill -9 "$D_PID" 2>/dev/null
+  wait "$D_PID" 2>/dev/null
+  echo "--- vsocketd restarted" >> "$WORK/vsocketd.log"
+  mv "$WORK/vsocketd.log" "$WORK/vsocketd.log.before"
+  start_daemon
+  local rc=$?
+  { cat "$WORK/vsocketd.log.before"; cat "$WORK/vsocketd.log"; } > "$WORK/vsocketd.log.all"
+  return $rc
 }
 
 passed=0 failed=0
@@ -458,6 +477,83 @@ JOB
   [ "$up" -ge $((up0 + 2)) ] && [ $((accel - accel0)) -ge $((2 * bytes)) ] ||
     { fail process_killed_in_guest "not both connections accelerated"; return; }
   pass process_killed_in_guest $((SECONDS - t0))
+}
+
+# vsocketd killed (SIGKILL) and started again under a guest's byte-checked
+# request/response stream (issue 16's guarantees, in a VM): QEMU's
+# chardevs have reconnect=1; both ends must finish byte-exact, each end
+# resynced on kernel TCP when vsocketd went (cause backend-unavailable)
+# and registered again with the new vsocketd, accelerated (re-upgraded;
+# the new vsocketd's upgrades and accel_bytes move).
+case_daemon_killed_under_vm_stream() {
+  local R=$WORK/restart t0=$SECONDS bytes=1800000 rounds=600 gap=40 port=5104
+  mkdir -p "$R"
+  cp "$BIN/guest/agent/vsocket-guestd" "$BIN/guest/libvsocket.so" "$BIN/tests/e2e/xfer" "$R/"
+  cat > "$R/job.sh" <<JOB
+cd /run/vsocket-vm
+ip link set lo up
+ip addr add 203.0.113.10/32 dev lo
+./vsocket-guestd --serve > agent.out 2>&1 &
+apid=\$!
+for _ in \$(seq 300); do [ -S /run/vsocket/agent.sock ] && break; sleep 0.1; done
+export LD_PRELOAD=/run/vsocket-vm/libvsocket.so VSOCKET_REPORT=/run/vsocket-vm/report.jsonl VSOCKET_UPGRADE=always \\
+  VSOCKET_LOG_LEVEL=info
+./xfer server 203.0.113.10 $port --conns 1 --rounds $rounds --gap-ms $gap > server.out 2>&1 &
+spid=\$!
+for _ in \$(seq 300); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
+./xfer client 203.0.113.10 $port --conns 1 --bytes $bytes --rounds $rounds --gap-ms $gap --pause-ms 500 > client.out 2>&1
+echo "client exit \$?"
+wait \$spid
+echo "server exit \$?"
+unset LD_PRELOAD
+kill -TERM \$apid
+wait \$apid
+echo "agent exit \$?"
+JOB
+  local up0 i
+  up0=$(stat upgrades)
+  # 8 huge pages per function, twice: a process whose session was lost
+  # keeps its old grant's memory mapped (its connections' rings) while the
+  # agent grants it the function afresh.
+  VM_FUNCTIONS=2 VM_CHARDEV_OPTS=,reconnect=1 vm_boot "$R" "$WORK/vmq.sock" 240 vsocket.hugepages=40
+  # Killed once both ends are accelerated (bounded), mid-stream.
+  local up=$up0
+  for ((i = 0; i < 600; i++)); do
+    up=$(stat upgrades)
+    [ "$up" -ge $((up0 + 1)) ] && break
+    kill -0 "$VM_PID" 2>/dev/null || break
+    sleep 0.2
+  done
+  if [ "$up" -lt $((up0 + 1)) ]; then
+    vm_wait 60
+    fail daemon_killed_under_vm_stream "the connection was never accelerated before the kill (upgrades $up0 -> $up)"
+    return
+  fi
+  sleep 2
+  local accel_old
+  accel_old=$(stat accel_bytes)
+  local tk=$SECONDS
+  restart_daemon || { vm_wait 60; fail daemon_killed_under_vm_stream "vsocketd did not start again"; return; }
+  echo "  vsocketd killed after $((tk - t0)) s (upgrades $up0 -> $up, accel_bytes $accel_old), started again"
+  vm_wait 240
+  local rc=$?
+  local up_new accel_new
+  up_new=$(stat upgrades) accel_new=$(stat accel_bytes)
+  echo "  guest: $(tr '\n' ' ' < "$R/stdout")"
+  echo "  agent: $(tail -2 "$R/agent.out" 2>/dev/null | tr '\n' ' ')"
+  echo "  xfer: $(grep -h "verified" "$R/client.out" "$R/server.out" 2>/dev/null | tr '\n' ' ')"
+  echo "  libraries: $(grep -h "libvsocket" "$R/client.out" "$R/server.out" 2>/dev/null | grep -v "session up" | cut -c1-160 | sort | uniq -c | sort -rn | head -8 | tr '\n' ';')"
+  echo "  new vsocketd: upgrades $up_new, accel_bytes $accel_new"
+  grep -q "client exit 0" "$R/stdout" && grep -q "server exit 0" "$R/stdout" ||
+    { fail daemon_killed_under_vm_stream "xfer failed (bytes not verified), guest job exit $rc"; return; }
+  local out
+  out=$(python3 tests/e2e/check_report.py "$R/report.jsonl" --port "$port" --expect-conns 2 --reupgraded \
+      --downgrade-cause backend-unavailable --exact-total $((bytes + 16)) 2>&1) ||
+    { fail daemon_killed_under_vm_stream "reports: $out"; return; }
+  [ "$up_new" -ge 1 ] && [ "$accel_new" -gt 0 ] ||
+    { fail daemon_killed_under_vm_stream "the new vsocketd accelerated nothing (upgrades $up_new, accel_bytes $accel_new)"; return; }
+  echo "  reports: $out"
+  pass daemon_killed_under_vm_stream $((SECONDS - t0))
 }
 
 start_daemon || die "vsocketd did not start: $(tail -5 "$WORK/vsocketd.log")"
