@@ -24,6 +24,11 @@
 #                        device on it per guest: the guests' ordinary NICs
 #                        (their kernel TCP) meet there, and nowhere else
 #   vm_net_down NETNS    removes it (the EXIT trap's part)
+#   vm_container_up NETNS CNS ADDR/LEN   a process-mode "VM" (a container:
+#                        network namespace CNS whose processes speak
+#                        vhost-user to vsocketd themselves, as tests/e2e/
+#                        does) on NETNS's bridge through a veth, with ADDR
+#   vm_container_down CNS  removes it
 VM_CACHE=${VSOCKET_VM_CACHE:-/var/cache/vsocket-vm}
 VM_PID=""
 VM_PIDS=()
@@ -134,6 +139,23 @@ vm_net_up() {
     ip -n "$ns" tuntap add dev "$tap" mode tap || return 1
     ip -n "$ns" link set "$tap" master br0 up || return 1
   done
+}
+
+vm_container_up() {
+  local ns=$1 cns=$2 addr=$3 v=vc$$
+  ip netns add "$cns" || return 1
+  ip link add "${v}b" type veth peer name "${v}c" || return 1
+  ip link set "${v}b" netns "$ns" || return 1
+  ip link set "${v}c" netns "$cns" || return 1
+  ip -n "$ns" link set "${v}b" master br0 up || return 1
+  ip -n "$cns" link set lo up || return 1
+  ip -n "$cns" addr add "$addr" dev "${v}c" || return 1
+  ip -n "$cns" link set "${v}c" up || return 1
+}
+
+vm_container_down() {
+  ip netns list 2>/dev/null | grep -qw "^$1" || return 0
+  ip netns delete "$1"
 }
 
 vm_net_down() {

@@ -33,9 +33,25 @@
 #                            (SPOOFED_ADDRESS, rejected_unproven), also
 #                            after proving a socket of its own; its own
 #                            proved connection is taken
+#     vm_to_vm_sockperf      sockperf ping-pong (16 B, 3 s) from A to a
+#                            sockperf server in B, both under plain
+#                            vsocket-run --upgrade always: both ends
+#                            accelerated; the same against a plain server in
+#                            B on kernel TCP in the same run, for the ratio
+#     vm_to_container        a process-mode "VM" of tenant 1 (a network
+#                            namespace whose processes speak vhost-user to
+#                            vsocketd themselves, on port vmp) on the
+#                            guests' bridge through a veth: xfer from A to
+#                            the container and from the container to B, 2
+#                            connections x 1,000,000 byte-checked bytes each
+#                            way each, accelerated through vsocketd (every
+#                            end's report accelerated on path backend, vmp's
+#                            upgrades and accelerated bytes out)
+#     vm_to_container_cross_tenant  C (tenant 2) to the container: byte-exact
+#                            on kernel TCP, both ends peer-not-registered
 
-PAIR_NS=vsvm-$$
-PAIR_A=198.51.100.11 PAIR_B=198.51.100.12 PAIR_C=198.51.100.13
+PAIR_NS=vsvm-$$ PAIR_CNS=vsvmc-$$
+PAIR_A=198.51.100.11 PAIR_B=198.51.100.12 PAIR_C=198.51.100.13 PAIR_P=198.51.100.14
 
 # vm_stat VM KEY: a per-VM counter (vsocketctl --json vms)
 vm_stat() {
@@ -58,20 +74,27 @@ LD_PRELOAD=/run/vsocket-vm/libvsocket.so ./xfer server $PAIR_B 5201 --conns 4 > 
 xa=\$!
 LD_PRELOAD=/run/vsocket-vm/libvsocket.so ./xfer server $PAIR_B 5202 --conns 1 > xfer-c.out 2>&1 &
 xc=\$!
+LD_PRELOAD=/run/vsocket-vm/libvsocket.so ./xfer server $PAIR_B 5203 --conns 2 > xfer-p.out 2>&1 &
+xp=\$!
 ./vsocket-run --upgrade always \\
   redis-server --bind $PAIR_B --port 6379 --save '' --appendonly no --protected-mode no --dir /run/vsocket-vm \\
   > redis.out 2>&1 &
 rs=\$!
 redis-server --bind $PAIR_B --port 6380 --save '' --appendonly no --protected-mode no --dir /tmp > redis-plain.out 2>&1 &
 rp=\$!
-for p in 5201 5202 6379 6380; do
+./vsocket-run --upgrade always sockperf sr --tcp -i $PAIR_B -p 11111 > sockperf.out 2>&1 &
+sp=\$!
+sockperf sr --tcp -i $PAIR_B -p 11112 > sockperf-plain.out 2>&1 &
+spp=\$!
+for p in 5201 5202 5203 6379 6380 11111 11112; do
   for _ in \$(seq 300); do ss -Hltn "sport = :\$p" | grep -q . && break; sleep 0.1; done
 done
 echo ready > ready
 wait \$xa; echo "xfer server A exit \$?"
 wait \$xc; echo "xfer server C exit \$?"
+wait \$xp; echo "xfer server P exit \$?"
 for _ in \$(seq 900); do [ -f stop ] && break; sleep 0.1; done
-kill -TERM \$rs \$rp; wait \$rs; wait \$rp
+kill -TERM \$rs \$rp \$sp \$spp; wait \$rs; wait \$rp; wait \$sp; wait \$spp
 kill -TERM \$apid
 wait \$apid
 echo "agent exit \$?"
@@ -114,20 +137,42 @@ $bench -p 6380 > redis-kernel.out 2>&1; echo \"redis kernel exit \$?\"
 ./vsocket-run --upgrade always $bench -p 6379 > redis-vsocket.out 2>&1
 echo \"redis vsocket exit \$?\"
 ./vsocket-agent-probe --steal $PAIR_A 5301 > steal.out 2>&1
-echo \"steal exit \$?\""
+echo \"steal exit \$?\"
+sockperf pp --tcp -i $PAIR_B -p 11112 -t 3 -m 16 > sockperf-kernel.out 2>&1; echo \"sockperf kernel exit \$?\"
+./vsocket-run --upgrade always sockperf pp --tcp -i $PAIR_B -p 11111 -t 3 -m 16 > sockperf-vsocket.out 2>&1
+echo \"sockperf vsocket exit \$?\"
+LD_PRELOAD=/run/vsocket-vm/libvsocket.so ./xfer client $PAIR_P 5204 --conns 2 --bytes $bytes --pause-ms 500 > client-p.out 2>&1
+echo \"container client exit \$?\""
   pair_job_client "$RC" "
 LD_PRELOAD=/run/vsocket-vm/libvsocket.so ./xfer client $PAIR_B 5202 --conns 1 --bytes $bytes > client.out 2>&1
-echo \"client exit \$?\""
+echo \"client exit \$?\"
+LD_PRELOAD=/run/vsocket-vm/libvsocket.so ./xfer client $PAIR_P 5205 --conns 1 --bytes $bytes > client-p.out 2>&1
+echo \"container client exit \$?\""
   vm_net_down "$PAIR_NS"
   vm_net_up "$PAIR_NS" tapa tapb tapc || { fail vm_to_vm "cannot make the guests' bridge"; return; }
+  # The container: its processes are their own vhost-user frontends (port
+  # vmp), their kernel TCP on the guests' bridge.
+  local P=$WORK/pair-p
+  mkdir -p "$P"
+  rm -f "$P"/*
+  vm_container_down "$PAIR_CNS"
+  vm_container_up "$PAIR_NS" "$PAIR_CNS" "$PAIR_P/24" || { fail vm_to_vm "cannot make the container's namespace"; return; }
+  local cexec=(ip netns exec "$PAIR_CNS" env LD_PRELOAD="$BIN/guest/libvsocket.so" VSOCKET_SOCKET="$WORK/vmp.sock"
+               VSOCKET_REPORT="$P/report.jsonl" VSOCKET_UPGRADE=always)
+  "${cexec[@]}" "$BIN/tests/e2e/xfer" server "$PAIR_P" 5204 --conns 2 > "$P/server-a.out" 2>&1 &
+  local psa=$!
+  "${cexec[@]}" "$BIN/tests/e2e/xfer" server "$PAIR_P" 5205 --conns 1 > "$P/server-c.out" 2>&1 &
+  local psc=$!
+  local p_up0 p_out0
+  p_up0=$(vm_stat vmp upgrades) p_out0=$(vm_stat vmp accel_bytes_out)
   local up0 accel0 xt0 a_up0 b_up0 a_out0 b_out0 v0 vr0 ru0
   up0=$(stat upgrades) accel0=$(stat accel_bytes) xt0=$(stat cross_tenant)
   v0=$(stat vouches) vr0=$(stat vouches_refused) ru0=$(stat rejected_unproven)
   a_up0=$(vm_stat vma upgrades) b_up0=$(vm_stat vmb upgrades)
   a_out0=$(vm_stat vma accel_bytes_out) b_out0=$(vm_stat vmb accel_bytes_out)
   local pa pb pc
-  VM_FUNCTIONS=3 VM_AGENT_FUNCTION=1 VM_NIC=$PAIR_NS,tapb,52:54:00:00:51:12 \
-    vm_boot "$RB" "$WORK/vmb.sock" 300 vsocket.hugepages=25 vsocket.nic=$PAIR_B/24
+  VM_FUNCTIONS=5 VM_AGENT_FUNCTION=1 VM_NIC=$PAIR_NS,tapb,52:54:00:00:51:12 \
+    vm_boot "$RB" "$WORK/vmb.sock" 300 vsocket.hugepages=41 vsocket.nic=$PAIR_B/24
   pb=$VM_PID
   VM_FUNCTIONS=2 VM_AGENT_FUNCTION=1 VM_NIC=$PAIR_NS,tapa,52:54:00:00:51:11 \
     vm_boot "$RA" "$WORK/vma.sock" 300 vsocket.hugepages=17 vsocket.nic=$PAIR_A/24
@@ -142,11 +187,21 @@ echo \"client exit \$?\""
     [ -e "$d/ready" ] || ok=0
   done
   touch "$RA/go" "$RC/go"
-  local rca=125 rcc=125 rcb=125
+  local rca=125 rcc=125 rcb=125 rcp=125
   if [ "$ok" = 1 ]; then
+    timeout 120 "${cexec[@]}" "$BIN/tests/e2e/xfer" client "$PAIR_B" 5203 --conns 2 --bytes "$bytes" --pause-ms 500 \
+      > "$P/client-b.out" 2>&1
+    rcp=$?
     vm_wait_for "$pa" "$RA" 240; rca=$?
     vm_wait_for "$pc" "$RC" 60; rcc=$?
   fi
+  local rpsa=125 rpsc=125
+  for i in $(seq 50); do kill -0 "$psa" 2>/dev/null || kill -0 "$psc" 2>/dev/null || break; sleep 0.2; done
+  kill "$psa" "$psc" 2>/dev/null
+  wait "$psa"; rpsa=$?
+  wait "$psc"; rpsc=$?
+  local p_up p_out
+  p_up=$(vm_stat vmp upgrades) p_out=$(vm_stat vmp accel_bytes_out)
   local up accel xt a_up b_up a_out b_out v vr ru
   up=$(stat upgrades) accel=$(stat accel_bytes) xt=$(stat cross_tenant)
   v=$(stat vouches) vr=$(stat vouches_refused) ru=$(stat rejected_unproven)
@@ -155,7 +210,9 @@ echo \"client exit \$?\""
   touch "$RB/stop"
   vm_wait_for "$pb" "$RB" 60; rcb=$?
   vm_kill_all
+  vm_container_down "$PAIR_CNS"
   vm_net_down "$PAIR_NS"
+  echo "  container: client to B exit $rcp, servers for A and C exit $rpsa, $rpsc; vmp upgrades $p_up0 -> $p_up, accel_bytes_out $p_out0 -> $p_out"
   echo "  guest A: $(tr '\n' ' ' < "$RA/stdout" 2>/dev/null); agent: $(tail -1 "$RA/agent.out" 2>/dev/null)"
   echo "  guest B: $(tr '\n' ' ' < "$RB/stdout" 2>/dev/null); agent: $(tail -1 "$RB/agent.out" 2>/dev/null)"
   echo "  guest C: $(tr '\n' ' ' < "$RC/stdout" 2>/dev/null); agent: $(tail -1 "$RC/agent.out" 2>/dev/null)"
@@ -213,6 +270,25 @@ PY
     pass vm_to_vm_redis $((SECONDS - t0))
   fi
 
+  # sockperf ping-pong A -> B, 16 B, under vsocket-run and on kernel TCP
+  # between the same two guests in the same run (TCG: only the ratio says
+  # anything).
+  local lk lv
+  lk=$(sed -n 's/.*percentile 50.000 = *\([0-9.]*\).*/\1/p' "$RA/sockperf-kernel.out" 2>/dev/null | tail -1)
+  lv=$(sed -n 's/.*percentile 50.000 = *\([0-9.]*\).*/\1/p' "$RA/sockperf-vsocket.out" 2>/dev/null | tail -1)
+  echo "  sockperf ping-pong 16 B, p50 RTT/2 (usec): kernel TCP ${lk:-?}, vSocket ${lv:-?};" \
+       "p99: kernel $(sed -n 's/.*percentile 99.000 = *\([0-9.]*\).*/\1/p' "$RA/sockperf-kernel.out" | tail -1)," \
+       "vSocket $(sed -n 's/.*percentile 99.000 = *\([0-9.]*\).*/\1/p' "$RA/sockperf-vsocket.out" | tail -1)"
+  if ! grep -q "sockperf vsocket exit 0" "$RA/stdout" || [ -z "$lv" ]; then
+    fail vm_to_vm_sockperf "sockperf under vsocket-run failed: $(tail -3 "$RA/sockperf-vsocket.out" 2>/dev/null | tr '\n' ' ')"
+  elif ! out=$(python3 tests/e2e/check_report.py "$WORK/pair.jsonl" --port 11111 --mode accelerated --reason accelerated \
+      --accel-min 1 2>&1); then
+    fail vm_to_vm_sockperf "reports: $out"
+  else
+    echo "  sockperf reports: $out"
+    pass vm_to_vm_sockperf $((SECONDS - t0))
+  fi
+
   # Cross-tenant C -> B
   if [ "$rcc" != 0 ] || ! grep -q "client exit 0" "$RC/stdout" || ! grep -q "xfer server C exit 0" "$RB/stdout"; then
     fail vm_to_vm_cross_tenant "xfer failed (bytes not verified): $(tail -2 "$RC/client.out" "$RB/xfer-c.out" 2>/dev/null | tr '\n' ' ')"
@@ -224,6 +300,36 @@ PY
   else
     echo "  cross-tenant reports: $out"
     pass vm_to_vm_cross_tenant $((SECONDS - t0))
+  fi
+
+  # VM <-> container (process mode) on one host, through vsocketd.
+  cat "$RA/report.jsonl" "$P/report.jsonl" > "$WORK/pair-pa.jsonl" 2>/dev/null
+  cat "$RB/report.jsonl" "$P/report.jsonl" > "$WORK/pair-pb.jsonl" 2>/dev/null
+  cat "$RC/report.jsonl" "$P/report.jsonl" > "$WORK/pair-pc.jsonl" 2>/dev/null
+  local out2
+  if [ "$rcp" != 0 ] || ! grep -q "xfer server P exit 0" "$RB/stdout" || [ "$rpsa" != 0 ] ||
+     ! grep -q "container client exit 0" "$RA/stdout"; then
+    fail vm_to_container "xfer failed (bytes not verified): container to B $rcp, A to container $rpsa: $(tail -1 "$P/client-b.out" "$P/server-a.out" "$RA/client-p.out" 2>/dev/null | tr '\n' ' ')"
+  elif ! out=$(python3 tests/e2e/check_report.py "$WORK/pair-pa.jsonl" --port 5204 --expect-conns 4 --mode accelerated \
+      --reason accelerated --path backend --accel-min 1 --exact-total $((bytes + 16)) 2>&1) ||
+       ! out2=$(python3 tests/e2e/check_report.py "$WORK/pair-pb.jsonl" --port 5203 --expect-conns 4 --mode accelerated \
+      --reason accelerated --path backend --accel-min 1 --exact-total $((bytes + 16)) 2>&1); then
+    fail vm_to_container "reports: A to container: $out; container to B: $out2"
+  elif [ $((p_up - p_up0)) -lt 4 ] || [ $((p_out - p_out0)) -lt $((4 * bytes * 9 / 10)) ]; then
+    fail vm_to_container "vmp: upgrades +$((p_up - p_up0)), accel_bytes_out +$((p_out - p_out0)): want 4 and most of $((4 * bytes))"
+  else
+    echo "  A to container: $out"
+    echo "  container to B: $out2"
+    pass vm_to_container $((SECONDS - t0))
+  fi
+  if [ "$rpsc" != 0 ] || ! grep -q "container client exit 0" "$RC/stdout"; then
+    fail vm_to_container_cross_tenant "xfer failed (bytes not verified): $(tail -1 "$RC/client-p.out" "$P/server-c.out" 2>/dev/null | tr '\n' ' ')"
+  elif ! out=$(python3 tests/e2e/check_report.py "$WORK/pair-pc.jsonl" --port 5205 --expect-conns 2 \
+      --reason peer-not-registered --exact-total $((bytes + 16)) 2>&1); then
+    fail vm_to_container_cross_tenant "reports: $out"
+  else
+    echo "  C to container: $out"
+    pass vm_to_container_cross_tenant $((SECONDS - t0))
   fi
 
   # Proofs by the agents. Registrations that were vouched for: both ends

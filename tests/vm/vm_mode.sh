@@ -43,7 +43,11 @@
 #                   re-upgraded through the new vsocketd (its counters move).
 #   vm_to_vm        three guests at once: xfer and redis between two VMs
 #                   of one tenant accelerated, a third tenant's VM on kernel
-#                   TCP with its reason (tests/vm/pair_cases.sh).
+#                   TCP with its reason; sockperf ping-pong between two
+#                   VMs; xfer between the VMs and a
+#                   process-mode container on their bridge, accelerated
+#                   through vsocketd, and cross-tenant on kernel TCP
+#                   (tests/vm/pair_cases.sh).
 #
 # Usage: tests/vm/vm_mode.sh [--no-build] [CASE...]   (as root)
 # Prints "PASS CASE (Ns)" / "FAIL CASE: why" and ends with "N passed, N
@@ -81,6 +85,7 @@ WORK=$(mktemp -d /tmp/vsocket-vm-XXXXXX)
 D_PID=""
 cleanup() {
   vm_kill_all
+  vm_container_down "$PAIR_CNS"
   vm_net_down "$PAIR_NS"
   if [ -n "$D_PID" ] && kill -0 "$D_PID" 2>/dev/null; then
     kill "$D_PID" 2>/dev/null
@@ -115,12 +120,14 @@ start_daemon() {
   # vmq and proc in tenant 1. vmq is the QEMU guest's port; QEMU cannot
   # prove sockets (its memory is QEMU's), so that port does not ask for
   # proofs. vma, vmb (tenant 1) and vmc (tenant 2): vm_to_vm's guests,
-  # whose agents vouch for their processes' sockets (decision 100).
+  # whose agents vouch for their processes' sockets (decision 100); vmp
+  # (tenant 1): vm_to_vm's process-mode container, proving its own.
   VSOCKET_VM_VMQ_PROVE_SOCKETS=false VSOCKET_VM_PROC_PROVE_SOCKETS=false \
   VSOCKET_VM_VMA_PROVE_SOCKETS=agent VSOCKET_VM_VMB_PROVE_SOCKETS=agent VSOCKET_VM_VMC_PROVE_SOCKETS=agent \
     "$BIN/host-backend/vsocketd" --ctl "$WORK/ctl.sock" --log-level info \
     --port "$WORK/vmq.sock,vmq,1,203.0.113.10" --port "$WORK/proc.sock,proc,1,203.0.113.11" \
     --port "$WORK/vma.sock,vma,1,$PAIR_A" --port "$WORK/vmb.sock,vmb,1,$PAIR_B" --port "$WORK/vmc.sock,vmc,2,$PAIR_C" \
+    --port "$WORK/vmp.sock,vmp,1,$PAIR_P" \
     >"$WORK/vsocketd.log" 2>&1 &
   D_PID=$!
   local i
