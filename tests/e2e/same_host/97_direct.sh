@@ -3,7 +3,8 @@
 # connection end must report path direct and vsocketd must move no byte
 # (accel_bytes unchanged) while it counts the pairs; vsocketd's death under
 # direct streams; a drain and undrain; the default policy's direct-peer
-# rule. Then the operator's `direct = off` for vm1 (vsocketd restarted with
+# rule; a hostile peer process scribbling on its own pair (its own case,
+# direct_hostile_peer). Then the operator's `direct = off` for vm1 (vsocketd restarted with
 # it, and again as before): the same streams through vsocketd. (The
 # socket-semantics suite runs with direct pairs in 88_socket_semantics.sh.)
 
@@ -185,3 +186,80 @@ print(sum(l.get('accel_tx', 0) for l in map(json.loads, open(sys.argv[1])) if 'l
 }
 
 register_case direct_pairs case_direct
+
+# A hostile peer process on a direct pair (issue 37: the shared ring is
+# untrusted input for each side). redis-server in vm2, every connection
+# direct (under --upgrade always at once, under the default policy after 16
+# turns: decision 98); a well-behaved client in vm1 does SET/GET of
+# random 64 KiB values, each compared, the whole time; five clients in vm1
+# (tests/e2e/direct_hostile.py) each turn hostile on their own pair, writing
+# into the memory redis's library reads: a produced count past the window,
+# one going backwards, a consumed count past what redis produced, a ring end
+# below what was produced (each must cost that connection alone: reset or
+# EOF at the client, redis closing it), then the header and both sides'
+# wake words (which nothing relies on: that connection goes on, 50 SET/GET
+# byte-checked). redis must live, the good client see every byte, and redis
+# end with as many fds and pair mappings as before, one client connected.
+case_direct_hostile() {
+  local name=$1 port rep=$WORK/$1.jsonl bad="" pid fd0 fd1 maps1 out attack
+  local -x VSOCKET_UPGRADE=$2
+  port=$(alloc_port)
+  touch "$rep"
+  vm_bg vm2 preload "$rep" "$WORK/$name.srv" redis-server --bind "$A2" --port $port --save '' --appendonly no \
+    --protected-mode no --dir /tmp --pidfile "$WORK/$name.pid"
+  local srv=$BG
+  wait_for_text "$WORK/$name.srv" "Ready to accept" 100 || { fail $name "redis-server did not start"; kill "$srv"; return; }
+  pid=$(cat "$WORK/$name.pid")
+  local good=""
+  for attack in produced-past-window produced-backwards consumed-past-produced ring-end-below header-and-wake-words; do
+    vm_run vm1 preload "$rep" python3 tests/e2e/direct_hostile.py "$A2" $port $attack >"$WORK/$name.$attack" 2>&1 ||
+      bad+="$attack: $(tail -1 "$WORK/$name.$attack"); "
+    if [ -z "$good" ]; then
+      # The library's session and its background writer (started by the
+      # first reset) are there now: the fds after the first hostile client
+      # are the baseline the other four must not add to. The good client
+      # runs beside those four.
+      sleep 0.3
+      fd0=$(ls /proc/$pid/fd | wc -l)
+      ls -l /proc/$pid/fd >"$WORK/$name.fd0"
+      vm_bg vm1 preload "$rep" "$WORK/$name.good" python3 tests/e2e/direct_hostile.py "$A2" $port good 10
+      good=$BG
+      sleep 0.5
+    fi
+  done
+  wait "$good" || bad+="the good client: $(tail -1 "$WORK/$name.good"); "
+  kill -0 "$pid" 2>/dev/null || bad+="redis-server died; "
+  sleep 0.5
+  fd1=$(ls /proc/$pid/fd | wc -l)
+  ls -l /proc/$pid/fd >"$WORK/$name.fd1"
+  maps1=$(grep -c 'memfd:vsocket-direct' /proc/$pid/maps)
+  # Every fd the same, but for the library's background writer's eventfd
+  # (one per process, from its first close that lingers or waits for the
+  # peer's FIN: which close that is depends on timing). Four pairs' wake
+  # eventfds or sockets not given back would show.
+  local extra
+  extra=$(diff <(awk '{print $(NF-2), $NF}' "$WORK/$name.fd0") <(awk '{print $(NF-2), $NF}' "$WORK/$name.fd1") | grep '^[<>]' | tr '\n' ' ')
+  [ "$fd1" = "$fd0" ] || { [ "$fd1" = $((fd0 + 1)) ] && [[ $extra =~ ^\>\ [0-9]+\ anon_inode:\[eventfd\]\ $ ]]; } ||
+    bad+="redis holds $fd1 fds, $fd0 after the first hostile client (difference: $extra); "
+  [ "$maps1" = 0 ] || bad+="redis still maps $maps1 direct pair(s); "
+  out=$(vm_run vm1 plain /dev/null redis-cli -h "$A2" -p $port info clients | tr -d '\r' | grep '^connected_clients:')
+  [ "$out" = connected_clients:1 ] || bad+="redis has '$out' after every client closed (1: redis-cli itself); "
+  kill "$srv" 2>/dev/null
+  wait "$srv" 2>/dev/null
+  # redis's library reset the four (its report: protocol-error, path direct).
+  local resets
+  resets=$(python3 -c "
+import json, sys
+print(sum(1 for d in map(json.loads, open(sys.argv[1])) if d.get('local', '').endswith(':' + sys.argv[2])
+          and d.get('reason') == 'protocol-error' and d.get('path') == 'direct'))" "$rep" $port)
+  [ "$resets" = 4 ] || bad+="redis's library reports $resets connections reset for a protocol error, expected 4; "
+  [ -z "$bad" ] || { fail $name "$bad"; return; }
+  local summary=""
+  for attack in produced-past-window produced-backwards consumed-past-produced ring-end-below; do
+    summary+="$attack: $(python3 -c "import json,sys; d=json.loads(open(sys.argv[1]).read().splitlines()[-1]); print(d['ended'], 'after', d['after_s'], 's')" "$WORK/$name.$attack"); "
+  done
+  pass "$name (redis-server, VSOCKET_UPGRADE=$2, every connection direct: ${summary}header and wake words scribbled: 50 SET/GET byte-checked on that connection; the good client: $(tail -1 "$WORK/$name.good"); redis's library reset those 4 (protocol-error), redis alive, its fds as before, no pair mapped, 1 client connected)"
+}
+
+register_case direct_hostile_peer case_direct_hostile direct_hostile_peer always
+register_case direct_hostile_peer_auto case_direct_hostile direct_hostile_peer_auto auto
