@@ -1,0 +1,394 @@
+#!/usr/bin/env bash
+# Live migration of a QEMU (TCG) guest between the two hosts of the
+# two-host bed (deploy/testbed2.sh: hostA and hostB as network namespaces,
+# each with its vsocketd, linked by the tcp fabric over TLS), with a peer
+# that stays behind (issue 36): the process-mode VM vmA2 on hostA.
+#
+# The guest (vmq, tenant 1, 198.51.100.5, on hostA's bridge through a tap;
+# the two hosts' bridges joined, as a cloud's overlay stretches a VM's L2
+# segment) is configured on both hosts (`vsocketctl vm add`, prove_sockets
+# false). Its agent owns two vSocket functions; two xfer clients (one
+# process each, under libvsocket-vm.so) talk to two xfer servers in vmA2
+# (under libvsocket.so), every byte of both directions checked by xfer:
+#   stream    1 GiB each way in 128 rounds of 8 MiB, 250 ms apart (bulk)
+#   rr        4,000 request/response rounds of 4,000 bytes, 10 ms apart
+# The locator is the bed's file locator; the test plays the operator's
+# migration hook: once QEMU says `completed` (the destination paused,
+# -S), `vsocketctl locator set 1 198.51.100.5 HOST` on both hosts, then
+# `cont` (docs/operator-guide.md "Live migration").
+#
+#   migrate_hosts_there_and_back  vmq moves hostA -> hostB -> hostA. Each
+#                   connection is accelerated before (same-host through
+#                   vsocketd A: `vsocketctl connections` via same-host), on
+#                   kernel TCP while copied (vsocketd of the source drains
+#                   it: drains asked), accelerated after (on hostB, across
+#                   the fabric: via hostA, hostB's fabric_bytes_out grows),
+#                   and same-host again after the move back; both xfer
+#                   clients and both servers exit 0, every byte verified;
+#                   the 4 connection ends' reports: 2 downgrades (cause
+#                   migration), 2 re-upgrades, accelerated at their close,
+#                   nothing resent.
+#   migrate_hosts_drain_unfinished  The same guest, vsocketd A without the
+#                   migration's drain (VSOCKET_DEBUG_NO_MIGRATION_DRAIN=1):
+#                   both connections are on the rings at the switchover, with
+#                   their peer ends in vmA2, which stays on hostA. vmA2's ends
+#                   must finish on kernel TCP through RESYNC, byte-exact
+#                   (decision 110), not hear "peer closed"; the guest's ends
+#                   resync at hostB (decision 094) and both pairs are
+#                   accelerated again across the fabric. Then back to hostA
+#                   (vsocketd B without the drain too): the pairs are across
+#                   the fabric at the switchover, vmA2's ends hear it from
+#                   vsocketd B (PAIR_CANCEL, fabric-down) and resync too,
+#                   then pair same-host again.
+#
+# Usage: tests/vm/migrate_hosts.sh [--no-build] [CASE...]   (as root)
+# VSOCKET_MIG_BIN=DIR takes every binary from DIR (bazel-bin's layout).
+# Prints "PASS CASE (Ns)" / "FAIL CASE: why" and ends with "N passed, N
+# failed". Every wait is bounded; QEMUs and the bed (its own namespace
+# prefix vsm, state in /run/vsocket-mighosts) go on exit. Run it under
+# `flock /tmp/vsocket-e2e.lock` on shared machines.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+. tests/vm/lib.sh
+
+vm_script_args migrate_hosts_there_and_back migrate_hosts_drain_unfinished -- "$@"
+
+die() { echo "migrate_hosts.sh: $*" >&2; echo "0 passed, 1 failed"; exit 1; }
+[ "$(id -u)" = 0 ] || die "must run as root"
+bash tests/rdma/install-deps.sh || die "installing QEMU and busybox failed"
+bash tests/vm/prepare.sh || die "preparing the guest kernel and initramfs failed"
+TARGETS=(//host-backend:vsocketd //host-backend:vsocketctl //guest/agent:vsocket-guestd //guest/agent:libvsocket-vm.so
+         //guest:libvsocket.so //tests/e2e:xfer)
+if [ "$BUILD" = 1 ]; then
+  flock -o /tmp/vsocket-bazel.lock bazel build "${TARGETS[@]}" >/dev/null 2>&1 || die "bazel build failed"
+fi
+BIN=${VSOCKET_MIG_BIN:-$(bazel info bazel-bin 2>/dev/null)} || die "bazel info failed"
+for t in host-backend/vsocketd host-backend/vsocketctl guest/agent/vsocket-guestd guest/agent/libvsocket-vm.so \
+         guest/libvsocket.so tests/e2e/xfer; do
+  [ -e "$BIN/$t" ] || die "$t not built"
+done
+command -v qemu-system-x86_64 >/dev/null || die "no qemu-system-x86_64"
+
+WORK=$(mktemp -d /tmp/vsocket-mighosts-XXXXXX)
+export VSOCKETD=$BIN/host-backend/vsocketd VSOCKETCTL=$BIN/host-backend/vsocketctl
+export VSOCKET_TESTBED2_DIR=/run/vsocket-mighosts VSOCKET_TESTBED2_NS_PREFIX=vsm VSOCKET_TESTBED2_LOCATOR=file
+TB="bash deploy/testbed2.sh"
+# (Huge pages: each process holds 8 per grant, and keeps its old grants' until it
+# exits, decision 094: 2 processes x 3 grants = 48 for two moves.)
+RAM_MB=384 HUGEPAGES=60
+VM=vmq VM_ADDR=198.51.100.5 VM_MAC=52:54:00:5e:00:05
+PEER=vmA2 PEER_ADDR=198.51.100.3
+underlay() { case $1 in hostA) echo 203.0.113.1 ;; hostB) echo 203.0.113.2 ;; esac; }
+# The guest's load (mig.load: STREAM_BYTES,STREAM_ROUNDS,RR_BYTES,RR_ROUNDS).
+STREAM_BYTES=1073741824 STREAM_ROUNDS=128 RR_BYTES=16000000 RR_ROUNDS=4000
+QEMU_PIDS=() SERVER_PIDS=()
+stop_pid() {
+  local pid=$1 i
+  [ -n "$pid" ] || return 0
+  kill "$pid" 2>/dev/null || return 0
+  for i in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$pid" 2>/dev/null || break; sleep 0.3; done
+  kill -9 "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+stop_all() {
+  local p
+  for p in "${QEMU_PIDS[@]}" "${SERVER_PIDS[@]}"; do stop_pid "$p"; done
+  QEMU_PIDS=() SERVER_PIDS=()
+  $TB down >/dev/null 2>&1
+}
+cleanup() { stop_all; rm -rf "$WORK"; }
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+qmp() { timeout 40 python3 tests/vm/qmp.py "$@"; }
+ctl() { $TB ctl "$@"; }
+# stat HOST KEY: a counter of HOST's vsocketd
+stat() {
+  ctl "$1" stats 2>/dev/null | python3 -c "
+import json, sys
+s = json.load(sys.stdin)
+print(next((g[sys.argv[1]] for g in s.values() if isinstance(g, dict) and sys.argv[1] in g), -1))" "$2"
+}
+# via_count HOST VIA: vmq's connection ends on HOST accelerated via VIA
+# (same-host, or the peer's host)
+via_count() {
+  ctl "$1" --json connections 2>/dev/null | python3 -c '
+import json, sys
+vm, via = sys.argv[1:3]
+print(sum(c["vm"] == vm and c["via"] == via for c in json.load(sys.stdin)))' "$VM" "$2"
+}
+vias_are() { [ "$(via_count "$1" "$2")" -ge "$3" ]; }
+wait_for() {
+  local deadline=$(( $(date +%s) + $1 ))
+  shift
+  while ! "$@"; do
+    [ "$(date +%s)" -lt "$deadline" ] || return 1
+    sleep 0.5
+  done
+}
+console_has() { grep -q "$2" "$WORK/$1.console" 2>/dev/null; }
+status_is() { qmp "$WORK/$1.qmp" query-status 2>/dev/null | grep -q "\"status\": \"$2\""; }
+migration_done() {
+  MIG=$(qmp "$WORK/$1.qmp" query-migrate 2>/dev/null) || return 1
+  MIG_STATUS=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1]).get("status", "none"))' "$MIG")
+  case "$MIG_STATUS" in completed|failed|cancelled) return 0 ;; *) return 1 ;; esac
+}
+
+passed=0 failed=0
+pass() { echo "PASS $1 ($2s)"; passed=$((passed + 1)); }
+fail() {
+  echo "FAIL $1: $2"
+  failed=$((failed + 1))
+  local f
+  mkdir -p /tmp/vsocket-mighosts-last && cp "$WORK"/*.console "$WORK"/*.log "$WORK"/*.out /tmp/vsocket-mighosts-last/ 2>/dev/null
+  for f in hostA hostB; do cp "$VSOCKET_TESTBED2_DIR/$f/vsocketd.log" "/tmp/vsocket-mighosts-last/$f.vsocketd.log" 2>/dev/null; done
+  for f in "$WORK"/*.console "$WORK"/*.qemu.log "$WORK"/*.out; do
+    [ -s "$f" ] && { echo "--- ${f##*/} (tail)"; grep -v "mig: tick" "$f" | tail -6; }
+  done
+}
+
+# The guest's initramfs: prepare.sh's with migrate-init.sh as /init and a
+# job of two xfer clients to the peer.
+make_initrd() {
+  local stage=$WORK/stage f
+  rm -rf "$stage"
+  mkdir -p "$stage/stage"
+  cp tests/vm/migrate-init.sh "$stage/init"
+  chmod 755 "$stage/init"
+  cp "$BIN/guest/agent/vsocket-guestd" "$BIN/guest/agent/libvsocket-vm.so" "$BIN/tests/e2e/xfer" "$stage/stage/"
+  for f in $(ldd "$BIN/guest/agent/vsocket-guestd" "$BIN/guest/agent/libvsocket-vm.so" "$BIN/tests/e2e/xfer" |
+             awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// && $2 ~ /^\(/ { print $1 }' | sort -u); do
+    mkdir -p "$stage$(dirname "$f")"
+    cp -L "$f" "$stage$f"
+  done
+  cat > "$stage/stage/job.sh" <<'JOB'
+export LD_LIBRARY_PATH=/lib/x86_64-linux-gnu:/usr/lib/x86_64-linux-gnu
+( i=0; while :; do echo "mig: tick $i"; i=$((i + 1)); sleep 1; done ) &
+arg() { tr ' ' '\n' < /proc/cmdline | sed -n "s/^mig\.$1=//p"; }
+PEER=$(arg peer)
+IFS=, read -r SB SR RB RR <<EOF
+$(arg load)
+EOF
+./vsocket-guestd --serve /run/agent.sock > /tmp/agent.out 2>&1 &
+for _ in $(seq 300); do [ -S /run/agent.sock ] && break; sleep 0.1; done
+# (always: the request/response loop too, which the default policy holds on kernel TCP)
+export VSOCKET_SOCKET=/run/agent.sock VSOCKET_REPORT=/tmp/report.jsonl VSOCKET_LOG_LEVEL=info VSOCKET_UPGRADE=always
+for _ in $(seq 100); do ping -c 1 -W 1 "$PEER" >/dev/null 2>&1 && break; done
+LD_PRELOAD=/stage/libvsocket-vm.so ./xfer client "$PEER" 5301 --conns 1 --bytes "$SB" --rounds "$SR" --gap-ms 250 \
+  --pause-ms 500 > /tmp/stream.out 2>&1 &
+S=$!
+LD_PRELOAD=/stage/libvsocket-vm.so ./xfer client "$PEER" 5302 --conns 1 --bytes "$RB" --rounds "$RR" --gap-ms 10 \
+  --pause-ms 500 > /tmp/rr.out 2>&1 &
+R=$!
+echo "mig: load started"
+wait $S
+echo "mig: stream exit $?"
+wait $R
+echo "mig: rr exit $?"
+sed 's/^/mig: stream: /' /tmp/stream.out
+sed 's/^/mig: rr: /' /tmp/rr.out
+sed 's/^/mig: agent: /' /tmp/agent.out
+sed 's/^/mig: report: /' /tmp/report.jsonl
+echo "mig: job done"
+JOB
+  (cd "$stage" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc --quiet -R 0:0) | gzip -1 > "$WORK/extra.cpio.gz"
+  cat "$VM_CACHE/initramfs.cpio.gz" "$WORK/extra.cpio.gz" > "$WORK/initrd"
+}
+
+# start_qemu NAME HOST TAP [QEMU ARGS...]: the guest in HOST's namespace,
+# its two vSocket functions on HOST's port for vmq, its NIC on tap TAP
+# (made here, on HOST's bridge), QMP on $WORK/NAME.qmp; pid in QEMU_PID.
+start_qemu() {
+  local name=$1 host=$2 tap=$3 i
+  shift 3
+  ip -n "vsm$host" tuntap add dev "$tap" mode tap || return 1
+  ip -n "vsm$host" link set "$tap" master br0 up || return 1
+  local vs=()
+  for i in 0 1; do
+    vs+=(-chardev "socket,id=vs$i,path=$VSOCKET_TESTBED2_DIR/$host/$VM.sock" -netdev "vhost-user,id=vsn$i,chardev=vs$i"
+         -device "$VM_NET_DEVICE,netdev=vsn$i")
+  done
+  ip netns exec "vsm$host" qemu-system-x86_64 \
+    -accel tcg,thread=multi -cpu max -smp 1 -m "$RAM_MB" \
+    -object "memory-backend-memfd,id=mem0,size=${RAM_MB}M,share=on" -machine memory-backend=mem0 \
+    -display none -vga none -monitor none -no-reboot -nodefaults \
+    -chardev "file,id=con0,path=$WORK/$name.console" -serial chardev:con0 \
+    -qmp "unix:$WORK/$name.qmp,server=on,wait=off" \
+    -kernel "$VM_CACHE/vmlinuz" -initrd "$WORK/initrd" \
+    -append "console=ttyS0 quiet loglevel=3 panic=-1 vsocket.timeout=280 vsocket.hugepages=$HUGEPAGES mig.nic=$VM_ADDR/28 mig.peer=$PEER_ADDR mig.load=$STREAM_BYTES,$STREAM_ROUNDS,$RR_BYTES,$RR_ROUNDS" \
+    "${vs[@]}" -netdev "tap,id=nic0,ifname=$tap,script=no,downscript=no" \
+    -device "virtio-net-pci,netdev=nic0,mac=$VM_MAC,romfile=,vectors=0" \
+    "$@" </dev/null >"$WORK/$name.qemu.log" 2>&1 &
+  QEMU_PID=$!
+  QEMU_PIDS+=("$QEMU_PID")
+}
+
+# bed_up [ENV...]: the bed (its daemons with ENV), the bridges joined, vmq
+# added on both hosts and placed on hostA, vmA2's two xfer servers.
+bed_up() {
+  local out h
+  out=$(env "$@" $TB up 2>&1) || { echo "testbed2 up: $(echo "$out" | tail -3)"; return 1; }
+  ip link add vsmsta netns vsmhostA type veth peer name vsmstb netns vsmhostB &&
+    ip -n vsmhostA link set vsmsta master br0 up && ip -n vsmhostB link set vsmstb master br0 up ||
+    { echo "could not join the two bridges"; return 1; }
+  for h in hostA hostB; do
+    out=$(ctl "$h" vm add "$VM" --socket "$VSOCKET_TESTBED2_DIR/$h/$VM.sock" --tenant 1 --addresses "$VM_ADDR" \
+          --prove-sockets false --direct off 2>&1) || { echo "$h: vm add: $out"; return 1; }
+    out=$(ctl "$h" locator set 1 "$VM_ADDR" hostA 2>&1) || { echo "$h: locator set: $out"; return 1; }
+  done
+  local port
+  for port in 5301 5302; do
+    VSOCKET_UPGRADE=always VSOCKET_REPORT=$WORK/peer.jsonl LD_PRELOAD=$BIN/guest/libvsocket.so $TB exec "$PEER" timeout 250 \
+      "$BIN/tests/e2e/xfer" server "$PEER_ADDR" "$port" --conns 1 \
+      $([ "$port" = 5301 ] && echo "--rounds $STREAM_ROUNDS --gap-ms 250" || echo "--rounds $RR_ROUNDS --gap-ms 10") \
+      > "$WORK/server$port.out" 2>&1 &
+    SERVER_PIDS+=($!)
+  done
+}
+
+# migrate CASE FROM-QEMU TO-QEMU TO-HOST TO-TAP: a destination QEMU on
+# TO-HOST (-incoming on its underlay address, -S), QMP migrate, completed;
+# the hook's locator update on both hosts; cont. MIG_FIGURES says how long.
+migrate() {
+  local case=$1 from=$2 to=$3 host=$4 tap=$5 port h out
+  port=$((4400 + RANDOM % 500))
+  start_qemu "$to" "$host" "$tap" -incoming "tcp:$(underlay "$host"):$port" -S || { fail "$case" "no tap on $host"; return 1; }
+  wait_for 30 status_is "$to" inmigrate || { fail "$case" "the destination QEMU on $host did not come up"; return 1; }
+  qmp "$WORK/$from.qmp" migrate-set-parameters '{"max-bandwidth": 1073741824, "downtime-limit": 300}' >/dev/null
+  out=$(qmp "$WORK/$from.qmp" migrate "{\"uri\": \"tcp:$(underlay "$host"):$port\"}" 2>&1) ||
+    { fail "$case" "QEMU refused the migration: $out"; return 1; }
+  MIG_STATUS=none
+  wait_for 120 migration_done "$from" || { fail "$case" "the migration to $host did not end within 120 s ($MIG_STATUS)"; return 1; }
+  [ "$MIG_STATUS" = completed ] || { fail "$case" "migration to $host $MIG_STATUS: $MIG"; return 1; }
+  wait_for 30 status_is "$to" paused || { fail "$case" "the destination is not paused after the migration"; return 1; }
+  MIG_FIGURES=$(python3 -c '
+import json, sys
+m = json.loads(sys.argv[1])
+print("total %s ms, downtime %s ms" % (m.get("total-time"), m.get("downtime")))' "$MIG")
+  # The operator's hook: where the VM runs now, on every host.
+  for h in hostA hostB; do
+    out=$(ctl "$h" locator set 1 "$VM_ADDR" "$host" 2>&1) || { fail "$case" "$h: locator set: $out"; return 1; }
+  done
+  qmp "$WORK/$to.qmp" cont >/dev/null || { fail "$case" "cont on $host failed"; return 1; }
+  # The source QEMU (postmigrate) goes: its tap with it.
+  local i
+  for i in "${!QEMU_PIDS[@]}"; do
+    [ "${QEMU_PIDS[$i]}" = "$FROM_PID" ] && { stop_pid "$FROM_PID"; unset "QEMU_PIDS[$i]"; }
+  done
+  QEMU_PIDS=("${QEMU_PIDS[@]}")
+  return 0
+}
+
+# job_checks CASE NAME [CHECK_REPORT ARGS...]: the guest's job (on QEMU
+# NAME) and vmA2's servers end, every byte of both connections verified
+# both ways; the 4 ends' reports checked (CHECK_REPORT ARGS).
+job_checks() {
+  local case=$1 name=$2 out p
+  shift 2
+  wait_for 200 console_has "$name" "^mig: job done" ||
+    { fail "$case" "the guest's job did not end within 200 s: $(grep "^mig: " "$WORK/$name.console" | grep -v tick | tail -3 | tr '\n' ';')"; return 1; }
+  for p in "${SERVER_PIDS[@]}"; do wait "$p" || { fail "$case" "an xfer server in $PEER exited $?: $(cat "$WORK"/server*.out | tr '\n' ';')"; return 1; }; done
+  SERVER_PIDS=()
+  grep -q "^mig: stream exit 0" "$WORK/$name.console" && grep -q "^mig: rr exit 0" "$WORK/$name.console" &&
+    [ "$(grep -c "^mig: .*: xfer client: 1/1 connections verified" "$WORK/$name.console")" = 2 ] ||
+    { fail "$case" "an xfer client failed: $(grep -E "^mig: (stream|rr)" "$WORK/$name.console" | head -6 | tr '\n' ';')"; return 1; }
+  grep -q "1/1 connections verified" "$WORK/server5301.out" && grep -q "1/1 connections verified" "$WORK/server5302.out" ||
+    { fail "$case" "an xfer server did not verify its connection: $(cat "$WORK"/server*.out | tr '\n' ';')"; return 1; }
+  grep "^mig: report: " "$WORK/$name.console" | sed 's/^mig: report: //' | tr -d '\r' > "$WORK/report.jsonl"
+  cat "$WORK/peer.jsonl" >> "$WORK/report.jsonl"
+  out=$(python3 tests/e2e/check_report.py "$WORK/report.jsonl" --expect-conns 4 "$@" 2>&1) || { fail "$case" "reports: $out"; return 1; }
+  echo "  reports: $out"
+  echo "  ends: $(python3 -c '
+import collections, json, sys
+c = collections.Counter()
+for l in open(sys.argv[1]):
+    j = json.loads(l)
+    if "local" in j:
+        c["%s %s, %s x%d, %d re-upgrade(s), %d B resent, %s ms on kernel TCP after its last downgrade" % ("guest" if j["local"].startswith("198.51.100.5") else "vmA2", j.get("mode"), j.get("last_downgrade"), j.get("downgrades", 0), j.get("reupgrades", 0), j.get("resent_bytes", 0), j.get("kernel_ms_after_downgrade"))] += 1
+print("; ".join("%d: %s" % (n, k) for k, n in c.items()))' "$WORK/report.jsonl")"
+}
+
+# boot CASE [ENV for the daemons...]: the bed and the guest on hostA, its
+# two connections accelerated same-host through vsocketd A.
+boot() {
+  local case=$1 out
+  shift
+  stop_all
+  rm -f "$WORK"/*.console "$WORK"/*.qmp "$WORK"/*.qemu.log "$WORK"/*.out "$WORK"/*.jsonl
+  out=$(bed_up "$@") || { fail "$case" "$out"; return 1; }
+  start_qemu src hostA vsmtq0 || { fail "$case" "no tap on hostA"; return 1; }
+  wait_for 120 console_has src "mig: load started" || { fail "$case" "the guest never started its load"; return 1; }
+  wait_for 60 vias_are hostA same-host 2 ||
+    { fail "$case" "hostA: $(via_count hostA same-host) of vmq's connection ends accelerated same-host, want 2"; return 1; }
+  echo "  hostA before: $(via_count hostA same-host) of vmq's ends same-host through vsocketd A (accel_bytes $(stat hostA accel_bytes))"
+}
+
+case_migrate_hosts_there_and_back() {
+  local t0=$SECONDS case=migrate_hosts_there_and_back f0 f1 d0
+  boot $case || return
+  # hostA -> hostB
+  FROM_PID=${QEMU_PIDS[0]}
+  d0=$(stat hostA drains_asked)
+  migrate $case src dst hostB vsmtq1 || return
+  local to_b=$MIG_FIGURES
+  FROM_PID=${QEMU_PIDS[-1]}
+  echo "  hostA -> hostB: $to_b; vsocketd A drained $(( $(stat hostA drains_asked) - d0 )) ends for the migration"
+  wait_for 30 vias_are hostB hostA 2 ||
+    { fail $case "hostB: $(via_count hostB hostA) of vmq's ends accelerated across the fabric (via hostA), want 2"; return; }
+  f0=$(stat hostB fabric_bytes_out)
+  sleep 1
+  f1=$(stat hostB fabric_bytes_out)
+  echo "  hostB after: $(via_count hostB hostA) of vmq's ends via hostA (the fabric); hostB fabric_bytes_out +$((f1 - f0)) in 1 s; arrivals $(stat hostB migration_arrivals), told $(stat hostB migration_sessions_told)"
+  [ "$f1" -gt "$f0" ] || { fail $case "hostB's fabric carried nothing in 1 s"; return; }
+  [ "$(( $(stat hostA drains_asked) - d0 ))" -ge 2 ] || { fail $case "vsocketd A drained $(( $(stat hostA drains_asked) - d0 )) ends, want 2"; return; }
+  # hostB -> hostA
+  d0=$(stat hostB drains_asked)
+  migrate $case dst back hostA vsmtq2 || return
+  echo "  hostB -> hostA: $MIG_FIGURES; vsocketd B drained $(( $(stat hostB drains_asked) - d0 )) ends for the migration"
+  wait_for 30 vias_are hostA same-host 2 ||
+    { fail $case "hostA after the move back: $(via_count hostA same-host) of vmq's ends same-host, want 2"; return; }
+  echo "  hostA after the move back: $(via_count hostA same-host) of vmq's ends same-host"
+  [ "$(( $(stat hostB drains_asked) - d0 ))" -ge 2 ] || { fail $case "vsocketd B drained $(( $(stat hostB drains_asked) - d0 )) ends, want 2"; return; }
+  job_checks $case back --moves 2 --mode accelerated --downgrade-cause migration --no-resend || return
+  stop_all
+  pass $case $((SECONDS - t0))
+}
+
+case_migrate_hosts_drain_unfinished() {
+  local t0=$SECONDS case=migrate_hosts_drain_unfinished
+  boot $case VSOCKET_DEBUG_NO_MIGRATION_DRAIN=1 || return
+  # hostA -> hostB: two same-host pairs on the rings at the switchover.
+  FROM_PID=${QEMU_PIDS[0]}
+  migrate $case src dst hostB vsmtq1 || return
+  grep -q "VSOCKET_DEBUG_NO_MIGRATION_DRAIN=1" "$VSOCKET_TESTBED2_DIR/hostA/vsocketd.log" ||
+    { fail $case "vsocketd A did not take VSOCKET_DEBUG_NO_MIGRATION_DRAIN=1"; return; }
+  FROM_PID=${QEMU_PIDS[-1]}
+  echo "  hostA -> hostB: $MIG_FIGURES; vsocketd A: drains asked $(stat hostA drains_asked), migration_leaves $(stat hostA migration_leaves), migration_peers_resynced $(stat hostA migration_peers_resynced)"
+  [ "$(stat hostA drains_asked)" = 0 ] || { fail $case "vsocketd A drained anyway"; return; }
+  [ "$(stat hostA migration_peers_resynced)" = 2 ] ||
+    { fail $case "vsocketd A told $(stat hostA migration_peers_resynced) of vmA2's ends to resync, want 2"; return; }
+  wait_for 30 vias_are hostB hostA 2 ||
+    { fail $case "hostB: $(via_count hostB hostA) of vmq's ends accelerated across the fabric (via hostA), want 2"; return; }
+  echo "  hostB after: $(via_count hostB hostA) of vmq's ends via hostA (the fabric)"
+  # hostB -> hostA: two pairs across the fabric on the rings at the
+  # switchover (vsocketd B has the same switch): hostA's ends are told by
+  # a PAIR_CANCEL (fabric-down).
+  migrate $case dst back hostA vsmtq2 || return
+  echo "  hostB -> hostA: $MIG_FIGURES; vsocketd B: drains asked $(stat hostB drains_asked), migration_leaves $(stat hostB migration_leaves), migration_peers_resynced $(stat hostB migration_peers_resynced); hostA fabric_downgrades $(stat hostA fabric_downgrades)"
+  [ "$(stat hostB migration_peers_resynced)" = 2 ] ||
+    { fail $case "vsocketd B told $(stat hostB migration_peers_resynced) of vmA2's ends (on hostA) to resync, want 2"; return; }
+  wait_for 30 vias_are hostA same-host 2 ||
+    { fail $case "hostA after the move back: $(via_count hostA same-host) of vmq's ends same-host, want 2"; return; }
+  echo "  hostA after the move back: $(via_count hostA same-host) of vmq's ends same-host"
+  job_checks $case back --moves 2 --mode accelerated --resynced || return
+  stop_all
+  pass $case $((SECONDS - t0))
+}
+
+make_initrd
+for c in "${CASES[@]}"; do
+  if declare -F "case_$c" >/dev/null; then "case_$c"; else echo "FAIL $c: no such case"; failed=$((failed + 1)); fi
+done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
