@@ -1,8 +1,9 @@
 // Migrations (decision 093): which dirty-log changes drain a VM for
 // reason migration and which lift that drain; an operator's drain is never
 // taken over. The worker's part is ConnManager::ApplyDrainRequests, run
-// here by hand. And ConnManager::LeaveWithVm (decision 106): what a device
-// that stops with its log on says to its VM's other devices.
+// here by hand. And ConnManager::LeaveWithVm (decisions 106, 110): what a
+// device that stops with its log on says to its VM's other devices, and to
+// a peer in another VM.
 #include "host-backend/migration.h"
 
 #include <gtest/gtest.h>
@@ -86,20 +87,31 @@ TEST_F(MigrationsTest, ALogTurnedOnTwiceCountsOnce) {
 // Decision 106: a same-VM pair on the rings whose devices stop with their
 // log on (the switchover). Two functions of one VM, a client on the first
 // and a server on the second, paired and streaming through the worker.
+// Decision 110 (peer_elsewhere): the server in another VM of this host,
+// and the moving VM with a second, idle function (dev3).
 class LeaveWithVmTest : public ::testing::Test {
  protected:
   static constexpr uint64_t kBase = 1u << 20;
   static constexpr uint32_t kRing = 1u << 16;
-  LeaveWithVmTest() : mem1_(2 * kRing), mem2_(2 * kRing) {
+  explicit LeaveWithVmTest(bool peer_elsewhere = false) : mem1_(2 * kRing), mem2_(2 * kRing), mem3_(2 * kRing) {
     SetLogLevel(LogLevel::kError);
     port_.vm_name = "vm";
     port_.index = 3;
     port_.tenant_id = 7;
     port_.prove_sockets = false;
-    dev1_ = Device(1, mem1_);
-    dev2_ = Device(2, mem2_);
-    EXPECT_TRUE(Register(*dev1_, 1, proto::Role::kClient, 40000, 80));
-    EXPECT_TRUE(Register(*dev2_, 2, proto::Role::kServer, 80, 40000));
+    if (peer_elsewhere) {
+      port_.addresses = {Vm(1)};
+      port2_ = port_;
+      port2_.vm_name = "vm2";
+      port2_.index = 4;
+      port2_.addresses = {Vm(2)};
+    }
+    dev1_ = Device(1, mem1_, &port_);
+    dev2_ = Device(2, mem2_, peer_elsewhere ? &port2_ : &port_);
+    if (peer_elsewhere) dev3_ = Device(3, mem3_, &port_);
+    uint8_t a = peer_elsewhere ? 1 : 0, b = peer_elsewhere ? 2 : 0;
+    EXPECT_TRUE(Register(*dev1_, 1, proto::Role::kClient, Addr(40000, a), Addr(80, b)));
+    EXPECT_TRUE(Register(*dev2_, 2, proto::Role::kServer, Addr(80, b), Addr(40000, a)));
     Count(*dev1_, proto::MsgType::kFence, 1, 0);
     Count(*dev2_, proto::MsgType::kFence, 2, 0);
     // 4 KiB moved to the server; 4 KiB more written, not moved yet.
@@ -107,27 +119,33 @@ class LeaveWithVmTest : public ::testing::Test {
     Pass();
     Count(*dev1_, proto::MsgType::kTxTail, 1, 8192);
   }
-  std::shared_ptr<vhost::BackendDevice> Device(uint64_t id, std::vector<uint8_t>& mem) {
-    auto d = std::make_shared<vhost::BackendDevice>(-1, id, &port_);
+  std::shared_ptr<vhost::BackendDevice> Device(uint64_t id, std::vector<uint8_t>& mem, vhost::PortConfig* port) {
+    auto d = std::make_shared<vhost::BackendDevice>(-1, id, port);
     auto m = vhost::GuestMemory::Create({{kBase, mem.size(), mem.data()}});
     EXPECT_TRUE(m.ok());
     d->SetMemoryForTesting(std::move(m).value());
     cm_.OnAttach(*d);
     return d;
   }
-  static proto::Endpoint Addr(uint16_t port) {
+  // 127.0.0.1, or 192.0.2.VM (a VM's own address).
+  static proto::Endpoint Addr(uint16_t port, uint8_t vm = 0) {
     proto::Endpoint e;
     e.family = proto::Family::kIpv4;
-    e.addr = {127, 0, 0, 1};
+    e.addr = vm == 0 ? std::array<uint8_t, 16>{127, 0, 0, 1} : std::array<uint8_t, 16>{192, 0, 2, vm};
     e.port = port;
     return e;
   }
-  bool Register(vhost::BackendDevice& d, uint64_t id, proto::Role role, uint16_t local, uint16_t peer) {
+  static vhost::VmAddress Vm(uint8_t vm) {
+    vhost::VmAddress a;
+    a.addr = {192, 0, 2, vm};
+    return a;
+  }
+  bool Register(vhost::BackendDevice& d, uint64_t id, proto::Role role, proto::Endpoint local, proto::Endpoint peer) {
     proto::RegisterConn r;
     r.conn_id = id;
     r.role = role;
-    r.local = Addr(local);
-    r.peer = Addr(peer);
+    r.local = local;
+    r.peer = peer;
     r.tx_ring_gpa = kBase;
     r.rx_ring_gpa = kBase + kRing;
     r.tx_ring_bytes = r.rx_ring_bytes = kRing;
@@ -157,11 +175,22 @@ class LeaveWithVmTest : public ::testing::Test {
       if (s.device_id == 2) return static_cast<int64_t>(s.accel_in);
     return -1;
   }
+  // The reason the server's end was last given (its DOWNGRADE's).
+  Reason ServerReason() {
+    for (const ConnSnapshot& s : cm_.Snapshot())
+      if (s.device_id == 2) return s.reason;
+    return Reason::kNone;
+  }
 
-  vhost::PortConfig port_;
-  std::vector<uint8_t> mem1_, mem2_;
+  vhost::PortConfig port_, port2_;
+  std::vector<uint8_t> mem1_, mem2_, mem3_;
   ConnManager cm_;
-  std::shared_ptr<vhost::BackendDevice> dev1_, dev2_;
+  std::shared_ptr<vhost::BackendDevice> dev1_, dev2_, dev3_;
+};
+
+class PeerOutsideTheVmTest : public LeaveWithVmTest {
+ protected:
+  PeerOutsideTheVmTest() : LeaveWithVmTest(true) {}
 };
 
 TEST_F(LeaveWithVmTest, ASwitchoverTellsTheVmsOwnPeerNothing) {
@@ -191,6 +220,38 @@ TEST_F(LeaveWithVmTest, AStopWithoutTheLogIsAnExitAsBefore) {
   EXPECT_EQ(ServerIn(), 8192);
   EXPECT_FALSE(cm_.ExpireLeftWithVm());
   EXPECT_EQ(cm_.counters().migration_leaves.load(), 0u);
+}
+
+// Decision 110: the server, in another VM, is told the accelerated path
+// is gone (fabric-down: it resyncs on kernel TCP) once the moving VM's last
+// device stopped; the 4 KiB not moved stay in the guest's TX ring (resent
+// where it runs now), never delivered, and no close reaches the server.
+TEST_F(PeerOutsideTheVmTest, ASwitchoverTellsAPeerInAnotherVmToResync) {
+  ASSERT_EQ(ServerIn(), 4096);
+  ASSERT_EQ(ServerReason(), Reason::kNone);
+  Stop(*dev1_, true);
+  EXPECT_EQ(ServerReason(), Reason::kNone);  // dev3 still runs: not known to be a move yet
+  Stop(*dev3_, true);                        // the VM's last device: it moved
+  EXPECT_EQ(ServerIn(), 4096);
+  EXPECT_EQ(ServerReason(), Reason::kFabricDown);
+  EXPECT_EQ(cm_.counters().migration_leaves.load(), 1u);
+  EXPECT_EQ(cm_.counters().migration_peers_resynced.load(), 1u);
+  EXPECT_EQ(cm_.counters().orphan_bytes.load(), 0u);
+  EXPECT_FALSE(cm_.ExpireLeftWithVm());
+}
+
+// A device of the moving VM that stops with its log on while the VM's other
+// device runs on for 2 s was a process that exited during the pre-copy: its
+// peer in the other VM gets its last bytes, then its close, as before.
+TEST_F(PeerOutsideTheVmTest, AProcessThatExitsDuringThePreCopyIsAClose2sLater) {
+  Stop(*dev1_, true);
+  EXPECT_EQ(ServerIn(), 4096);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));  // (kLeftWithVmMs)
+  EXPECT_TRUE(cm_.ExpireLeftWithVm());
+  Pass();
+  EXPECT_EQ(ServerIn(), 8192);
+  EXPECT_NE(ServerReason(), Reason::kFabricDown);
+  EXPECT_EQ(cm_.counters().migration_peers_resynced.load(), 0u);
 }
 
 }  // namespace

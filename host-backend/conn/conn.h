@@ -200,6 +200,13 @@ struct BackendConn {
   // or kLeftWithVmMs passed (a process that exited during the pre-copy:
   // told as any close). Decision 106.
   int64_t left_with_vm_ms = 0;
+  // The DOWNGRADE owed to our guest says its peer has our FENCE although
+  // the peer is not on a peer host (a same-host peer whose VM moved on:
+  // decision 110; remote.fence_acked says it for a peer host's).
+  bool ev_fence_acked = false;
+  // LeaveWithVm (a same-host peer outside its VM): its library had its
+  // peer's FENCE when its device stopped.
+  bool peer_fence_given = false;
 
   // Values owed with pending events, captured when raised (the peer may be
   // gone by the time they are emitted).

@@ -320,6 +320,11 @@ class ConnManager {
   // now, and nothing said) or kLeftWithVmMs pass (then its peer hears of
   // the close as usual: ExpireLeftWithVm).
   void LeaveWithVm(BackendConn& c);
+  // VM vm_index's last device stopped with its dirty log on (the
+  // switchover): the connections LeaveWithVm kept whose peer is outside the
+  // VM are let go, their peers told to finish on kernel TCP through RESYNC
+  // (decision 110).
+  void PeersOfMovedVm(uint32_t vm_index);
   // One connection of VM vm_index on kernel TCP for `why` (VmTotals::fallbacks).
   void CountFallback(uint32_t vm_index, proto::Reason why) {
     vm_totals_[vm_index % kMaxVms].fallbacks[FallbackSlot(why)].fetch_add(1, std::memory_order_relaxed);

@@ -64,6 +64,9 @@ struct ConnManagerCounters {
   std::atomic<uint64_t> orphan_bytes{0};       // gauge: closed connections' undelivered bytes, copied
   std::atomic<uint64_t> orphan_resets{0};      // closes reset for want of orphan budget
   std::atomic<uint64_t> migration_leaves{0};   // upgraded connections whose VM moved with them on the rings (decision 106)
+  // Their peers outside the VM (another VM here, a peer host's guest) told
+  // to finish on kernel TCP through RESYNC (decision 110).
+  std::atomic<uint64_t> migration_peers_resynced{0};
   std::atomic<uint64_t> rejected_overlap{0};   // registrations whose rings overlap another's
   std::atomic<uint64_t> kept_kernel_faster{0};  // bulk registrations kept on kernel TCP (decision 62)
   std::atomic<uint64_t> tentative_registered{0};  // registrations of busy loops' connections (decision 83)

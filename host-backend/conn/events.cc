@@ -87,9 +87,10 @@ bool ConnManager::EmitEvents(vhost::BackendDevice& device) {
                     proto::Downgrade{c.conn_id, ForGuest(c.reason, c.knows_directory), c.ev_resend_from,
                                      proto::kDowngradeResendFrom}};
       else if (bits & kEvDowngrade)
-        out[n++] = {MsgType::kDowngrade, 0,
-                    proto::Downgrade{c.conn_id, ForGuest(c.reason, c.knows_directory), c.rx_tail,
-                                     c.remote.fence_acked ? proto::kDowngradeFenceAcked : uint8_t{0}}};
+        out[n++] = {
+            MsgType::kDowngrade, 0,
+            proto::Downgrade{c.conn_id, ForGuest(c.reason, c.knows_directory), c.rx_tail,
+                             c.remote.fence_acked || c.ev_fence_acked ? proto::kDowngradeFenceAcked : uint8_t{0}}};
       // All of one connection's events go in one buffer, in order.
       size_t need = 0;
       std::array<uint8_t, kMaxEventBytes> tmp;

@@ -134,6 +134,8 @@ void ConnManager::Orphan(BackendConn& c) {
   switch (c.remote.stage) {
     case RemotePeer::Stage::kPaired:
       RetireRx(c);  // the guest may reuse the ring's memory after Unregister
+      // (LeaveWithVm: told when its VM's devices all stopped, or later.)
+      if (c.left_with_vm_ms != 0) break;
       Owe(c, kOweGone);
       MarkMovable(c);
       MaybeAnnounceShutdown(c);
@@ -267,16 +269,22 @@ bool SwitchoverAsExit() {
 }  // namespace
 
 void ConnManager::LeaveWithVm(BackendConn& c) {
-  // Only a same-host pair on the rings whose two ends are this VM's: a
-  // pending connection has nothing to say to anyone, and a peer elsewhere
-  // (another VM here, or on a peer host) still hears its peer closed, as
-  // before: its connection would have to finish on kernel TCP through
-  // RESYNC instead (issue 36, not done yet). A direct pair is process
-  // mode's.
+  // Only a connection on the rings: a pending one has nothing to say to
+  // anyone. A direct pair is process mode's.
   BackendConn* p = c.peer;
-  if (c.gone || p == nullptr || p->vm_index != c.vm_index || c.state != ConnState::kUpgraded || c.remote.paired() ||
-      c.direct)
+  if (c.gone || c.state != ConnState::kUpgraded || c.direct || (p == nullptr && !c.remote.paired())) return;
+  if (p == nullptr || p->vm_index != c.vm_index) {
+    // A peer outside the VM (another VM here, or on a peer host): told
+    // nothing until the VM's last device stopped (the switchover: the peer
+    // then finishes on kernel TCP through RESYNC, PeersOfMovedVm) or
+    // kLeftWithVmMs passed (a process that exited: its close, as usual).
+    // Whether its library has its peer's FENCE is read now: Orphan drops
+    // the events it still owed (decision 110).
+    c.peer_fence_given = p != nullptr && p->fence_received && (c.pending_events & kEvFence) == 0;
+    c.left_with_vm_ms = MonotonicMs();
+    left_with_vm_.push_back({c.handle, c.left_with_vm_ms + kLeftWithVmMs});
     return;
+  }
   if (p->left_with_vm_ms == 0) {
     // The first end to stop: Orphan keeps its bytes as for any close, and
     // keeps its news from the peer for now (Move, MaybeAnnounceShutdown,
@@ -327,11 +335,69 @@ bool ConnManager::ExpireLeftWithVm() {
       Raise(*c.peer, kEvPeerGone);
       MarkMovable(c);
       MaybeAnnounceShutdown(c);
+    } else if (c.remote.paired()) {
+      Owe(c, kOweGone);  // (what Orphan left undone)
+      MarkMovable(c);
+      MaybeAnnounceShutdown(c);
     }
     MaybeDestroy(&c);
     any = true;
   }
   return any;
+}
+
+void ConnManager::PeersOfMovedVm(uint32_t vm_index) {
+  std::vector<BackendConn*> moved;
+  for (auto& [h, c] : conns_)
+    if (c->vm_index == vm_index && c->left_with_vm_ms != 0 && (c->peer == nullptr || c->peer->vm_index != vm_index))
+      moved.push_back(c.get());
+  for (BackendConn* c : moved) {
+    // The guest runs elsewhere with every byte its peer did not consume in
+    // its TX ring, and resends it there through RESYNC when it hears its
+    // session is unknown (decision 094): what this end kept goes. Its peer
+    // is told the accelerated path is gone with the kernel connection still
+    // there (fabric-down, the reason every library finishes by RESYNC),
+    // with what landed in its RX ring and whether the moved end had its
+    // FENCE; a peer host is told the same for its guest (PAIR_CANCEL,
+    // reason fabric-down: DetachRemote there).
+    c->left_with_vm_ms = 0;
+    counters_.migration_leaves.fetch_add(1, std::memory_order_relaxed);
+    counters_.migration_peers_resynced.fetch_add(1, std::memory_order_relaxed);
+    if (!c->orphan.empty()) {
+      vm_totals_[c->vm_index % kMaxVms].orphan_bytes.fetch_sub(c->orphan.size(), std::memory_order_relaxed);
+      counters_.orphan_bytes.fetch_sub(c->orphan.size(), std::memory_order_relaxed);
+      c->orphan.clear();
+      c->orphan_off = 0;
+    }
+    if (BackendConn* p = c->peer) {
+      VS_LOG(kInfo,
+             "conn %lu left with its VM on the rings: its peer %lu (guest id %lu) finishes on kernel TCP through "
+             "RESYNC (%lu bytes landed, %s)",
+             static_cast<unsigned long>(c->handle), static_cast<unsigned long>(p->handle),
+             static_cast<unsigned long>(p->conn_id), static_cast<unsigned long>(p->rx_tail),
+             c->peer_fence_given ? "its FENCE given" : "its FENCE not given");
+      p->ev_fence_acked = c->peer_fence_given;
+      p->reason = Reason::kFabricDown;
+      p->peer = nullptr;
+      c->peer = nullptr;
+      Raise(*p, kEvDowngrade);
+      if (p->gone) MaybeDestroy(p);  // (closed meanwhile: it waited only on us)
+    } else if (c->remote.paired()) {
+      VS_LOG(kInfo, "conn %lu left with its VM on the rings: host %u's end finishes on kernel TCP through RESYNC",
+             static_cast<unsigned long>(c->handle), c->remote.host);
+      if (hosts_)
+        hosts_->SendPairing(c->remote.host,
+                            Frame(proto::FrameType::kPairCancel, c->key.tenant, c->remote.handle, c->handle,
+                                  static_cast<uint32_t>(Reason::kFabricDown)),
+                            {});
+      c->remote.stage = RemotePeer::Stage::kDetached;
+      c->remote.gone = true;
+      c->link_owed = 0;
+      DropRx(*c);
+      WithdrawTx(*c);
+    }
+    MaybeDestroy(c);
+  }
 }
 
 void ConnManager::OnDetach(vhost::BackendDevice& device) {
@@ -368,6 +434,13 @@ void ConnManager::OnDetach(vhost::BackendDevice& device) {
   // Closed earlier, rings still held: nobody to tell any more.
   for (auto& [h, c] : conns_)
     if (c->device == &device) c->device = nullptr;
+  // The VM's last device stopped with its log on: it moved (decision 110).
+  if (moved) {
+    const uint32_t vm = device.port()->index;
+    for (const auto& [d, dc2] : devices_)
+      if (d->port()->index == vm) return;
+    PeersOfMovedVm(vm);
+  }
 }
 
 // Reporting. The control socket's thread (and the metrics listener's) never

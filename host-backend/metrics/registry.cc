@@ -144,6 +144,13 @@ std::vector<Metric<D>> Daemon() {
        .read = [](const D& c) -> uint64_t { return c.conns.migration_leaves.load(); },
        .prom = {"vsocket_migration_leaves_total"},
        .group = "backend"},
+      {.name = "migration_peers_resynced",
+       .type = kCounter,
+       .help = "Peers outside a VM that moved (another VM here, or on a peer host) of its connections still on the "
+               "rings at the switchover: told the accelerated path is gone, they finish on kernel TCP through RESYNC.",
+       .read = [](const D& c) -> uint64_t { return c.conns.migration_peers_resynced.load(); },
+       .prom = {"vsocket_migration_peers_resynced_total"},
+       .group = "backend"},
       {.name = "migration_sessions_told",
        .type = kCounter,
        .help = "Arrived devices whose library was told its session is unknown here (it opens a new one).",

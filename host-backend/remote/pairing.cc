@@ -290,7 +290,10 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
           c->reason = Reason::kPeerNotRegistered;
           Raise(*c, kEvDowngrade);  // a guest waiting on kernel EOF learns it is final
         } else if (c->remote.paired()) {
-          DetachRemote(*c, Reason::kPeerNotRegistered);
+          // (fabric-down: its peer left with a VM that moved on the rings,
+          // decision 110; both finish on kernel TCP through RESYNC.)
+          DetachRemote(*c, h.aux == static_cast<uint32_t>(Reason::kFabricDown) ? Reason::kFabricDown
+                                                                                : Reason::kPeerNotRegistered);
         }
         return;
       }
