@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "guest/agent/grant.h"
 #include "vhost/backend/socket_proof.h"
@@ -198,6 +200,7 @@ Status AgentServer::OpenDevice(size_t i) {
   auto d = VmDevice::Open(o);
   if (!d.ok()) return Status(d.status().code(), slots_[i].bdf + ": " + d.status().message());
   slots_[i].device = std::move(d).value();
+  slots_[i].link_up = slots_[i].device->device().LinkUp().value_or(true);
   return Watch(slots_[i].device->device().pci().uio_fd(), Tag(i, kUio));
 }
 
@@ -219,8 +222,20 @@ Status AgentServer::Grant(UniqueFd client) {
     Release(k);
     ++counters_.regrants;
   }
-  size_t i = 0;
-  while (i < slots_.size() && (slots_[i].client.get() >= 0 || !slots_[i].device)) ++i;
+  size_t i = 0, away = 0;
+  for (; i < slots_.size(); ++i) {
+    if (slots_[i].client.get() >= 0 || !slots_[i].device) continue;
+    if (slots_[i].link_up) break;
+    ++away;
+  }
+  if (i == slots_.size() && away > 0) {
+    // Free functions, but vsocketd is not behind them now: the library
+    // stays on kernel TCP and asks again later (50 ms, up to 1 s).
+    g.status = GrantStatus::kBackendAway;
+    ++counters_.refused_away;
+    (void)SendGrant(client.get(), g, nullptr, 0);
+    return Status::Ok();
+  }
   if (i == slots_.size()) {
     // One session per device today: as many processes at once as the VM
     // has vSocket functions (queue pairs per process: issue 35).
@@ -276,6 +291,27 @@ void AgentServer::Release(size_t i) {
   if (!st.ok()) VS_LOG(kError, "vsocket-guestd: cannot set %s up again: %s", s.bdf.c_str(), st.ToString().c_str());
 }
 
+void AgentServer::CheckLink(size_t i) {
+  Slot& s = slots_[i];
+  if (!s.device) return;
+  std::optional<bool> up = s.device->device().LinkUp();
+  if (!up || *up == s.link_up) return;
+  s.link_up = *up;
+  if (*up) {
+    VS_LOG(kInfo, "vsocket-guestd: %s: link up (vsocketd attached)", s.bdf.c_str());
+    return;
+  }
+  if (s.client.get() < 0) {
+    VS_LOG(kInfo, "vsocket-guestd: %s: link down (vsocketd gone)", s.bdf.c_str());
+    return;
+  }
+  VS_LOG(kWarn, "vsocket-guestd: %s: link down (vsocketd gone): process %d's grant ends, its connections go on on "
+                "kernel TCP",
+         s.bdf.c_str(), static_cast<int>(s.pid));
+  ++counters_.link_downs;
+  Release(i);  // (the fresh device reads its link: still down until vsocketd is back)
+}
+
 void AgentServer::OnEvent(uint64_t tag) {
   size_t i = tag >> 3;
   if (i >= slots_.size()) return;
@@ -300,12 +336,13 @@ void AgentServer::OnEvent(uint64_t tag) {
       if (read(s.device->device().pci().uio_fd(), &count, sizeof(count)) != sizeof(count)) break;
       // Deassert (ISR read), let the next one through, wake the process:
       // INTx does not say which queue, so both wake-ups fire.
-      s.device->device().ReadIsr();
+      uint8_t isr = s.device->device().ReadIsr();
       (void)s.device->device().pci().Unmask();
       ++counters_.interrupts;
       v = 1;
       for (auto& c : s.call)
         if (c.get() >= 0) (void)!write(c.get(), &v, sizeof(v));
+      if (isr & kIsrConfig) CheckLink(i);
       break;
     }
   }
@@ -316,6 +353,13 @@ Status AgentServer::Run(const volatile sig_atomic_t* stop) {
     epoll_event evs[16];
     int n = epoll_wait(epoll_.get(), evs, 16, 200);
     if (n < 0 && errno != EINTR) return Status::FromErrno("epoll_wait");
+    // A look at every link at least every 200 ms, in case a configuration
+    // interrupt was missed (INTx is shared, level-triggered, masked while
+    // we handle another).
+    if (int64_t now = MonotonicNs(); now - last_link_look_ns_ >= 200'000'000) {
+      last_link_look_ns_ = now;
+      for (size_t k = 0; k < slots_.size(); ++k) CheckLink(k);
+    }
     for (int i = 0; i < n; ++i) {
       uint64_t tag = evs[i].data.u64;
       if (tag == kListen) {

@@ -5,6 +5,16 @@
 // (eventfds) become doorbell writes, the device's interrupt (INTx through
 // uio) becomes the process's wake-ups. When the process goes, the device is
 // reset and set up afresh for the next one.
+//
+// vsocketd going away (a crash, a restart) is invisible to a process here
+// (its liveness is the agent's socket, not vsocketd's): QEMU says it with
+// the function's link (VIRTIO_NET_F_STATUS, a configuration interrupt). A
+// link that goes down ends the grant on that function as if the process
+// had gone (its socket closed, the function reset and set up afresh), so
+// the library takes the backend for lost and finishes its connections on
+// kernel TCP (RESYNC), as a process-mode library does when vsocketd's
+// socket hangs up; until a link is up again, a process that asks is told
+// kBackendAway.
 #pragma once
 
 #include <signal.h>
@@ -25,6 +35,8 @@ struct AgentServerCounters {
   uint64_t proofs_refused = 0;  // not a connected TCP socket, not bound, or vsocketd said no
   uint64_t refused_busy = 0;
   uint64_t regrants = 0;  // a process that held a device asked again: that device afresh
+  uint64_t link_downs = 0;     // a granted function's link went down: vsocketd gone, its process told
+  uint64_t refused_away = 0;   // no free function had its link up
   uint64_t kicks = 0;
   uint64_t interrupts = 0;
 };
@@ -61,6 +73,7 @@ class AgentServer {
     UniqueFd kick[2];
     UniqueFd call[2];
     uint64_t grant_serial = 0;  // which grant the current client holds
+    bool link_up = true;        // (a device without the status word: always)
   };
   // A process's proof channel: bound to the slot whose memory it passed,
   // for that grant only.
@@ -79,6 +92,9 @@ class AgentServer {
   bool ServeProof(ProofChannel& c);
   Status Grant(UniqueFd client);
   void Release(size_t slot);  // the process went: reset the device
+  // The function's link as the device says now; a granted function whose
+  // link went down is released (its process told by the hang-up).
+  void CheckLink(size_t slot);
   void OnEvent(uint64_t tag);
   Status Watch(int fd, uint64_t tag);
 
@@ -92,6 +108,7 @@ class AgentServer {
   UniqueFd proof_listen_;
   std::vector<ProofChannel> proofs_;  // (a closed one's fd is -1: its entry is reused)
   uint64_t next_grant_serial_ = 1;
+  int64_t last_link_look_ns_ = 0;
   AgentServerCounters counters_;
 };
 

@@ -26,6 +26,9 @@ enum class GrantStatus : uint32_t {
   kOk = 0,
   kBusy = 1,  // another process holds the device (one session per device today)
   kDeviceFailed = 2,
+  // vsocketd is not attached to the VM's free functions now (their link is
+  // down: it died or is restarting); ask again later.
+  kBackendAway = 3,
 };
 
 struct Grant {

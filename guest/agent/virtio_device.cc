@@ -28,6 +28,9 @@ enum CommonCfg : uint32_t {
   kCommonCfgBytes = 56,
 };
 constexpr uint16_t kNoVector = 0xffff;
+// struct virtio_net_config (spec §5.1.4): mac[6], then status.
+constexpr uint32_t kNetConfigStatus = 6, kNetConfigStatusEnd = 8;
+constexpr uint16_t kNetStatusLinkUp = 1;
 
 // MMIO: each access is one load or store of its width, in program order
 // (volatile is for device registers, not for synchronization with threads).
@@ -76,6 +79,11 @@ Result<std::unique_ptr<VirtioDevice>> VirtioDevice::Open(const std::string& bdf)
   d->common_ = *common;
   d->notify_ = *notify;
   d->isr_ = *isr;
+  // virtio-net's configuration: mac[6], then the 16-bit status (§5.1.4).
+  if (d->caps_.device) {
+    auto cfg = locate(*d->caps_.device, kNetConfigStatusEnd, "device configuration");
+    if (cfg.ok()) d->device_cfg_ = *cfg;  // (shorter: no status word, no link to watch)
+  }
   return d;
 }
 
@@ -109,6 +117,7 @@ Result<uint64_t> VirtioDevice::Negotiate(uint64_t wanted, uint64_t required) {
     return Status(Code::kFailedPrecondition, buf);
   }
   uint64_t accepted = offered & wanted;
+  accepted_ = accepted;
   for (uint32_t sel = 0; sel < 2; ++sel) {
     Write<uint32_t>(common_, kDriverFeatureSelect, sel);
     Write<uint32_t>(common_, kDriverFeature, static_cast<uint32_t>(accepted >> (32 * sel)));
@@ -172,5 +181,10 @@ void VirtioDevice::Notify(uint16_t q) {
 }
 
 uint8_t VirtioDevice::ReadIsr() { return Read<uint8_t>(isr_, 0); }
+
+std::optional<bool> VirtioDevice::LinkUp() const {
+  if (device_cfg_ == nullptr || !(accepted_ & kFeatureNetStatus)) return std::nullopt;
+  return (Read<uint16_t>(device_cfg_, kNetConfigStatus) & kNetStatusLinkUp) != 0;
+}
 
 }  // namespace vsocket::agent

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "base/status.h"
 #include "guest/agent/pci_function.h"
@@ -17,6 +18,10 @@ namespace vsocket::agent {
 // Device status bits (spec §2.1).
 inline constexpr uint8_t kStatusAcknowledge = 1, kStatusDriver = 2, kStatusDriverOk = 4, kStatusFeaturesOk = 8,
                          kStatusFailed = 128;
+// ISR status bits (spec §4.1.4.5): a queue's interrupt, a configuration change.
+inline constexpr uint8_t kIsrQueue = 1, kIsrConfig = 2;
+// virtio-net's link status word in the device configuration (spec §5.1.4).
+inline constexpr uint64_t kFeatureNetStatus = 1ull << 16;  // VIRTIO_NET_F_STATUS
 
 class VirtioDevice {
  public:
@@ -40,6 +45,11 @@ class VirtioDevice {
   void Notify(uint16_t q);
   // Reading the ISR status acknowledges the interrupt (deasserts INTx).
   uint8_t ReadIsr();
+  // virtio-net's link (VIRTIO_NET_S_LINK_UP), where VIRTIO_NET_F_STATUS was
+  // negotiated: QEMU takes it down when its vhost-user backend (vsocketd)
+  // goes away and up when it is back, with a configuration interrupt each
+  // time. nullopt without the feature (QEMU's `status=off`).
+  std::optional<bool> LinkUp() const;
   uint8_t status() const;
   const PciFunction& pci() const { return pci_; }
 
@@ -53,6 +63,8 @@ class VirtioDevice {
   volatile uint8_t* common_ = nullptr;
   volatile uint8_t* notify_ = nullptr;
   volatile uint8_t* isr_ = nullptr;
+  volatile uint8_t* device_cfg_ = nullptr;  // virtio-net's configuration, if it has the status word
+  uint64_t accepted_ = 0;
   uint16_t notify_off_[64] = {};  // per queue, read at setup
 };
 

@@ -52,9 +52,12 @@ Status VmDevice::Start(const VmDeviceOptions& o) {
   mem_ = std::move(mem).value();
 
   // vsocketd offers VERSION_1 and EVENT_IDX (vhost/backend); QEMU passes
-  // them through and adds virtio-net's own bits, which we leave alone.
-  // ACCESS_PLATFORM is never accepted: GPAs here are physical, no IOMMU.
-  auto f = dev_->Negotiate(proto::kFeatureVersion1 | proto::kFeatureEventIdx, proto::kFeatureVersion1);
+  // them through and adds virtio-net's own bits, which we leave alone but
+  // for STATUS: QEMU's own (never sent to vsocketd), whose link goes down
+  // when vsocketd goes away (agent_server.h). ACCESS_PLATFORM is never
+  // accepted: GPAs here are physical, no IOMMU.
+  auto f = dev_->Negotiate(proto::kFeatureVersion1 | proto::kFeatureEventIdx | kFeatureNetStatus,
+                           proto::kFeatureVersion1);
   if (!f.ok()) return f.status();
   features_ = *f;
   if (dev_->num_queues() < 2)
