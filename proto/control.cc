@@ -354,8 +354,9 @@ const char* ToString(Reason reason) {
                                            "kernel-faster",
                                            "request-response",
                                            "urgent-data",
-                                           "directory-unavailable"};
-  static_assert(std::size(kNames) == kMaxReason + 1, "a name for every reason");
+                                           "directory-unavailable",
+                                           "peer-corrupted-ring"};
+  static_assert(std::size(kNames) == kLastReason + 1, "a name for every reason");
   auto i = static_cast<size_t>(reason);
   return i < std::size(kNames) ? kNames[i] : "unknown";
 }

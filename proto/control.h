@@ -130,12 +130,18 @@ enum class Reason : uint16_t {
   // and its cache does not name a host, so the connection stays on kernel
   // TCP (decision 95).
   kDirectoryUnavailable = 20,
+  // Library-only: a direct pair's peer wrote a count that cannot be into
+  // the pair's memory (decision 97): this connection alone is reset.
+  kPeerCorruptedRing = 21,
 };
 // Numbers are never reused. A new reason of either kind takes the next free
 // number; a library-only one is also listed in IsLibraryOnly, so that the
 // wire refuses it (the library-only 18 and 19 sit below kMaxReason).
-inline constexpr uint16_t kMaxReason = 20;  // the largest reason the wire carries
-constexpr bool IsLibraryOnly(Reason r) { return r == Reason::kRequestResponse || r == Reason::kUrgentData; }
+inline constexpr uint16_t kMaxReason = 20;   // the largest reason the wire carries
+inline constexpr uint16_t kLastReason = 21;  // the largest there is (library-only above kMaxReason)
+constexpr bool IsLibraryOnly(Reason r) {
+  return r == Reason::kRequestResponse || r == Reason::kUrgentData || r == Reason::kPeerCorruptedRing;
+}
 // Whether a reason code read from the wire (control message or fabric
 // frame) is one the wire may carry.
 constexpr bool IsWireReason(uint32_t r) { return r <= kMaxReason && !IsLibraryOnly(static_cast<Reason>(r)); }

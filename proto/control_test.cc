@@ -146,7 +146,7 @@ TEST(ControlTest, EnumsOutOfRangeAreRejected) {
   EXPECT_FALSE(Decode(b).ok());
   // The library-only reasons sit below kMaxReason and are refused all the
   // same; directory-unavailable, above them, is the wire's (decision 95).
-  for (Reason r : {Reason::kRequestResponse, Reason::kUrgentData}) {
+  for (Reason r : {Reason::kRequestResponse, Reason::kUrgentData, Reason::kPeerCorruptedRing}) {
     b[kHeaderSize + 8] = static_cast<uint8_t>(r);
     EXPECT_FALSE(Decode(b).ok()) << ToString(r);
   }

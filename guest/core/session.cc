@@ -460,9 +460,10 @@ void Session::Dispatch(const Message& m) {
 }
 
 void Session::ResetDirectLocked(const std::shared_ptr<Conn>& c) {
-  // (As the backend's ERROR for it: ECONNRESET.)
-  DispatchConnEvent(c, {MsgType::kError, 0, proto::Error{c->id, proto::WireError::kBadRing, proto::Reason::kProtocolError}},
-                    g_link_lost.load(std::memory_order_acquire));
+  // As the backend's ERROR for it (ECONNRESET), with the reason the
+  // report names: the peer's corrupted counts.
+  ApplyLoss(c, LossKind::kProtocolError, 0, false, proto::Reason::kPeerCorruptedRing, nullptr);
+  c->gen.fetch_add(1, std::memory_order_acq_rel);
 }
 
 bool Session::PullDirectLocked() {

@@ -246,19 +246,19 @@ case_direct_hostile() {
   [ "$out" = connected_clients:1 ] || bad+="redis has '$out' after every client closed (1: redis-cli itself); "
   kill "$srv" 2>/dev/null
   wait "$srv" 2>/dev/null
-  # redis's library reset the four (its report: protocol-error, path direct).
+  # redis's library reset the four (its report: peer-corrupted-ring, path direct).
   local resets
   resets=$(python3 -c "
 import json, sys
 print(sum(1 for d in map(json.loads, open(sys.argv[1])) if d.get('local', '').endswith(':' + sys.argv[2])
-          and d.get('reason') == 'protocol-error' and d.get('path') == 'direct'))" "$rep" $port)
-  [ "$resets" = 4 ] || bad+="redis's library reports $resets connections reset for a protocol error, expected 4; "
+          and d.get('reason') == 'peer-corrupted-ring' and d.get('path') == 'direct'))" "$rep" $port)
+  [ "$resets" = 4 ] || bad+="redis's library reports $resets connections reset for peer-corrupted-ring, expected 4; "
   [ -z "$bad" ] || { fail $name "$bad"; return; }
   local summary=""
   for attack in produced-past-window produced-backwards consumed-past-produced ring-end-below; do
     summary+="$attack: $(python3 -c "import json,sys; d=json.loads(open(sys.argv[1]).read().splitlines()[-1]); print(d['ended'], 'after', d['after_s'], 's')" "$WORK/$name.$attack"); "
   done
-  pass "$name (redis-server, VSOCKET_UPGRADE=$2, every connection direct: ${summary}header and wake words scribbled: 50 SET/GET byte-checked on that connection; the good client: $(tail -1 "$WORK/$name.good"); redis's library reset those 4 (protocol-error), redis alive, its fds as before, no pair mapped, 1 client connected)"
+  pass "$name (redis-server, VSOCKET_UPGRADE=$2, every connection direct: ${summary}header and wake words scribbled: 50 SET/GET byte-checked on that connection; the good client: $(tail -1 "$WORK/$name.good"); redis's library reset those 4 (peer-corrupted-ring), redis alive, its fds as before, no pair mapped, 1 client connected)"
 }
 
 register_case direct_hostile_peer case_direct_hostile direct_hostile_peer always
