@@ -37,10 +37,12 @@
 #                   QEMU on the same port gets a working session.
 #   daemon_killed_under_vm_stream  vsocketd killed (SIGKILL) under a
 #                   byte-checked request/response stream between two
-#                   processes of a guest (QEMU's chardevs reconnect=1) and
-#                   started again: both ends finish byte-exact, each end
-#                   resynced to kernel TCP (cause backend-unavailable) and
-#                   re-upgraded through the new vsocketd (its counters move).
+#                   processes of a guest (QEMU's chardevs reconnect=1; the
+#                   port's sockets proved by the VM's agent) and started
+#                   again: both ends finish byte-exact, each end resynced to
+#                   kernel TCP at the kill (cause backend-unavailable) and
+#                   re-upgraded through the new vsocketd (its counters move,
+#                   its VOUCHes from the agent's authority function).
 #   daemon_gone_under_vm_stream  vsocketd killed under a byte-checked
 #                   stream and not started again while it goes on: QEMU
 #                   takes the function's link down, the agent ends the
@@ -130,13 +132,15 @@ start_daemon() {
   # prove sockets (its memory is QEMU's), so that port does not ask for
   # proofs. vma, vmb (tenant 1) and vmc (tenant 2): vm_to_vm's guests,
   # whose agents vouch for their processes' sockets (decision 100); vmp
-  # (tenant 1): vm_to_vm's process-mode container, proving its own.
+  # (tenant 1): vm_to_vm's process-mode container, proving its own; vmr
+  # (tenant 1, agent proofs): daemon_killed_under_vm_stream's guest.
   VSOCKET_VM_VMQ_PROVE_SOCKETS=false VSOCKET_VM_PROC_PROVE_SOCKETS=false \
   VSOCKET_VM_VMA_PROVE_SOCKETS=agent VSOCKET_VM_VMB_PROVE_SOCKETS=agent VSOCKET_VM_VMC_PROVE_SOCKETS=agent \
+  VSOCKET_VM_VMR_PROVE_SOCKETS=agent \
     "$BIN/host-backend/vsocketd" --ctl "$WORK/ctl.sock" --log-level info \
     --port "$WORK/vmq.sock,vmq,1,203.0.113.10" --port "$WORK/proc.sock,proc,1,203.0.113.11" \
     --port "$WORK/vma.sock,vma,1,$PAIR_A" --port "$WORK/vmb.sock,vmb,1,$PAIR_B" --port "$WORK/vmc.sock,vmc,2,$PAIR_C" \
-    --port "$WORK/vmp.sock,vmp,1,$PAIR_P" \
+    --port "$WORK/vmp.sock,vmp,1,$PAIR_P" --port "$WORK/vmr.sock,vmr,1,203.0.113.20" \
     >"$WORK/vsocketd.log" 2>&1 &
   D_PID=$!
   local i
@@ -496,7 +500,8 @@ JOB
 }
 
 # vsocketd killed (SIGKILL) and started again under a guest's byte-checked
-# request/response stream (issue 16's guarantees, in a VM): QEMU's
+# request/response stream (issue 16's guarantees, in a VM), on a port whose
+# sockets the VM's agent proves (prove_sockets = agent): QEMU's
 # chardevs have reconnect=1; both ends must finish byte-exact, each end
 # resynced on kernel TCP when vsocketd went (cause backend-unavailable)
 # and registered again with the new vsocketd, accelerated (re-upgraded;
@@ -508,16 +513,16 @@ case_daemon_killed_under_vm_stream() {
   cat > "$R/job.sh" <<JOB
 cd /run/vsocket-vm
 ip link set lo up
-ip addr add 203.0.113.10/32 dev lo
-./vsocket-guestd --serve > agent.out 2>&1 &
+ip addr add 203.0.113.20/32 dev lo
+./vsocket-guestd --serve --proofs > agent.out 2>&1 &
 apid=\$!
 for _ in \$(seq 300); do [ -S /run/vsocket/agent.sock ] && break; sleep 0.1; done
 export LD_PRELOAD=/run/vsocket-vm/libvsocket.so VSOCKET_REPORT=/run/vsocket-vm/report.jsonl VSOCKET_UPGRADE=always \\
   VSOCKET_LOG_LEVEL=info
-./xfer server 203.0.113.10 $port --conns 1 --rounds $rounds --gap-ms $gap > server.out 2>&1 &
+./xfer server 203.0.113.20 $port --conns 1 --rounds $rounds --gap-ms $gap > server.out 2>&1 &
 spid=\$!
 for _ in \$(seq 300); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
-./xfer client 203.0.113.10 $port --conns 1 --bytes $bytes --rounds $rounds --gap-ms $gap --pause-ms 500 > client.out 2>&1
+./xfer client 203.0.113.20 $port --conns 1 --bytes $bytes --rounds $rounds --gap-ms $gap --pause-ms 500 > client.out 2>&1
 echo "client exit \$?"
 wait \$spid
 echo "server exit \$?"
@@ -531,7 +536,7 @@ JOB
   # 8 huge pages per function, twice: a process whose session was lost
   # keeps its old grant's memory mapped (its connections' rings) while the
   # agent grants it the function afresh.
-  VM_FUNCTIONS=2 VM_CHARDEV_OPTS=,reconnect=1 vm_boot "$R" "$WORK/vmq.sock" 240 vsocket.hugepages=40
+  VM_FUNCTIONS=2 VM_AGENT_FUNCTION=1 VM_CHARDEV_OPTS=,reconnect=1 vm_boot "$R" "$WORK/vmr.sock" 240 vsocket.hugepages=42
   # Killed once both ends are accelerated (bounded), mid-stream.
   local up=$up0
   for ((i = 0; i < 600; i++)); do
@@ -553,13 +558,13 @@ JOB
   echo "  vsocketd killed after $((tk - t0)) s (upgrades $up0 -> $up, accel_bytes $accel_old), started again"
   vm_wait 240
   local rc=$?
-  local up_new accel_new
-  up_new=$(stat upgrades) accel_new=$(stat accel_bytes)
+  local up_new accel_new v_new
+  up_new=$(stat upgrades) accel_new=$(stat accel_bytes) v_new=$(stat vouches)
   echo "  guest: $(tr '\n' ' ' < "$R/stdout")"
   echo "  agent: $(tail -2 "$R/agent.out" 2>/dev/null | tr '\n' ' ')"
   echo "  xfer: $(grep -h "verified" "$R/client.out" "$R/server.out" 2>/dev/null | tr '\n' ' ')"
   echo "  libraries: $(grep -h "libvsocket" "$R/client.out" "$R/server.out" 2>/dev/null | grep -v "session up" | cut -c1-160 | sort | uniq -c | sort -rn | head -8 | tr '\n' ';')"
-  echo "  new vsocketd: upgrades $up_new, accel_bytes $accel_new"
+  echo "  new vsocketd: upgrades $up_new, accel_bytes $accel_new, vouches $v_new"
   grep -q "client exit 0" "$R/stdout" && grep -q "server exit 0" "$R/stdout" ||
     { fail daemon_killed_under_vm_stream "xfer failed (bytes not verified), guest job exit $rc"; return; }
   # The connections left the rings at the kill (decision 109), not at the
@@ -572,6 +577,10 @@ JOB
   out=$(python3 tests/e2e/check_report.py "$R/report.jsonl" --port "$port" --expect-conns 2 --reupgraded \
       --downgrade-cause backend-unavailable 2>&1) ||
     { fail daemon_killed_under_vm_stream "reports: $out"; return; }
+  # The port proves sockets through the VM's agent: the new vsocketd took
+  # both ends' registrations on the word of the agent's function, which
+  # QEMU reattached with the others.
+  [ "$v_new" -ge 2 ] || { fail daemon_killed_under_vm_stream "the new vsocketd counted $v_new VOUCHes, want 2"; return; }
   [ "$up_new" -ge 1 ] && [ "$accel_new" -gt 0 ] ||
     { fail daemon_killed_under_vm_stream "the new vsocketd accelerated nothing (upgrades $up_new, accel_bytes $accel_new)"; return; }
   echo "  reports: $out"
