@@ -243,6 +243,12 @@ struct Conn {
   std::atomic<int64_t> resync_start_ns{0};  // (writer and event dispatch)
   std::atomic<uint32_t> reupgrades{0};      // times it registered again after a RESYNC
   std::atomic<uint64_t> resent_bytes{0};    // accelerated bytes sent again on kernel TCP (RESYNC)
+  // Bytes of the kernel stream that carry no new byte of the application:
+  // RESYNC headers, and ring bytes sent again (tx) or read again and
+  // skipped (rx). They are positions in the stream (kernel_sent and
+  // kernel_received count them, the fences need that); the report leaves
+  // them out so that each end counts every byte of the application once.
+  std::atomic<uint64_t> kernel_tx_repeat{0}, kernel_rx_repeat{0};
   std::vector<uint8_t> resend GUARDED_BY(tx_mu);
   size_t resend_off GUARDED_BY(tx_mu) = 0;
   // A drain (connection-lifecycle.md §9; its steps are the state's:

@@ -92,8 +92,13 @@ void WriteLine(const Conn& c, const char* event, const char* exec_program) {
       "\"kernel_ms_after_downgrade\":%lld,\"resent_bytes\":%llu,\"fin_deferred\":%s,\"lingered\":%s,\"late_"
       "wakeups\":%u,\"path\":\"%s\"}\n",
       getpid(), event, exec_field.c_str(), local, c.local.port, peer, c.peer.port, mode, proto::ToString(reason),
-      registered_for, c.stream.withdrawals(), c.state.upgraded() ? "true" : "false", static_cast<unsigned long long>(c.kernel_sent.load()),
-      static_cast<unsigned long long>(c.kernel_received.load()), static_cast<unsigned long long>(c.accel_tx.load()),
+      registered_for, c.stream.withdrawals(), c.state.upgraded() ? "true" : "false",
+      // The application's bytes, each once: without RESYNC headers and
+      // ring bytes the kernel stream carried again (resent_bytes says how
+      // many were resent).
+      static_cast<unsigned long long>(c.kernel_sent.load() - c.kernel_tx_repeat.load()),
+      static_cast<unsigned long long>(c.kernel_received.load() - c.kernel_rx_repeat.load()),
+      static_cast<unsigned long long>(c.accel_tx.load()),
       static_cast<unsigned long long>(c.accel_rx.load()),
       // 0 once switched, until a RESYNC or a drain puts bytes on the kernel
       // socket again (its header, a resend, later writes); reported so

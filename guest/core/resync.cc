@@ -122,6 +122,8 @@ Status FlushResendLocked(Conn& c, int fd) {
       // Every byte on the kernel stream counts: a later FENCE (after a
       // re-upgrade) is a position in that stream.
       c.kernel_sent.fetch_add(static_cast<uint64_t>(w), std::memory_order_relaxed);
+      // (A header, or bytes the ring already counted in accel_tx.)
+      c.kernel_tx_repeat.fetch_add(static_cast<uint64_t>(w), std::memory_order_relaxed);
       continue;
     }
     if (w < 0 && errno == EINTR) continue;
@@ -190,6 +192,7 @@ Status ConsumeResyncLocked(int fd, Conn& c) {
       return Errno(n == 0 ? ECONNRESET : errno, "fabric link lost and the peer could not resend");
     }
     c.kernel_received.fetch_add(static_cast<uint64_t>(n));  // stream position, as the peer counts it
+    c.kernel_rx_repeat.fetch_add(static_cast<uint64_t>(n));  // (a header, or bytes our ring gave already)
     if (ph == RxResync::kHeader) {
       c.rx_hdr_got += static_cast<uint32_t>(n);
       if (c.rx_hdr_got < proto::kResyncHeaderSize) continue;

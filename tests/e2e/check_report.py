@@ -28,6 +28,10 @@ a clean drain, never a RESYNC that repeats bytes).
 --exact-total B: for every line, kernel_tx + accel_tx == B or
 kernel_rx + accel_rx == B (each connection carried B bytes one way,
 wherever they went).
+--exact-sum S: for every line, kernel_tx + accel_tx + kernel_rx +
+accel_rx == S (what the connection carried both ways, each byte counted
+once by each end: a byte resent through RESYNC, or a RESYNC header,
+counted twice would show; xfer each way: 2 x length + its 16 B header).
 """
 import argparse
 import json
@@ -41,6 +45,7 @@ p.add_argument("--mode")
 p.add_argument("--reason")
 p.add_argument("--accel-min", type=int)
 p.add_argument("--exact-total", type=int)
+p.add_argument("--exact-sum", type=int)
 p.add_argument("--min-accel", type=int)
 p.add_argument("--path", help="every line's path (direct, backend, kernel)")
 p.add_argument("--resynced", action="store_true")
@@ -108,6 +113,9 @@ for l in sel:
         rx = l["kernel_rx"] + l["accel_rx"]
         if a.exact_total not in (tx, rx):
             errors.append(f"{who}: carried {tx} out / {rx} in, expected {a.exact_total}")
+    if a.exact_sum is not None and total != a.exact_sum:
+        errors.append(f'{who}: counted {l["kernel_tx"] + l["accel_tx"]} out + {l["kernel_rx"] + l["accel_rx"]} in = {total} B, '
+                      f'expected {a.exact_sum} (resent_bytes {l.get("resent_bytes", 0)})')
 if errors:
     print("; ".join(errors[:5]) + (f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""))
     sys.exit(1)

@@ -34,10 +34,14 @@ direct_daemon_killed() {
   direct_restart on KILL || { echo "restart after SIGKILL: $(tail -1 "$WORK/direct-on.restart"); "; return; }
   wait "$cli" || echo "client after the kill: $(tail -2 "$WORK/$name.kcli" | tr '\n' ' '); "
   wait "$srv" || echo "server after the kill: $(tail -2 "$WORK/$name.ksrv" | tr '\n' ' '); "
-  local direct_ends
+  local direct_ends out
   direct_ends=$(grep -c '"path":"direct"' "$rep")
   [ "$direct_ends" = 0 ] || echo "$direct_ends ends still direct after the daemon's death (they resync today); "
   grep -q '"resynced":true' "$rep" || echo "no end went through RESYNC; "
+  # Each end counts every byte once, out and in (a resent byte is the
+  # kernel's, not the ring's; the RESYNC header is nobody's).
+  out=$(python3 $CHECK "$rep" --port "$port" --expect-conns 4 --exact-sum $((2 * (1 << 30) + 16))) ||
+    echo "daemon killed: $out; "
 }
 
 # vsocketctl drain under direct pairs (a 4 GiB stream and four
