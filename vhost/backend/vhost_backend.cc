@@ -374,6 +374,24 @@ int VhostBackend::OnNewDevice(int vid) {
   Listener(*port).Attach(device);
   VS_LOG(kInfo, "vm %s: device %lu started (vid %d, event_idx %d)", port->config.vm_name.c_str(),
          static_cast<unsigned long>(device->id()), vid, device->event_idx());
+  // Started with its dirty log on: a live migration is under way and this
+  // vsocketd joined it late (restarted under a reconnecting QEMU in the
+  // pre-copy). rte_vhost reports no feature change for features set before
+  // the start, so this is the migration's start as far as this vsocketd
+  // knows: the VM drains for it as decision 093 says (decision 111).
+  bool late = false;
+  if (device->logging()) {
+    MutexLock lock(mu_);
+    auto it = conns_.find(vid);
+    late = it != conns_.end() && !it->second.logging;
+    if (late) it->second.logging = true;
+  }
+  if (late) {
+    counters_.dirty_log_starts.fetch_add(1);
+    VS_LOG(kInfo, "vm %s: vid %d: dirty log on at the device's start (VHOST_F_LOG_ALL: a live migration under way)",
+           port->config.vm_name.c_str(), vid);
+    Listener(*port).MigrationChanged(device.get(), true);
+  }
   return 0;
 }
 
