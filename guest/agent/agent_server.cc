@@ -222,6 +222,20 @@ Status AgentServer::Grant(UniqueFd client) {
     Release(k);
     ++counters_.regrants;
   }
+  // A function whose set-up failed when its last process went (its huge
+  // pages: that process, or another that lost its session, may still map
+  // its old ones until it exits) is tried again now; left without a
+  // device it would be lost to every later process.
+  size_t broken = 0;
+  for (size_t k = 0; k < slots_.size(); ++k) {
+    if (slots_[k].device || slots_[k].client.get() >= 0) continue;
+    if (Status st = OpenDevice(k); !st.ok()) {
+      ++broken;
+      VS_LOG(kWarn, "vsocket-guestd: %s still cannot be set up: %s", slots_[k].bdf.c_str(), st.ToString().c_str());
+    } else {
+      VS_LOG(kInfo, "vsocket-guestd: %s set up again", slots_[k].bdf.c_str());
+    }
+  }
   size_t i = 0, away = 0;
   for (; i < slots_.size(); ++i) {
     if (slots_[i].client.get() >= 0 || !slots_[i].device) continue;
@@ -233,6 +247,13 @@ Status AgentServer::Grant(UniqueFd client) {
     // stays on kernel TCP and asks again later (50 ms, up to 1 s).
     g.status = GrantStatus::kBackendAway;
     ++counters_.refused_away;
+    (void)SendGrant(client.get(), g, nullptr, 0);
+    return Status::Ok();
+  }
+  if (i == slots_.size() && broken > 0) {
+    // Not busy: a function is free but cannot be set up (logged above).
+    g.status = GrantStatus::kDeviceFailed;
+    ++counters_.refused_failed;
     (void)SendGrant(client.get(), g, nullptr, 0);
     return Status::Ok();
   }

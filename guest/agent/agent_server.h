@@ -37,6 +37,7 @@ struct AgentServerCounters {
   uint64_t regrants = 0;  // a process that held a device asked again: that device afresh
   uint64_t link_downs = 0;     // a granted function's link went down: vsocketd gone, its process told
   uint64_t refused_away = 0;   // no free function had its link up
+  uint64_t refused_failed = 0;  // a free function could not be set up (huge pages?)
   uint64_t kicks = 0;
   uint64_t interrupts = 0;
 };

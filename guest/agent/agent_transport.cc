@@ -26,6 +26,8 @@ Status CheckGrant(const Grant& g, uint64_t memfd_bytes) {
     return Status(Code::kUnavailable, "another process holds the VM's vSocket device");
   if (g.status == GrantStatus::kBackendAway)
     return Status(Code::kUnavailable, "vsocketd is not attached to the VM now (vsocket-guestd: link down)");
+  if (g.status == GrantStatus::kDeviceFailed)
+    return Status(Code::kUnavailable, "vsocket-guestd cannot set a free function up (its log says why: huge pages?)");
   if (g.status != GrantStatus::kOk) return Status(Code::kUnavailable, "the agent has no working device");
   if (g.num_pages == 0 || g.num_pages > kGrantMaxPages || g.memory_bytes != g.num_pages * kGrantPageBytes ||
       memfd_bytes < g.memory_bytes)
