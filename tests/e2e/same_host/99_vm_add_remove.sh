@@ -100,21 +100,31 @@ case_vm_add_remove() {
   local cli=$BG
   wait_accelerated 2 "$p3" || bad+="vm4's connection to vm2 not accelerated before vm remove; "
   out=$(bash $TB ctl vm remove vm4 --wait 10 2>&1) || bad+="vsocketctl vm remove vm4: $out; "
-  wait "$cli" || bad+="vm4's client failed after vm remove: $(tail -1 "$WORK/vm_remove.cli"); "
-  wait "$srv" || bad+="vm2's server failed after vm4's removal: $(tail -1 "$WORK/vm_remove.srv"); "
-  msg_rm=$(python3 $CHECK "$rm_rep" --port "$p3" --expect-conns 2 --resynced --downgrade-cause operator --no-resend \
-    --exact-total $((300 * 10240 + 16))) || bad+="vm4's connection at vm remove: $msg_rm; "
   vm_listed vm4 && bad+="vm4 still listed after vm remove; "
   [ ! -e "$WORK/vm4.sock" ] || bad+="vm4's socket still there after vm remove; "
+  # Added again at once, at the same socket, while vm4's client still runs
+  # its rounds (its library lost the old port and tries again): a new port
+  # in the old one's place, nothing of the old one reused.
+  kill -0 "$cli" 2>/dev/null || bad+="vm4's client ended before vm4 was added again (the test needs it running); "
+  out=$(bash $TB ctl vm add vm4 --socket "$WORK/vm4.sock" --tenant 1 --addresses $ADD_ADDR 2>&1) ||
+    bad+="vsocketctl vm add vm4 again at once: $out; "
+  wait "$cli" || bad+="vm4's client failed after vm remove: $(tail -1 "$WORK/vm_remove.cli"); "
+  wait "$srv" || bad+="vm2's server failed after vm4's removal: $(tail -1 "$WORK/vm_remove.srv"); "
+  # (Its connection left the rings with clean fences at the remove and,
+  # its library attached to the new port, went back on them: reupgrades.)
+  msg_rm=$(python3 $CHECK "$rm_rep" --port "$p3" --expect-conns 2 --resynced --reupgraded --downgrade-cause operator \
+    --no-resend --exact-total $((300 * 10240 + 16))) || bad+="vm4's connection at vm remove: $msg_rm; "
+  local p5
+  p5=$(alloc_port)
+  add_vm_xfer vm_readd_xfer "$p5" 2 4194304 || bad+="vm4 -> vm2 after vm4 was removed and added again: $XFER_MSG; "
+  local msg_readd=$XFER_MSG
   bulk_and_rounds_wait vm_add_remove
   bad+=$BR_BAD
   local others
   others=$(never_left "$rep" "$port" $((port + 1))) || bad+="vm1 -> vm2 touched by vm add/remove: $others; "
   [ -z "$bad" ] || { fail $name "$bad"; add_vm_down; return; }
-  # Persisted: added again, vsocketd restarted, vm4 is there and its
-  # connections accelerate; removed, restarted, it is gone.
-  out=$(bash $TB ctl vm add vm4 --socket "$WORK/vm4.sock" --tenant 1 --addresses $ADD_ADDR 2>&1) ||
-    { fail $name "vsocketctl vm add vm4 (again): $out"; add_vm_down; return; }
+  # Persisted: added again (above), vsocketd restarted, vm4 is there and
+  # its connections accelerate; removed, restarted, it is gone.
   out=$(bash $TB restart 2>&1) || { fail $name "restart: $(tail -2 <<<"$out" | tr '\n' ' ')"; add_vm_down; return; }
   vm_listed vm4 || bad+="vm4 not found by the restarted vsocketd; "
   p4=$(alloc_port)
@@ -125,7 +135,7 @@ case_vm_add_remove() {
   vm_listed vm4 && bad+="the restarted vsocketd found vm4 again after vm remove; "
   add_vm_down
   [ -z "$bad" ] || { fail $name "$bad"; return; }
-  pass "$name (vm1 -> vm2 4 GiB + 4 request/response connections: $others; vm add vm4 under it: $msg_add; vm remove vm4 under its accelerated connection: $msg_rm; after a restart vm4 was found again: $msg_restart; removed and restarted: gone)"
+  pass "$name (vm1 -> vm2 4 GiB + 4 request/response connections: $others; vm add vm4 under it: $msg_add; vm remove vm4 under its accelerated connection, then vm add vm4 again at once at the same socket: $msg_rm, accelerated again on the new port; new connections from vm4: $msg_readd; after a restart vm4 was found again: $msg_restart; removed and restarted: gone)"
 }
 
 register_case vm_add_remove_leaves_others_alone case_vm_add_remove
