@@ -207,6 +207,10 @@ struct BackendConn {
   // LeaveWithVm (a same-host peer outside its VM): its library had its
   // peer's FENCE when its device stopped.
   bool peer_fence_given = false;
+  // Its peer left with a VM that moved (PeersOfMovedVm): it finishes on
+  // kernel TCP through RESYNC and registers again; a peer host's request
+  // for it meanwhile waits for that (decision 110).
+  bool peer_moved = false;
 
   // Values owed with pending events, captured when raised (the peer may be
   // gone by the time they are emitted).

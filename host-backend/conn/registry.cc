@@ -377,6 +377,7 @@ void ConnManager::PeersOfMovedVm(uint32_t vm_index) {
              static_cast<unsigned long>(p->conn_id), static_cast<unsigned long>(p->rx_tail),
              c->peer_fence_given ? "its FENCE given" : "its FENCE not given");
       p->ev_fence_acked = c->peer_fence_given;
+      p->peer_moved = true;
       p->reason = Reason::kFabricDown;
       p->peer = nullptr;
       c->peer = nullptr;

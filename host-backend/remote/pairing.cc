@@ -200,12 +200,13 @@ void ConnManager::OnPairingFrame(uint32_t host, const FrameHeader& h, std::span<
           return;
         }
         // A connection that went back to kernel TCP after a link loss
-        // (RESYNC) or a drain stays registered until its library registers
+        // (RESYNC), a drain or its peer's VM moving on the rings (decision
+        // 110) stays registered until its library registers
         // it again to re-upgrade, and a draining VM's waits for the undrain:
         // the request waits for that, like one that comes before the
         // registration.
         bool resynced = c && c->state == ConnState::kUpgraded &&
-                        (c->remote.stage == RemotePeer::Stage::kDetached || c->ring_ended);
+                        (c->remote.stage == RemotePeer::Stage::kDetached || c->ring_ended || c->peer_moved);
         if (!available && !resynced)
           return refuse(Reason::kPeerNotRegistered, "connection is not available for pairing");
       }

@@ -10,8 +10,8 @@
 # false). Its agent owns two vSocket functions; two xfer clients (one
 # process each, under libvsocket-vm.so) talk to two xfer servers in vmA2
 # (under libvsocket.so), every byte of both directions checked by xfer:
-#   stream    1 GiB each way in 128 rounds of 8 MiB, 250 ms apart (bulk)
-#   rr        4,000 request/response rounds of 4,000 bytes, 10 ms apart
+#   stream    1 GiB each way in 256 rounds of 4 MiB, 250 ms apart (bulk)
+#   rr        6,000 request/response rounds of 4,000 bytes, 10 ms apart
 # The locator is the bed's file locator; the test plays the operator's
 # migration hook: once QEMU says `completed` (the destination paused,
 # -S), `vsocketctl locator set 1 198.51.100.5 HOST` on both hosts, then
@@ -40,6 +40,9 @@
 #                   the fabric at the switchover, vmA2's ends hear it from
 #                   vsocketd B (PAIR_CANCEL, fabric-down) and resync too,
 #                   then pair same-host again.
+#   bench_migration  (not run by default: bench/migration_bench.sh) the same
+#                   VM with and without its vSocket functions, the same load,
+#                   BENCH_MOVES migrations each: QMP's figures per migration.
 #
 # Usage: tests/vm/migrate_hosts.sh [--no-build] [CASE...]   (as root)
 # VSOCKET_MIG_BIN=DIR takes every binary from DIR (bazel-bin's layout).
@@ -80,7 +83,7 @@ VM=vmq VM_ADDR=198.51.100.5 VM_MAC=52:54:00:5e:00:05
 PEER=vmA2 PEER_ADDR=198.51.100.3
 underlay() { case $1 in hostA) echo 203.0.113.1 ;; hostB) echo 203.0.113.2 ;; esac; }
 # The guest's load (mig.load: STREAM_BYTES,STREAM_ROUNDS,RR_BYTES,RR_ROUNDS).
-STREAM_BYTES=1073741824 STREAM_ROUNDS=128 RR_BYTES=16000000 RR_ROUNDS=4000
+STREAM_BYTES=1073741824 STREAM_ROUNDS=256 RR_BYTES=24000000 RR_ROUNDS=6000
 QEMU_PIDS=() SERVER_PIDS=()
 stop_pid() {
   local pid=$1 i
@@ -119,6 +122,10 @@ vm, via = sys.argv[1:3]
 print(sum(c["vm"] == vm and c["via"] == via for c in json.load(sys.stdin)))' "$VM" "$2"
 }
 vias_are() { [ "$(via_count "$1" "$2")" -ge "$3" ]; }
+# steady HOST: both of vmq's ends accelerated same-host there and more than
+# 16 MB (two of the stream's rounds each way) through that vsocketd: the connections
+# stream on the rings when the migration begins, not just upgraded.
+steady() { vias_are "$1" same-host 2 && [ "$(stat "$1" accel_bytes)" -gt 16000000 ]; }
 wait_for() {
   local deadline=$(( $(date +%s) + $1 ))
   shift
@@ -170,15 +177,21 @@ PEER=$(arg peer)
 IFS=, read -r SB SR RB RR <<EOF
 $(arg load)
 EOF
-./vsocket-guestd --serve /run/agent.sock > /tmp/agent.out 2>&1 &
-for _ in $(seq 300); do [ -S /run/agent.sock ] && break; sleep 0.1; done
+# mig.novs=1: a VM without vSocket (bench/migration_bench.sh): plain kernel TCP.
+PRE=/stage/libvsocket-vm.so
+if [ "$(arg novs)" = 1 ]; then
+  PRE="" && touch /tmp/agent.out /tmp/report.jsonl
+else
+  ./vsocket-guestd --serve /run/agent.sock > /tmp/agent.out 2>&1 &
+  for _ in $(seq 300); do [ -S /run/agent.sock ] && break; sleep 0.1; done
+fi
 # (always: the request/response loop too, which the default policy holds on kernel TCP)
 export VSOCKET_SOCKET=/run/agent.sock VSOCKET_REPORT=/tmp/report.jsonl VSOCKET_LOG_LEVEL=info VSOCKET_UPGRADE=always
 for _ in $(seq 100); do ping -c 1 -W 1 "$PEER" >/dev/null 2>&1 && break; done
-LD_PRELOAD=/stage/libvsocket-vm.so ./xfer client "$PEER" 5301 --conns 1 --bytes "$SB" --rounds "$SR" --gap-ms 250 \
+LD_PRELOAD=$PRE ./xfer client "$PEER" 5301 --conns 1 --bytes "$SB" --rounds "$SR" --gap-ms 250 \
   --pause-ms 500 > /tmp/stream.out 2>&1 &
 S=$!
-LD_PRELOAD=/stage/libvsocket-vm.so ./xfer client "$PEER" 5302 --conns 1 --bytes "$RB" --rounds "$RR" --gap-ms 10 \
+LD_PRELOAD=$PRE ./xfer client "$PEER" 5302 --conns 1 --bytes "$RB" --rounds "$RR" --gap-ms 10 \
   --pause-ms 500 > /tmp/rr.out 2>&1 &
 R=$!
 echo "mig: load started"
@@ -204,8 +217,11 @@ start_qemu() {
   shift 3
   ip -n "vsm$host" tuntap add dev "$tap" mode tap || return 1
   ip -n "vsm$host" link set "$tap" master br0 up || return 1
-  local vs=()
+  local vs=() novs=""
+  # NOVS=1: the same VM without its vSocket functions (bench/migration_bench.sh).
+  [ "${NOVS:-0}" = 1 ] && novs=" mig.novs=1"
   for i in 0 1; do
+    [ -z "$novs" ] || break
     vs+=(-chardev "socket,id=vs$i,path=$VSOCKET_TESTBED2_DIR/$host/$VM.sock" -netdev "vhost-user,id=vsn$i,chardev=vs$i"
          -device "$VM_NET_DEVICE,netdev=vsn$i")
   done
@@ -216,7 +232,7 @@ start_qemu() {
     -chardev "file,id=con0,path=$WORK/$name.console" -serial chardev:con0 \
     -qmp "unix:$WORK/$name.qmp,server=on,wait=off" \
     -kernel "$VM_CACHE/vmlinuz" -initrd "$WORK/initrd" \
-    -append "console=ttyS0 quiet loglevel=3 panic=-1 vsocket.timeout=280 vsocket.hugepages=$HUGEPAGES mig.nic=$VM_ADDR/28 mig.peer=$PEER_ADDR mig.load=$STREAM_BYTES,$STREAM_ROUNDS,$RR_BYTES,$RR_ROUNDS" \
+    -append "console=ttyS0 quiet loglevel=3 panic=-1 vsocket.timeout=280 vsocket.hugepages=$HUGEPAGES mig.nic=$VM_ADDR/28 mig.peer=$PEER_ADDR mig.load=$STREAM_BYTES,$STREAM_ROUNDS,$RR_BYTES,$RR_ROUNDS$novs" \
     "${vs[@]}" -netdev "tap,id=nic0,ifname=$tap,script=no,downscript=no" \
     -device "virtio-net-pci,netdev=nic0,mac=$VM_MAC,romfile=,vectors=0" \
     "$@" </dev/null >"$WORK/$name.qemu.log" 2>&1 &
@@ -239,7 +255,7 @@ bed_up() {
   done
   local port
   for port in 5301 5302; do
-    VSOCKET_UPGRADE=always VSOCKET_REPORT=$WORK/peer.jsonl LD_PRELOAD=$BIN/guest/libvsocket.so $TB exec "$PEER" timeout 250 \
+    VSOCKET_UPGRADE=always VSOCKET_REPORT=$WORK/peer.jsonl LD_PRELOAD=$([ "${NOVS:-0}" = 1 ] || echo "$BIN/guest/libvsocket.so") $TB exec "$PEER" timeout 250 \
       "$BIN/tests/e2e/xfer" server "$PEER_ADDR" "$port" --conns 1 \
       $([ "$port" = 5301 ] && echo "--rounds $STREAM_ROUNDS --gap-ms 250" || echo "--rounds $RR_ROUNDS --gap-ms 10") \
       > "$WORK/server$port.out" 2>&1 &
@@ -266,6 +282,32 @@ migrate() {
 import json, sys
 m = json.loads(sys.argv[1])
 print("total %s ms, downtime %s ms" % (m.get("total-time"), m.get("downtime")))' "$MIG")
+  # Both stopped: the whole RAM of the source and of the destination,
+  # page by page, printed. Not a verdict here: this bed's QEMU loses pages
+  # on its own, with no vSocket function attached (bench_migration's kernel
+  # mode: 21 of 98,304, then a kernel panic at the destination), which
+  # tests/vm/migrate.sh's guest without a NIC never shows; see
+  # docs/live-migration.md. tests/vm/migrate.sh is the dirty-log check.
+  wait_for 30 status_is "$from" postmigrate || { fail "$case" "the source is not stopped after the migration"; return 1; }
+  qmp "$WORK/$from.qmp" pmemsave "{\"val\": 0, \"size\": $((RAM_MB << 20)), \"filename\": \"$WORK/from.ram\"}" >/dev/null &&
+    qmp "$WORK/$to.qmp" pmemsave "{\"val\": 0, \"size\": $((RAM_MB << 20)), \"filename\": \"$WORK/to.ram\"}" >/dev/null ||
+    { fail "$case" "pmemsave failed"; return 1; }
+  DIFF_PAGES=$(python3 - "$WORK/from.ram" "$WORK/to.ram" <<'PY'
+import sys
+a, b = open(sys.argv[1], "rb"), open(sys.argv[2], "rb")
+n, diff = 0, []
+while True:
+    x, y = a.read(4096), b.read(4096)
+    if not x and not y:
+        break
+    if x != y:
+        diff.append("0x%x" % (n * 4096))
+    n += 1
+print(len(diff), " ".join(diff[:8]))
+PY
+)
+  rm -f "$WORK/from.ram" "$WORK/to.ram"
+  MIG_FIGURES="$MIG_FIGURES, guest pages different: ${DIFF_PAGES% }"
   # The operator's hook: where the VM runs now, on every host.
   for h in hostA hostB; do
     out=$(ctl "$h" locator set 1 "$VM_ADDR" "$host" 2>&1) || { fail "$case" "$h: locator set: $out"; return 1; }
@@ -319,8 +361,12 @@ boot() {
   out=$(bed_up "$@") || { fail "$case" "$out"; return 1; }
   start_qemu src hostA vsmtq0 || { fail "$case" "no tap on hostA"; return 1; }
   wait_for 120 console_has src "mig: load started" || { fail "$case" "the guest never started its load"; return 1; }
-  wait_for 60 vias_are hostA same-host 2 ||
-    { fail "$case" "hostA: $(via_count hostA same-host) of vmq's connection ends accelerated same-host, want 2"; return 1; }
+  # (Not in the guest's first seconds: every destination that panicked, and
+  # every migration whose pages differed, was one started 6-8 s into the
+  # guest's life, with or without vSocket; see docs/live-migration.md.)
+  wait_for 60 console_has src "mig: tick 12" || { fail "$case" "the guest does not tick"; return 1; }
+  wait_for 60 steady hostA ||
+    { fail "$case" "hostA: $(via_count hostA same-host) of vmq's connection ends accelerated same-host (want 2), accel_bytes $(stat hostA accel_bytes)"; return 1; }
   echo "  hostA before: $(via_count hostA same-host) of vmq's ends same-host through vsocketd A (accel_bytes $(stat hostA accel_bytes))"
 }
 
@@ -384,6 +430,93 @@ case_migrate_hosts_drain_unfinished() {
   job_checks $case back --moves 2 --mode accelerated --resynced || return
   stop_all
   pass $case $((SECONDS - t0))
+}
+
+# bench_migration (not run by default; bench/migration_bench.sh runs it):
+# what vSocket adds to a migration. The same VM, with and without its two
+# vSocket functions (NOVS=1: the job runs xfer on plain kernel TCP, vmA2's
+# servers without the library), under the same load, migrated BENCH_MOVES
+# times between the hosts (A, B, A, ...); per migration QMP's query-migrate
+# (total time, downtime, setup time, MiB transferred) and, with vSocket, how
+# long after `cont` both connection ends were accelerated again where the
+# VM runs now. Every byte still checked by xfer. Results (JSON) in
+# BENCH_OUT.
+case_bench_migration() {
+  local t0=$SECONDS case=bench_migration mode i from to host tap t1 ready out
+  : > "$WORK/bench.jsonl"
+  for mode in ${BENCH_MODES:-vsocket kernel}; do
+    export NOVS=0
+    [ "$mode" = kernel ] && NOVS=1
+    stop_all
+    rm -f "$WORK"/*.console "$WORK"/*.qmp "$WORK"/*.qemu.log "$WORK"/*.out "$WORK"/*.jsonl.tmp "$WORK/peer.jsonl"
+    out=$(bed_up) || { fail $case "$mode: $out"; return; }
+    start_qemu m0 hostA vsmtq0 || { fail $case "no tap on hostA"; return; }
+    wait_for 120 console_has m0 "mig: load started" || { fail $case "$mode: the guest never started its load"; return; }
+    wait_for 60 console_has m0 "mig: tick 12" || { fail $case "$mode: the guest does not tick"; return; }
+    if [ "$mode" = vsocket ]; then
+      wait_for 60 steady hostA || { fail $case "not accelerated on hostA"; return; }
+    else
+      sleep 3
+    fi
+    from=m0
+    for ((i = 1; i <= ${BENCH_MOVES:-4}; i++)); do
+      if [ $((i % 2)) = 1 ]; then host=hostB; else host=hostA; fi
+      to=m$i tap=vsmtq$i
+      FROM_PID=${QEMU_PIDS[-1]}
+      migrate $case "$from" "$to" "$host" "$tap" || return
+      t1=$(date +%s.%N)
+      ready=null
+      if [ "$mode" = vsocket ]; then
+        local via=same-host
+        [ "$host" = hostB ] && via=hostA
+        wait_for 30 vias_are "$host" "$via" 2 || { fail $case "move $i: not accelerated again on $host"; return; }
+        ready=$(python3 -c "import sys, time; print(round(time.time() - float(sys.argv[1]), 2))" "$t1")
+        sleep 2  # (running on the rings again before the next move)
+      else
+        sleep 3
+      fi
+      python3 -c '
+import json, sys
+m = json.loads(sys.argv[1]); r = m.get("ram", {})
+print(json.dumps({"mode": sys.argv[2], "move": int(sys.argv[3]), "to": sys.argv[4], "total_ms": m.get("total-time"),
+  "downtime_ms": m.get("downtime"), "setup_ms": m.get("setup-time"), "transferred_mib": round(r.get("transferred", 0) / 2**20, 1),
+  "dirty_sync_rounds": r.get("dirty-sync-count"), "accelerated_again_s": json.loads(sys.argv[5])}))' \
+        "$MIG" "$mode" "$i" "$host" "$ready" >> "$WORK/bench.jsonl"
+      echo "  $mode move $i to $host: $MIG_FIGURES${ready:+, accelerated again $ready s after cont}"
+      from=$to
+    done
+    local xfers=2
+    [ "$mode" = vsocket ] || xfers=2
+    job_checks_bench "$case" "$from" || return
+  done
+  python3 - "$WORK/bench.jsonl" "${BENCH_OUT:-$WORK/bench.json}" "$RAM_MB" "${BENCH_MOVES:-4}" <<'PY' || { fail $case "no result"; return; }
+import json, statistics, sys, time
+rows = [json.loads(l) for l in open(sys.argv[1])]
+def med(mode, k):
+    v = [r[k] for r in rows if r["mode"] == mode and r[k] is not None]
+    return {"median": statistics.median(v), "min": min(v), "max": max(v)} if v else None
+out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "ram_mib": int(sys.argv[3]), "moves": int(sys.argv[4]),
+       "rows": rows,
+       "summary": {m: {k: med(m, k) for k in ("total_ms", "downtime_ms", "setup_ms", "transferred_mib", "accelerated_again_s")}
+                   for m in ("vsocket", "kernel")}}
+json.dump(out, open(sys.argv[2], "w"), indent=1)
+for m in ("vsocket", "kernel"):
+    s = out["summary"][m]
+    print("  %s: total %s ms, downtime %s ms, setup %s ms, %s MiB (medians of %d)" % (m, s["total_ms"]["median"], s["downtime_ms"]["median"], s["setup_ms"]["median"], s["transferred_mib"]["median"], out["moves"]))
+PY
+  stop_all
+  pass $case $((SECONDS - t0))
+}
+# job_checks_bench CASE NAME: the job ends and every byte was verified at
+# both ends (the reports of a VM without vSocket are empty).
+job_checks_bench() {
+  local case=$1 name=$2 p
+  wait_for 200 console_has "$name" "^mig: job done" || { fail "$case" "the guest's job did not end within 200 s"; return 1; }
+  for p in "${SERVER_PIDS[@]}"; do wait "$p" || { fail "$case" "an xfer server in $PEER failed"; return 1; }; done
+  SERVER_PIDS=()
+  [ "$(grep -c "^mig: .*: xfer client: 1/1 connections verified" "$WORK/$name.console")" = 2 ] &&
+    grep -q "1/1 connections verified" "$WORK/server5301.out" && grep -q "1/1 connections verified" "$WORK/server5302.out" ||
+    { fail "$case" "a transfer failed: $(grep -E "^mig: (stream|rr)" "$WORK/$name.console" | head -4 | tr '\n' ';')"; return 1; }
 }
 
 make_initrd
