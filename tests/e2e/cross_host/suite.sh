@@ -143,9 +143,14 @@ run_xfer() {
     return 1
   fi
   # XFER_CHECK: how strictly to judge acceleration (default: every end).
+  # Each end counts every byte once, both ways (across a RESYNC too): the
+  # stream and its 16 B header, and the answer unless --one-way.
+  local sum=$((2 * bytes + 16))
+  [[ " $* " == *" --one-way "* ]] && sum=$((bytes + 16))
   # shellcheck disable=SC2086
   if ! XFER_MSG=$(python3 $CHECK "$rep" --port "$port" --expect-conns $((2 * conns)) \
-      ${XFER_CHECK:---mode accelerated --reason accelerated --accel-min 1} --exact-total $((bytes + 16))); then
+      ${XFER_CHECK:---mode accelerated --reason accelerated --accel-min 1} --exact-total $((bytes + 16)) \
+      --exact-sum $sum); then
     XFER_MSG="$XFER_MSG$rows"
     return 1
   fi
