@@ -127,9 +127,11 @@ fi
 # VM mode (issue 35): real QEMU TCG guests attached to vsocketd; the
 # in-guest agent opens a session and serves processes, an unmodified
 # program's connections inside a guest are accelerated (and survive a
-# process killed mid-way), a foreign driver breaks only its device, a
-# killed QEMU leaves vsocketd serving the port (tests/vm/vm_mode.sh, about
-# 90 s; needs root).
+# process killed mid-way, vsocketd killed or restarted), a foreign driver
+# breaks only its device, a killed QEMU leaves vsocketd serving the port,
+# VM to VM and VM to container (tests/vm/vm_mode.sh, about 4 minutes;
+# needs root). (//guest/agent:libvsocket-vm.so is a name of
+# //guest:libvsocket.so kept for the migration scripts: decision 108.)
 if bazel build //host-backend:vsocketd //host-backend:vsocketctl //guest/agent:vsocket-guestd //guest/agent:vsocket-agent-probe \
     //guest/agent:libvsocket-vm.so //guest:libvsocket.so //tests/e2e:xfer //tests/integration:echo_client \
     >"$LOGDIR/vm-build.log" 2>&1; then
