@@ -521,8 +521,23 @@ job_checks_bench() {
 }
 
 make_initrd
+# A case whose guest's kernel panicked is run once more, saying so: this
+# bed's QEMU migrations (TCG, a tap NIC) corrupt guest memory now and then
+# with or without vSocket attached (about 1 destination in 10 panicked;
+# docs/live-migration.md), a fault of the test bed, not of what the case
+# checks. Any other failure, or a second panic, fails the case.
 for c in "${CASES[@]}"; do
-  if declare -F "case_$c" >/dev/null; then "case_$c"; else echo "FAIL $c: no such case"; failed=$((failed + 1)); fi
+  if ! declare -F "case_$c" >/dev/null; then echo "FAIL $c: no such case"; failed=$((failed + 1)); continue; fi
+  f0=$failed
+  "case_$c" >"$WORK/case.out" 2>&1
+  if [ "$failed" -gt "$f0" ] && grep -qs "Kernel panic" "$WORK"/*.console; then
+    echo "RETRY $c: a guest's kernel panicked (the bed's migrations, with or without vSocket); its first try:"
+    sed 's/^/  | /' "$WORK/case.out"
+    failed=$f0
+    "case_$c"
+  else
+    cat "$WORK/case.out"
+  fi
 done
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
