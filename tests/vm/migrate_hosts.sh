@@ -99,7 +99,7 @@ stop_all() {
   QEMU_PIDS=() SERVER_PIDS=()
   $TB down >/dev/null 2>&1
 }
-cleanup() { stop_all; rm -rf "$WORK"; }
+cleanup() { stop_all; rm -rf "$WORK" "$WORK.case"; }
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
@@ -526,18 +526,20 @@ make_initrd
 # with or without vSocket attached (about 1 destination in 10 panicked;
 # docs/live-migration.md), a fault of the test bed, not of what the case
 # checks. Any other failure, or a second panic, fails the case.
+# (The first try's output waits beside $WORK: a case empties $WORK.)
 for c in "${CASES[@]}"; do
   if ! declare -F "case_$c" >/dev/null; then echo "FAIL $c: no such case"; failed=$((failed + 1)); continue; fi
   f0=$failed
-  "case_$c" >"$WORK/case.out" 2>&1
+  "case_$c" >"$WORK.case" 2>&1
   if [ "$failed" -gt "$f0" ] && grep -qs "Kernel panic" "$WORK"/*.console; then
     echo "RETRY $c: a guest's kernel panicked (the bed's migrations, with or without vSocket); its first try:"
-    sed 's/^/  | /' "$WORK/case.out"
+    sed 's/^/  | /' "$WORK.case"
     failed=$f0
     "case_$c"
   else
-    cat "$WORK/case.out"
+    cat "$WORK.case"
   fi
+  rm -f "$WORK.case"
 done
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
