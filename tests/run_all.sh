@@ -10,7 +10,8 @@
 #      the latter twice: with a locator file, then with the etcd directory;
 #   5. VM mode: QEMU TCG guests attached to vsocketd (tests/vm/vm_mode.sh),
 #      and their live migration between two vsocketds (tests/vm/migrate.sh,
-#      and between the two-host bed's hosts: tests/vm/migrate_hosts.sh);
+#      and, with VSOCKET_VM_MIGRATE_HOSTS=1, between the two-host bed's hosts:
+#      tests/vm/migrate_hosts.sh);
 #   6. the Debian packages: build, install, the demo from the installed files,
 #      purge (tests/packaging/deb_test.sh).
 # Prints one line per step and ends with "N passed, N failed", where N counts
