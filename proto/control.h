@@ -136,7 +136,8 @@ enum class Reason : uint16_t {
 };
 // Numbers are never reused. A new reason of either kind takes the next free
 // number; a library-only one is also listed in IsLibraryOnly, so that the
-// wire refuses it (the library-only 18 and 19 sit below kMaxReason).
+// wire refuses it (the library-only 18 and 19 sit below kMaxReason, 21
+// above it, where kLastReason ends the names).
 inline constexpr uint16_t kMaxReason = 20;   // the largest reason the wire carries
 inline constexpr uint16_t kLastReason = 21;  // the largest there is (library-only above kMaxReason)
 constexpr bool IsLibraryOnly(Reason r) {

@@ -144,8 +144,9 @@ TEST(ControlTest, EnumsOutOfRangeAreRejected) {
   b = MustEncode({MsgType::kDowngrade, 0, Downgrade{1, Reason::kMigration, 5}});
   b[kHeaderSize + 8] = kMaxReason + 1;
   EXPECT_FALSE(Decode(b).ok());
-  // The library-only reasons sit below kMaxReason and are refused all the
-  // same; directory-unavailable, above them, is the wire's (decision 95).
+  // The library-only reasons are refused: 18 and 19 below kMaxReason all
+  // the same, 21 above it; directory-unavailable, 20, is the wire's
+  // (decision 95).
   for (Reason r : {Reason::kRequestResponse, Reason::kUrgentData, Reason::kPeerCorruptedRing}) {
     b[kHeaderSize + 8] = static_cast<uint8_t>(r);
     EXPECT_FALSE(Decode(b).ok()) << ToString(r);
