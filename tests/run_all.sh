@@ -97,7 +97,10 @@ else
 fi
 
 # End-to-end on the same-host test bed (network namespaces, real vsocketd,
-# real applications). Needs root for the namespaces.
+# real applications). Needs root for the namespaces. A failed case's files
+# and the test bed's vsocketd logs are kept in $LOGDIR/failed/CASE
+# (tests/e2e/lib.sh: keep_failure).
+export E2E_FAIL_DIR=$LOGDIR/failed
 if bazel build //host-backend:vsocketd //host-backend:vsocketctl //guest:libvsocket.so //tests/e2e:xfer //tests/socket:all \
     >"$LOGDIR/e2e-build.log" 2>&1; then
   bash tests/e2e/same_host.sh "$(bazel info bazel-bin 2>/dev/null)" >"$LOGDIR/e2e.log" 2>&1

@@ -54,19 +54,21 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   if (want == 0) {
     // As the kernel: a zero-length recv() still waits until the socket is
     // readable (read() of 0 bytes returns at once; the wrapper handles it).
-    if (Readiness(fd, c) < 0) {
+    if (ReadinessRxHeld(fd, c) < 0) {
       ssize_t n = Libc().recv(fd, nullptr, 0, flags);
       return n < 0 ? Result<size_t>(Errno(errno, "recv")) : Result<size_t>(size_t{0});
     }
     if (c.nonblocking.load() || (flags & MSG_DONTWAIT)) {
-      if (Readiness(fd, c) & POLLIN) return size_t{0};
-      if (c.session->TryDrain() && (Readiness(fd, c) & POLLIN)) return size_t{0};
+      if (ReadinessRxHeld(fd, c) & POLLIN) return size_t{0};
+      if (c.session->TryDrain() && (ReadinessRxHeld(fd, c) & POLLIN)) return size_t{0};
       return Errno(EAGAIN, "no data");
     }
     Status st = WaitUntil(
         c,
-        [&] {
-          int r = Readiness(fd, c);
+        // (Run by WaitUntil on this thread, which holds rx_mu throughout;
+        // the analysis does not follow a lambda's caller.)
+        [&]() NO_THREAD_SAFETY_ANALYSIS {
+          int r = ReadinessRxHeld(fd, c);
           return r < 0 || (r & POLLIN);
         },
         -1, 0, -1, true);
@@ -283,10 +285,18 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
 
 Result<int> Readable(int fd, Conn& c) {
   int kernel = 0;
-  if (Libc().ioctl(fd, FIONREAD, &kernel) != 0) return Errno(errno, "ioctl FIONREAD");
-  if (!c.state.accelerated()) return kernel;
-  if (c.state.resynced() && Readiness(fd, c) < 0) return kernel;
+  if (!c.state.accelerated()) {
+    if (Libc().ioctl(fd, FIONREAD, &kernel) != 0) return Errno(errno, "ioctl FIONREAD");
+    return kernel;
+  }
   if (c.session) c.session->TryDrain();
+  int ready = Readiness(fd, c);  // (consumes protocol bytes ahead on the kernel socket, if it can)
+  if (Libc().ioctl(fd, FIONREAD, &kernel) != 0) return Errno(errno, "ioctl FIONREAD");
+  // None of the application's bytes before the peer's RESYNC header.
+  if (ProtocolAhead(c)) return 0;
+  // Its stream goes on on the kernel socket (a drain or a loss, the ring
+  // read to its end and the header consumed).
+  if (c.state.rx_resync() == RxResync::kKernel || (c.state.resynced() && ready < 0)) return kernel;
   if (!c.state.rx_on_ring()) {
     if (c.peer_fence_known.load()) {
       uint64_t left = c.peer_fence.load() - std::min(c.peer_fence.load(), c.kernel_received.load());

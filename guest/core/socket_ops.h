@@ -27,10 +27,22 @@ Status ShutdownSetupHeld(int fd, Conn& c, int how) REQUIRES(c.setup_mu);
 Result<int> Readable(int fd, Conn& c);
 
 // Readiness of an upgraded connection as poll bits, or -1 when the kernel
-// socket still decides (not upgraded).
-int Readiness(int fd, Conn& c);
+// socket still decides (not upgraded). Readable means bytes of the
+// application's stream (or its EOF), as the kernel's own socket means it:
+// protocol bytes ahead of them on the kernel socket (the peer's RESYNC
+// header after a loss or a drain, bytes our ring gave already) are consumed
+// here when no reader is inside, and never make it readable. A readable
+// socket whose read says EAGAIN is what the kernel never does, and what
+// wrk counts as a read error (the drain of one side, 2026-11-29).
+int Readiness(int fd, Conn& c) EXCLUDES(c.rx_mu);
+// The same, for a receiver that holds c.rx_mu.
+int ReadinessRxHeld(int fd, Conn& c) REQUIRES(c.rx_mu);
+// Whether the kernel socket's next bytes are the protocol's, not the
+// application's (above).
+bool ProtocolAhead(const Conn& c);
 // True while an upgraded connection still reads the kernel stream up to the
-// peer's fence: sleepers must keep the kernel socket in their wait set.
+// peer's fence, or protocol bytes are still to come there: sleepers must
+// keep the kernel socket in their wait set.
 bool KernelFeedsReads(const Conn& c);
 
 }  // namespace vsocket::guest

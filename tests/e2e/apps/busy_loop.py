@@ -26,6 +26,12 @@
   busy_loop.py loop-one-loop ADDR PORT CONNS SECONDS
       the same, the others left open and idle meanwhile, then all CONNS
       from the loop again for 2 x SECONDS (busy, quiet, busy again).
+  busy_loop.py late-then-one ADDR PORT CONNS SECONDS
+      CONNS - 8 connections driven by one epoll loop for SECONDS; 0.5 s
+      in, 8 more opened and driven by a second loop (their first turns come
+      while the process is already busy: both ends register them for the
+      busy loop, not after 16 turns); then all closed but the first late
+      one, driven alone for 2 x SECONDS.
 Each client checks every answer byte for byte and prints a summary.
 """
 import hashlib
@@ -263,6 +269,36 @@ def client_loop_then_one(addr, port, conns, seconds):
           (conns, busy, alone))
 
 
+def client_late_then_one(addr, port, conns, seconds):
+    early = [connect(addr, port) for _ in range(conns - 8)]
+    end = time.monotonic() + seconds
+    made = [0]
+    errors = []
+
+    def run_early():
+        try:
+            made[0] = drive_loop(early, [0] * len(early), lambda n: time.monotonic() >= end, close=False)
+        except BaseException as e:  # (SystemExit too) reported below
+            errors.append(str(e))
+
+    t = threading.Thread(target=run_early)
+    t.start()
+    time.sleep(0.5)
+    late = [connect(addr, port) for _ in range(8)]
+    # (Round trip numbers apart from the early ones': the answer depends on
+    # the request alone.)
+    busy = drive_loop(late, [10 ** 6] * 8, lambda n: time.monotonic() >= end, close=False)
+    t.join(120)
+    if errors or t.is_alive():
+        raise SystemExit("early connections: " + ("; ".join(errors) or "hung"))
+    for c in early + late[1:]:
+        c.close()
+    end = time.monotonic() + 2 * seconds
+    alone = drive_loop(late[:1], [2 * 10 ** 6], lambda n: time.monotonic() >= end)
+    print("%d connections (8 late): %d round trips from two busy loops, then %d on one late connection alone, "
+          "byte-exact" % (conns, made[0] + busy, alone))
+
+
 def client_loop_one_loop(addr, port, conns, seconds):
     socks = [connect(addr, port) for _ in range(conns)]
     made = [0] * conns
@@ -291,6 +327,8 @@ def main():
         client_threads_then_loop(addr, port, conns, float(sys.argv[5]))
     elif mode == "loop-then-one":
         client_loop_then_one(addr, port, conns, float(sys.argv[5]))
+    elif mode == "late-then-one":
+        client_late_then_one(addr, port, conns, float(sys.argv[5]))
     elif mode == "loop-one-loop":
         client_loop_one_loop(addr, port, conns, float(sys.argv[5]))
     else:
