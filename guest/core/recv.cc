@@ -240,7 +240,9 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       c.rx_head.store(head, std::memory_order_release);
       c.accel_rx.fetch_add(n, std::memory_order_relaxed);
       if (BusyLoop* loop = ActiveBusyLoop()) c.stream.NoteRingIo(StreamDetector::Dir::kIn, loop);
-      c.session->NoteConsumed(n, size);
+      // (A direct pair's peer reads our count from the pair's memory:
+      // vsocketd has nothing to learn, and a kick would wake it for nothing.)
+      if (!c.direct) c.session->NoteConsumed(n, size);
       got += n;
       // Return credit in quarters of the ring, and whenever we caught up, so
       // a sender waiting for space always hears of it. With the doorbell,

@@ -115,7 +115,7 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       c.state.Apply(ConnEvent::kFail, Reason::kBackendUnavailable);
       return sent ? Result<size_t>(sent) : Errno(ECONNRESET, "connection reset");
     }
-    c.session->NoteProduced();
+    if (!c.direct) c.session->NoteProduced();  // (a direct pair's count is in the pair's memory, not vsocketd's)
     c.accel_tx.fetch_add(n, std::memory_order_relaxed);
     if (BusyLoop* loop = ActiveBusyLoop()) c.stream.NoteRingIo(StreamDetector::Dir::kOut, loop);
     sent += n;
