@@ -331,6 +331,14 @@ class TwoHostBed(Bed):
 # ---- tool output ------------------------------------------------------------------
 
 
+# sockperf's ping-pong keeps a table of its round trips as large as its
+# default rate cap allows (about 1.8 M in a 2 s run); a direct pair's 0.5 us
+# round trips fill it, and sockperf stops with "_seqN > m_maxSequenceNo"
+# and no percentiles. A cap of 10 M messages a second paces nothing either
+# path reaches here.
+SOCKPERF_PP_CAP = {"pp": ["--mps", "10000000"]}
+
+
 def parse_sockperf(out):
     """Latency (one way, µs) percentiles or message rate from sockperf's
     summary."""
@@ -348,6 +356,9 @@ def parse_sockperf(out):
     m = re.search(r"SentMessages=([0-9]+)", out)
     if m:
         res["messages"] = int(m.group(1))
+    m = re.search(r"ERROR: (.*)", out)
+    if m:
+        res["errors"] = m.group(1)[:200]
     return res
 
 

@@ -117,7 +117,8 @@ def sockperf(bed, accel, mode, size, seconds, port, env=None, place=None):
             pin(srv.child(), place[1])
         probe = FabricProbe(bed)
         cli = bed.start(CLIENT_VM, accel, ["sockperf", mode, "--tcp", "-i", bed.server_addr, "-p", str(port),
-                                           "-t", str(seconds), "-m", str(size)], seconds + 20, extra_env=env)
+                                           "-t", str(seconds), "-m", str(size)] + bl.SOCKPERF_PP_CAP.get(mode, []),
+                        seconds + 20, extra_env=env)
         if place:
             pin(cli.child(), place[0])  # (sockperf's first ~0.4 s is warm-up, not measured)
         cli.finish()

@@ -45,8 +45,8 @@ import subprocess
 import tempfile
 import time
 
-from benchlib import (DEFAULT_BIN, ROOT, Bed, cpu_ticks, find_bin, machine, median_range, paired_ratio, parse_iperf,
-                      parse_sockperf, plot_histogram, ratio_text, rep_values, save_results)
+from benchlib import (DEFAULT_BIN, ROOT, SOCKPERF_PP_CAP, Bed, cpu_ticks, find_bin, machine, median_range, paired_ratio,
+                      parse_iperf, parse_sockperf, plot_histogram, ratio_text, rep_values, save_results)
 
 CLIENT_VM, SERVER_VM = "vm1", "vm2"
 
@@ -58,7 +58,8 @@ def sockperf(bed, accel, mode, size, seconds, port):
         bed.wait_listening(bed.server_vm, port)
         server = [srv.child()]
         client = bed.start(bed.client_vm, accel, ["sockperf", mode, "--tcp", "-i", bed.server_addr, "-p", str(port),
-                                              "-t", str(seconds), "-m", str(size)], seconds + 60)
+                                              "-t", str(seconds), "-m", str(size)] + SOCKPERF_PP_CAP.get(mode, []),
+                           seconds + 60)
         time.sleep(0.3)
         client_pids = [client.child()]
         daemon = list(bed.daemons.values())
@@ -511,9 +512,10 @@ def main():
 
     # (metric, value of one repetition, do-no-harm goal as a ratio, "<=" or ">=")
     rows = [
-        ("RTT p50, 16 B (us)", lambda R: 2 * R["pingpong_16"].get("p50", 0), 1.0, "<="),
-        ("RTT p99, 16 B (us)", lambda R: 2 * R["pingpong_16"].get("p99", 0), 1.2, "<="),
-        ("RTT p99.9, 16 B (us)", lambda R: 2 * R["pingpong_16"].get("p99.9", 0), None, ""),
+        # (A run sockperf did not finish has no percentiles: no value, not 0.)
+        ("RTT p50, 16 B (us)", lambda R: 2 * R["pingpong_16"]["p50"], 1.0, "<="),
+        ("RTT p99, 16 B (us)", lambda R: 2 * R["pingpong_16"]["p99"], 1.2, "<="),
+        ("RTT p99.9, 16 B (us)", lambda R: 2 * R["pingpong_16"]["p99.9"], None, ""),
         ("message rate, 16 B (msg/s)", lambda R: R["rate_16"].get("msg_per_s", 0), 1.0, ">="),
         ("message rate, 1 KiB (msg/s)", lambda R: R["rate_1k"].get("msg_per_s", 0), 1.0, ">="),
         ("bandwidth, 64 KiB writes (Gbit/s)", lambda R: R["bandwidth_64k"].get("gbit_per_s", 0), 1.0, ">="),

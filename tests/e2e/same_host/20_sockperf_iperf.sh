@@ -9,7 +9,8 @@ case_sockperf() { # case_sockperf NAME MODE [sockperf args]
 }
 
 # nap_kicks_pingpong judges the daemon's naps and kicks during
-# sockperf_pingpong_16B (NAPS0, KICKS0: before it).
+# sockperf_pingpong_16B_through_vsocketd (NAPS0, KICKS0: before it). (The
+# default pair, direct, never wakes vsocketd: direct_quiet_daemon.)
 NAPS0="" KICKS0=""
 case_sockperf_pingpong() {  # case_sockperf's arguments
   NAPS0=$(stat_field naps)
@@ -43,9 +44,11 @@ case_iperf() { # case_iperf NAME [iperf3 args]: every connection accelerated
   fi
 }
 
-register_case sockperf_pingpong_16B case_sockperf_pingpong sockperf_pingpong_16B pp -m 16
+register_case sockperf_pingpong_16B case_sockperf sockperf_pingpong_16B pp -m 16
+register_case sockperf_pingpong_16B_through_vsocketd through_vsocketd case_sockperf_pingpong \
+  sockperf_pingpong_16B_through_vsocketd pp -m 16
 register_case nap_kicks_pingpong case_nap_kicks_pingpong
-case_needs nap_kicks_pingpong sockperf_pingpong_16B
+case_needs nap_kicks_pingpong sockperf_pingpong_16B_through_vsocketd
 register_case sockperf_throughput_1KiB case_sockperf sockperf_throughput_1KiB tp -m 1024
 register_case iperf3_4_streams case_iperf iperf3_4_streams -P 4
 register_case iperf3_reverse_4_streams case_iperf iperf3_reverse_4_streams -P 4 -R
