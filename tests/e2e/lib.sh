@@ -160,6 +160,20 @@ wait_for_text() {
   return 1
 }
 
+# serve_listening NAME VM REPORT CMD...: CMD in VM, preloaded (output in
+# $WORK/NAME.srv, PID in $BG), once it printed a line "listening" (within
+# 30 s). Otherwise it is stopped, the case NAME fails, and this returns 1.
+serve_listening() {
+  local name=$1 vm=$2 report=$3
+  shift 3
+  vm_bg "$vm" preload "$report" "$WORK/$name.srv" "$@"
+  wait_for_text "$WORK/$name.srv" "^listening" 300 && return 0
+  kill "$BG" 2>/dev/null
+  wait "$BG" 2>/dev/null
+  fail $name "the server did not listen within 30 s: $(tail -3 "$WORK/$name.srv" | tr '\n' ' ')"
+  return 1
+}
+
 # wait_listen VM PORT: until a server listens there (bounded: 30 s; a
 # preloaded process can take seconds to start under emulation).
 wait_listen() {

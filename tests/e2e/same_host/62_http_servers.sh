@@ -33,14 +33,8 @@ case_http_server() {
   mkdir -p "$www" "$WORK/$name-got"
   for s in 0 4095 300000 4194304; do head -c $s /dev/urandom >"$www/f$s"; done
   leak_begin
-  vm_bg vm2 preload "$srep" "$WORK/$name.srv" "${cmd[@]}"
+  serve_listening $name vm2 "$srep" "${cmd[@]}" || return
   local srv=$BG
-  if ! wait_for_text "$WORK/$name.srv" "^listening" 300; then
-    kill "$srv" 2>/dev/null
-    wait "$srv" 2>/dev/null
-    fail $name "the server did not listen within 30 s: $(tail -3 "$WORK/$name.srv" | tr '\n' ' ')"
-    return
-  fi
   local bad="" f url=http://$A2:$port
   # Every file byte-exact, on one keep-alive connection (the 4 MiB one
   # streams: registered under auto too).

@@ -19,14 +19,8 @@ case_grpc() {
   $SYS_PY -c "import grpc" 2>/dev/null || { fail $name "python3-grpcio not installed (deploy/install-deps.sh)"; return; }
   port=$(alloc_port)
   leak_begin
-  vm_bg vm2 preload "$srep" "$WORK/$name.srv" "$SYS_PY" "$APPS/grpc_app.py" server "$port"
+  serve_listening $name vm2 "$srep" "$SYS_PY" "$APPS/grpc_app.py" server "$port" || return
   local srv=$BG
-  if ! wait_for_text "$WORK/$name.srv" "^listening" 300; then
-    kill "$srv" 2>/dev/null
-    wait "$srv" 2>/dev/null
-    fail $name "the gRPC server did not listen within 30 s: $(tail -3 "$WORK/$name.srv" | tr '\n' ' ')"
-    return
-  fi
   local bad="" rc sum
   vm_run vm1 preload "$crep" "$SYS_PY" "$APPS/grpc_app.py" client "$A2" "$port" --threads "$threads" --channels "$channels" \
     --unary "$unary" --stream-msgs "$msgs" --stream-size 16384 --seconds 45 >"$WORK/$name.cli" 2>&1

@@ -78,14 +78,8 @@ case_drain_one_side_http() {
   esac
   mkdir -p "$www"
   head -c 4095 /dev/urandom >"$www/f4095"
-  vm_bg vm2 preload "$srep" "$WORK/$name.srv" "${cmd[@]}"
+  serve_listening $name vm2 "$srep" "${cmd[@]}" || return
   local srv=$BG
-  if ! wait_for_text "$WORK/$name.srv" "^listening" 300; then
-    kill "$srv" 2>/dev/null
-    wait "$srv" 2>/dev/null
-    fail $name "the server did not listen within 30 s: $(tail -3 "$WORK/$name.srv" | tr '\n' ' ')"
-    return
-  fi
   local d0 drained
   d0=$(ctl_counter drains_done)
   vm_bg vm1 preload "$crep" "$WORK/$name.wrk" wrk -t 2 -c 32 -d 4 -s "$APPS/wrk_body.lua" "http://$A2:$port/f4095" -- "$www/f4095"
