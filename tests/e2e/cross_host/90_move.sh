@@ -38,7 +38,7 @@ case_move() {
   pids+=("$BG")
   vm_bg vmA1 preload "$WORK/$name.b1.jsonl" "$WORK/$name.b1.cli" "$XFER" client "$B1" $((port + 1)) --conns $conns $rounds
   pids+=("$BG")
-  vm_bg vmA1 preload "$WORK/$name.pp.jsonl" "$WORK/$name.pp.cli" sockperf pp --tcp -i "$A2" -p $((port + 2)) -m 16 -t 40 --mps 10000000
+  vm_bg vmA1 preload "$WORK/$name.pp.jsonl" "$WORK/$name.pp.cli" sockperf pp --tcp -i "$A2" -p $((port + 2)) -m 16 -t 40
   pids+=("$BG")
   local stop="kill ${pids[*]} $ppsrv 2>/dev/null; wait ${pids[*]} $ppsrv 2>/dev/null; bash $TB host vmA1 | grep -q hostA || bash $TB move vmA1 hostA >/dev/null 2>&1"
   for phase in "hostA before" "hostB after the move" "hostA after the move back"; do
