@@ -52,6 +52,18 @@ count_gtest() {
   done < <(find -L bazel-testlogs/ -name test.log -newer "$LOGDIR/stamp" 2>/dev/null)
 }
 
+# tally LOG TAG [KINDS]: a suite's verdict lines (KINDS, by default
+# PASS|FAIL) printed as [TAG] ..., and the "N passed, M failed" of its last
+# line added to the totals (a log without one counts as one failure: the
+# suite died).
+tally() {
+  local log=$1 tag=$2 kinds=${3:-PASS|FAIL} p f
+  grep -E "^($kinds) " "$log" | sed "s/^/[$tag] /"
+  read -r p f < <(tail -1 "$log" | awk '/passed,/ {print $1, $3}')
+  passed=$((passed + ${p:-0}))
+  failed=$((failed + ${f:-1}))
+}
+
 run_bazel_tests() {  # label, bazel args...
   local label=$1
   shift
@@ -104,24 +116,15 @@ export E2E_FAIL_DIR=$LOGDIR/failed
 if bazel build //host-backend:vsocketd //host-backend:vsocketctl //guest:libvsocket.so //tests/e2e:xfer //tests/socket:all \
     >"$LOGDIR/e2e-build.log" 2>&1; then
   bash tests/e2e/same_host.sh "$(bazel info bazel-bin 2>/dev/null)" >"$LOGDIR/e2e.log" 2>&1
-  grep -E "^(PASS|FAIL) " "$LOGDIR/e2e.log" | sed 's/^/[e2e] /'
-  read -r p f < <(tail -1 "$LOGDIR/e2e.log" | awk '/passed,/ {print $1, $3}')
-  passed=$((passed + ${p:-0}))
-  failed=$((failed + ${f:-1}))
+  tally "$LOGDIR/e2e.log" e2e
   # The cross-host suite with a locator file (its etcd group runs in the
   # etcd pass below), then the whole suite again with locator = etcd: no
   # locator file, every pairing placed by the directory (issue 38).
   bash tests/e2e/cross_host.sh -x '^etcd_' "$(bazel info bazel-bin 2>/dev/null)" >"$LOGDIR/e2e2.log" 2>&1
-  grep -E "^(PASS|FAIL) " "$LOGDIR/e2e2.log" | sed 's/^/[e2e-cross-host] /'
-  read -r p f < <(tail -1 "$LOGDIR/e2e2.log" | awk '/passed,/ {print $1, $3}')
-  passed=$((passed + ${p:-0}))
-  failed=$((failed + ${f:-1}))
+  tally "$LOGDIR/e2e2.log" e2e-cross-host
   VSOCKET_TESTBED2_LOCATOR=etcd bash tests/e2e/cross_host.sh "$(bazel info bazel-bin 2>/dev/null)" \
     >"$LOGDIR/e2e2-etcd.log" 2>&1
-  grep -E "^(PASS|FAIL) " "$LOGDIR/e2e2-etcd.log" | sed 's/^/[e2e-cross-host-etcd] /'
-  read -r p f < <(tail -1 "$LOGDIR/e2e2-etcd.log" | awk '/passed,/ {print $1, $3}')
-  passed=$((passed + ${p:-0}))
-  failed=$((failed + ${f:-1}))
+  tally "$LOGDIR/e2e2-etcd.log" e2e-cross-host-etcd
 else
   echo "[e2e] build FAILED"
   tail -30 "$LOGDIR/e2e-build.log"
@@ -140,20 +143,14 @@ if bazel build //host-backend:vsocketd //host-backend:vsocketctl //guest/agent:v
     //guest/agent:libvsocket-vm.so //guest:libvsocket.so //tests/e2e:xfer //tests/integration:echo_client \
     >"$LOGDIR/vm-build.log" 2>&1; then
   bash tests/vm/vm_mode.sh --no-build >"$LOGDIR/vm.log" 2>&1
-  grep -E "^(PASS|FAIL) " "$LOGDIR/vm.log" | sed 's/^/[vm] /'
-  read -r p f < <(tail -1 "$LOGDIR/vm.log" | awk '/passed,/ {print $1, $3}')
-  passed=$((passed + ${p:-0}))
-  failed=$((failed + ${f:-1}))
+  tally "$LOGDIR/vm.log" vm
   # Live migration under load, guest memory compared page by page on
   # both sides; the comparison's negative control (decision 88); every
   # other ending: cancelled, failed on the destination, vsocketd killed on
   # the source, a destination without vsocketd, connections still on the
   # rings at the switchover (decisions 93, 94, 106, 107; about 4 min).
   bash tests/vm/migrate.sh --no-build >"$LOGDIR/vm-migrate.log" 2>&1
-  grep -E "^(PASS|FAIL) " "$LOGDIR/vm-migrate.log" | sed 's/^/[vm] /'
-  read -r p f < <(tail -1 "$LOGDIR/vm-migrate.log" | awk '/passed,/ {print $1, $3}')
-  passed=$((passed + ${p:-0}))
-  failed=$((failed + ${f:-1}))
+  tally "$LOGDIR/vm-migrate.log" vm
   # Between the two hosts of the two-host bed (tcp fabric, file locator),
   # there and back, with a peer that stays on hostA: same-host, kernel TCP
   # while copied, across the fabric, same-host again; and the pairs still on
@@ -165,10 +162,7 @@ if bazel build //host-backend:vsocketd //host-backend:vsocketctl //guest/agent:v
   # fails at random lands nothing. docs/live-migration.md says so.
   if [ "${VSOCKET_VM_MIGRATE_HOSTS:-0}" = 1 ]; then
     bash tests/vm/migrate_hosts.sh --no-build >"$LOGDIR/vm-migrate-hosts.log" 2>&1
-    grep -E "^(PASS|FAIL|RETRY) " "$LOGDIR/vm-migrate-hosts.log" | sed 's/^/[vm] /'
-    read -r p f < <(tail -1 "$LOGDIR/vm-migrate-hosts.log" | awk '/passed,/ {print $1, $3}')
-    passed=$((passed + ${p:-0}))
-    failed=$((failed + ${f:-1}))
+    tally "$LOGDIR/vm-migrate-hosts.log" vm "PASS|FAIL|RETRY"
   else
     echo "[vm] SKIP tests/vm/migrate_hosts.sh (VSOCKET_VM_MIGRATE_HOSTS=1 runs it): the two-host bed's QEMU migrations corrupt guest memory with or without vSocket (docs/live-migration.md)"
   fi
@@ -181,10 +175,7 @@ fi
 # The Debian packages on this machine: build, dpkg -i, the same-host demo
 # from the installed files only, dpkg --purge leaves nothing (needs root).
 bash tests/packaging/deb_test.sh >"$LOGDIR/packaging.log" 2>&1
-grep -E "^(PASS|FAIL) " "$LOGDIR/packaging.log" | sed 's/^/[packaging] /'
-read -r p f < <(tail -1 "$LOGDIR/packaging.log" | awk '/passed,/ {print $1, $3}')
-passed=$((passed + ${p:-0}))
-failed=$((failed + ${f:-1}))
+tally "$LOGDIR/packaging.log" packaging
 
 echo "logs: $LOGDIR"
 echo "$passed passed, $failed failed"
