@@ -8,15 +8,6 @@
 
 namespace vsocket::guest {
 
-// Whether reads come from the kernel socket again while the connection is
-// still upgraded: the peer left the rings (a drain) and its ring stream is
-// read (or it never wrote one).
-namespace {
-
-// kRing, and every byte of the peer's ring stream is read (after a loss,
-// or the peer's end of it in a drain): its RESYNC header is the kernel
-// socket's next bytes. (Not after the peer's EOF on the ring, nor if it
-// never switched to the ring: then no header comes.)
 bool RingStreamRead(const Conn& c) {
   if (!(c.state.resynced() || c.state.peer_ring_ended()) || !c.state.ring_final()) return false;
   if (!c.peer_fence_known.load(std::memory_order_acquire) || c.peer_shut_wr.load(std::memory_order_acquire)) return false;
@@ -25,8 +16,9 @@ bool RingStreamRead(const Conn& c) {
   return tail == c.rx_head.load() && tail == c.resync_landed.load(std::memory_order_relaxed);
 }
 
-}  // namespace
-
+// Whether reads come from the kernel socket again while the connection is
+// still upgraded: the peer left the rings (a drain) and its ring stream is
+// read (or it never wrote one).
 bool RxLeftRing(const Conn& c) {
   if (c.state.rx_resync() != RxResync::kRing) return true;
   if (!c.state.peer_ring_ended()) return false;

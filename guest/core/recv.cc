@@ -262,12 +262,11 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     // Every byte that landed before the link loss, or that the peer wrote
     // before it left the rings (a drain: whether or not our own TX has left
     // them yet), is delivered: the rest follows the peer's RESYNC header on
-    // the kernel stream. (Compared with the landed count, not just read
-    // again: an RX_TAIL and the loss dispatched by another thread since
-    // `tail` was read must not skip the bytes it brought.)
-    if ((c.state.resynced() || c.state.peer_ring_ended()) && c.state.ring_final() &&
-        tail == c.resync_landed.load(std::memory_order_relaxed) && c.state.AdvanceRxResync(RxResync::kHeader))
-      continue;
+    // the kernel stream. (RingStreamRead compares the landed count with the
+    // tail and head as they are now: an RX_TAIL and the loss dispatched by
+    // another thread since `tail` was read must not skip the bytes it
+    // brought.)
+    if (RingStreamRead(c) && c.state.AdvanceRxResync(RxResync::kHeader)) continue;
     if (got && !waitall) return got;
     if (c.session->TryDrain()) continue;
     if (c.shut_rd.load()) return got;

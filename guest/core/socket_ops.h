@@ -40,6 +40,12 @@ int ReadinessRxHeld(int fd, Conn& c) REQUIRES(c.rx_mu);
 // Whether the kernel socket's next bytes are the protocol's, not the
 // application's (above).
 bool ProtocolAhead(const Conn& c);
+// With RX at RxResync::kRing (the callers check): every byte of the peer's ring
+// stream read (after a loss, or up to the peer's end of it in a drain): its
+// RESYNC header is the kernel socket's next bytes. (Not after the peer's EOF
+// on the ring, nor if it never switched to the ring: then no header comes.)
+// Recv and Readiness both go on to the header on this.
+bool RingStreamRead(const Conn& c);
 // True while an upgraded connection still reads the kernel stream up to the
 // peer's fence, or protocol bytes are still to come there: sleepers must
 // keep the kernel socket in their wait set.
