@@ -25,6 +25,7 @@ UNIT_TARGETS=(//base/... //proto/... //vhost/... //guest/... //host-backend/fabr
 . tests/fuzz_targets.sh  # FUZZ_TARGETS
 passed=0
 failed=0
+failures=()  # what failed, named again just above the last line
 LOGDIR=$(mktemp -d /tmp/vsocket-tests-XXXXXX)
 
 # Adds the GoogleTest case counts of every test.log under bazel-testlogs.
@@ -59,7 +60,9 @@ count_gtest() {
 tally() {
   local log=$1 tag=$2 kinds=${3:-PASS|FAIL} p f
   grep -E "^($kinds) " "$log" | sed "s/^/[$tag] /"
+  while read -r name; do failures+=("[$tag] $name"); done < <(grep -E '^FAIL ' "$log" | awk '{print $2}')
   read -r p f < <(tail -1 "$log" | awk '/passed,/ {print $1, $3}')
+  [ -n "${f:-}" ] || failures+=("[$tag] no summary: the suite died (see $log)")
   passed=$((passed + ${p:-0}))
   failed=$((failed + ${f:-1}))
 }
@@ -74,6 +77,8 @@ run_bazel_tests() {  # label, bazel args...
   else
     echo "[$label] bazel test: FAILED (see below)"
     grep -E "FAILED|NO STATUS|TIMEOUT|ERROR" "$LOGDIR/$label.log" | head -20
+    while read -r t; do failures+=("[$label] $t"); done \
+      < <(grep -E "^//.* (FAILED|NO STATUS|TIMEOUT)" "$LOGDIR/$label.log" | awk '{print $1}')
     if ! grep -q "Executed" "$LOGDIR/$label.log"; then
       tail -30 "$LOGDIR/$label.log"
       failed=$((failed + 1))
@@ -98,12 +103,14 @@ if bazel build --config=fuzz "${FUZZ_TARGETS[@]%:*}" >"$LOGDIR/fuzz-build.log" 2
       passed=$((passed + 1))
     else
       echo "[fuzz] $target: CRASH"
+      failures+=("[fuzz] $target")
       tail -30 "$LOGDIR/fuzz-$(basename "$bin").log"
       failed=$((failed + 1))
     fi
   done
 else
   echo "[fuzz] build FAILED"
+  failures+=("[fuzz] build")
   tail -30 "$LOGDIR/fuzz-build.log"
   failed=$((failed + 1))
 fi
@@ -127,6 +134,7 @@ if bazel build //host-backend:vsocketd //host-backend:vsocketctl //guest:libvsoc
   tally "$LOGDIR/e2e2-etcd.log" e2e-cross-host-etcd
 else
   echo "[e2e] build FAILED"
+  failures+=("[e2e] build")
   tail -30 "$LOGDIR/e2e-build.log"
   failed=$((failed + 1))
 fi
@@ -168,6 +176,7 @@ if bazel build //host-backend:vsocketd //host-backend:vsocketctl //guest/agent:v
   fi
 else
   echo "[vm] build FAILED"
+  failures+=("[vm] build")
   tail -30 "$LOGDIR/vm-build.log"
   failed=$((failed + 1))
 fi
@@ -177,6 +186,9 @@ fi
 bash tests/packaging/deb_test.sh >"$LOGDIR/packaging.log" 2>&1
 tally "$LOGDIR/packaging.log" packaging
 
+# What failed, once more where a reader of the last lines alone sees it
+# (CI shows only the tail of this output).
+for f in "${failures[@]}"; do echo "failed: $f"; done
 echo "logs: $LOGDIR"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
