@@ -31,16 +31,21 @@ fail() {
 # keep_failure NAME: with E2E_FAIL_DIR set (tests/run_all.sh sets it to its
 # logs directory), what a failed case leaves for the one who reads the log
 # later: its files in WORK (reports, servers' and tools' output: the names
-# that start with NAME, each up to 16 MiB) and the last 3,000 lines of each
-# vsocketd log of the test bed, in E2E_FAIL_DIR/NAME/. A flaky failure in CI
-# is otherwise gone with the scratch directory.
+# that start with NAME, each up to 16 MiB, gzipped if larger) and the last
+# 3,000 lines of each vsocketd log of the test bed, in E2E_FAIL_DIR/NAME/. A
+# flaky failure in CI is otherwise gone with the scratch directory.
 keep_failure() {
   [ -n "${E2E_FAIL_DIR:-}" ] && [ -n "$1" ] || return 0
   local dir=$E2E_FAIL_DIR/$1 f
   mkdir -p "$dir" || return 0
   for f in "$WORK/$1".* "$WORK/$1"-*; do
     [ -f "$f" ] || continue
-    [ "$(stat -c %s "$f" 2>/dev/null || echo 0)" -le 16777216 ] && cp "$f" "$dir/" 2>/dev/null
+    if [ "$(stat -c %s "$f" 2>/dev/null || echo 0)" -le 16777216 ]; then
+      cp "$f" "$dir/" 2>/dev/null
+    else  # (a report of thousands of connections: compressed, if that fits)
+      gzip -c "$f" 2>/dev/null | head -c 16777217 >"$dir/${f##*/}.gz"
+      [ "$(stat -c %s "$dir/${f##*/}.gz")" -le 16777216 ] || rm -f "$dir/${f##*/}.gz"
+    fi
   done
   local log n=0
   for log in "${VSOCKET_TESTBED_DIR:-/run/vsocket-testbed}/vsocketd.log" "${VSOCKET_TESTBED2_DIR:-/run/vsocket-testbed2}"/*/vsocketd.log; do

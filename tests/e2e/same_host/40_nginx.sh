@@ -109,9 +109,14 @@ case_nginx_close() {
   # last byte of a response it counted, before nginx's FIN: 13.5% of the
   # server's here with the library disabled, 1,765/12,942 and 1,741/12,952;
   # under the default policy most connections are kernel TCP's. Accelerated,
-  # the FIN follows the ring's end: ~1%.)
+  # the FIN follows the ring's end: ~1%.) Under the default policy every
+  # connection here stays on kernel TCP, unregistered (request-response),
+  # and the race is the kernel's own with the library's timing in both
+  # processes (wrk's epoll and reads through it): wrk closed first for 21% of
+  # the server's alone, 33% in a full run (2026-11-30). Half would be a
+  # library that sends the client's FIN first.
   local share=10
-  [ "$policy" = auto ] && share=4
+  [ "$policy" = auto ] && share=2
   if [ "$tws" -lt 100 ] || [ $((twc * share)) -gt "$tws" ]; then
     fail $name "TIME_WAIT: client +$twc, server +$tws (the server closed first: it should hold them)"
     return

@@ -96,8 +96,12 @@ case_daemon_restart_grpc() {  # case_daemon_restart_grpc POLICY
   vm_bg vm2 preload "$srep" "$WORK/$name.srv" "$SYS_PY" "$APPS/grpc_app.py" server "$port"
   local srv=$BG
   wait_for_text "$WORK/$name.srv" "^listening" 300 || { fail $name "the gRPC server did not listen"; kill $srv 2>/dev/null; return; }
+  # What is judged is every RPC before, across and after the restart (1-2 s
+  # in): none failed or answered wrong, and most of the run came after it.
+  # How many of the 1,200 channels 40 s hold depends on the machine: all
+  # alone, 1,010 and 1,025 in a full run on 2026-11-30 (both policies).
   vm_bg vm1 preload "$crep" "$WORK/$name.cli" "$SYS_PY" "$APPS/grpc_app.py" client "$A2" "$port" --threads 8 \
-    --channels 150 --unary 3 --stream-msgs 20 --stream-size 16384 --seconds 40
+    --channels 150 --unary 3 --stream-msgs 20 --stream-size 16384 --seconds 40 --min-channels 600
   local cli=$BG
   sleep "1.$((RANDOM % 10))"
   bash $TB restart KILL >"$WORK/$name.restart" 2>&1 || { fail $name "restart failed"; kill $cli $srv 2>/dev/null; return; }
