@@ -1,10 +1,16 @@
 #include "guest/core/cpu_share.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
+
+#include "base/clock.h"
+#include "guest/sys/libc.h"
 
 namespace vsocket::guest {
 
@@ -46,6 +52,32 @@ CpuShare BackendCpuShare(int fd) {
       sched_getaffinity(0, sizeof(mine), &mine) != 0)
     return CpuShare{};
   return DecideCpuShare(mine, backend);
+}
+
+int LoadavgRunning(const char* line) {
+  double l1, l5, l15;
+  int running, total;
+  if (std::sscanf(line, "%lf %lf %lf %d/%d", &l1, &l5, &l15, &running, &total) != 5) return -1;
+  return running;
+}
+
+bool IdleCpuNow() {
+  static const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  thread_local int64_t read_at = 0;
+  thread_local bool idle = false;
+  int64_t now = MonotonicNs();
+  if (read_at != 0 && now - read_at < kIdleCpuRefreshNs) return idle;
+  read_at = now;
+  idle = false;
+  int fd = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return idle;
+  char buf[128];
+  ssize_t n = Libc().read(fd, buf, sizeof(buf) - 1);
+  Libc().close(fd);
+  if (n <= 0) return idle;
+  buf[n] = '\0';
+  idle = IdleCpuFrom(LoadavgRunning(buf), cpus);
+  return idle;
 }
 
 }  // namespace vsocket::guest

@@ -14,6 +14,8 @@
 #include <sched.h>
 #include <sys/types.h>
 
+#include <cstdint>
+
 namespace vsocket::guest {
 
 // Fewer CPUs than this, all shared with the backend: sleep at once. With 4
@@ -33,6 +35,19 @@ CpuShare DecideCpuShare(const cpu_set_t& mine, const cpu_set_t& backend);
 // The CPUs process `pid` may run on: the union over its threads (false if
 // none could be read: the process is not visible from here).
 bool ProcessCpus(pid_t pid, cpu_set_t* out);
+
+// Whether a CPU is idle now: the machine's runnable threads, the caller
+// among them, are no more than its online CPUs (/proc/loadavg's running
+// count, read at most once every kIdleCpuRefreshNs per thread; false if it
+// cannot be read). A waiter for a direct pair's peer polls only then where
+// the CPUs are few (wait.h: PollBudgetNs, decision 113).
+bool IdleCpuNow();
+inline constexpr int64_t kIdleCpuRefreshNs = 2'000'000;
+// The rule from its two numbers.
+inline bool IdleCpuFrom(int running, int cpus) { return running > 0 && cpus > 0 && running <= cpus; }
+// The running count of a /proc/loadavg line ("0.52 0.58 0.59 2/458 1234"),
+// or -1.
+int LoadavgRunning(const char* line);
 
 // The backend at the other end of the unix socket `fd` (SO_PEERCRED) and
 // this thread: the decision (sleep_at_once false when the backend is not

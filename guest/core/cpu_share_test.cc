@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <initializer_list>
 
 namespace vsocket::guest {
@@ -65,6 +66,32 @@ TEST(CpuShare, PeerOfAUnixSocket) {
   close(sv[1]);
   // Not a unix socket: no peer, no decision.
   EXPECT_FALSE(BackendCpuShare(-1).sleep_at_once);
+}
+
+TEST(CpuShare, IdleCpuWhenRunnableThreadsFitTheCpus) {
+  EXPECT_TRUE(IdleCpuFrom(1, 2));
+  EXPECT_TRUE(IdleCpuFrom(2, 2));  // the caller and its peer, both polling
+  EXPECT_FALSE(IdleCpuFrom(3, 2));
+  EXPECT_FALSE(IdleCpuFrom(-1, 2));  // unreadable
+  EXPECT_FALSE(IdleCpuFrom(1, 0));
+}
+
+TEST(CpuShare, LoadavgRunningCount) {
+  EXPECT_EQ(LoadavgRunning("0.52 0.58 0.59 2/458 1234\n"), 2);
+  EXPECT_EQ(LoadavgRunning("1.00 1.00 1.00 17/3000 99"), 17);
+  EXPECT_EQ(LoadavgRunning("0.52 0.58 0.59"), -1);
+  EXPECT_EQ(LoadavgRunning(""), -1);
+  EXPECT_EQ(LoadavgRunning("garbage"), -1);
+}
+
+TEST(CpuShare, LoadavgOfThisMachineCountsTheCaller) {
+  // This thread is running: the count read is at least 1.
+  FILE* f = std::fopen("/proc/loadavg", "r");
+  ASSERT_NE(f, nullptr);
+  char line[128] = {};
+  ASSERT_NE(std::fgets(line, sizeof(line), f), nullptr);
+  std::fclose(f);
+  EXPECT_GE(LoadavgRunning(line), 1);
 }
 
 }  // namespace

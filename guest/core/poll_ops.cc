@@ -182,7 +182,9 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
   int64_t deadline = Deadline(timeout_ms);
   WaitRecorder wait;  // started once nothing was ready
   ThreadWaiterScope waiter(session);
-  int64_t spin_until = MonotonicNs() + PollBudgetNs();
+  bool direct = false;
+  for (nfds_t i = 0; i < n; ++i) direct |= conns[i] && conns[i]->direct;
+  int64_t spin_until = MonotonicNs() + PollBudgetNs(direct);
   std::vector<pollfd> kfds(fds, fds + n);
   std::vector<bool> emulated(n, false);
   int64_t slept_from = 0, slept_until = 0;  // the last sleep (NoteLateWakeup)

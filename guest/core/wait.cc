@@ -12,6 +12,7 @@
 #include "base/log.h"
 #include "base/own_fd.h"
 #include "guest/core/config.h"
+#include "guest/core/cpu_share.h"
 #include "guest/core/errors.h"
 #include "guest/core/session.h"
 #include "guest/sys/libc.h"
@@ -40,7 +41,10 @@ AdaptivePoll& ThreadPoll() {
   return p;
 }
 
-int64_t PollBudgetNs() { return Session::SleepAtOnce() ? 0 : ThreadPoll().budget_ns(); }
+int64_t PollBudgetNs(bool direct) {
+  if (!Session::SleepAtOnce() || (direct && IdleCpuNow())) return ThreadPoll().budget_ns();
+  return 0;
+}
 
 WaitRecorder::~WaitRecorder() {
   if (start_ != 0) ThreadPoll().Record(MonotonicNs() - start_);
@@ -50,8 +54,8 @@ int64_t WaitRecorder::Waiting(bool direct) {
   if (start_ == 0) start_ = MonotonicNs();
   // A direct pair's peer writes our ring itself (decision 97): vsocketd
   // is not the one that must run for the answer to come, so its share of
-  // the CPUs says nothing against polling for it.
-  return start_ + (direct ? ThreadPoll().budget_ns() : PollBudgetNs());
+  // the CPUs says nothing against polling for it while a CPU is idle.
+  return start_ + PollBudgetNs(direct);
 }
 
 namespace {

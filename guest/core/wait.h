@@ -44,8 +44,12 @@ int ThreadWaiterFd();
 // from its waits: base/adaptive_poll.h).
 AdaptivePoll& ThreadPoll();
 // How long this thread polls before sleeping now: ThreadPoll()'s budget, or
-// 0 where the backend shares this process's few CPUs (cpu_share.h).
-int64_t PollBudgetNs();
+// 0 where the backend shares this process's few CPUs (cpu_share.h) — unless
+// `direct` (the wait is for a direct pair's peer, which writes our ring
+// itself: decision 97) and a CPU is idle now (cpu_share.h: IdleCpuNow):
+// polling then takes from nobody and saves a sleep and a wake-up
+// (decision 113).
+int64_t PollBudgetNs(bool direct = false);
 // Times one wait for ThreadPoll(): from Waiting() (nothing was ready) to
 // the end of the scope.
 class WaitRecorder {
@@ -56,7 +60,7 @@ class WaitRecorder {
   ~WaitRecorder();
   // Starts the clock (once) and returns the time to poll until.
   // `direct`: for a direct pair's peer (decision 97), which polling can
-  // see without vsocketd.
+  // see without vsocketd (PollBudgetNs).
   int64_t Waiting(bool direct = false);
 
  private:

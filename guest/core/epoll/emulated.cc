@@ -112,6 +112,12 @@ bool HasUnprobed(const EpSet& set) {
   return false;
 }
 
+bool HasDirect(const EpSet& set) {
+  for (const auto& [fd, e] : set.entries)
+    if (e.conn && !e.in_kernel && e.conn->direct) return true;
+  return false;
+}
+
 bool KernelAlone(const EpSet& set) {
   if (set.session != nullptr) return false;
   for (const auto& [fd, e] : set.entries)

@@ -27,6 +27,9 @@ int Collect(EpSet& set, epoll_event* out, int max, int64_t slept_from = 0, int64
 // Requires set.mu. Whether a connection in the set is not registered yet
 // (another thread may register and upgrade it while we sleep).
 bool HasUnprobed(const EpSet& set) REQUIRES(set.mu);
+// Requires set.mu. Whether a connection the set emulates is a direct pair's
+// end (its waits may poll: PollBudgetNs).
+bool HasDirect(const EpSet& set) REQUIRES(set.mu);
 // Requires set.mu. Whether the kernel alone answers for the set: no session
 // hooked, and every connection in it on kernel TCP for now: for good, or
 // held by the upgrade policy (such a connection registers only at its own

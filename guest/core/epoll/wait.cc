@@ -109,7 +109,12 @@ int WaitKernelAlone(int epfd, EpSet& set, epoll_event* events, int max, const Ep
 int WaitEmulated(int epfd, EpSet* set, epoll_event* events, int max, const EpTimeout& t, int64_t deadline,
                  const sigset_t* sigmask) {
   WaitRecorder wait;  // started once nothing was ready
-  int64_t spin_until = MonotonicNs() + PollBudgetNs();
+  bool direct;
+  {
+    MutexLock lock(set->mu);
+    direct = HasDirect(*set);
+  }
+  int64_t spin_until = MonotonicNs() + PollBudgetNs(direct);
   std::vector<epoll_event> kernel(static_cast<size_t>(max));
   int64_t slept_from = 0, slept_until = 0;  // the last sleep (NoteLateWakeup)
   for (uint32_t iter = 0;; ++iter) {
