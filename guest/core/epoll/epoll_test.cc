@@ -3,6 +3,7 @@
 // marker events never reaching the application, and a ring event waking a
 // sleeping wait, through the fake transport (vsocketd's side in the test).
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <stdlib.h>
@@ -238,6 +239,56 @@ TEST(EpollEmulated, ARingEventWakesASleepingWaitWithTheApplicationsData) {
     EXPECT_EQ(got.events, uint32_t{EPOLLIN});
     s->Untrack(11);
     CloseSet(ep);
+  }
+  Session::DestroyForTesting();
+  SetTransportFactory(nullptr);
+}
+
+// One look at the kernel's events and the library's own in a wait with
+// room for fewer than both: the kernel's event is never dropped (an
+// edge-triggered one would be lost for good); what is left out waits for
+// the next wait.
+TEST(EpollEmulated, AKernelEventIsNeverDroppedForWantOfRoom) {
+  setenv("VSOCKET_SOCKET", "/nonexistent/vsocket-fake.sock", 1);
+  setenv("VSOCKET_POLL_US", "0", 1);
+  SetTransportFactory(&MakeFake);
+  proto::Reason why{};
+  Session* s = Session::Get(&why);
+  ASSERT_NE(s, nullptr);
+  {
+    Pair p;
+    Conn& c = *p.conn;
+    c.held.store(false);
+    c.id = 12;
+    c.session = s;
+    ASSERT_TRUE(c.state.Apply(ConnEvent::kRegistered));
+    s->Track(p.conn);
+    ASSERT_TRUE(g_fake->PostEvent({MsgType::kUpgrade, 0, proto::Upgrade{12, 65536, 16}}));
+    ASSERT_TRUE(g_fake->PostEvent({MsgType::kFence, 0, proto::ConnCounter{12, 0}}));
+    ASSERT_TRUE(g_fake->PostEvent({MsgType::kRxTail, 0, proto::ConnCounter{12, 100}}));
+    s->Drain();
+    ASSERT_EQ(c.state.phase(), Phase::kUpgraded);
+    int pfd[2];
+    ASSERT_EQ(pipe2(pfd, O_NONBLOCK | O_CLOEXEC), 0);
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    epoll_event ev = Ev(EPOLLIN, 0xc0);
+    ASSERT_EQ(EpollCtl(ep, EPOLL_CTL_ADD, p.a, &ev), 0);
+    ev = Ev(EPOLLIN | EPOLLET, 0x919e);
+    ASSERT_EQ(EpollCtl(ep, EPOLL_CTL_ADD, pfd[0], &ev), 0);
+    ASSERT_EQ(write(pfd[1], "x", 1), 1);
+    bool conn_seen = false, pipe_seen = false;
+    for (int i = 0; i < 3; ++i) {
+      epoll_event out[1];
+      int n = EpollWait(ep, out, 1, 0, nullptr);
+      ASSERT_LE(n, 1);
+      if (n == 1) (out[0].data.u64 == 0xc0 ? conn_seen : pipe_seen) = true;
+    }
+    EXPECT_TRUE(conn_seen);
+    EXPECT_TRUE(pipe_seen) << "the pipe's edge-triggered event was dropped";
+    s->Untrack(12);
+    CloseSet(ep);
+    close(pfd[0]);
+    close(pfd[1]);
   }
   Session::DestroyForTesting();
   SetTransportFactory(nullptr);
