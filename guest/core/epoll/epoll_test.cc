@@ -201,97 +201,92 @@ Result<std::unique_ptr<Transport>> MakeFake() {
   return std::unique_ptr<Transport>(std::move(t));
 }
 
-TEST(EpollEmulated, ARingEventWakesASleepingWaitWithTheApplicationsData) {
-  setenv("VSOCKET_SOCKET", "/nonexistent/vsocket-fake.sock", 1);
-  setenv("VSOCKET_POLL_US", "0", 1);
-  SetTransportFactory(&MakeFake);
-  proto::Reason why{};
-  Session* s = Session::Get(&why);
-  ASSERT_NE(s, nullptr);
-  {  // (the connection ends before its session)
-    Pair p;
+// A session on the fake transport (vsocketd's side in the test); each
+// connection ends before it (the test body's locals go before TearDown).
+class EpollEmulated : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("VSOCKET_SOCKET", "/nonexistent/vsocket-fake.sock", 1);
+    setenv("VSOCKET_POLL_US", "0", 1);
+    SetTransportFactory(&MakeFake);
+    proto::Reason why{};
+    s_ = Session::Get(&why);
+    ASSERT_NE(s_, nullptr);
+  }
+  void TearDown() override {
+    Session::DestroyForTesting();
+    SetTransportFactory(nullptr);
+  }
+  // p's `a` registered as connection `id` and upgraded (its fence 0), with
+  // `rx` bytes landed in its RX ring.
+  void Upgrade(Pair& p, uint64_t id, uint64_t rx = 0) {
     Conn& c = *p.conn;
     c.held.store(false);
-    c.id = 11;
-    c.session = s;
+    c.id = id;
+    c.session = s_;
     ASSERT_TRUE(c.state.Apply(ConnEvent::kRegistered));
-    s->Track(p.conn);
-    ASSERT_TRUE(g_fake->PostEvent({MsgType::kUpgrade, 0, proto::Upgrade{11, 65536, 16}}));
-    ASSERT_TRUE(g_fake->PostEvent({MsgType::kFence, 0, proto::ConnCounter{11, 0}}));
-    s->Drain();
+    s_->Track(p.conn);
+    ASSERT_TRUE(g_fake->PostEvent({MsgType::kUpgrade, 0, proto::Upgrade{id, 65536, 16}}));
+    ASSERT_TRUE(g_fake->PostEvent({MsgType::kFence, 0, proto::ConnCounter{id, 0}}));
+    if (rx > 0) ASSERT_TRUE(g_fake->PostEvent({MsgType::kRxTail, 0, proto::ConnCounter{id, rx}}));
+    s_->Drain();
     ASSERT_EQ(c.state.phase(), Phase::kUpgraded);
-    int ep = epoll_create1(EPOLL_CLOEXEC);
-    epoll_event ev = Ev(EPOLLIN, 0xabcdef);
-    ASSERT_EQ(EpollCtl(ep, EPOLL_CTL_ADD, p.a, &ev), 0);
-    // Its registration moved out of the kernel's set: bytes on the kernel
-    // socket no longer make the application's wait report it.
-    p.PeerWrites();
-    auto waiter = std::async(std::launch::async, [&] {
-      epoll_event out[4];
-      int n = EpollWait(ep, out, 4, 5000, nullptr);
-      return n == 1 ? out[0] : Ev(0, n);
-    });
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (asleep or not: either way it must see it)
-    ASSERT_TRUE(g_fake->PostEvent({MsgType::kRxTail, 0, proto::ConnCounter{11, 100}}));
-    ASSERT_EQ(waiter.wait_for(std::chrono::seconds(5)), std::future_status::ready);
-    epoll_event got = waiter.get();
-    EXPECT_EQ(got.data.u64, 0xabcdefu);
-    EXPECT_EQ(got.events, uint32_t{EPOLLIN});
-    s->Untrack(11);
-    CloseSet(ep);
   }
-  Session::DestroyForTesting();
-  SetTransportFactory(nullptr);
+  Session* s_ = nullptr;
+};
+
+TEST_F(EpollEmulated, ARingEventWakesASleepingWaitWithTheApplicationsData) {
+  Pair p;
+  ASSERT_NO_FATAL_FAILURE(Upgrade(p, 11));
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  epoll_event ev = Ev(EPOLLIN, 0xabcdef);
+  ASSERT_EQ(EpollCtl(ep, EPOLL_CTL_ADD, p.a, &ev), 0);
+  // Its registration moved out of the kernel's set: bytes on the kernel
+  // socket no longer make the application's wait report it.
+  p.PeerWrites();
+  auto waiter = std::async(std::launch::async, [&] {
+    epoll_event out[4];
+    int n = EpollWait(ep, out, 4, 5000, nullptr);
+    return n == 1 ? out[0] : Ev(0, n);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (asleep or not: either way it must see it)
+  ASSERT_TRUE(g_fake->PostEvent({MsgType::kRxTail, 0, proto::ConnCounter{11, 100}}));
+  ASSERT_EQ(waiter.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  epoll_event got = waiter.get();
+  EXPECT_EQ(got.data.u64, 0xabcdefu);
+  EXPECT_EQ(got.events, uint32_t{EPOLLIN});
+  s_->Untrack(11);
+  CloseSet(ep);
 }
 
 // One look at the kernel's events and the library's own in a wait with
 // room for fewer than both: the kernel's event is never dropped (an
 // edge-triggered one would be lost for good); what is left out waits for
 // the next wait.
-TEST(EpollEmulated, AKernelEventIsNeverDroppedForWantOfRoom) {
-  setenv("VSOCKET_SOCKET", "/nonexistent/vsocket-fake.sock", 1);
-  setenv("VSOCKET_POLL_US", "0", 1);
-  SetTransportFactory(&MakeFake);
-  proto::Reason why{};
-  Session* s = Session::Get(&why);
-  ASSERT_NE(s, nullptr);
-  {
-    Pair p;
-    Conn& c = *p.conn;
-    c.held.store(false);
-    c.id = 12;
-    c.session = s;
-    ASSERT_TRUE(c.state.Apply(ConnEvent::kRegistered));
-    s->Track(p.conn);
-    ASSERT_TRUE(g_fake->PostEvent({MsgType::kUpgrade, 0, proto::Upgrade{12, 65536, 16}}));
-    ASSERT_TRUE(g_fake->PostEvent({MsgType::kFence, 0, proto::ConnCounter{12, 0}}));
-    ASSERT_TRUE(g_fake->PostEvent({MsgType::kRxTail, 0, proto::ConnCounter{12, 100}}));
-    s->Drain();
-    ASSERT_EQ(c.state.phase(), Phase::kUpgraded);
-    int pfd[2];
-    ASSERT_EQ(pipe2(pfd, O_NONBLOCK | O_CLOEXEC), 0);
-    int ep = epoll_create1(EPOLL_CLOEXEC);
-    epoll_event ev = Ev(EPOLLIN, 0xc0);
-    ASSERT_EQ(EpollCtl(ep, EPOLL_CTL_ADD, p.a, &ev), 0);
-    ev = Ev(EPOLLIN | EPOLLET, 0x919e);
-    ASSERT_EQ(EpollCtl(ep, EPOLL_CTL_ADD, pfd[0], &ev), 0);
-    ASSERT_EQ(write(pfd[1], "x", 1), 1);
-    bool conn_seen = false, pipe_seen = false;
-    for (int i = 0; i < 3; ++i) {
-      epoll_event out[1];
-      int n = EpollWait(ep, out, 1, 0, nullptr);
-      ASSERT_LE(n, 1);
-      if (n == 1) (out[0].data.u64 == 0xc0 ? conn_seen : pipe_seen) = true;
-    }
-    EXPECT_TRUE(conn_seen);
-    EXPECT_TRUE(pipe_seen) << "the pipe's edge-triggered event was dropped";
-    s->Untrack(12);
-    CloseSet(ep);
-    close(pfd[0]);
-    close(pfd[1]);
+TEST_F(EpollEmulated, AKernelEventIsNeverDroppedForWantOfRoom) {
+  Pair p;
+  ASSERT_NO_FATAL_FAILURE(Upgrade(p, 12, 100));
+  int pfd[2];
+  ASSERT_EQ(pipe2(pfd, O_NONBLOCK | O_CLOEXEC), 0);
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  epoll_event ev = Ev(EPOLLIN, 0xc0);
+  ASSERT_EQ(EpollCtl(ep, EPOLL_CTL_ADD, p.a, &ev), 0);
+  ev = Ev(EPOLLIN | EPOLLET, 0x919e);
+  ASSERT_EQ(EpollCtl(ep, EPOLL_CTL_ADD, pfd[0], &ev), 0);
+  ASSERT_EQ(write(pfd[1], "x", 1), 1);
+  bool conn_seen = false, pipe_seen = false;
+  for (int i = 0; i < 3; ++i) {
+    epoll_event out[1];
+    int n = EpollWait(ep, out, 1, 0, nullptr);
+    ASSERT_LE(n, 1);
+    if (n == 1) (out[0].data.u64 == 0xc0 ? conn_seen : pipe_seen) = true;
   }
-  Session::DestroyForTesting();
-  SetTransportFactory(nullptr);
+  EXPECT_TRUE(conn_seen);
+  EXPECT_TRUE(pipe_seen) << "the pipe's edge-triggered event was dropped";
+  s_->Untrack(12);
+  CloseSet(ep);
+  close(pfd[0]);
+  close(pfd[1]);
 }
 
 }  // namespace
