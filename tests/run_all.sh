@@ -60,7 +60,7 @@ count_gtest() {
 tally() {
   local log=$1 tag=$2 kinds=${3:-PASS|FAIL} p f
   grep -E "^($kinds) " "$log" | sed "s/^/[$tag] /"
-  while read -r name; do failures+=("[$tag] $name"); done < <(grep -E '^FAIL ' "$log" | awk '{print $2}')
+  while read -r name; do failures+=("[$tag] $name"); done < <(grep -E '^FAIL ' "$log" | awk '{sub(/:$/, "", $2); print $2}')
   read -r p f < <(tail -1 "$log" | awk '/passed,/ {print $1, $3}')
   [ -n "${f:-}" ] || failures+=("[$tag] no summary: the suite died (see $log)")
   passed=$((passed + ${p:-0}))
@@ -81,6 +81,7 @@ run_bazel_tests() {  # label, bazel args...
       < <(grep -E "^//.* (FAILED|NO STATUS|TIMEOUT)" "$LOGDIR/$label.log" | awk '{print $1}')
     if ! grep -q "Executed" "$LOGDIR/$label.log"; then
       tail -30 "$LOGDIR/$label.log"
+      failures+=("[$label] bazel test ran nothing (see $LOGDIR/$label.log)")
       failed=$((failed + 1))
     fi
   fi

@@ -93,9 +93,8 @@ case_daemon_restart_grpc() {  # case_daemon_restart_grpc POLICY
   local srep=$WORK/$name.srv.jsonl crep=$WORK/$name.cli.jsonl
   $SYS_PY -c "import grpc" 2>/dev/null || { fail $name "python3-grpcio not installed (deploy/install-deps.sh)"; return; }
   port=$(alloc_port)
-  vm_bg vm2 preload "$srep" "$WORK/$name.srv" "$SYS_PY" "$APPS/grpc_app.py" server "$port"
+  serve_listening $name vm2 "$srep" "$SYS_PY" "$APPS/grpc_app.py" server "$port" || return
   local srv=$BG
-  wait_for_text "$WORK/$name.srv" "^listening" 300 || { fail $name "the gRPC server did not listen"; kill $srv 2>/dev/null; return; }
   # What is judged is every RPC before, across and after the restart (1-2 s
   # in): none failed or answered wrong, and most of the run came after it.
   # How many of the 1,200 channels 40 s hold depends on the machine: all
