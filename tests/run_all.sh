@@ -27,6 +27,13 @@ passed=0
 failed=0
 failures=()  # what failed, named again just above the last line
 LOGDIR=$(mktemp -d /tmp/vsocket-tests-XXXXXX)
+times=("deps ${SECONDS}s")  # "stage Ns": where the time went (CI stops a run at 90 min)
+_mark=$SECONDS
+# timed STAGE: adds the seconds since the last mark to the stage's account.
+timed() {
+  times+=("$1 $((SECONDS - _mark))s")
+  _mark=$SECONDS
+}
 
 # Adds the GoogleTest case counts of every test.log under bazel-testlogs.
 count_gtest() {
@@ -89,8 +96,11 @@ run_bazel_tests() {  # label, bazel args...
 }
 
 run_bazel_tests default //...
+timed default
 run_bazel_tests asan --config=asan "${UNIT_TARGETS[@]}"
+timed asan
 run_bazel_tests tsan --config=tsan //vhost:ring_stress_test //vhost:ring_test //host-backend:registry_snapshot_test //base:mutex_test
+timed tsan
 
 if bazel build --config=fuzz "${FUZZ_TARGETS[@]%:*}" >"$LOGDIR/fuzz-build.log" 2>&1; then
   for spec in "${FUZZ_TARGETS[@]}"; do
@@ -115,6 +125,7 @@ else
   tail -30 "$LOGDIR/fuzz-build.log"
   failed=$((failed + 1))
 fi
+timed fuzz
 
 # End-to-end on the same-host test bed (network namespaces, real vsocketd,
 # real applications). Needs root for the namespaces. A failed case's files
@@ -123,16 +134,20 @@ fi
 export E2E_FAIL_DIR=$LOGDIR/failed
 if bazel build //host-backend:vsocketd //host-backend:vsocketctl //guest:libvsocket.so //tests/e2e:xfer //tests/socket:all \
     >"$LOGDIR/e2e-build.log" 2>&1; then
+  timed e2e-build
   bash tests/e2e/same_host.sh "$(bazel info bazel-bin 2>/dev/null)" >"$LOGDIR/e2e.log" 2>&1
   tally "$LOGDIR/e2e.log" e2e
+  timed e2e
   # The cross-host suite with a locator file (its etcd group runs in the
   # etcd pass below), then the whole suite again with locator = etcd: no
   # locator file, every pairing placed by the directory (issue 38).
   bash tests/e2e/cross_host.sh -x '^etcd_' "$(bazel info bazel-bin 2>/dev/null)" >"$LOGDIR/e2e2.log" 2>&1
   tally "$LOGDIR/e2e2.log" e2e-cross-host
+  timed cross-host
   VSOCKET_TESTBED2_LOCATOR=etcd bash tests/e2e/cross_host.sh "$(bazel info bazel-bin 2>/dev/null)" \
     >"$LOGDIR/e2e2-etcd.log" 2>&1
   tally "$LOGDIR/e2e2-etcd.log" e2e-cross-host-etcd
+  timed cross-host-etcd
 else
   echo "[e2e] build FAILED"
   failures+=("[e2e] build")
@@ -151,8 +166,10 @@ fi
 if bazel build //host-backend:vsocketd //host-backend:vsocketctl //guest/agent:vsocket-guestd //guest/agent:vsocket-agent-probe \
     //guest/agent:libvsocket-vm.so //guest:libvsocket.so //tests/e2e:xfer //tests/integration:echo_client \
     >"$LOGDIR/vm-build.log" 2>&1; then
+  timed vm-build
   bash tests/vm/vm_mode.sh --no-build >"$LOGDIR/vm.log" 2>&1
   tally "$LOGDIR/vm.log" vm
+  timed vm
   # Live migration under load, guest memory compared page by page on
   # both sides; the comparison's negative control (decision 88); every
   # other ending: cancelled, failed on the destination, vsocketd killed on
@@ -160,6 +177,7 @@ if bazel build //host-backend:vsocketd //host-backend:vsocketctl //guest/agent:v
   # rings at the switchover (decisions 93, 94, 106, 107; about 4 min).
   bash tests/vm/migrate.sh --no-build >"$LOGDIR/vm-migrate.log" 2>&1
   tally "$LOGDIR/vm-migrate.log" vm
+  timed vm-migrate
   # Between the two hosts of the two-host bed (tcp fabric, file locator),
   # there and back, with a peer that stays on hostA: same-host, kernel TCP
   # while copied, across the fabric, same-host again; and the pairs still on
@@ -186,9 +204,11 @@ fi
 # from the installed files only, dpkg --purge leaves nothing (needs root).
 bash tests/packaging/deb_test.sh >"$LOGDIR/packaging.log" 2>&1
 tally "$LOGDIR/packaging.log" packaging
+timed packaging
 
 # What failed, once more where a reader of the last lines alone sees it
 # (CI shows only the tail of this output).
+echo "time: ${SECONDS}s in all (${times[*]}); e2e cases: $(grep -h '^TIME ' "$LOGDIR"/*.log 2>/dev/null | cut -c6- | cut -d';' -f1 | paste -sd, -)"
 for f in "${failures[@]}"; do echo "failed: $f"; done
 echo "logs: $LOGDIR"
 echo "$passed passed, $failed failed"

@@ -197,7 +197,7 @@ suite_skips() {
 # suite_run: after suite.sh and the groups are sourced (run.sh) and
 # suite_args: lists, or sets the bed up, runs the selected cases, tears down.
 suite_run() {
-  local _sr_i _sr_name _sr_next _sr_f _sr_torun=0
+  local _sr_i _sr_name _sr_next _sr_f _sr_torun=0 _sr_t0 _sr_times=()
   suite_select
   if [ "$LIST_ONLY" -eq 1 ]; then
     [ ${#SELECTED[@]} -eq 0 ] || printf '%s\n' "${SELECTED[@]}"
@@ -244,7 +244,9 @@ suite_run() {
       echo "SKIP $_sr_name (known failure: ${KNOWN_FAILURE[$_sr_name]})"
       skipped=$((skipped + 1))
     else
+      _sr_t0=$SECONDS
       eval "${CASE_CMD[$_sr_name]}"
+      _sr_times+=("$((SECONDS - _sr_t0)) $_sr_name")
     fi
     _sr_next=${SELECTED[_sr_i + 1]:-}
     if [ -z "$_sr_next" ] || [ "${CASE_GROUP[$_sr_next]}" != "${CASE_GROUP[$_sr_name]}" ]; then
@@ -252,6 +254,9 @@ suite_run() {
     fi
   done
   suite_finish
+  # Where the suite's time goes (CI has a time limit): the ten slowest cases.
+  echo "TIME $SUITE: ${SECONDS}s in all; slowest: $(printf '%s\n' "${_sr_times[@]}" | sort -rn | head -10 |
+    awk '{printf "%s%s %ss", (NR > 1 ? ", " : ""), $2, $1}')"
   if [ "$skipped" -gt 0 ]; then
     echo "$passed passed, $failed failed, $skipped skipped (known failures; E2E_RUN_KNOWN=1 runs them)"
   else
