@@ -54,7 +54,12 @@ struct DirectSide {
   uint32_t want_consumed;   // the other side waits for room (it sets, we clear)
   uint32_t fence_set;       // 1: `fence` holds this side's FENCE (set once, before its kernel FIN)
   uint64_t fence;           // bytes this side sent on the kernel path before its ring stream
-  uint8_t reserved[16];
+  // 1: this side asks to be woken only through a heavy fence (membarrier,
+  // base/asym_fence.h) between its want_* store and its last look, so the
+  // other side may publish its counts without a full fence of its own
+  // (set once, before this side's first ask; 0 in memory vsocketd made).
+  uint32_t heavy_asks;
+  uint8_t reserved[12];
 };
 static_assert(sizeof(DirectSide) == 64);
 

@@ -270,7 +270,7 @@ struct Conn {
 
   // Statistics. fence_sent: kernel_sent when this side switched over.
   std::atomic<uint64_t> fence_sent{0};
-  std::atomic<uint64_t> accel_tx{0}, accel_rx{0};
+  std::atomic<uint64_t> accel_tx{0}, accel_rx{0};  // (written under tx_mu / rx_mu alone)
   std::atomic<int> fd_refs{0};  // fds in the fd table naming this conn
 };
 

@@ -34,6 +34,7 @@ Status AttachDirect(Conn& c, Transport& t, uint64_t token) {
   c.ring_size = (*ring)->ring_bytes();
   c.db = nullptr;
   c.direct_wake.fd = OwnFd(fds->wake.release());
+  (*ring)->PromiseHeavyAsks();
   c.direct.Set(std::move(*ring));
   return Status::Ok();
 }

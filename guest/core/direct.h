@@ -43,6 +43,8 @@ void PublishDirectShutWr(Conn& c);
 // when it consumes if something here may wait for that (WaitsForConsumption).
 // Asking for every consumption cost a request/response client two wake-ups
 // per round trip: one when the server read the request, one for the answer.
+// Then DirectRing::SleepFence(), once for all the connections armed, and a
+// last look at each.
 void ArmDirect(Conn& c);
 // Whether a wait of this process may be for c's peer to consume what c
 // wrote: a ring half full or more (a writer waits only for room), or a

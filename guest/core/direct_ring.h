@@ -71,10 +71,18 @@ class DirectRing {
   bool PublishFence(uint64_t fence);
   bool PublishRingEnd(uint64_t end);
   // Before sleeping until the peer produces (or consumes): asks it to wake
-  // us; the caller reads the peer once more after this and sleeps only if
-  // nothing changed.
+  // us. Then, once for every ring it asked on, the caller fences with
+  // SleepFence() and reads the peer once more, and sleeps only if nothing
+  // changed.
   void WantProduced();
   void WantConsumed();
+  static void SleepFence();
+  // Asymmetric fences (base/asym_fence.h): if this process can, promises the
+  // peer that every ask of ours is followed by a heavy fence (SleepFence),
+  // so the peer may publish without a full fence; and once the peer made
+  // the same promise (seen by Load), so do we. Before our first ask.
+  void PromiseHeavyAsks();
+  bool light_publish() const { return promised_ && peer_promised_.load(std::memory_order_relaxed); }
 
  private:
   DirectRing() = default;
@@ -82,6 +90,9 @@ class DirectRing {
   proto::DirectSide* peer() const { return sides_[1 - side_]; }
   bool TakeAsk(uint32_t proto::DirectSide::*want);
 
+  // Our promise (PromiseHeavyAsks), and the peer's as Load last saw it.
+  bool promised_ = false;
+  mutable std::atomic<bool> peer_promised_{false};
   int side_ = 0;
   uint32_t ring_bytes_ = 0;
   void* base_ = nullptr;

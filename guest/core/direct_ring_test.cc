@@ -16,6 +16,7 @@
 #include <random>
 #include <vector>
 
+#include "base/asym_fence.h"
 #include "proto/direct.h"
 
 namespace vsocket::guest {
@@ -162,6 +163,7 @@ TEST(DirectRing, AByteStreamBetweenTwoProcessesIsExact) {
       uint64_t room = kRing - (tail - credit);
       if (room == 0) {
         p.a->WantConsumed();
+        DirectRing::SleepFence();
         if (p.a->ReadPeer(0, 0, tail, credit)->consumed == credit) sleep_on(wake_writer.get());
         continue;
       }
@@ -193,6 +195,7 @@ TEST(DirectRing, AByteStreamBetweenTwoProcessesIsExact) {
         break;
       }
       p.b->WantProduced();
+      DirectRing::SleepFence();
       auto again = p.b->ReadPeer(head, rx_tail, 0, 0);
       if (again.ok() && again->produced == rx_tail && !again->shut_wr) {
         ++sleeps;
@@ -215,6 +218,98 @@ TEST(DirectRing, AByteStreamBetweenTwoProcessesIsExact) {
   EXPECT_EQ(wrong, 0u);
   RecordProperty("reader_sleeps", static_cast<int>(sleeps));
 }
+
+// A writer process publishes a byte at a time, a microsecond or so apart,
+// and wakes the reader whenever it asked; the reader reads what is there
+// and asks and sleeps as soon as nothing is: its ask and its last look race
+// the writer's count and its look at the ask, hundreds of thousands of
+// times. A wake-up that does not come (each missed the other's store) shows
+// as a sleep that lasts its whole timeout while the writer is still
+// writing. With light publishes (both sides promised heavy asks:
+// membarrier) and with full fences.
+class DirectRingRace : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DirectRingRace, NoWakeUpIsLost) {
+  bool light = GetParam();
+  if (light && !AsymFenceReady()) GTEST_SKIP() << "no membarrier(GLOBAL_EXPEDITED) here";
+  Pair p;
+  if (light) {
+    p.a->PromiseHeavyAsks();
+    p.b->PromiseHeavyAsks();
+  }
+  UniqueFd wake_reader(eventfd(0, EFD_CLOEXEC)), wake_writer(eventfd(0, EFD_CLOEXEC));
+  constexpr uint64_t kBytes = 300000;
+  auto busy = [](uint32_t n) {
+    for (volatile uint32_t i = 0; i < n; ++i) {
+    }
+  };
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The writer: side 0.
+    std::mt19937 rng(11);
+    uint64_t tail = 0, credit = 0;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (tail < kBytes && std::chrono::steady_clock::now() < deadline) {
+      if (tail - credit == kRing) {
+        auto peer = p.a->ReadPeer(0, 0, tail, credit);
+        if (!peer.ok()) _exit(2);
+        credit = peer->consumed;
+        continue;
+      }
+      p.a->tx()[tail & (kRing - 1)] = static_cast<uint8_t>(tail);
+      if (p.a->PublishProduced(++tail)) {
+        uint64_t one = 1;
+        (void)!write(wake_reader.get(), &one, sizeof one);
+      }
+      busy(rng() % 400);
+    }
+    if (p.a->PublishShutWr()) {
+      uint64_t one = 1;
+      (void)!write(wake_reader.get(), &one, sizeof one);
+    }
+    _exit(tail == kBytes ? 0 : 1);
+  }
+  // The reader: side 1.
+  uint64_t head = 0, asks = 0, lost = 0, wrong = 0;
+  bool eof = false;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!eof && std::chrono::steady_clock::now() < deadline) {
+    auto peer = p.b->ReadPeer(head, head, 0, 0);
+    ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+    if (peer->produced == head) {
+      if (peer->shut_wr) {
+        eof = true;
+        break;
+      }
+      p.b->WantProduced();
+      DirectRing::SleepFence();
+      ++asks;
+      auto again = p.b->ReadPeer(head, head, 0, 0);
+      if (again->produced != head || again->shut_wr) continue;
+      pollfd pf{wake_reader.get(), POLLIN, 0};
+      if (poll(&pf, 1, 50) == 0) ++lost;
+      uint64_t v;
+      (void)!read(wake_reader.get(), &v, sizeof v);
+      continue;
+    }
+    for (uint64_t i = head; i < peer->produced; ++i) wrong += p.b->rx()[i & (kRing - 1)] != static_cast<uint8_t>(i);
+    head = peer->produced;
+    (void)p.b->PublishConsumed(head);  // (the writer never sleeps: it polls for room)
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "writer status " << status;
+  EXPECT_TRUE(eof);
+  EXPECT_EQ(head, kBytes);
+  EXPECT_EQ(wrong, 0u);
+  EXPECT_EQ(lost, 0u) << "of " << asks << " asks, " << lost << " slept out their timeout: wake-ups lost";
+  EXPECT_EQ(p.b->light_publish(), light);
+  RecordProperty("asks", static_cast<int>(asks));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fences, DirectRingRace, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "Light" : "Full"; });
 
 // A peer process that scribbles over everything it can reach while this
 // side reads: every read is a stream or a kDataLoss, never a crash or a

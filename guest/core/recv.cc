@@ -238,7 +238,7 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       if (peek) return got + n;
       head += n;
       c.rx_head.store(head, std::memory_order_release);
-      c.accel_rx.fetch_add(n, std::memory_order_relaxed);
+      c.accel_rx.store(c.accel_rx.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);  // (rx_mu's alone)
       if (BusyLoop* loop = ActiveBusyLoop()) c.stream.NoteRingIo(StreamDetector::Dir::kIn, loop);
       // (A direct pair's peer reads our count from the pair's memory:
       // vsocketd has nothing to learn, and a kick would wake it for nothing.)

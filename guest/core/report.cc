@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "base/clock.h"
+#include "guest/core/direct_ring.h"
 #include "guest/core/config.h"
 #include "guest/core/conn_state.h"
 #include "guest/core/fd_table.h"
@@ -90,7 +91,7 @@ void WriteLine(const Conn& c, const char* event, const char* exec_program) {
       "\"accel_tx\":%llu,\"accel_rx\":%llu,\"kernel_tx_after_upgrade\":%llu,"
       "\"kernel_rx_after_upgrade\":%llu,\"resynced\":%s,\"reupgrades\":%u,\"downgrades\":%u,\"last_downgrade\":\"%s\","
       "\"kernel_ms_after_downgrade\":%lld,\"resent_bytes\":%llu,\"fin_deferred\":%s,\"lingered\":%s,\"late_"
-      "wakeups\":%u,\"path\":\"%s\"}\n",
+      "wakeups\":%u,\"path\":\"%s\",\"direct_fences\":\"%s\"}\n",
       getpid(), event, exec_field.c_str(), local, c.local.port, peer, c.peer.port, mode, proto::ToString(reason),
       registered_for, c.stream.withdrawals(), c.state.upgraded() ? "true" : "false",
       // The application's bytes, each once: without RESYNC headers and
@@ -109,7 +110,10 @@ void WriteLine(const Conn& c, const char* event, const char* exec_program) {
       c.state.downgrades() ? proto::ToString(c.state.last_downgrade()) : "",
       static_cast<long long>(c.state.kernel_ns_after_downgrades(MonotonicNs()) / 1000000),
       static_cast<unsigned long long>(c.resent_bytes.load()), c.fin_deferred.load() ? "true" : "false", c.state.lingered() ? "true" : "false", c.late_wakeups.load(),
-      std::strcmp(mode, "accelerated") != 0 ? "kernel" : c.direct ? "direct" : "backend");
+      std::strcmp(mode, "accelerated") != 0 ? "kernel" : c.direct ? "direct" : "backend",
+      // A direct pair's count stores: light (the peer's asks fence for
+      // both, base/asym_fence.h) or full.
+      c.direct ? (c.direct->light_publish() ? "light" : "full") : "");
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return;
   (void)!Libc().write(fd, line, static_cast<size_t>(n));

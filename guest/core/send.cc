@@ -116,7 +116,9 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
       return sent ? Result<size_t>(sent) : Errno(ECONNRESET, "connection reset");
     }
     if (!c.direct) c.session->NoteProduced();  // (a direct pair's count is in the pair's memory, not vsocketd's)
-    c.accel_tx.fetch_add(n, std::memory_order_relaxed);
+    // (Written under tx_mu alone: no locked add, which would wait for the
+    // ring and count stores above to reach the peer's CPU.)
+    c.accel_tx.store(c.accel_tx.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
     if (BusyLoop* loop = ActiveBusyLoop()) c.stream.NoteRingIo(StreamDetector::Dir::kOut, loop);
     sent += n;
   }

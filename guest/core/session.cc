@@ -15,6 +15,7 @@
 #include "guest/core/conn_events.h"
 #include "guest/core/cpu_share.h"
 #include "guest/core/direct.h"
+#include "guest/core/direct_ring.h"
 #include "guest/core/writer.h"
 #include "guest/sys/libc.h"
 
@@ -513,6 +514,7 @@ bool Session::PrepareSleep() {
   if (!direct_conns_.empty()) {
     // Direct peers wake us only when asked (direct.h), then one last look.
     for (const auto& c : direct_conns_) ArmDirect(*c);
+    DirectRing::SleepFence();  // (once for them all: a membarrier where peers publish without fences)
     if (PullDirectLocked()) {
       // What that look took may be another thread's to read, and that
       // thread may have looked before it and sleep after it: the peer, not

@@ -174,6 +174,13 @@ print(sum(l.get('accel_tx', 0) for l in map(json.loads, open(sys.argv[1])) if 'l
     --accel-min 1 --exact-total $((bytes + 16))) || bad+="$out; "
   direct_ends=$(grep -c '"path":"direct"' "$rep")
   [ "$direct_ends" = $((2 * conns)) ] || bad+="$direct_ends of $((2 * conns)) ends report path direct; "
+  # Where the kernel offers membarrier(GLOBAL_EXPEDITED), every end publishes
+  # its counts without a full fence (decision 114: the sleeper's membarrier
+  # fences for both).
+  local light_ends want_light=$((2 * conns))
+  light_ends=$(grep -c '"direct_fences":"light"' "$rep")
+  [ "${VSOCKET_ASYM_FENCE:-1}" != 0 ] || want_light=0
+  [ "$light_ends" = "$want_light" ] || bad+="$light_ends of $((2 * conns)) direct ends publish with light fences, expected $want_light; "
   [ $((pairs1 - pairs0)) -ge $conns ] || bad+="vsocketd counted $((pairs1 - pairs0)) direct pairs; "
   [ "$moved1" = "$moved0" ] || bad+="vsocketd moved $((moved1 - moved0)) B of direct pairs; "
   [ "$ring_bytes" -gt 0 ] || bad+="the reports name no ring bytes; "
@@ -186,7 +193,7 @@ print(sum(l.get('accel_tx', 0) for l in map(json.loads, open(sys.argv[1])) if 'l
   off=$(direct_off $name)
   bad+=$off
   [ -z "$bad" ] || { fail $name "$bad"; return; }
-  pass "$name ($conns conns x $bytes B each way byte-checked, $direct_ends ends path direct, vsocketd counted $((pairs1 - pairs0)) direct pairs and $((db1 - db0)) B they moved, and copied 0 B of them; vsocketd SIGKILLed under two direct 1 GiB streams each way: byte-exact through RESYNC; vsocketctl drain under a direct 4 GiB stream and 4 request/response pairs, then undrain: clean fences, nothing resent, the 4 pairs direct again; default policy: 2000-round connections direct after 16 turns, a connection per request held, a peer of another tenant declined and held; direct = off for vm1: $(cat "$WORK/$name-off.note" 2>/dev/null))"
+  pass "$name ($conns conns x $bytes B each way byte-checked, $direct_ends ends path direct ($light_ends with light fences), vsocketd counted $((pairs1 - pairs0)) direct pairs and $((db1 - db0)) B they moved, and copied 0 B of them; vsocketd SIGKILLed under two direct 1 GiB streams each way: byte-exact through RESYNC; vsocketctl drain under a direct 4 GiB stream and 4 request/response pairs, then undrain: clean fences, nothing resent, the 4 pairs direct again; default policy: 2000-round connections direct after 16 turns, a connection per request held, a peer of another tenant declined and held; direct = off for vm1: $(cat "$WORK/$name-off.note" 2>/dev/null))"
 }
 
 register_case direct_pairs case_direct
