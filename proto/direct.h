@@ -54,12 +54,17 @@ struct DirectSide {
   uint32_t want_consumed;   // the other side waits for room (it sets, we clear)
   uint32_t fence_set;       // 1: `fence` holds this side's FENCE (set once, before its kernel FIN)
   uint64_t fence;           // bytes this side sent on the kernel path before its ring stream
-  // 1: this side asks to be woken only through a heavy fence (membarrier,
-  // base/asym_fence.h) between its want_* store and its last look, so the
-  // other side may publish its counts without a full fence of its own
-  // (set once, before this side's first ask; 0 in memory vsocketd made).
+  // 1: this side heeds the other's light_* words (decision 114): before it
+  // sleeps it fences its asks with a heavy fence (membarrier,
+  // base/asym_fence.h) whenever the word for what it asked is set. Set
+  // once, before this side's first ask; 0 in memory vsocketd made.
   uint32_t heavy_asks;
-  uint8_t reserved[12];
+  // 1 while this side publishes `produced` (`consumed`) without a full
+  // fence: set only once the other side promised heavy_asks, with a full
+  // fence after it; cleared when an ask of the other side is taken.
+  uint32_t light_produced;
+  uint32_t light_consumed;
+  uint8_t reserved[4];
 };
 static_assert(sizeof(DirectSide) == 64);
 

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <iterator>
+
 #include "base/log.h"
 #include "guest/core/conn_events.h"
 #include "guest/sys/libc.h"
@@ -110,6 +112,19 @@ bool WaitsForConsumption(const Conn& c) {
     return true;
   // Open: a writer waits only for room (send, POLLOUT: a full ring).
   return used >= c.ring_size / 2;
+}
+
+void FenceDirectAsks(const std::vector<std::shared_ptr<Conn>>& conns) {
+  DirectRing* some[16];
+  size_t n = 0;
+  for (const auto& c : conns) {
+    if (n == std::size(some)) {
+      DirectRing::FenceAsks(some, n);  // (more than 16: a fence per 16, still one membarrier at most per batch)
+      n = 0;
+    }
+    some[n++] = c->direct.get();
+  }
+  DirectRing::FenceAsks(some, n);
 }
 
 void ArmDirect(Conn& c) {

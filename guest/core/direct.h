@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "base/status.h"
 #include "guest/core/conn.h"
@@ -43,9 +45,12 @@ void PublishDirectShutWr(Conn& c);
 // when it consumes if something here may wait for that (WaitsForConsumption).
 // Asking for every consumption cost a request/response client two wake-ups
 // per round trip: one when the server read the request, one for the answer.
-// Then DirectRing::SleepFence(), once for all the connections armed, and a
-// last look at each.
+// Then FenceDirectAsks, once for all the connections armed, and a last
+// look at each.
 void ArmDirect(Conn& c);
+// After ArmDirect of each: a full fence, and a membarrier if any of their
+// peers publishes without fences now (decision 114).
+void FenceDirectAsks(const std::vector<std::shared_ptr<Conn>>& conns);
 // Whether a wait of this process may be for c's peer to consume what c
 // wrote: a ring half full or more (a writer waits only for room), or a
 // connection leaving the rings (its drain or close waits for everything).

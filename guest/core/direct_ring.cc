@@ -97,48 +97,96 @@ Status DirectRing::Check(const Peer& v, uint64_t rx_tail, uint64_t credit, uint6
   return Status::Ok();
 }
 
-bool DirectRing::TakeAsk(uint32_t proto::DirectSide::*want) {
+bool DirectRing::TakeAsk(uint32_t proto::DirectSide::*want, int kind) {
   // (The doorbell pattern: our store, a full fence, then the peer's ask.
-  // A peer that promised heavy asks fences for both of us: a full fence
-  // here waited for our store to reach the peer's CPU, 80% of a 16-byte
-  // send's time while the peer polls.)
-  if (light_publish()) LightFence();
+  // In light mode, a compiler barrier only: the peer's FenceAsks fences
+  // for both of us. A full fence here waited for our store to reach the
+  // peer's CPU, 80% of a 16-byte send's time while the peer polls.)
+  bool light = kind >= 0 && light_[kind];
+  if (light) LightFence();
   else std::atomic_thread_fence(std::memory_order_seq_cst);
   auto flag = Word(mine()->*want);
-  return flag.load(std::memory_order_relaxed) != 0 && flag.exchange(0, std::memory_order_acq_rel) != 0;
+  bool asked = flag.load(std::memory_order_relaxed) != 0 && flag.exchange(0, std::memory_order_acq_rel) != 0;
+  if (kind < 0) return asked;
+  uint32_t proto::DirectSide::*word = kind == 0 ? &proto::DirectSide::light_produced : &proto::DirectSide::light_consumed;
+  if (asked) {
+    // The peer sleeps often (again within kLightAfter publishes): full
+    // fences again, so that its asks need no membarrier. Less often, each
+    // of its membarriers buys kLightAfter fences here: light it stays.
+    if (light && streak_[kind] < kLightAfter) {
+      light_[kind] = false;
+      Word(mine()->*word).store(0, std::memory_order_release);
+    }
+    streak_[kind] = 0;
+  } else if (++streak_[kind] >= kLightAfter && !light && promised_ && peer_promised_.load(std::memory_order_relaxed)) {
+    // Into light mode: the flag first, then a full fence, so that either
+    // the peer's next ask sees it (and fences heavily) or our next look
+    // sees the ask (FenceAsks fences after its asks before it looks).
+    Word(mine()->*word).store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    light_[kind] = true;
+    went_light_.store(true, std::memory_order_relaxed);
+  }
+  return asked;
 }
 
 bool DirectRing::PublishProduced(uint64_t produced) {
   Word(mine()->produced).store(produced, std::memory_order_release);
-  return TakeAsk(&proto::DirectSide::want_produced);
+  return TakeAsk(&proto::DirectSide::want_produced, 0);
 }
 
 bool DirectRing::PublishConsumed(uint64_t consumed) {
   Word(mine()->consumed).store(consumed, std::memory_order_release);
-  return TakeAsk(&proto::DirectSide::want_consumed);
+  return TakeAsk(&proto::DirectSide::want_consumed, 1);
 }
 
 bool DirectRing::PublishShutWr() {
   Word(mine()->shut_wr).store(1, std::memory_order_release);
-  return TakeAsk(&proto::DirectSide::want_produced);
+  return TakeAsk(&proto::DirectSide::want_produced, -1);
 }
 
 bool DirectRing::PublishFence(uint64_t fence) {
   Word(mine()->fence).store(fence, std::memory_order_relaxed);
   Word(mine()->fence_set).store(1, std::memory_order_release);
-  return TakeAsk(&proto::DirectSide::want_produced);
+  return TakeAsk(&proto::DirectSide::want_produced, -1);
 }
 
 bool DirectRing::PublishRingEnd(uint64_t end) {
   Word(mine()->ring_end).store(end, std::memory_order_release);
-  return TakeAsk(&proto::DirectSide::want_produced);
+  return TakeAsk(&proto::DirectSide::want_produced, -1);
 }
 
-void DirectRing::WantProduced() { Word(peer()->want_produced).store(1, std::memory_order_relaxed); }
+void DirectRing::WantProduced() {
+  Word(peer()->want_produced).store(1, std::memory_order_relaxed);
+  asked_ |= kAskedProduced;
+}
 
-void DirectRing::WantConsumed() { Word(peer()->want_consumed).store(1, std::memory_order_relaxed); }
+void DirectRing::WantConsumed() {
+  Word(peer()->want_consumed).store(1, std::memory_order_relaxed);
+  asked_ |= kAskedConsumed;
+}
 
-void DirectRing::SleepFence() { HeavyFence(); }  // (a full fence of ours where the process cannot)
+bool DirectRing::PeerLight(uint8_t asked) const {
+  // Only what we asked for: a peer whose consumed counts go light (we
+  // rarely wait for room) says nothing of a wait for its answer.
+  proto::DirectSide* s = peer();
+  return ((asked & kAskedProduced) && Word(s->light_produced).load(std::memory_order_relaxed) != 0) ||
+         ((asked & kAskedConsumed) && Word(s->light_consumed).load(std::memory_order_relaxed) != 0);
+}
+
+void DirectRing::FenceAsks(DirectRing* const* rings, size_t n) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  bool heavy = false;
+  for (size_t i = 0; i < n; ++i) {
+    // (Only a ring of ours that promised heeds the peer's word; a peer in
+    // light mode without our promise is breaking its own wake-ups.)
+    if (rings[i] == nullptr) continue;
+    uint8_t asked = rings[i]->asked_;
+    rings[i]->asked_ = 0;
+    if (!heavy && rings[i]->promised_ && rings[i]->PeerLight(asked)) heavy = true;
+  }
+  if (heavy) HeavyFence();
+}
 
 void DirectRing::PromiseHeavyAsks() {
   if (promised_ || !AsymFenceReady()) return;

@@ -71,28 +71,50 @@ class DirectRing {
   bool PublishFence(uint64_t fence);
   bool PublishRingEnd(uint64_t end);
   // Before sleeping until the peer produces (or consumes): asks it to wake
-  // us. Then, once for every ring it asked on, the caller fences with
-  // SleepFence() and reads the peer once more, and sleeps only if nothing
+  // us. Then, once for all the rings it asked on, the caller fences with
+  // FenceAsks() and reads the peer once more, and sleeps only if nothing
   // changed.
   void WantProduced();
   void WantConsumed();
-  static void SleepFence();
-  // Asymmetric fences (base/asym_fence.h): if this process can, promises the
-  // peer that every ask of ours is followed by a heavy fence (SleepFence),
-  // so the peer may publish without a full fence; and once the peer made
-  // the same promise (seen by Load), so do we. Before our first ask.
+  // After the asks of every ring a sleeper waits on: a full fence, and a
+  // heavy one (membarrier) if any of their peers publishes lightly now.
+  static void FenceAsks(DirectRing* const* rings, size_t n);
+  // Asymmetric fences (decision 114, base/asym_fence.h): if this process
+  // can, promises the peer that we heed its light_* words (FenceAsks). A
+  // side whose peer promised, and which promised itself (its CPUs then get
+  // the heavy fence), publishes without a full fence after kLightAfter
+  // publishes in a row that found no ask, until it takes two asks within
+  // kLightAfter publishes: a streaming writer with a polling reader saves a
+  // fence per send, and a sleeper pays a membarrier only while its peer is
+  // in that mode, at most once per kLightAfter of its publishes. Before our
+  // first ask.
   void PromiseHeavyAsks();
-  bool light_publish() const { return promised_ && peer_promised_.load(std::memory_order_relaxed); }
+  static constexpr uint32_t kLightAfter = 64;
+  // Whether this side ever published lightly (for the report).
+  bool went_light() const { return went_light_.load(std::memory_order_relaxed); }
 
  private:
   DirectRing() = default;
   proto::DirectSide* mine() const { return sides_[side_]; }
   proto::DirectSide* peer() const { return sides_[1 - side_]; }
-  bool TakeAsk(uint32_t proto::DirectSide::*want);
+  // A publish's look at the peer's ask: kind 0 for produced (the TX
+  // lock's), 1 for consumed (the RX lock's), -1 for a rare publish (a
+  // fence, an EOF, a ring end), which always fences fully.
+  bool TakeAsk(uint32_t proto::DirectSide::*want, int kind);
+  static constexpr uint8_t kAskedProduced = 1, kAskedConsumed = 2;
+  bool PeerLight(uint8_t asked) const;
 
   // Our promise (PromiseHeavyAsks), and the peer's as Load last saw it.
   bool promised_ = false;
   mutable std::atomic<bool> peer_promised_{false};
+  // Per kind (0 produced, 1 consumed; each under its caller's lock): light
+  // now, and publishes since the last ask taken.
+  bool light_[2] = {false, false};
+  uint32_t streak_[2] = {0, 0};
+  std::atomic<bool> went_light_{false};
+  // What Want* asked since the last FenceAsks (the sleeper's, under its
+  // session lock: one sleeper arms at a time).
+  uint8_t asked_ = 0;
   int side_ = 0;
   uint32_t ring_bytes_ = 0;
   void* base_ = nullptr;

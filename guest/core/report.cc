@@ -111,9 +111,9 @@ void WriteLine(const Conn& c, const char* event, const char* exec_program) {
       static_cast<long long>(c.state.kernel_ns_after_downgrades(MonotonicNs()) / 1000000),
       static_cast<unsigned long long>(c.resent_bytes.load()), c.fin_deferred.load() ? "true" : "false", c.state.lingered() ? "true" : "false", c.late_wakeups.load(),
       std::strcmp(mode, "accelerated") != 0 ? "kernel" : c.direct ? "direct" : "backend",
-      // A direct pair's count stores: light (the peer's asks fence for
-      // both, base/asym_fence.h) or full.
-      c.direct ? (c.direct->light_publish() ? "light" : "full") : "");
+      // A direct pair's count stores: light at some time (the peer's asks
+      // fenced for both, decision 114) or always full.
+      c.direct ? (c.direct->went_light() ? "light" : "full") : "");
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return;
   (void)!Libc().write(fd, line, static_cast<size_t>(n));

@@ -514,7 +514,7 @@ bool Session::PrepareSleep() {
   if (!direct_conns_.empty()) {
     // Direct peers wake us only when asked (direct.h), then one last look.
     for (const auto& c : direct_conns_) ArmDirect(*c);
-    DirectRing::SleepFence();  // (once for them all: a membarrier where peers publish without fences)
+    FenceDirectAsks(direct_conns_);
     if (PullDirectLocked()) {
       // What that look took may be another thread's to read, and that
       // thread may have looked before it and sleep after it: the peer, not

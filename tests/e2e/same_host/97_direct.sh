@@ -174,13 +174,16 @@ print(sum(l.get('accel_tx', 0) for l in map(json.loads, open(sys.argv[1])) if 'l
     --accel-min 1 --exact-total $((bytes + 16))) || bad+="$out; "
   direct_ends=$(grep -c '"path":"direct"' "$rep")
   [ "$direct_ends" = $((2 * conns)) ] || bad+="$direct_ends of $((2 * conns)) ends report path direct; "
-  # Where the kernel offers membarrier(GLOBAL_EXPEDITED), every end publishes
-  # its counts without a full fence (decision 114: the sleeper's membarrier
-  # fences for both).
-  local light_ends want_light=$((2 * conns))
+  # Ends that published without a full fence at some time (decision 114:
+  # only while the reader asks for a wake-up less than once per 64
+  # publishes; xfer's readers here sleep more often than that, so this is
+  # reported, not judged: guest:direct_ring_test proves the mode). Every
+  # end must say one or the other.
+  local light_ends fenced_ends
   light_ends=$(grep -c '"direct_fences":"light"' "$rep")
-  [ "${VSOCKET_ASYM_FENCE:-1}" != 0 ] || want_light=0
-  [ "$light_ends" = "$want_light" ] || bad+="$light_ends of $((2 * conns)) direct ends publish with light fences, expected $want_light; "
+  fenced_ends=$(grep -c '"direct_fences":"full"' "$rep")
+  [ $((light_ends + fenced_ends)) = $((2 * conns)) ] ||
+    bad+="$((light_ends + fenced_ends)) of $((2 * conns)) direct ends say how they fenced; "
   [ $((pairs1 - pairs0)) -ge $conns ] || bad+="vsocketd counted $((pairs1 - pairs0)) direct pairs; "
   [ "$moved1" = "$moved0" ] || bad+="vsocketd moved $((moved1 - moved0)) B of direct pairs; "
   [ "$ring_bytes" -gt 0 ] || bad+="the reports name no ring bytes; "
