@@ -44,6 +44,12 @@ struct Pair {
   }
 };
 
+// Wakes whoever sleeps on eventfd efd.
+void Poke(int efd) {
+  uint64_t one = 1;
+  (void)!write(efd, &one, sizeof one);
+}
+
 void Put(uint8_t* ring, uint64_t at, const uint8_t* p, size_t n) {
   for (size_t i = 0; i < n; ++i) ring[(at + i) & (kRing - 1)] = p[i];
 }
@@ -171,15 +177,9 @@ TEST(DirectRing, AByteStreamBetweenTwoProcessesIsExact) {
       uint64_t n = std::min<uint64_t>({room, 1 + rng() % 9000, kTotal - tail});
       for (uint64_t i = 0; i < n; ++i) p.a->tx()[(tail + i) & (kRing - 1)] = byte(tail + i);
       tail += n;
-      if (p.a->PublishProduced(tail)) {
-        uint64_t one = 1;
-        (void)!write(wake_reader.get(), &one, sizeof one);
-      }
+      if (p.a->PublishProduced(tail)) Poke(wake_reader.get());
     }
-    if (p.a->PublishShutWr()) {
-      uint64_t one = 1;
-      (void)!write(wake_reader.get(), &one, sizeof one);
-    }
+    if (p.a->PublishShutWr()) Poke(wake_reader.get());
     _exit(tail == kTotal ? 0 : 1);
   }
   // The reader: side 1.
@@ -207,10 +207,7 @@ TEST(DirectRing, AByteStreamBetweenTwoProcessesIsExact) {
     }
     for (uint64_t i = head; i < rx_tail; ++i) wrong += p.b->rx()[i & (kRing - 1)] != byte(i);
     head = rx_tail;
-    if (p.b->PublishConsumed(head)) {
-      uint64_t one = 1;
-      (void)!write(wake_writer.get(), &one, sizeof one);
-    }
+    if (p.b->PublishConsumed(head)) Poke(wake_writer.get());
   }
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
@@ -261,16 +258,10 @@ TEST_P(DirectRingRace, NoWakeUpIsLost) {
         continue;
       }
       p.a->tx()[tail & (kRing - 1)] = static_cast<uint8_t>(tail);
-      if (p.a->PublishProduced(++tail)) {
-        uint64_t one = 1;
-        (void)!write(wake_reader.get(), &one, sizeof one);
-      }
+      if (p.a->PublishProduced(++tail)) Poke(wake_reader.get());
       busy(rng() % 400);
     }
-    if (p.a->PublishShutWr()) {
-      uint64_t one = 1;
-      (void)!write(wake_reader.get(), &one, sizeof one);
-    }
+    if (p.a->PublishShutWr()) Poke(wake_reader.get());
     // (Light: it must have published without fences at some time.)
     _exit(tail != kBytes ? 1 : light && !p.a->went_light() ? 3 : 0);
   }
