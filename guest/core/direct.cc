@@ -2,8 +2,6 @@
 
 #include <unistd.h>
 
-#include <iterator>
-
 #include "base/log.h"
 #include "guest/core/conn_events.h"
 #include "guest/sys/libc.h"
@@ -115,16 +113,7 @@ bool WaitsForConsumption(const Conn& c) {
 }
 
 void FenceDirectAsks(const std::vector<std::shared_ptr<Conn>>& conns) {
-  DirectRing* some[16];
-  size_t n = 0;
-  for (const auto& c : conns) {
-    if (n == std::size(some)) {
-      DirectRing::FenceAsks(some, n);  // (more than 16: a fence per 16, still one membarrier at most per batch)
-      n = 0;
-    }
-    some[n++] = c->direct.get();
-  }
-  DirectRing::FenceAsks(some, n);
+  DirectRing::FenceAsks(conns.begin(), conns.end(), [](const std::shared_ptr<Conn>& c) { return c->direct.get(); });
 }
 
 void ArmDirect(Conn& c) {

@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <string>
 
-#include "base/asym_fence.h"
 #include "proto/control.h"
 
 namespace vsocket::guest {
@@ -166,26 +165,17 @@ void DirectRing::WantConsumed() {
   asked_ |= kAskedConsumed;
 }
 
-bool DirectRing::PeerLight(uint8_t asked) const {
-  // Only what we asked for: a peer whose consumed counts go light (we
-  // rarely wait for room) says nothing of a wait for its answer.
+bool DirectRing::AskedOfLightPeer() {
+  uint8_t asked = asked_;
+  asked_ = 0;
+  // (Only a ring of ours that promised heeds the peer's words; a peer in
+  // light mode without our promise is breaking its own wake-ups. Only what
+  // we asked for: a peer whose consumed counts go light (we rarely wait
+  // for room) says nothing of a wait for its answer.)
+  if (!promised_) return false;
   proto::DirectSide* s = peer();
   return ((asked & kAskedProduced) && Word(s->light_produced).load(std::memory_order_relaxed) != 0) ||
          ((asked & kAskedConsumed) && Word(s->light_consumed).load(std::memory_order_relaxed) != 0);
-}
-
-void DirectRing::FenceAsks(DirectRing* const* rings, size_t n) {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  bool heavy = false;
-  for (size_t i = 0; i < n; ++i) {
-    // (Only a ring of ours that promised heeds the peer's word; a peer in
-    // light mode without our promise is breaking its own wake-ups.)
-    if (rings[i] == nullptr) continue;
-    uint8_t asked = rings[i]->asked_;
-    rings[i]->asked_ = 0;
-    if (!heavy && rings[i]->promised_ && rings[i]->PeerLight(asked)) heavy = true;
-  }
-  if (heavy) HeavyFence();
 }
 
 void DirectRing::PromiseHeavyAsks() {

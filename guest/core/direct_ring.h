@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "base/asym_fence.h"
 #include "base/status.h"
 #include "proto/direct.h"
 
@@ -76,9 +77,18 @@ class DirectRing {
   // changed.
   void WantProduced();
   void WantConsumed();
-  // After the asks of every ring a sleeper waits on: a full fence, and a
-  // heavy one (membarrier) if any of their peers publishes lightly now.
-  static void FenceAsks(DirectRing* const* rings, size_t n);
+  // After the asks of every ring a sleeper waits on ([first, last), each
+  // element's ring given by ring_of, which may be null): a full fence,
+  // and one heavy fence (membarrier) if any of their peers publishes
+  // lightly now for what we asked.
+  template <typename It, typename RingOf>
+  static void FenceAsks(It first, It last, RingOf ring_of) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    bool heavy = false;
+    for (; first != last; ++first)
+      if (DirectRing* r = ring_of(*first)) heavy |= r->AskedOfLightPeer();
+    if (heavy) HeavyFence();
+  }
   // Asymmetric fences (decision 114, base/asym_fence.h): if this process
   // can, promises the peer that we heed its light_* words (FenceAsks). A
   // side whose peer promised, and which promised itself (its CPUs then get
@@ -102,7 +112,10 @@ class DirectRing {
   // fence, an EOF, a ring end), which always fences fully.
   bool TakeAsk(uint32_t proto::DirectSide::*want, int kind);
   static constexpr uint8_t kAskedProduced = 1, kAskedConsumed = 2;
-  bool PeerLight(uint8_t asked) const;
+  // After the fence that follows our asks: whether this ring heeds its
+  // peer (we promised) and the peer is light for what we asked; forgets
+  // the asks.
+  bool AskedOfLightPeer();
 
   // Our promise (PromiseHeavyAsks), and the peer's as Load last saw it.
   bool promised_ = false;

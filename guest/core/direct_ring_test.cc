@@ -44,6 +44,11 @@ struct Pair {
   }
 };
 
+// The fence after one ring's ask, as a sleeper on that ring alone.
+void FenceAsk(DirectRing* r) {
+  DirectRing::FenceAsks(&r, &r + 1, [](DirectRing* d) { return d; });
+}
+
 // Wakes whoever sleeps on eventfd efd.
 void Poke(int efd) {
   uint64_t one = 1;
@@ -169,8 +174,7 @@ TEST(DirectRing, AByteStreamBetweenTwoProcessesIsExact) {
       uint64_t room = kRing - (tail - credit);
       if (room == 0) {
         p.a->WantConsumed();
-        DirectRing* r = p.a.get();
-        DirectRing::FenceAsks(&r, 1);
+        FenceAsk(p.a.get());
         if (p.a->ReadPeer(0, 0, tail, credit)->consumed == credit) sleep_on(wake_writer.get());
         continue;
       }
@@ -196,8 +200,7 @@ TEST(DirectRing, AByteStreamBetweenTwoProcessesIsExact) {
         break;
       }
       p.b->WantProduced();
-      DirectRing* r = p.b.get();
-      DirectRing::FenceAsks(&r, 1);
+      FenceAsk(p.b.get());
       auto again = p.b->ReadPeer(head, rx_tail, 0, 0);
       if (again.ok() && again->produced == rx_tail && !again->shut_wr) {
         ++sleeps;
@@ -278,8 +281,7 @@ TEST_P(DirectRingRace, NoWakeUpIsLost) {
         break;
       }
       p.b->WantProduced();
-      DirectRing* r = p.b.get();
-      DirectRing::FenceAsks(&r, 1);
+      FenceAsk(p.b.get());
       ++asks;
       auto again = p.b->ReadPeer(head, head, 0, 0);
       if (again->produced != head || again->shut_wr) continue;
