@@ -211,6 +211,9 @@ Status SetVmKey(vhost::PortConfig* vm, const std::string& key, const std::string
   } else if (key == "away") {
     if (value != "true" && value != "false") return Bad(where, "away must be true or false");
     vm->away = value == "true";
+  } else if (key == "incoming") {
+    if (value != "true" && value != "false") return Bad(where, "incoming must be true or false");
+    vm->incoming = value == "true";
   } else if (key == "prove_sockets") {
     // agent: a QEMU VM whose agent (vsocket-guestd) vouches for its
     // processes' sockets on PATH.agent (decision 100).
@@ -227,7 +230,7 @@ Status SetVmKey(vhost::PortConfig* vm, const std::string& key, const std::string
     vm->direct_set = true;
   } else {
     return Bad(where,
-               "unknown key '" + key + "' (VM keys: socket, tenant, addresses, group, away, prove_sockets, direct)");
+               "unknown key '" + key + "' (VM keys: socket, tenant, addresses, group, away, incoming, prove_sockets, direct)");
   }
   return Status::Ok();
 }
@@ -429,6 +432,10 @@ Status Validate(DaemonConfig* config) {
     if (!sockets.insert(vm.path).second)
       return Status(Code::kInvalidArgument, what + ": socket " + vm.path + " is used twice");
     if (vm.tenant_id == 0) return Status(Code::kInvalidArgument, what + " has no tenant");
+    if (vm.away && vm.incoming)
+      return Status(Code::kInvalidArgument,
+                    what + ": away and incoming are two ways of arriving (away: `vsocketctl migrate end` opens the "
+                           "port; incoming: the port is open and the first device to start publishes it); choose one");
     // Direct pairs are for process mode (decision 102: same-tenant there by
     // default); a QEMU VM's processes cannot get them yet.
     if (!vhost::DirectCapable(vm)) {

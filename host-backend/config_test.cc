@@ -255,6 +255,23 @@ TEST(VmConfig, AwayMarksAMigrationTarget) {
       << bad.status().message();
 }
 
+// A QEMU migration's destination (decision 116): its port opens, it is
+// published when its first device starts; not together with away.
+TEST(VmConfig, IncomingMarksAQemuMigrationDestination) {
+  auto c = ParseConfig("[vm a]\nsocket = /s\ntenant = 1\nincoming = true\n[vm b]\nsocket = /t\ntenant = 1\n", "f");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->vms[0].incoming);
+  EXPECT_FALSE(c->vms[1].incoming);
+  EXPECT_TRUE(Validate(&*c).ok());
+  auto bad = ParseConfig("[vm a]\nincoming = 1\n", "f");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("f:2: incoming must be true or false"), std::string::npos)
+      << bad.status().message();
+  auto both = ParseConfig("[vm a]\nsocket = /s\ntenant = 1\nincoming = true\naway = true\n", "f");
+  ASSERT_TRUE(both.ok()) << both.status().ToString();
+  EXPECT_NE(Validate(&*both).message().find("away and incoming"), std::string::npos) << Validate(&*both).message();
+}
+
 // Guests prove the sockets they register unless a VM says otherwise (a
 // QEMU VM's frontend cannot).
 TEST(VmConfig, ProveSocketsIsOnUnlessTurnedOff) {

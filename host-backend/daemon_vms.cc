@@ -129,7 +129,9 @@ std::string Daemon::VmAdd(const std::vector<std::string>& words, bool json) {
   // pair with must already place it here (decision 90).
   const bool new_tenant = TenantsOf(*now).count(vm.tenant_id) == 0;
   if (new_tenant) peering_.DirectoryTenants(TenantsOf(*added));
-  peering_.DirectoryVmHere(vm, new_tenant ? kFollowNewTenantMs : kFollowMs);
+  // (An incoming VM, a QEMU migration's destination: when its first device
+  // starts, decision 116.)
+  if (!vm.incoming) peering_.DirectoryVmHere(vm, new_tenant ? kFollowNewTenantMs : kFollowMs);
   {
     MutexLock lock(ports_mu_);
     Status st = stopping_ ? Status(Code::kUnavailable, "vsocketd is stopping")

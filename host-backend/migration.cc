@@ -30,10 +30,19 @@ bool NoMigrationDrain() {
 
 }  // namespace
 
+void Migrations::Left(const vhost::PortConfig& vm) {
+  if (!left_.insert(vm.index).second) return;
+  arrived_.erase(vm.index);
+  counters_.withdrawn.fetch_add(1, std::memory_order_relaxed);
+  VS_LOG(kInfo, "vm %s: its devices stopped with their dirty log on (the switchover): it runs elsewhere now; "
+                "not published here until a device of it starts here again",
+         vm.vm_name.c_str());
+  if (presence_) presence_(vm, false);
+}
+
 void Migrations::DirtyLogChanged(vhost::BackendDevice& device, bool logging) {
   const uint32_t vm = device.port()->index;
   const char* name = device.port()->vm_name.c_str();
-  if (NoMigrationDrain()) return;
   MutexLock lock(mu_);
   auto first = logging_.lower_bound({vm, 0});
   bool was_on = first != logging_.end() && first->first == vm;
@@ -41,6 +50,8 @@ void Migrations::DirtyLogChanged(vhost::BackendDevice& device, bool logging) {
   else logging_.erase({vm, device.id()});
   first = logging_.lower_bound({vm, 0});
   bool on = first != logging_.end() && first->first == vm;
+  if (!on && was_on && device.stopping()) Left(*device.port());
+  if (NoMigrationDrain()) return;
   if (on && !was_on) {
     // Only a VM that does not drain already: an operator's drain (or a
     // process-mode move) stays theirs, and so does its lifting.
@@ -63,6 +74,20 @@ void Migrations::DirtyLogChanged(vhost::BackendDevice& device, bool logging) {
 }
 
 void Migrations::OnAttach(vhost::BackendDevice& device) {
+  const vhost::PortConfig& vm = *device.port();
+  {
+    MutexLock lock(mu_);
+    bool waits = left_.count(vm.index) != 0 || (vm.incoming && arrived_.count(vm.index) == 0);
+    if (waits) {
+      left_.erase(vm.index);
+      arrived_.insert(vm.index);
+      counters_.published.fetch_add(1, std::memory_order_relaxed);
+      VS_LOG(kInfo, "vm %s: device %lu started: the VM runs here (it arrived): published", vm.vm_name.c_str(),
+             static_cast<unsigned long>(device.id()));
+      if (presence_) presence_(vm, true);
+    }
+  }
+  if (device.num_queues() < 2) return;  // (not loaded: nothing of a session to look at)
   if (!seen_.insert(&device).second) return;  // (again after a reconfiguration)
   // A device that starts for the first time with requests consumed already
   // was started by another vsocketd: QEMU brought the rings' state along

@@ -18,7 +18,14 @@
 // (the session as a whole), unknown-connection, reason migration. The
 // library takes it as its backend gone (RESYNC for anything still on the
 // rings, decision 094) and opens a new session through vsocket-guestd.
+//
+// The directory follows (decision 116): the switchover withdraws the VM
+// from this host's records, and a VM configured `incoming` (or withdrawn
+// so) is published when a device of it starts here: the guest arrived, or
+// came back (a migration that failed after the switchover).
 #pragma once
+
+#include <functional>
 
 #include <atomic>
 #include <cstdint>
@@ -36,11 +43,19 @@ struct MigrationCounters {
   std::atomic<uint64_t> undrains{0};   // those drains lifted (cancelled, or the VM left)
   std::atomic<uint64_t> arrivals{0};   // devices that started with a session another vsocketd opened
   std::atomic<uint64_t> told{0};       // of those, told so on their event queue
+  std::atomic<uint64_t> withdrawn{0};  // VMs withdrawn from the directory at a switchover
+  std::atomic<uint64_t> published{0};  // VMs published when their first device started (arrived)
 };
+
+// Where a VM runs, for the directory: `here` true when it starts running on
+// this host (published), false when it left (withdrawn). Called from the
+// vhost-user thread (left) and the worker thread (here); must not block.
+using VmPresence = std::function<void(const vhost::PortConfig& vm, bool here)>;
 
 class Migrations {
  public:
-  Migrations(ConnManager* conns, MigrationCounters* counters) : conns_(*conns), counters_(*counters) {}
+  Migrations(ConnManager* conns, MigrationCounters* counters, VmPresence presence = nullptr)
+      : conns_(*conns), presence_(std::move(presence)), counters_(*counters) {}
 
   // The vhost thread: `device`'s dirty log went on (logging) or off, or
   // the device stopped with its log on (logging false, device.stopping()).
@@ -48,7 +63,7 @@ class Migrations {
   void DirtyLogChanged(vhost::BackendDevice& device, bool logging) EXCLUDES(mu_);
 
   // The worker thread.
-  void OnAttach(vhost::BackendDevice& device);
+  void OnAttach(vhost::BackendDevice& device) EXCLUDES(mu_);
   void OnDetach(vhost::BackendDevice& device);
   // Tells an arrived device's library its session is unknown here (once,
   // when an event buffer is there). True if it wrote.
@@ -57,12 +72,20 @@ class Migrations {
   bool WaitsForBuffer(vhost::BackendDevice& device) const { return to_tell_.count(&device) != 0; }
 
  private:
+  // The vhost thread: the VM's last logging device stopped.
+  void Left(const vhost::PortConfig& vm) REQUIRES(mu_);
+
   ConnManager& conns_;
+  const VmPresence presence_;
   Mutex mu_;
   // Per VM (port index): the devices whose log is on, and whether the
   // drain under way is this migration's (not the operator's).
   std::set<std::pair<uint32_t, uint64_t>> logging_ GUARDED_BY(mu_);
   std::set<uint32_t> drained_ GUARDED_BY(mu_);
+  // VMs not published until a device of theirs starts: those that left at
+  // a switchover, and `incoming` ones (PortConfig) not arrived yet.
+  std::set<uint32_t> left_ GUARDED_BY(mu_);
+  std::set<uint32_t> arrived_ GUARDED_BY(mu_);
   // Worker thread only.
   std::unordered_set<const vhost::BackendDevice*> seen_;
   std::unordered_set<const vhost::BackendDevice*> to_tell_;

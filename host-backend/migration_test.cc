@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -23,7 +24,10 @@ using proto::Reason;
 
 class MigrationsTest : public ::testing::Test {
  protected:
-  MigrationsTest() : migrations_(&cm_, &counters_) {
+  MigrationsTest()
+      : migrations_(&cm_, &counters_, [this](const vhost::PortConfig& vm, bool here) {
+          presence_.push_back((here ? "here " : "left ") + vm.vm_name);
+        }) {
     SetLogLevel(LogLevel::kError);
     port_.vm_name = "vm";
     port_.index = 3;
@@ -40,6 +44,7 @@ class MigrationsTest : public ::testing::Test {
   Migrations migrations_;
   vhost::PortConfig port_;
   std::shared_ptr<vhost::BackendDevice> dev1_, dev2_;
+  std::vector<std::string> presence_;  // what the directory was told
 };
 
 TEST_F(MigrationsTest, TheFirstLogOnDrainsTheVmAndTheLastLogOffLiftsIt) {
@@ -82,6 +87,51 @@ TEST_F(MigrationsTest, ALogTurnedOnTwiceCountsOnce) {
   migrations_.DirtyLogChanged(*dev1_, false);
   EXPECT_EQ(Applied(), Reason::kNone);
   EXPECT_EQ(counters_.drains.load(), 1u);
+}
+
+// Decision 116: the directory follows a QEMU migration. The destination's
+// VM (incoming) is published when its first device starts, once.
+TEST_F(MigrationsTest, AnIncomingVmIsPublishedWhenItsFirstDeviceStarts) {
+  port_.incoming = true;
+  EXPECT_TRUE(presence_.empty());
+  migrations_.OnAttach(*dev1_);
+  migrations_.OnAttach(*dev2_);
+  migrations_.OnAttach(*dev1_);  // (again after a reconfiguration)
+  EXPECT_EQ(presence_, std::vector<std::string>{"here vm"});
+  EXPECT_EQ(counters_.published.load(), 1u);
+}
+
+// The source: the last logging device's stop (the switchover) withdraws the
+// VM, once; a device of it that starts here again (the migration failed
+// after the switchover, or the VM came back) publishes it again.
+TEST_F(MigrationsTest, TheSwitchoverWithdrawsTheVmAndADeviceThatStartsAgainPublishesIt) {
+  migrations_.OnAttach(*dev1_);
+  migrations_.OnAttach(*dev2_);
+  EXPECT_TRUE(presence_.empty());  // configured here: published at vsocketd's start
+  migrations_.DirtyLogChanged(*dev1_, true);
+  migrations_.DirtyLogChanged(*dev2_, true);
+  dev1_->set_stopping();
+  migrations_.DirtyLogChanged(*dev1_, false);
+  EXPECT_TRUE(presence_.empty());  // dev2 still runs: not switched over yet
+  dev2_->set_stopping();
+  migrations_.DirtyLogChanged(*dev2_, false);
+  EXPECT_EQ(presence_, std::vector<std::string>{"left vm"});
+  EXPECT_EQ(counters_.withdrawn.load(), 1u);
+  auto dev3 = std::make_shared<vhost::BackendDevice>(-1, 3, &port_);
+  migrations_.OnAttach(*dev3);
+  EXPECT_EQ(presence_, (std::vector<std::string>{"left vm", "here vm"}));
+  EXPECT_EQ(counters_.published.load(), 1u);
+}
+
+// A cancelled migration (the log off with the devices running) and a stop
+// without the log (a guest process that exits) change nothing.
+TEST_F(MigrationsTest, ACancelledMigrationOrAStopWithoutTheLogLeavesTheDirectoryAlone) {
+  migrations_.DirtyLogChanged(*dev1_, true);
+  migrations_.DirtyLogChanged(*dev1_, false);
+  dev2_->set_stopping();
+  migrations_.OnDetach(*dev2_);
+  EXPECT_TRUE(presence_.empty());
+  EXPECT_EQ(counters_.withdrawn.load(), 0u);
 }
 
 // Decision 106: a same-VM pair on the rings whose devices stop with their

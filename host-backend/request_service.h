@@ -27,7 +27,11 @@ struct ServiceCounters {
 
 class RequestService : public DeviceService {
  public:
-  RequestService(ConnManager* conns, Peering* peering) : conns_(*conns), peering_(*peering), migrations_(conns, &counters_.migration) {}
+  RequestService(ConnManager* conns, Peering* peering)
+      : conns_(*conns),
+        peering_(*peering),
+        migrations_(conns, &counters_.migration,
+                    [peering](const vhost::PortConfig& vm, bool here) { peering->DirectoryVmPresence(vm, here); }) {}
 
   void OnAttach(vhost::BackendDevice& device) override {
     conns_.OnAttach(device);

@@ -1,11 +1,11 @@
 #include "host-backend/directory/etcd_publisher.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "base/clock.h"
 #include "base/log.h"
-#include "host-backend/directory/pause.h"
 
 namespace vsocket::directory {
 
@@ -76,19 +76,58 @@ std::string EtcdPublisher::KeyOf(const std::string& vm, const VmRecord& r) const
   return VmKey(options_.tenant_prefix, r.tenant, host_, vm);
 }
 
+bool EtcdPublisher::StageSet(const std::string& vm, const VmRecord& record, std::string* stale) {
+  auto was = vms_.find(vm);
+  if (was != vms_.end() && EncodeVm(was->second) == EncodeVm(record) && was->second.tenant == record.tenant)
+    return false;
+  if (was != vms_.end() && was->second.tenant != record.tenant) {
+    *stale = KeyOf(vm, was->second);
+    removed_.insert(*stale);
+  }
+  vms_[vm] = record;
+  removed_.erase(KeyOf(vm, record));
+  ++changes_;
+  return true;
+}
+
+bool EtcdPublisher::StageRemove(const std::string& vm, std::string* key) {
+  auto it = vms_.find(vm);
+  if (it == vms_.end()) return false;
+  *key = KeyOf(vm, it->second);
+  vms_.erase(it);
+  removed_.insert(*key);
+  ++changes_;
+  return true;
+}
+
+void EtcdPublisher::SetVmSoon(const std::string& vm, VmRecord record) {
+  {
+    MutexLock lock(mu_);
+    std::string stale;
+    if (!StageSet(vm, record, &stale)) return;
+    resync_ = soon_ = true;
+  }
+  cv_.NotifyAll();
+  VS_LOG(kInfo, "directory: VM %s runs here: publishing", vm.c_str());
+}
+
+void EtcdPublisher::RemoveVmSoon(const std::string& vm) {
+  {
+    MutexLock lock(mu_);
+    std::string key;
+    if (!StageRemove(vm, &key)) return;
+    resync_ = soon_ = true;
+  }
+  cv_.NotifyAll();
+  VS_LOG(kInfo, "directory: VM %s left this host: withdrawing", vm.c_str());
+}
+
 void EtcdPublisher::SetVm(const std::string& vm, VmRecord record) {
   int64_t lease;
   std::string stale;  // its key under another tenant, if its tenant changed
   {
     MutexLock lock(mu_);
-    auto was = vms_.find(vm);
-    if (was != vms_.end() && was->second.tenant != record.tenant) {
-      stale = KeyOf(vm, was->second);
-      removed_.insert(stale);
-    }
-    vms_[vm] = record;
-    removed_.erase(KeyOf(vm, record));
-    ++changes_;
+    if (!StageSet(vm, record, &stale)) return;
     lease = published_ ? lease_ : 0;
   }
   if (lease == 0) return;  // (written with the rest when it publishes)
@@ -106,12 +145,7 @@ void EtcdPublisher::RemoveVm(const std::string& vm) {
   std::string key;
   {
     MutexLock lock(mu_);
-    auto it = vms_.find(vm);
-    if (it == vms_.end()) return;
-    key = KeyOf(vm, it->second);
-    vms_.erase(it);
-    removed_.insert(key);
-    ++changes_;
+    if (!StageRemove(vm, &key)) return;
     lease = published_ ? lease_ : 0;
   }
   if (lease == 0) return;  // (its key went with the lease, or was never written)
@@ -197,6 +231,7 @@ void EtcdPublisher::Run() {
   int backoff = options_.backoff_min_ms;
   // Renewed three times per TTL: two renewals may fail before it expires.
   const int renew_ms = std::max(300, options_.ttl_s * 1000 / 3);
+  int64_t renewed_ms = MonotonicMs();  // (a publish grants a fresh lease)
   while (!stop_) {
     bool published, resync;
     int64_t lease;
@@ -209,11 +244,15 @@ void EtcdPublisher::Run() {
     Status st;
     if (!published) {
       st = Publish();
+      renewed_ms = MonotonicMs();
     } else {
-      // A resync puts under the lease (refused once it expired) or renews it.
-      if (resync) {
+      // A resync puts under the lease (refused once it expired) or renews
+      // it; changes that come faster than the renewals do not starve them.
+      if (resync && MonotonicMs() - renewed_ms < renew_ms) {
         st = Resync(lease);
       } else {
+        renewed_ms = MonotonicMs();
+        resync = false;
         const int64_t asked_ms = MonotonicMs();
         auto ttl = client_->KeepAlive(lease);
         st = ttl.status();
@@ -237,7 +276,13 @@ void EtcdPublisher::Run() {
     }
     if (st.ok()) {
       backoff = options_.backoff_min_ms;
-      if (!Pause(renew_ms)) break;
+      bool more;
+      {
+        MutexLock lock(mu_);
+        more = resync_ && published_;  // (a change waited for the renewal, or came during the write)
+      }
+      if (more) continue;
+      if (!Pause(static_cast<int>(std::max<int64_t>(0, renew_ms - (MonotonicMs() - renewed_ms))))) break;
     } else {
       Failed(st);
       if (!Pause(backoff)) break;
@@ -253,6 +298,21 @@ void EtcdPublisher::Failed(const Status& why) {
   last_error_ = why.message();
 }
 
-bool EtcdPublisher::Pause(int ms) { return PauseUnlessStopped(mu_, cv_, stop_, ms); }
+bool EtcdPublisher::Pause(int ms) {
+  // Ended early by a *Soon change while published (not published: the
+  // next publish writes it, after the backoff).
+  int64_t until = MonotonicMs() + ms;
+  UniqueLock lock(mu_);
+  while (!stop_.load()) {
+    if (soon_ && published_) {
+      soon_ = false;
+      return true;
+    }
+    int64_t left = until - MonotonicMs();
+    if (left <= 0) return true;
+    cv_.WaitFor(lock, std::chrono::milliseconds(left));
+  }
+  return false;
+}
 
 }  // namespace vsocket::directory

@@ -66,6 +66,13 @@ class EtcdPublisher {
   // thread; waits for etcd (its timeouts) only while published.
   void SetVm(const std::string& vm, VmRecord record) EXCLUDES(mu_);
   void RemoveVm(const std::string& vm) EXCLUDES(mu_);
+  // The same, for a thread that must not wait on etcd (the vhost-user and
+  // worker threads at a live migration's switchover and arrival, decision
+  // 116): the change is kept and the publisher's thread writes it at once
+  // (or when etcd answers again). A VM already published with that record,
+  // or not published, is left alone.
+  void SetVmSoon(const std::string& vm, VmRecord record) EXCLUDES(mu_);
+  void RemoveVmSoon(const std::string& vm) EXCLUDES(mu_);
 
  private:
   void Run();
@@ -76,6 +83,10 @@ class EtcdPublisher {
   Status Resync(int64_t lease);
   // A change was not written (or raced a publish): Run resyncs.
   void NeedResync(const Status& why) EXCLUDES(mu_);
+  // The sets' part of SetVm/RemoveVm: the key (and a stale one) to write,
+  // or false if there is nothing to change.
+  bool StageSet(const std::string& vm, const VmRecord& record, std::string* stale) REQUIRES(mu_);
+  bool StageRemove(const std::string& vm, std::string* key) REQUIRES(mu_);
   bool Pause(int ms) EXCLUDES(mu_);
   void Failed(const Status& why) EXCLUDES(mu_);
   std::string KeyOf(const std::string& vm, const VmRecord& r) const;
@@ -100,6 +111,7 @@ class EtcdPublisher {
   std::set<std::string> removed_ GUARDED_BY(mu_);        // keys of VMs left since the last full write
   uint64_t changes_ GUARDED_BY(mu_) = 0;                 // SetVm/RemoveVm calls
   bool resync_ GUARDED_BY(mu_) = false;
+  bool soon_ GUARDED_BY(mu_) = false;  // a *Soon change waits for Run: its pause ends
 
   std::thread thread_;  // joined by Stop
 };

@@ -86,11 +86,12 @@ Status Peering::StartDirectory(const DaemonConfig& config) {
     VS_LOG(kWarn, "directory: %s not read within %d ms (%s); starting with an empty cache, still trying",
            etcd_locator_->Describe().c_str(), kDirectorySyncMs, etcd_locator_->Health().last_error.c_str());
 
-  // This host and the VMs that run here now (not those `away`).
+  // This host and the VMs that run here now (not those `away`, nor those
+  // `incoming`: published when their first device starts, decision 116).
   directory::HostRecord host{config.peer_listen, {config.fabric}};
   std::map<std::string, directory::VmRecord> vms;
   for (const vhost::PortConfig& p : config.vms)
-    if (!p.away) vms[p.vm_name] = VmRecordOf(p);
+    if (!p.away && !p.incoming) vms[p.vm_name] = VmRecordOf(p);
   directory::EtcdPublisher::Options publisher_options;
   publisher_options.counters = &counters_.directory;
   etcd_publisher_ = std::make_unique<directory::EtcdPublisher>(etcd_, host_name_, std::move(host), std::move(vms),
@@ -212,6 +213,12 @@ void Peering::DirectoryVmHere(const vhost::PortConfig& vm, int follow_ms) {
     if (etcd_locator_->Find(vm.tenant_id, addr) == host_name_) return;
   VS_LOG(kWarn, "directory: VM %s published, but not yet seen by this host's watch after %d ms", vm.vm_name.c_str(),
          follow_ms);
+}
+
+void Peering::DirectoryVmPresence(const vhost::PortConfig& vm, bool here) {
+  if (!etcd_publisher_) return;
+  if (here) etcd_publisher_->SetVmSoon(vm.vm_name, VmRecordOf(vm));
+  else etcd_publisher_->RemoveVmSoon(vm.vm_name);
 }
 
 void Peering::DirectoryVmAway(const std::string& vm) {

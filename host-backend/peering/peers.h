@@ -144,6 +144,11 @@ class Peering : public RemoteHosts {
   // shows the record.
   void DirectoryVmHere(const vhost::PortConfig& vm, int follow_ms = 1000);
   void DirectoryVmAway(const std::string& vm);
+  // A QEMU live migration's ends (decision 116): the VM's first device
+  // started here (here) or its last one stopped at the switchover. Its
+  // record is written or withdrawn by the publisher's thread, at once;
+  // this never waits for etcd (the vhost-user and worker threads call it).
+  void DirectoryVmPresence(const vhost::PortConfig& vm, bool here);
   // The tenants this host's VMs (here or away) have, after vsocketctl vm
   // add/remove (decision 105): the directory follows those (decision 103).
   // Any thread; nothing with a static file.

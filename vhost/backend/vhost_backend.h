@@ -54,6 +54,12 @@ struct PortConfig {
   // The VM is configured here but runs on another host (a migration
   // target): vsocketd opens its port only at `vsocketctl migrate end`.
   bool away = false;
+  // A QEMU live migration's destination (decision 116): the port opens at
+  // once (QEMU -incoming attaches at its start), but the VM is published in
+  // the etcd directory only when its first device starts here (the guest
+  // arrived). A VM that leaves by a live migration (its last device with the
+  // dirty log on stopped: the switchover) is withdrawn and waits the same way.
+  bool incoming = false;
   // Process mode: a registration must name a TCP socket its process proved
   // it holds (PATH.proof; socket_proof.h). Off for frontends that cannot
   // (QEMU VMs, raw-protocol tests).
