@@ -96,6 +96,9 @@ XFER_BYTES=${XFER_BYTES:-200000000}
 GUEST_LOAD=$XFER_BYTES,400
 # PIDs this script started: the two QEMUs, the two daemons.
 SRC_PID="" DST_PID="" DA_PID="" DB_PID=""
+# The etcd directory's cases (MIG_ETCD=1, decision 116): one etcd on
+# loopback for the whole run (ETCD_PID), started by the first such case.
+ETCD_PID="" ETCD_PORT="" MIG_ETCD=0
 stop_pid() {
   local pid=$1 i
   [ -n "$pid" ] || return 0
@@ -108,7 +111,7 @@ stop_all() {
   stop_pid "$SRC_PID"; stop_pid "$DST_PID"; stop_pid "$DA_PID"; stop_pid "$DB_PID"
   SRC_PID="" DST_PID="" DA_PID="" DB_PID=""
 }
-cleanup() { stop_all; rm -rf "$WORK"; }
+cleanup() { stop_all; stop_pid "$ETCD_PID"; rm -rf "$WORK"; }
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
@@ -175,13 +178,65 @@ JOB
   cat "$VM_CACHE/initramfs.cpio.gz" "$WORK/extra.cpio.gz" > "$WORK/initrd"
 }
 
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+etcd_up() {
+  local peer i
+  [ -n "$ETCD_PID" ] && return 0
+  command -v etcd >/dev/null || return 1
+  bash deploy/make-certs.sh "$WORK/certs" hostA hostB >/dev/null 2>&1 || return 1
+  ETCD_PORT=$(free_port) peer=$(free_port)
+  etcd --name mig --data-dir "$WORK/etcd" --listen-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" --listen-peer-urls "http://127.0.0.1:$peer" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$peer" --initial-cluster "mig=http://127.0.0.1:$peer" \
+    >"$WORK/etcd.log" 2>&1 &
+  ETCD_PID=$!
+  for i in $(seq 100); do mig_etcdctl endpoint health >/dev/null 2>&1 && return 0; sleep 0.1; done
+  return 1
+}
+mig_etcdctl() { ETCDCTL_API=3 timeout 10 etcdctl --endpoints "127.0.0.1:$ETCD_PORT" "$@"; }
+# vm_hosts: the hosts whose records in etcd hold the guest's VM (vmq,
+# tenant 1), sorted: "hostA", "hostB", "" or "hostA hostB".
+vm_hosts() {
+  mig_etcdctl get --prefix --keys-only /vsocket/tenants/ 2>/dev/null | awk -F/ 'NF && $NF == "vmq" { print $(NF - 1) }' |
+    sort | tr '\n' ' ' | sed 's/ $//'
+}
+vm_hosts_are() { [ "$(vm_hosts)" = "$1" ]; }
+# wait_ms MS CMD...: runs CMD every 50 ms until it succeeds (0) or MS pass
+# (1); WAITED_MS: how long it took.
+wait_ms() {
+  local t0 now limit=$1
+  shift
+  t0=$(date +%s%3N)
+  while :; do
+    now=$(date +%s%3N)
+    WAITED_MS=$((now - t0))
+    "$@" && return 0
+    [ "$WAITED_MS" -lt "$limit" ] || return 1
+    sleep 0.05
+  done
+}
+
 # start_daemon NAME [ENV...]: vsocketd NAME with the guest's port (vmq,
 # tenant 1, 203.0.113.10) on $WORK/NAME.sock, control socket
-# $WORK/NAME.ctl; pid in DAEMON_PID.
+# $WORK/NAME.ctl; pid in DAEMON_PID. With MIG_ETCD=1: as host${NAME^^}
+# (hostA, hostB) with locator = etcd, and B's VM incoming (decision 116).
 start_daemon() {
-  local name=$1 i
+  local name=$1 i conf=()
   shift
-  env "$@" VSOCKET_VM_VMQ_PROVE_SOCKETS=false "$VSOCKETD" --ctl "$WORK/$name.ctl" --log-level info \
+  if [ "$MIG_ETCD" = 1 ]; then
+    local host=host${name^^}
+    cat >"$WORK/$name.conf" <<CONF
+host_name = $host
+peer_listen = 127.0.0.1:$(free_port)
+tls_cert = $WORK/certs/$host.crt
+tls_key = $WORK/certs/$host.key
+tls_ca = $WORK/certs/ca.crt
+locator = etcd://127.0.0.1:$ETCD_PORT
+CONF
+    conf=(--config "$WORK/$name.conf")
+    [ "$name" = b ] && set -- "$@" VSOCKET_VM_VMQ_INCOMING=true
+  fi
+  env "$@" VSOCKET_VM_VMQ_PROVE_SOCKETS=false "$VSOCKETD" "${conf[@]}" --ctl "$WORK/$name.ctl" --log-level info \
     --port "$WORK/$name.sock,vmq,1,203.0.113.10" >"$WORK/$name.log" 2>&1 &
   DAEMON_PID=$!
   for i in $(seq 100); do
@@ -257,6 +312,10 @@ boot_pair() {
   shift
   stop_all
   rm -f "$WORK"/{a,b}.{log,ctl,sock} "$WORK"/{src,dst}.{console,qmp,qemu.log} "$WORK"/*.ram
+  if [ "$MIG_ETCD" = 1 ]; then
+    etcd_up || { fail "$case" "etcd did not start (etcd-server installed? $WORK/etcd.log: $(tail -2 "$WORK/etcd.log" 2>/dev/null | tr '\n' ' '))"; return 1; }
+    mig_etcdctl del --prefix /vsocket/ >/dev/null
+  fi
   start_daemon a "$@" || { fail "$case" "vsocketd A did not start"; return 1; }
   DA_PID=$DAEMON_PID
   start_daemon b || { fail "$case" "vsocketd B did not start"; return 1; }
@@ -329,6 +388,10 @@ PY
 run_migration() {
   local case=$1
   boot_pair "$@" || return 1
+  if [ "$MIG_ETCD" = 1 ]; then
+    # Before: the VM in hostA's records only (hostB's is incoming).
+    wait_ms 3000 vm_hosts_are hostA || { fail "$case" "before the migration the directory places vmq on '$(vm_hosts)', want hostA"; return 1; }
+  fi
   ACCEL_BEFORE=$(stat "$WORK/a.ctl" accel_bytes)
   qmp "$WORK/src.qmp" migrate-set-parameters '{"max-bandwidth": 1073741824, "downtime-limit": 300}' >/dev/null
   local t0=$SECONDS
@@ -341,6 +404,13 @@ run_migration() {
   [ "$MIG_STATUS" = completed ] || { fail "$case" "migration $MIG_STATUS: $MIG"; return 1; }
   wait_for 30 status_is dst paused || { fail "$case" "the destination is not paused after the migration"; return 1; }
   wait_for 30 status_is src postmigrate || { fail "$case" "the source is not stopped after the migration"; return 1; }
+  if [ "$MIG_ETCD" = 1 ]; then
+    # The switchover withdrew it from hostA's records; hostB's devices have
+    # not started (-S): in nobody's (decision 116).
+    wait_ms 2000 vm_hosts_are "" ||
+      { fail "$case" "after the switchover the directory places vmq on '$(vm_hosts)', want nowhere until the destination runs"; return 1; }
+    WITHDRAWN_MS=$WAITED_MS
+  fi
   compare_ram "$case" || return 1
   LOG_STARTS=$(stat "$WORK/a.ctl" dirty_log_starts) LOG_BYTES=$(stat "$WORK/a.ctl" dirty_log_bytes)
   LOG_RANGES=$(stat "$WORK/a.ctl" dirty_log_writes)
@@ -385,8 +455,12 @@ for l in open(sys.argv[1]):
 print("; ".join("%d end(s) %s" % (n, k) for k, n in c.items()))' "$WORK/report.jsonl")"
 }
 
+# (With the etcd directory: the daemons are hostA and hostB, locator =
+# etcd, the VM incoming on hostB; the directory must follow: hostA only
+# before, nowhere after the switchover, hostB only once the destination
+# runs, decision 116.)
 case_migrate_under_load() {
-  local t0=$SECONDS retried=""
+  local t0=$SECONDS retried="" MIG_ETCD=1
   run_migration migrate_under_load || return
   if [ "$DIFF_PAGES" != 0 ]; then
     # One run in 26 so far found one page different, not traced to a write
@@ -408,6 +482,11 @@ case_migrate_under_load() {
   [ "$(grep -c "^mig: " "$WORK/dst.console" 2>/dev/null)" = 0 ] ||
     { fail migrate_under_load "the destination ran before it was continued"; return; }
   qmp "$WORK/dst.qmp" cont >/dev/null || { fail migrate_under_load "cont on the destination failed"; return; }
+  # The destination's first device started: hostB publishes it (decision
+  # 116), and hostA keeps out.
+  wait_ms 2000 vm_hosts_are hostB ||
+    { fail migrate_under_load "after cont on the destination the directory places vmq on '$(vm_hosts)' ($WAITED_MS ms), want hostB"; return; }
+  local published_ms=$WAITED_MS
   wait_for 30 console_has dst "^mig: " || { fail migrate_under_load "the migrated guest does not run on the destination"; return; }
   echo "  destination continued, the guest runs on: $(grep "^mig: " "$WORK/dst.console" | grep -v tick | head -3 | tr '\n' ';')"
   # The connections go on on the destination: every byte checked by xfer,
@@ -422,6 +501,10 @@ case_migrate_under_load() {
   [ "$(stat "$WORK/b.ctl" upgrades)" -ge 2 ] && [ "$(stat "$WORK/b.ctl" accel_bytes)" -gt 0 ] ||
     { fail migrate_under_load "nothing accelerated through vsocketd B after the move"; return; }
   kill -0 "$DA_PID" && kill -0 "$DB_PID" || { fail migrate_under_load "a vsocketd died"; return; }
+  echo "  directory (etcd): hostA only before; nowhere ${WITHDRAWN_MS} ms after QEMU reported completed; hostB only ${published_ms} ms after cont; hostA migration_withdrawn $(stat "$WORK/a.ctl" migration_withdrawn), hostB migration_published $(stat "$WORK/b.ctl" migration_published)"
+  [ "$(stat "$WORK/a.ctl" migration_withdrawn)" = 1 ] && [ "$(stat "$WORK/b.ctl" migration_published)" = 1 ] ||
+    { fail migrate_under_load "counters: hostA migration_withdrawn $(stat "$WORK/a.ctl" migration_withdrawn), hostB migration_published $(stat "$WORK/b.ctl" migration_published), want 1 and 1"; return; }
+  [ "$(vm_hosts)" = hostB ] || { fail migrate_under_load "at the end the directory places vmq on '$(vm_hosts)', want hostB"; return; }
   stop_all
   [ -z "$retried" ] || echo "  ${retried#; }"
   pass migrate_under_load $((SECONDS - t0))
@@ -472,7 +555,7 @@ case_migrate_without_dirty_log() {
 #                            breaks), as for any failure on the other side.
 # precopy_ends CASE HOW: HOW is cancel or kill-destination.
 precopy_ends() {
-  local case=$1 how=$2 t0=$SECONDS want
+  local case=$1 how=$2 t0=$SECONDS want MIG_ETCD=1
   boot_pair "$case" || return
   # Slow enough to still be copying when it ends (256 MiB at 16 MiB/s).
   qmp "$WORK/src.qmp" migrate-set-parameters '{"max-bandwidth": 16777216}' >/dev/null
@@ -515,6 +598,11 @@ precopy_ends() {
     { fail "$case" "vsocketd A asked $(stat "$WORK/a.ctl" drains_asked) connection ends to leave the rings during the pre-copy"; return; }
   job_checks "$case" src || return
   grep -q "dirty log off (VHOST_F_LOG_ALL cleared" "$WORK/a.log" || { fail "$case" "no 'dirty log off' in vsocketd A's log"; return; }
+  # The directory (etcd): the VM never left hostA's records, and hostB,
+  # whose devices never started, never published it (decision 116).
+  echo "  directory (etcd): vmq on '$(vm_hosts)'; hostA migration_withdrawn $(stat "$WORK/a.ctl" migration_withdrawn), hostB migration_published $(stat "$WORK/b.ctl" migration_published 2>/dev/null)"
+  [ "$(vm_hosts)" = hostA ] && [ "$(stat "$WORK/a.ctl" migration_withdrawn)" = 0 ] ||
+    { fail "$case" "after the $how the directory places vmq on '$(vm_hosts)' (hostA withdrew it $(stat "$WORK/a.ctl" migration_withdrawn) times), want hostA"; return; }
   kill -0 "$DA_PID" || { fail "$case" "vsocketd A died"; return; }
   stop_all
   pass "$case" $((SECONDS - t0))
