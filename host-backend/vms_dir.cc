@@ -69,7 +69,7 @@ bool IsVmName(const std::string& name) {
 Result<VmDropIn> ParseVmAdd(const std::vector<std::string>& words) {
   static const char kUsage[] =
       "usage: vm add NAME --socket PATH --tenant T [--addresses A[,B...]] [--group G] "
-      "[--prove-sockets true|false|agent] [--direct off|same-tenant|same-vm]";
+      "[--prove-sockets true|false|agent] [--direct off|same-tenant|same-vm] [--incoming true]";
   if (words.empty() || words[0].rfind("--", 0) == 0) return Invalid(kUsage);
   const std::string& name = words[0];
   if (!IsVmName(name))
