@@ -254,8 +254,12 @@ bed_up() {
     out=$(ctl "$h" locator set 1 "$VM_ADDR" hostA 2>&1) || { echo "$h: locator set: $out"; return 1; }
   done
   local port
+  # The servers' bound covers the guest's boot, its 12 s of ticks, two
+  # moves and the job (about 180 s here): 420 s. At 250 s it killed the
+  # stream's server mid-stream on a loaded machine (the guest's client then
+  # read an early EOF: two CPU hogs beside the case, 2026-11-30).
   for port in 5301 5302; do
-    VSOCKET_UPGRADE=always VSOCKET_REPORT=$WORK/peer.jsonl LD_PRELOAD=$([ "${NOVS:-0}" = 1 ] || echo "$BIN/guest/libvsocket.so") $TB exec "$PEER" timeout 250 \
+    VSOCKET_UPGRADE=always VSOCKET_REPORT=$WORK/peer.jsonl LD_PRELOAD=$([ "${NOVS:-0}" = 1 ] || echo "$BIN/guest/libvsocket.so") $TB exec "$PEER" timeout 420 \
       "$BIN/tests/e2e/xfer" server "$PEER_ADDR" "$port" --conns 1 \
       $([ "$port" = 5301 ] && echo "--rounds $STREAM_ROUNDS --gap-ms 250" || echo "--rounds $RR_ROUNDS --gap-ms 10") \
       > "$WORK/server$port.out" 2>&1 &
@@ -302,6 +306,20 @@ while True:
         break
     if x != y:
         diff.append("0x%x" % (n * 4096))
+        if len(diff) <= 3:  # what differs, on stderr (the case's output): byte runs, source vs destination
+            runs, i = [], 0
+            while i < 4096:
+                if x[i] != y[i]:
+                    j = i
+                    while j < 4096 and x[j] != y[j]:
+                        j += 1
+                    runs.append((i, j))
+                    i = j
+                else:
+                    i += 1
+            print("  page 0x%x: %d bytes differ in %d runs: %s" % (n * 4096, sum(j - i for i, j in runs), len(runs),
+                  ", ".join("+0x%x..0x%x src %s dst %s" % (i, j, x[i:min(j, i + 16)].hex(), y[i:min(j, i + 16)].hex())
+                            for i, j in runs[:6])), file=sys.stderr)
     n += 1
 print(len(diff), " ".join(diff[:8]))
 PY
@@ -334,7 +352,7 @@ job_checks() {
   SERVER_PIDS=()
   grep -q "^mig: stream exit 0" "$WORK/$name.console" && grep -q "^mig: rr exit 0" "$WORK/$name.console" &&
     [ "$(grep -c "^mig: .*: xfer client: 1/1 connections verified" "$WORK/$name.console")" = 2 ] ||
-    { fail "$case" "an xfer client failed: $(grep -E "^mig: (stream|rr)" "$WORK/$name.console" | head -6 | tr '\n' ';')"; return 1; }
+    { fail "$case" "an xfer client failed: $(grep -E "^mig: (stream|rr) exit|^mig: (stream|rr): .*(xfer|rror|ailed|ismatch|refused|reset|W )" "$WORK/$name.console" | head -12 | tr '\n' ';')"; return 1; }
   grep -q "1/1 connections verified" "$WORK/server5301.out" && grep -q "1/1 connections verified" "$WORK/server5302.out" ||
     { fail "$case" "an xfer server did not verify its connection: $(cat "$WORK"/server*.out | tr '\n' ';')"; return 1; }
   grep "^mig: report: " "$WORK/$name.console" | sed 's/^mig: report: //' | tr -d '\r' > "$WORK/report.jsonl"
