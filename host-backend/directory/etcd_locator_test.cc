@@ -44,6 +44,15 @@ class EtcdLocatorTest : public ::testing::Test {
     EXPECT_TRUE(l->WaitSynced(5000));
     return l;
   }
+  // hostA's publisher (127.0.0.1:7300, tcp) with `vms`, started; expected
+  // to publish within 5 s.
+  std::unique_ptr<EtcdPublisher> StartHostA(std::map<std::string, VmRecord> vms, const EtcdPublisher::Options& o) {
+    auto pub =
+        std::make_unique<EtcdPublisher>(client_, "hostA", HostRecord{"127.0.0.1:7300", {"tcp"}}, std::move(vms), o);
+    pub->Start();
+    EXPECT_TRUE(pub->WaitPublished(5000)) << pub->Health().last_error;
+    return pub;
+  }
   Status PutVm(const std::string& host, const std::string& vm, uint32_t tenant, std::vector<std::string> addrs) {
     return client_->Put(Key(tenant, host, vm), EncodeVm({tenant, std::move(addrs)})).status();
   }
@@ -196,10 +205,8 @@ TEST_F(EtcdLocatorTest, PublishersRecordsVanishWhenItsLeaseIsNotKeptAlive) {
   auto loc = NewLocator();
   EtcdPublisher::Options o;
   o.ttl_s = 2;
-  auto pub = std::make_unique<EtcdPublisher>(client_, "hostA", HostRecord{"127.0.0.1:7300", {"tcp"}},
-                                             std::map<std::string, VmRecord>{{"vm1", {7, {"198.51.100.0/30"}}}}, o);
-  pub->Start();
-  ASSERT_TRUE(pub->WaitPublished(5000)) << pub->Health().last_error;
+  auto pub = StartHostA({{"vm1", {7, {"198.51.100.0/30"}}}}, o);
+  ASSERT_TRUE(pub->Health().published);
   // vsocketctl locator's "this host": the lease as etcd granted it.
   EXPECT_EQ(pub->Health().lease_ttl_s, 2);
   EXPECT_GE(pub->Health().lease_confirmed_ms_ago, 0);
@@ -292,10 +299,8 @@ TEST_F(EtcdLocatorTest, AVmThatArrivesOrLeavesIsPublishedOrWithdrawnAtOnce) {
   EtcdPublisher::Options o;
   o.backoff_min_ms = 50;
   o.backoff_max_ms = 200;
-  auto pub = std::make_unique<EtcdPublisher>(client_, "hostA", HostRecord{"127.0.0.1:7300", {"tcp"}},
-                                             std::map<std::string, VmRecord>{{"vm1", {7, {"198.51.100.1"}}}}, o);
-  pub->Start();
-  ASSERT_TRUE(pub->WaitPublished(5000)) << pub->Health().last_error;
+  auto pub = StartHostA({{"vm1", {7, {"198.51.100.1"}}}}, o);
+  ASSERT_TRUE(pub->Health().published);
   // vm10 arrives; vm1 leaves (its key alone: not vm10's, which it prefixes).
   pub->SetVm("vm10", {7, {"198.51.100.10"}});
   EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.10")) == "hostA"; }, 1000));
@@ -326,10 +331,8 @@ TEST_F(EtcdLocatorTest, ASoonChangeIsWrittenAtOnceAndNeverWaitsForEtcd) {
   o.ttl_s = 30;  // (renewed every 10 s: a change written within 1 s was not waiting for that)
   o.backoff_min_ms = 50;
   o.backoff_max_ms = 200;
-  auto pub = std::make_unique<EtcdPublisher>(client_, "hostA", HostRecord{"127.0.0.1:7300", {"tcp"}},
-                                             std::map<std::string, VmRecord>{{"vm1", {7, {"198.51.100.1"}}}}, o);
-  pub->Start();
-  ASSERT_TRUE(pub->WaitPublished(5000)) << pub->Health().last_error;
+  auto pub = StartHostA({{"vm1", {7, {"198.51.100.1"}}}}, o);
+  ASSERT_TRUE(pub->Health().published);
   pub->SetVmSoon("vm10", {7, {"198.51.100.10"}});
   EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.10")) == "hostA"; }, 1000));
   pub->RemoveVmSoon("vm1");
@@ -356,10 +359,8 @@ TEST_F(EtcdLocatorTest, SoonChangesDoNotStarveTheLeasesRenewal) {
   EtcdPublisher::Options o;
   o.ttl_s = 2;
   o.backoff_min_ms = 50;
-  auto pub = std::make_unique<EtcdPublisher>(client_, "hostA", HostRecord{"127.0.0.1:7300", {"tcp"}},
-                                             std::map<std::string, VmRecord>{}, o);
-  pub->Start();
-  ASSERT_TRUE(pub->WaitPublished(5000)) << pub->Health().last_error;
+  auto pub = StartHostA({}, o);
+  ASSERT_TRUE(pub->Health().published);
   const int64_t lease = pub->Health().lease;
   for (int i = 0; i < 50; ++i) {
     pub->SetVmSoon("vm", {7, {"198.51.100." + std::to_string(1 + i % 2)}});

@@ -343,41 +343,9 @@ compare_ram() {
   qmp "$WORK/src.qmp" pmemsave "{\"val\": 0, \"size\": $((RAM_MB << 20)), \"filename\": \"$WORK/src.ram\"}" >/dev/null &&
     qmp "$WORK/dst.qmp" pmemsave "{\"val\": 0, \"size\": $((RAM_MB << 20)), \"filename\": \"$WORK/dst.ram\"}" >/dev/null ||
     { fail "$case" "pmemsave failed"; return 1; }
-  read -r PAGES DIFF_PAGES DIFF_LIST < <(python3 - "$WORK/src.ram" "$WORK/dst.ram" <<'PY'
-import sys
-a, b = open(sys.argv[1], "rb"), open(sys.argv[2], "rb")
-pages, diff = 0, []
-while True:
-    x, y = a.read(4096), b.read(4096)
-    if not x and not y:
-        break
-    if x != y:
-        diff.append(pages)
-    pages += 1
-print(pages, len(diff), " ".join("0x%x" % (p * 4096) for p in diff[:12]) or "-")
-PY
-)
-  # What differs in the first few pages: byte ranges, source vs destination.
-  [ "$DIFF_PAGES" = 0 ] || python3 - "$WORK/src.ram" "$WORK/dst.ram" $DIFF_LIST <<'PY'
-import sys
-a, b = open(sys.argv[1], "rb"), open(sys.argv[2], "rb")
-for gpa in sys.argv[3:6]:
-    off = int(gpa, 16)
-    a.seek(off); b.seek(off)
-    x, y = a.read(4096), b.read(4096)
-    runs, i = [], 0
-    while i < 4096:
-        if x[i] != y[i]:
-            j = i
-            while j < 4096 and x[j] != y[j]:
-                j += 1
-            runs.append((i, j))
-            i = j
-        else:
-            i += 1
-    desc = ", ".join("+0x%x..0x%x src %s dst %s" % (i, j, x[i:min(j, i + 8)].hex(), y[i:min(j, i + 8)].hex()) for i, j in runs[:4])
-    print("  page %s: %d bytes differ in %d runs: %s" % (gpa, sum(j - i for i, j in runs), len(runs), desc))
-PY
+  # (What differs in the first three pages, source against destination,
+  # goes to stderr: the case's output.)
+  read -r PAGES DIFF_PAGES DIFF_LIST < <(python3 tests/vm/compare_ram.py "$WORK/src.ram" "$WORK/dst.ram")
   rm -f "$WORK/src.ram" "$WORK/dst.ram"
 }
 

@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""Compares two guest RAM images (QMP pmemsave) page by page.
+
+Usage: compare_ram.py SOURCE DESTINATION [--describe N]
+
+Prints one line on stdout, "PAGES DIFFERING FIRST...": the 4 KiB pages
+compared, how many differ, and the guest-physical addresses of the first 12
+that differ (0x...), or "-" for none. On stderr, for the first N differing
+pages (default 3), the byte runs that differ, source against destination
+(tests/vm/migrate.sh, tests/vm/migrate_hosts.sh).
+"""
+import argparse
+import sys
+
+PAGE = 4096
+
+
+def runs_of(x, y):
+    runs, i = [], 0
+    while i < len(x):
+        if x[i] != y[i]:
+            j = i
+            while j < len(x) and x[j] != y[j]:
+                j += 1
+            runs.append((i, j))
+            i = j
+        else:
+            i += 1
+    return runs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("source")
+    ap.add_argument("destination")
+    ap.add_argument("--describe", type=int, default=3)
+    args = ap.parse_args()
+    pages, diff = 0, []
+    with open(args.source, "rb") as a, open(args.destination, "rb") as b:
+        while True:
+            x, y = a.read(PAGE), b.read(PAGE)
+            if not x and not y:
+                break
+            if x != y:
+                diff.append(pages)
+                if len(diff) <= args.describe and len(x) == len(y):
+                    runs = runs_of(x, y)
+                    desc = ", ".join("+0x%x..0x%x src %s dst %s" % (i, j, x[i:min(j, i + 16)].hex(), y[i:min(j, i + 16)].hex())
+                                     for i, j in runs[:6])
+                    print("  page 0x%x: %d bytes differ in %d runs: %s" % (pages * PAGE, sum(j - i for i, j in runs),
+                                                                         len(runs), desc), file=sys.stderr)
+            pages += 1
+    print(pages, len(diff), " ".join("0x%x" % (p * PAGE) for p in diff[:12]) or "-")
+
+
+if __name__ == "__main__":
+    main()
