@@ -35,7 +35,7 @@ void Migrations::Left(const vhost::PortConfig& vm) {
   arrived_.erase(vm.index);
   counters_.withdrawn.fetch_add(1, std::memory_order_relaxed);
   VS_LOG(kInfo, "vm %s: its devices stopped with their dirty log on (the switchover): it runs elsewhere now; "
-                "not published here until a device of it starts here again",
+                "out of this host's directory records (etcd) until a device of it starts here again",
          vm.vm_name.c_str());
   if (presence_) presence_(vm, false);
 }
@@ -82,7 +82,7 @@ void Migrations::OnAttach(vhost::BackendDevice& device) {
       left_.erase(vm.index);
       arrived_.insert(vm.index);
       counters_.published.fetch_add(1, std::memory_order_relaxed);
-      VS_LOG(kInfo, "vm %s: device %lu started: the VM runs here (it arrived): published", vm.vm_name.c_str(),
+      VS_LOG(kInfo, "vm %s: device %lu started: the VM runs here (it arrived): in this host's directory records (etcd)", vm.vm_name.c_str(),
              static_cast<unsigned long>(device.id()));
       if (presence_) presence_(vm, true);
     }
