@@ -76,10 +76,8 @@ std::string EtcdPublisher::KeyOf(const std::string& vm, const VmRecord& r) const
   return VmKey(options_.tenant_prefix, r.tenant, host_, vm);
 }
 
-bool EtcdPublisher::StageSet(const std::string& vm, const VmRecord& record, std::string* stale) {
+void EtcdPublisher::StageSet(const std::string& vm, const VmRecord& record, std::string* stale) {
   auto was = vms_.find(vm);
-  if (was != vms_.end() && EncodeVm(was->second) == EncodeVm(record) && was->second.tenant == record.tenant)
-    return false;
   if (was != vms_.end() && was->second.tenant != record.tenant) {
     *stale = KeyOf(vm, was->second);
     removed_.insert(*stale);
@@ -87,7 +85,6 @@ bool EtcdPublisher::StageSet(const std::string& vm, const VmRecord& record, std:
   vms_[vm] = record;
   removed_.erase(KeyOf(vm, record));
   ++changes_;
-  return true;
 }
 
 bool EtcdPublisher::StageRemove(const std::string& vm, std::string* key) {
@@ -103,12 +100,13 @@ bool EtcdPublisher::StageRemove(const std::string& vm, std::string* key) {
 void EtcdPublisher::SetVmSoon(const std::string& vm, VmRecord record) {
   {
     MutexLock lock(mu_);
+    auto was = vms_.find(vm);
+    if (was != vms_.end() && EncodeVm(was->second) == EncodeVm(record)) return;  // (the record holds the tenant)
     std::string stale;
-    if (!StageSet(vm, record, &stale)) return;
+    StageSet(vm, record, &stale);
     resync_ = soon_ = true;
   }
-  cv_.NotifyAll();
-  VS_LOG(kInfo, "directory: VM %s runs here: publishing", vm.c_str());
+  WakeToWrite(vm, "runs here: publishing");
 }
 
 void EtcdPublisher::RemoveVmSoon(const std::string& vm) {
@@ -118,8 +116,12 @@ void EtcdPublisher::RemoveVmSoon(const std::string& vm) {
     if (!StageRemove(vm, &key)) return;
     resync_ = soon_ = true;
   }
+  WakeToWrite(vm, "left this host: withdrawing");
+}
+
+void EtcdPublisher::WakeToWrite(const std::string& vm, const char* what) {
   cv_.NotifyAll();
-  VS_LOG(kInfo, "directory: VM %s left this host: withdrawing", vm.c_str());
+  VS_LOG(kInfo, "directory: VM %s %s", vm.c_str(), what);
 }
 
 void EtcdPublisher::SetVm(const std::string& vm, VmRecord record) {
@@ -127,7 +129,7 @@ void EtcdPublisher::SetVm(const std::string& vm, VmRecord record) {
   std::string stale;  // its key under another tenant, if its tenant changed
   {
     MutexLock lock(mu_);
-    if (!StageSet(vm, record, &stale)) return;
+    StageSet(vm, record, &stale);
     lease = published_ ? lease_ : 0;
   }
   if (lease == 0) return;  // (written with the rest when it publishes)
@@ -251,9 +253,9 @@ void EtcdPublisher::Run() {
       if (resync && MonotonicMs() - renewed_ms < renew_ms) {
         st = Resync(lease);
       } else {
-        renewed_ms = MonotonicMs();
-        resync = false;
         const int64_t asked_ms = MonotonicMs();
+        renewed_ms = asked_ms;
+        resync = false;
         auto ttl = client_->KeepAlive(lease);
         st = ttl.status();
         if (ttl.ok()) {

@@ -83,10 +83,13 @@ class EtcdPublisher {
   Status Resync(int64_t lease);
   // A change was not written (or raced a publish): Run resyncs.
   void NeedResync(const Status& why) EXCLUDES(mu_);
-  // The sets' part of SetVm/RemoveVm: the key (and a stale one) to write,
-  // or false if there is nothing to change.
-  bool StageSet(const std::string& vm, const VmRecord& record, std::string* stale) REQUIRES(mu_);
+  // The sets' part of SetVm/RemoveVm (and their *Soon twins): the key to
+  // write or delete (and, for a VM whose tenant changed, its stale key);
+  // StageRemove is false for a VM not published.
+  void StageSet(const std::string& vm, const VmRecord& record, std::string* stale) REQUIRES(mu_);
   bool StageRemove(const std::string& vm, std::string* key) REQUIRES(mu_);
+  // A *Soon change was staged: Run's pause ends, and the log says what.
+  void WakeToWrite(const std::string& vm, const char* what) EXCLUDES(mu_);
   bool Pause(int ms) EXCLUDES(mu_);
   void Failed(const Status& why) EXCLUDES(mu_);
   std::string KeyOf(const std::string& vm, const VmRecord& r) const;

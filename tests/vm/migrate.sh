@@ -320,7 +320,7 @@ boot_pair() {
   DA_PID=$DAEMON_PID
   start_daemon b || { fail "$case" "vsocketd B did not start"; return 1; }
   DB_PID=$DAEMON_PID
-  MIG_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  MIG_PORT=$(free_port)
   QEMU_CHARDEV_OPTS=${SRC_CHARDEV_OPTS:-} start_qemu src "$WORK/a.sock"
   SRC_PID=$QEMU_PID
   local accel0
