@@ -23,7 +23,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/install-deps.sh || exit 1
 
-FUZZ_SECONDS="${VSOCKET_FUZZ_SECONDS:-30}"
+FUZZ_SECONDS="${VSOCKET_FUZZ_SECONDS:-10}"  # decision 118
 UNIT_TARGETS=(//base/... //proto/... //vhost/... //guest/... //host-backend/fabric/... //host-backend/peering/... //tests/hostile/...)
 . tests/fuzz_targets.sh  # FUZZ_TARGETS
 passed=0
