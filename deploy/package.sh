@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the Debian packages vsocketd and libvsocket from this tree:
+# Builds the Debian packages vsocketd, libvsocket and vsocket-guest from this
+# tree:
 #
 #   deploy/package.sh [--out DIR] [--version VERSION]
 #
@@ -54,23 +55,24 @@ WORK=$(mktemp -d /tmp/vsocket-package-XXXXXX)
 trap 'rm -rf -- "$WORK"' EXIT
 
 say "bazel build -c opt"
-TARGETS=(//host-backend:vsocketd //host-backend:vsocketctl //guest:libvsocket.so)
+TARGETS=(//host-backend:vsocketd //host-backend:vsocketctl //guest:libvsocket.so //guest/agent:vsocket-guestd)
 if ! bazel build -c opt "${TARGETS[@]}" >"$WORK/bazel.log" 2>&1; then
   tail -30 "$WORK/bazel.log" >&2
   die "bazel build failed"
 fi
 BIN=$(bazel info -c opt bazel-bin 2>/dev/null)
-for f in host-backend/vsocketd host-backend/vsocketctl guest/libvsocket.so; do
+for f in host-backend/vsocketd host-backend/vsocketctl guest/libvsocket.so guest/agent/vsocket-guestd; do
   [ -f "$BIN/$f" ] || die "bazel did not produce $BIN/$f"
 done
 SRC=$WORK/vsocket-$VERSION
-mkdir -p "$SRC/prebuilt" "$SRC/docs" "$SRC/deploy" "$SRC/guest"
+mkdir -p "$SRC/prebuilt" "$SRC/docs" "$SRC/deploy" "$SRC/guest/agent"
 cp -r debian "$SRC/"
 cp -r deploy/systemd deploy/config "$SRC/deploy/"
 cp guest/vsocket-run "$SRC/guest/"
+cp guest/agent/vsocket-guest-setup "$SRC/guest/agent/"
 cp README.md "$SRC/"
 cp docs/*.md "$SRC/docs/"
-install -m 0755 "$BIN/host-backend/vsocketd" "$BIN/host-backend/vsocketctl" "$SRC/prebuilt/"
+install -m 0755 "$BIN/host-backend/vsocketd" "$BIN/host-backend/vsocketctl" "$BIN/guest/agent/vsocket-guestd" "$SRC/prebuilt/"
 install -m 0644 "$BIN/guest/libvsocket.so" "$SRC/prebuilt/"
 # The staged changelog names the version being built.
 {
@@ -91,7 +93,7 @@ fi
 mkdir -p -- "$OUT"
 shopt -s nullglob
 debs=("$WORK"/*.deb)
-[ "${#debs[@]}" -eq 2 ] || die "expected 2 packages, got: ${debs[*]##*/}"
+[ "${#debs[@]}" -eq 3 ] || die "expected 3 packages, got: ${debs[*]##*/}"
 for d in "${debs[@]}"; do
   cp -- "$d" "$OUT/"
   echo "$OUT/${d##*/}"

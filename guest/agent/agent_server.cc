@@ -9,8 +9,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <optional>
+#include <utility>
 
 #include "base/clock.h"
 #include "base/log.h"
@@ -47,8 +49,14 @@ Result<std::unique_ptr<AgentServer>> AgentServer::Listen(const std::string& path
   std::unique_ptr<AgentServer> s(new AgentServer(path, options));
   s->options_.own_session = false;
   if (bdfs.empty() && !options.bdf.empty()) bdfs.push_back(options.bdf);
-  if (bdfs.empty()) bdfs = PciFunction::Find(0x1af4, 0x1041);
-  if (bdfs.empty()) return Status(Code::kNotFound, "no virtio-net-pci function with disable-legacy=on (1af4:1041)");
+  if (bdfs.empty()) {
+    FunctionChoice choice = PciFunction::FindVsocket(options.mac_prefix);
+    for (const std::string& why : choice.skipped) fprintf(stderr, "vsocket-guestd: left alone: %s\n", why.c_str());
+    bdfs = std::move(choice.vsocket);
+  }
+  if (bdfs.empty())
+    return Status(Code::kNotFound, "no vSocket function (a virtio-net-pci function with disable-legacy=on, 1af4:1041, "
+                                   "that no network driver holds or whose MAC starts with " + options.mac_prefix + ")");
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path)) return Status(Code::kInvalidArgument, "socket path too long: " + path);

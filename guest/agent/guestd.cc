@@ -15,7 +15,11 @@
 //                    (prove_sockets = agent, decision 100): the last vSocket
 //                    function is the agent's own, its socket-proof authority;
 //                    processes prove their sockets at PATH.proof
-//   --pci BDF        the function (default: the only 1af4:1041)
+//   --pci BDF        the function (default: every vSocket function with
+//                    --serve, the only one without)
+//   --mac-prefix P   a 1af4:1041 function a network driver holds is vSocket's
+//                    only if its MAC starts with P (default 02:76:73;
+//                    decision 119); "any": every such function
 //   --echo N         ECHO round trips after HELLO (default 16)
 //   --echo-bytes B   payload of each (default 4096, at most 4096)
 //   --huge-pages N   2 MiB pages for rings and buffers (default 2)
@@ -25,6 +29,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -39,9 +44,21 @@ namespace {
 volatile sig_atomic_t g_stop = 0;
 void OnSignal(int) { g_stop = 1; }
 
+constexpr char kUsage[] =
+    "usage: vsocket-guestd [--pci BDF] [--mac-prefix P] [--echo N] [--echo-bytes B] [--huge-pages N] "
+    "[--hold | --serve [PATH] [--proofs]]\n";
+
+// "" (any) or 1-6 colon-separated hex bytes.
+bool ValidMacPrefix(const std::string& p) {
+  if (p.empty()) return true;
+  if (p.size() > 17 || p.size() % 3 != 2) return false;
+  for (size_t i = 0; i < p.size(); ++i)
+    if (i % 3 == 2 ? p[i] != ':' : !isxdigit(static_cast<unsigned char>(p[i]))) return false;
+  return true;
+}
+
 int Usage(const char* why) {
-  fprintf(stderr, "vsocket-guestd: %s\nusage: vsocket-guestd [--pci BDF] [--echo N] [--echo-bytes B] "
-                  "[--huge-pages N] [--hold | --serve [PATH] [--proofs]]\n", why);
+  fprintf(stderr, "vsocket-guestd: %s\n%s", why, kUsage);
   return 2;
 }
 
@@ -68,6 +85,11 @@ int main(int argc, char** argv) {
       if (a == "--echo") echoes = n;
       else if (a == "--echo-bytes") echo_bytes = n;
       else o.huge_pages = static_cast<size_t>(n);
+    } else if (a == "--mac-prefix") {
+      const char* v = next();
+      if (!v) return Usage("--mac-prefix needs a prefix such as 02:76:73, or any");
+      o.mac_prefix = std::string(v) == "any" ? "" : v;
+      if (!ValidMacPrefix(o.mac_prefix)) return Usage("--mac-prefix: 1 to 6 hex bytes, colon-separated (02:76:73), or any");
     } else if (a == "--serve") {
       serve = "/run/vsocket/agent.sock";
       if (i + 1 < argc && argv[i + 1][0] != '-') serve = argv[++i];
@@ -76,7 +98,8 @@ int main(int argc, char** argv) {
     } else if (a == "--proofs") {
       proofs = true;
     } else if (a == "-h" || a == "--help") {
-      Usage("the in-guest agent of VM mode");
+      printf("%s  the in-guest agent of VM mode (docs/vm-mode.md); --serve is what the vsocket-guestd unit runs\n",
+             kUsage);
       return 0;
     } else {
       return Usage(("unknown argument " + a).c_str());

@@ -9,8 +9,11 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 namespace vsocket::agent {
 namespace {
@@ -40,9 +43,9 @@ Status WriteString(const std::string& path, const std::string& value) {
 }
 
 // The driver bound to bdf ("" if none).
-std::string DriverOf(const std::string& bdf) {
+std::string DriverOf(const std::string& bdf, const std::string& devices = kDevices) {
   char target[512] = {};
-  ssize_t n = readlink((kDevices + bdf + "/driver").c_str(), target, sizeof(target) - 1);
+  ssize_t n = readlink((devices + bdf + "/driver").c_str(), target, sizeof(target) - 1);
   if (n <= 0) return "";
   std::string t(target, static_cast<size_t>(n));
   return t.substr(t.rfind('/') + 1);
@@ -76,20 +79,75 @@ BarMapping::~BarMapping() {
   if (base_ != nullptr) munmap(base_, size_);
 }
 
-std::vector<std::string> PciFunction::Find(uint16_t vendor, uint16_t device) {
+std::vector<std::string> PciFunction::Find(uint16_t vendor, uint16_t device, const std::string& devices) {
   std::vector<std::string> out;
-  DIR* d = opendir(kDevices.c_str());
+  DIR* d = opendir(devices.c_str());
   if (d == nullptr) return out;
   while (dirent* e = readdir(d)) {
     if (e->d_name[0] == '.') continue;
     std::string bdf = e->d_name;
-    auto v = ReadLine(kDevices + bdf + "/vendor");
-    auto p = ReadLine(kDevices + bdf + "/device");
+    auto v = ReadLine(devices + bdf + "/vendor");
+    auto p = ReadLine(devices + bdf + "/device");
     if (!v.ok() || !p.ok()) continue;
     if (strtoul(v->c_str(), nullptr, 16) == vendor && strtoul(p->c_str(), nullptr, 16) == device) out.push_back(bdf);
   }
   closedir(d);
+  std::sort(out.begin(), out.end());
   return out;
+}
+
+namespace {
+
+// The network interfaces of a function a virtio driver bound:
+// BDF/virtioN/net/IFACE/address. {name, mac} pairs.
+std::vector<std::pair<std::string, std::string>> NetInterfaces(const std::string& fn) {
+  std::vector<std::pair<std::string, std::string>> out;
+  DIR* d = opendir(fn.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    if (strncmp(e->d_name, "virtio", 6) != 0) continue;
+    const std::string net = fn + "/" + e->d_name + "/net/";
+    DIR* n = opendir(net.c_str());
+    if (n == nullptr) continue;
+    while (dirent* i = readdir(n)) {
+      if (i->d_name[0] == '.') continue;
+      auto mac = ReadLine(net + i->d_name + "/address");
+      out.emplace_back(i->d_name, mac.ok() ? *mac : "");
+    }
+    closedir(n);
+  }
+  closedir(d);
+  return out;
+}
+
+bool HasPrefix(const std::string& mac, const std::string& prefix) {
+  if (mac.size() < prefix.size()) return false;
+  for (size_t i = 0; i < prefix.size(); ++i)
+    if (tolower(static_cast<unsigned char>(mac[i])) != tolower(static_cast<unsigned char>(prefix[i]))) return false;
+  return true;
+}
+
+}  // namespace
+
+FunctionChoice PciFunction::FindVsocket(const std::string& mac_prefix, const std::string& devices) {
+  FunctionChoice c;
+  for (const std::string& bdf : Find(0x1af4, 0x1041, devices)) {
+    const std::string driver = DriverOf(bdf, devices);
+    if (driver.empty() || driver == "uio_pci_generic" || mac_prefix.empty()) {
+      c.vsocket.push_back(bdf);
+      continue;
+    }
+    auto nics = NetInterfaces(devices + bdf);
+    if (nics.size() == 1 && HasPrefix(nics[0].second, mac_prefix)) {
+      c.vsocket.push_back(bdf);
+      continue;
+    }
+    std::string why = bdf + ": driver " + driver;
+    for (const auto& [name, mac] : nics) why += ", interface " + name + " (MAC " + mac + ")";
+    why += nics.empty() ? ": another driver's, not taken" : ": the VM's own NIC, not a vSocket function";
+    c.skipped.push_back(why + " (a vSocket function's MAC starts with " + mac_prefix + ", docs/vm-mode.md)");
+  }
+  return c;
 }
 
 Result<PciFunction> PciFunction::BindToUio(const std::string& bdf) {

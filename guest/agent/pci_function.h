@@ -34,10 +34,29 @@ class BarMapping {
   size_t size_ = 0;
 };
 
+// The MAC prefix that marks a virtio-net-pci function as vSocket's
+// (decision 119): QEMU `-device virtio-net-pci,...,mac=02:76:73:..`.
+inline constexpr char kVsocketMacPrefix[] = "02:76:73";
+
+// Which modern virtio-net functions (1af4:1041) of the VM are vSocket's
+// (decision 119): one the guest's network driver did not take (no driver, or
+// uio_pci_generic: the image kept it for the agent), or one whose network
+// interface's MAC starts with `mac_prefix` ("" takes every function). An
+// ordinary virtio-net NIC of the VM is never taken. `skipped` says why each
+// other function was left alone.
+struct FunctionChoice {
+  std::vector<std::string> vsocket;  // sorted BDFs
+  std::vector<std::string> skipped;  // "BDF: why"
+};
+
 class PciFunction {
  public:
-  // The functions (BDFs, "0000:00:04.0") with this vendor:device id.
-  static std::vector<std::string> Find(uint16_t vendor, uint16_t device);
+  // The functions (BDFs, "0000:00:04.0") with this vendor:device id, sorted.
+  // `devices` is sysfs's /sys/bus/pci/devices/ (another root in tests).
+  static std::vector<std::string> Find(uint16_t vendor, uint16_t device,
+                                       const std::string& devices = "/sys/bus/pci/devices/");
+  static FunctionChoice FindVsocket(const std::string& mac_prefix,
+                                    const std::string& devices = "/sys/bus/pci/devices/");
   // Unbinds `bdf` from whatever driver has it (virtio-pci, virtio_net's),
   // binds it to uio_pci_generic (driver_override) and opens it.
   static Result<PciFunction> BindToUio(const std::string& bdf);

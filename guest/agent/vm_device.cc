@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "proto/virtio_ring.h"
@@ -18,12 +19,16 @@ constexpr size_t kMsgBytes = proto::kMaxMessageSize;
 constexpr size_t kEventBufs = 16;
 constexpr uint32_t kEventBufBytes = 4096;
 
-Result<std::string> PickFunction(const std::string& asked) {
+Result<std::string> PickFunction(const std::string& asked, const std::string& mac_prefix) {
   if (!asked.empty()) return asked;
-  std::vector<std::string> found = PciFunction::Find(kVirtioVendor, kModernNet);
+  FunctionChoice choice = PciFunction::FindVsocket(mac_prefix);
+  for (const std::string& why : choice.skipped) fprintf(stderr, "vsocket-guestd: left alone: %s\n", why.c_str());
+  std::vector<std::string>& found = choice.vsocket;
   if (found.empty())
     return Status(Code::kNotFound,
-                  "no virtio-net-pci function with disable-legacy=on (1af4:1041) in this guest (docs/vm-mode.md)");
+                  "no vSocket function in this guest (a virtio-net-pci function with disable-legacy=on, "
+                  "1af4:1041, that no network driver holds or whose MAC starts with " + mac_prefix +
+                      "; docs/vm-mode.md)");
   if (found.size() > 1) {
     std::string all;
     for (const auto& f : found) all += " " + f;
@@ -42,7 +47,7 @@ Result<std::unique_ptr<VmDevice>> VmDevice::Open(const VmDeviceOptions& options)
 
 Status VmDevice::Start(const VmDeviceOptions& o) {
   call_timeout_ms_ = o.call_timeout_ms;
-  auto bdf = PickFunction(o.bdf);
+  auto bdf = PickFunction(o.bdf, o.mac_prefix);
   if (!bdf.ok()) return bdf.status();
   auto dev = VirtioDevice::Open(*bdf);
   if (!dev.ok()) return dev.status();

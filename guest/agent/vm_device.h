@@ -22,7 +22,10 @@
 namespace vsocket::agent {
 
 struct VmDeviceOptions {
-  std::string bdf;           // the PCI function; empty: the only 1af4:1041
+  std::string bdf;           // the PCI function; empty: the only vSocket function
+  // Which functions are vSocket's when none is named (decision 119):
+  // PciFunction::FindVsocket's prefix ("" takes every 1af4:1041 function).
+  std::string mac_prefix = kVsocketMacPrefix;
   uint16_t queue_size = 256;  // or the device's maximum if smaller
   size_t huge_pages = 2;
   int call_timeout_ms = 10000;  // TCG guests are slow

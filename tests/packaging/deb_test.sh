@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The Debian packages on this machine, end to end (issue 18):
 #   1. build them (deploy/package.sh, or take them from --debs DIR);
-#   2. dpkg -i: files, conffile, the vsocket user and group, the unit enabled,
-#      --help of every command;
+#   2. dpkg -i: files, conffiles, the vsocket user and group, the units
+#      enabled, --help of every command; the VM image's package
+#      (vsocket-guest: the agent, its setup and unit) on a machine with no
+#      vSocket function: its unit skipped, not failed (its work inside a
+#      real VM: tests/vm/vm_mode.sh packaged_guest);
 #   3. the same-host demo from the installed files only: /usr/sbin/vsocketd
 #      as the vsocket user with no capabilities and the unit's LimitMEMLOCK
 #      (what the unit gives it; systemd need not be PID 1 here), a config in
@@ -15,7 +18,7 @@
 #      vsocket-run, pgbench TPC-B from the other VM: every transaction ran,
 #      the server's connections accelerated;
 #   4. dpkg -i again (the upgrade path of the maintainer scripts);
-#   5. dpkg --purge: no file of either package, no user, group, unit link or
+#   5. dpkg --purge: no file of any package, no user, group, unit link or
 #      enablement state, and no file of the vsocket user is left.
 #
 #   tests/packaging/deb_test.sh [--debs DIR]
@@ -36,7 +39,7 @@ BED_NAME=deb_test
 # (on a machine of few CPUs that vsocketd shares, the default: decision 51).
 export VSOCKET_UPGRADE=always
 
-PKGS=(vsocketd libvsocket)
+PKGS=(vsocketd libvsocket vsocket-guest)
 APP_USER=vsdebtest # the unprivileged application user, and the VMs' group
 NS1=vsdeb1
 NS2=vsdeb2
@@ -47,6 +50,8 @@ XFER_BYTES=16777216
 START_TIMEOUT_S=10
 MULTIARCH=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
 UNIT=/lib/systemd/system/vsocketd.service
+GUEST_UNIT=/lib/systemd/system/vsocket-guestd.service
+GUEST_SETUP=/usr/libexec/vsocket/vsocket-guest-setup
 
 passed=0
 failed=0
@@ -144,11 +149,11 @@ for p in "${PKGS[@]}"; do
   d=$(find "$DEBS_DIR" -maxdepth 1 -name "${p}_*.deb" | sort | tail -1)
   [ -n "$d" ] && DEBS+=("$d")
 done
-if [ "${#DEBS[@]}" -ne 2 ]; then
-  fail build "expected vsocketd_*.deb and libvsocket_*.deb in $DEBS_DIR"
+if [ "${#DEBS[@]}" -ne "${#PKGS[@]}" ]; then
+  fail build "expected ${PKGS[*]/%/_*.deb} in $DEBS_DIR"
   finish
 fi
-pass "build ($(basename "${DEBS[0]}"), $(basename "${DEBS[1]}"))"
+pass "build ($(for d in "${DEBS[@]}"; do basename "$d"; done | paste -sd, | sed 's/,/, /g'))"
 
 # Every path the packages ship; directories that exist before the install
 # (/usr/bin, ...) are not theirs to remove.
@@ -169,11 +174,15 @@ if ! dpkg -i "${DEBS[@]}" >"$WORK/install.log" 2>&1; then
 fi
 problems=()
 for f in /usr/sbin/vsocketd /usr/bin/vsocketctl /usr/bin/vsocket-run "/usr/lib/$MULTIARCH/libvsocket.so" "$UNIT" \
-  /etc/vsocket/vsocketd.conf /usr/share/doc/vsocketd/operator-guide.md; do
+  /etc/vsocket/vsocketd.conf /usr/share/doc/vsocketd/operator-guide.md \
+  /usr/sbin/vsocket-guestd "$GUEST_SETUP" "$GUEST_UNIT" /etc/default/vsocket-guestd /usr/share/doc/vsocket-guest/vm-mode.md; do
   [ -f "$f" ] || problems+=("$f missing")
 done
 dpkg-query -W -f='${Conffiles}\n' vsocketd | grep -q '^ /etc/vsocket/vsocketd.conf ' ||
   problems+=("/etc/vsocket/vsocketd.conf is not a conffile")
+dpkg-query -W -f='${Conffiles}\n' vsocket-guest | grep -q '^ /etc/default/vsocket-guestd ' ||
+  problems+=("/etc/default/vsocket-guestd is not a conffile")
+[ -L /etc/systemd/system/multi-user.target.wants/vsocket-guestd.service ] || problems+=("vsocket-guestd.service not enabled")
 IFS=: read -r _ _ vs_uid vs_gid _ _ vs_shell < <(getent passwd vsocket) || true
 if [ -z "${vs_uid:-}" ]; then
   problems+=("no vsocket user")
@@ -184,17 +193,17 @@ else
 fi
 [ -L /etc/systemd/system/multi-user.target.wants/vsocketd.service ] || problems+=("unit not enabled")
 if [ "${#problems[@]}" -eq 0 ]; then
-  pass "install (files, conffile, system user vsocket uid $vs_uid, unit enabled)"
+  pass "install (files, conffiles, system user vsocket uid $vs_uid, both units enabled)"
 else
   fail install "${problems[*]}"
 fi
 
 problems=()
-for c in /usr/sbin/vsocketd /usr/bin/vsocketctl /usr/bin/vsocket-run; do
+for c in /usr/sbin/vsocketd /usr/bin/vsocketctl /usr/bin/vsocket-run /usr/sbin/vsocket-guestd; do
   out=$("$c" --help 2>/dev/null) || problems+=("$c --help exits $?")
   grep -q "^usage: $(basename "$c")" <<<"$out" || problems+=("$c --help prints no usage")
 done
-if [ "${#problems[@]}" -eq 0 ]; then pass "help (vsocketd, vsocketctl, vsocket-run --help: usage, exit 0)"; else fail help "${problems[*]}"; fi
+if [ "${#problems[@]}" -eq 0 ]; then pass "help (vsocketd, vsocketctl, vsocket-run, vsocket-guestd --help: usage, exit 0)"; else fail help "${problems[*]}"; fi
 
 # Where systemd is PID 1 (CI's fresh machines), postinst has started the
 # unit with the shipped config: it must be up, as vsocket, with no
@@ -220,6 +229,41 @@ if [ -d /run/systemd/system ]; then
 else
   echo "SKIP systemd_unit: systemd is not PID 1 here; the demo below starts the daemon as the unit would"
 fi
+
+# The VM image's package on a machine with no vSocket function (this one;
+# its own NIC may well be a modern virtio-net function, 1af4:1041, which the
+# agent must never take: decision 119): its setup says so and exits 1, which
+# systemd's ExecCondition takes for "skip" (the unit inactive, not failed);
+# the unit file passes systemd-analyze verify. Inside a real VM:
+# tests/vm/vm_mode.sh packaged_guest.
+nics=$(for d in /sys/bus/pci/devices/*; do
+  [ "$(cat "$d/vendor" "$d/device" 2>/dev/null | paste -sd:)" = 0x1af4:0x1041 ] && echo "${d##*/}"
+done | paste -sd' ')
+problems=()
+{
+  out=$("$GUEST_SETUP" check 2>&1); rc=$?
+  [ "$rc" = 1 ] || problems+=("vsocket-guest-setup check exits $rc here, want 1")
+  grep -q "no vSocket function" <<<"$out" || problems+=("vsocket-guest-setup check says: $out")
+  if command -v systemd-analyze >/dev/null 2>&1; then
+    v=$(systemd-analyze verify "$GUEST_UNIT" 2>&1) || problems+=("systemd-analyze verify: $(tr '\n' ' ' <<<"$v")")
+  fi
+  if [ -d /run/systemd/system ]; then
+    for ((i = 0; i < 50; i++)); do
+      [ "$(systemctl show -p ActiveState --value vsocket-guestd)" = inactive ] && break
+      sleep 0.1
+    done
+    st=$(systemctl show -p ActiveState,Result --value vsocket-guestd | paste -sd/)
+    [ "$st" = inactive/exec-condition ] || [ "$st" = inactive/success ] ||
+      problems+=("vsocket-guestd.service is $st, want inactive (skipped by its ExecCondition)")
+  fi
+  if [ "${#problems[@]}" -eq 0 ]; then
+    left=""
+    [ -z "$nics" ] || left=", the NIC of this machine at $nics (1af4:1041) left alone"
+    pass "guest_unit (no vSocket function here$left: setup check exits 1 saying so, the unit verified${st:+, $st})"
+  else
+    fail guest_unit "${problems[*]}"
+  fi
+}
 
 # --- 3. the demo from the installed files ---------------------------------------
 

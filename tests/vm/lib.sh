@@ -58,7 +58,9 @@ vm_script_args() {
 # The device as docs/vm-mode.md gives it to operators: modern-only
 # virtio-net-pci, every offload and control feature off (vsocketd offers
 # none; ctrl_rx without ctrl_vq makes a guest's virtio_net refuse it),
-# vectors=0 (QEMU 7.2 under TCG segfaults starting vhost with MSI-X).
+# vectors=0 (QEMU 7.2 under TCG segfaults starting vhost with MSI-X); vm_boot
+# gives each function a MAC with vSocket's prefix, 02:76:73 (decision 119:
+# the agent takes a function virtio_net holds only if its MAC says so).
 VM_NET_DEVICE="virtio-net-pci,disable-legacy=on,vectors=0,romfile=,mrg_rxbuf=off,status=off,\
 csum=off,guest_csum=off,gso=off,guest_tso4=off,guest_tso6=off,guest_ecn=off,guest_ufo=off,guest_announce=off,\
 host_tso4=off,host_tso6=off,host_ecn=off,host_ufo=off,ctrl_vq=off,ctrl_rx=off,ctrl_vlan=off,ctrl_rx_extra=off,\
@@ -73,13 +75,20 @@ vm_boot() {
   local vs=()
   for ((i = 0; i < ${VM_FUNCTIONS:-1}; i++)); do
     vs+=(-chardev "socket,id=vs$i,path=$sock${VM_CHARDEV_OPTS:-}" -netdev "vhost-user,id=vsn$i,chardev=vs$i"
-         -device "$VM_NET_DEVICE,netdev=vsn$i")
+         -device "$VM_NET_DEVICE,netdev=vsn$i,mac=02:76:73:00:00:$(printf %02x "$i")")
   done
   if [ "${VM_AGENT_FUNCTION:-0}" = 1 ]; then
     vs+=(-chardev "socket,id=vsa,path=$sock.agent${VM_CHARDEV_OPTS:-}" -netdev "vhost-user,id=vsna,chardev=vsa"
-         -device "$VM_NET_DEVICE,netdev=vsna")
+         -device "$VM_NET_DEVICE,netdev=vsna,mac=02:76:73:00:00:ff")
   fi
   local nic=() ns=()
+  if [ "${VM_ORDINARY_NIC:-0}" = 1 ]; then
+    # The VM's own NIC as many clouds give it: a modern virtio-net function
+    # (1af4:1041, like the vSocket ones) with an ordinary MAC, on a hub
+    # port that leads nowhere. The agent must leave it alone (decision 119).
+    vs=(-netdev "hubport,id=onic,hubid=0"
+        -device "virtio-net-pci,disable-legacy=on,vectors=0,romfile=,netdev=onic,mac=52:54:00:12:34:99" "${vs[@]}")
+  fi
   if [ -n "${VM_NIC:-}" ]; then
     local nic_ns nic_tap nic_mac
     IFS=, read -r nic_ns nic_tap nic_mac <<< "$VM_NIC"

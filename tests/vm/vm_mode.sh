@@ -21,6 +21,17 @@
 #                   agent's grants); before the agent starts, the same
 #                   library leaves a connection on kernel TCP, byte-exact,
 #                   reason backend-unavailable.
+#   packaged_guest  the vsocket-guest and libvsocket packages (built by
+#                   deploy/package.sh, or from VSOCKET_DEBS), unpacked into
+#                   the guest: the guest's virtio_net holds every function;
+#                   vsocket-guest-setup check/prepare count the 2 vSocket
+#                   functions (MAC 02:76:73:...) and reserve their huge
+#                   pages; the agent, started with its unit's ExecStart
+#                   line, takes those two and leaves the VM's own modern
+#                   virtio-net NIC (1af4:1041, MAC 52:54:...) to virtio_net
+#                   (decision 119); xfer under the packaged vsocket-run,
+#                   2 connections of 1,000,000 byte-checked bytes each way,
+#                   accelerated.
 #   process_killed_in_guest  a guest process SIGKILLed right after its last
 #                   write on an accelerated connection: the server gets
 #                   every byte, the agent takes the function back and the
@@ -75,7 +86,7 @@ ROOT=$PWD
 # vsocketd goes, and the agent ends its grants on it (daemon_gone_*).
 VM_NET_DEVICE=${VM_NET_DEVICE/status=off/status=on}
 
-vm_script_args agent_hello agent_serves accelerated_in_guest process_killed_in_guest foreign_driver qemu_killed \
+vm_script_args agent_hello agent_serves accelerated_in_guest packaged_guest process_killed_in_guest foreign_driver qemu_killed \
   daemon_killed_under_vm_stream daemon_gone_under_vm_stream function_set_up_again vm_to_vm -- "$@"
 
 die() { echo "vm_mode.sh: $*" >&2; echo "0 passed, 1 failed"; exit 1; }
@@ -457,6 +468,98 @@ print(sum(json.loads(l).get("accel_tx", 0) for l in open(sys.argv[1]) if l.strip
     { fail accelerated_in_guest "vsocketd moved $((accel - accel0)) B, the libraries sent $ring_sent B on the rings"; return; }
   echo "  reports: $out"
   pass accelerated_in_guest $((SECONDS - t0))
+}
+
+# The VM image's packages, as a tenant installs them (decision 119): the
+# packaged setup, the agent started by its unit's own ExecStart line and the
+# packaged vsocket-run, in a guest whose virtio_net holds every function,
+# one of them the VM's own NIC.
+case_packaged_guest() {
+  local R=$WORK/pkg t0=$SECONDS bytes=1000000 conns=2 port=5111 debs=${VSOCKET_DEBS:-}
+  mkdir -p "$R/root"
+  if [ -z "$debs" ]; then
+    debs=$WORK/debs
+    bash deploy/package.sh --out "$debs" >"$WORK/package.log" 2>&1 ||
+      { fail packaged_guest "deploy/package.sh: $(tail -3 "$WORK/package.log" | tr '\n' ' ')"; return; }
+  fi
+  local p d
+  for p in vsocket-guest libvsocket; do
+    d=$(find "$debs" -maxdepth 1 -name "${p}_*.deb" | sort | tail -1)
+    [ -n "$d" ] || { fail packaged_guest "no ${p}_*.deb in $debs"; return; }
+    dpkg-deb -x "$d" "$R/root" || { fail packaged_guest "dpkg-deb -x $d failed"; return; }
+  done
+  cp "$BIN/tests/e2e/xfer" "$R/"
+  local lib
+  lib=$(cd "$R/root" && find usr/lib -name libvsocket.so | head -1)
+  cat > "$R/job.sh" <<JOB
+cd /run/vsocket-vm
+P=/run/vsocket-vm/root
+ip link set lo up
+ip addr add 203.0.113.10/32 dev lo
+nics() { for n in /sys/class/net/*; do [ "\${n##*/}" = lo ] || echo "\${n##*/}=\$(cat \$n/address)"; done | sort | tr '\n' ' '; }
+echo "interfaces before: \$(nics)"
+. \$P/etc/default/vsocket-guestd
+export VSOCKET_GUESTD_ARGS VSOCKET_GUEST_MAC_PREFIX VSOCKET_GUEST_HUGEPAGES_PER_FUNCTION
+\$P/usr/libexec/vsocket/vsocket-guest-setup check > setup.out 2>&1
+echo "check exit \$?"
+\$P/usr/libexec/vsocket/vsocket-guest-setup prepare >> setup.out 2>&1
+echo "prepare exit \$?"
+echo "huge pages \$(cat /proc/sys/vm/nr_hugepages)"
+# The unit's ExecStart, its binary taken from the unpacked package.
+start=\$(sed -n 's/^ExecStart=//p' \$P/lib/systemd/system/vsocket-guestd.service)
+eval "set -- \$start"
+cmd=\$1; shift
+\$P\$cmd "\$@" > agent.out 2>&1 &
+apid=\$!
+for _ in \$(seq 300); do [ -S /run/vsocket/agent.sock ] && break; sleep 0.1; done
+echo "interfaces serving: \$(nics)"
+export VSOCKET_REPORT=/run/vsocket-vm/report.jsonl
+\$P/usr/bin/vsocket-run --lib \$P/$lib ./xfer server 203.0.113.10 $port --conns $conns > server.out 2>&1 &
+spid=\$!
+for _ in \$(seq 300); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
+\$P/usr/bin/vsocket-run --lib \$P/$lib ./xfer client 203.0.113.10 $port --conns $conns --bytes $bytes --pause-ms 500 > client.out 2>&1
+echo "client exit \$?"
+wait \$spid
+echo "server exit \$?"
+kill -TERM \$apid
+wait \$apid
+echo "agent exit \$?"
+JOB
+  local accel0 up0 accel up rc
+  accel0=$(stat accel_bytes) up0=$(stat upgrades)
+  VM_ORDINARY_NIC=1 VM_FUNCTIONS=2 vm_boot "$R" "$WORK/vmq.sock" 200 vsocket.hugepages=0 vsocket.virtio_net=1
+  vm_wait 200
+  rc=$?
+  accel=$(stat accel_bytes) up=$(stat upgrades)
+  echo "  guest: $(tr '\n' ' ' < "$R/stdout")"
+  echo "  setup: $(tr '\n' ' ' < "$R/setup.out" 2>/dev/null)"
+  echo "  agent: $(tr '\n' ' ' < "$R/agent.out" 2>/dev/null)"
+  echo "  vsocketd: upgrades $up0 -> $up, accel_bytes $accel0 -> $accel"
+  [ "$rc" = 0 ] || { fail packaged_guest "guest job exit $rc"; return; }
+  grep -q "check exit 0" "$R/stdout" && grep -q "2 vSocket function(s)" "$R/setup.out" ||
+    { fail packaged_guest "setup check did not count the 2 vSocket functions"; return; }
+  grep -q "prepare exit 0" "$R/stdout" && grep -q "huge pages 34" "$R/stdout" ||
+    { fail packaged_guest "setup prepare did not reserve 2 x 16 + 2 huge pages"; return; }
+  # The VM's own NIC: held by virtio_net before and while the agent serves,
+  # and named in the agent's log; the two vSocket interfaces are gone.
+  grep -q "interfaces before: .*=52:54:00:12:34:99" "$R/stdout" &&
+    [ "$(grep -o '=02:76:73' <<<"$(grep 'interfaces before' "$R/stdout")" | wc -l)" = 2 ] ||
+    { fail packaged_guest "virtio_net did not hold the 3 functions at first"; return; }
+  grep "interfaces serving" "$R/stdout" | grep -q "=52:54:00:12:34:99" &&
+    ! grep "interfaces serving" "$R/stdout" | grep -q "=02:76:73" ||
+    { fail packaged_guest "the agent took the wrong functions"; return; }
+  grep -q "left alone: .*52:54:00:12:34:99" "$R/agent.out" ||
+    { fail packaged_guest "the agent does not say it left the VM's NIC alone"; return; }
+  grep -q "client exit 0" "$R/stdout" && grep -q "server exit 0" "$R/stdout" ||
+    { fail packaged_guest "xfer failed (bytes not verified)"; return; }
+  local out
+  out=$(python3 tests/e2e/check_report.py "$R/report.jsonl" --port "$port" --expect-conns $((2 * conns)) --mode accelerated \
+      --reason accelerated --accel-min 1 --exact-total $((bytes + 16)) 2>&1) ||
+    { fail packaged_guest "reports: $out"; return; }
+  [ $((accel - accel0)) -ge $((conns * bytes)) ] ||
+    { fail packaged_guest "vsocketd moved $((accel - accel0)) B, want >= $((conns * bytes))"; return; }
+  echo "  reports: $out"
+  pass packaged_guest $((SECONDS - t0))
 }
 
 # A process of the guest killed (SIGKILL, right after its last write) on
