@@ -67,7 +67,7 @@ done
 SRC=$WORK/vsocket-$VERSION
 mkdir -p "$SRC/prebuilt" "$SRC/docs" "$SRC/deploy" "$SRC/guest/agent"
 cp -r debian "$SRC/"
-cp -r deploy/systemd deploy/config "$SRC/deploy/"
+cp -r deploy/systemd deploy/config deploy/libvirt "$SRC/deploy/"
 cp guest/vsocket-run "$SRC/guest/"
 cp guest/agent/vsocket-guest-setup "$SRC/guest/agent/"
 cp README.md "$SRC/"

@@ -98,6 +98,25 @@ std::vector<std::string> PciFunction::Find(uint16_t vendor, uint16_t device, con
 
 namespace {
 
+// The driver of the virtio device on a function virtio-pci holds
+// (BDF/virtioN/driver: "virtio_net"), "" if none took it.
+std::string VirtioDriverOf(const std::string& fn) {
+  std::string driver;
+  DIR* d = opendir(fn.c_str());
+  if (d == nullptr) return driver;
+  while (dirent* e = readdir(d)) {
+    if (strncmp(e->d_name, "virtio", 6) != 0) continue;
+    char target[512] = {};
+    ssize_t n = readlink((fn + "/" + e->d_name + "/driver").c_str(), target, sizeof(target) - 1);
+    if (n > 0) {
+      std::string t(target, static_cast<size_t>(n));
+      driver = t.substr(t.rfind('/') + 1);
+    }
+  }
+  closedir(d);
+  return driver;
+}
+
 // The network interfaces of a function a virtio driver bound:
 // BDF/virtioN/net/IFACE/address. {name, mac} pairs.
 std::vector<std::pair<std::string, std::string>> NetInterfaces(const std::string& fn) {
@@ -132,7 +151,10 @@ bool HasPrefix(const std::string& mac, const std::string& prefix) {
 FunctionChoice PciFunction::FindVsocket(const std::string& mac_prefix, const std::string& devices) {
   FunctionChoice c;
   for (const std::string& bdf : Find(0x1af4, 0x1041, devices)) {
-    const std::string driver = DriverOf(bdf, devices);
+    std::string driver = DriverOf(bdf, devices);
+    // virtio-pci is only the transport: what holds the function is the
+    // driver of its virtio device (virtio_net), if one took it.
+    if (driver == "virtio-pci") driver = VirtioDriverOf(devices + bdf);
     if (driver.empty() || driver == "uio_pci_generic" || mac_prefix.empty()) {
       c.vsocket.push_back(bdf);
       continue;

@@ -39,8 +39,9 @@ class BarMapping {
 inline constexpr char kVsocketMacPrefix[] = "02:76:73";
 
 // Which modern virtio-net functions (1af4:1041) of the VM are vSocket's
-// (decision 119): one the guest's network driver did not take (no driver, or
-// uio_pci_generic: the image kept it for the agent), or one whose network
+// (decision 119): one the guest's network driver did not take (no driver,
+// virtio-pci with no driver on its virtio device, or uio_pci_generic: the
+// image kept it for the agent), or one whose network
 // interface's MAC starts with `mac_prefix` ("" takes every function). An
 // ordinary virtio-net NIC of the VM is never taken. `skipped` says why each
 // other function was left alone.

@@ -24,7 +24,7 @@ class FakeSysfs : public ::testing::Test {
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     root_ = tmpl;
     fs::create_directories(root_ / "devices");
-    for (const char* d : {"virtio-pci", "uio_pci_generic", "vfio-pci"}) fs::create_directories(root_ / "drivers" / d);
+    for (const char* d : {"virtio-pci", "virtio_net", "uio_pci_generic", "vfio-pci"}) fs::create_directories(root_ / "drivers" / d);
   }
   void TearDown() override { fs::remove_all(root_); }
 
@@ -32,15 +32,20 @@ class FakeSysfs : public ::testing::Test {
     fs::create_directories(p.parent_path());
     std::ofstream(p) << s << "\n";
   }
-  // A function vendor:device, bound to `driver` ("" none), with a virtio
-  // network interface of that MAC ("" none).
+  // A function vendor:device, bound to `driver` ("" none); under
+  // virtio-pci, a virtio device virtio_net holds, with a network interface
+  // of that MAC, if `mac` is not "".
   void Function(const std::string& bdf, const std::string& vendor, const std::string& device,
                 const std::string& driver, const std::string& mac = "") {
     const fs::path fn = root_ / "devices" / bdf;
     Write(fn / "vendor", vendor);
     Write(fn / "device", device);
     if (!driver.empty()) fs::create_directory_symlink(root_ / "drivers" / driver, fn / "driver");
-    if (!mac.empty()) Write(fn / "virtio3" / "net" / ("eth" + bdf.substr(bdf.size() - 3, 1)) / "address", mac);
+    if (driver == "virtio-pci") fs::create_directories(fn / "virtio3");
+    if (!mac.empty()) {
+      fs::create_directory_symlink(root_ / "drivers" / "virtio_net", fn / "virtio3" / "driver");
+      Write(fn / "virtio3" / "net" / ("eth" + bdf.substr(bdf.size() - 3, 1)) / "address", mac);
+    }
   }
   std::string devices() const { return (root_ / "devices").string() + "/"; }
 
@@ -54,10 +59,11 @@ TEST_F(FakeSysfs, TheVmsOwnNicIsNeverTaken) {
   Function("0000:00:06.0", "0x1af4", "0x1041", "uio_pci_generic");                   // an agent had it
   Function("0000:00:07.0", "0x1af4", "0x1000", "");                                  // legacy virtio-net
   Function("0000:00:08.0", "0x8086", "0x1041", "");                                  // another vendor
+  Function("0000:00:0a.0", "0x1af4", "0x1041", "virtio-pci");  // virtio_net not loaded: its device unheld
   FunctionChoice c = PciFunction::FindVsocket(kVsocketMacPrefix, devices());
-  EXPECT_EQ(c.vsocket, (std::vector<std::string>{"0000:00:04.0", "0000:00:05.0", "0000:00:06.0"}));
+  EXPECT_EQ(c.vsocket, (std::vector<std::string>{"0000:00:04.0", "0000:00:05.0", "0000:00:06.0", "0000:00:0a.0"}));
   ASSERT_EQ(c.skipped.size(), 1u);
-  EXPECT_NE(c.skipped[0].find("0000:00:03.0: driver virtio-pci, interface eth3 (MAC 52:54:00:12:34:56)"),
+  EXPECT_NE(c.skipped[0].find("0000:00:03.0: driver virtio_net, interface eth3 (MAC 52:54:00:12:34:56)"),
             std::string::npos)
       << c.skipped[0];
   EXPECT_NE(c.skipped[0].find("02:76:73"), std::string::npos) << c.skipped[0];

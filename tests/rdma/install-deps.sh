@@ -14,6 +14,9 @@
 #   librdmacm1 rdmacm-utils             rdma_cm and rping for tests that use the CM
 #   xz-utils zstd                       decompress kernel modules if packaged compressed
 #   coreutils                           timeout(1) bounds every guest command
+#   libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients
+#                                       tests/vm/vm_mode.sh libvirt_domain boots
+#                                       docs' libvirt domain (no units shipped)
 set -euo pipefail
 
 if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
@@ -30,6 +33,7 @@ PACKAGES=(
   librdmacm1 rdmacm-utils
   xz-utils zstd
   coreutils
+  libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients
 )
 
 missing=()

@@ -71,6 +71,10 @@
 #                   process-mode container on their bridge, accelerated
 #                   through vsocketd, and cross-tenant on kernel TCP
 #                   (tests/vm/pair_cases.sh).
+#   libvirt_domain  docs' libvirt domain (deploy/libvirt/vsocket-domain.xml)
+#                   started by a real libvirtd: its QEMU line carries every
+#                   property vSocket needs, the agent in the guest opens a
+#                   session and checks ECHOes (tests/vm/libvirt_case.sh).
 #
 # Usage: tests/vm/vm_mode.sh [--no-build] [CASE...]   (as root)
 # Prints "PASS CASE (Ns)" / "FAIL CASE: why" and ends with "N passed, N
@@ -81,13 +85,14 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 . tests/vm/lib.sh
 . tests/vm/pair_cases.sh
+. tests/vm/libvirt_case.sh
 # The devices as docs/vm-mode.md gives them, with virtio-net's link status
 # (QEMU's own, never sent to vsocketd): QEMU takes the link down when
 # vsocketd goes, and the agent ends its grants on it (daemon_gone_*).
 VM_NET_DEVICE=${VM_NET_DEVICE/status=off/status=on}
 
 vm_script_args agent_hello agent_serves accelerated_in_guest packaged_guest process_killed_in_guest foreign_driver qemu_killed \
-  daemon_killed_under_vm_stream daemon_gone_under_vm_stream function_set_up_again vm_to_vm -- "$@"
+  daemon_killed_under_vm_stream daemon_gone_under_vm_stream function_set_up_again vm_to_vm libvirt_domain -- "$@"
 
 die() { echo "vm_mode.sh: $*" >&2; echo "0 passed, 1 failed"; exit 1; }
 bash tests/rdma/install-deps.sh || die "installing QEMU and busybox failed"
