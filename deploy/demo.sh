@@ -6,11 +6,14 @@
 # between two "hypervisors" (deploy/testbed2.sh): each runs its own
 # vsocketd, and the two backends carry the VMs' bytes over one
 # TLS-authenticated fabric link. Two workloads each time: redis-benchmark
-# with 50 clients (request/response: on a machine of fewer than 4 CPUs that
-# vsocketd shares, the policy keeps it on kernel TCP, where it is faster,
-# and the library makes that path cheaper: docs/decisions.md, 51 and 61),
-# and a stream of 16-byte messages (sockperf throughput: accelerated through
-# shared memory, and across hosts over the fabric).
+# with 50 clients (on one host the two VMs' processes get a ring pair of
+# their own, direct pairs; across hosts, on a machine of fewer than 4 CPUs
+# that vsocketd shares, the policy keeps request/response on kernel TCP,
+# where it is faster there: docs/decisions/, 51, 83 and 102), and a stream of
+# 16-byte messages (sockperf throughput: accelerated through shared memory,
+# and across hosts over the fabric). Last, two QEMU VMs on one host, each
+# with the in-guest agent, redis between them accelerated through vsocketd
+# (deploy/demo_vm.sh).
 # VSOCKET_TESTBED2_LOCATOR=etcd: the two hypervisors find each other's VMs
 # in an etcd cluster directory (docs/multi-host.md), no locator file.
 # Installs dependencies, builds, and removes everything it started.
@@ -18,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/install-deps.sh
 echo "== building"
-bazel build //host-backend:vsocketd //host-backend:vsocketctl //guest:libvsocket.so 2>&1 | tail -1
+bazel build //host-backend:vsocketd //host-backend:vsocketctl //guest:libvsocket.so //guest/agent:vsocket-guestd 2>&1 | tail -1
 BIN=$(bazel info bazel-bin 2>/dev/null)
 WORK=$(mktemp -d /tmp/vsocket-demo-XXXXXX)
 SERVER_PID=""
@@ -107,4 +110,8 @@ if [ "${VSOCKET_TESTBED2_LOCATOR:-file}" = etcd ]; then
   bash deploy/testbed2.sh ctl hostA locator | sed 's/^/   /'
   bash deploy/testbed2.sh ctl hostA counters | grep -E "directory_(connected|placements|watch_events)" | sed 's/^/   /'
 fi
+bash deploy/testbed2.sh down >/dev/null 2>&1
+
+echo "== two QEMU VMs on one host (VM mode: docs/vm-mode.md)"
+bash deploy/demo_vm.sh "$BIN"
 echo "== done (test beds removed)"
