@@ -40,6 +40,17 @@
 #                   the fabric at the switchover, vmA2's ends hear it from
 #                   vsocketd B (PAIR_CANCEL, fabric-down) and resync too,
 #                   then pair same-host again.
+#   vm_across_hosts  no migration: VM <-> VM across the two hosts (issue 35).
+#                   vmq (its two functions on hostA's port) runs the two
+#                   xfer clients, a second guest vmr (198.51.100.6, its two
+#                   functions on hostB's port) the two xfer servers: both
+#                   connections accelerated across the tcp fabric (hostA's
+#                   `vsocketctl connections`: vmq's 2 ends via hostB, vmr's
+#                   2 on hostB via hostA; fabric bytes at least the
+#                   stream's), every byte verified at both ends, the 4
+#                   reports accelerated with no downgrade. tests/run_all.sh
+#                   runs this case always, the migrations only with
+#                   VSOCKET_VM_MIGRATE_HOSTS=1.
 #   bench_migration  (not run by default: bench/migration_bench.sh) the same
 #                   VM with and without its vSocket functions, the same load,
 #                   BENCH_MOVES migrations each: QMP's figures per migration.
@@ -174,6 +185,9 @@ export LD_LIBRARY_PATH=/lib/x86_64-linux-gnu:/usr/lib/x86_64-linux-gnu
 ( i=0; while :; do echo "mig: tick $i"; i=$((i + 1)); sleep 1; done ) &
 arg() { tr ' ' '\n' < /proc/cmdline | sed -n "s/^mig\.$1=//p"; }
 PEER=$(arg peer)
+ROLE=$(arg role)
+ME=$(arg nic)
+ME=${ME%/*}
 IFS=, read -r SB SR RB RR <<EOF
 $(arg load)
 EOF
@@ -187,6 +201,24 @@ else
 fi
 # (always: the request/response loop too, which the default policy holds on kernel TCP)
 export VSOCKET_SOCKET=/run/agent.sock VSOCKET_REPORT=/tmp/report.jsonl VSOCKET_LOG_LEVEL=info VSOCKET_UPGRADE=always
+if [ "$ROLE" = server ]; then
+  # mig.role=server: the two xfer servers the other guest's clients call.
+  LD_PRELOAD=$PRE ./xfer server "$ME" 5301 --conns 1 --rounds "$SR" --gap-ms 250 > /tmp/stream.out 2>&1 &
+  S=$!
+  LD_PRELOAD=$PRE ./xfer server "$ME" 5302 --conns 1 --rounds "$RR" --gap-ms 10 > /tmp/rr.out 2>&1 &
+  R=$!
+  echo "mig: servers started"
+  wait $S
+  echo "mig: server stream exit $?"
+  wait $R
+  echo "mig: server rr exit $?"
+  sed 's/^/mig: stream: /' /tmp/stream.out
+  sed 's/^/mig: rr: /' /tmp/rr.out
+  sed 's/^/mig: agent: /' /tmp/agent.out
+  sed 's/^/mig: report: /' /tmp/report.jsonl
+  echo "mig: job done"
+  exit 0
+fi
 for _ in $(seq 100); do ping -c 1 -W 1 "$PEER" >/dev/null 2>&1 && break; done
 LD_PRELOAD=$PRE ./xfer client "$PEER" 5301 --conns 1 --bytes "$SB" --rounds "$SR" --gap-ms 250 \
   --pause-ms 500 > /tmp/stream.out 2>&1 &
@@ -210,7 +242,7 @@ JOB
 }
 
 # start_qemu NAME HOST TAP [QEMU ARGS...]: the guest in HOST's namespace,
-# its two vSocket functions on HOST's port for vmq, its NIC on tap TAP
+# its two vSocket functions on HOST's port for $VM (vmq), its NIC on tap TAP
 # (made here, on HOST's bridge), QMP on $WORK/NAME.qmp; pid in QEMU_PID.
 start_qemu() {
   local name=$1 host=$2 tap=$3 i
@@ -232,7 +264,7 @@ start_qemu() {
     -chardev "file,id=con0,path=$WORK/$name.console" -serial chardev:con0 \
     -qmp "unix:$WORK/$name.qmp,server=on,wait=off" \
     -kernel "$VM_CACHE/vmlinuz" -initrd "$WORK/initrd" \
-    -append "console=ttyS0 quiet loglevel=3 panic=-1 vsocket.timeout=280 vsocket.hugepages=$HUGEPAGES mig.nic=$VM_ADDR/28 mig.peer=$PEER_ADDR mig.load=$STREAM_BYTES,$STREAM_ROUNDS,$RR_BYTES,$RR_ROUNDS$novs" \
+    -append "console=ttyS0 quiet loglevel=3 panic=-1 vsocket.timeout=280 vsocket.hugepages=$HUGEPAGES mig.nic=$VM_ADDR/28 mig.peer=$PEER_ADDR mig.load=$STREAM_BYTES,$STREAM_ROUNDS,$RR_BYTES,$RR_ROUNDS$novs${MIG_ROLE:+ mig.role=$MIG_ROLE}" \
     "${vs[@]}" -netdev "tap,id=nic0,ifname=$tap,script=no,downscript=no" \
     -device "virtio-net-pci,netdev=nic0,mac=$VM_MAC,romfile=,vectors=0" \
     "$@" </dev/null >"$WORK/$name.qemu.log" 2>&1 &
@@ -254,6 +286,7 @@ bed_up() {
     out=$(ctl "$h" locator set 1 "$VM_ADDR" hostA 2>&1) || { echo "$h: locator set: $out"; return 1; }
   done
   local port
+  [ "${NO_PEER_SERVERS:-0}" = 1 ] && return 0
   # The servers' bound covers the guest's boot, its 12 s of ticks, two
   # moves and the job (about 180 s here): 420 s. At 250 s it killed the
   # stream's server mid-stream on a loaded machine (the guest's client then
@@ -424,6 +457,55 @@ case_migrate_hosts_drain_unfinished() {
     { fail $case "hostA after the move back: $(via_count hostA same-host) of vmq's ends same-host, want 2"; return; }
   echo "  hostA after the move back: $(via_count hostA same-host) of vmq's ends same-host"
   job_checks $case back --moves 2 --mode accelerated --resynced || return
+  stop_all
+  pass $case $((SECONDS - t0))
+}
+
+case_vm_across_hosts() {
+  local t0=$SECONDS case=vm_across_hosts out h vr=vmr vr_addr=198.51.100.6
+  local STREAM_BYTES=268435456 STREAM_ROUNDS=32 RR_BYTES=2000000 RR_ROUNDS=500
+  stop_all
+  rm -f "$WORK"/*.console "$WORK"/*.qmp "$WORK"/*.qemu.log "$WORK"/*.out "$WORK"/*.jsonl
+  out=$(NO_PEER_SERVERS=1 bed_up) || { fail $case "$out"; return; }
+  # The second VM: configured on hostB only, placed there on both hosts.
+  out=$(ctl hostB vm add "$vr" --socket "$VSOCKET_TESTBED2_DIR/hostB/$vr.sock" --tenant 1 --addresses "$vr_addr" \
+        --prove-sockets false --direct off 2>&1) || { fail $case "hostB: vm add $vr: $out"; return; }
+  for h in hostA hostB; do
+    out=$(ctl "$h" locator set 1 "$vr_addr" hostB 2>&1) || { fail $case "$h: locator set: $out"; return; }
+  done
+  local f0
+  f0=$(stat hostA fabric_bytes_out)
+  VM=$vr VM_ADDR=$vr_addr VM_MAC=52:54:00:5e:00:06 MIG_ROLE=server start_qemu srv hostB vsmtr0 ||
+    { fail $case "no tap on hostB"; return; }
+  wait_for 120 console_has srv "mig: servers started" || { fail $case "the server guest never started its servers"; return; }
+  PEER_ADDR=$vr_addr start_qemu cli hostA vsmtq0 || { fail $case "no tap on hostA"; return; }
+  wait_for 120 console_has cli "mig: load started" || { fail $case "the client guest never started its load"; return; }
+  # Both connections on the fabric: vmq's ends on hostA via hostB.
+  wait_for 60 vias_are hostA hostB 2 ||
+    { fail $case "hostA: $(via_count hostA hostB) of vmq's ends accelerated via hostB (want 2)"; return; }
+  local vias
+  vias=$(ctl hostB --json connections 2>/dev/null | python3 -c '
+import json, sys
+print(sum(c["vm"] == "vmr" and c["via"] == "hostA" for c in json.load(sys.stdin)))')
+  echo "  across the fabric: hostA has $(via_count hostA hostB) of vmq's ends via hostB, hostB $vias of vmr's via hostA"
+  [ "$vias" -ge 2 ] || { fail $case "hostB: $vias of vmr's ends via hostA (want 2)"; return; }
+  local name p
+  for name in cli srv; do
+    wait_for 200 console_has "$name" "^mig: job done" ||
+      { fail $case "the $name guest's job did not end within 200 s: $(grep "^mig: " "$WORK/$name.console" | grep -v tick | tail -3 | tr '\n' ';')"; return; }
+  done
+  grep -q "^mig: stream exit 0" "$WORK/cli.console" && grep -q "^mig: rr exit 0" "$WORK/cli.console" &&
+    [ "$(grep -c "^mig: .*: xfer client: 1/1 connections verified" "$WORK/cli.console")" = 2 ] ||
+    { fail $case "an xfer client failed: $(grep -E "^mig: (stream|rr)" "$WORK/cli.console" | head -6 | tr '\n' ';')"; return; }
+  grep -q "^mig: server stream exit 0" "$WORK/srv.console" && grep -q "^mig: server rr exit 0" "$WORK/srv.console" &&
+    [ "$(grep -c "^mig: .*connections verified" "$WORK/srv.console")" = 2 ] ||
+    { fail $case "an xfer server failed: $(grep -E "^mig: (server|stream|rr)" "$WORK/srv.console" | head -6 | tr '\n' ';')"; return; }
+  for name in cli srv; do grep "^mig: report: " "$WORK/$name.console" | sed 's/^mig: report: //' | tr -d '\r'; done > "$WORK/report.jsonl"
+  out=$(python3 tests/e2e/check_report.py "$WORK/report.jsonl" --expect-conns 4 --mode accelerated --reason accelerated \
+        --accel-min 1 2>&1) || { fail $case "reports: $out"; return; }
+  local fab=$(( $(stat hostA fabric_bytes_out) - f0 ))
+  echo "  reports: $out; hostA fabric_bytes_out +$fab"
+  [ "$fab" -ge "$STREAM_BYTES" ] || { fail $case "hostA's fabric carried $fab B, less than the stream's $STREAM_BYTES"; return; }
   stop_all
   pass $case $((SECONDS - t0))
 }
