@@ -573,12 +573,15 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 def med(mode, k):
     v = [r[k] for r in rows if r["mode"] == mode and r[k] is not None]
     return {"median": statistics.median(v), "min": min(v), "max": max(v)} if v else None
+modes = [m for m in ("vsocket", "kernel") if any(r["mode"] == m for r in rows)]  # (BENCH_MODES may name one)
 out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "ram_mib": int(sys.argv[3]), "moves": int(sys.argv[4]),
        "rows": rows,
        "summary": {m: {k: med(m, k) for k in ("total_ms", "downtime_ms", "setup_ms", "transferred_mib", "accelerated_again_s")}
-                   for m in ("vsocket", "kernel")}}
+                   for m in modes}}
+if not modes:
+    sys.exit("no migration measured")
 json.dump(out, open(sys.argv[2], "w"), indent=1)
-for m in ("vsocket", "kernel"):
+for m in modes:
     s = out["summary"][m]
     print("  %s: total %s ms, downtime %s ms, setup %s ms, %s MiB (medians of %d)" % (m, s["total_ms"]["median"], s["downtime_ms"]["median"], s["setup_ms"]["median"], s["transferred_mib"]["median"], out["moves"]))
 PY
