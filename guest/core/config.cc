@@ -192,10 +192,13 @@ bool AccelerationAllowed(const GuestConfig& config, const proto::Endpoint& peer)
   return true;
 }
 
-const GuestConfig& Config() {
+std::atomic<const GuestConfig*> config_internal::g_config{nullptr};
+
+const GuestConfig& config_internal::LoadOnce() {
   // Never destroyed: the exit report (an atexit handler) and late I/O from
   // other exit handlers still read it after static destructors have run.
   static const GuestConfig* const kConfig = new GuestConfig(Load());
+  g_config.store(kConfig, std::memory_order_release);
   return *kConfig;
 }
 

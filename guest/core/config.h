@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -57,7 +58,18 @@ struct GuestConfig {
   std::vector<DestinationRule> rules;  // VSOCKET_RULES, comma-separated
 };
 
-const GuestConfig& Config();
+namespace config_internal {
+extern std::atomic<const GuestConfig*> g_config;  // set once loaded, never freed
+const GuestConfig& LoadOnce();
+}  // namespace config_internal
+
+// The process's configuration, read from the environment at its first use.
+// Inline (an acquire load, a plain load on x86): the held path reads it on
+// every call.
+inline const GuestConfig& Config() {
+  const GuestConfig* c = config_internal::g_config.load(std::memory_order_acquire);
+  return __builtin_expect(c != nullptr, 1) ? *c : config_internal::LoadOnce();
+}
 
 // Parses VSOCKET_RULES syntax; false (and *error set) on a bad rule.
 bool ParseRules(const std::string& text, std::vector<DestinationRule>* out, std::string* error);

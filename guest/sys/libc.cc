@@ -8,14 +8,20 @@
 #include <mutex>
 
 namespace vsocket::guest {
-namespace {
+namespace libc_internal {
 
 LibcCalls g_calls;
-std::once_flag g_once;
 // Set once g_calls is filled: every wrapper calls Libc(), and std::call_once
 // alone costs a thread-local access each time (libstdc++ passes the callable
 // through TLS), so it runs only until this is seen.
 std::atomic<bool> g_resolved{false};
+
+}  // namespace libc_internal
+
+namespace {
+
+using libc_internal::g_calls;
+std::once_flag g_once;
 
 template <typename T>
 void Resolve(T& slot, const char* name) {
@@ -79,11 +85,9 @@ void ResolveAll() {
 
 }  // namespace
 
-const LibcCalls& Libc() {
-  if (__builtin_expect(!g_resolved.load(std::memory_order_acquire), 0)) {
-    std::call_once(g_once, ResolveAll);
-    g_resolved.store(true, std::memory_order_release);
-  }
+const LibcCalls& libc_internal::ResolveOnce() {
+  std::call_once(g_once, ResolveAll);
+  g_resolved.store(true, std::memory_order_release);
   return g_calls;
 }
 

@@ -13,6 +13,8 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include <atomic>
+
 namespace vsocket::guest {
 
 struct LibcCalls {
@@ -65,7 +67,20 @@ struct LibcCalls {
   int (*fexecve)(int, char* const[], char* const[]);
 };
 
-const LibcCalls& Libc();
+namespace libc_internal {
+extern LibcCalls g_calls;
+extern std::atomic<bool> g_resolved;  // g_calls is filled
+const LibcCalls& ResolveOnce();
+}  // namespace libc_internal
+
+// Every wrapper calls this at least once: inline, one acquire load (a plain
+// load on x86) once resolved, no call (an out-of-line call was ~2% of a
+// held connection's library time, bench/conn_cost).
+inline const LibcCalls& Libc() {
+  if (__builtin_expect(!libc_internal::g_resolved.load(std::memory_order_acquire), 0))
+    return libc_internal::ResolveOnce();
+  return libc_internal::g_calls;
+}
 
 // The kernel's own send / receive of an iovec: send()/recv() for one part
 // (the kernel's shorter path), sendmsg()/recvmsg() otherwise.
