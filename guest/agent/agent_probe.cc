@@ -11,7 +11,15 @@
 // a socket of its own; then it proves its own connection to the agent and
 // registers it, which must be taken.
 //
-// Usage: vsocket-agent-probe [--socket PATH] [--echo N] [--steal ADDR PORT]
+// --garbage KIND: a hostile process of the VM. After HELLO it writes
+// garbage into its own request queue and kicks: KIND outside, a request
+// whose descriptor points beyond the VM's memory; huge, a descriptor of
+// 2 GiB at its own ring memory; chain, a descriptor whose next index is
+// out of the queue. It prints what came of it (vsocketd must break this
+// device and nothing else; the host's test checks the rest) and exits 0
+// if no answer came back.
+//
+// Usage: vsocket-agent-probe [--socket PATH] [--echo N] [--steal ADDR PORT] [--garbage KIND]
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -182,20 +190,56 @@ int Steal(Probe& p, Transport& t, const char* addr, uint16_t port) {
   return rc;
 }
 
+// Garbage in our own request queue; 0 when vsocketd did not answer it.
+int Garbage(Probe& p, Transport& t, const std::string& kind) {
+  VirtqueueDriver& q = t.queue(QueueId::kRequests);
+  VirtqueueDriver::Buf out{t.Gpa(p.req), 64}, in{t.Gpa(p.resp), kMsgBytes};
+  if (kind == "outside") {
+    out.gpa = 0xfffffff000000ULL;  // far beyond any VM's memory
+  } else if (kind == "huge") {
+    out.len = 0x80000000u;
+  } else if (kind != "chain") {
+    fprintf(stderr, "vsocket-agent-probe: --garbage outside|huge|chain\n");
+    return 2;
+  }
+  auto head = q.Add({&out, 1}, {&in, 1}, 999);
+  if (!head.ok()) {
+    fprintf(stderr, "vsocket-agent-probe: %s\n", head.status().ToString().c_str());
+    return 1;
+  }
+  if (kind == "chain") {
+    // The first descriptor of the chain now names a next one out of range.
+    vsocket::proto::VringDesc* desc = q.ring().desc();
+    desc[*head].next = 0xfff0;
+  }
+  if (q.Publish()) t.Kick(QueueId::kRequests);
+  for (int ms = 0; ms < 3000; ms += 100) {
+    if (auto u = q.PopUsed()) {
+      printf("vsocket-agent-probe: garbage %s answered (%u bytes): vsocketd took it\n", kind.c_str(), u->len);
+      return 1;
+    }
+    usleep(100 * 1000);
+  }
+  printf("vsocket-agent-probe: garbage %s written and kicked; no answer in 3 s\n", kind.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string path = vsocket::agent::kDefaultAgentSocket;
   long echoes = 16;
   const char* steal_addr = nullptr;
+  std::string garbage;
   long steal_port = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--socket") path = argv[i + 1];
     else if (a == "--echo") echoes = strtol(argv[i + 1], nullptr, 10);
     else if (a == "--steal" && i + 2 < argc) steal_addr = argv[i + 1], steal_port = strtol(argv[i + 2], nullptr, 10), ++i;
+    else if (a == "--garbage") garbage = argv[i + 1];
     else {
-      fprintf(stderr, "usage: vsocket-agent-probe [--socket PATH] [--echo N] [--steal ADDR PORT]\n");
+      fprintf(stderr, "usage: vsocket-agent-probe [--socket PATH] [--echo N] [--steal ADDR PORT] [--garbage KIND]\n");
       return 2;
     }
   }
@@ -228,6 +272,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   printf("vsocket-agent-probe: HELLO_ACK device %u through the agent\n", ack->device_id);
+  if (!garbage.empty()) return Garbage(p, tr, garbage);
   if (steal_addr != nullptr) {
     if (steal_port < 1 || steal_port > 65534) return 2;
     return Steal(p, tr, steal_addr, static_cast<uint16_t>(steal_port));

@@ -2,7 +2,7 @@
 # attached to a vhost-user socket (vsocketd's port), the host root over 9p,
 # and a job script. Source it; needs tests/vm/prepare.sh's cache.
 #
-#   [VM_FUNCTIONS=N] [VM_AGENT_FUNCTION=1] [VM_NIC=NETNS,TAP,MAC] vm_boot RESULTS SOCKET TIMEOUT [KERNEL_ARGS...]
+#   [VM_FUNCTIONS=N] [VM_AGENT_FUNCTION=1] [VM_NIC=NETNS,TAP,MAC] [VM_RAM_MB=512] vm_boot RESULTS SOCKET TIMEOUT [KERNEL_ARGS...]
 #       starts QEMU in the background (pid in VM_PID, also added to
 #       VM_PIDS); RESULTS/job.sh must exist; the guest writes
 #       RESULTS/{stdout,stderr,rc,dmesg,console.log}. VM_NIC: QEMU runs in
@@ -101,8 +101,8 @@ vm_boot() {
   # Guest RAM is a sealed memfd shared with the backend (vsocketd refuses
   # memory that could shrink under it).
   "${ns[@]}" qemu-system-x86_64 \
-    -accel tcg,thread=multi -cpu max -smp 1 -m 512 \
-    -object memory-backend-memfd,id=mem0,size=512M,share=on -machine memory-backend=mem0 \
+    -accel tcg,thread=multi -cpu max -smp 1 -m "${VM_RAM_MB:-512}" \
+    -object "memory-backend-memfd,id=mem0,size=${VM_RAM_MB:-512}M,share=on" -machine memory-backend=mem0 \
     -nographic -monitor none -no-reboot \
     -chardev "file,id=con0,path=$results/console.log" -serial chardev:con0 \
     -kernel "$VM_CACHE/vmlinuz" -initrd "$VM_CACHE/initramfs.cpio.gz" \

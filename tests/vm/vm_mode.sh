@@ -32,6 +32,24 @@
 #                   (decision 119); xfer under the packaged vsocket-run,
 #                   2 connections of 1,000,000 byte-checked bytes each way,
 #                   accelerated.
+#   hostile_process_in_guest  while two processes of the guest stream
+#                   accelerated (xfer, 2 connections of 24,000,000 bytes
+#                   each way in 40 rounds 500 ms apart), a third writes
+#                   garbage into its own request
+#                   queue, three times in turn (vsocket-agent-probe
+#                   --garbage: a descriptor beyond the VM's memory, one of
+#                   2 GiB, a chain whose next index is out of the queue):
+#                   vsocketd breaks that device each time with a log line
+#                   (broken_devices +3), the stream goes on accelerated and
+#                   byte-exact, the agent takes the function back and a
+#                   fourth process gets it and is served (ECHOes).
+#   sixteen_processes_in_guest  16 processes of one guest attached at once,
+#                   each on a vSocket function of its own (16 functions on
+#                   one port): 8 xfer servers and 8 clients, one connection
+#                   of 6,000,000 byte-checked bytes each way per pair, all
+#                   16 ends accelerated and registered at vsocketd at once
+#                   (vsocketctl connections, sampled), 16 grants by the
+#                   agent.
 #   process_killed_in_guest  a guest process SIGKILLed right after its last
 #                   write on an accelerated connection: the server gets
 #                   every byte, the agent takes the function back and the
@@ -91,7 +109,7 @@ ROOT=$PWD
 # vsocketd goes, and the agent ends its grants on it (daemon_gone_*).
 VM_NET_DEVICE=${VM_NET_DEVICE/status=off/status=on}
 
-vm_script_args agent_hello agent_serves accelerated_in_guest packaged_guest process_killed_in_guest foreign_driver qemu_killed \
+vm_script_args agent_hello agent_serves accelerated_in_guest packaged_guest hostile_process_in_guest sixteen_processes_in_guest process_killed_in_guest foreign_driver qemu_killed \
   daemon_killed_under_vm_stream daemon_gone_under_vm_stream function_set_up_again vm_to_vm libvirt_domain -- "$@"
 
 die() { echo "vm_mode.sh: $*" >&2; echo "0 passed, 1 failed"; exit 1; }
@@ -565,6 +583,146 @@ JOB
     { fail packaged_guest "vsocketd moved $((accel - accel0)) B, want >= $((conns * bytes))"; return; }
   echo "  reports: $out"
   pass packaged_guest $((SECONDS - t0))
+}
+
+# A hostile process of the guest: garbage in its own queue breaks its own
+# device only (issue 35: "a hostile process writing garbage into its own
+# queue breaks only its own connections").
+case_hostile_process_in_guest() {
+  local R=$WORK/hostile t0=$SECONDS bytes=24000000 conns=2 port=5121
+  mkdir -p "$R"
+  cp "$BIN/guest/agent/vsocket-guestd" "$BIN/guest/agent/vsocket-agent-probe" "$BIN/guest/libvsocket.so" \
+     "$BIN/tests/e2e/xfer" "$R/"
+  cat > "$R/job.sh" <<JOB
+cd /run/vsocket-vm
+ip link set lo up
+ip addr add 203.0.113.10/32 dev lo
+./vsocket-guestd --serve > agent.out 2>&1 &
+apid=\$!
+for _ in \$(seq 300); do [ -S /run/vsocket/agent.sock ] && break; sleep 0.1; done
+export VSOCKET_REPORT=/run/vsocket-vm/report.jsonl VSOCKET_UPGRADE=always
+# 40 rounds 500 ms apart: the stream outlasts the garbage on any machine.
+LD_PRELOAD=/run/vsocket-vm/libvsocket.so ./xfer server 203.0.113.10 $port --conns $conns --rounds 40 --gap-ms 500 \
+  > server.out 2>&1 &
+spid=\$!
+for _ in \$(seq 300); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
+LD_PRELOAD=/run/vsocket-vm/libvsocket.so ./xfer client 203.0.113.10 $port --conns $conns --bytes $bytes --rounds 40 \
+  --gap-ms 500 --pause-ms 500 > client.out 2>&1 &
+cpid=\$!
+sleep 3
+for kind in outside huge chain; do
+  ./vsocket-agent-probe --garbage \$kind > probe-\$kind.out 2>&1
+  echo "garbage \$kind: exit \$?"
+done
+echo "client running after the garbage: \$(kill -0 \$cpid 2>/dev/null && echo yes || echo no)"
+./vsocket-agent-probe --echo 8 > probe-after.out 2>&1
+echo "probe after: exit \$?"
+wait \$cpid
+echo "client exit \$?"
+wait \$spid
+echo "server exit \$?"
+kill -TERM \$apid
+wait \$apid
+echo "agent exit \$?"
+JOB
+  local broken0 accel0 broken accel rc
+  broken0=$(stat broken_devices) accel0=$(stat accel_bytes)
+  VM_FUNCTIONS=3 vm_boot "$R" "$WORK/vmq.sock" 240 vsocket.hugepages=52
+  vm_wait 240
+  rc=$?
+  broken=$(stat broken_devices) accel=$(stat accel_bytes)
+  echo "  guest: $(tr '\n' ' ' < "$R/stdout")"
+  echo "  probes: $(cat "$R"/probe-*.out 2>/dev/null | tr '\n' ' ')"
+  echo "  vsocketd: broken_devices $broken0 -> $broken, accel_bytes $accel0 -> $accel"
+  echo "  vsocketd log: $(grep -E "broken" "$WORK/vsocketd.log" | tail -3 | cut -c1-200 | tr '\n' ';')"
+  [ "$rc" = 0 ] || { fail hostile_process_in_guest "guest job exit $rc"; return; }
+  local kind
+  for kind in outside huge chain; do
+    grep -q "garbage $kind: exit 0" "$R/stdout" || { fail hostile_process_in_guest "garbage $kind was answered or failed: $(cat "$R/probe-$kind.out")"; return; }
+  done
+  [ $((broken - broken0)) -eq 3 ] || { fail hostile_process_in_guest "vsocketd broke $((broken - broken0)) devices, want 3"; return; }
+  kill -0 "$D_PID" || { fail hostile_process_in_guest "vsocketd died"; return; }
+  grep -q "client running after the garbage: yes" "$R/stdout" || { fail hostile_process_in_guest "the stream ended before the garbage was done (make it longer)"; return; }
+  grep -q "probe after: exit 0" "$R/stdout" && grep -q "8 ECHOes of 4096 bytes checked" "$R/probe-after.out" ||
+    { fail hostile_process_in_guest "the function was not served again after the hostile process: $(cat "$R/probe-after.out")"; return; }
+  grep -q "client exit 0" "$R/stdout" && grep -q "server exit 0" "$R/stdout" ||
+    { fail hostile_process_in_guest "xfer failed (bytes not verified)"; return; }
+  local out
+  out=$(python3 tests/e2e/check_report.py "$R/report.jsonl" --port "$port" --expect-conns $((2 * conns)) --mode accelerated \
+      --reason accelerated --accel-min 1 --exact-total $((bytes + 16)) 2>&1) ||
+    { fail hostile_process_in_guest "reports: $out"; return; }
+  echo "  reports: $out"
+  pass hostile_process_in_guest $((SECONDS - t0))
+}
+
+# 16 processes of one VM attached at once (issue 35), each on its own
+# function.
+case_sixteen_processes_in_guest() {
+  local R=$WORK/sixteen t0=$SECONDS bytes=6000000 pairs=8 base=5140
+  mkdir -p "$R"
+  rm -f "$R"/*.out
+  cp "$BIN/guest/agent/vsocket-guestd" "$BIN/guest/libvsocket.so" "$BIN/tests/e2e/xfer" "$R/"
+  cat > "$R/job.sh" <<JOB
+cd /run/vsocket-vm
+ip link set lo up
+ip addr add 203.0.113.10/32 dev lo
+./vsocket-guestd --serve > agent.out 2>&1 &
+apid=\$!
+for _ in \$(seq 600); do [ -S /run/vsocket/agent.sock ] && break; sleep 0.1; done
+export VSOCKET_REPORT=/run/vsocket-vm/report.jsonl VSOCKET_UPGRADE=always
+pids=""
+for i in \$(seq 0 $((pairs - 1))); do
+  LD_PRELOAD=/run/vsocket-vm/libvsocket.so ./xfer server 203.0.113.10 \$(($base + i)) --conns 1 > server-\$i.out 2>&1 &
+  pids="\$pids \$!"
+done
+for i in \$(seq 0 $((pairs - 1))); do
+  for _ in \$(seq 300); do ss -Hltn "sport = :\$(($base + i))" | grep -q . && break; sleep 0.1; done
+done
+for i in \$(seq 0 $((pairs - 1))); do
+  LD_PRELOAD=/run/vsocket-vm/libvsocket.so ./xfer client 203.0.113.10 \$(($base + i)) --conns 1 --bytes $bytes \
+    --pause-ms 2000 > client-\$i.out 2>&1 &
+  pids="\$pids \$!"
+done
+ok=0
+for p in \$pids; do wait \$p && ok=\$((ok + 1)); done
+echo "processes exited 0: \$ok of $((2 * pairs))"
+kill -TERM \$apid
+wait \$apid
+echo "agent exit \$?"
+JOB
+  local up0 accel0 up accel rc
+  up0=$(stat upgrades) accel0=$(stat accel_bytes)
+  VM_FUNCTIONS=16 VM_RAM_MB=768 vm_boot "$R" "$WORK/vmq.sock" 300 vsocket.hugepages=140
+  # At once: the most of vmq's connection ends registered together (each
+  # end is a process of its own).
+  local most=0 n deadline=$((SECONDS + 300))
+  while kill -0 "$VM_PID" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do
+    n=$(ctl --json connections 2>/dev/null | python3 -c '
+import json, sys
+print(sum(c["vm"] == "vmq" for c in json.load(sys.stdin)))' 2>/dev/null || echo 0)
+    [ "${n:-0}" -gt "$most" ] && most=$n
+    sleep 0.5
+  done
+  vm_wait 300
+  rc=$?
+  up=$(stat upgrades) accel=$(stat accel_bytes)
+  echo "  guest: $(tr '\n' ' ' < "$R/stdout")"
+  echo "  agent: $(tail -1 "$R/agent.out" 2>/dev/null)"
+  echo "  vsocketd: upgrades $up0 -> $up, accel_bytes $accel0 -> $accel; at most $most of vmq's connection ends registered at once"
+  [ "$rc" = 0 ] || { fail sixteen_processes_in_guest "guest job exit $rc"; return; }
+  [ "$most" -ge $((2 * pairs)) ] || { fail sixteen_processes_in_guest "at most $most connection ends at once, want $((2 * pairs))"; return; }
+  grep -q "processes exited 0: $((2 * pairs)) of $((2 * pairs))" "$R/stdout" ||
+    { fail sixteen_processes_in_guest "not every xfer verified: $(grep -h "xfer" "$R"/client-*.out "$R"/server-*.out | grep -v " 1/1 " | head -3 | tr '\n' ';')"; return; }
+  grep -q "$((2 * pairs)) grants, 0 refused (busy)" "$R/agent.out" ||
+    { fail sixteen_processes_in_guest "the agent did not grant 16 functions: $(tail -1 "$R/agent.out")"; return; }
+  local out
+  out=$(python3 tests/e2e/check_report.py "$R/report.jsonl" --expect-conns $((2 * pairs)) --mode accelerated \
+      --reason accelerated --accel-min 1 --exact-total $((bytes + 16)) 2>&1) ||
+    { fail sixteen_processes_in_guest "reports: $out"; return; }
+  [ $((up - up0)) -ge "$pairs" ] && [ $((accel - accel0)) -ge $((2 * pairs * bytes)) ] ||
+    { fail sixteen_processes_in_guest "vsocketd: upgrades +$((up - up0)), accel_bytes +$((accel - accel0))"; return; }
+  echo "  reports: $out"
+  pass sixteen_processes_in_guest $((SECONDS - t0))
 }
 
 # A process of the guest killed (SIGKILL, right after its last write) on
