@@ -409,6 +409,19 @@ JOB
 # vsocketd's accel_bytes and upgrades before and after (accel0/accel,
 # up0/up: the caller's locals) and prints the guest's and the agent's
 # output.
+# xfer_accelerated CASE R PORT CONNS BYTES: the guest's xfer client and
+# server (R/stdout: "client exit 0", "server exit 0") verified every byte,
+# and the CONNS x 2 ends' reports on PORT (R/report.jsonl) say accelerated,
+# each with every byte; the checker's line in XFER_REPORTS. 1 after fail.
+xfer_accelerated() {
+  local case=$1 r=$2 port=$3 conns=$4 bytes=$5
+  grep -q "client exit 0" "$r/stdout" && grep -q "server exit 0" "$r/stdout" ||
+    { fail "$case" "xfer failed (bytes not verified)"; return 1; }
+  XFER_REPORTS=$(python3 tests/e2e/check_report.py "$r/report.jsonl" --port "$port" --expect-conns $((2 * conns)) \
+      --mode accelerated --reason accelerated --accel-min 1 --exact-total $((bytes + 16)) 2>&1) ||
+    { fail "$case" "reports: $XFER_REPORTS"; return 1; }
+}
+
 xfer_guest_run() {
   accel0=$(stat accel_bytes) up0=$(stat upgrades)
   VM_FUNCTIONS=2 vm_boot "$1" "$WORK/vmq.sock" 200 vsocket.hugepages=24
@@ -472,11 +485,8 @@ JOB
       --reason backend-unavailable --exact-total $((100000 + 16)) 2>&1) ||
     { fail accelerated_in_guest "reports without the agent: $out"; return; }
   echo "  without the agent: $out"
-  grep -q "client exit 0" "$R/stdout" && grep -q "server exit 0" "$R/stdout" ||
-    { fail accelerated_in_guest "xfer failed (bytes not verified)"; return; }
-  out=$(python3 tests/e2e/check_report.py "$R/report.jsonl" --port "$port" --expect-conns $((2 * conns)) --mode accelerated \
-      --reason accelerated --accel-min 1 --exact-total $((bytes + 16)) 2>&1) ||
-    { fail accelerated_in_guest "reports: $out"; return; }
+  xfer_accelerated accelerated_in_guest "$R" "$port" "$conns" "$bytes" || return
+  out=$XFER_REPORTS
   # Both processes' sessions came through the agent at its default path.
   grep -q "2 grants" "$R/agent.out" || { fail accelerated_in_guest "the agent did not grant twice: $(tail -1 "$R/agent.out")"; return; }
   # What the libraries sent on the rings (each byte once, at its sender),
@@ -573,15 +583,10 @@ JOB
     { fail packaged_guest "the agent took the wrong functions"; return; }
   grep -q "left alone: .*52:54:00:12:34:99" "$R/agent.out" ||
     { fail packaged_guest "the agent does not say it left the VM's NIC alone"; return; }
-  grep -q "client exit 0" "$R/stdout" && grep -q "server exit 0" "$R/stdout" ||
-    { fail packaged_guest "xfer failed (bytes not verified)"; return; }
-  local out
-  out=$(python3 tests/e2e/check_report.py "$R/report.jsonl" --port "$port" --expect-conns $((2 * conns)) --mode accelerated \
-      --reason accelerated --accel-min 1 --exact-total $((bytes + 16)) 2>&1) ||
-    { fail packaged_guest "reports: $out"; return; }
+  xfer_accelerated packaged_guest "$R" "$port" "$conns" "$bytes" || return
   [ $((accel - accel0)) -ge $((conns * bytes)) ] ||
     { fail packaged_guest "vsocketd moved $((accel - accel0)) B, want >= $((conns * bytes))"; return; }
-  echo "  reports: $out"
+  echo "  reports: $XFER_REPORTS"
   pass packaged_guest $((SECONDS - t0))
 }
 
@@ -645,13 +650,8 @@ JOB
   grep -q "client running after the garbage: yes" "$R/stdout" || { fail hostile_process_in_guest "the stream ended before the garbage was done (make it longer)"; return; }
   grep -q "probe after: exit 0" "$R/stdout" && grep -q "8 ECHOes of 4096 bytes checked" "$R/probe-after.out" ||
     { fail hostile_process_in_guest "the function was not served again after the hostile process: $(cat "$R/probe-after.out")"; return; }
-  grep -q "client exit 0" "$R/stdout" && grep -q "server exit 0" "$R/stdout" ||
-    { fail hostile_process_in_guest "xfer failed (bytes not verified)"; return; }
-  local out
-  out=$(python3 tests/e2e/check_report.py "$R/report.jsonl" --port "$port" --expect-conns $((2 * conns)) --mode accelerated \
-      --reason accelerated --accel-min 1 --exact-total $((bytes + 16)) 2>&1) ||
-    { fail hostile_process_in_guest "reports: $out"; return; }
-  echo "  reports: $out"
+  xfer_accelerated hostile_process_in_guest "$R" "$port" "$conns" "$bytes" || return
+  echo "  reports: $XFER_REPORTS"
   pass hostile_process_in_guest $((SECONDS - t0))
 }
 
