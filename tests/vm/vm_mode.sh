@@ -409,6 +409,25 @@ JOB
 # vsocketd's accel_bytes and upgrades before and after (accel0/accel,
 # up0/up: the caller's locals) and prints the guest's and the agent's
 # output.
+# xfer_job_lines "RUN" PORT CONNS BYTES: a guest job's lines for xfer's
+# server and client on 203.0.113.10:PORT, each started with RUN (the
+# preload), then the agent ($apid) stopped; each exit code echoed.
+xfer_job_lines() {
+  local run=$1 port=$2 conns=$3 bytes=$4
+  cat <<LINES
+$run ./xfer server 203.0.113.10 $port --conns $conns > server.out 2>&1 &
+spid=\$!
+for _ in \$(seq 300); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
+$run ./xfer client 203.0.113.10 $port --conns $conns --bytes $bytes --pause-ms 500 > client.out 2>&1
+echo "client exit \$?"
+wait \$spid
+echo "server exit \$?"
+kill -TERM \$apid
+wait \$apid
+echo "agent exit \$?"
+LINES
+}
+
 # xfer_accelerated CASE R PORT CONNS BYTES: the guest's xfer client and
 # server (R/stdout: "client exit 0", "server exit 0") verified every byte,
 # and the CONNS x 2 ends' reports on PORT (R/report.jsonl) say accelerated,
@@ -462,16 +481,7 @@ unset LD_PRELOAD
 apid=\$!
 for _ in \$(seq 300); do [ -S /run/vsocket/agent.sock ] && break; sleep 0.1; done
 export VSOCKET_REPORT=/run/vsocket-vm/report.jsonl
-LD_PRELOAD=/run/vsocket-vm/libvsocket.so ./xfer server 203.0.113.10 $port --conns $conns > server.out 2>&1 &
-spid=\$!
-for _ in \$(seq 300); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
-LD_PRELOAD=/run/vsocket-vm/libvsocket.so ./xfer client 203.0.113.10 $port --conns $conns --bytes $bytes --pause-ms 500 > client.out 2>&1
-echo "client exit \$?"
-wait \$spid
-echo "server exit \$?"
-kill -TERM \$apid
-wait \$apid
-echo "agent exit \$?"
+$(xfer_job_lines LD_PRELOAD=/run/vsocket-vm/libvsocket.so "$port" "$conns" "$bytes")
 JOB
   local accel0 up0 accel up rc
   xfer_guest_run "$R"
@@ -547,16 +557,7 @@ apid=\$!
 for _ in \$(seq 300); do [ -S /run/vsocket/agent.sock ] && break; sleep 0.1; done
 echo "interfaces serving: \$(nics)"
 export VSOCKET_REPORT=/run/vsocket-vm/report.jsonl
-\$P/usr/bin/vsocket-run --lib \$P/$lib ./xfer server 203.0.113.10 $port --conns $conns > server.out 2>&1 &
-spid=\$!
-for _ in \$(seq 300); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
-\$P/usr/bin/vsocket-run --lib \$P/$lib ./xfer client 203.0.113.10 $port --conns $conns --bytes $bytes --pause-ms 500 > client.out 2>&1
-echo "client exit \$?"
-wait \$spid
-echo "server exit \$?"
-kill -TERM \$apid
-wait \$apid
-echo "agent exit \$?"
+$(xfer_job_lines "\$P/usr/bin/vsocket-run --lib \$P/$lib" "$port" "$conns" "$bytes")
 JOB
   local accel0 up0 accel up rc
   accel0=$(stat accel_bytes) up0=$(stat upgrades)
