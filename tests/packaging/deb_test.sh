@@ -252,7 +252,8 @@ problems=()
       [ "$(systemctl show -p ActiveState --value vsocket-guestd)" = inactive ] && break
       sleep 0.1
     done
-    st=$(systemctl show -p ActiveState,Result --value vsocket-guestd | paste -sd/)
+    # (One property a call: `show -p A,B` prints them in its own order.)
+    st="$(systemctl show -p ActiveState --value vsocket-guestd)/$(systemctl show -p Result --value vsocket-guestd)"
     [ "$st" = inactive/exec-condition ] || [ "$st" = inactive/success ] ||
       problems+=("vsocket-guestd.service is $st, want inactive (skipped by its ExecCondition)")
   fi
