@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <utility>
@@ -50,13 +49,10 @@ Result<std::unique_ptr<AgentServer>> AgentServer::Listen(const std::string& path
   s->options_.own_session = false;
   if (bdfs.empty() && !options.bdf.empty()) bdfs.push_back(options.bdf);
   if (bdfs.empty()) {
-    FunctionChoice choice = PciFunction::FindVsocket(options.mac_prefix);
-    for (const std::string& why : choice.skipped) fprintf(stderr, "vsocket-guestd: left alone: %s\n", why.c_str());
-    bdfs = std::move(choice.vsocket);
+    auto found = PciFunction::VsocketFunctions(options.mac_prefix);
+    if (!found.ok()) return found.status();
+    bdfs = std::move(*found);
   }
-  if (bdfs.empty())
-    return Status(Code::kNotFound, "no vSocket function (a virtio-net-pci function with disable-legacy=on, 1af4:1041, "
-                                   "that no network driver holds or whose MAC starts with " + options.mac_prefix + ")");
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path)) return Status(Code::kInvalidArgument, "socket path too long: " + path);

@@ -24,6 +24,9 @@
 //   --echo-bytes B   payload of each (default 4096, at most 4096)
 //   --huge-pages N   2 MiB pages for rings and buffers (default 2)
 //   --hold           keep the device and session until SIGTERM/SIGINT
+//   --list           print the vSocket functions (one BDF a line; those left
+//                    alone on stderr) and exit: 0 if there is one, 1 if none
+//                    (vsocket-guest-setup check counts with it)
 // Exit status: 0 on success, 1 on failure (the reason on stderr).
 #include <signal.h>
 #include <unistd.h>
@@ -46,7 +49,7 @@ void OnSignal(int) { g_stop = 1; }
 
 constexpr char kUsage[] =
     "usage: vsocket-guestd [--pci BDF] [--mac-prefix P] [--echo N] [--echo-bytes B] [--huge-pages N] "
-    "[--hold | --serve [PATH] [--proofs]]\n";
+    "[--hold | --serve [PATH] [--proofs] | --list]\n";
 
 // "" (any) or 1-6 colon-separated hex bytes.
 bool ValidMacPrefix(const std::string& p) {
@@ -68,7 +71,7 @@ int main(int argc, char** argv) {
   using namespace vsocket;
   agent::VmDeviceOptions o;
   long echoes = 16, echo_bytes = 4096;
-  bool hold = false, proofs = false;
+  bool hold = false, proofs = false, list = false;
   std::string serve;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -95,6 +98,8 @@ int main(int argc, char** argv) {
       if (i + 1 < argc && argv[i + 1][0] != '-') serve = argv[++i];
     } else if (a == "--hold") {
       hold = true;
+    } else if (a == "--list") {
+      list = true;
     } else if (a == "--proofs") {
       proofs = true;
     } else if (a == "-h" || a == "--help") {
@@ -107,6 +112,15 @@ int main(int argc, char** argv) {
   }
   if (echo_bytes < 1 || echo_bytes > static_cast<long>(proto::kMaxEchoPayload)) return Usage("--echo-bytes: 1..4096");
 
+  if (list) {
+    auto found = agent::PciFunction::VsocketFunctions(o.mac_prefix);
+    if (!found.ok()) {
+      fprintf(stderr, "vsocket-guestd: %s\n", found.status().message().c_str());
+      return 1;
+    }
+    for (const std::string& bdf : *found) printf("%s\n", bdf.c_str());
+    return 0;
+  }
   if (!serve.empty()) {
     if (o.huge_pages < 8) o.huge_pages = 8;  // room for the session's connections' rings
     auto server = agent::AgentServer::Listen(serve, o, proofs);

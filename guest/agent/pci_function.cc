@@ -7,10 +7,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdio>
-#include <cstdlib>
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <utility>
@@ -147,6 +147,18 @@ bool HasPrefix(const std::string& mac, const std::string& prefix) {
 }
 
 }  // namespace
+
+Result<std::vector<std::string>> PciFunction::VsocketFunctions(const std::string& mac_prefix) {
+  FunctionChoice choice = FindVsocket(mac_prefix);
+  for (const std::string& why : choice.skipped) fprintf(stderr, "vsocket-guestd: left alone: %s\n", why.c_str());
+  if (choice.vsocket.empty())
+    return Status(Code::kNotFound,
+                  "no vSocket function in this guest (a virtio-net-pci function with disable-legacy=on, 1af4:1041, "
+                  "that no network driver holds" +
+                      (mac_prefix.empty() ? std::string() : " or whose MAC starts with " + mac_prefix) +
+                      "; docs/vm-mode.md)");
+  return std::move(choice.vsocket);
+}
 
 FunctionChoice PciFunction::FindVsocket(const std::string& mac_prefix, const std::string& devices) {
   FunctionChoice c;

@@ -58,6 +58,9 @@ class PciFunction {
                                        const std::string& devices = "/sys/bus/pci/devices/");
   static FunctionChoice FindVsocket(const std::string& mac_prefix,
                                     const std::string& devices = "/sys/bus/pci/devices/");
+  // FindVsocket's functions, each one left alone logged on stderr
+  // ("vsocket-guestd: left alone: ..."); kNotFound naming the rule if none.
+  static Result<std::vector<std::string>> VsocketFunctions(const std::string& mac_prefix);
   // Unbinds `bdf` from whatever driver has it (virtio-pci, virtio_net's),
   // binds it to uio_pci_generic (driver_override) and opens it.
   static Result<PciFunction> BindToUio(const std::string& bdf);

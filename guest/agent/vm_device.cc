@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstring>
 
 #include "proto/virtio_ring.h"
@@ -21,20 +20,14 @@ constexpr uint32_t kEventBufBytes = 4096;
 
 Result<std::string> PickFunction(const std::string& asked, const std::string& mac_prefix) {
   if (!asked.empty()) return asked;
-  FunctionChoice choice = PciFunction::FindVsocket(mac_prefix);
-  for (const std::string& why : choice.skipped) fprintf(stderr, "vsocket-guestd: left alone: %s\n", why.c_str());
-  std::vector<std::string>& found = choice.vsocket;
-  if (found.empty())
-    return Status(Code::kNotFound,
-                  "no vSocket function in this guest (a virtio-net-pci function with disable-legacy=on, "
-                  "1af4:1041, that no network driver holds or whose MAC starts with " + mac_prefix +
-                      "; docs/vm-mode.md)");
-  if (found.size() > 1) {
+  auto found = PciFunction::VsocketFunctions(mac_prefix);
+  if (!found.ok()) return found.status();
+  if (found->size() > 1) {
     std::string all;
-    for (const auto& f : found) all += " " + f;
+    for (const auto& f : *found) all += " " + f;
     return Status(Code::kInvalidArgument, "several 1af4:1041 functions:" + all + "; choose one with --pci");
   }
-  return found[0];
+  return (*found)[0];
 }
 
 }  // namespace
