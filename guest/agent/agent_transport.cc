@@ -186,4 +186,13 @@ void AgentTransport::CloseFdsAfterFork() NO_THREAD_SAFETY_ANALYSIS {
   base_ = nullptr;
 }
 
+void AgentTransport::ReleaseMemory() {
+  // The agent maps the same pages until it has reset the device behind
+  // this grant (when we ask for another, or the link went down): what we
+  // drop here goes back to the kernel only once no device can write it.
+  if (base_ == nullptr || !memfd_) return;
+  (void)vhost::ReplaceWithZeroPages(base_, grant_.memory_bytes);
+  memfd_.reset();
+}
+
 }  // namespace vsocket::agent

@@ -47,6 +47,7 @@ class AgentTransport final : public guest::Transport {
   bool proves_sockets() const override { return proves_.load(std::memory_order_acquire); }
   Status ProveSocket(int fd) override EXCLUDES(proof_mu_);
   void CloseFdsAfterFork() override;
+  void ReleaseMemory() override;
   // vsocketd runs outside the VM: its CPUs are not ours to see.
   guest::CpuShare BackendCpus() const override { return guest::CpuShare{}; }
 

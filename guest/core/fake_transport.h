@@ -50,6 +50,9 @@ class FakeTransport final : public Transport {
   bool proves_sockets() const override { return false; }
   Status ProveSocket(int) override { return Status::Ok(); }
   void CloseFdsAfterFork() override;
+  void ReleaseMemory() override { ++releases_; }
+  // How many times the session gave the memory back.
+  int releases() const { return releases_; }
   CpuShare BackendCpus() const override { return CpuShare{}; }
   // Direct pairs (decision 97): the next FetchDirect hands out these (any
   // token), or refuses once they are taken.
@@ -79,6 +82,7 @@ class FakeTransport final : public Transport {
   Responder responder_;
   std::vector<proto::Message> requests_;
   bool wedged_ = false;
+  int releases_ = 0;
   DirectFds direct_;
 };
 

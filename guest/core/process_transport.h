@@ -38,6 +38,7 @@ class ProcessTransport final : public Transport {
     return out;
   }
   void CloseFdsAfterFork() override { fe_->CloseFdsAfterFork(); }
+  void ReleaseMemory() override { fe_->ReleaseRegion(); }
   CpuShare BackendCpus() const override { return BackendCpuShare(fe_->socket_fd()); }
 
  private:

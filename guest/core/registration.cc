@@ -333,6 +333,7 @@ void EndWithdrawnLocked(Conn& c) {
     if (!st.ok()) VS_LOG(kDebug, "unregister of a withdrawn registration: %s", st.ToString().c_str());
   }
   c.session = nullptr;
+  if (s != nullptr && !s->alive()) s->ReleaseIfUnused();
   // Registered for its busy loop and withdrawn because the peer's process
   // was not one (decision 83): held again, to qualify again after a pause
   // that doubles with each withdrawal. Anything else: kernel TCP for good.
@@ -393,6 +394,7 @@ void Unregistered(Conn& c) {
   }
   c.session = nullptr;
   if (c.state.registered()) c.state.Apply(ConnEvent::kClose);
+  if (s != nullptr && !s->alive()) s->ReleaseIfUnused();  // (the last one off a lost session's rings)
 }
 
 // The end of a closed connection that resets its peer, as the kernel's RST

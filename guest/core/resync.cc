@@ -257,6 +257,8 @@ void MaybeReregister(int fd, Conn& c) {
     return;
   }
   c.session = nullptr;
+  // Off the rings both ways: a lost session may give its memory back.
+  if (!s->alive()) s->ReleaseIfUnused();
   RetireDirect(c);
   // Drained because its busy loop went quiet (decision 92): held again,
   // not registered again at once (the pause before it may qualify doubles

@@ -689,6 +689,33 @@ void Session::BackendLost() {
   alive_.store(false, std::memory_order_release);
   NotifyWaitersLocked();
   g_last_attempt_ns.store(MonotonicNs(), std::memory_order_relaxed);
+  ReleaseIfUnusedLocked();
+}
+
+void Session::ReleaseIfUnused() {
+  MutexLock lock(mu_);
+  ReleaseIfUnusedLocked();
+}
+
+void Session::ReleaseIfUnusedLocked() {
+  if (!lost_ || released_) return;
+  // Only a resyncing connection still reads our rings (its landed bytes,
+  // its resend); pending ones register again elsewhere, reset or closed
+  // ones read nothing. (c->session: MaybeReregister and a close clear it
+  // once the connection is off the rings.)
+  for (const auto& [id, c] : conns_)
+    if (c->session == this && c->state.phase() == Phase::kResyncing) return;
+  released_ = true;
+  transport_->ReleaseMemory();
+  // Everything here pointed into that memory: nothing is freed or reused
+  // there any more. (The connections live on in the fd table.)
+  size_t tracked = conns_.size();
+  conns_.clear();
+  direct_conns_.clear();
+  closing_.clear();
+  held_ = 0;
+  VS_LOG(kInfo, "lost session: its %zu KiB of ring memory given back (%zu connections had been on it)",
+         transport_->memory_bytes() >> 10, tracked);
 }
 
 }  // namespace vsocket::guest

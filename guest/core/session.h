@@ -98,6 +98,13 @@ class Session {
   // kill -9, a restart) and then does what losing it means
   // (BackendLost). One look at the transport; true while the backend is there.
   bool CheckBackend();
+  // A lost session gives its memory back (Transport::ReleaseMemory) once no
+  // connection of it is on its rings any more: none still resyncing from
+  // them (reading what landed in its RX ring, copying its resend out of its
+  // TX ring). BackendLost looks at once; the places a connection leaves a
+  // lost session (its close, its RESYNC's end) look again. Nothing for a
+  // live session.
+  void ReleaseIfUnused() EXCLUDES(mu_);
   // The transport's liveness fd: every sleeper watches it, so that a backend
   // that goes away wakes it (then CheckBackend()).
   int liveness_fd() const;
@@ -165,6 +172,7 @@ class Session {
   Status SubmitLocked(const proto::Message& m, bool want_response, uint32_t* slot) REQUIRES(mu_);
   void KickOwed();
   void BackendLost() REQUIRES(mu_);
+  void ReleaseIfUnusedLocked() REQUIRES(mu_);
 
   struct Slot {
     uint8_t* req;
@@ -190,6 +198,7 @@ class Session {
   std::atomic<int64_t> unanswered_since_ns_{0};
   pid_t owner_pid_ = 0;
   bool lost_ GUARDED_BY(mu_) = false;  // BackendLost ran
+  bool released_ GUARDED_BY(mu_) = false;  // ReleaseIfUnused gave the memory back
   bool session_unknown_ GUARDED_BY(mu_) = false;  // the backend said so (Dispatch; decision 094)
   bool doorbell_ = false;   // set once, before the session is handed out
   bool ring_hold_ = false;  // likewise: kFeatureRingHold

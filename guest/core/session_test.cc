@@ -12,6 +12,7 @@
 #include "guest/core/direct.h"
 #include "guest/core/direct_ring.h"
 #include "guest/core/fake_transport.h"
+#include "guest/core/registration.h"
 #include "proto/direct.h"
 
 namespace vsocket::guest {
@@ -160,6 +161,53 @@ TEST_F(SessionTest, ARegistrationNeverStaysPendingOnALostSession) {
   after->id = 2;
   EXPECT_FALSE(s->TrackPending(after));
   EXPECT_EQ(after->state.phase(), Phase::kUnprobed) << "refused: never pending";
+}
+
+// A lost session's memory goes back once no connection of it reads or
+// resends from its rings (issue 36: every VM migration, like every vsocketd
+// restart, left each process its old region until it exited, 8 huge pages
+// per move in a VM, and a VM moved three times stopped re-accelerating).
+// A connection that was upgraded resyncs from its rings: the memory stays
+// until it has left them (here: closed, as Teardown ends it).
+TEST_F(SessionTest, ALostSessionGivesItsMemoryBackOnceItsConnectionsLeftTheRings) {
+  Session* s = Up(0);
+  ASSERT_NE(s, nullptr);
+  FakeTransport* fake = g_fake;
+  auto pending = std::make_shared<Conn>();
+  pending->id = 1;
+  pending->session = s;
+  ASSERT_TRUE(s->TrackPending(pending));
+  auto upgraded = std::make_shared<Conn>();
+  upgraded->id = 2;
+  upgraded->session = s;
+  ASSERT_TRUE(upgraded->state.Apply(ConnEvent::kRegistered));
+  ASSERT_TRUE(upgraded->state.Apply(ConnEvent::kUpgrade));
+  s->Track(upgraded);
+  fake->KillBackend();
+  EXPECT_FALSE(s->CheckBackend());
+  ASSERT_EQ(upgraded->state.phase(), Phase::kResyncing);
+  EXPECT_EQ(fake->releases(), 0) << "the resyncing connection may still read its RX ring";
+  Unregistered(*upgraded);
+  EXPECT_EQ(upgraded->session, nullptr);
+  EXPECT_EQ(fake->releases(), 1) << "nothing reads the lost session's rings any more";
+  Unregistered(*pending);  // (once only)
+  EXPECT_EQ(fake->releases(), 1);
+}
+
+// With no connection on its rings when it was lost, the memory goes back
+// at once.
+TEST_F(SessionTest, ALostSessionWithNothingOnItsRingsGivesItsMemoryBackAtOnce) {
+  Session* s = Up(0);
+  ASSERT_NE(s, nullptr);
+  FakeTransport* fake = g_fake;
+  auto pending = std::make_shared<Conn>();
+  pending->id = 1;
+  pending->session = s;
+  ASSERT_TRUE(s->TrackPending(pending));
+  fake->KillBackend();
+  EXPECT_FALSE(s->CheckBackend());
+  EXPECT_EQ(pending->state.phase(), Phase::kUnprobed);
+  EXPECT_EQ(fake->releases(), 1);
 }
 
 // Two threads on one session, a direct pair (decision 97) read by one of

@@ -78,6 +78,14 @@ class Transport {
   // its memory (the parent's session goes on using it).
   virtual void CloseFdsAfterFork() = 0;
 
+  // The session was lost and nothing reads or writes its rings any more:
+  // the memory goes back (a VM's huge pages, a process's region). Its
+  // addresses stay reserved, as zero pages of our own, so that a stray
+  // late look reads zeros instead of faulting or reading memory reused
+  // for something else. The fds stay open (an epoll set may still name
+  // them). Once; the transport is not used for I/O again.
+  virtual void ReleaseMemory() = 0;
+
   // Where the backend runs relative to this process's CPUs (cpu_share.h).
   virtual CpuShare BackendCpus() const = 0;
 };

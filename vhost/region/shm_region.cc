@@ -50,6 +50,18 @@ ShmRegion::~ShmRegion() {
   if (base_ != nullptr) munmap(base_, size_);
 }
 
+void ShmRegion::Release() {
+  if (!fd_) return;
+  (void)ReplaceWithZeroPages(base_, size_);
+  fd_.reset();
+}
+
+Status ReplaceWithZeroPages(void* base, size_t size) {
+  void* p = mmap(base, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return Status::FromErrno("mmap zero pages over released memory");
+  return Status::Ok();
+}
+
 uint8_t* RegionAllocator::Allocate(size_t size, size_t align) {
   if (size == 0 || align == 0 || (align & (align - 1)) != 0) return nullptr;
   if (boundary_ != 0 && size > boundary_) return nullptr;

@@ -32,6 +32,10 @@ class ShmRegion {
   size_t size() const { return size_; }
   int fd() const { return fd_.get(); }
   bool huge_pages() const { return huge_; }
+  // Gives the memory back (ReplaceWithZeroPages, then the memfd closes): for
+  // a session that was lost. The backend's own mapping, if it still has
+  // one, is its own; ours no longer shares it.
+  void Release();
   bool Contains(const void* p, size_t len) const {
     auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(base_);
     return a >= b && a - b <= size_ && len <= size_ - (a - b);
@@ -46,6 +50,13 @@ class ShmRegion {
   size_t size_;
   bool huge_;
 };
+
+// Replaces the mapping at [base, base + size) (page-aligned; huge-page
+// aligned for a hugetlb mapping) with private zero pages that cost nothing
+// until written: the shared memory behind it is no longer held by this
+// mapping, and the addresses stay reserved, so a late stray access reads
+// zeros rather than faulting or reaching memory reused for something else.
+Status ReplaceWithZeroPages(void* base, size_t size);
 
 // Carves aligned, never-overlapping chunks out of a region (first fit, with
 // free). Not thread-safe; owners serialize.

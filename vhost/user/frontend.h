@@ -82,6 +82,8 @@ class VhostUserFrontend {
   std::vector<uint64_t> TakeAbandoned();
 
   ShmRegion& region() { return *region_; }
+  // A lost session's: the region's memory goes back (ShmRegion::Release).
+  void ReleaseRegion() { region_->Release(); }
   RegionAllocator& allocator() { return allocator_; }
   uint64_t features() const { return features_; }
   uint64_t protocol_features() const { return protocol_features_; }
