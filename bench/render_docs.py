@@ -333,9 +333,16 @@ def direct():
     return [f"{when} From `bench/results/direct-latest.md`.", ""] + [l for l in lines if l.startswith("|")]
 
 
+def migration():
+    """migration-latest.md (bench/migration_bench.sh): its whole text (the
+    line saying when and on what, the table, the per-migration line)."""
+    text = open(os.path.join(RESULTS, "migration-latest.md")).read().strip()
+    return text.splitlines() + ["", "From `bench/results/migration-latest.md`."]
+
+
 BLOCKS = {"channel": channel, "same-host": same_host, "cross-host": cross_host, "conn-scale": conn_scale,
           "quick": quick, "days": days, "placement": placement, "directory": directory,
-          "direct": direct}
+          "direct": direct, "migration": migration}
 
 
 def render(doc):

@@ -105,6 +105,7 @@ vm_boot() {
     -object "memory-backend-memfd,id=mem0,size=${VM_RAM_MB:-512}M,share=on" -machine memory-backend=mem0 \
     -nographic -monitor none -no-reboot \
     -chardev "file,id=con0,path=$results/console.log" -serial chardev:con0 \
+    ${VM_QMP:+-qmp "unix:$VM_QMP,server=on,wait=off"} \
     -kernel "$VM_CACHE/vmlinuz" -initrd "$VM_CACHE/initramfs.cpio.gz" \
     -append "console=ttyS0 quiet loglevel=3 panic=-1 vsocket.timeout=$((timeout - 20)) $*" \
     "${vs[@]}" "${nic[@]}" \

@@ -87,8 +87,10 @@ WORK=$(mktemp -d /tmp/vsocket-mighosts-XXXXXX)
 export VSOCKETD=$BIN/host-backend/vsocketd VSOCKETCTL=$BIN/host-backend/vsocketctl
 export VSOCKET_TESTBED2_DIR=/run/vsocket-mighosts VSOCKET_TESTBED2_NS_PREFIX=vsm VSOCKET_TESTBED2_LOCATOR=file
 TB="bash deploy/testbed2.sh"
-# (Huge pages: each process holds 8 per grant, and keeps its old grants' until it
-# exits, decision 094: 2 processes x 3 grants = 48 for two moves.)
+# (Huge pages: each process holds 8 per grant; a lost session's go back once its
+# connections resynced, so a move needs at most 2 processes x 2 grants = 32 at
+# once, however many moves. Before, each kept its old grants' until it exited:
+# the fourth grant of bench_migration's third move did not fit in 60.)
 RAM_MB=384 HUGEPAGES=60
 VM=vmq VM_ADDR=198.51.100.5 VM_MAC=52:54:00:5e:00:05
 PEER=vmA2 PEER_ADDR=198.51.100.3
@@ -521,10 +523,9 @@ print(sum(c["vm"] == "vmr" and c["via"] == "hostA" for c in json.load(sys.stdin)
 # BENCH_OUT.
 case_bench_migration() {
   local t0=$SECONDS case=bench_migration mode i from to host tap t1 ready out
-  # Each move costs each of the 2 processes one more grant of 8 huge pages
-  # (its lost session's rings stay mapped until it exits, decision 094):
-  # the 60 of the two-move cases ran out at the third move (2026-11-30).
-  local HUGEPAGES=$((16 * (${BENCH_MOVES:-4} + 1) + 12))
+  # The same 60 huge pages as the two-move cases, for any number of moves:
+  # a lost session's grant goes back once its connections resynced (before,
+  # each move cost each process 8 more, and the third ran out on 2026-11-30).
   : > "$WORK/bench.jsonl"
   for mode in ${BENCH_MODES:-vsocket kernel}; do
     export NOVS=0

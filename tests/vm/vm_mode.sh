@@ -77,6 +77,13 @@
 #                   takes the function's link down, the agent ends the
 #                   grant, both ends finish on kernel TCP byte-exact
 #                   (resynced, cause backend-unavailable).
+#   vm_paused_and_resumed  QMP stop for 3 s and cont under a byte-checked
+#                   request/response stream (QEMU stops and starts the
+#                   devices): byte-exact, accelerated at the close, bytes
+#                   through vsocketd after the resume.
+#   vm_paused_with_a_peer_outside  the same with the other end in a
+#                   process-mode container that runs on: neither end sees
+#                   an error or an early EOF, both byte-exact.
 #   function_set_up_again  after vsocketd's restart a guest with huge pages
 #                   for one more set only: one function cannot be set up
 #                   again while the processes still map their old pages;
@@ -110,7 +117,7 @@ ROOT=$PWD
 VM_NET_DEVICE=${VM_NET_DEVICE/status=off/status=on}
 
 vm_script_args agent_hello agent_serves accelerated_in_guest packaged_guest hostile_process_in_guest sixteen_processes_in_guest process_killed_in_guest foreign_driver qemu_killed \
-  daemon_killed_under_vm_stream daemon_gone_under_vm_stream function_set_up_again vm_to_vm libvirt_domain -- "$@"
+  daemon_killed_under_vm_stream daemon_gone_under_vm_stream vm_paused_and_resumed vm_paused_with_a_peer_outside function_set_up_again vm_to_vm libvirt_domain -- "$@"
 
 die() { echo "vm_mode.sh: $*" >&2; echo "0 passed, 1 failed"; exit 1; }
 bash tests/rdma/install-deps.sh || die "installing QEMU and busybox failed"
@@ -807,7 +814,7 @@ JOB
   up0=$(stat upgrades)
   # 8 huge pages per function, twice: a process whose session was lost
   # keeps its old grant's memory mapped (its connections' rings) while the
-  # agent grants it the function afresh.
+  # agent grants it the function afresh, until they resynced (decision 122).
   VM_FUNCTIONS=2 VM_AGENT_FUNCTION=1 VM_CHARDEV_OPTS=,reconnect=1 vm_boot "$R" "$WORK/vmr.sock" 240 vsocket.hugepages=42
   # Killed once both ends are accelerated (bounded), mid-stream.
   local up=$up0
@@ -857,6 +864,162 @@ JOB
     { fail daemon_killed_under_vm_stream "the new vsocketd accelerated nothing (upgrades $up_new, accel_bytes $accel_new)"; return; }
   echo "  reports: $out"
   pass daemon_killed_under_vm_stream $((SECONDS - t0))
+}
+
+# A VM paused (QMP stop: QEMU stops its vhost-user devices, vsocketd sees
+# them stop) for 3 s under a byte-checked stream and request/response
+# rounds, then resumed (cont: the devices start again, their rings where
+# they were): what `virsh suspend` / `resume` do. Not a process exit and not
+# a move: every byte arrives, nothing fails, and both ends are accelerated
+# again (or still) at their close, with vsocketd carrying bytes after the
+# resume.
+case_vm_paused_and_resumed() {
+  local R=$WORK/pause t0=$SECONDS bytes=1800000 rounds=600 gap=40 port=5108
+  mkdir -p "$R"
+  cp "$BIN/guest/agent/vsocket-guestd" "$BIN/guest/libvsocket.so" "$BIN/tests/e2e/xfer" "$R/"
+  cat > "$R/job.sh" <<JOB
+cd /run/vsocket-vm
+ip link set lo up
+ip addr add 203.0.113.10/32 dev lo
+./vsocket-guestd --serve > agent.out 2>&1 &
+apid=\$!
+for _ in \$(seq 300); do [ -S /run/vsocket/agent.sock ] && break; sleep 0.1; done
+export LD_PRELOAD=/run/vsocket-vm/libvsocket.so VSOCKET_REPORT=/run/vsocket-vm/report.jsonl VSOCKET_UPGRADE=always \\
+  VSOCKET_LOG_LEVEL=info
+./xfer server 203.0.113.10 $port --conns 1 --rounds $rounds --gap-ms $gap > server.out 2>&1 &
+spid=\$!
+for _ in \$(seq 300); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
+./xfer client 203.0.113.10 $port --conns 1 --bytes $bytes --rounds $rounds --gap-ms $gap --pause-ms 500 > client.out 2>&1
+echo "client exit \$?"
+wait \$spid
+echo "server exit \$?"
+unset LD_PRELOAD
+kill -TERM \$apid
+wait \$apid
+echo "agent exit \$?"
+JOB
+  local up0 i up stopped0
+  up0=$(stat upgrades) up=$up0 stopped0=$(stat devices_stopped)
+  rm -f "$WORK/pause.qmp"
+  VM_QMP=$WORK/pause.qmp VM_FUNCTIONS=2 vm_boot "$R" "$WORK/vmq.sock" 240 vsocket.hugepages=40
+  for ((i = 0; i < 600; i++)); do
+    up=$(stat upgrades)
+    [ "$up" -ge $((up0 + 1)) ] && break
+    kill -0 "$VM_PID" 2>/dev/null || break
+    sleep 0.2
+  done
+  if [ "$up" -lt $((up0 + 1)) ]; then
+    vm_wait 60
+    fail vm_paused_and_resumed "the connection was never accelerated (upgrades $up0 -> $up)"
+    return
+  fi
+  sleep 2
+  local accel_paused stopped
+  timeout 40 python3 tests/vm/qmp.py "$WORK/pause.qmp" stop >/dev/null ||
+    { vm_wait 60; fail vm_paused_and_resumed "QMP stop failed"; return; }
+  sleep 3
+  accel_paused=$(stat accel_bytes) stopped=$(stat devices_stopped)
+  timeout 40 python3 tests/vm/qmp.py "$WORK/pause.qmp" cont >/dev/null ||
+    { vm_kill; fail vm_paused_and_resumed "QMP cont failed"; return; }
+  echo "  paused 3 s after $((SECONDS - t0 - 3)) s: vsocketd devices stopped $stopped0 -> $stopped, accel_bytes $accel_paused"
+  vm_wait 240
+  local rc=$? accel_end
+  accel_end=$(stat accel_bytes)
+  echo "  guest: $(tr '\n' ' ' < "$R/stdout")"
+  echo "  xfer: $(grep -h "verified" "$R/client.out" "$R/server.out" 2>/dev/null | tr '\n' ' ')"
+  echo "  libraries: $(grep -h "libvsocket" "$R/client.out" "$R/server.out" 2>/dev/null | grep -v "session up" | cut -c1-160 | sort | uniq -c | sort -rn | head -6 | tr '\n' ';')"
+  echo "  vsocketd: accel_bytes $accel_paused at the pause, $accel_end at the end"
+  grep -q "client exit 0" "$R/stdout" && grep -q "server exit 0" "$R/stdout" ||
+    { fail vm_paused_and_resumed "xfer failed (bytes not verified), guest job exit $rc"; return; }
+  [ "$stopped" -gt "$stopped0" ] || { fail vm_paused_and_resumed "vsocketd saw no device stop at the pause"; return; }
+  [ "$accel_end" -gt "$accel_paused" ] ||
+    { fail vm_paused_and_resumed "vsocketd carried nothing after the resume (accel_bytes $accel_paused -> $accel_end)"; return; }
+  local out
+  out=$(python3 tests/e2e/check_report.py "$R/report.jsonl" --port "$port" --expect-conns 2 --mode accelerated 2>&1) ||
+    { fail vm_paused_and_resumed "reports: $out"; return; }
+  echo "  reports: $out"
+  pass vm_paused_and_resumed $((SECONDS - t0))
+}
+
+# The same pause with the connection's other end outside the VM: a
+# process-mode container (port vmp) on the guest's bridge, which keeps
+# running while the VM is stopped. Its end must not be told that the VM's
+# process closed or died (the VM's process is alive, only stopped): every
+# byte arrives both ways, neither application sees an error or an early
+# EOF, and the connection is accelerated again after the resume.
+case_vm_paused_with_a_peer_outside() {
+  local R=$WORK/pause-out t0=$SECONDS bytes=1800000 rounds=600 gap=40 port=5206
+  mkdir -p "$R"
+  rm -f "$R"/{go,report.jsonl}
+  cp "$BIN/guest/agent/vsocket-guestd" "$BIN/guest/libvsocket.so" "$BIN/tests/e2e/xfer" "$R/"
+  pair_job_client "$R" "
+LD_PRELOAD=/run/vsocket-vm/libvsocket.so VSOCKET_UPGRADE=always VSOCKET_LOG_LEVEL=info ./xfer client $PAIR_P $port --conns 1 --bytes $bytes --rounds $rounds --gap-ms $gap --pause-ms 500 > client.out 2>&1
+echo \"client exit \$?\""
+  vm_net_down "$PAIR_NS"
+  vm_net_up "$PAIR_NS" tapa tapb tapc || { fail vm_paused_with_a_peer_outside "cannot make the guest's bridge"; return; }
+  local P=$WORK/pause-out-p
+  mkdir -p "$P"
+  rm -f "$P"/*
+  vm_container_down "$PAIR_CNS"
+  vm_container_up "$PAIR_NS" "$PAIR_CNS" "$PAIR_P/24" ||
+    { fail vm_paused_with_a_peer_outside "cannot make the container's namespace"; return; }
+  ip netns exec "$PAIR_CNS" env LD_PRELOAD="$BIN/guest/libvsocket.so" VSOCKET_SOCKET="$WORK/vmp.sock" \
+    VSOCKET_REPORT="$P/report.jsonl" VSOCKET_UPGRADE=always VSOCKET_LOG_LEVEL=info \
+    timeout 300 "$BIN/tests/e2e/xfer" server "$PAIR_P" $port --conns 1 --rounds $rounds --gap-ms $gap > "$P/server.out" 2>&1 &
+  local psrv=$! p_up0 i
+  p_up0=$(vm_stat vmp upgrades)
+  rm -f "$WORK/pause-out.qmp"
+  VM_QMP=$WORK/pause-out.qmp VM_FUNCTIONS=1 VM_AGENT_FUNCTION=1 VM_NIC=$PAIR_NS,tapa,52:54:00:00:51:11 \
+    vm_boot "$R" "$WORK/vma.sock" 240 vsocket.hugepages=17 vsocket.nic=$PAIR_A/24
+  for ((i = 0; i < 900; i++)); do [ -e "$R/ready" ] || [ -e "$R/rc" ] && break; sleep 0.2; done
+  touch "$R/go"
+  local p_up=$p_up0
+  for ((i = 0; i < 600; i++)); do
+    p_up=$(vm_stat vmp upgrades)
+    [ "$p_up" -ge $((p_up0 + 1)) ] && break
+    kill -0 "$VM_PID" 2>/dev/null || break
+    sleep 0.2
+  done
+  if [ "$p_up" -lt $((p_up0 + 1)) ]; then
+    vm_wait 60
+    kill "$psrv" 2>/dev/null
+    vm_container_down "$PAIR_CNS"; vm_net_down "$PAIR_NS"
+    fail vm_paused_with_a_peer_outside "the connection was never accelerated (vmp upgrades $p_up0 -> $p_up)"
+    return
+  fi
+  sleep 2
+  local accel_paused p_out_paused
+  timeout 40 python3 tests/vm/qmp.py "$WORK/pause-out.qmp" stop >/dev/null ||
+    { vm_wait 60; fail vm_paused_with_a_peer_outside "QMP stop failed"; return; }
+  sleep 3
+  accel_paused=$(stat accel_bytes)
+  timeout 40 python3 tests/vm/qmp.py "$WORK/pause-out.qmp" cont >/dev/null ||
+    { vm_kill; fail vm_paused_with_a_peer_outside "QMP cont failed"; return; }
+  echo "  paused 3 s after $((SECONDS - t0 - 3)) s: accel_bytes $accel_paused"
+  vm_wait 240
+  local rc=$? rs=125
+  for i in $(seq 100); do kill -0 "$psrv" 2>/dev/null || break; sleep 0.2; done
+  kill "$psrv" 2>/dev/null
+  wait "$psrv"; rs=$?
+  local accel_end
+  accel_end=$(stat accel_bytes)
+  vm_container_down "$PAIR_CNS"
+  vm_net_down "$PAIR_NS"
+  echo "  guest: $(tr '\n' ' ' < "$R/stdout")"
+  echo "  xfer: $(grep -h "verified" "$R/client.out" "$P/server.out" 2>/dev/null | tr '\n' ' ')"
+  echo "  libraries: $(grep -h "libvsocket" "$R/client.out" "$P/server.out" 2>/dev/null | grep -v "session up" | cut -c1-160 | sort | uniq -c | sort -rn | head -8 | tr '\n' ';')"
+  echo "  vsocketd: accel_bytes $accel_paused at the pause, $accel_end at the end"
+  grep -q "client exit 0" "$R/stdout" && [ "$rs" = 0 ] ||
+    { fail vm_paused_with_a_peer_outside "xfer failed (bytes not verified): guest client $(grep -h "client exit" "$R/stdout"), container server exit $rs: $(tail -2 "$P/server.out" | tr '\n' ' ')"; return; }
+  [ "$accel_end" -gt "$accel_paused" ] ||
+    { fail vm_paused_with_a_peer_outside "vsocketd carried nothing after the resume (accel_bytes $accel_paused -> $accel_end)"; return; }
+  local out out2
+  out=$(python3 tests/e2e/check_report.py "$R/report.jsonl" --port "$port" --expect-conns 1 --mode accelerated 2>&1) ||
+    { fail vm_paused_with_a_peer_outside "the guest's report: $out"; return; }
+  out2=$(python3 tests/e2e/check_report.py "$P/report.jsonl" --port "$port" --expect-conns 1 --mode accelerated 2>&1) ||
+    { fail vm_paused_with_a_peer_outside "the container's report: $out2"; return; }
+  echo "  reports: guest $out; container $out2"
+  pass vm_paused_with_a_peer_outside $((SECONDS - t0))
 }
 
 # vsocketd killed (SIGKILL) under a guest's byte-checked stream and not
