@@ -898,8 +898,8 @@ kill -TERM \$apid
 wait \$apid
 echo "agent exit \$?"
 JOB
-  local up0 i up stopped0
-  up0=$(stat upgrades) up=$up0 stopped0=$(stat devices_stopped)
+  local up0 i up stopped0 resumed0
+  up0=$(stat upgrades) up=$up0 stopped0=$(stat devices_stopped) resumed0=$(stat devices_resumed)
   rm -f "$WORK/pause.qmp"
   VM_QMP=$WORK/pause.qmp VM_FUNCTIONS=2 vm_boot "$R" "$WORK/vmq.sock" 240 vsocket.hugepages=40
   for ((i = 0; i < 600; i++)); do
@@ -930,8 +930,16 @@ JOB
   echo "  libraries: $(grep -h "libvsocket" "$R/client.out" "$R/server.out" 2>/dev/null | grep -v "session up" | cut -c1-160 | sort | uniq -c | sort -rn | head -6 | tr '\n' ';')"
   echo "  vsocketd: accel_bytes $accel_paused at the pause, $accel_end at the end"
   grep -q "client exit 0" "$R/stdout" && grep -q "server exit 0" "$R/stdout" ||
-    { fail vm_paused_and_resumed "xfer failed (bytes not verified), guest job exit $rc"; return; }
+    { fail vm_paused_and_resumed "xfer failed (bytes not verified), guest job exit $rc: client: $(grep -v libvsocket "$R/client.out" | tail -2 | tr '\n' ' ') server: $(grep -v libvsocket "$R/server.out" | tail -2 | tr '\n' ' ')"; return; }
   [ "$stopped" -gt "$stopped0" ] || { fail vm_paused_and_resumed "vsocketd saw no device stop at the pause"; return; }
+  # The pause was not taken for an exit or a move (decision 123): both
+  # devices resumed as they were, no library lost its session.
+  local resumed
+  resumed=$(stat devices_resumed)
+  [ "$resumed" -ge $((resumed0 + 2)) ] ||
+    { fail vm_paused_and_resumed "vsocketd resumed $((resumed - resumed0)) devices, want 2 (devices_resumed)"; return; }
+  ! grep -q "lost the backend session" "$R/client.out" "$R/server.out" ||
+    { fail vm_paused_and_resumed "a library lost its session at the pause"; return; }
   [ "$accel_end" -gt "$accel_paused" ] ||
     { fail vm_paused_and_resumed "vsocketd carried nothing after the resume (accel_bytes $accel_paused -> $accel_end)"; return; }
   local out
@@ -966,8 +974,8 @@ echo \"client exit \$?\""
   ip netns exec "$PAIR_CNS" env LD_PRELOAD="$BIN/guest/libvsocket.so" VSOCKET_SOCKET="$WORK/vmp.sock" \
     VSOCKET_REPORT="$P/report.jsonl" VSOCKET_UPGRADE=always VSOCKET_LOG_LEVEL=info \
     timeout 300 "$BIN/tests/e2e/xfer" server "$PAIR_P" $port --conns 1 --rounds $rounds --gap-ms $gap > "$P/server.out" 2>&1 &
-  local psrv=$! p_up0 i
-  p_up0=$(vm_stat vmp upgrades)
+  local psrv=$! p_up0 i resumed0
+  p_up0=$(vm_stat vmp upgrades) resumed0=$(stat devices_resumed)
   rm -f "$WORK/pause-out.qmp"
   VM_QMP=$WORK/pause-out.qmp VM_FUNCTIONS=1 VM_AGENT_FUNCTION=1 VM_NIC=$PAIR_NS,tapa,52:54:00:00:51:11 \
     vm_boot "$R" "$WORK/vma.sock" 240 vsocket.hugepages=17 vsocket.nic=$PAIR_A/24
@@ -1010,15 +1018,21 @@ echo \"client exit \$?\""
   echo "  libraries: $(grep -h "libvsocket" "$R/client.out" "$P/server.out" 2>/dev/null | grep -v "session up" | cut -c1-160 | sort | uniq -c | sort -rn | head -8 | tr '\n' ';')"
   echo "  vsocketd: accel_bytes $accel_paused at the pause, $accel_end at the end"
   grep -q "client exit 0" "$R/stdout" && [ "$rs" = 0 ] ||
-    { fail vm_paused_with_a_peer_outside "xfer failed (bytes not verified): guest client $(grep -h "client exit" "$R/stdout"), container server exit $rs: $(tail -2 "$P/server.out" | tr '\n' ' ')"; return; }
+    { fail vm_paused_with_a_peer_outside "xfer failed (bytes not verified): guest client $(grep -h "client exit" "$R/stdout"): $(grep -v libvsocket "$R/client.out" | tail -2 | tr '\n' ' '), container server exit $rs: $(grep -v libvsocket "$P/server.out" | tail -2 | tr '\n' ' ')"; return; }
   [ "$accel_end" -gt "$accel_paused" ] ||
     { fail vm_paused_with_a_peer_outside "vsocketd carried nothing after the resume (accel_bytes $accel_paused -> $accel_end)"; return; }
+  local resumed
+  resumed=$(stat devices_resumed)
+  [ "$resumed" -ge $((resumed0 + 1)) ] ||
+    { fail vm_paused_with_a_peer_outside "vsocketd resumed no device (devices_resumed $resumed0 -> $resumed)"; return; }
+  ! grep -q "lost the backend session\|resending\|connection reset" "$R/client.out" "$P/server.out" ||
+    { fail vm_paused_with_a_peer_outside "a library lost its session or its peer at the pause: $(grep -h "lost the backend session\|resending\|connection reset" "$R/client.out" "$P/server.out" | head -2 | tr '\n' ' ')"; return; }
   local out out2
   out=$(python3 tests/e2e/check_report.py "$R/report.jsonl" --port "$port" --expect-conns 1 --mode accelerated 2>&1) ||
     { fail vm_paused_with_a_peer_outside "the guest's report: $out"; return; }
   out2=$(python3 tests/e2e/check_report.py "$P/report.jsonl" --port "$port" --expect-conns 1 --mode accelerated 2>&1) ||
     { fail vm_paused_with_a_peer_outside "the container's report: $out2"; return; }
-  echo "  reports: guest $out; container $out2"
+  echo "  reports: guest $out; container $out2; vsocketd devices_resumed $resumed0 -> $resumed"
   pass vm_paused_with_a_peer_outside $((SECONDS - t0))
 }
 

@@ -150,6 +150,21 @@ void BackendDevice::SyncBase() {
     rte_vhost_set_vring_base(vid_, q, queues_[q].last_avail_idx(), queues_[q].used_idx());
 }
 
+std::vector<BackendDevice::QueueState> BackendDevice::QueueStates() const {
+  std::vector<QueueState> out;
+  auto gpa = [&](const void* p) -> uint64_t {
+    const auto* b = static_cast<const uint8_t*>(p);
+    for (const MemRegion& r : memory_.regions())
+      if (b >= r.local && b < r.local + r.size) return r.gpa + static_cast<uint64_t>(b - r.local);
+    return 0;
+  };
+  for (const VirtqueueDevice& q : queues_) {
+    const SplitRing& ring = q.ring();
+    out.push_back({gpa(ring.desc()), gpa(ring.avail_base()), gpa(ring.used_base()), ring.size(), q.last_avail_idx(), q.used_idx()});
+  }
+  return out;
+}
+
 bool BackendDevice::Notify(uint16_t q) {
   // rte_vhost's own event-idx check reads its copy of the used index: keep
   // it current. Non-blocking: the vhost thread may hold the queue lock while

@@ -40,6 +40,15 @@ class BackendDevice {
   // Writes our ring indices back into rte_vhost (for GET_VRING_BASE and for
   // its event-idx call suppression).
   void SyncBase();
+  // Where each queue's rings are (guest-physical) and how far they went,
+  // as of the last Load and since: a device stopped and started again with
+  // equal states was resumed (a VM pause), not reset (decision 123).
+  struct QueueState {
+    uint64_t desc = 0, avail = 0, used = 0;
+    uint16_t size = 0, last_avail = 0, used_idx = 0;
+    bool operator==(const QueueState&) const = default;
+  };
+  std::vector<QueueState> QueueStates() const;
   // Signals the guest on queue q if it asked for it. False if the vhost
   // library is busy reconfiguring the queue: retry later.
   bool Notify(uint16_t q);

@@ -282,12 +282,27 @@ Status VhostBackend::RemovePort(const std::string& path) {
   // Unregistering destroyed the port's devices but calls no
   // destroy_connection: forget its connections here (a port opened again
   // must not count them against max_devices).
-  MutexLock lock(mu_);
-  for (auto it = conns_.begin(); it != conns_.end();) {
-    if (it->second.port != nullptr && it->second.port->config.path == path) it = conns_.erase(it);
-    else ++it;
+  std::vector<std::pair<std::shared_ptr<BackendDevice>, Port*>> kept;
+  {
+    MutexLock lock(mu_);
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      if (it->second.port != nullptr && it->second.port->config.path == path) {
+        if (it->second.kept) kept.emplace_back(std::move(it->second.kept), it->second.port);
+        it = conns_.erase(it);
+      } else {
+        ++it;
+      }
+    }
   }
+  for (auto& [device, port] : kept) EndKept(device, port, "its port was removed");
   return Status::Ok();
+}
+
+void VhostBackend::EndKept(const std::shared_ptr<BackendDevice>& kept, Port* port, const char* why) {
+  kept->set_stopping();
+  Listener(*port).Detach(kept.get());  // (not running: its connections end, nothing of its memory is read)
+  VS_LOG(kInfo, "vm %s: device %lu (stopped, kept) ends: %s", port->config.vm_name.c_str(),
+         static_cast<unsigned long>(kept->id()), why);
 }
 
 std::vector<std::shared_ptr<BackendDevice>> VhostBackend::Devices() {
@@ -343,37 +358,72 @@ int VhostBackend::OnNewConnection(int vid) {
 }
 
 void VhostBackend::OnDestroyConnection(int vid) {
-  MutexLock lock(mu_);
-  conns_.erase(vid);
+  std::shared_ptr<BackendDevice> kept;
+  Port* port = nullptr;
+  {
+    MutexLock lock(mu_);
+    auto it = conns_.find(vid);
+    if (it == conns_.end()) return;
+    kept = std::move(it->second.kept);
+    port = it->second.port;
+    conns_.erase(it);
+  }
+  // A VM that stopped its device and then went (QEMU quit or was killed
+  // while paused): its processes went with it.
+  if (kept) EndKept(kept, port, "its frontend went away");
 }
 
 int VhostBackend::OnNewDevice(int vid) {
   Port* port;
   bool authority;
+  std::shared_ptr<BackendDevice> kept;
   {
     MutexLock lock(mu_);
     auto it = conns_.find(vid);
     if (it == conns_.end()) return -1;
     port = it->second.port;
     authority = it->second.authority;
+    kept = std::move(it->second.kept);
+    it->second.stop_asked = false;
   }
-  auto device = std::make_shared<BackendDevice>(vid, next_device_id_.fetch_add(1), &port->config,
-                                                &counters_.dirty_log, authority);
-  Status st = device->Load();
-  if (!st.ok()) {
-    counters_.devices_rejected.fetch_add(1);
-    VS_LOG(kWarn, "vm %s: rejecting device (vid %d): %s", port->config.vm_name.c_str(), vid, st.ToString().c_str());
-    return -1;
+  std::shared_ptr<BackendDevice> device;
+  if (kept) {
+    // Stopped by its frontend and kept (decision 123): started again with
+    // its rings where they were and as far as they went, it was paused
+    // (QMP stop, cont) and goes on as it was; anything else (a driver reset
+    // starts its rings afresh) ends it as its process's exit would.
+    std::vector<BackendDevice::QueueState> before = kept->QueueStates();
+    Status st = kept->Load();
+    if (st.ok() && kept->QueueStates() == before) {
+      device = std::move(kept);
+      counters_.devices_resumed.fetch_add(1);
+      VS_LOG(kInfo, "vm %s: device %lu resumed where it stopped (vid %d): the VM was paused; its connections go on",
+             port->config.vm_name.c_str(), static_cast<unsigned long>(device->id()), vid);
+    } else {
+      EndKept(kept, port,
+              st.ok() ? "started again with other rings or indices (its driver reset it)"
+                      : "its new start could not be loaded");
+    }
+  }
+  if (!device) {
+    device = std::make_shared<BackendDevice>(vid, next_device_id_.fetch_add(1), &port->config, &counters_.dirty_log,
+                                             authority);
+    Status st = device->Load();
+    if (!st.ok()) {
+      counters_.devices_rejected.fetch_add(1);
+      VS_LOG(kWarn, "vm %s: rejecting device (vid %d): %s", port->config.vm_name.c_str(), vid, st.ToString().c_str());
+      return -1;
+    }
+    counters_.devices_started.fetch_add(1);
+    VS_LOG(kInfo, "vm %s: device %lu started (vid %d, event_idx %d)", port->config.vm_name.c_str(),
+           static_cast<unsigned long>(device->id()), vid, device->event_idx());
   }
   {
     MutexLock lock(mu_);
     conns_[vid].device = device;
     conns_[vid].paused = false;
   }
-  counters_.devices_started.fetch_add(1);
   Listener(*port).Attach(device);
-  VS_LOG(kInfo, "vm %s: device %lu started (vid %d, event_idx %d)", port->config.vm_name.c_str(),
-         static_cast<unsigned long>(device->id()), vid, device->event_idx());
   // Started with its dirty log on: a live migration is under way and this
   // vsocketd joined it late (restarted under a reconnecting QEMU in the
   // pre-copy). rte_vhost reports no feature change for features set before
@@ -399,6 +449,7 @@ void VhostBackend::OnDestroyDevice(int vid) {
   std::shared_ptr<BackendDevice> device;
   Port* port = nullptr;
   bool logging = false;
+  bool keep = false;
   {
     MutexLock lock(mu_);
     auto it = conns_.find(vid);
@@ -406,8 +457,31 @@ void VhostBackend::OnDestroyDevice(int vid) {
     device = std::move(it->second.device);
     it->second.paused = false;
     port = it->second.port;
+    // Stopped by its frontend (GET_VRING_BASE) with the dirty log off: a
+    // VM pause or a driver reset, not yet told apart (decision 123). Its
+    // connections are kept as they are, untouched, until its next start
+    // or its frontend's going away says which. (With the log on it is a
+    // live migration's switchover: decision 106 below.)
+    keep = device && it->second.stop_asked && !it->second.logging && !device->logging() && !device->broken();
+    it->second.stop_asked = false;
   }
   if (!device) return;
+  if (keep) {
+    // Detached around the GET_VRING_BASE already (OnPreMessage): the data
+    // path no longer touches its memory, its connections keep their state.
+    device->SyncBase();
+    {
+      MutexLock lock(mu_);
+      auto it = conns_.find(vid);
+      if (it != conns_.end()) it->second.kept = device;
+    }
+    counters_.devices_stopped.fetch_add(1);
+    counters_.devices_kept.fetch_add(1);
+    VS_LOG(kInfo, "vm %s: device %lu stopped by its frontend: kept with its connections (a VM pause, or a reset: "
+                  "its next start says which)",
+           port->config.vm_name.c_str(), static_cast<unsigned long>(device->id()));
+    return;
+  }
   device->set_stopping();
   Listener(*port).Detach(device.get());
   {
@@ -459,6 +533,7 @@ int VhostBackend::OnPreMessage(int vid, void* msg) {
   {
     MutexLock lock(mu_);
     auto it = conns_.find(vid);
+    if (it != conns_.end() && static_cast<Request>(request) == Request::kGetVringBase) it->second.stop_asked = true;
     if (it == conns_.end() || !it->second.device || it->second.paused) return RTE_VHOST_MSG_RESULT_NOT_HANDLED;
     it->second.paused = true;
     device = it->second.device;

@@ -113,6 +113,10 @@ struct BackendCounters {
   std::atomic<uint64_t> devices_started{0};
   std::atomic<uint64_t> devices_rejected{0};  // failed validation on start
   std::atomic<uint64_t> devices_stopped{0};
+  // Stopped by their frontend (GET_VRING_BASE, dirty log off) and kept:
+  // the VM paused, or its driver reset the device (decision 123).
+  std::atomic<uint64_t> devices_kept{0};
+  std::atomic<uint64_t> devices_resumed{0};  // kept ones that started again where they stopped
   std::atomic<uint64_t> reconfigurations{0};  // messages handled while running
   std::atomic<uint64_t> connections_refused{0};  // beyond a VM's max_devices
   std::atomic<uint64_t> dirty_log_starts{0};     // LOG_ALL set on a device (live migration began)
@@ -161,6 +165,15 @@ class VhostBackend {
     std::shared_ptr<BackendDevice> device;  // while running
     bool paused = false;                    // detached around a message
     bool logging = false;
+    // GET_VRING_BASE seen since the device started: the frontend stops it
+    // (a VM pause, a driver reset, a migration's switchover), as opposed to
+    // going away (its socket closed).
+    bool stop_asked = false;
+    // Stopped by its frontend with the dirty log off, its connections kept
+    // as they were (decision 123): the VM paused, or its driver reset the
+    // device. Its next start says which (the same rings where they stopped:
+    // resumed), or the frontend's going away ends it.
+    std::shared_ptr<BackendDevice> kept;
   };
 
   VhostBackend() = default;
@@ -175,6 +188,9 @@ class VhostBackend {
   // worker's pass, and our lock held meanwhile would stall the control
   // socket (Devices) and the proof thread (DeviceWithRegionFile).
   DeviceListener& Listener(const Port& port) EXCLUDES(mu_) { return *port.listener; }
+  // A kept device whose VM did not resume it: gone for good, its
+  // connections end as its process's would at an exit.
+  void EndKept(const std::shared_ptr<BackendDevice>& kept, Port* port, const char* why) EXCLUDES(mu_);
 
   // Taken before a device's own lock (DeviceWithRegionFile asks the devices
   // under it: BackendDevice::HasRegionFile), never after.
