@@ -77,6 +77,13 @@ class SessionTest : public ::testing::Test {
     EXPECT_EQ(c->state.phase(), Phase::kUpgraded);
     return c;
   }
+  // Connection `id`, registered on s and pending (its peer not there yet).
+  static std::shared_ptr<Conn> PendingConn(Session* s, uint64_t id) {
+    auto c = std::make_shared<Conn>();
+    c->id = id;
+    c->session = s;
+    return s->TrackPending(c) ? c : nullptr;
+  }
   Session* Up(uint64_t features) {
     g_ack_features = features;
     proto::Reason why{};
@@ -173,10 +180,8 @@ TEST_F(SessionTest, ALostSessionGivesItsMemoryBackOnceItsConnectionsLeftTheRings
   Session* s = Up(0);
   ASSERT_NE(s, nullptr);
   FakeTransport* fake = g_fake;
-  auto pending = std::make_shared<Conn>();
-  pending->id = 1;
-  pending->session = s;
-  ASSERT_TRUE(s->TrackPending(pending));
+  auto pending = PendingConn(s, 1);
+  ASSERT_TRUE(pending);
   auto upgraded = std::make_shared<Conn>();
   upgraded->id = 2;
   upgraded->session = s;
@@ -200,10 +205,8 @@ TEST_F(SessionTest, ALostSessionWithNothingOnItsRingsGivesItsMemoryBackAtOnce) {
   Session* s = Up(0);
   ASSERT_NE(s, nullptr);
   FakeTransport* fake = g_fake;
-  auto pending = std::make_shared<Conn>();
-  pending->id = 1;
-  pending->session = s;
-  ASSERT_TRUE(s->TrackPending(pending));
+  auto pending = PendingConn(s, 1);
+  ASSERT_TRUE(pending);
   fake->KillBackend();
   EXPECT_FALSE(s->CheckBackend());
   EXPECT_EQ(pending->state.phase(), Phase::kUnprobed);

@@ -420,7 +420,9 @@ void ConnManager::OnDetach(vhost::BackendDevice& device) {
   // The guest process is gone: its connections close as if it exited.
   // Unless the device stopped with its dirty log on (as of its last Load):
   // then the VM moved on, and its connections leave with it (decision 106).
-  const bool moved = device.logging() && !SwitchoverAsExit();
+  // Or a VM paused (its device kept, decision 123) whose QEMU then went:
+  // migrated while paused (`virsh migrate` without --live) or killed.
+  const bool moved = (device.logging() || device.left_with_vm()) && !SwitchoverAsExit();
   std::vector<BackendConn*> conns;
   for (auto& [id, c] : dc->by_id) conns.push_back(c);
   for (BackendConn* c : dc->events) c->in_event_list = false;

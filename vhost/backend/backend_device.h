@@ -85,6 +85,12 @@ class BackendDevice {
   // reconfiguration): its connections must be released.
   void set_stopping() { stopping_.store(true, std::memory_order_release); }
   bool stopping() const { return stopping_.load(std::memory_order_acquire); }
+  // Stopped by its frontend and kept (decision 123), then the frontend went
+  // away: the VM went with its processes (migrated while paused, or
+  // killed). Its connections leave with it as at a live migration's
+  // switchover (decision 106), not as at a process exit.
+  void set_left_with_vm() { left_with_vm_.store(true, std::memory_order_release); }
+  bool left_with_vm() const { return left_with_vm_.load(std::memory_order_acquire); }
 
   // Latches the device broken (guest violated the ring protocol).
   void MarkBroken(std::string reason);
@@ -116,6 +122,7 @@ class BackendDevice {
   std::vector<UniqueFd> call_fds_;  // likewise
   std::atomic<bool> broken_{false};
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> left_with_vm_{false};
   std::string broken_reason_;  // written once, before broken_ is set
   DeviceCounters counters_;
   // Taken after VhostBackend's lock (which asks HasRegionFile under it):

@@ -368,9 +368,16 @@ void VhostBackend::OnDestroyConnection(int vid) {
     port = it->second.port;
     conns_.erase(it);
   }
-  // A VM that stopped its device and then went (QEMU quit or was killed
-  // while paused): its processes went with it.
-  if (kept) EndKept(kept, port, "its frontend went away");
+  // A VM that stopped its device and then went: migrated while paused
+  // (`virsh migrate` without --live: no dirty log, QEMU does not start it
+  // on a stopped device) or killed. Its processes went with it: its
+  // connections leave with the VM (their peers finish on kernel TCP
+  // through RESYNC, decision 110), never as a process exit, whose EOF would
+  // cut the streams of a VM that goes on running elsewhere.
+  if (kept) {
+    kept->set_left_with_vm();
+    EndKept(kept, port, "its frontend went away: the VM left with its processes (migrated while paused, or gone)");
+  }
 }
 
 int VhostBackend::OnNewDevice(int vid) {
