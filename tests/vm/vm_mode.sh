@@ -82,7 +82,7 @@
 #                   stream between two processes of the guest (QEMU stops
 #                   and starts both devices): byte-exact, accelerated at
 #                   the close, bytes through vsocketd after the resume. It
-#                   passed 6 runs of 7 on 2026-11-30; in the full suite's
+#                   passed 10 runs of 11 on 2026-11-30; in the full suite's
 #                   run (16:05 UTC) both processes stalled for good after
 #                   another 1.2 MB went through the resumed devices (not
 #                   understood yet: the case now prints vsocketd's
