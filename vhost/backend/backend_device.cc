@@ -134,13 +134,8 @@ Status BackendDevice::Load() {
     uint16_t last_avail = 0, last_used = 0;
     rte_vhost_get_vring_base(vid_, q, &last_avail, &last_used);
     queues_.emplace_back(SplitRing(vr.desc, vr.avail, vr.used, vr.size), &memory_, event_idx_, last_avail, last_used);
-    if (q == 0) {
-      // (Inside guest memory: checked above.)
-      const auto* desc = reinterpret_cast<const uint8_t*>(vr.desc);
-      for (const MemRegion& r : memory_.regions())
-        if (desc >= r.local && desc < r.local + r.size)
-          request_ring_gpa_.store(r.gpa + static_cast<uint64_t>(desc - r.local), std::memory_order_release);
-    }
+    // (Inside guest memory: checked above.)
+    if (q == 0) request_ring_gpa_.store(memory_.GpaOf(vr.desc), std::memory_order_release);
   }
   return Status::Ok();
 }
@@ -152,15 +147,10 @@ void BackendDevice::SyncBase() {
 
 std::vector<BackendDevice::QueueState> BackendDevice::QueueStates() const {
   std::vector<QueueState> out;
-  auto gpa = [&](const void* p) -> uint64_t {
-    const auto* b = static_cast<const uint8_t*>(p);
-    for (const MemRegion& r : memory_.regions())
-      if (b >= r.local && b < r.local + r.size) return r.gpa + static_cast<uint64_t>(b - r.local);
-    return 0;
-  };
   for (const VirtqueueDevice& q : queues_) {
     const SplitRing& ring = q.ring();
-    out.push_back({gpa(ring.desc()), gpa(ring.avail_base()), gpa(ring.used_base()), ring.size(), q.last_avail_idx(), q.used_idx()});
+    out.push_back({memory_.GpaOf(ring.desc()), memory_.GpaOf(ring.avail_base()), memory_.GpaOf(ring.used_base()),
+                   ring.size(), q.last_avail_idx(), q.used_idx()});
   }
   return out;
 }

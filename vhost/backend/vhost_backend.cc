@@ -471,17 +471,13 @@ void VhostBackend::OnDestroyDevice(int vid) {
     // live migration's switchover: decision 106 below.)
     keep = device && it->second.stop_asked && !it->second.logging && !device->logging() && !device->broken();
     it->second.stop_asked = false;
+    if (keep) it->second.kept = device;  // (its next start comes on this same thread)
   }
   if (!device) return;
   if (keep) {
     // Detached around the GET_VRING_BASE already (OnPreMessage): the data
     // path no longer touches its memory, its connections keep their state.
     device->SyncBase();
-    {
-      MutexLock lock(mu_);
-      auto it = conns_.find(vid);
-      if (it != conns_.end()) it->second.kept = device;
-    }
     counters_.devices_stopped.fetch_add(1);
     counters_.devices_kept.fetch_add(1);
     VS_LOG(kInfo, "vm %s: device %lu stopped by its frontend: kept with its connections (a VM pause, or a reset: "

@@ -43,6 +43,15 @@ bool GuestMemory::ContainsLocal(const void* p, uint64_t len) const {
   return false;
 }
 
+uint64_t GuestMemory::GpaOf(const void* p) const {
+  auto a = reinterpret_cast<uintptr_t>(p);
+  for (const MemRegion& r : regions_) {
+    auto base = reinterpret_cast<uintptr_t>(r.local);
+    if (a >= base && a - base < r.size) return r.gpa + (a - base);
+  }
+  return 0;
+}
+
 void GuestMemory::MarkWrittenSlow(const void* p, uint64_t len) const {
   auto a = reinterpret_cast<uintptr_t>(p);
   for (const MemRegion& r : regions_) {

@@ -33,6 +33,9 @@ class GuestMemory {
   // Same check for a range given in this process's address space (used for
   // ring addresses that the vhost library already translated).
   bool ContainsLocal(const void* p, uint64_t len) const;
+  // The guest-physical address of p (in this process's address space), or
+  // 0 if p is in no region.
+  uint64_t GpaOf(const void* p) const;
 
   const std::vector<MemRegion>& regions() const { return regions_; }
 
