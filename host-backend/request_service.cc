@@ -26,7 +26,8 @@ constinit const RequestService::RequestHandler RequestService::kRequestHandlers[
     {MsgType::kVouch, &RequestService::OnVouch},
 };
 
-uint32_t RequestService::HandleRequest(vhost::BackendDevice& device, const vhost::DescChain& chain) {
+uint32_t RequestService::HandleRequest(vhost::BackendDevice& device, const vhost::DescChain& chain,
+                                       RequestTaker& taker) {
   std::array<uint8_t, proto::kMaxMessageSize> in;
   size_t n = chain.CopyOut(in);
   auto req = proto::Decode({in.data(), n});
@@ -37,7 +38,7 @@ uint32_t RequestService::HandleRequest(vhost::BackendDevice& device, const vhost
     device.counters().bad_messages.fetch_add(1, std::memory_order_relaxed);
     VS_LOG(kDebug, "device %lu: %s", static_cast<unsigned long>(device.id()), req.status().ToString().c_str());
     resp = {MsgType::kError, 0, kBadMessageError};
-  } else if (Dispatch(device, *req, &resp) == RequestResult::kNoReply) {
+  } else if (Dispatch(device, *req, &resp, taker) == RequestResult::kNoReply) {
     return 0;  // fire-and-forget message: empty used entry
   }
   std::array<uint8_t, proto::kMaxMessageSize> out;
@@ -46,10 +47,11 @@ uint32_t RequestService::HandleRequest(vhost::BackendDevice& device, const vhost
   return static_cast<uint32_t>(chain.CopyIn({out.data(), *len}));
 }
 
-RequestResult RequestService::Dispatch(vhost::BackendDevice& device, const Message& req, Message* reply) {
+RequestResult RequestService::Dispatch(vhost::BackendDevice& device, const Message& req, Message* reply,
+                                       RequestTaker& taker) {
   for (const RequestHandler& h : kRequestHandlers)
     if (h.type == req.type) return (this->*h.handle)(device, req, reply);
-  if (ConnManager::Serves(req.type)) return conns_.Handle(device, req, reply);
+  if (ConnManager::Serves(req.type)) return conns_.Handle(device, req, reply, &taker);
   counters_.bad_messages.fetch_add(1, std::memory_order_relaxed);
   *reply = {MsgType::kError, req.request_id, kBadMessageError};
   return RequestResult::kReply;

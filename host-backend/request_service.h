@@ -45,7 +45,7 @@ class RequestService : public DeviceService {
   Status FetchDirect(const vhost::BackendDevice* device, uint64_t token, vhost::DirectGrant* out) override {
     return conns_.FetchDirect(device, token, out);
   }
-  uint32_t HandleRequest(vhost::BackendDevice& device, const vhost::DescChain& chain) override;
+  uint32_t HandleRequest(vhost::BackendDevice& device, const vhost::DescChain& chain, RequestTaker& taker) override;
   bool Poll() override {
     bool worked = conns_.ApplyDrainRequests();
     worked |= conns_.MoveData();
@@ -78,7 +78,8 @@ class RequestService : public DeviceService {
                                             proto::Message* reply);
   };
   static const RequestHandler kRequestHandlers[];
-  RequestResult Dispatch(vhost::BackendDevice& device, const proto::Message& req, proto::Message* reply);
+  RequestResult Dispatch(vhost::BackendDevice& device, const proto::Message& req, proto::Message* reply,
+                         RequestTaker& taker);
   RequestResult OnHello(vhost::BackendDevice& device, const proto::Message& req, proto::Message* reply);
   RequestResult OnEcho(vhost::BackendDevice& device, const proto::Message& req, proto::Message* reply);
   RequestResult OnVouch(vhost::BackendDevice& device, const proto::Message& req, proto::Message* reply);

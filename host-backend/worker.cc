@@ -172,8 +172,21 @@ bool Worker::Serve(Active& a) {
       counters_.broken_devices.fetch_add(1);
       return worked;
     }
-    uint32_t written = service_->HandleRequest(dev, chain);
-    rq.Push(chain.head, written);
+    // A FENCE is returned and published before it acts (decision 124).
+    struct Taker final : RequestTaker {
+      Taker(vhost::VirtqueueDevice& q, uint16_t h, Active& act) : rq(q), head(h), a(act) {}
+      void TakeFirst() override {
+        rq.Push(head, 0);
+        if (rq.PublishUsed()) a.call_pending[0] = true;
+        taken = true;
+      }
+      vhost::VirtqueueDevice& rq;
+      uint16_t head;
+      Active& a;
+      bool taken = false;
+    } taker(rq, chain.head, a);
+    uint32_t written = service_->HandleRequest(dev, chain, taker);
+    if (!taker.taken) rq.Push(chain.head, written);
     dev.counters().requests.fetch_add(1, std::memory_order_relaxed);
     worked = true;
   }

@@ -15,6 +15,7 @@
 #include "base/mutex.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
+#include "host-backend/conn/request_result.h"
 #include "vhost/backend/vhost_backend.h"
 
 namespace vsocket::backend {
@@ -35,8 +36,11 @@ class DeviceService {
     return Status(Code::kNotFound, "no direct pairs here");
   }
   // Handles one chain from the request queue (queue 0). Returns the number
-  // of bytes written into the chain's writable part.
-  virtual uint32_t HandleRequest(vhost::BackendDevice& device, const vhost::DescChain& chain) = 0;
+  // of bytes written into the chain's writable part. A request the guest
+  // must see taken before it acts (a FENCE) calls taker.TakeFirst(), which
+  // returns the chain and publishes it; the return value is then ignored.
+  virtual uint32_t HandleRequest(vhost::BackendDevice& device, const vhost::DescChain& chain,
+                                 RequestTaker& taker) = 0;
   // Once per worker pass, before devices are served: work that spans
   // devices (moving bytes between guests). True if anything was done.
   virtual bool Poll() { return false; }

@@ -205,6 +205,12 @@ struct Conn {
   // dispatch; the two directions then finish the downgrade at their own pace.
   std::atomic<bool> resync_fence_acked{false};  // the peer has our FENCE
   std::atomic<bool> fence_delivered{false};     // FENCE_DELIVERED came (the backend may go)
+  // Our FENCE's place among the session's requests (Session::Post), and,
+  // at a backend's loss, whether the backend never took it from the
+  // request queue: then no peer can have it, and our ring stream goes on
+  // on the kernel socket from byte 0 with no RESYNC header (decision 124).
+  std::atomic<uint64_t> fence_seq{0};
+  std::atomic<bool> fence_unread{false};
   // The backend went away while this connection was registered: it
   // registers again when one is back, trying no sooner than retry_at_ns.
   std::atomic<bool> lost_backend{false};

@@ -369,7 +369,7 @@ void FenceBeforeEndLocked(Conn& c) {
 Status SwitchTxLocked(Conn& c) {
   uint64_t sent = c.kernel_sent.load();
   PublishDirectFence(c, sent);  // (before any ring byte and before our kernel FIN)
-  VS_RETURN_IF_ERROR(c.session->Post({MsgType::kFence, 0, proto::ConnCounter{c.id, sent}}));
+  VS_RETURN_IF_ERROR(c.session->Post({MsgType::kFence, 0, proto::ConnCounter{c.id, sent}}, &c.fence_seq));
   c.fence_sent.store(sent);
   c.state.SwitchTx();
   return Status::Ok();

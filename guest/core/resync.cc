@@ -50,26 +50,28 @@ void FillResendLocked(Conn& c, uint64_t from, uint64_t tail, bool header) REQUIR
   c.resent_bytes.fetch_add(tail - from, std::memory_order_relaxed);
 }
 
-// The peer's process forked (decision 85): it dropped the part of our ring
-// stream it had not read, so we resend from what it consumed, right after
-// the bytes we sent before our FENCE, with no header (it reads its kernel
-// socket as plain kernel TCP from now on). What it consumed lies between
-// what it reported (our credit) and our tail: still in our TX ring.
-bool PrepareHeaderlessResendLocked(Conn& c, int fd) REQUIRES(c.tx_mu) {
-  uint64_t from = c.resend_from.load(std::memory_order_relaxed);
+// Our ring stream from byte `from` goes on on the kernel socket right after
+// the bytes we sent there before our FENCE, with no header: the peer reads
+// its kernel socket as plain kernel TCP. Two cases: its process forked
+// (decision 85: it dropped the part of our ring stream it had not read, so
+// `from` is what it consumed: between our credit and our tail, still in
+// our TX ring), or it never got our FENCE (decision 124: `from` is 0, and
+// our credit is 0).
+bool PrepareHeaderlessResendLocked(Conn& c, int fd, uint64_t from, const char* why) REQUIRES(c.tx_mu) {
   uint64_t credit = c.credit.load(std::memory_order_acquire);
   uint64_t tail = c.tx_tail.load(std::memory_order_relaxed);
-  if (from < credit || from > tail || tail - from > c.ring_size || c.tx == nullptr ||
+  if (from < credit || from > tail || tail - from > c.ring_size || (from < tail && c.tx == nullptr) ||
       (from < tail && c.shut_wr.load() && !c.shut_after_resend)) {
-    VS_LOG(kWarn, "conn %lu: cannot resend from %lu (credit %lu, tail %lu) for a forked peer: connection reset",
+    VS_LOG(kWarn, "conn %lu: cannot resend from %lu (credit %lu, tail %lu) (%s): connection reset",
            static_cast<unsigned long>(c.id), static_cast<unsigned long>(from), static_cast<unsigned long>(credit),
-           static_cast<unsigned long>(tail));
+           static_cast<unsigned long>(tail), why);
     ResetKernel(fd, c);
     return false;
   }
   FillResendLocked(c, from, tail, /*header=*/false);
-  VS_LOG(kInfo, "conn %lu: the peer forked: back on kernel TCP, resending %lu bytes from %lu",
-         static_cast<unsigned long>(c.id), static_cast<unsigned long>(tail - from), static_cast<unsigned long>(from));
+  VS_LOG(kInfo, "conn %lu: %s: back on kernel TCP, resending %lu bytes from %lu with no header",
+         static_cast<unsigned long>(c.id), why, static_cast<unsigned long>(tail - from),
+         static_cast<unsigned long>(from));
   return true;
 }
 
@@ -83,7 +85,10 @@ bool PrepareResendLocked(Conn& c, int fd) {
   // Never switched: the kernel stream simply goes on, and the peer (which
   // never got our FENCE) expects no header.
   if (!c.state.tx_on_ring()) return true;
-  if (c.resend_headerless.load(std::memory_order_relaxed)) return PrepareHeaderlessResendLocked(c, fd);
+  if (c.resend_headerless.load(std::memory_order_relaxed))
+    return PrepareHeaderlessResendLocked(c, fd, c.resend_from.load(std::memory_order_relaxed), "the peer forked");
+  if (!c.resync_fence_acked.load() && c.fence_unread.load(std::memory_order_relaxed))
+    return PrepareHeaderlessResendLocked(c, fd, 0, "the backend went before it took our FENCE");
   if (!c.resync_fence_acked.load()) {
     // The peer may not know where our kernel bytes end, so it could not
     // tell our header from data: reset rather than guess.
@@ -287,6 +292,8 @@ void MaybeReregister(int fd, Conn& c) {
   c.credit.store(0);
   c.resync_fence_acked.store(false);
   c.fence_delivered.store(false);
+  c.fence_seq.store(0);
+  c.fence_unread.store(false);
   c.resync_landed.store(0);
   c.resend_headerless.store(false);
   c.resend_from.store(0);

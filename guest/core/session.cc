@@ -225,7 +225,7 @@ bool Session::CheckBackend() {
 }
 int Session::request_fd() const { return transport_->wake_fd(QueueId::kRequests); }
 
-Status Session::SubmitLocked(const Message& m, bool want_response, uint32_t* slot_out) {
+Status Session::SubmitLocked(const Message& m, bool want_response, uint32_t* slot_out, std::atomic<uint64_t>* seq) {
   if (!alive()) return Status(Code::kUnavailable, "backend session lost");
   if (free_slots_.empty()) return Status(Code::kResourceExhausted, "no request slot");
   uint32_t s = free_slots_.back();
@@ -239,6 +239,8 @@ Status Session::SubmitLocked(const Message& m, bool want_response, uint32_t* slo
           .Add({&out, 1}, want_response ? std::span(&in, 1) : std::span<const vhost::VirtqueueDriver::Buf>(), s);
   if (!head.ok()) return head.status();
   free_slots_.pop_back();
+  ++posted_;
+  if (seq != nullptr) seq->store(posted_, std::memory_order_relaxed);
   slot.in_flight = true;
   slot.submitted_ns = MonotonicNs();
   slot.want_response = want_response;
@@ -258,16 +260,16 @@ void Session::KickOwed() {
   transport_->Kick(QueueId::kRequests);
 }
 
-Status Session::Post(const Message& msg) {
+Status Session::Post(const Message& msg, std::atomic<uint64_t>* seq) {
   int64_t deadline = MonotonicNs() + 3'000'000'000;
   for (;;) {
     {
       MutexLock lock(mu_);
       uint32_t slot;
-      Status st = SubmitLocked(msg, false, &slot);
+      Status st = SubmitLocked(msg, false, &slot, seq);
       if (st.code() != Code::kResourceExhausted) return st;
       DrainLocked();
-      st = SubmitLocked(msg, false, &slot);
+      st = SubmitLocked(msg, false, &slot, seq);
       if (st.code() != Code::kResourceExhausted) return st;
     }
     if (MonotonicNs() > deadline) return Status(Code::kDeadlineExceeded, "backend not answering");
@@ -364,6 +366,7 @@ bool Session::DrainLocked() {
   bool changed = false;
   vhost::VirtqueueDriver& rq = transport_->queue(QueueId::kRequests);
   while (auto u = rq.PopUsed()) {
+    ++taken_;
     Slot& s = slots_[u->cookie];
     Answered(s.submitted_ns);
     if (s.want_response) {
@@ -655,7 +658,9 @@ void Session::Untrack(uint64_t conn_id) {
 // consumed. What landed in our RX ring is what we were told of (the rest is
 // resent); our FENCE reached the peer's library if the backend said so
 // (FENCE_DELIVERED), or if the peer consumed any byte of our ring (it reads
-// the ring only past our fence). Without either, the peer may not know
+// the ring only past our fence); it never reached it if the backend never
+// took it from our request queue (then our ring stream follows our kernel
+// bytes with no header: decision 124). Otherwise the peer may not know
 // where our kernel bytes end: that connection is reset rather than guessed
 // (resync.cc). Pending connections stay exact on kernel TCP and register
 // again once a backend is back.
@@ -677,10 +682,15 @@ void Session::BackendLost() {
   LinkLostHandler handler = g_link_lost.load(std::memory_order_acquire);
   for (auto& [id, c] : conns_) {
     // Our RX tail is what landed; the peer has our FENCE if the backend said
-    // so (FENCE_DELIVERED) or it consumed any byte of our ring.
+    // so (FENCE_DELIVERED) or it consumed any byte of our ring, and cannot
+    // have it if the backend never took it from the request queue (it acts
+    // on a FENCE only once its used entry is published: decision 124).
     uint64_t landed = c->rx_tail.load(std::memory_order_acquire);
     bool fence_acked =
         c->fence_delivered.load(std::memory_order_acquire) || c->credit.load(std::memory_order_acquire) > 0;
+    uint64_t fence_seq = c->fence_seq.load(std::memory_order_relaxed);
+    c->fence_unread.store(!broken && !fence_acked && fence_seq != 0 && taken_ < fence_seq,
+                          std::memory_order_relaxed);
     ApplyLoss(c, broken ? LossKind::kBackendBroken : LossKind::kBackendGone, landed, fence_acked,
               broken ? proto::Reason::kProtocolError : proto::Reason::kBackendUnavailable, handler);
     c->gen.fetch_add(1);

@@ -37,7 +37,10 @@ class Session {
 
   Status Call(const proto::Message& request, proto::Message* response, int timeout_ms = 3000);
   // Fire-and-forget; waits only if every request slot is in flight.
-  Status Post(const proto::Message& msg);
+  // `seq`, if given: where the message stands among the session's
+  // requests (1, 2, ...), stored under the session lock; the backend took
+  // it once taken_requests() reaches that (it takes them in order).
+  Status Post(const proto::Message& msg, std::atomic<uint64_t>* seq = nullptr);
 
   // Byte rings for one connection (two of ring_bytes each).
   Status AllocRings(Conn& c, uint32_t ring_bytes);
@@ -169,7 +172,8 @@ class Session {
   void Answered(int64_t submitted_ns);
   void Dispatch(const proto::Message& m) REQUIRES(mu_);
   void NotifyWaitersLocked() REQUIRES(mu_);
-  Status SubmitLocked(const proto::Message& m, bool want_response, uint32_t* slot) REQUIRES(mu_);
+  Status SubmitLocked(const proto::Message& m, bool want_response, uint32_t* slot,
+                      std::atomic<uint64_t>* seq = nullptr) REQUIRES(mu_);
   void KickOwed();
   void BackendLost() REQUIRES(mu_);
   void ReleaseIfUnusedLocked() REQUIRES(mu_);
@@ -190,6 +194,10 @@ class Session {
   std::unique_ptr<Transport> transport_;
   std::vector<Slot> slots_ GUARDED_BY(mu_);
   std::vector<uint32_t> free_slots_ GUARDED_BY(mu_);
+  // Requests posted, and taken by the backend (its used entries, which it
+  // returns in the order it took them; decision 124).
+  uint64_t posted_ GUARDED_BY(mu_) = 0;
+  uint64_t taken_ GUARDED_BY(mu_) = 0;
   std::vector<uint8_t*> event_bufs_ GUARDED_BY(mu_);
   std::unordered_map<uint64_t, std::shared_ptr<Conn>> conns_ GUARDED_BY(mu_);
   std::vector<int> waiters_ GUARDED_BY(mu_);

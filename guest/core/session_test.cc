@@ -8,11 +8,19 @@
 #include <stdlib.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
 
 #include "guest/core/direct.h"
 #include "guest/core/direct_ring.h"
 #include "guest/core/fake_transport.h"
+#include "guest/core/loopback_pair.h"
 #include "guest/core/registration.h"
+#include "guest/core/resync.h"
 #include "proto/direct.h"
 
 namespace vsocket::guest {
@@ -211,6 +219,85 @@ TEST_F(SessionTest, ALostSessionWithNothingOnItsRingsGivesItsMemoryBackAtOnce) {
   EXPECT_FALSE(s->CheckBackend());
   EXPECT_EQ(pending->state.phase(), Phase::kUnprobed);
   EXPECT_EQ(fake->releases(), 1);
+}
+
+// A connection of s, upgraded through the fake, switched over (its FENCE
+// posted) with `bytes` in its TX ring (the test's `ring`); the fake takes
+// the FENCE from the request queue unless `fence_taken` is false (vsocketd
+// died before it read it).
+std::shared_ptr<Conn> SwitchedConn(Session* s, uint64_t id, std::vector<uint8_t>& ring, const char* bytes,
+                                   bool fence_taken) {
+  auto c = std::make_shared<Conn>();
+  c->id = id;
+  c->session = s;
+  EXPECT_TRUE(c->state.Apply(ConnEvent::kRegistered));
+  s->Track(c);
+  EXPECT_TRUE(g_fake->PostEvent({MsgType::kUpgrade, 0, proto::Upgrade{id, static_cast<uint32_t>(ring.size()), 16}}));
+  s->Drain();
+  EXPECT_EQ(c->state.phase(), Phase::kUpgraded);
+  c->tx = ring.data();
+  c->ring_size = static_cast<uint32_t>(ring.size());
+  g_fake->set_wedged(!fence_taken);
+  {
+    MutexLock tx(c->tx_mu);
+    EXPECT_TRUE(SwitchTxLocked(*c).ok());
+  }
+  size_t n = strlen(bytes);
+  memcpy(ring.data(), bytes, n);
+  c->tx_tail.store(n);
+  return c;
+}
+
+// vsocketd died before it took our FENCE from the request queue (e2e
+// daemon_restart_grpc_auto, CI 2026-11-30: one gRPC stream of 1,200
+// channels reset, both ends logging "fabric link lost before the peer
+// confirmed our fence"). The peer cannot have that FENCE, so it reads our
+// kernel stream as plain kernel TCP: our ring bytes follow our kernel
+// bytes with no RESYNC header, and nothing is reset (decision 124).
+TEST_F(SessionTest, AFenceTheBackendNeverTookIsResentWithoutAHeader) {
+  Session* s = Up(0);
+  ASSERT_NE(s, nullptr);
+  auto [a, b] = testing::LoopbackTcpPair();
+  ASSERT_GE(a, 0);
+  std::vector<uint8_t> ring(4096);
+  auto c = SwitchedConn(s, 4, ring, "GET /a", /*fence_taken=*/false);
+  g_fake->KillBackend();
+  EXPECT_FALSE(s->CheckBackend());
+  ASSERT_EQ(c->state.phase(), Phase::kResyncing);
+  {
+    MutexLock tx(c->tx_mu);
+    Status st = FlushResendLocked(*c, a);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+  }
+  EXPECT_FALSE(c->state.reset());
+  char buf[64];
+  ssize_t n = recv(b, buf, sizeof(buf), MSG_DONTWAIT);
+  ASSERT_EQ(n, 6) << "the ring bytes, no header";
+  EXPECT_EQ(std::string(buf, 6), "GET /a");
+  close(a);
+  close(b);
+}
+
+// Taken but never confirmed (no FENCE_DELIVERED, no credit): the peer may
+// or may not have it, so it may or may not wait for a header. The
+// connection is reset rather than guessed (an error, never a corrupt
+// stream).
+TEST_F(SessionTest, AFenceTakenButNeverConfirmedStillResets) {
+  Session* s = Up(0);
+  ASSERT_NE(s, nullptr);
+  auto [a, b] = testing::LoopbackTcpPair();
+  ASSERT_GE(a, 0);
+  std::vector<uint8_t> ring(4096);
+  auto c = SwitchedConn(s, 5, ring, "GET /b", /*fence_taken=*/true);
+  g_fake->KillBackend();
+  EXPECT_FALSE(s->CheckBackend());
+  {
+    MutexLock tx(c->tx_mu);
+    EXPECT_EQ(FlushResendLocked(*c, a).sys_errno(), ECONNRESET);
+  }
+  EXPECT_TRUE(c->state.reset());
+  close(a);
+  close(b);
 }
 
 // Two threads on one session, a direct pair (decision 97) read by one of

@@ -70,8 +70,10 @@ class ConnManager {
   // Whether Handle serves messages of this type.
   static bool Serves(proto::MsgType type);
   // Handles one connection message from `device` (see kRequestHandlers);
-  // kReply: *reply is the response to write back.
-  RequestResult Handle(vhost::BackendDevice& device, const proto::Message& msg, proto::Message* reply);
+  // kReply: *reply is the response to write back. `taker`: told before a
+  // request that must be seen taken first acts (RequestTaker).
+  RequestResult Handle(vhost::BackendDevice& device, const proto::Message& msg, proto::Message* reply,
+                       RequestTaker* taker = nullptr);
 
   void OnAttach(vhost::BackendDevice& device);
   void OnDetach(vhost::BackendDevice& device);
@@ -251,6 +253,8 @@ class ConnManager {
     // connection is answered unknown-connection, never left to the guest's
     // timeout.
     bool answers;
+    // Returned and published before it acts (RequestTaker; decision 124).
+    bool takes_first;
   };
   static const RequestHandler kRequestHandlers[];
   RequestResult OnRegister(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);

@@ -12,4 +12,17 @@ enum class RequestResult : uint8_t {
   kReply,    // the handler filled in the reply: it is written back
 };
 
+// The code that posted a request, for a request the guest must see taken
+// before anything it causes is seen anywhere else (a FENCE, decision 124):
+// TakeFirst returns the request's chain (nothing written) and publishes the
+// used ring, before the handler acts. A guest whose backend dies then knows
+// from its own used ring that a FENCE it sees untaken reached no peer.
+class RequestTaker {
+ public:
+  virtual void TakeFirst() = 0;
+
+ protected:
+  ~RequestTaker() = default;
+};
+
 }  // namespace vsocket::backend

@@ -31,16 +31,17 @@ Message BadMessage(uint64_t request_id) {
 // `names_conn`: the message names a registered connection (ConnCounter or
 // Shutdown body); Handle looks it up first and takes the counts its
 // doorbell block holds, so the handler gets it in `c`. `answers`: the guest
-// waits for the reply.
+// waits for the reply. `takes_first`: the guest sees it taken before it
+// acts (a FENCE: decision 124).
 constinit const ConnManager::RequestHandler ConnManager::kRequestHandlers[] = {
-    {MsgType::kRegisterConn, &ConnManager::OnRegister, false, true},
-    {MsgType::kUnregister, &ConnManager::OnUnregister, false, true},
-    {MsgType::kPairingQuery, &ConnManager::OnPairingQuery, true, true},
-    {MsgType::kFence, &ConnManager::OnFence, true, false},
-    {MsgType::kTxTail, &ConnManager::OnTxTail, true, false},
-    {MsgType::kConsumed, &ConnManager::OnConsumed, true, false},
-    {MsgType::kShutdown, &ConnManager::OnShutdown, true, false},
-    {MsgType::kDowngrade, &ConnManager::OnDowngrade, true, true},
+    {MsgType::kRegisterConn, &ConnManager::OnRegister, false, true, false},
+    {MsgType::kUnregister, &ConnManager::OnUnregister, false, true, false},
+    {MsgType::kPairingQuery, &ConnManager::OnPairingQuery, true, true, false},
+    {MsgType::kFence, &ConnManager::OnFence, true, false, true},
+    {MsgType::kTxTail, &ConnManager::OnTxTail, true, false, false},
+    {MsgType::kConsumed, &ConnManager::OnConsumed, true, false, false},
+    {MsgType::kShutdown, &ConnManager::OnShutdown, true, false, false},
+    {MsgType::kDowngrade, &ConnManager::OnDowngrade, true, true, false},
 };
 
 bool ConnManager::Serves(MsgType type) {
@@ -49,7 +50,8 @@ bool ConnManager::Serves(MsgType type) {
   return false;
 }
 
-RequestResult ConnManager::Handle(vhost::BackendDevice& device, const Message& msg, Message* reply) {
+RequestResult ConnManager::Handle(vhost::BackendDevice& device, const Message& msg, Message* reply,
+                                  RequestTaker* taker) {
   DeviceConns* dc = Find(device);
   if (dc == nullptr) return RequestResult::kNoReply;
   const RequestHandler* handler = nullptr;
@@ -59,6 +61,9 @@ RequestResult ConnManager::Handle(vhost::BackendDevice& device, const Message& m
     *reply = BadMessage(msg.request_id);
     return RequestResult::kReply;
   }
+  // Nothing of it happens until the guest can see it taken (it writes no
+  // reply).
+  if (handler->takes_first && taker != nullptr) taker->TakeFirst();
   if (!handler->names_conn) return (this->*handler->handle)(*dc, nullptr, msg, reply);
   uint64_t conn_id = 0;
   if (auto* c = std::get_if<proto::ConnCounter>(&msg.body)) conn_id = c->conn_id;

@@ -94,7 +94,7 @@ class RegistryTest : public ::testing::Test {
   vhost::PortConfig vm_;
   PeerSnapshot peer_;
   std::set<uint64_t> values_, vm_values_;
-  Report report_{{backend_, worker_, service_, conns_, peering_}, {}, {}, {}, {}};
+  Report report_{{backend_, worker_, service_, conns_, peering_}, {}, {}, {}, {}, nullptr};
 };
 
 TEST_F(RegistryTest, EveryDaemonCounterIsRegistered) {
