@@ -185,6 +185,107 @@ case_daemon_restart_grpc() {  # case_daemon_restart_grpc POLICY
   pass "$name (vsocketd SIGKILL and restart during gRPC short channels: $sum; $out)"
 }
 
+# vsocketd killed before it took the FENCEs of a connection that had just
+# switched over both ways (CI 2026-11-30, daemon_restart_grpc_auto: one gRPC
+# stream reset, both ends logging "fabric link lost before the peer
+# confirmed our fence"). Made certain here: both ends register (a read
+# that finds nothing) and are paired, vsocketd is stopped (SIGSTOP), each end
+# writes 64 KiB (it hears its UPGRADE, posts its FENCE, puts its bytes in
+# its TX ring), then vsocketd is killed and started again.
+# Neither FENCE was taken, so no peer has one: each end's ring bytes follow
+# its kernel bytes with no header (decision 124), never a reset.
+case_daemon_killed_before_the_fence() {
+  local name=daemon_killed_before_the_fence port rep=$WORK/unfenced.jsonl d
+  # (Through vsocketd: a direct pair's FENCEs never wait for it.)
+  local -x VSOCKET_UPGRADE=always VSOCKET_DIRECT=0
+  port=$(alloc_port)
+  local prog='
+import hashlib, os, socket, sys, time
+role, addr, port, work = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+def wait_file(p):
+    for _ in range(600):
+        if os.path.exists(p):
+            return
+        time.sleep(0.05)
+    sys.exit("no " + p)
+def recv_n(c, n):
+    got = bytearray()
+    while len(got) < n:
+        b = c.recv(n - len(got))
+        if not b:
+            sys.exit("early EOF after %d of %d bytes" % (len(got), n))
+        got += b
+    return bytes(got)
+if role == "server":
+    l = socket.socket()
+    l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind((addr, port))
+    l.listen(1)
+    c, _ = l.accept()
+else:
+    c = socket.create_connection((addr, port))
+# A read that finds nothing registers the connection (its first I/O); once
+# both ends are paired their UPGRADE waits in their event queues. Neither
+# has written, so neither has switched over.
+c.setblocking(False)
+try:
+    c.recv(1)
+    sys.exit("a byte came before any was sent")
+except BlockingIOError:
+    pass
+c.setblocking(True)
+time.sleep(0.5)
+print("up", flush=True)
+wait_file(work + "/unfenced.go")
+data = os.urandom(65536)
+c.sendall(data)
+print("sent " + hashlib.sha256(data).hexdigest(), flush=True)
+got = recv_n(c, 65536)
+print("got " + hashlib.sha256(got).hexdigest(), flush=True)
+c.close()
+'
+  VSOCKET_LOG_LEVEL=info vm_bg vm2 preload "$rep" "$WORK/unfenced.srv" python3 -c "$prog" server "$A2" $port "$WORK"
+  local srv=$BG
+  wait_listen vm2 $port
+  VSOCKET_LOG_LEVEL=info vm_bg vm1 preload "$rep" "$WORK/unfenced.cli" python3 -c "$prog" client "$A2" $port "$WORK"
+  local cli=$BG
+  if ! wait_for_text "$WORK/unfenced.cli" '^up' 100 || ! wait_for_text "$WORK/unfenced.srv" '^up' 100; then
+    fail $name "the ends never exchanged their first bytes"
+    kill $cli $srv 2>/dev/null
+    return
+  fi
+  d=$(bash $TB daemon-pid)
+  kill -STOP "$d"
+  touch "$WORK/unfenced.go"
+  wait_for_text "$WORK/unfenced.cli" '^sent' 100
+  wait_for_text "$WORK/unfenced.srv" '^sent' 100
+  sleep 0.3
+  if ! bash $TB restart KILL >"$WORK/unfenced.restart" 2>&1; then
+    kill -CONT "$d" 2>/dev/null
+    fail $name "restart: $(tail -2 "$WORK/unfenced.restart" | tr '\n' ' ')"
+    kill $cli $srv 2>/dev/null
+    return
+  fi
+  local rc_c=0 rc_s=0
+  wait $cli || rc_c=$?
+  wait $srv || rc_s=$?
+  local cs cg ss sg
+  cs=$(awk '/^sent/ {print $2}' "$WORK/unfenced.cli"); cg=$(awk '/^got/ {print $2}' "$WORK/unfenced.cli")
+  ss=$(awk '/^sent/ {print $2}' "$WORK/unfenced.srv"); sg=$(awk '/^got/ {print $2}' "$WORK/unfenced.srv")
+  if [ $rc_c -ne 0 ] || [ $rc_s -ne 0 ] || [ -z "$cs" ] || [ "$cs" != "$sg" ] || [ "$ss" != "$cg" ]; then
+    fail $name "client rc $rc_c, server rc $rc_s: $(grep -hE 'W |early|Error' "$WORK/unfenced.cli" "$WORK/unfenced.srv" | head -4 | tr '\n' ' ')"
+    return
+  fi
+  local unread
+  unread=$(cat "$WORK/unfenced.cli" "$WORK/unfenced.srv" | grep -c "the backend went before it took our FENCE")
+  [ "$unread" -eq 2 ] ||
+    { fail $name "$unread of 2 ends resent an untaken FENCE's ring bytes without a header (the case did not reach that point: both ends must have switched over while vsocketd was stopped)"; return; }
+  local out
+  out=$(python3 $CHECK "$rep" --port "$port" --expect-conns 2 --resynced --downgrade-cause backend-unavailable) ||
+    { fail $name "$out"; return; }
+  pass "$name (vsocketd SIGKILLed with both ends' FENCEs untaken: 64 KiB each way byte-exact, each end's ring bytes resent with no header after its kernel bytes; $out)"
+}
+
 register_case daemon_restart_kill_1 case_daemon_restart KILL 1
 register_case daemon_restart_kill_2 case_daemon_restart KILL 2
 register_case daemon_restart_kill_3 case_daemon_restart KILL 3
@@ -195,3 +296,4 @@ register_case daemon_restart_term_2 case_daemon_restart TERM 2
 register_case daemon_restart_memory case_daemon_restart_memory
 register_case daemon_restart_grpc_auto case_daemon_restart_grpc auto
 register_case daemon_restart_grpc_always case_daemon_restart_grpc always
+register_case daemon_killed_before_the_fence case_daemon_killed_before_the_fence
