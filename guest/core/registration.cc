@@ -266,6 +266,12 @@ void EnsureRegistered(int fd, Conn& c) {
       // never reuse the rings (a small leak, only when the backend hangs).
       (void)s->Post({MsgType::kUnregister, 0, proto::Unregister{c.id}});
     }
+    // Out of the session, as a withdrawn registration ends: on kernel TCP
+    // until its own next I/O, so epoll defers its changes (decision 61)
+    // and waits on it need no session wake-ups. (It kept the session
+    // once: redis-benchmark -c 1 across hosts, every connection refused
+    // kernel-faster, made 5 epoll_ctl and 2 epoll_pwait calls a request.)
+    c.session = nullptr;
     return;
   }
   // Shut down for writing before it registered (shutdown() found it
