@@ -246,6 +246,33 @@ TEST_F(HostileFrontendTest, KickFdThatIsNotPollable) {
   EXPECT_NE(s.find("not pollable"), std::string::npos) << s;
 }
 
+// A frontend (a guest's driver, through QEMU) that moves a running queue's
+// rings to addresses no region of its memory holds (SET_VRING_ADDR): the
+// device is stopped or latched broken and never read there; vsocketd and
+// the good guest go on (issue 35: bad ring addresses from a guest driver).
+TEST_F(HostileFrontendTest, VringAddressesOutsideGuestMemory) {
+  auto fe = NewFrontend(bad());
+  ASSERT_TRUE(fe->Connect().ok());
+  uint64_t far = reinterpret_cast<uint64_t>(fe->region().base()) + (uint64_t{1} << 40);
+  user::Message m = Msg(user::Request::kSetVringAddr, sizeof(user::VringAddr));
+  m.hdr.flags |= user::kFlagNeedReply;
+  m.payload.addr = {0, 0, far, far + 4096, far + 8192, 0};
+  ASSERT_TRUE(fe->SendMessage(m, {}).ok());
+  (void)fe->ReceiveReply(user::Request::kSetVringAddr);
+  // Requests on the moved queue: whatever vsocketd decided, it must not
+  // serve them from the old rings nor read the new addresses.
+  fe->Kick(0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::string s = daemon_.Stats();
+  // Stopped (no longer listed) or listed broken.
+  size_t at = s.find("\"vm\":\"bad\"");
+  bool off = at == std::string::npos;
+  const std::string broken = "\"broken\":true";
+  if (!off) off = s.compare(s.find("\"broken\":", at), broken.size(), broken) == 0;
+  EXPECT_TRUE(off) << s;
+  EXPECT_NE(s.find("lies outside guest memory"), std::string::npos) << s;
+}
+
 TEST_F(HostileFrontendTest, MemoryTableSwappedUnderRunningDevice) {
   auto fe = NewFrontend(bad());
   ASSERT_TRUE(fe->Connect().ok());
