@@ -38,8 +38,8 @@ uint32_t RequestService::HandleRequest(vhost::BackendDevice& device, const vhost
     device.counters().bad_messages.fetch_add(1, std::memory_order_relaxed);
     VS_LOG(kDebug, "device %lu: %s", static_cast<unsigned long>(device.id()), req.status().ToString().c_str());
     resp = {MsgType::kError, 0, kBadMessageError};
-  } else if (Dispatch(device, *req, &resp, taker) == RequestResult::kNoReply) {
-    return 0;  // fire-and-forget message: empty used entry
+  } else if (Dispatch(device, *req, &resp, taker) == RequestResult::kNoReply || taker.taken()) {
+    return 0;  // fire-and-forget message (or one returned before it acted): empty used entry
   }
   std::array<uint8_t, proto::kMaxMessageSize> out;
   auto len = proto::Encode(resp, out);

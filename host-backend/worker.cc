@@ -178,15 +178,13 @@ bool Worker::Serve(Active& a) {
       void TakeFirst() override {
         rq.Push(head, 0);
         if (rq.PublishUsed()) a.call_pending[0] = true;
-        taken = true;
       }
       vhost::VirtqueueDevice& rq;
       uint16_t head;
       Active& a;
-      bool taken = false;
     } taker(rq, chain.head, a);
     uint32_t written = service_->HandleRequest(dev, chain, taker);
-    if (!taker.taken) rq.Push(chain.head, written);
+    if (!taker.taken()) rq.Push(chain.head, written);
     dev.counters().requests.fetch_add(1, std::memory_order_relaxed);
     worked = true;
   }

@@ -121,8 +121,9 @@ int Poll(pollfd* fds, nfds_t n, int timeout_ms, const sigset_t* sigmask) {
     auto c = Lookup(fds[i].fd);
     // (A connection that lost its backend still reports what is left in
     // its ring: SleepWith then sleeps in the kernel alone.)
-    if (c && c->session != nullptr && (c->session->alive() || c->state.resynced())) {
-      session = c->session;
+    Session* cs = c ? c->session : nullptr;  // (once: another thread may clear it)
+    if (cs != nullptr && (cs->alive() || c->state.resynced())) {
+      session = cs;
       conns[i] = std::move(c);
       registered = true;
     } else if (c && c->state.reset()) {

@@ -271,7 +271,16 @@ void EnsureRegistered(int fd, Conn& c) {
     // and waits on it need no session wake-ups. (It kept the session
     // once: redis-benchmark -c 1 across hosts, every connection refused
     // kernel-faster, made 5 epoll_ctl and 2 epoll_pwait calls a request.)
-    c.session = nullptr;
+    // Only while no other thread is inside a send or receive on it: those
+    // read c.session under their lock (a receive may sleep there, holding
+    // it); then the session stays, as it did before, costing only speed.
+    if (c.tx_mu.try_lock()) {
+      MutexLock tx(c.tx_mu, kAdoptLock);
+      if (c.rx_mu.try_lock()) {
+        MutexLock rx(c.rx_mu, kAdoptLock);
+        c.session = nullptr;
+      }
+    }
     return;
   }
   // Shut down for writing before it registered (shutdown() found it
@@ -375,7 +384,11 @@ void FenceBeforeEndLocked(Conn& c) {
 Status SwitchTxLocked(Conn& c) {
   uint64_t sent = c.kernel_sent.load();
   PublishDirectFence(c, sent);  // (before any ring byte and before our kernel FIN)
-  VS_RETURN_IF_ERROR(c.session->Post({MsgType::kFence, 0, proto::ConnCounter{c.id, sent}}, &c.fence_seq));
+  // Its place among the requests says whether the peer can have it
+  // (decision 124), unless the pair's memory carried it too (a direct
+  // peer reads it there, whatever vsocketd took).
+  VS_RETURN_IF_ERROR(
+      c.session->Post({MsgType::kFence, 0, proto::ConnCounter{c.id, sent}}, c.direct ? nullptr : &c.fence_seq));
   c.fence_sent.store(sent);
   c.state.SwitchTx();
   return Status::Ok();

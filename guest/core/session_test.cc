@@ -318,6 +318,26 @@ TEST_F(SessionTest, AFenceTheBackendNeverTookIsResentWithoutAHeader) {
   close(b);
 }
 
+// A direct pair's FENCE is in the pair's memory as well (the peer reads it
+// there, whatever vsocketd took): an untaken request says nothing of it,
+// and such a connection is never resent without a header on that account.
+TEST_F(SessionTest, ADirectPairsFenceIsNeverTakenForUnread) {
+  Session* s = Up(proto::kFeatureDirect);
+  ASSERT_NE(s, nullptr);
+  UniqueFd peer;
+  auto c = DirectConn(s, 6, &peer);
+  ASSERT_TRUE(c);
+  c->session = s;
+  g_fake->set_wedged(true);
+  {
+    MutexLock tx(c->tx_mu);
+    ASSERT_TRUE(SwitchTxLocked(*c).ok());
+  }
+  g_fake->KillBackend();
+  EXPECT_FALSE(s->CheckBackend());
+  EXPECT_FALSE(c->fence_unread.load());
+}
+
 // Taken but never confirmed (no FENCE_DELIVERED, no credit): the peer may
 // or may not have it, so it may or may not wait for a header. The
 // connection is reset rather than guessed (an error, never a corrupt

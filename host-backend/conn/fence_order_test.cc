@@ -35,12 +35,15 @@ class FenceOrderTest : public ::testing::Test {
   // What the worker does at TakeFirst; here: what the FENCE had done by then.
   struct Taker final : RequestTaker {
     explicit Taker(FenceOrderTest* t) : test(t) {}
+   protected:
     void TakeFirst() override {
-      ++taken;
+      ++calls;
       kernel_out_then = test->KernelOut(1);
     }
+
+   public:
     FenceOrderTest* test;
-    int taken = 0;
+    int calls = 0;
     int64_t kernel_out_then = -1;
   };
 
@@ -95,7 +98,7 @@ TEST_F(FenceOrderTest, AFenceIsTakenBeforeItDoesAnything) {
   Message reply;
   EXPECT_EQ(cm_.Handle(*dev1_, Message{MsgType::kFence, 0, proto::ConnCounter{1, 4096}}, &reply, &taker),
             RequestResult::kNoReply);
-  EXPECT_EQ(taker.taken, 1);
+  EXPECT_EQ(taker.calls, 1);
   EXPECT_EQ(taker.kernel_out_then, 0) << "the FENCE acted before the guest could see it taken";
   EXPECT_EQ(KernelOut(1), 4096);
 }
@@ -106,7 +109,7 @@ TEST_F(FenceOrderTest, OtherRequestsAreReturnedAfterTheyActAsBefore) {
   (void)cm_.Handle(*dev1_, Message{MsgType::kFence, 0, proto::ConnCounter{1, 0}}, &reply);
   (void)cm_.Handle(*dev1_, Message{MsgType::kTxTail, 0, proto::ConnCounter{1, 100}}, &reply, &taker);
   (void)cm_.Handle(*dev1_, Message{MsgType::kPairingQuery, 9, proto::ConnCounter{1, 0}}, &reply, &taker);
-  EXPECT_EQ(taker.taken, 0);
+  EXPECT_EQ(taker.calls, 0);
 }
 
 }  // namespace

@@ -19,10 +19,21 @@ enum class RequestResult : uint8_t {
 // from its own used ring that a FENCE it sees untaken reached no peer.
 class RequestTaker {
  public:
-  virtual void TakeFirst() = 0;
+  // Takes the request (once).
+  void Take() {
+    if (taken_) return;
+    taken_ = true;
+    TakeFirst();
+  }
+  // The chain went back to the guest: nothing more is written into it.
+  bool taken() const { return taken_; }
 
  protected:
+  virtual void TakeFirst() = 0;
   ~RequestTaker() = default;
+
+ private:
+  bool taken_ = false;
 };
 
 }  // namespace vsocket::backend

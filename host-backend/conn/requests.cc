@@ -63,7 +63,7 @@ RequestResult ConnManager::Handle(vhost::BackendDevice& device, const Message& m
   }
   // Nothing of it happens until the guest can see it taken (it writes no
   // reply).
-  if (handler->takes_first && taker != nullptr) taker->TakeFirst();
+  if (handler->takes_first && taker != nullptr) taker->Take();
   if (!handler->names_conn) return (this->*handler->handle)(*dc, nullptr, msg, reply);
   uint64_t conn_id = 0;
   if (auto* c = std::get_if<proto::ConnCounter>(&msg.body)) conn_id = c->conn_id;

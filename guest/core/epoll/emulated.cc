@@ -62,16 +62,18 @@ void RefreshEntry(int epfd, EpSet& set, int fd, EpEntry& e) {
   }
   // A backend that went away and came back: the connections registered
   // again with a new session, whose wake-ups replace the dead one's.
-  if (set.session != nullptr && !set.session->alive() && e.conn->session != nullptr &&
-      e.conn->session != set.session && e.conn->session->alive()) {
+  // (The connection's session looked at once: a registration that ends or
+  // is refused on another thread clears it.)
+  Session* cs = e.conn->session;
+  if (set.session != nullptr && !set.session->alive() && cs != nullptr && cs != set.session && cs->alive()) {
     UnhookSession(epfd, set, set.session);
     set.session = nullptr;
   }
   // Pending connections need the session's wake-ups too: their UPGRADE
   // arrives as an event, not on the kernel socket. (Connections not
   // registered yet get them only while a wait sleeps: EpollWait.)
-  if (set.session == nullptr && e.conn->session != nullptr) {
-    set.session = e.conn->session;
+  if (set.session == nullptr && cs != nullptr) {
+    set.session = cs;
     HookSession(epfd, set, set.session);
   }
 }
