@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/log.h"
+#include "host-backend/conn/test_guests.h"
 #include "vhost/backend/vhost_backend.h"
 
 namespace vsocket::backend {
@@ -170,20 +171,11 @@ class LeaveWithVmTest : public ::testing::Test {
     Count(*dev1_, proto::MsgType::kTxTail, 1, 8192);
   }
   std::shared_ptr<vhost::BackendDevice> Device(uint64_t id, std::vector<uint8_t>& mem, vhost::PortConfig* port) {
-    auto d = std::make_shared<vhost::BackendDevice>(-1, id, port);
-    auto m = vhost::GuestMemory::Create({{kBase, mem.size(), mem.data()}});
-    EXPECT_TRUE(m.ok());
-    d->SetMemoryForTesting(std::move(m).value());
-    cm_.OnAttach(*d);
-    return d;
+    return testing::AttachedDevice(cm_, id, port, mem, kBase);
   }
   // 127.0.0.1, or 192.0.2.VM (a VM's own address).
   static proto::Endpoint Addr(uint16_t port, uint8_t vm = 0) {
-    proto::Endpoint e;
-    e.family = proto::Family::kIpv4;
-    e.addr = vm == 0 ? std::array<uint8_t, 16>{127, 0, 0, 1} : std::array<uint8_t, 16>{192, 0, 2, vm};
-    e.port = port;
-    return e;
+    return vm == 0 ? testing::Loopback(port) : testing::Ipv4({192, 0, 2, vm}, port);
   }
   static vhost::VmAddress Vm(uint8_t vm) {
     vhost::VmAddress a;
@@ -191,18 +183,7 @@ class LeaveWithVmTest : public ::testing::Test {
     return a;
   }
   bool Register(vhost::BackendDevice& d, uint64_t id, proto::Role role, proto::Endpoint local, proto::Endpoint peer) {
-    proto::RegisterConn r;
-    r.conn_id = id;
-    r.role = role;
-    r.local = local;
-    r.peer = peer;
-    r.tx_ring_gpa = kBase;
-    r.rx_ring_gpa = kBase + kRing;
-    r.tx_ring_bytes = r.rx_ring_bytes = kRing;
-    proto::Message ack;
-    (void)cm_.Handle(d, proto::Message{proto::MsgType::kRegisterConn, id, r}, &ack);
-    auto* a = std::get_if<proto::RegisterAck>(&ack.body);
-    return a != nullptr && a->status == proto::WireError::kOk;
+    return testing::Register(cm_, d, id, role, local, peer, kBase, kBase + kRing, kRing);
   }
   void Count(vhost::BackendDevice& d, proto::MsgType type, uint64_t id, uint64_t bytes) {
     proto::Message reply;

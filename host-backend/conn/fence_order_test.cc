@@ -10,6 +10,7 @@
 
 #include "base/log.h"
 #include "host-backend/conn/conn_manager.h"
+#include "host-backend/conn/test_guests.h"
 #include "vhost/backend/backend_device.h"
 #include "vhost/backend/vhost_backend.h"
 
@@ -18,17 +19,10 @@ namespace {
 
 using proto::Message;
 using proto::MsgType;
+using testing::Loopback;
 
 constexpr uint64_t kBase = 1u << 20;
 constexpr uint32_t kRing = 1u << 16;
-
-proto::Endpoint Loopback(uint16_t port) {
-  proto::Endpoint e;
-  e.family = proto::Family::kIpv4;
-  e.addr = {127, 0, 0, 1};
-  e.port = port;
-  return e;
-}
 
 class FenceOrderTest : public ::testing::Test {
  protected:
@@ -52,33 +46,12 @@ class FenceOrderTest : public ::testing::Test {
     port_.vm_name = "vm";
     port_.tenant_id = 7;
     port_.prove_sockets = false;
-    dev1_ = Device(1, mem1_);
-    dev2_ = Device(2, mem2_);
-    EXPECT_TRUE(Register(*dev1_, 1, proto::Role::kClient, Loopback(40000), Loopback(80)));
-    EXPECT_TRUE(Register(*dev2_, 2, proto::Role::kServer, Loopback(80), Loopback(40000)));
-  }
-  std::shared_ptr<vhost::BackendDevice> Device(uint64_t id, std::vector<uint8_t>& mem) {
-    auto d = std::make_shared<vhost::BackendDevice>(-1, id, &port_);
-    auto m = vhost::GuestMemory::Create({{kBase, mem.size(), mem.data()}});
-    EXPECT_TRUE(m.ok());
-    d->SetMemoryForTesting(std::move(m).value());
-    cm_.OnAttach(*d);
-    return d;
-  }
-  bool Register(vhost::BackendDevice& d, uint64_t id, proto::Role role, proto::Endpoint local,
-                proto::Endpoint peer) {
-    proto::RegisterConn r;
-    r.conn_id = id;
-    r.role = role;
-    r.local = local;
-    r.peer = peer;
-    r.tx_ring_gpa = kBase;
-    r.rx_ring_gpa = kBase + kRing;
-    r.tx_ring_bytes = r.rx_ring_bytes = kRing;
-    Message ack;
-    (void)cm_.Handle(d, Message{MsgType::kRegisterConn, id, r}, &ack);
-    auto* a = std::get_if<proto::RegisterAck>(&ack.body);
-    return a != nullptr && a->status == proto::WireError::kOk;
+    dev1_ = testing::AttachedDevice(cm_, 1, &port_, mem1_, kBase);
+    dev2_ = testing::AttachedDevice(cm_, 2, &port_, mem2_, kBase);
+    EXPECT_TRUE(testing::Register(cm_, *dev1_, 1, proto::Role::kClient, Loopback(40000), Loopback(80), kBase,
+                                  kBase + kRing, kRing));
+    EXPECT_TRUE(testing::Register(cm_, *dev2_, 2, proto::Role::kServer, Loopback(80), Loopback(40000), kBase,
+                                  kBase + kRing, kRing));
   }
   // The kernel bytes the connection's FENCE said (0 before it), -1 if unknown.
   int64_t KernelOut(uint64_t device_id) {

@@ -13,6 +13,7 @@
 
 #include "base/log.h"
 #include "host-backend/conn/conn_manager.h"
+#include "host-backend/conn/test_guests.h"
 #include "vhost/backend/backend_device.h"
 #include "vhost/backend/vhost_backend.h"
 
@@ -26,13 +27,7 @@ constexpr uint64_t kBase = 1u << 20;       // guest-physical start of its memory
 constexpr uint32_t kRingBytes = 1u << 16;  // every ring
 constexpr uint64_t kChunk = 4096;          // bytes per TX_TAIL
 
-proto::Endpoint Loopback(uint16_t port) {
-  proto::Endpoint e;
-  e.family = proto::Family::kIpv4;
-  e.addr = {127, 0, 0, 1};
-  e.port = port;
-  return e;
-}
+using testing::Loopback;
 
 // One guest (one device, no queues: requests go straight to Handle) whose
 // connections to itself the worker pairs on this host.
@@ -44,11 +39,7 @@ class SnapshotTest : public ::testing::Test {
     port_.vm_name = "vm";
     port_.tenant_id = 7;
     port_.prove_sockets = false;
-    device_ = std::make_shared<vhost::BackendDevice>(-1, 1, &port_);
-    auto mem = vhost::GuestMemory::Create({{kBase, memory_.size(), memory_.data()}});
-    EXPECT_TRUE(mem.ok());
-    device_->SetMemoryForTesting(std::move(mem).value());
-    cm_.OnAttach(*device_);
+    device_ = testing::AttachedDevice(cm_, 1, &port_, memory_, kBase);
   }
   ~SnapshotTest() override { cm_.OnDetach(*device_); }
 
@@ -59,17 +50,8 @@ class SnapshotTest : public ::testing::Test {
   }
   // Registers conn `id`; its rings are ring slots tx and rx of the memory.
   bool Register(uint64_t id, proto::Role role, uint16_t local, uint16_t peer, int tx, int rx) {
-    proto::RegisterConn r;
-    r.conn_id = id;
-    r.role = role;
-    r.local = Loopback(local);
-    r.peer = Loopback(peer);
-    r.tx_ring_gpa = kBase + uint64_t(tx) * kRingBytes;
-    r.rx_ring_gpa = kBase + uint64_t(rx) * kRingBytes;
-    r.tx_ring_bytes = r.rx_ring_bytes = kRingBytes;
-    Message ack = Call(Message{MsgType::kRegisterConn, id, r});
-    auto* a = std::get_if<proto::RegisterAck>(&ack.body);
-    return a != nullptr && a->status == proto::WireError::kOk;
+    return testing::Register(cm_, *device_, id, role, Loopback(local), Loopback(peer),
+                             kBase + uint64_t(tx) * kRingBytes, kBase + uint64_t(rx) * kRingBytes, kRingBytes);
   }
   void Count(MsgType type, uint64_t id, uint64_t bytes) { Call(Message{type, 0, proto::ConnCounter{id, bytes}}); }
   void Unregister(uint64_t id) { Call(Message{MsgType::kUnregister, id, proto::Unregister{id}}); }
