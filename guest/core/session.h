@@ -39,7 +39,8 @@ class Session {
   // Fire-and-forget; waits only if every request slot is in flight.
   // `seq`, if given: where the message stands among the session's
   // requests (1, 2, ...), stored under the session lock; the backend took
-  // it once taken_requests() reaches that (it takes them in order).
+  // it once it returned that many requests (taken_: it returns them in
+  // order).
   Status Post(const proto::Message& msg, std::atomic<uint64_t>* seq = nullptr);
 
   // Byte rings for one connection (two of ring_bytes each).
