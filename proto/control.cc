@@ -355,7 +355,8 @@ const char* ToString(Reason reason) {
                                            "request-response",
                                            "urgent-data",
                                            "directory-unavailable",
-                                           "peer-corrupted-ring"};
+                                           "peer-corrupted-ring",
+                                           "connection-over"};
   static_assert(std::size(kNames) == kLastReason + 1, "a name for every reason");
   auto i = static_cast<size_t>(reason);
   return i < std::size(kNames) ? kNames[i] : "unknown";

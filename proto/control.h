@@ -133,15 +133,20 @@ enum class Reason : uint16_t {
   // Library-only: a direct pair's peer wrote a count that cannot be into
   // the pair's memory (decision 97): this connection alone is reset.
   kPeerCorruptedRing = 21,
+  // Library-only: the TCP connection was over (shut both ways, its socket
+  // no longer connected) before vsocketd could inspect the socket it was
+  // to prove; nothing was registered and it ended on kernel TCP.
+  kConnectionOver = 22,
 };
 // Numbers are never reused. A new reason of either kind takes the next free
 // number; a library-only one is also listed in IsLibraryOnly, so that the
-// wire refuses it (the library-only 18 and 19 sit below kMaxReason, 21
-// above it, where kLastReason ends the names).
+// wire refuses it (the library-only 18 and 19 sit below kMaxReason, 21 and
+// 22 above it, where kLastReason ends the names).
 inline constexpr uint16_t kMaxReason = 20;   // the largest reason the wire carries
-inline constexpr uint16_t kLastReason = 21;  // the largest there is (library-only above kMaxReason)
+inline constexpr uint16_t kLastReason = 22;  // the largest there is (library-only above kMaxReason)
 constexpr bool IsLibraryOnly(Reason r) {
-  return r == Reason::kRequestResponse || r == Reason::kUrgentData || r == Reason::kPeerCorruptedRing;
+  return r == Reason::kRequestResponse || r == Reason::kUrgentData || r == Reason::kPeerCorruptedRing ||
+         r == Reason::kConnectionOver;
 }
 // Whether a reason code read from the wire (control message or fabric
 // frame) is one the wire may carry.

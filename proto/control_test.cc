@@ -147,7 +147,7 @@ TEST(ControlTest, EnumsOutOfRangeAreRejected) {
   // The library-only reasons are refused: 18 and 19 below kMaxReason all
   // the same, 21 above it; directory-unavailable, 20, is the wire's
   // (decision 95).
-  for (Reason r : {Reason::kRequestResponse, Reason::kUrgentData, Reason::kPeerCorruptedRing}) {
+  for (Reason r : {Reason::kRequestResponse, Reason::kUrgentData, Reason::kPeerCorruptedRing, Reason::kConnectionOver}) {
     b[kHeaderSize + 8] = static_cast<uint8_t>(r);
     EXPECT_FALSE(Decode(b).ok()) << ToString(r);
   }

@@ -46,7 +46,7 @@ TEST(FabricFrame, RejectsWhatTheTypeDoesNotAllow) {
   EXPECT_TRUE(bad({FrameType::kPairDecline, 7, 0, 0, 0, faster}));                  // no PairInfo
   EXPECT_TRUE(bad({FrameType::kPairDecline, 7, 0, 0, kPairInfoSize, kMaxReason + 1}));
   // Library-only reasons never cross; directory-unavailable does (decision 95).
-  for (Reason r : {Reason::kRequestResponse, Reason::kUrgentData, Reason::kPeerCorruptedRing}) {
+  for (Reason r : {Reason::kRequestResponse, Reason::kUrgentData, Reason::kPeerCorruptedRing, Reason::kConnectionOver}) {
     EXPECT_TRUE(bad({FrameType::kPairDecline, 7, 0, 0, kPairInfoSize, static_cast<uint32_t>(r)})) << ToString(r);
     EXPECT_TRUE(bad({FrameType::kDowngrade, 7, 1, 0, 0, static_cast<uint32_t>(r)})) << ToString(r);
     EXPECT_TRUE(bad({FrameType::kShutWr, 7, 1, 0, 0, ShutRingEndAux(r)})) << ToString(r);

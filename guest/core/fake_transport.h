@@ -47,8 +47,10 @@ class FakeTransport final : public Transport {
   size_t memory_bytes() const override { return bytes_; }
   uint64_t Gpa(const void* p) const override { return reinterpret_cast<uint64_t>(p); }
   Status OpenProofs() override { return Status(Code::kNotFound, "the fake asks for no proofs"); }
-  bool proves_sockets() const override { return false; }
-  Status ProveSocket(int) override { return Status::Ok(); }
+  bool proves_sockets() const override { return static_cast<bool>(prover_); }
+  Status ProveSocket(int fd) override { return prover_ ? prover_(fd) : Status::Ok(); }
+  // Socket proofs answered by the test (none asked for while unset).
+  void set_prover(std::function<Status(int)> p) { prover_ = std::move(p); }
   void CloseFdsAfterFork() override;
   void ReleaseMemory() override { ++releases_; }
   // How many times the session gave the memory back.
@@ -80,6 +82,7 @@ class FakeTransport final : public Transport {
   Queue queues_[2];
   UniqueFd liveness_[2];  // a pipe: [0] becomes readable when the backend "dies"
   Responder responder_;
+  std::function<Status(int)> prover_;
   std::vector<proto::Message> requests_;
   bool wedged_ = false;
   int releases_ = 0;

@@ -1,6 +1,7 @@
 #include "guest/core/registration.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -190,6 +191,26 @@ void EnsureRegistered(int fd, Conn& c) {
     // Epoll waits the kernel alone answered must watch the session now.
     EpollKick(c);
   }
+  // The proof first, while the connection is not yet "registered" for the
+  // other threads: a message they send about it must not overtake the
+  // REGISTER_CONN (Shutdown waits for this call too).
+  if (Status proof = s->ProveSocket(fd); !proof.ok()) {
+    // Refused because the connection is over: shut both ways since we read
+    // its addresses (another thread's shutdown() and the peer's FIN; the
+    // socket is CLOSE, its 4-tuple in a TIME_WAIT of the kernel's own). No
+    // registration: it ended on kernel TCP (a gRPC client's shutdown racing
+    // its poller's registration was reported spoofed-address).
+    sockaddr_storage peer{};
+    socklen_t pl = sizeof(peer);
+    if (proof.code() == Code::kPermissionDenied && getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0 &&
+        errno == ENOTCONN) {
+      VS_LOG(kDebug, "fd %d: connection over before its registration: stays on kernel TCP", fd);
+      return KernelForGood(c, Reason::kConnectionOver);
+    }
+    // Otherwise the registration below is answered spoofed-address: the
+    // connection stays on kernel TCP like any refused one.
+    VS_LOG(kInfo, "fd %d: socket not proved to the backend: %s", fd, proof.ToString().c_str());
+  }
   Status rings = AllocRingsWaiting(s, c);
   if (!rings.ok()) {
     VS_LOG(kWarn, "%s: connection stays on kernel TCP", rings.ToString().c_str());
@@ -203,13 +224,6 @@ void EnsureRegistered(int fd, Conn& c) {
     c.sock_ino = sock.st_ino;
   }
   c.registered_ns = MonotonicNs();
-  // The proof first, while the connection is not yet "registered" for the
-  // other threads: a message they send about it must not overtake the
-  // REGISTER_CONN (Shutdown waits for this call too). (Refused, the
-  // registration below is answered spoofed-address: the connection stays on
-  // kernel TCP like any refused one.)
-  if (Status proof = s->ProveSocket(fd); !proof.ok())
-    VS_LOG(kInfo, "fd %d: socket not proved to the backend: %s", fd, proof.ToString().c_str());
   std::shared_ptr<Conn> self = Lookup(fd);
   // Tracked and pending before the request: the UPGRADE can race the ack.
   if (!s->TrackPending(self)) {

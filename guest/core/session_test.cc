@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -283,6 +285,73 @@ TEST_F(SessionTest, ARefusedRegistrationLeavesTheConnectionOutOfTheSession) {
   EXPECT_EQ(c->state.reason(), proto::Reason::kKernelFaster);
   EXPECT_EQ(c->session, nullptr);
   EXPECT_TRUE(c->KernelUntilOwnIo());
+  Forget(a, false);
+  close(a);
+  close(b);
+}
+
+// The connection ended both ways between the library reading its addresses
+// and vsocketd inspecting the socket it proves (e2e grpc_short_channels_auto,
+// CI 2026-11-30: a gRPC client's shutdown() from another thread raced its
+// poller's registration; the proof found a closed socket, and the
+// registration vsocketd then refused was reported spoofed-address). A proof
+// refused because the socket is no longer connected registers nothing: the
+// connection ended on kernel TCP, and the report says so.
+TEST_F(SessionTest, AConnectionOverBeforeItsProofIsNotRegistered) {
+  Session* s = Up(0);
+  ASSERT_NE(s, nullptr);
+  auto [a, b] = testing::LoopbackTcpPair();
+  ASSERT_GE(a, 0);
+  Adopt(a, false);
+  std::shared_ptr<Conn> c = Lookup(a);
+  ASSERT_NE(c, nullptr);
+  size_t before = g_fake->requests().size();
+  g_fake->set_prover([b = b](int fd) {
+    // Both ways shut before vsocketd looks: the socket leaves TCP for CLOSE
+    // (its 4-tuple goes to a TIME_WAIT of the kernel's own).
+    shutdown(fd, SHUT_WR);
+    close(b);
+    for (int i = 0; i < 2000; ++i) {
+      tcp_info info{};
+      socklen_t len = sizeof(info);
+      if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0 && info.tcpi_state == TCP_CLOSE) break;
+      usleep(1000);
+    }
+    return Status(Code::kPermissionDenied, "proof refused: Invalid argument");  // as vsocketd answers
+  });
+  EnsureRegistered(a, *c);
+  g_fake->set_prover(nullptr);
+  for (size_t i = before; i < g_fake->requests().size(); ++i)
+    EXPECT_NE(g_fake->requests()[i].type, MsgType::kRegisterConn) << "a registration vsocketd can only refuse";
+  EXPECT_EQ(c->state.phase(), Phase::kKernel);
+  EXPECT_EQ(c->state.reason(), proto::Reason::kConnectionOver);
+  EXPECT_EQ(c->session, nullptr);
+  Forget(a, false);
+  close(a);
+}
+
+// A proof refused while the socket is still connected (a socket of another
+// namespace, say) is vsocketd's to judge: the registration goes out and is
+// refused spoofed-address, counted there.
+TEST_F(SessionTest, AProofRefusedWhileConnectedStillRegisters) {
+  Session* s = Up(0);
+  ASSERT_NE(s, nullptr);
+  auto [a, b] = testing::LoopbackTcpPair();
+  ASSERT_GE(a, 0);
+  Adopt(a, false);
+  std::shared_ptr<Conn> c = Lookup(a);
+  ASSERT_NE(c, nullptr);
+  size_t before = g_fake->requests().size();
+  g_fake->set_prover([](int) { return Status(Code::kPermissionDenied, "proof refused: Invalid cross-device link"); });
+  g_refuse_with = proto::Reason::kSpoofedAddress;
+  EnsureRegistered(a, *c);
+  g_refuse_with = proto::Reason::kNone;
+  g_fake->set_prover(nullptr);
+  bool registered = false;
+  for (size_t i = before; i < g_fake->requests().size(); ++i)
+    registered |= g_fake->requests()[i].type == MsgType::kRegisterConn;
+  EXPECT_TRUE(registered);
+  EXPECT_EQ(c->state.reason(), proto::Reason::kSpoofedAddress);
   Forget(a, false);
   close(a);
   close(b);
