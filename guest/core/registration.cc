@@ -208,8 +208,13 @@ void EnsureRegistered(int fd, Conn& c) {
       return KernelForGood(c, Reason::kConnectionOver);
     }
     // Otherwise the registration below is answered spoofed-address: the
-    // connection stays on kernel TCP like any refused one.
-    VS_LOG(kInfo, "fd %d: socket not proved to the backend: %s", fd, proof.ToString().c_str());
+    // connection stays on kernel TCP like any refused one. (A channel that
+    // failed or did not answer in time is worth a warning: the log then
+    // says which way a spoofed-address came.)
+    if (proof.code() == Code::kPermissionDenied)
+      VS_LOG(kInfo, "fd %d: socket not proved to the backend: %s", fd, proof.ToString().c_str());
+    else
+      VS_LOG(kWarn, "fd %d: socket not proved to the backend: %s", fd, proof.ToString().c_str());
   }
   Status rings = AllocRingsWaiting(s, c);
   if (!rings.ok()) {
