@@ -101,7 +101,15 @@ bool Worker::ProcessMailbox() {
   for (Op& op : ops) {
     last = op.seq;
     if (op.kind == OpKind::kAttach) {
-      Active a{op.device, std::vector<bool>(op.device->num_queues(), false)};
+      // A call owed when it was detached is owed still (decision 126): a
+      // message that detaches a device holds its queues' locks first, so a
+      // call the worker makes meanwhile finds them locked (Notify: EAGAIN),
+      // and the detach dropped that debt with the entry (a guest asleep for
+      // it slept for good). Nor can a call made around a stop be trusted to
+      // have reached a guest whose frontend replaced the call fd since. So
+      // every queue is called once at each attach: a spurious interrupt
+      // costs the guest one look.
+      Active a{op.device, std::vector<bool>(op.device->num_queues(), true)};
       for (size_t q = 0; q < op.device->num_queues(); ++q) {
         epoll_event ev{};
         ev.events = EPOLLIN;

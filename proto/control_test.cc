@@ -145,7 +145,7 @@ TEST(ControlTest, EnumsOutOfRangeAreRejected) {
   b[kHeaderSize + 8] = kMaxReason + 1;
   EXPECT_FALSE(Decode(b).ok());
   // The library-only reasons are refused: 18 and 19 below kMaxReason all
-  // the same, 21 above it; directory-unavailable, 20, is the wire's
+  // the same, 21 and 22 above it; directory-unavailable, 20, is the wire's
   // (decision 95).
   for (Reason r : {Reason::kRequestResponse, Reason::kUrgentData, Reason::kPeerCorruptedRing, Reason::kConnectionOver}) {
     b[kHeaderSize + 8] = static_cast<uint8_t>(r);

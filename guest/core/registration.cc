@@ -191,20 +191,27 @@ void EnsureRegistered(int fd, Conn& c) {
     // Epoll waits the kernel alone answered must watch the session now.
     EpollKick(c);
   }
+  Status rings = AllocRingsWaiting(s, c);
+  if (!rings.ok()) {
+    VS_LOG(kWarn, "%s: connection stays on kernel TCP", rings.ToString().c_str());
+    return KernelForGood(c, Reason::kResourceLimit);
+  }
   // The proof first, while the connection is not yet "registered" for the
   // other threads: a message they send about it must not overtake the
   // REGISTER_CONN (Shutdown waits for this call too).
   if (Status proof = s->ProveSocket(fd); !proof.ok()) {
-    // Refused because the connection is over: shut both ways since we read
-    // its addresses (another thread's shutdown() and the peer's FIN; the
-    // socket is CLOSE, its 4-tuple in a TIME_WAIT of the kernel's own). No
-    // registration: it ended on kernel TCP (a gRPC client's shutdown racing
-    // its poller's registration was reported spoofed-address).
+    // Refused because the connection is over since we read its addresses
+    // (another thread's shutdown() and the peer's FIN, or a reset: the
+    // socket is no longer connected). No registration: it ended on kernel
+    // TCP (a gRPC client's shutdown racing its poller's registration was
+    // reported spoofed-address). (After the rings: a region full of live
+    // connections fails at once, without a proof's round trip.)
     sockaddr_storage peer{};
     socklen_t pl = sizeof(peer);
     if (proof.code() == Code::kPermissionDenied && getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0 &&
         errno == ENOTCONN) {
       VS_LOG(kDebug, "fd %d: connection over before its registration: stays on kernel TCP", fd);
+      s->FreeRings(c);
       return KernelForGood(c, Reason::kConnectionOver);
     }
     // Otherwise the registration below is answered spoofed-address: the
@@ -215,11 +222,6 @@ void EnsureRegistered(int fd, Conn& c) {
       VS_LOG(kInfo, "fd %d: socket not proved to the backend: %s", fd, proof.ToString().c_str());
     else
       VS_LOG(kWarn, "fd %d: socket not proved to the backend: %s", fd, proof.ToString().c_str());
-  }
-  Status rings = AllocRingsWaiting(s, c);
-  if (!rings.ok()) {
-    VS_LOG(kWarn, "%s: connection stays on kernel TCP", rings.ToString().c_str());
-    return KernelForGood(c, Reason::kResourceLimit);
   }
   c.id = g_next_conn_id.fetch_add(1);
   c.session = s;

@@ -326,6 +326,8 @@ TEST_F(SessionTest, AConnectionOverBeforeItsProofIsNotRegistered) {
   EXPECT_EQ(c->state.phase(), Phase::kKernel);
   EXPECT_EQ(c->state.reason(), proto::Reason::kConnectionOver);
   EXPECT_EQ(c->session, nullptr);
+  EXPECT_EQ(c->tx, nullptr) << "its rings given back";
+  EXPECT_EQ(c->rx, nullptr);
   Forget(a, false);
   close(a);
 }

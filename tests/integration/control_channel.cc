@@ -88,6 +88,7 @@ bool ControlChannel::WaitForUsed(int64_t deadline_ns) {
     int wait_ms = static_cast<int>((deadline_ns - now) / 1000000) + 1;
     bool signalled = frontend_->WaitCall(kRequestQueue, wait_ms);
     q.DisableInterrupts();
+    if (!signalled && has_used()) ++uncalled_answers_;
     if (!signalled && !has_used()) {
       if (frontend_->BackendGone()) return false;
     }

@@ -53,6 +53,10 @@ class ControlChannel {
   Result<std::vector<uint64_t>> Reconnect();
 
   vhost::VhostUserFrontend& frontend() { return *frontend_; }
+  // Waits that slept to their deadline with no call while the answer was
+  // there all along: a call the backend owed and never made (a guest that
+  // sleeps without a deadline would sleep for good).
+  uint64_t uncalled_answers() const { return uncalled_answers_; }
 
  private:
   struct Slot {
@@ -68,6 +72,7 @@ class ControlChannel {
   std::vector<Slot> slots_;
   std::vector<uint32_t> free_slots_;
   bool pending_publish_ = false;
+  uint64_t uncalled_answers_ = 0;
 };
 
 }  // namespace vsocket::guest
