@@ -87,7 +87,8 @@
 #                   another 1.2 MB went through the resumed devices (not
 #                   understood yet: the case now prints vsocketd's
 #                   connections when the guest is still running 120 s
-#                   after the resume).
+#                   after the resume). After decision 126 (a call owed
+#                   across a device's detach was dropped): 10 of 10.
 #   vm_paused_with_a_peer_outside  the same with the other end in a
 #                   process-mode container that runs on: neither end sees
 #                   an error or an early EOF, both byte-exact.
