@@ -30,8 +30,9 @@ std::unique_ptr<ControlChannel> Open(const std::string& sock, WaitMode mode, uin
   return ch.ok() ? std::move(ch).value() : nullptr;
 }
 
-// N synchronous echoes with random payloads; returns the number verified.
-int EchoRoundTrips(ControlChannel& ch, int n, uint32_t seed) {
+// N synchronous echoes with random payloads, each answered within
+// timeout_ms; returns the number verified.
+int EchoRoundTrips(ControlChannel& ch, int n, uint32_t seed, int timeout_ms = 5000) {
   std::mt19937 rng(seed);
   std::vector<uint8_t> payload(proto::kMaxEchoPayload), scratch(proto::kMaxMessageSize);
   int ok = 0;
@@ -41,7 +42,7 @@ int EchoRoundTrips(ControlChannel& ch, int n, uint32_t seed) {
     std::span<const uint8_t> p(payload.data(), len);
     uint32_t crc = proto::Crc32c(p);
     proto::Message resp;
-    Status st = ch.Call({proto::MsgType::kEcho, uint64_t(i) + 1, proto::Echo{crc, p}}, &resp, scratch);
+    Status st = ch.Call({proto::MsgType::kEcho, uint64_t(i) + 1, proto::Echo{crc, p}}, &resp, scratch, timeout_ms);
     if (!st.ok()) {
       ADD_FAILURE() << "echo " << i << ": " << st.ToString();
       return ok;
@@ -103,20 +104,7 @@ TEST_F(ChannelTest, NoCallIsLostAcrossReconfigurations) {
       if (i % 8 == 0) usleep(20);
     }
   });
-  std::mt19937 rng(11);
-  std::vector<uint8_t> payload(256), scratch(proto::kMaxMessageSize);
-  int ok = 0;
-  for (int i = 0; i < 3000; ++i) {
-    size_t len = rng() % payload.size();
-    for (size_t k = 0; k < len; ++k) payload[k] = static_cast<uint8_t>(rng());
-    std::span<const uint8_t> p(payload.data(), len);
-    uint32_t crc = proto::Crc32c(p);
-    proto::Message resp;
-    Status st = ch->Call({proto::MsgType::kEcho, uint64_t(i) + 1, proto::Echo{crc, p}}, &resp, scratch, 2000);
-    const auto* e = std::get_if<proto::Echo>(&resp.body);
-    if (!st.ok() || e == nullptr || e->checksum != crc || proto::Crc32c(e->payload) != crc) break;
-    ++ok;
-  }
+  int ok = EchoRoundTrips(*ch, 3000, 11, /*timeout_ms=*/2000);
   stop = true;
   reconfigure.join();
   EXPECT_EQ(ok, 3000);

@@ -11,8 +11,8 @@ pages (default 3), the byte runs that differ, source against destination
 64 differing pages of both, as DIR/src-0xADDR.page and DIR/dst-0xADDR.page,
 for a failed case's files (the whole images are too large to keep).
 """
-import os
 import argparse
+import os
 import sys
 
 PAGE = 4096
