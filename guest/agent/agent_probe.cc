@@ -9,7 +9,9 @@
 // this process, which holds neither, registers the child's connection on
 // its own device and must be refused (SPOOFED_ADDRESS), also after proving
 // a socket of its own; then it proves its own connection to the agent and
-// registers it, which must be taken.
+// registers it, which must be taken; then a look-alike connection made in
+// a network namespace of its own, with the VM's ADDR on its loopback: the
+// agent must refuse its proof and vsocketd its registration (decision 127).
 //
 // --garbage KIND: a hostile process of the VM. After HELLO it writes
 // garbage into its own request queue and kicks: KIND outside, a request
@@ -21,8 +23,11 @@
 //
 // Usage: vsocket-agent-probe [--socket PATH] [--echo N] [--steal ADDR PORT] [--garbage KIND]
 #include <arpa/inet.h>
+#include <net/if.h>
+#include <sched.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,6 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "guest/agent/agent_transport.h"
@@ -117,6 +123,37 @@ bool Connect(const char* addr, uint16_t port, Pair* p) {
   return true;
 }
 
+// Connect's look-alike: the same kind of connection to ADDR:PORT, made in
+// a network namespace of our own whose loopback carries ADDR (a thread of
+// ours moves there; the sockets stay in it). Any process allowed to make
+// a namespace (unprivileged user namespaces) can do this.
+bool ConnectInOwnNetns(const char* addr, uint16_t port, Pair* p) {
+  bool ok = false;
+  std::thread th([&] {
+    if (unshare(CLONE_NEWNET) != 0) {
+      perror("vsocket-agent-probe: unshare(CLONE_NEWNET)");
+      return;
+    }
+    int s = socket(AF_INET, SOCK_DGRAM, 0);
+    ifreq ifr{};
+    std::strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
+    auto* sin = reinterpret_cast<sockaddr_in*>(&ifr.ifr_addr);
+    sin->sin_family = AF_INET;
+    if (inet_pton(AF_INET, addr, &sin->sin_addr) != 1 || ioctl(s, SIOCSIFADDR, &ifr) != 0 ||
+        ioctl(s, SIOCGIFFLAGS, &ifr) != 0) {
+      perror("vsocket-agent-probe: the namespace's loopback");
+      close(s);
+      return;
+    }
+    ifr.ifr_flags |= IFF_UP;
+    bool up = ioctl(s, SIOCSIFFLAGS, &ifr) == 0;
+    close(s);
+    ok = up && Connect(addr, port, p);
+  });
+  th.join();
+  return ok;
+}
+
 // REGISTER_CONN for local/peer on this device (rings in our memory); the
 // answer's status.
 Result<WireError> Register(Probe& p, uint64_t conn_id, const Endpoint& local, const Endpoint& peer) {
@@ -183,6 +220,21 @@ int Steal(Probe& p, Transport& t, const char* addr, uint16_t port) {
       proved = t.ProveSocket(mine.client);
       if (!proved.ok()) rc = 1;
       expect("our own proved connection registered", Register(p, 3, mine.local, mine.peer), WireError::kOk);
+    }
+    // A look-alike in a network namespace of our own (decision 127): the
+    // socket is ours, its 4-tuple carries the VM's address, and it is no
+    // proof: the agent vouches only for sockets of its own namespace.
+    Pair alike;
+    if (!ConnectInOwnNetns(addr, static_cast<uint16_t>(port + 2), &alike)) {
+      fprintf(stderr, "vsocket-agent-probe: cannot connect to %s:%u in a namespace of our own\n", addr, port + 2);
+      rc = 1;
+    } else {
+      Status proved = t.ProveSocket(alike.client);
+      printf("vsocket-agent-probe: a socket of another network namespace proved to the agent: %s\n",
+             proved.ToString().c_str());
+      if (proved.ok()) rc = 1;
+      expect("the other namespace's connection registered", Register(p, 4, alike.local, alike.peer),
+             WireError::kSpoofedAddress);
     }
   }
   close(to_child[1]);

@@ -1,6 +1,8 @@
 #include "guest/agent/agent_server.h"
 
+#include <linux/sockios.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -18,6 +20,10 @@
 #include "guest/agent/grant.h"
 #include "vhost/backend/socket_proof.h"
 #include "vhost/user/proof.h"
+
+#ifndef SO_NETNS_COOKIE
+#define SO_NETNS_COOKIE 71  // (Linux 5.14; older headers)
+#endif
 
 namespace vsocket::agent {
 namespace {
@@ -39,6 +45,20 @@ Status SendGrant(int fd, const agent::Grant& g, const int* fds, size_t nfds) {
   if (nfds > 0) vhost::proof::AttachFds(&msg, ctl, sizeof(ctl), fds, nfds);
   if (sendmsg(fd, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(g))) return Status::FromErrno("send grant");
   return Status::Ok();
+}
+
+// The network namespace of socket `fd`: its SO_NETNS_COOKIE (by_cookie)
+// or the inode of its namespace file (SIOCGSKNS); 0 if unreadable.
+uint64_t NetnsOf(int fd, bool by_cookie) {
+  if (by_cookie) {
+    uint64_t cookie = 0;
+    socklen_t cl = sizeof(cookie);
+    return getsockopt(fd, SOL_SOCKET, SO_NETNS_COOKIE, &cookie, &cl) == 0 ? cookie : 0;
+  }
+  UniqueFd ns(ioctl(fd, SIOCGSKNS));
+  struct stat st{};
+  if (ns.get() < 0 || fstat(ns.get(), &st) != 0) return 0;
+  return static_cast<uint64_t>(st.st_ino);
 }
 
 }  // namespace
@@ -66,6 +86,16 @@ Result<std::unique_ptr<AgentServer>> AgentServer::Listen(const std::string& path
     // operator attaches the agent's own last, on PATH.agent.
     if (bdfs.size() < 2) return Status(Code::kNotFound, "--proofs needs two vSocket functions: the agent's and one for processes");
     std::sort(bdfs.begin(), bdfs.end());
+    // The namespace the agent vouches for: its own (decision 127).
+    UniqueFd own(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (own.get() < 0) return Status::FromErrno("socket");
+    s->netns_by_cookie_ = true;
+    s->netns_ = NetnsOf(own.get(), true);
+    if (s->netns_ == 0) s->netns_by_cookie_ = false, s->netns_ = NetnsOf(own.get(), false);
+    if (s->netns_ == 0)
+      return Status(Code::kFailedPrecondition,
+                    "cannot tell this network namespace (neither SO_NETNS_COOKIE nor SIOCGSKNS): socket proofs "
+                    "could not refuse a look-alike socket of another namespace");
     VS_RETURN_IF_ERROR(s->OpenAuthority(bdfs.back()));
     bdfs.pop_back();
   }
@@ -166,6 +196,12 @@ bool AgentServer::ServeProof(ProofChannel& c) {
       err = EPERM;
     } else if (!t.ok()) {
       err = EINVAL;
+    } else if (NetnsOf(fds[0].get(), netns_by_cookie_) != netns_) {
+      // A connection with the same 4-tuple as one of the VM's can be built
+      // in a network namespace of the process's own (unprivileged user
+      // namespaces allow that): not the VM's socket, no proof.
+      err = EXDEV;
+      ++counters_.proofs_wrong_netns;
     } else {
       proto::Family f = t->family == 4 ? proto::Family::kIpv4 : proto::Family::kIpv6;
       proto::Endpoint local{f, t->local_addr, t->local_port}, peer{f, t->peer_addr, t->peer_port};

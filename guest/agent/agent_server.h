@@ -33,6 +33,7 @@ struct AgentServerCounters {
   uint64_t grants = 0;
   uint64_t proved = 0;          // sockets vouched for to vsocketd (decision 100)
   uint64_t proofs_refused = 0;  // not a connected TCP socket, not bound, or vsocketd said no
+  uint64_t proofs_wrong_netns = 0;  // (of proofs_refused) a socket of another network namespace than the agent's
   uint64_t refused_busy = 0;
   uint64_t regrants = 0;  // a process that held a device asked again: that device afresh
   uint64_t link_downs = 0;     // a granted function's link went down: vsocketd gone, its process told
@@ -108,6 +109,12 @@ class AgentServer {
   std::string authority_bdf_;
   UniqueFd proof_listen_;
   std::vector<ProofChannel> proofs_;  // (a closed one's fd is -1: its entry is reused)
+  // The network namespace the agent vouches for (its own: the one whose
+  // addresses are the VM's): a socket of any other is no proof (a
+  // look-alike 4-tuple, decision 127). By cookie where the kernel has
+  // SO_NETNS_COOKIE, else by the namespace file's inode (SIOCGSKNS).
+  bool netns_by_cookie_ = false;
+  uint64_t netns_ = 0;
   uint64_t next_grant_serial_ = 1;
   int64_t last_link_look_ns_ = 0;
   AgentServerCounters counters_;

@@ -136,11 +136,12 @@ int main(int argc, char** argv) {
     vsocket::Status st = (*server)->Run(&g_stop);
     const agent::AgentServerCounters& c = (*server)->counters();
     printf("vsocket-guestd: stopping: %llu grants, %llu refused (busy), %llu kicks, %llu interrupts, "
-           "%llu sockets vouched for, %llu proofs refused, %llu grants ended by a link down, "
+           "%llu sockets vouched for, %llu proofs refused (%llu of another network namespace), %llu grants ended by a link down, "
            "%llu refused (link down), %llu refused (no function could be set up)\n",
            static_cast<unsigned long long>(c.grants), static_cast<unsigned long long>(c.refused_busy),
            static_cast<unsigned long long>(c.kicks), static_cast<unsigned long long>(c.interrupts),
            static_cast<unsigned long long>(c.proved), static_cast<unsigned long long>(c.proofs_refused),
+           static_cast<unsigned long long>(c.proofs_wrong_netns),
            static_cast<unsigned long long>(c.link_downs), static_cast<unsigned long long>(c.refused_away),
            static_cast<unsigned long long>(c.refused_failed));
     if (!st.ok()) fprintf(stderr, "vsocket-guestd: %s\n", st.ToString().c_str());

@@ -32,7 +32,11 @@
 #                            connection another process holds: refused
 #                            (SPOOFED_ADDRESS, rejected_unproven), also
 #                            after proving a socket of its own; its own
-#                            proved connection is taken
+#                            proved connection is taken; a look-alike
+#                            connection it makes in a network namespace of
+#                            its own (the VM's address on its loopback) is
+#                            no proof (the agent counts it, decision 127)
+#                            and its registration is refused
 #     vm_to_vm_sockperf      sockperf ping-pong (16 B, 3 s) from A to a
 #                            sockperf server in B, both under plain
 #                            vsocket-run --upgrade always: both ends
@@ -337,13 +341,16 @@ PY
   # Proofs by the agents. Registrations that were vouched for: both ends
   # of xfer's 4 connections and redis' 2 x 17, C's client and B's server
   # end of C's connection; the probe's own one. Refused: the probe's two
-  # attempts at the child's connection (its other registrations: none).
+  # attempts at the child's connection and its look-alike of another
+  # network namespace (its other registrations: none).
   echo "  probe: $(tr '\n' ' ' < "$RA/steal.out" 2>/dev/null)"
-  echo "  agents: A: $(grep -h "authority" "$RA/agent.out" | head -1); proofs A/B/C: $(grep -ho "[0-9]* sockets vouched for, [0-9]* proofs refused" "$RA/agent.out" "$RB/agent.out" "$RC/agent.out" | tr '\n' ' ')"
+  echo "  agents: A: $(grep -h "authority" "$RA/agent.out" | head -1); proofs A/B/C: $(grep -ho "[0-9]* sockets vouched for, [0-9]* proofs refused ([0-9]* of another network namespace)" "$RA/agent.out" "$RB/agent.out" "$RC/agent.out" | tr '\n' ' ')"
   if ! grep -q "steal exit 0" "$RA/stdout"; then
     fail vm_to_vm_proofs "vsocket-agent-probe --steal: $(tr '\n' ' ' < "$RA/steal.out" 2>/dev/null)"
-  elif [ $((ru - ru0)) -ne 2 ]; then
-    fail vm_to_vm_proofs "rejected_unproven $ru0 -> $ru: want the probe's 2 refusals and no other"
+  elif ! grep -q "proofs refused (1 of another network namespace)" "$RA/agent.out"; then
+    fail vm_to_vm_proofs "A's agent did not count the look-alike's proof as of another network namespace: $(grep -h "stopping" "$RA/agent.out")"
+  elif [ $((ru - ru0)) -ne 3 ]; then
+    fail vm_to_vm_proofs "rejected_unproven $ru0 -> $ru: want the probe's 3 refusals and no other"
   elif [ $((v - v0)) -lt $((2 * conns + 2 * 2 * c + 2 + 1)) ] || [ "$vr" != "$vr0" ]; then
     fail vm_to_vm_proofs "vouches +$((v - v0)), vouches_refused +$((vr - vr0)): want every registration vouched for, none refused"
   else

@@ -129,7 +129,8 @@ inline Status AwaitAnswer(int channel, int64_t timeout_ms) {
 }
 
 // One request with one fd, one Reply: kNotFound for ENODEV (no device has
-// that memory), kPermissionDenied for any other refusal, kUnavailable if
+// that memory), kPermissionDenied for any other refusal (EXDEV: a socket
+// of another network namespace than the VM's), kUnavailable if
 // the channel failed (send, no answer in timeout_ms, closed).
 inline Status Ask(int channel, Op op, int fd, int64_t timeout_ms) {
   Request req;
@@ -150,6 +151,8 @@ inline Status Ask(int channel, Op op, int fd, int64_t timeout_ms) {
   while (n < 0 && errno == EINTR);
   if (n != static_cast<ssize_t>(sizeof(reply)) || reply.magic != kMagic)
     return Status(Code::kUnavailable, "proof channel: closed");
+  if (reply.error == EXDEV)  // (a look-alike of another network namespace)
+    return Status(Code::kPermissionDenied, "proof refused: the socket is in another network namespace than the VM's");
   if (reply.error != 0)
     return Status(reply.error == ENODEV ? Code::kNotFound : Code::kPermissionDenied,
                   std::string("proof refused: ") + strerror(static_cast<int>(reply.error)));
