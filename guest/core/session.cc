@@ -212,6 +212,22 @@ Status Session::ProveSocket(int fd) {
   return transport_->proves_sockets() ? transport_->ProveSocket(fd) : Status::Ok();
 }
 
+std::string Session::QueueStates() {
+  MutexLock lock(mu_);
+  std::string out;
+  for (QueueId q : {QueueId::kEvents, QueueId::kRequests}) {
+    vhost::VirtqueueDriver& d = transport_->queue(q);
+    char b[160];
+    snprintf(b, sizeof(b), "%s: avail %u, used %u, seen %u, free %u%s; ", q == QueueId::kEvents ? "events" : "requests",
+             d.avail_idx(), d.ring().used_idx().load(std::memory_order_acquire), d.last_used_idx(), d.num_free(),
+             d.broken() ? " (broken)" : "");
+    out += b;
+  }
+  char b[96];
+  snprintf(b, sizeof(b), "sleepers %d, alive %d", sleepers_, alive() ? 1 : 0);
+  return out + b;
+}
+
 int Session::event_fd() const { return transport_->wake_fd(QueueId::kEvents); }
 int Session::liveness_fd() const { return transport_->liveness_fd(); }
 

@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <unordered_map>
+#include <string>
 #include <vector>
 
 #include "base/mutex.h"
@@ -112,6 +113,9 @@ class Session {
   // The transport's liveness fd: every sleeper watches it, so that a backend
   // that goes away wakes it (then CheckBackend()).
   int liveness_fd() const;
+  // Both queues as the driver sees them (avail, used in memory, used seen,
+  // free descriptors), for a stalled wait's diagnosis (wait.h).
+  std::string QueueStates();
   // Blocked calls sleep at once: the current backend runs on every one of
   // this process's few CPUs (cpu_share.h; VSOCKET_POLL_AUTO=0: never).
   static bool SleepAtOnce();

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <atomic>
 
 #include "base/clock.h"
@@ -73,6 +74,23 @@ void NoteLateWakeup(Conn& c, int64_t slept_from_ns, int64_t slept_until_ns) {
     VS_LOG(kWarn, "conn %lu: a wait slept %lld ms on data that had arrived %lld ms before it began (a missed wake-up)",
            static_cast<unsigned long>(c.id), static_cast<long long>((slept_until_ns - slept_from_ns) / 1000000),
            static_cast<long long>((slept_from_ns - ev) / 1000000));
+}
+
+int64_t StallLogNs() {
+  static const int64_t ns = [] {
+    const char* v = getenv("VSOCKET_DEBUG_STALL_S");
+    return v ? int64_t{atoi(v)} * 1000000000 : int64_t{0};
+  }();
+  return ns;
+}
+
+void LogStalledWait(Conn& c, Session& s, int woke_by) {
+  VS_LOG(kWarn, "conn %lu: a wait has slept %lld s (last woken by %d): %s, rx head %llu tail %llu, tx tail %llu "
+         "credit %llu; %s",
+         static_cast<unsigned long>(c.id), static_cast<long long>(StallLogNs() / 1000000000), woke_by,
+         ToString(c.state.phase()), static_cast<unsigned long long>(c.rx_head.load()),
+         static_cast<unsigned long long>(c.rx_tail.load()), static_cast<unsigned long long>(c.tx_tail.load()),
+         static_cast<unsigned long long>(c.credit.load()), s.QueueStates().c_str());
 }
 
 uint64_t LateWakeups() { return g_late_wakeups.load(std::memory_order_relaxed); }
