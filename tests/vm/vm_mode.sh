@@ -269,6 +269,21 @@ echo "agent exit $?"
 JOB
 }
 
+# guest_job_end: a guest job's last lines, for a client started in the
+# background (cpid), a server (spid) and the agent (apid): each one's exit
+# code on the job's stdout, the agent stopped (its counters printed).
+guest_job_end() {
+  cat <<'END'
+wait $cpid
+echo "client exit $?"
+wait $spid
+echo "server exit $?"
+kill -TERM $apid
+wait $apid
+echo "agent exit $?"
+END
+}
+
 # stream_job DIR ADDR PORT AGENT_ARGS SERVER_ARGS CLIENT_ARGS: a guest job:
 # the agent (vsocket-guestd --serve AGENT_ARGS), then an xfer server and an
 # xfer client on ADDR:PORT, both preloaded (--upgrade always, info logs,
@@ -708,13 +723,7 @@ done
 echo "client running after the garbage: \$(kill -0 \$cpid 2>/dev/null && echo yes || echo no)"
 ./vsocket-agent-probe --echo 8 > probe-after.out 2>&1
 echo "probe after: exit \$?"
-wait \$cpid
-echo "client exit \$?"
-wait \$spid
-echo "server exit \$?"
-kill -TERM \$apid
-wait \$apid
-echo "agent exit \$?"
+$(guest_job_end)
 JOB
   local broken0 accel0 broken accel rc
   broken0=$(stat broken_devices) accel0=$(stat accel_bytes)
@@ -964,13 +973,7 @@ echo "agent killed"
 ./vsocket-guestd --serve --proofs > agent2.out 2>&1 &
 apid=\$!
 serving agent2.out && echo "agent serving again"
-wait \$cpid
-echo "client exit \$?"
-wait \$spid
-echo "server exit \$?"
-kill -TERM \$apid
-wait \$apid
-echo "agent exit \$?"
+$(guest_job_end)
 JOB
   local up0 up accel_old v0
   up0=$(stat upgrades) up=$up0 v0=$(stat vouches)
