@@ -3,6 +3,7 @@
 
 #include <mutex>
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "guest/core/conn_state.h"
 #include "guest/core/doorbell.h"
@@ -60,7 +61,17 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   size_t sent = 0;
   const uint32_t size = c.ring_size;
   int64_t deadline = -2;  // looked up when we first have to block
+  const int64_t send_start_ns = StallLogNs() > 0 ? MonotonicNs() : 0;  // (VSOCKET_DEBUG_STALL_S: wait.h)
+  bool stall_logged = false;
   while (sent < total) {
+    if (send_start_ns != 0 && !stall_logged && MonotonicNs() - send_start_ns >= StallLogNs()) {
+      stall_logged = true;
+      VS_LOG(kWarn, "conn %lu: a send has gone on for %lld s: %s, %zu of %zu bytes sent, tx %s, ring %u, credit %llu",
+             static_cast<unsigned long>(c.id), static_cast<long long>(StallLogNs() / 1000000000),
+             ToString(c.state.phase()), sent, total, c.state.tx_on_ring() ? "on the ring" : "on the kernel socket",
+             size, static_cast<unsigned long long>(c.credit.load()));
+      if (c.session != nullptr) LogStalledWait(c, *c.session);
+    }
     if (c.state.reset()) return sent ? Result<size_t>(sent) : Errno(ECONNRESET, "connection reset");
     if (c.state.resynced()) return sent ? Result<size_t>(sent) : SendResynced(fd, c, iov, iovcnt, flags);
     if (c.shut_wr.load()) return sent ? Result<size_t>(sent) : BrokenPipe(flags, "shut down for writing");
