@@ -83,7 +83,7 @@
 #                   processes see its socket hang up and finish on kernel
 #                   TCP through RESYNC (cause backend-unavailable),
 #                   byte-exact; the new agent grants the functions again
-#                   and both ends are re-upgraded. It passed 25 runs of 34
+#                   and both ends are re-upgraded. It passed 26 runs of 36
 #                   on 2026-12-01; in the others the stream stalled for
 #                   good 87-96 rounds after the re-upgrade (one request or
 #                   answer landed in the reader's RX ring, never consumed):
