@@ -24,9 +24,9 @@
 // Usage: vsocket-agent-probe [--socket PATH] [--echo N] [--steal ADDR PORT] [--garbage KIND]
 #include <arpa/inet.h>
 #include <net/if.h>
-#include <sched.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>

@@ -2,8 +2,8 @@
 
 #include <linux/sockios.h>
 #include <sys/epoll.h>
-#include <sys/ioctl.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -20,10 +20,6 @@
 #include "guest/agent/grant.h"
 #include "vhost/backend/socket_proof.h"
 #include "vhost/user/proof.h"
-
-#ifndef SO_NETNS_COOKIE
-#define SO_NETNS_COOKIE 71  // (Linux 5.14; older headers)
-#endif
 
 namespace vsocket::agent {
 namespace {
@@ -50,11 +46,7 @@ Status SendGrant(int fd, const agent::Grant& g, const int* fds, size_t nfds) {
 // The network namespace of socket `fd`: its SO_NETNS_COOKIE (by_cookie)
 // or the inode of its namespace file (SIOCGSKNS); 0 if unreadable.
 uint64_t NetnsOf(int fd, bool by_cookie) {
-  if (by_cookie) {
-    uint64_t cookie = 0;
-    socklen_t cl = sizeof(cookie);
-    return getsockopt(fd, SOL_SOCKET, SO_NETNS_COOKIE, &cookie, &cl) == 0 ? cookie : 0;
-  }
+  if (by_cookie) return vhost::NetnsCookie(fd);
   UniqueFd ns(ioctl(fd, SIOCGSKNS));
   struct stat st{};
   if (ns.get() < 0 || fstat(ns.get(), &st) != 0) return 0;

@@ -92,10 +92,14 @@ Result<SocketTuple> InspectTcpSocket(int fd) {
       std::fill(a->begin() + 4, a->end(), 0);
     }
   }
+  t.netns_cookie = NetnsCookie(fd);
+  return t;
+}
+
+uint64_t NetnsCookie(int fd) {
   uint64_t cookie = 0;
   socklen_t cl = sizeof(cookie);
-  if (getsockopt(fd, SOL_SOCKET, SO_NETNS_COOKIE, &cookie, &cl) == 0) t.netns_cookie = cookie;
-  return t;
+  return getsockopt(fd, SOL_SOCKET, SO_NETNS_COOKIE, &cookie, &cl) == 0 ? cookie : 0;
 }
 
 Result<FileId> FileIdOf(int fd) {

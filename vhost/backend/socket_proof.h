@@ -46,6 +46,10 @@ struct SocketTuple {
 // closed by the peer already); an error naming what it is otherwise.
 Result<SocketTuple> InspectTcpSocket(int fd);
 
+// SO_NETNS_COOKIE of socket fd: its network namespace (0: the kernel, before
+// Linux 5.14, does not say).
+uint64_t NetnsCookie(int fd);
+
 // The (device, inode) of the file behind fd.
 struct FileId {
   uint64_t dev = 0;
