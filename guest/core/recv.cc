@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <mutex>
 
-#include "base/clock.h"
 #include "base/log.h"
 #include "guest/core/conn_state.h"
 #include "guest/core/doorbell.h"
@@ -82,12 +81,9 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   bool waitall = (flags & MSG_WAITALL) && !peek && !nonblock;
   size_t got = 0;
   int64_t deadline = -2;  // SO_RCVTIMEO, looked up when we first have to block
-  int64_t header_wait_ns = 0;  // (VSOCKET_DEBUG_STALL_S: wait.h)
-  bool stall_logged = false;
-  const int64_t recv_start_ns = StallLogNs() > 0 ? MonotonicNs() : 0;
+  StallWatch stall;  // (VSOCKET_DEBUG_STALL_S: wait.h)
   for (;;) {
-    if (recv_start_ns != 0 && !stall_logged && MonotonicNs() - recv_start_ns >= StallLogNs()) {
-      stall_logged = true;
+    if (stall.Due()) {
       VS_LOG(kWarn,
              "conn %lu: a recv has gone on for %lld s: %s, rx %s (resync %s), upgraded %d, peer fence %s %llu, kernel "
              "received %llu, gen %u",
@@ -114,14 +110,6 @@ Result<size_t> Recv(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
         Status st = ConsumeResyncLocked(fd, c);
         if (st.ok()) continue;
         if (st.sys_errno() != EAGAIN || got || nonblock) return got ? Result<size_t>(got) : Result<size_t>(st);
-        if (header_wait_ns == 0) header_wait_ns = MonotonicNs();
-        if (!stall_logged && StallLogNs() > 0 && MonotonicNs() - header_wait_ns >= StallLogNs()) {
-          stall_logged = true;
-          VS_LOG(kWarn, "conn %lu: waited %lld s for the peer's RESYNC header on the kernel socket (%s, %s)",
-                 static_cast<unsigned long>(c.id), static_cast<long long>(StallLogNs() / 1000000000),
-                 ToString(c.state.phase()), ToString(ph));
-          if (c.session != nullptr) LogStalledWait(c, *c.session);
-        }
         Status w = WaitKernel(fd, POLLIN, SO_RCVTIMEO, &deadline);
         if (!w.ok()) return w;
         continue;

@@ -3,7 +3,6 @@
 
 #include <mutex>
 
-#include "base/clock.h"
 #include "base/log.h"
 #include "guest/core/conn_state.h"
 #include "guest/core/doorbell.h"
@@ -61,11 +60,9 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   size_t sent = 0;
   const uint32_t size = c.ring_size;
   int64_t deadline = -2;  // looked up when we first have to block
-  const int64_t send_start_ns = StallLogNs() > 0 ? MonotonicNs() : 0;  // (VSOCKET_DEBUG_STALL_S: wait.h)
-  bool stall_logged = false;
+  StallWatch stall;  // (VSOCKET_DEBUG_STALL_S: wait.h)
   while (sent < total) {
-    if (send_start_ns != 0 && !stall_logged && MonotonicNs() - send_start_ns >= StallLogNs()) {
-      stall_logged = true;
+    if (stall.Due()) {
       VS_LOG(kWarn, "conn %lu: a send has gone on for %lld s: %s, %zu of %zu bytes sent, tx %s, ring %u, credit %llu",
              static_cast<unsigned long>(c.id), static_cast<long long>(StallLogNs() / 1000000000),
              ToString(c.state.phase()), sent, total, c.state.tx_on_ring() ? "on the ring" : "on the kernel socket",

@@ -6,8 +6,8 @@
 #include <sys/socket.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <atomic>
+#include <cstdlib>
 
 #include "base/clock.h"
 #include "base/log.h"

@@ -62,7 +62,6 @@ class WaitRecorder {
   // `direct`: for a direct pair's peer (decision 97), which polling can
   // see without vsocketd (PollBudgetNs).
   int64_t Waiting(bool direct = false);
-  int64_t started_ns() const { return start_; }
 
  private:
   int64_t start_ = 0;
@@ -89,13 +88,28 @@ inline constexpr int64_t kLateWakeupNs = 200'000'000;
 void NoteLateWakeup(Conn& c, int64_t slept_from_ns, int64_t slept_until_ns);
 uint64_t LateWakeups();
 
-// VSOCKET_DEBUG_STALL_S (a diagnostic, 0/unset: off): a wait on an
-// accelerated connection that has slept that long logs, once, the
-// connection's counts and its session's queues (LogStalledWait; woke_by:
-// which of the last poll's fds were ready, 1 waiter, 2 events, 4 requests,
-// 8 liveness).
+// VSOCKET_DEBUG_STALL_S (a diagnostic, 0/unset: off): a wait, a receive or
+// a send on an accelerated connection that has gone on that long logs,
+// once, the connection's counts and its session's queues (LogStalledWait;
+// woke_by: which of the last poll's fds were ready, 1 waiter, 2 events, 4
+// requests, 8 liveness).
 int64_t StallLogNs();
 void LogStalledWait(Conn& c, Session& s, int woke_by = 0);
+
+// The clock of one such call: Due() is true once, the first time it is
+// asked after StallLogNs() went by (never with the diagnostic off).
+class StallWatch {
+ public:
+  StallWatch() : start_ns_(StallLogNs() > 0 ? MonotonicNs() : 0) {}
+  bool Due() {
+    if (start_ns_ == 0 || MonotonicNs() - start_ns_ < StallLogNs()) return false;
+    start_ns_ = 0;
+    return true;
+  }
+
+ private:
+  int64_t start_ns_;
+};
 
 // Blocks until ready() (checked after every change), polling briefly first.
 // kernel_fd/kernel_events: also wake when the kernel socket is ready.
@@ -120,7 +134,7 @@ Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events =
   s->AddWaiter(efd);
   Status result;
   int64_t slept_from = 0, slept_until = 0;
-  bool stall_logged = false;
+  StallWatch stall;
   for (;;) {
     if (ready()) {
       if (for_ring_data && slept_from != 0) NoteLateWakeup(c, slept_from, slept_until);
@@ -162,8 +176,7 @@ Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events =
     int poll_errno = errno;
     slept_until = MonotonicNs();
     s->DoneSleeping();
-    if (!stall_logged && StallLogNs() > 0 && slept_until - wait.started_ns() >= StallLogNs()) {
-      stall_logged = true;
+    if (stall.Due()) {
       LogStalledWait(c, *s, r > 0 ? (p[0].revents ? 1 : 0) | (p[1].revents ? 2 : 0) | (p[2].revents ? 4 : 0) |
                                         (p[3].revents ? 8 : 0)
                                   : 0);
