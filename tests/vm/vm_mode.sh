@@ -329,6 +329,21 @@ wait_above() {
   return 1
 }
 
+# upgraded_or_fail CASE BASE WHY [RELEASE]: until vsocketd's upgrades pass
+# BASE (wait_above); their count then in UP. If they never do: RELEASE (a
+# file the guest's job waits on, if any) is touched, the guest ends (60 s
+# at most) and CASE fails with WHY and the counts; returns 1.
+upgraded_or_fail() {
+  local case=$1 base=$2 why=$3 release=${4:-}
+  wait_above "$base" stat upgrades
+  UP=$WAITED
+  [ "$UP" -gt "$base" ] && return 0
+  [ -z "$release" ] || touch "$release"
+  vm_wait 60
+  fail "$case" "$why (upgrades $base -> $UP)"
+  return 1
+}
+
 case_agent_hello() {
   local R=$WORK/agent t0=$SECONDS
   mkdir -p "$R"
@@ -885,14 +900,9 @@ case_daemon_killed_under_vm_stream() {
   # agent grants it the function afresh, until they resynced (decision 122).
   VM_FUNCTIONS=2 VM_AGENT_FUNCTION=1 VM_CHARDEV_OPTS=,reconnect=1 vm_boot "$R" "$WORK/vmr.sock" 240 vsocket.hugepages=42
   # Killed once both ends are accelerated (bounded), mid-stream.
-  local up=$up0
-  wait_above "$up0" stat upgrades
-  up=$WAITED
-  if [ "$up" -le "$up0" ]; then
-    vm_wait 60
-    fail daemon_killed_under_vm_stream "the connection was never accelerated before the kill (upgrades $up0 -> $up)"
-    return
-  fi
+  local up
+  upgraded_or_fail daemon_killed_under_vm_stream "$up0" "the connection was never accelerated before the kill" || return
+  up=$UP
   sleep 2
   local accel_old
   accel_old=$(stat accel_bytes)
@@ -976,18 +986,12 @@ serving agent2.out && echo "agent serving again"
 $(guest_job_end)
 JOB
   local up0 up accel_old v0
-  up0=$(stat upgrades) up=$up0 v0=$(stat vouches)
+  up0=$(stat upgrades) v0=$(stat vouches)
   # Twice the pages of a set, as for vsocketd's restart: the processes keep
   # their lost sessions' rings mapped until they resynced (decision 122).
   VM_FUNCTIONS=2 VM_AGENT_FUNCTION=1 vm_boot "$R" "$WORK/vmr.sock" 240 vsocket.hugepages=42
-  wait_above "$up0" stat upgrades
-  up=$WAITED
-  if [ "$up" -le "$up0" ]; then
-    touch "$R/kill-agent"
-    vm_wait 60
-    fail agent_killed_under_vm_stream "the connection was never accelerated before the kill (upgrades $up0 -> $up)"
-    return
-  fi
+  upgraded_or_fail agent_killed_under_vm_stream "$up0" "the connection was never accelerated before the kill" "$R/kill-agent" || return
+  up=$UP
   sleep 2
   accel_old=$(stat accel_bytes)
   local tk=$SECONDS
@@ -1060,16 +1064,11 @@ case_vm_paused_and_resumed() {
   stream_job "$R" 203.0.113.10 "$port" "" "--rounds $rounds --gap-ms $gap" \
     "--bytes $bytes --rounds $rounds --gap-ms $gap --pause-ms 500"
   local up0 i up stopped0 resumed0
-  up0=$(stat upgrades) up=$up0 stopped0=$(stat devices_stopped) resumed0=$(stat devices_resumed)
+  up0=$(stat upgrades) stopped0=$(stat devices_stopped) resumed0=$(stat devices_resumed)
   rm -f "$WORK/pause.qmp"
   VM_QMP=$WORK/pause.qmp VM_FUNCTIONS=2 vm_boot "$R" "$WORK/vmq.sock" 240 vsocket.hugepages=40
-  wait_above "$up0" stat upgrades
-  up=$WAITED
-  if [ "$up" -le "$up0" ]; then
-    vm_wait 60
-    fail vm_paused_and_resumed "the connection was never accelerated (upgrades $up0 -> $up)"
-    return
-  fi
+  upgraded_or_fail vm_paused_and_resumed "$up0" "the connection was never accelerated" || return
+  up=$UP
   sleep 2
   local accel_paused stopped
   timeout 40 python3 tests/vm/qmp.py "$WORK/pause.qmp" stop >/dev/null ||
@@ -1240,16 +1239,10 @@ case_daemon_gone_under_vm_stream() {
   cp "$BIN/guest/agent/vsocket-guestd" "$BIN/guest/libvsocket.so" "$BIN/tests/e2e/xfer" "$R/"
   stream_job "$R" 203.0.113.10 "$port" "" "" "--bytes $bytes --pause-ms 500 --split-wait-file /run/vsocket-vm/killed"
   local up0 i up
-  up0=$(stat upgrades) up=$up0
+  up0=$(stat upgrades)
   VM_FUNCTIONS=2 vm_boot "$R" "$WORK/vmq.sock" 200 vsocket.hugepages=40
-  wait_above "$up0" stat upgrades
-  up=$WAITED
-  if [ "$up" -le "$up0" ]; then
-    touch "$R/killed"
-    vm_wait 60
-    fail daemon_gone_under_vm_stream "the connection was never accelerated (upgrades $up0 -> $up)"
-    return
-  fi
+  upgraded_or_fail daemon_gone_under_vm_stream "$up0" "the connection was never accelerated" "$R/killed" || return
+  up=$UP
   kill -9 "$D_PID" 2>/dev/null
   wait "$D_PID" 2>/dev/null
   local tk=$SECONDS
@@ -1319,15 +1312,10 @@ wait \$apid
 echo "agent exit \$?"
 JOB
   local up0 i up
-  up0=$(stat upgrades) up=$up0
+  up0=$(stat upgrades)
   VM_FUNCTIONS=2 VM_CHARDEV_OPTS=,reconnect=1 vm_boot "$R" "$WORK/vmq.sock" 200 vsocket.hugepages=24
-  wait_above "$up0" stat upgrades
-  up=$WAITED
-  if [ "$up" -le "$up0" ]; then
-    vm_wait 60
-    fail function_set_up_again "the first connection was never accelerated (upgrades $up0 -> $up)"
-    return
-  fi
+  upgraded_or_fail function_set_up_again "$up0" "the first connection was never accelerated" || return
+  up=$UP
   sleep 2
   restart_daemon || { vm_wait 60; fail function_set_up_again "vsocketd did not start again"; return; }
   vm_wait 200
