@@ -97,6 +97,10 @@ std::string Stats(const Report& rep) {
     Field(out, "requests", d->counters().requests.load());
     Field(out, "bad_messages", d->counters().bad_messages.load());
     Field(out, "notifications", d->counters().notifications.load());
+    out += "\"call_fds\":[";
+    for (uint16_t q = 0; q < d->num_queues(); ++q)
+      out += std::string(q ? "," : "") + "\"" + std::to_string(d->VringCallFd(q)) + "/" + std::to_string(d->call_fd(q)) + "\"";
+    out += "],";
     Field(out, "wakeups", d->counters().wakeups.load(), false);
     out += "}";
   }

@@ -72,17 +72,26 @@ Status VmDevice::Start(const VmDeviceOptions& o) {
     VS_RETURN_IF_ERROR(dev_->SetUpQueue(q, size, mem_->Gpa(ring.desc()), mem_->Gpa(ring.avail_base()),
                                         mem_->Gpa(ring.used_base())));
   }
-  if (!o.own_session) {
-    VS_RETURN_IF_ERROR(dev_->DriverOk());
-    return dev_->pci().Unmask();
-  }
+  // INTx on before DRIVER_OK, never after: QEMU (7.2.19 and later: "vhost:
+  // Don't set vring call if guest notifier is unused") gives vsocketd no
+  // call eventfd for a function whose INTx is disabled when its vhost
+  // device starts, and never gives one later: every interrupt of that
+  // device would be lost for good. uio_pci_generic's handler leaves INTx
+  // disabled after each interrupt until we unmask it, so a function reset
+  // between an interrupt and its unmask (a killed agent's, or one that
+  // fired during the reset) starts disabled. Nothing can interrupt between
+  // here and DRIVER_OK: a reset device has no interrupt pending (the ISR
+  // read clears any), queues and configuration changes interrupt only
+  // once it is DRIVER_OK.
+  (void)dev_->ReadIsr();
+  VS_RETURN_IF_ERROR(dev_->pci().Unmask());
+  if (!o.own_session) return dev_->DriverOk();
   req_ = mem_->Allocate(kMsgBytes);
   resp_ = mem_->Allocate(kMsgBytes);
   for (size_t i = 0; i < kEventBufs; ++i) event_bufs_.push_back(mem_->Allocate(kEventBufBytes));
   if (req_ == nullptr || resp_ == nullptr || event_bufs_.back() == nullptr)
     return Status(Code::kResourceExhausted, "DMA memory too small for the buffers");
   VS_RETURN_IF_ERROR(dev_->DriverOk());
-  VS_RETURN_IF_ERROR(dev_->pci().Unmask());
   // Event buffers, as the library's session posts them.
   vhost::VirtqueueDriver& eq = queues_[1];
   for (size_t i = 0; i < kEventBufs; ++i) {

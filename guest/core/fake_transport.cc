@@ -82,7 +82,7 @@ bool FakeTransport::PostEvent(const proto::Message& m) {
   auto len = proto::Encode(m, {out, sizeof(out)});
   uint32_t written = len.ok() ? static_cast<uint32_t>(chain.CopyIn({out, *len})) : 0;
   q.device.Push(chain.head, written);
-  if (q.device.PublishUsed()) {
+  if (q.device.PublishUsed() && !calls_lost_) {
     uint64_t one = 1;
     (void)!write(q.wake.get(), &one, sizeof(one));
   }

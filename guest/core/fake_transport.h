@@ -36,6 +36,9 @@ class FakeTransport final : public Transport {
   void KillBackend();
   // Requests go unanswered (a wedged backend) until false again.
   void set_wedged(bool w) { wedged_ = w; }
+  // Events are published without their call (a frontend that gave the
+  // backend no call eventfd: decision 128) until false again.
+  void set_calls_lost(bool l) { calls_lost_ = l; }
 
   // Transport.
   vhost::VirtqueueDriver& queue(QueueId q) override { return queues_[Index(q)].driver; }
@@ -85,6 +88,7 @@ class FakeTransport final : public Transport {
   std::function<Status(int)> prover_;
   std::vector<proto::Message> requests_;
   bool wedged_ = false;
+  bool calls_lost_ = false;
   int releases_ = 0;
   DirectFds direct_;
 };

@@ -551,6 +551,35 @@ bool Session::PrepareSleep() {
   return true;
 }
 
+void Session::NoteTimedOutSleep() {
+  MutexLock lock(mu_);
+  if (!alive()) return;
+  std::string what;
+  for (QueueId q : {QueueId::kEvents, QueueId::kRequests}) {
+    vhost::VirtqueueDriver& d = transport_->queue(q);
+    uint16_t used = d.ring().used_idx().load(std::memory_order_acquire);
+    if (used == d.last_used_idx()) continue;
+    char b[160];
+    snprintf(b, sizeof(b), "%s%s: used %u, seen %u, used_event %u, avail flags %u", what.empty() ? "" : "; ",
+             q == QueueId::kEvents ? "events" : "requests", used, d.last_used_idx(),
+             d.ring().used_event().load(std::memory_order_relaxed),
+             d.ring().avail_flags().load(std::memory_order_relaxed));
+    what += b;
+  }
+  if (what.empty()) return;
+  uint64_t n = missed_wakeups_.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (n == 1 || n == 10 || n == 100 || n == 1000)
+    VS_LOG(kWarn, "a sleep ended by its timeout with the backend's entries waiting (%llu so far: its wake-up never "
+           "came): %s", static_cast<unsigned long long>(n), what.c_str());
+  if (++missed_in_a_row_ < kMissedWakeupsLost) return;
+  // (In a VM: QEMU gives vsocketd no call eventfd for a function whose INTx
+  // was disabled as its device (re)started, e.g. at a resume: decision 128.)
+  VS_LOG(kWarn, "the backend's wake-ups no longer come (%d sleeps in a row ran to their timeout with its entries "
+         "waiting): this session is given up; its connections finish on kernel TCP and register again through a "
+         "new one", kMissedWakeupsLost);
+  BackendLost();
+}
+
 void Session::DoneSleeping() {
   MutexLock lock(mu_);
   if (--sleepers_ == 0 && alive()) {
@@ -560,6 +589,7 @@ void Session::DoneSleeping() {
   uint64_t v;
   bool called = Libc().read(event_fd(), &v, sizeof(v)) > 0;
   called |= Libc().read(request_fd(), &v, sizeof(v)) > 0;
+  if (called) missed_in_a_row_ = 0;  // the backend's wake-ups do come
   // We consumed a call another sleeper may be waiting for: act on it (the
   // drain wakes every waiter if anything changed).
   if (called && alive()) DrainLocked();

@@ -82,6 +82,16 @@ class Session {
   void RemoveWaiter(int efd);
   bool PrepareSleep();
   void DoneSleeping();
+  // A sleep (interrupts on) that ended by its timeout: if the backend had
+  // published to a queue meanwhile, its wake-up never came (logged with the
+  // queues' event-index state the first time, counted: missed_wakeups()).
+  // kMissedWakeupsLost of them in a row, with no wake-up between, and the
+  // backend's wake-ups are taken for lost for good: the session is given up
+  // as if the backend had gone (BackendLost), and the next one is set up
+  // afresh (in a VM the agent resets the function: decision 128).
+  void NoteTimedOutSleep();
+  static constexpr int kMissedWakeupsLost = 3;
+  uint64_t missed_wakeups() const { return missed_wakeups_.load(std::memory_order_relaxed); }
   // Sleeps until a response or an event arrives, the backend hangs up
   // (then BackendLost) or timeout_ms passed; at once if work is pending.
   void AwaitEvent(int timeout_ms);
@@ -207,6 +217,8 @@ class Session {
   std::unordered_map<uint64_t, std::shared_ptr<Conn>> conns_ GUARDED_BY(mu_);
   std::vector<int> waiters_ GUARDED_BY(mu_);
   int sleepers_ GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> missed_wakeups_{0};
+  int missed_in_a_row_ GUARDED_BY(mu_) = 0;
   std::atomic<bool> alive_{false};
   std::atomic<int64_t> unanswered_since_ns_{0};
   pid_t owner_pid_ = 0;

@@ -14,7 +14,9 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "guest/core/direct.h"
@@ -24,6 +26,7 @@
 #include "guest/core/loopback_pair.h"
 #include "guest/core/registration.h"
 #include "guest/core/resync.h"
+#include "guest/core/wait.h"
 #include "proto/direct.h"
 
 namespace vsocket::guest {
@@ -509,6 +512,52 @@ TEST_F(SessionTest, AWedgedBackendTimesOutAndIsNotAnswering) {
   Status st = s->Call({MsgType::kUnregister, 0, proto::Unregister{9}}, &resp, 20);
   EXPECT_EQ(st.code(), Code::kDeadlineExceeded);
   EXPECT_FALSE(s->answering());
+}
+
+
+// Decision 128: a frontend that gave vsocketd no call eventfd (QEMU, for a
+// function whose INTx was disabled as its device started) leaves every
+// sleeper to its 1 s timeout. The session counts each such sleep; three in
+// a row, with no wake-up between them, and it is given up as a lost
+// backend, its connections moved on (RESYNC) to register again.
+TEST_F(SessionTest, WakeUpsLostForGoodEndTheSession) {
+  Session* s = Up(0);
+  ASSERT_NE(s, nullptr);
+  auto c = std::make_shared<Conn>();
+  c->id = 7;
+  c->session = s;
+  ASSERT_TRUE(c->state.Apply(ConnEvent::kRegistered));
+  ASSERT_TRUE(c->state.Apply(ConnEvent::kUpgrade));
+  s->Track(c);
+  uint64_t tail = 0;
+  // One receive's wait: the backend publishes 100 more bytes 200 ms into
+  // it, with or without the call.
+  auto wait_for_bytes = [&](bool lost) {
+    g_fake->set_calls_lost(lost);
+    tail += 100;
+    std::thread backend([&, t = tail] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      EXPECT_TRUE(g_fake->PostEvent({MsgType::kRxTail, 0, proto::ConnCounter{7, t}}));
+    });
+    Status st = WaitUntil(*c, [&] { return c->rx_tail.load() >= tail || !s->alive(); });
+    backend.join();
+    return st;
+  };
+  EXPECT_TRUE(wait_for_bytes(true).ok());
+  EXPECT_TRUE(wait_for_bytes(true).ok());
+  EXPECT_EQ(s->missed_wakeups(), 2u);
+  EXPECT_TRUE(wait_for_bytes(false).ok());  // woken: the streak ends
+  EXPECT_EQ(s->missed_wakeups(), 2u);
+  EXPECT_TRUE(wait_for_bytes(true).ok());
+  EXPECT_TRUE(wait_for_bytes(true).ok());
+  EXPECT_TRUE(s->alive()) << "two lost wake-ups in a row are not yet lost for good";
+  EXPECT_EQ(c->state.phase(), Phase::kUpgraded);
+  EXPECT_TRUE(wait_for_bytes(true).ok());
+  EXPECT_EQ(s->missed_wakeups(), 5u);
+  EXPECT_FALSE(s->alive());
+  EXPECT_EQ(c->state.phase(), Phase::kResyncing);
+  EXPECT_EQ(c->resync_landed.load(), tail) << "what landed before the loss is read from the ring";
+  EXPECT_EQ(Session::Existing(), nullptr);
 }
 
 }  // namespace

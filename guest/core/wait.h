@@ -175,6 +175,7 @@ Status WaitUntil(Conn& c, Ready ready, int kernel_fd = -1, short kernel_events =
     int r = Libc().poll(p, kernel_fd >= 0 ? 5 : 4, timeout_ms);
     int poll_errno = errno;
     slept_until = MonotonicNs();
+    if (r == 0) s->NoteTimedOutSleep();  // (before DoneSleeping's drain)
     s->DoneSleeping();
     if (stall.Due()) {
       LogStalledWait(c, *s, r > 0 ? (p[0].revents ? 1 : 0) | (p[1].revents ? 2 : 0) | (p[2].revents ? 4 : 0) |

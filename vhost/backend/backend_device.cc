@@ -131,6 +131,13 @@ Status BackendDevice::Load() {
     // The guest's call eventfd (our dup; -1 if it gave none): a direct
     // peer wakes this process's sleepers through it (decision 97).
     call_fds_.emplace_back(vr.callfd >= 0 ? fcntl(vr.callfd, F_DUPFD_CLOEXEC, 0) : -1);
+    // None: nothing we publish on this queue wakes the guest. QEMU gives
+    // none for a function whose INTx is disabled as its device starts
+    // (7.2.19 and later; decision 128): the guest's library notices its
+    // lost wake-ups and starts over on a reset function.
+    if (vr.callfd < 0)
+      VS_LOG(kWarn, "device %lu (vm %s, vid %d): queue %u started without a call eventfd (its frontend gave none): "
+             "the guest is not woken by it", static_cast<unsigned long>(id_), port_->vm_name.c_str(), vid_, q);
     uint16_t last_avail = 0, last_used = 0;
     rte_vhost_get_vring_base(vid_, q, &last_avail, &last_used);
     queues_.emplace_back(SplitRing(vr.desc, vr.avail, vr.used, vr.size), &memory_, event_idx_, last_avail, last_used);
@@ -153,6 +160,12 @@ std::vector<BackendDevice::QueueState> BackendDevice::QueueStates() const {
                    ring.size(), q.last_avail_idx(), q.used_idx()});
   }
   return out;
+}
+
+int BackendDevice::VringCallFd(uint16_t q) const {
+  rte_vhost_vring vr{};
+  if (rte_vhost_get_vhost_vring(vid_, q, &vr) != 0) return -1;
+  return vr.callfd;
 }
 
 bool BackendDevice::Notify(uint16_t q) {

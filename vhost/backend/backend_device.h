@@ -67,6 +67,9 @@ class BackendDevice {
   int kick_fd(size_t i) const { return kick_fds_[i].get(); }
   // The guest's call eventfd of queue i (-1: none), as of the last Load.
   int call_fd(size_t i) const { return i < call_fds_.size() ? call_fds_[i].get() : -1; }
+  // rte_vhost's call eventfd of queue q as it is now (-1: none: a call
+  // then wakes nobody), for `vsocketctl stats`.
+  int VringCallFd(uint16_t q) const;
   bool event_idx() const { return event_idx_; }
   uint64_t features() const { return features_; }
 
