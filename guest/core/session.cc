@@ -571,13 +571,19 @@ void Session::NoteTimedOutSleep() {
   if (n == 1 || n == 10 || n == 100 || n == 1000)
     VS_LOG(kWarn, "a sleep ended by its timeout with the backend's entries waiting (%llu so far: its wake-up never "
            "came): %s", static_cast<unsigned long long>(n), what.c_str());
-  if (++missed_in_a_row_ < kMissedWakeupsLost) return;
+  if (++missed_in_a_row_ != kMissedWakeupsLost) return;
   // (In a VM: QEMU gives vsocketd no call eventfd for a function whose INTx
-  // was disabled as its device (re)started, e.g. at a resume: decision 128.)
+  // was disabled as its device (re)started, e.g. at a resume: decision 128.
+  // Giving the session up here would close the connections, as an exit,
+  // for peers that still read their rings: no recovery yet.)
   VS_LOG(kWarn, "the backend's wake-ups no longer come (%d sleeps in a row ran to their timeout with its entries "
-         "waiting): this session is given up; its connections finish on kernel TCP and register again through a "
-         "new one", kMissedWakeupsLost);
-  BackendLost();
+         "waiting): waits on this session now find its answers only at their timeouts (decision 128)",
+         kMissedWakeupsLost);
+}
+
+bool Session::WakeUpsLost() {
+  MutexLock lock(mu_);
+  return missed_in_a_row_ >= kMissedWakeupsLost;
 }
 
 void Session::DoneSleeping() {

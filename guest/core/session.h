@@ -86,12 +86,12 @@ class Session {
   // published to a queue meanwhile, its wake-up never came (logged with the
   // queues' event-index state the first time, counted: missed_wakeups()).
   // kMissedWakeupsLost of them in a row, with no wake-up between, and the
-  // backend's wake-ups are taken for lost for good: the session is given up
-  // as if the backend had gone (BackendLost), and the next one is set up
-  // afresh (in a VM the agent resets the function: decision 128).
+  // backend's wake-ups are taken for lost for good: logged (decision 128).
   void NoteTimedOutSleep();
   static constexpr int kMissedWakeupsLost = 3;
   uint64_t missed_wakeups() const { return missed_wakeups_.load(std::memory_order_relaxed); }
+  // kMissedWakeupsLost or more in a row now.
+  bool WakeUpsLost();
   // Sleeps until a response or an event arrives, the backend hangs up
   // (then BackendLost) or timeout_ms passed; at once if work is pending.
   void AwaitEvent(int timeout_ms);
