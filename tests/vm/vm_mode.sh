@@ -77,30 +77,27 @@
 #                   takes the function's link down, the agent ends the
 #                   grant, both ends finish on kernel TCP byte-exact
 #                   (resynced, cause backend-unavailable).
-#   agent_killed_under_vm_stream  (by name only, not in the default run)
-#                   vsocket-guestd killed (SIGKILL) under the same kind of
-#                   stream (port with agent proofs) and started again: both
-#                   processes see its socket hang up and finish on kernel
-#                   TCP through RESYNC (cause backend-unavailable),
-#                   byte-exact; the new agent grants the functions again
-#                   and both ends are re-upgraded. It passed 26 runs of 36
-#                   on 2026-12-01; in the others the stream stalled for
-#                   good 87-96 rounds after the re-upgrade (one request or
-#                   answer landed in the reader's RX ring, never consumed):
-#                   the case then keeps vsocketd's connections and each
-#                   xfer thread's state and system call (docs/vm-mode.md).
+#   agent_killed_under_vm_stream  vsocket-guestd killed (SIGKILL) under
+#                   the same kind of stream (port with agent proofs) and
+#                   started again: both processes see its socket hang up
+#                   and finish on kernel TCP through RESYNC (cause
+#                   backend-unavailable), byte-exact; the new agent grants
+#                   the functions again and both ends are re-upgraded. It
+#                   failed 16 runs of 59 (the stream crawled at one round a
+#                   second) until the agent enabled INTx before DRIVER_OK
+#                   (decision 128), then passed 10 of 10; a stall keeps
+#                   vsocketd's stats (each queue's call eventfd), the
+#                   guest's interrupt counts and each xfer thread's state.
 #   vm_paused_and_resumed  (by name only, not in the default run) QMP stop
 #                   for 3 s and cont under a byte-checked request/response
 #                   stream between two processes of the guest (QEMU stops
 #                   and starts both devices): byte-exact, accelerated at
-#                   the close, bytes through vsocketd after the resume. It
-#                   passed 10 runs of 11 on 2026-11-30; in the full suite's
-#                   run (16:05 UTC) both processes stalled for good after
-#                   another 1.2 MB went through the resumed devices (not
-#                   understood yet: the case now prints vsocketd's
-#                   connections when the guest is still running 120 s
-#                   after the resume). After decision 126 (a call owed
-#                   across a device's detach was dropped): 10 of 10.
+#                   the close, bytes through vsocketd after the resume.
+#                   When the guest's INTx is disabled at the cont (between
+#                   an interrupt and the agent's unmask), QEMU resumes that
+#                   device without a call eventfd and its process crawls at
+#                   one answer a second (decision 128, not recovered yet):
+#                   1 run of 4 on 2026-12-01.
 #   vm_paused_with_a_peer_outside  the same with the other end in a
 #                   process-mode container that runs on: neither end sees
 #                   an error or an early EOF, both byte-exact.
@@ -140,7 +137,7 @@ ROOT=$PWD
 VM_NET_DEVICE=${VM_NET_DEVICE/status=off/status=on}
 
 vm_script_args agent_hello agent_serves accelerated_in_guest packaged_guest hostile_process_in_guest sixteen_processes_in_guest process_killed_in_guest foreign_driver qemu_killed \
-  daemon_killed_under_vm_stream daemon_gone_under_vm_stream vm_paused_with_a_peer_outside vm_killed_while_paused function_set_up_again vm_to_vm libvirt_domain -- "$@"
+  daemon_killed_under_vm_stream daemon_gone_under_vm_stream agent_killed_under_vm_stream vm_paused_with_a_peer_outside vm_killed_while_paused function_set_up_again vm_to_vm libvirt_domain -- "$@"
 
 die() { echo "vm_mode.sh: $*" >&2; echo "0 passed, 1 failed"; exit 1; }
 bash tests/rdma/install-deps.sh || die "installing QEMU and busybox failed"
