@@ -97,7 +97,7 @@
 #                   an interrupt and the agent's unmask), QEMU resumes that
 #                   device without a call eventfd and its process crawls at
 #                   one answer a second (decision 128, not recovered yet):
-#                   1 run of 4 on 2026-12-01.
+#                   1 run of 10 on 2026-12-01.
 #   vm_paused_with_a_peer_outside  the same with the other end in a
 #                   process-mode container that runs on: neither end sees
 #                   an error or an early EOF, both byte-exact.
