@@ -99,7 +99,8 @@ std::string Stats(const Report& rep) {
     Field(out, "notifications", d->counters().notifications.load());
     out += "\"call_fds\":[";
     for (uint16_t q = 0; q < d->num_queues(); ++q)
-      out += std::string(q ? "," : "") + "\"" + std::to_string(d->VringCallFd(q)) + "/" + std::to_string(d->call_fd(q)) + "\"";
+      out += std::string(q ? "," : "") + "\"" + std::to_string(d->VringCallFd(q)) + "/" +
+             std::to_string(d->call_fd(q)) + "\"";
     out += "],";
     Field(out, "wakeups", d->counters().wakeups.load(), false);
     out += "}";

@@ -214,13 +214,19 @@ Status Session::ProveSocket(int fd) {
 
 std::string Session::QueueStates() {
   MutexLock lock(mu_);
+  return QueueStatesLocked();
+}
+
+std::string Session::QueueStatesLocked() {
   std::string out;
   for (QueueId q : {QueueId::kEvents, QueueId::kRequests}) {
     vhost::VirtqueueDriver& d = transport_->queue(q);
-    char b[160];
-    snprintf(b, sizeof(b), "%s: avail %u, used %u, seen %u, free %u%s; ", q == QueueId::kEvents ? "events" : "requests",
-             d.avail_idx(), d.ring().used_idx().load(std::memory_order_acquire), d.last_used_idx(), d.num_free(),
-             d.broken() ? " (broken)" : "");
+    char b[200];
+    snprintf(b, sizeof(b), "%s: avail %u, used %u, seen %u, used_event %u, avail flags %u, free %u%s; ",
+             q == QueueId::kEvents ? "events" : "requests", d.avail_idx(),
+             d.ring().used_idx().load(std::memory_order_acquire), d.last_used_idx(),
+             d.ring().used_event().load(std::memory_order_relaxed),
+             d.ring().avail_flags().load(std::memory_order_relaxed), d.num_free(), d.broken() ? " (broken)" : "");
     out += b;
   }
   char b[96];
@@ -554,23 +560,16 @@ bool Session::PrepareSleep() {
 void Session::NoteTimedOutSleep() {
   MutexLock lock(mu_);
   if (!alive()) return;
-  std::string what;
+  bool waiting = false;
   for (QueueId q : {QueueId::kEvents, QueueId::kRequests}) {
     vhost::VirtqueueDriver& d = transport_->queue(q);
-    uint16_t used = d.ring().used_idx().load(std::memory_order_acquire);
-    if (used == d.last_used_idx()) continue;
-    char b[160];
-    snprintf(b, sizeof(b), "%s%s: used %u, seen %u, used_event %u, avail flags %u", what.empty() ? "" : "; ",
-             q == QueueId::kEvents ? "events" : "requests", used, d.last_used_idx(),
-             d.ring().used_event().load(std::memory_order_relaxed),
-             d.ring().avail_flags().load(std::memory_order_relaxed));
-    what += b;
+    waiting |= d.ring().used_idx().load(std::memory_order_acquire) != d.last_used_idx();
   }
-  if (what.empty()) return;
+  if (!waiting) return;
   uint64_t n = missed_wakeups_.fetch_add(1, std::memory_order_relaxed) + 1;
   if (n == 1 || n == 10 || n == 100 || n == 1000)
     VS_LOG(kWarn, "a sleep ended by its timeout with the backend's entries waiting (%llu so far: its wake-up never "
-           "came): %s", static_cast<unsigned long long>(n), what.c_str());
+           "came): %s", static_cast<unsigned long long>(n), QueueStatesLocked().c_str());
   if (++missed_in_a_row_ != kMissedWakeupsLost) return;
   // (In a VM: QEMU gives vsocketd no call eventfd for a function whose INTx
   // was disabled as its device (re)started, e.g. at a resume: decision 128.

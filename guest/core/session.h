@@ -124,7 +124,8 @@ class Session {
   // that goes away wakes it (then CheckBackend()).
   int liveness_fd() const;
   // Both queues as the driver sees them (avail, used in memory, used seen,
-  // free descriptors), for a stalled wait's diagnosis (wait.h).
+  // the used_event we asked to be woken at, avail flags, free
+  // descriptors), for a stalled wait's diagnosis (wait.h).
   std::string QueueStates();
   // Blocked calls sleep at once: the current backend runs on every one of
   // this process's few CPUs (cpu_share.h; VSOCKET_POLL_AUTO=0: never).
@@ -191,6 +192,7 @@ class Session {
                       std::atomic<uint64_t>* seq = nullptr) REQUIRES(mu_);
   void KickOwed();
   void BackendLost() REQUIRES(mu_);
+  std::string QueueStatesLocked() REQUIRES(mu_);
   void ReleaseIfUnusedLocked() REQUIRES(mu_);
 
   struct Slot {

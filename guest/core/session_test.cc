@@ -13,8 +13,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cstring>
 #include <chrono>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -513,7 +513,6 @@ TEST_F(SessionTest, AWedgedBackendTimesOutAndIsNotAnswering) {
   EXPECT_EQ(st.code(), Code::kDeadlineExceeded);
   EXPECT_FALSE(s->answering());
 }
-
 
 // Decision 128: a frontend that gave vsocketd no call eventfd (QEMU, for a
 // function whose INTx was disabled as its device started) leaves every

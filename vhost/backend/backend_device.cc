@@ -133,8 +133,8 @@ Status BackendDevice::Load() {
     call_fds_.emplace_back(vr.callfd >= 0 ? fcntl(vr.callfd, F_DUPFD_CLOEXEC, 0) : -1);
     // None: nothing we publish on this queue wakes the guest. QEMU gives
     // none for a function whose INTx is disabled as its device starts
-    // (7.2.19 and later; decision 128): the guest's library notices its
-    // lost wake-ups and starts over on a reset function.
+    // (7.2.19 and later; decision 128): the guest's library then counts
+    // lost wake-ups, its waits ending only at their timeouts.
     if (vr.callfd < 0)
       VS_LOG(kWarn, "device %lu (vm %s, vid %d): queue %u started without a call eventfd (its frontend gave none): "
              "the guest is not woken by it", static_cast<unsigned long>(id_), port_->vm_name.c_str(), vid_, q);
