@@ -25,6 +25,11 @@ inline constexpr uint16_t kDescFlagIndirect = 4;
 // avail->flags / used->flags (2.7.7, 2.7.10).
 inline constexpr uint16_t kAvailFlagNoInterrupt = 1;
 inline constexpr uint16_t kUsedFlagNoNotify = 1;
+// vSocket's own use of a used->flags bit the spec reserves (decision 129):
+// the device has no way to interrupt its driver on this queue (its frontend,
+// QEMU, started it without a call eventfd). Only vSocket's drivers read it;
+// others look at bit 0 alone.
+inline constexpr uint16_t kUsedFlagNoCall = 0x8000;
 
 inline constexpr uint32_t kMaxQueueSize = 32768;
 

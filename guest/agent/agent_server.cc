@@ -365,6 +365,25 @@ void AgentServer::CheckLink(size_t i) {
   Release(i);  // (the fresh device reads its link: still down until vsocketd is back)
 }
 
+void AgentServer::RestartIfCannotCall(VmDevice& device, UniqueFd* calls) {
+  if (!device.BackendCannotCall()) return;
+  uint64_t n = ++counters_.queue_restarts;
+  Status st = device.RestartQueues();
+  if (!st.ok())
+    VS_LOG(kError, "vsocket-guestd: %s: vsocketd cannot interrupt it and its queues could not be restarted: %s",
+           device.bdf().c_str(), st.ToString().c_str());
+  else if (n <= 3 || n == 10 || n == 100 || n == 1000)
+    VS_LOG(kWarn,
+           "vsocket-guestd: %s: vsocketd cannot interrupt it (QEMU started its device while INTx was disabled: "
+           "decision 129); its queues restarted with INTx on (%llu restarts so far)",
+           device.bdf().c_str(), static_cast<unsigned long long>(n));
+  // Its process may sleep on an answer that came without a wake-up: it
+  // looks at its rings again.
+  uint64_t v = 1;
+  for (int q = 0; calls != nullptr && q < 2; ++q)
+    if (calls[q].get() >= 0) (void)!write(calls[q].get(), &v, sizeof(v));
+}
+
 void AgentServer::OnEvent(uint64_t tag) {
   size_t i = tag >> 3;
   if (i >= slots_.size()) return;
@@ -409,9 +428,14 @@ Status AgentServer::Run(const volatile sig_atomic_t* stop) {
     // A look at every link at least every 200 ms, in case a configuration
     // interrupt was missed (INTx is shared, level-triggered, masked while
     // we handle another).
+    // And at every device's used rings: vsocketd flags there a device it
+    // cannot interrupt (decision 129).
     if (int64_t now = MonotonicNs(); now - last_link_look_ns_ >= 200'000'000) {
       last_link_look_ns_ = now;
       for (size_t k = 0; k < slots_.size(); ++k) CheckLink(k);
+      for (Slot& s : slots_)
+        if (s.device) RestartIfCannotCall(*s.device, s.call);
+      if (authority_) RestartIfCannotCall(*authority_, nullptr);
     }
     for (int i = 0; i < n; ++i) {
       uint64_t tag = evs[i].data.u64;

@@ -41,6 +41,9 @@ struct AgentServerCounters {
   uint64_t refused_failed = 0;  // a free function could not be set up (huge pages?)
   uint64_t kicks = 0;
   uint64_t interrupts = 0;
+  // A function vsocketd said it could not interrupt (QEMU started it with
+  // INTx disabled, decision 129): its queues stopped and started again.
+  uint64_t queue_restarts = 0;
 };
 
 class AgentServer {
@@ -97,6 +100,9 @@ class AgentServer {
   // The function's link as the device says now; a granted function whose
   // link went down is released (its process told by the hang-up).
   void CheckLink(size_t slot);
+  // A device vsocketd cannot interrupt (VmDevice::BackendCannotCall):
+  // its queues restarted with INTx on, its process woken to look again.
+  void RestartIfCannotCall(VmDevice& device, UniqueFd* calls);
   void OnEvent(uint64_t tag);
   Status Watch(int fd, uint64_t tag);
 

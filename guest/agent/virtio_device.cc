@@ -170,6 +170,21 @@ Status VirtioDevice::DriverOk() {
   return Status::Ok();
 }
 
+Status VirtioDevice::RestartQueues() {
+  uint8_t s = status();
+  if ((s & kStatusFailed) || !(s & kStatusDriverOk))
+    return Status(Code::kFailedPrecondition, "device not running (status " + std::to_string(s) + ")");
+  SetStatus(static_cast<uint8_t>(s & ~kStatusDriverOk));  // QEMU stops vhost before this write returns
+  // Stopped: nothing interrupts until DRIVER_OK (the ISR read clears what
+  // the stop flushed), so INTx is still enabled when QEMU looks at it.
+  (void)ReadIsr();
+  VS_RETURN_IF_ERROR(pci_.Unmask());
+  SetStatus(s);
+  if (uint8_t now = status(); now != s)
+    return Status(Code::kFailedPrecondition, "device status after DRIVER_OK again: " + std::to_string(now));
+  return Status::Ok();
+}
+
 void VirtioDevice::Notify(uint16_t q) {
   // The write that QEMU's ioeventfd turns into vsocketd's kick (vhost-user
   // SET_VRING_KICK). Pairs with the device's read of avail->idx after the

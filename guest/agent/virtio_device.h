@@ -42,6 +42,14 @@ class VirtioDevice {
   Status SetUpQueue(uint16_t q, uint16_t size, uint64_t desc_gpa, uint64_t avail_gpa, uint64_t used_gpa);
   // DRIVER_OK: QEMU starts the vhost-user device (vsocketd sees it).
   Status DriverOk();
+  // Stops and starts a running device's queues without a reset: DRIVER_OK
+  // cleared, any interrupt acknowledged and INTx enabled, DRIVER_OK set
+  // again. QEMU stops its vhost-user device and starts it afresh with the
+  // rings and indices as they were (vsocketd: a pause and a resume,
+  // decision 123), and with INTx enabled now it gives vsocketd a call
+  // eventfd again (decision 129). The spec has a driver never clear a
+  // status bit; QEMU takes it as the stop it is.
+  Status RestartQueues();
   void Notify(uint16_t q);
   // Reading the ISR status acknowledges the interrupt (deasserts INTx).
   uint8_t ReadIsr();

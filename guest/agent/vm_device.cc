@@ -102,6 +102,12 @@ Status VmDevice::Start(const VmDeviceOptions& o) {
   return Status::Ok();
 }
 
+Status VmDevice::RestartQueues() {
+  VS_RETURN_IF_ERROR(dev_->RestartQueues());
+  for (uint16_t q = 0; q < 2; ++q) dev_->Notify(q);
+  return Status::Ok();
+}
+
 Result<vhost::VirtqueueDriver::Used> VmDevice::WaitUsed(size_t q) {
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + std::chrono::milliseconds(call_timeout_ms_);

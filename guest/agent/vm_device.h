@@ -58,6 +58,14 @@ class VmDevice {
   // authority.
   Status Vouch(uint64_t device_ring_gpa, const proto::Endpoint& local, const proto::Endpoint& peer);
 
+  // vsocketd says it cannot interrupt this function (proto::kUsedFlagNoCall
+  // in either queue's used ring): QEMU started its device while INTx was
+  // disabled and gave vsocketd no call eventfd (decisions 128, 129).
+  bool BackendCannotCall() const { return queues_[0].DeviceCannotCall() || queues_[1].DeviceCannotCall(); }
+  // VirtioDevice::RestartQueues, then a kick on both queues (anything the
+  // driver published meanwhile is looked at).
+  Status RestartQueues();
+
   const std::string& bdf() const { return dev_->pci().bdf(); }
   VirtioDevice& device() { return *dev_; }
   DmaMemory& memory() { return *mem_; }

@@ -222,11 +222,12 @@ std::string Session::QueueStatesLocked() {
   for (QueueId q : {QueueId::kEvents, QueueId::kRequests}) {
     vhost::VirtqueueDriver& d = transport_->queue(q);
     char b[200];
-    snprintf(b, sizeof(b), "%s: avail %u, used %u, seen %u, used_event %u, avail flags %u, free %u%s; ",
+    snprintf(b, sizeof(b), "%s: avail %u, used %u, seen %u, used_event %u, avail flags %u, free %u%s%s; ",
              q == QueueId::kEvents ? "events" : "requests", d.avail_idx(),
              d.ring().used_idx().load(std::memory_order_acquire), d.last_used_idx(),
              d.ring().used_event().load(std::memory_order_relaxed),
-             d.ring().avail_flags().load(std::memory_order_relaxed), d.num_free(), d.broken() ? " (broken)" : "");
+             d.ring().avail_flags().load(std::memory_order_relaxed), d.num_free(), d.broken() ? " (broken)" : "",
+             d.DeviceCannotCall() ? " (the backend says it cannot call: decision 129)" : "");
     out += b;
   }
   char b[96];
@@ -573,8 +574,10 @@ void Session::NoteTimedOutSleep() {
   if (++missed_in_a_row_ != kMissedWakeupsLost) return;
   // (In a VM: QEMU gives vsocketd no call eventfd for a function whose INTx
   // was disabled as its device (re)started, e.g. at a resume: decision 128.
-  // Giving the session up here would close the connections, as an exit,
-  // for peers that still read their rings: no recovery yet.)
+  // vsocketd flags it in the used rings and the VM's agent restarts that
+  // device's queues with INTx on within 200 ms: decision 129. Giving the
+  // session up here would close the connections, as an exit, for peers
+  // that still read their rings.)
   VS_LOG(kWarn, "the backend's wake-ups no longer come (%d sleeps in a row ran to their timeout with its entries "
          "waiting): waits on this session now find its answers only at their timeouts (decision 128)",
          kMissedWakeupsLost);

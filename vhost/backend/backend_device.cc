@@ -133,14 +133,19 @@ Status BackendDevice::Load() {
     call_fds_.emplace_back(vr.callfd >= 0 ? fcntl(vr.callfd, F_DUPFD_CLOEXEC, 0) : -1);
     // None: nothing we publish on this queue wakes the guest. QEMU gives
     // none for a function whose INTx is disabled as its device starts
-    // (7.2.19 and later; decision 128): the guest's library then counts
-    // lost wake-ups, its waits ending only at their timeouts.
+    // (7.2.19 and later; decision 128).
     if (vr.callfd < 0)
       VS_LOG(kWarn, "device %lu (vm %s, vid %d): queue %u started without a call eventfd (its frontend gave none): "
-             "the guest is not woken by it", static_cast<unsigned long>(id_), port_->vm_name.c_str(), vid_, q);
+             "the guest is not woken by it%s", static_cast<unsigned long>(id_), port_->vm_name.c_str(), vid_, q,
+             logging() ? "" : "; flagged in its used ring for the guest's agent to restart the device");
     uint16_t last_avail = 0, last_used = 0;
     rte_vhost_get_vring_base(vid_, q, &last_avail, &last_used);
     queues_.emplace_back(SplitRing(vr.desc, vr.avail, vr.used, vr.size), &memory_, event_idx_, last_avail, last_used);
+    // Said to the guest in the ring itself (decision 129): its agent looks
+    // every 200 ms and restarts the device's queues (DRIVER_OK off and on,
+    // INTx enabled), which we see as a pause and resume. Not while the log
+    // is on: a stop then would read as a live migration's switchover.
+    queues_.back().SetNoCall(vr.callfd < 0 && !logging());
     // (Inside guest memory: checked above.)
     if (q == 0) request_ring_gpa_.store(memory_.GpaOf(vr.desc), std::memory_order_release);
   }

@@ -133,7 +133,7 @@ bool VirtqueueDevice::EnableNotify() {
     ring_.avail_event().store(last_avail_, std::memory_order_relaxed);
     mem_->MarkWritten(AvailEventWord(ring_), sizeof(uint16_t));
   } else {
-    ring_.used_flags().store(0, std::memory_order_relaxed);
+    ring_.used_flags().store(no_call_flag_, std::memory_order_relaxed);
     mem_->MarkWritten(UsedFlagsWord(ring_), sizeof(uint16_t));
   }
   // F3: order the avail_event/flags store before re-reading avail->idx; pairs
@@ -146,9 +146,21 @@ bool VirtqueueDevice::EnableNotify() {
 void VirtqueueDevice::DisableNotify() {
   // With event-idx a stale avail_event suppresses kicks by itself.
   if (!event_idx_ && !broken()) {
-    ring_.used_flags().store(proto::kUsedFlagNoNotify, std::memory_order_relaxed);
+    ring_.used_flags().store(proto::kUsedFlagNoNotify | no_call_flag_, std::memory_order_relaxed);
     mem_->MarkWritten(UsedFlagsWord(ring_), sizeof(uint16_t));
   }
+}
+
+void VirtqueueDevice::SetNoCall(bool no_call) {
+  if (broken()) return;
+  no_call_flag_ = no_call ? proto::kUsedFlagNoCall : 0;
+  // The device is used->flags' only writer: a read-modify-write here races
+  // with nothing but the driver's reads.
+  uint16_t was = ring_.used_flags().load(std::memory_order_relaxed);
+  uint16_t now = static_cast<uint16_t>((was & ~proto::kUsedFlagNoCall) | no_call_flag_);
+  if (now == was) return;
+  ring_.used_flags().store(now, std::memory_order_release);
+  mem_->MarkWritten(UsedFlagsWord(ring_), sizeof(uint16_t));
 }
 
 }  // namespace vsocket::vhost

@@ -63,6 +63,10 @@ class VirtqueueDevice {
   bool EnableNotify();
   void DisableNotify();
   bool HasAvailable() const;
+  // Says in used->flags whether this queue can interrupt its driver
+  // (proto::kUsedFlagNoCall set: it cannot). Kept across EnableNotify /
+  // DisableNotify; written only when it changes (in the dirty log).
+  void SetNoCall(bool no_call);
 
   bool broken() const { return broken_ != nullptr; }
   const char* broken_reason() const { return broken_ ? broken_ : ""; }
@@ -82,6 +86,7 @@ class VirtqueueDevice {
   uint16_t last_avail_ = 0;      // next avail slot to consume
   uint16_t used_shadow_ = 0;     // next used slot to fill (private until published)
   uint16_t used_published_ = 0;  // used->idx as last published
+  uint16_t no_call_flag_ = 0;    // proto::kUsedFlagNoCall or 0, in used->flags with the notify bit
   const char* broken_ = nullptr;
 };
 

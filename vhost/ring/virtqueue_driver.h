@@ -41,6 +41,11 @@ class VirtqueueDriver {
   // pending (the caller must drain instead of sleeping).
   bool EnableInterrupts();
   void DisableInterrupts();
+  // The device says it cannot interrupt this driver (proto::kUsedFlagNoCall,
+  // decision 129): a sleep waiting for its call would end only at its timeout.
+  bool DeviceCannotCall() const {
+    return ring_.used_flags().load(std::memory_order_acquire) & proto::kUsedFlagNoCall;
+  }
 
   // Cookies of chains added but not yet returned by PopUsed().
   std::vector<uint64_t> InFlightCookies() const;

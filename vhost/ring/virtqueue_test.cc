@@ -150,6 +150,39 @@ TEST_P(VirtqueueTest, EnableReportsWorkThatRacedIn) {
   EXPECT_TRUE(drv_.EnableInterrupts()) << "must not sleep with a used entry pending";
 }
 
+// Decision 129: the device's "I cannot call you" flag reaches the driver and
+// survives the notification flag's own changes (used->flags holds both).
+TEST_P(VirtqueueTest, NoCallFlagSurvivesNotifySuppression) {
+  const bool flags_mode = !GetParam();  // (with event-idx, used->flags says nothing about kicks)
+  EXPECT_FALSE(drv_.DeviceCannotCall());
+  dev_.SetNoCall(true);
+  EXPECT_TRUE(drv_.DeviceCannotCall());
+  dev_.DisableNotify();
+  EXPECT_TRUE(drv_.DeviceCannotCall());
+  Buf b{gpa(0), 1};
+  ASSERT_TRUE(drv_.Add({&b, 1}, {}, 0).ok());
+  bool kick = drv_.Publish();
+  if (flags_mode) EXPECT_FALSE(kick) << "kicks stay suppressed with the no-call flag set";
+  EXPECT_TRUE(dev_.EnableNotify()) << "a buffer is pending";
+  EXPECT_TRUE(drv_.DeviceCannotCall());
+  ASSERT_TRUE(drv_.Add({&b, 1}, {}, 0).ok());
+  kick = drv_.Publish();
+  if (flags_mode) EXPECT_TRUE(kick) << "the no-call flag must not read as NO_NOTIFY";
+  dev_.SetNoCall(false);
+  EXPECT_FALSE(drv_.DeviceCannotCall());
+  dev_.DisableNotify();
+  EXPECT_FALSE(drv_.DeviceCannotCall());
+  DescChain c;
+  for (int k = 0; k < 2; ++k) {
+    ASSERT_EQ(dev_.Pop(&c), PopResult::kChain);
+    dev_.Push(c.head, 0);
+  }
+  dev_.PublishUsed();
+  ASSERT_TRUE(drv_.PopUsed().has_value());
+  ASSERT_TRUE(drv_.PopUsed().has_value());
+  RoundTrip(3);
+}
+
 INSTANTIATE_TEST_SUITE_P(EventIdx, VirtqueueTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "EventIdx" : "Flags"; });
 
