@@ -10,7 +10,8 @@ Each generated block sits between `<!-- generated: NAME -->` and
 `<!-- end generated -->` and starts with the date and the machine of the
 run, as the result file records them. Everything outside the markers is
 left alone. Blocks: channel (channel-latest.md), same-host, cross-host,
-conn-scale and quick (NAME-latest.json), days (days.json).
+conn-scale and quick (NAME-latest.json), days (days.json), and the
+Markdown tables other scripts write (directory, direct, migration, vm).
 """
 import argparse
 import difflib
@@ -340,9 +341,16 @@ def migration():
     return text.splitlines() + ["", "From `bench/results/migration-latest.md`."]
 
 
+def vm():
+    """vm-latest.md (bench/vm_bench.sh): its whole text (the line saying
+    when and on what, the table, the line on what was accelerated)."""
+    text = open(os.path.join(RESULTS, "vm-latest.md")).read().strip()
+    return text.splitlines() + ["", "From `bench/results/vm-latest.md`."]
+
+
 BLOCKS = {"channel": channel, "same-host": same_host, "cross-host": cross_host, "conn-scale": conn_scale,
           "quick": quick, "days": days, "placement": placement, "directory": directory,
-          "direct": direct, "migration": migration}
+          "direct": direct, "migration": migration, "vm": vm}
 
 
 def render(doc):

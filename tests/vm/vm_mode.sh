@@ -127,6 +127,8 @@
 #                   started by a real libvirtd: its QEMU line carries every
 #                   property vSocket needs, the agent in the guest opens a
 #                   session and checks ECHOes (tests/vm/libvirt_case.sh).
+#   bench_vm_pair   (by name only: bench/vm_bench.sh) kernel TCP against
+#                   vSocket between two guests (tests/vm/bench_cases.sh).
 #
 # Usage: tests/vm/vm_mode.sh [--no-build] [CASE...]   (as root)
 # Prints "PASS CASE (Ns)" / "FAIL CASE: why" and ends with "N passed, N
@@ -138,6 +140,7 @@ ROOT=$PWD
 . tests/vm/lib.sh
 . tests/vm/pair_cases.sh
 . tests/vm/libvirt_case.sh
+. tests/vm/bench_cases.sh
 # The devices as docs/vm-mode.md gives them, with virtio-net's link status
 # (QEMU's own, never sent to vsocketd): QEMU takes the link down when
 # vsocketd goes, and the agent ends its grants on it (daemon_gone_*).
