@@ -24,6 +24,7 @@ constinit const RequestService::RequestHandler RequestService::kRequestHandlers[
     {MsgType::kHello, &RequestService::OnHello},
     {MsgType::kEcho, &RequestService::OnEcho},
     {MsgType::kVouch, &RequestService::OnVouch},
+    {MsgType::kLimitMemory, &RequestService::OnLimitMemory},
 };
 
 uint32_t RequestService::HandleRequest(vhost::BackendDevice& device, const vhost::DescChain& chain,
@@ -111,6 +112,36 @@ RequestResult RequestService::OnVouch(vhost::BackendDevice& device, const Messag
   counters_.vouches.fetch_add(1, std::memory_order_relaxed);
   *reply = {MsgType::kRegisterAck, req.request_id, proto::RegisterAck{0, proto::WireError::kOk, proto::Reason::kNone, 0}};
   return RequestResult::kReply;
+}
+
+// A VM's agent limits the device it is about to grant a process to the
+// memory it gave that function (decision 130): until then such a device
+// reaches no guest memory, and from then on nothing else.
+RequestResult RequestService::OnLimitMemory(vhost::BackendDevice& device, const Message& req, Message* reply) {
+  const auto& l = std::get<proto::LimitMemory>(req.body);
+  const vhost::PortConfig& port = *device.port();
+  auto answer = [&](proto::WireError e, const std::string& why) {
+    if (e != proto::WireError::kOk) {
+      counters_.memory_limits_refused.fetch_add(1, std::memory_order_relaxed);
+      VS_LOG(kWarn, "vm %s: LIMIT_MEMORY from device %lu refused: %s", port.vm_name.c_str(),
+             static_cast<unsigned long>(device.id()), why.c_str());
+    }
+    *reply = {MsgType::kRegisterAck, req.request_id, proto::RegisterAck{0, e, proto::Reason::kNone, 0}};
+    return RequestResult::kReply;
+  };
+  if (!device.authority() || !port.proofs_by_agent) return answer(proto::WireError::kBadMessage, "not the VM's agent");
+  auto target = vhost::VhostBackend::Instance().DeviceWithRequestRing(&port, l.device_ring_gpa);
+  if (!target) return answer(proto::WireError::kUnknownConnection, "no running device has its request ring there");
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  uint64_t bytes = 0;
+  for (uint32_t i = 0; i < l.num_ranges; ++i) ranges.emplace_back(l.ranges[i].gpa, l.ranges[i].len), bytes += l.ranges[i].len;
+  if (Status st = target->LimitMemory(ranges); !st.ok())
+    return answer(proto::WireError::kBadRing, "device " + std::to_string(target->id()) + ": " + st.message());
+  counters_.memory_limits.fetch_add(1, std::memory_order_relaxed);
+  VS_LOG(kInfo, "vm %s: device %lu limited by the VM's agent to %u ranges, %lu KiB (decision 130)",
+         port.vm_name.c_str(), static_cast<unsigned long>(target->id()), l.num_ranges,
+         static_cast<unsigned long>(bytes >> 10));
+  return answer(proto::WireError::kOk, "");
 }
 
 }  // namespace vsocket::backend

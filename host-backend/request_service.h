@@ -22,6 +22,8 @@ struct ServiceCounters {
   std::atomic<uint64_t> checksum_errors{0};
   std::atomic<uint64_t> vouches{0};          // sockets a VM's agent vouched for (decision 100)
   std::atomic<uint64_t> vouches_refused{0};  // not from the VM's authority, or for no device of it
+  std::atomic<uint64_t> memory_limits{0};          // devices limited by their VM's agent (decision 130)
+  std::atomic<uint64_t> memory_limits_refused{0};  // not from the authority, no such device, or bad ranges
   MigrationCounters migration;  // (migration.h)
 };
 
@@ -83,6 +85,7 @@ class RequestService : public DeviceService {
   RequestResult OnHello(vhost::BackendDevice& device, const proto::Message& req, proto::Message* reply);
   RequestResult OnEcho(vhost::BackendDevice& device, const proto::Message& req, proto::Message* reply);
   RequestResult OnVouch(vhost::BackendDevice& device, const proto::Message& req, proto::Message* reply);
+  RequestResult OnLimitMemory(vhost::BackendDevice& device, const proto::Message& req, proto::Message* reply);
 
   ServiceCounters counters_;
   ConnManager& conns_;

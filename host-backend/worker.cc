@@ -158,6 +158,9 @@ void Worker::Untrack(size_t index) {
 bool Worker::Serve(Active& a) {
   vhost::BackendDevice& dev = *a.device;
   if (dev.broken()) return false;
+  // Not a byte of its memory until the VM's agent has limited it (decision
+  // 130): its requests wait in the ring (the agent kicks it after).
+  if (dev.needs_limit() && !dev.limited()) return false;
   bool worked = false;
   vhost::VirtqueueDevice& rq = dev.queue(0);
   for (int n = 0; n < options_.batch; ++n) {

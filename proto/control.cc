@@ -46,6 +46,7 @@ constexpr Spec kSpecs[] = {
     {MsgType::kFenceDelivered, "FENCE_DELIVERED", IndexOf<ConnCounter>(), 16},
     {MsgType::kDirect, "DIRECT", IndexOf<ConnCounter>(), 16},
     {MsgType::kVouch, "VOUCH", IndexOf<Vouch>(), 48},
+    {MsgType::kLimitMemory, "LIMIT_MEMORY", IndexOf<LimitMemory>(), 16 + 16 * kLimitMaxRanges},
 };
 
 const Spec* FindSpec(uint8_t type) {
@@ -162,6 +163,13 @@ void Put(WireWriter& w, const Vouch& b) {
   w.U16(0);
   PutEndpointAddr(w, b.local);
   PutEndpointAddr(w, b.peer);
+}
+
+void Put(WireWriter& w, const LimitMemory& b) {
+  w.U64(b.device_ring_gpa);
+  w.U32(b.num_ranges);
+  w.U32(0);
+  for (const MemRange& r : b.ranges) w.U64(r.gpa), w.U64(r.len);
 }
 
 // ---- bodies: decode -------------------------------------------------------
@@ -288,6 +296,25 @@ Status Get(WireReader& r, Vouch* b, std::span<const uint8_t>) {
   return Status::Ok();
 }
 
+Status Get(WireReader& r, LimitMemory* b, std::span<const uint8_t>) {
+  b->device_ring_gpa = r.U64();
+  b->num_ranges = r.U32();
+  uint32_t reserved = r.U32();
+  for (MemRange& m : b->ranges) m.gpa = r.U64(), m.len = r.U64();
+  if (reserved != 0) return Bad("reserved field is not zero");
+  if (b->device_ring_gpa % 16 != 0) return Bad("descriptor table address is not 16-byte aligned");
+  if (b->num_ranges == 0 || b->num_ranges > kLimitMaxRanges) return Bad("range count out of range");
+  for (uint32_t i = 0; i < kLimitMaxRanges; ++i) {
+    const MemRange& m = b->ranges[i];
+    if (i >= b->num_ranges) {
+      if (m.gpa != 0 || m.len != 0) return Bad("a range past the count");
+    } else if (m.len == 0 || m.gpa + m.len < m.gpa) {
+      return Bad("an empty or wrapping range");
+    }
+  }
+  return Status::Ok();
+}
+
 template <typename T>
 Status DecodeInto(WireReader& r, std::span<const uint8_t> body, Body* out) {
   T b;
@@ -302,6 +329,7 @@ constexpr DecodeFn kDecoders[] = {
     &DecodeInto<Hello>,   &DecodeInto<HelloAck>,    &DecodeInto<RegisterConn>, &DecodeInto<RegisterAck>,
     &DecodeInto<Upgrade>, &DecodeInto<ConnCounter>, &DecodeInto<Shutdown>,     &DecodeInto<Downgrade>,
     &DecodeInto<Error>,   &DecodeInto<Echo>,        &DecodeInto<Unregister>,  &DecodeInto<Vouch>,
+    &DecodeInto<LimitMemory>,
 };
 static_assert(std::size(kDecoders) == std::variant_size_v<Body>);
 

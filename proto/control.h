@@ -68,6 +68,15 @@ enum class MsgType : uint8_t {
   // device of this VM has its request ring there) or BAD_MESSAGE (the
   // sender is not the VM's authority). Body Vouch.
   kVouch = 20,
+  // guest -> backend, from a VM's socket-proof authority only (decision
+  // 130): the device whose request queue's descriptor table is at
+  // `device_ring_gpa` may reach only these guest-physical ranges (the
+  // memory the agent gave that function), set once. Until then a device of
+  // a port with prove_sockets = agent reaches no memory at all. Answered with REGISTER_ACK{conn_id 0}: status OK,
+  // UNKNOWN_CONNECTION (no running device there), BAD_RING (a range outside
+  // the VM's memory, the device's request ring outside the ranges, or the
+  // device already limited) or BAD_MESSAGE (not the authority). Body LimitMemory.
+  kLimitMemory = 21,
 };
 const char* ToString(MsgType type);
 
@@ -409,8 +418,25 @@ struct Vouch {
   bool operator==(const Vouch&) const = default;
 };
 
+// LIMIT_MEMORY's ranges: the memory a VM's agent gave one function (its
+// huge pages), [gpa, gpa + len) each.
+inline constexpr size_t kLimitMaxRanges = 64;
+
+struct MemRange {
+  uint64_t gpa = 0;
+  uint64_t len = 0;
+  bool operator==(const MemRange&) const = default;
+};
+
+struct LimitMemory {
+  uint64_t device_ring_gpa = 0;  // the limited device's request descriptor table
+  uint32_t num_ranges = 0;       // 1..kLimitMaxRanges
+  std::array<MemRange, kLimitMaxRanges> ranges{};  // past num_ranges: zero
+  bool operator==(const LimitMemory&) const = default;
+};
+
 using Body = std::variant<Hello, HelloAck, RegisterConn, RegisterAck, Upgrade, ConnCounter, Shutdown, Downgrade, Error,
-                          Echo, Unregister, Vouch>;
+                          Echo, Unregister, Vouch, LimitMemory>;
 
 struct Message {
   MsgType type = MsgType::kHello;

@@ -35,6 +35,12 @@ const std::vector<Message>& SampleMessages() {
         {MsgType::kFenceDelivered, 0, ConnCounter{11, 4096}},
         {MsgType::kDirect, 0, ConnCounter{11, 0x5eed5eed5eed5eedull}},
         {MsgType::kVouch, 11, Vouch{0x1a0000, local, peer}},
+        {MsgType::kLimitMemory, 12, [] {
+           LimitMemory l{0x1a0000, 2, {}};
+           l.ranges[0] = {0x1a00000, 0x400000};
+           l.ranges[1] = {0x40000000, 0x200000};
+           return l;
+         }()},
     };
   }();
   return kSamples;

@@ -30,6 +30,11 @@ inline constexpr uint16_t kUsedFlagNoNotify = 1;
 // QEMU, started it without a call eventfd). Only vSocket's drivers read it;
 // others look at bit 0 alone.
 inline constexpr uint16_t kUsedFlagNoCall = 0x8000;
+// vSocket's too (decision 130): this device reaches no guest memory until
+// the VM's agent limits it to the memory it gave the function; the agent,
+// seeing it on a function it set up, sends LIMIT_MEMORY (again: after a
+// live migration's arrival or a vsocketd restart, a device new to vsocketd).
+inline constexpr uint16_t kUsedFlagNeedsLimit = 0x4000;
 
 inline constexpr uint32_t kMaxQueueSize = 32768;
 

@@ -103,7 +103,11 @@ Result<std::unique_ptr<AgentServer>> AgentServer::Listen(const std::string& path
     if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return Status::FromErrno("mkdir " + dir);
   }
   unlink(path.c_str());
-  mode_t old = umask(0077);
+  // Any user's processes when the VM's authority limits each function to
+  // its own memory and vouches for sockets (decision 130); root's only
+  // otherwise: a function reaches all of the VM's memory then.
+  const mode_t mask = s->authority_ ? 0 : 0077;
+  mode_t old = umask(mask);
   int r = bind(s->listen_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   umask(old);
   if (r != 0) return Status::FromErrno("bind " + path);
@@ -118,7 +122,7 @@ Result<std::unique_ptr<AgentServer>> AgentServer::Listen(const std::string& path
     s->proof_listen_ = UniqueFd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (s->proof_listen_.get() < 0) return Status::FromErrno("socket");
     unlink(proof_path.c_str());
-    old = umask(0077);
+    old = umask(mask);
     r = bind(s->proof_listen_.get(), reinterpret_cast<sockaddr*>(&paddr), sizeof(paddr));
     umask(old);
     if (r != 0) return Status::FromErrno("bind " + proof_path);
@@ -232,6 +236,7 @@ Status AgentServer::OpenDevice(size_t i) {
   auto d = VmDevice::Open(o);
   if (!d.ok()) return Status(d.status().code(), slots_[i].bdf + ": " + d.status().message());
   slots_[i].device = std::move(d).value();
+  slots_[i].limited = false;
   slots_[i].link_up = slots_[i].device->device().LinkUp().value_or(true);
   return Watch(slots_[i].device->device().pci().uio_fd(), Tag(i, kUio));
 }
@@ -298,6 +303,15 @@ Status AgentServer::Grant(UniqueFd client) {
     return Status::Ok();
   }
   Slot& s = slots_[i];
+  if (Status st = Limit(s); !st.ok()) {
+    // Never granted unlimited: vsocketd would serve that process nothing
+    // (its device reaches no memory), and the library would wait.
+    VS_LOG(kWarn, "vsocket-guestd: %s: %s", s.bdf.c_str(), st.ToString().c_str());
+    g.status = GrantStatus::kDeviceFailed;
+    ++counters_.refused_failed;
+    (void)SendGrant(client.get(), g, nullptr, 0);
+    return Status::Ok();
+  }
   DmaMemory& mem = s.device->memory();
   g.queue_size = s.device->queue_size();
   g.event_idx = (s.device->features() & proto::kFeatureEventIdx) != 0;
@@ -363,6 +377,39 @@ void AgentServer::CheckLink(size_t i) {
          s.bdf.c_str(), static_cast<int>(s.pid));
   ++counters_.link_downs;
   Release(i);  // (the fresh device reads its link: still down until vsocketd is back)
+}
+
+Status AgentServer::Limit(Slot& s) {
+  if (!authority_ || s.limited) return Status::Ok();
+  DmaMemory& mem = s.device->memory();
+  std::vector<proto::MemRange> ranges;
+  for (size_t k = 0; k < mem.num_pages(); ++k) ranges.push_back({mem.page_gpa(k), DmaMemory::kHugePage});
+  // vsocketd learns of the device a little after DRIVER_OK (rte_vhost's
+  // new_device): a few tries.
+  Status st;
+  for (int attempt = 0; attempt < 40; ++attempt) {
+    st = authority_->LimitMemory(s.device->ring_gpa(0), ranges);
+    if (st.code() != Code::kNotFound) break;
+    usleep(50'000);
+  }
+  if (!st.ok()) return Status(st.code(), "cannot limit the function's memory at vsocketd (decision 130): " + st.message());
+  s.limited = true;
+  ++counters_.memory_limits;
+  return Status::Ok();
+}
+
+void AgentServer::LimitIfAsked(Slot& s) {
+  if (!authority_ || !s.device->BackendNeedsLimit()) return;
+  s.limited = false;  // (vsocketd's device is a new one: it knows no limit)
+  if (Status st = Limit(s); !st.ok()) {
+    VS_LOG(kWarn, "vsocket-guestd: %s: %s", s.bdf.c_str(), st.ToString().c_str());
+    return;
+  }
+  // Whatever its process posted meanwhile waited unread: look now.
+  for (uint16_t q = 0; q < 2; ++q) s.device->device().Notify(q);
+  uint64_t v = 1;
+  for (auto& c : s.call)
+    if (c.get() >= 0) (void)!write(c.get(), &v, sizeof(v));
 }
 
 void AgentServer::RestartIfCannotCall(VmDevice& device, UniqueFd* calls) {
@@ -433,8 +480,11 @@ Status AgentServer::Run(const volatile sig_atomic_t* stop) {
     if (int64_t now = MonotonicNs(); now - last_link_look_ns_ >= 200'000'000) {
       last_link_look_ns_ = now;
       for (size_t k = 0; k < slots_.size(); ++k) CheckLink(k);
-      for (Slot& s : slots_)
-        if (s.device) RestartIfCannotCall(*s.device, s.call);
+      for (Slot& s : slots_) {
+        if (!s.device) continue;
+        RestartIfCannotCall(*s.device, s.call);
+        LimitIfAsked(s);
+      }
       if (authority_) RestartIfCannotCall(*authority_, nullptr);
     }
     for (int i = 0; i < n; ++i) {

@@ -44,12 +44,14 @@ struct AgentServerCounters {
   // A function vsocketd said it could not interrupt (QEMU started it with
   // INTx disabled, decision 129): its queues stopped and started again.
   uint64_t queue_restarts = 0;
+  uint64_t memory_limits = 0;  // devices limited to their function's memory before a grant (decision 130)
 };
 
 class AgentServer {
  public:
-  // Listens on `path` (mode 0600: root's processes only, see
-  // docs/vm-mode.md) and sets the devices up: the functions in `bdfs`
+  // Listens on `path` (mode 0600, root's processes only, without `proofs`;
+  // with them 0777: every function is limited to its own memory, decision
+  // 130; docs/vm-mode.md) and sets the devices up: the functions in `bdfs`
   // (empty: every 1af4:1041 function of the VM). With `proofs` (the VM's
   // port has prove_sockets = agent) the last of them is the agent's own:
   // it opens a session there and vsocketd must answer its HELLO with
@@ -79,6 +81,7 @@ class AgentServer {
     UniqueFd call[2];
     uint64_t grant_serial = 0;  // which grant the current client holds
     bool link_up = true;        // (a device without the status word: always)
+    bool limited = false;       // vsocketd limited this set-up's device to its memory (decision 130)
   };
   // A process's proof channel: bound to the slot whose memory it passed,
   // for that grant only.
@@ -103,6 +106,13 @@ class AgentServer {
   // A device vsocketd cannot interrupt (VmDevice::BackendCannotCall):
   // its queues restarted with INTx on, its process woken to look again.
   void RestartIfCannotCall(VmDevice& device, UniqueFd* calls);
+  // Decision 130: the VM's authority limits slot's device to the memory
+  // the agent gave it (its DMA pages), waiting (bounded) for vsocketd to
+  // have started it. Without the authority: nothing to do.
+  Status Limit(Slot& s);
+  // vsocketd flags a device it knows no limit for (a device new to it): the
+  // authority limits it again, then it is kicked and its process woken.
+  void LimitIfAsked(Slot& s);
   void OnEvent(uint64_t tag);
   Status Watch(int fd, uint64_t tag);
 

@@ -137,13 +137,14 @@ int main(int argc, char** argv) {
     const agent::AgentServerCounters& c = (*server)->counters();
     printf("vsocket-guestd: stopping: %llu grants, %llu refused (busy), %llu kicks, %llu interrupts, "
            "%llu sockets vouched for, %llu proofs refused (%llu of another network namespace), %llu grants ended by a link down, "
-           "%llu refused (link down), %llu refused (no function could be set up), %llu queue restarts\n",
+           "%llu refused (link down), %llu refused (no function could be set up), %llu queue restarts, %llu devices limited\n",
            static_cast<unsigned long long>(c.grants), static_cast<unsigned long long>(c.refused_busy),
            static_cast<unsigned long long>(c.kicks), static_cast<unsigned long long>(c.interrupts),
            static_cast<unsigned long long>(c.proved), static_cast<unsigned long long>(c.proofs_refused),
            static_cast<unsigned long long>(c.proofs_wrong_netns),
            static_cast<unsigned long long>(c.link_downs), static_cast<unsigned long long>(c.refused_away),
-           static_cast<unsigned long long>(c.refused_failed), static_cast<unsigned long long>(c.queue_restarts));
+           static_cast<unsigned long long>(c.refused_failed), static_cast<unsigned long long>(c.queue_restarts),
+           static_cast<unsigned long long>(c.memory_limits));
     if (!st.ok()) fprintf(stderr, "vsocket-guestd: %s\n", st.ToString().c_str());
     return st.ok() ? 0 : 1;
   }

@@ -188,4 +188,23 @@ Status VmDevice::Vouch(uint64_t device_ring_gpa, const proto::Endpoint& local, c
   }
 }
 
+Status VmDevice::LimitMemory(uint64_t device_ring_gpa, const std::vector<proto::MemRange>& ranges) {
+  if (ranges.empty() || ranges.size() > proto::kLimitMaxRanges)
+    return Status(Code::kInvalidArgument, "LIMIT_MEMORY: " + std::to_string(ranges.size()) + " ranges");
+  proto::LimitMemory l{device_ring_gpa, static_cast<uint32_t>(ranges.size()), {}};
+  std::copy(ranges.begin(), ranges.end(), l.ranges.begin());
+  auto resp = Call({proto::MsgType::kLimitMemory, next_request_id_++, l});
+  if (!resp.ok()) return resp.status();
+  const auto* ack = std::get_if<proto::RegisterAck>(&resp->body);
+  if (resp->type != proto::MsgType::kRegisterAck || ack == nullptr)
+    return Status(Code::kDataLoss, std::string("LIMIT_MEMORY answered with ") + proto::ToString(resp->type));
+  switch (ack->status) {
+    case proto::WireError::kOk: return Status::Ok();
+    case proto::WireError::kUnknownConnection:
+      return Status(Code::kNotFound, "LIMIT_MEMORY: vsocketd has no such device");
+    default:
+      return Status(Code::kFailedPrecondition, std::string("LIMIT_MEMORY refused: ") + proto::ToString(ack->status));
+  }
+}
+
 }  // namespace vsocket::agent

@@ -57,11 +57,19 @@ class VmDevice {
   // running; kPermissionDenied: it does not take this device for the
   // authority.
   Status Vouch(uint64_t device_ring_gpa, const proto::Endpoint& local, const proto::Endpoint& peer);
+  // LIMIT_MEMORY (the VM's authority too, decision 130): the device whose
+  // request descriptor table is at device_ring_gpa may reach only `ranges`.
+  // kNotFound: no such device running (yet); kFailedPrecondition: refused
+  // (already limited, or ranges vsocketd will not take).
+  Status LimitMemory(uint64_t device_ring_gpa, const std::vector<proto::MemRange>& ranges);
 
   // vsocketd says it cannot interrupt this function (proto::kUsedFlagNoCall
   // in either queue's used ring): QEMU started its device while INTx was
   // disabled and gave vsocketd no call eventfd (decisions 128, 129).
   bool BackendCannotCall() const { return queues_[0].DeviceCannotCall() || queues_[1].DeviceCannotCall(); }
+  // vsocketd waits for this function's memory limit (decision 130: a device
+  // new to it, e.g. after a live migration's arrival or its restart).
+  bool BackendNeedsLimit() const { return queues_[0].DeviceNeedsLimit(); }
   // VirtioDevice::RestartQueues, then a kick on both queues (anything the
   // driver published meanwhile is looked at).
   Status RestartQueues();

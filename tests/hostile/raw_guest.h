@@ -189,6 +189,22 @@ class RawGuest {
   uint64_t RequestRingGpa() {
     return ch_ ? reinterpret_cast<uint64_t>(ch_->frontend().queue(0).ring().desc()) : 0;
   }
+  // Its session's memory region, [gpa, gpa + len) (process mode: gpa == address).
+  proto::MemRange Region() {
+    if (!ch_) return {};
+    return {reinterpret_cast<uint64_t>(ch_->frontend().region().base()), ch_->frontend().region().size()};
+  }
+  // vsocketd's flag in its request ring: it waits for the agent's limit.
+  bool NeedsLimit() { return ch_ && ch_->frontend().queue(0).DeviceNeedsLimit(); }
+  // LIMIT_MEMORY (decision 130): "OK", the answer's wire error, or "".
+  std::string LimitMemory(uint64_t device_ring_gpa, std::vector<proto::MemRange> ranges) {
+    proto::LimitMemory l{device_ring_gpa, static_cast<uint32_t>(ranges.size()), {}};
+    for (size_t i = 0; i < ranges.size() && i < proto::kLimitMaxRanges; ++i) l.ranges[i] = ranges[i];
+    proto::Message resp;
+    if (!ch_ || !ch_->Call({proto::MsgType::kLimitMemory, 0, l}, &resp, scratch_).ok()) return "";
+    const auto* ack = std::get_if<proto::RegisterAck>(&resp.body);
+    return ack ? proto::ToString(ack->status) : "";
+  }
   // VOUCH (decision 100): "OK", the answer's wire error, or "" (no answer).
   std::string Vouch(uint64_t device_ring_gpa, proto::Endpoint local, proto::Endpoint peer) {
     proto::Message resp;

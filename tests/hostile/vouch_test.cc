@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <vector>
 
 #include "proto/control.h"
 #include "tests/hostile/raw_guest.h"
@@ -56,6 +57,23 @@ struct Loopback {
   }
 };
 
+// vsocketd learns of a frontend's device a little after it connects (the
+// real agent tries again too): LIMIT_MEMORY until the device is there.
+std::string LimitWhenStarted(RawGuest& agent, uint64_t ring, std::vector<proto::MemRange> ranges) {
+  std::string r;
+  for (int i = 0; i < 100; ++i) {
+    r = agent.LimitMemory(ring, ranges);
+    if (r != "UNKNOWN_CONNECTION") break;
+    usleep(20'000);
+  }
+  return r;
+}
+
+bool NeedsLimitSoon(RawGuest& g) {
+  for (int i = 0; i < 100 && !g.NeedsLimit(); ++i) usleep(20'000);
+  return g.NeedsLimit();
+}
+
 class VouchTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -70,8 +88,10 @@ class VouchTest : public ::testing::Test {
 };
 
 TEST_F(VouchTest, AProcessCannotVouchForItselfNorClaimToBeTheAuthority) {
+  RawGuest agent(daemon_.socket_path("vm") + ".agent");
   RawGuest p(daemon_.socket_path("vm"));
-  ASSERT_TRUE(p.ok()) << p.error();
+  ASSERT_TRUE(agent.ok() && p.ok()) << agent.error() << p.error();
+  ASSERT_EQ(LimitWhenStarted(agent, p.RequestRingGpa(), {p.Region()}), "OK");
   EXPECT_EQ(p.Hello(proto::kFeatureProofAuthority) & proto::kFeatureProofAuthority, 0u)
       << "only the device on PATH.agent is told it is the authority";
   Loopback c;
@@ -90,6 +110,9 @@ TEST_F(VouchTest, TheAgentsVouchLetsTheNamedDeviceRegisterThatSocketOnce) {
   EXPECT_NE(agent.Hello(proto::kFeatureProofAuthority) & proto::kFeatureProofAuthority, 0u);
   RawGuest p(daemon_.socket_path("vm")), other(daemon_.socket_path("vm"));
   ASSERT_TRUE(p.ok() && other.ok()) << p.error() << other.error();
+  // Each function limited to its own memory first (decision 130).
+  EXPECT_EQ(LimitWhenStarted(agent, p.RequestRingGpa(), {p.Region()}), "OK");
+  EXPECT_EQ(LimitWhenStarted(agent, other.RequestRingGpa(), {other.Region()}), "OK");
   Loopback c;
   ASSERT_GE(c.server, 0);
   // Named by where its request ring is: no device there, then p's.
@@ -105,6 +128,38 @@ TEST_F(VouchTest, TheAgentsVouchLetsTheNamedDeviceRegisterThatSocketOnce) {
   std::string stats = daemon_.Stats();
   EXPECT_NE(stats.find("\"vouches\":1"), std::string::npos) << stats;
   EXPECT_NE(stats.find("\"vouches_refused\":1"), std::string::npos) << stats;
+}
+
+// Decision 130: a function of a VM whose agent proves its sockets reaches
+// no guest memory until the agent limits it, and then only what it was
+// given; only the agent limits, once per device.
+TEST_F(VouchTest, OnlyTheAgentLimitsADeviceAndAnUnlimitedOneReachesNothing) {
+  RawGuest agent(daemon_.socket_path("vm") + ".agent");
+  ASSERT_TRUE(agent.ok()) << agent.error();
+  RawGuest p(daemon_.socket_path("vm")), q(daemon_.socket_path("vm"));
+  ASSERT_TRUE(p.ok() && q.ok()) << p.error() << q.error();
+  Loopback c;
+  ASSERT_GE(c.server, 0);
+  // q, unlimited, limits itself: its request is not even read (it lies in
+  // memory q's device does not reach yet); it waits in the ring.
+  EXPECT_TRUE(NeedsLimitSoon(q) && NeedsLimitSoon(p)) << "vsocketd says so in their request rings";
+  EXPECT_FALSE(agent.NeedsLimit()) << "the agent's own function is never limited";
+  EXPECT_EQ(q.LimitMemory(q.RequestRingGpa(), {q.Region()}), "") << "an unlimited device reaches nothing";
+  // The agent: a range beyond the VM's memory, one that leaves the request
+  // ring out, then p's own memory, then again.
+  proto::MemRange r = p.Region();
+  EXPECT_EQ(LimitWhenStarted(agent, p.RequestRingGpa(), {{1ull << 50, 1 << 21}}), "BAD_RING");
+  EXPECT_EQ(agent.LimitMemory(p.RequestRingGpa(), {{r.gpa + r.len - 4096, 4096}}), "BAD_RING");
+  EXPECT_EQ(agent.LimitMemory(p.RequestRingGpa(), {r}), "OK");
+  EXPECT_FALSE(p.NeedsLimit());
+  EXPECT_TRUE(q.NeedsLimit());
+  EXPECT_EQ(agent.LimitMemory(p.RequestRingGpa(), {r}), "BAD_RING") << "once";
+  EXPECT_EQ(agent.Vouch(p.RequestRingGpa(), c.local, c.peer), "OK");
+  EXPECT_EQ(p.Register(1, Role::kClient, c.local, c.peer), "pending") << "limited to its own memory, it works";
+  std::string stats = daemon_.Stats();
+  EXPECT_NE(stats.find("\"memory_limits\":1"), std::string::npos) << stats;
+  EXPECT_NE(stats.find("\"memory_limits_refused\":3"), std::string::npos) << stats;
+  EXPECT_NE(stats.find("\"broken_devices\":0"), std::string::npos) << stats;
 }
 
 }  // namespace

@@ -32,6 +32,12 @@
 #                   every page equal, every byte, accelerated again through
 #                   vsocketd B (a function reset before a migration stalled
 #                   its drain before decision 128).
+#   migrate_with_agent_proofs  The same with prove_sockets = agent (the
+#                   agent's own function last, on PATH.agent): the devices
+#                   that arrive at vsocketd B reach no memory until the
+#                   agent limits them again (B flags them; decision 130),
+#                   then the ends re-register (vouched for) and are
+#                   accelerated through B; every page equal, every byte.
 #   migrate_cancelled  The same guest, the migration cancelled during the
 #                   pre-copy (QMP migrate_cancel): vsocketd A's dirty log
 #                   goes on (the connections leave the rings), then off
@@ -72,7 +78,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 . tests/vm/lib.sh
 
-vm_script_args migrate_under_load migrate_after_function_reset migrate_cancelled migrate_without_dirty_log migrate_failed_on_destination \
+vm_script_args migrate_under_load migrate_after_function_reset migrate_with_agent_proofs migrate_cancelled migrate_without_dirty_log migrate_failed_on_destination \
   migrate_drain_unfinished migrate_source_daemon_killed migrate_destination_without_vsocketd \
   migrate_source_daemon_restarted migrate_destination_daemon_restarted -- "$@"
 
@@ -156,7 +162,11 @@ export LD_LIBRARY_PATH=/lib/x86_64-linux-gnu:/usr/lib/x86_64-linux-gnu
 ( i=0; while :; do echo "mig: tick $i"; i=$((i + 1)); sleep 1; done ) &
 ip link set lo up
 ip addr add 203.0.113.10/32 dev lo
-./vsocket-guestd --serve /run/agent.sock > /tmp/agent.out 2>&1 &
+# mig.proofs=1: the agent is the VM's socket-proof authority (its last
+# function, on the port's agent socket) and limits each function's memory.
+AGENT_ARGS=""
+tr ' ' '\n' < /proc/cmdline | grep -qx 'mig.proofs=1' && AGENT_ARGS=--proofs
+./vsocket-guestd --serve /run/agent.sock $AGENT_ARGS > /tmp/agent.out 2>&1 &
 for _ in $(seq 300); do [ -S /run/agent.sock ] && break; sleep 0.1; done
 export VSOCKET_SOCKET=/run/agent.sock
 export VSOCKET_REPORT=/tmp/report.jsonl VSOCKET_LOG_LEVEL=info
@@ -256,7 +266,7 @@ CONF
     conf=(--config "$WORK/$name.conf")
     [ "$name" = b ] && set -- "$@" VSOCKET_VM_VMQ_INCOMING=true
   fi
-  env "$@" VSOCKET_VM_VMQ_PROVE_SOCKETS=false "$VSOCKETD" "${conf[@]}" --ctl "$WORK/$name.ctl" --log-level info \
+  env "$@" VSOCKET_VM_VMQ_PROVE_SOCKETS="${MIG_PROVE:-false}" "$VSOCKETD" "${conf[@]}" --ctl "$WORK/$name.ctl" --log-level info \
     --port "$WORK/$name.sock,vmq,1,203.0.113.10" >"$WORK/$name.log" 2>&1 &
   DAEMON_PID=$!
   for i in $(seq 100); do
@@ -278,6 +288,10 @@ start_qemu() {
     vs+=(-chardev "socket,id=vs$i,path=$sock${QEMU_CHARDEV_OPTS:-}" -netdev "vhost-user,id=vsn$i,chardev=vs$i"
          -device "$VM_NET_DEVICE,netdev=vsn$i")
   done
+  # MIG_PROVE=agent: the agent's own function last, on the port's agent socket.
+  [ "${MIG_PROVE:-false}" = agent ] &&
+    vs+=(-chardev "socket,id=vsa,path=$sock.agent${QEMU_CHARDEV_OPTS:-}" -netdev "vhost-user,id=vsna,chardev=vsa"
+         -device "$VM_NET_DEVICE,netdev=vsna")
   qemu-system-x86_64 \
     -accel tcg,thread=multi -cpu max -smp 1 -m "$RAM_MB" \
     -object "memory-backend-memfd,id=mem0,size=${RAM_MB}M,share=on" -machine memory-backend=mem0 \
@@ -675,6 +689,42 @@ case_migrate_after_function_reset() {
   echo "  the cycle's connection: $out"
   [ "$drains" -ge 2 ] && [ "$done" -ge 2 ] ||
     { fail $case "vsocketd A: drains asked $drains, done $done at the switchover, want 2 of 2 or more"; return; }
+  [ "$(stat "$WORK/b.ctl" upgrades)" -ge 2 ] && [ "$(stat "$WORK/b.ctl" accel_bytes)" -gt 0 ] ||
+    { fail $case "nothing accelerated through vsocketd B after the move"; return; }
+  kill -0 "$DA_PID" && kill -0 "$DB_PID" || { fail $case "a vsocketd died"; return; }
+  stop_all
+  pass $case $((SECONDS - t0))
+}
+
+# The same migration of a VM whose agent proves its sockets and limits each
+# function's memory (prove_sockets = agent, decisions 100 and 130). Its
+# functions' devices are new to vsocketd B at the arrival and reach no
+# memory until the agent limits them again: vsocketd B flags them in their
+# request rings, the agent limits them on its next look, and the libraries
+# learn from B that their sessions are unknown, as without proofs.
+case_migrate_with_agent_proofs() {
+  local t0=$SECONDS case=migrate_with_agent_proofs
+  MIG_PROVE=agent MIG_APPEND="mig.proofs=1 vsocket.hugepages=56" run_migration $case || return
+  [ "$DIFF_PAGES" = 0 ] || { fail $case "$DIFF_PAGES pages of the destination differ from the source's ($DIFF_LIST)"; return; }
+  local la=$(stat "$WORK/a.ctl" memory_limits) lra=$(stat "$WORK/a.ctl" memory_limits_refused)
+  qmp "$WORK/dst.qmp" cont >/dev/null || { fail $case "cont on the destination failed"; return; }
+  job_checks $case dst
+  local checked=$?
+  local lb=$(stat "$WORK/b.ctl" memory_limits) lrb=$(stat "$WORK/b.ctl" memory_limits_refused)
+  echo "  memory limits: vsocketd A $la (refused $lra), vsocketd B $lb (refused $lrb); vouches A $(stat "$WORK/a.ctl" vouches), B $(stat "$WORK/b.ctl" vouches); B upgrades $(stat "$WORK/b.ctl" upgrades), accel_bytes $(stat "$WORK/b.ctl" accel_bytes)"
+  [ "$checked" = 0 ] || return
+  # (A refusal for a device vsocketd has not started yet is the agent's
+  # cue to try again; any other is a failure.)
+  local other
+  other=$(grep -h "LIMIT_MEMORY from .* refused" "$WORK/a.log" "$WORK/b.log" | grep -v "no running device" | head -2)
+  [ -z "$other" ] || { fail $case "a LIMIT_MEMORY refused: $other"; return; }
+  [ "$la" -ge 2 ] || { fail $case "vsocketd A limited $la devices, want the 2 functions'"; return; }
+  # At B: the 2 devices that arrived (flagged, limited again), then the 2
+  # the processes were granted afresh.
+  [ "$lb" -ge 4 ] || { fail $case "vsocketd B limited $lb devices, want 4"; return; }
+  grep -q "device 1 limited by the VM's agent" "$WORK/b.log" && grep -q "device 2 limited by the VM's agent" "$WORK/b.log" ||
+    { fail $case "vsocketd B: the 2 devices that arrived were not limited again"; return; }
+  [ "$(stat "$WORK/b.ctl" vouches)" -ge 4 ] || { fail $case "vsocketd B: $(stat "$WORK/b.ctl" vouches) vouches, want the 4 ends re-registered"; return; }
   [ "$(stat "$WORK/b.ctl" upgrades)" -ge 2 ] && [ "$(stat "$WORK/b.ctl" accel_bytes)" -gt 0 ] ||
     { fail $case "nothing accelerated through vsocketd B after the move"; return; }
   kill -0 "$DA_PID" && kill -0 "$DB_PID" || { fail $case "a vsocketd died"; return; }

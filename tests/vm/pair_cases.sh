@@ -42,6 +42,12 @@
 #                            vsocket-run --upgrade always: both ends
 #                            accelerated; the same against a plain server in
 #                            B on kernel TCP in the same run, for the ratio
+#                            ; and every function a process got was limited
+#                            by its agent to the memory it gave it (vsocketd's
+#                            memory_limits, none refused; decision 130)
+#     vm_to_vm_non_root      xfer server and client in A run as nobody (the
+#                            agent's socket is every user's with proofs):
+#                            accelerated, every byte
 #     vm_to_container        a process-mode "VM" of tenant 1 (a network
 #                            namespace whose processes speak vhost-user to
 #                            vsocketd themselves, on port vmp) on the
@@ -146,7 +152,17 @@ sockperf pp --tcp -i $PAIR_B -p 11112 -t 3 -m 16 > sockperf-kernel.out 2>&1; ech
 ./vsocket-run --upgrade always sockperf pp --tcp -i $PAIR_B -p 11111 -t 3 -m 16 > sockperf-vsocket.out 2>&1
 echo \"sockperf vsocket exit \$?\"
 LD_PRELOAD=/run/vsocket-vm/libvsocket.so ./xfer client $PAIR_P 5204 --conns 2 --bytes $bytes --pause-ms 500 > client-p.out 2>&1
-echo \"container client exit \$?\""
+echo \"container client exit \$?\"
+mkdir -m 755 /tmp/nb && cp xfer libvsocket.so /tmp/nb/ && chmod 755 /tmp/nb/xfer /tmp/nb/libvsocket.so
+nb() { setpriv --reuid=65534 --regid=65534 --clear-groups env LD_PRELOAD=/tmp/nb/libvsocket.so VSOCKET_REPORT=/tmp/nobody.jsonl \"\$@\"; }
+nb /tmp/nb/xfer server $PAIR_A 5206 --conns 1 > /tmp/nobody-server.out 2>&1 &
+nbs=\$!
+for _ in \$(seq 300); do ss -Hltn \"sport = :5206\" | grep -q . && break; sleep 0.1; done
+nb /tmp/nb/xfer client $PAIR_A 5206 --conns 1 --bytes $bytes --pause-ms 500 > /tmp/nobody-client.out 2>&1
+echo \"nobody client exit \$?\"
+wait \$nbs
+echo \"nobody server exit \$?\"
+cp /tmp/nobody.jsonl /tmp/nobody-client.out /tmp/nobody-server.out . 2>/dev/null"
   pair_job_client "$RC" "
 LD_PRELOAD=/run/vsocket-vm/libvsocket.so ./xfer client $PAIR_B 5202 --conns 1 --bytes $bytes > client.out 2>&1
 echo \"client exit \$?\"
@@ -172,6 +188,8 @@ echo \"container client exit \$?\""
   local up0 accel0 xt0 a_up0 b_up0 a_out0 b_out0 v0 vr0 ru0
   up0=$(stat upgrades) accel0=$(stat accel_bytes) xt0=$(stat cross_tenant)
   v0=$(stat vouches) vr0=$(stat vouches_refused) ru0=$(stat rejected_unproven)
+  local ml0 mlr0 ml mlr
+  ml0=$(stat memory_limits) mlr0=$(stat memory_limits_refused)
   a_up0=$(vm_stat vma upgrades) b_up0=$(vm_stat vmb upgrades)
   a_out0=$(vm_stat vma accel_bytes_out) b_out0=$(vm_stat vmb accel_bytes_out)
   local pa pb pc
@@ -209,6 +227,7 @@ echo \"container client exit \$?\""
   local up accel xt a_up b_up a_out b_out v vr ru
   up=$(stat upgrades) accel=$(stat accel_bytes) xt=$(stat cross_tenant)
   v=$(stat vouches) vr=$(stat vouches_refused) ru=$(stat rejected_unproven)
+  ml=$(stat memory_limits) mlr=$(stat memory_limits_refused)
   a_up=$(vm_stat vma upgrades) b_up=$(vm_stat vmb upgrades)
   a_out=$(vm_stat vma accel_bytes_out) b_out=$(vm_stat vmb accel_bytes_out)
   touch "$RB/stop"
@@ -353,7 +372,21 @@ PY
     fail vm_to_vm_proofs "rejected_unproven $ru0 -> $ru: want the probe's 3 refusals and no other"
   elif [ $((v - v0)) -lt $((2 * conns + 2 * 2 * c + 2 + 1)) ] || [ "$vr" != "$vr0" ]; then
     fail vm_to_vm_proofs "vouches +$((v - v0)), vouches_refused +$((vr - vr0)): want every registration vouched for, none refused"
+  elif [ $((ml - ml0)) -lt 10 ] || grep "LIMIT_MEMORY from .* refused" "$WORK/vsocketd.log" | grep -qv "no running device"; then
+    fail vm_to_vm_proofs "memory_limits +$((ml - ml0)), memory_limits_refused +$((mlr - mlr0)): want every grant's device limited by its agent (decision 130), none refused but while vsocketd had not started it: $(grep "LIMIT_MEMORY from .* refused" "$WORK/vsocketd.log" | grep -v "no running device" | head -1)"
   else
+    echo "  memory limits: +$((ml - ml0)) devices limited by their agents, $((mlr - mlr0)) tries before vsocketd had started the device; agents: $(grep -ho "[0-9]* devices limited" "$RA/agent.out" "$RB/agent.out" "$RC/agent.out" | tr '\n' ' ')"
     pass vm_to_vm_proofs $((SECONDS - t0))
+  fi
+  # A non-root process of the VM (nobody) gets a function, limited to its
+  # own memory (decision 130), and is accelerated: xfer server and client.
+  if ! grep -q "nobody client exit 0" "$RA/stdout" || ! grep -q "nobody server exit 0" "$RA/stdout"; then
+    fail vm_to_vm_non_root "xfer as nobody failed: $(tail -2 "$RA/nobody-client.out" "$RA/nobody-server.out" 2>/dev/null | tr '\n' ' ')"
+  elif ! out=$(python3 tests/e2e/check_report.py "$RA/nobody.jsonl" --port 5206 --expect-conns 2 \
+      --mode accelerated --reason accelerated --accel-min 1 --exact-total $((bytes + 16)) 2>&1); then
+    fail vm_to_vm_non_root "reports: $out"
+  else
+    echo "  xfer as nobody: $out"
+    pass vm_to_vm_non_root $((SECONDS - t0))
   fi
 }

@@ -96,6 +96,7 @@ Status BackendDevice::Load() {
   }
   auto memory = GuestMemory::Create(std::move(regions));
   if (!memory.ok()) return memory.status();
+  MutexLock limit_lock(limit_mu_);  // (memory_ and its window change together)
   memory_ = std::move(memory).value();
   memory_.set_log(&log_);
   // (Load runs after every message that changes features, SET_FEATURES
@@ -149,6 +150,49 @@ Status BackendDevice::Load() {
     // (Inside guest memory: checked above.)
     if (q == 0) request_ring_gpa_.store(memory_.GpaOf(vr.desc), std::memory_order_release);
   }
+  // Decision 130: a limited device's rings lie inside its limit too; one
+  // that must be limited and is not yet reaches nothing.
+  if (limit_) {
+    for (const VirtqueueDevice& q : queues_) {
+      const SplitRing& r = q.ring();
+      if (!limit_->Contains(memory_.GpaOf(r.desc()), proto::DescTableBytes(r.size())) ||
+          !limit_->Contains(memory_.GpaOf(r.avail_base()), proto::AvailRingBytes(r.size())) ||
+          !limit_->Contains(memory_.GpaOf(r.used_base()), proto::UsedRingBytes(r.size())))
+        return Status(Code::kOutOfRange, "a vring lies outside the memory the VM's agent limited this device to");
+    }
+    memory_.set_window(limit_.get());
+  } else if (needs_limit()) {
+    memory_.set_window(&MemWindow::Nothing());
+  }
+  // Said in the request ring (decision 130): the agent limits a device it
+  // finds so on its next look (a device new to this vsocketd: a live
+  // migration's arrival, our restart).
+  if (!queues_.empty()) queues_[0].SetUsedFlag(proto::kUsedFlagNeedsLimit, needs_limit() && !limit_);
+  return Status::Ok();
+}
+
+bool BackendDevice::needs_limit() const { return port_->proofs_by_agent && !authority_; }
+
+Status BackendDevice::LimitMemory(const std::vector<std::pair<uint64_t, uint64_t>>& ranges) {
+  auto w = MemWindow::Create(ranges);
+  if (!w.ok()) return Status(Code::kOutOfRange, w.status().message());
+  MutexLock lock(limit_mu_);
+  if (limit_) return Status(Code::kFailedPrecondition, "already limited");
+  // Each range inside one of the frontend's regions (not through memory_'s
+  // translation: it reaches nothing until now).
+  for (const auto& [start, end] : w->ranges()) {
+    bool inside = false;
+    for (const MemRegion& r : memory_.regions())
+      inside |= start >= r.gpa && end - r.gpa <= r.size;
+    if (!inside) return Status(Code::kOutOfRange, "a range outside the VM's memory");
+  }
+  uint64_t ring = request_ring_gpa();
+  if (ring == 0 || !w->Contains(ring, proto::DescTableBytes(queues_.empty() ? 1 : queues_[0].ring().size())))
+    return Status(Code::kOutOfRange, "its request ring lies outside the ranges");
+  limit_ = std::make_unique<const MemWindow>(std::move(w).value());
+  memory_.set_window(limit_.get());
+  limited_.store(true, std::memory_order_release);
+  if (!queues_.empty()) queues_[0].SetUsedFlag(proto::kUsedFlagNeedsLimit, false);
   return Status::Ok();
 }
 

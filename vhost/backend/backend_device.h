@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -107,6 +108,19 @@ class BackendDevice {
   // 4-tuples this device's process proved it holds (socket_proof.h).
   ProvenSockets& proofs() { return proofs_; }
 
+  // Decision 130: on a port whose sockets the VM's agent proves, a device
+  // other than the agent's own reaches no guest memory until the agent
+  // limits it (LIMIT_MEMORY) to the memory it gave that function, and then
+  // only that: every descriptor, ring and registered data ring must lie
+  // inside `ranges` ([gpa, gpa + len)). Once per device (kept across a
+  // pause and a reload); kFailedPrecondition if already limited,
+  // kOutOfRange if a range is not guest memory or the request ring lies
+  // outside them. Thread-safe.
+  Status LimitMemory(const std::vector<std::pair<uint64_t, uint64_t>>& ranges) EXCLUDES(limit_mu_);
+  bool limited() const { return limited_.load(std::memory_order_acquire); }
+  // The agent must limit it before it reaches any memory (above).
+  bool needs_limit() const;
+
   DeviceCounters& counters() { return counters_; }
   const DeviceCounters& counters() const { return counters_; }
 
@@ -133,6 +147,10 @@ class BackendDevice {
   mutable Mutex files_mu_;
   std::vector<FileId> region_files_ GUARDED_BY(files_mu_);
   ProvenSockets proofs_;
+  // LimitMemory's window (never replaced once set: memory_ points at it).
+  mutable Mutex limit_mu_;
+  std::unique_ptr<const MemWindow> limit_ GUARDED_BY(limit_mu_);
+  std::atomic<bool> limited_{false};
 };
 
 }  // namespace vsocket::vhost

@@ -20,7 +20,42 @@ Result<GuestMemory> GuestMemory::Create(std::vector<MemRegion> regions) {
   return m;
 }
 
+Result<MemWindow> MemWindow::Create(std::vector<std::pair<uint64_t, uint64_t>> ranges) {
+  std::vector<std::pair<uint64_t, uint64_t>> spans;  // (start, end)
+  for (const auto& [gpa, len] : ranges) {
+    if (len == 0 || gpa + len < gpa) return Status(Code::kInvalidArgument, "memory window range is empty or wraps");
+    spans.emplace_back(gpa, gpa + len);
+  }
+  std::sort(spans.begin(), spans.end());
+  MemWindow w;
+  for (const auto& s : spans) {
+    if (!w.ranges_.empty() && s.first < w.ranges_.back().second)
+      return Status(Code::kInvalidArgument, "memory window ranges overlap");
+    if (!w.ranges_.empty() && s.first == w.ranges_.back().second) {
+      w.ranges_.back().second = s.second;
+    } else {
+      w.ranges_.push_back(s);
+    }
+  }
+  if (w.ranges_.empty()) return Status(Code::kInvalidArgument, "empty memory window");
+  return w;
+}
+
+const MemWindow& MemWindow::Nothing() {
+  static const MemWindow* w = new MemWindow();
+  return *w;
+}
+
+bool MemWindow::Contains(uint64_t gpa, uint64_t len) const {
+  for (const auto& [start, end] : ranges_) {
+    if (gpa < start || gpa > end) continue;
+    if (len <= end - gpa) return true;
+  }
+  return false;
+}
+
 uint8_t* GuestMemory::Translate(uint64_t gpa, uint64_t len) const {
+  if (const MemWindow* w = window(); w != nullptr && !w->Contains(gpa, len)) return nullptr;
   // Few regions (vhost-user allows at most 8): a linear scan is fastest.
   for (const MemRegion& r : regions_) {
     if (gpa < r.gpa) continue;
@@ -38,7 +73,8 @@ bool GuestMemory::ContainsLocal(const void* p, uint64_t len) const {
     if (a < base) continue;
     uint64_t off = a - base;
     if (off > r.size || len > r.size - off) continue;
-    return true;
+    const MemWindow* w = window();
+    return w == nullptr || w->Contains(r.gpa + off, len);
   }
   return false;
 }

@@ -23,6 +23,34 @@ TEST(GuestMemoryTest, TranslatesInsideAndRejectsOutside) {
   EXPECT_FALSE(m->ContainsLocal(b + 100, 3997));
 }
 
+// Decision 130: a device limited to the pages its agent gave it reaches
+// nothing else of the same memory, though it is mapped.
+TEST(GuestMemoryTest, WindowLimitsEveryTranslation) {
+  static uint8_t a[16384];
+  auto m = GuestMemory::Create({{0x10000, sizeof(a), a}});
+  ASSERT_TRUE(m.ok());
+  auto w = MemWindow::Create({{0x11000, 0x1000}, {0x13000, 0x800}, {0x12000, 0x1000}});
+  ASSERT_TRUE(w.ok());
+  ASSERT_EQ(w->ranges().size(), 1u) << "adjacent ranges merge";
+  m->set_window(&*w);
+  EXPECT_EQ(m->Translate(0x11000, 0x2800), a + 0x1000);  // the merged window, whole
+  EXPECT_EQ(m->Translate(0x10fff, 1), nullptr);           // mapped, but before the window
+  EXPECT_EQ(m->Translate(0x11000 + 0x27ff, 2), nullptr);  // straddles its end
+  EXPECT_EQ(m->Translate(0x13800, 1), nullptr);           // mapped, after it
+  EXPECT_EQ(m->Translate(0x13800, 0), a + 0x3800);        // empty range at its very end
+  EXPECT_TRUE(m->ContainsLocal(a + 0x1000, 0x2800));
+  EXPECT_FALSE(m->ContainsLocal(a, 16));
+  EXPECT_FALSE(m->ContainsLocal(a + 0x3000, 0x1000));
+  GuestMemory copy = *m;  // (a reload keeps the window)
+  EXPECT_EQ(copy.Translate(0x10000, 1), nullptr);
+  m->set_window(nullptr);
+  EXPECT_EQ(m->Translate(0x10000, 1), a);
+  EXPECT_FALSE(MemWindow::Create({{0x1000, 0x1000}, {0x1800, 0x1000}}).ok()) << "overlap";
+  EXPECT_FALSE(MemWindow::Create({{0x1000, 0}}).ok()) << "empty";
+  EXPECT_FALSE(MemWindow::Create({{~uint64_t{0} - 10, 0x1000}}).ok()) << "wraps";
+  EXPECT_FALSE(MemWindow::Create({}).ok());
+}
+
 TEST(GuestMemoryTest, RejectsOverlappingAndEmptyRegions) {
   static uint8_t a[4096];
   EXPECT_FALSE(GuestMemory::Create({{0, 4096, a}, {4095, 10, a}}).ok());

@@ -133,7 +133,7 @@ bool VirtqueueDevice::EnableNotify() {
     ring_.avail_event().store(last_avail_, std::memory_order_relaxed);
     mem_->MarkWritten(AvailEventWord(ring_), sizeof(uint16_t));
   } else {
-    ring_.used_flags().store(no_call_flag_, std::memory_order_relaxed);
+    ring_.used_flags().fetch_and(static_cast<uint16_t>(~proto::kUsedFlagNoNotify), std::memory_order_relaxed);
     mem_->MarkWritten(UsedFlagsWord(ring_), sizeof(uint16_t));
   }
   // F3: order the avail_event/flags store before re-reading avail->idx; pairs
@@ -146,21 +146,21 @@ bool VirtqueueDevice::EnableNotify() {
 void VirtqueueDevice::DisableNotify() {
   // With event-idx a stale avail_event suppresses kicks by itself.
   if (!event_idx_ && !broken()) {
-    ring_.used_flags().store(proto::kUsedFlagNoNotify | no_call_flag_, std::memory_order_relaxed);
+    ring_.used_flags().fetch_or(proto::kUsedFlagNoNotify, std::memory_order_relaxed);
     mem_->MarkWritten(UsedFlagsWord(ring_), sizeof(uint16_t));
   }
 }
 
-void VirtqueueDevice::SetNoCall(bool no_call) {
+void VirtqueueDevice::SetNoCall(bool no_call) { SetUsedFlag(proto::kUsedFlagNoCall, no_call); }
+
+void VirtqueueDevice::SetUsedFlag(uint16_t bit, bool on) {
   if (broken()) return;
-  no_call_flag_ = no_call ? proto::kUsedFlagNoCall : 0;
-  // The device is used->flags' only writer: a read-modify-write here races
-  // with nothing but the driver's reads.
-  uint16_t was = ring_.used_flags().load(std::memory_order_relaxed);
-  uint16_t now = static_cast<uint16_t>((was & ~proto::kUsedFlagNoCall) | no_call_flag_);
-  if (now == was) return;
-  ring_.used_flags().store(now, std::memory_order_release);
-  mem_->MarkWritten(UsedFlagsWord(ring_), sizeof(uint16_t));
+  // Atomic read-modify-writes: the flags' other bits may change meanwhile
+  // on another thread (decision 130's flag is cleared by the agent's
+  // LIMIT_MEMORY, on its worker).
+  uint16_t was = on ? ring_.used_flags().fetch_or(bit, std::memory_order_release)
+                    : ring_.used_flags().fetch_and(static_cast<uint16_t>(~bit), std::memory_order_release);
+  if (((was & bit) != 0) != on) mem_->MarkWritten(UsedFlagsWord(ring_), sizeof(uint16_t));
 }
 
 }  // namespace vsocket::vhost

@@ -67,6 +67,9 @@ class VirtqueueDevice {
   // (proto::kUsedFlagNoCall set: it cannot). Kept across EnableNotify /
   // DisableNotify; written only when it changes (in the dirty log).
   void SetNoCall(bool no_call);
+  // Sets or clears one of vSocket's own used->flags bits (proto::kUsedFlag*),
+  // atomically: safe beside the worker's own flag changes.
+  void SetUsedFlag(uint16_t bit, bool on);
 
   bool broken() const { return broken_ != nullptr; }
   const char* broken_reason() const { return broken_ ? broken_ : ""; }
@@ -86,7 +89,6 @@ class VirtqueueDevice {
   uint16_t last_avail_ = 0;      // next avail slot to consume
   uint16_t used_shadow_ = 0;     // next used slot to fill (private until published)
   uint16_t used_published_ = 0;  // used->idx as last published
-  uint16_t no_call_flag_ = 0;    // proto::kUsedFlagNoCall or 0, in used->flags with the notify bit
   const char* broken_ = nullptr;
 };
 

@@ -46,6 +46,10 @@ class VirtqueueDriver {
   bool DeviceCannotCall() const {
     return ring_.used_flags().load(std::memory_order_acquire) & proto::kUsedFlagNoCall;
   }
+  // The device waits for its memory limit (proto::kUsedFlagNeedsLimit).
+  bool DeviceNeedsLimit() const {
+    return ring_.used_flags().load(std::memory_order_acquire) & proto::kUsedFlagNeedsLimit;
+  }
 
   // Cookies of chains added but not yet returned by PopUsed().
   std::vector<uint64_t> InFlightCookies() const;
