@@ -211,8 +211,14 @@ bool Worker::EnableAllNotify() {
   bool pending = false;
   for (Active& a : active_) {
     if (a.device->broken()) continue;
+    // A device waiting for its memory limit (decision 130) is not served:
+    // what waits in its rings is no work of ours until then (else we would
+    // spin on it). It still asks for kicks: one after its limit wakes us.
+    const bool unserved = a.device->needs_limit() && !a.device->limited();
     for (size_t q = 0; q < a.device->num_queues(); ++q) {
-      if (service_->NeedsKick(*a.device, q)) {
+      if (unserved) {
+        (void)a.device->queue(q).EnableNotify();
+      } else if (service_->NeedsKick(*a.device, q)) {
         pending |= a.device->queue(q).EnableNotify();
       } else {
         a.device->queue(q).DisableNotify();

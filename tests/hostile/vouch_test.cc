@@ -10,6 +10,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -67,6 +69,22 @@ std::string LimitWhenStarted(RawGuest& agent, uint64_t ring, std::vector<proto::
     usleep(20'000);
   }
   return r;
+}
+
+// utime + stime of pid, in clock ticks.
+long CpuTicks(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)), {});
+  size_t p = stat.rfind(')');
+  if (p == std::string::npos) return -1;
+  std::istringstream in(stat.substr(p + 2));
+  std::string field;
+  long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && in >> field; ++i) {
+    if (i == 14) utime = std::stol(field);
+    if (i == 15) stime = std::stol(field);
+  }
+  return utime + stime;
 }
 
 bool NeedsLimitSoon(RawGuest& g) {
@@ -145,6 +163,12 @@ TEST_F(VouchTest, OnlyTheAgentLimitsADeviceAndAnUnlimitedOneReachesNothing) {
   EXPECT_TRUE(NeedsLimitSoon(q) && NeedsLimitSoon(p)) << "vsocketd says so in their request rings";
   EXPECT_FALSE(agent.NeedsLimit()) << "the agent's own function is never limited";
   EXPECT_EQ(q.LimitMemory(q.RequestRingGpa(), {q.Region()}), "") << "an unlimited device reaches nothing";
+  // Its request waits in the ring, and vsocketd does not spin on it: well
+  // under half a CPU over 2 s (a worker that took it for work would spin).
+  long t0 = CpuTicks(daemon_.pid());
+  sleep(2);
+  long used = CpuTicks(daemon_.pid()) - t0;
+  EXPECT_LT(used, sysconf(_SC_CLK_TCK)) << "vsocketd used " << used << " ticks in 2 s with an unserved request";
   // The agent: a range beyond the VM's memory, one that leaves the request
   // ring out, then p's own memory, then again.
   proto::MemRange r = p.Region();
