@@ -62,16 +62,10 @@ kill -TERM \$apid
 wait \$apid
 echo "agent exit \$?"
 JOB
-  # A: each run between two marks the host answers (it reads the CPU
-  # times then); RUN NAME MODE REP CMD...
-  cat > "$RA/job.sh" <<JOB
-cd /run/vsocket-vm
-./vsocket-guestd --serve --proofs > agent.out 2>&1 &
-apid=\$!
-for _ in \$(seq 300); do [ -S /run/vsocket/agent.sock ] && break; sleep 0.1; done
-export VSOCKET_REPORT=/run/vsocket-vm/report.jsonl
-echo ready > ready
-for _ in \$(seq 900); do [ -f go ] && break; sleep 0.1; done
+  # A (pair_job_client): each run between two marks the host answers (it
+  # reads the CPU times then); RUN NAME MODE REP CMD...
+  local runs
+  runs=$(cat <<JOB
 mark() { echo > marks/\$1; for _ in \$(seq 300); do [ -f marks/\$1.ack ] && return; sleep 0.05; done; }
 run() {
   local name=\$1 mode=\$2 rep=\$3 pre=
@@ -102,10 +96,9 @@ for rep in \$(seq $reps); do
     run redis16 \$m \$rep redis-benchmark -h $PAIR_B -p \$port -n 6000 -c 16 -t get --csv
   done
 done
-kill -TERM \$apid
-wait \$apid
-echo "agent exit \$?"
 JOB
+)
+  pair_job_client "$RA" "$runs"
   vm_net_down "$PAIR_NS"
   vm_net_up "$PAIR_NS" tapa tapb || { fail bench_vm_pair "cannot make the guests' bridge"; return; }
   local accel0 up0
