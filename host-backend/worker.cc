@@ -160,7 +160,7 @@ bool Worker::Serve(Active& a) {
   if (dev.broken()) return false;
   // Not a byte of its memory until the VM's agent has limited it (decision
   // 130): its requests wait in the ring (the agent kicks it after).
-  if (dev.needs_limit() && !dev.limited()) return false;
+  if (dev.awaiting_limit()) return false;
   bool worked = false;
   vhost::VirtqueueDevice& rq = dev.queue(0);
   for (int n = 0; n < options_.batch; ++n) {
@@ -214,9 +214,8 @@ bool Worker::EnableAllNotify() {
     // A device waiting for its memory limit (decision 130) is not served:
     // what waits in its rings is no work of ours until then (else we would
     // spin on it). It still asks for kicks: one after its limit wakes us.
-    const bool unserved = a.device->needs_limit() && !a.device->limited();
     for (size_t q = 0; q < a.device->num_queues(); ++q) {
-      if (unserved) {
+      if (a.device->awaiting_limit()) {
         (void)a.device->queue(q).EnableNotify();
       } else if (service_->NeedsKick(*a.device, q)) {
         pending |= a.device->queue(q).EnableNotify();

@@ -406,10 +406,14 @@ void AgentServer::LimitIfAsked(Slot& s) {
     return;
   }
   // Whatever its process posted meanwhile waited unread: look now.
-  for (uint16_t q = 0; q < 2; ++q) s.device->device().Notify(q);
+  s.device->KickQueues();
+  WakeProcess(s.call);
+}
+
+void AgentServer::WakeProcess(UniqueFd* calls) {
   uint64_t v = 1;
-  for (auto& c : s.call)
-    if (c.get() >= 0) (void)!write(c.get(), &v, sizeof(v));
+  for (int q = 0; calls != nullptr && q < 2; ++q)
+    if (calls[q].get() >= 0) (void)!write(calls[q].get(), &v, sizeof(v));
 }
 
 void AgentServer::RestartIfCannotCall(VmDevice& device, UniqueFd* calls) {
@@ -424,11 +428,8 @@ void AgentServer::RestartIfCannotCall(VmDevice& device, UniqueFd* calls) {
            "vsocket-guestd: %s: vsocketd cannot interrupt it (QEMU started its device while INTx was disabled: "
            "decision 129); its queues restarted with INTx on (%llu restarts so far)",
            device.bdf().c_str(), static_cast<unsigned long long>(n));
-  // Its process may sleep on an answer that came without a wake-up: it
-  // looks at its rings again.
-  uint64_t v = 1;
-  for (int q = 0; calls != nullptr && q < 2; ++q)
-    if (calls[q].get() >= 0) (void)!write(calls[q].get(), &v, sizeof(v));
+  // Its process may sleep on an answer that came without a wake-up.
+  WakeProcess(calls);
 }
 
 void AgentServer::OnEvent(uint64_t tag) {
@@ -458,9 +459,7 @@ void AgentServer::OnEvent(uint64_t tag) {
       uint8_t isr = s.device->device().ReadIsr();
       (void)s.device->device().pci().Unmask();
       ++counters_.interrupts;
-      v = 1;
-      for (auto& c : s.call)
-        if (c.get() >= 0) (void)!write(c.get(), &v, sizeof(v));
+      WakeProcess(s.call);
       if (isr & kIsrConfig) CheckLink(i);
       break;
     }

@@ -106,6 +106,9 @@ class AgentServer {
   // A device vsocketd cannot interrupt (VmDevice::BackendCannotCall):
   // its queues restarted with INTx on, its process woken to look again.
   void RestartIfCannotCall(VmDevice& device, UniqueFd* calls);
+  // Writes a slot's two wake-up eventfds (`calls`: its call[2]; nullptr or
+  // closed ones: no process): its process looks at its rings again.
+  static void WakeProcess(UniqueFd* calls);
   // Decision 130: the VM's authority limits slot's device to the memory
   // the agent gave it (its DMA pages), waiting (bounded) for vsocketd to
   // have started it. Without the authority: nothing to do.

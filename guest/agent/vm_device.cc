@@ -104,8 +104,12 @@ Status VmDevice::Start(const VmDeviceOptions& o) {
 
 Status VmDevice::RestartQueues() {
   VS_RETURN_IF_ERROR(dev_->RestartQueues());
-  for (uint16_t q = 0; q < 2; ++q) dev_->Notify(q);
+  KickQueues();
   return Status::Ok();
+}
+
+void VmDevice::KickQueues() {
+  for (uint16_t q = 0; q < 2; ++q) dev_->Notify(q);
 }
 
 Result<vhost::VirtqueueDriver::Used> VmDevice::WaitUsed(size_t q) {
@@ -174,17 +178,23 @@ Status VmDevice::Echo(std::span<const uint8_t> payload) {
   return Status::Ok();
 }
 
-Status VmDevice::Vouch(uint64_t device_ring_gpa, const proto::Endpoint& local, const proto::Endpoint& peer) {
-  auto resp = Call({proto::MsgType::kVouch, next_request_id_++, proto::Vouch{device_ring_gpa, local, peer}});
+Result<proto::WireError> VmDevice::CallForAck(const proto::Message& m, const char* what) {
+  auto resp = Call(m);
   if (!resp.ok()) return resp.status();
   const auto* ack = std::get_if<proto::RegisterAck>(&resp->body);
   if (resp->type != proto::MsgType::kRegisterAck || ack == nullptr)
-    return Status(Code::kDataLoss, std::string("VOUCH answered with ") + proto::ToString(resp->type));
-  switch (ack->status) {
+    return Status(Code::kDataLoss, std::string(what) + " answered with " + proto::ToString(resp->type));
+  return ack->status;
+}
+
+Status VmDevice::Vouch(uint64_t device_ring_gpa, const proto::Endpoint& local, const proto::Endpoint& peer) {
+  auto st = CallForAck({proto::MsgType::kVouch, next_request_id_++, proto::Vouch{device_ring_gpa, local, peer}}, "VOUCH");
+  if (!st.ok()) return st.status();
+  switch (*st) {
     case proto::WireError::kOk: return Status::Ok();
     case proto::WireError::kUnknownConnection: return Status(Code::kNotFound, "VOUCH: vsocketd has no such device");
     default:
-      return Status(Code::kPermissionDenied, std::string("VOUCH refused: ") + proto::ToString(ack->status));
+      return Status(Code::kPermissionDenied, std::string("VOUCH refused: ") + proto::ToString(*st));
   }
 }
 
@@ -193,17 +203,14 @@ Status VmDevice::LimitMemory(uint64_t device_ring_gpa, const std::vector<proto::
     return Status(Code::kInvalidArgument, "LIMIT_MEMORY: " + std::to_string(ranges.size()) + " ranges");
   proto::LimitMemory l{device_ring_gpa, static_cast<uint32_t>(ranges.size()), {}};
   std::copy(ranges.begin(), ranges.end(), l.ranges.begin());
-  auto resp = Call({proto::MsgType::kLimitMemory, next_request_id_++, l});
-  if (!resp.ok()) return resp.status();
-  const auto* ack = std::get_if<proto::RegisterAck>(&resp->body);
-  if (resp->type != proto::MsgType::kRegisterAck || ack == nullptr)
-    return Status(Code::kDataLoss, std::string("LIMIT_MEMORY answered with ") + proto::ToString(resp->type));
-  switch (ack->status) {
+  auto st = CallForAck({proto::MsgType::kLimitMemory, next_request_id_++, l}, "LIMIT_MEMORY");
+  if (!st.ok()) return st.status();
+  switch (*st) {
     case proto::WireError::kOk: return Status::Ok();
     case proto::WireError::kUnknownConnection:
       return Status(Code::kNotFound, "LIMIT_MEMORY: vsocketd has no such device");
     default:
-      return Status(Code::kFailedPrecondition, std::string("LIMIT_MEMORY refused: ") + proto::ToString(ack->status));
+      return Status(Code::kFailedPrecondition, std::string("LIMIT_MEMORY refused: ") + proto::ToString(*st));
   }
 }
 

@@ -70,9 +70,11 @@ class VmDevice {
   // vsocketd waits for this function's memory limit (decision 130: a device
   // new to it, e.g. after a live migration's arrival or its restart).
   bool BackendNeedsLimit() const { return queues_[0].DeviceNeedsLimit(); }
-  // VirtioDevice::RestartQueues, then a kick on both queues (anything the
-  // driver published meanwhile is looked at).
+  // VirtioDevice::RestartQueues, then KickQueues.
   Status RestartQueues();
+  // A notification on both queues: vsocketd looks at whatever the driver
+  // published (a spurious one costs it one look).
+  void KickQueues();
 
   const std::string& bdf() const { return dev_->pci().bdf(); }
   VirtioDevice& device() { return *dev_; }
@@ -91,6 +93,9 @@ class VmDevice {
   Status Start(const VmDeviceOptions& options);
   // Sends m and waits for the in-chain answer.
   Result<proto::Message> Call(const proto::Message& m);
+  // Sends m (VOUCH, LIMIT_MEMORY: `what`) and returns the status of the
+  // REGISTER_ACK that answers it.
+  Result<proto::WireError> CallForAck(const proto::Message& m, const char* what);
   // Waits for a used entry on queue q: interrupts through uio, and a look
   // at the ring every 50 ms in case one was missed.
   Result<vhost::VirtqueueDriver::Used> WaitUsed(size_t q);

@@ -62,7 +62,12 @@ DirtyLog::Sink LogSink() {
 
 BackendDevice::BackendDevice(int vid, uint64_t id, const PortConfig* port, DirtyLogCounters* log_counters,
                              bool authority)
-    : vid_(vid), id_(id), port_(port), authority_(authority), log_(LogSink(), vid, log_counters) {}
+    : vid_(vid),
+      id_(id),
+      port_(port),
+      authority_(authority),
+      needs_limit_(port->proofs_by_agent && !authority),
+      log_(LogSink(), vid, log_counters) {}
 
 Status BackendDevice::Load() {
   if (rte_vhost_get_negotiated_features(vid_, &features_) != 0)
@@ -99,6 +104,9 @@ Status BackendDevice::Load() {
   MutexLock limit_lock(limit_mu_);  // (memory_ and its window change together)
   memory_ = std::move(memory).value();
   memory_.set_log(&log_);
+  // Decision 130: a limited device's rings too must lie inside its limit
+  // (the checks below see the window).
+  memory_.set_window(limit_.get());
   // (Load runs after every message that changes features, SET_FEATURES
   // with LOG_ALL included, with the data path detached.)
   log_.Set((features_ & proto::kFeatureLogAll) != 0);
@@ -146,46 +154,31 @@ Status BackendDevice::Load() {
     // every 200 ms and restarts the device's queues (DRIVER_OK off and on,
     // INTx enabled), which we see as a pause and resume. Not while the log
     // is on: a stop then would read as a live migration's switchover.
-    queues_.back().SetNoCall(vr.callfd < 0 && !logging());
+    queues_.back().SetUsedFlag(proto::kUsedFlagNoCall, vr.callfd < 0 && !logging());
     // (Inside guest memory: checked above.)
     if (q == 0) request_ring_gpa_.store(memory_.GpaOf(vr.desc), std::memory_order_release);
   }
-  // Decision 130: a limited device's rings lie inside its limit too; one
-  // that must be limited and is not yet reaches nothing.
-  if (limit_) {
-    for (const VirtqueueDevice& q : queues_) {
-      const SplitRing& r = q.ring();
-      if (!limit_->Contains(memory_.GpaOf(r.desc()), proto::DescTableBytes(r.size())) ||
-          !limit_->Contains(memory_.GpaOf(r.avail_base()), proto::AvailRingBytes(r.size())) ||
-          !limit_->Contains(memory_.GpaOf(r.used_base()), proto::UsedRingBytes(r.size())))
-        return Status(Code::kOutOfRange, "a vring lies outside the memory the VM's agent limited this device to");
-    }
-    memory_.set_window(limit_.get());
-  } else if (needs_limit()) {
-    memory_.set_window(&MemWindow::Nothing());
-  }
-  // Said in the request ring (decision 130): the agent limits a device it
-  // finds so on its next look (a device new to this vsocketd: a live
-  // migration's arrival, our restart).
-  if (!queues_.empty()) queues_[0].SetUsedFlag(proto::kUsedFlagNeedsLimit, needs_limit() && !limit_);
+  // One that must be limited and is not yet reaches nothing (its rings were
+  // checked against the whole memory above), and says so in its request
+  // ring (decision 130): the agent limits a device it finds so on its next
+  // look (a device new to this vsocketd: a live migration's arrival, our
+  // restart).
+  if (awaiting_limit_locked()) memory_.set_window(&MemWindow::Nothing());
+  if (!queues_.empty()) queues_[0].SetUsedFlag(proto::kUsedFlagNeedsLimit, awaiting_limit_locked());
   return Status::Ok();
 }
-
-bool BackendDevice::needs_limit() const { return port_->proofs_by_agent && !authority_; }
 
 Status BackendDevice::LimitMemory(const std::vector<std::pair<uint64_t, uint64_t>>& ranges) {
   auto w = MemWindow::Create(ranges);
   if (!w.ok()) return Status(Code::kOutOfRange, w.status().message());
   MutexLock lock(limit_mu_);
   if (limit_) return Status(Code::kFailedPrecondition, "already limited");
-  // Each range inside one of the frontend's regions (not through memory_'s
-  // translation: it reaches nothing until now).
-  for (const auto& [start, end] : w->ranges()) {
-    bool inside = false;
-    for (const MemRegion& r : memory_.regions())
-      inside |= start >= r.gpa && end - r.gpa <= r.size;
-    if (!inside) return Status(Code::kOutOfRange, "a range outside the VM's memory");
-  }
+  // Each range inside one of the frontend's regions (memory_'s translation
+  // without its window: it reaches nothing until now).
+  GuestMemory whole = memory_;
+  whole.set_window(nullptr);
+  for (const auto& [start, end] : w->ranges())
+    if (whole.Translate(start, end - start) == nullptr) return Status(Code::kOutOfRange, "a range outside the VM's memory");
   uint64_t ring = request_ring_gpa();
   if (ring == 0 || !w->Contains(ring, proto::DescTableBytes(queues_.empty() ? 1 : queues_[0].ring().size())))
     return Status(Code::kOutOfRange, "its request ring lies outside the ranges");

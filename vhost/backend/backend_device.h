@@ -119,7 +119,9 @@ class BackendDevice {
   Status LimitMemory(const std::vector<std::pair<uint64_t, uint64_t>>& ranges) EXCLUDES(limit_mu_);
   bool limited() const { return limited_.load(std::memory_order_acquire); }
   // The agent must limit it before it reaches any memory (above).
-  bool needs_limit() const;
+  bool needs_limit() const { return needs_limit_; }
+  // Not served yet: it must be limited and is not (the worker's check).
+  bool awaiting_limit() const { return needs_limit_ && !limited(); }
 
   DeviceCounters& counters() { return counters_; }
   const DeviceCounters& counters() const { return counters_; }
@@ -129,6 +131,7 @@ class BackendDevice {
   const uint64_t id_;
   const PortConfig* const port_;
   const bool authority_;
+  const bool needs_limit_;  // its port's sockets proved by the VM's agent, and not the agent's own device
   std::atomic<uint64_t> request_ring_gpa_{0};
   uint64_t features_ = 0;
   bool event_idx_ = false;
@@ -150,7 +153,8 @@ class BackendDevice {
   // LimitMemory's window (never replaced once set: memory_ points at it).
   mutable Mutex limit_mu_;
   std::unique_ptr<const MemWindow> limit_ GUARDED_BY(limit_mu_);
-  std::atomic<bool> limited_{false};
+  std::atomic<bool> limited_{false};  // limit_ is set (read without limit_mu_)
+  bool awaiting_limit_locked() const REQUIRES(limit_mu_) { return needs_limit_ && !limit_; }
 };
 
 }  // namespace vsocket::vhost

@@ -151,8 +151,6 @@ void VirtqueueDevice::DisableNotify() {
   }
 }
 
-void VirtqueueDevice::SetNoCall(bool no_call) { SetUsedFlag(proto::kUsedFlagNoCall, no_call); }
-
 void VirtqueueDevice::SetUsedFlag(uint16_t bit, bool on) {
   if (broken()) return;
   // Atomic read-modify-writes: the flags' other bits may change meanwhile

@@ -63,12 +63,10 @@ class VirtqueueDevice {
   bool EnableNotify();
   void DisableNotify();
   bool HasAvailable() const;
-  // Says in used->flags whether this queue can interrupt its driver
-  // (proto::kUsedFlagNoCall set: it cannot). Kept across EnableNotify /
-  // DisableNotify; written only when it changes (in the dirty log).
-  void SetNoCall(bool no_call);
-  // Sets or clears one of vSocket's own used->flags bits (proto::kUsedFlag*),
-  // atomically: safe beside the worker's own flag changes.
+  // Sets or clears one of vSocket's own used->flags bits (proto::kUsedFlag*:
+  // NoCall, NeedsLimit), atomically: safe beside the worker's own flag
+  // changes, kept across EnableNotify / DisableNotify; written (into the
+  // dirty log) only when it changes.
   void SetUsedFlag(uint16_t bit, bool on);
 
   bool broken() const { return broken_ != nullptr; }

@@ -155,7 +155,7 @@ TEST_P(VirtqueueTest, EnableReportsWorkThatRacedIn) {
 TEST_P(VirtqueueTest, NoCallFlagSurvivesNotifySuppression) {
   const bool flags_mode = !GetParam();  // (with event-idx, used->flags says nothing about kicks)
   EXPECT_FALSE(drv_.DeviceCannotCall());
-  dev_.SetNoCall(true);
+  dev_.SetUsedFlag(proto::kUsedFlagNoCall, true);
   EXPECT_TRUE(drv_.DeviceCannotCall());
   dev_.DisableNotify();
   EXPECT_TRUE(drv_.DeviceCannotCall());
@@ -168,7 +168,7 @@ TEST_P(VirtqueueTest, NoCallFlagSurvivesNotifySuppression) {
   ASSERT_TRUE(drv_.Add({&b, 1}, {}, 0).ok());
   kick = drv_.Publish();
   if (flags_mode) EXPECT_TRUE(kick) << "the no-call flag must not read as NO_NOTIFY";
-  dev_.SetNoCall(false);
+  dev_.SetUsedFlag(proto::kUsedFlagNoCall, false);
   EXPECT_FALSE(drv_.DeviceCannotCall());
   dev_.DisableNotify();
   EXPECT_FALSE(drv_.DeviceCannotCall());
