@@ -1,5 +1,6 @@
 #include "guest/core/fd_table.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <sys/stat.h>
 
@@ -29,6 +30,8 @@ namespace {
 struct Slot {
   std::atomic<bool> has{false};  // conn is set: the fast "not ours" answer
   std::atomic<bool> busy{false};
+  // Bumped (under busy) at every change of conn: LookupForCall's check.
+  std::atomic<uint64_t> version{0};
   std::shared_ptr<Conn> conn;
 };
 
@@ -61,8 +64,43 @@ std::shared_ptr<Conn> Store(int fd, std::shared_ptr<Conn> c) REQUIRES(g_fd_mu) {
     old = std::move(s.conn);
     s.conn = std::move(c);
     s.has.store(s.conn != nullptr, std::memory_order_release);
+    s.version.fetch_add(1, std::memory_order_release);
   }
   return old;
+}
+
+// The calling thread's last LookupForCall: the fd, the slot's version then,
+// and a reference to its connection (heap-held, so the TLS block stays
+// trivial; freed by the key's destructor when the thread exits). `borrows`
+// counts the ConnRefs borrowing it: the entry is replaced only when none do
+// (a nested call, a signal handler's, takes its own reference instead).
+struct CallCache {
+  int fd = -1;
+  uint64_t version = 0;
+  int borrows = 0;
+  bool keyed = false;  // held is registered with g_cache_key on this thread
+  std::shared_ptr<Conn>* held = nullptr;
+};
+constinit thread_local CallCache t_cache;
+
+pthread_key_t g_cache_key;
+pthread_once_t g_cache_key_once = PTHREAD_ONCE_INIT;
+
+void CacheKeyInit() {
+  pthread_key_create(&g_cache_key, [](void* p) {
+    delete static_cast<std::shared_ptr<Conn>*>(p);
+    t_cache.held = nullptr;
+    t_cache.keyed = false;
+    t_cache.fd = -1;
+  });
+}
+
+// Drops the thread's cached reference if it is fd's and nothing borrows it.
+void Uncache(int fd) {
+  CallCache& tc = t_cache;
+  if (tc.fd != fd || tc.borrows != 0 || tc.held == nullptr) return;
+  tc.fd = -1;
+  tc.held->reset();
 }
 
 std::atomic<uint64_t> g_stale_reclaimed{0};
@@ -93,6 +131,61 @@ std::shared_ptr<Conn> Lookup(int fd) {
   if (!s.has.load(std::memory_order_acquire)) return nullptr;
   SlotLock lock(s);
   return s.conn;
+}
+
+// p is t_cache's, and LookupForCall has counted the borrow already.
+ConnRef ConnRef::Borrowed(Conn* p) {
+  ConnRef r;
+  r.p_ = p;
+  r.borrowed_ = true;
+  return r;
+}
+
+ConnRef::~ConnRef() {
+  if (!borrowed_) return;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  --t_cache.borrows;
+}
+
+ConnRef LookupForCall(int fd) {
+  if (fd < 0 || fd >= kTableFds) return ConnRef();
+  Slot& s = g_slots[fd];
+  CallCache& tc = t_cache;
+  if (tc.fd != fd && !s.has.load(std::memory_order_acquire)) return ConnRef();
+  // Counted first: a signal handler's look-up on this thread, from here on,
+  // leaves the entry alone and takes a reference of its own.
+  const int outer = tc.borrows++;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  // The cached reference keeps the connection alive; the version says the
+  // fd still names it (a change after this load is a close racing the call,
+  // as with Lookup's copy).
+  if (tc.fd == fd && s.version.load(std::memory_order_acquire) == tc.version) return ConnRef::Borrowed(tc.held->get());
+  std::shared_ptr<Conn> c;
+  uint64_t version;
+  {
+    SlotLock lock(s);
+    c = s.conn;
+    version = s.version.load(std::memory_order_relaxed);
+  }
+  if (c == nullptr || outer != 0) {  // not ours, or a nested call: the entry stays
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    --tc.borrows;
+    return c ? ConnRef(std::move(c)) : ConnRef();
+  }
+  if (tc.held == nullptr) {
+    tc.held = new std::shared_ptr<Conn>();
+    tc.keyed = false;
+  }
+  if (!tc.keyed) {
+    pthread_once(&g_cache_key_once, CacheKeyInit);
+    tc.keyed = pthread_setspecific(g_cache_key, tc.held) == 0;
+  }
+  tc.fd = -1;  // (not valid while it changes)
+  *tc.held = std::move(c);
+  tc.version = version;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  tc.fd = fd;
+  return ConnRef::Borrowed(tc.held->get());
 }
 
 void Adopt(int fd, bool nonblocking, bool accepted) {
@@ -139,7 +232,9 @@ void Forget(int fd, bool still_open) {
     SlotLock slot(s);
     c = std::move(s.conn);
     s.has.store(false, std::memory_order_release);
+    s.version.fetch_add(1, std::memory_order_release);
   }
+  Uncache(fd);
   // Runs before the real close(): fd still names the socket here.
   if (c && c->fd_refs.fetch_sub(1) == 1) Teardown(fd, c, still_open);
 }
@@ -186,6 +281,7 @@ size_t ReclaimStale() {
       if (s.conn != c) continue;  // changed meanwhile
       gone = std::move(s.conn);
       s.has.store(false, std::memory_order_release);
+      s.version.fetch_add(1, std::memory_order_release);
     }
     DropStale(fd, gone);
     ++n;

@@ -15,6 +15,44 @@ inline constexpr int kTableFds = 1 << 16;
 // The connection an fd names, or null if the fd is not a TCP socket this
 // library follows.
 std::shared_ptr<Conn> Lookup(int fd);
+
+// The connection a wrapper's call works on, for the length of that call
+// (LookupForCall). Borrowed from the calling thread's one-entry cache, or
+// holding its own reference where the cache is taken. Stays on its thread.
+class ConnRef {
+ public:
+  ConnRef() = default;
+  explicit ConnRef(std::shared_ptr<Conn> owned) : p_(owned.get()), owned_(std::move(owned)) {}
+  static ConnRef Borrowed(Conn* p);
+  ConnRef(ConnRef&& o) noexcept : p_(o.p_), borrowed_(o.borrowed_), owned_(std::move(o.owned_)) {
+    o.p_ = nullptr;
+    o.borrowed_ = false;
+  }
+  ConnRef& operator=(ConnRef&&) = delete;
+  ConnRef(const ConnRef&) = delete;
+  ConnRef& operator=(const ConnRef&) = delete;
+  ~ConnRef();
+  Conn* get() const { return p_; }
+  Conn* operator->() const { return p_; }
+  Conn& operator*() const { return *p_; }
+  explicit operator bool() const { return p_ != nullptr; }
+
+ private:
+  Conn* p_ = nullptr;
+  bool borrowed_ = false;
+  std::shared_ptr<Conn> owned_;
+};
+
+// Lookup for a wrapper's call (preload::Ours), without an atomic
+// read-modify-write when the calling thread looked the same fd up last and
+// the fd still names the same connection: each thread keeps a reference to
+// the connection it looked up last, checked against the slot's version (a
+// plain load). A locked instruction there cost a 16-byte send to a polling
+// direct peer most of its time: it waited for the ring stores before it to
+// reach the peer's CPU (decision 131). The cached reference keeps the
+// connection's memory (not its registration: Forget ends that) until the
+// thread looks another fd up or exits.
+ConnRef LookupForCall(int fd);
 // A new AF_INET/AF_INET6 stream socket created in this process
 // (socket(), accept()); `nonblocking` is its O_NONBLOCK state, `accepted`
 // whether it came from accept() (the server side of the pair).

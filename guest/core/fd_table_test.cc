@@ -13,6 +13,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <thread>
+
 #include "guest/core/loopback_pair.h"
 
 namespace vsocket::guest {
@@ -69,6 +71,63 @@ TEST(FdTable, TheRegionFullSweepReclaimsConnectionsWhoseNumbersNameAnotherFile) 
   EXPECT_EQ(ReclaimStale(), 1u);
   EXPECT_EQ(Lookup(k2), nullptr);
   for (int fd : {b, file, keep_peer}) close(fd);
+}
+
+// A wrapper's look-up (LookupForCall) borrows the thread's cached
+// reference: it must follow every change of the fd (a close, a new socket
+// under the number), never hand a nested call the entry it is replacing,
+// and give the reference back when the thread ends.
+TEST(FdTable, ACallsLookupFollowsTheFdThroughCloseAndReuse) {
+  auto [a, b] = testing::LoopbackTcpPair();
+  Adopt(a, false);
+  Conn* first = Lookup(a).get();
+  {
+    ConnRef r = LookupForCall(a);
+    ASSERT_EQ(r.get(), first);
+    ConnRef again = LookupForCall(a);  // nested, same fd: the same entry
+    EXPECT_EQ(again.get(), first);
+  }
+  std::weak_ptr<Conn> gone = Lookup(a);
+  Forget(a);
+  EXPECT_FALSE(LookupForCall(a)) << "a forgotten fd still answered from the cache";
+  EXPECT_TRUE(gone.expired()) << "the closing thread's cache kept the connection";
+  Adopt(a, false);  // a new connection under the same number
+  Conn* second = Lookup(a).get();
+  ASSERT_NE(second, nullptr);
+  EXPECT_EQ(LookupForCall(a).get(), second);
+  Forget(a);
+  for (int fd : {a, b}) close(fd);
+}
+
+TEST(FdTable, ANestedCallOnAnotherFdTakesItsOwnReference) {
+  auto [a, b] = testing::LoopbackTcpPair();
+  Adopt(a, false);
+  Adopt(b, false);
+  std::weak_ptr<Conn> wa = Lookup(a);
+  {
+    ConnRef ra = LookupForCall(a);
+    {
+      ConnRef rb = LookupForCall(b);  // (a signal handler's call, say)
+      EXPECT_EQ(rb.get(), Lookup(b).get());
+    }
+    Forget(a);  // another thread's close, while ra is in use
+    EXPECT_FALSE(wa.expired()) << "the borrowed connection went while borrowed";
+    EXPECT_EQ(ra->fd_refs.load(), 0);
+  }
+  Forget(b);
+  for (int fd : {a, b}) close(fd);
+}
+
+TEST(FdTable, AThreadsCachedReferenceEndsWithTheThread) {
+  auto [a, b] = testing::LoopbackTcpPair();
+  Adopt(a, false);
+  std::weak_ptr<Conn> w = Lookup(a);
+  int fd_a = a;
+  std::thread t([fd_a] { EXPECT_TRUE(LookupForCall(fd_a)); });
+  t.join();
+  Forget(a);
+  EXPECT_TRUE(w.expired()) << "an exited thread's cache kept the connection";
+  for (int fd : {a, b}) close(fd);
 }
 
 }  // namespace

@@ -35,7 +35,7 @@ struct Guard {
   ~Guard() { --t_depth; }
 };
 
-inline std::shared_ptr<Conn> Ours(int fd) { return t_depth ? nullptr : Lookup(fd); }
+inline ConnRef Ours(int fd) { return t_depth ? ConnRef() : LookupForCall(fd); }
 
 // The process the library's tables belong to: set at start-up and in a
 // fork child. A vfork child (python's subprocess) runs in its parent's
