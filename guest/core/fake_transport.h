@@ -58,7 +58,9 @@ class FakeTransport final : public Transport {
   void ReleaseMemory() override { ++releases_; }
   // How many times the session gave the memory back.
   int releases() const { return releases_; }
-  CpuShare BackendCpus() const override { return CpuShare{}; }
+  CpuShare BackendCpus() const override { return cpus_; }
+  // What BackendCpus answers (default: no CPU shared, nothing held).
+  void set_backend_cpus(CpuShare c) { cpus_ = c; }
   // Direct pairs (decision 97): the next FetchDirect hands out these (any
   // token), or refuses once they are taken.
   void set_direct(UniqueFd memory, UniqueFd wake, uint32_t side) {
@@ -77,6 +79,7 @@ class FakeTransport final : public Transport {
     UniqueFd wake;
   };
   void ServeRequests();
+  CpuShare cpus_{};
 
   size_t bytes_;
   uint8_t* mem_;

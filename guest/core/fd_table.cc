@@ -198,8 +198,9 @@ void Adopt(int fd, bool nonblocking, bool accepted) {
   // Where the policy holds request/response traffic on kernel TCP (decision
   // 51), a new connection is held from birth: an epoll or poll wait on it
   // before its first I/O is then one real wait, as without us (nginx
-  // accepts, adds and waits before it reads).
-  if (Session::RegistersStreamsOnly() && Session::Existing() != nullptr) c->held.store(true, std::memory_order_relaxed);
+  // accepts, adds and waits before it reads). The policy may be a parent's,
+  // learnt before it forked this worker (decision 132).
+  if (Session::RegistersStreamsOnly() && Session::PolicyKnown()) c->held.store(true, std::memory_order_relaxed);
   std::shared_ptr<Conn> old;
   {
     MutexLock lock(g_fd_mu);

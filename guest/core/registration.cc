@@ -138,7 +138,7 @@ void EnsureRegistered(int fd, Conn& c) {
   if (c.state.phase() != Phase::kUnprobed) return;
   if (!c.eligible) return KernelForGood(c, Reason::kInherited);
   if (c.urgent.load(std::memory_order_relaxed)) return KernelForGood(c, Reason::kUrgentData);
-  if (!c.held.load(std::memory_order_relaxed) && Session::RegistersStreamsOnly() && Session::Existing() != nullptr) {
+  if (!c.held.load(std::memory_order_relaxed) && Session::RegistersStreamsOnly() && Session::PolicyKnown()) {
     // Held until it streams (decision 51), at no cost: the addresses and
     // rules are looked at when it does (a report wants the addresses now).
     c.held.store(true, std::memory_order_relaxed);

@@ -1,6 +1,8 @@
 #include "guest/core/session.h"
 
 #include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -46,6 +48,8 @@ std::atomic<bool> g_sleep_at_once{false};
 std::atomic<bool> g_streams_only{false};
 std::atomic<bool> g_busy_rule{false};
 std::atomic<bool> g_direct_rule{false};
+// Set with the rules above by a session's start; kept across fork.
+std::atomic<bool> g_policy_known{false};
 std::atomic<Session::LinkLostHandler> g_link_lost{nullptr};
 
 }  // namespace
@@ -103,6 +107,7 @@ Session* Session::Get(proto::Reason* why) {
   g_busy_rule.store(auto_upgrade && share.sleep_at_once && fresh->tentative_, std::memory_order_relaxed);
   g_direct_rule.store(auto_upgrade && share.sleep_at_once && fresh->tentative_ && fresh->direct_,
                       std::memory_order_relaxed);
+  g_policy_known.store(true, std::memory_order_release);
   VS_LOG(kDebug, "session up in %.1f ms", (MonotonicNs() - now) / 1e6);
   if (share.sleep_at_once)
     VS_LOG(kInfo,
@@ -124,6 +129,41 @@ bool Session::RegistersStreamsOnly() { return g_streams_only.load(std::memory_or
 bool Session::BusyLoopRule() { return g_busy_rule.load(std::memory_order_relaxed); }
 bool Session::DirectPeerRule() { return g_direct_rule.load(std::memory_order_relaxed); }
 
+bool Session::PolicyKnown() {
+  if (!g_policy_known.load(std::memory_order_acquire)) return false;
+  Session* s = __atomic_load_n(&g_session, __ATOMIC_ACQUIRE);
+  return s == nullptr || s->alive();  // (this process's own session lost: ask again)
+}
+
+namespace {
+
+// A stream socket listens at path: vsocketd's port (process mode), not the
+// agent's seqpacket socket (a VM: connecting there would take a function).
+// The probe's connection ends at once (vsocketd drops it unseen).
+bool StreamSocketAt(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) return false;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  int fd = Libc().socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  bool stream = Libc().connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  Libc().close(fd);
+  return stream;
+}
+
+}  // namespace
+
+void Session::LearnPolicy() {
+  const GuestConfig& cfg = Config();
+  if (cfg.upgrade != UpgradePolicy::kAuto || !cfg.enabled || PolicyKnown()) return;
+  // Only a process-mode backend can hold connections (an agent's reports no
+  // CPU share: its rules accelerate at once, nothing to learn).
+  if (Existing() != nullptr || !StreamSocketAt(cfg.socket_path)) return;
+  proto::Reason why;
+  (void)Get(&why);
+}
+
 void Session::ForgetAfterFork() {
   // The child shares the parent's rings and vhost-user socket; using them
   // would corrupt the parent's session. Leak the object (its memory is the
@@ -138,6 +178,8 @@ void Session::DestroyForTesting() {
   Session* s = g_session;
   g_session = nullptr;
   g_last_attempt_ns.store(0, std::memory_order_relaxed);
+  for (auto* rule : {&g_sleep_at_once, &g_streams_only, &g_busy_rule, &g_direct_rule, &g_policy_known})
+    rule->store(false, std::memory_order_relaxed);
   delete s;
 }
 

@@ -144,6 +144,15 @@ class Session {
   // RegistersStreamsOnly() and the backend offered direct pairs to this
   // session's VM (kFeatureDirect) and takes tentative registrations.
   static bool DirectPeerRule();
+  // The rules above come from a backend this process, or the process it
+  // was forked from, had a session with (and, in this process, the session
+  // is not lost): a connection may be held by them without a session of
+  // its own (decision 132). A forked worker inherits its parent's.
+  static bool PolicyKnown();
+  // Learns the rules where they may hold connections (VSOCKET_UPGRADE=auto)
+  // and are not known yet: opens the session now (listen(): a server's
+  // forked workers then hold their connections without one each).
+  static void LearnPolicy();
   // What to do (under the session lock) with an upgraded connection whose
   // accelerated path was lost (its state just went resyncing): the socket
   // layer hands its resend to the background writer (resync.cc). Set once

@@ -40,9 +40,14 @@ FakeTransport* g_fake = nullptr;
 uint64_t g_ack_features = 0;
 proto::Reason g_refuse_with = proto::Reason::kNone;
 
+CpuShare g_backend_cpus{};
+int g_transports_made = 0;
+
 Result<std::unique_ptr<Transport>> MakeFake() {
   auto t = std::make_unique<FakeTransport>();
   g_fake = t.get();
+  g_fake->set_backend_cpus(g_backend_cpus);
+  ++g_transports_made;
   g_fake->set_responder([](const Message& m) -> std::optional<Message> {
     switch (m.type) {
       case MsgType::kHello: {
@@ -281,6 +286,51 @@ std::shared_ptr<Conn> SwitchedConn(Session* s, uint64_t id, std::vector<uint8_t>
   memcpy(ring.data(), bytes, n);
   c->tx_tail.store(n);
   return c;
+}
+
+// Where the backend shares this process's CPUs a connection is held on
+// kernel TCP until it streams (decision 51). A forked worker (Apache
+// prefork's, PostgreSQL's backends) knows that rule from its parent and
+// holds its connections without a session of its own (decision 132):
+// before, each worker opened one at its first connection, inside ab's
+// window (Apache a connection per request: 0.86-0.88x kernel TCP).
+TEST_F(SessionTest, AForkedWorkerHoldsItsConnectionsByItsParentsRuleWithoutASession) {
+  g_backend_cpus = CpuShare{2, 2, true};
+  ASSERT_NE(Up(0), nullptr);
+  g_backend_cpus = CpuShare{};
+  ASSERT_TRUE(Session::RegistersStreamsOnly());
+  EXPECT_TRUE(Session::PolicyKnown());
+  Session::ForgetAfterFork();  // (this process now as its fork child)
+  ASSERT_EQ(Session::Existing(), nullptr);
+  EXPECT_TRUE(Session::PolicyKnown());
+  int made = g_transports_made;
+  int a = -1, b = -1;
+  std::shared_ptr<Conn> c = AdoptedPair(&a, &b);
+  ASSERT_NE(c, nullptr);
+  EXPECT_TRUE(c->held.load());  // from birth
+  EnsureRegistered(a, *c);
+  EXPECT_EQ(c->state.phase(), Phase::kUnprobed);
+  EXPECT_TRUE(c->held.load());
+  EXPECT_EQ(g_transports_made, made) << "the worker opened a session for a held connection";
+  EXPECT_EQ(Session::Existing(), nullptr);
+  Forget(a, false);
+  close(a);
+  close(b);
+}
+
+// This process's own session lost: the rule is asked for again (a
+// connection made then is not held by a backend that may be gone; it
+// finds out and says backend-unavailable).
+TEST_F(SessionTest, ALostSessionsRuleIsNotTakenForKnown) {
+  g_backend_cpus = CpuShare{2, 2, true};
+  ASSERT_NE(Up(0), nullptr);
+  g_backend_cpus = CpuShare{};
+  EXPECT_TRUE(Session::PolicyKnown());
+  g_fake->KillBackend();
+  Session* s = Session::Existing();
+  if (s != nullptr) s->CheckBackend();
+  EXPECT_EQ(Session::Existing(), nullptr);
+  EXPECT_FALSE(Session::PolicyKnown());
 }
 
 // A registration the backend refuses (kernel-faster: every held

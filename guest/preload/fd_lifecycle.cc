@@ -17,6 +17,7 @@
 #include "base/own_fd.h"
 #include "guest/core/fd_table.h"
 #include "guest/core/poll_ops.h"
+#include "guest/core/session.h"
 #include "guest/core/socket_ops.h"
 #include "guest/preload/wrap.h"
 #include "guest/sys/libc.h"
@@ -120,11 +121,21 @@ int socket(int domain, int type, int protocol) {
 
 int connect(int fd, const sockaddr* addr, socklen_t len) { return Libc().connect(fd, addr, len); }
 
-// A listening socket never carries data: waits on it need no session.
+// A listening socket never carries data: waits on it need no session. But
+// a server learns the upgrade policy here if it does not know it yet
+// (decision 132): the workers it forks then hold their connections by it
+// without opening a session each.
 int listen(int fd, int backlog) {
   int r = Libc().listen(fd, backlog);
   if (r == 0) {
-    if (auto c = Ours(fd)) c->listening.store(true, std::memory_order_relaxed);
+    if (auto c = Ours(fd)) {
+      c->listening.store(true, std::memory_order_relaxed);
+      if (!InForeignChild()) {
+        int saved = errno;
+        Session::LearnPolicy();
+        errno = saved;
+      }
+    }
   }
   return r;
 }
