@@ -131,7 +131,9 @@ TEST_F(EtcdLocatorTest, TheHostComesFromTheKeyAndMalformedRecordsAreIgnored) {
   ASSERT_TRUE(client_->Put(Key(8, "hostA", "liar"), EncodeVm({7, {"198.51.100.10"}})).ok());  // (tenant 7 under 8's prefix)
   ASSERT_TRUE(PutVm("hostA", "vm1", 7, {"198.51.100.9"}).ok());
   EXPECT_TRUE(Eventually([&] { return loc->Find(7, V4Http("198.51.100.9")) == "hostA"; }, 1000));
-  EXPECT_EQ(loc->Health().bad_records, 3u);
+  // (Each prefix has a watch of its own: tenant 8's liar may come after
+  // tenant 7's good record. CI 2026-12-02: 2 of 3 counted at the look.)
+  EXPECT_TRUE(Eventually([&] { return loc->Health().bad_records == 3u; }, 1000)) << loc->Health().bad_records;
   EXPECT_EQ(loc->Find(7, V4Http("198.51.100.10")), "");
 }
 
