@@ -11,6 +11,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -300,22 +301,38 @@ TEST_F(SessionTest, AForkedWorkerHoldsItsConnectionsByItsParentsRuleWithoutASess
   g_backend_cpus = CpuShare{};
   ASSERT_TRUE(Session::RegistersStreamsOnly());
   EXPECT_TRUE(Session::PolicyKnown());
-  Session::ForgetAfterFork();  // (this process now as its fork child)
-  ASSERT_EQ(Session::Existing(), nullptr);
-  EXPECT_TRUE(Session::PolicyKnown());
   int made = g_transports_made;
-  int a = -1, b = -1;
-  std::shared_ptr<Conn> c = AdoptedPair(&a, &b);
-  ASSERT_NE(c, nullptr);
-  EXPECT_TRUE(c->held.load());  // from birth
-  EnsureRegistered(a, *c);
-  EXPECT_EQ(c->state.phase(), Phase::kUnprobed);
-  EXPECT_TRUE(c->held.load());
-  EXPECT_EQ(g_transports_made, made) << "the worker opened a session for a held connection";
-  EXPECT_EQ(Session::Existing(), nullptr);
-  Forget(a, false);
-  close(a);
-  close(b);
+  // The worker: a real fork child (the parent's session stays the test's);
+  // it exits with the number of the first check that failed, 0 if none.
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    Session::ForgetAfterFork();  // (what the library's fork handler does)
+    int failed = 0;
+    auto check = [&](bool ok, int n) {
+      if (!ok && failed == 0) failed = n;
+    };
+    check(Session::Existing() == nullptr, 1);
+    check(Session::PolicyKnown(), 2);
+    int a = -1, b = -1;
+    std::shared_ptr<Conn> c = AdoptedPair(&a, &b);
+    check(c != nullptr, 3);
+    if (c) {
+      check(c->held.load(), 4);  // from birth
+      EnsureRegistered(a, *c);
+      check(c->state.phase() == Phase::kUnprobed, 5);
+      check(c->held.load(), 6);
+      check(g_transports_made == made, 7);  // no session opened for it
+      check(Session::Existing() == nullptr, 8);
+      Forget(a, false);
+    }
+    _exit(failed);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the worker's check " << WEXITSTATUS(status)
+                                    << " failed (3-4: held from birth; 5-8: no session opened for it)";
 }
 
 // This process's own session lost: the rule is asked for again (a

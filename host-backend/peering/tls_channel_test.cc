@@ -147,7 +147,7 @@ class TlsChannelTest : public ::testing::Test {
   // and only the honest end's verdict is under test.
   static TlsConfig Config(const std::string& host, bool rogue = false) {
     const std::string base = rogue ? dir_ + "/rogue/" : dir_ + "/";
-    return TlsConfig{base + host + ".crt", base + host + ".key", dir_ + "/ca.crt"};
+    return TlsConfig{base + host + ".crt", base + host + ".key", dir_ + "/ca.crt", ""};
   }
 
   static std::unique_ptr<TlsContext> Context(const std::string& host, bool rogue = false) {

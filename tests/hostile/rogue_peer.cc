@@ -134,7 +134,7 @@ Status RoguePeer::Prepare(const std::string& certs, const std::vector<std::strin
   if (!WriteFile(dir_ + "/locator", locator) || !WriteFile(config_path_, conf))
     return Status::FromErrno("writing the daemon's config in " + dir_);
   auto ctx =
-      peering::TlsContext::Create({certs + "/" + kName + ".crt", certs + "/" + kName + ".key", certs + "/ca.crt"});
+      peering::TlsContext::Create({certs + "/" + kName + ".crt", certs + "/" + kName + ".key", certs + "/ca.crt", ""});
   if (!ctx.ok()) return ctx.status();
   ctx_ = std::move(ctx).value();
   return Status::Ok();
