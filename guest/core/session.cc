@@ -158,8 +158,9 @@ void Session::LearnPolicy() {
   const GuestConfig& cfg = Config();
   if (cfg.upgrade != UpgradePolicy::kAuto || !cfg.enabled || PolicyKnown()) return;
   // Only a process-mode backend can hold connections (an agent's reports no
-  // CPU share: its rules accelerate at once, nothing to learn).
-  if (Existing() != nullptr || !StreamSocketAt(cfg.socket_path)) return;
+  // CPU share: its rules accelerate at once, nothing to learn). (A live
+  // session made the rules known: PolicyKnown above answered for it.)
+  if (!StreamSocketAt(cfg.socket_path)) return;
   proto::Reason why;
   (void)Get(&why);
 }
