@@ -52,7 +52,13 @@ struct DirectSide {
   uint32_t shut_wr;         // 1: this side shut down writing after `produced`
   uint32_t want_produced;   // the other side sleeps until produced grows (it sets, we clear)
   uint32_t want_consumed;   // the other side waits for room (it sets, we clear)
-  uint32_t fence_set;       // 1: `fence` holds this side's FENCE (set once, before its kernel FIN)
+  // 0: open; 1: `fence` holds this side's FENCE (set once, before its
+  // kernel FIN and its first ring byte); 2: closed by the other side, which
+  // left the pair first: this side never switches onto it. Changed only by
+  // compare-and-swap, by this side (0 -> 1) or the other (0 -> 2): the two
+  // agree whether a RESYNC header follows this side's kernel bytes
+  // (decision 134).
+  uint32_t fence_set;
   uint64_t fence;           // bytes this side sent on the kernel path before its ring stream
   // 1: this side heeds the other's light_* words (decision 114): before it
   // sleeps it fences its asks with a heavy fence (membarrier,

@@ -89,8 +89,18 @@ void AnnounceDirect(Conn& c, bool produced, uint64_t value) {
   if (produced ? d->PublishProduced(value) : d->PublishConsumed(value)) Wake(c);
 }
 
-void PublishDirectFence(Conn& c, uint64_t fence) {
-  if (c.direct && c.direct->PublishFence(fence)) Wake(c);
+bool PublishDirectFence(Conn& c, uint64_t fence) {
+  if (!c.direct) return true;
+  bool wake = false;
+  bool set = c.direct->PublishFence(fence, &wake);
+  if (wake) Wake(c);
+  return set;
+}
+
+void CloseDirectFence(Conn& c) {
+  uint64_t fence = 0;
+  if (c.direct && c.direct->CloseFence(&fence) && !c.peer_fence_known.load(std::memory_order_acquire))
+    TakePeerFence(c, fence);
 }
 
 void PublishDirectRingEnd(Conn& c, uint64_t end) {

@@ -34,8 +34,15 @@ bool PullDirect(Conn& c);
 // Publishes our TX tail (produced) or our RX consumed count, and wakes the
 // peer if it asked to be woken for it.
 void AnnounceDirect(Conn& c, bool produced, uint64_t value);
-// Our FENCE, in the pair's memory too.
-void PublishDirectFence(Conn& c, uint64_t fence);
+// Our FENCE, in the pair's memory too. False if the peer left the pair
+// before (it closed our fence word, decision 134): then we never switch,
+// and our kernel stream simply goes on.
+bool PublishDirectFence(Conn& c, uint64_t fence);
+// Leaving the pair (every loss, ApplyLoss): the peer's FENCE as the pair's
+// memory holds it becomes final; if it had none, it can never set one now.
+// So the two ends agree whether a RESYNC header follows the peer's kernel
+// bytes, whoever of them (or vsocketd) goes first.
+void CloseDirectFence(Conn& c);
 // Where our ring stream ends (a drain's SHUTDOWN ring end), in the pair's
 // memory too: the peer's checks then refuse any count past it.
 void PublishDirectRingEnd(Conn& c, uint64_t end);

@@ -74,7 +74,7 @@ DirectRing::Peer DirectRing::Load() const {
   Peer v;
   // Flags first, counts after (acquire): a shut_wr or ring_end seen means
   // every count stored before it is seen too.
-  v.fence_set = Word(s->fence_set).load(std::memory_order_acquire) != 0;
+  v.fence_set = Word(s->fence_set).load(std::memory_order_acquire) == 1;  // (2: closed by us)
   if (v.fence_set) v.fence = Word(s->fence).load(std::memory_order_relaxed);
   v.shut_wr = Word(s->shut_wr).load(std::memory_order_acquire) != 0;
   v.ring_end = Word(s->ring_end).load(std::memory_order_acquire);
@@ -144,10 +144,23 @@ bool DirectRing::PublishShutWr() {
   return TakeAsk(&proto::DirectSide::want_produced, -1);
 }
 
-bool DirectRing::PublishFence(uint64_t fence) {
+bool DirectRing::PublishFence(uint64_t fence, bool* wake) {
+  *wake = false;
   Word(mine()->fence).store(fence, std::memory_order_relaxed);
-  Word(mine()->fence_set).store(1, std::memory_order_release);
-  return TakeAsk(&proto::DirectSide::want_produced, -1);
+  // One word both sides may write (decision 134): open (0), our FENCE (1),
+  // or closed by the peer (2). Whoever changes it first decides.
+  uint32_t was = 0;
+  if (!Word(mine()->fence_set).compare_exchange_strong(was, 1, std::memory_order_seq_cst) && was != 1) return false;
+  *wake = TakeAsk(&proto::DirectSide::want_produced, -1);
+  return true;
+}
+
+bool DirectRing::CloseFence(uint64_t* fence) {
+  uint32_t was = 0;
+  if (Word(peer()->fence_set).compare_exchange_strong(was, 2, std::memory_order_seq_cst)) return false;
+  if (was != 1) return false;  // (closed already, or a value a peer made up: no FENCE)
+  *fence = Word(peer()->fence).load(std::memory_order_relaxed);
+  return true;
 }
 
 bool DirectRing::PublishRingEnd(uint64_t end) {

@@ -68,8 +68,14 @@ class DirectRing {
   // Our EOF after `produced` (stored after the last byte's count).
   bool PublishShutWr();
   // Our FENCE (also posted to vsocketd): the peer learns it here even when
-  // our kernel FIN overtakes the backend's event.
-  bool PublishFence(uint64_t fence);
+  // our kernel FIN overtakes the backend's event. False if the peer closed
+  // our fence word first (CloseFence: it left the pair, decision 134): we
+  // must not switch. *wake: the peer asked to be woken for it.
+  bool PublishFence(uint64_t fence, bool* wake);
+  // Leaving the pair (a loss, a withdrawal): the peer's FENCE is final from
+  // here. Closes the peer's fence word if it was not set, so the peer never
+  // switches onto the pair after we decided; true (with *fence) if it was.
+  bool CloseFence(uint64_t* fence);
   bool PublishRingEnd(uint64_t end);
   // Before sleeping until the peer produces (or consumes): asks it to wake
   // us. Then, once for all the rings it asked on, the caller fences with

@@ -95,6 +95,39 @@ TEST(DirectRing, AWakeIsOwedOnlyWhenTheOtherSideAskedAndOnlyOnce) {
   EXPECT_TRUE(p.a->PublishShutWr()) << "an EOF wakes a reader too";
 }
 
+// Decision 134: the fence word decides, once, whether a side switched onto
+// the pair before the other left it. Whoever changes it first wins; the
+// loser learns it (the sender does not switch, or the leaver takes the
+// FENCE), so a RESYNC header is sent exactly where it is expected.
+TEST(DirectRing, TheFenceWordIsDecidedOnceByWhoeverComesFirst) {
+  {
+    Pair p;  // the sender first: the leaver takes its FENCE
+    bool wake;
+    EXPECT_TRUE(p.a->PublishFence(46, &wake));
+    uint64_t f = 0;
+    EXPECT_TRUE(p.b->CloseFence(&f));
+    EXPECT_EQ(f, 46u);
+    EXPECT_TRUE(p.b->Load().fence_set);
+  }
+  {
+    Pair p;  // the leaver first: the sender never switches
+    uint64_t f = 0;
+    EXPECT_FALSE(p.b->CloseFence(&f));
+    bool wake = true;
+    EXPECT_FALSE(p.a->PublishFence(46, &wake));
+    EXPECT_FALSE(wake);
+    EXPECT_FALSE(p.b->Load().fence_set);  // (closed, not a FENCE)
+    EXPECT_FALSE(p.b->CloseFence(&f));    // (and stays so)
+  }
+  {
+    Pair p;  // a value the peer made up is no FENCE
+    p.side(0)->fence_set = 7;
+    uint64_t f = 0;
+    EXPECT_FALSE(p.b->CloseFence(&f));
+    EXPECT_FALSE(p.b->Load().fence_set);
+  }
+}
+
 TEST(DirectRing, MemoryWithoutItsSealsOrOfTheWrongShapeIsRefused) {
   UniqueFd plain(memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   ASSERT_EQ(ftruncate(plain.get(), proto::DirectBytes(kRing)), 0);

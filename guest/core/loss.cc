@@ -1,5 +1,7 @@
 #include "guest/core/loss.h"
 
+#include "guest/core/direct.h"
+
 namespace vsocket::guest {
 
 const char* ToString(LossKind k) {
@@ -92,6 +94,9 @@ LossOutcome DecideLoss(LossKind kind, const LossFacts& f) {
 LossOutcome ApplyLoss(const std::shared_ptr<Conn>& cp, LossKind kind, uint64_t landed, bool fence_acked,
                       proto::Reason why, LinkLostHandler on_resync) {
   Conn& c = *cp;
+  // A direct pair: the peer's FENCE is final before anything is decided
+  // from it (decision 134).
+  CloseDirectFence(c);
   LossOutcome o = DecideLoss(kind, LossFacts::Of(c, landed));
   // Stored before the phase changes (its release publishes them).
   if (o.break_drain || o.record_landed) c.resync_landed.store(landed, std::memory_order_relaxed);

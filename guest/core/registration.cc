@@ -404,12 +404,22 @@ void FenceBeforeEndLocked(Conn& c) {
 
 Status SwitchTxLocked(Conn& c) {
   uint64_t sent = c.kernel_sent.load();
-  PublishDirectFence(c, sent);  // (before any ring byte and before our kernel FIN)
-  // Its place among the requests says whether the peer can have it
-  // (decision 124), unless the pair's memory carried it too (a direct
-  // peer reads it there, whatever vsocketd took).
-  VS_RETURN_IF_ERROR(
-      c.session->Post({MsgType::kFence, 0, proto::ConnCounter{c.id, sent}}, c.direct ? nullptr : &c.fence_seq));
+  if (c.direct) {
+    // A direct peer reads our FENCE in the pair's memory, whatever vsocketd
+    // took (before any ring byte and before our kernel FIN): once it is
+    // there we have switched, and a resync puts a RESYNC header after our
+    // kernel bytes (decision 134). A peer that left the pair first closed
+    // the word: no switch, the kernel stream goes on.
+    if (!PublishDirectFence(c, sent)) return Status(Code::kAlreadyExists, "the direct peer left the pair");
+    Status st = c.session->Post({MsgType::kFence, 0, proto::ConnCounter{c.id, sent}}, nullptr);
+    if (!st.ok())
+      VS_LOG(kDebug, "conn %lu: FENCE not posted (%s): the pair's memory has it", static_cast<unsigned long>(c.id),
+             st.ToString().c_str());
+  } else {
+    // Its place among the requests says whether the peer can have it
+    // (decision 124).
+    VS_RETURN_IF_ERROR(c.session->Post({MsgType::kFence, 0, proto::ConnCounter{c.id, sent}}, &c.fence_seq));
+  }
   c.fence_sent.store(sent);
   c.state.SwitchTx();
   return Status::Ok();

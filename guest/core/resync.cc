@@ -87,9 +87,12 @@ bool PrepareResendLocked(Conn& c, int fd) {
   if (!c.state.tx_on_ring()) return true;
   if (c.resend_headerless.load(std::memory_order_relaxed))
     return PrepareHeaderlessResendLocked(c, fd, c.resend_from.load(std::memory_order_relaxed), "the peer forked");
-  if (!c.resync_fence_acked.load() && c.fence_unread.load(std::memory_order_relaxed))
+  // A direct pair: switched means our FENCE is in the pair's memory, where
+  // the peer takes it before it leaves (CloseDirectFence, decision 134).
+  bool acked = c.resync_fence_acked.load() || static_cast<bool>(c.direct);
+  if (!acked && c.fence_unread.load(std::memory_order_relaxed))
     return PrepareHeaderlessResendLocked(c, fd, 0, "the backend went before it took our FENCE");
-  if (!c.resync_fence_acked.load()) {
+  if (!acked) {
     // The peer may not know where our kernel bytes end, so it could not
     // tell our header from data: reset rather than guess.
     VS_LOG(kWarn, "conn %lu: fabric link lost before the peer confirmed our fence: connection reset",

@@ -36,7 +36,8 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   if (c.state.accelerated() && !c.state.tx_on_ring() && !c.state.tx_ring_ended()) {
     // Switch-over: from here on this direction uses the ring; the peer reads
     // exactly kernel_sent bytes from its kernel socket first.
-    if (!SwitchTxLocked(c).ok()) {
+    Status sw = SwitchTxLocked(c);
+    if (!sw.ok() && sw.code() != Code::kAlreadyExists) {  // (the direct peer left first: kernel goes on)
       // Not switched: if the backend is gone, the kernel stream just goes on.
       if (!c.session->CheckBackend() && c.state.resynced()) return SendResynced(fd, c, iov, iovcnt, flags);
       c.state.Apply(ConnEvent::kFail, Reason::kBackendUnavailable);

@@ -483,6 +483,121 @@ TEST_F(SessionTest, ADirectPairsFenceIsNeverTakenForUnread) {
   EXPECT_FALSE(c->fence_unread.load());
 }
 
+// Decision 133: with kFeatureDirectReady the library says it fetched the
+// pair's memory (DIRECT_READY) and stays pending: vsocketd sends neither
+// end its UPGRADE before both did.
+TEST_F(SessionTest, ADirectPairsFetchedMemoryIsSaidAndWaitsForTheUpgrade) {
+  Session* s = Up(proto::kFeatureDirect | proto::kFeatureDirectReady);
+  ASSERT_NE(s, nullptr);
+  auto memory = proto::MakeDirectMemory(kDirectRing, 8, 99);
+  ASSERT_TRUE(memory.ok());
+  g_fake->set_direct(std::move(*memory), UniqueFd(eventfd(0, EFD_CLOEXEC)), 0);
+  auto c = std::make_shared<Conn>();
+  c->id = 8;
+  ASSERT_TRUE(c->state.Apply(ConnEvent::kRegistered));
+  s->Track(c);
+  size_t before = g_fake->requests().size();
+  ASSERT_TRUE(g_fake->PostEvent({MsgType::kDirect, 0, proto::ConnCounter{8, 1}}));
+  s->Drain();
+  EXPECT_TRUE(static_cast<bool>(c->direct));
+  EXPECT_EQ(c->state.phase(), Phase::kPending);
+  ASSERT_EQ(g_fake->requests().size(), before + 1);
+  const Message& ready = g_fake->requests().back();
+  EXPECT_EQ(ready.type, MsgType::kDirectReady);
+  EXPECT_EQ(std::get<proto::ConnCounter>(ready.body).conn_id, 8u);
+  ASSERT_TRUE(g_fake->PostEvent({MsgType::kUpgrade, 0, proto::Upgrade{8, kDirectRing, 16}}));
+  s->Drain();
+  EXPECT_EQ(c->state.phase(), Phase::kUpgraded);
+}
+
+// A direct pair whose memory this library cannot fetch (out of fds, or
+// vsocketd gone since it sent DIRECT): under decision 133 no UPGRADE can
+// come to either end, so the kernel stream is exact and the connection
+// stays on it, a withdrawal, not a reset; it says no DIRECT_READY. (Before,
+// its peer had its UPGRADE already and wrote into a ring nobody read: gRPC
+// saw "Failed parsing HTTP/2" after a vsocketd SIGKILL.)
+TEST_F(SessionTest, ADirectPairWhoseMemoryCannotBeFetchedStaysOnKernelTcp) {
+  Session* s = Up(proto::kFeatureDirect | proto::kFeatureDirectReady);
+  ASSERT_NE(s, nullptr);
+  auto c = std::make_shared<Conn>();
+  c->id = 9;
+  ASSERT_TRUE(c->state.Apply(ConnEvent::kRegistered));
+  s->Track(c);
+  size_t before = g_fake->requests().size();
+  ASSERT_TRUE(g_fake->PostEvent({MsgType::kDirect, 0, proto::ConnCounter{9, 1}}));  // (the fake has no pair)
+  s->Drain();
+  EXPECT_FALSE(static_cast<bool>(c->direct));
+  EXPECT_FALSE(c->state.reset());
+  EXPECT_EQ(c->state.phase(), Phase::kWithdrawn);
+  EXPECT_EQ(c->state.reason(), proto::Reason::kResourceLimit);
+  for (size_t i = before; i < g_fake->requests().size(); ++i)
+    EXPECT_NE(g_fake->requests()[i].type, MsgType::kDirectReady);
+}
+
+// Decision 134: a direct pair switched with vsocketd then killed before it
+// confirmed our FENCE (no FENCE_DELIVERED, no byte consumed): the FENCE is
+// in the pair's memory, which the peer reads before it leaves, so we resend
+// after a RESYNC header instead of resetting (decision 124's reset was
+// gRPC's "Connection reset by peer" in daemon_restart_grpc_always_x8). And
+// the other way round: a peer that left first closed our fence word, so we
+// never switch and our kernel stream goes on.
+TEST_F(SessionTest, ADirectPairsFenceInItsMemoryIsEnoughForAResyncHeader) {
+  Session* s = Up(proto::kFeatureDirect);
+  ASSERT_NE(s, nullptr);
+  UniqueFd peer_fd;
+  auto c = DirectConn(s, 10, &peer_fd);
+  ASSERT_TRUE(c);
+  c->session = s;
+  auto [a, b] = testing::LoopbackTcpPair();
+  ASSERT_GE(a, 0);
+  g_fake->set_wedged(true);
+  {
+    MutexLock tx(c->tx_mu);
+    ASSERT_TRUE(SwitchTxLocked(*c).ok());
+    ASSERT_TRUE(c->state.tx_on_ring());
+    // 5 bytes into the ring the peer never consumed.
+    for (int i = 0; i < 5; ++i) c->tx[i] = static_cast<uint8_t>('a' + i);
+    c->tx_tail.store(5);
+  }
+  auto peer = DirectRing::Map(peer_fd.get(), 1);
+  ASSERT_TRUE(peer.ok());
+  uint64_t fence = 99;
+  EXPECT_TRUE((*peer)->CloseFence(&fence));  // what the peer finds when it leaves
+  EXPECT_EQ(fence, 0u);
+  g_fake->KillBackend();
+  EXPECT_FALSE(s->CheckBackend());
+  {
+    MutexLock tx(c->tx_mu);
+    EXPECT_TRUE(FlushResendLocked(*c, a).ok());
+  }
+  EXPECT_FALSE(c->state.reset());
+  uint8_t got[proto::kResyncHeaderSize + 5];
+  ASSERT_EQ(recv(b, got, sizeof got, MSG_WAITALL), static_cast<ssize_t>(sizeof got));
+  auto from = proto::DecodeResync(std::span<const uint8_t, proto::kResyncHeaderSize>(got, proto::kResyncHeaderSize));
+  ASSERT_TRUE(from.ok());
+  EXPECT_EQ(*from, 0u);
+  EXPECT_EQ(std::string(reinterpret_cast<char*>(got) + proto::kResyncHeaderSize, 5), "abcde");
+  close(a);
+  close(b);
+}
+
+TEST_F(SessionTest, ADirectPeerThatLeftFirstKeepsUsOnKernelTcp) {
+  Session* s = Up(proto::kFeatureDirect);
+  ASSERT_NE(s, nullptr);
+  UniqueFd peer_fd;
+  auto c = DirectConn(s, 11, &peer_fd);
+  ASSERT_TRUE(c);
+  c->session = s;
+  auto peer = DirectRing::Map(peer_fd.get(), 1);
+  ASSERT_TRUE(peer.ok());
+  uint64_t fence;
+  EXPECT_FALSE((*peer)->CloseFence(&fence));
+  MutexLock tx(c->tx_mu);
+  Status st = SwitchTxLocked(*c);
+  EXPECT_EQ(st.code(), Code::kAlreadyExists) << st.ToString();
+  EXPECT_FALSE(c->state.tx_on_ring());
+}
+
 // Taken but never confirmed (no FENCE_DELIVERED, no credit): the peer may
 // or may not have it, so it may or may not wait for a header. The
 // connection is reset rather than guessed (an error, never a corrupt
@@ -524,7 +639,8 @@ TEST_F(SessionTest, ADirectCountTakenBeforeASleepWakesTheOtherWaiters) {
   // while nobody asked to be woken.
   UniqueFd owner(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   s->AddWaiter(owner.get());
-  (*peer)->PublishFence(0);
+  bool wake;
+  (*peer)->PublishFence(0, &wake);
   (*peer)->PublishProduced(100);
   // Thread A's last look before it sleeps takes the count: A stays awake,
   // and B is woken.

@@ -313,6 +313,8 @@ Status VhostUserFrontend::FetchDirect(uint64_t token, UniqueFd* memory, UniqueFd
     return Status(Code::kUnavailable, "proof channel: closed");
   }
   if (reply.error != 0) return Status(Code::kNotFound, std::string("direct fetch refused: ") + strerror(static_cast<int>(reply.error)));
+  if (fds.size() != 2 && (msg_flags & MSG_CTRUNC))
+    return Status(Code::kResourceExhausted, "direct fetch: the pair's fds did not fit (this process is out of fds)");
   if (fds.size() != 2 || reply.side > 1) return Status(Code::kDataLoss, "direct fetch: a malformed answer");
   *memory = std::move(fds[0]);
   *wake = std::move(fds[1]);

@@ -230,6 +230,116 @@ case_direct_quiet_daemon() {
 
 register_case direct_quiet_daemon case_direct_quiet_daemon direct_quiet_daemon
 
+# A direct pair whose memory one library cannot fetch (decision 133). Its
+# process is out of fds when the DIRECT event comes (the pair's memfd and
+# wake eventfd do not fit: MSG_CTRUNC); the same happens when vsocketd is
+# killed between its DIRECT and the fetch (gRPC under daemon_restart_grpc_
+# always saw "Failed parsing HTTP/2" from it). The other end had its UPGRADE
+# at once and wrote into a ring nobody read. Now neither end hears UPGRADE
+# before both fetched: the server's end stays on kernel TCP (reason
+# resource-limit), the client's is withdrawn (vsocketd's direct_withdrawn),
+# and 64 KiB each way arrive byte-exact on kernel TCP.
+case_direct_fetch_fails() {
+  local name=$1 port rep=$WORK/$1.jsonl bad="" w0 w1 out
+  local -x VSOCKET_UPGRADE=always
+  port=$(alloc_port)
+  w0=$(ctl_counter direct_withdrawn)
+  local prog='
+import hashlib, os, socket, sys, time
+role, addr, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def recv_n(c, n):
+    got = bytearray()
+    while len(got) < n:
+        b = c.recv(n - len(got))
+        if not b:
+            sys.exit("early EOF after %d of %d bytes" % (len(got), n))
+        got += b
+    return bytes(got)
+def first_io(c):
+    # A read that finds nothing: the registration (under always).
+    c.setblocking(False)
+    try:
+        c.recv(1)
+        sys.exit("a byte came before any was sent")
+    except BlockingIOError:
+        pass
+    c.setblocking(True)
+if role == "server":
+    l = socket.socket()
+    l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind((addr, port))
+    l.listen(2)
+    print("listening", flush=True)
+    w, _ = l.accept()          # a first connection: the session is up
+    w.sendall(b"w"); recv_n(w, 1)
+    fill = []
+    try:
+        while True:
+            fill.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        pass
+    os.close(fill.pop())       # one fd left: the accept takes it
+    c, _ = l.accept()
+    first_io(c)
+    # DIRECT comes while this process has no fd to spare.
+    for _ in range(100):
+        c.setblocking(False)
+        try:
+            c.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            pass
+        c.setblocking(True)
+        time.sleep(0.01)
+    for f in fill:
+        os.close(f)
+    print("fds back", flush=True)
+else:
+    w = socket.create_connection((addr, port))
+    recv_n(w, 1); w.sendall(b"w")
+    time.sleep(0.3)
+    c = socket.create_connection((addr, port))
+    first_io(c)
+    time.sleep(0.5)
+data = hashlib.sha256(role.encode()).digest() * 2048
+c.sendall(data)
+got = recv_n(c, 65536)
+want = hashlib.sha256(("client" if role == "server" else "server").encode()).digest() * 2048
+if got != want:
+    sys.exit("64 KiB from the peer differ")
+print("exact", flush=True)
+c.close()
+w.close()
+'
+  VSOCKET_LOG_LEVEL=info serve_listening "$name" vm2 "$rep" python3 -c "$prog" server "$A2" "$port" || return
+  local srv=$BG
+  vm_run vm1 preload "$rep" python3 -c "$prog" client "$A2" "$port" >"$WORK/$name.cli" 2>&1 ||
+    bad+="client: $(tail -1 "$WORK/$name.cli"); "
+  wait "$srv" || bad+="server: $(tail -1 "$WORK/$name.srv"); "
+  w1=$(ctl_counter direct_withdrawn)
+  grep -q "no direct ring pair" "$WORK/$name.srv" ||
+    bad+="the server's fetch did not fail (the case did not reach its point: $(grep -m1 -E '^[WE] ' "$WORK/$name.srv")); "
+  [ -z "$bad" ] || { fail $name "$bad$(grep -hm2 'no direct ring pair' "$WORK/$name.srv")"; return; }
+  out=$(python3 - "$rep" "$port" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"event":"close"' in l.replace(" ", "")]
+port = sys.argv[2]
+# (The first connection, one byte each way, goes direct: the 64 KiB one is judged.)
+ends = [r for r in rows if (r.get("local", "").endswith(":" + port) or r.get("peer", "").endswith(":" + port))
+        and r.get("kernel_tx", 0) + r.get("accel_tx", 0) >= 65536]
+bad = [r for r in ends if r.get("accel_tx") or r.get("accel_rx") or r.get("upgraded")]
+srv = [r for r in ends if r.get("local", "").endswith(":" + port) and r.get("reason") == "resource-limit"]
+if len(ends) != 2 or bad or len(srv) != 1:
+    sys.exit("reports: %d ends, %d with ring bytes, %d server ends for resource-limit: %s" % (
+        len(ends), len(bad), len(srv), [(r.get("local"), r.get("reason"), r.get("accel_tx")) for r in ends]))
+print(", ".join(sorted(r.get("reason", "?") for r in ends)))
+PY
+) || { fail $name "$out"; return; }
+  [ $((w1 - w0)) -ge 1 ] || { fail $name "vsocketd withdrew no direct pair end (direct_withdrawn $w0 -> $w1)"; return; }
+  pass "$name (the server's fetch failed out of fds; no end upgraded, 64 KiB each way byte-exact on kernel TCP; reasons $out; direct_withdrawn +$((w1 - w0)))"
+}
+
+register_case direct_fetch_fails case_direct_fetch_fails direct_fetch_fails
+
 # A hostile peer process on a direct pair (issue 37: the shared ring is
 # untrusted input for each side). redis-server in vm2, every connection
 # direct (under --upgrade always at once, under the default policy after 16
