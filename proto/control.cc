@@ -47,7 +47,6 @@ constexpr Spec kSpecs[] = {
     {MsgType::kDirect, "DIRECT", IndexOf<ConnCounter>(), 16},
     {MsgType::kVouch, "VOUCH", IndexOf<Vouch>(), 48},
     {MsgType::kLimitMemory, "LIMIT_MEMORY", IndexOf<LimitMemory>(), 16 + 16 * kLimitMaxRanges},
-    {MsgType::kDirectReady, "DIRECT_READY", IndexOf<ConnCounter>(), 16},
 };
 
 const Spec* FindSpec(uint8_t type) {

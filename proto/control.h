@@ -77,13 +77,6 @@ enum class MsgType : uint8_t {
   // the VM's memory, the device's request ring outside the ranges, or the
   // device already limited) or BAD_MESSAGE (not the authority). Body LimitMemory.
   kLimitMemory = 21,
-  // guest -> backend (kFeatureDirectReady): the library fetched the memory
-  // of the connection's direct pair (its DIRECT event's token worked). A
-  // direct pair's UPGRADE goes to neither library until both said so
-  // (decision 133): a library that could not fetch withdraws instead, and
-  // neither end ever wrote into the pair. Body ConnCounter{conn_id, 0}; no
-  // answer.
-  kDirectReady = 22,
 };
 const char* ToString(MsgType type);
 
@@ -265,15 +258,10 @@ inline constexpr uint64_t kFeatureDirect = 1ull << 10;
 // the VM's socket-proof authority and may send VOUCH (decision 100). Not a
 // session feature: never in kKnownFeatures.
 inline constexpr uint64_t kFeatureProofAuthority = 1ull << 11;
-// kFeatureDirectReady: with kFeatureDirect, the library posts DIRECT_READY
-// once it fetched a direct pair's memory, and vsocketd holds both ends'
-// UPGRADEs until both did (decision 133). Without it on both sessions of a
-// pair, the UPGRADEs follow the DIRECT events at once (decision 97).
-inline constexpr uint64_t kFeatureDirectReady = 1ull << 12;
 inline constexpr uint64_t kKnownFeatures = kFeatureDoorbell | kFeatureRingHold | kFeatureFenceDelivered |
                                            kFeatureCleanDowngrade | kFeatureBulkHint | kFeatureNaps |
                                            kFeatureTentative | kFeatureForkResync | kFeatureMoveBack |
-                                           kFeatureDirectoryUnavailable | kFeatureDirect | kFeatureDirectReady;
+                                           kFeatureDirectoryUnavailable | kFeatureDirect;
 inline constexpr int64_t kTentativeWaitMs = 500;
 struct DoorbellBlock {
   uint64_t tx_tail;        // guest writes: bytes produced into the TX ring (total)

@@ -34,7 +34,6 @@ const std::vector<Message>& SampleMessages() {
         {MsgType::kRingsReleased, 0, ConnCounter{11, 0}},
         {MsgType::kFenceDelivered, 0, ConnCounter{11, 4096}},
         {MsgType::kDirect, 0, ConnCounter{11, 0x5eed5eed5eed5eedull}},
-        {MsgType::kDirectReady, 13, ConnCounter{11, 0}},
         {MsgType::kVouch, 11, Vouch{0x1a0000, local, peer}},
         {MsgType::kLimitMemory, 12, [] {
            LimitMemory l{0x1a0000, 2, {}};

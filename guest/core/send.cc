@@ -37,7 +37,8 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
     // Switch-over: from here on this direction uses the ring; the peer reads
     // exactly kernel_sent bytes from its kernel socket first.
     Status sw = SwitchTxLocked(c);
-    if (!sw.ok() && sw.code() != Code::kAlreadyExists) {  // (the direct peer left first: kernel goes on)
+    // (A direct peer that left the pair first: the kernel stream goes on.)
+    if (!sw.ok() && sw.code() != Code::kAlreadyExists) {
       // Not switched: if the backend is gone, the kernel stream just goes on.
       if (!c.session->CheckBackend() && c.state.resynced()) return SendResynced(fd, c, iov, iovcnt, flags);
       c.state.Apply(ConnEvent::kFail, Reason::kBackendUnavailable);

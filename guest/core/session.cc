@@ -224,8 +224,7 @@ Status Session::Negotiate() {
                    (Config().ring_hold ? proto::kFeatureRingHold : 0) | proto::kFeatureFenceDelivered |
                    proto::kFeatureCleanDowngrade | proto::kFeatureBulkHint | proto::kFeatureNaps |
                    (Config().busy_events > 0 ? proto::kFeatureTentative | proto::kFeatureMoveBack : 0) |
-                   proto::kFeatureForkResync |
-                   (Config().direct ? proto::kFeatureDirect | proto::kFeatureDirectReady : 0) |
+                   proto::kFeatureForkResync | (Config().direct ? proto::kFeatureDirect : 0) |
                    // (Only a reason's name: proto::ToString names it in the report.)
                    proto::kFeatureDirectoryUnavailable;
   proto::Message resp;
@@ -243,7 +242,6 @@ Status Session::Negotiate() {
   fork_resync_ = (ack->features & hello.features & proto::kFeatureForkResync) != 0;
   move_back_ = (ack->features & hello.features & proto::kFeatureMoveBack) != 0;
   direct_ = (ack->features & hello.features & proto::kFeatureDirect) != 0;
-  direct_ready_ = direct_ && (ack->features & hello.features & proto::kFeatureDirectReady) != 0;
   // Process mode: registrations name sockets this process proves it holds
   // (a port without a proof socket does not ask for it).
   Status proof = transport_->OpenProofs();
@@ -477,7 +475,6 @@ bool Session::DrainLocked() {
     changed = true;
   }
   if (!direct_conns_.empty()) changed |= PullDirectLocked();
-  if (!ready_owed_.empty()) FlushReadyOwedLocked();
   if (changed) NotifyWaitersLocked();
   if (sleepers_ > 0) {
     eq.EnableInterrupts();
@@ -516,21 +513,6 @@ void Session::Dispatch(const Message& m) {
                         : Status(Code::kFailedPrecondition, "the session did not take kFeatureDirect");
     if (st.ok()) {
       direct_conns_.push_back(c);
-      if (direct_ready_) {
-        // Our UPGRADE (and our peer's) waits for this (decision 133).
-        ready_owed_.push_back(c->id);
-        FlushReadyOwedLocked();
-      }
-    } else if (direct_ready_ && c->state.phase() == Phase::kPending) {
-      // Neither end hears UPGRADE without our DIRECT_READY: nothing was
-      // written into the pair, the kernel stream is exact. Kernel TCP's for
-      // good (the UNREGISTER tells vsocketd, which withdraws the peer).
-      proto::Reason why = st.code() == Code::kUnavailable ? proto::Reason::kBackendUnavailable
-                                                          : proto::Reason::kResourceLimit;
-      VS_LOG(kWarn, "conn %lu: no direct ring pair: %s: on kernel TCP", static_cast<unsigned long>(c->id),
-             st.ToString().c_str());
-      ApplyLoss(c, LossKind::kPeerAborted, 0, false, why, nullptr);
-      c->gen.fetch_add(1, std::memory_order_acq_rel);
     } else {
       VS_LOG(kWarn, "conn %lu: no direct ring pair: %s: connection reset", static_cast<unsigned long>(c->id),
              st.ToString().c_str());
@@ -545,15 +527,6 @@ void Session::Dispatch(const Message& m) {
     if (m.type == MsgType::kShutdown || m.type == MsgType::kDowngrade) PullDirect(*c);
   }
   DispatchConnEvent(c, m, g_link_lost.load(std::memory_order_acquire));
-}
-
-void Session::FlushReadyOwedLocked() {
-  while (!ready_owed_.empty()) {
-    uint32_t slot;
-    Status st = SubmitLocked({MsgType::kDirectReady, 0, proto::ConnCounter{ready_owed_.front(), 0}}, false, &slot);
-    if (st.code() == Code::kResourceExhausted) return;  // (DrainLocked tries again as slots come back)
-    ready_owed_.erase(ready_owed_.begin());
-  }
 }
 
 void Session::ResetDirectLocked(const std::shared_ptr<Conn>& c) {

@@ -239,10 +239,6 @@ class Session {
   bool doorbell_ = false;   // set once, before the session is handed out
   bool ring_hold_ = false;  // likewise: kFeatureRingHold
   bool direct_ = false;     // likewise: kFeatureDirect (decision 97)
-  bool direct_ready_ = false;  // likewise: kFeatureDirectReady (decision 133)
-  // DIRECT_READYs not posted yet (no free request slot): posted as slots
-  // come back (DrainLocked).
-  std::vector<uint64_t> ready_owed_ GUARDED_BY(mu_);
   // Direct connections (direct.h): their counts are pulled at every drain
   // and their peers asked to wake us before any sleep.
   std::vector<std::shared_ptr<Conn>> direct_conns_ GUARDED_BY(mu_);
@@ -250,7 +246,6 @@ class Session {
   // A direct connection whose pair's memory could not be had or held an
   // impossible count: reset, as an ERROR from the backend would.
   void ResetDirectLocked(const std::shared_ptr<Conn>& c) REQUIRES(mu_);
-  void FlushReadyOwedLocked() REQUIRES(mu_);
   bool bulk_hint_ = false;  // likewise: kFeatureBulkHint
   bool naps_ = false;       // likewise: kFeatureNaps
   bool tentative_ = false;  // likewise: kFeatureTentative

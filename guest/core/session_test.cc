@@ -92,7 +92,8 @@ class SessionTest : public ::testing::Test {
   // ring of kDirectRing each way and upgraded; *peer_fd: the pair's memory,
   // which the test maps as the peer's side (1).
   static constexpr uint32_t kDirectRing = 4096;
-  std::shared_ptr<Conn> DirectConn(Session* s, uint64_t id, UniqueFd* peer_fd) {
+  // (upgrade = false: the DIRECT event alone; the connection stays pending.)
+  std::shared_ptr<Conn> DirectConn(Session* s, uint64_t id, UniqueFd* peer_fd, bool upgrade = true) {
     auto memory = proto::MakeDirectMemory(kDirectRing, id, 99);
     EXPECT_TRUE(memory.ok()) << memory.status().ToString();
     if (!memory.ok()) return nullptr;
@@ -103,10 +104,10 @@ class SessionTest : public ::testing::Test {
     EXPECT_TRUE(c->state.Apply(ConnEvent::kRegistered));
     s->Track(c);
     EXPECT_TRUE(g_fake->PostEvent({MsgType::kDirect, 0, proto::ConnCounter{id, 1}}));
-    EXPECT_TRUE(g_fake->PostEvent({MsgType::kUpgrade, 0, proto::Upgrade{id, kDirectRing, 16}}));
+    if (upgrade) EXPECT_TRUE(g_fake->PostEvent({MsgType::kUpgrade, 0, proto::Upgrade{id, kDirectRing, 16}}));
     s->Drain();
     EXPECT_TRUE(static_cast<bool>(c->direct));
-    EXPECT_EQ(c->state.phase(), Phase::kUpgraded);
+    EXPECT_EQ(c->state.phase(), upgrade ? Phase::kUpgraded : Phase::kPending);
     return c;
   }
   // Connection `id`, registered on s and pending (its peer not there yet).
@@ -481,57 +482,6 @@ TEST_F(SessionTest, ADirectPairsFenceIsNeverTakenForUnread) {
   g_fake->KillBackend();
   EXPECT_FALSE(s->CheckBackend());
   EXPECT_FALSE(c->fence_unread.load());
-}
-
-// Decision 133: with kFeatureDirectReady the library says it fetched the
-// pair's memory (DIRECT_READY) and stays pending: vsocketd sends neither
-// end its UPGRADE before both did.
-TEST_F(SessionTest, ADirectPairsFetchedMemoryIsSaidAndWaitsForTheUpgrade) {
-  Session* s = Up(proto::kFeatureDirect | proto::kFeatureDirectReady);
-  ASSERT_NE(s, nullptr);
-  auto memory = proto::MakeDirectMemory(kDirectRing, 8, 99);
-  ASSERT_TRUE(memory.ok());
-  g_fake->set_direct(std::move(*memory), UniqueFd(eventfd(0, EFD_CLOEXEC)), 0);
-  auto c = std::make_shared<Conn>();
-  c->id = 8;
-  ASSERT_TRUE(c->state.Apply(ConnEvent::kRegistered));
-  s->Track(c);
-  size_t before = g_fake->requests().size();
-  ASSERT_TRUE(g_fake->PostEvent({MsgType::kDirect, 0, proto::ConnCounter{8, 1}}));
-  s->Drain();
-  EXPECT_TRUE(static_cast<bool>(c->direct));
-  EXPECT_EQ(c->state.phase(), Phase::kPending);
-  ASSERT_EQ(g_fake->requests().size(), before + 1);
-  const Message& ready = g_fake->requests().back();
-  EXPECT_EQ(ready.type, MsgType::kDirectReady);
-  EXPECT_EQ(std::get<proto::ConnCounter>(ready.body).conn_id, 8u);
-  ASSERT_TRUE(g_fake->PostEvent({MsgType::kUpgrade, 0, proto::Upgrade{8, kDirectRing, 16}}));
-  s->Drain();
-  EXPECT_EQ(c->state.phase(), Phase::kUpgraded);
-}
-
-// A direct pair whose memory this library cannot fetch (out of fds, or
-// vsocketd gone since it sent DIRECT): under decision 133 no UPGRADE can
-// come to either end, so the kernel stream is exact and the connection
-// stays on it, a withdrawal, not a reset; it says no DIRECT_READY. (Before,
-// its peer had its UPGRADE already and wrote into a ring nobody read: gRPC
-// saw "Failed parsing HTTP/2" after a vsocketd SIGKILL.)
-TEST_F(SessionTest, ADirectPairWhoseMemoryCannotBeFetchedStaysOnKernelTcp) {
-  Session* s = Up(proto::kFeatureDirect | proto::kFeatureDirectReady);
-  ASSERT_NE(s, nullptr);
-  auto c = std::make_shared<Conn>();
-  c->id = 9;
-  ASSERT_TRUE(c->state.Apply(ConnEvent::kRegistered));
-  s->Track(c);
-  size_t before = g_fake->requests().size();
-  ASSERT_TRUE(g_fake->PostEvent({MsgType::kDirect, 0, proto::ConnCounter{9, 1}}));  // (the fake has no pair)
-  s->Drain();
-  EXPECT_FALSE(static_cast<bool>(c->direct));
-  EXPECT_FALSE(c->state.reset());
-  EXPECT_EQ(c->state.phase(), Phase::kWithdrawn);
-  EXPECT_EQ(c->state.reason(), proto::Reason::kResourceLimit);
-  for (size_t i = before; i < g_fake->requests().size(); ++i)
-    EXPECT_NE(g_fake->requests()[i].type, MsgType::kDirectReady);
 }
 
 // Decision 134: a direct pair switched with vsocketd then killed before it

@@ -180,14 +180,6 @@ struct BackendConn {
   // their own; no byte of it passes here (no TX_TAIL, CONSUMED or doorbell).
   bool direct = false;
   uint64_t ev_direct_token = 0;
-  // Decision 133 (the session took kFeatureDirectReady): the UPGRADE of a
-  // direct pair waits until both libraries fetched the pair's memory, so
-  // neither writes into it before the other can read it. direct_fetched:
-  // this side's DIRECT_READY came; upgrade_held: its UPGRADE (and any
-  // shutdown news for its peer) not sent yet.
-  bool takes_direct_ready = false;
-  bool direct_fetched = false;
-  bool upgrade_held = false;
   // Its bytes are counted from its side's `produced` count there (untrusted:
   // it only ever adds to this connection's, its VM's and the daemon's
   // statistics, never to anything that moves data).

@@ -224,7 +224,6 @@ class ConnManager {
     bool move_back = false;                            // session took kFeatureMoveBack
     bool knows_directory = false;                      // session took kFeatureDirectoryUnavailable
     bool direct = false;                               // session took kFeatureDirect
-    bool direct_ready = false;                         // session took kFeatureDirectReady
     std::deque<uint64_t> released;                     // conn ids owed RINGS_RELEASED
   };
   // Doorbells (kFeatureDoorbell). Polling a connection's block means the
@@ -266,15 +265,6 @@ class ConnManager {
   RequestResult OnConsumed(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
   RequestResult OnShutdown(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
   RequestResult OnDowngrade(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
-  RequestResult OnDirectReady(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
-  // A paired couple's UPGRADEs (and the news of a side that shut down
-  // writing before): at pairing, or once both sides of a direct pair
-  // fetched its memory (decision 133).
-  void SendUpgrades(BackendConn& a, BackendConn& b);
-  // c's direct pair still waits for a DIRECT_READY and will not get it
-  // (c's peer unregistered or went): c's library hears DOWNGRADE before
-  // any upgrade, a withdrawal; neither end ever wrote into the pair.
-  void WithdrawHeld(BackendConn& c);
   RequestResult MoveBack(BackendConn& c, const proto::Downgrade& d, uint64_t request_id, proto::Message* reply);
   RequestResult RepollDoorbell(DeviceConns& dc, BackendConn& c, bool allowed, const char* violation);
   proto::Message Register(DeviceConns& dc, uint64_t request_id, const proto::RegisterConn& r);

@@ -151,8 +151,6 @@ void ConnManager::Leave(uint32_t vm, Reason why) {
 // shutting down or closing (that ends it on the rings soon anyway).
 bool ConnManager::AskDrain(BackendConn& c, Reason why) {
   if (c.state != ConnState::kUpgraded || c.gone || c.write_shut || c.drain_asked || !c.clean_downgrade) return false;
-  // A direct pair whose UPGRADEs are held: asked once they go (SendUpgrades).
-  if (c.upgrade_held) return false;
   if (c.peer != nullptr && (!c.peer->clean_downgrade || c.peer->gone)) return false;
   if (c.peer == nullptr && (!c.remote.paired() || c.remote.gone)) return false;
   c.drain_asked = true;

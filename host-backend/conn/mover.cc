@@ -15,9 +15,7 @@ void ConnManager::MarkMovable(BackendConn& c) {
 
 void ConnManager::MaybeAnnounceShutdown(BackendConn& c) {
   // EOF reaches the peer only after every byte did.
-  if (!c.write_shut || c.shut_announced || (!c.peer && !c.remote.paired()) || c.left_with_vm_ms != 0 ||
-      c.upgrade_held)
-    return;
+  if (!c.write_shut || c.shut_announced || (!c.peer && !c.remote.paired()) || c.left_with_vm_ms != 0) return;
   bool drained = c.gone ? c.orphan_off == c.orphan.size() : c.tx_copied == c.tx_tail;
   if (!drained && !(c.remote.paired() && c.remote.gone)) return;
   c.shut_announced = true;

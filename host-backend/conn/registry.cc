@@ -32,15 +32,13 @@ uint64_t ConnManager::OnHello(vhost::BackendDevice& device, uint64_t features) {
            (dc->clean_downgrade ? proto::kFeatureCleanDowngrade : 0) | (dc->bulk_hint ? proto::kFeatureBulkHint : 0) |
            (dc->naps ? proto::kFeatureNaps : 0) | (dc->tentative ? proto::kFeatureTentative : 0) |
            (dc->fork_resync ? proto::kFeatureForkResync : 0) | (dc->move_back ? proto::kFeatureMoveBack : 0) |
-           (dc->knows_directory ? proto::kFeatureDirectoryUnavailable : 0) | (dc->direct ? proto::kFeatureDirect : 0) |
-           (dc->direct_ready ? proto::kFeatureDirectReady : 0);
+           (dc->knows_directory ? proto::kFeatureDirectoryUnavailable : 0) | (dc->direct ? proto::kFeatureDirect : 0);
   uint64_t taken = features & proto::kKnownFeatures & (naps_ ? ~uint64_t{0} : ~proto::kFeatureNaps);
   // Direct pairs only where the VM's setting allows some (decision 98: the
   // library's direct-peer rule runs only in such sessions).
   const vhost::PortConfig* port = device.port();
   if (port == nullptr || port->direct == vhost::PortConfig::Direct::kOff || !vhost::DirectCapable(*port))
     taken &= ~proto::kFeatureDirect;
-  if ((taken & proto::kFeatureDirect) == 0) taken &= ~proto::kFeatureDirectReady;
   dc->doorbell = (taken & proto::kFeatureDoorbell) != 0;
   dc->ring_hold = (taken & proto::kFeatureRingHold) != 0;
   dc->fence_delivered = (taken & proto::kFeatureFenceDelivered) != 0;
@@ -52,7 +50,6 @@ uint64_t ConnManager::OnHello(vhost::BackendDevice& device, uint64_t features) {
   dc->move_back = (taken & proto::kFeatureMoveBack) != 0;
   dc->knows_directory = (taken & proto::kFeatureDirectoryUnavailable) != 0;
   dc->direct = (taken & proto::kFeatureDirect) != 0;
-  dc->direct_ready = (taken & proto::kFeatureDirectReady) != 0;
   if (dc->doorbell) counters_.doorbell_sessions.fetch_add(1, std::memory_order_relaxed);
   return taken;
 }
@@ -81,37 +78,12 @@ void ConnManager::Pair(BackendConn& a, BackendConn& b) {
   a.ev_peer_rx_window = b.rx.size;
   b.ev_peer_rx_window = a.rx.size;
   MaybeGoDirect(a, b);  // (its DIRECT events go out before the UPGRADEs)
-  if (a.direct && a.takes_direct_ready && b.takes_direct_ready) {
-    // Both libraries fetch the pair's memory first (decision 133): one whose
-    // fetch fails (its process out of fds, vsocketd killed meanwhile) must
-    // not find its peer already writing into a ring it cannot read.
-    a.upgrade_held = b.upgrade_held = true;
-    return;
-  }
-  SendUpgrades(a, b);
-}
-
-void ConnManager::SendUpgrades(BackendConn& a, BackendConn& b) {
-  a.upgrade_held = b.upgrade_held = false;
   Raise(a, kEvUpgrade);
   Raise(b, kEvUpgrade);
   // A side that shut down its write direction before the pairing: its peer
   // must still learn that no accelerated byte will ever come.
   MaybeAnnounceShutdown(a);
   MaybeAnnounceShutdown(b);
-  // A drain that began while the UPGRADEs were held (AskDrain left them).
-  for (BackendConn* c : {&a, &b})
-    if (Draining(c->vm_index)) (void)AskDrain(*c, static_cast<Reason>(drain_[c->vm_index % kMaxVms].load()));
-}
-
-void ConnManager::WithdrawHeld(BackendConn& c) {
-  if (!c.upgrade_held || c.gone) return;
-  c.upgrade_held = false;
-  c.reason = Reason::kPeerNotRegistered;
-  Raise(c, kEvDowngrade);
-  counters_.direct_withdrawn.fetch_add(1, std::memory_order_relaxed);
-  VS_LOG(kInfo, "conn %lu: its direct pair's peer went before both had fetched the memory: withdrawn",
-         static_cast<unsigned long>(c.conn_id));
 }
 
 void ConnManager::Orphan(BackendConn& c) {
@@ -155,17 +127,9 @@ void ConnManager::Orphan(BackendConn& c) {
          static_cast<unsigned long>(c.conn_id), c.orphan.size(),
          static_cast<unsigned long>(c.peer ? c.peer->handle : 0));
   if (c.peer && c.left_with_vm_ms == 0) {
-    if (c.upgrade_held) {
-      // Neither side was told UPGRADE: the peer withdraws (decision 133),
-      // and hears nothing of a stream it never had on the rings.
-      c.upgrade_held = false;
-      WithdrawHeld(*c.peer);
-      MarkMovable(c);
-    } else {
-      Raise(*c.peer, kEvPeerGone);
-      MarkMovable(c);
-      MaybeAnnounceShutdown(c);
-    }
+    Raise(*c.peer, kEvPeerGone);
+    MarkMovable(c);
+    MaybeAnnounceShutdown(c);
   }
   switch (c.remote.stage) {
     case RemotePeer::Stage::kPaired:

@@ -42,7 +42,6 @@ constinit const ConnManager::RequestHandler ConnManager::kRequestHandlers[] = {
     {MsgType::kConsumed, &ConnManager::OnConsumed, true, false, false},
     {MsgType::kShutdown, &ConnManager::OnShutdown, true, false, false},
     {MsgType::kDowngrade, &ConnManager::OnDowngrade, true, true, false},
-    {MsgType::kDirectReady, &ConnManager::OnDirectReady, true, false, false},
 };
 
 bool ConnManager::Serves(MsgType type) {
@@ -246,21 +245,6 @@ RequestResult ConnManager::OnDowngrade(DeviceConns&, BackendConn* conn, const Me
   return RequestResult::kReply;
 }
 
-// DIRECT_READY (decision 133): c's library fetched its direct pair's memory.
-// Once both sides have, both hear their UPGRADE. One that crossed the pair's
-// withdrawal (its peer went first) changes nothing.
-RequestResult ConnManager::OnDirectReady(DeviceConns&, BackendConn* conn, const Message&, Message*) {
-  BackendConn& c = *conn;
-  if (!c.direct || !c.takes_direct_ready || c.direct_fetched) {
-    Violation(c, "unexpected DIRECT_READY");
-    return RequestResult::kNoReply;
-  }
-  c.direct_fetched = true;
-  BackendConn* p = c.peer;
-  if (c.upgrade_held && p != nullptr && p->upgrade_held && p->direct_fetched) SendUpgrades(c, *p);
-  return RequestResult::kNoReply;
-}
-
 // DOWNGRADE(drain, kernel-faster) from a guest (kFeatureMoveBack, decision
 // 92): the busy event loop that registered c is not busy any more, and a
 // lone request/response connection is faster on kernel TCP where vsocketd
@@ -390,7 +374,6 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
   c.move_back = dc.move_back;
   c.knows_directory = dc.knows_directory;
   c.takes_direct = dc.direct;
-  c.takes_direct_ready = dc.direct_ready;
   c.direct_only = tentative && (r.flags & proto::kRegisterDirect) && dc.direct;
   // A doorbell block must be 64-byte aligned (its counts are atomics).
   if ((c.doorbell && r.tx_ring_gpa % proto::kDoorbellBytes != 0) || !ResolveRings(c) ||

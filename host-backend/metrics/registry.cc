@@ -376,14 +376,6 @@ std::vector<Metric<D>> Daemon() {
        .read = [](const D& c) -> uint64_t { return c.conns.direct_failed.load(); },
        .prom = {"vsocket_direct_failed_total"},
        .group = "conn_counters"},
-      {.name = "direct_withdrawn",
-       .type = kCounter,
-       .help = "Ends of direct pairs withdrawn before their UPGRADE because the other end unregistered or went "
-               "before both libraries had fetched the pair's memory (a fetch that failed: its process out of fds, "
-               "vsocketd restarted); both stay on kernel TCP (decision 133).",
-       .read = [](const D& c) -> uint64_t { return c.conns.direct_withdrawn.load(); },
-       .prom = {"vsocket_direct_withdrawn_total"},
-       .group = "conn_counters"},
       {.name = "direct_bytes",
        .type = kCounter,
        .help = "Bytes direct pairs moved, from their libraries' counts in the pair's memory (vsocketd copies none "
