@@ -110,6 +110,15 @@ class SessionTest : public ::testing::Test {
     EXPECT_EQ(c->state.phase(), upgrade ? Phase::kUpgraded : Phase::kPending);
     return c;
   }
+  // A session that takes direct pairs, and connection `id` on it, direct
+  // and upgraded (DirectConn), its session set; null on failure.
+  std::shared_ptr<Conn> UpWithDirectConn(uint64_t id, UniqueFd* peer_fd) {
+    Session* s = Up(proto::kFeatureDirect);
+    if (s == nullptr) return nullptr;
+    auto c = DirectConn(s, id, peer_fd);
+    if (c) c->session = s;
+    return c;
+  }
   // Connection `id`, registered on s and pending (its peer not there yet).
   static std::shared_ptr<Conn> PendingConn(Session* s, uint64_t id) {
     auto c = std::make_shared<Conn>();
@@ -468,12 +477,10 @@ TEST_F(SessionTest, AFenceTheBackendNeverTookIsResentWithoutAHeader) {
 // there, whatever vsocketd took): an untaken request says nothing of it,
 // and such a connection is never resent without a header on that account.
 TEST_F(SessionTest, ADirectPairsFenceIsNeverTakenForUnread) {
-  Session* s = Up(proto::kFeatureDirect);
-  ASSERT_NE(s, nullptr);
   UniqueFd peer;
-  auto c = DirectConn(s, 6, &peer);
+  auto c = UpWithDirectConn(6, &peer);
   ASSERT_TRUE(c);
-  c->session = s;
+  Session* s = c->session;
   g_fake->set_wedged(true);
   {
     MutexLock tx(c->tx_mu);
@@ -492,12 +499,10 @@ TEST_F(SessionTest, ADirectPairsFenceIsNeverTakenForUnread) {
 // the other way round: a peer that left first closed our fence word, so we
 // never switch and our kernel stream goes on.
 TEST_F(SessionTest, ADirectPairsFenceInItsMemoryIsEnoughForAResyncHeader) {
-  Session* s = Up(proto::kFeatureDirect);
-  ASSERT_NE(s, nullptr);
   UniqueFd peer_fd;
-  auto c = DirectConn(s, 10, &peer_fd);
+  auto c = UpWithDirectConn(10, &peer_fd);
   ASSERT_TRUE(c);
-  c->session = s;
+  Session* s = c->session;
   auto [a, b] = testing::LoopbackTcpPair();
   ASSERT_GE(a, 0);
   g_fake->set_wedged(true);
@@ -532,12 +537,9 @@ TEST_F(SessionTest, ADirectPairsFenceInItsMemoryIsEnoughForAResyncHeader) {
 }
 
 TEST_F(SessionTest, ADirectPeerThatLeftFirstKeepsUsOnKernelTcp) {
-  Session* s = Up(proto::kFeatureDirect);
-  ASSERT_NE(s, nullptr);
   UniqueFd peer_fd;
-  auto c = DirectConn(s, 11, &peer_fd);
+  auto c = UpWithDirectConn(11, &peer_fd);
   ASSERT_TRUE(c);
-  c->session = s;
   auto peer = DirectRing::Map(peer_fd.get(), 1);
   ASSERT_TRUE(peer.ok());
   uint64_t fence;
