@@ -92,8 +92,7 @@ class SessionTest : public ::testing::Test {
   // ring of kDirectRing each way and upgraded; *peer_fd: the pair's memory,
   // which the test maps as the peer's side (1).
   static constexpr uint32_t kDirectRing = 4096;
-  // (upgrade = false: the DIRECT event alone; the connection stays pending.)
-  std::shared_ptr<Conn> DirectConn(Session* s, uint64_t id, UniqueFd* peer_fd, bool upgrade = true) {
+  std::shared_ptr<Conn> DirectConn(Session* s, uint64_t id, UniqueFd* peer_fd) {
     auto memory = proto::MakeDirectMemory(kDirectRing, id, 99);
     EXPECT_TRUE(memory.ok()) << memory.status().ToString();
     if (!memory.ok()) return nullptr;
@@ -104,10 +103,10 @@ class SessionTest : public ::testing::Test {
     EXPECT_TRUE(c->state.Apply(ConnEvent::kRegistered));
     s->Track(c);
     EXPECT_TRUE(g_fake->PostEvent({MsgType::kDirect, 0, proto::ConnCounter{id, 1}}));
-    if (upgrade) EXPECT_TRUE(g_fake->PostEvent({MsgType::kUpgrade, 0, proto::Upgrade{id, kDirectRing, 16}}));
+    EXPECT_TRUE(g_fake->PostEvent({MsgType::kUpgrade, 0, proto::Upgrade{id, kDirectRing, 16}}));
     s->Drain();
     EXPECT_TRUE(static_cast<bool>(c->direct));
-    EXPECT_EQ(c->state.phase(), upgrade ? Phase::kUpgraded : Phase::kPending);
+    EXPECT_EQ(c->state.phase(), Phase::kUpgraded);
     return c;
   }
   // A session that takes direct pairs, and connection `id` on it, direct

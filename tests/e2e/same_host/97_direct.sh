@@ -246,7 +246,7 @@ case_direct_fetch_fails() {
 import hashlib, os, socket, sys, time
 role, addr, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
 sys.path.insert(0, sys.argv[4])
-from pair_io import recv_n, register_by_reading as first_io
+from pair_io import recv_n, register_by_reading
 if role == "server":
     l = socket.socket()
     l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -263,7 +263,7 @@ if role == "server":
         pass
     os.close(fill.pop())       # one fd left: the accept takes it
     c, _ = l.accept()
-    first_io(c)
+    register_by_reading(c)
     # DIRECT comes while this process has no fd to spare.
     for _ in range(100):
         c.setblocking(False)
@@ -281,7 +281,7 @@ else:
     recv_n(w, 1); w.sendall(b"w")
     time.sleep(0.3)
     c = socket.create_connection((addr, port))
-    first_io(c)
+    register_by_reading(c)
     time.sleep(0.5)
 data = hashlib.sha256(role.encode()).digest() * 2048
 c.sendall(data)
