@@ -384,7 +384,8 @@ const char* ToString(Reason reason) {
                                            "urgent-data",
                                            "directory-unavailable",
                                            "peer-corrupted-ring",
-                                           "connection-over"};
+                                           "connection-over",
+                                           "direct-unavailable"};
   static_assert(std::size(kNames) == kLastReason + 1, "a name for every reason");
   auto i = static_cast<size_t>(reason);
   return i < std::size(kNames) ? kNames[i] : "unknown";

@@ -124,7 +124,7 @@ enum class Reason : uint16_t {
   // the peer is on another host across the tcp fabric, where a bulk stream
   // is slower than kernel TCP (decision 62): it stays on kernel TCP.
   kKernelFaster = 17,
-  // Library-only, never on the wire (above kMaxReason): the upgrade policy
+  // Library-only, never on the wire (IsLibraryOnly): the upgrade policy
   // keeps a request/response connection on kernel TCP where vsocketd shares
   // the process's few CPUs (decision 51).
   kRequestResponse = 18,
@@ -146,13 +146,17 @@ enum class Reason : uint16_t {
   // no longer connected) before vsocketd could inspect the socket it was
   // to prove; nothing was registered and it ended on kernel TCP.
   kConnectionOver = 22,
+  // On the wire (DOWNGRADE, kFeatureDirectResend, decision 135): a direct
+  // pair's memory could not be fetched or mapped by one side (out of file
+  // descriptors or address space, or the peer gave up on it first), so that
+  // side stays on kernel TCP and the other resends its ring stream there.
+  kDirectUnavailable = 23,
 };
 // Numbers are never reused. A new reason of either kind takes the next free
 // number; a library-only one is also listed in IsLibraryOnly, so that the
-// wire refuses it (the library-only 18 and 19 sit below kMaxReason, 21 and
-// 22 above it, where kLastReason ends the names).
-inline constexpr uint16_t kMaxReason = 20;   // the largest reason the wire carries
-inline constexpr uint16_t kLastReason = 22;  // the largest there is (library-only above kMaxReason)
+// wire refuses it (the library-only 18, 19, 21 and 22 sit below kMaxReason).
+inline constexpr uint16_t kMaxReason = 23;   // the largest reason the wire carries
+inline constexpr uint16_t kLastReason = 23;  // the largest there is
 constexpr bool IsLibraryOnly(Reason r) {
   return r == Reason::kRequestResponse || r == Reason::kUrgentData || r == Reason::kPeerCorruptedRing ||
          r == Reason::kConnectionOver;
@@ -258,10 +262,17 @@ inline constexpr uint64_t kFeatureDirect = 1ull << 10;
 // the VM's socket-proof authority and may send VOUCH (decision 100). Not a
 // session feature: never in kKnownFeatures.
 inline constexpr uint64_t kFeatureProofAuthority = 1ull << 11;
+// kFeatureDirectResend (with kFeatureDirect; decision 135): a library that
+// cannot fetch or map a direct pair's memory posts DOWNGRADE(direct-
+// unavailable, kDowngradeResendFrom, 0) and stays on kernel TCP; its peer's
+// library, told so by the same DOWNGRADE, resends its ring stream from byte
+// 0 with no RESYNC header. Both mark the pair's `attached` words
+// (proto/direct.h), by which they agree on the same when vsocketd is gone.
+inline constexpr uint64_t kFeatureDirectResend = 1ull << 12;
 inline constexpr uint64_t kKnownFeatures = kFeatureDoorbell | kFeatureRingHold | kFeatureFenceDelivered |
                                            kFeatureCleanDowngrade | kFeatureBulkHint | kFeatureNaps |
                                            kFeatureTentative | kFeatureForkResync | kFeatureMoveBack |
-                                           kFeatureDirectoryUnavailable | kFeatureDirect;
+                                           kFeatureDirectoryUnavailable | kFeatureDirect | kFeatureDirectResend;
 inline constexpr int64_t kTentativeWaitMs = 500;
 struct DoorbellBlock {
   uint64_t tx_tail;        // guest writes: bytes produced into the TX ring (total)

@@ -144,13 +144,17 @@ TEST(ControlTest, EnumsOutOfRangeAreRejected) {
   b = MustEncode({MsgType::kDowngrade, 0, Downgrade{1, Reason::kMigration, 5}});
   b[kHeaderSize + 8] = kMaxReason + 1;
   EXPECT_FALSE(Decode(b).ok());
-  // The library-only reasons are refused: 18 and 19 below kMaxReason all
-  // the same, 21 and 22 above it; directory-unavailable, 20, is the wire's
-  // (decision 95).
+  // The library-only reasons are refused: 18, 19, 21 and 22, below
+  // kMaxReason all the same; directory-unavailable, 20, and
+  // direct-unavailable, 23, are the wire's (decisions 95 and 135).
   for (Reason r : {Reason::kRequestResponse, Reason::kUrgentData, Reason::kPeerCorruptedRing, Reason::kConnectionOver}) {
     b[kHeaderSize + 8] = static_cast<uint8_t>(r);
     EXPECT_FALSE(Decode(b).ok()) << ToString(r);
   }
+  b = MustEncode({MsgType::kDowngrade, 0, Downgrade{1, Reason::kDirectUnavailable, 0, kDowngradeResendFrom}});
+  auto direct = Decode(b);
+  ASSERT_TRUE(direct.ok()) << direct.status().ToString();
+  EXPECT_EQ(std::get<Downgrade>(direct->body).reason, Reason::kDirectUnavailable);
   b = MustEncode({MsgType::kDowngrade, 0, Downgrade{1, Reason::kDirectoryUnavailable, 5}});
   auto dir = Decode(b);
   ASSERT_TRUE(dir.ok()) << dir.status().ToString();

@@ -70,7 +70,14 @@ struct DirectSide {
   // fence after it; cleared when an ask of the other side is taken.
   uint32_t light_produced;
   uint32_t light_consumed;
-  uint8_t reserved[4];
+  // 0: not yet; 1: this side mapped the pair (set by this side, once); 2:
+  // the other side, leaving the pair before this one mapped it, decided it
+  // never will. Changed only by compare-and-swap, by this side (0 -> 1) or
+  // the other (0 -> 2): a side that switched onto the pair and then lost it
+  // (vsocketd gone) thus agrees with a side that could not map it (its
+  // fetch failed) that the ring stream is resent from byte 0 with no RESYNC
+  // header (decision 135). 0 in memory vsocketd made.
+  uint32_t attached;
 };
 static_assert(sizeof(DirectSide) == 64);
 

@@ -71,7 +71,8 @@ count_gtest() {
 tally() {
   local log=$1 tag=$2 kinds=${3:-PASS|FAIL} p f
   grep -E "^($kinds) " "$log" | sed "s/^/[$tag] /"
-  while read -r name; do failures+=("[$tag] $name"); done < <(grep -E '^FAIL ' "$log" | awk '{sub(/:$/, "", $2); print $2}')
+  # (each with its own words, cut to 1,500 characters: CI keeps only the tail)
+  while read -r line; do failures+=("[$tag] ${line:0:1500}"); done < <(grep -E '^FAIL ' "$log" | sed 's/^FAIL //')
   read -r p f < <(tail -1 "$log" | awk '/passed,/ {print $1, $3}')
   [ -n "${f:-}" ] || failures+=("[$tag] no summary: the suite died (see $log)")
   passed=$((passed + ${p:-0}))

@@ -76,9 +76,12 @@ void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open, const 
 // A process that exits meanwhile closes the dup (as before: the backend
 // still delivers over a live link).
 bool Linger(int fd, Conn& c) {
-  if (c.direct && c.state.accelerated() && !c.state.reset() && !c.state.resynced()) {
+  if (c.direct && c.state.accelerated() && !c.state.reset() && !c.state.resynced() && c.direct->PeerAttached()) {
     // A direct pair's bytes are in memory the peer maps as long as it
     // lives: nothing to keep the registration for. Our EOF follows them.
+    // (A peer that has not mapped it yet may never: it could not (decision
+    // 135), and then our bytes go on the kernel socket, before our FIN.
+    // That case lingers as through vsocketd, until the peer mapped it.)
     PublishDirectShutWr(c);
     return false;
   }

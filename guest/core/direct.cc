@@ -27,6 +27,12 @@ Status AttachDirect(Conn& c, Transport& t, uint64_t token) {
     Libc().close(fds->wake.release());
     return ring.status();
   }
+  // Said before anything of ours is in it; refused if the peer already
+  // left the pair and decided we never map it (decision 135).
+  if (!(*ring)->Attach()) {
+    Libc().close(fds->wake.release());
+    return Status(Code::kFailedPrecondition, "the peer left the pair before we mapped it");
+  }
   c.region_tx = c.tx;
   c.region_rx = c.rx;
   c.tx = (*ring)->tx();

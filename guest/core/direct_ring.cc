@@ -163,6 +163,21 @@ bool DirectRing::CloseFence(uint64_t* fence) {
   return true;
 }
 
+bool DirectRing::Attach() {
+  uint32_t was = 0;
+  return Word(mine()->attached).compare_exchange_strong(was, 1, std::memory_order_seq_cst) || was == 1;
+}
+
+bool DirectRing::ClosePeerAttach() {
+  uint32_t was = 0;
+  if (Word(peer()->attached).compare_exchange_strong(was, 2, std::memory_order_seq_cst)) return true;
+  return was == 2;  // (1: it mapped; a value a peer made up is taken as that, the usual RESYNC)
+}
+
+bool DirectRing::PeerAttached() const {
+  return Word(peer()->attached).load(std::memory_order_acquire) == 1;
+}
+
 bool DirectRing::PublishRingEnd(uint64_t end) {
   Word(mine()->ring_end).store(end, std::memory_order_release);
   return TakeAsk(&proto::DirectSide::want_produced, -1);

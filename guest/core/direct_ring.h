@@ -77,6 +77,16 @@ class DirectRing {
   // switches onto the pair after we decided; true (with *fence) if it was.
   bool CloseFence(uint64_t* fence);
   bool PublishRingEnd(uint64_t end);
+  // Right after mapping: says we did (decision 135). False if the peer left
+  // the pair first and decided we never would (it resends its ring stream
+  // from 0 on the kernel socket, with no header): then we must not use it.
+  bool Attach();
+  // Leaving the pair after a loss: true if the peer never mapped it and now
+  // never will (we closed its word, or had), so our ring stream goes on the
+  // kernel socket from byte 0 with no header; false if it did.
+  bool ClosePeerAttach();
+  // Whether the peer mapped the pair (our ring bytes are where it reads).
+  bool PeerAttached() const;
   // Before sleeping until the peer produces (or consumes): asks it to wake
   // us. Then, once for all the rings it asked on, the caller fences with
   // FenceAsks() and reads the peer once more, and sleeps only if nothing

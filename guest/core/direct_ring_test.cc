@@ -128,6 +128,36 @@ TEST(DirectRing, TheFenceWordIsDecidedOnceByWhoeverComesFirst) {
   }
 }
 
+// The attached word (decision 135): a side that mapped says so once; a
+// side leaving the pair before its peer mapped it decides the peer never
+// will, and the peer, mapping late, learns it must not use the pair. So a
+// RESYNC of the leaver's ring stream has a header exactly when the peer
+// reads the pair.
+TEST(DirectRing, TheAttachedWordIsDecidedOnceByWhoeverComesFirst) {
+  {
+    Pair p;  // mapped first: the leaver resends with a header
+    EXPECT_FALSE(p.a->PeerAttached());
+    EXPECT_TRUE(p.b->Attach());
+    EXPECT_TRUE(p.b->Attach());  // (again: still so)
+    EXPECT_TRUE(p.a->PeerAttached());
+    EXPECT_FALSE(p.a->ClosePeerAttach());
+  }
+  {
+    Pair p;  // the leaver first: the late side never uses the pair
+    EXPECT_TRUE(p.a->ClosePeerAttach());
+    EXPECT_TRUE(p.a->ClosePeerAttach());  // (and stays so)
+    EXPECT_FALSE(p.b->Attach());
+    EXPECT_FALSE(p.a->PeerAttached());
+  }
+  {
+    Pair p;  // a value the peer made up: not attached for our linger, no late map
+    p.side(1)->attached = 7;
+    EXPECT_FALSE(p.a->PeerAttached());
+    EXPECT_FALSE(p.a->ClosePeerAttach());  // (the usual RESYNC, with a header)
+    EXPECT_FALSE(p.b->Attach());
+  }
+}
+
 TEST(DirectRing, MemoryWithoutItsSealsOrOfTheWrongShapeIsRefused) {
   UniqueFd plain(memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   ASSERT_EQ(ftruncate(plain.get(), proto::DirectBytes(kRing)), 0);

@@ -86,7 +86,15 @@ bool PrepareResendLocked(Conn& c, int fd) {
   // never got our FENCE) expects no header.
   if (!c.state.tx_on_ring()) return true;
   if (c.resend_headerless.load(std::memory_order_relaxed))
-    return PrepareHeaderlessResendLocked(c, fd, c.resend_from.load(std::memory_order_relaxed), "the peer forked");
+    return PrepareHeaderlessResendLocked(c, fd, c.resend_from.load(std::memory_order_relaxed),
+                                         c.state.reason() == Reason::kDirectUnavailable
+                                             ? "the peer could not map the direct pair"
+                                             : "the peer forked");
+  // A direct pair the peer never mapped, and now never will (decision
+  // 135): it reads its kernel socket as plain kernel TCP, so our ring
+  // stream follows our kernel bytes from byte 0 with no header.
+  if (c.direct && c.direct->ClosePeerAttach())
+    return PrepareHeaderlessResendLocked(c, fd, 0, "the peer never mapped the direct pair");
   // A direct pair: switched means our FENCE is in the pair's memory, where
   // the peer takes it before it leaves (CloseDirectFence, decision 134).
   bool acked = c.resync_fence_acked.load() || static_cast<bool>(c.direct);
@@ -275,11 +283,13 @@ void MaybeReregister(int fd, Conn& c) {
                     c.stream.cause() == StreamDetector::Cause::kBusyLoop &&
                     c.drain_reason.load(std::memory_order_relaxed) == Reason::kKernelFaster;
   if (c.resend_headerless.load(std::memory_order_relaxed)) {
-    // The peer's process forked: its end stays on kernel TCP for good
-    // (decision 85), so ours would wait for it in vain.
-    c.state.Apply(ConnEvent::kKernelForGood, Reason::kForked);
-    VS_LOG(kInfo, "conn %lu: resynced on kernel TCP; the peer forked, so it stays there",
-           static_cast<unsigned long>(c.id));
+    // The peer's process forked (decision 85), or it could not map our
+    // direct pair (decision 135): its end stays on kernel TCP for good, so
+    // ours would wait for it in vain.
+    Reason why = c.state.reason() == Reason::kDirectUnavailable ? Reason::kDirectUnavailable : Reason::kForked;
+    c.state.Apply(ConnEvent::kKernelForGood, why);
+    VS_LOG(kInfo, "conn %lu: resynced on kernel TCP; the peer %s, so it stays there", static_cast<unsigned long>(c.id),
+           why == Reason::kForked ? "forked" : "could not map the direct pair");
     return;
   }
   // A fresh accelerated state; the kernel byte counts go on (fences are

@@ -224,7 +224,8 @@ Status Session::Negotiate() {
                    (Config().ring_hold ? proto::kFeatureRingHold : 0) | proto::kFeatureFenceDelivered |
                    proto::kFeatureCleanDowngrade | proto::kFeatureBulkHint | proto::kFeatureNaps |
                    (Config().busy_events > 0 ? proto::kFeatureTentative | proto::kFeatureMoveBack : 0) |
-                   proto::kFeatureForkResync | (Config().direct ? proto::kFeatureDirect : 0) |
+                   proto::kFeatureForkResync |
+                   (Config().direct ? proto::kFeatureDirect | proto::kFeatureDirectResend : 0) |
                    // (Only a reason's name: proto::ToString names it in the report.)
                    proto::kFeatureDirectoryUnavailable;
   proto::Message resp;
@@ -242,6 +243,7 @@ Status Session::Negotiate() {
   fork_resync_ = (ack->features & hello.features & proto::kFeatureForkResync) != 0;
   move_back_ = (ack->features & hello.features & proto::kFeatureMoveBack) != 0;
   direct_ = (ack->features & hello.features & proto::kFeatureDirect) != 0;
+  direct_resend_ = direct_ && (ack->features & hello.features & proto::kFeatureDirectResend) != 0;
   // Process mode: registrations name sockets this process proves it holds
   // (a port without a proof socket does not ask for it).
   Status proof = transport_->OpenProofs();
@@ -475,6 +477,7 @@ bool Session::DrainLocked() {
     changed = true;
   }
   if (!direct_conns_.empty()) changed |= PullDirectLocked();
+  if (!unmapped_owed_.empty() && !lost_) PostUnmappedLocked();
   if (changed) NotifyWaitersLocked();
   if (sleepers_ > 0) {
     eq.EnableInterrupts();
@@ -514,9 +517,7 @@ void Session::Dispatch(const Message& m) {
     if (st.ok()) {
       direct_conns_.push_back(c);
     } else {
-      VS_LOG(kWarn, "conn %lu: no direct ring pair: %s: connection reset", static_cast<unsigned long>(c->id),
-             st.ToString().c_str());
-      ResetDirectLocked(c);
+      UnmappedDirectLocked(c, st);
     }
     return;
   }
@@ -527,6 +528,46 @@ void Session::Dispatch(const Message& m) {
     if (m.type == MsgType::kShutdown || m.type == MsgType::kDowngrade) PullDirect(*c);
   }
   DispatchConnEvent(c, m, g_link_lost.load(std::memory_order_acquire));
+}
+
+void Session::UnmappedDirectLocked(const std::shared_ptr<Conn>& c, const Status& why) {
+  // (Before its UPGRADE: we never switched, our kernel stream is whole.)
+  // Its peer may have switched onto the pair and written there: it must
+  // resend that on the kernel socket, from byte 0 with no header, which
+  // vsocketd tells it (decision 135); we read our kernel socket as plain
+  // kernel TCP from here on. If vsocketd goes first, the peer finds our
+  // `attached` word 0 and does the same.
+  if (!direct_resend_) {
+    // (An older vsocketd: it cannot tell the peer.)
+    VS_LOG(kWarn, "conn %lu: no direct ring pair: %s: connection reset", static_cast<unsigned long>(c->id),
+           why.ToString().c_str());
+    ResetDirectLocked(c);
+    return;
+  }
+  VS_LOG(kWarn, "conn %lu: no direct ring pair: %s: on kernel TCP, the peer resends there",
+         static_cast<unsigned long>(c->id), why.ToString().c_str());
+  ApplyLoss(c, LossKind::kPeerAborted, 0, false, proto::Reason::kDirectUnavailable, nullptr);
+  c->gen.fetch_add(1, std::memory_order_acq_rel);
+  unmapped_owed_.push_back(c->id);
+  PostUnmappedLocked();
+}
+
+void Session::PostUnmappedLocked() {
+  // Posted without an answer: a full request queue leaves the rest for the
+  // next drain (before it, nothing of ours names the connection: its
+  // UNREGISTER waits for our next call on it).
+  while (!unmapped_owed_.empty()) {
+    uint32_t slot = 0;
+    Status st = SubmitLocked({MsgType::kDowngrade, 0,
+                              proto::Downgrade{unmapped_owed_.front(), proto::Reason::kDirectUnavailable, 0,
+                                               proto::kDowngradeResendFrom}},
+                             false, &slot, nullptr);
+    if (st.code() == Code::kResourceExhausted) return;
+    if (!st.ok())
+      VS_LOG(kWarn, "conn %lu: DOWNGRADE(direct-unavailable): %s", static_cast<unsigned long>(unmapped_owed_.front()),
+             st.ToString().c_str());
+    unmapped_owed_.erase(unmapped_owed_.begin());
+  }
 }
 
 void Session::ResetDirectLocked(const std::shared_ptr<Conn>& c) {
@@ -693,6 +734,9 @@ Status Session::Unregister(Conn& c) {
   {
     MutexLock lock(mu_);
     closing_[c.id] = Closing{c.owned_tx(), c.owned_rx()};
+    // (A DOWNGRADE(direct-unavailable) still owed goes first: after the
+    // UNREGISTER vsocketd would not know the connection it names.)
+    if (!unmapped_owed_.empty()) PostUnmappedLocked();
   }
   Message resp;
   Status st = Call({MsgType::kUnregister, 0, proto::Unregister{c.id}}, &resp);

@@ -239,6 +239,7 @@ class Session {
   bool doorbell_ = false;   // set once, before the session is handed out
   bool ring_hold_ = false;  // likewise: kFeatureRingHold
   bool direct_ = false;     // likewise: kFeatureDirect (decision 97)
+  bool direct_resend_ = false;  // likewise: kFeatureDirectResend (decision 135)
   // Direct connections (direct.h): their counts are pulled at every drain
   // and their peers asked to wake us before any sleep.
   std::vector<std::shared_ptr<Conn>> direct_conns_ GUARDED_BY(mu_);
@@ -246,6 +247,10 @@ class Session {
   // A direct connection whose pair's memory could not be had or held an
   // impossible count: reset, as an ERROR from the backend would.
   void ResetDirectLocked(const std::shared_ptr<Conn>& c) REQUIRES(mu_);
+  // A DIRECT whose memory could not be fetched or mapped (decision 135).
+  void UnmappedDirectLocked(const std::shared_ptr<Conn>& c, const Status& why) REQUIRES(mu_);
+  void PostUnmappedLocked() REQUIRES(mu_);
+  std::vector<uint64_t> unmapped_owed_ GUARDED_BY(mu_);  // DOWNGRADE(direct-unavailable) still to post
   bool bulk_hint_ = false;  // likewise: kFeatureBulkHint
   bool naps_ = false;       // likewise: kFeatureNaps
   bool tentative_ = false;  // likewise: kFeatureTentative

@@ -515,6 +515,7 @@ TEST_F(SessionTest, ADirectPairsFenceInItsMemoryIsEnoughForAResyncHeader) {
   }
   auto peer = DirectRing::Map(peer_fd.get(), 1);
   ASSERT_TRUE(peer.ok());
+  ASSERT_TRUE((*peer)->Attach());  // (it mapped the pair: decision 135)
   uint64_t fence = 99;
   EXPECT_TRUE((*peer)->CloseFence(&fence));  // what the peer finds when it leaves
   EXPECT_EQ(fence, 0u);
@@ -531,6 +532,105 @@ TEST_F(SessionTest, ADirectPairsFenceInItsMemoryIsEnoughForAResyncHeader) {
   ASSERT_TRUE(from.ok());
   EXPECT_EQ(*from, 0u);
   EXPECT_EQ(std::string(reinterpret_cast<char*>(got) + proto::kResyncHeaderSize, 5), "abcde");
+  close(a);
+  close(b);
+}
+
+// Decision 135: the same, but the peer never mapped the pair (its fetch
+// failed, or had not come yet) when vsocketd went: it reads its kernel
+// socket as plain kernel TCP, so our ring stream follows there from byte 0
+// with no header, and the peer, mapping late, finds it must not use it.
+TEST_F(SessionTest, ADirectPeerThatNeverMappedGetsOurRingStreamWithoutAHeader) {
+  UniqueFd peer_fd;
+  auto c = UpWithDirectConn(12, &peer_fd);
+  ASSERT_TRUE(c);
+  Session* s = c->session;
+  auto [a, b] = testing::LoopbackTcpPair();
+  ASSERT_GE(a, 0);
+  g_fake->set_wedged(true);
+  {
+    MutexLock tx(c->tx_mu);
+    ASSERT_TRUE(SwitchTxLocked(*c).ok());
+    for (int i = 0; i < 5; ++i) c->tx[i] = static_cast<uint8_t>('a' + i);
+    c->tx_tail.store(5);
+  }
+  g_fake->KillBackend();
+  EXPECT_FALSE(s->CheckBackend());
+  {
+    MutexLock tx(c->tx_mu);
+    EXPECT_TRUE(FlushResendLocked(*c, a).ok());
+  }
+  EXPECT_FALSE(c->state.reset());
+  shutdown(a, SHUT_WR);
+  std::string got;
+  char buf[64];
+  for (ssize_t n; (n = recv(b, buf, sizeof buf, 0)) > 0;) got.append(buf, static_cast<size_t>(n));
+  EXPECT_EQ(got, "abcde");
+  auto peer = DirectRing::Map(peer_fd.get(), 1);
+  ASSERT_TRUE(peer.ok());
+  EXPECT_FALSE((*peer)->Attach());
+  close(a);
+  close(b);
+}
+
+// Decision 135, the side that cannot map: a DIRECT whose memory does not
+// come (here the fake has none to give; out of fds in e2e
+// direct_fetch_fails) leaves the connection on kernel TCP, withdrawn, and
+// tells vsocketd so, which has the peer resend its ring stream.
+TEST_F(SessionTest, ADirectPairWeCannotMapIsToldToVsocketd) {
+  Session* s = Up(proto::kFeatureDirect | proto::kFeatureDirectResend);
+  ASSERT_NE(s, nullptr);
+  auto c = std::make_shared<Conn>();
+  c->id = 13;
+  ASSERT_TRUE(c->state.Apply(ConnEvent::kRegistered));
+  s->Track(c);
+  size_t from = g_fake->requests().size();
+  ASSERT_TRUE(g_fake->PostEvent({MsgType::kDirect, 0, proto::ConnCounter{13, 1}}));
+  ASSERT_TRUE(g_fake->PostEvent({MsgType::kUpgrade, 0, proto::Upgrade{13, kDirectRing, 16}}));
+  s->Drain();
+  EXPECT_FALSE(static_cast<bool>(c->direct));
+  EXPECT_EQ(c->state.phase(), Phase::kWithdrawn);  // (its UPGRADE refused: never switched)
+  EXPECT_EQ(c->state.reason(), proto::Reason::kDirectUnavailable);
+  bool told = false;
+  for (size_t i = from; i < g_fake->requests().size(); ++i) {
+    const auto* d = std::get_if<proto::Downgrade>(&g_fake->requests()[i].body);
+    if (g_fake->requests()[i].type == MsgType::kDowngrade && d != nullptr && d->conn_id == 13 &&
+        d->reason == proto::Reason::kDirectUnavailable && d->bytes_received == 0 &&
+        d->flags == proto::kDowngradeResendFrom)
+      told = true;
+  }
+  EXPECT_TRUE(told);
+}
+
+// Decision 135, the side told: its peer could not map the pair, so what it
+// wrote there goes on the kernel socket from byte 0 with no header, and the
+// connection stays on kernel TCP (the peer never registers it again).
+TEST_F(SessionTest, ADirectPeerThatCouldNotMapIsResentWithoutAHeader) {
+  UniqueFd peer_fd;
+  auto c = UpWithDirectConn(14, &peer_fd);
+  ASSERT_TRUE(c);
+  Session* s = c->session;
+  auto [a, b] = testing::LoopbackTcpPair();
+  ASSERT_GE(a, 0);
+  {
+    MutexLock tx(c->tx_mu);
+    ASSERT_TRUE(SwitchTxLocked(*c).ok());
+    for (int i = 0; i < 5; ++i) c->tx[i] = static_cast<uint8_t>('v' + i);
+    c->tx_tail.store(5);
+  }
+  ASSERT_TRUE(g_fake->PostEvent(
+      {MsgType::kDowngrade, 0, proto::Downgrade{14, proto::Reason::kDirectUnavailable, 0, proto::kDowngradeResendFrom}}));
+  s->Drain();
+  EXPECT_TRUE(c->state.resynced());
+  {
+    MutexLock tx(c->tx_mu);
+    EXPECT_TRUE(FlushResendLocked(*c, a).ok());
+  }
+  shutdown(a, SHUT_WR);
+  std::string got;
+  char buf[64];
+  for (ssize_t n; (n = recv(b, buf, sizeof buf, 0)) > 0;) got.append(buf, static_cast<size_t>(n));
+  EXPECT_EQ(got, "vwxyz");
   close(a);
   close(b);
 }

@@ -179,7 +179,9 @@ LingerState StepLinger(Conn& c, int lfd) {
     CloseWriterFd(lfd);  // RST
     return LingerState::kOver;
   }
-  bool consumed = c.credit.load(std::memory_order_acquire) >= c.tx_tail.load(std::memory_order_relaxed);
+  // (A direct peer that mapped the pair reads our bytes where they are.)
+  bool consumed = c.credit.load(std::memory_order_acquire) >= c.tx_tail.load(std::memory_order_relaxed) ||
+                  (c.direct && c.direct->PeerAttached());
   if (!consumed && s != nullptr && s->alive() && !c.state.reset() && !c.peer_gone.load() &&
       MonotonicNs() - c.linger_start_ns < kResendLimitNs)
     return LingerState::kWaiting;

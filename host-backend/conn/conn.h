@@ -173,6 +173,7 @@ struct BackendConn {
   bool move_back = false;    // the session took kFeatureMoveBack (decision 92)
   bool knows_directory = false;  // the session took kFeatureDirectoryUnavailable (decision 95)
   bool takes_direct = false;     // the session took kFeatureDirect (decision 97)
+  bool direct_resend = false;    // the session took kFeatureDirectResend (decision 135)
   // Registered only for a direct pair (kRegisterDirect, decision 98):
   // withdrawn (kernel-faster) rather than paired through vsocketd.
   bool direct_only = false;
@@ -187,7 +188,8 @@ struct BackendConn {
   int direct_side = 0;
   uint64_t direct_counted = 0;
   // The DOWNGRADE owed to our guest asks it to resend its ring stream from
-  // ev_resend_from with no RESYNC header (its peer's process forked).
+  // ev_resend_from with no RESYNC header (its peer's process forked, or
+  // could not map the pair's memory: decision 135).
   bool ev_resend = false;
   uint64_t ev_resend_from = 0;
   bool shut_announced = false;

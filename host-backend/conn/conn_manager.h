@@ -224,6 +224,7 @@ class ConnManager {
     bool move_back = false;                            // session took kFeatureMoveBack
     bool knows_directory = false;                      // session took kFeatureDirectoryUnavailable
     bool direct = false;                               // session took kFeatureDirect
+    bool direct_resend = false;                        // session took kFeatureDirectResend (decision 135)
     std::deque<uint64_t> released;                     // conn ids owed RINGS_RELEASED
   };
   // Doorbells (kFeatureDoorbell). Polling a connection's block means the
@@ -266,6 +267,7 @@ class ConnManager {
   RequestResult OnShutdown(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
   RequestResult OnDowngrade(DeviceConns& dc, BackendConn* c, const proto::Message& msg, proto::Message* reply);
   RequestResult MoveBack(BackendConn& c, const proto::Downgrade& d, uint64_t request_id, proto::Message* reply);
+  RequestResult DirectUnmapped(BackendConn& c, const proto::Downgrade& d, uint64_t request_id, proto::Message* reply);
   RequestResult RepollDoorbell(DeviceConns& dc, BackendConn& c, bool allowed, const char* violation);
   proto::Message Register(DeviceConns& dc, uint64_t request_id, const proto::RegisterConn& r);
   proto::Message Unregister(DeviceConns& dc, uint64_t request_id, uint64_t conn_id);

@@ -85,6 +85,7 @@ struct ConnManagerCounters {
   std::atomic<uint64_t> moved_back{0};        // busy-loop connections drained back to kernel TCP (decision 92)
   std::atomic<uint64_t> direct_pairs{0};      // pairs handed a ring pair of their own (decision 97)
   std::atomic<uint64_t> direct_failed{0};     // ... that could not be (memory, fds): through vsocketd instead
+  std::atomic<uint64_t> direct_unmapped{0};   // ... one side of which could not map it: resent on kernel TCP (decision 135)
   std::atomic<uint64_t> direct_bytes{0};      // bytes direct pairs moved (their libraries' counts, never copied here)
   std::atomic<uint64_t> pair_moved{0};        // PAIR_REQUESTs answered or refused "the VM moved"
 };

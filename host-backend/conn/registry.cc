@@ -32,13 +32,15 @@ uint64_t ConnManager::OnHello(vhost::BackendDevice& device, uint64_t features) {
            (dc->clean_downgrade ? proto::kFeatureCleanDowngrade : 0) | (dc->bulk_hint ? proto::kFeatureBulkHint : 0) |
            (dc->naps ? proto::kFeatureNaps : 0) | (dc->tentative ? proto::kFeatureTentative : 0) |
            (dc->fork_resync ? proto::kFeatureForkResync : 0) | (dc->move_back ? proto::kFeatureMoveBack : 0) |
-           (dc->knows_directory ? proto::kFeatureDirectoryUnavailable : 0) | (dc->direct ? proto::kFeatureDirect : 0);
+           (dc->knows_directory ? proto::kFeatureDirectoryUnavailable : 0) | (dc->direct ? proto::kFeatureDirect : 0) |
+           (dc->direct_resend ? proto::kFeatureDirectResend : 0);
   uint64_t taken = features & proto::kKnownFeatures & (naps_ ? ~uint64_t{0} : ~proto::kFeatureNaps);
   // Direct pairs only where the VM's setting allows some (decision 98: the
   // library's direct-peer rule runs only in such sessions).
   const vhost::PortConfig* port = device.port();
   if (port == nullptr || port->direct == vhost::PortConfig::Direct::kOff || !vhost::DirectCapable(*port))
     taken &= ~proto::kFeatureDirect;
+  if (!(taken & proto::kFeatureDirect)) taken &= ~proto::kFeatureDirectResend;
   dc->doorbell = (taken & proto::kFeatureDoorbell) != 0;
   dc->ring_hold = (taken & proto::kFeatureRingHold) != 0;
   dc->fence_delivered = (taken & proto::kFeatureFenceDelivered) != 0;
@@ -50,6 +52,7 @@ uint64_t ConnManager::OnHello(vhost::BackendDevice& device, uint64_t features) {
   dc->move_back = (taken & proto::kFeatureMoveBack) != 0;
   dc->knows_directory = (taken & proto::kFeatureDirectoryUnavailable) != 0;
   dc->direct = (taken & proto::kFeatureDirect) != 0;
+  dc->direct_resend = (taken & proto::kFeatureDirectResend) != 0;
   if (dc->doorbell) counters_.doorbell_sessions.fetch_add(1, std::memory_order_relaxed);
   return taken;
 }

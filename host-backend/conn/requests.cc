@@ -201,6 +201,7 @@ RequestResult ConnManager::OnDowngrade(DeviceConns&, BackendConn* conn, const Me
   BackendConn& c = *conn;
   const auto& d = std::get<proto::Downgrade>(msg.body);
   if (d.flags == proto::kDowngradeDrain) return MoveBack(c, d, msg.request_id, reply);
+  if (d.reason == Reason::kDirectUnavailable) return DirectUnmapped(c, d, msg.request_id, reply);
   if (!c.fork_resync || d.reason != Reason::kForked || d.flags != proto::kDowngradeResendFrom) {
     *reply = BadMessage(msg.request_id);
     return RequestResult::kReply;
@@ -242,6 +243,43 @@ RequestResult ConnManager::OnDowngrade(DeviceConns&, BackendConn* conn, const Me
   VS_LOG(kDebug, "conn %lu: leaves the rings for a fork; its peer resends from %lu", static_cast<unsigned long>(c.conn_id),
          static_cast<unsigned long>(d.bytes_received));
   *reply = Ack(msg.request_id, c.conn_id, WireError::kOk, Reason::kForked);
+  return RequestResult::kReply;
+}
+
+// DOWNGRADE(direct-unavailable, kDowngradeResendFrom, 0) from a library
+// that could not fetch or map its side of c's direct pair (out of file
+// descriptors or address space, or its peer gave up on it first: decision
+// 135). It stays on kernel TCP, its ring stream never began; its peer,
+// which may have switched onto the pair and written there already, is
+// told to resend its ring stream from byte 0 with no RESYNC header (as to a
+// forking process's peer, decision 85) and stays on kernel TCP too. A peer
+// already gone closed while this side's `attached` word was 0, so its
+// library lingered and resent its bytes on the kernel socket itself.
+RequestResult ConnManager::DirectUnmapped(BackendConn& c, const proto::Downgrade& d, uint64_t request_id,
+                                          Message* reply) {
+  if (!c.direct_resend || !c.direct || d.flags != proto::kDowngradeResendFrom || d.bytes_received != 0) {
+    Violation(c, "DOWNGRADE(direct-unavailable) of a connection that is no direct pair's, or not from 0");
+    *reply = Ack(request_id, c.conn_id, WireError::kBadMessage, Reason::kProtocolError);
+    return RequestResult::kReply;
+  }
+  c.reason = Reason::kDirectUnavailable;
+  BackendConn* p = c.peer;
+  if (p == nullptr || p->gone || !p->direct_resend) {
+    VS_LOG(kInfo, "conn %lu: its library could not map its direct pair; %s", static_cast<unsigned long>(c.conn_id),
+           p == nullptr || p->gone ? "the peer is gone" : "the peer's library cannot resend");
+    *reply = Ack(request_id, c.conn_id, WireError::kNotPaired, Reason::kDirectUnavailable);
+    return RequestResult::kReply;
+  }
+  counters_.direct_unmapped.fetch_add(1, std::memory_order_relaxed);
+  p->reason = Reason::kDirectUnavailable;
+  p->ev_resend = true;
+  p->ev_resend_from = 0;
+  Raise(*p, kEvDowngrade);
+  p->peer = nullptr;
+  c.peer = nullptr;
+  VS_LOG(kInfo, "conn %lu: its library could not map its direct pair: the peer (conn %lu) resends on kernel TCP",
+         static_cast<unsigned long>(c.conn_id), static_cast<unsigned long>(p->conn_id));
+  *reply = Ack(request_id, c.conn_id, WireError::kOk, Reason::kDirectUnavailable);
   return RequestResult::kReply;
 }
 
@@ -374,6 +412,7 @@ Message ConnManager::Register(DeviceConns& dc, uint64_t request_id, const proto:
   c.move_back = dc.move_back;
   c.knows_directory = dc.knows_directory;
   c.takes_direct = dc.direct;
+  c.direct_resend = dc.direct_resend;
   c.direct_only = tentative && (r.flags & proto::kRegisterDirect) && dc.direct;
   // A doorbell block must be 64-byte aligned (its counts are atomics).
   if ((c.doorbell && r.tx_ring_gpa % proto::kDoorbellBytes != 0) || !ResolveRings(c) ||

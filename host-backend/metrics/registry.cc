@@ -376,6 +376,14 @@ std::vector<Metric<D>> Daemon() {
        .read = [](const D& c) -> uint64_t { return c.conns.direct_failed.load(); },
        .prom = {"vsocket_direct_failed_total"},
        .group = "conn_counters"},
+      {.name = "direct_unmapped",
+       .type = kCounter,
+       .help = "Direct pairs one side of which could not fetch or map the pair's memory (out of file descriptors "
+               "or address space): that side stayed on kernel TCP and the other resent its ring stream there "
+               "(decision 135).",
+       .read = [](const D& c) -> uint64_t { return c.conns.direct_unmapped.load(); },
+       .prom = {"vsocket_direct_unmapped_total"},
+       .group = "conn_counters"},
       {.name = "direct_bytes",
        .type = kCounter,
        .help = "Bytes direct pairs moved, from their libraries' counts in the pair's memory (vsocketd copies none "

@@ -28,7 +28,7 @@ case_semantics() {
   local srv=$BG
   wait_for_text "$WORK/sem-$tag.jsonl.log" listening 50
   VSOCKET_TEST_ADDR=$A1 VSOCKET_TEST_PEER_ADDR=$A2 VSOCKET_TEST_PEER_PORT=$port \
-    vm_run vm1 "$how" "$WORK/sem-$tag.jsonl" "$bin" --gtest_brief=1 >"$WORK/sem-$tag.log" 2>&1
+    vm_run vm1 "$how" "$WORK/sem-$tag.jsonl" "$bin" --gtest_brief=${E2E_GTEST_BRIEF:-1} >"$WORK/sem-$tag.log" 2>&1
   local rc=$?
   for kv in "${env[@]}"; do unset "${kv%%=*}"; done
   export VSOCKET_UPGRADE=always  # (lib.sh's, unset above for preload_default)

@@ -230,21 +230,26 @@ case_direct_quiet_daemon() {
 
 register_case direct_quiet_daemon case_direct_quiet_daemon direct_quiet_daemon
 
-# A direct pair whose memory one library cannot fetch (decision 133, a
-# known failure). Its process is out of fds when the DIRECT event comes
-# (the pair's memfd and wake eventfd do not fit: MSG_CTRUNC); the same
-# happens when vsocketd is killed between its DIRECT and the fetch (gRPC
-# under daemon_restart_grpc_always saw "Failed parsing HTTP/2" from it).
-# The other end switches at once and writes into a ring nobody reads:
-# today the server reads EOF after 0 of 65,536 bytes. What must hold: 64
-# KiB each way arrive byte-exact, whatever path they take.
+# A direct pair whose memory one library cannot fetch (decisions 133,
+# 135). The server's process is out of fds when its DIRECT event comes (the
+# pair's memfd and wake eventfd do not fit: MSG_CTRUNC); the same happens
+# when vsocketd is killed between its DIRECT and the fetch (gRPC under
+# daemon_restart_grpc_always saw "Failed parsing HTTP/2" from it). The
+# server stays on kernel TCP and tells vsocketd, which has the client resend
+# on the kernel socket what it wrote into the pair, from byte 0 with no
+# header. Before decision 135 the server read EOF after 0 of 65,536 bytes.
+# $2: early, the client is told before it writes (nothing to resend); late,
+# the server's library sees its DIRECT only after the client wrote its 64
+# KiB into the pair (the server sleeps without calling the library), so the
+# client resends all of it. Both: 64 KiB each way byte-exact, both ends
+# reporting direct-unavailable, vsocketd's direct_unmapped +1.
 case_direct_fetch_fails() {
-  local name=$1 port rep=$WORK/$1.jsonl bad="" out
+  local name=$1 when=$2 port rep=$WORK/$1.jsonl bad="" out u0 u1 resent
   local -x VSOCKET_UPGRADE=always
   port=$(alloc_port)
   local prog='
 import hashlib, os, socket, sys, time
-role, addr, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+role, addr, port, when = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[5]
 sys.path.insert(0, sys.argv[4])
 from pair_io import recv_n, register_by_reading
 if role == "server":
@@ -264,6 +269,8 @@ if role == "server":
     os.close(fill.pop())       # one fd left: the accept takes it
     c, _ = l.accept()
     register_by_reading(c)
+    if when == "late":
+        time.sleep(1.5)        # no call into the library: its DIRECT waits
     # DIRECT comes while this process has no fd to spare.
     for _ in range(100):
         c.setblocking(False)
@@ -281,8 +288,10 @@ else:
     recv_n(w, 1); w.sendall(b"w")
     time.sleep(0.3)
     c = socket.create_connection((addr, port))
+    if when == "late":
+        time.sleep(0.3)        # the server registers first: its DIRECT waits for its next call
     register_by_reading(c)
-    time.sleep(0.5)
+    time.sleep(0.5 if when == "early" else 0.2)
 data = hashlib.sha256(role.encode()).digest() * 2048
 c.sendall(data)
 got = recv_n(c, 65536)
@@ -293,19 +302,33 @@ print("exact", flush=True)
 c.close()
 w.close()
 '
-  VSOCKET_LOG_LEVEL=info serve_listening "$name" vm2 "$rep" python3 -c "$prog" server "$A2" "$port" "$APPS" || return
+  u0=$(stat_field direct_unmapped)
+  VSOCKET_LOG_LEVEL=info serve_listening "$name" vm2 "$rep" python3 -c "$prog" server "$A2" "$port" "$APPS" "$when" || return
   local srv=$BG
-  vm_run vm1 preload "$rep" python3 -c "$prog" client "$A2" "$port" "$APPS" >"$WORK/$name.cli" 2>&1 ||
+  vm_run vm1 preload "$rep" python3 -c "$prog" client "$A2" "$port" "$APPS" "$when" >"$WORK/$name.cli" 2>&1 ||
     bad+="client: $(tail -1 "$WORK/$name.cli"); "
   wait "$srv" || bad+="server: $(tail -1 "$WORK/$name.srv"); "
   grep -q "no direct ring pair" "$WORK/$name.srv" ||
     bad+="the server's fetch did not fail (the case did not reach its point: $(grep -m1 -E '^[WE] ' "$WORK/$name.srv")); "
   [ -z "$bad" ] || { fail $name "$bad$(grep -hm2 'no direct ring pair' "$WORK/$name.srv")"; return; }
   out=$(python3 $CHECK "$rep" --port "$port") || { fail $name "$out"; return; }
-  pass "$name (the server's fetch failed out of fds; 64 KiB each way byte-exact; $out)"
+  u1=$(stat_field direct_unmapped)
+  [ "$((u1 - u0))" = 1 ] || bad+="vsocketd's direct_unmapped went $u0 -> $u1, not +1; "
+  [ "$(grep -c '"reason":"direct-unavailable"' "$rep")" = 2 ] ||
+    bad+="$(grep -c '"reason":"direct-unavailable"' "$rep") ends report direct-unavailable, not 2; "
+  # What the client resent on the kernel socket (its report's resent_bytes).
+  resent=$(grep '"reason":"direct-unavailable"' "$rep" | grep -o '"resent_bytes":[0-9]*' | cut -d: -f2 | sort -n | tail -1)
+  if [ "$when" = late ]; then
+    [ "${resent:-0}" = 65536 ] || bad+="the client resent ${resent:-0} B, not its 65536 (it did not write into the pair first); "
+  else
+    [ "${resent:-0}" = 0 ] || bad+="the client resent ${resent:-0} B, though told before it wrote; "
+  fi
+  [ -z "$bad" ] || { fail $name "$bad"; return; }
+  pass "$name (the server's fetch failed out of fds; the client resent ${resent:-0} B of its ring stream on kernel TCP; 64 KiB each way byte-exact; direct_unmapped +1; $out)"
 }
 
-register_case direct_fetch_fails case_direct_fetch_fails direct_fetch_fails
+register_case direct_fetch_fails case_direct_fetch_fails direct_fetch_fails early
+register_case direct_fetch_fails_after_writes case_direct_fetch_fails direct_fetch_fails_after_writes late
 
 # A hostile peer process on a direct pair (issue 37: the shared ring is
 # untrusted input for each side). redis-server in vm2, every connection
