@@ -74,7 +74,9 @@ void Teardown(int fd, const std::shared_ptr<Conn>& self, bool still_open, const 
 // first, the writer resends through the dup, FIN after it. Bounded by
 // kResendLimitNs; ends at once if the peer is gone or the session lost.
 // A process that exits meanwhile closes the dup (as before: the backend
-// still delivers over a live link).
+// still delivers over a live link), but first its exit handler waits a
+// little for what only this process can still send: a resend after the
+// backend died (FinishLingersAtExit, decision 136).
 bool Linger(int fd, Conn& c) {
   if (c.direct && c.state.accelerated() && !c.state.reset() && !c.state.resynced() && c.direct->PeerAttached()) {
     // A direct pair's bytes are in memory the peer maps as long as it

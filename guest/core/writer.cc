@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -40,6 +41,13 @@ struct ResyncWriter {
   // Ends the writer's poll early: new work, or a lingering connection whose
   // peer consumed everything (WakeWriter). Created with the thread.
   std::atomic<int> wake_fd{-1};
+  // For the process's exit (FinishLingersAtExit): the writer's passes so
+  // far, what the last one found an exit must wait for (bytes only this
+  // process can still put on a kernel socket), and whether it sleeps with
+  // nothing at all (under mu).
+  std::atomic<uint64_t> passes{0};
+  std::atomic<size_t> exit_owed{0};
+  bool idle = false;
 };
 
 // Never destroyed (the thread outlives exit handlers); replaced in a forked
@@ -205,7 +213,9 @@ void WriterLoop() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(w.mu);
+      w.idle = mine.empty();
       if (mine.empty()) w.cv.wait(lock, [&] { return !w.incoming.empty(); });
+      w.idle = false;
       for (auto& c : w.incoming) mine.push_back(std::move(c));
       w.incoming.clear();
     }
@@ -216,6 +226,7 @@ void WriterLoop() {
       pfds.push_back({efd, POLLIN, 0});
     }
     bool busy = false, lingering = false;
+    size_t owed = 0;  // what an exit must wait for (FinishLingersAtExit)
     Session* drained = nullptr;  // once per pass: lingering connections share their process's session
     for (size_t i = 0; i < mine.size();) {
       Conn& c = *mine[i];
@@ -245,6 +256,10 @@ void WriterLoop() {
         LingerState st = StepLinger(c, lfd);
         if (st == LingerState::kWaiting) {
           lingering = true;
+          // A direct pair the peer has not mapped: our bytes may yet be
+          // owed to its kernel socket (decision 135). (Through vsocketd,
+          // alive at this pass, they are vsocketd's to deliver.)
+          if (c.direct && !c.direct->PeerAttached()) ++owed;
           ++i;
           continue;
         }
@@ -297,6 +312,7 @@ void WriterLoop() {
           done = true;
         } else {
           pfds.push_back({fd, POLLOUT, 0});
+          ++owed;
         }
         if (done) {
           // Ours to close unless StartResync took it back meanwhile.
@@ -316,6 +332,8 @@ void WriterLoop() {
         ++i;
       }
     }
+    w.exit_owed.store(owed + (busy ? 1 : 0), std::memory_order_relaxed);
+    w.passes.fetch_add(1, std::memory_order_release);
     if (!mine.empty()) (void)Libc().poll(pfds.data(), pfds.size(), busy ? 10 : lingering ? 20 : 200);
     quiet.clear();
     for (const pollfd& p : pfds)
@@ -353,6 +371,31 @@ size_t ReclaimLingering(Session* s, size_t* still) {
   }
   if (still != nullptr) *still = waiting;
   return ended;
+}
+
+void FinishLingersAtExit() {
+  ResyncWriter* w = g_writer.load(std::memory_order_acquire);
+  if (w == nullptr) return;
+  auto nothing_held = [&] {
+    std::lock_guard<std::mutex> lock(w->mu);
+    return !w->started || (w->idle && w->incoming.empty());
+  };
+  if (nothing_held()) return;
+  // A pass that began after this call (it looked at every backend again,
+  // so a lost one turned its lingering connections into resends) and found
+  // nothing owed; at most kExitWaitNs, as the kernel's own linger would not
+  // hold an exit either.
+  uint64_t from = w->passes.load(std::memory_order_acquire);
+  int64_t deadline = MonotonicNs() + kExitWaitNs;
+  do {
+    WakeWriter();
+    usleep(2000);
+    if (nothing_held()) return;
+    if (w->passes.load(std::memory_order_acquire) >= from + 2 && w->exit_owed.load(std::memory_order_relaxed) == 0)
+      return;
+  } while (MonotonicNs() < deadline);
+  VS_LOG(kWarn, "exit: %zu connection(s) still owed bytes on their kernel socket after %d ms: they go with the process",
+         w->exit_owed.load(), static_cast<int>(kExitWaitNs / 1'000'000));
 }
 
 void BeforeFork() { g_writer_fds_mu.lock(); }

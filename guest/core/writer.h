@@ -28,6 +28,15 @@ void HandToWriter(const std::shared_ptr<Conn>& c, int fd);
 size_t ReclaimLingering(Session* s, size_t* still = nullptr);
 // pthread_atfork prepare/parent: the background writer's fd list is
 // consistent in the child (AfterForkInChild closes those fds there).
+// At the process's exit (atexit): waits, at most kExitWaitNs, until the
+// writer's lingering and resyncing connections owe nothing that only this
+// process could still put on their kernel sockets: a resend after vsocketd
+// died (the writer looks at every lingering connection's backend again
+// first), a direct pair's bytes its peer has not mapped (decision 135).
+// Without it such bytes went with the process (the exit closed the
+// writer's dups: a FIN after a short stream).
+inline constexpr int64_t kExitWaitNs = 2'000'000'000;
+void FinishLingersAtExit();
 void BeforeFork();
 void AfterForkInParent();
 

@@ -76,7 +76,10 @@ __attribute__((constructor)) void Init() {
     g_pid.store(getpid());
     AfterForkInChild();
   });
-  atexit([] { ReportAll("exit"); });
+  atexit([] {
+    FinishLingersAtExit();
+    ReportAll("exit");
+  });
   ReportOnTerminatingSignals();
 }
 
