@@ -7,6 +7,8 @@
 
 #include <cstring>
 
+#include "base/unix_addr.h"
+
 namespace vsocket::backend {
 
 CtlServer::~CtlServer() { Stop(); }
@@ -15,12 +17,10 @@ Status CtlServer::Start(const std::string& path, Handler handler) {
   path_ = path;
   UniqueFd s(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!s) return Status::FromErrno("ctl socket");
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) return Status(Code::kInvalidArgument, "ctl path too long");
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  auto addr = UnixAddress(path, "ctl socket");
+  if (!addr.ok()) return addr.status();
   unlink(path.c_str());
-  if (bind(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return Status::FromErrno("bind " + path);
+  if (bind(s.get(), AsSockaddr(*addr), sizeof(*addr)) != 0) return Status::FromErrno("bind " + path);
   chmod(path.c_str(), 0660);  // operators only (root and the vsocket group)
   if (listen(s.get(), 16) != 0) return Status::FromErrno("listen " + path);
   // One short command line; a client that stalls gets dropped after 1 s.

@@ -25,6 +25,7 @@
 
 #include "base/log.h"
 #include "base/unique_fd.h"
+#include "base/unix_addr.h"
 #include "host-backend/daemon.h"
 #include "host-backend/vms_dir.h"
 #include "vhost/backend/vhost_backend.h"
@@ -43,15 +44,13 @@ Status SocketPathFree(const std::string& path) {
   struct stat st;
   if (!dir.empty() && (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)))
     return Status(Code::kInvalidArgument, "socket " + path + ": directory " + dir + " does not exist");
-  sockaddr_un addr{};
-  if (path.size() + 16 >= sizeof(addr.sun_path))  // (+".agent", ".proof")
+  if (path.size() + 16 >= sizeof(sockaddr_un::sun_path))  // (+".agent", ".proof")
     return Status(Code::kInvalidArgument, "socket " + path + ": path too long for a Unix socket");
+  auto addr = UnixAddress(path);
   if (lstat(path.c_str(), &st) != 0) return Status::Ok();
   if (!S_ISSOCK(st.st_mode)) return Status(Code::kAlreadyExists, "socket " + path + " exists and is not a socket");
   UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  if (fd && connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0)
+  if (fd && connect(fd.get(), AsSockaddr(*addr), sizeof(*addr)) == 0)
     return Status(Code::kAlreadyExists, "socket " + path + " is in use (something listens on it)");
   return Status::Ok();
 }

@@ -17,6 +17,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/unix_addr.h"
 #include "guest/agent/grant.h"
 #include "vhost/backend/socket_proof.h"
 #include "vhost/user/proof.h"
@@ -65,10 +66,8 @@ Result<std::unique_ptr<AgentServer>> AgentServer::Listen(const std::string& path
     if (!found.ok()) return found.status();
     bdfs = std::move(*found);
   }
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) return Status(Code::kInvalidArgument, "socket path too long: " + path);
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  auto addr = UnixAddress(path);
+  if (!addr.ok()) return addr.status();
   s->listen_ = UniqueFd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (s->listen_.get() < 0) return Status::FromErrno("socket");
   s->epoll_ = UniqueFd(epoll_create1(EPOLL_CLOEXEC));
@@ -108,22 +107,20 @@ Result<std::unique_ptr<AgentServer>> AgentServer::Listen(const std::string& path
   // otherwise: a function reaches all of the VM's memory then.
   const mode_t mask = s->authority_ ? 0 : 0077;
   mode_t old = umask(mask);
-  int r = bind(s->listen_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  int r = bind(s->listen_.get(), AsSockaddr(*addr), sizeof(*addr));
   umask(old);
   if (r != 0) return Status::FromErrno("bind " + path);
   if (listen(s->listen_.get(), 16) != 0) return Status::FromErrno("listen " + path);
   VS_RETURN_IF_ERROR(s->Watch(s->listen_.get(), kListen));
   if (s->authority_) {
     const std::string proof_path = vhost::proof::SocketPath(path);
-    sockaddr_un paddr{};
-    paddr.sun_family = AF_UNIX;
-    if (proof_path.size() >= sizeof(paddr.sun_path)) return Status(Code::kInvalidArgument, "path too long: " + proof_path);
-    std::memcpy(paddr.sun_path, proof_path.c_str(), proof_path.size() + 1);
+    auto paddr = UnixAddress(proof_path, "proof socket");
+    if (!paddr.ok()) return paddr.status();
     s->proof_listen_ = UniqueFd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (s->proof_listen_.get() < 0) return Status::FromErrno("socket");
     unlink(proof_path.c_str());
     old = umask(mask);
-    r = bind(s->proof_listen_.get(), reinterpret_cast<sockaddr*>(&paddr), sizeof(paddr));
+    r = bind(s->proof_listen_.get(), AsSockaddr(*paddr), sizeof(*paddr));
     umask(old);
     if (r != 0) return Status::FromErrno("bind " + proof_path);
     if (listen(s->proof_listen_.get(), 16) != 0) return Status::FromErrno("listen " + proof_path);

@@ -15,6 +15,8 @@
 #include "vhost/ring/split_ring.h"
 #include "vhost/user/proof.h"
 
+#include "base/unix_addr.h"
+
 namespace vsocket::agent {
 namespace {
 
@@ -59,11 +61,9 @@ Result<UniqueFd> AgentTransport::Connect(const std::string& path, int* err) {
   if (err != nullptr) *err = 0;
   UniqueFd sock(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (sock.get() < 0) return Status::FromErrno("socket");
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) return Status(Code::kInvalidArgument, "agent socket path too long");
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  if (connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  auto addr = UnixAddress(path, "agent socket");
+  if (!addr.ok()) return addr.status();
+  if (connect(sock.get(), AsSockaddr(*addr), sizeof(*addr)) != 0) {
     int e = errno;
     if (err != nullptr) *err = e;
     return Status(Code::kUnavailable, "no vsocket-guestd at " + path + ": " + strerror(e));
@@ -151,13 +151,11 @@ Status AgentTransport::OpenProofs() {
 
 Status AgentTransport::OpenProofsLocked() {
   const std::string p = vhost::proof::SocketPath(path_);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (p.size() >= sizeof(addr.sun_path)) return Status(Code::kInvalidArgument, "proof socket path too long");
-  std::memcpy(addr.sun_path, p.c_str(), p.size() + 1);
+  auto addr = UnixAddress(p, "proof socket");
+  if (!addr.ok()) return addr.status();
   UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (fd.get() < 0) return Status::FromErrno("socket");
-  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  if (connect(fd.get(), AsSockaddr(*addr), sizeof(*addr)) != 0) {
     if (errno == ENOENT || errno == ECONNREFUSED)
       return Status(Code::kNotFound, "the agent proves no sockets (no " + p + ")");
     return Status::FromErrno("connect " + p);

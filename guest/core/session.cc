@@ -13,6 +13,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/unix_addr.h"
 #include "guest/core/config.h"
 #include "guest/core/conn_events.h"
 #include "guest/core/cpu_share.h"
@@ -141,13 +142,11 @@ namespace {
 // agent's seqpacket socket (a VM: connecting there would take a function).
 // The probe's connection ends at once (vsocketd drops it unseen).
 bool StreamSocketAt(const std::string& path) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) return false;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  auto addr = UnixAddress(path);
+  if (!addr.ok()) return false;
   int fd = Libc().socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
-  bool stream = Libc().connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  bool stream = Libc().connect(fd, AsSockaddr(*addr), sizeof(*addr)) == 0;
   Libc().close(fd);
   return stream;
 }

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "base/log.h"
+#include "base/unix_addr.h"
 #include "vhost/backend/backend_device.h"
 #include "vhost/user/proof.h"
 
@@ -36,14 +37,12 @@ void ProofServer::Start() {
 
 Status ProofServer::Listen(const std::string& port_path, size_t max_channels) {
   std::string path = proof::SocketPath(port_path);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) return Status(Code::kInvalidArgument, "proof socket path too long: " + path);
-  std::memcpy(addr.sun_path, path.c_str(), path.size());
+  auto addr = UnixAddress(path, "proof socket");
+  if (!addr.ok()) return addr.status();
   UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd) return Status::FromErrno("socket");
   unlink(path.c_str());  // a stale one from a previous run
-  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
+  if (bind(fd.get(), AsSockaddr(*addr), sizeof(*addr)) != 0)
     return Status::FromErrno("bind " + path);
   // Whoever may open the port may open its proof socket: made before the
   // port, it gets the mode the umask gives (as the port does), and the

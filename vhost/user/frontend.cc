@@ -16,6 +16,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/own_fd.h"
+#include "base/unix_addr.h"
 #include "proto/virtio_ring.h"
 #include "vhost/user/proof.h"
 
@@ -113,15 +114,12 @@ Status VhostUserFrontend::OpenSocket() {
   int fd = OwnFd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (fd < 0) return Status::FromErrno("socket(AF_UNIX)");
   UniqueFd s(fd);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (options_.socket_path.size() >= sizeof(addr.sun_path))
-    return Status(Code::kInvalidArgument, "vhost-user socket path too long");
-  std::memcpy(addr.sun_path, options_.socket_path.c_str(), options_.socket_path.size() + 1);
+  auto addr = UnixAddress(options_.socket_path, "vhost-user socket");
+  if (!addr.ok()) return addr.status();
   // The backend may be (re)starting: retry ENOENT/ECONNREFUSED a while.
   int64_t deadline =
       MonotonicMs() + (options_.connect_wait_ms < 0 ? options_.timeout_ms : options_.connect_wait_ms);
-  while (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  while (::connect(fd, AsSockaddr(*addr), sizeof(*addr)) != 0) {
     if ((errno != ENOENT && errno != ECONNREFUSED) || MonotonicMs() >= deadline)
       return Status::FromErrno("connect " + options_.socket_path);
     usleep(20000);
@@ -236,17 +234,15 @@ Status VhostUserFrontend::OpenProofChannel() {
 Status VhostUserFrontend::OpenProofChannelLocked() {
   proof_.reset();
   std::string path = ProofPath(options_.socket_path);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) return Status(Code::kInvalidArgument, "proof socket path too long");
-  std::memcpy(addr.sun_path, path.c_str(), path.size());
+  auto addr = UnixAddress(path, "proof socket");
+  if (!addr.ok()) return addr.status();
   UniqueFd fd;
   // No file: the port asks for no proofs. Refused: the daemon is between
   // its bind and listen (starting): tried again for a while.
   for (int64_t deadline = MonotonicMs() + kProofTimeoutMs;;) {
     fd.reset(OwnFd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)));
     if (!fd) return Status::FromErrno("socket");
-    if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) break;
+    if (connect(fd.get(), AsSockaddr(*addr), sizeof(*addr)) == 0) break;
     int err = errno;
     if (err == ENOENT) {
       proof_wanted_ = false;

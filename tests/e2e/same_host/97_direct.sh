@@ -238,7 +238,8 @@ register_case direct_quiet_daemon case_direct_quiet_daemon direct_quiet_daemon
 # server stays on kernel TCP and tells vsocketd, which has the client resend
 # on the kernel socket what it wrote into the pair, from byte 0 with no
 # header. Before decision 135 the server read EOF after 0 of 65,536 bytes.
-# $2: early, the client is told before it writes (nothing to resend); late,
+# $2: early, the client is told before it writes (it waits for the server's
+# word that its fds are back: nothing to resend); late,
 # the server's library sees its DIRECT only after the client wrote its 64
 # KiB into the pair (the server sleeps without calling the library), so the
 # client resends all of it. Both: 64 KiB each way byte-exact, both ends
@@ -283,6 +284,8 @@ if role == "server":
     for f in fill:
         os.close(f)
     print("fds back", flush=True)
+    if when == "early":
+        w.sendall(b"d")        # the client writes only now
 else:
     w = socket.create_connection((addr, port))
     recv_n(w, 1); w.sendall(b"w")
@@ -291,7 +294,10 @@ else:
     if when == "late":
         time.sleep(0.3)        # the server registers first: its DIRECT waits for its next call
     register_by_reading(c)
-    time.sleep(0.5 if when == "early" else 0.2)
+    if when == "early":
+        recv_n(w, 1)           # the server has seen its DIRECT (and told vsocketd)
+    else:
+        time.sleep(0.2)        # its UPGRADE in: the sendall below switches and writes into the pair
 data = hashlib.sha256(role.encode()).digest() * 2048
 c.sendall(data)
 got = recv_n(c, 65536)
