@@ -118,6 +118,27 @@ class SessionTest : public ::testing::Test {
     if (c) c->session = s;
     return c;
   }
+  // Switches c's TX onto its (direct) ring and writes `bytes` there, which
+  // the peer has not consumed.
+  static void SwitchAndWrite(Conn& c, const std::string& bytes) {
+    MutexLock tx(c.tx_mu);
+    ASSERT_TRUE(SwitchTxLocked(c).ok());
+    ASSERT_TRUE(c.state.tx_on_ring());
+    for (size_t i = 0; i < bytes.size(); ++i) c.tx[i] = static_cast<uint8_t>(bytes[i]);
+    c.tx_tail.store(bytes.size());
+  }
+  // Our resend written to a (FlushResendLocked), then our FIN: what b reads.
+  static std::string ResentOn(Conn& c, int a, int b) {
+    {
+      MutexLock tx(c.tx_mu);
+      EXPECT_TRUE(FlushResendLocked(c, a).ok());
+    }
+    shutdown(a, SHUT_WR);
+    std::string got;
+    char buf[64];
+    for (ssize_t n; (n = recv(b, buf, sizeof buf, 0)) > 0;) got.append(buf, static_cast<size_t>(n));
+    return got;
+  }
   // Connection `id`, registered on s and pending (its peer not there yet).
   static std::shared_ptr<Conn> PendingConn(Session* s, uint64_t id) {
     auto c = std::make_shared<Conn>();
@@ -505,14 +526,7 @@ TEST_F(SessionTest, ADirectPairsFenceInItsMemoryIsEnoughForAResyncHeader) {
   auto [a, b] = testing::LoopbackTcpPair();
   ASSERT_GE(a, 0);
   g_fake->set_wedged(true);
-  {
-    MutexLock tx(c->tx_mu);
-    ASSERT_TRUE(SwitchTxLocked(*c).ok());
-    ASSERT_TRUE(c->state.tx_on_ring());
-    // 5 bytes into the ring the peer never consumed.
-    for (int i = 0; i < 5; ++i) c->tx[i] = static_cast<uint8_t>('a' + i);
-    c->tx_tail.store(5);
-  }
+  SwitchAndWrite(*c, "abcde");
   auto peer = DirectRing::Map(peer_fd.get(), 1);
   ASSERT_TRUE(peer.ok());
   ASSERT_TRUE((*peer)->Attach());  // (it mapped the pair: decision 135)
@@ -521,17 +535,14 @@ TEST_F(SessionTest, ADirectPairsFenceInItsMemoryIsEnoughForAResyncHeader) {
   EXPECT_EQ(fence, 0u);
   g_fake->KillBackend();
   EXPECT_FALSE(s->CheckBackend());
-  {
-    MutexLock tx(c->tx_mu);
-    EXPECT_TRUE(FlushResendLocked(*c, a).ok());
-  }
+  std::string got = ResentOn(*c, a, b);
   EXPECT_FALSE(c->state.reset());
-  uint8_t got[proto::kResyncHeaderSize + 5];
-  ASSERT_EQ(recv(b, got, sizeof got, MSG_WAITALL), static_cast<ssize_t>(sizeof got));
-  auto from = proto::DecodeResync(std::span<const uint8_t, proto::kResyncHeaderSize>(got, proto::kResyncHeaderSize));
+  ASSERT_EQ(got.size(), proto::kResyncHeaderSize + 5);
+  auto from = proto::DecodeResync(std::span<const uint8_t, proto::kResyncHeaderSize>(
+      reinterpret_cast<const uint8_t*>(got.data()), proto::kResyncHeaderSize));
   ASSERT_TRUE(from.ok());
   EXPECT_EQ(*from, 0u);
-  EXPECT_EQ(std::string(reinterpret_cast<char*>(got) + proto::kResyncHeaderSize, 5), "abcde");
+  EXPECT_EQ(got.substr(proto::kResyncHeaderSize), "abcde");
   close(a);
   close(b);
 }
@@ -548,24 +559,11 @@ TEST_F(SessionTest, ADirectPeerThatNeverMappedGetsOurRingStreamWithoutAHeader) {
   auto [a, b] = testing::LoopbackTcpPair();
   ASSERT_GE(a, 0);
   g_fake->set_wedged(true);
-  {
-    MutexLock tx(c->tx_mu);
-    ASSERT_TRUE(SwitchTxLocked(*c).ok());
-    for (int i = 0; i < 5; ++i) c->tx[i] = static_cast<uint8_t>('a' + i);
-    c->tx_tail.store(5);
-  }
+  SwitchAndWrite(*c, "abcde");
   g_fake->KillBackend();
   EXPECT_FALSE(s->CheckBackend());
-  {
-    MutexLock tx(c->tx_mu);
-    EXPECT_TRUE(FlushResendLocked(*c, a).ok());
-  }
+  EXPECT_EQ(ResentOn(*c, a, b), "abcde");
   EXPECT_FALSE(c->state.reset());
-  shutdown(a, SHUT_WR);
-  std::string got;
-  char buf[64];
-  for (ssize_t n; (n = recv(b, buf, sizeof buf, 0)) > 0;) got.append(buf, static_cast<size_t>(n));
-  EXPECT_EQ(got, "abcde");
   auto peer = DirectRing::Map(peer_fd.get(), 1);
   ASSERT_TRUE(peer.ok());
   EXPECT_FALSE((*peer)->Attach());
@@ -612,25 +610,12 @@ TEST_F(SessionTest, ADirectPeerThatCouldNotMapIsResentWithoutAHeader) {
   Session* s = c->session;
   auto [a, b] = testing::LoopbackTcpPair();
   ASSERT_GE(a, 0);
-  {
-    MutexLock tx(c->tx_mu);
-    ASSERT_TRUE(SwitchTxLocked(*c).ok());
-    for (int i = 0; i < 5; ++i) c->tx[i] = static_cast<uint8_t>('v' + i);
-    c->tx_tail.store(5);
-  }
+  SwitchAndWrite(*c, "vwxyz");
   ASSERT_TRUE(g_fake->PostEvent(
       {MsgType::kDowngrade, 0, proto::Downgrade{14, proto::Reason::kDirectUnavailable, 0, proto::kDowngradeResendFrom}}));
   s->Drain();
   EXPECT_TRUE(c->state.resynced());
-  {
-    MutexLock tx(c->tx_mu);
-    EXPECT_TRUE(FlushResendLocked(*c, a).ok());
-  }
-  shutdown(a, SHUT_WR);
-  std::string got;
-  char buf[64];
-  for (ssize_t n; (n = recv(b, buf, sizeof buf, 0)) > 0;) got.append(buf, static_cast<size_t>(n));
-  EXPECT_EQ(got, "vwxyz");
+  EXPECT_EQ(ResentOn(*c, a, b), "vwxyz");
   close(a);
   close(b);
 }
