@@ -216,10 +216,12 @@ struct Conn {
   std::atomic<bool> lost_backend{false};
   std::atomic<int64_t> retry_at_ns{0};
   std::atomic<uint64_t> resync_landed{0};  // accelerated bytes in our RX ring, final
-  // The peer's process forked (decision 85): our ring stream goes on on
-  // the kernel socket from byte resend_from (what the peer's application
-  // consumed), with no RESYNC header. Stored before the phase changes.
-  std::atomic<bool> resend_headerless{false};
+  // Not kNone: our ring stream goes on on the kernel socket from byte
+  // resend_from, with no RESYNC header, for this cause: the peer's process
+  // forked (kForked, decision 85: from what its application consumed) or
+  // it could not map our direct pair (kDirectUnavailable, decision 135:
+  // from 0). Stored before the phase changes.
+  std::atomic<proto::Reason> resend_headerless{proto::Reason::kNone};
   std::atomic<uint64_t> resend_from{0};
   // TX (under tx_mu): the RESYNC header and the unacknowledged TX bytes,
   // written on the kernel socket before any new byte.

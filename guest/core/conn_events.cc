@@ -82,13 +82,14 @@ void OnDowngrade(const EventCtx& e) {
   if (d.flags & proto::kDowngradeResendFrom) {
     // The peer's process forked and took the connection back to kernel
     // TCP (decision 85): it dropped what it had not read of our ring
-    // stream, and we resend from what it consumed, with no header; its
+    // stream, and we resend from what it consumed, with no header (or it
+    // could not map our direct pair, decision 135: from 0); its
     // own ring stream, up to its RESYNC header, is ours to read as after a
     // link loss. Every RX_TAIL came before this event: our landed count is
     // final.
     Conn& c = *e.conn;
     c.resend_from.store(d.bytes_received, std::memory_order_relaxed);
-    c.resend_headerless.store(true, std::memory_order_relaxed);
+    c.resend_headerless.store(d.reason, std::memory_order_relaxed);
     ApplyLoss(e.conn, LossKind::kLinkDown, c.rx_tail.load(std::memory_order_acquire), false, d.reason, e.on_resync);
     return;
   }

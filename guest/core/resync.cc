@@ -85,11 +85,10 @@ bool PrepareResendLocked(Conn& c, int fd) {
   // Never switched: the kernel stream simply goes on, and the peer (which
   // never got our FENCE) expects no header.
   if (!c.state.tx_on_ring()) return true;
-  if (c.resend_headerless.load(std::memory_order_relaxed))
+  if (Reason why = c.resend_headerless.load(std::memory_order_relaxed); why != Reason::kNone)
     return PrepareHeaderlessResendLocked(c, fd, c.resend_from.load(std::memory_order_relaxed),
-                                         c.state.reason() == Reason::kDirectUnavailable
-                                             ? "the peer could not map the direct pair"
-                                             : "the peer forked");
+                                         why == Reason::kDirectUnavailable ? "the peer could not map the direct pair"
+                                                                           : "the peer forked");
   // A direct pair the peer never mapped, and now never will (decision
   // 135): it reads its kernel socket as plain kernel TCP, so our ring
   // stream follows our kernel bytes from byte 0 with no header.
@@ -282,11 +281,10 @@ void MaybeReregister(int fd, Conn& c) {
   bool hold_again = c.held.load(std::memory_order_relaxed) &&
                     c.stream.cause() == StreamDetector::Cause::kBusyLoop &&
                     c.drain_reason.load(std::memory_order_relaxed) == Reason::kKernelFaster;
-  if (c.resend_headerless.load(std::memory_order_relaxed)) {
+  if (Reason why = c.resend_headerless.load(std::memory_order_relaxed); why != Reason::kNone) {
     // The peer's process forked (decision 85), or it could not map our
     // direct pair (decision 135): its end stays on kernel TCP for good, so
     // ours would wait for it in vain.
-    Reason why = c.state.reason() == Reason::kDirectUnavailable ? Reason::kDirectUnavailable : Reason::kForked;
     c.state.Apply(ConnEvent::kKernelForGood, why);
     VS_LOG(kInfo, "conn %lu: resynced on kernel TCP; the peer %s, so it stays there", static_cast<unsigned long>(c.id),
            why == Reason::kForked ? "forked" : "could not map the direct pair");
@@ -308,7 +306,7 @@ void MaybeReregister(int fd, Conn& c) {
   c.fence_seq.store(0);
   c.fence_unread.store(false);
   c.resync_landed.store(0);
-  c.resend_headerless.store(false);
+  c.resend_headerless.store(Reason::kNone);
   c.resend_from.store(0);
   c.tx_resync_started = false;
   c.shut_after_resend = false;
