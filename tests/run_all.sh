@@ -200,7 +200,7 @@ if bazel build //host-backend:vsocketd //host-backend:vsocketctl //guest/agent:v
   # migrated there and back, with a peer that stays on hostA (same-host,
   # kernel TCP while copied, across the fabric, same-host again; the pairs
   # still on the rings at each switchover resynced at both ends: decision
-  # 110), about 5 min. Under QEMU 10.0.2 from bookworm-backports
+  # 110), and one migrated while paused (decision 123), about 6 min. Under QEMU 10.0.2 from bookworm-backports
   # (tests/vm/install-qemu-backports.sh, decision 137): the system's 7.2
   # loses guest pages on this bed's migrations now and then, with or
   # without vSocket (2 of 6 migrations on 2026-12-02, 14:52 UTC, one guest
@@ -209,7 +209,7 @@ if bazel build //host-backend:vsocketd //host-backend:vsocketctl //guest/agent:v
   if [ "${VSOCKET_VM_MIGRATE_HOSTS:-1}" = 1 ]; then
     if qemu_bin=$(bash tests/vm/install-qemu-backports.sh 2>>"$LOGDIR/vm-migrate-hosts.log"); then
       PATH=$qemu_bin:$PATH \
-      bash tests/vm/migrate_hosts.sh --no-build vm_across_hosts migrate_hosts_there_and_back migrate_hosts_drain_unfinished \
+      bash tests/vm/migrate_hosts.sh --no-build vm_across_hosts migrate_hosts_there_and_back migrate_hosts_drain_unfinished migrate_hosts_while_paused \
         >>"$LOGDIR/vm-migrate-hosts.log" 2>&1
       tally "$LOGDIR/vm-migrate-hosts.log" vm "PASS|FAIL|RETRY"
     else

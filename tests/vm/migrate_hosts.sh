@@ -40,6 +40,16 @@
 #                   the fabric at the switchover, vmA2's ends hear it from
 #                   vsocketd B (PAIR_CANCEL, fabric-down) and resync too,
 #                   then pair same-host again.
+#   migrate_hosts_while_paused  vmq paused (QMP stop, `virsh suspend`:
+#                   vsocketd A keeps its two devices, decision 123), then
+#                   migrated hostA -> hostB while paused (`virsh migrate` of
+#                   a suspended domain: QEMU turns no dirty log on for
+#                   stopped devices, so vsocketd A drains nothing and sees
+#                   only the stop, then the source QEMU's socket closing)
+#                   and continued on hostB. vmA2's ends must finish on
+#                   kernel TCP through RESYNC (not an end of stream), the
+#                   guest's ends resync at hostB and both pairs are
+#                   accelerated again across the fabric; every byte.
 #   vm_across_hosts  no migration: VM <-> VM across the two hosts (issue 35).
 #                   vmq (its two functions on hostA's port) runs the two
 #                   xfer clients, a second guest vmr (198.51.100.6, its two
@@ -49,8 +59,8 @@
 #                   2 on hostB via hostA; fabric bytes at least the
 #                   stream's), every byte verified at both ends, the 4
 #                   reports accelerated with no downgrade. tests/run_all.sh
-#                   runs this case always, the migrations only with
-#                   VSOCKET_VM_MIGRATE_HOSTS=1.
+#                   runs this case always, the migrations (under QEMU
+#                   10, decision 137) unless VSOCKET_VM_MIGRATE_HOSTS=0.
 #   bench_migration  (not run by default: bench/migration_bench.sh) the same
 #                   VM with and without its vSocket functions, the same load,
 #                   BENCH_MOVES migrations each: QMP's figures per migration.
@@ -65,7 +75,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 . tests/vm/lib.sh
 
-vm_script_args migrate_hosts_there_and_back migrate_hosts_drain_unfinished -- "$@"
+vm_script_args migrate_hosts_there_and_back migrate_hosts_drain_unfinished migrate_hosts_while_paused -- "$@"
 
 die() { echo "migrate_hosts.sh: $*" >&2; echo "0 passed, 1 failed"; exit 1; }
 [ "$(id -u)" = 0 ] || die "must run as root"
@@ -459,6 +469,38 @@ case_migrate_hosts_drain_unfinished() {
     { fail $case "hostA after the move back: $(via_count hostA same-host) of vmq's ends same-host, want 2"; return; }
   echo "  hostA after the move back: $(via_count hostA same-host) of vmq's ends same-host"
   job_checks $case back --moves 2 --mode accelerated --resynced || return
+  stop_all
+  pass $case $((SECONDS - t0))
+}
+
+case_migrate_hosts_while_paused() {
+  local t0=$SECONDS case=migrate_hosts_while_paused k0 d0 a0
+  # Half the stream and the rounds of the two-move cases (one move here):
+  # still streaming well past the move, 30 s less in the suite.
+  local STREAM_BYTES=268435456 STREAM_ROUNDS=128 RR_BYTES=12000000 RR_ROUNDS=3000
+  boot $case || return
+  FROM_PID=${QEMU_PIDS[0]}
+  k0=$(stat hostA devices_kept) d0=$(stat hostA drains_asked)
+  qmp "$WORK/src.qmp" stop >/dev/null || { fail $case "stop on hostA failed"; return; }
+  wait_for 30 status_is src paused || { fail $case "the guest is not paused after stop"; return; }
+  kept() { [ "$(stat hostA devices_kept)" -ge $((k0 + 2)) ]; }
+  wait_for 10 kept || { fail $case "vsocketd A kept $(( $(stat hostA devices_kept) - k0 )) of the paused guest's devices, want 2"; return; }
+  # Paused for a moment: vmA2's writes wait for credit, as for a paused
+  # VM's kernel TCP peer; nothing moves through vsocketd A.
+  a0=$(stat hostA accel_bytes)
+  sleep 2
+  echo "  paused: vsocketd A kept $(( $(stat hostA devices_kept) - k0 )) devices; moved $(( $(stat hostA accel_bytes) - a0 )) B in 2 s"
+  migrate $case src dst hostB vsmtq1 || return
+  echo "  hostA -> hostB while paused: $MIG_FIGURES; vsocketd A: drains asked $(( $(stat hostA drains_asked) - d0 )), migration_leaves $(stat hostA migration_leaves), migration_peers_resynced $(stat hostA migration_peers_resynced)"
+  [ "$(( $(stat hostA drains_asked) - d0 ))" = 0 ] ||
+    { fail $case "vsocketd A drained $(( $(stat hostA drains_asked) - d0 )) ends of a paused guest (its dirty log went on?)"; return; }
+  resynced() { [ "$(stat hostA migration_peers_resynced)" -ge 2 ]; }
+  wait_for 30 resynced ||
+    { fail $case "vsocketd A told $(stat hostA migration_peers_resynced) of vmA2's ends to resync once the source QEMU went, want 2"; return; }
+  wait_for 30 vias_are hostB hostA 2 ||
+    { fail $case "hostB: $(via_count hostB hostA) of vmq's ends accelerated across the fabric (via hostA), want 2"; return; }
+  echo "  hostB after: $(via_count hostB hostA) of vmq's ends via hostA (the fabric); arrivals $(stat hostB migration_arrivals), told $(stat hostB migration_sessions_told)"
+  job_checks $case dst --moves 1 --mode accelerated --resynced || return
   stop_all
   pass $case $((SECONDS - t0))
 }
