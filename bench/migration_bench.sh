@@ -17,9 +17,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=bench/results/migration-latest
 BENCH_OUT=$PWD/$OUT.json flock /tmp/vsocket-e2e.lock bash tests/vm/migrate_hosts.sh "$@" bench_migration
-python3 - "$OUT.json" "$OUT.md" <<'PY'
+# (Which QEMU: the bed's migrations lose pages under Debian's 7.2, decision
+# 137; run it with tests/vm/install-qemu-backports.sh's first on PATH.)
+QEMU_VERSION=$(qemu-system-x86_64 --version | head -1)
+python3 - "$OUT.json" "$OUT.md" "$QEMU_VERSION" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
+if len(sys.argv) > 3 and "qemu" not in r:
+    r["qemu"] = sys.argv[3]
+    json.dump(r, open(sys.argv[1], "w"), indent=1)
 s = r["summary"]
 def cell(m, k):
     v = s[m][k]
@@ -28,7 +34,7 @@ def cell(m, k):
     return "%g (%g–%g)" % (v["median"], v["min"], v["max"]) if v["min"] != v["max"] else "%g" % v["median"]
 lines = [
     "Live migration, %s: a TCG guest of %d MiB between the two-host bed's hosts, %d moves each way of "
-    "running it (medians, min–max):" % (r["date"], r["ram_mib"], r["moves"]),
+    "running it (medians, min–max; %s):" % (r["date"], r["ram_mib"], r["moves"], r.get("qemu", "QEMU version not recorded")),
     "",
     "| | total (ms) | downtime (ms) | setup (ms) | transferred (MiB) | accelerated again after `cont` (s) |",
     "|---|---|---|---|---|---|",

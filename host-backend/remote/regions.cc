@@ -28,7 +28,14 @@ bool ConnManager::WantsRx(const BackendConn& c) const {
   // whatever it puts there next: its bytes are staged instead. A ring
   // still registered for another host (its writes may be under way) is
   // not registered for this one: no registration serves two hosts.
-  return hosts_ != nullptr && c.ring_hold && c.rx.host != nullptr && !c.gone && c.rx_mr.addr == nullptr &&
+  // Nor while the VM is copied (its dirty log on): a NIC's one-sided write
+  // is marked only when its completion reaches us, and not at all if it
+  // lands after the switchover stopped the device, so a live migration
+  // must not rely on it (decision 88). The reconfiguration that turned the
+  // log on retired the registration (OnDetach: RetireRx, withdrawn by the
+  // next PLACEMENT); the bytes are staged, and our staged copy is marked.
+  // Registered again when the log goes off (a cancelled migration).
+  return hosts_ != nullptr && c.ring_hold && !(c.device != nullptr && c.device->logging()) && c.rx.host != nullptr && !c.gone && c.rx_mr.addr == nullptr &&
          !c.remote.gone &&
          (c.remote.stage == Stage::kRequested || c.remote.stage == Stage::kAccepted || c.remote.paired());
 }
