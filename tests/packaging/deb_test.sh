@@ -175,9 +175,11 @@ fi
 problems=()
 for f in /usr/sbin/vsocketd /usr/bin/vsocketctl /usr/bin/vsocket-run "/usr/lib/$MULTIARCH/libvsocket.so" "$UNIT" \
   /etc/vsocket/vsocketd.conf /usr/share/doc/vsocketd/operator-guide.md \
-  /usr/sbin/vsocket-guestd "$GUEST_SETUP" "$GUEST_UNIT" /etc/default/vsocket-guestd /usr/share/doc/vsocket-guest/vm-mode.md; do
+  /usr/sbin/vsocket-guestd "$GUEST_SETUP" "$GUEST_UNIT" /etc/default/vsocket-guestd /usr/share/doc/vsocket-guest/vm-mode.md \
+  /usr/lib/vsocket/vsocket-qemu-hook; do
   [ -f "$f" ] || problems+=("$f missing")
 done
+[ -x /usr/lib/vsocket/vsocket-qemu-hook ] || problems+=("the libvirt hook is not executable")
 dpkg-query -W -f='${Conffiles}\n' vsocketd | grep -q '^ /etc/vsocket/vsocketd.conf ' ||
   problems+=("/etc/vsocket/vsocketd.conf is not a conffile")
 dpkg-query -W -f='${Conffiles}\n' vsocket-guest | grep -q '^ /etc/default/vsocket-guestd ' ||

@@ -13,7 +13,14 @@
 #                   libvirtd runs in a mount namespace of the test's own
 #                   (its qemu.conf, state, logs and the libvirt-qemu user it
 #                   insists on exist only there): the machine's libvirt
-#                   configuration is not touched.
+#                   configuration is not touched. The domain's VM is not
+#                   vsocketd's before: vSocket's libvirt hook
+#                   (deploy/libvirt/vsocket-qemu-hook, in that libvirtd's
+#                   hooks/qemu.d) adds it from the domain's metadata when
+#                   libvirtd prepares the domain and removes it when the
+#                   domain is released (decision 138); called first as
+#                   libvirtd calls it at an incoming migration (migrate
+#                   begin), it adds the VM incoming and prints nothing.
 
 # libvirt_domain_xml EXAMPLE SOCKET RESULTS: the example, its interface on
 # SOCKET, booted as the test bed boots its guests.
@@ -24,12 +31,16 @@ import xml.etree.ElementTree as ET
 example, sock, results, cache = sys.argv[1:5]
 Q = "http://libvirt.org/schemas/domain/qemu/1.0"
 ET.register_namespace("qemu", Q)
+ET.register_namespace("vsocket", "urn:vsocket:domain:1")
 d = ET.parse(example).getroot()
 d.set("type", "qemu")  # no KVM on the test machines
 d.find("name").text = "vsocket-test-" + str(abs(hash(results)) % 100000)
 d.find("memory").text = "512"
 d.find("vcpu").text = "1"
 d.find("devices/interface/source").set("path", sock)
+vm = d.find("metadata/{urn:vsocket:domain:1}vm")
+vm.set("tenant", "1")
+vm.set("addresses", "203.0.113.31")
 os_ = d.find("os")
 for tag, text in (("kernel", cache + "/vmlinuz"), ("initrd", cache + "/initramfs.cpio.gz"),
                   ("cmdline", "console=ttyS0 quiet loglevel=3 panic=-1 vsocket.timeout=100")):
@@ -62,10 +73,25 @@ cd /run/vsocket-vm
 ./vsocket-guestd --echo 16 > agent.out 2>&1
 echo "agent exit $?"
 JOB
-  libvirt_domain_xml deploy/libvirt/vsocket-domain.xml "$WORK/vmq.sock" "$R" > "$R/domain.xml" ||
+  libvirt_domain_xml deploy/libvirt/vsocket-domain.xml "$WORK/lv.sock" "$R" > "$R/domain.xml" ||
     { fail libvirt_domain "could not make the domain from deploy/libvirt/vsocket-domain.xml"; return; }
-  local hellos0 echoes0
+  local hellos0 echoes0 name kept out
   hellos0=$(stat hellos) echoes0=$(stat echoes)
+  name=$(sed -n 's:.*<name>\(.*\)</name>.*:\1:p' "$R/domain.xml")
+  kept=$WORK/ctl.sock.vms.d/$name.conf
+  # The hook, as libvirtd calls it on a migration's destination (its XML
+  # on stdin, its output taken for a new XML if any), then on release.
+  printf 'VSOCKETCTL=%s\nVSOCKET_CTL_SOCKET=%s\n' "$BIN/host-backend/vsocketctl" "$WORK/ctl.sock" > "$L/hook.conf"
+  out=$(VSOCKET_HOOK_CONF=$L/hook.conf deploy/libvirt/vsocket-qemu-hook "$name" migrate begin - < "$R/domain.xml" 2>"$R/hook.err")
+  [ -z "$out" ] || { fail libvirt_domain "the hook printed at migrate begin (libvirt takes it for the domain's XML): $out"; return; }
+  grep -qx "incoming = true" "$kept" 2>/dev/null ||
+    { fail libvirt_domain "migrate begin: vsocketd did not keep $name as incoming ($(cat "$R/hook.err" "$kept" 2>&1 | tr '\n' ' '))"; return; }
+  VSOCKET_HOOK_CONF=$L/hook.conf deploy/libvirt/vsocket-qemu-hook "$name" release end - < "$R/domain.xml" 2>>"$R/hook.err"
+  [ ! -e "$kept" ] || { fail libvirt_domain "release end: $name still kept by vsocketd ($(cat "$R/hook.err"))"; return; }
+  grep -q "operator: vm add $name (tenant 1," "$WORK/vsocketd.log" && grep -q "operator: vm remove $name" "$WORK/vsocketd.log" ||
+    { fail libvirt_domain "the hook's add and remove are not in vsocketd's log: $(cat "$R/hook.err")"; return; }
+  local adds0
+  adds0=$(grep -c "operator: vm add $name " "$WORK/vsocketd.log")
   # libvirtd's directories exist once its package is installed; the
   # namespace mounts its own over them.
   mkdir -p /run/libvirt /var/lib/libvirt /var/log/libvirt /var/cache/libvirt
@@ -75,6 +101,10 @@ set -u
 for d in /run/libvirt /var/lib/libvirt /var/log/libvirt /var/cache/libvirt; do mount -t tmpfs -o mode=755 none "$d" || exit 1; done
 mkdir -p "$L/etc"
 cp -r /etc/libvirt/. "$L/etc/"
+# vSocket's hook, installed as the operator guide says, and its settings.
+mkdir -p "$L/etc/hooks/qemu.d"
+install -m 0755 deploy/libvirt/vsocket-qemu-hook "$L/etc/hooks/qemu.d/vsocket"
+cp "$L/hook.conf" "$L/etc/hooks/vsocket.conf"
 printf '%s\n' 'user = "root"' 'group = "root"' 'dynamic_ownership = 0' 'security_driver = "none"' \
   'stdio_handler = "file"' > "$L/etc/qemu.conf"
 mount --bind "$L/etc" /etc/libvirt || exit 1
@@ -123,5 +153,12 @@ LIBVIRT_NS
   [ -n "$feat" ] && [ $((feat & 0x10000)) -ne 0 ] || { fail libvirt_domain "features $feat: no link status"; return; }
   [ "$hellos" -gt "$hellos0" ] && [ $((echoes - echoes0)) -ge 16 ] ||
     { fail libvirt_domain "vsocketd counted hellos $hellos0 -> $hellos, echoes $echoes0 -> $echoes"; return; }
+  # libvirtd's own calls of the hook: the VM added at prepare (its port is
+  # what the guest reached), removed at release.
+  [ "$(grep -c "operator: vm add $name " "$WORK/vsocketd.log")" -gt "$adds0" ] ||
+    { fail libvirt_domain "libvirtd's hook did not add $name at vsocketd (the domain reached a port nobody added?)"; return; }
+  [ "$(grep -c "operator: vm remove $name" "$WORK/vsocketd.log")" -ge 2 ] && [ ! -e "$kept" ] ||
+    { fail libvirt_domain "libvirtd's hook did not remove $name when the domain was released"; return; }
+  echo "  hook: migrate begin added $name incoming (nothing printed), release end removed it; libvirtd's prepare added it, its release removed it"
   pass libvirt_domain $((SECONDS - t0))
 }

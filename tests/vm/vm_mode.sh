@@ -244,7 +244,7 @@ fail() {
   failed=$((failed + 1))
   echo "--- vsocketd log (tail)"; tail -15 "$WORK/vsocketd.log"
   echo "--- guest stdout/stderr/console (tail)"
-  tail -10 "$VM_RESULTS/stdout" "$VM_RESULTS/stderr" "$VM_RESULTS/agent.out" "$VM_RESULTS/console.log" 2>/dev/null
+  tail -10 "${VM_RESULTS:-/nonexistent}/stdout" "${VM_RESULTS:-/nonexistent}/stderr" "${VM_RESULTS:-/nonexistent}/agent.out" "${VM_RESULTS:-/nonexistent}/console.log" 2>/dev/null
   # Under tests/run_all.sh: the failed case's text files (the guests'
   # outputs, reports, vsocketd's logs) kept with the suite's other failures.
   if [ -n "${E2E_FAIL_DIR:-}" ]; then
