@@ -33,6 +33,9 @@ Status ConsumeResyncLocked(int fd, Conn& c) REQUIRES(c.rx_mu);
 bool DrainTxLocked(Conn& c) REQUIRES(c.tx_mu);
 // A connection that finished its RESYNC both ways registers again.
 void MaybeReregister(int fd, Conn& c) EXCLUDES(c.setup_mu, c.tx_mu, c.rx_mu);
+// RX is done with the old registration (on kernel TCP, or the peer left the
+// rings without writing into them): what MaybeReregister waits for.
+bool RxDone(const Conn& c);
 // The backend downgraded upgraded connection c because the fabric link was
 // lost (c.resync is set), or asked it to drain: hand its resend (or its
 // drain) to the background writer, so the bytes reach the peer even if the

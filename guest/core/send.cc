@@ -28,6 +28,12 @@ Result<size_t> Send(int fd, Conn& c, const iovec* iov, int iovcnt, int flags) {
   EnsureRegistered(fd, c);
   MutexLock lock(c.tx_mu);
   if (c.state.reset()) return Errno(ECONNRESET, "connection reset");
+  // A sender that never reads must still hear what ends its resync: the
+  // peer's ring end (a drain: the peer left the rings without writing
+  // into them) and its session's loss (a VM that arrived at another host,
+  // decision 094). Without it such a connection never registered again and
+  // stayed on kernel TCP until it closed (the next send registers it).
+  if (c.state.phase() == Phase::kResyncing && c.session != nullptr && !RxDone(c)) c.session->TryDrain();
   if (c.state.resynced()) return SendResynced(fd, c, iov, iovcnt, flags);
   // A sender that never reads must still hear its UPGRADE.
   if (c.state.phase() == Phase::kPending && c.session) c.session->TryDrain();

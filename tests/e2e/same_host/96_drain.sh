@@ -40,7 +40,7 @@ case_drain() {  # case_drain NAME undrain|restart
   bad+=$BR_BAD
   [ -z "$bad" ] || { fail $name "$bad"; return; }
   local out out2 after drains
-  out=$(python3 $CHECK "$rep" --port "$port" --expect-conns 2 --resynced --downgrade-cause operator --no-resend) ||
+  out=$(python3 $CHECK "$rep" --port "$port" --expect-conns 2 --resynced $([ "$how" = undrain ] && echo --reupgraded) --downgrade-cause operator --no-resend) ||
     bad+="bulk: $out; "
   out2=$(python3 $CHECK "$rep" --port $((port + 1)) --expect-conns $((2 * conns)) --reupgraded --downgrade-cause operator \
     --no-resend) || bad+="request/response: $out2; "
