@@ -21,6 +21,7 @@
 #include "host-backend/metrics_server.h"
 #include "host-backend/peering/peers.h"
 #include "host-backend/request_service.h"
+#include "host-backend/vms_dir.h"
 #include "host-backend/stats.h"
 #include "host-backend/vm_table.h"
 #include "host-backend/worker.h"
@@ -92,7 +93,7 @@ class Daemon {
   const int nap_us_;  // EffectiveNapUs (before worker_, which takes it)
   ConnManager conns_;
   Peering peering_{&conns_};
-  RequestService service_{&conns_, &peering_};
+  RequestService service_{&conns_, &peering_, VmsDir(config_)};
   Worker worker_;
   const Reporting reporting_{conns_, peering_, service_.counters(), worker_.counters(), vms_};
   CtlServer ctl_;

@@ -207,6 +207,7 @@ std::string Daemon::VmRemove(const std::string& name, bool json, bool begin) {
   SaveAttested();
   std::string note;
   if (Status st = RemoveVmDropIn(dir, name); !st.ok()) note = "; " + st.message() + ": it comes back at the next start";
+  (void)MarkVmLeft(dir, name, false);  // (a VM of this name added later has not left)
   VS_LOG(kInfo, "operator: vm remove %s: %lu connection(s) still on the rings reset%s", name.c_str(),
          static_cast<unsigned long>(reset), note.c_str());
   if (json)

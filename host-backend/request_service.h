@@ -5,11 +5,16 @@
 #pragma once
 
 #include <atomic>
+#include <string>
+#include <utility>
 
+#include "base/log.h"
+#include "base/status.h"
 #include "host-backend/conn/conn_manager.h"
 #include "host-backend/conn/request_result.h"
 #include "host-backend/migration.h"
 #include "host-backend/peering/peers.h"
+#include "host-backend/vms_dir.h"
 #include "host-backend/worker.h"
 
 namespace vsocket::backend {
@@ -29,11 +34,21 @@ struct ServiceCounters {
 
 class RequestService : public DeviceService {
  public:
-  RequestService(ConnManager* conns, Peering* peering)
+  // vms_dir: where a VM that left by a switchover is marked so until it
+  // runs here again (MarkVmLeft, decision 139); empty: not marked.
+  RequestService(ConnManager* conns, Peering* peering, std::string vms_dir = {})
       : conns_(*conns),
         peering_(*peering),
         migrations_(conns, &counters_.migration,
-                    [peering](const vhost::PortConfig& vm, bool here) { peering->DirectoryVmPresence(vm, here); }) {}
+                    [peering, dir = std::move(vms_dir)](const vhost::PortConfig& vm, bool here) {
+                      peering->DirectoryVmPresence(vm, here);
+                      // (A few hundred bytes' file, once per migration.)
+                      if (dir.empty()) return;
+                      if (Status st = MarkVmLeft(dir, vm.vm_name, !here); !st.ok())
+                        VS_LOG(kWarn, "vm %s: %s (a vsocketd restarted before it runs here again would publish it "
+                                      "from its configuration)",
+                               vm.vm_name.c_str(), st.ToString().c_str());
+                    }) {}
 
   void OnAttach(vhost::BackendDevice& device) override {
     conns_.OnAttach(device);

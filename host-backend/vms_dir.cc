@@ -198,4 +198,42 @@ bool HasVmDropIn(const std::string& dir, const std::string& name) {
   return stat((dir + "/" + name + kSuffix).c_str(), &st) == 0;
 }
 
+namespace {
+constexpr char kLeftSuffix[] = ".left";
+}  // namespace
+
+Status MarkVmLeft(const std::string& dir, const std::string& name, bool left) {
+  if (!IsVmName(name)) return Status(Code::kInvalidArgument, "not a VM name for a file: " + name);
+  const std::string path = dir + "/" + name + kLeftSuffix;
+  if (!left) {
+    if (unlink(path.c_str()) != 0 && errno != ENOENT) return Status::FromErrno("cannot remove " + path);
+    return Status::Ok();
+  }
+  if (mkdir(dir.c_str(), 0750) != 0 && errno != EEXIST) return Status::FromErrno("cannot make " + dir);
+  UniqueFd fd(open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640));
+  if (!fd) return Status::FromErrno("cannot write " + path);
+  static constexpr char kText[] =
+      "# vsocketd: this VM left by a live migration's switchover; until a device of it starts here again,\n"
+      "# a vsocketd started here takes it as incoming (not published in the directory).\n";
+  if (write(fd.get(), kText, sizeof(kText) - 1) != static_cast<ssize_t>(sizeof(kText) - 1))
+    return Status::FromErrno("cannot write " + path);
+  return Status::Ok();
+}
+
+bool VmLeft(const std::string& dir, const std::string& name) {
+  if (!IsVmName(name)) return false;
+  struct stat st;
+  return stat((dir + "/" + name + kLeftSuffix).c_str(), &st) == 0;
+}
+
+std::vector<std::string> ApplyVmsLeft(const std::string& dir, DaemonConfig* config) {
+  std::vector<std::string> names;
+  for (vhost::PortConfig& vm : config->vms) {
+    if (vm.away || !VmLeft(dir, vm.vm_name)) continue;
+    vm.incoming = true;
+    names.push_back(vm.vm_name);
+  }
+  return names;
+}
+
 }  // namespace vsocket::backend

@@ -52,4 +52,18 @@ Status WriteVmDropIn(const std::string& dir, const VmDropIn& vm);
 Status RemoveVmDropIn(const std::string& dir, const std::string& name);
 bool HasVmDropIn(const std::string& dir, const std::string& name);
 
+// A VM whose devices stopped with their dirty log on (a live migration's
+// switchover: it runs elsewhere now, decision 116) is marked so in the VMs
+// directory, DIR/NAME.left, until a device of it starts here again. A
+// vsocketd started meanwhile takes it as `incoming` (ApplyVmsLeft): not in
+// the directory until a device of it starts here, instead of publishing it
+// again from its configuration while it runs on another host (decision
+// 139). MarkVmLeft writes (left) or removes the mark (the directory made
+// 0750 if missing); a missing mark is not an error.
+Status MarkVmLeft(const std::string& dir, const std::string& name, bool left);
+bool VmLeft(const std::string& dir, const std::string& name);
+// Every VM of config->vms (not `away`) marked left becomes incoming; their
+// names are returned.
+std::vector<std::string> ApplyVmsLeft(const std::string& dir, DaemonConfig* config);
+
 }  // namespace vsocket::backend

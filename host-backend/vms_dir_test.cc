@@ -125,6 +125,32 @@ TEST_F(VmsDirTest, WhatVmAddWroteIsReadAtTheNextStartAndGoneOnceRemoved) {
   EXPECT_EQ(after->vms.size(), 1u);
 }
 
+// Decision 139: a VM that left by a live migration is incoming at the next
+// start until it runs here again; the mark is no drop-in.
+TEST_F(VmsDirTest, AVmThatLeftIsIncomingAtTheNextStartUntilItRunsHereAgain) {
+  auto c = ParseConfig("[vm web]\nsocket = /run/v/web.sock\ntenant = 7\n"
+                       "[vm db]\nsocket = /run/v/db.sock\ntenant = 7\n"
+                       "[vm far]\nsocket = /run/v/far.sock\ntenant = 7\naway = true\n",
+                       "test");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(VmLeft(dir_, "web"));
+  ASSERT_TRUE(MarkVmLeft(dir_, "web", true).ok());  // (the directory made)
+  ASSERT_TRUE(MarkVmLeft(dir_, "far", true).ok());
+  EXPECT_TRUE(VmLeft(dir_, "web"));
+  ASSERT_TRUE(LoadVmsDir(dir_, &*c).ok()) << "a mark is not a VM added at runtime";
+  EXPECT_EQ(c->vms.size(), 3u);
+  EXPECT_EQ(ApplyVmsLeft(dir_, &*c), std::vector<std::string>{"web"});
+  EXPECT_TRUE(c->vms[0].incoming);
+  EXPECT_FALSE(c->vms[1].incoming);
+  EXPECT_FALSE(c->vms[2].incoming) << "an away VM arrives by migrate end, not by a device";
+  EXPECT_TRUE(Validate(&*c).ok());
+  // It ran here again: the next start publishes it from the configuration.
+  ASSERT_TRUE(MarkVmLeft(dir_, "web", false).ok());
+  EXPECT_TRUE(MarkVmLeft(dir_, "web", false).ok()) << "no mark is no error";
+  EXPECT_FALSE(VmLeft(dir_, "web"));
+  EXPECT_FALSE(MarkVmLeft(dir_, "../x", true).ok());
+}
+
 TEST_F(VmsDirTest, AMissingDirectoryIsNoVmsAndTheDefaultSitsBesideTheControlSocket) {
   DaemonConfig c;
   c.ctl_socket = root_ + "/ctl.sock";

@@ -358,6 +358,7 @@ boot_pair() {
   shift
   stop_all
   rm -f "$WORK"/{a,b}.{log,ctl,sock} "$WORK"/{src,dst}.{console,qmp,qemu.log} "$WORK"/*.ram
+  rm -rf "$WORK"/{a,b}.ctl.vms.d  # (a VM marked left by an earlier case's migration: decision 139)
   if [ "$MIG_ETCD" = 1 ]; then
     etcd_up || { fail "$case" "etcd did not start (etcd-server installed? $WORK/etcd.log: $(tail -2 "$WORK/etcd.log" 2>/dev/null | tr '\n' ' '))"; return 1; }
     mig_etcdctl del --prefix /vsocket/ >/dev/null
@@ -529,6 +530,21 @@ case_migrate_under_load() {
   [ "$(stat "$WORK/a.ctl" migration_withdrawn)" = 1 ] && [ "$(stat "$WORK/b.ctl" migration_published)" = 1 ] ||
     { fail migrate_under_load "counters: hostA migration_withdrawn $(stat "$WORK/a.ctl" migration_withdrawn), hostB migration_published $(stat "$WORK/b.ctl" migration_published), want 1 and 1"; return; }
   [ "$(vm_hosts)" = hostB ] || { fail migrate_under_load "at the end the directory places vmq on '$(vm_hosts)', want hostB"; return; }
+  # The source's vsocketd restarted after the VM left (vmq still in its
+  # configuration): it must not publish the VM again while it runs on
+  # hostB (decision 139; before, both hosts claimed it and the directory
+  # believed neither, decision 86).
+  stop_pid "$DA_PID"
+  DA_PID=""
+  start_daemon a || { fail migrate_under_load "vsocketd A did not start again"; return; }
+  DA_PID=$DAEMON_PID
+  local republished=no
+  wait_ms 3000 vm_hosts_are "hostA hostB" && republished=yes
+  [ "$republished" = no ] && [ "$(vm_hosts)" = hostB ] ||
+    { fail migrate_under_load "vsocketd A restarted after vmq left published it again: the directory places vmq on '$(vm_hosts)'"; return; }
+  grep -q "vm vmq left this host by a live migration" "$WORK/a.log" ||
+    { fail migrate_under_load "vsocketd A restarted does not say vmq left: $(grep -i vmq "$WORK/a.log" | tail -2 | tr '\n' ' ')"; return; }
+  echo "  vsocketd A restarted after the move: vmq stays out of its records (directory: '$(vm_hosts)' 3 s later)"
   stop_all
   [ -z "$retried" ] || echo "  ${retried#; }"
   pass migrate_under_load $((SECONDS - t0))
