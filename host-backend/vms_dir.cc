@@ -17,6 +17,7 @@ namespace vsocket::backend {
 namespace {
 
 constexpr char kSuffix[] = ".conf";
+constexpr char kLeftSuffix[] = ".left";  // a VM that left by a migration (MarkVmLeft)
 
 std::string AddressText(const vhost::VmAddress& a) {
   char buf[INET6_ADDRSTRLEN] = "";
@@ -197,10 +198,6 @@ bool HasVmDropIn(const std::string& dir, const std::string& name) {
   struct stat st;
   return stat((dir + "/" + name + kSuffix).c_str(), &st) == 0;
 }
-
-namespace {
-constexpr char kLeftSuffix[] = ".left";
-}  // namespace
 
 Status MarkVmLeft(const std::string& dir, const std::string& name, bool left) {
   if (!IsVmName(name)) return Status(Code::kInvalidArgument, "not a VM name for a file: " + name);

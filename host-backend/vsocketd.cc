@@ -165,15 +165,16 @@ DaemonConfig LoadConfig(int argc, char** argv) {
     }
   }
   // The VMs vsocketctl vm add added (decision 105), after the configuration's.
-  st = LoadVmsDir(VmsDir(c), &c);
+  const std::string vms_dir = VmsDir(c);
+  st = LoadVmsDir(vms_dir, &c);
   if (!st.ok()) ConfigError(st);
   // VMs that left by a live migration and have not run here since: incoming
   // (published when a device of theirs starts here), not published from
   // the configuration while they run elsewhere (decision 139).
-  for (const std::string& vm : ApplyVmsLeft(VmsDir(c), &c))
+  for (const std::string& vm : ApplyVmsLeft(vms_dir, &c))
     VS_LOG(kWarn, "vm %s left this host by a live migration (%s/%s.left): incoming until a device of it starts here "
                   "(take it out of this host's configuration if it is not coming back)",
-           vm.c_str(), VmsDir(c).c_str(), vm.c_str());
+           vm.c_str(), vms_dir.c_str(), vm.c_str());
   st = Validate(&c);
   if (!st.ok()) ConfigError(st);
   return c;
